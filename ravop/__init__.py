@@ -1,0 +1,25 @@
+"""ravop: record lazy tensor ops, compile them to subgraphs and run them on workers through Redis.
+
+    import ravop as R
+    R.initialize()
+    R.Graph(name='demo')
+    c = R.t([1, 2, 3]) + R.t([4, 5, 6])
+    c.persist_op('c')
+    R.activate(); R.execute(); R.track_progress()
+    R.fetch_persisting_op('c')
+"""
+import gc as _gc
+
+from . import functional, ops  # noqa: F401  (importing ops fills the registry)
+from .api import build as _build
+from .constants import Scalar, Tensor, epsilon, inf, minus_one, one, pi, t
+from .errors import (ConnectionFailed, GraphFailedError, GraphStateError, NotComputedError, RavopError,
+                     ShapeError, UnknownPersistName)
+from .graph import Graph, Op, current_graph
+
+_functions = _build(functional.__dict__)
+globals().update({name: getattr(functional, name) for name in dir(functional) if not name.startswith("_")})
+
+# Recording allocates one tracked object per op; without this, each full garbage collection would also walk
+# the hundreds of thousands of objects torch creates at import, doubling the cost of recording an op.
+_gc.freeze()

@@ -1,0 +1,114 @@
+"""Generate the user-facing `R.<name>` functions and `Op` methods/dunders from the op registry."""
+from . import registry
+from .graph import Op, canonical, record
+from .registry import REQUIRED
+
+NO_PARAMS = {}  # shared by every op recorded without params; params are never mutated after recording
+
+
+def make_function(opdef):
+    """`fn(*tensors, *params, **kwargs)`: bind the call to the op's inputs and params, then record it."""
+    n_inputs = len(opdef.inputs)
+    input_names = opdef.inputs
+    param_names = tuple(opdef.params)
+    defaults = opdef.params
+    required = tuple(k for k, v in defaults.items() if v is REQUIRED)
+    variadic = opdef.variadic
+    name = opdef.name
+
+    def fn(*args, **kwargs):
+        if variadic:
+            if args:
+                tensors, rest = args[0], args[1:]
+            else:
+                tensors, rest = kwargs.pop(input_names[0]), ()
+            if not isinstance(tensors, (list, tuple)) or not tensors:
+                raise TypeError(f"{name}() takes a non-empty list of tensors, not {tensors!r}")
+            tensors = tuple(tensors)
+        else:
+            tensors, rest = args[:n_inputs], args[n_inputs:]
+            if len(tensors) < n_inputs:
+                tensors = tensors + tuple(kwargs.pop(k, None) for k in input_names[len(tensors):])
+            if None in tensors:
+                missing = [input_names[i] for i, t in enumerate(tensors) if t is None]
+                if any(input_names.index(m) < opdef.n_required_inputs for m in missing):
+                    raise TypeError(f"{name}() is missing tensor input(s): {', '.join(missing)}")
+                tensors = tuple(t for t in tensors if t is not None)
+        if not rest and not kwargs:
+            if required:
+                raise TypeError(f"{name}() is missing param(s): {', '.join(required)}")
+            return record(opdef, tensors, dict(defaults) if defaults else NO_PARAMS)
+        if len(rest) > len(param_names):
+            raise TypeError(f"{name}() takes {n_inputs} tensor(s) and params {param_names}; got {len(args)} "
+                            "positional arguments")
+        params = dict(defaults)
+        for key, value in zip(param_names, rest):
+            params[key] = canonical(value)
+        for key, value in kwargs.items():
+            if key not in defaults:
+                raise TypeError(f"{name}() got an unexpected keyword argument {key!r}; "
+                                f"params: {', '.join(param_names) or 'none'}")
+            params[key] = canonical(value)
+        missing = [k for k in required if params[k] is REQUIRED]
+        if missing:
+            raise TypeError(f"{name}() is missing param(s): {', '.join(missing)}")
+        return record(opdef, tensors, params)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = opdef.doc
+    return fn
+
+
+def _method(fn):
+    def method(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+    method.__name__ = fn.__name__
+    method.__doc__ = fn.__doc__
+    return method
+
+
+def _dunder(opdef, reflected=False):
+    """Dunders skip argument binding: their ops take tensors only and no params."""
+    if len(opdef.inputs) == 1:
+        def method(self):
+            return record(opdef, (self,), NO_PARAMS)
+    elif reflected:
+        def method(self, other):
+            return record(opdef, (other, self), NO_PARAMS)
+    else:
+        def method(self, other):
+            return record(opdef, (self, other), NO_PARAMS)
+    return method
+
+
+# Dunder -> op name. `~x` is the matrix inverse, as in the original ravop.
+DUNDERS = {"__add__": "add", "__sub__": "sub", "__mul__": "mul", "__truediv__": "div", "__matmul__": "matmul",
+           "__pow__": "pow", "__neg__": "neg", "__pos__": "pos", "__abs__": "abs", "__invert__": "inv",
+           "__lt__": "less", "__le__": "less_equal", "__gt__": "greater", "__ge__": "greater_equal",
+           "__eq__": "equal", "__ne__": "not_equal", "__getitem__": "index"}
+REFLECTED = {"__radd__": "add", "__rsub__": "sub", "__rmul__": "mul", "__rtruediv__": "div",
+             "__rmatmul__": "matmul", "__rpow__": "pow"}
+_OP_ATTRIBUTES = set(dir(Op)) | set(Op.__slots__)
+
+
+def build(namespace):
+    """Put one function per registered name into `namespace` and attach methods and dunders to `Op`."""
+    functions = {}
+    for key, opdef in registry.REGISTRY.items():
+        if opdef.name not in functions:
+            functions[opdef.name] = make_function(opdef)
+        fn = functions[opdef.name]
+        if key in ("const", "tuple_get"):
+            continue  # internal ops: R.t makes constants, multi-output ops return their outputs
+        namespace[key] = fn
+        if opdef.method and key not in _OP_ATTRIBUTES:
+            setattr(Op, key, _method(fn))
+    for dunder, name in DUNDERS.items():
+        if name in functions:
+            opdef = registry.get(name)
+            setattr(Op, dunder, _method(functions[name]) if opdef.params else _dunder(opdef))
+    for dunder, name in REFLECTED.items():
+        if name in functions:
+            setattr(Op, dunder, _dunder(registry.get(name), reflected=True))
+    Op.__hash__ = object.__hash__  # defining __eq__ above would otherwise make Ops unhashable
+    return functions

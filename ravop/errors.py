@@ -1,0 +1,36 @@
+"""Exceptions raised by ravop. Every error names the problem; op errors also name the user's source line."""
+
+
+class RavopError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class ShapeError(RavopError, ValueError):
+    """An op was recorded with inputs whose shapes or dtypes it cannot take."""
+
+
+class GraphStateError(RavopError, RuntimeError):
+    """The call does not fit the graph's state (no graph, already activated, not activated, ...)."""
+
+
+class GraphFailedError(RavopError, RuntimeError):
+    """A subgraph failed on a worker; the message names the op, its error, the worker and the source line."""
+
+
+class NotComputedError(RavopError, LookupError):
+    """A persisted op exists but its value has not been computed yet."""
+
+
+class UnknownPersistName(RavopError, KeyError):
+    """No op was persisted under this name in the current graph."""
+
+    def __str__(self):  # KeyError would repr() the message and add quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class ConnectionFailed(RavopError, ConnectionError):
+    """The Redis server could not be reached."""
+
+
+class WireFormatError(RavopError, ValueError):
+    """Bytes from Redis do not decode to a valid tensor, plan or message."""

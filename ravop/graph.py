@@ -1,0 +1,220 @@
+"""The recorded program: an append-only table of `Op` nodes, and the function that records one.
+
+An `Op` is both the user's lazy handle and the node of the graph (one object, so recording stays cheap).
+It is hashable by identity; comparison dunders return new Ops (see `ravop.api`).
+"""
+import uuid
+
+import numpy as np
+import torch
+
+from . import registry
+from .errors import GraphStateError, ShapeError
+from .source import user_source
+
+
+class Op:
+    __slots__ = ("graph", "id", "op", "inputs", "params", "shape", "dtype", "source", "__weakref__")
+
+    def __init__(self, graph, id, op, inputs, params, shape, dtype, source):
+        self.graph = graph
+        self.id = id              # position in graph.nodes
+        self.op = op              # registry name
+        self.inputs = inputs      # tuple of Op
+        self.params = params      # dict of canonical params (tuples, numbers, strings, None)
+        self.shape = shape        # tuple of ints; a tuple of shapes for a multi-output node
+        self.dtype = dtype        # torch.dtype; a tuple of dtypes for a multi-output node
+        self.source = source      # "file:line" of the user's code that recorded it
+
+    __hash__ = object.__hash__
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def numel(self):
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def persist_op(self, name, save_model=False):
+        """Keep this op's value in Redis under `name`, to fetch with `R.fetch_persisting_op(name)`."""
+        self.graph.persist(name, self, save_model=save_model)
+        return self
+
+    def __bool__(self):
+        raise TypeError("an Op has no truth value before it runs; fetch a persisted value to branch on it")
+
+    def __iter__(self):
+        raise TypeError("an Op cannot be iterated before it runs; index it (op[i]) or use R.split/R.unstack")
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d Op")
+        return self.shape[0]
+
+    def __repr__(self):
+        if isinstance(self.dtype, tuple):
+            return f"<Op {self.id} {self.op} ({len(self.dtype)} outputs)>"
+        return f"<Op {self.id} {self.op} {tuple(self.shape)} {self.dtype}>"
+
+
+class Graph:
+    """A requester's program. `R.Graph(...)` creates one and makes it the current graph."""
+
+    def __init__(self, name="graph", algorithm="", approach="distributed", gpu_required="no", rules=None,
+                 seed=0):
+        if approach not in ("distributed", "federated"):
+            raise ValueError(f"approach must be 'distributed' or 'federated', not {approach!r}")
+        if gpu_required not in ("yes", "no", True, False):
+            raise ValueError(f"gpu_required must be 'yes' or 'no', not {gpu_required!r}")
+        self.id = uuid.uuid4().hex[:12]
+        self.name = name
+        self.algorithm = algorithm
+        self.approach = approach
+        self.gpu_required = gpu_required in ("yes", True)
+        self.rules = rules
+        self.seed = int(seed)
+        self.nodes = []           # append-only op table; node.id is its index
+        self.constants = {}       # node id -> torch.Tensor held by the requester until upload
+        self.persisted = {}       # persist name -> Op
+        self.saved_models = {}    # persist name -> ravdl model description (set by ravdl's save_model)
+        self.activated = False
+        self._scalars = {}        # (type, value) -> constant Op, so `x + 1` reuses one constant
+        set_current(self)
+
+    def __repr__(self):
+        return f"<Graph {self.name!r} id={self.id} ops={len(self.nodes)}>"
+
+    def check_open(self):
+        if self.activated:
+            raise GraphStateError(f"graph {self.name!r} is activated: no ops may be added (start a new R.Graph)")
+
+    def add_node(self, op, inputs, params, shape, dtype, source):
+        node = Op(self, len(self.nodes), op, inputs, params, shape, dtype, source)
+        self.nodes.append(node)
+        return node
+
+    def constant(self, tensor, source=None):
+        self.check_open()
+        node = self.add_node("const", (), None, tuple(tensor.shape), tensor.dtype, source or user_source())
+        self.constants[node.id] = tensor
+        return node
+
+    def scalar(self, value):
+        key = (type(value), value)
+        node = self._scalars.get(key)
+        if node is None:
+            node = self._scalars[key] = self.constant(torch.tensor(value, dtype=_SCALAR_DTYPES[type(value)]))
+        return node
+
+    def persist(self, name, op, save_model=False):
+        self.check_open()
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"persist name must be a non-empty string, not {name!r}")
+        if op.graph is not self:
+            raise GraphStateError(f"cannot persist {op!r}: it belongs to another graph")
+        if isinstance(op.dtype, tuple):
+            raise ValueError(f"cannot persist multi-output op {op.op!r}; persist one of its outputs")
+        if name in self.persisted:
+            raise ValueError(f"persist name {name!r} is already used in graph {self.name!r}")
+        self.persisted[name] = op
+
+
+_SCALAR_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float32, complex: torch.complex64}
+_current = None
+
+
+def set_current(graph):
+    global _current
+    _current = graph
+
+
+def current_graph():
+    """The graph ops are recorded into; a default one is created on first use."""
+    return _current if _current is not None else Graph(name="default")
+
+
+# ---------------------------------------------------------------------------------------------- recording
+
+def to_tensor(value):
+    """A torch tensor from a list, numpy array, number or tensor; a clear error for anything non-numeric."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().contiguous()
+    if isinstance(value, (bool, int, float, complex)):
+        return torch.tensor(value, dtype=_SCALAR_DTYPES[type(value)])
+    if isinstance(value, (str, bytes)) or value is None:
+        raise TypeError(f"cannot make a tensor from {type(value).__name__} {value!r}: give numbers")
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as exc:  # ragged lists, unconvertible objects
+        raise ValueError(f"cannot make a tensor from {_short(value)}: {exc}") from None
+    if array.dtype.kind not in "biufc":
+        raise TypeError(f"cannot make a tensor from {_short(value)}: it holds {array.dtype} values, not numbers")
+    if isinstance(value, np.ndarray) or isinstance(value, np.generic):
+        return torch.from_numpy(np.ascontiguousarray(array).copy())
+    # Lists follow torch's defaults (float32 for floats, int64 for ints), as torch.tensor(list) does.
+    return torch.tensor(array.tolist() if array.dtype.kind == "f" else array)
+
+
+def _short(value):
+    text = repr(value)
+    return text if len(text) < 60 else text[:57] + "..."
+
+
+def as_op(value, graph):
+    if isinstance(value, Op):
+        if value.graph is not graph:
+            raise GraphStateError(f"{value!r} belongs to graph {value.graph.name!r}, not the current graph "
+                                  f"{graph.name!r} (ops cannot cross graphs; R.flush() starts a new one)")
+        return value
+    if type(value) in _SCALAR_DTYPES:
+        graph.check_open()
+        return graph.scalar(value)
+    return graph.constant(to_tensor(value))
+
+
+def canonical(value):
+    """Params are stored hashable and JSON-friendly: tuples for sequences, plain Python numbers."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return tuple(canonical(v) for v in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, torch.dtype):
+        from .dtypes import NAMES
+        return NAMES[value]
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), canonical(v)) for k, v in value.items()))
+    raise TypeError(f"param value {value!r} of type {type(value).__name__} is not a number, string, "
+                    "bool, None or a sequence of them")
+
+
+def record(opdef, inputs, params):
+    """Record one op (the hot path): check inputs, run the shape rule, append the node."""
+    graph = _current if _current is not None else current_graph()
+    if graph.activated:
+        graph.check_open()
+    for v in inputs:
+        if type(v) is not Op or v.graph is not graph:
+            inputs = tuple(as_op(v, graph) for v in inputs)
+            break
+    try:
+        if opdef.shape is not None:
+            out = opdef.shape(*inputs, **params)
+        else:
+            out = registry.meta_shape(opdef, inputs, params)
+    except (ValueError, TypeError, IndexError, RuntimeError) as exc:
+        shapes = ", ".join(str(tuple(i.shape)) for i in inputs)
+        raise ShapeError(f"{opdef.name}: {exc} (input shapes: {shapes}) at {user_source()}") from None
+    source = user_source()
+    if type(out) is list:
+        node = graph.add_node(opdef.name, inputs, params, tuple(s for s, _ in out), tuple(d for _, d in out),
+                              source)
+        return tuple(graph.add_node("tuple_get", (node,), {"index": i}, s, d, source)
+                     for i, (s, d) in enumerate(out))
+    node = Op(graph, len(graph.nodes), opdef.name, inputs, params, out[0], out[1], source)
+    graph.nodes.append(node)
+    return node

@@ -1,0 +1,69 @@
+"""Ops the graph machinery itself needs: constants, picking one output of a multi-output op, and
+reducing a broadcast gradient back to an input's shape."""
+import torch
+
+from .. import functional as F
+from ..registry import REQUIRED, register
+from .rules import broadcast
+
+
+def _const_kernel():
+    raise RuntimeError("const ops are inputs: their values come from the tensor store, not a kernel")
+
+
+register("const", inputs=(), method=False, shape=lambda: ((), torch.float32))(_const_kernel)
+
+
+def _tuple_get_shape(x, index):
+    return x.shape[index], x.dtype[index]
+
+
+def _tuple_get_vjp(node, g):
+    return (None,)  # handled by autodiff: gradients of a multi-output node are gathered per output
+
+
+@register("tuple_get", params={"index": REQUIRED}, method=False, shape=_tuple_get_shape, vjp=_tuple_get_vjp)
+def tuple_get(x, index):
+    return x[index]
+
+
+def _sum_to_shape(x, shape):
+    broadcast(tuple(shape), x.shape)  # the target must broadcast to the input's shape
+    return tuple(shape), x.dtype
+
+
+def _sum_to_vjp(node, g):
+    return (F.broadcast_to(g, shape=node.inputs[0].shape),)
+
+
+@register("sum_to", params={"shape": REQUIRED}, method=False, shape=_sum_to_shape, vjp=_sum_to_vjp)
+def sum_to(x, shape):
+    """Sum `x` over the dimensions that broadcasting added or stretched, giving `shape`."""
+    shape = tuple(shape)
+    if tuple(x.shape) == shape:
+        return x
+    lead = x.dim() - len(shape)
+    dims = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and x.shape[lead + i] != 1)
+    return x.sum(dim=dims, keepdim=True).reshape(shape) if dims else x.reshape(shape)
+
+
+def _broadcast_to_shape(x, shape):
+    if broadcast(x.shape, tuple(shape)) != tuple(shape):
+        raise ValueError(f"cannot broadcast {x.shape} to {tuple(shape)}")
+    return tuple(shape), x.dtype
+
+
+def _broadcast_to_vjp(node, g):
+    return (F.sum_to(g, shape=node.inputs[0].shape),)
+
+
+@register("broadcast_to", params={"shape": REQUIRED}, shape=_broadcast_to_shape, vjp=_broadcast_to_vjp)
+def broadcast_to(x, shape):
+    return x.expand(tuple(shape)).contiguous()
+
+
+def unbroadcast(grad, like):
+    """A gradient of broadcast shape, summed back to the shape of input `like` (no op when equal)."""
+    if grad is None or grad.shape == like.shape:
+        return grad
+    return F.sum_to(grad, shape=like.shape)

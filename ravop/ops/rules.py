@@ -1,0 +1,90 @@
+"""Shape/dtype rules shared by many ops. Pure Python and cheap: they run every time an op is recorded."""
+import torch
+
+from ..dtypes import result_dtype
+
+
+def broadcast(a, b):
+    if a == b:
+        return a
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + tuple(a)
+    b = (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            raise ValueError(f"cannot broadcast shapes {a} and {b}")
+    return tuple(out)
+
+
+def broadcast_all(*shapes):
+    out = shapes[0]
+    for s in shapes[1:]:
+        out = broadcast(out, s)
+    return out
+
+
+def binary(x, y, **_):
+    """Elementwise op of two tensors: broadcast shapes, torch's type promotion."""
+    return broadcast(x.shape, y.shape), result_dtype(x.dtype, len(x.shape), y.dtype, len(y.shape))
+
+
+def binary_float(x, y, **_):
+    """Like `binary`, but integer results become the default float dtype (true division, pow of floats)."""
+    shape, dtype = binary(x, y)
+    return shape, dtype if dtype.is_floating_point or dtype.is_complex else torch.get_default_dtype()
+
+
+def compare(x, y, **_):
+    return broadcast(x.shape, y.shape), torch.bool
+
+
+def same(x, **_):
+    return x.shape, x.dtype
+
+
+def same_float(x, **_):
+    """Unary op whose integer input gives a float result (exp, sqrt, log, ...)."""
+    return x.shape, x.dtype if x.dtype.is_floating_point or x.dtype.is_complex else torch.get_default_dtype()
+
+
+def same_bool(x, **_):
+    return x.shape, torch.bool
+
+
+def normalize_axis(axis, ndim):
+    """A non-negative axis; negative axes count from the end, as in numpy."""
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        raise TypeError(f"axis must be an int, not {axis!r}")
+    if not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise ValueError(f"axis {axis} is out of range for a {ndim}-d tensor")
+    return axis % max(ndim, 1)
+
+
+def normalize_axes(axis, ndim):
+    """`None` -> every axis; int or tuple -> sorted tuple of non-negative axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    out = tuple(sorted({normalize_axis(a, ndim) for a in axes}))
+    if len(out) != len(axes):
+        raise ValueError(f"repeated axis in {axis!r}")
+    return out
+
+
+def reduced_shape(shape, axis, keepdims):
+    axes = normalize_axes(axis, len(shape))
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -1,0 +1,87 @@
+"""The op registry: one definition per op, the single source of truth for every side of the system.
+
+An `OpDef` holds the op's name, its tensor inputs and keyword params, a shape/dtype rule (pure Python, run
+when the op is recorded), the torch kernel (run by the worker) and the VJP rule (run by `R.grad`, which
+records the backward ops). `R.<name>` functions and `Op` methods are generated from here
+(`ravop.api`), and the worker dispatches on the same table.
+
+Conventions an op definition follows:
+- `inputs` names the tensor inputs in order. `"*xs"` (only as the single input) takes a list of tensors;
+  a trailing `"b?"` is an optional tensor input that the caller may leave as `None`.
+- `params` is a dict of keyword params and their defaults (`REQUIRED` for none). Params are stored inline
+  in the op, canonicalised: lists become tuples, numpy scalars become Python numbers.
+- `kernel(*tensors, **params)` returns a tensor, or a tuple of tensors for a multi-output op. A random op's
+  kernel also receives `generator=` (a `torch.Generator` seeded from the graph seed and the op).
+- `shape(*inputs, **params)` sees the input `Op`s (their `.shape` and `.dtype`) and returns `(shape, dtype)`,
+  or a list of them for a multi-output op. With `shape=None` the kernel itself is run on meta tensors.
+- `vjp(node, grad)` records the backward ops and returns one gradient `Op` (or `None`) per input;
+  `grad` is an `Op`, or a list of `Op | None` for a multi-output op.
+"""
+import torch
+
+REQUIRED = object()  # default of a param the caller must give
+
+
+class OpDef:
+    __slots__ = ("name", "inputs", "params", "kernel", "shape", "vjp", "random", "deterministic",
+                 "method", "aliases", "flops", "variadic", "n_required_inputs", "doc")
+
+    def __init__(self, name, kernel, inputs, params, shape, vjp, random, deterministic, method, aliases, flops):
+        self.name = name
+        self.kernel = kernel
+        self.variadic = len(inputs) == 1 and inputs[0].startswith("*")
+        self.inputs = tuple(i.lstrip("*").rstrip("?") for i in inputs)
+        self.n_required_inputs = sum(1 for i in inputs if not i.endswith("?"))
+        self.params = dict(params)
+        self.shape = shape
+        self.vjp = vjp
+        self.random = random
+        self.deterministic = deterministic and not random
+        self.method = method
+        self.aliases = tuple(aliases)
+        self.flops = flops
+        self.doc = kernel.__doc__
+
+    @property
+    def differentiable(self):
+        return self.vjp is not None
+
+    def __repr__(self):
+        return f"OpDef({self.name!r})"
+
+
+REGISTRY = {}  # name (and alias) -> OpDef
+
+
+def register(name, *, inputs=("x",), params=None, shape=None, vjp=None, random=False, deterministic=True,
+             method=True, aliases=(), flops=None):
+    """Decorator: register `kernel` as op `name`. See the module docstring for the conventions."""
+    def decorate(kernel):
+        opdef = OpDef(name, kernel, inputs, params or {}, shape, vjp, random, deterministic, method, aliases, flops)
+        for key in (name, *aliases):
+            if key in REGISTRY:
+                raise ValueError(f"op {key!r} is registered twice")
+            REGISTRY[key] = opdef
+        return kernel
+    return decorate
+
+
+def get(name):
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}") from None
+
+
+def unique_opdefs():
+    """Each OpDef once (aliases share their OpDef)."""
+    return list({id(d): d for d in REGISTRY.values()}.values())
+
+
+def meta_shape(opdef, inputs, params):
+    """Shape rule of last resort: run the kernel on meta tensors (no data, no compute)."""
+    metas = [torch.empty(i.shape, dtype=i.dtype, device="meta") for i in inputs]
+    out = opdef.kernel(*metas, **params)
+    if isinstance(out, (tuple, list)):
+        return [(tuple(o.shape), o.dtype) for o in out]
+    return tuple(out.shape), out.dtype
