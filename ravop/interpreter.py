@@ -1,0 +1,70 @@
+"""Run ops with their registry kernels: the one interpreter loop, used by workers, constant folding and
+in-process evaluation (`evaluate`, for tests and debugging).
+
+Random ops draw from a `torch.Generator` seeded by `op_seed(graph_seed, node_id)`, so a value is the same
+whichever worker computes it and however often it is retried.
+"""
+import torch
+
+from . import registry
+
+_MASK = (1 << 64) - 1
+
+
+def op_seed(graph_seed, node_id):
+    """A 63-bit seed for one op (splitmix64 of the graph seed and the node id: stable across processes)."""
+    z = (int(graph_seed) * 0x9E3779B97F4A7C15 + int(node_id) + 1) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return (z ^ (z >> 31)) >> 1
+
+
+def run_op(opdef, args, params, graph_seed=0, node_id=0, device="cpu"):
+    """Apply one op's kernel to tensors (`args`) with its params."""
+    if opdef.random:
+        generator = torch.Generator(device=device).manual_seed(op_seed(graph_seed, node_id))
+        return opdef.kernel(*args, generator=generator, **params)
+    return opdef.kernel(*args, **params)
+
+
+def run_nodes(nodes, env, graph_seed=0, device="cpu", last_use=None):
+    """Run `nodes` (objects with .id .op .inputs(ids) .params) in order; `env` maps node id -> value and
+    must hold every input from outside. With `last_use` (id -> index of its last reader), values are
+    dropped from `env` after their last use, except ids not in `last_use` (the outputs)."""
+    for index, node in enumerate(nodes):
+        opdef = registry.REGISTRY[node.op]
+        env[node.id] = run_op(opdef, [env[i] for i in node.inputs], node.params, graph_seed, node.id, device)
+        if last_use is not None:
+            for i in node.inputs:
+                if last_use.get(i) == index:
+                    del env[i]
+    return env
+
+
+class _Row:
+    __slots__ = ("id", "op", "inputs", "params")
+
+    def __init__(self, node):
+        self.id, self.op, self.params = node.id, node.op, node.params
+        self.inputs = [i.id for i in node.inputs]
+
+
+def evaluate(outputs, graph_seed=None):
+    """Compute recorded ops in this process (no Redis, no compiler): a reference for tests.
+
+    Returns one tensor per op in `outputs` (a single tensor if `outputs` is one Op)."""
+    single = not isinstance(outputs, (list, tuple))
+    outputs = [outputs] if single else list(outputs)
+    graph = outputs[0].graph
+    needed, stack = set(), list(outputs)
+    while stack:
+        node = stack.pop()
+        if node.id not in needed:
+            needed.add(node.id)
+            stack.extend(node.inputs)
+    env = {i: graph.constants[i] for i in needed if graph.nodes[i].op == "const"}
+    rows = [_Row(graph.nodes[i]) for i in sorted(needed) if graph.nodes[i].op != "const"]
+    with torch.no_grad():
+        run_nodes(rows, env, graph.seed if graph_seed is None else graph_seed)
+    values = [env[o.id] for o in outputs]
+    return values[0] if single else values
