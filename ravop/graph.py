@@ -79,7 +79,7 @@ class Graph:
         self.nodes = []           # append-only op table; node.id is its index
         self.constants = {}       # node id -> torch.Tensor held by the requester until upload
         self.persisted = {}       # persist name -> Op
-        self.saved_models = {}    # persist name -> ravdl model description (set by ravdl's save_model)
+        self.bundles = {}         # name -> (kind, spec, {key: persist name}): objects rebuilt at fetch
         self.activated = False
         self._scalars = {}        # (type, value) -> constant Op, so `x + 1` reuses one constant
         set_current(self)
@@ -120,6 +120,22 @@ class Graph:
         if name in self.persisted:
             raise ValueError(f"persist name {name!r} is already used in graph {self.name!r}")
         self.persisted[name] = op
+
+
+    def save_bundle(self, name, kind, spec, tensors):
+        """Persist an object made of several tensors (a trained model) under one name.
+
+        `kind` picks the loader that `R.fetch_persisting_op(name)` calls (see ravop.session.LOADERS);
+        `spec` is JSON-able data the loader needs; `tensors` maps keys to Ops, each persisted as
+        "name::key"."""
+        self.check_open()
+        if name in self.persisted or name in self.bundles:
+            raise ValueError(f"persist name {name!r} is already used in graph {self.name!r}")
+        names = {}
+        for key, op in tensors.items():
+            names[key] = f"{name}::{key}"
+            self.persist(names[key], op)
+        self.bundles[name] = (kind, spec, names)
 
 
 _SCALAR_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float32, complex: torch.complex64}
