@@ -5,6 +5,11 @@ from .registry import REQUIRED
 
 NO_PARAMS = {}  # shared by every op recorded without params; params are never mutated after recording
 
+# Op name -> hand-written function used instead of the generated one, for the few ops whose user-facing
+# arguments are not canonical params (an index of slices and tensors, an op name with its own keywords).
+# The op modules fill it when imported; each such function still records through `graph.record`.
+FRONTENDS = {}
+
 
 def make_function(opdef):
     """`fn(*tensors, *params, **kwargs)`: bind the call to the op's inputs and params, then record it."""
@@ -96,7 +101,7 @@ def build(namespace):
     functions = {}
     for key, opdef in registry.REGISTRY.items():
         if opdef.name not in functions:
-            functions[opdef.name] = make_function(opdef)
+            functions[opdef.name] = FRONTENDS.get(opdef.name) or make_function(opdef)
         fn = functions[opdef.name]
         if key in ("const", "tuple_get"):
             continue  # internal ops: R.t makes constants, multi-output ops return their outputs

@@ -1,4 +1,9 @@
-"""Shape/dtype rules shared by many ops. Pure Python and cheap: they run every time an op is recorded."""
+"""Shape/dtype rules shared by many ops. Pure Python and cheap: they run every time an op is recorded.
+
+Unknown dimensions: an op whose output size depends on the data (unique, find_indices, bincount, boolean
+masks) declares that dimension as -1. Rules treat -1 as "some size, known when the op runs": it broadcasts
+against any size (the result is the other size, or -1 against 1), and checks that need the size (bounds,
+divisibility) are skipped for it. The kernel's real output always has real sizes."""
 import torch
 
 from ..dtypes import result_dtype
@@ -12,9 +17,9 @@ def broadcast(a, b):
     b = (1,) * (n - len(b)) + tuple(b)
     out = []
     for x, y in zip(a, b):
-        if x == y or y == 1:
+        if x == y or y == 1 or y == -1 and x != 1:
             out.append(x)
-        elif x == 1:
+        elif x == 1 or x == -1:
             out.append(y)
         else:
             raise ValueError(f"cannot broadcast shapes {a} and {b}")
@@ -84,7 +89,42 @@ def reduced_shape(shape, axis, keepdims):
 
 
 def numel(shape):
+    """Number of elements; -1 when a dimension is unknown."""
     n = 1
     for d in shape:
+        if d < 0:
+            return -1
         n *= d
     return n
+
+
+def float_dtype(dtype):
+    """The dtype of a result that is fractional by nature (mean, std, ...): integers give the default float."""
+    return dtype if dtype.is_floating_point or dtype.is_complex else torch.get_default_dtype()
+
+
+def sum_dtype(dtype):
+    """torch's (and numpy's) accumulator for sum/prod: bool and integer inputs accumulate in int64."""
+    return dtype if dtype.is_floating_point or dtype.is_complex else torch.int64
+
+
+def check_nonempty_reduce(shape, axes, what):
+    """Reductions without an identity (max, argmax, ...) cannot reduce a dimension of size 0."""
+    for a in axes:
+        if shape[a] == 0:
+            raise ValueError(f"{what} of a zero-size dimension (axis {a}) has no value")
+
+
+def kernel_dims(x, axis):
+    """Kernel side of `normalize_axes`: the dims torch should reduce, as a tuple (every dim for `None`)."""
+    if axis is None:
+        return tuple(range(x.dim()))
+    return (axis,) if isinstance(axis, int) else tuple(axis)
+
+
+def output_of(node, i):
+    """Output `i` of multi-output `node`: `graph.record` appends its tuple_get readers right after it."""
+    picked = node.graph.nodes[node.id + 1 + i]
+    if picked.op != "tuple_get" or picked.inputs[0] is not node or picked.params["index"] != i:
+        raise RuntimeError(f"node {picked.id} is not output {i} of {node!r}")
+    return picked
