@@ -34,7 +34,7 @@ def make_function(opdef):
             tensors, rest = args[:n_inputs], args[n_inputs:]
             if len(tensors) < n_inputs:
                 tensors = tensors + tuple(kwargs.pop(k, None) for k in input_names[len(tensors):])
-            if None in tensors:
+            if any(t is None for t in tensors):  # not `None in`: Op.__eq__ records an op
                 missing = [input_names[i] for i, t in enumerate(tensors) if t is None]
                 if any(input_names.index(m) < opdef.n_required_inputs for m in missing):
                     raise TypeError(f"{name}() is missing tensor input(s): {', '.join(missing)}")

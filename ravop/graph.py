@@ -158,7 +158,7 @@ def to_tensor(value):
     """A torch tensor from a list, numpy array, number or tensor; a clear error for anything non-numeric."""
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().contiguous()
-    if isinstance(value, (bool, int, float, complex)):
+    if type(value) in _SCALAR_DTYPES:  # not isinstance: np.float64 is a float, yet keeps its dtype below
         return torch.tensor(value, dtype=_SCALAR_DTYPES[type(value)])
     if isinstance(value, (str, bytes)) or value is None:
         raise TypeError(f"cannot make a tensor from {type(value).__name__} {value!r}: give numbers")
@@ -169,7 +169,7 @@ def to_tensor(value):
     if array.dtype.kind not in "biufc":
         raise TypeError(f"cannot make a tensor from {_short(value)}: it holds {array.dtype} values, not numbers")
     if isinstance(value, np.ndarray) or isinstance(value, np.generic):
-        return torch.from_numpy(np.ascontiguousarray(array).copy())
+        return torch.from_numpy(array.copy(order="C"))
     # Lists follow torch's defaults (float32 for floats, int64 for ints), as torch.tensor(list) does.
     return torch.tensor(array.tolist() if array.dtype.kind == "f" else array)
 

@@ -1,4 +1,5 @@
-"""Elementwise arithmetic: add sub mul div pow neg pos abs exp natlog square cube square_root cube_root."""
+"""Elementwise arithmetic: add sub mul div pow neg pos abs sign exp natlog square cube square_root cube_root
+clip."""
 import torch
 
 from .. import functional as F
@@ -44,7 +45,8 @@ register("pow", inputs=("x", "y"), shape=rules.binary, vjp=_pow_vjp, aliases=("p
 register("neg", shape=rules.same, vjp=lambda node, g: (F.neg(g),))(torch.neg)
 register("pos", shape=rules.same, vjp=lambda node, g: (g,))(torch.positive)
 register("abs", shape=rules.same, vjp=lambda node, g: (F.mul(g, F.sign(node.inputs[0])),))(torch.abs)
-register("sign", shape=rules.same)(torch.sign)
+# sign is flat wherever it is differentiable: its gradient is zero (None: no contribution), as torch's.
+register("sign", shape=rules.same, vjp=lambda node, g: (None,))(torch.sign)
 register("exp", shape=rules.same_float, vjp=lambda node, g: (F.mul(g, node),))(torch.exp)
 register("natlog", shape=rules.same_float, vjp=lambda node, g: (F.div(g, node.inputs[0]),),
          aliases=("log",))(torch.log)
@@ -63,3 +65,35 @@ def cube_root(x):
     """Real cube root, negative inputs included (numpy's cbrt)."""
     x = x if x.is_floating_point() else x.to(torch.get_default_dtype())
     return torch.sign(x) * torch.abs(x).pow(1.0 / 3.0)
+
+
+def _clip_shape(x, lower_limit=None, upper_limit=None):
+    bounds = [b for b in (lower_limit, upper_limit) if b is not None]
+    if any(isinstance(b, bool) or not isinstance(b, (int, float)) for b in bounds):
+        raise TypeError(f"clip limits must be numbers or None, not {lower_limit!r}, {upper_limit!r}")
+    if len(bounds) == 2 and lower_limit > upper_limit:
+        raise ValueError(f"clip lower_limit {lower_limit} is above upper_limit {upper_limit}")
+    if any(isinstance(b, float) for b in bounds):
+        return x.shape, rules.float_dtype(x.dtype)
+    return x.shape, x.dtype
+
+
+def _clip_vjp(node, g):
+    # Inside [lower, upper] (bounds included, as torch.clamp) the gradient passes through; outside it is 0.
+    x = node.inputs[0]
+    lower, upper = node.params["lower_limit"], node.params["upper_limit"]
+    inside = None
+    for bound, test in ((lower, F.greater_equal), (upper, F.less_equal)):
+        if bound is not None:
+            mask = test(x, bound)
+            inside = mask if inside is None else F.logical_and(inside, mask)
+    return (g if inside is None else F.where(inside, g, 0.0),)
+
+
+@register("clip", params={"lower_limit": None, "upper_limit": None}, shape=_clip_shape, vjp=_clip_vjp)
+def clip(x, lower_limit=None, upper_limit=None):
+    """Limit values to [lower_limit, upper_limit] (numpy.clip; either limit may be None). A float limit
+    makes an integer input float."""
+    if lower_limit is None and upper_limit is None:
+        return x.clone()
+    return torch.clamp(x, lower_limit, upper_limit)

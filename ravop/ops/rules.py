@@ -128,3 +128,12 @@ def output_of(node, i):
     if picked.op != "tuple_get" or picked.inputs[0] is not node or picked.params["index"] != i:
         raise RuntimeError(f"node {picked.id} is not output {i} of {node!r}")
     return picked
+
+
+class Like:
+    """What a shape rule reads of a tensor (shape, dtype), for one that is not a recorded op: a slice
+    `foreach` applies an op to, or the input a backward op rebuilds."""
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), dtype

@@ -1,0 +1,115 @@
+"""Optimizer steps as pure ops: (param, grad, state...) -> (param', state'...).
+
+Each kernel is torch.optim's single-tensor (foreach=False) update, line for line, applied to copies of its
+inputs: a value in the graph is never modified in place, so a step can be retried or re-run anywhere.
+State a configuration does not use (max_exp_avg_sq without amsgrad, momentum_buffer without momentum,
+grad_avg without centered) passes through unchanged, so a step always has the same outputs.
+Optimizer steps are not differentiable.
+"""
+import torch
+
+from ..registry import REQUIRED, register
+
+
+def _step_shapes(param, grad, *state):
+    for name, value in (("grad", grad),) + tuple((f"state {i}", s) for i, s in enumerate(state)):
+        if value.shape != param.shape:
+            raise ValueError(f"{name} has shape {value.shape}, the param has shape {param.shape}")
+    if not param.dtype.is_floating_point:
+        raise TypeError(f"param must be floating point, not {param.dtype}")
+    return [(param.shape, param.dtype)] + [(s.shape, s.dtype) for s in state]
+
+
+def _adam_shapes(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step=REQUIRED, lr=0.001, beta1=0.9,
+                 beta2=0.999, eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False):
+    """torch.optim.Adam's argument checks, at record time, plus a 1-based int step."""
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise ValueError(f"step must be a positive int (1 for the first step), not {step!r}")
+    if lr < 0 or eps < 0 or weight_decay < 0 or not 0 <= beta1 < 1 or not 0 <= beta2 < 1:
+        raise ValueError(f"invalid Adam settings: lr={lr}, eps={eps}, weight_decay={weight_decay}, "
+                         f"beta1={beta1}, beta2={beta2}")
+    return _step_shapes(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq)
+
+
+def _rmsprop_shapes(param, grad, square_avg, momentum_buffer, grad_avg, lr=0.01, alpha=0.99, eps=1e-8,
+                    weight_decay=0.0, momentum=0.0, centered=False, maximize=False):
+    """torch.optim.RMSprop's argument checks, at record time."""
+    if lr < 0 or eps < 0 or weight_decay < 0 or momentum < 0 or alpha < 0:
+        raise ValueError(f"invalid RMSprop settings: lr={lr}, alpha={alpha}, eps={eps}, "
+                         f"weight_decay={weight_decay}, momentum={momentum}")
+    return _step_shapes(param, grad, square_avg, momentum_buffer, grad_avg)
+
+
+def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, amsgrad,
+          maximize, decoupled):
+    """torch.optim.adam._single_tensor_adam for one tensor (decoupled=True is AdamW)."""
+    param, exp_avg, exp_avg_sq = param.clone(), exp_avg.clone(), exp_avg_sq.clone()
+    grad = grad if not maximize else -grad
+    if weight_decay != 0:
+        if decoupled:
+            param.mul_(1 - lr * weight_decay)
+        else:
+            grad = grad.add(param, alpha=weight_decay)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    step = float(step)  # torch keeps `step` in a float tensor and reads it back with .item()
+    bias_correction1 = 1 - beta1 ** step
+    bias_correction2 = 1 - beta2 ** step
+    step_size = lr / bias_correction1
+    bias_correction2_sqrt = bias_correction2 ** 0.5
+    if amsgrad:
+        max_exp_avg_sq = torch.maximum(max_exp_avg_sq, exp_avg_sq)
+        denom = (max_exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    else:
+        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    param.addcdiv_(exp_avg, denom, value=-step_size)
+    return param, exp_avg, exp_avg_sq, max_exp_avg_sq
+
+
+ADAM_INPUTS = ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+ADAM_PARAMS = {"step": REQUIRED, "lr": 0.001, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0,
+               "amsgrad": False, "maximize": False}
+
+
+@register("adam_step", inputs=ADAM_INPUTS, params=ADAM_PARAMS, shape=_adam_shapes, method=False)
+def adam_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8,
+              weight_decay=0.0, amsgrad=False, maximize=False):
+    """One torch.optim.Adam step (`step` counts from 1) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq')."""
+    return _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
+                 amsgrad, maximize, decoupled=False)
+
+
+@register("adamw_step", inputs=ADAM_INPUTS, params={**ADAM_PARAMS, "weight_decay": 0.01}, shape=_adam_shapes,
+          method=False)
+def adamw_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8,
+               weight_decay=0.01, amsgrad=False, maximize=False):
+    """One torch.optim.AdamW step (decoupled weight decay) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq')."""
+    return _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
+                 amsgrad, maximize, decoupled=True)
+
+
+@register("rmsprop_step", inputs=("param", "grad", "square_avg", "momentum_buffer", "grad_avg"),
+          params={"lr": 0.01, "alpha": 0.99, "eps": 1e-8, "weight_decay": 0.0, "momentum": 0.0, "centered": False,
+                  "maximize": False}, shape=_rmsprop_shapes, method=False)
+def rmsprop_step(param, grad, square_avg, momentum_buffer, grad_avg, lr=0.01, alpha=0.99, eps=1e-8,
+                 weight_decay=0.0, momentum=0.0, centered=False, maximize=False):
+    """One torch.optim.RMSprop step -> (param', square_avg', momentum_buffer', grad_avg')."""
+    param, square_avg = param.clone(), square_avg.clone()
+    grad = grad if not maximize else -grad
+    if weight_decay != 0:
+        grad = grad.add(param, alpha=weight_decay)
+    square_avg.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
+    if centered:
+        grad_avg = grad_avg.clone()
+        grad_avg.lerp_(grad, 1 - alpha)
+        avg = square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_()
+    else:
+        avg = square_avg.sqrt()
+    avg = avg.add_(eps)
+    if momentum > 0:
+        momentum_buffer = momentum_buffer.clone()
+        momentum_buffer.mul_(momentum).addcdiv_(grad, avg)
+        param.add_(momentum_buffer, alpha=-lr)
+    else:
+        param.addcdiv_(grad, avg, value=-lr)
+    return param, square_avg, momentum_buffer, grad_avg
