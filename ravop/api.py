@@ -23,7 +23,10 @@ def make_function(opdef):
 
     def fn(*args, **kwargs):
         if variadic:
-            if args:
+            if args and type(args[0]) is Op:  # tensors one by one, as the original's a.concat(b)
+                count = next((i for i, a in enumerate(args) if type(a) is not Op), len(args))
+                tensors, rest = args[:count], args[count:]
+            elif args:
                 tensors, rest = args[0], args[1:]
             else:
                 tensors, rest = kwargs.pop(input_names[0]), ()

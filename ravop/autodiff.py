@@ -50,9 +50,13 @@ def grad(loss, wrt, grad_output=None):
             raise TypeError(f"grad: wrt must be an Op or a list of Ops, not {w!r}")
         if w.graph is not loss.graph:
             raise ValueError(f"grad: {w!r} belongs to another graph than the loss")
+        if isinstance(w.dtype, tuple) or not _is_float(w.dtype):
+            raise TypeError(f"grad: wrt must be floating-point tensors (integers carry no gradient), not {w!r}")
     if isinstance(loss.dtype, tuple) or not _is_float(loss.dtype):
         raise TypeError(f"grad: loss must be one floating-point tensor, not {loss!r}")
     seed = _seed(loss, grad_output)
+    if not targets:
+        return type(wrt)()
 
     graph = loss.graph
     nodes = graph.nodes

@@ -177,3 +177,6 @@ def test_errors_for_bad_arguments():
         R.grad(total(x), [x, 3])
     with pytest.raises(TypeError, match="floating-point"):
         R.grad(R.t(torch.tensor(3)), x)
+    with pytest.raises(TypeError, match="integers carry no gradient"):
+        R.grad(total(x), R.t(torch.tensor([1, 2])))
+    assert R.grad(total(x), []) == [] and R.grad(total(x), ()) == ()

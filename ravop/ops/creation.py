@@ -14,7 +14,7 @@ def _size(shape):
     return shape
 
 
-@register("zeros", inputs=(), params={"shape": REQUIRED, "dtype": "float32"},
+@register("zeros", inputs=(), params={"shape": REQUIRED, "dtype": "float32"}, method=False,
           shape=lambda shape, dtype="float32": (_size(shape), as_dtype(dtype)))
 def zeros(shape, dtype="float32"):
     """A tensor of `shape` filled with zeros (numpy.zeros; float32 unless `dtype` names another)."""
@@ -45,7 +45,7 @@ def _arange_shape(start, stop=None, step=1, dtype=None):
 
 
 @register("arange", inputs=(), params={"start": REQUIRED, "stop": None, "step": 1, "dtype": None},
-          shape=_arange_shape)
+          shape=_arange_shape, method=False)
 def arange(start, stop=None, step=1, dtype=None):
     """Evenly spaced values in [start, stop) (numpy.arange; arange(n) counts 0..n-1): int64 for int
     arguments, else the default float dtype, unless `dtype` names one."""

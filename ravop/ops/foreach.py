@@ -16,17 +16,17 @@ def _resolve(operation, params):
     """The per-slice op and its full keyword params; a clear ValueError for anything foreach cannot run."""
     opdef = registry.REGISTRY.get(operation) if isinstance(operation, str) else None
     if opdef is None:
-        raise ValueError(f"foreach: unknown op {operation!r}")
+        raise ValueError(f"unknown op {operation!r} to apply to each slice")
     if opdef.random or opdef.variadic or opdef.n_required_inputs != 1 or opdef.name in ("const", "tuple_get"):
         raise ValueError(f"foreach applies ops of one tensor input, not {opdef.name!r}")
     given = dict(params)
     unknown = set(given) - set(opdef.params)
     if unknown:
-        raise ValueError(f"foreach: op {opdef.name!r} has no param(s) {', '.join(sorted(unknown))}")
+        raise ValueError(f"op {opdef.name!r} has no param(s) {', '.join(sorted(unknown))}")
     full = {**opdef.params, **given}
     missing = [k for k, v in full.items() if v is REQUIRED]
     if missing:
-        raise ValueError(f"foreach: op {opdef.name!r} needs param(s) {', '.join(missing)}")
+        raise ValueError(f"op {opdef.name!r} needs param(s) {', '.join(missing)}")
     return opdef, full
 
 

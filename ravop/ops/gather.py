@@ -56,7 +56,7 @@ def _gather_backward_vjp(node, g):
 def _gather_backward_shape(g, indices, axis, shape):
     taken, _ = _gather_shape(rules.Like(shape, g.dtype), indices, axis)
     if taken != g.shape:
-        raise ValueError(f"gather_backward: a gradient of shape {g.shape} does not fit gathering {indices.shape} "
+        raise ValueError(f"a gradient of shape {g.shape} does not fit gathering {indices.shape} "
                          f"indices from {tuple(shape)} (expected {taken})")
     return tuple(shape), g.dtype
 
@@ -103,7 +103,7 @@ def take_along_axis(x, indices, axis):
 def _along_backward_shape(g, indices, axis, size):
     a = rules.normalize_axis(axis, len(g.shape))
     if len(indices.shape) != len(g.shape) or rules.broadcast(indices.shape, g.shape) != g.shape:
-        raise ValueError(f"take_along_axis_backward: indices of shape {indices.shape} do not fit a gradient "
+        raise ValueError(f"indices of shape {indices.shape} do not fit a gradient "
                          f"of shape {g.shape}")
     return g.shape[:a] + (size,) + g.shape[a + 1:], g.dtype
 

@@ -45,6 +45,13 @@ def _int(value, what):
 
 
 def _item(item, tensors):
+    if type(item) is int:  # the common cases first: recording x[i] is a hot path
+        return item
+    if type(item) is slice:
+        start, stop, step = item.start, item.stop, item.step
+        if (start is None or type(start) is int) and (stop is None or type(stop) is int) and \
+                (step is None or type(step) is int and step != 0):
+            return ("s", start, stop, step)
     if isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
         return int(item)
     if isinstance(item, slice):

@@ -9,7 +9,6 @@ that turn the user's index (or the original's string form, e.g. "[:,-1,:]") into
 import torch
 
 from .. import api
-from .. import functional as F
 from ..graph import record
 from ..registry import REQUIRED, get, register
 from . import rules
@@ -77,8 +76,28 @@ def _consumed(kind, data):
     return 0 if kind in ("new", "ellipsis") else 1
 
 
+def _basic_shape(shape, spec):
+    """index_shape for an index of ints and slices only (the common x[i], x[:, a:b]); None otherwise."""
+    if len(spec) > len(shape):
+        return None
+    out = []
+    for item, size in zip(spec, shape):
+        if type(item) is int:
+            if size >= 0 and not -size <= item < size:
+                return None  # let the general path raise its error
+        elif item[0] == "s" and size >= 0:
+            out.append(len(range(*slice(item[1], item[2], item[3]).indices(size))))
+        else:
+            return None
+    return tuple(out) + tuple(shape[len(spec):])
+
+
 def index_shape(shape, spec, tensors):
     """numpy's result shape of x[index] for `x` of `shape`, with `tensors` the index's tensor inputs."""
+    if not tensors:
+        basic = _basic_shape(shape, spec)
+        if basic is not None:
+            return basic
     entries = _entries(spec, tensors)
     ndim = len(shape)
     used = sum(_consumed(k, d) for k, d in entries)
@@ -218,7 +237,7 @@ def index_(x, *tensors, spec):
 def _index_backward_shape(g, *tensors, spec, shape):
     picked = index_shape(tuple(shape), spec, tensors)
     if len(picked) != len(g.shape) or any(a != b and -1 not in (a, b) for a, b in zip(picked, g.shape)):
-        raise ValueError(f"index_backward: a gradient of shape {g.shape} does not fit x[index] of shape {picked}")
+        raise ValueError(f"a gradient of shape {g.shape} does not fit x[index] of shape {picked}")
     return tuple(shape), g.dtype
 
 
@@ -247,7 +266,11 @@ def index_frontend(x, indices):
 
 def _set_value_shape(x, value, *tensors, spec):
     target = index_shape(x.shape, spec, tensors)
-    if rules.broadcast(value.shape, target) != target and -1 not in target:
+    try:
+        fits = rules.broadcast(value.shape, target) == target
+    except ValueError:
+        fits = False
+    if not fits:
         raise ValueError(f"a value of shape {value.shape} cannot be assigned to x[index] of shape {target}")
     return x.shape, x.dtype
 

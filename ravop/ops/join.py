@@ -354,7 +354,7 @@ def pad(x, sequence, mode="constant", constant_values=0):
 def _pad_backward_shape(g, sequence, mode, shape):
     padded, _ = _pad_shape(rules.Like(shape, g.dtype), sequence, mode)
     if padded != g.shape:
-        raise ValueError(f"pad_backward: a gradient of shape {g.shape} does not fit padding {tuple(shape)} "
+        raise ValueError(f"a gradient of shape {g.shape} does not fit padding {tuple(shape)} "
                          f"to {padded}")
     return tuple(shape), g.dtype
 

@@ -33,7 +33,7 @@ def _matmul_shape(x, y):
     a2 = (1,) + a if len(a) == 1 else a
     b2 = b + (1,) if len(b) == 1 else b
     if a2[-1] != b2[-2] and -1 not in (a2[-1], b2[-2]):
-        raise ValueError(f"matmul: inner dimensions differ ({a2[-1]} vs {b2[-2]})")
+        raise ValueError(f"inner dimensions differ ({a2[-1]} vs {b2[-2]})")
     batch = rules.broadcast(a2[:-2], b2[:-2])
     shape = batch + (a2[-2],) * (len(a) > 1) + (b2[-1],) * (len(b) > 1)
     return shape, _dtype(x, y)
@@ -82,7 +82,7 @@ def _tensordot_shape(x, y, axes=2):
     ax, ay = _tensordot_axes(axes, len(x.shape), len(y.shape))
     for a, b in zip(ax, ay):
         if x.shape[a] != y.shape[b] and -1 not in (x.shape[a], y.shape[b]):
-            raise ValueError(f"tensordot: axis {a} of x (size {x.shape[a]}) and axis {b} of y "
+            raise ValueError(f"axis {a} of x (size {x.shape[a]}) and axis {b} of y "
                              f"(size {y.shape[b]}) differ")
     free_x = tuple(d for i, d in enumerate(x.shape) if i not in ax)
     free_y = tuple(d for i, d in enumerate(y.shape) if i not in ay)
@@ -130,9 +130,13 @@ def _dot_axes(x, y):
 
 
 def _dot_shape(x, y):
-    if not x.shape or not y.shape:
+    a, b = x.shape, y.shape
+    if not a or not b:
         return rules.binary(x, y)
-    return _tensordot_shape(x, y, _dot_axes(x, y))
+    inner = b[-2] if len(b) > 1 else b[0]
+    if a[-1] != inner and a[-1] != -1 and inner != -1:
+        raise ValueError(f"the last axis of x (size {a[-1]}) and the contracted axis of y (size {inner}) differ")
+    return a[:-1] + b[:-2] + b[-1:] if len(b) > 1 else a[:-1], _dtype(x, y)
 
 
 def _dot_vjp(node, g):

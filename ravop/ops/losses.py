@@ -21,9 +21,14 @@ def _check_float(name, dtype):
 
 # ---------------------------------------------------------------------------------------------- square_loss
 
+def same_shape(a, b):
+    """Shapes equal up to data-dependent (-1) dimensions, which match any size."""
+    return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b))
+
+
 def _square_loss_shape(y_true, y_pred):
     _check_float("y_pred", y_pred.dtype)
-    if y_true.shape != y_pred.shape:
+    if not same_shape(y_true.shape, y_pred.shape):
         # torch would broadcast (N,) against (N, 1) into an (N, N) loss, a classic silent bug: refuse it.
         raise ValueError(f"y_true {y_true.shape} and y_pred {y_pred.shape} must have the same shape")
     return (), y_pred.dtype
@@ -57,6 +62,8 @@ def reshaped(shape, new):
         return tuple(shape)
     new = (new,) if isinstance(new, int) else tuple(new)
     n = numel(shape)
+    if n < 0:   # a data-dependent size: the reshape is checked when it runs
+        return new
     known = numel(d for d in new if d != -1)
     unknown = sum(1 for d in new if d == -1)
     if unknown > 1 or any(d < -1 for d in new):
@@ -77,13 +84,13 @@ def _cross_entropy_shape(y_true, y_pred, ignore_index=None, reshape_target=None,
     if not pred:
         raise ValueError("y_pred needs a class dimension (C,), (N, C) or (N, C, d1, ...)")
     if y_true.dtype.is_floating_point:
-        if label != pred:
+        if not same_shape(label, pred):
             raise ValueError(f"probability targets must have y_pred's shape {pred}, not {label}")
         if ignore_index is not None:
             raise ValueError("ignore_index applies to class-index targets, not probabilities")
     elif y_true.dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
         expected = pred[:1] + pred[2:] if len(pred) > 1 else ()
-        if label != expected:
+        if not same_shape(label, expected):
             raise ValueError(f"class-index targets for y_pred of shape {pred} must have shape {expected}, "
                              f"not {label}")
     else:

@@ -16,14 +16,14 @@ import torch.nn.functional as TF
 from .. import functional as F
 from ..autodiff import needs_grad
 from ..interpreter import op_seed
-from ..dtypes import result_dtype
 from ..registry import REQUIRED, register
+from .rules import numel
 
 aten = torch.ops.aten
 
 
 def _pair(v):
-    return (v, v) if isinstance(v, int) else tuple(v)
+    return (v, v) if type(v) is int else tuple(v)
 
 
 def _is_float(dtype):
@@ -54,6 +54,14 @@ def keep_masked(mask, *grads):
     return tuple(g for wanted, g in zip(mask, grads) if wanted)
 
 
+def _same_dtype(x, w, b):
+    """torch's matmul and convolution kernels take one dtype: say so at record time, not on a worker."""
+    if x.dtype is not w.dtype or (b is not None and b.dtype is not w.dtype):
+        raise TypeError(f"input, weight and bias must have one dtype, got {x.dtype}, {w.dtype}"
+                        f"{'' if b is None else ', ' + str(b.dtype)}: cast them (e.g. R.t(array, dtype='float32'))")
+    return x.dtype
+
+
 def _check_vector(name, v, n):
     if v is not None and tuple(v.shape) != (n,):
         raise ValueError(f"{name} must have shape ({n},), not {tuple(v.shape)}")
@@ -64,10 +72,10 @@ def _check_vector(name, v, n):
 def _linear_shape(x, w, b=None):
     if len(w.shape) != 2:
         raise ValueError(f"weight must be 2-d (out_features, in_features), not {w.shape}")
-    if not x.shape or x.shape[-1] != w.shape[1]:
+    if not x.shape or x.shape[-1] not in (w.shape[1], -1):   # -1: a data-dependent size
         raise ValueError(f"input's last dimension must be in_features={w.shape[1]}, input is {x.shape}")
     _check_vector("bias", b, w.shape[0])
-    return x.shape[:-1] + (w.shape[0],), result_dtype(x.dtype, 1, w.dtype, 1)
+    return x.shape[:-1] + (w.shape[0],), _same_dtype(x, w, b)
 
 
 def _linear_vjp(node, g):
@@ -118,20 +126,22 @@ def conv_padding(kernel_hw, stride, padding, dilation, padding_mode):
 
     nn.Conv2d pads explicitly for non-zero padding modes; 'same' with an even receptive field pads one
     extra zero on the right/bottom before a symmetric convolution (ATen's _convolution_mode)."""
+    if padding_mode == "zeros" and type(padding) is int:   # the common case, first: this runs per record
+        return None, (padding, padding)
     if padding_mode not in PADDING_MODES:
         raise ValueError(f"padding_mode must be one of {PADDING_MODES}, not {padding_mode!r}")
-    dilation = _pair(dilation)
     if padding == "valid":
         return None, (0, 0)
     if padding == "same":
-        if _pair(stride) != (1, 1):
+        if stride != 1 and _pair(stride) != (1, 1):
             raise ValueError("padding='same' needs stride=1, as in torch")
-        total = [d * (k - 1) for d, k in zip(dilation, kernel_hw)]
-        left = [t // 2 for t in total]
+        dh, dw = _pair(dilation)
+        th, tw = dh * (kernel_hw[0] - 1), dw * (kernel_hw[1] - 1)   # total padding per dimension
+        lh, lw = th // 2, tw // 2
         if padding_mode != "zeros":
-            return (left[1], total[1] - left[1], left[0], total[0] - left[0]), (0, 0)
-        extra = [t - 2 * lo for t, lo in zip(total, left)]
-        return ((0, extra[1], 0, extra[0]) if any(extra) else None), tuple(left)
+            return (lw, tw - lw, lh, th - lh), (0, 0)
+        eh, ew = th - 2 * lh, tw - 2 * lw
+        return ((0, ew, 0, eh) if eh or ew else None), (lh, lw)
     if isinstance(padding, str):
         raise ValueError(f"padding must be an int, a pair, 'same' or 'valid', not {padding!r}")
     ph, pw = _pair(padding)
@@ -141,25 +151,25 @@ def conv_padding(kernel_hw, stride, padding, dilation, padding_mode):
 
 
 def _conv_shape(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros"):
-    if len(x.shape) != 4 or len(w.shape) != 4:
+    xs, ws = x.shape, w.shape
+    if len(xs) != 4 or len(ws) != 4:
         raise ValueError(f"needs a 4-d input (N, C, H, W) and a 4-d weight (out, in/groups, kh, kw); "
-                         f"got {x.shape} and {w.shape}")
-    if x.shape[1] != w.shape[1] * groups or w.shape[0] % groups:
-        raise ValueError(f"input has {x.shape[1]} channels; weight {w.shape} with groups={groups} expects "
-                         f"{w.shape[1] * groups}, and out channels divisible by groups")
-    _check_vector("bias", b, w.shape[0])
-    explicit, pad = conv_padding(w.shape[2:], stride, padding, dilation, padding_mode)
-    h, wd = x.shape[2], x.shape[3]
+                         f"got {xs} and {ws}")
+    if xs[1] != ws[1] * groups or ws[0] % groups:
+        raise ValueError(f"input has {xs[1]} channels; weight {ws} with groups={groups} expects "
+                         f"{ws[1] * groups}, and out channels divisible by groups")
+    if b is not None and b.shape != (ws[0],):
+        raise ValueError(f"bias must have shape ({ws[0]},), not {b.shape}")
+    explicit, (ph, pw) = conv_padding(ws[2:], stride, padding, dilation, padding_mode)
+    sh, sw = _pair(stride)
+    dh, dw = _pair(dilation)
+    h, wd = xs[2] + 2 * ph, xs[3] + 2 * pw
     if explicit is not None:
         h, wd = h + explicit[2] + explicit[3], wd + explicit[0] + explicit[1]
-    out = []
-    for size, p, d, k, s in zip((h, wd), pad, _pair(dilation), w.shape[2:], _pair(stride)):
-        n = (size + 2 * p - d * (k - 1) - 1) // s + 1
-        if n <= 0:
-            raise ValueError(f"kernel {tuple(w.shape[2:])} with dilation {dilation} is larger than the "
-                             f"padded input {(h, wd)}")
-        out.append(n)
-    return (x.shape[0], w.shape[0], out[0], out[1]), result_dtype(x.dtype, 1, w.dtype, 1)
+    oh, ow = (h - dh * (ws[2] - 1) - 1) // sh + 1, (wd - dw * (ws[3] - 1) - 1) // sw + 1
+    if oh <= 0 or ow <= 0:
+        raise ValueError(f"kernel {ws[2:]} with dilation {dilation} is larger than the padded input {(h, wd)}")
+    return (xs[0], ws[0], oh, ow), _same_dtype(x, w, b)
 
 
 def _pad_input(x, explicit, padding_mode):
@@ -242,10 +252,12 @@ def _pool_params(kernel_size, stride, padding, dilation):
 
 
 def _max_pool_shape(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-    if len(x.shape) not in (3, 4):
-        raise ValueError(f"needs a 3-d (C, H, W) or 4-d (N, C, H, W) input, not {x.shape}")
+    shape = x.shape
+    if len(shape) not in (3, 4):
+        raise ValueError(f"needs a 3-d (C, H, W) or 4-d (N, C, H, W) input, not {shape}")
     k, s, p, d = _pool_params(kernel_size, stride, padding, dilation)
-    out = x.shape[:-2] + tuple(_pool_size(x.shape[-2 + i], k[i], s[i], p[i], d[i], ceil_mode) for i in (0, 1))
+    out = shape[:-2] + (_pool_size(shape[-2], k[0], s[0], p[0], d[0], ceil_mode),
+                        _pool_size(shape[-1], k[1], s[1], p[1], d[1], ceil_mode))
     if return_indices:
         return [(out, x.dtype), (out, torch.int64)]
     return out, x.dtype
@@ -292,16 +304,9 @@ def _batch_norm_shape(x, running_mean, running_var, weight=None, bias=None, trai
     for name, v in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
                     ("bias", bias)):
         _check_vector(name, v, c)
-    if training and c and _numel(x.shape) // c == 1:
+    if training and c > 0 and numel(x.shape) // c == 1:   # numel is -1 for a data-dependent size
         raise ValueError(f"expected more than 1 value per channel when training, got input of shape {x.shape}")
     return [(x.shape, x.dtype), (running_mean.shape, running_mean.dtype), (running_var.shape, running_var.dtype)]
-
-
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _batch_norm_vjp(node, g):
@@ -446,8 +451,9 @@ def _dropout_vjp(node, g):
     p, training = node.params["p"], node.params["training"]
     if not training or p == 0:
         return (g,)
-    # The forward's generator was seeded with op_seed(graph seed, this node): the backward op redraws the
-    # same mask from that seed instead of carrying it as a second output.
+    # Every executor seeds a random op's generator with op_seed(graph seed, node id) (ravop.interpreter), so
+    # the backward op redraws the forward's mask from that seed: R.dropout keeps one output, and no mask
+    # tensor is stored or shipped between workers.
     return (F.dropout_backward(g, p=p, seed=op_seed(node.graph.seed, node.id)),)
 
 

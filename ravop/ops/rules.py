@@ -63,6 +63,9 @@ def same_bool(x, **_):
 
 def normalize_axis(axis, ndim):
     """A non-negative axis; negative axes count from the end, as in numpy."""
+    n = ndim if ndim > 1 else 1
+    if type(axis) is int and -n <= axis < n:  # the common case, checked cheaply first
+        return axis % n
     if not isinstance(axis, int) or isinstance(axis, bool):
         raise TypeError(f"axis must be an int, not {axis!r}")
     if not -max(ndim, 1) <= axis < max(ndim, 1):
@@ -74,6 +77,8 @@ def normalize_axes(axis, ndim):
     """`None` -> every axis; int or tuple -> sorted tuple of non-negative axes."""
     if axis is None:
         return tuple(range(ndim))
+    if type(axis) is int:
+        return (normalize_axis(axis, ndim),)
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
     out = tuple(sorted({normalize_axis(a, ndim) for a in axes}))
     if len(out) != len(axes):

@@ -47,16 +47,20 @@ def transpose(x, axes=None):
 
 def target_shape(shape, target):
     """numpy's reshape rule: `target` (an int or ints, at most one -1 to infer) for `shape`'s elements."""
-    target = (target,) if isinstance(target, int) else tuple(target)
-    if any(not isinstance(d, int) or isinstance(d, bool) or d < -1 for d in target):
-        raise ValueError(f"a shape holds sizes >= 0 and at most one -1, not {target}")
-    infer = [i for i, d in enumerate(target) if d == -1]
+    target = (target,) if type(target) is int else tuple(target)
+    infer, known = [], 1
+    for i, d in enumerate(target):
+        if type(d) is not int or d < -1:
+            raise ValueError(f"a shape holds sizes >= 0 and at most one -1, not {target}")
+        if d == -1:
+            infer.append(i)
+        else:
+            known *= d
     if len(infer) > 1:
         raise ValueError(f"can only infer one dimension (-1) of {target}")
     n = rules.numel(shape)
     if n < 0:
         return target  # the input's size is known only at run time; -1 stays "unknown"
-    known = rules.numel(tuple(d for d in target if d != -1))
     if infer:
         if known == 0 or n % known:
             raise ValueError(f"cannot reshape {n} elements of shape {tuple(shape)} into {target}")
@@ -74,6 +78,9 @@ def reshape(x, shape):
 
 
 def _expanded(shape, axis):
+    if type(axis) is int:
+        at = rules.normalize_axis(axis, len(shape) + 1)
+        return shape[:at] + (1,) + shape[at:]
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
     ndim = len(shape) + len(axes)
     new = rules.normalize_axes(axes, ndim)
@@ -110,7 +117,7 @@ def _flattened(shape, start_dim, end_dim):
         return (1,)
     start, end = rules.normalize_axis(start_dim, len(shape)), rules.normalize_axis(end_dim, len(shape))
     if start > end:
-        raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
+        raise ValueError(f"start_dim {start_dim} comes after end_dim {end_dim}")
     return shape[:start] + (rules.numel(shape[start:end + 1]),) + shape[end + 1:]
 
 
