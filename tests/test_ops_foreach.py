@@ -5,7 +5,7 @@ import pytest
 import ravop as R
 from ravop.errors import ShapeError
 from ravop.interpreter import evaluate
-from ravop.ops.foreach import foreach
+from ravop.ops.foreach import foreach_kernel
 
 A = np.arange(24.0).reshape(2, 3, 4)
 
@@ -50,7 +50,7 @@ def test_the_kernel_looks_the_name_up_again():
     """A hostile plan reaching a worker gets the same refusal from the kernel, not an eval."""
     import torch
     with pytest.raises(ValueError, match="unknown op"):
-        foreach(torch.zeros(2, 2), operation="os.system", params=())
+        foreach_kernel(torch.zeros(2, 2), operation="os.system", params=())
 
 
 def test_foreach_is_differentiable_through_its_kernel():

@@ -32,14 +32,14 @@ def _where_vjp(node, g):
 
 
 @register("where", inputs=("condition", "x", "y"), shape=_where_shape, vjp=_where_vjp)
-def where(condition, x, y):
+def where_kernel(condition, x, y):
     """Elementwise `x` where `condition` is true (nonzero), else `y`, all three broadcast (numpy.where);
     the result has the promoted dtype of x and y."""
     dtype = torch.result_type(x, y)
     return torch.where(condition.to(torch.bool), x.to(dtype), y.to(dtype))
 
 
-def where_frontend(*args, condition=None, x=None, y=None):
+def where(*args, condition=None, x=None, y=None):
     """`R.where(condition, x, y)`, numpy's order; the original API's `R.where(x, y, condition=c)` also works."""
     if condition is not None and len(args) == 2 and x is None and y is None:
         x, y = args
@@ -51,4 +51,4 @@ def where_frontend(*args, condition=None, x=None, y=None):
     return record(get("where"), (condition, x, y), api.NO_PARAMS)
 
 
-api.FRONTENDS["where"] = where_frontend
+api.FRONTENDS["where"] = where

@@ -42,7 +42,7 @@ def _shape(x, operation, params=()):
 
 
 @register("foreach", params={"operation": REQUIRED, "params": ()}, shape=_shape, vjp=autograd_vjp)
-def foreach(x, operation, params=()):
+def foreach_kernel(x, operation, params=()):
     """Apply the registered op named `operation` (with `params`) to each x[i] and stack the results."""
     opdef, full = _resolve(operation, params)
     if x.shape[0] == 0:
@@ -51,9 +51,9 @@ def foreach(x, operation, params=()):
     return torch.stack([opdef.kernel(row, **full) for row in x.unbind(0)])
 
 
-def foreach_frontend(x, operation, **params):
+def foreach(x, operation, **params):
     """`R.foreach(x, operation='name', **params)`: the op's own keywords ride along as one param."""
     return record(registry.get("foreach"), (x,), {"operation": operation, "params": canonical(params)})
 
 
-api.FRONTENDS["foreach"] = foreach_frontend
+api.FRONTENDS["foreach"] = foreach

@@ -153,8 +153,8 @@ def index_shape(shape, spec, tensors):
 
 # ---------------------------------------------------------------------------------- kernel side of x[...]
 
-def torch_index(spec, tensors, ndim):
-    """(dims to flip, index tuple) that give numpy's x[index] as torch's x.flip(dims)[index]."""
+def torch_index(spec, tensors):
+    """The spec as a tuple of torch index items, with numpy's meaning except for negative slice steps."""
     tensors = iter(tensors)
     items = []
     for item in spec:
@@ -175,42 +175,37 @@ def torch_index(spec, tensors, ndim):
         # numpy treats ints among array indices as 0-d arrays; torch only does so for 1-d tensors
         items = [torch.tensor([i]) if type(i) is int else
                  i.reshape(1) if isinstance(i, torch.Tensor) and not i.dim() else i for i in items]
-    used = sum(i.dim() if isinstance(i, torch.Tensor) and i.dtype == torch.bool else
-               0 if i is None or i is Ellipsis else 1 for i in items)
-    return _flip_negative_steps(items, ndim, used)
+    return items
 
 
-def _flip_negative_steps(items, ndim, used):
-    """torch slices need a positive step: x[a:b:-s] is x.flip(d)[a':b':s] with mirrored bounds."""
-    flips, dim = [], 0
-    for k, item in enumerate(items):
-        if item is None:
-            continue
-        if item is Ellipsis:
-            dim += ndim - used
-            continue
-        if isinstance(item, slice) and item.step is not None and item.step < 0:
-            flips.append((k, dim))
-        dim += item.dim() if isinstance(item, torch.Tensor) and item.dtype == torch.bool else 1
-    return [d for _, d in flips], items, [k for k, _ in flips]
+def _dims_used(item):
+    if item is None or item is Ellipsis:
+        return 0
+    return item.dim() if isinstance(item, torch.Tensor) and item.dtype == torch.bool else 1
 
 
 def apply_index(x, spec, tensors):
-    """x[index] with numpy semantics (a view where torch gives one)."""
-    flips, items, slots = torch_index(spec, tensors, x.dim())
-    if flips:
-        x = x.flip(flips)
-        for k, d in zip(slots, flips):
-            start, stop, step = items[k].indices(x.shape[d])
+    """x[index] with numpy semantics (a view where torch gives one).
+
+    torch slices need a positive step, so x[a:b:-s] becomes x.flip(d)[a':b':s] with mirrored bounds."""
+    items = torch_index(spec, tensors)
+    flips, dim = [], 0
+    for k, item in enumerate(items):
+        if item is Ellipsis:
+            dim += x.dim() - sum(_dims_used(i) for i in items)
+        elif isinstance(item, slice) and item.step is not None and item.step < 0:
+            start, stop, step = item.indices(x.shape[dim])
             count = len(range(start, stop, step))
-            first = x.shape[d] - 1 - start
+            first = x.shape[dim] - 1 - start
             items[k] = slice(first, first + (count - 1) * -step + 1, -step) if count else slice(0, 0)
-    return x[tuple(items)]
+            flips.append(dim)
+        dim += _dims_used(item)
+    return (x.flip(flips) if flips else x)[tuple(items)]
 
 
-def positions(shape, spec, tensors):
+def positions(shape, spec, tensors, device):
     """The flat positions in a tensor of `shape` that x[index] reads, shaped like x[index]."""
-    return apply_index(torch.arange(rules.numel(shape)).reshape(shape), spec, tensors)
+    return apply_index(torch.arange(rules.numel(shape), device=device).reshape(shape), spec, tensors)
 
 
 # ----------------------------------------------------------------------------------------------- the ops
@@ -227,7 +222,7 @@ def _index_vjp(node, g):
 
 
 @register("index", inputs=("*xs",), params={"spec": REQUIRED}, shape=_index_shape, vjp=_index_vjp)
-def index_(x, *tensors, spec):
+def index_kernel(x, *tensors, spec):
     """x[index] with numpy semantics. `R.index(x, indices)` or `x[...]` takes ints, slices, None, ...,
     lists and int/bool tensors, or the original's string form "[:, -1, 1:3]" (parsed, never evaluated).
     A bool mask gives a dimension whose size is known only when the op runs."""
@@ -250,13 +245,13 @@ def _index_backward_vjp(node, g):
           shape=_index_backward_shape, vjp=_index_backward_vjp, method=False)
 def index_backward(g, *tensors, spec, shape):
     """Zeros of `shape` with `g` added at x[index] (repeated positions accumulate): the VJP of `index`."""
-    where = positions(tuple(shape), spec, tensors)
+    where = positions(tuple(shape), spec, tensors, g.device)
     out = torch.zeros(rules.numel(shape), dtype=g.dtype, device=g.device)
-    out.index_add_(0, where.reshape(-1).to(g.device), g.reshape(-1))
+    out.index_add_(0, where.reshape(-1), g.reshape(-1))
     return out.reshape(tuple(shape))
 
 
-def index_frontend(x, indices):
+def index(x, indices):
     """`R.index(x, indices)` and `x[indices]`: record an `index` op for a numpy-style or string index."""
     spec, tensors = canonical_index(indices)
     return record(get("index"), (x, *tensors), {"spec": spec})
@@ -284,21 +279,21 @@ def _set_value_vjp(node, g):
 
 
 @register("set_value", inputs=("*xs",), params={"spec": REQUIRED}, shape=_set_value_shape, vjp=_set_value_vjp)
-def set_value(x, value, *tensors, spec):
+def set_value_kernel(x, value, *tensors, spec):
     """A copy of `x` with x[index] = value (value broadcast, cast to x's dtype); x is not modified.
     `R.set_value(x, value, indices)` takes the same indices as `index`. Where an index repeats a
     position, the last write wins (as in numpy) and the value's gradient counts every write."""
-    where = positions(tuple(x.shape), spec, tensors).to(x.device)
+    where = positions(tuple(x.shape), spec, tensors, x.device)
     out = x.clone(memory_format=torch.contiguous_format)
     out.view(-1)[where.reshape(-1)] = value.to(x.dtype).expand(where.shape).reshape(-1)
     return out
 
 
-def set_value_frontend(x, value, indices):
+def set_value(x, value, indices):
     """`R.set_value(x, value, indices)`: x with x[indices] = value, as a new op."""
     spec, tensors = canonical_index(indices)
     return record(get("set_value"), (x, value, *tensors), {"spec": spec})
 
 
-api.FRONTENDS["index"] = index_frontend
-api.FRONTENDS["set_value"] = set_value_frontend
+api.FRONTENDS["index"] = index
+api.FRONTENDS["set_value"] = set_value

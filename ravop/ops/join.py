@@ -35,7 +35,10 @@ def split_points(size, sections):
         if size < 0:
             raise ValueError("cannot split a dimension of unknown size into equal parts; give split points")
         return tuple(size // sections * i for i in range(1, sections))
-    return tuple(sections)
+    points = tuple(sections)
+    if any(type(p) is not int for p in points):
+        raise ValueError(f"split points must be ints, not {points}")
+    return points
 
 
 def _bounds(size, points):

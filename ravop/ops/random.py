@@ -16,7 +16,7 @@ def _float(dtype):
 
 @register("random", inputs=(), params={"size": REQUIRED, "dtype": "float32"}, random=True, method=False,
           shape=lambda size, dtype="float32": (_size(size), _float(dtype)))
-def random(size, dtype="float32", generator=None):
+def random(size, dtype="float32", *, generator):
     """Uniform samples in [0, 1) of shape `size` (numpy.random.random)."""
     return torch.rand(_size(size), generator=generator, dtype=as_dtype(dtype), device=generator.device)
 
@@ -29,7 +29,7 @@ def _uniform_shape(low=0.0, high=1.0, size=REQUIRED, dtype="float32"):
 
 @register("random_uniform", inputs=(), params={"low": 0.0, "high": 1.0, "size": REQUIRED, "dtype": "float32"},
           random=True, method=False, shape=_uniform_shape)
-def random_uniform(low=0.0, high=1.0, size=REQUIRED, dtype="float32", generator=None):
+def random_uniform(low=0.0, high=1.0, size=REQUIRED, dtype="float32", *, generator):
     """Uniform samples in [low, high) of shape `size` (numpy.random.uniform)."""
     out = torch.empty(_size(size), dtype=as_dtype(dtype), device=generator.device)
     return out.uniform_(low, high, generator=generator)

@@ -67,9 +67,11 @@ def sum_(x, axis=None, keepdims=False):
 def prod(x, axis=None, keepdims=False):
     """Product over `axis` (numpy.prod); bool and integer inputs multiply in int64. Its gradient is
     torch's, which stays exact when the input holds zeros."""
+    if not x.dim():
+        return torch.prod(x)
     dims = rules.kernel_dims(x, axis)
     if not dims:
-        return x.to(rules.sum_dtype(x.dtype)) if x.dim() else torch.prod(x)
+        return x.to(rules.sum_dtype(x.dtype))
     for d in sorted((d % x.dim() for d in dims), reverse=True):  # torch.prod takes one dim at a time
         x = torch.prod(x, dim=d, keepdim=keepdims)
     return x

@@ -176,14 +176,14 @@ def _shape_shape(x, index=None):
 def shape(x, index=None):
     """The input's shape as a 1-D int64 tensor, or with `index` the size of that one dimension (0-d)."""
     if index is None:
-        return torch.tensor(tuple(x.shape), dtype=torch.int64)
-    return torch.tensor(x.shape[index], dtype=torch.int64)
+        return torch.tensor(tuple(x.shape), dtype=torch.int64, device=x.device)
+    return torch.tensor(x.shape[index], dtype=torch.int64, device=x.device)
 
 
 @register("size", shape=lambda x: ((), torch.int64))
 def size(x):
     """The number of elements, as a 0-d int64 tensor (numpy.size)."""
-    return torch.tensor(x.numel(), dtype=torch.int64)
+    return torch.tensor(x.numel(), dtype=torch.int64, device=x.device)
 
 
 @register("ravint", shape=lambda x: (x.shape, torch.int64))

@@ -170,8 +170,8 @@ def _percentile_shape(x, q, axis=None, keepdims=False, method="linear"):
 def quantiles(x, fractions, axis, keepdims, method):
     """torch.quantile over several (or all) axes at once, with numpy's result layout."""
     data = _to_last(x.to(rules.float_dtype(x.dtype)), axis)
-    out = torch.quantile(data, fractions.to(data.dtype) if fractions.dim() else fractions.item(), dim=-1,
-                         interpolation=method)
+    q = fractions.to(data.device, data.dtype) if fractions.dim() else fractions.item()
+    out = torch.quantile(data, q, dim=-1, interpolation=method)
     return _keep(out, x, axis, fractions.shape) if keepdims else out
 
 

@@ -3,7 +3,6 @@
 Each sample is written as the Python index a user would write; `canonical_index` turns it into the op's
 `spec` param and tensor inputs, and numpy applies the same index to make the reference."""
 import numpy as np
-import torch
 
 from ravop.ops.index_spec import canonical_index
 
@@ -67,6 +66,3 @@ SAMPLES = {
         _set(ints(0, 9, 3, 3), np.int64(-1), (slice(None), 0), grad=False, note="ints"),
     ],
 }
-
-# The mask sample's output size is only known when the op runs: make sure the walk sees real data.
-assert torch.as_tensor(mask).any()

@@ -25,6 +25,7 @@ def _reductions(name, nonempty=False):
         Sample((f32(2, 3),), {"axis": 0}, reference=_np(name), note="float32"),
         Sample((ints(-4, 5, 3, 4),), {"axis": 1}, reference=_np(name), grad=False, note="integers"),
         Sample((normal(2, 3),), {"axis": ()}, reference=_np(name), note="axis=() reduces nothing"),
+        Sample((np.float64(2.5),), reference=_np(name), note="0-d"),
     ]
     if not nonempty:
         samples.append(Sample((normal(0, 3),), {"axis": 0}, reference=_np(name), note="empty"))
