@@ -47,7 +47,7 @@ class Op:
         raise TypeError("an Op has no truth value before it runs; fetch a persisted value to branch on it")
 
     def __iter__(self):
-        raise TypeError("an Op cannot be iterated before it runs; index it (op[i]) or use R.split/R.unstack")
+        raise TypeError("an Op cannot be iterated before it runs; index it (op[i]) or use R.split")
 
     def __len__(self):
         if not self.shape:

@@ -17,7 +17,7 @@ from .. import functional as F
 from ..autodiff import needs_grad
 from ..interpreter import op_seed
 from ..registry import REQUIRED, register
-from .rules import numel
+from .rules import Like, numel
 
 aten = torch.ops.aten
 
@@ -91,7 +91,7 @@ def linear(x, w, b=None):
 
 
 def _linear_backward_shape(g, x, w, mask):
-    return masked_shapes(mask, x, w, _Like((w.shape[0],), g.dtype))
+    return masked_shapes(mask, x, w, Like((w.shape[0],), g.dtype))
 
 
 @register("linear_backward", inputs=("g", "x", "w"), params={"mask": (True, True, True)},
@@ -105,14 +105,6 @@ def linear_backward(g, x, w, mask):
     gw = g2.t().mm(x2) if mask[1] else None
     gb = g2.sum(0) if mask[2] else None
     return keep_masked(mask, gx, gw, gb)
-
-
-class _Like:
-    """Shape and dtype of a value that is not an input (a bias-sized gradient)."""
-    __slots__ = ("shape", "dtype")
-
-    def __init__(self, shape, dtype):
-        self.shape, self.dtype = shape, dtype
 
 
 # ---------------------------------------------------------------------------------------------- conv2d
@@ -197,7 +189,7 @@ def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, padding_mode
 
 
 def _conv_backward_shape(g, x, w, stride, padding, dilation, groups, padding_mode, mask):
-    return masked_shapes(mask, x, w, _Like((w.shape[0],), g.dtype))
+    return masked_shapes(mask, x, w, Like((w.shape[0],), g.dtype))
 
 
 @register("conv2d_backward", inputs=("g", "x", "w"),
