@@ -1,0 +1,37 @@
+"""compile_graph: recorded graph -> IR -> passes -> cost model -> partition -> protobuf plan."""
+from . import cost, ir as ir_module
+from .partition import coarse_graph, max_parallel_width, partition
+from .pipeline import run_pipeline
+from .plan import emit_plan
+
+MIN_SUBGRAPH_SECONDS = 0.004  # ~20x a Redis round trip (0.1-0.3 ms), so a hop costs at most ~5%
+MAX_SUBGRAPH_SECONDS = 0.2    # bounded runs: persisted results of a long loop appear while it trains
+
+
+class CompiledGraph:
+    """`plan`: the `ravop.wire.plan_pb2.Plan`; `constants`: node id -> tensor the requester uploads (graph
+    constants still read, and values made by constant folding); `summary`: counts for the user."""
+    __slots__ = ("plan", "constants", "summary")
+
+    def __init__(self, plan, constants, summary):
+        self.plan, self.constants, self.summary = plan, constants, summary
+
+    def __repr__(self):
+        return f"<CompiledGraph {self.summary}>"
+
+
+def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph_seconds=MAX_SUBGRAPH_SECONDS):
+    """Compile a recorded `ravop.graph.Graph` (which is not modified) into a plan of subgraphs."""
+    if not 0 <= min_subgraph_seconds <= max_subgraph_seconds:
+        raise ValueError(f"need 0 <= min_subgraph_seconds <= max_subgraph_seconds, got "
+                         f"{min_subgraph_seconds} and {max_subgraph_seconds}")
+    ir, counts = run_pipeline(ir_module.from_graph(graph))
+    costs = cost.estimate(ir)
+    windows = partition(ir, costs, min_subgraph_seconds, max_subgraph_seconds)
+    plan = emit_plan(ir, windows, costs)
+    quotient = coarse_graph(windows, [(sub.id, s) for sub in plan.subgraphs for s in sub.successors])
+    plan.max_parallel_width = max_parallel_width(quotient)
+    summary = {"recorded_ops": plan.n_recorded_ops, "compiled_ops": plan.n_compiled_ops,
+               "subgraphs": len(windows), "flops": plan.flops, "max_parallel_width": plan.max_parallel_width,
+               "estimated_seconds": sum(costs.seconds), "constants": len(ir.constants), **counts}
+    return CompiledGraph(plan, ir.constants, summary)

@@ -1,0 +1,135 @@
+"""Cost model: FLOPs, bytes moved and estimated seconds per op, for partitioning and the plan summary.
+
+seconds = a fixed per-op overhead (interpreter loop and kernel dispatch) + FLOPs / throughput + bytes /
+memory bandwidth. The device figures are round numbers measured on ordinary hardware (a 2-core CPU runs a
+float32 matmul at ~1e11 FLOP/s and a large elementwise add at ~3-5 GB/s, with ~2-3 us of dispatch per
+small op); the partitioner only needs the right order of magnitude.
+
+FLOPs come from the op's own `OpDef.flops(shape, input_shapes, params)` when it defines one, else from a
+rule for its family here (matmul-like ops from their contracted dimension, convolutions from their
+kernel, sorts as n log n), else from the largest tensor it touches (elementwise ops and reductions).
+Unknown (-1) dimensions count as 1.
+"""
+import math
+
+import torch
+
+from ravop import registry
+from ravop.dtypes import NAMES
+
+
+class DeviceModel:
+    __slots__ = ("overhead_s", "flops_per_s", "bytes_per_s")
+
+    def __init__(self, overhead_s, flops_per_s, bytes_per_s):
+        self.overhead_s, self.flops_per_s, self.bytes_per_s = overhead_s, flops_per_s, bytes_per_s
+
+
+DEVICES = {"cpu": DeviceModel(5e-6, 5e10, 5e9), "cuda": DeviceModel(1e-5, 2e13, 1e12)}
+ITEMSIZE = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in NAMES}
+
+
+def numel(shape):
+    n = 1
+    for d in shape:
+        if d > 1:
+            n *= d
+        elif d == 0:
+            return 0
+    return n
+
+
+def _matmul(shape, ins, params):
+    x = ins[0]
+    return 2.0 * numel(shape) * (x[-1] if x else 1)
+
+
+def _contraction(shape, ins, params):
+    """dot/tensordot: the contracted size c satisfies numel(x) * numel(y) = numel(out) * c**2."""
+    out = max(numel(shape), 1)
+    return 2.0 * out * math.sqrt(numel(ins[0]) * numel(ins[1]) / out)
+
+
+def _linear(shape, ins, params):
+    return 2.0 * numel(shape) * (ins[1][-1] if ins[1] else 1)
+
+
+def _linear_backward(shape, ins, params):
+    g, x, w = ins[:3]
+    return 4.0 * numel(g) * (w[-1] if w else 1)  # grad input and grad weight, each a matmul as big as forward
+
+
+def _conv2d(shape, ins, params):
+    w = ins[1]
+    return 2.0 * numel(shape) * numel(w[1:])  # w: (out_c, in_c / groups, kh, kw)
+
+
+def _conv2d_backward(shape, ins, params):
+    g, x, w = ins[:3]
+    return 4.0 * numel(g) * numel(w[1:])
+
+
+def _inv(shape, ins, params):
+    return float(numel(shape)) * (shape[-1] if shape else 1)  # n**3 per matrix
+
+
+def _sort(shape, ins, params):
+    n = max(numel(ins[0]), 2)
+    return n * math.log2(n)
+
+
+FAMILY_FLOPS = {"matmul": _matmul, "dot": _contraction, "tensordot": _contraction, "linear": _linear,
+                "linear_backward": _linear_backward, "conv2d": _conv2d, "conv2d_backward": _conv2d_backward,
+                "inv": _inv, "sort": _sort, "argsort": _sort, "median": _sort, "percentile": _sort,
+                "unique": _sort, "mode": _sort}
+FREE = {"const", "tuple_get"}  # no work: a value from the store, or one output of a computed tuple
+
+
+def _out_bytes(node):
+    if node.multi_output:
+        return sum(numel(s) * ITEMSIZE[d] for s, d in zip(node.shape, node.dtype))
+    return numel(node.shape) * ITEMSIZE[node.dtype]
+
+
+def node_flops(node, nodes):
+    """Estimated floating-point operations of one node; `nodes` maps id -> Node for its inputs."""
+    if node.op in FREE:
+        return 0.0
+    ins = [nodes[i].shape for i in node.inputs]
+    rule = FAMILY_FLOPS.get(node.op) or registry.REGISTRY[node.op].flops
+    if rule is not None:
+        return float(rule(node.shape, ins, node.params))
+    largest = numel(node.shape) if not node.multi_output else max(map(numel, node.shape), default=0)
+    for shape in ins:
+        n = numel(shape)
+        if n > largest:
+            largest = n
+    return float(largest)
+
+
+class Costs:
+    """Per-node estimates, as lists indexed by node id (ids are dense up to the recorded op count)."""
+    __slots__ = ("seconds", "flops", "bytes")
+
+    def __init__(self, seconds, flops, bytes):
+        self.seconds, self.flops, self.bytes = seconds, flops, bytes
+
+
+def estimate(ir):
+    """Costs of every node of `ir` on its device. Constants and tuple_gets cost nothing."""
+    model = DEVICES[ir.device]
+    size = ir.n_recorded
+    seconds, flops, moved = [0.0] * size, [0.0] * size, [0.0] * size
+    out_bytes = [0] * size
+    nodes = ir.nodes
+    overhead, per_flop, per_byte = model.overhead_s, 1.0 / model.flops_per_s, 1.0 / model.bytes_per_s
+    for id, node in nodes.items():
+        b = out_bytes[id] = _out_bytes(node)
+        if node.op in FREE:
+            continue
+        for i in node.inputs:
+            b += out_bytes[i]
+        f = flops[id] = node_flops(node, nodes)
+        moved[id] = b
+        seconds[id] = overhead + f * per_flop + b * per_byte
+    return Costs(seconds, flops, moved)

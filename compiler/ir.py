@@ -1,0 +1,71 @@
+"""The compiler's IR: the recorded graph as a table of small immutable nodes, built once in O(n).
+
+Nodes keep the ids they were recorded with, so ascending id order is always a topological order (passes
+only remove nodes, point readers at an earlier node, or turn a node into a constant in place). Passes never
+mutate a node or an IR: they build new ones and share what they did not change, so the recorded graph and
+every intermediate IR stay valid.
+"""
+from ravop.wire.codec import encode_params
+
+_NO_PARAMS = {}
+
+
+class Node:
+    __slots__ = ("id", "op", "inputs", "params", "pkey", "shape", "dtype", "source")
+
+    def __init__(self, id, op, inputs, params, pkey, shape, dtype, source):
+        self.id = id
+        self.op = op            # registry name
+        self.inputs = inputs    # tuple of node ids
+        self.params = params    # dict of canonical params
+        self.pkey = pkey        # the params as wire JSON: exact (1, 1.0 and True differ), hashable, reused by the plan
+        self.shape = shape      # tuple; a tuple of shapes for a multi-output node
+        self.dtype = dtype      # torch.dtype; a tuple of dtypes for a multi-output node
+        self.source = source    # the user's "file:line"
+
+    def with_inputs(self, inputs):
+        return Node(self.id, self.op, inputs, self.params, self.pkey, self.shape, self.dtype, self.source)
+
+    def as_constant(self, shape, dtype):
+        return Node(self.id, "const", (), _NO_PARAMS, b"", shape, dtype, self.source)
+
+    @property
+    def multi_output(self):
+        return type(self.dtype) is tuple
+
+    def __repr__(self):
+        return f"<Node {self.id} {self.op} {self.inputs}>"
+
+
+class IR:
+    """`nodes`: id -> Node in ascending id order; `outputs`: persist name -> id; `constants`: id -> tensor for
+    every const node; `chained`: node id -> the id of the node it continues in a fused linear chain
+    (filled by the fusion pass)."""
+    __slots__ = ("nodes", "outputs", "constants", "chained", "seed", "graph_id", "device", "n_recorded")
+
+    def __init__(self, nodes, outputs, constants, chained, seed, graph_id, device, n_recorded):
+        self.nodes = nodes
+        self.outputs = outputs
+        self.constants = constants
+        self.chained = chained
+        self.seed = seed
+        self.graph_id = graph_id
+        self.device = device
+        self.n_recorded = n_recorded
+
+    def replace(self, **changes):
+        fields = {name: getattr(self, name) for name in IR.__slots__}
+        fields.update(changes)
+        return IR(**fields)
+
+
+def from_graph(graph):
+    """The IR of a recorded `ravop.graph.Graph` (which is only read)."""
+    nodes = {}
+    for op in graph.nodes:
+        params = op.params or _NO_PARAMS
+        nodes[op.id] = Node(op.id, op.op, tuple([i.id for i in op.inputs]), params,
+                            encode_params(params) if params else b"", op.shape, op.dtype, op.source)
+    outputs = {name: op.id for name, op in graph.persisted.items()}
+    return IR(nodes, outputs, dict(graph.constants), {}, graph.seed, graph.id,
+              "cuda" if graph.gpu_required else "cpu", len(graph.nodes))

@@ -1,0 +1,107 @@
+"""The partitioner: cut the op DAG into subgraphs that form an acyclic quotient graph.
+
+1. Order: a depth-first post-order from the persisted outputs (inputs before readers), so each branch is
+   a contiguous run; a multi-output node is followed at once by its tuple_get readers.
+2. Windows: walk that order, closing the current window before op v when
+   - the window plus v would run longer than `max_seconds` (a long training loop becomes bounded runs,
+     so persisted losses appear while it trains), though never between a multi-output node and its
+     tuple_gets; or
+   - v does not continue a fused chain from the previous op (a branch starts, joins or forks there) and
+     either the window already carries `min_seconds` of work (enough to dwarf a queue hop) or v's own
+     chain does (a heavy branch gets its own subgraph, so another worker can run it meanwhile).
+
+Acyclicity: the order is topological, so every edge runs from an op to a later op, hence from a window to
+the same or a later window. Every edge of the quotient graph therefore goes from a lower window index to a
+higher one, and no cycle can exist. (`coarse_graph` checks it anyway.)
+
+All ops of a graph share one device (`ir.device`, from the graph's `gpu_required`), so no window mixes
+devices.
+"""
+import networkx as nx
+
+
+def dfs_order(ir):
+    """Non-constant live node ids, inputs before readers, each branch contiguous."""
+    nodes = ir.nodes
+    outputs_of = {}  # multi-output node id -> its tuple_get readers, emitted right after it
+    for id, node in nodes.items():
+        if node.op == "tuple_get":
+            outputs_of.setdefault(node.inputs[0], []).append(id)
+    state = dict.fromkeys(nodes, 0)  # 0 new, 1 inputs being visited, 2 emitted
+    for id, node in nodes.items():
+        if node.op == "const":
+            state[id] = 2
+    order = []
+    emit = order.append
+    for root in ir.outputs.values():
+        if state[root]:
+            continue
+        stack = [root]
+        while stack:
+            v = stack[-1]
+            s = state[v]
+            if s == 0:
+                state[v] = 1
+                inputs = nodes[v].inputs
+                for k in range(len(inputs) - 1, -1, -1):  # first input on top: visited first
+                    if state[inputs[k]] == 0:
+                        stack.append(inputs[k])
+                continue
+            stack.pop()
+            if s == 1:
+                state[v] = 2
+                emit(v)
+                for t in outputs_of.get(v, ()):
+                    state[t] = 2
+                    emit(t)
+    return order
+
+
+def chain_costs(ir, seconds):
+    """id -> seconds of the fused chain from that node to the chain's end."""
+    after = {u: v for v, u in ir.chained.items()}
+    total = {}
+    for id in reversed(ir.nodes):
+        nxt = after.get(id)
+        total[id] = seconds[id] + (total[nxt] if nxt is not None else 0.0)
+    return total
+
+
+def partition(ir, costs, min_seconds, max_seconds):
+    """Windows of the DFS order: a list of lists of node ids, each list in topological order."""
+    order = dfs_order(ir)
+    seconds = costs.seconds
+    chain = chain_costs(ir, seconds)
+    chained = ir.chained
+    nodes = ir.nodes
+    windows = []
+    current, load, prev = [], 0.0, -1
+    for v in order:
+        c = seconds[v]
+        if current and nodes[v].op != "tuple_get":
+            linked = chained.get(v) == prev
+            if load + c > max_seconds or (not linked and (load >= min_seconds or chain[v] >= min_seconds)):
+                windows.append(current)
+                current, load = [], 0.0
+        current.append(v)
+        load += c
+        prev = v
+    if current:
+        windows.append(current)
+    return windows
+
+
+def coarse_graph(windows, edges):
+    """The quotient graph as a networkx DiGraph over window indices; raises `ValueError` if it is cyclic."""
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(windows)))
+    g.add_edges_from(edges)
+    if not nx.is_directed_acyclic_graph(g):
+        raise ValueError("the subgraphs form a cycle")
+    return g
+
+
+def max_parallel_width(g):
+    """The widest level of the quotient DAG (level = longest path from a source): how many subgraphs can be
+    ready at once when each level waits for the one before. Linear time."""
+    return max((len(level) for level in nx.topological_generations(g)), default=0)

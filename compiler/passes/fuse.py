@@ -1,0 +1,26 @@
+"""Fusion of linear chains (dask's `fuse_linear`): mark each link u -> v where v is u's only reader and u
+is v's only computed input. The partitioner never cuts a link (unless a run would exceed its time
+bound), so a chain of single-reader ops runs as one piece on one worker with its intermediates never
+leaving it."""
+
+
+def fuse_linear_chains(ir):
+    """Returns (ir with `chained` filled: v -> u for every link, number of chains of two or more nodes)."""
+    nodes = ir.nodes
+    readers = dict.fromkeys(nodes, 0)
+    for node in nodes.values():
+        for i in node.inputs:
+            readers[i] += 1
+    chained = {}
+    for id, node in nodes.items():
+        computed = None
+        for i in node.inputs:
+            if nodes[i].op != "const":
+                if computed is not None:
+                    break
+                computed = i
+        else:
+            if computed is not None and readers[computed] == 1:
+                chained[id] = computed
+    chains = sum(1 for u in chained.values() if u not in chained)
+    return ir.replace(chained=chained), chains

@@ -1,0 +1,66 @@
+"""Run the passes in order and check the IR's invariants after each, as torch.fx's PassManager does: a pass
+that breaks the IR is named at once instead of surfacing as a wrong result on a worker."""
+from ravop.errors import RavopError
+
+from .passes import (eliminate_common_subexpressions, eliminate_dead_code, fold_constants,
+                     fuse_linear_chains)
+
+# (summary key, pass). Folding leaves the inputs of what it folded unread, so dead code is culled again.
+PIPELINE = (
+    ("dead_code_removed", eliminate_dead_code),
+    ("cse_merged", eliminate_common_subexpressions),
+    ("folded", fold_constants),
+    ("dead_code_removed", eliminate_dead_code),
+    ("fused_chains", fuse_linear_chains),
+)
+
+
+class InvariantError(RavopError, RuntimeError):
+    """A compiler pass produced an invalid IR (a bug in the compiler, not in the user's program)."""
+
+
+def check_invariants(ir):
+    """Raise `ValueError` describing the first broken invariant: ids ascending with every input defined
+    earlier (a topological order, hence acyclic), every const node holding a value, every tuple_get reading
+    a multi-output node, every persisted output kept and not multi-output, chain links between real
+    neighbours."""
+    nodes = ir.nodes
+    previous = -1
+    for id, node in nodes.items():
+        if id <= previous:
+            raise ValueError(f"node {id} comes after node {previous}: ids must ascend (topological order)")
+        previous = id
+        for i in node.inputs:
+            if i >= id or i not in nodes:
+                raise ValueError(f"node {id} ({node.op}) reads node {i}, which is not defined before it")
+        if node.op == "const":
+            if id not in ir.constants:
+                raise ValueError(f"const node {id} has no value")
+        elif node.op == "tuple_get" and not nodes[node.inputs[0]].multi_output:
+            raise ValueError(f"tuple_get node {id} reads node {node.inputs[0]}, which has a single output")
+    for name, id in ir.outputs.items():
+        if id not in nodes:
+            raise ValueError(f"persisted output {name!r} (node {id}) was removed")
+        if nodes[id].multi_output:
+            raise ValueError(f"persisted output {name!r} (node {id}) is a multi-output node")
+    for v, u in ir.chained.items():
+        if v not in nodes or u not in nodes[v].inputs:
+            raise ValueError(f"chain link {u} -> {v} does not follow an edge of the graph")
+
+
+def run_pipeline(ir, passes=PIPELINE):
+    """Apply `passes` in order; returns (ir, {summary key: total count}). Raises `InvariantError` naming the
+    pass after which the IR became invalid."""
+    try:
+        check_invariants(ir)
+    except ValueError as exc:
+        raise InvariantError(f"the recorded graph is not a valid IR: {exc}") from None
+    counts = {}
+    for key, run in passes:
+        ir, count = run(ir)
+        try:
+            check_invariants(ir)
+        except ValueError as exc:
+            raise InvariantError(f"compiler pass {run.__name__} broke an invariant: {exc}") from None
+        counts[key] = counts.get(key, 0) + count
+    return ir, counts

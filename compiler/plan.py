@@ -1,0 +1,62 @@
+"""Emit the protobuf `Plan` from the IR, its windows and their costs.
+
+Per subgraph: its nodes in order; `inputs`, the ids it reads from the tensor store (other subgraphs'
+outputs and constants, in first-read order); `outputs`, the ids it writes there (read by another subgraph,
+or persisted); `successors`, the subgraphs that read one of its outputs; `n_predecessors`, how many
+subgraphs must finish before it is ready.
+"""
+from ravop.dtypes import NAMES
+from ravop.wire import plan_pb2
+
+
+def emit_plan(ir, windows, costs):
+    """The Plan (its `max_parallel_width` is left for the caller, who has the quotient graph)."""
+    nodes = ir.nodes
+    where = [-1] * ir.n_recorded  # node id -> its window; -1 for constants
+    for w, window in enumerate(windows):
+        for v in window:
+            where[v] = w
+    plan = plan_pb2.Plan(graph_id=ir.graph_id, seed=ir.seed, n_recorded_ops=ir.n_recorded,
+                         n_compiled_ops=sum(map(len, windows)))
+    plan.persisted.update(ir.outputs)
+    outputs = [[] for _ in windows]
+    emitted = set()  # ids already listed as an output
+    successors = [set() for _ in windows]
+    flops, moved = costs.flops, costs.bytes
+    for w, window in enumerate(windows):
+        sub = plan.subgraphs.add(id=w, device=ir.device)
+        inputs, seen = [], set()
+        sg_flops = sg_bytes = 0.0
+        add_node = sub.nodes.add
+        for v in window:
+            node = nodes[v]
+            for i in node.inputs:
+                src = where[i]
+                if src != w and i not in seen:
+                    seen.add(i)
+                    inputs.append(i)
+                    if src >= 0:
+                        successors[src].add(w)
+                        if i not in emitted:
+                            emitted.add(i)
+                            outputs[src].append(i)
+            if node.multi_output:
+                add_node(id=v, op=node.op, inputs=node.inputs, params=node.pkey, source=node.source)
+            else:
+                add_node(id=v, op=node.op, inputs=node.inputs, params=node.pkey, shape=node.shape,
+                         dtype=NAMES[node.dtype], source=node.source)
+            sg_flops += flops[v]
+            sg_bytes += moved[v]
+        plan.flops += sg_flops
+        sub.inputs.extend(inputs)
+        sub.n_predecessors = len({where[i] for i in inputs if where[i] >= 0})
+        sub.flops, sub.bytes = sg_flops, sg_bytes
+    for v in set(ir.outputs.values()):
+        w = where[v]
+        if w >= 0 and v not in emitted:
+            outputs[w].append(v)
+    for sub, outs, succ in zip(plan.subgraphs, outputs, successors):
+        sub.outputs.extend(sorted(outs))
+        sub.successors.extend(sorted(succ))
+    plan.constants.extend(sorted(ir.constants))
+    return plan
