@@ -1,9 +1,11 @@
 """Cost model: FLOPs, bytes moved and estimated seconds per op, for partitioning and the plan summary.
 
-seconds = a fixed per-op overhead (interpreter loop and kernel dispatch) + FLOPs / throughput + bytes /
-memory bandwidth. The device figures are round numbers measured on ordinary hardware (a 2-core CPU runs a
-float32 matmul at ~1e11 FLOP/s and a large elementwise add at ~3-5 GB/s, with ~2-3 us of dispatch per
-small op); the partitioner only needs the right order of magnitude.
+seconds = dispatch overhead (a fixed part per op plus a part per tensor it reads or writes: layer-level
+ops such as adam_step or linear_backward run several torch calls) + FLOPs / throughput + bytes / memory
+bandwidth. The device figures are round numbers measured on ordinary hardware (a 2-core CPU runs a
+float32 matmul at ~1e11 FLOP/s, a large elementwise add at ~3-5 GB/s, relu on a small tensor in ~9 us
+and adam_step in ~45 us through the interpreter); the partitioner only needs the right order of
+magnitude.
 
 FLOPs come from the op's own `OpDef.flops(shape, input_shapes, params)` when it defines one, else from a
 rule for its family here (matmul-like ops from their contracted dimension, convolutions from their
@@ -19,13 +21,17 @@ from ravop.dtypes import NAMES
 
 
 class DeviceModel:
-    __slots__ = ("overhead_s", "flops_per_s", "bytes_per_s")
+    __slots__ = ("op_s", "tensor_s", "flops_per_s", "bytes_per_s")
 
-    def __init__(self, overhead_s, flops_per_s, bytes_per_s):
-        self.overhead_s, self.flops_per_s, self.bytes_per_s = overhead_s, flops_per_s, bytes_per_s
+    def __init__(self, op_s, tensor_s, flops_per_s, bytes_per_s):
+        self.op_s, self.tensor_s = op_s, tensor_s
+        self.flops_per_s, self.bytes_per_s = flops_per_s, bytes_per_s
+
+    def seconds(self, n_tensors, flops, bytes):
+        return self.op_s + n_tensors * self.tensor_s + flops / self.flops_per_s + bytes / self.bytes_per_s
 
 
-DEVICES = {"cpu": DeviceModel(5e-6, 5e10, 5e9), "cuda": DeviceModel(1e-5, 2e13, 1e12)}
+DEVICES = {"cpu": DeviceModel(3e-6, 3e-6, 5e10, 5e9), "cuda": DeviceModel(5e-6, 5e-6, 2e13, 1e12)}
 ITEMSIZE = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in NAMES}
 
 
@@ -107,6 +113,15 @@ def node_flops(node, nodes):
     return float(largest)
 
 
+def node_seconds(node, nodes, device="cpu"):
+    """Estimated seconds of one node on `device`, on its own (`estimate` does every node at once)."""
+    if node.op in FREE:
+        return 0.0
+    moved = _out_bytes(node) + sum(_out_bytes(nodes[i]) for i in node.inputs)
+    n_tensors = len(node.inputs) + (len(node.shape) if node.multi_output else 1)
+    return DEVICES[device].seconds(n_tensors, node_flops(node, nodes), moved)
+
+
 class Costs:
     """Per-node estimates, as lists indexed by node id (ids are dense up to the recorded op count)."""
     __slots__ = ("seconds", "flops", "bytes")
@@ -122,7 +137,7 @@ def estimate(ir):
     seconds, flops, moved = [0.0] * size, [0.0] * size, [0.0] * size
     out_bytes = [0] * size
     nodes = ir.nodes
-    overhead, per_flop, per_byte = model.overhead_s, 1.0 / model.flops_per_s, 1.0 / model.bytes_per_s
+    estimate_seconds = model.seconds
     for id, node in nodes.items():
         b = out_bytes[id] = _out_bytes(node)
         if node.op in FREE:
@@ -131,5 +146,5 @@ def estimate(ir):
             b += out_bytes[i]
         f = flops[id] = node_flops(node, nodes)
         moved[id] = b
-        seconds[id] = overhead + f * per_flop + b * per_byte
+        seconds[id] = estimate_seconds(len(node.inputs) + (len(node.shape) if node.multi_output else 1), f, b)
     return Costs(seconds, flops, moved)

@@ -18,7 +18,7 @@ class Node:
         self.op = op            # registry name
         self.inputs = inputs    # tuple of node ids
         self.params = params    # dict of canonical params
-        self.pkey = pkey        # the params as wire JSON: exact (1, 1.0 and True differ), hashable, reused by the plan
+        self.pkey = pkey        # params as wire JSON: hashable, exact (1, 1.0, True differ), reused by the plan
         self.shape = shape      # tuple; a tuple of shapes for a multi-output node
         self.dtype = dtype      # torch.dtype; a tuple of dtypes for a multi-output node
         self.source = source    # the user's "file:line"
@@ -26,8 +26,8 @@ class Node:
     def with_inputs(self, inputs):
         return Node(self.id, self.op, inputs, self.params, self.pkey, self.shape, self.dtype, self.source)
 
-    def as_constant(self, shape, dtype):
-        return Node(self.id, "const", (), _NO_PARAMS, b"", shape, dtype, self.source)
+    def as_constant(self):
+        return Node(self.id, "const", (), _NO_PARAMS, b"", self.shape, self.dtype, self.source)
 
     @property
     def multi_output(self):
@@ -67,5 +67,8 @@ def from_graph(graph):
         nodes[op.id] = Node(op.id, op.op, tuple([i.id for i in op.inputs]), params,
                             encode_params(params) if params else b"", op.shape, op.dtype, op.source)
     outputs = {name: op.id for name, op in graph.persisted.items()}
-    return IR(nodes, outputs, dict(graph.constants), {}, graph.seed, graph.id,
+    # The plan carries the seed as uint64. Random streams only depend on it modulo 2**64
+    # (`ravop.interpreter.op_seed`), so a negative graph seed keeps its streams.
+    seed = graph.seed & 0xFFFF_FFFF_FFFF_FFFF
+    return IR(nodes, outputs, dict(graph.constants), {}, seed, graph.id,
               "cuda" if graph.gpu_required else "cpu", len(graph.nodes))

@@ -19,6 +19,8 @@ devices.
 """
 import networkx as nx
 
+from .pipeline import InvariantError
+
 
 def dfs_order(ir):
     """Non-constant live node ids, inputs before readers, each branch contiguous."""
@@ -92,12 +94,12 @@ def partition(ir, costs, min_seconds, max_seconds):
 
 
 def coarse_graph(windows, edges):
-    """The quotient graph as a networkx DiGraph over window indices; raises `ValueError` if it is cyclic."""
+    """The quotient graph as a networkx DiGraph over window indices; `InvariantError` if it is cyclic."""
     g = nx.DiGraph()
     g.add_nodes_from(range(len(windows)))
     g.add_edges_from(edges)
     if not nx.is_directed_acyclic_graph(g):
-        raise ValueError("the subgraphs form a cycle")
+        raise InvariantError("the partitioner made subgraphs that depend on each other in a cycle")
     return g
 
 

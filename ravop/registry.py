@@ -16,6 +16,9 @@ Conventions an op definition follows:
   or a list of them for a multi-output op. With `shape=None` the kernel itself is run on meta tensors.
 - `vjp(node, grad)` records the backward ops and returns one gradient `Op` (or `None`) per input;
   `grad` is an `Op`, or a list of `Op | None` for a multi-output op.
+- `flops(shape, input_shapes, params)` (optional) estimates the op's floating-point operations from its
+  output shape, its inputs' shapes and its params, for the compiler's cost model (`compiler.cost`), which
+  otherwise uses a rule for the op's family or the size of the largest tensor the op touches.
 """
 import torch
 

@@ -10,8 +10,10 @@ from ..dtypes import result_dtype
 
 
 def broadcast(a, b):
-    if a == b:
-        return a
+    if a == b or not b:  # equal shapes and tensor-with-scalar are the common cases
+        return tuple(a)
+    if not a:
+        return tuple(b)
     n = max(len(a), len(b))
     a = (1,) * (n - len(a)) + tuple(a)
     b = (1,) * (n - len(b)) + tuple(b)

@@ -1,0 +1,55 @@
+"""Recording cost: microseconds per op for 100k recorded small elementwise ops (target: <= 5 us/op).
+
+Recording is the requester's hot path: it appends a node, runs the op's shape/dtype rule and notes the
+user's source line, with no network call.
+
+    python benchmarks/bench_record.py            # 100k ops per row, best of 3
+    python benchmarks/bench_record.py --quick    # 20k ops per row, best of 1
+"""
+import argparse
+import gc
+import time
+
+import ravop as R
+
+# (row label, one step recording exactly `OPS_PER_STEP` ops from x and y, returning the new x)
+OPS_PER_STEP = 4
+CASES = [
+    ("x + y (dunder, two ops)", lambda x, y: x + y + y + y + y),
+    ("x * 0.5 (python scalar)", lambda x, y: x * 0.5 - 0.25 + 1.0 / 3.0 + 2.0),
+    ("R.exp(x) (function)", lambda x, y: R.neg(R.exp(R.abs(R.square(x))))),
+    ("x.abs() (method)", lambda x, y: x.abs().neg().square().abs()),
+    ("mixed", lambda x, y: R.exp(x * y + 0.5).abs()),
+]
+
+
+def record(step, n_ops):
+    gc.collect()  # free earlier runs' graphs (Op <-> Graph cycles) so their cleanup is not timed here
+    graph = R.Graph(name="bench_record")
+    x = R.t([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    y = R.t([[0.5, 0.25, 0.125], [1.0, 2.0, 4.0]])
+    start_ops = len(graph.nodes)
+    start = time.perf_counter()
+    for _ in range(n_ops // OPS_PER_STEP):
+        x = step(x, y)
+    seconds = time.perf_counter() - start
+    recorded = len(graph.nodes) - start_ops
+    return seconds / recorded, recorded
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="20k ops per row, one repeat")
+    args = parser.parse_args()
+    n_ops, repeats = (20_000, 1) if args.quick else (100_000, 3)
+    print(f"{'case':<26} {'ops':>8} {'us/op':>7}")
+    worst = 0.0
+    for label, step in CASES:
+        per_op, recorded = min(record(step, n_ops) for _ in range(repeats))
+        worst = max(worst, per_op)
+        print(f"{label:<26} {recorded:>8} {per_op * 1e6:>7.2f}")
+    print(f"\nslowest case {worst * 1e6:.2f} us/op; target <= 5 us/op: {'met' if worst <= 5e-6 else 'missed'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+"""RavDL v2: Keras-like models on ravop's dataflow graph.
+
+    from ravdl.v2 import NeuralNetwork, Functional
+    from ravdl.v2.layers import Dense, Activation
+    from ravdl.v2.optimizers import Adam
+
+Layer parameters, optimizer state and batch-norm statistics are tensors in the graph; a training step
+records the forward ops, `R.grad` and the optimizer's step ops. `save_model(name)` persists the trained
+model, which `R.fetch_persisting_op(name)` returns as a torch.nn.Module.
+"""
+from .functional import Functional
+from .sequential import NeuralNetwork
+
+__all__ = ["Functional", "NeuralNetwork"]

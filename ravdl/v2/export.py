@@ -1,0 +1,262 @@
+"""A trained model leaves the engine as ordinary PyTorch.
+
+`save(model, name)` records one eval-mode forward pass of the model on a placeholder input and turns it into
+a program: a call of the equivalent torch module (nn.Linear, nn.BatchNorm1d, ...) for each built-in layer
+call, and a torch function for each op the model's own forward code applies between layers. The program
+(JSON-able) and the model's current values (Ops) go into a persisted bundle. At fetch, `load(spec, tensors)`
+builds the modules from a whitelist, loads the trained values and emits the program as a torch.fx
+GraphModule: a torch.nn.Module that torch.jit.script accepts. No code is ever read from the wire.
+"""
+import operator
+from typing import List
+
+import torch
+from torch import Tensor, fx
+
+import ravop as R
+from ravop.graph import current_graph
+
+from .layers.base import recording_calls
+
+KIND = "ravdl.model"
+TRACE_BATCH = 2   # the placeholder's batch size: above 1, so no size-1 dimension is mistaken for the batch
+
+# The torch.nn classes a spec may name (every built-in layer's torch_spec).
+MODULES = {name: getattr(torch.nn, name) for name in (
+    "Linear", "Embedding", "Flatten", "Dropout", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "Conv2d", "MaxPool2d",
+    "ReLU", "Sigmoid", "Tanh", "Softmax", "LeakyReLU", "ELU", "SELU", "Softplus", "Softsign", "Tanhshrink",
+    "LogSigmoid", "Hardshrink", "Hardtanh", "Softmin", "Softshrink", "Threshold")}
+
+
+# ------------------------------------------------------------------ ops a model's own forward code may apply
+# Each is a TorchScript-able function; `_PARAMS[op]` turns the recorded op's params (and its inputs' shapes)
+# into that function's keyword arguments.
+
+def transpose(x: Tensor, axes: List[int]) -> Tensor:
+    return x.permute(axes)
+
+
+def reshape(x: Tensor, shape: List[int]) -> Tensor:
+    return x.reshape(shape)
+
+
+def flatten(x: Tensor, start_dim: int, end_dim: int) -> Tensor:
+    return torch.flatten(x, start_dim, end_dim)
+
+
+def expand_dims(x: Tensor, axis: int) -> Tensor:
+    return x.unsqueeze(axis)
+
+
+def concat(xs: List[Tensor], axis: int) -> Tensor:
+    return torch.cat(xs, axis)
+
+
+def softmax(x: Tensor, axis: int) -> Tensor:
+    return torch.softmax(x, axis)
+
+
+def log_softmax(x: Tensor, axis: int) -> Tensor:
+    return torch.log_softmax(x, axis)
+
+
+def reduce_sum(x: Tensor, axis: List[int], keepdims: bool) -> Tensor:
+    return torch.sum(x, axis, keepdims)
+
+
+def reduce_mean(x: Tensor, axis: List[int], keepdims: bool) -> Tensor:
+    return torch.mean(x, axis, keepdims)
+
+
+def identity(x: Tensor) -> Tensor:
+    return x
+
+
+def _axes(node):
+    axis = node.params["axis"]
+    ndim = len(node.inputs[0].shape)
+    return list(range(ndim)) if axis is None else [axis] if isinstance(axis, int) else list(axis)
+
+
+FUNCTIONS = {
+    "add": (torch.add, lambda node: {}), "sub": (torch.sub, lambda node: {}), "mul": (torch.mul, lambda node: {}),
+    "div": (torch.div, lambda node: {}), "neg": (torch.neg, lambda node: {}), "matmul": (torch.matmul, lambda node: {}),
+    "exp": (torch.exp, lambda node: {}), "natlog": (torch.log, lambda node: {}),
+    "square_root": (torch.sqrt, lambda node: {}), "square": (torch.square, lambda node: {}),
+    "relu": (torch.relu, lambda node: {}), "sigmoid": (torch.sigmoid, lambda node: {}),
+    "tanh": (torch.tanh, lambda node: {}),
+    "transpose": (transpose, lambda node: {"axes": list(node.params["axes"] or
+                                                         range(len(node.inputs[0].shape) - 1, -1, -1))}),
+    "reshape": (reshape, lambda node: {"shape": list(node.params["shape"])}),
+    "flatten": (flatten, lambda node: dict(node.params)),
+    "expand_dims": (expand_dims, lambda node: dict(node.params)),
+    "concat": (concat, lambda node: dict(node.params)),
+    "softmax": (softmax, lambda node: dict(node.params)),
+    "log_softmax": (log_softmax, lambda node: dict(node.params)),
+    "sum": (reduce_sum, lambda node: {"axis": _axes(node), "keepdims": node.params["keepdims"]}),
+    "mean": (reduce_mean, lambda node: {"axis": _axes(node), "keepdims": node.params["keepdims"]}),
+    "dropout": (identity, lambda node: {}),   # the trace is an eval-mode pass
+}
+_BY_NAME = {fn.__name__: fn for fn, _ in FUNCTIONS.values()}
+
+
+# ---------------------------------------------------------------------------------------------- saving
+
+def save(model, name):
+    """Persist `model` under `name` as a bundle the loader below turns into a torch.nn.Module."""
+    spec, tensors = program(model)
+    current_graph().save_bundle(name, KIND, spec, tensors)
+
+
+def program(model):
+    """(spec, {key: Op}) of `model`'s eval-mode forward pass, recorded now on a placeholder input."""
+    shape, dtype = _input_spec(model)
+    placeholder = R.t(torch.zeros((TRACE_BATCH,) + shape, dtype=dtype))
+    with recording_calls() as calls:
+        output = model._forward_pass(placeholder, training=False)
+    return _Tracer(model, placeholder, calls).trace(output)
+
+
+def _input_spec(model):
+    if model.input_spec is not None:
+        return model.input_spec
+    first = next((layer for _, layer in model.leaf_layers()), None)
+    if first is None or first.input_shape is None:
+        raise ValueError("the model's input shape is unknown: give the first layer input_shape=(...) or run a "
+                         "forward pass before saving")
+    dtype = torch.int64 if type(first).__name__ == "Embedding" else torch.get_default_dtype()
+    return first.input_shape, dtype
+
+
+class _Tracer:
+    """Walks the recorded forward pass back from its output, emitting spec nodes in topological order."""
+
+    def __init__(self, model, placeholder, calls):
+        self.nodes = [{"op": "placeholder"}]
+        self.refs = {placeholder.id: {"node": 0}}
+        self.calls = {}           # output Op id -> (layer, input Op, index of the output or None)
+        self.tensors = {}         # bundle key -> Op
+        self.modules = []
+        self.layer_of = {}        # id(layer) -> its module's name
+        self.attrs = {}           # Op id of a parameter or buffer -> its state_dict key
+        for name, layer in model.leaf_layers():
+            if not layer.built:
+                continue
+            module_type, args = layer.torch_spec()
+            self.modules.append({"name": name, "type": module_type, "args": args,
+                                 "extra": layer.torch_extra_state()})
+            self.layer_of[id(layer)] = name
+            for key, op in layer.state().items():
+                self.tensors[f"{name}.{key}"] = op
+                self.attrs[op.id] = f"{name}.{key}"
+        for layer, X, out in calls:
+            outputs = out if isinstance(out, tuple) else (out,)
+            for i, op in enumerate(outputs):
+                self.calls[op.id] = (layer, X, i if isinstance(out, tuple) else None)
+        self.module_nodes = {}    # (id(layer), input Op id) -> node index of that call
+
+    def trace(self, output):
+        outputs = output if isinstance(output, tuple) else (output,)
+        refs = [self.ref(op) for op in outputs]
+        spec = {"modules": self.modules, "nodes": self.nodes, "output": refs if isinstance(output, tuple) else refs[0],
+                "constants": sorted(k for k in self.tensors if k.startswith("const_"))}
+        return spec, self.tensors
+
+    def ref(self, op):
+        found = self.refs.get(op.id)
+        if found is None:
+            found = self.refs[op.id] = self._emit(op)
+        return found
+
+    def _add(self, node):
+        self.nodes.append(node)
+        return {"node": len(self.nodes) - 1}
+
+    def _emit(self, op):
+        if op.id in self.calls:
+            layer, X, index = self.calls[op.id]
+            if id(layer) not in self.layer_of:
+                raise ValueError(f"layer {layer.label} is used by the forward pass but is not part of the model "
+                                 "(hold it as an attribute before initialize_params, or add it)")
+            key = (id(layer), X.id)
+            if key not in self.module_nodes:
+                self.module_nodes[key] = self._add({"op": "call_module", "target": self.layer_of[id(layer)],
+                                                    "args": [self.ref(X)]})
+            call = self.module_nodes[key]
+            return call if index is None else self._add({"op": "getitem", "args": [call, index]})
+        if op.id in self.attrs:
+            return self._add({"op": "get_attr", "target": self.attrs[op.id]})
+        if op.op == "const":
+            key = f"const_{op.id}"
+            self.tensors[key] = op
+            return self._add({"op": "get_attr", "target": key})
+        if op.op == "tuple_get":
+            return self._add({"op": "getitem", "args": [self.ref(op.inputs[0]), op.params["index"]]})
+        if op.op not in FUNCTIONS:
+            raise ValueError(f"save_model: op {op.op!r} (recorded at {op.source}) in the model's forward code has "
+                             f"no torch equivalent here; ops that can be saved: {', '.join(sorted(FUNCTIONS))}")
+        function, kwargs = FUNCTIONS[op.op]
+        inputs = [self.ref(i) for i in op.inputs]
+        args = [inputs] if op.op == "concat" else inputs
+        return self._add({"op": "call_function", "target": function.__name__, "args": args, "kwargs": kwargs(op)})
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+def load(spec, tensors):
+    """The torch.nn.Module (a torch.fx.GraphModule, in eval mode) a bundle of kind "ravdl.model" describes."""
+    root = torch.nn.Module()
+    for entry in spec["modules"]:
+        module_type = MODULES.get(entry["type"])
+        if module_type is None:
+            raise ValueError(f"saved model names an unknown module type {entry['type']!r}")
+        module = module_type(**entry["args"])
+        prefix = entry["name"] + "."
+        state = {key[len(prefix):]: value for key, value in tensors.items() if key.startswith(prefix)}
+        state.update({key: torch.tensor(value) for key, value in entry["extra"].items()})
+        module.load_state_dict(state)
+        _attach(root, entry["name"], module)
+    for key in spec["constants"]:
+        root.register_buffer(key, tensors[key])
+    graph = fx.Graph()
+    values = []
+    for node in spec["nodes"]:
+        values.append(_node(graph, node, values))
+    graph.output(_value(spec["output"], values))
+    module = fx.GraphModule(root, graph, class_name="RavdlModel")
+    return module.eval()
+
+
+def _attach(root, path, module):
+    """Put `module` at dotted `path` under `root`, creating plain containers for the intermediate names."""
+    *parents, leaf = path.split(".")
+    owner = root
+    for part in parents:
+        if not hasattr(owner, part):
+            owner.add_module(part, torch.nn.Module())
+        owner = getattr(owner, part)
+    owner.add_module(leaf, module)
+
+
+def _value(arg, values):
+    if isinstance(arg, dict):
+        return values[arg["node"]]
+    if isinstance(arg, list):
+        return [_value(a, values) for a in arg]
+    return arg
+
+
+def _node(graph, node, values):
+    op = node["op"]
+    if op == "placeholder":
+        return graph.placeholder("input")
+    if op == "get_attr":
+        return graph.get_attr(node["target"])
+    args = tuple(_value(a, values) for a in node.get("args", ()))
+    if op == "call_module":
+        return graph.call_module(node["target"], args)
+    if op == "getitem":
+        return graph.call_function(operator.getitem, args)
+    if op == "call_function" and node["target"] in _BY_NAME:
+        return graph.call_function(_BY_NAME[node["target"]], args, node.get("kwargs", {}))
+    raise ValueError(f"saved model has an unknown node {node!r}")

@@ -1,0 +1,38 @@
+"""Functional: a model class the user writes, composing layers in its own forward code."""
+from .layers.base import as_input, child_layers, name_layers
+from .model import Model
+
+
+class Functional(Model):
+    """Subclass it: create layers as attributes in `__init__`, call `self.initialize_params(optimizer)` at its
+    end, and implement `_forward_pass_call(self, input, training=True)`. Train with
+    `loss = R.square_loss(y, model._forward_pass(X))` and `model._backward_pass(loss)`.
+
+    The layers trained are those held as attributes (also in lists, tuples and dicts, and inside
+    CustomLayers) when `initialize_params` runs; they are named by attribute path, as torch names modules."""
+
+    def __init__(self):
+        super().__init__(None)
+        self._layers = None
+
+    def initialize_params(self, optimizer):
+        self.optimizer = optimizer
+        self._layers = [(attr, layer) for attr, layer in child_layers(self)]
+        for attr, layer in self._layers:
+            name_layers(layer, attr)
+
+    def named_layers(self):
+        if self._layers is None:
+            raise ValueError(f"{type(self).__name__} must call self.initialize_params(optimizer) at the end of "
+                             "__init__")
+        return self._layers
+
+    def _forward_pass(self, X, training=True):
+        self.named_layers()
+        X = as_input(X)
+        self._note_input(X)
+        return self._forward_pass_call(X, training=training)
+
+    def _forward_pass_call(self, input, training=True):
+        raise NotImplementedError(f"{type(self).__name__} must implement _forward_pass_call(self, input, "
+                                  "training=True)")

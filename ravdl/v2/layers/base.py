@@ -1,0 +1,177 @@
+"""What every layer is: its configuration, and once built, its parameters and state as Ops of one graph.
+
+A layer holds no tensors of its own. Building it (at its first forward pass, when the input shape is known)
+uploads its initial values as constants; a training step then records ops that read the current values and
+produce new ones, and the layer (or the optimizer) replaces its Ops with the new ones. So the whole training
+run is one dataflow graph that any worker can execute.
+
+A built-in layer defines:
+- `param_shapes(input_shape)`: its trainable parameters, named and shaped as in the torch module;
+- `initial_values(input_shape, generator)`: `(params, buffers)`, dicts of name -> tensor;
+- `output_shape(input_shape)`; shapes here exclude the batch dimension;
+- `forward(X, training)`: records its ops and returns the output Op;
+- `torch_spec()`: `(torch.nn class name, constructor kwargs)` of the equivalent torch module.
+"""
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+import ravop as R
+from ravop.errors import GraphStateError
+from ravop.graph import Op, current_graph
+
+from . import init
+
+_calls = None   # inside `recording_calls`: the (layer, input, output) of every built-in layer call
+
+
+class Layer:
+    def __init__(self, input_shape=None):
+        self.input_shape = None if input_shape is None else _shape(input_shape)
+        self.name = None          # given by the model that holds the layer
+        self.params = {}          # torch parameter name -> Op holding its current value
+        self.buffers = {}         # torch buffer name -> Op (state the forward pass moves: running stats)
+        self.graph = None         # where the values live, once built
+        self.last_output_shape = None
+
+    @property
+    def built(self):
+        return self.graph is not None
+
+    def _forward_pass(self, X, training=True):
+        X = as_input(X)
+        if self.graph is None:
+            self.build(tuple(X.shape[1:]))
+        elif X.graph is not self.graph:
+            raise GraphStateError(f"layer {self.label} was built in graph {self.graph.name!r} and its trained "
+                                  f"values live there; build a new model for graph {X.graph.name!r}")
+        out = self.forward(X, training)
+        self.last_output_shape = tuple((out[0] if isinstance(out, tuple) else out).shape[1:])
+        if _calls is not None:
+            _calls.append((self, X, out))
+        return out
+
+    def build(self, input_shape):
+        """Upload the initial values into the current graph, drawn for `input_shape` (no batch dimension)."""
+        if self.input_shape is not None and self.input_shape != input_shape:
+            raise ValueError(f"layer {self.label} was declared with input_shape={self.input_shape}, "
+                             f"but its input has shape {input_shape} (without the batch dimension)")
+        graph = current_graph()
+        params, buffers = self.initial_values(input_shape, init.layer_generator(graph))
+        self.input_shape = input_shape
+        self.params = {name: R.t(value) for name, value in params.items()}
+        self.buffers = {name: R.t(value) for name, value in buffers.items()}
+        self.graph = graph
+
+    def parameter_count(self, input_shape):
+        return sum(int(np.prod(shape)) for shape in self.param_shapes(input_shape).values())
+
+    def state(self):
+        """Every current value by its torch state_dict name: parameters, then buffers."""
+        return {**self.params, **self.buffers}
+
+    def torch_extra_state(self):
+        """State of the torch module that is not a graph tensor (e.g. BatchNorm's batch count)."""
+        return {}
+
+    def param_shapes(self, input_shape):
+        return {}
+
+    def initial_values(self, input_shape, generator):
+        return {}, {}
+
+    def output_shape(self, input_shape):
+        return input_shape
+
+    @property
+    def label(self):
+        return self.name or type(self).__name__
+
+
+class CustomLayer(Layer):
+    """A layer made of other layers: subclass it, create the sub-layers as attributes in `__init__` and
+    implement `_forward_pass_call(self, input, training=True)`. Sub-layers are found as attributes (also
+    inside lists, tuples and dicts), in the order they were set."""
+
+    def _forward_pass(self, input, training=True):
+        return self._forward_pass_call(as_input(input), training=training)
+
+    def _forward_pass_call(self, input, training=True):
+        raise NotImplementedError(f"{type(self).__name__} must implement _forward_pass_call(self, input, "
+                                  "training=True)")
+
+    @property
+    def built(self):
+        return all(layer.built for _, layer in leaf_layers(self))
+
+
+def child_layers(owner):
+    """(attribute name, layer) for the layers `owner` holds as attributes, in the order they were set."""
+    for attr, value in vars(owner).items():
+        if isinstance(value, Layer):
+            yield attr, value
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                if isinstance(item, Layer):
+                    yield f"{attr}.{i}", item
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(item, Layer):
+                    yield f"{attr}.{key}", item
+
+
+def leaf_layers(layer, prefix=None):
+    """(path, built-in layer) under `layer`: itself, or for a CustomLayer, its sub-layers' leaves."""
+    prefix = layer.name if prefix is None else prefix
+    if not isinstance(layer, CustomLayer):
+        yield prefix, layer
+        return
+    for attr, child in child_layers(layer):
+        yield from leaf_layers(child, f"{prefix}.{attr}" if prefix else attr)
+
+
+def name_layers(layer, name):
+    """Name `layer` and, for a CustomLayer, its sub-layers by attribute path (as torch's named_modules)."""
+    layer.name = name
+    if isinstance(layer, CustomLayer):
+        for attr, child in child_layers(layer):
+            name_layers(child, f"{name}.{attr}")
+
+
+@contextmanager
+def recording_calls():
+    """Collect the calls of built-in layers made inside the block (for export): yields the list of
+    (layer, input Op, output) they are appended to."""
+    global _calls
+    _calls = []
+    try:
+        yield _calls
+    finally:
+        _calls = None
+
+
+def as_input(X):
+    """An Op for a layer's input: Ops pass through; arrays become constants (floats as float32, the
+    parameters' dtype; integers as int64, as indices)."""
+    if isinstance(X, Op):
+        return X
+    tensor = torch.as_tensor(np.asarray(X) if not isinstance(X, torch.Tensor) else X)
+    if tensor.is_floating_point():
+        tensor = tensor.to(torch.get_default_dtype())
+    elif not tensor.is_complex() and tensor.dtype is not torch.bool:
+        tensor = tensor.to(torch.int64)
+    return R.t(tensor)
+
+
+def flag(value, name):
+    """A boolean option that the original API also accepted as the strings 'True'/'False'."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if value in ("True", "False"):
+        return value == "True"
+    raise ValueError(f"{name} must be True, False, 'True' or 'False', not {value!r}")
+
+
+def _shape(shape):
+    return (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)

@@ -1,0 +1,144 @@
+"""Dense, Embedding, Flatten, Dropout and Activation."""
+import ravop as R
+from ravop import registry
+
+from . import init
+from .base import Layer, flag
+
+
+class Dense(Layer):
+    """A fully connected layer, torch.nn.Linear: (batch, ..., in) -> (batch, ..., n_units).
+
+    `initial_W` (n_units, in_features) and `initial_w0` (n_units,) are in torch's layout; they are the
+    starting values, which training then updates."""
+
+    def __init__(self, n_units, initial_W=None, initial_w0=None, use_bias='True', input_shape=None):
+        super().__init__(input_shape)
+        self.n_units = int(n_units)
+        self.use_bias = flag(use_bias, "use_bias")
+        if initial_w0 is not None and not self.use_bias:
+            raise ValueError("initial_w0 was given but use_bias is False")
+        self.initial_W, self.initial_w0 = initial_W, initial_w0
+
+    def param_shapes(self, input_shape):
+        shapes = {"weight": (self.n_units, input_shape[-1])}
+        if self.use_bias:
+            shapes["bias"] = (self.n_units,)
+        return shapes
+
+    def initial_values(self, input_shape, generator):
+        shapes = self.param_shapes(input_shape)
+        if self.initial_W is None:
+            weight = init.kaiming_uniform(shapes["weight"], generator)
+        else:
+            weight = init.given(self.initial_W, shapes["weight"], "Dense initial_W")
+        params = {"weight": weight}
+        if self.use_bias:
+            params["bias"] = (init.fan_in_uniform(shapes["bias"], weight, generator) if self.initial_w0 is None
+                              else init.given(self.initial_w0, shapes["bias"], "Dense initial_w0"))
+        return params, {}
+
+    def output_shape(self, input_shape):
+        return input_shape[:-1] + (self.n_units,)
+
+    def forward(self, X, training):
+        return R.linear(X, self.params["weight"], self.params.get("bias"))
+
+    def torch_spec(self):
+        return "Linear", {"in_features": self.input_shape[-1], "out_features": self.n_units, "bias": self.use_bias}
+
+
+class Embedding(Layer):
+    """Rows of a (vocab_size, embed_dim) table picked by integer indices, torch.nn.Embedding."""
+
+    def __init__(self, vocab_size, embed_dim, initial_W=None, input_shape=None):
+        super().__init__(input_shape)
+        self.vocab_size, self.embed_dim = int(vocab_size), int(embed_dim)
+        self.initial_W = initial_W
+
+    def param_shapes(self, input_shape):
+        return {"weight": (self.vocab_size, self.embed_dim)}
+
+    def initial_values(self, input_shape, generator):
+        shape = (self.vocab_size, self.embed_dim)
+        weight = (init.normal(shape, generator) if self.initial_W is None
+                  else init.given(self.initial_W, shape, "Embedding initial_W"))
+        return {"weight": weight}, {}
+
+    def output_shape(self, input_shape):
+        return input_shape + (self.embed_dim,)
+
+    def forward(self, X, training):
+        return R.embedding(X, self.params["weight"])
+
+    def torch_spec(self):
+        return "Embedding", {"num_embeddings": self.vocab_size, "embedding_dim": self.embed_dim}
+
+
+class Flatten(Layer):
+    """Merge dimensions start_dim..end_dim (counted with the batch dimension as 0), torch.nn.Flatten."""
+
+    def __init__(self, start_dim=1, end_dim=-1, input_shape=None):
+        super().__init__(input_shape)
+        self.start_dim, self.end_dim = int(start_dim), int(end_dim)
+
+    def output_shape(self, input_shape):
+        shape = (-1,) + tuple(input_shape)   # -1 stands for the batch dimension
+        start, end = self.start_dim % len(shape), self.end_dim % len(shape)
+        merged = 1
+        for d in shape[start:end + 1]:
+            merged *= d
+        return (shape[:start] + (merged if start > 0 else -1,) + shape[end + 1:])[1:]
+
+    def forward(self, X, training):
+        return R.flatten(X, start_dim=self.start_dim, end_dim=self.end_dim)
+
+    def torch_spec(self):
+        return "Flatten", {"start_dim": self.start_dim, "end_dim": self.end_dim}
+
+
+class Dropout(Layer):
+    """Zero each element with probability p while training (scaling the rest by 1/(1-p)); identity in eval.
+    The mask is drawn by the op from a seed derived from the graph seed, so a re-run draws the same mask."""
+
+    def __init__(self, p=0.5, input_shape=None):
+        super().__init__(input_shape)
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1], not {p}")
+        self.p = float(p)
+
+    def forward(self, X, training):
+        return R.dropout(X, p=self.p, training=bool(training))
+
+    def torch_spec(self):
+        return "Dropout", {"p": self.p}
+
+
+# Activation name -> the torch.nn module computing it; its op's params keep their names in torch except the
+# softmax family's `axis`, which torch calls `dim`.
+ACTIVATIONS = {"relu": "ReLU", "sigmoid": "Sigmoid", "tanh": "Tanh", "softmax": "Softmax", "leaky_relu": "LeakyReLU",
+               "elu": "ELU", "selu": "SELU", "softplus": "Softplus", "softsign": "Softsign",
+               "tanhshrink": "Tanhshrink", "logsigmoid": "LogSigmoid", "hardshrink": "Hardshrink",
+               "hardtanh": "Hardtanh", "softmin": "Softmin", "softshrink": "Softshrink", "threshold": "Threshold"}
+
+
+class Activation(Layer):
+    """An activation function by name; keyword params go to its op (e.g. Activation('leaky_relu',
+    negative_slope=0.2), Activation('softmax', axis=1))."""
+
+    def __init__(self, name='relu', input_shape=None, **params):
+        super().__init__(input_shape)
+        if name not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {name!r}; supported: {', '.join(ACTIVATIONS)}")
+        defaults = registry.get(name).params
+        unknown = set(params) - set(defaults)
+        if unknown:
+            raise TypeError(f"activation {name!r} takes params {tuple(defaults) or 'none'}, not {sorted(unknown)}")
+        self.activation = name
+        self.op_params = {**defaults, **params}
+
+    def forward(self, X, training):
+        return getattr(R, self.activation)(X, **self.op_params)
+
+    def torch_spec(self):
+        return ACTIVATIONS[self.activation], {("dim" if k == "axis" else k): v for k, v in self.op_params.items()}

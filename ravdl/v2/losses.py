@@ -1,0 +1,12 @@
+"""The losses a NeuralNetwork is configured with by name (both are ravop ops, as in the original API)."""
+import ravop as R
+
+LOSSES = {"SquareLoss": R.square_loss, "CrossEntropy": R.cross_entropy_loss}
+
+
+def get(name):
+    """loss(y_true, y_pred) -> scalar Op for a loss name."""
+    try:
+        return LOSSES[name]
+    except KeyError:
+        raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)}") from None

@@ -1,0 +1,86 @@
+"""What NeuralNetwork and Functional share: the layers they hold, the backward pass that records gradients
+and optimizer steps, the summary table, and saving.
+
+`_backward_pass(loss)` records `R.grad(loss, parameters)` and, per parameter, one optimizer step op; each
+layer then holds the step's output as its parameter. With `step=False` the gradients are only summed, as
+torch accumulates `.grad` over backward calls, and the next `step=True` applies the sum.
+"""
+from . import export
+from .layers.base import CustomLayer, leaf_layers
+
+import ravop as R
+
+
+class Model:
+    def __init__(self, optimizer=None):
+        self.optimizer = optimizer
+        self._pending_grads = {}   # (layer, parameter name) -> gradient Op summed since the last step
+        self.input_spec = None     # (shape without the batch dimension, dtype) of the first input seen
+
+    def named_layers(self):
+        """(name, layer) of the model's top-level layers, in order."""
+        raise NotImplementedError
+
+    def leaf_layers(self):
+        """(name, built-in layer) of every layer, CustomLayers expanded into their sub-layers."""
+        for _, layer in self.named_layers():
+            yield from leaf_layers(layer)
+
+    def _note_input(self, X):
+        if self.input_spec is None:
+            self.input_spec = (tuple(X.shape[1:]), X.dtype)
+
+    def _backward_pass(self, loss, step=True):
+        """Record the gradients of `loss` w.r.t. every parameter, and with `step=True` one optimizer step."""
+        if self.optimizer is None:
+            raise ValueError(f"{type(self).__name__} has no optimizer: Functional models call "
+                             "self.initialize_params(optimizer) at the end of __init__")
+        slots = [(layer, name) for _, layer in self.leaf_layers() if layer.built for name in layer.params]
+        if not slots:
+            raise ValueError("the model has no built parameters: run a forward pass before the backward pass")
+        grads = R.grad(loss, [layer.params[name] for layer, name in slots])
+        for slot, grad in zip(slots, grads):
+            pending = self._pending_grads.get(slot)
+            self._pending_grads[slot] = grad if pending is None else pending + grad
+        if step:
+            for (layer, name), grad in self._pending_grads.items():
+                layer.params[name] = self.optimizer.update((layer, name), layer.params[name], grad)
+            self._pending_grads = {}
+
+    def parameter_count(self):
+        """Trainable parameters, counted as torch's `sum(p.numel() for p in model.parameters())`."""
+        return sum(count for _, _, _, count in self._summary_rows())
+
+    def summary(self):
+        """Print a table of the layers: name, type, output shape (None is the batch dimension), parameters."""
+        rows = [(name, kind, "(None" + "".join(f", {d}" for d in shape) + ")", f"{count:,}")
+                for name, kind, shape, count in self._summary_rows()]
+        header = ("Layer", "Type", "Output shape", "Params")
+        widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(4)]
+        line = "-" * (sum(widths) + 6)
+        text = [line, "  ".join(h.ljust(w) for h, w in zip(header, widths)), line]
+        text += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
+        text += [line, f"Total params: {self.parameter_count():,}", line]
+        print("\n".join(text))
+
+    def _summary_rows(self):
+        """(name, type, output shape, parameter count) per built-in layer; a layer's input shape is its own
+        (declared or learnt at its first forward pass), else the previous layer's output shape."""
+        rows, shape = [], None
+        for _, top in self.named_layers():
+            if isinstance(top, CustomLayer) and not top.built:
+                raise ValueError(f"{top.label} has not been built: run a forward pass first (its sub-layers learn "
+                                 "their shapes from their first input)")
+            for name, layer in leaf_layers(top):
+                in_shape = layer.input_shape or shape
+                if in_shape is None:
+                    raise ValueError(f"the input shape of {name} is unknown: give the first layer input_shape=(...) "
+                                     "or run a forward pass first")
+                shape = layer.output_shape(in_shape)
+                rows.append((name, type(layer).__name__, shape, layer.parameter_count(in_shape)))
+        return rows
+
+    def save_model(self, name):
+        """Persist the trained model under `name`: `R.fetch_persisting_op(name)` returns it as a TorchScript-able
+        torch.nn.Module with the trained weights, computing what `predict` computes."""
+        export.save(self, name)

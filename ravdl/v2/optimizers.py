@@ -1,0 +1,78 @@
+"""Adam, AdamW and RMSprop as graph ops: `torch.optim`'s update for each parameter, recorded as one step op
+that takes (param, grad, state...) and gives (param', state'...).
+
+The optimizer keeps, per parameter, the Ops holding its state (moments start as zeros made on the worker)
+and its step count (torch counts steps per parameter too); recording a step replaces them with the step
+op's outputs. Nothing is kept anywhere but in the graph.
+"""
+import ravop as R
+from ravop.dtypes import NAMES
+
+
+class Optimizer:
+    state_names = ()   # the step op's state inputs, in order
+
+    def __init__(self):
+        self.state = {}   # parameter slot (layer, name) -> {"step": int, state name: Op}
+
+    def update(self, slot, param, grad):
+        """Record one step for the parameter in `slot` (any hashable key) and return its new value."""
+        state = self.state.get(slot)
+        if state is None:
+            state = {name: R.zeros(shape=param.shape, dtype=NAMES[param.dtype]) for name in self.state_names}
+            state["step"] = 0
+            self.state[slot] = state
+        state["step"] += 1
+        new_param, *new_state = self._step(param, grad, [state[name] for name in self.state_names], state["step"])
+        state.update(zip(self.state_names, new_state))
+        return new_param
+
+    def _step(self, param, grad, state, step):
+        raise NotImplementedError
+
+
+def _check(lr, eps, weight_decay):
+    if lr < 0 or eps < 0 or weight_decay < 0:
+        raise ValueError(f"lr, eps and weight_decay must be >= 0, got lr={lr}, eps={eps}, weight_decay={weight_decay}")
+
+
+class Adam(Optimizer):
+    """torch.optim.Adam (foreach=False), with the same arguments and defaults."""
+    state_names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+    step_op = "adam_step"
+
+    def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0, amsgrad=False):
+        super().__init__()
+        _check(lr, eps, weight_decay)
+        beta1, beta2 = (float(b) for b in betas)
+        if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
+            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        self.hyper = {"lr": float(lr), "beta1": beta1, "beta2": beta2, "eps": float(eps),
+                      "weight_decay": float(weight_decay), "amsgrad": bool(amsgrad)}
+
+    def _step(self, param, grad, state, step):
+        return getattr(R, self.step_op)(param, grad, *state, step=step, **self.hyper)
+
+
+class AdamW(Adam):
+    """torch.optim.AdamW (decoupled weight decay), with the same arguments and defaults."""
+    step_op = "adamw_step"
+
+    def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01, amsgrad=False):
+        super().__init__(lr, betas, eps, weight_decay, amsgrad)
+
+
+class RMSprop(Optimizer):
+    """torch.optim.RMSprop (foreach=False), with the same arguments and defaults."""
+    state_names = ("square_avg", "momentum_buffer", "grad_avg")
+
+    def __init__(self, lr=0.01, alpha=0.99, eps=1e-08, weight_decay=0, momentum=0, centered=False):
+        super().__init__()
+        _check(lr, eps, weight_decay)
+        if alpha < 0 or momentum < 0:
+            raise ValueError(f"alpha and momentum must be >= 0, got alpha={alpha}, momentum={momentum}")
+        self.hyper = {"lr": float(lr), "alpha": float(alpha), "eps": float(eps), "weight_decay": float(weight_decay),
+                      "momentum": float(momentum), "centered": bool(centered)}
+
+    def _step(self, param, grad, state, step):
+        return R.rmsprop_step(param, grad, *state, **self.hyper)

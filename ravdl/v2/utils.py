@@ -1,0 +1,21 @@
+"""Batching of numpy data for training loops."""
+import numpy as np
+
+
+def batch_iterator(X, y=None, batch_size=64, shuffle=False, seed=None):
+    """Yield `X` (and `y`) in batches of `batch_size` rows, the last one partial: `X_batch`, or
+    `(X_batch, y_batch)` when `y` is given. With `shuffle=True` the rows are visited in a random order drawn
+    from `seed` (an int, or a `numpy.random.Generator` to continue across epochs)."""
+    X = np.asarray(X)
+    n = X.shape[0]
+    if y is not None and len(y) != n:
+        raise ValueError(f"X has {n} rows but y has {len(y)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, not {batch_size}")
+    order = np.random.default_rng(seed).permutation(n) if shuffle else None
+    for start in range(0, n, batch_size):
+        rows = slice(start, start + batch_size) if order is None else order[start:start + batch_size]
+        if y is None:
+            yield X[rows]
+        else:
+            yield X[rows], np.asarray(y)[rows]

@@ -1,0 +1,125 @@
+"""The wire format: tensors as header + raw bytes, params as JSON, the protobuf plan, and the committed
+generated code matching its .proto."""
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from google.protobuf.message import DecodeError
+
+from ravop.dtypes import DTYPES
+from ravop.errors import WireFormatError
+from ravop.wire import decode_params, decode_tensor, encode_params, encode_tensor, plan_pb2
+from ravop.wire.codec import MAGIC
+
+WIRE = Path(__file__).resolve().parents[1] / "ravop" / "wire"
+
+
+def sample(dtype, shape):
+    values = torch.arange(torch.Size(shape).numel(), dtype=torch.float64).reshape(shape) - 3.5
+    if dtype == torch.bool:
+        return values > 0
+    if dtype.is_complex:
+        return torch.complex(values, -values).to(dtype)
+    return values.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (7,), (2, 3, 4)], ids=str)
+def test_tensor_round_trip_is_exact(dtype, shape):
+    tensor = sample(dtype, shape)
+    back = decode_tensor(encode_tensor(tensor))
+    assert back.dtype == dtype and tuple(back.shape) == shape
+    assert torch.equal(back, tensor)
+
+
+def test_non_contiguous_and_bfloat16_bits_survive():
+    t = torch.randn(4, 6, dtype=torch.float64).to(torch.bfloat16).t()[1:3]  # a strided view
+    back = decode_tensor(encode_tensor(t))
+    assert torch.equal(back.view(torch.int16), t.contiguous().view(torch.int16))
+    data = encode_tensor(torch.tensor([1.0, 2.0]))
+    assert data[:4] == MAGIC and len(data) == 4 + 2 + 8 + 2 * 4  # header, one dim, 8 bytes of floats
+
+
+def test_decoded_tensor_is_writable_and_independent_of_the_buffer():
+    data = bytearray(encode_tensor(torch.tensor([1, 2, 3])))
+    t = decode_tensor(data)
+    data[-8:] = b"\xff" * 8
+    t += 1
+    assert t.tolist() == [2, 3, 4]
+
+
+def header(code, shape):
+    return MAGIC + struct.pack(f"<BB{len(shape)}Q", code, len(shape), *shape)
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"", "bad magic"),
+    (b"PICKLE\x80\x04", "bad magic"),
+    (b"RVT1\x08", "bad magic"),                                   # shorter than the fixed header
+    (header(8, (3,))[:-3], "truncated header"),
+    (header(8, (3,)) + b"\x00" * 11, "12 bytes"),                  # one byte short of 3 float32
+    (header(8, (3,)) + b"\x00" * 13, "12 bytes"),                  # one byte too many
+    (header(200, (3,)), "dtype code 200"),
+    (MAGIC + bytes([8, 200]), "ndim 200"),
+    (header(8, (1 << 40, 1 << 20)), "bytes follow"),              # declares 4 PiB: refused, not allocated
+    (header(11, (2 ** 64 - 1,) * 2) + b"\x00" * 64, "bytes follow"),
+])
+def test_hostile_bytes_raise_wire_format_error_quickly(data, message):
+    start = time.perf_counter()
+    with pytest.raises(WireFormatError, match=message):
+        decode_tensor(data)
+    assert time.perf_counter() - start < 0.1
+
+
+def test_non_bytes_are_refused():
+    with pytest.raises(WireFormatError, match="expected tensor bytes"):
+        decode_tensor("RVT1")
+
+
+def test_params_json_round_trip_keeps_types():
+    params = {"axis": (0, -1), "keepdims": True, "p": 0.5, "n": 3, "name": "relu", "none": None,
+              "nested": ((1, 2), (3.0, "x")), "big": 2 ** 62, "neg": -1e-300}
+    back = decode_params(encode_params(params))
+    assert back == params
+    assert [type(back[k]) for k in params] == [type(v) for v in params.values()]
+    assert encode_params({}) == b"" and decode_params(b"") == {}
+    assert encode_params({"x": 1}) != encode_params({"x": 1.0}) != encode_params({"x": True})
+
+
+@pytest.mark.parametrize("data", [b"{", b"\xff\xfe", b"[1, 2]", b"__import__('os')"])
+def test_bad_params_raise_wire_format_error(data):
+    with pytest.raises(WireFormatError):
+        decode_params(data)
+
+
+def test_plan_round_trip():
+    plan = plan_pb2.Plan(graph_id="abc", seed=2 ** 63 + 5, n_recorded_ops=10, n_compiled_ops=4, flops=1.5e9,
+                         max_parallel_width=2)
+    plan.persisted["loss"] = 7
+    plan.constants.extend([0, 1])
+    sub = plan.subgraphs.add(id=0, inputs=[0, 1], outputs=[7], successors=[1], device="cuda", flops=1e9, bytes=64)
+    sub.nodes.add(id=2, op="split", inputs=[0], params=encode_params({"numOrSizeSplits": 2}), source="a.py:3")
+    sub.nodes.add(id=3, op="tuple_get", inputs=[2], params=encode_params({"index": 0}), shape=[2, -1],
+                  dtype="float32", source="a.py:3")
+    plan.subgraphs.add(id=1, n_predecessors=1)
+    back = plan_pb2.Plan.FromString(plan.SerializeToString())
+    assert back == plan
+    assert back.seed == 2 ** 63 + 5 and list(back.subgraphs[0].nodes[1].shape) == [2, -1]
+    assert back.subgraphs[0].nodes[0].dtype == "" and dict(back.persisted) == {"loss": 7}
+    assert decode_params(back.subgraphs[0].nodes[1].params) == {"index": 0}
+
+
+def test_garbage_plan_bytes_raise_a_decode_error():
+    with pytest.raises(DecodeError):
+        plan_pb2.Plan.FromString(b"\x1a\xff\xff\xff\xff\x0f")
+
+
+def test_regenerating_plan_pb2_changes_nothing(tmp_path):
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{WIRE}", f"--python_out={tmp_path}",
+                    str(WIRE / "plan.proto")], check=True, capture_output=True)
+    assert (tmp_path / "plan_pb2.py").read_bytes() == (WIRE / "plan_pb2.py").read_bytes(), \
+        "ravop/wire/plan_pb2.py is stale: run scripts/gen_proto.sh"
