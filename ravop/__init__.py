@@ -17,6 +17,7 @@ from .constants import Scalar, Tensor, epsilon, inf, minus_one, one, pi, t
 from .errors import (ConnectionFailed, GraphFailedError, GraphStateError, NotComputedError, RavopError,
                      ShapeError, UnknownPersistName)
 from .graph import Graph, Op, current_graph
+from .model import model
 
 _functions = _build(functional.__dict__)
 globals().update({name: getattr(functional, name) for name in dir(functional) if not name.startswith("_")})

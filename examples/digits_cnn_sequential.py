@@ -1,0 +1,77 @@
+"""Handwritten digits (sklearn's 8x8 digits) with a sequential RavDL CNN, trained through the engine.
+
+Conv2D -> relu -> MaxPooling2D -> Dropout -> BatchNormalization2D -> Conv2D -> relu -> MaxPooling2D ->
+Dropout -> BatchNormalization2D -> Flatten -> Dense(256) -> relu -> Dense(10) -> softmax, cross entropy,
+Adam; 40% of the images held out for testing.
+
+    python examples/digits_cnn_sequential.py [epochs]      (or RAVDL_EPOCHS; default 15)
+"""
+import os
+import sys
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+import ravop as R
+from ravdl.v2 import NeuralNetwork
+from ravdl.v2.layers import Activation, BatchNormalization2D, Conv2D, Dense, Dropout, Flatten, MaxPooling2D
+from ravdl.v2.optimizers import Adam
+
+BATCH_SIZE = 64
+
+
+def epochs_from_command_line(default):
+    return int(sys.argv[1]) if len(sys.argv) > 1 else int(os.environ.get("RAVDL_EPOCHS", default))
+
+
+def digits_data():
+    """Images scaled to [0, 1] as (N, 1, 8, 8) float32, integer labels; 40% held out for testing."""
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+    return train_test_split(X, y, test_size=0.4, random_state=0, stratify=y)
+
+
+def record(epochs, X_train, X_test, y_train):
+    model = NeuralNetwork(optimizer=Adam(lr=0.001), loss="CrossEntropy")
+    model.add(Conv2D(1, 16, 3, padding="same", input_shape=(1, 8, 8)))
+    model.add(Activation("relu"))
+    model.add(MaxPooling2D(2))
+    model.add(Dropout(0.1))
+    model.add(BatchNormalization2D(16))
+    model.add(Conv2D(16, 32, 3, padding="same"))
+    model.add(Activation("relu"))
+    model.add(MaxPooling2D(2))
+    model.add(Dropout(0.1))
+    model.add(BatchNormalization2D(32))
+    model.add(Flatten())
+    model.add(Dense(256))
+    model.add(Activation("relu"))
+    model.add(Dense(10))
+    model.add(Activation("softmax"))
+    model.summary()
+    model.fit(X_train, y_train, n_epochs=epochs, batch_size=BATCH_SIZE, shuffle=True)
+    model.predict(X_test).persist_op(name="test_prediction")
+    model.save_model("digits_cnn")
+    return model
+
+
+def accuracy(probabilities, labels):
+    return float((np.asarray(probabilities).argmax(1) == labels).mean())
+
+
+if __name__ == "__main__":
+    epochs = epochs_from_command_line(15)
+    X_train, X_test, y_train, y_test = digits_data()
+    R.initialize()
+    R.flush()
+    R.Graph(name="digits_cnn_sequential", algorithm="convolutional_neural_network", approach="distributed")
+    record(epochs, X_train, X_test, y_train)
+    print(R.activate())
+    R.execute()
+    R.track_progress()
+    print(f"test accuracy: {accuracy(R.fetch_persisting_op('test_prediction'), y_test):.3f}")
+    model = R.fetch_persisting_op("digits_cnn")   # the trained model, as a torch.nn.Module
+    with torch.no_grad():
+        print(f"saved model's test accuracy: {accuracy(model(torch.from_numpy(X_test)), y_test):.3f}")

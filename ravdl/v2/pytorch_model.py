@@ -1,0 +1,91 @@
+"""Pytorch_Model: train a PyTorch model, given as `R.model(...)`, through the engine.
+
+    model = Pytorch_Model(model_op=R.model('net.pt'))
+    model.initialize(Adam())
+    loss = R.square_loss(y, model._forward_pass(X))
+    model._backward_pass(loss)
+
+The model's parameters and buffers are graph tensors, as a built-in layer's are: a forward pass records one
+`torchscript_forward` op reading their current values (in training mode it also gives the updated buffers,
+BatchNorm's running stats, which replace the old ones); `_backward_pass` records `R.grad` (the
+`torchscript_vjp` op) and one optimizer step per trainable parameter (those with `requires_grad`).
+`save_model(name)` persists the code and the current values; `R.fetch_persisting_op(name)` returns the
+TorchScript module with the trained weights.
+"""
+import ravop as R
+from ravop.errors import GraphStateError
+from ravop.graph import current_graph
+from ravop.model import Model, load_module
+#TMP from ravop.session import LOADERS
+
+from .layers.base import as_input
+
+KIND = "ravdl.torchscript"
+#TMP LOADERS[KIND] = load_module
+
+
+class Pytorch_Model:
+    def __init__(self, model_op):
+        if not isinstance(model_op, Model):
+            raise TypeError(f"Pytorch_Model takes the model R.model(path_or_module) returns, not "
+                            f"{type(model_op).__name__}")
+        self.model = model_op
+        self.optimizer = None
+        self.graph = None        # where the current values live, from the first forward pass
+        self.params = []         # current parameter values (Ops), in the model's named_parameters() order
+        self.buffers = []        # current buffer values (Ops), in named_buffers() order
+        self._pending_grads = {}  # parameter index -> gradient summed since the last step
+
+    def initialize(self, optimizer):
+        """Train with `optimizer` (ravdl.v2.optimizers: Adam, AdamW or RMSprop)."""
+        self.optimizer = optimizer
+
+    def _values_in_current_graph(self):
+        graph = current_graph()
+        if self.graph is None:
+            self.params = [graph.constant(p) for p in self.model.params]
+            self.buffers = [graph.constant(b) for b in self.model.buffers]
+            self.graph = graph
+        elif graph is not self.graph:
+            raise GraphStateError(f"this Pytorch_Model's trained values live in graph {self.graph.name!r}; "
+                                  f"make a new Pytorch_Model for graph {graph.name!r}")
+        return graph
+
+    def _forward_pass(self, X, training=True, **kwargs):
+        """Record `model(X, **kwargs)` and return its output Op (a tuple of Ops if the model returns a
+        tuple). `X` may be a tuple/list of positional inputs; keyword tensors (e.g. a padding mask) reach
+        the model's forward by name."""
+        self._values_in_current_graph()
+        args = tuple(X) if isinstance(X, (tuple, list)) else (X,)
+        out, self.buffers = self.model.forward(self.params, self.buffers, [as_input(a) for a in args],
+                                               {k: as_input(v) for k, v in kwargs.items()}, training)
+        return out
+
+    def _backward_pass(self, loss, step=True):
+        """Record the gradients of `loss` w.r.t. the trainable parameters; with `step=True` one optimizer
+        step with them (plus any summed by earlier `step=False` calls), as torch accumulates `.grad`."""
+        if self.optimizer is None:
+            raise ValueError("Pytorch_Model has no optimizer: call initialize(optimizer) first")
+        if self.graph is None:
+            raise ValueError("run a forward pass before the backward pass")
+        trainable = [i for i, wanted in enumerate(self.model.requires_grad) if wanted]
+        if not trainable:
+            raise ValueError("the model has no parameter with requires_grad=True")
+        grads = R.grad(loss, [self.params[i] for i in trainable])
+        for i, grad in zip(trainable, grads):
+            pending = self._pending_grads.get(i)
+            self._pending_grads[i] = grad if pending is None else pending + grad
+        if step:
+            for i, grad in self._pending_grads.items():
+                self.params[i] = self.optimizer.update((self, i), self.params[i], grad)
+            self._pending_grads = {}
+
+    def save_model(self, name):
+        """Persist the model under `name`: its code and current parameter and buffer values."""
+        graph = self._values_in_current_graph()
+        model = self.model
+        tensors = {"blob": model.blob_op(graph), **dict(zip(model.param_names, self.params)),
+                   **dict(zip(model.buffer_names, self.buffers))}
+        spec = {"model_hash": model.model_hash, "param_slots": [list(s) for s in model.param_slots],
+                "buffer_slots": [list(s) for s in model.buffer_slots], "requires_grad": list(model.requires_grad)}
+        graph.save_bundle(name, KIND, spec, tensors)

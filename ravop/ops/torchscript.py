@@ -1,0 +1,309 @@
+"""A TorchScript model as two ops: `torchscript_forward` runs the model with parameter values given as
+inputs, and `torchscript_vjp`, its VJP, differentiates the same module with torch.autograd.
+
+Inputs of both (one variadic list): the model's code as a uint8 tensor (`R.model` strips the weights out
+of the archive, so the blob is code only and its sha256 `model_hash` names the architecture), then one
+tensor per parameter, one per buffer, the positional inputs of `forward`, then its keyword inputs
+(`kwarg_names`). `torchscript_vjp` appends one output gradient per model output that has one.
+
+A worker loads a blob once per process and device and keeps the module, keyed by `model_hash` (checked
+against the blob when it is loaded). A call binds the given tensors into the module's parameter and buffer
+slots (`setattr` on the ScriptModule: no copy, and autograd sees the given tensors), runs it, and empties
+the slots again, all under one lock: a cached module is shared, and so is the global RNG that TorchScript's
+dropout draws from, which a call reseeds with its `seed` param so that a retry, and the VJP's recomputation,
+draw the same mask.
+
+Graph values are never modified in place: in training mode the buffers are cloned before the call, and the
+updated clones (BatchNorm's running stats) are extra outputs after the model's own. The VJP recomputes the
+forward under autograd rather than keeping activations between ops (nothing lives in a worker's memory), so
+a training step costs one extra forward, as activation checkpointing does.
+"""
+import hashlib
+import io
+import threading
+from collections import OrderedDict, namedtuple
+from contextlib import contextmanager
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from .. import functional as F
+from ..autodiff import needs_grad
+from ..registry import REQUIRED, register
+
+CACHE_SIZE = 8            # loaded modules kept per process: each holds its code, not its weights
+_lock = threading.RLock()
+_modules = OrderedDict()  # (model_hash, device) -> _Loaded
+_shapes = {}              # probe key -> Probe: see `_probe`
+_EMPTY = torch.empty(0)
+Probe = namedtuple("Probe", "specs flops single")  # output (shape, dtype)s, FLOPs, whether it is one tensor
+
+
+class _Loaded:
+    """A loaded module and, per slot name, the (submodule, attribute) that holds it."""
+    __slots__ = ("module", "owners", "training")
+
+    def __init__(self, module):
+        self.module = module
+        self.owners = {}
+        self.training = None
+
+    def owner(self, slot):
+        hit = self.owners.get(slot)
+        if hit is None:
+            hit = self.owners[slot] = slot_owner(self.module, slot)
+        return hit
+
+
+def slot_owner(module, slot):
+    """(submodule, attribute name) of a dotted parameter or buffer name such as "conv1.weight"."""
+    *path, name = slot.split(".")
+    for part in path:
+        module = getattr(module, part)
+    return module, name
+
+
+def remember(model_hash, module):
+    """Cache a module loaded elsewhere (R.model on the requester) so the shape rule need not reload it."""
+    with _lock:
+        _modules[(model_hash, "cpu")] = _Loaded(module)
+        _evict()
+
+
+def _evict():
+    while len(_modules) > CACHE_SIZE:
+        _modules.popitem(last=False)
+
+
+def _loaded(model_hash, blob, device):
+    key = (model_hash, str(device))
+    entry = _modules.get(key)
+    if entry is not None:
+        _modules.move_to_end(key)
+        return entry
+    data = blob.cpu().numpy().tobytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != model_hash:
+        raise ValueError(f"model blob has sha256 {digest}, but the op names model_hash {model_hash}")
+    entry = _modules[key] = _Loaded(torch.jit.load(io.BytesIO(data), map_location=device))
+    _evict()
+    return entry
+
+
+@contextmanager
+def _bound(entry, slots, values, training, seed):
+    """The module with `values` in its slots (a tied group of slots gets one value), in train/eval mode,
+    with the global RNG seeded by `seed` when training; afterwards the slots hold nothing again."""
+    for group, value in zip(slots, values):
+        for slot in group:
+            owner, name = entry.owner(slot)
+            setattr(owner, name, value)
+    if entry.training is not training:
+        entry.module.train(training)
+        entry.training = training
+    try:
+        if training:
+            with _seeded(values[0].device if values else torch.device("cpu"), seed):
+                yield entry.module
+        else:
+            yield entry.module
+    finally:
+        for group in slots:  # drop the references: the values (and their autograd graphs) are the caller's
+            for slot in group:
+                owner, name = entry.owner(slot)
+                setattr(owner, name, _EMPTY)
+
+
+@contextmanager
+def _seeded(device, seed):
+    """The default generator of `device` (the one TorchScript's dropout draws from) seeded with `seed`,
+    and restored afterwards."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        with torch.random.fork_rng(devices=[index]):
+            torch.cuda.default_generators[index].manual_seed(seed)
+            yield
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)
+            yield
+
+
+def _versions(tensors):
+    """Version counters, to catch a forward that writes into its inputs (inference tensors have none)."""
+    return [None if x.is_inference() else x._version for x in tensors]
+
+
+def _outputs(out):
+    """The model's result as a tuple of tensors; a clear error for anything else."""
+    if isinstance(out, torch.Tensor):
+        return (out,)
+    if isinstance(out, (tuple, list)) and out and all(isinstance(o, torch.Tensor) for o in out):
+        return tuple(out)
+    raise TypeError(f"the model's forward returned {type(out).__name__}; torchscript_forward takes a model "
+                    "that returns a tensor or a non-empty tuple/list of tensors")
+
+
+def _split(xs, param_slots, buffer_slots, n_args, kwarg_names):
+    """(blob, params, buffers, args, kwargs) from the op's flat inputs."""
+    expected = 1 + len(param_slots) + len(buffer_slots) + n_args + len(kwarg_names)
+    if len(xs) != expected:
+        raise ValueError(f"expected {expected} inputs (blob, {len(param_slots)} params, {len(buffer_slots)} "
+                         f"buffers, {n_args} args, {len(kwarg_names)} kwargs), got {len(xs)}")
+    a = 1 + len(param_slots)
+    b = a + len(buffer_slots)
+    c = b + n_args
+    return xs[0], list(xs[1:a]), list(xs[a:b]), list(xs[b:c]), dict(zip(kwarg_names, xs[c:]))
+
+
+def _run(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed):
+    """Call the model on the op's inputs -> (its result, buffers after the call). Hold `_lock`."""
+    blob, params, buffers, args, kwargs = _split(xs, param_slots, buffer_slots, n_args, kwarg_names)
+    entry = _loaded(model_hash, blob, blob.device)
+    if training:
+        buffers = [b.detach().clone() for b in buffers]
+    with _bound(entry, param_slots + buffer_slots, params + buffers, training, seed) as module:
+        inputs = params + args + list(kwargs.values())
+        versions = _versions(inputs)
+        result = module(*args, **kwargs)
+    if versions != _versions(inputs):
+        raise RuntimeError("the model's forward modified a parameter or an input in place; graph values are "
+                           "immutable: write x = x + y instead of x += y in the model")
+    return result, buffers
+
+
+# ---------------------------------------------------------------------------------------------- forward
+
+FORWARD_PARAMS = {"model_hash": REQUIRED, "param_slots": (), "buffer_slots": (), "n_args": 1, "kwarg_names": (),
+                  "training": False, "seed": 0, "flops": 0.0}
+
+
+def _check_blob(blob):
+    if blob.dtype != torch.uint8 or len(blob.shape) != 1:
+        raise TypeError(f"the first input must be the model blob (1-d uint8, from R.model), not {blob.shape} "
+                        f"{blob.dtype}")
+
+
+def _probe(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training):
+    """The `Probe` of the model on inputs of these shapes and dtypes, found by running it once on
+    the requester, and cached per model and input shapes: the output shape of TorchScript code cannot be
+    read off it. Meta tensors first (no data, no compute); a model they cannot run (data-dependent control
+    flow, an op without a meta kernel) runs on zero-filled CPU tensors instead."""
+    key = (model_hash, training, n_args, tuple(kwarg_names), tuple((x.shape, x.dtype) for x in xs[1:]))
+    hit = _shapes.get(key)
+    if hit is not None:
+        return hit
+    blob = xs[0]
+    if any(d < 0 for x in xs[1:] for d in x.shape):
+        raise ValueError("a TorchScript model's inputs need known shapes (no data-dependent -1 dimensions)")
+    value = blob.graph.constants.get(blob.id)
+    if value is None:
+        raise ValueError("the model blob must be the constant R.model made")
+    for device in ("meta", "cpu"):
+        tensors = [torch.zeros(x.shape, dtype=x.dtype, device=device) for x in xs[1:]]
+        try:
+            with _lock, torch.no_grad(), FlopCounterMode(display=False) as counter:
+                result, _ = _run([value, *tensors], model_hash, param_slots, buffer_slots, n_args, kwarg_names,
+                                 training, 0)
+        except (RuntimeError, NotImplementedError):
+            if device == "meta":
+                continue
+            raise
+        break
+    outputs = _outputs(result)
+    specs = [(tuple(o.shape), o.dtype) for o in outputs]
+    flops = float(max(counter.get_total_flops(), sum(o.numel() for o in outputs)))
+    hit = _shapes[key] = Probe(specs, flops, isinstance(result, torch.Tensor))
+    return hit
+
+
+def probe(xs, params):
+    """The `Probe` of a forward to record on Ops `xs` with `params` (for `ravop.model`)."""
+    return _probe(xs, params["model_hash"], params["param_slots"], params["buffer_slots"], params["n_args"],
+                  params["kwarg_names"], params["training"])
+
+
+def _forward_shape(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed, flops):
+    _check_blob(xs[0])
+    _, _, buffers, _, _ = _split(xs, param_slots, buffer_slots, n_args, kwarg_names)
+    specs = _probe(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training).specs
+    return specs + ([(b.shape, b.dtype) for b in buffers] if training else [])
+
+
+def _forward_vjp(node, g):
+    p = node.params
+    n_model = len(node.shape) - (len(p["buffer_slots"]) if p["training"] else 0)
+    grads = g[:n_model]  # the running stats after the call (the extra outputs) carry no gradient either
+    grad_mask = tuple(gi is not None for gi in grads)
+    values = node.inputs[1:]
+    n_params, n_buffers = len(p["param_slots"]), len(p["buffer_slots"])
+    # Buffers carry no gradient, as in torch (BatchNorm refuses running stats that require grad).
+    mask = tuple(not n_params <= i < n_params + n_buffers and (x.dtype.is_floating_point or x.dtype.is_complex)
+                 and needs_grad(x) for i, x in enumerate(values))
+    if not any(mask) or not any(grad_mask):
+        return (None,) * len(node.inputs)
+    out = iter(F.torchscript_vjp([*node.inputs, *(gi for gi in grads if gi is not None)],
+                                 **{**p, "flops": 3 * p["flops"]}, mask=mask, grad_mask=grad_mask))
+    return (None,) + tuple(next(out) if wanted else None for wanted in mask)
+
+
+def _flops(shape, input_shapes, params):
+    return params["flops"]
+
+
+@register("torchscript_forward", inputs=("*xs",), params=FORWARD_PARAMS, shape=_forward_shape,
+          vjp=_forward_vjp, method=False, flops=_flops)
+def torchscript_forward(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed, flops):
+    """xs = (blob, *params, *buffers, *args, *kwargs): the model's outputs, then, when training, its buffers
+    after the call. `flops` (counted when recorded) is for the cost model only."""
+    with _lock:
+        result, buffers = _run(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed)
+    outputs = _outputs(result)
+    return outputs + tuple(buffers) if training else outputs
+
+
+# ---------------------------------------------------------------------------------------------- vjp
+
+def _vjp_split(xs, mask, grad_mask):
+    n_grads = sum(grad_mask)
+    values, grads = xs[:len(xs) - n_grads], xs[len(xs) - n_grads:]
+    if len(values) != 1 + len(mask):
+        raise ValueError(f"mask has {len(mask)} entries for {len(values) - 1} model inputs")
+    return values, grads
+
+
+def _vjp_shape(*xs, mask, grad_mask, **params):
+    _check_blob(xs[0])
+    values, grads = _vjp_split(xs, mask, grad_mask)
+    specs = _probe(values, params["model_hash"], params["param_slots"], params["buffer_slots"],
+                   params["n_args"], params["kwarg_names"], params["training"]).specs
+    if len(grad_mask) != len(specs):
+        raise ValueError(f"grad_mask has {len(grad_mask)} entries, the model has {len(specs)} outputs")
+    for g, (shape, _) in zip(grads, [s for s, wanted in zip(specs, grad_mask) if wanted]):
+        if tuple(g.shape) != tuple(shape):
+            raise ValueError(f"an output gradient has shape {g.shape}, its output has shape {shape}")
+    wanted = [x for x, m in zip(values[1:], mask) if m]
+    if any(not x.dtype.is_floating_point and not x.dtype.is_complex for x in wanted):
+        raise TypeError("mask asks for the gradient of an integer input")
+    return [(x.shape, x.dtype) for x in wanted]
+
+
+@register("torchscript_vjp", inputs=("*xs",), params={**FORWARD_PARAMS, "mask": REQUIRED, "grad_mask": REQUIRED},
+          shape=_vjp_shape, method=False, flops=_flops)
+def torchscript_vjp(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed, flops, mask,
+                    grad_mask):
+    """xs = (forward inputs..., one gradient per output with grad_mask True): the gradients of the forward
+    w.r.t. its inputs with mask True, by torch.autograd through the same module (the forward is recomputed
+    with the same seed)."""
+    values, grads = _vjp_split(xs, mask, grad_mask)
+    leaves = [values[0]] + [x.detach().requires_grad_() if m else x for x, m in zip(values[1:], mask)]
+    with _lock, torch.enable_grad():
+        result, _ = _run(leaves, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed)
+        outputs = _outputs(result)
+        chosen = [o for o, m in zip(outputs, grad_mask) if m]
+        wrt = [x for x, m in zip(leaves[1:], mask) if m]
+        differentiable = [(o, g) for o, g in zip(chosen, grads) if o.requires_grad]
+        found = torch.autograd.grad([o for o, _ in differentiable], wrt,
+                                    [g.to(o.dtype) for o, g in differentiable],
+                                    allow_unused=True) if differentiable else [None] * len(wrt)
+    return tuple(torch.zeros_like(x) if d is None else d for x, d in zip(wrt, found))
