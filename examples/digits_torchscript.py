@@ -19,7 +19,7 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 
 import ravop as R
-from ravdl.v2.pytorch_model import Pytorch_Model  # TMP
+from ravdl.v2 import Pytorch_Model
 from ravdl.v2.optimizers import Adam
 from ravdl.v2.utils import batch_iterator
 

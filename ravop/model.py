@@ -31,9 +31,11 @@ from .errors import ShapeError
 from .graph import as_op, current_graph
 from .interpreter import op_seed
 from .ops import torchscript
+from .session import LOADERS
 from .source import user_source
 
 DEFAULT_MAX_BYTES = 1 << 30
+BUNDLE_KIND = "ravdl.torchscript"   # a model saved by ravdl.v2.Pytorch_Model.save_model
 
 
 def model(source, *, sha256=None, max_bytes=DEFAULT_MAX_BYTES, timeout=60.0):
@@ -240,3 +242,6 @@ def load_module(spec, tensors):
         for slot in slots:
             setattr(*torchscript.slot_owner(module, slot), value)
     return module.eval()
+
+
+LOADERS[BUNDLE_KIND] = load_module

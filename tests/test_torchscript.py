@@ -13,13 +13,12 @@ import torch.nn.functional as TF
 from torch import nn
 
 import ravop as R
-from ravdl.v2.pytorch_model import Pytorch_Model
+from ravdl.v2 import Pytorch_Model
 from ravdl.v2.optimizers import Adam, AdamW, RMSprop
-from ravdl.v2.pytorch_model import KIND
 from ravop.errors import ShapeError
 from ravop.graph import current_graph
 from ravop.interpreter import evaluate
-from ravop.model import load_module
+from ravop.model import BUNDLE_KIND, load_module
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
@@ -271,7 +270,7 @@ def fetch_in_process(name):
     """What R.fetch_persisting_op(name) returns for a saved model, computed in this process."""
     graph = current_graph()
     kind, spec, names = graph.bundles[name]
-    assert kind == KIND
+    assert kind == BUNDLE_KIND
     values = evaluate([graph.persisted[n] for n in names.values()])
     return load_module(json.loads(json.dumps(spec)), dict(zip(names, values)))
 

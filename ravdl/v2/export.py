@@ -78,24 +78,33 @@ def _axes(node):
     return list(range(ndim)) if axis is None else [axis] if isinstance(axis, int) else list(axis)
 
 
+def _no_params(node):
+    return {}
+
+
+def _same_params(node):
+    return dict(node.params)
+
+
+def _reduction(node):
+    return {"axis": _axes(node), "keepdims": node.params["keepdims"]}
+
+
+def _permutation(node):
+    return {"axes": list(node.params["axes"] or range(len(node.inputs[0].shape) - 1, -1, -1))}
+
+
 FUNCTIONS = {
-    "add": (torch.add, lambda node: {}), "sub": (torch.sub, lambda node: {}), "mul": (torch.mul, lambda node: {}),
-    "div": (torch.div, lambda node: {}), "neg": (torch.neg, lambda node: {}), "matmul": (torch.matmul, lambda node: {}),
-    "exp": (torch.exp, lambda node: {}), "natlog": (torch.log, lambda node: {}),
-    "square_root": (torch.sqrt, lambda node: {}), "square": (torch.square, lambda node: {}),
-    "relu": (torch.relu, lambda node: {}), "sigmoid": (torch.sigmoid, lambda node: {}),
-    "tanh": (torch.tanh, lambda node: {}),
-    "transpose": (transpose, lambda node: {"axes": list(node.params["axes"] or
-                                                         range(len(node.inputs[0].shape) - 1, -1, -1))}),
+    "add": (torch.add, _no_params), "sub": (torch.sub, _no_params), "mul": (torch.mul, _no_params),
+    "div": (torch.div, _no_params), "neg": (torch.neg, _no_params), "matmul": (torch.matmul, _no_params),
+    "exp": (torch.exp, _no_params), "natlog": (torch.log, _no_params), "square_root": (torch.sqrt, _no_params),
+    "square": (torch.square, _no_params), "relu": (torch.relu, _no_params), "sigmoid": (torch.sigmoid, _no_params),
+    "tanh": (torch.tanh, _no_params), "transpose": (transpose, _permutation),
     "reshape": (reshape, lambda node: {"shape": list(node.params["shape"])}),
-    "flatten": (flatten, lambda node: dict(node.params)),
-    "expand_dims": (expand_dims, lambda node: dict(node.params)),
-    "concat": (concat, lambda node: dict(node.params)),
-    "softmax": (softmax, lambda node: dict(node.params)),
-    "log_softmax": (log_softmax, lambda node: dict(node.params)),
-    "sum": (reduce_sum, lambda node: {"axis": _axes(node), "keepdims": node.params["keepdims"]}),
-    "mean": (reduce_mean, lambda node: {"axis": _axes(node), "keepdims": node.params["keepdims"]}),
-    "dropout": (identity, lambda node: {}),   # the trace is an eval-mode pass
+    "flatten": (flatten, _same_params), "expand_dims": (expand_dims, _same_params),
+    "concat": (concat, _same_params), "softmax": (softmax, _same_params),
+    "log_softmax": (log_softmax, _same_params), "sum": (reduce_sum, _reduction), "mean": (reduce_mean, _reduction),
+    "dropout": (identity, _no_params),   # the trace is an eval-mode pass
 }
 _BY_NAME = {fn.__name__: fn for fn, _ in FUNCTIONS.values()}
 

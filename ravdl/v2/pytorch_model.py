@@ -10,18 +10,14 @@ The model's parameters and buffers are graph tensors, as a built-in layer's are:
 BatchNorm's running stats, which replace the old ones); `_backward_pass` records `R.grad` (the
 `torchscript_vjp` op) and one optimizer step per trainable parameter (those with `requires_grad`).
 `save_model(name)` persists the code and the current values; `R.fetch_persisting_op(name)` returns the
-TorchScript module with the trained weights.
+TorchScript module with the trained weights (`ravop.model.load_module`, so fetching needs only ravop).
 """
 import ravop as R
 from ravop.errors import GraphStateError
 from ravop.graph import current_graph
-from ravop.model import Model, load_module
-#TMP from ravop.session import LOADERS
+from ravop.model import BUNDLE_KIND, Model
 
 from .layers.base import as_input
-
-KIND = "ravdl.torchscript"
-#TMP LOADERS[KIND] = load_module
 
 
 class Pytorch_Model:
@@ -88,4 +84,4 @@ class Pytorch_Model:
                    **dict(zip(model.buffer_names, self.buffers))}
         spec = {"model_hash": model.model_hash, "param_slots": [list(s) for s in model.param_slots],
                 "buffer_slots": [list(s) for s in model.buffer_slots], "requires_grad": list(model.requires_grad)}
-        graph.save_bundle(name, KIND, spec, tensors)
+        graph.save_bundle(name, BUNDLE_KIND, spec, tensors)
