@@ -23,13 +23,14 @@ def record(X, y, alpha=0.1, iterations=ITERATIONS):
     m = X.shape[0]
     X_op, y_op = R.t(X), R.t(y)
     theta = R.t(np.zeros((X.shape[1], 1)))
+    step = R.div(R.t(np.float64(alpha)), R.t(np.float64(m)))  # numpy scalars keep float64 (Python floats: float32)
     for _ in range(iterations):
         error = R.sub(R.dot(X_op, theta), y_op)
-        theta = R.sub(theta, R.multiply(R.div(R.t(alpha), R.t(float(m))), R.dot(R.transpose(X_op), error)))
+        theta = R.sub(theta, R.multiply(step, R.dot(R.transpose(X_op), error)))
     prediction = R.dot(X_op, theta)
     ss_res = R.sum(R.square(R.sub(y_op, prediction)))
     ss_tot = R.sum(R.square(R.sub(y_op, R.mean(y_op))))
-    r2 = R.sub(R.t(1.0), R.div(ss_res, ss_tot))
+    r2 = R.sub(R.t(np.float64(1.0)), R.div(ss_res, ss_tot))
     theta.persist_op("theta")
     r2.persist_op("r2_score")
 

@@ -415,3 +415,89 @@ def test_url_checks(model_server):
         R.model(f"{url}/absent.pt")
     with pytest.raises(ValueError, match="not loaded from a URL"):
         R.model(f"{url}/net.pt2")
+
+
+# ---------------------------------------------------------------------------------------------- the engine
+
+@pytest.fixture(scope="module")
+def engine():
+    """The embedded default (a real Valkey server and CPU worker processes), as a user's script gets it."""
+    R.initialize()
+    yield
+    R.flush()
+
+
+def test_engine_training_equals_eager_and_the_fetched_module_reproduces_the_prediction(engine):
+    torch.manual_seed(5)
+    net = DigitsNet()
+    R.flush()
+    R.Graph(name="ts-engine")
+    model = Pytorch_Model(model_op=R.model(net))
+    model.initialize(Adam(lr=0.01))
+    data = batches(10, seed=5)
+    for i, loss in enumerate(record_training(model, data)):
+        loss.persist_op(f"loss_{i}")
+    for i, value in enumerate(model.params + model.buffers):
+        value.persist_op(f"state_{i}")
+    x = torch.randn(7, 1, 8, 8)
+    model._forward_pass(R.t(x), training=False).persist_op("prediction")
+    model.save_model("my_net")
+    R.activate()
+    R.execute()
+    R.track_progress(timeout=120, progress_bar=False)
+
+    losses, params, buffers = train_eager(net, torch.optim.Adam(net.parameters(), lr=0.01, foreach=False), data)
+    got = torch.stack([R.fetch_persisting_op(f"loss_{i}") for i in range(10)])
+    torch.testing.assert_close(got, losses, rtol=1e-5, atol=1e-5)
+    for i, want in enumerate(params + buffers):
+        torch.testing.assert_close(R.fetch_persisting_op(f"state_{i}"), want, rtol=1e-5, atol=1e-5)
+    my_net = R.fetch_persisting_op("my_net")
+    assert isinstance(my_net, torch.jit.ScriptModule)
+    with torch.no_grad():
+        torch.testing.assert_close(my_net(x), R.fetch_persisting_op("prediction"), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(my_net(x), net.eval()(x), rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_workers_leave_gpu_work_alone(engine, capsys):
+    from ravop import store
+    from ravop.errors import NotComputedError
+    from ravop.session import _client, _current_keys
+    R.flush()
+    R.Graph(name="ts-gpu", gpu_required="yes")
+    # 600 x 10 outputs: too large for the compiler to fold the forward into a constant on the requester
+    out = Pytorch_Model(R.model(DigitsNet()))._forward_pass(R.t(torch.ones(600, 1, 8, 8)), training=False)
+    out.persist_op("gpu_out")
+    R.activate()
+    R.execute()
+    with pytest.raises(TimeoutError, match="no GPU worker is running"):
+        R.track_progress(timeout=1.5)
+    assert "waiting for a GPU worker" in capsys.readouterr().err
+    client, keys = _client(), _current_keys()
+    meta = client.hgetall(keys.meta)
+    assert meta[b"state"] == b"running" and meta[b"ops_done"] == b"0"
+    # the subgraph is still queued on the GPU stream, unclaimed: no CPU worker read it
+    assert client.xpending(store.queue("cuda"), store.GROUP)["pending"] == 0
+    queued = client.xrange(store.queue("cuda"))
+    assert any(fields[b"graph"].decode() == keys.graph_id for _, fields in queued)
+    with pytest.raises(NotComputedError):
+        R.fetch_persisting_op("gpu_out")
+    R.flush()   # a GPU worker that later reads the queued message finds the graph gone and acks it
+
+
+def test_digits_example_fetched_module_matches_the_persisted_prediction():
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "RAVDL_EPOCHS": "3", "PYTHONPATH": str(root)}
+    env.pop("RAVOP_REDIS_URL", None)
+    done = subprocess.run([sys.executable, str(root / "examples" / "digits_torchscript.py")], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    persisted = re.search(r"^test accuracy: ([0-9.]+)$", done.stdout, re.MULTILINE)
+    fetched = re.search(r"^saved model's test accuracy: ([0-9.]+)$", done.stdout, re.MULTILINE)
+    assert persisted and fetched, done.stdout[-2000:]
+    assert fetched.group(1) == persisted.group(1)
+    assert float(persisted.group(1)) > 0.5   # 3 epochs learn something; the full run is in the README

@@ -15,6 +15,7 @@ from torch import Tensor, fx
 
 import ravop as R
 from ravop.graph import current_graph
+from ravop.session import LOADERS
 
 from .layers.base import recording_calls
 
@@ -234,6 +235,9 @@ def load(spec, tensors):
     graph.output(_value(spec["output"], values))
     module = fx.GraphModule(root, graph, class_name="RavdlModel")
     return module.eval()
+
+
+LOADERS[KIND] = load
 
 
 def _attach(root, path, module):
