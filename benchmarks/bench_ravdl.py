@@ -85,8 +85,7 @@ def engine(example, data, epochs):
     times["compile"] = time.perf_counter() - mark
     mark = time.perf_counter()
     R.execute()
-    with contextlib.redirect_stderr(io.StringIO()):   # the progress bar
-        R.track_progress()
+    R.track_progress(progress_bar=False)
     times["execute"] = time.perf_counter() - mark
     mark = time.perf_counter()
     for name in names:

@@ -146,6 +146,7 @@ def _groups(named):
 
 
 def _from_archive(data):
+    torchscript.check_code(data)
     module = torch.jit.load(io.BytesIO(data), map_location="cpu")
     params = _groups(module.named_parameters(remove_duplicate=False))
     buffers = _groups(module.named_buffers(remove_duplicate=False))

@@ -1,7 +1,7 @@
 """RavDL layers: default initialisation equals the torch module's, and 20 training steps of each layer with
 Adam and RMSprop give the losses and weights of the same model in eager PyTorch (same initial weights, same
-batches) to 1e-5. The recorded program is run in-process by `ravop.interpreter.evaluate`; the engine runs
-the same program (tests/test_ravdl_engine.py)."""
+batches) to 1e-5. The recorded programs run in-process here (`ravop.interpreter.evaluate`); the engine runs
+the same programs in tests/test_ravdl_engine.py."""
 import math
 
 import pytest
@@ -75,16 +75,22 @@ def batches(input_shape, n_out, loss, n=STEPS, batch=32, vocab=None):
     return out
 
 
-def train_ravdl(modules, make_optimizer, loss, data, execute=evaluate):
-    """Losses and final state (per layer, by torch's names) of the RavDL twin of `modules`."""
-    R.Graph(name="parity")
+def record_ravdl(modules, make_optimizer, loss, data):
+    """Record the training of the RavDL twin of `modules` into the current graph: (loss Ops, {(layer index,
+    torch state name): final value Op})."""
     model = NeuralNetwork(make_optimizer(), loss=loss)
     for module in modules:
         model.add(twin(module))
     losses = [model.train_on_batch(x, y) for x, y in data]
-    keys = [(i, key) for i, layer in enumerate(model.layers) for key in layer.state()]
-    values = execute(losses + [model.layers[i].state()[key] for i, key in keys])
-    return torch.stack(values[:len(losses)]), dict(zip(keys, values[len(losses):]))
+    return losses, {(i, key): op for i, layer in enumerate(model.layers) for key, op in layer.state().items()}
+
+
+def train_ravdl(modules, make_optimizer, loss, data):
+    """Losses and final state of the RavDL twin of `modules`, run in-process."""
+    R.Graph(name="parity")
+    losses, state = record_ravdl(modules, make_optimizer, loss, data)
+    values = evaluate(losses + list(state.values()))
+    return torch.stack(values[:len(losses)]), dict(zip(state, values[len(losses):]))
 
 
 def train_torch(modules, make_optimizer, loss, data):
@@ -132,26 +138,35 @@ LAYER_CASES = {
 }
 
 
-@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
-@pytest.mark.parametrize("case", sorted(LAYER_CASES))
-def test_training_matches_eager_pytorch(case, optimizer):
+def parity_case(case):
+    """(torch modules with their initial weights, batches, loss) of a LAYER_CASES entry."""
     make_modules, input_shape, n_out, loss, vocab = LAYER_CASES[case]
     torch.manual_seed(0)
     modules = make_modules()
-    for module in modules:   # non-trivial affine and running statistics, so that a mix-up would show
+    for module in modules:   # non-trivial affine parameters, so that a mix-up would show
         if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm)):
             with torch.no_grad():
                 for tensor in (module.weight, module.bias):
                     tensor.add_(torch.rand(tensor.shape) * 0.5)
-    data = batches(input_shape, n_out, loss, vocab=vocab)
+    return modules, batches(input_shape, n_out, loss, vocab=vocab), loss
+
+
+def assert_same_training(got_losses, got_state, want_losses, want_state, label):
+    assert want_losses[-5:].mean() < want_losses[:5].mean()   # it trains, so the comparison means something
+    torch.testing.assert_close(got_losses, want_losses, rtol=0, atol=1e-5, msg=f"{label} losses")
+    assert got_state.keys() == want_state.keys()
+    for key in want_state:
+        torch.testing.assert_close(got_state[key], want_state[key], rtol=0, atol=1e-5, msg=f"{label} {key}")
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("case", sorted(LAYER_CASES))
+def test_training_matches_eager_pytorch(case, optimizer):
+    modules, data, loss = parity_case(case)
     ravdl_opt, torch_opt = OPTIMIZERS[optimizer]
     got_losses, got_state = train_ravdl(modules, ravdl_opt, loss, data)
     want_losses, want_state = train_torch(modules, torch_opt, loss, data)
-    assert want_losses[-5:].mean() < want_losses[:5].mean()   # it trains, so the comparison means something
-    torch.testing.assert_close(got_losses, want_losses, rtol=0, atol=1e-5)
-    assert got_state.keys() == want_state.keys()
-    for key in want_state:
-        torch.testing.assert_close(got_state[key], want_state[key], rtol=0, atol=1e-5, msg=f"{case} {key}")
+    assert_same_training(got_losses, got_state, want_losses, want_state, f"{case} {optimizer}")
 
 
 def test_adamw_and_amsgrad_match_torch():
