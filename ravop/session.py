@@ -1,230 +1,288 @@
-"""The requester's session: connect, upload a compiled graph, start it, follow it, fetch its results."""
+"""The requester's session: R.initialize, R.flush, R.activate, R.execute, R.track_progress,
+R.fetch_persisting_op and R.get_my_graphs.
+
+A session is a Redis connection and a token. Everything about a graph lives in Redis under the token
+(`ravop.store.keys`), so the requester may exit after R.execute(): another process that calls
+R.initialize(same token, same URL) finds the token's current graph and can track and fetch it.
+"""
 import json
 import os
+import sys
 import time
 
 import redis
 
-from . import store
-from .errors import (ConnectionFailed, GraphFailedError, GraphStateError, NotComputedError,
-                     UnknownPersistName)
-from .graph import current_graph
-from .store import GraphKeys
-from .wire import decode_tensor, encode_tensor
+from .errors import ConnectionFailed, GraphFailedError, GraphStateError, NotComputedError, UnknownPersistName
+from .graph import current_graph, set_current
+from .store import GraphKeys, Scripts, TokenKeys, check_name, connect, ensure_queues
+from .store import graphs as store_graphs
+from .store import workers as liveness
+from .wire import decode_tensor
 
-# Loaders of persisted bundles (trained models): kind -> fn(spec, {key: tensor}) -> object. ravdl registers.
+# How a persisted bundle (a trained model) is rebuilt at fetch: kind -> fn(spec, {key: tensor}) -> object.
+# Packages that save bundles (ravdl) register their kinds here.
 LOADERS = {}
 
-
-class _Session:
-    client = None
-    token = None
-    url = None
-    embedded = None
+DEFAULT_TOKEN = "local"
+DEFAULT_WORKERS = 2
+POLL_SECONDS = 0.2    # how often a tracker refreshes the progress bar
+WAIT_SECONDS = 0.05   # how often fetch_persisting_op(wait=True) looks for the value
 
 
-_session = _Session()
+class Session:
+    def __init__(self, client, url, token, embedded=None):
+        self.client, self.url, self.token, self.embedded = client, url, token, embedded
+        self.scripts = Scripts(client)
+        current = client.get(TokenKeys(token).current)
+        self.graph_id = current.decode() if current else None
+
+    def keys(self):
+        if self.graph_id is None:
+            raise GraphStateError(f"no graph has been activated under token {self.token!r}: record ops, "
+                                  "persist_op() the values to fetch, then R.activate()")
+        return GraphKeys(self.token, self.graph_id)
+
+    def close(self):
+        self.client.close()
+        if self.embedded is not None:
+            self.embedded.stop()
 
 
-def initialize(token=None, redis_url=None, workers=None, **worker_options):
-    """Connect to Redis (`redis_url` or $RAVOP_REDIS_URL), or start the embedded server and `workers` local
-    workers (default 2, or $RAVOP_WORKERS). `token` names the requester and namespaces its graphs."""
+_session = None
+
+
+def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5.0):
+    """Connect to Redis at `redis_url` (or $RAVOP_REDIS_URL); with neither, start the embedded default: a
+    private server and `workers` local worker processes on `device` (default $RAVOP_WORKERS or 2).
+
+    `token` (default $RAVOP_TOKEN or "local") names the requester and namespaces its graphs and results.
+    An unreachable URL raises `ConnectionFailed` within about `timeout` seconds."""
+    global _session
+    token = check_name(token or os.environ.get("RAVOP_TOKEN") or DEFAULT_TOKEN)
     url = redis_url or os.environ.get("RAVOP_REDIS_URL")
-    _session.token = token or os.environ.get("RAVOP_TOKEN", "local")
+    embedded = None
     if url:
-        client = redis.Redis.from_url(url, socket_connect_timeout=3, health_check_interval=30)
-        try:
-            client.ping()
-        except (redis.RedisError, OSError) as exc:
-            raise ConnectionFailed(f"cannot reach Redis at {url}: {exc}") from None
-        _session.client, _session.url = client, url
+        client = connect(url, timeout)
+    elif _session is not None and _session.embedded is not None:
+        embedded, url, client = _session.embedded, _session.url, _session.client  # keep the running one
     else:
-        if _session.embedded is None:
-            from .embedded import EmbeddedCluster
-            count = workers if workers is not None else int(os.environ.get("RAVOP_WORKERS", "2"))
-            extra = [a for k, v in worker_options.items() for a in (f"--{k.replace('_', '-')}", str(v))]
-            _session.embedded = EmbeddedCluster(count, extra)
-        _session.client, _session.url = _session.embedded.client, _session.embedded.url
-    store.ensure_groups(_session.client)
-    return _session.url
+        from .embedded import EmbeddedCluster
+        count = workers if workers is not None else int(os.environ.get("RAVOP_WORKERS", DEFAULT_WORKERS))
+        embedded = EmbeddedCluster(count, device)
+        url = embedded.url
+        try:
+            client = connect(url, timeout)
+        except ConnectionFailed:
+            embedded.stop()
+            raise
+    if _session is not None and _session.client is not client:
+        _session.close()
+    ensure_queues(client)
+    _session = Session(client, url, token, embedded)
+    return _session
+
+
+def _require():
+    if _session is None:
+        raise GraphStateError("no session: call R.initialize() first (no arguments starts a local engine)")
+    return _session
 
 
 def _client():
-    if _session.client is None:
-        initialize()
-    return _session.client
+    return _require().client
 
 
 def _current_keys():
-    client = _client()
-    graph = current_graph()
-    if graph.activated:
-        return GraphKeys(_session.token, graph.id)
-    gid = client.get(store.token_key(_session.token, "current"))
-    if gid is None:
-        raise GraphStateError("no graph has been activated for this token: record ops, then R.activate()")
-    return GraphKeys(_session.token, gid.decode())
+    return _require().keys()
 
 
 def flush():
-    """Delete this token's graphs, tensors and persisted values (idempotent), and start a fresh graph."""
-    client = _client()
-    keys = list(client.scan_iter(match=f"ravop:{_session.token}:*", count=1000))
-    for start in range(0, len(keys), 1000):
-        client.unlink(*keys[start:start + 1000])
-    from .graph import Graph
-    Graph(name="default")
+    """Delete this token's graphs, tensors and persisted values (idempotent; other tokens are untouched), and
+    start recording a fresh graph."""
+    session = _require()
+    store_graphs.delete_token(session.client, session.token)
+    session.graph_id = None
+    set_current(None)
 
 
-def activate():
-    """Compile the current graph, upload it, and return a summary. No ops may be added afterwards."""
-    from compiler import compile_graph
+class Summary(dict):
+    """What R.activate() returns: the compiler's counts, printed as one line."""
+
+    def __str__(self):
+        return (f"graph {self['name']!r} ({self['graph_id']}): {self['recorded_ops']} ops recorded, "
+                f"{self['compiled_ops']} to run in {self['subgraphs']} subgraphs, ~{self['flops']:.3g} FLOPs, "
+                f"up to {self['max_parallel_width']} subgraphs at once")
+
+
+def activate(**compile_options):
+    """Compile the current graph and upload it; no ops may be added to it afterwards. Returns a `Summary`
+    (ops, subgraphs, estimated FLOPs, max parallel width). `compile_options` go to `compiler.compile_graph`
+    (e.g. max_subgraph_seconds)."""
+    session = _require()
     graph = current_graph()
     graph.check_open()
-    client = _client()
-    compiled = compile_graph(graph)
-    plan = compiled.plan
-    keys = GraphKeys(_session.token, graph.id)
-    device = "cuda" if graph.gpu_required else "cpu"
-    pipe = client.pipeline(transaction=False)
-    pipe.hset(keys.meta, mapping={"name": graph.name, "algorithm": graph.algorithm, "state": "activated",
-                                  "n_subgraphs": len(plan.subgraphs), "done": 0, "ops_done": 0,
-                                  "n_ops": sum(len(s.nodes) for s in plan.subgraphs), "seed": plan.seed,
-                                  "device": device, "created": time.time()})
-    for sub in plan.subgraphs:
-        pipe.hset(keys.plan, sub.id, sub.SerializeToString())
-        pipe.hset(keys.deps, sub.id, sub.n_predecessors)
-    if plan.persisted:
-        pipe.hset(keys.persist, mapping=dict(plan.persisted))
-    for name, (kind, spec, names) in graph.bundles.items():
-        pipe.hset(keys.bundles, name, json.dumps({"kind": kind, "spec": spec, "keys": names}))
-    pipe.execute()
-    _upload_constants(client, keys, compiled.constants)
-    client.set(store.token_key(_session.token, "current"), graph.id)
-    client.rpush(store.token_key(_session.token, "graphs"), graph.id)
+    if not graph.persisted:
+        raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
+                              "op.persist_op(name) on the values to fetch, then R.activate()")
+    from compiler import compile_graph  # ravop depends on the compiler only here (DESIGN.md)
+    compiled = compile_graph(graph, **compile_options)
+    summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
+    meta = {"name": graph.name, "algorithm": graph.algorithm, "approach": graph.approach,
+            "summary": json.dumps(summary)}
+    store_graphs.upload(session.client, session.token, compiled.plan, compiled.constants, meta, graph.bundles)
     graph.activated = True
-    return compiled.summary
-
-
-def _upload_constants(client, keys, constants, batch_bytes=64 * 2**20):
-    """Pipelined in batches so a large model neither makes one huge request nor one round trip per tensor."""
-    pipe, pending = client.pipeline(transaction=False), 0
-    for node_id, tensor in constants.items():
-        data = encode_tensor(tensor)
-        pipe.set(keys.tensor(node_id), data)
-        pending += len(data)
-        if pending >= batch_bytes:
-            pipe.execute()
-            pending = 0
-    pipe.execute()
+    session.graph_id = graph.id
+    return summary
 
 
 def execute():
-    """Start the activated graph: enqueue every subgraph that waits for nothing."""
+    """Start the activated graph: enqueue its subgraphs that wait for nothing. Idempotent."""
+    session = _require()
     graph = current_graph()
-    if not graph.activated:
-        raise GraphStateError("R.execute() needs an activated graph: call R.activate() first")
-    client = _client()
-    keys = GraphKeys(_session.token, graph.id)
-    stream = store.queue("cuda" if graph.gpu_required else "cpu")
-    pipe = client.pipeline(transaction=False)
-    pipe.hset(keys.meta, "state", "running")
-    roots = [sg_id for sg_id, n in client.hgetall(keys.deps).items() if int(n) == 0]
-    for sg_id in roots:
-        pipe.xadd(stream, {"token": _session.token, "graph": graph.id, "sg": sg_id})
-    if not client.hlen(keys.plan):
-        pipe.hset(keys.meta, "state", "done")  # everything was folded into constants
-    pipe.execute()
+    if graph.nodes and not graph.activated:
+        raise GraphStateError(f"graph {graph.name!r} is not activated: call R.activate() first")
+    keys = session.keys()
+    try:
+        session.scripts.start(keys)
+    except redis.ResponseError as exc:
+        if "NOGRAPH" in str(exc):
+            raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)") from None
+        raise
 
 
-def _meta(keys):
-    meta = _client().hgetall(keys.meta)
+def _meta(session, keys):
+    meta = store_graphs.read_meta(session.client, keys)
     if not meta:
-        raise GraphStateError(f"graph {keys.graph_id} is not in Redis (flushed?)")
-    return {k.decode(): v.decode() for k, v in meta.items()}
+        raise GraphStateError(f"graph {keys.graph_id} of token {session.token!r} is no longer in Redis (flushed?)")
+    return meta
 
 
-def _raise_if_failed(meta):
-    if meta.get("state") == "failed":
-        raise GraphFailedError(store.describe_error(meta.get("error")))
+def _failed(meta):
+    error = GraphFailedError(store_graphs.describe_failure(meta))
+    error.op, error.error, error.worker = meta.get("error_op"), meta.get("error"), meta.get("error_worker")
+    error.source, error.subgraph = meta.get("error_source"), meta.get("error_subgraph")
+    return error
 
 
-def track_progress(timeout=None, poll=0.05, progress_bar=True):
-    """Show progress until the graph is done; raise `GraphFailedError` if it failed, `TimeoutError` after
-    `timeout` seconds. Reports "waiting for a GPU worker" while GPU work has no worker to run it."""
+def _missing_workers(session, meta):
+    """Device kinds this graph needs that no live worker serves."""
+    kinds = [k for k in meta.get("devices", "").split(",") if k]
+    return [kind for kind in kinds if not liveness.alive(session.client, kind)]
+
+
+def _waiting_text(kinds):
+    return ", ".join(f"waiting for a {'GPU' if kind == 'cuda' else 'CPU'} worker" for kind in kinds)
+
+
+def track_progress(progress_bar=True, timeout=None):
+    """Show a progress bar (ops run) until the graph is done. Raises `GraphFailedError` (op, error, worker,
+    source line) if it failed, `TimeoutError` after `timeout` seconds. While work waits for a kind of worker
+    that nobody runs, says so ("waiting for a GPU worker") instead of waiting silently."""
     from tqdm import tqdm
-    keys = _current_keys()
-    meta = _meta(keys)
-    total = int(meta.get("n_ops", 0))
+    session = _require()
+    keys = session.keys()
+    meta = _meta(session, keys)
+    if meta["state"] == "activated":
+        raise GraphStateError(f"graph {meta['name']!r} has not been started: call R.execute()")
+    if session.embedded is not None:
+        session.embedded.wait_ready(session.client)
     deadline = None if timeout is None else time.monotonic() + timeout
-    with tqdm(total=total, unit="op", disable=not progress_bar, desc=meta.get("name")) as bar:
+    last_event, warned, next_check = "0-0", set(), 0.0
+    with tqdm(total=int(meta["n_ops"]), unit="op", desc=meta["name"], disable=not progress_bar,
+              file=sys.stderr) as bar:
         while True:
-            meta = _meta(keys)
-            bar.update(int(meta.get("ops_done", 0)) - bar.n)
-            _raise_if_failed(meta)
-            if meta.get("state") == "done":
-                return meta
-            if meta.get("state") == "activated":
-                raise GraphStateError("the graph is activated but not started: call R.execute()")
-            if meta.get("device") == "cuda" and not _workers_alive("cuda"):
-                bar.set_postfix_str("waiting for a GPU worker")
-            if deadline is not None and time.monotonic() > deadline:
-                waiting = " (no GPU worker is running)" if meta.get("device") == "cuda" and \
-                    not _workers_alive("cuda") else ""
-                raise TimeoutError(f"graph {meta.get('name')!r} not done after {timeout} s: "
-                                   f"{meta.get('ops_done')}/{total} ops{waiting}")
-            time.sleep(poll)
-
-
-def _workers_alive(kind):
-    return any(True for _ in _client().scan_iter(match=store.worker_key(kind, "*"), count=100))
+            meta = _meta(session, keys)
+            bar.update(int(meta["ops_done"]) - bar.n)
+            if meta["state"] == "done":
+                return
+            if meta["state"] == "failed":
+                raise _failed(meta)
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + 1.0
+                if session.embedded is not None:
+                    session.embedded.check()
+                missing = _missing_workers(session, meta)
+                if set(missing) - warned:
+                    warned |= set(missing)
+                    print(f"graph {meta['name']!r}: {_waiting_text(missing)} (none is connected to "
+                          f"{session.url})", file=sys.stderr)
+                bar.set_postfix_str(_waiting_text(missing))
+            if deadline is not None and now >= deadline:
+                missing = _missing_workers(session, meta)
+                why = "; " + ", ".join(f"no {'GPU' if k == 'cuda' else 'CPU'} worker is running" for k in missing) \
+                    if missing else ""
+                raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: {meta['ops_done']} of "
+                                   f"{meta['n_ops']} ops run{why}")
+            wait = POLL_SECONDS if deadline is None else max(0.001, min(POLL_SECONDS, deadline - now))
+            # Blocks until the graph ends (its events stream gets an entry) or the next refresh is due.
+            for _, entries in session.client.xread({keys.events: last_event}, block=int(wait * 1000)) or ():
+                last_event = entries[-1][0]
 
 
 def fetch_persisting_op(op_name, wait=False, timeout=None):
-    """The value persisted under `op_name` as a `torch.Tensor` (or, for a saved model, the model).
-
-    Not computed yet: `NotComputedError`, or with `wait=True` wait for it (up to `timeout` seconds)."""
-    keys = _current_keys()
-    client = _client()
-    bundle = client.hget(keys.bundles, op_name)
+    """The value persisted under `op_name`, as a torch.Tensor (for a saved model, the object its loader
+    builds). A value not computed yet raises `NotComputedError`, or with `wait=True` is waited for (up to
+    `timeout` seconds); an unknown name raises `UnknownPersistName`; a failed graph `GraphFailedError`."""
+    session = _require()
+    keys = session.keys()
+    pipe = session.client.pipeline(transaction=False)
+    pipe.hget(keys.persist, op_name)
+    pipe.hget(keys.bundles, op_name)
+    node_id, bundle = pipe.execute()
+    deadline = None if timeout is None else time.monotonic() + timeout
     if bundle is not None:
         info = json.loads(bundle)
-        tensors = {key: fetch_persisting_op(name, wait, timeout) for key, name in info["keys"].items()}
         loader = LOADERS.get(info["kind"])
         if loader is None:
-            raise GraphStateError(f"no loader for saved object kind {info['kind']!r} (import the package "
-                                  "that saved it, e.g. ravdl)")
+            raise GraphStateError(f"{op_name!r} is a saved {info['kind']!r} object and no loader is registered "
+                                  "for that kind: import the package that saved it (e.g. ravdl.v2)")
+        tensors = {}
+        for key, name in info["keys"].items():
+            tensors[key] = _fetch_tensor(session, keys, name, session.client.hget(keys.persist, name), wait,
+                                         deadline)
         return loader(info["spec"], tensors)
-    node_id = client.hget(keys.persist, op_name)
     if node_id is None:
-        names = sorted(n.decode() for n in client.hkeys(keys.persist))
-        shown = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "")
-        raise UnknownPersistName(f"no op persisted as {op_name!r} in graph {keys.graph_id}; persisted: "
-                                 f"{shown or 'none'}")
-    deadline = None if timeout is None else time.monotonic() + timeout
+        meta = _meta(session, keys)
+        names = sorted(n.decode() for n in session.client.hkeys(keys.persist))
+        shown = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
+        raise UnknownPersistName(f"no op was persisted as {op_name!r} in graph {meta['name']!r} "
+                                 f"({keys.graph_id}); persisted names: {shown or 'none'}")
+    return _fetch_tensor(session, keys, op_name, node_id, wait, deadline)
+
+
+def _fetch_tensor(session, keys, name, node_id, wait, deadline):
+    if node_id is None:
+        raise UnknownPersistName(f"persist name {name!r} is missing from graph {keys.graph_id}")
+    key = keys.tensor(int(node_id))
     while True:
-        raw = client.get(keys.tensor(int(node_id)))
-        if raw is not None:
-            return decode_tensor(raw)
-        meta = _meta(keys)
-        _raise_if_failed(meta)
+        pipe = session.client.pipeline(transaction=False)
+        pipe.get(key)
+        pipe.hgetall(keys.meta)
+        data, meta = pipe.execute()
+        if data is not None:
+            return decode_tensor(data)
+        meta = {k.decode(): v.decode() for k, v in meta.items()}
+        if not meta:
+            raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")
+        if meta["state"] == "failed":
+            raise _failed(meta)
+        if meta["state"] == "done":
+            raise GraphStateError(f"graph {meta['name']!r} is done but {name!r} is not in Redis")
         if not wait:
-            raise NotComputedError(f"{op_name!r} is not computed yet (graph state: {meta.get('state')}); "
-                                   "call R.track_progress() first or pass wait=True")
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"{op_name!r} still not computed after {timeout} s")
-        time.sleep(0.05)
+            raise NotComputedError(f"{name!r} is not computed yet: graph {meta['name']!r} is {meta['state']} "
+                                   f"({meta['ops_done']} of {meta['n_ops']} ops run). R.track_progress() waits for "
+                                   "the whole graph; fetch_persisting_op(name, wait=True) waits for this value")
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"{name!r} is still not computed: graph {meta['name']!r} is {meta['state']} "
+                               f"({meta['ops_done']} of {meta['n_ops']} ops run)")
+        if session.embedded is not None:
+            session.embedded.check()
+        time.sleep(WAIT_SECONDS)
 
 
 def get_my_graphs():
-    """This token's graphs: id, name, state and progress, oldest first."""
-    client = _client()
-    graphs = []
-    for gid in client.lrange(store.token_key(_session.token, "graphs"), 0, -1):
-        meta = client.hgetall(GraphKeys(_session.token, gid.decode()).meta)
-        if meta:
-            meta = {k.decode(): v.decode() for k, v in meta.items()}
-            graphs.append({"id": gid.decode(), "name": meta.get("name"), "state": meta.get("state"),
-                           "subgraphs": int(meta.get("n_subgraphs", 0)),
-                           "progress": f"{meta.get('ops_done', 0)}/{meta.get('n_ops', 0)} ops"})
-    return graphs
+    """This token's graphs, oldest first: dicts with id, name, algorithm, state, progress (percent of ops
+    run), ops, subgraphs and created (Unix time)."""
+    session = _require()
+    return store_graphs.list_graphs(session.client, session.token)

@@ -357,6 +357,27 @@ def test_model_from_a_torch_export_program(tmp_path):
     torch.testing.assert_close(evaluate(out), net(x).detach(), rtol=1e-6, atol=1e-6)
 
 
+class WritesFiles(nn.Module):
+    def forward(self, x, path: str):
+        torch.save(x, path)
+        return x
+
+
+def test_models_that_touch_files_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="calls save.*may not read or write files"):
+        R.model(WritesFiles())
+    # a worker checks the blob it is sent as well: a graph op naming a blob R.model never made
+    from ravop.ops import torchscript
+    script = torch.jit.script(WritesFiles())
+    path = tmp_path / "evil.pt"
+    torch.jit.save(script, str(path))
+    blob = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(ValueError, match="may not read or write files"):
+        torchscript.torchscript_forward(blob, torch.zeros(2), model_hash=digest, param_slots=(), buffer_slots=(),
+                                        n_args=1, kwarg_names=(), training=False, seed=0, flops=0.0)
+
+
 # ---------------------------------------------------------------------------------------------- URLs
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""ravop-worker: takes subgraphs from Redis streams, runs them with torch kernels, stores the outputs."""
+"""ravop-worker: takes subgraphs from the Redis stream of its device kind, runs them with the registry's
+torch kernels, and stores their outputs. `python -m worker --help`."""
 from .consumer import Worker
 
 __all__ = ["Worker"]

@@ -1,5 +1,11 @@
-"""A byte-bounded LRU of tensors this worker produced, so a chain continuing here skips Redis."""
+"""A byte-bounded LRU of tensors this worker produced or fetched, keyed by their Redis key: values are
+immutable (one key, one value), so a chain continuing on this worker, or a constant every training step
+reads, skips Redis."""
 from collections import OrderedDict
+
+
+def _nbytes(tensor):
+    return tensor.numel() * tensor.element_size()
 
 
 class TensorCache:
@@ -15,14 +21,14 @@ class TensorCache:
         return tensor
 
     def put(self, key, tensor):
-        size = tensor.numel() * tensor.element_size()
+        size = _nbytes(tensor)
         if size > self.max_bytes:
             return
         old = self._items.pop(key, None)
         if old is not None:
-            self.bytes -= old.numel() * old.element_size()
+            self.bytes -= _nbytes(old)
         self._items[key] = tensor
         self.bytes += size
         while self.bytes > self.max_bytes:
             _, evicted = self._items.popitem(last=False)
-            self.bytes -= evicted.numel() * evicted.element_size()
+            self.bytes -= _nbytes(evicted)

@@ -1,10 +1,14 @@
-"""`ravop-worker --redis URL --device cpu|cuda[:N] --name NAME`: serve subgraphs until SIGTERM/SIGINT."""
+"""`ravop-worker --redis URL --device cpu|cuda[:N] --name NAME`: serve subgraphs until SIGTERM or Ctrl-C, which
+let the subgraph being run finish first."""
 import argparse
 import logging
 import os
+import signal
 import socket
+import sys
 
-import redis
+from ravop.errors import ConnectionFailed
+from ravop.store import connect
 
 from .consumer import Worker
 
@@ -12,18 +16,35 @@ from .consumer import Worker
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="ravop-worker", description=__doc__)
     parser.add_argument("--redis", default=os.environ.get("RAVOP_REDIS_URL"),
-                        help="Redis URL, e.g. redis://host:6379/0 (default: $RAVOP_REDIS_URL)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--name", default=f"{socket.gethostname()}-{os.getpid()}", help="worker name")
-    parser.add_argument("--reclaim-idle", type=float, default=30.0,
-                        help="seconds before another worker takes over a silent worker's subgraph")
-    parser.add_argument("--max-attempts", type=int, default=3, help="deliveries before a subgraph is dead-lettered")
-    parser.add_argument("--cache-mib", type=int, default=256, help="local cache of produced tensors")
+                        help="Redis URL, e.g. redis://host:6379/0 or unix:///path/redis.sock "
+                             "(default: $RAVOP_REDIS_URL)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    parser.add_argument("--name", default=f"{socket.gethostname()}-{os.getpid()}",
+                        help="worker name, unique among the workers of a server (default: host-pid)")
+    parser.add_argument("--reclaim-idle", type=float, default=30.0, metavar="SECONDS",
+                        help="take over a subgraph whose worker has been silent this long (default: 30)")
+    parser.add_argument("--max-attempts", type=int, default=3,
+                        help="deliveries of a subgraph before it is dead-lettered and its graph failed (default: 3)")
+    parser.add_argument("--cache-mib", type=int, default=256,
+                        help="local cache of tensors this worker produced or fetched (default: 256 MiB)")
     parser.add_argument("--max-subgraph-bytes", type=int, default=None,
-                        help="largest declared subgraph memory to accept (default: half the device memory)")
-    parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("-v", "--verbose", action="store_true")
+                        help="largest memory a subgraph may declare (default: half the device's memory)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--exit-when-server-gone", type=float, default=None, metavar="SECONDS",
+                        help="exit when Redis stays unreachable this long (default: keep retrying)")
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="exit when this process exits (used by the embedded default)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every start and stop")
     return parser.parse_args(argv)
+
+
+def _die_with_parent(parent_pid):
+    """Have the kernel send SIGTERM when the parent dies, even by SIGKILL (Linux; elsewhere the heartbeat
+    watches the parent's pid). False if the parent is already gone."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    return os.getppid() == parent_pid
 
 
 def main(argv=None):
@@ -31,21 +52,22 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not args.redis:
-        print("ravop-worker: give --redis URL or set RAVOP_REDIS_URL")
+        print("ravop-worker: give --redis URL or set RAVOP_REDIS_URL", file=sys.stderr)
         return 2
-    client = redis.Redis.from_url(args.redis, socket_connect_timeout=5, health_check_interval=30)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        print(f"ravop-worker: cannot reach Redis at {args.redis}: {exc}")
-        return 1
-    worker = Worker(client, args.name, device=args.device, reclaim_idle=args.reclaim_idle,
-                    max_attempts=args.max_attempts, cache_bytes=args.cache_mib * 2**20,
-                    max_subgraph_bytes=args.max_subgraph_bytes, parent_pid=args.parent_pid)
-    try:
-        return worker.run()
-    except KeyboardInterrupt:
+    if args.parent_pid is not None and not _die_with_parent(args.parent_pid):
         return 0
-    except redis.ConnectionError as exc:
-        print(f"ravop-worker {args.name}: lost Redis at {args.redis}: {exc}")
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    try:
+        client = connect(args.redis)
+        worker = Worker(client, args.name, device=args.device, reclaim_idle=args.reclaim_idle,
+                        max_attempts=args.max_attempts, cache_bytes=args.cache_mib * 2**20,
+                        max_subgraph_bytes=args.max_subgraph_bytes, parent_pid=args.parent_pid,
+                        server_gone_after=args.exit_when_server_gone)
+    except (ConnectionFailed, ValueError) as exc:
+        print(f"ravop-worker: {exc}", file=sys.stderr)
         return 1
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.stop())
+    return worker.run()

@@ -1,135 +1,186 @@
-"""The worker loop: claim a subgraph from the device's stream, run it, write outputs, then complete and ack.
+"""The worker loop: take a subgraph from the stream of this worker's device kind, run it, store its outputs,
+then complete it (ack, count progress, enqueue the successors that became ready) in the same round trip.
 
-Delivery is at-least-once: a message is acked only after its outputs are stored and the completion script
-has run, and work held by a dead worker is taken over with XAUTOCLAIM once idle for `reclaim_idle` seconds.
-While a subgraph runs, a heartbeat thread re-claims its message so a slow subgraph is not mistaken for a
-dead worker's. Anything wrong with a message lands in the dead-letter stream; the worker keeps running.
+Delivery is at-least-once. A message is acked only by the completion or failure scripts, after the outputs
+are stored; a message held by a worker that died is taken over with XAUTOCLAIM once idle for
+`reclaim_idle` seconds; after `max_attempts` deliveries it is given up on. Whatever a message holds
+(garbage, unknown ops, absurd shapes) fails its graph and lands in the dead-letter stream, and the worker
+goes on; a kernel error fails the graph at once (it would fail again on any worker: no retries).
 """
 import logging
-import os
-import signal
 import threading
 import time
 
 import redis
-import torch
+from google.protobuf.message import DecodeError
 
-from ravop import store
-from ravop.store import GraphKeys
+from ravop.errors import PlanError, WireFormatError
+from ravop.store import GROUP, GraphKeys, Scripts, ensure_queues, queue
+from ravop.store import workers as liveness
 from ravop.wire import decode_tensor, encode_tensor, plan_pb2
 
+from . import device as devices
 from .cache import TensorCache
-from .executor import SubgraphError, execute, prepare
+from .heartbeat import Heartbeat
+from .run import KernelError, run
+from .validate import check
 
 log = logging.getLogger("ravop.worker")
+BLOCK_MS = 1000  # longest wait for new work, so a stop request is noticed within a second
+
+
+class _MissingInput(Exception):
+    pass
+
+
+def parse_message(fields):
+    """(GraphKeys, subgraph id) of a queue message; ValueError naming what is wrong with it."""
+    try:
+        token, graph_id = fields[b"token"].decode(), fields[b"graph"].decode()
+        subgraph_id = int(fields[b"subgraph"])
+    except KeyError as exc:
+        raise ValueError(f"no {exc.args[0].decode()!r} field") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(str(exc)) from None
+    if subgraph_id < 0:
+        raise ValueError(f"negative subgraph id {subgraph_id}")
+    return GraphKeys(token, graph_id), subgraph_id
 
 
 class Worker:
-    def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3,
-                 cache_bytes=256 * 2**20, max_subgraph_bytes=None, parent_pid=None):
+    def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
+                 max_subgraph_bytes=None, parent_pid=None, server_gone_after=None):
         self.client = client
         self.name = name
-        self.device = torch.device(device)
+        self.device = devices.parse(device)
         self.kind = self.device.type
-        if self.kind not in store.DEVICE_KINDS:
-            raise ValueError(f"unsupported device {device!r}: use cpu or cuda[:N]")
-        self.stream = store.queue(self.kind)
+        self.stream = queue(self.kind)  # a CPU worker never reads the GPU stream, and vice versa
         self.reclaim_idle_ms = int(reclaim_idle * 1000)
+        self.reclaim_every = reclaim_idle / 2
         self.max_attempts = max_attempts
         self.cache = TensorCache(cache_bytes)
-        self.max_subgraph_bytes = max_subgraph_bytes or _default_max_bytes(self.device)
-        self.parent_pid = parent_pid
+        self.limit = max_subgraph_bytes or devices.default_limit(self.device)
+        self.server_gone_after = server_gone_after
+        self.scripts = Scripts(client)
         self.stopping = threading.Event()
-        self._complete = client.register_script(store.COMPLETE)
-        self._fail = client.register_script(store.FAIL)
-        self.ran = 0
+        self.heartbeat = Heartbeat(client, name, self.kind, self.stream, min(2.0, reclaim_idle / 3), self.stopping,
+                                   parent_pid)
+        self.completed = 0
+        self._next_reclaim = 0.0
 
-    # ------------------------------------------------------------------------------------------ loop
+    def stop(self):
+        """Stop after the subgraph being run, if any, is finished (safe from a signal handler)."""
+        self.stopping.set()
 
     def run(self):
-        store.ensure_groups(self.client)
-        signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
+        """Serve until `stop()`. Returns 0, or 1 if the server stayed unreachable for `server_gone_after` s."""
+        ensure_queues(self.client)
+        self.heartbeat.beat()
+        self.heartbeat.start()
         log.info("worker %s serving %s on %s", self.name, self.stream, self.device)
-        while not self.stopping.is_set():
-            if self.parent_pid and not _alive(self.parent_pid):
-                break  # an embedded worker outlives no requester
-            self.client.set(store.worker_key(self.kind, self.name), self.device.type, ex=10)
-            message = self._next_message()
-            if message is not None:
+        lost_since = None
+        try:
+            while not self.stopping.is_set():
                 try:
-                    self.handle(*message)
-                except redis.ConnectionError:
-                    raise
-                except Exception as exc:  # whatever a requester put on the queue, the worker survives it
-                    log.exception("message %s could not be handled", message[0])
-                    self._dead_letter(message[0], message[1], f"{type(exc).__name__}: {exc}")
-        self.client.delete(store.worker_key(self.kind, self.name))
+                    message = self._next()
+                    if message is not None:
+                        self._handle(*message)
+                    lost_since = None
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    # The message being handled stays pending: this worker or another takes it over later.
+                    lost_since = lost_since or time.monotonic()
+                    if self.server_gone_after is not None and time.monotonic() - lost_since > self.server_gone_after:
+                        log.error("worker %s: Redis unreachable for %.0f s (%s); exiting", self.name,
+                                  self.server_gone_after, exc)
+                        return 1
+                    log.warning("worker %s: Redis unreachable (%s); retrying", self.name, exc)
+                    self.stopping.wait(0.5)
+                except redis.ResponseError as exc:
+                    if "NOGROUP" not in str(exc):
+                        raise
+                    ensure_queues(self.client)  # the server lost its data (restart, FLUSHALL)
+        finally:
+            self.heartbeat.stop()
+            self._leave()
+        log.info("worker %s stopped after %d subgraphs", self.name, self.completed)
         return 0
 
-    def _next_message(self):
-        """Stale work of dead workers first, then new work (blocking briefly so SIGTERM is noticed)."""
-        _, claimed, _ = self.client.xautoclaim(self.stream, store.GROUP, self.name, self.reclaim_idle_ms,
-                                               start_id="0-0", count=1)
-        if claimed:
-            return claimed[0]
-        reply = self.client.xreadgroup(store.GROUP, self.name, {self.stream: ">"}, count=1, block=500)
+    def _next(self):
+        """(message id, fields, deliveries): work held too long by a silent worker first, then new work."""
+        now = time.monotonic()
+        if now >= self._next_reclaim:
+            self._next_reclaim = now + self.reclaim_every
+            _, claimed, _ = self.client.xautoclaim(self.stream, GROUP, self.name, self.reclaim_idle_ms, "0-0",
+                                                   count=1)
+            if claimed:
+                self._next_reclaim = now  # more may be waiting
+                message_id, fields = claimed[0]
+                pending = self.client.xpending_range(self.stream, GROUP, message_id, message_id, 1)
+                return message_id, fields, pending[0]["times_delivered"] if pending else 1
+        reply = self.client.xreadgroup(GROUP, self.name, {self.stream: ">"}, count=1, block=BLOCK_MS)
         if reply:
-            return reply[0][1][0]
+            message_id, fields = reply[0][1][0]
+            return message_id, fields, 1
         return None
 
     # ------------------------------------------------------------------------------------------ one message
 
-    def handle(self, message_id, fields):
+    def _handle(self, message_id, fields, deliveries):
         try:
-            token = fields[b"token"].decode()
-            graph_id = fields[b"graph"].decode()
-            sg_id = int(fields[b"sg"])
-        except (KeyError, ValueError, UnicodeDecodeError, TypeError):
-            self._dead_letter(message_id, fields, "malformed message")
+            keys, subgraph_id = parse_message(fields)
+        except ValueError as exc:
+            self._give_up(None, message_id, "", f"malformed message: {exc}", "malformed message",
+                          message=repr(fields)[:300])
             return
-        keys = GraphKeys(token, graph_id)
-        meta = self.client.hmget(keys.meta, "state", "seed")
-        if meta[0] is None or meta[0] in (b"failed", b"done"):
-            self._ack(message_id)  # graph flushed, failed or finished: nothing left to do
-            return
-        attempts = self.client.hincrby(keys.attempts, sg_id, 1)
-        if attempts > self.max_attempts:
-            self._dead_letter(message_id, fields, f"subgraph {sg_id} failed {attempts - 1} deliveries")
-            self._fail(keys=[keys.meta], args=[store.error_json(
-                error=f"subgraph {sg_id} was delivered {attempts - 1} times without finishing "
-                      "(workers died running it)", worker=self.name, subgraph=sg_id)])
-            return
-        raw = self.client.hget(keys.plan, sg_id)
-        subgraph = plan_pb2.Subgraph()
         try:
-            if raw is None:
-                raise ValueError(f"no subgraph {sg_id} in the plan")
-            subgraph.ParseFromString(raw)
-        except Exception as exc:  # protobuf raises its own DecodeError for garbage bytes
-            self._poisoned(message_id, fields, keys, f"bad subgraph: {exc}", sg_id)
-            return
-        heartbeat = _Heartbeat(self.client, self.stream, self.name, message_id, self.reclaim_idle_ms / 3000)
-        heartbeat.start()
-        try:
-            outputs = self._run(keys, subgraph, int(meta[1] or 0))
-        except SubgraphError as exc:
-            node = exc.node
-            self._poisoned(message_id, fields, keys, str(exc), sg_id, node)
-            return
-        finally:
-            heartbeat.stop()
-        self._store_outputs(keys, outputs)
-        successors = []
-        for s in subgraph.successors:
-            successors += [s, self.stream]
-        self.client.hset(keys.ran_by, sg_id, self.name)
-        self._complete(keys=[keys.finished, keys.deps, keys.meta],
-                       args=[sg_id, len(subgraph.nodes), token, graph_id, *successors])
-        self._ack(message_id)
-        self.ran += 1
+            self._run_message(keys, subgraph_id, message_id, deliveries)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise
+        except Exception as exc:  # unforeseen (a bug, or a hostile value): give up on this message, keep serving
+            log.exception("worker %s: subgraph %s of graph %s", self.name, subgraph_id, keys.graph_id)
+            self._give_up(keys, message_id, subgraph_id, f"{type(exc).__name__}: {exc}", "worker error")
 
-    def _run(self, keys, subgraph, seed):
-        steps = prepare(subgraph, self.max_subgraph_bytes)
+    def _run_message(self, keys, subgraph_id, message_id, deliveries):
+        if deliveries > self.max_attempts:
+            self._give_up_retries(keys, subgraph_id, message_id, deliveries)
+            return
+        reply = self.scripts.claim(keys, subgraph_id, self.name)
+        if reply[0] != b"run":  # the graph is gone, failed or done, or this subgraph already finished
+            self._ack(message_id)
+            return
+        seed, data = int(reply[1]), reply[2] if len(reply) > 2 else None
+        try:
+            if data is None:
+                raise PlanError(f"subgraph {subgraph_id} is not in the graph's plan")
+            subgraph = plan_pb2.Subgraph.FromString(data)
+            program = check(subgraph, devices.budget(self.device, self.limit))
+        except DecodeError as exc:
+            self._give_up(keys, message_id, subgraph_id, f"subgraph {subgraph_id} is not a valid plan: {exc}",
+                          "rejected plan")
+            return
+        except PlanError as exc:
+            self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
+            return
+        self.heartbeat.watch(message_id)
+        try:
+            inputs = self._inputs(keys, subgraph)
+            outputs = run(program, inputs, seed, self.device)
+            self._finish(keys, subgraph_id, message_id, outputs)
+        except KernelError as exc:
+            self._give_up(keys, message_id, subgraph_id, str(exc), "kernel error", exc.node)
+        except _MissingInput as exc:
+            if self.client.sismember(keys.done, subgraph_id):
+                self._ack(message_id)  # another worker finished it meanwhile and its inputs were released
+            else:
+                self._give_up(keys, message_id, subgraph_id, f"input value {exc} of subgraph {subgraph_id} is "
+                              "not in Redis (deleted by R.flush()?)", "missing input")
+        except WireFormatError as exc:
+            self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}", "bad input")
+        finally:
+            self.heartbeat.unwatch()
+
+    def _inputs(self, keys, subgraph):
+        """Input tensors on this worker's device: from the local cache, the rest in one MGET."""
         env, missing = {}, []
         for i in subgraph.inputs:
             tensor = self.cache.get(keys.tensor(i))
@@ -138,88 +189,70 @@ class Worker:
             else:
                 env[i] = tensor
         if missing:
-            for i, raw in zip(missing, self.client.mget([keys.tensor(i) for i in missing])):
-                if raw is None:
-                    raise SubgraphError(f"input value {i} is not in the tensor store")
-                try:
-                    env[i] = decode_tensor(raw)
-                except ValueError as exc:
-                    raise SubgraphError(f"input value {i}: {exc}") from None
-        if self.kind != "cpu":  # one host->device move per subgraph, not per op
-            env = {i: t.to(self.device, non_blocking=True) for i, t in env.items()}
-        outputs = execute(steps, env, subgraph.outputs, seed, self.device)
-        return outputs
+            for i, data in zip(missing, self.client.mget([keys.tensor(i) for i in missing])):
+                if data is None:
+                    raise _MissingInput(i)
+                tensor = devices.to_device(decode_tensor(data), self.device)
+                self.cache.put(keys.tensor(i), tensor)
+                env[i] = tensor
+        return env
 
-    def _store_outputs(self, keys, outputs):
-        pipe = self.client.pipeline(transaction=False)
+    def _finish(self, keys, subgraph_id, message_id, outputs):
+        """Store the outputs (the same bytes under the same keys if this is a retry) and complete the subgraph,
+        in one MULTI/EXEC: if the server refuses the writes (out of memory), the completion does not run."""
+        pipe = self.client.pipeline(transaction=True)
         for i, tensor in outputs.items():
-            if not isinstance(tensor, torch.Tensor):
-                raise SubgraphError(f"value {i} is not a tensor")
-            tensor = tensor.cpu() if tensor.device.type != "cpu" else tensor
+            pipe.set(keys.tensor(i), encode_tensor(devices.to_host(tensor)))
+        self.scripts.complete_in(pipe, keys, subgraph_id, self.name, self.stream, message_id)
+        try:
+            status = pipe.execute()[-1]
+        except redis.exceptions.NoScriptError:  # the server restarted and lost its scripts; the writes went in
+            status = self.scripts.complete(keys, subgraph_id, self.name, self.stream, message_id)
+        if status == -1:  # the graph was flushed while this subgraph ran: take back what was written
+            self.client.delete(*[keys.tensor(i) for i in outputs])
+            return
+        for i, tensor in outputs.items():
             self.cache.put(keys.tensor(i), tensor)
-            pipe.set(keys.tensor(i), encode_tensor(tensor))  # same key, same bytes: retries are idempotent
-        pipe.execute()
+        self.completed += 1
 
-    # ------------------------------------------------------------------------------------------ failures
+    # ------------------------------------------------------------------------------------------ giving up
 
-    def _poisoned(self, message_id, fields, keys, error, sg_id, node=None):
-        """The subgraph cannot succeed on any worker: fail its graph with the op and the user's line."""
-        log.warning("subgraph %s of graph %s failed: %s", sg_id, keys.graph_id, error)
-        self._fail(keys=[keys.meta], args=[store.error_json(
-            op=node.op if node is not None else "", error=error, worker=self.name,
-            source=node.source if node is not None else "", subgraph=sg_id)])
-        self._ack(message_id)
+    def _give_up(self, keys, message_id, subgraph_id, error, reason, node=None, message=""):
+        """Ack the message, log it to the dead-letter stream and fail its graph (if it names one)."""
+        log.warning("worker %s gives up on %s: %s: %s", self.name, message_id, reason, error)
+        self.scripts.fail(keys, self.stream, message_id, subgraph_id=str(subgraph_id), worker=self.name,
+                          op=node.op if node is not None else "", source=node.source if node is not None else "",
+                          error=error, reason=reason, message=message)
 
-    def _dead_letter(self, message_id, fields, reason):
-        log.warning("dead-lettering message %s: %s", message_id, reason)
-        entry = {k: v for k, v in fields.items()} if isinstance(fields, dict) else {}
-        entry.update({b"reason": reason, b"worker": self.name, b"message": message_id})
-        self.client.xadd(store.DEAD_LETTER, entry, maxlen=10_000, approximate=True)
-        self._ack(message_id)
+    def _give_up_retries(self, keys, subgraph_id, message_id, deliveries):
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(keys.taken, subgraph_id)
+        pipe.hget(keys.subgraphs, subgraph_id)
+        taken, data = pipe.execute()
+        node = None
+        if data is not None:
+            try:
+                nodes = plan_pb2.Subgraph.FromString(data).nodes
+                node = nodes[0] if nodes else None
+            except DecodeError:
+                pass  # named by id only; the plan itself is refused by whoever runs it next
+        ops = f" (ops from {node.op!r} on)" if node is not None else ""
+        self._give_up(keys, message_id, subgraph_id,
+                      f"subgraph {subgraph_id}{ops} was delivered {deliveries} times and never finished: the "
+                      f"workers running it stopped responding (the last was {(taken or b'?').decode()})",
+                      "too many deliveries", node)
 
     def _ack(self, message_id):
         pipe = self.client.pipeline(transaction=False)
-        pipe.xack(self.stream, store.GROUP, message_id)
+        pipe.xack(self.stream, GROUP, message_id)
         pipe.xdel(self.stream, message_id)
         pipe.execute()
 
-
-class _Heartbeat(threading.Thread):
-    """Re-claims the running message now and then, resetting its idle time (torch kernels release the GIL)."""
-
-    def __init__(self, client, stream, name, message_id, interval):
-        super().__init__(daemon=True)
-        self.client, self.stream, self.name, self.message_id = client, stream, name, message_id
-        self.interval = max(interval, 0.05)
-        self._done = threading.Event()
-
-    def run(self):
-        while not self._done.wait(self.interval):
-            try:
-                self.client.xclaim(self.stream, store.GROUP, self.name, 0, [self.message_id], justid=True)
-            except redis.RedisError:
-                return
-
-    def stop(self):
-        self._done.set()
-        self.join()
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _default_max_bytes(device):
-    """Half of the device's memory: a subgraph declaring more fails clearly instead of being OOM-killed."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory // 2
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-    except (ValueError, OSError):
-        return 8 * 2**30
+    def _leave(self):
+        """Unregister; drop this consumer from the group unless it still holds a message (for reclaiming)."""
+        try:
+            liveness.leave(self.client, self.name, self.kind)
+            if not self.client.xpending_range(self.stream, GROUP, "-", "+", 1, consumername=self.name):
+                self.client.xgroup_delconsumer(self.stream, GROUP, self.name)
+        except redis.RedisError as exc:
+            log.debug("worker %s could not unregister: %s", self.name, exc)

@@ -1,0 +1,39 @@
+"""Reaching the server: fail fast and clearly when it is not there, ride out a blip once it is."""
+import redis
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.retry import Retry
+
+from ..errors import ConnectionFailed
+from .keys import DEVICE_KINDS, GROUP, queue
+
+CONNECT_TIMEOUT = 5.0
+SOCKET_TIMEOUT = 60.0  # longer than any blocking read we issue (at most a few seconds)
+
+
+def connect(url, timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT):
+    """A client for `url` (redis://, rediss://, unix://) after a successful PING; `ConnectionFailed` naming
+    the URL within about `timeout` seconds otherwise."""
+    try:
+        # No retries for the first PING: redis-py's default (10 retries with backoff) turns an unreachable
+        # server into a minute-long hang.
+        client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=socket_timeout,
+                                      retry=Retry(NoBackoff(), 0), health_check_interval=30)
+    except ValueError as exc:
+        raise ConnectionFailed(f"invalid Redis URL {url!r}: {exc}") from None
+    try:
+        client.ping()
+    except (redis.RedisError, OSError) as exc:
+        client.close()
+        raise ConnectionFailed(f"cannot reach Redis at {url}: {exc}") from None
+    client.set_retry(Retry(ExponentialBackoff(cap=1.0, base=0.05), 3))
+    return client
+
+
+def ensure_queues(client):
+    """Create each device stream and its consumer group (idempotent; also after a server lost its data)."""
+    for kind in DEVICE_KINDS:
+        try:
+            client.xgroup_create(queue(kind), GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise

@@ -1,0 +1,123 @@
+"""The requester's side of the schema: upload an activated graph, read its state, list and delete graphs."""
+import json
+import time
+from collections import Counter
+
+from ..wire import encode_tensor
+from .keys import GraphKeys, TokenKeys, device_kind
+
+BATCH_BYTES = 32 * 2**20  # one pipeline carries about this much, so a big model is neither one huge
+BATCH_FIELDS = 10_000     # request nor a round trip per tensor
+
+
+class _Batcher:
+    """A pipeline that sends itself once it holds about BATCH_BYTES or BATCH_FIELDS."""
+
+    def __init__(self, client):
+        self.pipe = client.pipeline(transaction=False)
+        self.bytes = self.fields = 0
+
+    def add(self, size, fields=1):
+        self.bytes += size
+        self.fields += fields
+        if self.bytes >= BATCH_BYTES or self.fields >= BATCH_FIELDS:
+            self.send()
+
+    def send(self):
+        self.pipe.execute()
+        self.bytes = self.fields = 0
+
+
+def upload(client, token, plan, constants, meta, bundles=None):
+    """Write an activated graph: subgraphs, routing, dependency and reader counts, persist names, bundles,
+    constants, and its meta last (workers and trackers only look at a graph that has a meta).
+
+    `plan`: a `ravop.wire.plan_pb2.Plan`; `constants`: node id -> tensor; `meta`: extra fields (name,
+    algorithm, approach, summary, ...); `bundles`: name -> (kind, spec, {key: persist name})."""
+    keys = GraphKeys(token, plan.graph_id)
+    persisted = set(plan.persisted.values())
+    readers = Counter()
+    roots, devices, n_ops = [], set(), 0
+    batch = _Batcher(client)
+    for sub in plan.subgraphs:
+        device = device_kind(sub.device or "cpu")
+        devices.add(device)
+        release = [i for i in sub.inputs if i not in persisted]
+        readers.update(release)
+        info = f"{device};{len(sub.nodes)};{','.join(map(str, sub.successors))};{','.join(map(str, release))}"
+        data = sub.SerializeToString()
+        batch.pipe.hset(keys.subgraphs, sub.id, data)
+        batch.pipe.hset(keys.info, sub.id, info)
+        if sub.n_predecessors:
+            batch.pipe.hset(keys.deps, sub.id, sub.n_predecessors)
+        else:
+            roots.append(sub.id)
+        n_ops += len(sub.nodes)
+        batch.add(len(data) + len(info), 3)
+    if readers:
+        batch.pipe.hset(keys.refs, mapping=dict(readers))
+    if plan.persisted:
+        batch.pipe.hset(keys.persist, mapping=dict(plan.persisted))
+    for name, (kind, spec, names) in (bundles or {}).items():
+        batch.pipe.hset(keys.bundles, name, json.dumps({"kind": kind, "spec": spec, "keys": names}))
+    batch.add(0, len(readers) + len(plan.persisted))
+    for node_id, tensor in constants.items():
+        data = encode_tensor(tensor)
+        batch.pipe.set(keys.tensor(node_id), data)
+        batch.add(len(data))
+    now = time.time()
+    batch.pipe.hset(keys.meta, mapping={
+        **meta, "state": "activated", "seed": plan.seed, "devices": ",".join(sorted(devices)),
+        "roots": ",".join(map(str, roots)), "n_subgraphs": len(plan.subgraphs), "done_subgraphs": 0,
+        "n_ops": n_ops, "ops_done": 0, "created": now})
+    token_keys = TokenKeys(token)
+    batch.pipe.zadd(token_keys.graphs, {plan.graph_id: now})
+    batch.pipe.set(token_keys.current, plan.graph_id)
+    batch.send()
+    return keys
+
+
+def read_meta(client, keys):
+    """The graph's meta as a str dict; {} if the graph is not in Redis."""
+    return {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
+
+
+def describe_failure(meta):
+    """One line naming the op, its source line, the worker and the error of a failed graph."""
+    op = f"op {meta['error_op']!r}" if meta.get("error_op") else f"subgraph {meta.get('error_subgraph', '?')}"
+    where = f" (recorded at {meta['error_source']})" if meta.get("error_source") else ""
+    worker = f" on worker {meta['error_worker']}" if meta.get("error_worker") else ""
+    return f"graph {meta.get('name', '?')!r} failed: {op}{where}{worker}: {meta.get('error', 'unknown error')}"
+
+
+def delete_token(client, token, batch=1000):
+    """Delete every key of a token (idempotent). Streams shared by all tokens are left alone: a worker that
+    later reads a queued message of a deleted graph finds no meta and drops it."""
+    pattern = TokenKeys(token).pattern
+    found = []
+    for key in client.scan_iter(match=pattern, count=batch):
+        found.append(key)
+        if len(found) >= batch:
+            client.unlink(*found)
+            found = []
+    if found:
+        client.unlink(*found)
+
+
+def list_graphs(client, token):
+    """The token's graphs, oldest first: id, name, algorithm, state, progress (percent of ops run)."""
+    ids = [gid.decode() for gid in client.zrange(TokenKeys(token).graphs, 0, -1)]
+    pipe = client.pipeline(transaction=False)
+    fields = ("name", "algorithm", "state", "ops_done", "n_ops", "n_subgraphs", "created")
+    for gid in ids:
+        pipe.hmget(GraphKeys(token, gid).meta, *fields)
+    graphs = []
+    for gid, values in zip(ids, pipe.execute()):
+        if values[0] is None:
+            continue  # deleted since it was listed
+        name, algorithm, state, ops_done, n_ops, n_subgraphs, created = (v.decode() for v in values)
+        n_ops, ops_done = int(n_ops), int(ops_done)
+        progress = 100.0 if state == "done" else round(100.0 * ops_done / n_ops, 1) if n_ops else 0.0
+        graphs.append({"id": gid, "name": name, "algorithm": algorithm, "state": state, "progress": progress,
+                       "ops": n_ops, "subgraphs": int(n_subgraphs), "created": float(created)})
+    return graphs

@@ -1,0 +1,94 @@
+"""Key names of the Redis schema that the requester and the workers share.
+
+Per token (one requester), under `ravop:{token}:`:
+  graphs              zset    graph id -> creation time: the token's graphs, oldest first
+  current             string  the graph id that R.track_progress and R.fetch_persisting_op use
+  g:{gid}:meta        hash    name, algorithm, approach, devices, seed, roots, state (activated, running,
+                              done, failed), n_subgraphs, done_subgraphs, n_ops, ops_done, created,
+                              started, finished, summary; a failed graph also has error, error_op,
+                              error_source, error_worker, error_subgraph
+  g:{gid}:subgraphs   hash    subgraph id -> Subgraph protobuf bytes
+  g:{gid}:info        hash    subgraph id -> "device;n_ops;successor,...;input to release,..." (for Lua)
+  g:{gid}:deps        hash    subgraph id -> predecessors not finished yet
+  g:{gid}:done        set     finished subgraph ids: completion runs once however often a subgraph is retried
+  g:{gid}:refs        hash    node id -> subgraphs that still read it; the value is deleted at zero
+                              (persisted values are never counted, so never deleted)
+  g:{gid}:persist     hash    persist name -> node id
+  g:{gid}:bundles     hash    bundle name -> JSON {kind, spec, keys}
+  g:{gid}:taken       hash    subgraph id -> the worker that last started it
+  g:{gid}:ran         hash    subgraph id -> the worker that finished it
+  g:{gid}:events      stream  one entry when the graph ends (done or failed), for trackers to block on
+  g:{gid}:t:{node}    string  a tensor (ravop.wire.codec)
+Shared by all tokens, under `ravop:_:` (a token starts with a letter or a digit, so it cannot collide):
+  queue:{cpu|cuda}    stream  ready subgraphs {token, graph, subgraph}; consumer group "workers"
+  dead                stream  messages and subgraphs given up on: reason, error, op, source, worker
+  worker:{name}       string  a live worker's device kind; expires unless the worker's heartbeat renews it
+  workers:{cpu|cuda}  set     names of workers that registered for a device kind (dead ones pruned on read)
+Scripts build keys from ARGV (tensor keys, the queue of a successor's device), so this schema needs a
+standalone server, not Redis Cluster.
+"""
+import re
+
+GROUP = "workers"
+DEVICE_KINDS = ("cpu", "cuda")
+DEAD_LETTER = "ravop:_:dead"
+NO_GRAPH = "ravop:_:no-graph"  # stands in for the keys of a message that names no valid graph
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+
+
+def check_name(value, what="token"):
+    """A token or graph id: 1-64 letters, digits, '_', '.', '-', starting with a letter or digit (so it is
+    safe in key names and in SCAN patterns)."""
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ValueError(f"{what} must be 1-64 letters, digits, '_', '.' or '-' starting with a letter or "
+                         f"digit, not {value!r}")
+    return value
+
+
+def device_kind(device):
+    """'cuda:1' -> 'cuda'; the queue a device reads."""
+    kind = str(device).split(":", 1)[0]
+    if kind not in DEVICE_KINDS:
+        raise ValueError(f"unsupported device {device!r}: use cpu, cuda or cuda:N")
+    return kind
+
+
+def queue(kind):
+    return f"ravop:_:queue:{kind}"
+
+
+def worker_key(name):
+    return f"ravop:_:worker:{name}"
+
+
+def workers_set(kind):
+    return f"ravop:_:workers:{kind}"
+
+
+class TokenKeys:
+    __slots__ = ("graphs", "current", "pattern")
+
+    def __init__(self, token):
+        base = f"ravop:{check_name(token)}:"
+        self.graphs = base + "graphs"
+        self.current = base + "current"
+        self.pattern = base + "*"
+
+
+class GraphKeys:
+    """The keys of one graph of one token."""
+    __slots__ = ("token", "graph_id", "prefix", "meta", "subgraphs", "info", "deps", "done", "refs", "persist",
+                 "bundles", "taken", "ran", "events", "tensor_prefix")
+
+    def __init__(self, token, graph_id):
+        self.token = check_name(token)
+        self.graph_id = check_name(graph_id, "graph id")
+        self.prefix = p = f"ravop:{token}:g:{graph_id}:"
+        self.meta, self.subgraphs, self.info, self.deps = p + "meta", p + "subgraphs", p + "info", p + "deps"
+        self.done, self.refs, self.persist, self.bundles = p + "done", p + "refs", p + "persist", p + "bundles"
+        self.taken, self.ran, self.events = p + "taken", p + "ran", p + "events"
+        self.tensor_prefix = p + "t:"
+
+    def tensor(self, node_id):
+        return f"{self.tensor_prefix}{node_id}"

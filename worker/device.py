@@ -1,0 +1,49 @@
+"""Where a worker's tensors live: one host<->device move per subgraph, and how much memory a subgraph may
+declare."""
+import os
+
+import torch
+
+from ravop.store import device_kind
+
+
+def parse(device):
+    """torch.device of 'cpu', 'cuda' or 'cuda:N', checked against this machine."""
+    device_kind(device)
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device} requested but torch sees no CUDA GPU on this machine")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device} requested but this machine has {torch.cuda.device_count()} GPU(s)")
+    return device
+
+
+def default_limit(device):
+    """Half the device's memory: a subgraph declaring more fails clearly instead of being OOM-killed."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory // 2
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError):  # not a POSIX system
+        return 8 * 2**30
+
+
+def budget(device, limit):
+    """Bytes a subgraph may declare now: the configured limit, and on a GPU no more than is free (counting
+    what torch's caching allocator holds but does not use)."""
+    if device.type != "cuda":
+        return limit
+    free, _ = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return min(limit, free + cached)
+
+
+def to_device(tensor, device):
+    return tensor if tensor.device == device else tensor.to(device)
+
+
+def to_host(tensor):
+    return tensor if tensor.device.type == "cpu" else tensor.cpu()

@@ -1,0 +1,55 @@
+"""A worker's heartbeat thread. Every `interval` seconds it renews the worker's liveness key (requesters use
+it to say "waiting for a GPU worker"), and re-claims the message being run so that its idle time stays below
+the reclaim threshold: a subgraph that runs for minutes is not mistaken for one held by a dead worker. It
+also notices when the process that started an embedded worker has gone, and asks the worker to stop.
+Torch kernels release the GIL, so the thread runs while a long kernel does."""
+import logging
+import os
+import threading
+
+import redis
+
+from ravop.store import GROUP
+from ravop.store import workers as liveness
+
+log = logging.getLogger("ravop.worker")
+
+
+class Heartbeat(threading.Thread):
+    def __init__(self, client, name, kind, stream, interval, stopping, parent_pid=None):
+        super().__init__(name=f"heartbeat-{name}", daemon=True)
+        self.client, self.name, self.kind, self.stream = client, name, kind, stream
+        self.interval = interval
+        self.stopping = stopping      # threading.Event the worker loop watches
+        self.parent_pid = parent_pid
+        self.message_id = None        # the message being run, if any
+        self._end = threading.Event()
+
+    def watch(self, message_id):
+        self.message_id = message_id
+
+    def unwatch(self):
+        self.message_id = None
+
+    def beat(self):
+        pipe = self.client.pipeline(transaction=False)
+        liveness.beat(pipe, self.name, self.kind, ttl=max(liveness.TTL, int(3 * self.interval) + 1))
+        message_id = self.message_id
+        if message_id is not None:
+            # JUSTID: resets the idle time without counting a delivery.
+            pipe.xclaim(self.stream, GROUP, self.name, 0, [message_id], justid=True)
+        pipe.execute()
+
+    def run(self):
+        while not self._end.wait(self.interval):
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                log.warning("worker %s: the process that started it has exited; stopping", self.name)
+                self.stopping.set()
+            try:
+                self.beat()
+            except redis.RedisError as exc:  # the worker loop deals with a lost server; keep beating
+                log.debug("heartbeat of %s failed: %s", self.name, exc)
+
+    def stop(self):
+        self._end.set()
+        self.join()

@@ -1,0 +1,92 @@
+"""Check a subgraph read from Redis before running any of it. A plan is data from the network, possibly
+malformed or hostile: every op must be in the registry, every input defined before it is read, and the
+memory its declared output shapes need at once must fit the worker's limit, so an absurd shape is refused
+here instead of being allocated."""
+import torch
+
+from ravop import registry
+from ravop.dtypes import DTYPES
+from ravop.errors import PlanError
+from ravop.wire import decode_params
+
+_ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in DTYPES.items()}
+
+
+class Step:
+    """One node as `ravop.interpreter.run_nodes` reads it, plus the plan node for error reports."""
+    __slots__ = ("id", "op", "inputs", "params", "node")
+
+    def __init__(self, node, params):
+        self.id, self.op, self.inputs, self.params, self.node = node.id, node.op, list(node.inputs), params, node
+
+
+class Program:
+    """A checked subgraph: its steps, the index of each value's last reader (outputs excluded, so they are
+    kept), its outputs, and the peak bytes its declared shapes need."""
+    __slots__ = ("steps", "last_use", "outputs", "peak_bytes")
+
+    def __init__(self, steps, last_use, outputs, peak_bytes):
+        self.steps, self.last_use, self.outputs, self.peak_bytes = steps, last_use, outputs, peak_bytes
+
+
+def declared_bytes(node):
+    """Bytes of a node's declared output; 0 for a multi-output node (its tuple_get readers declare the parts)."""
+    if not node.dtype:
+        return 0
+    if node.dtype not in _ITEMSIZE:
+        raise PlanError(f"op {node.op!r} declares unknown dtype {node.dtype!r}", node)
+    numel = 1
+    for d in node.shape:
+        if d < -1:
+            raise PlanError(f"op {node.op!r} declares a negative dimension in {tuple(node.shape)}", node)
+        numel *= max(d, 1)  # -1: a data-dependent size, not known before the run
+    return numel * _ITEMSIZE[node.dtype]
+
+
+def check(subgraph, max_bytes):
+    """The `Program` of a plan_pb2.Subgraph; `PlanError` (with the node at fault) if it cannot be run."""
+    outputs = list(subgraph.outputs)
+    keep = set(outputs)
+    defined = set(subgraph.inputs)
+    steps, last_use = [], {}
+    for index, node in enumerate(subgraph.nodes):
+        if node.op == "const" or node.op not in registry.REGISTRY:
+            raise PlanError(f"unknown op {node.op!r}", node)
+        undefined = [i for i in node.inputs if i not in defined]
+        if undefined:
+            raise PlanError(f"op {node.op!r} (node {node.id}) reads values {undefined}, which are neither inputs "
+                            "of the subgraph nor computed before it", node)
+        if node.id in defined:
+            raise PlanError(f"node {node.id} is defined twice", node)
+        defined.add(node.id)
+        try:
+            params = decode_params(node.params)
+        except ValueError as exc:
+            raise PlanError(f"op {node.op!r}: {exc}", node) from None
+        steps.append(Step(node, params))
+        for i in node.inputs:
+            if i not in keep:
+                last_use[i] = index
+    undefined = [o for o in outputs if o not in defined]
+    if undefined:
+        raise PlanError(f"outputs {undefined} are not computed by the subgraph")
+    return Program(steps, last_use, outputs, _peak_bytes(steps, last_use, max_bytes))
+
+
+def _peak_bytes(steps, last_use, max_bytes):
+    """Most bytes alive at once, freeing each value after its last reader as the interpreter does."""
+    live = peak = 0
+    sizes = {}
+    for index, step in enumerate(steps):
+        size = sizes[step.id] = declared_bytes(step.node)
+        live += size
+        if live > peak:
+            peak = live
+            if peak > max_bytes:
+                raise PlanError(f"the subgraph needs about {peak / 2**20:,.0f} MiB at op {step.op!r} (declared "
+                                f"output {tuple(step.node.shape)} {step.node.dtype}), over this worker's limit "
+                                f"of {max_bytes / 2**20:,.0f} MiB (--max-subgraph-bytes)", step.node)
+        for i in set(step.inputs):
+            if last_use.get(i) == index:
+                live -= sizes.pop(i, 0)
+    return peak
