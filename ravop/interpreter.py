@@ -37,7 +37,7 @@ def run_nodes(nodes, env, graph_seed=0, device="cpu", last_use=None):
         if last_use is not None:
             for i in node.inputs:
                 if last_use.get(i) == index:
-                    del env[i]
+                    env.pop(i, None)  # pop: an op may read one value twice (x @ x)
     return env
 
 

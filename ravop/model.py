@@ -16,6 +16,11 @@ The archive is split in two: its code, re-saved with empty parameter and buffer 
 constant (the "blob", named by its sha256, so workers load and cache it once per architecture); the
 parameters and buffers become ordinary graph tensors, in `named_parameters()` / `named_buffers()` order,
 which training replaces like any layer's. Tied parameters (one tensor in several slots) are one value.
+A model whose code touches files (torch.save, torch.from_file) is refused here, and again by workers.
+
+`Model.forward` records one `torchscript_forward` op (ravop/ops/torchscript.py). Its output shapes are
+found by running the model once on the requester per input shapes, on meta tensors (no compute), or on
+zero-filled tensors for a model meta tensors cannot run; the FLOPs counted then feed the cost model.
 """
 import hashlib
 import io

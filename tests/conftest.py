@@ -1,53 +1,77 @@
-"""Real-server fixtures: a Valkey server for the test session, and real worker processes per test."""
-import os
-import subprocess
-import sys
+"""Fixtures for integration tests against a real server and real worker processes: a private Valkey server
+for the whole test session, `ravop-worker` processes started per test or per module (with short reclaim
+times), and a requester session under a fresh token."""
+import signal
 import time
 import uuid
 
 import pytest
-import redis
 
 import ravop as R
-from ravop import session, store
-from ravop.embedded import EmbeddedCluster
+from ravop.embedded import LocalServer, start_worker
+from ravop.store import connect
+from ravop.store.keys import worker_key
+
+START_TIMEOUT = 120  # seconds for a worker to import torch and register, on a busy 2-core machine
 
 
 @pytest.fixture(scope="session")
 def server():
-    cluster = EmbeddedCluster(workers=0)
-    yield cluster
-    cluster.stop()
+    server = LocalServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(server):
+    client = connect(server.url)
+    yield client
+    client.close()
 
 
 class Workers:
-    """Start and stop `ravop-worker` processes against the test server."""
+    """`python -m worker` processes against the test server, each logging to a file in `log_dir`."""
 
-    def __init__(self, url):
-        self.url = url
+    def __init__(self, url, log_dir):
+        self.url, self.log_dir = url, log_dir
         self.procs = {}
+        self.client = connect(url)
 
-    def start(self, name=None, reclaim_idle=1.0, device="cpu", wait=True):
-        name = name or f"w-{uuid.uuid4().hex[:6]}"
-        self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "worker", "--redis", self.url, "--name", name, "--device", device,
-             "--reclaim-idle", str(reclaim_idle), "--max-attempts", "3"])
-        if wait:
-            client = redis.Redis.from_url(self.url)
-            deadline = time.monotonic() + 60
-            while not client.exists(store.worker_key("cpu", name)):
-                assert self.procs[name].poll() is None, f"worker {name} exited at start"
-                assert time.monotonic() < deadline, f"worker {name} did not register"
+    def start(self, count=1, reclaim_idle=1.0, max_attempts=3, extra=(), prefix="w"):
+        """Start `count` workers, wait until all have registered, and return their names."""
+        names = []
+        for _ in range(count):
+            name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+            self.procs[name] = start_worker(self.url, name, "cpu", threads=1, log_path=str(self.log_path(name)),
+                                            extra_args=["--reclaim-idle", str(reclaim_idle), "--max-attempts",
+                                                        str(max_attempts), *extra])
+            names.append(name)
+        deadline = time.monotonic() + START_TIMEOUT
+        for name in names:
+            while not self.client.exists(worker_key(name)):
+                assert self.procs[name].poll() is None, f"worker {name} exited at start:\n{self.log(name)}"
+                assert time.monotonic() < deadline, f"worker {name} did not register:\n{self.log(name)}"
                 time.sleep(0.05)
-        return name
+        return names
 
-    def kill(self, name):
-        self.procs[name].kill()
-        self.procs[name].wait()
-        redis.Redis.from_url(self.url).delete(store.worker_key("cpu", name))
+    def log_path(self, name):
+        return self.log_dir / f"{name}.log"
+
+    def log(self, name):
+        path = self.log_path(name)
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
     def alive(self, name):
         return self.procs[name].poll() is None
+
+    def kill(self, name):
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait(timeout=30)
+
+    def terminate(self, name, timeout=60):
+        """SIGTERM and wait; returns the exit code."""
+        self.procs[name].terminate()
+        return self.procs[name].wait(timeout=timeout)
 
     def stop_all(self):
         for proc in self.procs.values():
@@ -55,23 +79,34 @@ class Workers:
                 proc.terminate()
         for proc in self.procs.values():
             try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
+                proc.wait(timeout=30)
+            except Exception:  # noqa: BLE001 - hung: make sure it does not outlive the test
                 proc.kill()
+                proc.wait()
+        self.client.close()
 
 
 @pytest.fixture
-def workers(server):
-    pool = Workers(server.url)
+def workers(server, tmp_path):
+    pool = Workers(server.url, tmp_path)
+    yield pool
+    pool.stop_all()
+
+
+@pytest.fixture(scope="module")
+def module_workers(server, tmp_path_factory):
+    """Two workers shared by the tests of a module that do not stop or count workers."""
+    pool = Workers(server.url, tmp_path_factory.mktemp("workers"))
+    pool.start(2)
     yield pool
     pool.stop_all()
 
 
 @pytest.fixture
 def engine(server):
-    """A session on the test server under a fresh token, with a fresh graph."""
-    R.initialize(token=f"test-{uuid.uuid4().hex[:8]}", redis_url=server.url)
+    """A requester session on the test server under a fresh token; its graphs are flushed afterwards."""
+    session = R.initialize(token=f"test-{uuid.uuid4().hex[:8]}", redis_url=server.url)
+    yield session
+    R.initialize(token=session.token, redis_url=server.url)
     R.flush()
-    yield server
-    R.flush()
-    session._session.client = None
+

@@ -1,0 +1,112 @@
+"""Several worker processes on one real server: parallel branches, a worker SIGKILLed mid-subgraph, SIGTERM,
+and results that do not depend on which or how many workers ran them."""
+import time
+
+import torch
+
+import ravop as R
+from ravop.interpreter import evaluate
+
+ONE_SUBGRAPH = {"min_subgraph_seconds": 1e6, "max_subgraph_seconds": 1e6}  # compile a chain as one subgraph
+
+
+def chain(seed, n, steps):
+    """`steps` dependent matmuls on random n x n constants (too big for the compiler to fold)."""
+    g = torch.Generator().manual_seed(seed)
+    a = R.t(torch.rand(n, n, generator=g))
+    b = R.t(torch.rand(n, n, generator=g) / n)
+    x = a
+    for _ in range(steps):
+        x = R.matmul(x, b) + a
+    return x
+
+
+def evaluate_on_one_thread(op):
+    """The in-process reference, on one thread as the workers run (more threads than cores is slow)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return evaluate(op)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def ran_by(client, session):
+    keys = session.keys()
+    return {int(k): v.decode() for k, v in client.hgetall(keys.ran).items()}
+
+
+def wait_until_taken(client, session, subgraph_id=0, timeout=120):
+    keys = session.keys()
+    deadline = time.monotonic() + timeout
+    while (taken := client.hget(keys.taken, subgraph_id)) is None:
+        assert time.monotonic() < deadline, "no worker took the subgraph"
+        time.sleep(0.01)
+    return taken.decode()
+
+
+def test_independent_branches_run_on_two_workers(engine, workers, client):
+    names = set(workers.start(2))
+    R.Graph(name="branches")
+    chain(1, 512, 40).persist_op("x")
+    chain(2, 512, 40).persist_op("y")
+    summary = R.activate()
+    assert summary["max_parallel_width"] >= 2
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=300)
+    assert set(ran_by(client, engine).values()) == names
+
+
+def test_sigkill_mid_subgraph_completes_on_another_worker(engine, workers, client):
+    [first] = workers.start(1, reclaim_idle=1.0)
+    R.Graph(name="killed")
+    x = chain(3, 512, 600)  # about 3 s of matmuls on one core
+    x.persist_op("x")
+    assert R.activate(**ONE_SUBGRAPH)["subgraphs"] == 1
+    R.execute()
+    assert wait_until_taken(client, engine) == first
+    time.sleep(0.5)  # well into the subgraph
+    workers.kill(first)
+    assert client.hget(engine.keys().meta, "state") == b"running"
+    [second] = workers.start(1, reclaim_idle=1.0)
+    R.track_progress(progress_bar=False, timeout=300)
+    assert ran_by(client, engine) == {0: second}
+    torch.testing.assert_close(R.fetch_persisting_op("x"), evaluate_on_one_thread(x), rtol=1e-5, atol=0)
+
+
+def test_sigterm_lets_the_running_subgraph_finish(engine, workers, client):
+    [name] = workers.start(1)
+    R.Graph(name="terminated")
+    chain(4, 512, 400).persist_op("x")
+    R.activate(**ONE_SUBGRAPH)
+    R.execute()
+    wait_until_taken(client, engine)
+    assert workers.terminate(name) == 0
+    assert client.hget(engine.keys().meta, "state") == b"done"
+    assert ran_by(client, engine) == {0: name}
+    assert not client.exists(f"ravop:_:worker:{name}")  # it unregistered
+
+
+def record_random_graph():
+    R.Graph(name="determinism", seed=7)
+    noise = R.random_uniform(-1.0, 1.0, size=(256, 256))
+    a = chain(5, 256, 10) + noise
+    b = chain(6, 256, 10) * R.random(size=(256, 256))
+    (a @ b).persist_op("out")
+    R.random(size=(3,)).persist_op("draw")
+
+
+def test_same_results_with_one_or_two_workers(engine, workers):
+    workers.start(1)
+    record_random_graph()
+    R.activate()
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=300)
+    one = R.fetch_persisting_op("out"), R.fetch_persisting_op("draw")
+    workers.start(1)
+    record_random_graph()
+    R.activate()
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=300)
+    two = R.fetch_persisting_op("out"), R.fetch_persisting_op("draw")
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])

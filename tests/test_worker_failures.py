@@ -1,0 +1,137 @@
+"""What goes wrong on a worker surfaces on the requester with the op, the error, the worker and the user's
+line, and never kills the worker: kernel errors, hostile messages and plans, retries exhausted, work for a
+device nobody serves."""
+import inspect
+
+import pytest
+import torch
+
+import ravop as R
+from ravop.store import DEAD_LETTER, GROUP, Scripts, queue
+from ravop.store import graphs
+from ravop.wire import plan_pb2
+
+
+def dead_letters(client, graph_id):
+    return [fields for _, fields in client.xrange(DEAD_LETTER) if fields[b"graph"] == graph_id.encode()]
+
+
+def test_kernel_error_surfaces_with_op_and_source_line(engine, workers, client):
+    [name] = workers.start(1)
+    R.Graph(name="singular")
+    singular = R.t(torch.zeros(80, 80))  # too big to fold: the worker runs it
+    line = inspect.currentframe().f_lineno + 1
+    inverse = R.inv(singular)
+    (inverse + 1.0).persist_op("inverse")
+    R.activate()
+    R.execute()
+    with pytest.raises(R.GraphFailedError) as info:
+        R.track_progress(progress_bar=False, timeout=120)
+    message = str(info.value)
+    assert "op 'inv'" in message and f"test_worker_failures.py:{line}" in message and name in message
+    assert "singular" in message  # torch's own words
+    assert (info.value.op, info.value.worker) == ("inv", name)
+    with pytest.raises(R.GraphFailedError, match="op 'inv'"):
+        R.fetch_persisting_op("inverse")
+    [dead] = dead_letters(client, engine.graph_id)  # failed once, not retried
+    assert dead[b"reason"] == b"kernel error" and dead[b"op"] == b"inv"
+    assert workers.alive(name)
+
+
+def upload_subgraph(client, token, graph_id, nodes, inputs=(), outputs=(), constants=None):
+    """A hand-written plan of one subgraph, uploaded and started as R.activate()/R.execute() would."""
+    plan = plan_pb2.Plan(graph_id=graph_id)
+    sub = plan.subgraphs.add(id=0, device="cpu", inputs=inputs, outputs=outputs)
+    sub.nodes.extend(nodes)
+    keys = graphs.upload(client, token, plan, constants or {}, {"name": graph_id})
+    Scripts(client).start(keys)
+    return keys
+
+
+def test_hostile_messages_and_plans_do_not_kill_the_worker(engine, workers, client):
+    [name] = workers.start(1)
+    token = engine.token
+    stream = queue("cpu")
+    client.xadd(stream, {b"\xff\x00": b"\x13garbage"})
+    client.xadd(stream, {"token": "../../etc", "graph": "g", "subgraph": "0"})
+    client.xadd(stream, {"token": token, "graph": "nosuch", "subgraph": "0"})  # a graph flushed long ago
+    ones = {1: torch.ones(2)}
+    hostile = {
+        "unknown-op": dict(nodes=[plan_pb2.Node(id=2, op="os.system", inputs=[1])], inputs=[1], outputs=[2],
+                           constants=ones),
+        "huge-shape": dict(nodes=[plan_pb2.Node(id=2, op="zeros", shape=[10**12, 10**6], dtype="float32",
+                                                params=b'{"shape":[1000000000000,1000000]}')], outputs=[2]),
+        "lying-shape": dict(nodes=[plan_pb2.Node(id=2, op="zeros", shape=[1], dtype="float32",
+                                                 params=b'{"shape":[1000000000000,1000000]}')], outputs=[2]),
+        "undefined-input": dict(nodes=[plan_pb2.Node(id=3, op="add", inputs=[1, 2])], inputs=[1], outputs=[3],
+                                constants=ones),
+        "bad-params": dict(nodes=[plan_pb2.Node(id=2, op="neg", inputs=[1], params=b"{not json")], inputs=[1],
+                           outputs=[2], constants=ones),
+        "garbage-plan": dict(nodes=[], outputs=[]),
+    }
+    keys = {graph_id: upload_subgraph(client, token, graph_id, **spec) for graph_id, spec in hostile.items()}
+    client.hset(keys["garbage-plan"].subgraphs, 0, b"\x00garbage protobuf\xff")
+
+    R.Graph(name="after")
+    x = R.t(torch.ones(100, 100))
+    (x @ x).persist_op("good")
+    R.activate()
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=120)
+    assert torch.equal(R.fetch_persisting_op("good"), torch.full((100, 100), 100.0))
+    assert workers.alive(name)
+
+    errors = {graph_id: client.hget(k.meta, "error").decode() for graph_id, k in keys.items()}
+    assert all(client.hget(k.meta, "state") == b"failed" for k in keys.values()), errors
+    assert "unknown op 'os.system'" in errors["unknown-op"]
+    assert "over this worker's limit" in errors["huge-shape"]
+    assert "can't allocate memory" in errors["lying-shape"]  # torch refuses; the worker goes on
+    assert "reads values [2]" in errors["undefined-input"]
+    assert "not valid JSON" in errors["bad-params"]
+    assert "not a valid plan" in errors["garbage-plan"]
+    malformed = [f for _, f in client.xrange(DEAD_LETTER) if f[b"reason"] == b"malformed message"]
+    assert len(malformed) >= 2
+    assert all(len(dead_letters(client, graph_id)) == 1 for graph_id in hostile)
+    assert client.xlen(stream) == 0  # every message was acked and removed
+
+
+def test_gives_up_after_max_attempts_naming_the_last_worker(engine, workers, client):
+    R.Graph(name="cursed")
+    x = R.t(torch.ones(100, 100))
+    line = inspect.currentframe().f_lineno + 1
+    (x @ x).persist_op("p")
+    R.activate()
+    R.execute()
+    # What workers that die while running a subgraph leave behind: a consumer ("ghost") that claimed the
+    # message and started the subgraph, and never acks; each re-claim counts one more delivery.
+    keys = engine.keys()
+    reply = client.xreadgroup(GROUP, "ghost", {queue("cpu"): ">"}, count=100)
+    [message_id] = [mid for mid, f in reply[0][1] if f[b"graph"] == keys.graph_id.encode()]
+    Scripts(client).claim(keys, 0, "ghost")
+    for _ in range(2):
+        client.xclaim(queue("cpu"), GROUP, "ghost", 0, [message_id])
+    workers.start(1, reclaim_idle=0.5, max_attempts=3)
+    with pytest.raises(R.GraphFailedError, match="delivered 4 times") as info:
+        R.track_progress(progress_bar=False, timeout=120)
+    assert "ghost" in str(info.value) and f"test_worker_failures.py:{line}" in str(info.value)
+    [dead] = dead_letters(client, keys.graph_id)
+    assert dead[b"reason"] == b"too many deliveries"
+    client.xgroup_delconsumer(queue("cpu"), GROUP, "ghost")
+
+
+def test_cpu_workers_leave_gpu_work_alone(engine, workers, client, capsys):
+    workers.start(1)
+    R.Graph(name="gpu", gpu_required="yes")
+    x = R.t(torch.ones(100, 100))
+    (x @ x).persist_op("p")
+    R.activate()
+    R.execute()
+    with pytest.raises(TimeoutError, match="no GPU worker is running"):
+        R.track_progress(timeout=3)
+    assert "waiting for a GPU worker" in capsys.readouterr().err
+    keys = engine.keys()
+    assert client.hget(keys.meta, "ops_done") == b"0"
+    assert client.xpending(queue("cuda"), GROUP)["pending"] == 0  # nobody took it
+    assert any(f[b"graph"] == keys.graph_id.encode() for _, f in client.xrange(queue("cuda")))
+    with pytest.raises(R.NotComputedError):
+        R.fetch_persisting_op("p")
