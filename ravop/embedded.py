@@ -137,7 +137,9 @@ class EmbeddedCluster:
         self.server = LocalServer()
         self.url = self.server.url
         self.device = device
-        threads = threads or max(1, (os.cpu_count() or 1) // max(1, workers))
+        # torch's default thread count unless told otherwise, as in the requester's own process: some
+        # training steps amplify rounding noise (Adam on a bias followed by BatchNorm), and a different
+        # thread count sums in a different order, so only the same setting reproduces eager PyTorch there.
         self.workers = []  # (name, log path, process)
         atexit.register(self.stop)
         for i in range(workers):

@@ -41,6 +41,7 @@ from .source import user_source
 
 DEFAULT_MAX_BYTES = 1 << 30
 BUNDLE_KIND = "ravdl.torchscript"   # a model saved by ravdl.v2.Pytorch_Model.save_model
+BLOB_KEY = "@code"   # the blob's key in a saved bundle; the other keys are slot names, which never hold "@"
 
 
 def model(source, *, sha256=None, max_bytes=DEFAULT_MAX_BYTES, timeout=60.0):
@@ -236,7 +237,7 @@ class Model:
 def load_module(spec, tensors):
     """Rebuild a saved model (see `ravdl.v2.Pytorch_Model.save_model`): the TorchScript module from the
     blob, with the saved parameter and buffer values in its slots, in eval mode."""
-    data = tensors["blob"].cpu().numpy().tobytes()
+    data = tensors[BLOB_KEY].cpu().numpy().tobytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest != spec["model_hash"]:
         raise ValueError(f"saved model blob has sha256 {digest}, its spec names {spec['model_hash']}")

@@ -15,6 +15,7 @@ import redis
 from .errors import ConnectionFailed, GraphFailedError, GraphStateError, NotComputedError, UnknownPersistName
 from .graph import current_graph, set_current
 from .store import GraphKeys, Scripts, TokenKeys, check_name, connect, ensure_queues
+from .store.connect import redact
 from .store import graphs as store_graphs
 from .store import workers as liveness
 from .wire import decode_tensor
@@ -151,7 +152,7 @@ def execute():
 
 
 def _meta(session, keys):
-    meta = store_graphs.read_meta(session.client, keys)
+    meta = store_graphs.read_state(session.client, keys)
     if not meta:
         raise GraphStateError(f"graph {keys.graph_id} of token {session.token!r} is no longer in Redis (flushed?)")
     return meta
@@ -206,7 +207,7 @@ def track_progress(progress_bar=True, timeout=None):
                 if set(missing) - warned:
                     warned |= set(missing)
                     print(f"graph {meta['name']!r}: {_waiting_text(missing)} (none is connected to "
-                          f"{session.url})", file=sys.stderr)
+                          f"{redact(session.url)})", file=sys.stderr)
                 bar.set_postfix_str(_waiting_text(missing))
             if deadline is not None and now >= deadline:
                 missing = _missing_workers(session, meta)
@@ -258,11 +259,11 @@ def _fetch_tensor(session, keys, name, node_id, wait, deadline):
     while True:
         pipe = session.client.pipeline(transaction=False)
         pipe.get(key)
-        pipe.hgetall(keys.meta)
+        pipe.hmget(keys.meta, store_graphs.STATE_FIELDS)
         data, meta = pipe.execute()
         if data is not None:
             return decode_tensor(data)
-        meta = {k.decode(): v.decode() for k, v in meta.items()}
+        meta = store_graphs.decode_state(meta)
         if not meta:
             raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")
         if meta["state"] == "failed":

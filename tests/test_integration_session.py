@@ -114,6 +114,23 @@ def test_activate_and_execute_check_the_graph_state(engine):
         R.track_progress(progress_bar=False)
 
 
+def test_a_bundle_is_rebuilt_by_the_loader_registered_for_its_kind(engine, module_workers):
+    from ravop.session import LOADERS
+    R.Graph(name="bundle")
+    a = R.t(torch.ones(100, 100))
+    R.current_graph().save_bundle("pair", "test.pair", {"label": "sum"}, {"a": a @ a, "b": a})
+    run()
+    LOADERS["test.pair"] = lambda spec, tensors: (spec["label"], tensors["a"] + tensors["b"])
+    try:
+        label, total = R.fetch_persisting_op("pair")
+    finally:
+        del LOADERS["test.pair"]
+    assert label == "sum" and torch.equal(total, torch.full((100, 100), 101.0))
+    assert torch.equal(R.fetch_persisting_op("pair::b"), torch.ones(100, 100))
+    with pytest.raises(GraphStateError, match="no loader is registered"):
+        R.fetch_persisting_op("pair")
+
+
 def test_unreachable_redis_fails_fast_naming_the_url():
     for url in ("redis://127.0.0.1:1/0", "redis://10.255.255.1:6379/0"):
         start = time.monotonic()

@@ -169,8 +169,10 @@ def test_training_matches_eager_pytorch(case, optimizer):
     assert_same_training(got_losses, got_state, want_losses, want_state, f"{case} {optimizer}")
 
 
-def test_adamw_and_amsgrad_match_torch():
+def test_other_optimizer_settings_match_torch():
+    """AdamW, Adam with amsgrad and weight decay, and RMSprop's defaults (no momentum, not centered)."""
     for ravdl_opt, torch_opt in ((lambda: AdamW(lr=0.02), lambda p: torch.optim.AdamW(p, lr=0.02, foreach=False)),
+                                 (lambda: RMSprop(), lambda p: torch.optim.RMSprop(p, foreach=False)),
                                  (lambda: Adam(lr=0.02, weight_decay=0.1, amsgrad=True),
                                   lambda p: torch.optim.Adam(p, lr=0.02, weight_decay=0.1, amsgrad=True,
                                                              foreach=False))):

@@ -40,7 +40,7 @@ def parse_message(fields):
         subgraph_id = int(fields[b"subgraph"])
     except KeyError as exc:
         raise ValueError(f"no {exc.args[0].decode()!r} field") from None
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, TypeError) as exc:
         raise ValueError(str(exc)) from None
     if subgraph_id < 0:
         raise ValueError(f"negative subgraph id {subgraph_id}")
@@ -50,6 +50,8 @@ def parse_message(fields):
 class Worker:
     def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
                  max_subgraph_bytes=None, parent_pid=None, server_gone_after=None):
+        if reclaim_idle <= 0 or max_attempts < 1:
+            raise ValueError(f"need reclaim_idle > 0 and max_attempts >= 1, not {reclaim_idle} and {max_attempts}")
         self.client = client
         self.name = name
         self.device = devices.parse(device)

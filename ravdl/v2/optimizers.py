@@ -3,7 +3,9 @@ that takes (param, grad, state...) and gives (param', state'...).
 
 The optimizer keeps, per parameter, the Ops holding its state (moments start as zeros made on the worker)
 and its step count (torch counts steps per parameter too); recording a step replaces them with the step
-op's outputs. Nothing is kept anywhere but in the graph.
+op's outputs. Nothing is kept anywhere but in the graph. State the configuration does not use (Adam's
+max_exp_avg_sq without amsgrad, RMSprop's momentum buffer without momentum) passes through the step op
+unchanged, so it stays the initial zeros Op rather than a new output per step: fewer ops to run.
 """
 import ravop as R
 from ravop.dtypes import NAMES
@@ -15,6 +17,10 @@ class Optimizer:
     def __init__(self):
         self.state = {}   # parameter slot (layer, name) -> {"step": int, state name: Op}
 
+    def used_state(self):
+        """The state names this configuration updates; the others pass through the step unchanged."""
+        return self.state_names
+
     def update(self, slot, param, grad):
         """Record one step for the parameter in `slot` (any hashable key) and return its new value."""
         state = self.state.get(slot)
@@ -24,7 +30,8 @@ class Optimizer:
             self.state[slot] = state
         state["step"] += 1
         new_param, *new_state = self._step(param, grad, [state[name] for name in self.state_names], state["step"])
-        state.update(zip(self.state_names, new_state))
+        used = self.used_state()
+        state.update((name, op) for name, op in zip(self.state_names, new_state) if name in used)
         return new_param
 
     def _step(self, param, grad, state, step):
@@ -50,6 +57,9 @@ class Adam(Optimizer):
         self.hyper = {"lr": float(lr), "beta1": beta1, "beta2": beta2, "eps": float(eps),
                       "weight_decay": float(weight_decay), "amsgrad": bool(amsgrad)}
 
+    def used_state(self):
+        return self.state_names if self.hyper["amsgrad"] else self.state_names[:2]
+
     def _step(self, param, grad, state, step):
         return getattr(R, self.step_op)(param, grad, *state, step=step, **self.hyper)
 
@@ -73,6 +83,10 @@ class RMSprop(Optimizer):
             raise ValueError(f"alpha and momentum must be >= 0, got alpha={alpha}, momentum={momentum}")
         self.hyper = {"lr": float(lr), "alpha": float(alpha), "eps": float(eps), "weight_decay": float(weight_decay),
                       "momentum": float(momentum), "centered": bool(centered)}
+
+    def used_state(self):
+        return ("square_avg",) + (("momentum_buffer",) if self.hyper["momentum"] > 0 else ()) + \
+            (("grad_avg",) if self.hyper["centered"] else ())
 
     def _step(self, param, grad, state, step):
         return R.rmsprop_step(param, grad, *state, **self.hyper)

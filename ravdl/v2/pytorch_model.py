@@ -15,7 +15,7 @@ TorchScript module with the trained weights (`ravop.model.load_module`, so fetch
 import ravop as R
 from ravop.errors import GraphStateError
 from ravop.graph import current_graph
-from ravop.model import BUNDLE_KIND, Model
+from ravop.model import BLOB_KEY, BUNDLE_KIND, Model
 
 from .layers.base import as_input
 
@@ -80,7 +80,7 @@ class Pytorch_Model:
         """Persist the model under `name`: its code and current parameter and buffer values."""
         graph = self._values_in_current_graph()
         model = self.model
-        tensors = {"blob": model.blob_op(graph), **dict(zip(model.param_names, self.params)),
+        tensors = {BLOB_KEY: model.blob_op(graph), **dict(zip(model.param_names, self.params)),
                    **dict(zip(model.buffer_names, self.buffers))}
         spec = {"model_hash": model.model_hash, "param_slots": [list(s) for s in model.param_slots],
                 "buffer_slots": [list(s) for s in model.buffer_slots], "requires_grad": list(model.requires_grad)}

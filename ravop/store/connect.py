@@ -1,4 +1,6 @@
 """Reaching the server: fail fast and clearly when it is not there, ride out a blip once it is."""
+from urllib.parse import urlsplit, urlunsplit
+
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
@@ -10,6 +12,15 @@ CONNECT_TIMEOUT = 5.0
 SOCKET_TIMEOUT = 60.0  # longer than any blocking read we issue (at most a few seconds)
 
 
+def redact(url):
+    """The URL without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def connect(url, timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT):
     """A client for `url` (redis://, rediss://, unix://) after a successful PING; `ConnectionFailed` naming
     the URL within about `timeout` seconds otherwise."""
@@ -19,12 +30,12 @@ def connect(url, timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT):
         client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=socket_timeout,
                                       retry=Retry(NoBackoff(), 0), health_check_interval=30)
     except ValueError as exc:
-        raise ConnectionFailed(f"invalid Redis URL {url!r}: {exc}") from None
+        raise ConnectionFailed(f"invalid Redis URL {redact(url)!r}: {exc}") from None
     try:
         client.ping()
     except (redis.RedisError, OSError) as exc:
         client.close()
-        raise ConnectionFailed(f"cannot reach Redis at {url}: {exc}") from None
+        raise ConnectionFailed(f"cannot reach Redis at {redact(url)}: {exc}") from None
     client.set_retry(Retry(ExponentialBackoff(cap=1.0, base=0.05), 3))
     return client
 

@@ -77,9 +77,21 @@ def upload(client, token, plan, constants, meta, bundles=None):
     return keys
 
 
-def read_meta(client, keys):
-    """The graph's meta as a str dict; {} if the graph is not in Redis."""
-    return {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
+# The meta fields a tracker reads (not the plan-sized ones: roots, summary).
+STATE_FIELDS = ("name", "state", "ops_done", "n_ops", "devices", "error", "error_op", "error_source",
+                "error_worker", "error_subgraph")
+
+
+def read_state(client, keys):
+    """The graph's STATE_FIELDS as a str dict (one HMGET; queue it on a pipeline and pass the reply to
+    `decode_state` to combine it with other reads); {} if the graph is not in Redis."""
+    return decode_state(client.hmget(keys.meta, STATE_FIELDS))
+
+
+def decode_state(values):
+    if values[1] is None:
+        return {}
+    return {field: value.decode() for field, value in zip(STATE_FIELDS, values) if value is not None}
 
 
 def describe_failure(meta):
