@@ -13,8 +13,7 @@ from sklearn.model_selection import train_test_split
 
 import ravop as R
 from ravdl.v2 import Functional
-from ravdl.v2.layers import (Activation, BatchNormalization2D, Conv2D, CustomLayer, Dense, Dropout, Flatten,
-                             MaxPooling2D)
+from ravdl.v2.layers import BatchNormalization2D, Conv2D, CustomLayer, Dense, Dropout, Flatten, MaxPooling2D
 from ravdl.v2.optimizers import Adam
 from ravdl.v2.utils import batch_iterator
 

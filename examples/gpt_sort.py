@@ -125,4 +125,5 @@ if __name__ == "__main__":
     R.execute()
     R.track_progress()
     print("last training loss:", float(R.fetch_persisting_op(f"training_loss_step_{steps}")))
-    print(f"held-out sequences sorted: {sorted_fraction(R.fetch_persisting_op('test_prediction'), targets[held_out]):.3f}")
+    predictions = R.fetch_persisting_op("test_prediction")
+    print(f"held-out sequences sorted: {sorted_fraction(predictions, targets[held_out]):.3f}")

@@ -2,7 +2,6 @@
 gradient accumulation), save_model's round trip to a TorchScript-able torch module, independence of two
 models, and training again in a new graph. Programs run in-process with `ravop.interpreter.evaluate`."""
 import json
-from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -333,3 +332,21 @@ def test_training_again_in_a_new_graph_repeats_the_run_and_old_models_stay_in_th
     torch.testing.assert_close(first, second, rtol=0, atol=0)
     with pytest.raises(GraphStateError, match="build a new model"):
         first_model.predict(X)
+
+
+def test_untrained_model_saves_from_its_declared_input_shape():
+    from ravdl.v2.layers import Embedding
+
+    R.Graph(name="save untrained")
+    model = NeuralNetwork(Adam(), loss="CrossEntropy")
+    model.add(Embedding(10, 4, input_shape=(3,)))
+    model.add(Flatten())
+    model.add(Dense(2))
+    model.save_model("embedder")
+    module = fetch_in_process("embedder")
+    tokens = torch.tensor([[1, 2, 3], [9, 0, 9]])
+    state = {f"{name}.{key}": op for name, layer in model.leaf_layers() for key, op in layer.state().items()}
+    weights = dict(zip(state, evaluate(list(state.values()))))
+    want = TF.linear(TF.embedding(tokens, weights["Embedding_1.weight"]).flatten(1), weights["Dense_1.weight"],
+                     weights["Dense_1.bias"])
+    torch.testing.assert_close(module(tokens), want)

@@ -18,6 +18,7 @@ from ravop.graph import current_graph
 from ravop.session import LOADERS
 
 from .layers.base import recording_calls
+from .layers.core import Embedding
 
 KIND = "ravdl.model"
 TRACE_BATCH = 2   # the placeholder's batch size: above 1, so no size-1 dimension is mistaken for the batch
@@ -134,7 +135,7 @@ def _input_spec(model):
     if first is None or first.input_shape is None:
         raise ValueError("the model's input shape is unknown: give the first layer input_shape=(...) or run a "
                          "forward pass before saving")
-    dtype = torch.int64 if type(first).__name__ == "Embedding" else torch.get_default_dtype()
+    dtype = torch.int64 if isinstance(first, Embedding) else torch.get_default_dtype()
     return first.input_shape, dtype
 
 
@@ -167,16 +168,27 @@ class _Tracer:
 
     def trace(self, output):
         outputs = output if isinstance(output, tuple) else (output,)
-        refs = [self.ref(op) for op in outputs]
+        for op in sorted(self._needed(outputs), key=lambda op: op.id):   # ids are a topological order
+            self.refs[op.id] = self._emit(op)
+        refs = [self.refs[op.id] for op in outputs]
         spec = {"modules": self.modules, "nodes": self.nodes, "output": refs if isinstance(output, tuple) else refs[0],
                 "constants": sorted(k for k in self.tensors if k.startswith("const_"))}
         return spec, self.tensors
 
-    def ref(self, op):
-        found = self.refs.get(op.id)
-        if found is None:
-            found = self.refs[op.id] = self._emit(op)
-        return found
+    def _needed(self, outputs):
+        """The ops between the placeholder and `outputs` that become nodes: a layer call's output stands for
+        the whole call (its input is needed, not its ops); parameters and constants are leaves."""
+        needed, stack = {}, list(outputs)
+        while stack:
+            op = stack.pop()
+            if op.id in needed or op.id in self.refs:
+                continue
+            needed[op.id] = op
+            if op.id in self.calls:
+                stack.append(self.calls[op.id][1])
+            elif op.id not in self.attrs:
+                stack.extend(op.inputs)
+        return needed.values()
 
     def _add(self, node):
         self.nodes.append(node)
@@ -191,7 +203,7 @@ class _Tracer:
             key = (id(layer), X.id)
             if key not in self.module_nodes:
                 self.module_nodes[key] = self._add({"op": "call_module", "target": self.layer_of[id(layer)],
-                                                    "args": [self.ref(X)]})
+                                                    "args": [self.refs[X.id]]})
             call = self.module_nodes[key]
             return call if index is None else self._add({"op": "getitem", "args": [call, index]})
         if op.id in self.attrs:
@@ -201,12 +213,12 @@ class _Tracer:
             self.tensors[key] = op
             return self._add({"op": "get_attr", "target": key})
         if op.op == "tuple_get":
-            return self._add({"op": "getitem", "args": [self.ref(op.inputs[0]), op.params["index"]]})
+            return self._add({"op": "getitem", "args": [self.refs[op.inputs[0].id], op.params["index"]]})
         if op.op not in FUNCTIONS:
             raise ValueError(f"save_model: op {op.op!r} (recorded at {op.source}) in the model's forward code has "
                              f"no torch equivalent here; ops that can be saved: {', '.join(sorted(FUNCTIONS))}")
         function, kwargs = FUNCTIONS[op.op]
-        inputs = [self.ref(i) for i in op.inputs]
+        inputs = [self.refs[i.id] for i in op.inputs]
         args = [inputs] if op.op == "concat" else inputs
         return self._add({"op": "call_function", "target": function.__name__, "args": args, "kwargs": kwargs(op)})
 

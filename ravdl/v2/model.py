@@ -5,10 +5,10 @@ and optimizer steps, the summary table, and saving.
 layer then holds the step's output as its parameter. With `step=False` the gradients are only summed, as
 torch accumulates `.grad` over backward calls, and the next `step=True` applies the sum.
 """
+import ravop as R
+
 from . import export
 from .layers.base import CustomLayer, leaf_layers
-
-import ravop as R
 
 
 class Model:

@@ -114,9 +114,9 @@ def _loaded(model_hash, blob, device):
 
 
 @contextmanager
-def _bound(entry, slots, values, training, seed):
+def _bound(entry, slots, values, training, seed, device):
     """The module with `values` in its slots (a tied group of slots gets one value), in train/eval mode,
-    with the global RNG seeded by `seed` when training; afterwards the slots hold nothing again."""
+    with `device`'s global RNG seeded by `seed` when training; afterwards the slots hold nothing again."""
     for group, value in zip(slots, values):
         for slot in group:
             owner, name = entry.owner(slot)
@@ -126,7 +126,7 @@ def _bound(entry, slots, values, training, seed):
         entry.training = training
     try:
         if training:
-            with _seeded(values[0].device if values else torch.device("cpu"), seed):
+            with _seeded(device, seed):
                 yield entry.module
         else:
             yield entry.module
@@ -185,7 +185,7 @@ def _run(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, trainin
     entry = _loaded(model_hash, blob, blob.device)
     if training:
         buffers = [b.detach().clone() for b in buffers]
-    with _bound(entry, param_slots + buffer_slots, params + buffers, training, seed) as module:
+    with _bound(entry, param_slots + buffer_slots, params + buffers, training, seed, blob.device) as module:
         inputs = params + args + list(kwargs.values())
         versions = _versions(inputs)
         result = module(*args, **kwargs)
