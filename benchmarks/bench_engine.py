@@ -52,7 +52,7 @@ def run_engine(inputs, ops_per_chain):
     summary = R.activate()
     t2 = time.perf_counter()
     R.execute()
-    R.track_progress(progress_bar=False) if "progress_bar" in R.track_progress.__code__.co_varnames else R.track_progress()
+    R.track_progress(progress_bar=False)
     t3 = time.perf_counter()
     outs = [R.fetch_persisting_op(f"chain_{c}") for c in range(len(inputs))]
     t4 = time.perf_counter()

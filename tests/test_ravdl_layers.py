@@ -115,17 +115,21 @@ OPTIMIZERS = {
                 lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, centered=True, foreach=False)),
 }
 
-# name -> (torch modules, input shape, outputs, loss, vocabulary for integer inputs)
+# name -> (torch modules, input shape, outputs, loss, vocabulary for integer inputs).
+# A layer feeding batch norm has no bias: batch norm subtracts the mean, so that bias's gradient is zero up to
+# rounding, and Adam's normalised step turns rounding noise into full-size updates that no two kernel orders
+# (in-process vs a worker's thread count) agree on.
 LAYER_CASES = {
     "dense": (lambda: [nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)], (5,), 3, "SquareLoss", None),
     "dense_no_bias": (lambda: [nn.Linear(5, 8, bias=False), nn.ReLU(), nn.Linear(8, 3)], (5,), 3, "CrossEntropy",
                       None),
-    "batchnorm1d": (lambda: [nn.Linear(5, 8), nn.BatchNorm1d(8, eps=0.01, momentum=0.99), nn.Linear(8, 3)],
+    "batchnorm1d": (lambda: [nn.Linear(5, 8, bias=False), nn.BatchNorm1d(8, eps=0.01, momentum=0.99),
+                             nn.Linear(8, 3)],
                     (5,), 3, "SquareLoss", None),
     "batchnorm1d_3d": (lambda: [nn.BatchNorm1d(4, eps=0.01, momentum=0.3), nn.Flatten(), nn.Linear(12, 3)],
                        (4, 3), 3, "SquareLoss", None),
-    "batchnorm2d": (lambda: [nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4, eps=0.01, momentum=0.99), nn.Flatten(),
-                             nn.Linear(4 * 4 * 4, 3)], (2, 6, 6), 3, "CrossEntropy", None),
+    "batchnorm2d": (lambda: [nn.Conv2d(2, 4, 3, bias=False), nn.BatchNorm2d(4, eps=0.01, momentum=0.99),
+                             nn.Flatten(), nn.Linear(4 * 4 * 4, 3)], (2, 6, 6), 3, "CrossEntropy", None),
     "conv2d": (lambda: [nn.Conv2d(2, 4, 3, padding="same", padding_mode="reflect"), nn.ReLU(),
                         nn.Conv2d(4, 4, (3, 2), stride=2, dilation=(1, 2), groups=2, padding=1), nn.Flatten(),
                         nn.Linear(4 * 3 * 3, 3)], (2, 6, 6), 3, "SquareLoss", None),
