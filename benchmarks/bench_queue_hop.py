@@ -80,7 +80,7 @@ def pings(client, n):
 def row(label, times):
     ms = sorted(t * 1e3 for t in times)
     p90 = ms[min(len(ms) - 1, int(0.9 * len(ms)))]
-    return f"| {label:<34} | {statistics.median(ms):>9.3f} | {p90:>8.3f} | {len(ms):>6} |"
+    return f"| {label:<38} | {statistics.median(ms):>9.3f} | {p90:>8.3f} | {len(ms):>6} |"
 
 
 def main():
@@ -109,8 +109,8 @@ def main():
                 row("round trip, one op", round_trips(client, scripts, args.hops, True))]
         per_hop = [chained(client, scripts, args.hops, True) for _ in range(5)]
         rows.append(row(f"chained hop ({args.hops} subgraphs, 5 runs)", per_hop))
-        print(f"| {'queue hop':<34} | median ms | p90 ms   | n      |")
-        print(f"|{'-' * 36}|{'-' * 11}|{'-' * 10}|{'-' * 8}|")
+        print(f"| {'queue hop':<38} | median ms | p90 ms   | n      |")
+        print(f"|{'-' * 40}|{'-' * 11}|{'-' * 10}|{'-' * 8}|")
         print("\n".join(rows))
     finally:
         for key in client.scan_iter(match=f"ravop:{TOKEN}:*", count=1000):

@@ -36,3 +36,16 @@ def test_example_reaches_its_metric(script):
     found = re.findall(rf"^{metric}: ([0-9.]+)$", out, flags=re.MULTILINE)
     assert found, f"{script} printed no '{metric}':\n{out[-2000:]}"
     assert float(found[-1]) >= threshold, out[-2000:]
+
+
+def test_main_example_prints_both_results():
+    out = run_example("arithmetic.py", 1)
+    assert "c_output: tensor([5, 7, 9])" in out
+    gram = float(re.search(r"^gram_mean: tensor\(([-0-9.e]+)\)$", out, flags=re.MULTILINE).group(1))
+    assert 0.2 < gram < 0.5   # E[(x x^T)_ij]: 500/3 on the diagonal, 0 elsewhere -> mean ~ 1/3
+
+
+def test_linear_regression_example_matches_numpy():
+    out = run_example("linear_regression.py", 1)
+    difference = float(re.search(r"max \|theta - numpy\| = ([-0-9.e]+)$", out, flags=re.MULTILINE).group(1))
+    assert difference < 1e-9

@@ -87,26 +87,23 @@ def test_sigterm_lets_the_running_subgraph_finish(engine, workers, client):
     assert not client.exists(f"ravop:_:worker:{name}")  # it unregistered
 
 
-def record_random_graph():
+def run_random_graph():
+    """A seeded graph with random ops and independent branches; returns its two outputs."""
     R.Graph(name="determinism", seed=7)
     noise = R.random_uniform(-1.0, 1.0, size=(256, 256))
     a = chain(5, 256, 10) + noise
     b = chain(6, 256, 10) * R.random(size=(256, 256))
     (a @ b).persist_op("out")
     R.random(size=(3,)).persist_op("draw")
+    R.activate()
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=300)
+    return R.fetch_persisting_op("out"), R.fetch_persisting_op("draw")
 
 
 def test_same_results_with_one_or_two_workers(engine, workers):
     workers.start(1)
-    record_random_graph()
-    R.activate()
-    R.execute()
-    R.track_progress(progress_bar=False, timeout=300)
-    one = R.fetch_persisting_op("out"), R.fetch_persisting_op("draw")
-    workers.start(1)
-    record_random_graph()
-    R.activate()
-    R.execute()
-    R.track_progress(progress_bar=False, timeout=300)
-    two = R.fetch_persisting_op("out"), R.fetch_persisting_op("draw")
+    one = run_random_graph()
+    workers.start(1)   # a second worker: the branches now run in parallel
+    two = run_random_graph()
     assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])

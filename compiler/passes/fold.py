@@ -12,20 +12,12 @@ import torch
 
 from ravop import registry
 from ravop.interpreter import run_op
+from ravop.ops.rules import numel
 
 from ..cost import node_seconds
 
 MAX_ELEMENTS = 4096
 BUDGET_SECONDS = 0.002  # estimated work folded per compile: a fraction of one subgraph's minimum
-
-
-def _size(shape):
-    n = 1
-    for d in shape:
-        if d < 0:
-            return -1
-        n *= d
-    return n
 
 
 def fold_constants(ir, max_elements=MAX_ELEMENTS, budget_seconds=BUDGET_SECONDS):
@@ -69,7 +61,7 @@ def _outputs(node):
 def _small_and_deterministic(node, max_elements):
     if not registry.REGISTRY[node.op].deterministic:
         return False
-    sizes = [_size(s) for s in _outputs(node)[0]]
+    sizes = [numel(s) for s in _outputs(node)[0]]
     return min(sizes, default=0) >= 0 and sum(sizes) <= max_elements
 
 
