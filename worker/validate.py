@@ -13,11 +13,13 @@ _ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype i
 
 
 class Step:
-    """One node as `ravop.interpreter.run_nodes` reads it, plus the plan node for error reports."""
-    __slots__ = ("id", "op", "inputs", "params", "node")
+    """One node as `ravop.interpreter.run_nodes` reads it, plus the plan node for error reports and its
+    declared output size. Protobuf fields are read once here: each read of a message field builds a Python
+    object, and the interpreter reads these for every op."""
+    __slots__ = ("id", "op", "inputs", "params", "node", "bytes")
 
-    def __init__(self, node, params):
-        self.id, self.op, self.inputs, self.params, self.node = node.id, node.op, list(node.inputs), params, node
+    def __init__(self, node_id, op, inputs, params, node, size):
+        self.id, self.op, self.inputs, self.params, self.node, self.bytes = node_id, op, inputs, params, node, size
 
 
 class Program:
@@ -49,22 +51,27 @@ def check(subgraph, max_bytes):
     keep = set(outputs)
     defined = set(subgraph.inputs)
     steps, last_use = [], {}
+    params_of = {}   # most nodes share a few params blobs (often empty): decode each once
     for index, node in enumerate(subgraph.nodes):
-        if node.op == "const" or node.op not in registry.REGISTRY:
-            raise PlanError(f"unknown op {node.op!r}", node)
-        undefined = [i for i in node.inputs if i not in defined]
+        node_id, op, inputs = node.id, node.op, list(node.inputs)
+        if op == "const" or op not in registry.REGISTRY:
+            raise PlanError(f"unknown op {op!r}", node)
+        undefined = [i for i in inputs if i not in defined]
         if undefined:
-            raise PlanError(f"op {node.op!r} (node {node.id}) reads values {undefined}, which are neither inputs "
+            raise PlanError(f"op {op!r} (node {node_id}) reads values {undefined}, which are neither inputs "
                             "of the subgraph nor computed before it", node)
-        if node.id in defined:
-            raise PlanError(f"node {node.id} is defined twice", node)
-        defined.add(node.id)
-        try:
-            params = decode_params(node.params)
-        except ValueError as exc:
-            raise PlanError(f"op {node.op!r}: {exc}", node) from None
-        steps.append(Step(node, params))
-        for i in node.inputs:
+        if node_id in defined:
+            raise PlanError(f"node {node_id} is defined twice", node)
+        defined.add(node_id)
+        blob = node.params
+        params = params_of.get(blob)
+        if params is None:
+            try:
+                params = params_of[blob] = decode_params(blob)
+            except ValueError as exc:
+                raise PlanError(f"op {op!r}: {exc}", node) from None
+        steps.append(Step(node_id, op, inputs, params, node, declared_bytes(node)))
+        for i in inputs:
             if i not in keep:
                 last_use[i] = index
     undefined = [o for o in outputs if o not in defined]
@@ -78,15 +85,16 @@ def _peak_bytes(steps, last_use, max_bytes):
     live = peak = 0
     sizes = {}
     for index, step in enumerate(steps):
-        size = sizes[step.id] = declared_bytes(step.node)
+        size = sizes[step.id] = step.bytes
         live += size
         if live > peak:
             peak = live
             if peak > max_bytes:
+                node = step.node
                 raise PlanError(f"the subgraph needs about {peak / 2**20:,.0f} MiB at op {step.op!r} (declared "
-                                f"output {tuple(step.node.shape)} {step.node.dtype}), over this worker's limit "
-                                f"of {max_bytes / 2**20:,.0f} MiB (--max-subgraph-bytes)", step.node)
-        for i in set(step.inputs):
+                                f"output {tuple(node.shape)} {node.dtype}), over this worker's limit "
+                                f"of {max_bytes / 2**20:,.0f} MiB (--max-subgraph-bytes)", node)
+        for i in step.inputs:
             if last_use.get(i) == index:
-                live -= sizes.pop(i, 0)
+                live -= sizes.pop(i, 0)   # pop: an op may read one value twice
     return peak
