@@ -57,7 +57,11 @@ def run_pipeline(ir, passes=PIPELINE):
         raise InvariantError(f"the recorded graph is not a valid IR: {exc}") from None
     counts = {}
     for key, run in passes:
+        before = ir
         ir, count = run(ir)
+        if ir is before:
+            counts.setdefault(key, 0)
+            continue   # the pass changed nothing, so the IR is as valid as it was
         try:
             check_invariants(ir)
         except ValueError as exc:

@@ -61,23 +61,22 @@ def decode_tensor(data):
     return flat.view(dtype).reshape(shape)
 
 
-def _to_json(value):
-    if isinstance(value, tuple):
-        return [_to_json(v) for v in value]
-    return value
-
-
 def _from_json(value):
     if isinstance(value, list):
         return tuple(_from_json(v) for v in value)
     return value
 
 
+# One encoder for every call: json.dumps with non-default options builds a new one each time, and compiling
+# a graph encodes the params of every node.
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def encode_params(params):
     """JSON of an op's canonical params (tuples are written as lists and read back as tuples)."""
     if not params:
         return b""
-    return json.dumps({k: _to_json(v) for k, v in params.items()}, separators=(",", ":")).encode()
+    return _ENCODER.encode(params).encode()
 
 
 def decode_params(data):
