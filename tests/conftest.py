@@ -9,8 +9,11 @@ import pytest
 
 import ravop as R
 from ravop.embedded import LocalServer, start_worker
+from ravop.interpreter import evaluate
 from ravop.store import connect
 from ravop.store.keys import worker_key
+
+from helpers import run_ops
 
 START_TIMEOUT = 120  # seconds for a worker to import torch and register, on a busy 2-core machine
 
@@ -109,4 +112,19 @@ def engine(server):
     yield session
     R.initialize(token=session.token, redis_url=server.url)
     R.flush()
+
+
+@pytest.fixture
+def on_engine(engine, module_workers):
+    """An executor like `ravop.interpreter.evaluate` (a list of Ops in, their tensors out) that runs the
+    ops through the compiler, the test server and two worker processes."""
+    return run_ops
+
+
+@pytest.fixture(params=["in-process", "engine"])
+def execute(request):
+    """Each test using it runs twice: with `ravop.interpreter.evaluate`, then through the real engine."""
+    if request.param == "in-process":
+        return evaluate
+    return request.getfixturevalue("on_engine")
 

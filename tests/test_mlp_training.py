@@ -3,15 +3,14 @@ trains on sklearn's digits, and its loss curve equals the same model in eager Py
 batches) to 1e-5.
 
 The training program is recorded once and handed to an executor: any function that takes a list of Ops
-and returns their values as tensors. Here it is `ravop.interpreter.evaluate` (in-process); the engine runs
-the same recorded program through the compiler, Redis and workers.
+and returns their values as tensors: `ravop.interpreter.evaluate` (in-process), then the real engine
+(compiler, Redis, worker processes), through the `execute` fixture.
 """
 import torch
 import torch.nn.functional as TF
 from sklearn.datasets import load_digits
 
 import ravop as R
-from ravop.interpreter import evaluate
 
 EPOCHS, BATCH, HIDDEN, LR = 3, 128, 32, 0.01
 
@@ -76,8 +75,8 @@ def eager_training():
     return torch.stack(losses)
 
 
-def test_mlp_loss_curve_equals_eager_pytorch():
-    got, want = train(evaluate), eager_training()
+def test_mlp_loss_curve_equals_eager_pytorch(execute):
+    got, want = train(execute), eager_training()
     assert len(got) == EPOCHS * -(-1797 // BATCH)
     assert want[-5:].mean() < 0.5 * want[:5].mean()     # the model does learn
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)

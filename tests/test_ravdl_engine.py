@@ -7,18 +7,9 @@ import torch
 import ravop as R
 from ravdl.v2.optimizers import Adam
 
+from helpers import run_ops
 from test_ravdl_layers import LAYER_CASES, OPTIMIZERS, assert_same_training, parity_case, record_ravdl, train_torch
 from test_ravdl_models import ResidualNet
-
-
-def run_on_engine(ops):
-    """Persist `ops`, run the graph on the workers, and fetch their values."""
-    for i, op in enumerate(ops):
-        op.persist_op(f"value_{i}")
-    R.activate()
-    R.execute()
-    R.track_progress(timeout=240, progress_bar=False)
-    return [R.fetch_persisting_op(f"value_{i}") for i in range(len(ops))]
 
 
 def test_every_layer_parity_case_through_the_engine(engine, workers):
@@ -31,7 +22,7 @@ def test_every_layer_parity_case_through_the_engine(engine, workers):
         losses, state = record_ravdl(modules, OPTIMIZERS[optimizer][0], loss, data)
         recorded.append((len(ops), len(losses), list(state)))
         ops += losses + list(state.values())
-    values = run_on_engine(ops)
+    values = run_ops(ops, timeout=240)
     for (case, optimizer), (start, n_losses, keys) in zip(cases, recorded):
         modules, data, loss = parity_case(case)
         want_losses, want_state = train_torch(modules, OPTIMIZERS[optimizer][1], loss, data)

@@ -1,14 +1,12 @@
-"""REFERENCE.md section 4's KNN-style and linear-regression-style scripts, written only with ravop ops and
-evaluated in-process, equal the same maths in numpy.
+"""REFERENCE.md section 4's KNN-style and linear-regression-style scripts, written only with ravop ops, equal
+the same maths in numpy, evaluated in-process and run through the real engine (the `execute` fixture).
 
-`record_knn` and `record_linear_regression` take the data and return the ops to fetch, so the same
-scripts can be run through the real engine (persist the returned ops, activate, execute, fetch)."""
+`record_knn` and `record_linear_regression` take the data and return the ops to fetch."""
 import numpy as np
 import pytest
 import torch
 
 import ravop as R
-from ravop.interpreter import evaluate
 
 
 # ------------------------------------------------------------------------------------------------- KNN
@@ -78,15 +76,15 @@ def regression_data(m=200, n=3, seed=0):
 
 # ------------------------------------------------------------------------------------------------ tests
 
-def _evaluate(ops):
+def _run(execute, ops):
     names = list(ops)
-    return dict(zip(names, evaluate([ops[name] for name in names])))
+    return dict(zip(names, execute([ops[name] for name in names])))
 
 
-def test_knn_script_equals_numpy():
+def test_knn_script_equals_numpy(execute):
     R.Graph(name="knn", algorithm="knn")
     data = knn_data()
-    got = _evaluate(record_knn(*data, k=5))
+    got = _run(execute, record_knn(*data, k=5))
     want = numpy_knn(*data, k=5)
     np.testing.assert_allclose(got["distances"].numpy(), want["distances"], rtol=1e-12)
     np.testing.assert_array_equal(got["prediction"].numpy(), want["prediction"])
@@ -94,10 +92,10 @@ def test_knn_script_equals_numpy():
     assert want["accuracy"] > 0.8  # the data is learnable, so a wrong neighbour search would show
 
 
-def test_linear_regression_script_equals_numpy():
+def test_linear_regression_script_equals_numpy(execute):
     R.Graph(name="linear_regression", algorithm="linear_regression")
     X, y = regression_data()
-    got = _evaluate(record_linear_regression(X, y))
+    got = _run(execute, record_linear_regression(X, y))
     want = numpy_linear_regression(X, y)
     assert got["theta"].dtype == torch.float64
     np.testing.assert_allclose(got["theta"].numpy(), want["theta"], rtol=1e-12, atol=1e-14)
