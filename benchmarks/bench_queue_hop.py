@@ -22,7 +22,7 @@ import torch
 from ravop.embedded import LocalServer, start_worker
 from ravop.store import GraphKeys, Scripts, connect, ensure_queues, graphs
 from ravop.store.keys import worker_key
-from ravop.wire import plan_pb2
+from ravop.wire import NodeRow, pack_nodes, plan_pb2
 
 TOKEN = "bench-hop"
 
@@ -36,7 +36,7 @@ def tiny_plan(n_subgraphs, with_op):
         if s + 1 < n_subgraphs:
             sub.successors.append(s + 1)
         if with_op:
-            sub.nodes.add(id=s + 1, op="neg", inputs=[s], shape=[1], dtype="float32")
+            pack_nodes([NodeRow(s + 1, "neg", [s], shape=[1], dtype="float32")], sub.nodes)
             sub.inputs.append(s)
             sub.outputs.append(s + 1)
     return plan, ({0: torch.ones(1)} if with_op else {})

@@ -6,7 +6,7 @@ or persisted); `successors`, the subgraphs that read one of its outputs; `n_pred
 subgraphs must finish before it is ready.
 """
 from ravop.dtypes import NAMES
-from ravop.wire import plan_pb2
+from ravop.wire import NodeRow, pack_nodes, plan_pb2
 
 
 def emit_plan(ir, windows, costs):
@@ -27,7 +27,7 @@ def emit_plan(ir, windows, costs):
         sub = plan.subgraphs.add(id=w, device=ir.device)
         inputs, seen = [], set()
         sg_flops = sg_bytes = 0.0
-        add_node = sub.nodes.add
+        rows = []
         for v in window:
             node = nodes[v]
             for i in node.inputs:
@@ -40,13 +40,13 @@ def emit_plan(ir, windows, costs):
                         if i not in emitted:
                             emitted.add(i)
                             outputs[src].append(i)
-            if node.multi_output:
-                add_node(id=v, op=node.op, inputs=node.inputs, params=node.pkey, source=node.source)
+            if node.multi_output:   # its tuple_get readers declare the parts
+                rows.append(NodeRow(v, node.op, node.inputs, node.pkey, source=node.source))
             else:
-                add_node(id=v, op=node.op, inputs=node.inputs, params=node.pkey, shape=node.shape,
-                         dtype=NAMES[node.dtype], source=node.source)
+                rows.append(NodeRow(v, node.op, node.inputs, node.pkey, node.shape, NAMES[node.dtype], node.source))
             sg_flops += flops[v]
             sg_bytes += moved[v]
+        pack_nodes(rows, sub.nodes)
         plan.flops += sg_flops
         sub.inputs.extend(inputs)
         sub.n_predecessors = len({where[i] for i in inputs if where[i] >= 0})

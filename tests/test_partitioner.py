@@ -9,7 +9,7 @@ import ravop as R
 from compiler import compile_graph
 from compiler.cost import DEVICES
 from ravop.interpreter import evaluate, run_nodes
-from ravop.wire import decode_params, plan_pb2
+from ravop.wire import decode_params, plan_pb2, unpack_nodes
 
 
 class _Row:
@@ -31,7 +31,8 @@ def run_plan(compiled):
     with torch.no_grad():
         while ready:
             sub = subgraphs[ready.pop()]
-            env = run_nodes([_Row(n) for n in sub.nodes], {i: store[i] for i in sub.inputs}, plan.seed)
+            rows = [_Row(n) for n in unpack_nodes(sub.nodes)]
+            env = run_nodes(rows, {i: store[i] for i in sub.inputs}, plan.seed)
             store.update({i: env[i] for i in sub.outputs})
             ran += 1
             for s in sub.successors:
@@ -46,7 +47,7 @@ def check_plan(plan):
     """The structural promises of a plan; returns the quotient graph."""
     owner = {}
     for sub in plan.subgraphs:
-        for node in sub.nodes:
+        for node in unpack_nodes(sub.nodes):
             assert node.id not in owner, f"node {node.id} is in two subgraphs"
             owner[node.id] = sub.id
     assert len(owner) == plan.n_compiled_ops
@@ -57,7 +58,7 @@ def check_plan(plan):
     multi = set()
     for sub in plan.subgraphs:
         defined = set()
-        for node in sub.nodes:
+        for node in unpack_nodes(sub.nodes):
             for i in node.inputs:
                 assert i in defined or i in sub.inputs, f"node {node.id} reads {i}, not defined in its subgraph"
             if node.op == "tuple_get":
@@ -83,7 +84,7 @@ def check_plan(plan):
 def estimated_seconds(sub, device="cpu"):
     """The cost model's estimate for a whole subgraph, from the plan's totals."""
     model = DEVICES[device]
-    computed = [n for n in sub.nodes if n.op != "tuple_get"]
+    computed = [n for n in unpack_nodes(sub.nodes) if n.op != "tuple_get"]
     tensors = sum(len(n.inputs) + 1 for n in computed)  # single-output ops in the tests that use this
     return (len(computed) - 1) * model.op_s + model.seconds(tensors, sub.flops, sub.bytes)
 
@@ -112,7 +113,8 @@ def test_plan_computes_what_the_graph_computes(bounds):
     compiled = compile_graph(g, **bounds)
     check_plan(compiled.plan)
     if bounds:  # every op alone (but tuple_gets with their node): the worst case for the plumbing
-        tuple_gets = sum(n.op == "tuple_get" for sub in compiled.plan.subgraphs for n in sub.nodes)
+        tuple_gets = sum(n.op == "tuple_get" for sub in compiled.plan.subgraphs
+                         for n in unpack_nodes(sub.nodes))
         assert tuple_gets == 4 and len(compiled.plan.subgraphs) == compiled.plan.n_compiled_ops - tuple_gets
     got = run_plan(compiled)
     names = list(g.persisted)
@@ -222,7 +224,7 @@ def test_a_long_loop_is_cut_into_bounded_runs_and_early_results_come_early():
     quotient, owner = check_plan(plan)
     assert len(plan.subgraphs) >= 4
     for sub in plan.subgraphs:
-        assert len(sub.nodes) == 1 or estimated_seconds(sub) <= 0.01
+        assert len(sub.nodes.id) == 1 or estimated_seconds(sub) <= 0.01
     assert owner[losses[0].id] < owner[losses[-1].id]
     assert not nx.has_path(quotient, owner[losses[-1].id], owner[losses[0].id])
 

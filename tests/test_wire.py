@@ -1,5 +1,6 @@
 """The wire format: tensors as header + raw bytes, params as JSON, the protobuf plan, and the committed
 generated code matching its .proto."""
+import re
 import struct
 import subprocess
 import sys
@@ -11,8 +12,9 @@ import torch
 from google.protobuf.message import DecodeError
 
 from ravop.dtypes import DTYPES
-from ravop.errors import WireFormatError
-from ravop.wire import decode_params, decode_tensor, encode_params, encode_tensor, plan_pb2
+from ravop.errors import PlanError, WireFormatError
+from ravop.wire import (NodeRow, decode_params, decode_tensor, encode_params, encode_tensor, pack_nodes, plan_pb2,
+                        unpack_nodes)
 from ravop.wire.codec import MAGIC
 
 WIRE = Path(__file__).resolve().parents[1] / "ravop" / "wire"
@@ -102,15 +104,35 @@ def test_plan_round_trip():
     plan.persisted["loss"] = 7
     plan.constants.extend([0, 1])
     sub = plan.subgraphs.add(id=0, inputs=[0, 1], outputs=[7], successors=[1], device="cuda", flops=1e9, bytes=64)
-    sub.nodes.add(id=2, op="split", inputs=[0], params=encode_params({"numOrSizeSplits": 2}), source="a.py:3")
-    sub.nodes.add(id=3, op="tuple_get", inputs=[2], params=encode_params({"index": 0}), shape=[2, -1],
-                  dtype="float32", source="a.py:3")
+    pack_nodes([NodeRow(2, "split", [0], encode_params({"numOrSizeSplits": 2}), source="a.py:3"),
+                NodeRow(3, "tuple_get", [2], encode_params({"index": 0}), [2, -1], "float32", "a.py:3"),
+                NodeRow(4, "add", [3, 1], shape=[], dtype="int64")], sub.nodes)
     plan.subgraphs.add(id=1, n_predecessors=1)
     back = plan_pb2.Plan.FromString(plan.SerializeToString())
     assert back == plan
-    assert back.seed == 2 ** 63 + 5 and list(back.subgraphs[0].nodes[1].shape) == [2, -1]
-    assert back.subgraphs[0].nodes[0].dtype == "" and dict(back.persisted) == {"loss": 7}
-    assert decode_params(back.subgraphs[0].nodes[1].params) == {"index": 0}
+    assert back.seed == 2 ** 63 + 5 and dict(back.persisted) == {"loss": 7}
+    split, get, add = unpack_nodes(back.subgraphs[0].nodes)
+    assert (split.id, split.op, split.inputs, split.shape, split.dtype, split.source) == (2, "split", [0], (), "",
+                                                                                          "a.py:3")
+    assert (get.inputs, get.shape, get.dtype) == ([2], (2, -1), "float32")
+    assert decode_params(get.params) == {"index": 0}
+    assert (add.inputs, add.shape, add.dtype, add.params, add.source) == ([3, 1], (), "int64", b"", "")
+    assert unpack_nodes(back.subgraphs[1].nodes) == []
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda nodes: nodes.op.append("neg"), "column lengths {'op': 3}"),
+    (lambda nodes: nodes.source.pop(), "column lengths {'source': 1}"),
+    (lambda nodes: nodes.inputs.append(9), "declare 2 inputs in all but list 3"),
+    (lambda nodes: nodes.n_inputs.__setitem__(1, 10**9), "declare 1000000001 inputs"),
+    (lambda nodes: nodes.shape.pop(), "declare 1 shape dimensions in all but list 0"),
+])
+def test_node_columns_that_do_not_fit_together_are_refused(damage, message):
+    sub = plan_pb2.Subgraph()
+    pack_nodes([NodeRow(2, "neg", [1], shape=[4], dtype="float32"), NodeRow(3, "neg", [2])], sub.nodes)
+    damage(sub.nodes)
+    with pytest.raises(PlanError, match=re.escape(message)):
+        unpack_nodes(plan_pb2.Subgraph.FromString(sub.SerializeToString()).nodes)
 
 
 def test_garbage_plan_bytes_raise_a_decode_error():

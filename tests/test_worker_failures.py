@@ -9,7 +9,7 @@ import torch
 import ravop as R
 from ravop.store import DEAD_LETTER, GROUP, Scripts, queue
 from ravop.store import graphs
-from ravop.wire import plan_pb2
+from ravop.wire import NodeRow, pack_nodes, plan_pb2
 
 
 def dead_letters(client, graph_id):
@@ -42,7 +42,7 @@ def upload_subgraph(client, token, graph_id, nodes, inputs=(), outputs=(), const
     """A hand-written plan of one subgraph, uploaded and started as R.activate()/R.execute() would."""
     plan = plan_pb2.Plan(graph_id=graph_id)
     sub = plan.subgraphs.add(id=0, device="cpu", inputs=inputs, outputs=outputs)
-    sub.nodes.extend(nodes)
+    pack_nodes(nodes, sub.nodes)
     keys = graphs.upload(client, token, plan, constants or {}, {"name": graph_id})
     Scripts(client).start(keys)
     return keys
@@ -57,20 +57,26 @@ def test_hostile_messages_and_plans_do_not_kill_the_worker(engine, workers, clie
     client.xadd(stream, {"token": token, "graph": "nosuch", "subgraph": "0"})  # a graph flushed long ago
     ones = {1: torch.ones(2)}
     hostile = {
-        "unknown-op": dict(nodes=[plan_pb2.Node(id=2, op="os.system", inputs=[1])], inputs=[1], outputs=[2],
+        "unknown-op": dict(nodes=[NodeRow(id=2, op="os.system", inputs=[1])], inputs=[1], outputs=[2],
                            constants=ones),
-        "huge-shape": dict(nodes=[plan_pb2.Node(id=2, op="zeros", shape=[10**12, 10**6], dtype="float32",
+        "huge-shape": dict(nodes=[NodeRow(id=2, op="zeros", shape=[10**12, 10**6], dtype="float32",
                                                 params=b'{"shape":[1000000000000,1000000]}')], outputs=[2]),
-        "lying-shape": dict(nodes=[plan_pb2.Node(id=2, op="zeros", shape=[1], dtype="float32",
+        "lying-shape": dict(nodes=[NodeRow(id=2, op="zeros", shape=[1], dtype="float32",
                                                  params=b'{"shape":[1000000000000,1000000]}')], outputs=[2]),
-        "undefined-input": dict(nodes=[plan_pb2.Node(id=3, op="add", inputs=[1, 2])], inputs=[1], outputs=[3],
+        "undefined-input": dict(nodes=[NodeRow(id=3, op="add", inputs=[1, 2])], inputs=[1], outputs=[3],
                                 constants=ones),
-        "bad-params": dict(nodes=[plan_pb2.Node(id=2, op="neg", inputs=[1], params=b"{not json")], inputs=[1],
+        "bad-params": dict(nodes=[NodeRow(id=2, op="neg", inputs=[1], params=b"{not json")], inputs=[1],
                            outputs=[2], constants=ones),
         "garbage-plan": dict(nodes=[], outputs=[]),
+        "uneven-columns": dict(nodes=[], outputs=[]),
     }
     keys = {graph_id: upload_subgraph(client, token, graph_id, **spec) for graph_id, spec in hostile.items()}
     client.hset(keys["garbage-plan"].subgraphs, 0, b"\x00garbage protobuf\xff")
+    uneven = plan_pb2.Subgraph(id=0, device="cpu", outputs=[2])   # two ids, one op name, inputs that are not there
+    uneven.nodes.id.extend([2, 3])
+    uneven.nodes.op.append("neg")
+    uneven.nodes.n_inputs.extend([1, 10**9])
+    client.hset(keys["uneven-columns"].subgraphs, 0, uneven.SerializeToString())
 
     R.Graph(name="after")
     x = R.t(torch.ones(100, 100))
@@ -89,6 +95,7 @@ def test_hostile_messages_and_plans_do_not_kill_the_worker(engine, workers, clie
     assert "reads values [2]" in errors["undefined-input"]
     assert "not valid JSON" in errors["bad-params"]
     assert "not a valid plan" in errors["garbage-plan"]
+    assert "node columns disagree" in errors["uneven-columns"]
     malformed = [f for _, f in client.xrange(DEAD_LETTER) if f[b"reason"] == b"malformed message"]
     assert len(malformed) >= 2
     assert all(len(dead_letters(client, graph_id)) == 1 for graph_id in hostile)

@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 from ravop.errors import PlanError, WireFormatError
 from ravop.store import GROUP, GraphKeys, Scripts, ensure_queues, queue
 from ravop.store import workers as liveness
-from ravop.wire import decode_tensor, encode_tensor, plan_pb2
+from ravop.wire import decode_tensor, encode_tensor, plan_pb2, unpack_nodes
 
 from . import device as devices
 from .cache import TensorCache
@@ -234,9 +234,9 @@ class Worker:
         node = None
         if data is not None:
             try:
-                nodes = plan_pb2.Subgraph.FromString(data).nodes
+                nodes = unpack_nodes(plan_pb2.Subgraph.FromString(data).nodes)
                 node = nodes[0] if nodes else None
-            except DecodeError:
+            except (DecodeError, PlanError):
                 pass  # named by id only; the plan itself is refused by whoever runs it next
         ops = f" (ops from {node.op!r} on)" if node is not None else ""
         self._give_up(keys, message_id, subgraph_id,

@@ -6,7 +6,8 @@ from ravop.interpreter import run_nodes
 
 
 class KernelError(Exception):
-    """An op's kernel raised (or returned something other than a tensor); `node` is its plan node."""
+    """An op's kernel raised (or returned something other than a tensor); `node` is its
+    `worker.validate.Step` (op, source line)."""
 
     def __init__(self, node, message):
         super().__init__(message)
@@ -35,10 +36,10 @@ def run(program, inputs, seed, device):
         with torch.no_grad():
             run_nodes(cursor, env, seed, str(device), program.last_use)
     except Exception as exc:  # whatever the kernel raised is the user's error: report it, with their line
-        raise KernelError(cursor.current.node, f"{type(exc).__name__}: {exc}") from exc
+        raise KernelError(cursor.current, f"{type(exc).__name__}: {exc}") from exc
     outputs = {o: env[o] for o in program.outputs}
     for o, value in outputs.items():
         if not isinstance(value, torch.Tensor):
-            node = next(step.node for step in program.steps if step.id == o)
+            node = next(step for step in program.steps if step.id == o)
             raise KernelError(node, f"returned {type(value).__name__}, not a tensor")
     return outputs

@@ -8,19 +8,20 @@ from ravop import registry
 from ravop.dtypes import DTYPES
 from ravop.errors import PlanError
 from ravop.wire import decode_params
+from ravop.wire.nodes import node_columns
 
 _ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in DTYPES.items()}
 
 
 class Step:
-    """One node as `ravop.interpreter.run_nodes` reads it, plus the plan node for error reports and its
-    declared output size. Protobuf fields are read once here: each read of a message field builds a Python
-    object, and the interpreter reads these for every op."""
-    __slots__ = ("id", "op", "inputs", "params", "node", "bytes")
+    """One op of a checked subgraph: what `ravop.interpreter.run_nodes` reads (id, op, input ids, decoded
+    params), and what an error report names (op, declared shape and dtype, source line)."""
+    __slots__ = ("id", "op", "inputs", "params", "shape", "dtype", "source", "bytes")
 
-    def __init__(self, node_id, op, inputs, params, node, size):
-        self.id, self.op, self.inputs, self.params, self.node, self.bytes = node_id, op, inputs, params, node, size
-
+    def __init__(self, id, op, inputs, params, shape, dtype, source):
+        self.id, self.op, self.inputs, self.params = id, op, inputs, params
+        self.shape, self.dtype, self.source = shape, dtype, source
+        self.bytes = 0
 
 class Program:
     """A checked subgraph: its steps, the index of each value's last reader (outputs excluded, so they are
@@ -32,7 +33,7 @@ class Program:
 
 
 def declared_bytes(node):
-    """Bytes of a node's declared output; 0 for a multi-output node (its tuple_get readers declare the parts)."""
+    """Bytes of a step's declared output; 0 for a multi-output op (its tuple_get readers declare the parts)."""
     if not node.dtype:
         return 0
     if node.dtype not in _ITEMSIZE:
@@ -47,31 +48,39 @@ def declared_bytes(node):
 
 def check(subgraph, max_bytes):
     """The `Program` of a plan_pb2.Subgraph; `PlanError` (with the node at fault) if it cannot be run."""
+    ids, ops, n_inputs, inputs, params, ranks, shapes, dtypes, sources = node_columns(subgraph.nodes)
     outputs = list(subgraph.outputs)
     keep = set(outputs)
     defined = set(subgraph.inputs)
     steps, last_use = [], {}
-    params_of = {}   # most nodes share a few params blobs (often empty): decode each once
-    for index, node in enumerate(subgraph.nodes):
-        node_id, op, inputs = node.id, node.op, list(node.inputs)
-        if op == "const" or op not in registry.REGISTRY:
-            raise PlanError(f"unknown op {op!r}", node)
-        undefined = [i for i in inputs if i not in defined]
+    params_of = {}   # most ops share a few params blobs (often empty): decode each once
+    known = registry.REGISTRY
+    a = b = 0
+    for index, node_id in enumerate(ids):
+        op, c, r = ops[index], n_inputs[index], ranks[index]
+        reads = inputs[a:a + c]
+        step = Step(node_id, op, reads, None, shapes[b:b + r], dtypes[index], sources[index])
+        a += c
+        b += r
+        if op == "const" or op not in known:
+            raise PlanError(f"unknown op {op!r}", step)
+        undefined = [i for i in reads if i not in defined]
         if undefined:
             raise PlanError(f"op {op!r} (node {node_id}) reads values {undefined}, which are neither inputs "
-                            "of the subgraph nor computed before it", node)
+                            "of the subgraph nor computed before it", step)
         if node_id in defined:
-            raise PlanError(f"node {node_id} is defined twice", node)
+            raise PlanError(f"node {node_id} is defined twice", step)
         defined.add(node_id)
-        blob = node.params
-        params = params_of.get(blob)
-        if params is None:
+        blob = params[index]
+        step.params = params_of.get(blob)
+        if step.params is None:
             try:
-                params = params_of[blob] = decode_params(blob)
+                step.params = params_of[blob] = decode_params(blob)
             except ValueError as exc:
-                raise PlanError(f"op {op!r}: {exc}", node) from None
-        steps.append(Step(node_id, op, inputs, params, node, declared_bytes(node)))
-        for i in inputs:
+                raise PlanError(f"op {op!r}: {exc}", step) from None
+        step.bytes = declared_bytes(step)
+        steps.append(step)
+        for i in reads:
             if i not in keep:
                 last_use[i] = index
     undefined = [o for o in outputs if o not in defined]
@@ -90,10 +99,9 @@ def _peak_bytes(steps, last_use, max_bytes):
         if live > peak:
             peak = live
             if peak > max_bytes:
-                node = step.node
                 raise PlanError(f"the subgraph needs about {peak / 2**20:,.0f} MiB at op {step.op!r} (declared "
-                                f"output {tuple(node.shape)} {node.dtype}), over this worker's limit "
-                                f"of {max_bytes / 2**20:,.0f} MiB (--max-subgraph-bytes)", node)
+                                f"output {tuple(step.shape)} {step.dtype}), over this worker's limit "
+                                f"of {max_bytes / 2**20:,.0f} MiB (--max-subgraph-bytes)", step)
         for i in step.inputs:
             if last_use.get(i) == index:
                 live -= sizes.pop(i, 0)   # pop: an op may read one value twice

@@ -44,7 +44,7 @@ def upload(client, token, plan, constants, meta, bundles=None):
         devices.add(device)
         release = [i for i in sub.inputs if i not in persisted]
         readers.update(release)
-        info = f"{device};{len(sub.nodes)};{','.join(map(str, sub.successors))};{','.join(map(str, release))}"
+        info = f"{device};{len(sub.nodes.id)};{','.join(map(str, sub.successors))};{','.join(map(str, release))}"
         data = sub.SerializeToString()
         batch.pipe.hset(keys.subgraphs, sub.id, data)
         batch.pipe.hset(keys.info, sub.id, info)
@@ -52,7 +52,7 @@ def upload(client, token, plan, constants, meta, bundles=None):
             batch.pipe.hset(keys.deps, sub.id, sub.n_predecessors)
         else:
             roots.append(sub.id)
-        n_ops += len(sub.nodes)
+        n_ops += len(sub.nodes.id)
         batch.add(len(data) + len(info), 3)
     if readers:
         batch.pipe.hset(keys.refs, mapping=dict(readers))

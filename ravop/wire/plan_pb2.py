@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\nplan.proto\x12\nravop.plan\"l\n\x04Node\x12\n\n\x02id\x18\x01 \x01(\r\x12\n\n\x02op\x18\x02 \x01(\t\x12\x0e\n\x06inputs\x18\x03 \x03(\r\x12\x0e\n\x06params\x18\x04 \x01(\x0c\x12\r\n\x05shape\x18\x05 \x03(\x03\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0e\n\x06source\x18\x07 \x01(\t\"\xb2\x01\n\x08Subgraph\x12\n\n\x02id\x18\x01 \x01(\r\x12\x1f\n\x05nodes\x18\x02 \x03(\x0b\x32\x10.ravop.plan.Node\x12\x0e\n\x06inputs\x18\x03 \x03(\r\x12\x0f\n\x07outputs\x18\x04 \x03(\r\x12\x12\n\nsuccessors\x18\x05 \x03(\r\x12\x16\n\x0en_predecessors\x18\x06 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\r\n\x05\x66lops\x18\x08 \x01(\x01\x12\r\n\x05\x62ytes\x18\t \x01(\x01\"\xa3\x02\n\x04Plan\x12\x10\n\x08graph_id\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\'\n\tsubgraphs\x18\x03 \x03(\x0b\x32\x14.ravop.plan.Subgraph\x12\x32\n\tpersisted\x18\x04 \x03(\x0b\x32\x1f.ravop.plan.Plan.PersistedEntry\x12\x11\n\tconstants\x18\x05 \x03(\r\x12\x16\n\x0en_recorded_ops\x18\x06 \x01(\r\x12\x16\n\x0en_compiled_ops\x18\x07 \x01(\r\x12\r\n\x05\x66lops\x18\x08 \x01(\x01\x12\x1a\n\x12max_parallel_width\x18\t \x01(\r\x1a\x30\n\x0ePersistedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\nplan.proto\x12\nravop.plan\"\x8d\x01\n\x05Nodes\x12\n\n\x02id\x18\x01 \x03(\r\x12\n\n\x02op\x18\x02 \x03(\t\x12\x10\n\x08n_inputs\x18\x03 \x03(\r\x12\x0e\n\x06inputs\x18\x04 \x03(\r\x12\x0e\n\x06params\x18\x05 \x03(\x0c\x12\x0c\n\x04rank\x18\x06 \x03(\r\x12\r\n\x05shape\x18\x07 \x03(\x03\x12\r\n\x05\x64type\x18\x08 \x03(\t\x12\x0e\n\x06source\x18\t \x03(\t\"\xb3\x01\n\x08Subgraph\x12\n\n\x02id\x18\x01 \x01(\r\x12 \n\x05nodes\x18\x02 \x01(\x0b\x32\x11.ravop.plan.Nodes\x12\x0e\n\x06inputs\x18\x03 \x03(\r\x12\x0f\n\x07outputs\x18\x04 \x03(\r\x12\x12\n\nsuccessors\x18\x05 \x03(\r\x12\x16\n\x0en_predecessors\x18\x06 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\r\n\x05\x66lops\x18\x08 \x01(\x01\x12\r\n\x05\x62ytes\x18\t \x01(\x01\"\xa3\x02\n\x04Plan\x12\x10\n\x08graph_id\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\'\n\tsubgraphs\x18\x03 \x03(\x0b\x32\x14.ravop.plan.Subgraph\x12\x32\n\tpersisted\x18\x04 \x03(\x0b\x32\x1f.ravop.plan.Plan.PersistedEntry\x12\x11\n\tconstants\x18\x05 \x03(\r\x12\x16\n\x0en_recorded_ops\x18\x06 \x01(\r\x12\x16\n\x0en_compiled_ops\x18\x07 \x01(\r\x12\r\n\x05\x66lops\x18\x08 \x01(\x01\x12\x1a\n\x12max_parallel_width\x18\t \x01(\r\x1a\x30\n\x0ePersistedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,12 +33,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PLAN_PERSISTEDENTRY']._loaded_options = None
   _globals['_PLAN_PERSISTEDENTRY']._serialized_options = b'8\001'
-  _globals['_NODE']._serialized_start=26
-  _globals['_NODE']._serialized_end=134
-  _globals['_SUBGRAPH']._serialized_start=137
-  _globals['_SUBGRAPH']._serialized_end=315
-  _globals['_PLAN']._serialized_start=318
-  _globals['_PLAN']._serialized_end=609
-  _globals['_PLAN_PERSISTEDENTRY']._serialized_start=561
-  _globals['_PLAN_PERSISTEDENTRY']._serialized_end=609
+  _globals['_NODES']._serialized_start=27
+  _globals['_NODES']._serialized_end=168
+  _globals['_SUBGRAPH']._serialized_start=171
+  _globals['_SUBGRAPH']._serialized_end=350
+  _globals['_PLAN']._serialized_start=353
+  _globals['_PLAN']._serialized_end=644
+  _globals['_PLAN_PERSISTEDENTRY']._serialized_start=596
+  _globals['_PLAN_PERSISTEDENTRY']._serialized_end=644
 # @@protoc_insertion_point(module_scope)
