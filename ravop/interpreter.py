@@ -64,7 +64,10 @@ def evaluate(outputs, graph_seed=None):
             stack.extend(node.inputs)
     env = {i: graph.constants[i] for i in needed if graph.nodes[i].op == "const"}
     rows = [_Row(graph.nodes[i]) for i in sorted(needed) if graph.nodes[i].op != "const"]
+    last_use = {i: index for index, row in enumerate(rows) for i in row.inputs}  # free values as a worker does
+    for o in outputs:
+        last_use.pop(o.id, None)
     with torch.no_grad():
-        run_nodes(rows, env, graph.seed if graph_seed is None else graph_seed)
+        run_nodes(rows, env, graph.seed if graph_seed is None else graph_seed, last_use=last_use)
     values = [env[o.id] for o in outputs]
     return values[0] if single else values

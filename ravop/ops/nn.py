@@ -7,8 +7,10 @@ one bool per differentiable input, and has one output per True entry: a VJP asks
 `needs_grad` says the running `R.grad` wants (no gradient of a first layer w.r.t. the data batch).
 
 Statistics the forward computes and the backward needs again (batch-norm mean/invstd, layer-norm
-mean/rstd, pooling argmax) are recomputed by the backward kernel from the same input rather than carried
-as extra outputs: they are cheap next to the op, and the forward keeps the outputs users see.
+mean/rstd) are recomputed by the backward kernel from the same input rather than carried as extra outputs:
+they are cheap next to the op, and the forward keeps the outputs users see. Pooling's argmax is not cheap
+(finding it is the whole forward, ~7x the backward kernel), so when the forward returned its indices
+(RavDL's MaxPooling2D asks for them when training) the backward routes the gradient through them.
 """
 import torch
 import torch.nn.functional as TF
@@ -17,6 +19,7 @@ from .. import functional as F
 from ..autodiff import needs_grad
 from ..interpreter import op_seed
 from ..registry import REQUIRED, register
+from ..source import user_source
 from .rules import Like, numel
 
 aten = torch.ops.aten
@@ -257,12 +260,16 @@ def _max_pool_shape(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mod
 
 def _max_pool_vjp(node, g):
     p = node.params
+    options = {k: p[k] for k in ("kernel_size", "stride", "padding", "dilation", "ceil_mode")}
     if p["return_indices"]:
         g = g[0]   # the indices output is integer: it carries no gradient
         if g is None:
             return (None,)
-    return (F.max_pool2d_backward(g, node.inputs[0], kernel_size=p["kernel_size"], stride=p["stride"],
-                                  padding=p["padding"], dilation=p["dilation"], ceil_mode=p["ceil_mode"]),)
+        # Another handle on the forward's indices output (CSE merges it with the forward's own).
+        indices = node.graph.add_node("tuple_get", (node,), {"index": 1}, node.shape[1], node.dtype[1],
+                                      user_source())
+        return (F.max_pool2d_indices_backward(g, node.inputs[0], indices, **options),)
+    return (F.max_pool2d_backward(g, node.inputs[0], **options),)
 
 
 @register("max_pool2d", params={"kernel_size": REQUIRED, "stride": None, "padding": 0, "dilation": 1,
@@ -274,13 +281,23 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     return TF.max_pool2d(x, k, s, p, d, ceil_mode=ceil_mode, return_indices=return_indices)
 
 
-@register("max_pool2d_backward", inputs=("g", "x"),
-          params={"kernel_size": REQUIRED, "stride": None, "padding": 0, "dilation": 1, "ceil_mode": False},
+_POOL_BACKWARD_PARAMS = {"kernel_size": REQUIRED, "stride": None, "padding": 0, "dilation": 1, "ceil_mode": False}
+
+
+@register("max_pool2d_backward", inputs=("g", "x"), params=_POOL_BACKWARD_PARAMS,
           shape=lambda g, x, **_: (x.shape, g.dtype), method=False)
 def max_pool2d_backward(g, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
     """Gradient of max_pool2d w.r.t. x: the argmax indices are recomputed, then routed back by aten."""
     k, s, p, d = _pool_params(kernel_size, stride, padding, dilation)
     _, indices = aten.max_pool2d_with_indices(x, k, s, p, d, ceil_mode)
+    return aten.max_pool2d_with_indices_backward(g, x, k, s, p, d, ceil_mode, indices)
+
+
+@register("max_pool2d_indices_backward", inputs=("g", "x", "indices"), params=_POOL_BACKWARD_PARAMS,
+          shape=lambda g, x, indices, **_: (x.shape, g.dtype), method=False)
+def max_pool2d_indices_backward(g, x, indices, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """Gradient of max_pool2d w.r.t. x through the argmax `indices` the forward returned."""
+    k, s, p, d = _pool_params(kernel_size, stride, padding, dilation)
     return aten.max_pool2d_with_indices_backward(g, x, k, s, p, d, ceil_mode, indices)
 
 

@@ -126,6 +126,21 @@ MAX_POOL2D_BACKWARD = [
 ]
 
 
+
+
+def _indices_sample(g_shape, x_shape, **params):
+    x = randn(*x_shape)
+    _, indices = TF.max_pool2d(x, return_indices=True, **params)
+    return Sample((randn(*g_shape), x, indices), params,
+                  reference=lambda g, x, indices, **p: _pool_backward_ref(g, x, **p))
+
+
+MAX_POOL2D_INDICES_BACKWARD = [
+    _indices_sample((2, 3, 4, 4), (2, 3, 8, 8), kernel_size=2),
+    _indices_sample((1, 2, 5, 5), (1, 2, 9, 9), kernel_size=3, stride=2, padding=1, ceil_mode=True),
+]
+
+
 # ---------------------------------------------------------------------------------------------- batch_norm
 
 def _bn_ref(x, running_mean, running_var, weight=None, bias=None, training=True, momentum=0.1, eps=1e-5):
@@ -252,6 +267,7 @@ SAMPLES = {
     "conv2d_backward": CONV2D_BACKWARD,
     "max_pool2d": MAX_POOL2D,
     "max_pool2d_backward": MAX_POOL2D_BACKWARD,
+    "max_pool2d_indices_backward": MAX_POOL2D_INDICES_BACKWARD,
     "batch_norm": BATCH_NORM,
     "batch_norm_backward": BATCH_NORM_BACKWARD,
     "layer_norm": LAYER_NORM,

@@ -97,6 +97,10 @@ class MaxPooling2D(Layer):
         return shape[1:]
 
     def forward(self, X, training):
+        if training and not self.options["return_indices"]:
+            # Keep the argmax: the backward pass routes the gradient through it instead of pooling again.
+            values, _ = R.max_pool2d(X, **{**self.options, "return_indices": True})
+            return values
         return R.max_pool2d(X, **self.options)
 
     def torch_spec(self):
