@@ -123,11 +123,12 @@ def node_seconds(node, nodes, device="cpu"):
 
 
 class Costs:
-    """Per-node estimates, as lists indexed by node id (ids are dense up to the recorded op count)."""
-    __slots__ = ("seconds", "flops", "bytes")
+    """Per-node estimates, as lists indexed by node id (ids are dense up to the recorded op count): seconds,
+    FLOPs, bytes read and written, and bytes of the node's own output."""
+    __slots__ = ("seconds", "flops", "bytes", "out_bytes")
 
-    def __init__(self, seconds, flops, bytes):
-        self.seconds, self.flops, self.bytes = seconds, flops, bytes
+    def __init__(self, seconds, flops, bytes, out_bytes):
+        self.seconds, self.flops, self.bytes, self.out_bytes = seconds, flops, bytes, out_bytes
 
 
 def estimate(ir):
@@ -147,4 +148,4 @@ def estimate(ir):
         f = flops[id] = node_flops(node, nodes)
         moved[id] = b
         seconds[id] = estimate_seconds(len(node.inputs) + (len(node.shape) if node.multi_output else 1), f, b)
-    return Costs(seconds, flops, moved)
+    return Costs(seconds, flops, moved, out_bytes)

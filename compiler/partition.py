@@ -7,8 +7,15 @@
      so persisted losses appear while it trains), though never between a multi-output node and its
      tuple_gets; or
    - v does not continue a fused chain from the previous op (a branch starts, joins or forks there) and
-     either the window already carries `min_seconds` of work (enough to dwarf a queue hop) or v's own
-     chain does (a heavy branch gets its own subgraph, so another worker can run it meanwhile).
+     either the window already carries enough work to dwarf the hand-off (see below), or v's own chain
+     carries `min_seconds` (a heavy branch gets its own subgraph, so another worker can run it meanwhile).
+
+The hand-off of a cut is a queue hop plus the values the window makes that later ops read: its worker
+encodes and stores them, the next one fetches and decodes them. In a training loop those are every
+parameter and optimizer moment, megabytes at each cut, so a window closes only when its work is at least
+`min_seconds` and at least 1/HANDOFF_SHARE times the estimated transfer of its live-out bytes, unless v
+reads a window this one does not wait for yet (a join of two branches: then `min_seconds` is enough, and
+the cut keeps the branches parallel).
 
 Acyclicity: the order is topological, so every edge runs from an op to a later op, hence from a window to
 the same or a later window. Every edge of the quotient graph therefore goes from a lower window index to a
@@ -20,6 +27,9 @@ devices.
 import networkx as nx
 
 from .pipeline import InvariantError
+
+HANDOFF_BYTES_PER_S = 3e8   # encode + SET + GET + decode of tensors through Redis, measured on a 2-core VM
+HANDOFF_SHARE = 0.2         # a cut's transfer may cost at most this share of the window's estimated work
 
 
 def dfs_order(ir):
@@ -72,25 +82,66 @@ def chain_costs(ir, seconds):
 def partition(ir, costs, min_seconds, max_seconds):
     """Windows of the DFS order: a list of lists of node ids, each list in topological order."""
     order = dfs_order(ir)
-    seconds = costs.seconds
+    seconds, out_bytes = costs.seconds, costs.out_bytes
     chain = chain_costs(ir, seconds)
     chained = ir.chained
     nodes = ir.nodes
+    last_read = _last_reads(ir, order)
+    window_of = [-1] * ir.n_recorded   # -1: a constant, or not placed yet
+    ancestors = []   # per closed window: bitmask of the windows it waits for, directly or not
     windows = []
-    current, load, prev = [], 0.0, -1
-    for v in order:
+    current, load, live, waits, prev = [], 0.0, 0, 0, -1   # live: bytes of the window's values read after it
+    for t, v in enumerate(order):
         c = seconds[v]
-        if current and nodes[v].op != "tuple_get":
+        node = nodes[v]
+        inputs = node.inputs
+        window = len(windows)
+        if current and node.op != "tuple_get":
             linked = chained.get(v) == prev
-            if load + c > max_seconds or (not linked and (load >= min_seconds or chain[v] >= min_seconds)):
+            # v reads a window this one does not wait for yet: keeping v out lets the two run side by side.
+            joins = False
+            for i in inputs:
+                u = window_of[i]
+                if 0 <= u < window and not waits >> u & 1:
+                    joins = True
+                    break
+            enough = load >= min_seconds and (joins or load * HANDOFF_SHARE >= live / HANDOFF_BYTES_PER_S)
+            if load + c > max_seconds or (not linked and (enough or chain[v] >= min_seconds)):
                 windows.append(current)
-                current, load = [], 0.0
+                ancestors.append(waits)
+                current, load, live, waits = [], 0.0, 0, 0
+                window += 1
+        for i in inputs:
+            u = window_of[i]
+            if u < 0:
+                continue
+            if u != window:
+                waits |= (1 << u) | ancestors[u]
+            elif last_read[i] == t:
+                live -= out_bytes[i]
+                last_read[i] = -1   # read twice by v (x @ x): counted once
+        if last_read[v] > t:
+            live += out_bytes[v]
+        window_of[v] = window
         current.append(v)
         load += c
         prev = v
     if current:
         windows.append(current)
     return windows
+
+
+def _last_reads(ir, order):
+    """Node id -> position in `order` of its last reader (-1: none); persisted outputs are read after the end."""
+    last = [-1] * ir.n_recorded
+    nodes = ir.nodes
+    for t, v in enumerate(order):
+        for i in nodes[v].inputs:
+            last[i] = t
+    end = len(order)
+    for v in ir.outputs.values():
+        last[v] = end
+    return last
 
 
 def coarse_graph(windows, edges):
