@@ -1,6 +1,7 @@
 """`ravop-worker --redis URL --device cpu|cuda[:N] --name NAME`: serve subgraphs until SIGTERM or Ctrl-C, which
 let the subgraph being run finish first."""
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -70,4 +71,5 @@ def main(argv=None):
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop())
+    gc.freeze()   # what is loaded by now lives as long as the process: the cyclic GC need not rescan it
     return worker.run()
