@@ -38,12 +38,15 @@ def test_kernel_error_surfaces_with_op_and_source_line(engine, workers, client):
     assert workers.alive(name)
 
 
-def upload_subgraph(client, token, graph_id, nodes, inputs=(), outputs=(), constants=None):
-    """A hand-written plan of one subgraph, uploaded and started as R.activate()/R.execute() would."""
+def upload_subgraph(client, token, graph_id, nodes, inputs=(), outputs=(), constants=None, stored=None):
+    """A hand-written plan of one subgraph, uploaded and started as R.activate()/R.execute() would; with
+    `stored`, those bytes replace the subgraph's plan before the start."""
     plan = plan_pb2.Plan(graph_id=graph_id)
     sub = plan.subgraphs.add(id=0, device="cpu", inputs=inputs, outputs=outputs)
     pack_nodes(nodes, sub.nodes)
     keys = graphs.upload(client, token, plan, constants or {}, {"name": graph_id})
+    if stored is not None:
+        client.hset(keys.subgraphs, 0, stored)
     Scripts(client).start(keys)
     return keys
 
@@ -56,27 +59,25 @@ def test_hostile_messages_and_plans_do_not_kill_the_worker(engine, workers, clie
     client.xadd(stream, {"token": "../../etc", "graph": "g", "subgraph": "0"})
     client.xadd(stream, {"token": token, "graph": "nosuch", "subgraph": "0"})  # a graph flushed long ago
     ones = {1: torch.ones(2)}
-    hostile = {
-        "unknown-op": dict(nodes=[NodeRow(id=2, op="os.system", inputs=[1])], inputs=[1], outputs=[2],
-                           constants=ones),
-        "huge-shape": dict(nodes=[NodeRow(id=2, op="zeros", shape=[10**12, 10**6], dtype="float32",
-                                                params=b'{"shape":[1000000000000,1000000]}')], outputs=[2]),
-        "lying-shape": dict(nodes=[NodeRow(id=2, op="zeros", shape=[1], dtype="float32",
-                                                 params=b'{"shape":[1000000000000,1000000]}')], outputs=[2]),
-        "undefined-input": dict(nodes=[NodeRow(id=3, op="add", inputs=[1, 2])], inputs=[1], outputs=[3],
-                                constants=ones),
-        "bad-params": dict(nodes=[NodeRow(id=2, op="neg", inputs=[1], params=b"{not json")], inputs=[1],
-                           outputs=[2], constants=ones),
-        "garbage-plan": dict(nodes=[], outputs=[]),
-        "uneven-columns": dict(nodes=[], outputs=[]),
-    }
-    keys = {graph_id: upload_subgraph(client, token, graph_id, **spec) for graph_id, spec in hostile.items()}
-    client.hset(keys["garbage-plan"].subgraphs, 0, b"\x00garbage protobuf\xff")
     uneven = plan_pb2.Subgraph(id=0, device="cpu", outputs=[2])   # two ids, one op name, inputs that are not there
     uneven.nodes.id.extend([2, 3])
     uneven.nodes.op.append("neg")
     uneven.nodes.n_inputs.extend([1, 10**9])
-    client.hset(keys["uneven-columns"].subgraphs, 0, uneven.SerializeToString())
+    hostile = {
+        "unknown-op": dict(nodes=[NodeRow(id=2, op="os.system", inputs=[1])], inputs=[1], outputs=[2],
+                           constants=ones),
+        "huge-shape": dict(nodes=[NodeRow(id=2, op="zeros", shape=[10**12, 10**6], dtype="float32",
+                                          params=b'{"shape":[1000000000000,1000000]}')], outputs=[2]),
+        "lying-shape": dict(nodes=[NodeRow(id=2, op="zeros", shape=[1], dtype="float32",
+                                           params=b'{"shape":[1000000000000,1000000]}')], outputs=[2]),
+        "undefined-input": dict(nodes=[NodeRow(id=3, op="add", inputs=[1, 2])], inputs=[1], outputs=[3],
+                                constants=ones),
+        "bad-params": dict(nodes=[NodeRow(id=2, op="neg", inputs=[1], params=b"{not json")], inputs=[1],
+                           outputs=[2], constants=ones),
+        "garbage-plan": dict(nodes=[], outputs=[], stored=b"\x00garbage protobuf\xff"),
+        "uneven-columns": dict(nodes=[], outputs=[], stored=uneven.SerializeToString()),
+    }
+    keys = {graph_id: upload_subgraph(client, token, graph_id, **spec) for graph_id, spec in hostile.items()}
 
     R.Graph(name="after")
     x = R.t(torch.ones(100, 100))
