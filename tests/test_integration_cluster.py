@@ -107,3 +107,23 @@ def test_same_results_with_one_or_two_workers(engine, workers):
     workers.start(1)   # a second worker: the branches now run in parallel
     two = run_random_graph()
     assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+
+
+def test_a_value_read_from_the_cache_equals_one_read_from_redis(engine, workers):
+    """A transpose is a strided view, and summing a view rounds differently from summing a contiguous copy.
+    Redis always hands out contiguous tensors, so the cache must too, or a result would depend on whether
+    the worker that ran the previous subgraph also runs the next."""
+    def run():
+        R.Graph(name="layout", seed=1)
+        x = R.t(torch.randn(1000, 1000, generator=torch.Generator().manual_seed(0)))
+        x.transpose().sum(axis=1).persist_op("row_sums")
+        assert R.activate(min_subgraph_seconds=0, max_subgraph_seconds=0)["subgraphs"] == 2
+        R.execute()
+        R.track_progress(progress_bar=False, timeout=120)
+        return R.fetch_persisting_op("row_sums")
+
+    [cached] = workers.start(1)                      # runs both subgraphs: the transpose comes from its cache
+    from_cache = run()
+    workers.terminate(cached)
+    workers.start(1, extra=["--cache-mib", "0"])     # no cache: the transpose comes back from Redis
+    assert torch.equal(run(), from_cache)

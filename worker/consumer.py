@@ -214,7 +214,9 @@ class Worker:
             self.client.delete(*[keys.tensor(i) for i in outputs])
             return
         for i, tensor in outputs.items():
-            self.cache.put(keys.tensor(i), tensor)
+            # Cached as Redis hands it to any other worker: contiguous. A kernel may round differently on a
+            # strided view (a transpose), and the next subgraph's result must not depend on who runs it.
+            self.cache.put(keys.tensor(i), tensor.contiguous())
         self.completed += 1
 
     # ------------------------------------------------------------------------------------------ giving up
