@@ -8,7 +8,7 @@ from .pipeline import run_pipeline
 from .plan import emit_plan
 
 MIN_SUBGRAPH_SECONDS = 0.004  # ~20x a Redis round trip (0.1-0.3 ms), so a hop costs at most ~5%
-MAX_SUBGRAPH_SECONDS = 0.2    # bounded runs: persisted results of a long loop appear while it trains
+MAX_SUBGRAPH_SECONDS = 1.0    # bounded runs: a long loop reports progress and is retried in pieces of ~1 s
 
 
 class CompiledGraph:

@@ -8,7 +8,8 @@
      tuple_gets; or
    - v does not continue a fused chain from the previous op (a branch starts, joins or forks there) and
      either the window already carries enough work to dwarf the hand-off (see below), or v's own chain
-     carries `min_seconds` (a heavy branch gets its own subgraph, so another worker can run it meanwhile).
+     carries `min_seconds` and more than the hand-off costs (a heavy branch gets its own subgraph, so
+     another worker can run it meanwhile).
 
 The hand-off of a cut is a queue hop plus the values the window makes that later ops read: its worker
 encodes and stores them, the next one fetches and decodes them. In a training loop those are every
@@ -105,8 +106,10 @@ def partition(ir, costs, min_seconds, max_seconds):
                 if 0 <= u < window and not waits >> u & 1:
                     joins = True
                     break
-            enough = load >= min_seconds and (joins or load * HANDOFF_SHARE >= live / HANDOFF_BYTES_PER_S)
-            if load + c > max_seconds or (not linked and (enough or chain[v] >= min_seconds)):
+            handoff = live / HANDOFF_BYTES_PER_S
+            enough = load >= min_seconds and (joins or load * HANDOFF_SHARE >= handoff)
+            heavy = chain[v] >= min_seconds and chain[v] >= handoff   # a branch run apart must win back the cut
+            if load + c > max_seconds or (not linked and (enough or heavy)):
                 windows.append(current)
                 ancestors.append(waits)
                 current, load, live, waits = [], 0.0, 0, 0
