@@ -62,10 +62,19 @@ class IR:
 def from_graph(graph):
     """The IR of a recorded `ravop.graph.Graph` (which is only read)."""
     nodes = {}
+    # Params repeat (an optimizer's settings on every step, a layer's options on every call): encode each
+    # distinct set once. Canonical params are numbers, strings, None and tuples, whose repr is exact.
+    encoded = {}
     for op in graph.nodes:
         params = op.params or _NO_PARAMS
-        nodes[op.id] = Node(op.id, op.op, tuple([i.id for i in op.inputs]), params,
-                            encode_params(params) if params else b"", op.shape, op.dtype, op.source)
+        pkey = b""
+        if params:
+            text = repr(params)
+            pkey = encoded.get(text)
+            if pkey is None:
+                pkey = encoded[text] = encode_params(params)
+        nodes[op.id] = Node(op.id, op.op, tuple([i.id for i in op.inputs]), params, pkey, op.shape, op.dtype,
+                            op.source)
     outputs = {name: op.id for name, op in graph.persisted.items()}
     # The plan carries the seed as uint64. Random streams only depend on it modulo 2**64
     # (`ravop.interpreter.op_seed`), so a negative graph seed keeps its streams.
