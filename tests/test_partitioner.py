@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import ravop as R
+import compiler.partition as partition_module
 from compiler import compile_graph
 from compiler.cost import DEVICES
 from ravop.interpreter import evaluate, run_nodes
@@ -310,3 +311,32 @@ def test_bad_bounds_are_rejected():
     R.Graph(name="bounds")
     with pytest.raises(ValueError, match="min_subgraph_seconds"):
         compile_graph(R.current_graph(), min_subgraph_seconds=1.0, max_subgraph_seconds=0.1)
+
+
+def test_a_loop_is_cut_only_where_the_work_pays_for_handing_off_its_state(monkeypatch):
+    """Each cut stores the loop's state (4 MB here) in Redis for the next subgraph: the windows grow until
+    their work dwarfs that transfer, instead of closing at every `min_subgraph_seconds` of work."""
+    R.Graph(name="loop")
+    state = R.t(torch.zeros(1_000_000))
+    for _ in range(200):
+        state = state * 0.99 + state.mean()    # the join breaks the chain: a cut is possible at every step
+    state.persist_op("state")
+    costed = compile_graph(R.current_graph()).plan
+    check_plan(costed)
+    for sub in costed.subgraphs[:-1]:
+        handoff = 4e6 / partition_module.HANDOFF_BYTES_PER_S
+        assert estimated_seconds(sub) * partition_module.HANDOFF_SHARE >= handoff
+    monkeypatch.setattr(partition_module, "HANDOFF_BYTES_PER_S", float("inf"))   # hand-offs free: old rule
+    free = compile_graph(R.current_graph()).plan
+    assert 1 < len(costed.subgraphs) and len(costed.subgraphs) * 5 <= len(free.subgraphs)
+
+
+def test_a_branch_is_not_split_off_when_moving_its_input_costs_more_than_it_saves():
+    R.Graph(name="cheap branches")
+    big = (R.t(torch.ones(2000, 2000)) * 2.0).exp()          # 16 MB made in the first window
+    a = (big.tanh() * 3.0).sum()                             # cheap next to moving `big` to another worker
+    b = (big.sigmoid() * 3.0).sum()
+    (a + b).persist_op("out")
+    plan = compile_graph(R.current_graph()).plan
+    _, owner = check_plan(plan)
+    assert owner[big.id] == owner[a.id] == owner[b.id]
