@@ -7,7 +7,6 @@ Targets (issue 2): >= 20x faster than Dask, within 3x of eager PyTorch.
 """
 import argparse
 import operator
-import statistics
 import time
 
 import torch

@@ -20,7 +20,7 @@ import uuid
 import torch
 
 from ravop.embedded import LocalServer, start_worker
-from ravop.store import GraphKeys, Scripts, connect, ensure_queues, graphs
+from ravop.store import Scripts, connect, ensure_queues, graphs
 from ravop.store.keys import worker_key
 from ravop.wire import NodeRow, pack_nodes, plan_pb2
 

@@ -6,31 +6,16 @@ Adam; 40% of the images held out for testing.
 
     python examples/digits_cnn_sequential.py [epochs]      (or RAVDL_EPOCHS; default 15)
 """
-import os
-import sys
-
-import numpy as np
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 import ravop as R
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, BatchNormalization2D, Conv2D, Dense, Dropout, Flatten, MaxPooling2D
 from ravdl.v2.optimizers import Adam
 
+from example_data import accuracy, digits_data, epochs_from_command_line
+
 BATCH_SIZE = 64
-
-
-def epochs_from_command_line(default):
-    return int(sys.argv[1]) if len(sys.argv) > 1 else int(os.environ.get("RAVDL_EPOCHS", default))
-
-
-def digits_data():
-    """Images scaled to [0, 1] as (N, 1, 8, 8) float32, integer labels; 40% held out for testing."""
-    X, y = load_digits(return_X_y=True)
-    X = (X / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
-    return train_test_split(X, y, test_size=0.4, random_state=0, stratify=y)
 
 
 def record(epochs, X_train, X_test, y_train):
@@ -55,10 +40,6 @@ def record(epochs, X_train, X_test, y_train):
     model.predict(X_test).persist_op(name="test_prediction")
     model.save_model("digits_cnn")
     return model
-
-
-def accuracy(probabilities, labels):
-    return float((np.asarray(probabilities).argmax(1) == labels).mean())
 
 
 if __name__ == "__main__":

@@ -9,19 +9,18 @@ module's accuracy on the test split is compared with the accuracy of the predict
     python examples/digits_torchscript.py [epochs]      (or RAVDL_EPOCHS; default 15)
 """
 import os
-import sys
 import tempfile
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch import nn
 
 import ravop as R
 from ravdl.v2 import Pytorch_Model
 from ravdl.v2.optimizers import Adam
 from ravdl.v2.utils import batch_iterator
+
+from example_data import accuracy, digits_data, epochs_from_command_line
 
 BATCH_SIZE = 64
 
@@ -38,17 +37,6 @@ class DigitsCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-def epochs_from_command_line(default):
-    return int(sys.argv[1]) if len(sys.argv) > 1 else int(os.environ.get("RAVDL_EPOCHS", default))
-
-
-def digits_data():
-    """Images scaled to [0, 1] as (N, 1, 8, 8) float32, integer labels; 40% held out for testing."""
-    X, y = load_digits(return_X_y=True)
-    X = (X / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
-    return train_test_split(X, y, test_size=0.4, random_state=0, stratify=y)
-
-
 def record(model_path, epochs, X_train, X_test, y_train):
     model = Pytorch_Model(model_op=R.model(model_path))
     model.initialize(Adam(lr=0.001))
@@ -63,10 +51,6 @@ def record(model_path, epochs, X_train, X_test, y_train):
     model._forward_pass(R.t(X_test), training=False).persist_op("test_prediction")
     model.save_model("my_net")
     return model
-
-
-def accuracy(scores, labels):
-    return float((np.asarray(scores).argmax(1) == labels).mean())
 
 
 if __name__ == "__main__":

@@ -3,18 +3,15 @@ trained with an explicit loop of `_forward_pass` / `R.square_loss` / `_backward_
 
     python examples/iris_functional.py [epochs]      (or RAVDL_EPOCHS; default 100)
 """
-import os
-import sys
-
 import numpy as np
-from sklearn.datasets import load_iris
-from sklearn.model_selection import train_test_split
 
 import ravop as R
 from ravdl.v2 import Functional
 from ravdl.v2.layers import Activation, BatchNormalization1D, CustomLayer, Dense, Dropout
 from ravdl.v2.optimizers import Adam
 from ravdl.v2.utils import batch_iterator
+
+from example_data import accuracy, epochs_from_command_line, iris_data
 
 
 class CustomLayer1(CustomLayer):
@@ -55,19 +52,6 @@ class ANNModel(Functional):
         return self.act._forward_pass(o)
 
 
-def epochs_from_command_line(default):
-    return int(sys.argv[1]) if len(sys.argv) > 1 else int(os.environ.get("RAVDL_EPOCHS", default))
-
-
-def iris_data():
-    """Standardised features (float32), one-hot labels; a third of the samples held out for testing."""
-    X, y = load_iris(return_X_y=True)
-    X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=1 / 3, random_state=0, stratify=y)
-    mean, std = X_train.mean(0), X_train.std(0)
-    as_float = lambda a: a.astype(np.float32)   # noqa: E731
-    return as_float((X_train - mean) / std), as_float((X_test - mean) / std), as_float(np.eye(3)[y_train]), y_test
-
-
 def record(epochs, X_train, X_test, y_train):
     model = ANNModel(Adam(lr=0.01))
     for epoch in range(1, epochs + 1):
@@ -81,13 +65,9 @@ def record(epochs, X_train, X_test, y_train):
     return model
 
 
-def accuracy(probabilities, labels):
-    return float((np.asarray(probabilities).argmax(1) == labels).mean())
-
-
 if __name__ == "__main__":
     epochs = epochs_from_command_line(100)
-    X_train, X_test, y_train, y_test = iris_data()
+    X_train, X_test, y_train, y_test = iris_data(np.float32)
     R.initialize()
     R.flush()
     R.Graph(name="iris_functional", algorithm="neural_network", approach="distributed")

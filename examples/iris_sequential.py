@@ -6,29 +6,12 @@ test predictions and prints the test accuracy.
 
     python examples/iris_sequential.py [epochs]      (or RAVDL_EPOCHS; default 100)
 """
-import os
-import sys
-
-import numpy as np
-from sklearn.datasets import load_iris
-from sklearn.model_selection import train_test_split
-
 import ravop as R
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, BatchNormalization1D, Dense, Dropout
 from ravdl.v2.optimizers import Adam
 
-
-def epochs_from_command_line(default):
-    return int(sys.argv[1]) if len(sys.argv) > 1 else int(os.environ.get("RAVDL_EPOCHS", default))
-
-
-def iris_data():
-    """Standardised features, one-hot labels; a third of the samples held out for testing."""
-    X, y = load_iris(return_X_y=True)
-    X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=1 / 3, random_state=0, stratify=y)
-    mean, std = X_train.mean(0), X_train.std(0)
-    return (X_train - mean) / std, (X_test - mean) / std, np.eye(3)[y_train], y_test
+from example_data import accuracy, epochs_from_command_line, iris_data
 
 
 def record(epochs, X_train, X_test, y_train):
@@ -44,10 +27,6 @@ def record(epochs, X_train, X_test, y_train):
     model.predict(X_test).persist_op(name="test_prediction")
     model.save_model("iris_model")
     return model
-
-
-def accuracy(probabilities, labels):
-    return float((np.asarray(probabilities).argmax(1) == labels).mean())
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ def make_data(m=200, n=3, seed=0):
 
 
 def record(X, y, alpha=0.1, iterations=ITERATIONS):
+    """The ops of theta after `iterations` steps and of the R^2 score: {"theta": Op, "r2": Op}."""
     m = X.shape[0]
     X_op, y_op = R.t(X), R.t(y)
     theta = R.t(np.zeros((X.shape[1], 1)))
@@ -30,9 +31,7 @@ def record(X, y, alpha=0.1, iterations=ITERATIONS):
     prediction = R.dot(X_op, theta)
     ss_res = R.sum(R.square(R.sub(y_op, prediction)))
     ss_tot = R.sum(R.square(R.sub(y_op, R.mean(y_op))))
-    r2 = R.sub(R.t(np.float64(1.0)), R.div(ss_res, ss_tot))
-    theta.persist_op("theta")
-    r2.persist_op("r2_score")
+    return {"theta": theta, "r2": R.sub(R.t(np.float64(1.0)), R.div(ss_res, ss_tot))}
 
 
 def numpy_reference(X, y, alpha=0.1, iterations=ITERATIONS):
@@ -50,7 +49,9 @@ if __name__ == "__main__":
     R.flush()
     R.Graph(name="linear_regression", algorithm="linear_regression", approach="distributed")
     X, y = make_data()
-    record(X, y)
+    ops = record(X, y)
+    ops["theta"].persist_op("theta")
+    ops["r2"].persist_op("r2_score")
     print(R.activate())
     R.execute()
     R.track_progress()

@@ -1,12 +1,19 @@
 """REFERENCE.md section 4's KNN-style and linear-regression-style scripts, written only with ravop ops, equal
 the same maths in numpy, evaluated in-process and run through the real engine (the `execute` fixture).
 
-`record_knn` and `record_linear_regression` take the data and return the ops to fetch."""
+`record_knn` and the example's `record` (examples/linear_regression.py) take the data and return the ops
+to fetch."""
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 import ravop as R
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import linear_regression  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------- KNN
@@ -41,39 +48,6 @@ def knn_data(seed=0):
     return points[:60], labels[:60], points[60:], labels[60:]
 
 
-# ------------------------------------------------------------------------------------- linear regression
-
-def record_linear_regression(X, y, alpha=0.1, iterations=30):
-    """Gradient descent theta <- theta - (alpha / m) X^T (X theta - y), then the R^2 score, with the
-    original script's ops: dot sub div multiply transpose, and sum square sub mean div."""
-    m = X.shape[0]
-    X_op, y_op = R.t(X), R.t(y)
-    theta = R.t(np.zeros((X.shape[1], 1)))
-    step = R.div(R.t(np.float64(alpha)), R.t(np.float64(m)))
-    for _ in range(iterations):
-        error = R.sub(R.dot(X_op, theta), y_op)
-        theta = R.sub(theta, R.multiply(step, R.dot(R.transpose(X_op), error)))
-    prediction = R.dot(X_op, theta)
-    ss_res = R.sum(R.square(R.sub(y_op, prediction)))
-    ss_tot = R.sum(R.square(R.sub(y_op, R.mean(y_op))))
-    return {"theta": theta, "r2": R.sub(R.t(np.float64(1.0)), R.div(ss_res, ss_tot))}
-
-
-def numpy_linear_regression(X, y, alpha=0.1, iterations=30):
-    theta = np.zeros((X.shape[1], 1))
-    for _ in range(iterations):
-        theta = theta - (alpha / X.shape[0]) * X.T @ (X @ theta - y)
-    prediction = X @ theta
-    return {"theta": theta, "r2": 1.0 - ((y - prediction) ** 2).sum() / ((y - y.mean()) ** 2).sum()}
-
-
-def regression_data(m=200, n=3, seed=0):
-    rng = np.random.default_rng(seed)
-    X = np.hstack([np.ones((m, 1)), rng.normal(size=(m, n))])
-    y = X @ rng.normal(size=(n + 1, 1)) + 0.1 * rng.normal(size=(m, 1))
-    return X, y
-
-
 # ------------------------------------------------------------------------------------------------ tests
 
 def _run(execute, ops):
@@ -94,9 +68,10 @@ def test_knn_script_equals_numpy(execute):
 
 def test_linear_regression_script_equals_numpy(execute):
     R.Graph(name="linear_regression", algorithm="linear_regression")
-    X, y = regression_data()
-    got = _run(execute, record_linear_regression(X, y))
-    want = numpy_linear_regression(X, y)
+    X, y = linear_regression.make_data()
+    got = _run(execute, linear_regression.record(X, y, iterations=30))
+    theta, r2 = linear_regression.numpy_reference(X, y, iterations=30)
+    want = {"theta": theta, "r2": r2}
     assert got["theta"].dtype == torch.float64
     np.testing.assert_allclose(got["theta"].numpy(), want["theta"], rtol=1e-12, atol=1e-14)
     assert got["r2"].item() == pytest.approx(want["r2"], rel=1e-12)

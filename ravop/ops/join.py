@@ -60,7 +60,6 @@ def _split_shape(x, numOrSizeSplits, axis=0):
 
 
 def _split_vjp(node, grads):
-    x = node.inputs[0]
     axis = node.params["axis"]
     parts = [g if g is not None else F.zeros(shape=shape, dtype=dtype)
              for g, shape, dtype in zip(grads, node.shape, node.dtype)]
