@@ -7,21 +7,16 @@ import torch
 from ravop import registry
 from ravop.dtypes import DTYPES
 from ravop.errors import PlanError
-from ravop.wire import decode_params
-from ravop.wire.nodes import node_columns
+from ravop.wire import NodeRow, decode_params, unpack_nodes
 
 _ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in DTYPES.items()}
 
 
-class Step:
-    """One op of a checked subgraph: what `ravop.interpreter.run_nodes` reads (id, op, input ids, decoded
-    params), and what an error report names (op, declared shape and dtype, source line)."""
-    __slots__ = ("id", "op", "inputs", "params", "shape", "dtype", "source", "bytes")
+class Step(NodeRow):
+    """One op of a checked subgraph: a plan row whose `params` are decoded (what
+    `ravop.interpreter.run_nodes` reads), with `bytes`, the size of its declared output."""
+    __slots__ = ("bytes",)
 
-    def __init__(self, id, op, inputs, params, shape, dtype, source):
-        self.id, self.op, self.inputs, self.params = id, op, inputs, params
-        self.shape, self.dtype, self.source = shape, dtype, source
-        self.bytes = 0
 
 class Program:
     """A checked subgraph: its steps, the index of each value's last reader (outputs excluded, so they are
@@ -48,20 +43,15 @@ def declared_bytes(node):
 
 def check(subgraph, max_bytes):
     """The `Program` of a plan_pb2.Subgraph; `PlanError` (with the node at fault) if it cannot be run."""
-    ids, ops, n_inputs, inputs, params, ranks, shapes, dtypes, sources = node_columns(subgraph.nodes)
+    steps = unpack_nodes(subgraph.nodes, Step)
     outputs = list(subgraph.outputs)
     keep = set(outputs)
     defined = set(subgraph.inputs)
-    steps, last_use = [], {}
+    last_use = {}
     params_of = {}   # most ops share a few params blobs (often empty): decode each once
     known = registry.REGISTRY
-    a = b = 0
-    for index, node_id in enumerate(ids):
-        op, c, r = ops[index], n_inputs[index], ranks[index]
-        reads = inputs[a:a + c]
-        step = Step(node_id, op, reads, None, shapes[b:b + r], dtypes[index], sources[index])
-        a += c
-        b += r
+    for index, step in enumerate(steps):
+        node_id, op, reads = step.id, step.op, step.inputs
         if op == "const" or op not in known:
             raise PlanError(f"unknown op {op!r}", step)
         undefined = [i for i in reads if i not in defined]
@@ -71,7 +61,7 @@ def check(subgraph, max_bytes):
         if node_id in defined:
             raise PlanError(f"node {node_id} is defined twice", step)
         defined.add(node_id)
-        blob = params[index]
+        blob = step.params
         step.params = params_of.get(blob)
         if step.params is None:
             try:
@@ -79,7 +69,6 @@ def check(subgraph, max_bytes):
             except ValueError as exc:
                 raise PlanError(f"op {op!r}: {exc}", step) from None
         step.bytes = declared_bytes(step)
-        steps.append(step)
         for i in reads:
             if i not in keep:
                 last_use[i] = index

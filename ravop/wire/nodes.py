@@ -39,9 +39,9 @@ def pack_nodes(rows, nodes):
         column.extend(values)
 
 
-def node_columns(nodes):
-    """The columns of a plan_pb2.Nodes as lists, (ids, ops, n_inputs, inputs, params, ranks, shapes, dtypes,
-    sources); `PlanError` if they do not fit together."""
+def unpack_nodes(nodes, row=NodeRow):
+    """The rows of a plan_pb2.Nodes, each `row(id, op, inputs, params, shape, dtype, source)` (a NodeRow or
+    a subclass); `PlanError` if the columns do not fit together."""
     ids, ops, n_inputs, params = list(nodes.id), list(nodes.op), list(nodes.n_inputs), list(nodes.params)
     ranks, dtypes, sources = list(nodes.rank), list(nodes.dtype), list(nodes.source)
     inputs, shapes = list(nodes.inputs), list(nodes.shape)
@@ -55,16 +55,10 @@ def node_columns(nodes):
         raise PlanError(f"the plan's nodes declare {sum(n_inputs)} inputs in all but list {len(inputs)}")
     if sum(ranks) != len(shapes):
         raise PlanError(f"the plan's nodes declare {sum(ranks)} shape dimensions in all but list {len(shapes)}")
-    return ids, ops, n_inputs, inputs, params, ranks, shapes, dtypes, sources
-
-
-def unpack_nodes(nodes):
-    """The NodeRows of a plan_pb2.Nodes; `PlanError` if its columns do not fit together."""
-    ids, ops, n_inputs, inputs, params, ranks, shapes, dtypes, sources = node_columns(nodes)
     rows, a, b = [], 0, 0
     for k, node_id in enumerate(ids):
         c, r = n_inputs[k], ranks[k]
-        rows.append(NodeRow(node_id, ops[k], inputs[a:a + c], params[k], shapes[b:b + r], dtypes[k], sources[k]))
+        rows.append(row(node_id, ops[k], inputs[a:a + c], params[k], shapes[b:b + r], dtypes[k], sources[k]))
         a += c
         b += r
     return rows
