@@ -41,7 +41,9 @@ def test_linear_regression_example_equals_numpy(engine, module_workers):
         sys.path.remove(str(ROOT / "examples"))
     R.Graph(name="linear_regression")
     X, y = example.make_data()
-    example.record(X, y, iterations=30)
+    ops = example.record(X, y, iterations=30)
+    ops["theta"].persist_op("theta")
+    ops["r2"].persist_op("r2_score")
     summary = run()
     assert summary["subgraphs"] >= 1  # the workers ran it, not only the compiler's constant folding
     theta, r2 = example.numpy_reference(X, y, iterations=30)
