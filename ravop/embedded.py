@@ -131,12 +131,14 @@ def start_worker(url, name, device="cpu", threads=None, log_path=None, parent_pi
 
 
 class EmbeddedCluster:
-    """A `LocalServer` and `workers` worker processes on `device`, stopped at exit."""
+    """A `LocalServer` and `workers` worker processes on `device`, stopped at exit. `data` lists the files of
+    each data provider (worker i gets `--data` data[i]) for federated graphs."""
 
-    def __init__(self, workers=2, device="cpu", threads=None):
+    def __init__(self, workers=2, device="cpu", threads=None, data=()):
         self.server = LocalServer()
         self.url = self.server.url
         self.device = device
+        self.data = list(data)
         # torch's default thread count unless told otherwise, as in the requester's own process: some
         # training steps amplify rounding noise (Adam on a bias followed by BatchNorm), and a different
         # thread count sums in a different order, so only the same setting reproduces eager PyTorch there.
@@ -145,7 +147,8 @@ class EmbeddedCluster:
         for i in range(workers):
             name = f"embedded-{os.getpid()}-{i}"
             log = os.path.join(self.server.dir, f"{name}.log")
-            self.workers.append((name, log, start_worker(self.url, name, device, threads, log, os.getpid())))
+            files = ["--data", *self.data[i]] if i < len(self.data) else []
+            self.workers.append((name, log, start_worker(self.url, name, device, threads, log, os.getpid(), files)))
         self._ready = not self.workers
 
     def check(self):

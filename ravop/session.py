@@ -13,10 +13,12 @@ import time
 import redis
 
 from .errors import ConnectionFailed, GraphFailedError, GraphStateError, NotComputedError, UnknownPersistName
+from .federated import session as federated
 from .graph import current_graph, set_current
 from .store import GraphKeys, Scripts, TokenKeys, check_name, connect, ensure_queues
 from .store.connect import redact
 from .store import graphs as store_graphs
+from .store.federated import FederatedKeys
 from .store import workers as liveness
 from .wire import decode_tensor
 
@@ -56,24 +58,34 @@ class Session:
 _session = None
 
 
-def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5.0):
+def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5.0, data=None):
     """Connect to Redis at `redis_url` (or $RAVOP_REDIS_URL); with neither, start the embedded default: a
     private server and `workers` local worker processes on `device` (default $RAVOP_WORKERS or 2).
+
+    `data` (default $RAVOP_DATA, paths separated by os.pathsep) makes embedded workers data providers for
+    federated graphs: one provider per entry, each a file path or a list of paths (CSV or Parquet).
 
     `token` (default $RAVOP_TOKEN or "local") names the requester and namespaces its graphs and results.
     An unreachable URL raises `ConnectionFailed` within about `timeout` seconds."""
     global _session
     token = check_name(token or os.environ.get("RAVOP_TOKEN") or DEFAULT_TOKEN)
     url = redis_url or os.environ.get("RAVOP_REDIS_URL")
+    data = _provider_data(data if data is not None else os.environ.get("RAVOP_DATA"))
     embedded = None
     if url:
+        if data:
+            raise ValueError("data= gives the embedded workers data; on a cluster each provider runs "
+                             "ravop-worker --data PATH")
         client = connect(url, timeout)
-    elif _session is not None and _session.embedded is not None:
+    elif _session is not None and _session.embedded is not None and _session.embedded.data == data:
         embedded, url, client = _session.embedded, _session.url, _session.client  # keep the running one
     else:
         from .embedded import EmbeddedCluster
-        count = workers if workers is not None else int(os.environ.get("RAVOP_WORKERS", DEFAULT_WORKERS))
-        embedded = EmbeddedCluster(count, device)
+        count = workers if workers is not None else max(int(os.environ.get("RAVOP_WORKERS", DEFAULT_WORKERS)),
+                                                        len(data))
+        if count < len(data):
+            raise ValueError(f"data= names {len(data)} providers but workers={count}: each provider is a worker")
+        embedded = EmbeddedCluster(count, device, data=data)
         url = embedded.url
         try:
             client = connect(url, timeout)
@@ -85,6 +97,19 @@ def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5
     ensure_queues(client)
     _session = Session(client, url, token, embedded)
     return _session
+
+
+def _provider_data(data):
+    """[[path, ...] per provider] from data= or $RAVOP_DATA; missing files are named here, not by a worker."""
+    if not data:
+        return []
+    entries = data.split(os.pathsep) if isinstance(data, str) else list(data)
+    providers = [[str(entry)] if isinstance(entry, (str, os.PathLike)) else [str(p) for p in entry]
+                 for entry in entries]
+    missing = [path for paths in providers for path in paths if not os.path.isfile(path)]
+    if missing:
+        raise FileNotFoundError(f"provider data file(s) not found: {', '.join(missing)}")
+    return providers
 
 
 def _require():
@@ -127,6 +152,11 @@ def activate(**compile_options):
     session = _require()
     graph = current_graph()
     graph.check_open()
+    if graph.approach == "federated":
+        summary = federated.activate(session, graph, compile_options)
+        graph.activated = True
+        session.graph_id, session.activated_names = graph.id, {}
+        return summary
     if not graph.persisted:
         raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                               "op.persist_op(name) on the values to fetch, then R.activate()")
@@ -156,6 +186,8 @@ def execute():
         if "NOGRAPH" in str(exc):
             raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)") from None
         raise
+    if session.client.hget(keys.meta, "approach") == b"federated":
+        federated.open_to_providers(session.client, keys)
 
 
 def _meta(session, keys):
@@ -216,10 +248,18 @@ def track_progress(progress_bar=True, timeout=None):
                     print(f"graph {meta['name']!r}: {_waiting_text(missing)} (none is connected to "
                           f"{redact(session.url)})", file=sys.stderr)
                 bar.set_postfix_str(_waiting_text(missing))
+                if meta.get("approach") == "federated":
+                    providers = federated.waiting(session.client, keys, meta)
+                    if providers and providers not in warned:
+                        warned.add(providers)
+                        print(f"graph {meta['name']!r}: {providers}", file=sys.stderr)
+                    bar.set_postfix_str(providers)
             if deadline is not None and now >= deadline:
                 missing = _missing_workers(session, meta)
                 why = "; " + ", ".join(f"no {'GPU' if k == 'cuda' else 'CPU'} worker is running" for k in missing) \
                     if missing else ""
+                if meta.get("approach") == "federated":
+                    why += "; " + (federated.waiting(session.client, keys, meta) or "providers are joining")
                 raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: {meta['ops_done']} of "
                                    f"{meta['n_ops']} ops run{why}")
             wait = POLL_SECONDS if deadline is None else max(0.001, min(POLL_SECONDS, deadline - now))
@@ -241,7 +281,10 @@ def fetch_persisting_op(op_name, wait=False, timeout=None):
     pipe = session.client.pipeline(transaction=False)
     pipe.hget(keys.persist, op_name)
     pipe.hget(keys.bundles, op_name)
-    node_id, bundle = pipe.execute()
+    pipe.hget(FederatedKeys(keys).stats, op_name)
+    node_id, bundle, statistic = pipe.execute()
+    if statistic is not None:
+        return _fetch_statistic(session, keys, op_name, statistic.decode(), wait, deadline)
     if bundle is not None:
         info = json.loads(bundle)
         loader = LOADERS.get(info["kind"])
@@ -274,22 +317,41 @@ def _fetch_tensor(session, keys, name, node_id, wait, deadline):
         if data is not None:
             return decode_tensor(data)
         meta = store_graphs.decode_state(meta)
-        if not meta:
-            raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")
-        if meta["state"] == "failed":
-            raise _failed(meta)
-        if meta["state"] == "done":
+        if meta.get("state") == "done":
             raise GraphStateError(f"graph {meta['name']!r} is done but {name!r} is not in Redis")
-        if not wait:
-            raise NotComputedError(f"{name!r} is not computed yet: graph {meta['name']!r} is {meta['state']} "
-                                   f"({meta['ops_done']} of {meta['n_ops']} ops run). R.track_progress() waits for "
-                                   "the whole graph; fetch_persisting_op(name, wait=True) waits for this value")
-        if deadline is not None and time.monotonic() >= deadline:
-            raise TimeoutError(f"{name!r} is still not computed: graph {meta['name']!r} is {meta['state']} "
-                               f"({meta['ops_done']} of {meta['n_ops']} ops run)")
-        if session.embedded is not None:
-            session.embedded.check()
-        time.sleep(WAIT_SECONDS)
+        _not_ready(session, keys, name, meta, wait, deadline)
+
+
+def _fetch_statistic(session, keys, name, statistic, wait, deadline):
+    """A federated statistic, {column: float}, merged from the providers' partials once all are in."""
+    while True:
+        pipe = session.client.pipeline(transaction=False)
+        pipe.hgetall(FederatedKeys(keys).partials)
+        pipe.hmget(keys.meta, store_graphs.STATE_FIELDS)
+        pipe.hget(keys.meta, "rules")
+        partials, meta, rules = pipe.execute()
+        meta = store_graphs.decode_state(meta)
+        if meta.get("state") == "done":
+            return federated.release(name, statistic, rules, partials)
+        _not_ready(session, keys, name, meta, wait, deadline)
+
+
+def _not_ready(session, keys, name, meta, wait, deadline):
+    """Raise why `name` cannot be fetched yet, or (wait=True) pause before looking again."""
+    if not meta:
+        raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")
+    if meta["state"] == "failed":
+        raise _failed(meta)
+    if not wait:
+        raise NotComputedError(f"{name!r} is not computed yet: graph {meta['name']!r} is {meta['state']} "
+                               f"({meta['ops_done']} of {meta['n_ops']} ops run). R.track_progress() waits for "
+                               "the whole graph; fetch_persisting_op(name, wait=True) waits for this value")
+    if deadline is not None and time.monotonic() >= deadline:
+        raise TimeoutError(f"{name!r} is still not computed: graph {meta['name']!r} is {meta['state']} "
+                           f"({meta['ops_done']} of {meta['n_ops']} ops run)")
+    if session.embedded is not None:
+        session.embedded.check()
+    time.sleep(WAIT_SECONDS)
 
 
 def get_my_graphs():

@@ -12,6 +12,8 @@ from ravop.errors import ConnectionFailed
 from ravop.store import connect
 
 from .consumer import Worker
+from .data import ProviderData
+from .federated import Provider
 
 
 def parse_args(argv=None):
@@ -35,6 +37,12 @@ def parse_args(argv=None):
                         help="exit when Redis stays unreachable this long (default: keep retrying)")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="exit when this process exits (used by the embedded default)")
+    parser.add_argument("--data", nargs="+", action="extend", default=[], metavar="PATH",
+                        help="CSV files this worker offers to federated graphs (it becomes a data provider); "
+                             "the data never leaves this process, only statistics of it do")
+    parser.add_argument("--min-group-size", type=int, default=int(os.environ.get("RAVOP_MIN_GROUP_SIZE", 5)),
+                        metavar="K", help="withhold a statistic over fewer than K values of this provider "
+                                          "(default: $RAVOP_MIN_GROUP_SIZE or 5)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every start and stop")
     return parser.parse_args(argv)
 
@@ -61,11 +69,13 @@ def main(argv=None):
         import torch
         torch.set_num_threads(args.threads)
     try:
+        data = ProviderData.load(args.data) if args.data else None
         client = connect(args.redis)
+        provider = Provider(client, args.name, data, args.min_group_size) if data is not None else None
         worker = Worker(client, args.name, device=args.device, reclaim_idle=args.reclaim_idle,
                         max_attempts=args.max_attempts, cache_bytes=args.cache_mib * 2**20,
                         max_subgraph_bytes=args.max_subgraph_bytes, parent_pid=args.parent_pid,
-                        server_gone_after=args.exit_when_server_gone)
+                        server_gone_after=args.exit_when_server_gone, provider=provider)
     except (ConnectionFailed, ValueError) as exc:
         print(f"ravop-worker: {exc}", file=sys.stderr)
         return 1

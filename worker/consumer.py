@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 
 from ravop.errors import PlanError, WireFormatError
 from ravop.store import GROUP, GraphKeys, Scripts, ensure_queues, queue
+from ravop.store import federated as federated_store
 from ravop.store import workers as liveness
 from ravop.wire import decode_tensor, encode_tensor, plan_pb2, unpack_nodes
 
@@ -49,7 +50,7 @@ def parse_message(fields):
 
 class Worker:
     def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
-                 max_subgraph_bytes=None, parent_pid=None, server_gone_after=None):
+                 max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, provider=None):
         if reclaim_idle <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0 and max_attempts >= 1, not {reclaim_idle} and {max_attempts}")
         self.client = client
@@ -65,8 +66,9 @@ class Worker:
         self.server_gone_after = server_gone_after
         self.scripts = Scripts(client)
         self.stopping = threading.Event()
+        self.provider = provider  # a worker.federated.Provider if this worker offers data (--data)
         self.heartbeat = Heartbeat(client, name, self.kind, self.stream, min(2.0, reclaim_idle / 3), self.stopping,
-                                   parent_pid)
+                                   parent_pid, provider.data.names() if provider is not None else None)
         self.completed = 0
         self._next_reclaim = 0.0
 
@@ -84,6 +86,8 @@ class Worker:
         try:
             while not self.stopping.is_set():
                 try:
+                    if self.provider is not None:
+                        self.provider.poll()
                     message = self._next()
                     if message is not None:
                         self._handle(*message)
@@ -256,6 +260,8 @@ class Worker:
         """Unregister; drop this consumer from the group unless it still holds a message (for reclaiming)."""
         try:
             liveness.leave(self.client, self.name, self.kind)
+            if self.provider is not None:
+                federated_store.withdraw(self.client, self.name)
             if not self.client.xpending_range(self.stream, GROUP, "-", "+", 1, consumername=self.name):
                 self.client.xgroup_delconsumer(self.stream, GROUP, self.name)
         except redis.RedisError as exc:

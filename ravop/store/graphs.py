@@ -79,7 +79,7 @@ def upload(client, token, plan, constants, meta, bundles=None):
 
 # The meta fields a tracker reads (not the plan-sized ones: roots, summary).
 STATE_FIELDS = ("name", "state", "ops_done", "n_ops", "devices", "error", "error_op", "error_source",
-                "error_worker", "error_subgraph")
+                "error_worker", "error_subgraph", "approach")
 
 
 def read_state(client, keys):

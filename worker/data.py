@@ -1,0 +1,77 @@
+"""A provider's data (`ravop-worker --data PATH ...`): the numeric columns of its CSV files, read once at
+start. It stays in this process: only the partial statistics of `worker.federated` are ever written to Redis.
+
+Each file has a header row. A column is numeric if every non-empty cell parses as a number; other columns are
+not offered. Empty cells (and "nan") are missing values, which no statistic counts. A column found in several
+files holds the values of all of them.
+"""
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+
+
+class DataError(ValueError):
+    """A data file that cannot be read as a table of columns (the message names the file, never its values)."""
+
+
+class ProviderData:
+    def __init__(self, columns):
+        self.columns = columns      # name -> float64 array, NaN where a value is missing
+
+    @classmethod
+    def load(cls, paths):
+        parts = {}
+        for path in paths:
+            for name, values in _read_csv(Path(path)).items():
+                parts.setdefault(name, []).append(values)
+        return cls({name: np.concatenate(arrays) for name, arrays in parts.items()})
+
+    def names(self):
+        return sorted(self.columns)
+
+
+def _read_csv(path):
+    """{column: float64 array} of the numeric columns of one CSV file."""
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            rows = csv.reader(f)
+            header = next(rows, None)
+            if not header or not any(name.strip() for name in header):
+                raise DataError(f"{path}: no header row naming the columns")
+            names = [name.strip() for name in header]
+            duplicated = sorted({name for name in names if names.count(name) > 1})
+            if duplicated:
+                raise DataError(f"{path}: column(s) {', '.join(duplicated)} appear more than once in the header")
+            cells = [[] for _ in names]
+            for line, row in enumerate(rows, start=2):
+                if not row:
+                    continue
+                if len(row) != len(names):
+                    raise DataError(f"{path}:{line}: {len(row)} fields, but the header names {len(names)} columns")
+                for column, cell in zip(cells, row):
+                    column.append(cell)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"{path}: cannot be read as CSV: {type(exc).__name__}") from None
+    numeric = {}
+    for name, column in zip(names, cells):
+        values = _numbers(column)
+        if values is not None and name:
+            numeric[name] = values
+    return numeric
+
+
+def _numbers(cells):
+    """The cells as a float64 array (empty -> NaN), or None if one of them is not a number."""
+    values = np.empty(len(cells), dtype=np.float64)
+    for i, cell in enumerate(cells):
+        cell = cell.strip()
+        if not cell:
+            values[i] = math.nan
+            continue
+        try:
+            values[i] = float(cell)
+        except ValueError:
+            return None
+    return values
