@@ -3,6 +3,7 @@ holding its own CSV; statistics equal numpy on the filtered union; no value of a
 rules, columns and provider counts that cannot work are refused clearly."""
 import csv
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from ravop.store.federated import FederatedKeys
 from worker.data import DataError, ProviderData
 
 from conftest import Workers
+from test_examples import ROOT, run_example
 
 RULES = {"age": {"min": 18, "max": 80}, "salary": {"min": 1, "max": 5}, "bonus": {"min": 0, "max": 10},
          "fund": {}}
@@ -266,3 +268,49 @@ def test_only_federated_statistics_run_in_a_federated_graph(engine, providers):
     doubled.persist_op("doubled")
     with pytest.raises(GraphStateError, match="op 'add' was recorded at .*test_federated.py"):
         R.activate()
+
+
+# ------------------------------------------------------------------------------ scripts, embedded default
+
+ISSUE_SCRIPT = '''
+import json
+import ravop as R
+R.initialize(token="office-requester")
+R.flush()
+R.Graph(name="Office Data", approach="federated",
+        rules=json.dumps({"rules": {"age": {"min": 18, "max": 80}, "salary": {"min": 1, "max": 5},
+                                    "bonus": {"min": 0, "max": 10}, "fund": {}},
+                          "max_clients": 1}))
+mean = R.federated_mean(); variance = R.federated_variance(); std = R.federated_standard_deviation()
+mean.persist_op(name="mean"); variance.persist_op(name="variance"); std.persist_op(name="std")
+R.activate(); R.execute(); R.track_progress()
+print(json.dumps({name: R.fetch_persisting_op(op_name=name) for name in ("mean", "variance", "std")}))
+'''
+
+
+def test_the_issue_script_runs_on_embedded_providers_given_by_environment(data, tmp_path):
+    """The original requester script (token= for ravenverse_token=), its providers' data in $RAVOP_DATA."""
+    script = tmp_path / "office.py"
+    script.write_text(ISSUE_SCRIPT)
+    env = {**os.environ, "RAVOP_DATA": os.pathsep.join(str(path) for path, _ in data.values()),
+           "RAVOP_MIN_GROUP_SIZE": str(K), "PYTHONPATH": str(ROOT)}
+    env.pop("RAVOP_REDIS_URL", None)
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(results["mean"]) == set(RULES)
+    # max_clients 1: the statistics are those of whichever provider joined first
+    matches = []
+    for _, table in data.values():
+        want = {column: expected([table], column, rule) for column, rule in RULES.items()}
+        matches.append(all(results[name][column] == pytest.approx(want[column][statistic], rel=1e-9)
+                           for name, statistic in (("mean", "mean"), ("variance", "variance"),
+                                                   ("std", "standard_deviation")) for column in RULES))
+    assert sum(matches) == 1
+
+
+def test_the_example_matches_numpy():
+    out = run_example("federated_analytics.py", 1)
+    assert re.search(r"^mean: age [0-9.]+, salary [0-9.]+, bonus [0-9.]+, fund [0-9.]+$", out, re.MULTILINE)
+    difference = float(re.search(r"max \|federated - numpy\| = ([-0-9.e]+)$", out, re.MULTILINE).group(1))
+    assert difference < 1e-9
