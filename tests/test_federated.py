@@ -8,16 +8,19 @@ import re
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import ravop as R
 from ravop.errors import GraphStateError
 from ravop.federated.rules import parse_rules
 from ravop.federated.stats import merge, partial, statistic
-from ravop.store import connect
-from ravop.store.federated import FederatedKeys
+from ravop.store import GraphKeys, connect
+from ravop.store.federated import OPEN, FederatedKeys, job_ref
 from worker.data import DataError, ProviderData
 
 from conftest import Workers
@@ -157,6 +160,10 @@ def test_provider_data_reads_numeric_columns_of_several_files(tmp_path):
     assert data.names() == ["age", "score"]  # 'name' is text: never offered
     np.testing.assert_array_equal(data.columns["age"], [30, 40, 50])
     np.testing.assert_array_equal(data.columns["score"], [1.5, np.nan, 2.5])
+    pq.write_table(pa.table({"age": pa.array([60, None], pa.int64()), "name": ["cy", "di"]}), tmp_path / "c.parquet")
+    data = ProviderData.load([tmp_path / "a.csv", tmp_path / "c.parquet"])
+    assert data.names() == ["age", "score"]
+    np.testing.assert_array_equal(data.columns["age"], [30, 40, 60, np.nan])
     (tmp_path / "ragged.csv").write_text("age,score\n1,2\n3\n")
     with pytest.raises(DataError, match="ragged.csv:3: 1 fields"):
         ProviderData.load([tmp_path / "ragged.csv"])
@@ -269,6 +276,31 @@ def test_only_federated_statistics_run_in_a_federated_graph(engine, providers):
     with pytest.raises(GraphStateError, match="op 'add' was recorded at .*test_federated.py"):
         R.activate()
 
+
+def test_hostile_open_graphs_fail_without_stopping_a_provider(engine, providers, client):
+    keys = GraphKeys(engine.token, "hostile")
+    client.hset(keys.meta, mapping={"name": "hostile", "state": "running", "max_clients": 1, "rules": "{not json",
+                                    "n_ops": 1, "ops_done": 0})
+    refs = ["no-slash-here", "bad token!/x", b"\xff/\xfe", job_ref(keys)]
+    client.sadd(OPEN, *refs)
+    deadline = time.monotonic() + 60
+    while client.hget(keys.meta, "state") != b"failed" or client.scard(OPEN):
+        assert time.monotonic() < deadline, client.hgetall(keys.meta)
+        time.sleep(0.05)
+    assert b"rules is not valid JSON" in client.hget(keys.meta, "error")
+    assert client.hget(keys.meta, "error_worker").decode() in providers
+    results = run_federated({"rules": RULES, "max_clients": 2}, ("mean",))
+    assert set(results["mean"]) == set(RULES)
+
+
+def test_a_provider_that_left_before_sending_its_statistics_is_named(engine, providers, client):
+    R.Graph(name="office", approach="federated", rules=json.dumps({"rules": RULES, "max_clients": 3}))
+    R.federated_mean().persist_op("mean")
+    R.activate()
+    client.hset(FederatedKeys(engine.keys()).clients, "ghost", "joined")   # joined, then its process died
+    R.execute()
+    with pytest.raises(TimeoutError, match="provider\\(s\\) ghost joined graph 'office' and stopped before"):
+        R.track_progress(progress_bar=False, timeout=3)
 
 # ------------------------------------------------------------------------------ scripts, embedded default
 

@@ -1,15 +1,20 @@
-"""A provider's data (`ravop-worker --data PATH ...`): the numeric columns of its CSV files, read once at
-start. It stays in this process: only the partial statistics of `worker.federated` are ever written to Redis.
+"""A provider's data (`ravop-worker --data PATH ...`): the numeric columns of its CSV and Parquet files, read
+once at start. It stays in this process: only the partial statistics of `worker.federated` are ever written
+to Redis.
 
-Each file has a header row. A column is numeric if every non-empty cell parses as a number; other columns are
-not offered. Empty cells (and "nan") are missing values, which no statistic counts. A column found in several
-files holds the values of all of them.
+A CSV file has a header row; a column is numeric if every non-empty cell parses as a number. A Parquet file
+(`.parquet`, read with pyarrow: `pip install 'ravop-engine[parquet]'`) offers its integer and floating-point
+columns. Other columns are not offered. Empty cells, nulls and NaN are missing values, which no statistic
+counts. A column found in several files holds the values of all of them.
 """
 import csv
 import math
 from pathlib import Path
 
 import numpy as np
+
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
 class DataError(ValueError):
@@ -24,7 +29,9 @@ class ProviderData:
     def load(cls, paths):
         parts = {}
         for path in paths:
-            for name, values in _read_csv(Path(path)).items():
+            path = Path(path)
+            read = _read_parquet if path.suffix.lower() in PARQUET_SUFFIXES else _read_csv
+            for name, values in read(path).items():
                 parts.setdefault(name, []).append(values)
         return cls({name: np.concatenate(arrays) for name, arrays in parts.items()})
 
@@ -60,6 +67,26 @@ def _read_csv(path):
         if values is not None and name:
             numeric[name] = values
     return numeric
+
+
+def _read_parquet(path):
+    """{column: float64 array} of the integer and floating-point columns of one Parquet file."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow: pip install 'ravop-engine[parquet]'") from None
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"{path}: cannot be read as Parquet: {type(exc).__name__}") from None
+    names = table.column_names
+    duplicated = sorted({name for name in names if names.count(name) > 1})
+    if duplicated:
+        raise DataError(f"{path}: column(s) {', '.join(duplicated)} appear more than once")
+    return {name: column.cast(pa.float64()).to_numpy(zero_copy_only=False)  # nulls become NaN
+            for name, column in zip(names, table.columns)
+            if pa.types.is_integer(column.type) or pa.types.is_floating(column.type)}
 
 
 def _numbers(cells):
