@@ -74,8 +74,8 @@ def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5
     embedded = None
     if url:
         if data:
-            raise ValueError("data= gives the embedded workers data; on a cluster each provider runs "
-                             "ravop-worker --data PATH")
+            raise ValueError("data= (or $RAVOP_DATA) gives the embedded workers data; on a cluster each provider "
+                             "runs ravop-worker --data PATH")
         client = connect(url, timeout)
     elif _session is not None and _session.embedded is not None and _session.embedded.data == data:
         embedded, url, client = _session.embedded, _session.url, _session.client  # keep the running one

@@ -169,6 +169,14 @@ def test_provider_data_reads_numeric_columns_of_several_files(tmp_path):
         ProviderData.load([tmp_path / "ragged.csv"])
 
 
+def test_embedded_data_is_checked_before_anything_starts(server, tmp_path):
+    with pytest.raises(FileNotFoundError, match="absent.csv"):
+        R.initialize(data=[str(tmp_path / "absent.csv")])
+    (tmp_path / "a.csv").write_text("age\n1\n")
+    with pytest.raises(ValueError, match="on a cluster each provider runs ravop-worker --data"):
+        R.initialize(redis_url=server.url, data=[str(tmp_path / "a.csv")])
+
+
 def test_worker_with_unreadable_data_exits_with_a_clear_message(server, tmp_path):
     done = subprocess.run([sys.executable, "-m", "worker", "--redis", server.url, "--data",
                            str(tmp_path / "absent.csv")], capture_output=True, text=True, timeout=120)

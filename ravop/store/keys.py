@@ -24,6 +24,7 @@ Shared by all tokens, under `ravop:_:` (a token starts with a letter or a digit,
   dead                stream  messages and subgraphs given up on: reason, error, op, source, worker
   worker:{name}       string  a live worker's device kind; expires unless the worker's heartbeat renews it
   workers:{cpu|cuda}  set     names of workers that registered for a device kind (dead ones pruned on read)
+Federated graphs add a few keys of their own: see `ravop.store.federated`.
 Scripts build keys from ARGV (tensor keys, the queue of a successor's device), so this schema needs a
 standalone server, not Redis Cluster.
 """
