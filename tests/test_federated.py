@@ -195,6 +195,8 @@ def test_two_providers_equal_numpy_on_the_filtered_union(engine, providers, clie
             assert type(got) is float
             assert got == pytest.approx(want[name], rel=1e-9, abs=1e-9), (name, column)
     assert set(results["mean"]) == set(RULES)  # only rule columns are ever released
+    listed = R.get_my_graphs()[-1]
+    assert (listed["state"], listed["progress"], listed["subgraphs"]) == ("done", 100.0, 2)
 
 
 def test_one_provider_equals_numpy_on_its_own_data(engine, providers, client):
