@@ -38,9 +38,9 @@ def parse_args(argv=None):
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="exit when this process exits (used by the embedded default)")
     parser.add_argument("--data", nargs="+", action="extend", default=[], metavar="PATH",
-                        help="CSV or Parquet files this worker offers to federated graphs (it becomes a data provider); "
-                             "the data never leaves this process, only statistics of it do")
-    parser.add_argument("--min-group-size", type=int, default=int(os.environ.get("RAVOP_MIN_GROUP_SIZE", 5)),
+                        help="CSV or Parquet files this worker offers to federated graphs (it becomes a data "
+                             "provider); the data never leaves this process, only statistics of it do")
+    parser.add_argument("--min-group-size", type=int, default=os.environ.get("RAVOP_MIN_GROUP_SIZE", "5"),
                         metavar="K", help="withhold a statistic over fewer than K values of this provider "
                                           "(default: $RAVOP_MIN_GROUP_SIZE or 5)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every start and stop")

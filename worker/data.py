@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
@@ -47,10 +46,7 @@ def _read_csv(path):
             header = next(rows, None)
             if not header or not any(name.strip() for name in header):
                 raise DataError(f"{path}: no header row naming the columns")
-            names = [name.strip() for name in header]
-            duplicated = sorted({name for name in names if names.count(name) > 1})
-            if duplicated:
-                raise DataError(f"{path}: column(s) {', '.join(duplicated)} appear more than once in the header")
+            names = _unique([name.strip() for name in header], path)
             cells = [[] for _ in names]
             for line, row in enumerate(rows, start=2):
                 if not row:
@@ -80,13 +76,17 @@ def _read_parquet(path):
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
         raise DataError(f"{path}: cannot be read as Parquet: {type(exc).__name__}") from None
-    names = table.column_names
-    duplicated = sorted({name for name in names if names.count(name) > 1})
-    if duplicated:
-        raise DataError(f"{path}: column(s) {', '.join(duplicated)} appear more than once")
+    names = _unique(table.column_names, path)
     return {name: column.cast(pa.float64()).to_numpy(zero_copy_only=False)  # nulls become NaN
             for name, column in zip(names, table.columns)
             if pa.types.is_integer(column.type) or pa.types.is_floating(column.type)}
+
+
+def _unique(names, path):
+    duplicated = sorted({name for name in names if names.count(name) > 1})
+    if duplicated:
+        raise DataError(f"{path}: column(s) {', '.join(duplicated)} appear more than once")
+    return names
 
 
 def _numbers(cells):
