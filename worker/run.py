@@ -34,7 +34,7 @@ def run(program, inputs, seed, device):
     cursor = _Cursor(program.steps)
     try:
         with torch.no_grad():
-            run_nodes(cursor, env, seed, str(device), program.last_use)
+            run_nodes(cursor, env, seed, device, program.last_use)
     except Exception as exc:  # whatever the kernel raised is the user's error: report it, with their line
         raise KernelError(cursor.current, f"{type(exc).__name__}: {exc}") from exc
     outputs = {o: env[o] for o in program.outputs}
