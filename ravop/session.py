@@ -127,6 +127,8 @@ def activate(**compile_options):
     session = _require()
     graph = current_graph()
     graph.check_open()
+    if session.embedded is not None:
+        session.embedded.check_runs(graph)
     if not graph.persisted:
         raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                               "op.persist_op(name) on the values to fetch, then R.activate()")
@@ -143,8 +145,10 @@ def activate(**compile_options):
     return summary
 
 
-def execute():
-    """Start the activated graph: enqueue its subgraphs that wait for nothing. Idempotent."""
+def execute(timeout=None):
+    """Start the activated graph: enqueue its subgraphs that wait for nothing. Idempotent. With `timeout`,
+    also wait until the graph is done, as `track_progress(progress_bar=False, timeout=timeout)` does:
+    `GraphFailedError` if it failed, `TimeoutError` (naming a kind of worker nobody runs) after `timeout` s."""
     session = _require()
     graph = current_graph()
     if graph.nodes and not graph.activated:
@@ -156,6 +160,8 @@ def execute():
         if "NOGRAPH" in str(exc):
             raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)") from None
         raise
+    if timeout is not None:
+        track_progress(progress_bar=False, timeout=timeout)
 
 
 def _meta(session, keys):
