@@ -76,3 +76,44 @@ def test_execute_with_timeout_waits_for_the_result(engine, workers):
     R.activate()
     R.execute(timeout=60)
     assert float(R.fetch_persisting_op("p")[0, 0]) == 100.0
+
+
+# ------------------------------------------------------------------------------------- a subgraph that does not fit
+
+def test_a_subgraph_over_the_memory_budget_fails_clearly_and_the_worker_keeps_serving(engine, workers):
+    """The budget a worker checks declared sizes against (on a GPU: at most what is free on it), made small."""
+    [name] = workers.start(1, extra=["--max-subgraph-bytes", str(2**20)])
+    R.Graph(name="too big")
+    x = R.t(torch.ones(1000, 1000))
+    (x @ x).persist_op("p")
+    R.activate()
+    with pytest.raises(R.GraphFailedError) as info:
+        R.execute(timeout=60)
+    message = str(info.value)
+    assert "'matmul'" in message and "(1000, 1000) float32" in message and "limit of 1 MiB" in message
+    _still_serves(workers, name)
+
+
+def test_running_out_of_memory_names_the_op_and_sizes_and_the_worker_keeps_serving(engine, workers):
+    """An output whose size depends on the data (bincount of a huge value) cannot be checked before the run;
+    the allocation fails in the kernel (the CPU allocator's error here, CUDA's on a GPU)."""
+    [name] = workers.start(1)
+    R.Graph(name="runs out")
+    R.bincount(R.t(torch.tensor([0, 10**13]))).persist_op("counts")
+    R.activate()
+    with pytest.raises(R.GraphFailedError) as info:
+        R.execute(timeout=60)
+    message = str(info.value)
+    assert "out of memory on cpu at op 'bincount'" in message and "inputs (2,) int64" in message
+    assert "declared output (-1,) int64" in message
+    _still_serves(workers, name)
+
+
+def _still_serves(workers, name):
+    R.Graph(name="fits")
+    x = R.t(torch.ones(100, 100))
+    (x @ x).persist_op("p")
+    R.activate()
+    R.execute(timeout=60)
+    assert float(R.fetch_persisting_op("p")[0, 0]) == 100.0
+    assert workers.alive(name)

@@ -47,3 +47,10 @@ def to_device(tensor, device):
 
 def to_host(tensor):
     return tensor if tensor.device.type == "cpu" else tensor.cpu()
+
+
+def release_cached(device):
+    """Give the blocks torch's CUDA allocator keeps for reuse back to the device (after running out of
+    memory, so that the next subgraph starts from what is really in use)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
