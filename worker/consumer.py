@@ -55,6 +55,7 @@ class Worker:
         self.client = client
         self.name = name
         self.device = devices.parse(device)
+        devices.use_full_precision(self.device)
         self.kind = self.device.type
         self.stream = queue(self.kind)  # a CPU worker never reads the GPU stream, and vice versa
         self.reclaim_idle_ms = int(reclaim_idle * 1000)
