@@ -70,12 +70,7 @@ def test_execute_with_timeout_gives_up_naming_the_missing_gpu_worker(engine, wor
 
 def test_execute_with_timeout_waits_for_the_result(engine, workers):
     workers.start(1)
-    R.Graph(name="cpu graph")
-    x = R.t(torch.ones(100, 100))
-    (x @ x).persist_op("p")
-    R.activate()
-    R.execute(timeout=60)
-    assert float(R.fetch_persisting_op("p")[0, 0]) == 100.0
+    _run_a_small_cpu_graph()
 
 
 # ------------------------------------------------------------------------------------- a subgraph that does not fit
@@ -109,11 +104,15 @@ def test_running_out_of_memory_names_the_op_and_sizes_and_the_worker_keeps_servi
     _still_serves(workers, name)
 
 
-def _still_serves(workers, name):
+def _run_a_small_cpu_graph():
     R.Graph(name="fits")
     x = R.t(torch.ones(100, 100))
     (x @ x).persist_op("p")
     R.activate()
-    R.execute(timeout=60)
+    R.execute(timeout=60)   # started and waited for
     assert float(R.fetch_persisting_op("p")[0, 0]) == 100.0
+
+
+def _still_serves(workers, name):
+    _run_a_small_cpu_graph()
     assert workers.alive(name)
