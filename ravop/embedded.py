@@ -16,11 +16,15 @@ import time
 from pathlib import Path
 
 import redis
+import torch
 
-from .errors import ConnectionFailed, RavopError
+from .errors import ConnectionFailed, DeviceUnavailable, RavopError
 from .store import workers as liveness
 
 _ROOT = str(Path(__file__).resolve().parent.parent)  # holds the ravop and worker packages
+_CLUSTER_HINT = ("start a GPU worker on a machine with one, against a Redis server both machines reach "
+                 "(`ravop-worker --redis redis://HOST:6379/0 --device cuda`), and call "
+                 "R.initialize(redis_url='redis://HOST:6379/0')")
 
 # Runs a program that the kernel terminates when its parent dies (PR_SET_PDEATHSIG survives exec): a server
 # binary cannot ask for that itself. Plain Python, so it starts in milliseconds.
@@ -135,6 +139,9 @@ class EmbeddedCluster:
     each data provider (worker i gets `--data` data[i]) for federated graphs."""
 
     def __init__(self, workers=2, device="cpu", threads=None, data=()):
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise DeviceUnavailable(f"R.initialize(device={device!r}) starts local workers on a GPU, but torch "
+                                    f"sees no CUDA device on this machine: {_CLUSTER_HINT}, or use device='cpu'")
         self.server = LocalServer()
         self.url = self.server.url
         self.device = device
@@ -150,6 +157,18 @@ class EmbeddedCluster:
             files = ["--data", *self.data[i]] if i < len(self.data) else []
             self.workers.append((name, log, start_worker(self.url, name, device, threads, log, os.getpid(), files)))
         self._ready = not self.workers
+
+    def check_runs(self, graph):
+        """Raise `DeviceUnavailable` at once if `graph` needs a GPU and no local worker has one: no GPU worker
+        can join an embedded server (its socket is private to this machine), so it would wait forever."""
+        if not graph.gpu_required or self.device.startswith("cuda"):
+            return
+        if torch.cuda.is_available():
+            how = "start the local workers on it with R.initialize(device='cuda')"
+        else:
+            how = f"there is no GPU here (torch sees no CUDA device): {_CLUSTER_HINT}"
+        raise DeviceUnavailable(f"graph {graph.name!r} has gpu_required='yes' but the embedded engine's workers "
+                                f"run on {self.device}; {how}; or drop gpu_required")
 
     def check(self):
         """Raise if a worker has exited (it should run until `stop`), with the end of its log."""

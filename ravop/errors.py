@@ -17,6 +17,10 @@ class GraphFailedError(RavopError, RuntimeError):
     """A subgraph failed on a worker; the message names the op, its error, the worker and the source line."""
 
 
+class DeviceUnavailable(RavopError, RuntimeError):
+    """A graph or session asks for a device (a GPU) that nothing started by this session can provide."""
+
+
 class NotComputedError(RavopError, LookupError):
     """A persisted op exists but its value has not been computed yet."""
 

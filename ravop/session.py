@@ -152,6 +152,8 @@ def activate(**compile_options):
     session = _require()
     graph = current_graph()
     graph.check_open()
+    if session.embedded is not None:
+        session.embedded.check_runs(graph)
     if graph.approach == "federated":
         summary = federated.activate(session, graph, compile_options)
         graph.activated = True
@@ -173,8 +175,10 @@ def activate(**compile_options):
     return summary
 
 
-def execute():
-    """Start the activated graph: enqueue its subgraphs that wait for nothing. Idempotent."""
+def execute(timeout=None):
+    """Start the activated graph: enqueue its subgraphs that wait for nothing. Idempotent. With `timeout`,
+    also wait until the graph is done, as `track_progress(progress_bar=False, timeout=timeout)` does:
+    `GraphFailedError` if it failed, `TimeoutError` (naming a kind of worker nobody runs) after `timeout` s."""
     session = _require()
     graph = current_graph()
     if graph.nodes and not graph.activated:
@@ -188,6 +192,8 @@ def execute():
         raise
     if session.client.hget(keys.meta, "approach") == b"federated":
         federated.open_to_providers(session.client, keys)
+    if timeout is not None:
+        track_progress(progress_bar=False, timeout=timeout)
 
 
 def _meta(session, keys):

@@ -56,6 +56,7 @@ class Worker:
         self.client = client
         self.name = name
         self.device = devices.parse(device)
+        devices.use_full_precision(self.device)
         self.kind = self.device.type
         self.stream = queue(self.kind)  # a CPU worker never reads the GPU stream, and vice versa
         self.reclaim_idle_ms = int(reclaim_idle * 1000)
@@ -173,7 +174,11 @@ class Worker:
             outputs = run(program, inputs, seed, self.device)
             self._finish(keys, subgraph_id, message_id, outputs)
         except KernelError as exc:
-            self._give_up(keys, message_id, subgraph_id, str(exc), "kernel error", exc.node)
+            if exc.out_of_memory:  # keep serving: drop what this worker holds for reuse, then report
+                self.cache.clear()
+                devices.release_cached(self.device)
+            self._give_up(keys, message_id, subgraph_id, str(exc), "out of memory" if exc.out_of_memory
+                          else "kernel error", exc.node)
         except _MissingInput as exc:
             if self.client.sismember(keys.done, subgraph_id):
                 self._ack(message_id)  # another worker finished it meanwhile and its inputs were released

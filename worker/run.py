@@ -1,17 +1,32 @@
 """Run a checked subgraph with the shared interpreter loop, under torch.no_grad(), freeing each intermediate
-after its last reader; a kernel error names the op that raised it."""
+after its last reader; a kernel error names the op that raised it, and running out of memory also names
+the sizes involved."""
 import torch
 
+from ravop.dtypes import NAMES
 from ravop.interpreter import run_nodes
 
 
 class KernelError(Exception):
     """An op's kernel raised (or returned something other than a tensor); `node` is its
-    `worker.validate.Step` (op, source line)."""
+    `worker.validate.Step` (op, source line); `out_of_memory` if it could not allocate."""
 
-    def __init__(self, node, message):
+    def __init__(self, node, message, out_of_memory=False):
         super().__init__(message)
         self.node = node
+        self.out_of_memory = out_of_memory
+
+
+def out_of_memory(exc):
+    """A CUDA allocation failure, or the CPU allocator's (a plain RuntimeError)."""
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "can't allocate memory" in str(exc)
+
+
+def _sizes(step, env):
+    inputs = [env.get(i) for i in step.inputs]
+    shown = ", ".join(f"{tuple(t.shape)} {NAMES.get(t.dtype, t.dtype)}" if isinstance(t, torch.Tensor) else "?"
+                      for t in inputs)
+    return f"inputs {shown or 'none'}, declared output {tuple(step.shape)} {step.dtype or '(several)'}"
 
 
 class _Cursor:
@@ -34,9 +49,14 @@ def run(program, inputs, seed, device):
     cursor = _Cursor(program.steps)
     try:
         with torch.no_grad():
-            run_nodes(cursor, env, seed, str(device), program.last_use)
+            run_nodes(cursor, env, seed, device, program.last_use)
     except Exception as exc:  # whatever the kernel raised is the user's error: report it, with their line
-        raise KernelError(cursor.current, f"{type(exc).__name__}: {exc}") from exc
+        step, message = cursor.current, f"{type(exc).__name__}: {exc}"
+        if out_of_memory(exc):  # the inputs are still in env: the failing op had not consumed them
+            message = f"out of memory on {device} at op {step.op!r} ({_sizes(step, env)}): {message}"
+            env.clear()  # the traceback keeps this frame: let the worker free the intermediates now
+            raise KernelError(step, message, out_of_memory=True) from exc
+        raise KernelError(step, message) from exc
     outputs = {o: env[o] for o in program.outputs}
     for o, value in outputs.items():
         if not isinstance(value, torch.Tensor):
