@@ -8,8 +8,9 @@ import torch
 
 import ravop as R
 from ravop.store import DEAD_LETTER, GROUP, Scripts, queue
-from ravop.store import graphs
-from ravop.wire import NodeRow, pack_nodes, plan_pb2
+from ravop.wire import NodeRow, plan_pb2
+
+from helpers import upload_subgraph
 
 
 def dead_letters(client, graph_id):
@@ -36,19 +37,6 @@ def test_kernel_error_surfaces_with_op_and_source_line(engine, workers, client):
     [dead] = dead_letters(client, engine.graph_id)  # failed once, not retried
     assert dead[b"reason"] == b"kernel error" and dead[b"op"] == b"inv"
     assert workers.alive(name)
-
-
-def upload_subgraph(client, token, graph_id, nodes, inputs=(), outputs=(), constants=None, stored=None):
-    """A hand-written plan of one subgraph, uploaded and started as R.activate()/R.execute() would; with
-    `stored`, those bytes replace the subgraph's plan before the start."""
-    plan = plan_pb2.Plan(graph_id=graph_id)
-    sub = plan.subgraphs.add(id=0, device="cpu", inputs=inputs, outputs=outputs)
-    pack_nodes(nodes, sub.nodes)
-    keys = graphs.upload(client, token, plan, constants or {}, {"name": graph_id})
-    if stored is not None:
-        client.hset(keys.subgraphs, 0, stored)
-    Scripts(client).start(keys)
-    return keys
 
 
 def test_hostile_messages_and_plans_do_not_kill_the_worker(engine, workers, client):
