@@ -10,6 +10,7 @@ import sys
 
 from ravop.errors import ConnectionFailed
 from ravop.store import connect
+from ravop.store import workers as liveness
 
 from .consumer import Worker
 
@@ -22,8 +23,12 @@ def parse_args(argv=None):
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     parser.add_argument("--name", default=f"{socket.gethostname()}-{os.getpid()}",
                         help="worker name, unique among the workers of a server (default: host-pid)")
+    parser.add_argument("--dead-after", type=float, default=liveness.TTL, metavar="SECONDS",
+                        help="take over the subgraph of a worker whose heartbeat has been silent this long "
+                             f"(default: {liveness.TTL:g})")
     parser.add_argument("--reclaim-idle", type=float, default=30.0, metavar="SECONDS",
-                        help="take over a subgraph whose worker has been silent this long (default: 30)")
+                        help="take over a subgraph nobody has worked on for this long, even if its worker is "
+                             "alive (default: 30)")
     parser.add_argument("--max-attempts", type=int, default=3,
                         help="deliveries of a subgraph before it is dead-lettered and its graph failed (default: 3)")
     parser.add_argument("--cache-mib", type=int, default=256,
@@ -65,7 +70,7 @@ def main(argv=None):
         worker = Worker(client, args.name, device=args.device, reclaim_idle=args.reclaim_idle,
                         max_attempts=args.max_attempts, cache_bytes=args.cache_mib * 2**20,
                         max_subgraph_bytes=args.max_subgraph_bytes, parent_pid=args.parent_pid,
-                        server_gone_after=args.exit_when_server_gone)
+                        server_gone_after=args.exit_when_server_gone, dead_after=args.dead_after)
     except (ConnectionFailed, ValueError) as exc:
         print(f"ravop-worker: {exc}", file=sys.stderr)
         return 1

@@ -2,8 +2,9 @@
 then complete it (ack, count progress, enqueue the successors that became ready) in the same round trip.
 
 Delivery is at-least-once. A message is acked only by the completion or failure scripts, after the outputs
-are stored; a message held by a worker that died is taken over with XAUTOCLAIM once idle for
-`reclaim_idle` seconds; after `max_attempts` deliveries it is given up on. Whatever a message holds
+are stored; a message held by a worker that died is taken over once its heartbeat has been silent for
+`dead_after` seconds, and any message nobody works on after `reclaim_idle` (worker/takeover.py); after
+`max_attempts` deliveries it is given up on. Whatever a message holds
 (garbage, unknown ops, absurd shapes) fails its graph and lands in the dead-letter stream, and the worker
 goes on; a kernel error fails the graph at once (it would fail again on any worker: no retries).
 """
@@ -23,6 +24,7 @@ from . import device as devices
 from .cache import TensorCache
 from .heartbeat import Heartbeat
 from .run import KernelError, run
+from .takeover import Takeover
 from .validate import check
 
 log = logging.getLogger("ravop.worker")
@@ -49,26 +51,25 @@ def parse_message(fields):
 
 class Worker:
     def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
-                 max_subgraph_bytes=None, parent_pid=None, server_gone_after=None):
-        if reclaim_idle <= 0 or max_attempts < 1:
-            raise ValueError(f"need reclaim_idle > 0 and max_attempts >= 1, not {reclaim_idle} and {max_attempts}")
+                 max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL):
+        if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
+            raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
+                             f"{dead_after} and {max_attempts}")
         self.client = client
         self.name = name
         self.device = devices.parse(device)
         self.kind = self.device.type
         self.stream = queue(self.kind)  # a CPU worker never reads the GPU stream, and vice versa
-        self.reclaim_idle_ms = int(reclaim_idle * 1000)
-        self.reclaim_every = reclaim_idle / 2
+        self.takeover = Takeover(client, self.stream, name, dead_after, reclaim_idle)
         self.max_attempts = max_attempts
         self.cache = TensorCache(cache_bytes)
         self.limit = max_subgraph_bytes or devices.default_limit(self.device)
         self.server_gone_after = server_gone_after
         self.scripts = Scripts(client)
         self.stopping = threading.Event()
-        self.heartbeat = Heartbeat(client, name, self.kind, self.stream, min(2.0, reclaim_idle / 3), self.stopping,
-                                   parent_pid)
+        self.heartbeat = Heartbeat(client, name, self.kind, self.stream, self.takeover.every, dead_after,
+                                   self.stopping, parent_pid)
         self.completed = 0
-        self._next_reclaim = 0.0
 
     def stop(self):
         """Stop after the subgraph being run, if any, is finished (safe from a signal handler)."""
@@ -108,17 +109,10 @@ class Worker:
         return 0
 
     def _next(self):
-        """(message id, fields, deliveries): work held too long by a silent worker first, then new work."""
-        now = time.monotonic()
-        if now >= self._next_reclaim:
-            self._next_reclaim = now + self.reclaim_every
-            _, claimed, _ = self.client.xautoclaim(self.stream, GROUP, self.name, self.reclaim_idle_ms, "0-0",
-                                                   count=1)
-            if claimed:
-                self._next_reclaim = now  # more may be waiting
-                message_id, fields = claimed[0]
-                pending = self.client.xpending_range(self.stream, GROUP, message_id, message_id, 1)
-                return message_id, fields, pending[0]["times_delivered"] if pending else 1
+        """(message id, fields, deliveries): work held by a dead or silent worker first, then new work."""
+        found = self.takeover.next()
+        if found is not None:
+            return found
         reply = self.client.xreadgroup(GROUP, self.name, {self.stream: ">"}, count=1, block=BLOCK_MS)
         if reply:
             message_id, fields = reply[0][1][0]
