@@ -62,6 +62,12 @@ def test_hostile_messages_and_plans_do_not_kill_the_worker(engine, workers, clie
                                 constants=ones),
         "bad-params": dict(nodes=[NodeRow(id=2, op="neg", inputs=[1], params=b"{not json")], inputs=[1],
                            outputs=[2], constants=ones),
+        "deep-params": dict(nodes=[NodeRow(id=2, op="neg", inputs=[1], params=b'{"a":' + b"[" * 5000 + b"]" * 5000
+                                           + b"}")], inputs=[1], outputs=[2], constants=ones),
+        "huge-params": dict(nodes=[NodeRow(id=2, op="neg", inputs=[1], params=b'{"a":"' + b"x" * (17 << 20) + b'"}')],
+                            inputs=[1], outputs=[2], constants=ones),
+        "odd-params": dict(nodes=[NodeRow(id=2, op="index", inputs=[1], params=b'{"spec":[["t"]]}', source="odd.py:3")],
+                           inputs=[1], outputs=[2], constants=ones),
         "garbage-plan": dict(nodes=[], outputs=[], stored=b"\x00garbage protobuf\xff"),
         "uneven-columns": dict(nodes=[], outputs=[], stored=uneven.SerializeToString()),
     }
@@ -80,7 +86,10 @@ def test_hostile_messages_and_plans_do_not_kill_the_worker(engine, workers, clie
     assert all(client.hget(k.meta, "state") == b"failed" for k in keys.values()), errors
     assert "unknown op 'os.system'" in errors["unknown-op"]
     assert "over this worker's limit" in errors["huge-shape"]
-    assert "can't allocate memory" in errors["lying-shape"]  # torch refuses; the worker goes on
+    assert "over this worker's memory budget" in errors["lying-shape"]  # torch refuses; the worker goes on
+    assert errors["deep-params"] == "op 'neg': op params nest deeper than 32 levels"
+    assert errors["huge-params"] == "op 'neg': op params are 17,825,800 bytes, more than the 16,777,216 allowed"
+    assert errors["odd-params"] == "StopIteration with no message, raised by the kernel with spec=(('t',),)"
     assert "reads values [2]" in errors["undefined-input"]
     assert "not valid JSON" in errors["bad-params"]
     assert "not a valid plan" in errors["garbage-plan"]

@@ -12,6 +12,7 @@ from ravop.errors import ConnectionFailed
 from ravop.store import connect
 from ravop.store import workers as liveness
 
+from . import memory
 from .consumer import Worker
 
 
@@ -35,6 +36,10 @@ def parse_args(argv=None):
                         help="local cache of tensors this worker produced or fetched (default: 256 MiB)")
     parser.add_argument("--max-subgraph-bytes", type=int, default=None,
                         help="largest memory a subgraph may declare (default: half the device's memory)")
+    parser.add_argument("--max-memory-bytes", type=int, default=None,
+                        help="memory this worker may take beyond what it holds at start, enforced by the operating "
+                             "system on CPU and by torch's allocator on a GPU (default: 1.5 x --max-subgraph-bytes; "
+                             "--max-subgraph-bytes defaults to 2/3 of this when only this is given)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--exit-when-server-gone", type=float, default=None, metavar="SECONDS",
                         help="exit when Redis stays unreachable this long (default: keep retrying)")
@@ -70,11 +75,13 @@ def main(argv=None):
         worker = Worker(client, args.name, device=args.device, reclaim_idle=args.reclaim_idle,
                         max_attempts=args.max_attempts, cache_bytes=args.cache_mib * 2**20,
                         max_subgraph_bytes=args.max_subgraph_bytes, parent_pid=args.parent_pid,
-                        server_gone_after=args.exit_when_server_gone, dead_after=args.dead_after)
+                        server_gone_after=args.exit_when_server_gone, dead_after=args.dead_after,
+                        max_memory_bytes=args.max_memory_bytes)
     except (ConnectionFailed, ValueError) as exc:
         print(f"ravop-worker: {exc}", file=sys.stderr)
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop())
+    memory.enforce(worker.device, worker.memory_budget)
     gc.freeze()   # what is loaded by now lives as long as the process: the cyclic GC need not rescan it
     return worker.run()

@@ -21,6 +21,7 @@ from ravop.store import workers as liveness
 from ravop.wire import decode_tensor, encode_tensor, plan_pb2, unpack_nodes
 
 from . import device as devices
+from . import memory
 from .cache import TensorCache
 from .heartbeat import Heartbeat
 from .run import KernelError, run
@@ -51,7 +52,8 @@ def parse_message(fields):
 
 class Worker:
     def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
-                 max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL):
+                 max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
+                 max_memory_bytes=None):
         if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
                              f"{dead_after} and {max_attempts}")
@@ -63,7 +65,12 @@ class Worker:
         self.takeover = Takeover(client, self.stream, name, dead_after, reclaim_idle)
         self.max_attempts = max_attempts
         self.cache = TensorCache(cache_bytes)
-        self.limit = max_subgraph_bytes or devices.default_limit(self.device)
+        # What a subgraph may declare, and what the process may hold beyond its start (worker/memory.py):
+        # given one, the other follows.
+        self.limit = max_subgraph_bytes or (max_memory_bytes * 2 // 3 if max_memory_bytes
+                                            else devices.default_limit(self.device))
+        self.memory_budget = max_memory_bytes or memory.default_budget(self.limit)
+        self.value_limit = memory.value_limit(client)
         self.server_gone_after = server_gone_after
         self.scripts = Scripts(client)
         self.stopping = threading.Event()
@@ -160,10 +167,11 @@ class Worker:
         self.heartbeat.watch(message_id)
         try:
             inputs = self._inputs(keys, subgraph)
-            outputs = run(program, inputs, seed, self.device)
+            outputs = run(program, inputs, seed, self.device, self.memory_budget)
+            self._check_storable(program, outputs)
             self._finish(keys, subgraph_id, message_id, outputs)
         except KernelError as exc:
-            self._give_up(keys, message_id, subgraph_id, str(exc), "kernel error", exc.node)
+            self._give_up(keys, message_id, subgraph_id, str(exc), exc.reason, exc.node)
         except _MissingInput as exc:
             if self.client.sismember(keys.done, subgraph_id):
                 self._ack(message_id)  # another worker finished it meanwhile and its inputs were released
@@ -192,6 +200,13 @@ class Worker:
                 self.cache.put(keys.tensor(i), tensor)
                 env[i] = tensor
         return env
+
+    def _check_storable(self, program, outputs):
+        found = memory.unstorable(outputs, self.value_limit)
+        if found is not None:
+            output_id, problem = found
+            step = next((step for step in program.steps if step.id == output_id), None)
+            raise KernelError(step, problem, "output too large to store")
 
     def _finish(self, keys, subgraph_id, message_id, outputs):
         """Store the outputs (the same bytes under the same keys if this is a retry) and complete the subgraph,
