@@ -1,6 +1,8 @@
 """Plain helpers shared by test modules (fixtures live in conftest.py)."""
 import time
 
+import torch
+
 import ravop as R
 from ravop.store import Scripts, graphs
 from ravop.wire import pack_nodes, plan_pb2
@@ -36,3 +38,14 @@ def wait_until_finished(client, keys, timeout=120):
         assert time.monotonic() < deadline, f"graph {keys.graph_id} still {state.decode()} after {timeout} s"
         time.sleep(0.02)
     return state
+
+
+def assert_a_valid_graph_runs():
+    """A small valid graph runs on the workers and gives the exact result: they survived what came before."""
+    R.Graph(name="after")
+    x = R.t(torch.ones(100, 100))
+    (x @ x).persist_op("good")
+    R.activate()
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=120)
+    assert torch.equal(R.fetch_persisting_op("good"), torch.full((100, 100), 100.0))

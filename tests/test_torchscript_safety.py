@@ -34,11 +34,15 @@ class SavesToItsArgument(nn.Module):
         return x
 
 
-class SavesWithAtenOp(nn.Module):
+class HoldsAPath(nn.Module):
+    """A model given the path a hostile method would write."""
+
     def __init__(self, path):
         super().__init__()
         self.path = path
 
+
+class SavesWithAtenOp(HoldsAPath):
     def forward(self, x):
         torch.ops.aten.save(x, self.path)
         return x
@@ -71,11 +75,7 @@ def save_quietly(x, path: str):
     return x
 
 
-class CallsAScriptedFunction(nn.Module):
-    def __init__(self, path):
-        super().__init__()
-        self.path = path
-
+class CallsAScriptedFunction(HoldsAPath):
     def forward(self, x):
         return save_quietly(x, self.path)
 
@@ -89,11 +89,7 @@ class Nested(nn.Module):
         return self.inner(x)
 
 
-class ExportsABackdoor(nn.Module):
-    def __init__(self, path):
-        super().__init__()
-        self.path = path
-
+class ExportsABackdoor(HoldsAPath):
     def forward(self, x):
         return x
 
@@ -103,12 +99,8 @@ class ExportsABackdoor(nn.Module):
         return x
 
 
-class SavesOnLoad(nn.Module):
+class SavesOnLoad(HoldsAPath):
     """Its __setstate__ would run inside torch.jit.load."""
-
-    def __init__(self, path):
-        super().__init__()
-        self.path = path
 
     def forward(self, x):
         return x

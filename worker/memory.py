@@ -7,10 +7,12 @@ declares (a plan is data from the network and may lie about its sizes).
   machine swapping or the OOM killer ending the worker. It costs nothing per subgraph. On a GPU worker,
   torch's caching allocator is bounded instead (the CUDA driver's host mappings would count against
   RLIMIT_DATA).
-- `check_output`: each value a kernel returns is checked against its declared size and the budget, so an op
+- `allocation_failure`: a kernel whose allocation failed is reported with the sizes involved.
+- `oversized`: each value a kernel returns is checked against its declared size and the budget, so an op
   that declares one element and returns a gigabyte fails at that op.
-- `check_storable`: an output must fit in one server value (proto-max-bulk-len), or storing it would fail
-  (the server drops the connection) on every worker that tries.
+- `unstorable`: an output must fit in one server value (`value_limit`, the server's proto-max-bulk-len, read
+  when the worker starts), or storing it would fail (the server drops the connection) on every worker that
+  tries.
 Each check returns a message naming the sizes; the caller fails the subgraph with it, naming the op and the
 user's line (worker/run.py, worker/consumer.py), frees the values and goes on.
 """
