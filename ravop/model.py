@@ -16,7 +16,8 @@ The archive is split in two: its code, re-saved with empty parameter and buffer 
 constant (the "blob", named by its sha256, so workers load and cache it once per architecture); the
 parameters and buffers become ordinary graph tensors, in `named_parameters()` / `named_buffers()` order,
 which training replaces like any layer's. Tied parameters (one tensor in several slots) are one value.
-A model whose code touches files (torch.save, torch.from_file) is refused here, and again by workers.
+A model whose code is more than pure tensor computation (file ops, custom ops, forks: see
+ravop/ops/torchscript_safety.py) is refused here, and again by workers and when a saved model is loaded.
 
 `Model.forward` records one `torchscript_forward` op (ravop/ops/torchscript.py). Its output shapes are
 found by running the model once on the requester per input shapes, on meta tensors (no compute), or on
@@ -35,7 +36,7 @@ from . import functional as F
 from .errors import ShapeError
 from .graph import as_op, current_graph
 from .interpreter import op_seed
-from .ops import torchscript
+from .ops import torchscript, torchscript_safety
 from .session import LOADERS
 from .source import user_source
 
@@ -152,8 +153,7 @@ def _groups(named):
 
 
 def _from_archive(data):
-    torchscript.check_code(data)
-    module = torch.jit.load(io.BytesIO(data), map_location="cpu")
+    module = torchscript_safety.load(data)
     params = _groups(module.named_parameters(remove_duplicate=False))
     buffers = _groups(module.named_buffers(remove_duplicate=False))
     for slots, tensor in params + buffers:
@@ -241,7 +241,7 @@ def load_module(spec, tensors):
     digest = hashlib.sha256(data).hexdigest()
     if digest != spec["model_hash"]:
         raise ValueError(f"saved model blob has sha256 {digest}, its spec names {spec['model_hash']}")
-    module = torch.jit.load(io.BytesIO(data), map_location="cpu")
+    module = torchscript_safety.load(data)
     values = [(slots, torch.nn.Parameter(tensors[slots[0]], requires_grad=bool(grad)))
               for slots, grad in zip(spec["param_slots"], spec["requires_grad"])]
     values += [(slots, tensors[slots[0]]) for slots in spec["buffer_slots"]]

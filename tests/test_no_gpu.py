@@ -100,7 +100,7 @@ def test_running_out_of_memory_names_the_op_and_sizes_and_the_worker_keeps_servi
         R.execute(timeout=60)
     message = str(info.value)
     assert "out of memory on cpu at op 'bincount'" in message and "inputs (2,) int64" in message
-    assert "declared output (-1,) int64" in message
+    assert "its declared output is (-1,) int64" in message
     _still_serves(workers, name)
 
 

@@ -2,8 +2,9 @@
 then complete it (ack, count progress, enqueue the successors that became ready) in the same round trip.
 
 Delivery is at-least-once. A message is acked only by the completion or failure scripts, after the outputs
-are stored; a message held by a worker that died is taken over with XAUTOCLAIM once idle for
-`reclaim_idle` seconds; after `max_attempts` deliveries it is given up on. Whatever a message holds
+are stored; a message held by a worker that died is taken over once its heartbeat has been silent for
+`dead_after` seconds, and any message nobody works on after `reclaim_idle` (worker/takeover.py); after
+`max_attempts` deliveries it is given up on. Whatever a message holds
 (garbage, unknown ops, absurd shapes) fails its graph and lands in the dead-letter stream, and the worker
 goes on; a kernel error fails the graph at once (it would fail again on any worker: no retries).
 """
@@ -21,9 +22,11 @@ from ravop.store import workers as liveness
 from ravop.wire import decode_tensor, encode_tensor, plan_pb2, unpack_nodes
 
 from . import device as devices
+from . import memory
 from .cache import TensorCache
 from .heartbeat import Heartbeat
-from .run import KernelError, run
+from .run import OVER_BUDGET, KernelError, run
+from .takeover import Takeover
 from .validate import check
 
 log = logging.getLogger("ravop.worker")
@@ -50,28 +53,33 @@ def parse_message(fields):
 
 class Worker:
     def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
-                 max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, provider=None):
-        if reclaim_idle <= 0 or max_attempts < 1:
-            raise ValueError(f"need reclaim_idle > 0 and max_attempts >= 1, not {reclaim_idle} and {max_attempts}")
+                 max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
+                 max_memory_bytes=None, provider=None):
+        if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
+            raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
+                             f"{dead_after} and {max_attempts}")
         self.client = client
         self.name = name
         self.device = devices.parse(device)
         devices.use_full_precision(self.device)
         self.kind = self.device.type
         self.stream = queue(self.kind)  # a CPU worker never reads the GPU stream, and vice versa
-        self.reclaim_idle_ms = int(reclaim_idle * 1000)
-        self.reclaim_every = reclaim_idle / 2
+        self.takeover = Takeover(client, self.stream, name, dead_after, reclaim_idle)
         self.max_attempts = max_attempts
         self.cache = TensorCache(cache_bytes)
-        self.limit = max_subgraph_bytes or devices.default_limit(self.device)
+        # What a subgraph may declare, and what the process may hold beyond its start (worker/memory.py):
+        # given one, the other follows.
+        self.limit = max_subgraph_bytes or (max_memory_bytes * 2 // 3 if max_memory_bytes
+                                            else devices.default_limit(self.device))
+        self.memory_budget = max_memory_bytes or memory.default_budget(self.limit)
+        self.value_limit = memory.value_limit(client)
         self.server_gone_after = server_gone_after
         self.scripts = Scripts(client)
         self.stopping = threading.Event()
         self.provider = provider  # a worker.federated.Provider if this worker offers data (--data)
-        self.heartbeat = Heartbeat(client, name, self.kind, self.stream, min(2.0, reclaim_idle / 3), self.stopping,
-                                   parent_pid, provider.data.names() if provider is not None else None)
+        self.heartbeat = Heartbeat(client, name, self.kind, self.stream, self.takeover.every, dead_after,
+                                   self.stopping, parent_pid, provider.data.names() if provider is not None else None)
         self.completed = 0
-        self._next_reclaim = 0.0
 
     def stop(self):
         """Stop after the subgraph being run, if any, is finished (safe from a signal handler)."""
@@ -113,17 +121,10 @@ class Worker:
         return 0
 
     def _next(self):
-        """(message id, fields, deliveries): work held too long by a silent worker first, then new work."""
-        now = time.monotonic()
-        if now >= self._next_reclaim:
-            self._next_reclaim = now + self.reclaim_every
-            _, claimed, _ = self.client.xautoclaim(self.stream, GROUP, self.name, self.reclaim_idle_ms, "0-0",
-                                                   count=1)
-            if claimed:
-                self._next_reclaim = now  # more may be waiting
-                message_id, fields = claimed[0]
-                pending = self.client.xpending_range(self.stream, GROUP, message_id, message_id, 1)
-                return message_id, fields, pending[0]["times_delivered"] if pending else 1
+        """(message id, fields, deliveries): work held by a dead or silent worker first, then new work."""
+        found = self.takeover.next()
+        if found is not None:
+            return found
         reply = self.client.xreadgroup(GROUP, self.name, {self.stream: ">"}, count=1, block=BLOCK_MS)
         if reply:
             message_id, fields = reply[0][1][0]
@@ -171,14 +172,14 @@ class Worker:
         self.heartbeat.watch(message_id)
         try:
             inputs = self._inputs(keys, subgraph)
-            outputs = run(program, inputs, seed, self.device)
+            outputs = run(program, inputs, seed, self.device, self.memory_budget)
+            self._check_storable(program, outputs)
             self._finish(keys, subgraph_id, message_id, outputs)
         except KernelError as exc:
-            if exc.out_of_memory:  # keep serving: drop what this worker holds for reuse, then report
+            if exc.reason == OVER_BUDGET:  # keep serving: drop what this worker holds for reuse, then report
                 self.cache.clear()
                 devices.release_cached(self.device)
-            self._give_up(keys, message_id, subgraph_id, str(exc), "out of memory" if exc.out_of_memory
-                          else "kernel error", exc.node)
+            self._give_up(keys, message_id, subgraph_id, str(exc), exc.reason, exc.node)
         except _MissingInput as exc:
             if self.client.sismember(keys.done, subgraph_id):
                 self._ack(message_id)  # another worker finished it meanwhile and its inputs were released
@@ -207,6 +208,13 @@ class Worker:
                 self.cache.put(keys.tensor(i), tensor)
                 env[i] = tensor
         return env
+
+    def _check_storable(self, program, outputs):
+        found = memory.unstorable(outputs, self.value_limit)
+        if found is not None:
+            output_id, problem = found
+            step = next((step for step in program.steps if step.id == output_id), None)
+            raise KernelError(step, problem, "output too large to store")
 
     def _finish(self, keys, subgraph_id, message_id, outputs):
         """Store the outputs (the same bytes under the same keys if this is a retry) and complete the subgraph,

@@ -61,9 +61,20 @@ def decode_tensor(data):
     return flat.view(dtype).reshape(shape)
 
 
-def _from_json(value):
+# A plan's params come from the network: bounded so that a hostile blob gets a clear refusal, not a
+# RecursionError from the JSON parser or a huge allocation. Real params (shapes, slot names, index specs)
+# are a few levels deep and far smaller.
+MAX_PARAMS_BYTES = 16 << 20
+MAX_PARAMS_DEPTH = 32
+
+
+def _from_json(value, depth=1):
+    if depth > MAX_PARAMS_DEPTH:
+        raise WireFormatError(f"op params nest deeper than {MAX_PARAMS_DEPTH} levels")
     if isinstance(value, list):
-        return tuple(_from_json(v) for v in value)
+        return tuple(_from_json(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return {k: _from_json(v, depth + 1) for k, v in value.items()}
     return value
 
 
@@ -82,8 +93,12 @@ def encode_params(params):
 def decode_params(data):
     if not data:
         return {}
+    if len(data) > MAX_PARAMS_BYTES:
+        raise WireFormatError(f"op params are {len(data):,} bytes, more than the {MAX_PARAMS_BYTES:,} allowed")
     try:
         params = json.loads(data)
+    except RecursionError:
+        raise WireFormatError(f"op params nest deeper than {MAX_PARAMS_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise WireFormatError(f"op params are not valid JSON: {exc}") from None
     if not isinstance(params, dict):
