@@ -17,8 +17,8 @@ from .graph import current_graph, set_current
 from .store import GraphKeys, Scripts, TokenKeys, check_name, connect, ensure_queues
 from .store.connect import redact
 from .store import graphs as store_graphs
+from .store import tensors as stored
 from .store import workers as liveness
-from .wire import decode_tensor
 
 # How a persisted bundle (a trained model) is rebuilt at fetch: kind -> fn(spec, {key: tensor}) -> object.
 # Packages that save bundles (ravdl) register their kinds here.
@@ -271,8 +271,9 @@ def _fetch_tensor(session, keys, name, node_id, wait, deadline):
         pipe.get(key)
         pipe.hmget(keys.meta, store_graphs.STATE_FIELDS)
         data, meta = pipe.execute()
-        if data is not None:
-            return decode_tensor(data)
+        tensor = None if data is None else stored.decode(session.client, key, data)
+        if tensor is not None:
+            return tensor
         meta = store_graphs.decode_state(meta)
         if not meta:
             raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")

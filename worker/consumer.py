@@ -14,10 +14,11 @@ import time
 import redis
 from google.protobuf.message import DecodeError
 
-from ravop.errors import PlanError, WireFormatError
+from ravop.errors import PlanError, StoreLimitError, WireFormatError
 from ravop.store import GROUP, GraphKeys, Scripts, ensure_queues, queue
+from ravop.store import tensors as stored
 from ravop.store import workers as liveness
-from ravop.wire import decode_tensor, encode_tensor, plan_pb2, unpack_nodes
+from ravop.wire import plan_pb2, unpack_nodes
 
 from . import device as devices
 from .cache import TensorCache
@@ -178,6 +179,8 @@ class Worker:
                               "not in Redis (deleted by R.flush()?)", "missing input")
         except WireFormatError as exc:
             self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}", "bad input")
+        except StoreLimitError as exc:
+            self._give_up(keys, message_id, subgraph_id, str(exc), "server full")
         finally:
             self.heartbeat.unwatch()
 
@@ -192,9 +195,10 @@ class Worker:
                 env[i] = tensor
         if missing:
             for i, data in zip(missing, self.client.mget([keys.tensor(i) for i in missing])):
-                if data is None:
+                tensor = None if data is None else stored.decode(self.client, keys.tensor(i), data)
+                if tensor is None:
                     raise _MissingInput(i)
-                tensor = devices.to_device(decode_tensor(data), self.device)
+                tensor = devices.to_device(tensor, self.device)
                 self.cache.put(keys.tensor(i), tensor)
                 env[i] = tensor
         return env
@@ -202,16 +206,22 @@ class Worker:
     def _finish(self, keys, subgraph_id, message_id, outputs):
         """Store the outputs (the same bytes under the same keys if this is a retry) and complete the subgraph,
         in one MULTI/EXEC: if the server refuses the writes (out of memory), the completion does not run."""
+        host = {i: devices.to_host(tensor) for i, tensor in outputs.items()}
+        total = sum(map(stored.nbytes, host.values()))
+        # Big outputs are checked against the server's limits first, so that a full server is reported
+        # in numbers rather than as a refused transaction.
+        chunk = stored.fit_to_server(self.client, total, f"the outputs of subgraph {subgraph_id}") \
+            if total > stored.chunk_bytes() else None
         pipe = self.client.pipeline(transaction=True)
-        for i, tensor in outputs.items():
-            pipe.set(keys.tensor(i), encode_tensor(devices.to_host(tensor)))
+        for i, tensor in host.items():
+            stored.write(pipe, keys.tensor(i), tensor, chunk)
         self.scripts.complete_in(pipe, keys, subgraph_id, self.name, self.stream, message_id)
         try:
             status = pipe.execute()[-1]
         except redis.exceptions.NoScriptError:  # the server restarted and lost its scripts; the writes went in
             status = self.scripts.complete(keys, subgraph_id, self.name, self.stream, message_id)
         if status == -1:  # the graph was flushed while this subgraph ran: take back what was written
-            self.client.delete(*[keys.tensor(i) for i in outputs])
+            self.client.delete(*[key for i in outputs for key in stored.keys_of(keys.tensor(i))])
             return
         for i, tensor in outputs.items():
             # Cached as Redis hands it to any other worker: contiguous. A kernel may round differently on a
