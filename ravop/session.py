@@ -130,7 +130,7 @@ def activate(**compile_options):
     if not graph.persisted:
         raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                               "op.persist_op(name) on the values to fetch, then R.activate()")
-    from compiler import compile_graph  # ravop depends on the compiler only here (DESIGN.md)
+    from compiler import compile_graph  # ravop depends on the compiler only here (docs/architecture.md)
     compiled = compile_graph(graph, **compile_options)
     summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
     meta = {"name": graph.name, "algorithm": graph.algorithm, "approach": graph.approach,
