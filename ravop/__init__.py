@@ -15,7 +15,7 @@ from .api import build as _build
 from .autodiff import NotDifferentiableError, grad, needs_grad
 from .constants import Scalar, Tensor, epsilon, inf, minus_one, one, pi, t
 from .errors import (ConnectionFailed, GraphFailedError, GraphStateError, NotComputedError, RavopError,
-                     ShapeError, UnknownPersistName)
+                     ShapeError, StoreLimitError, UnknownPersistName)
 from .graph import Graph, Op, current_graph
 from .model import model
 from .session import (activate, execute, fetch_persisting_op, flush, get_my_graphs, initialize,

@@ -46,3 +46,4 @@ class PlanError(RavopError, ValueError):
 
 class StoreLimitError(RavopError, ValueError):
     """Values to write do not fit the Redis server's limits (maxmemory, proto-max-bulk-len)."""
+

@@ -192,12 +192,65 @@ def track_progress(progress_bar=True, timeout=None):
     meta = _meta(session, keys)
     if meta["state"] == "activated":
         raise GraphStateError(f"graph {meta['name']!r} has not been started: call R.execute()")
+    if int(meta["n_ops"]) == 0:  # constant folding computed everything at activate: no bar to show
+        if progress_bar:
+            print(f"graph {meta['name']!r}: computed entirely by R.activate() (constant folding); nothing ran "
+                  "on workers", file=sys.stderr)
+        return
+    try:
+        if session.embedded is not None:
+            session.embedded.wait_ready(session.client)
+        _track(session, keys, meta, progress_bar, timeout, tqdm)
+    except KeyboardInterrupt:
+        # A plain KeyboardInterrupt (`except KeyboardInterrupt` still works, and uncaught it exits as Ctrl-C
+        # does: Python only does that for the exact class), marked so that uncaught it prints one line
+        # instead of a traceback from inside the Redis client.
+        interrupted = KeyboardInterrupt(_interrupted_text(session, keys))
+        interrupted.brief = True
+        print_interrupts_briefly()
+        raise interrupted from None
+
+
+def print_interrupts_briefly():
+    """Make an uncaught KeyboardInterrupt marked `brief` print only its message; everything else goes to the
+    sys.excepthook that was there. Idempotent."""
+    previous = sys.excepthook
+    if getattr(previous, "brief_interrupts", False):
+        return
+
+    def hook(kind, value, traceback):
+        if isinstance(value, KeyboardInterrupt) and getattr(value, "brief", False):
+            print(value, file=sys.stderr)
+        else:
+            previous(kind, value, traceback)
+
+    hook.brief_interrupts = True
+    sys.excepthook = hook
+
+
+def _interrupted_text(session, keys):
+    """One line for a Ctrl-C in track_progress: what was interrupted, what happens to the graph, how to
+    resume."""
+    try:
+        meta = store_graphs.read_state(session.client, keys)
+        where = f"{meta['name']!r} ({meta['ops_done']} of {meta['n_ops']} ops run)"
+    except (redis.RedisError, KeyError):  # the interrupt may have broken the connection: say less
+        where = keys.graph_id
     if session.embedded is not None:
-        session.embedded.wait_ready(session.client)
+        fate = "it stops with this process, since the embedded default's server and workers do; run the script " \
+               "again to start over"
+    else:
+        fate = (f"it keeps running on the workers of {redact(session.url)}; R.initialize(token={session.token!r}, "
+                f"redis_url=...) then R.track_progress() or R.fetch_persisting_op(name) resumes")
+    return f"interrupted R.track_progress() of graph {where}: {fate}"
+
+
+def _track(session, keys, meta, progress_bar, timeout, tqdm):
     deadline = None if timeout is None else time.monotonic() + timeout
     last_event, warned, next_check = "0-0", set(), 0.0
-    with tqdm(total=int(meta["n_ops"]), unit="op", desc=meta["name"], disable=not progress_bar,
-              file=sys.stderr) as bar:
+    # initial=: work done before the bar appeared is not counted in its rate (it would read millions of ops/s).
+    with tqdm(total=int(meta["n_ops"]), initial=int(meta["ops_done"]), unit="op", desc=meta["name"],
+              disable=not progress_bar, file=sys.stderr) as bar:
         while True:
             meta = _meta(session, keys)
             bar.update(int(meta["ops_done"]) - bar.n)
@@ -271,10 +324,16 @@ def _fetch_tensor(session, keys, name, node_id, wait, deadline):
         pipe.get(key)
         pipe.hmget(keys.meta, store_graphs.STATE_FIELDS)
         data, meta = pipe.execute()
+        meta = store_graphs.decode_state(meta)
+        if meta.get("state") == "activated":
+            # Constants (and values folded into constants) are in Redis from R.activate() on, others only
+            # once computed: nothing is fetched before the graph runs, so the answer does not depend on that.
+            raise NotComputedError(f"{name!r} is not computed: graph {meta['name']!r} is activated but not "
+                                   "started; call R.execute(), then R.track_progress() or fetch_persisting_op("
+                                   "name, wait=True)")
         tensor = None if data is None else stored.decode(session.client, key, data)
         if tensor is not None:
             return tensor
-        meta = store_graphs.decode_state(meta)
         if not meta:
             raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")
         if meta["state"] == "failed":
