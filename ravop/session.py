@@ -325,13 +325,10 @@ def _fetch_tensor(session, keys, name, node_id, wait, deadline):
         pipe.hmget(keys.meta, store_graphs.STATE_FIELDS)
         data, meta = pipe.execute()
         meta = store_graphs.decode_state(meta)
-        if meta.get("state") == "activated":
-            # Constants (and values folded into constants) are in Redis from R.activate() on, others only
-            # once computed: nothing is fetched before the graph runs, so the answer does not depend on that.
-            raise NotComputedError(f"{name!r} is not computed: graph {meta['name']!r} is activated but not "
-                                   "started; call R.execute(), then R.track_progress() or fetch_persisting_op("
-                                   "name, wait=True)")
-        tensor = None if data is None else stored.decode(session.client, key, data)
+        # Constants (and values folded into constants) are in Redis from R.activate() on, others only once
+        # computed: nothing is returned before the graph starts, so the answer does not depend on folding.
+        started = meta.get("state") != "activated"
+        tensor = None if data is None or not started else stored.decode(session.client, key, data)
         if tensor is not None:
             return tensor
         if not meta:
@@ -340,6 +337,10 @@ def _fetch_tensor(session, keys, name, node_id, wait, deadline):
             raise _failed(meta)
         if meta["state"] == "done":
             raise GraphStateError(f"graph {meta['name']!r} is done but {name!r} is not in Redis")
+        if not wait and not started:
+            raise NotComputedError(f"{name!r} is not computed yet: graph {meta['name']!r} is activated but not "
+                                   "started; call R.execute(), then R.track_progress() or "
+                                   "fetch_persisting_op(name, wait=True)")
         if not wait:
             raise NotComputedError(f"{name!r} is not computed yet: graph {meta['name']!r} is {meta['state']} "
                                    f"({meta['ops_done']} of {meta['n_ops']} ops run). R.track_progress() waits for "
