@@ -1,17 +1,19 @@
 """The embedded default: a private Redis-compatible server on a unix socket in a temp dir (no persistence),
 plus local worker processes. It is the same queue and worker code as a cluster; only the URL differs.
 
-Everything stops at exit (atexit). If this process dies without running atexit (SIGKILL), the kernel stops
-the server and the workers too (Linux: PR_SET_PDEATHSIG); elsewhere the workers notice that their parent
-is gone and exit. The kernel's signal follows the *thread* that started them, so call R.initialize() from a
+Everything stops at exit (atexit), and on SIGTERM (which skips atexit) unless the program handles SIGTERM
+itself. If this process dies without running atexit (SIGKILL), the kernel stops the server and the workers
+too (Linux: PR_SET_PDEATHSIG); elsewhere the workers notice that their parent is gone and exit. The kernel's signal follows the *thread* that started them, so call R.initialize() from a
 thread that lives as long as the session (the main thread, normally).
 """
 import atexit
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -134,6 +136,26 @@ def start_worker(url, name, device="cpu", threads=None, log_path=None, parent_pi
             out.close()  # the child holds its own copy
 
 
+_running = set()  # EmbeddedClusters not stopped yet
+
+
+def _stop_all_and_die(signum, frame):
+    """SIGTERM skips atexit, which would leave the temp dir (socket, logs) behind: stop what is running,
+    then die of the same signal, as the process would have without this handler."""
+    for cluster in list(_running):
+        cluster.stop()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _clean_up_on_sigterm():
+    """Install `_stop_all_and_die` where nobody else handles SIGTERM (a program's own handler exits its own
+    way, through atexit), from the main thread, the only one that may set handlers."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _stop_all_and_die)
+
+
 class EmbeddedCluster:
     """A `LocalServer` and `workers` worker processes on `device`, stopped at exit. `data` lists the files of
     each data provider (worker i gets `--data` data[i]) for federated graphs."""
@@ -151,6 +173,8 @@ class EmbeddedCluster:
         # thread count sums in a different order, so only the same setting reproduces eager PyTorch there.
         self.workers = []  # (name, log path, process)
         atexit.register(self.stop)
+        _running.add(self)
+        _clean_up_on_sigterm()
         for i in range(workers):
             name = f"embedded-{os.getpid()}-{i}"
             log = os.path.join(self.server.dir, f"{name}.log")
@@ -202,3 +226,4 @@ class EmbeddedCluster:
         self.workers = []
         self.server.stop()
         atexit.unregister(self.stop)
+        _running.discard(self)

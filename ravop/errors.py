@@ -46,3 +46,8 @@ class PlanError(RavopError, ValueError):
     def __init__(self, message, node=None):
         super().__init__(message)
         self.node = node  # the plan node at fault, if one is
+
+
+class StoreLimitError(RavopError, ValueError):
+    """Values to write do not fit the Redis server's limits (maxmemory, proto-max-bulk-len)."""
+

@@ -50,6 +50,20 @@ class Op:
     def __iter__(self):
         raise TypeError("an Op cannot be iterated before it runs; index it (op[i]) or use R.split")
 
+    def _no_value(self, conversion):
+        raise TypeError(f"{conversion}() of {self!r}: ops are lazy, so it has no value until its graph runs; "
+                        "persist it (op.persist_op('name')), run R.activate(), R.execute(), then "
+                        "R.fetch_persisting_op('name') returns the tensor")
+
+    def __float__(self):
+        self._no_value("float")
+
+    def __int__(self):
+        self._no_value("int")
+
+    def __complex__(self):
+        self._no_value("complex")
+
     def __len__(self):
         if not self.shape:
             raise TypeError("len() of a 0-d Op")

@@ -18,9 +18,9 @@ from .graph import current_graph, set_current
 from .store import GraphKeys, Scripts, TokenKeys, check_name, connect, ensure_queues
 from .store.connect import redact
 from .store import graphs as store_graphs
+from .store import tensors as stored
 from .store.federated import FederatedKeys
 from .store import workers as liveness
-from .wire import decode_tensor
 
 # How a persisted bundle (a trained model) is rebuilt at fetch: kind -> fn(spec, {key: tensor}) -> object.
 # Packages that save bundles (ravdl) register their kinds here.
@@ -162,7 +162,7 @@ def activate(**compile_options):
     if not graph.persisted:
         raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                               "op.persist_op(name) on the values to fetch, then R.activate()")
-    from compiler import compile_graph  # ravop depends on the compiler only here (DESIGN.md)
+    from compiler import compile_graph  # ravop depends on the compiler only here (docs/architecture.md)
     compiled = compile_graph(graph, **compile_options)
     summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
     meta = {"name": graph.name, "algorithm": graph.algorithm, "approach": graph.approach,
@@ -230,12 +230,65 @@ def track_progress(progress_bar=True, timeout=None):
     meta = _meta(session, keys)
     if meta["state"] == "activated":
         raise GraphStateError(f"graph {meta['name']!r} has not been started: call R.execute()")
+    if int(meta["n_ops"]) == 0:  # constant folding computed everything at activate: no bar to show
+        if progress_bar:
+            print(f"graph {meta['name']!r}: computed entirely by R.activate() (constant folding); nothing ran "
+                  "on workers", file=sys.stderr)
+        return
+    try:
+        if session.embedded is not None:
+            session.embedded.wait_ready(session.client)
+        _track(session, keys, meta, progress_bar, timeout, tqdm)
+    except KeyboardInterrupt:
+        # A plain KeyboardInterrupt (`except KeyboardInterrupt` still works, and uncaught it exits as Ctrl-C
+        # does: Python only does that for the exact class), marked so that uncaught it prints one line
+        # instead of a traceback from inside the Redis client.
+        interrupted = KeyboardInterrupt(_interrupted_text(session, keys))
+        interrupted.brief = True
+        print_interrupts_briefly()
+        raise interrupted from None
+
+
+def print_interrupts_briefly():
+    """Make an uncaught KeyboardInterrupt marked `brief` print only its message; everything else goes to the
+    sys.excepthook that was there. Idempotent."""
+    previous = sys.excepthook
+    if getattr(previous, "brief_interrupts", False):
+        return
+
+    def hook(kind, value, traceback):
+        if isinstance(value, KeyboardInterrupt) and getattr(value, "brief", False):
+            print(value, file=sys.stderr)
+        else:
+            previous(kind, value, traceback)
+
+    hook.brief_interrupts = True
+    sys.excepthook = hook
+
+
+def _interrupted_text(session, keys):
+    """One line for a Ctrl-C in track_progress: what was interrupted, what happens to the graph, how to
+    resume."""
+    try:
+        meta = store_graphs.read_state(session.client, keys)
+        where = f"{meta['name']!r} ({meta['ops_done']} of {meta['n_ops']} ops run)"
+    except (redis.RedisError, KeyError):  # the interrupt may have broken the connection: say less
+        where = keys.graph_id
     if session.embedded is not None:
-        session.embedded.wait_ready(session.client)
+        fate = "it stops with this process, since the embedded default's server and workers do; run the script " \
+               "again to start over"
+    else:
+        fate = (f"it keeps running on the workers of {redact(session.url)}; R.initialize(token={session.token!r}, "
+                f"redis_url=...) then R.track_progress() or R.fetch_persisting_op(name) resumes")
+    return f"interrupted R.track_progress() of graph {where}: {fate}"
+
+
+def _track(session, keys, meta, progress_bar, timeout, tqdm):
     deadline = None if timeout is None else time.monotonic() + timeout
     last_event, warned, next_check = "0-0", set(), 0.0
-    with tqdm(total=int(meta["n_ops"]), unit="op", desc=meta["name"], disable=not progress_bar,
-              file=sys.stderr) as bar:
+    # initial=: work done before the bar appeared is not counted in its rate (it would read millions of ops/s).
+    with tqdm(total=int(meta["n_ops"]), initial=int(meta["ops_done"]), unit="op", desc=meta["name"],
+              disable=not progress_bar, file=sys.stderr) as bar:
         while True:
             meta = _meta(session, keys)
             bar.update(int(meta["ops_done"]) - bar.n)
@@ -320,11 +373,19 @@ def _fetch_tensor(session, keys, name, node_id, wait, deadline):
         pipe.get(key)
         pipe.hmget(keys.meta, store_graphs.STATE_FIELDS)
         data, meta = pipe.execute()
-        if data is not None:
-            return decode_tensor(data)
         meta = store_graphs.decode_state(meta)
+        # Constants (and values folded into constants) are in Redis from R.activate() on, others only once
+        # computed: nothing is returned before the graph starts, so the answer does not depend on folding.
+        started = meta.get("state") != "activated"
+        tensor = None if data is None or not started else stored.decode(session.client, key, data)
+        if tensor is not None:
+            return tensor
         if meta.get("state") == "done":
             raise GraphStateError(f"graph {meta['name']!r} is done but {name!r} is not in Redis")
+        if not wait and not started:
+            raise NotComputedError(f"{name!r} is not computed yet: graph {meta['name']!r} is activated but not "
+                                   "started; call R.execute(), then R.track_progress() or "
+                                   "fetch_persisting_op(name, wait=True)")
         _not_ready(session, keys, name, meta, wait, deadline)
 
 

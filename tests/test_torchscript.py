@@ -286,9 +286,12 @@ def test_saved_module_reproduces_the_graph_prediction():
     prediction = model._forward_pass(R.t(x), training=False)
     model.save_model("my_net")
     module = fetch_in_process("my_net")
-    assert isinstance(module, torch.jit.ScriptModule) and not module.training
+    assert not isinstance(module, torch.jit.ScriptModule) and not module.training
     torch.testing.assert_close(module(x), evaluate(prediction), rtol=1e-6, atol=1e-6)
     assert [n for n, _ in module.named_parameters()] == list(model.model.param_names)
+    own = DigitsNet().eval()
+    own.load_state_dict(module.state_dict())  # the trained weights go back into the user's own class
+    torch.testing.assert_close(own(x), module(x))
 
 
 # ---------------------------------------------------------------------------------------------- R.model sources
@@ -467,7 +470,7 @@ def test_engine_training_equals_eager_and_the_fetched_module_reproduces_the_pred
     for i, want in enumerate(params + buffers):
         torch.testing.assert_close(R.fetch_persisting_op(f"state_{i}"), want, rtol=1e-5, atol=1e-5)
     my_net = R.fetch_persisting_op("my_net")
-    assert isinstance(my_net, torch.jit.ScriptModule)
+    assert isinstance(my_net, torch.nn.Module) and not isinstance(my_net, torch.jit.ScriptModule)
     with torch.no_grad():
         torch.testing.assert_close(my_net(x), R.fetch_persisting_op("prediction"), rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(my_net(x), net.eval()(x), rtol=1e-5, atol=1e-5)

@@ -15,11 +15,12 @@ import time
 import redis
 from google.protobuf.message import DecodeError
 
-from ravop.errors import PlanError, WireFormatError
+from ravop.errors import PlanError, StoreLimitError, WireFormatError
 from ravop.store import GROUP, GraphKeys, Scripts, ensure_queues, queue
 from ravop.store import federated as federated_store
+from ravop.store import tensors as stored
 from ravop.store import workers as liveness
-from ravop.wire import decode_tensor, encode_tensor, plan_pb2, unpack_nodes
+from ravop.wire import plan_pb2, unpack_nodes
 
 from . import device as devices
 from . import memory
@@ -72,7 +73,7 @@ class Worker:
         self.limit = max_subgraph_bytes or (max_memory_bytes * 2 // 3 if max_memory_bytes
                                             else devices.default_limit(self.device))
         self.memory_budget = max_memory_bytes or memory.default_budget(self.limit)
-        self.value_limit = memory.value_limit(client)
+        self.value_bytes = stored.fit_to_server(client)  # the largest value written in one piece on this server
         self.server_gone_after = server_gone_after
         self.scripts = Scripts(client)
         self.stopping = threading.Event()
@@ -173,7 +174,6 @@ class Worker:
         try:
             inputs = self._inputs(keys, subgraph)
             outputs = run(program, inputs, seed, self.device, self.memory_budget)
-            self._check_storable(program, outputs)
             self._finish(keys, subgraph_id, message_id, outputs)
         except KernelError as exc:
             if exc.reason == OVER_BUDGET:  # keep serving: drop what this worker holds for reuse, then report
@@ -188,6 +188,8 @@ class Worker:
                               "not in Redis (deleted by R.flush()?)", "missing input")
         except WireFormatError as exc:
             self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}", "bad input")
+        except StoreLimitError as exc:
+            self._give_up(keys, message_id, subgraph_id, str(exc), "server full")
         finally:
             self.heartbeat.unwatch()
 
@@ -202,33 +204,33 @@ class Worker:
                 env[i] = tensor
         if missing:
             for i, data in zip(missing, self.client.mget([keys.tensor(i) for i in missing])):
-                if data is None:
+                tensor = None if data is None else stored.decode(self.client, keys.tensor(i), data)
+                if tensor is None:
                     raise _MissingInput(i)
-                tensor = devices.to_device(decode_tensor(data), self.device)
+                tensor = devices.to_device(tensor, self.device)
                 self.cache.put(keys.tensor(i), tensor)
                 env[i] = tensor
         return env
 
-    def _check_storable(self, program, outputs):
-        found = memory.unstorable(outputs, self.value_limit)
-        if found is not None:
-            output_id, problem = found
-            step = next((step for step in program.steps if step.id == output_id), None)
-            raise KernelError(step, problem, "output too large to store")
-
     def _finish(self, keys, subgraph_id, message_id, outputs):
         """Store the outputs (the same bytes under the same keys if this is a retry) and complete the subgraph,
         in one MULTI/EXEC: if the server refuses the writes (out of memory), the completion does not run."""
+        host = {i: devices.to_host(tensor) for i, tensor in outputs.items()}
+        total = sum(map(stored.nbytes, host.values()))
+        # Big outputs are checked against the server's limits first, so that a full server is reported
+        # in numbers rather than as a refused transaction.
+        chunk = stored.fit_to_server(self.client, total, f"the outputs of subgraph {subgraph_id}") \
+            if total > self.value_bytes else self.value_bytes
         pipe = self.client.pipeline(transaction=True)
-        for i, tensor in outputs.items():
-            pipe.set(keys.tensor(i), encode_tensor(devices.to_host(tensor)))
+        for i, tensor in host.items():
+            stored.write(pipe, keys.tensor(i), tensor, chunk)
         self.scripts.complete_in(pipe, keys, subgraph_id, self.name, self.stream, message_id)
         try:
             status = pipe.execute()[-1]
         except redis.exceptions.NoScriptError:  # the server restarted and lost its scripts; the writes went in
             status = self.scripts.complete(keys, subgraph_id, self.name, self.stream, message_id)
         if status == -1:  # the graph was flushed while this subgraph ran: take back what was written
-            self.client.delete(*[keys.tensor(i) for i in outputs])
+            self.client.delete(*[key for i in outputs for key in stored.keys_of(keys.tensor(i))])
             return
         for i, tensor in outputs.items():
             # Cached as Redis hands it to any other worker: contiguous. A kernel may round differently on a

@@ -10,23 +10,16 @@ declares (a plan is data from the network and may lie about its sizes).
 - `allocation_failure`: a kernel whose allocation failed is reported with the sizes involved.
 - `oversized`: each value a kernel returns is checked against its declared size and the budget, so an op
   that declares one element and returns a gigabyte fails at that op.
-- `unstorable`: an output must fit in one server value (`value_limit`, the server's proto-max-bulk-len, read
-  when the worker starts), or storing it would fail (the server drops the connection) on every worker that
-  tries.
 Each check returns a message naming the sizes; the caller fails the subgraph with it, naming the op and the
 user's line (worker/run.py, worker/consumer.py), frees the values and goes on.
 """
 import logging
 import re
 
-import redis
 import torch
 
-from ravop.wire.codec import MAX_NDIM
 
 log = logging.getLogger("ravop.worker")
-DEFAULT_VALUE_LIMIT = 512 * 2**20   # Redis's and Valkey's default proto-max-bulk-len
-_TENSOR_HEADER = 6 + 8 * MAX_NDIM   # the most bytes ravop.wire.codec adds to a tensor's data
 
 
 def mib(n):
@@ -95,26 +88,6 @@ def oversized(step, value, budget):
         return (f"produced {tuple(value.shape)} {_dtype_name(value)} ({mib(size)}) but declared "
                 f"{tuple(step.shape)} {step.dtype or '?'} ({mib(step.bytes)}); this worker's memory budget is "
                 f"{mib(budget)}")
-    return None
-
-
-def value_limit(client):
-    """The largest value the server stores (proto-max-bulk-len); the default where CONFIG is not allowed."""
-    try:
-        reply = client.config_get("proto-max-bulk-len")
-        return int(reply.get("proto-max-bulk-len", DEFAULT_VALUE_LIMIT))
-    except (redis.ResponseError, ValueError):
-        return DEFAULT_VALUE_LIMIT
-
-
-def unstorable(outputs, limit):
-    """(output id, message) of the first output (id -> tensor) too big for one server value, or None."""
-    for output_id, tensor in outputs.items():
-        size = tensor.numel() * tensor.element_size()
-        if size + _TENSOR_HEADER > limit:
-            return output_id, (f"output {tuple(tensor.shape)} {_dtype_name(tensor)} is {mib(size)}, more than the "
-                               f"server stores in one value ({mib(limit)}, its proto-max-bulk-len): cut the graph "
-                               "so that the values handed between subgraphs are smaller")
     return None
 
 

@@ -19,6 +19,7 @@ Per token (one requester), under `ravop:{token}:`:
   g:{gid}:ran         hash    subgraph id -> the worker that finished it
   g:{gid}:events      stream  one entry when the graph ends (done or failed), for trackers to block on
   g:{gid}:t:{node}    string  a tensor (ravop.wire.codec)
+  g:{gid}:t:{node}:c  hash    chunk index -> raw data of a tensor too big for one value (ravop.store.tensors)
 Shared by all tokens, under `ravop:_:` (a token starts with a letter or a digit, so it cannot collide):
   queue:{cpu|cuda}    stream  ready subgraphs {token, graph, subgraph}; consumer group "workers"
   dead                stream  messages and subgraphs given up on: reason, error, op, source, worker
