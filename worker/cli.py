@@ -12,6 +12,7 @@ from ravop.errors import ConnectionFailed
 from ravop.store import connect
 
 from .consumer import Worker
+from .loop import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
 
 
 def parse_args(argv=None):
@@ -30,6 +31,11 @@ def parse_args(argv=None):
                         help="local cache of tensors this worker produced or fetched (default: 256 MiB)")
     parser.add_argument("--max-subgraph-bytes", type=int, default=None,
                         help="largest memory a subgraph may declare (default: half the device's memory)")
+    parser.add_argument("--checkpoint-steps", type=int, default=CHECKPOINT_STEPS,
+                        help="a training loop checkpoints its state to Redis every this many steps (0: by time "
+                             f"only; default: {CHECKPOINT_STEPS})")
+    parser.add_argument("--checkpoint-seconds", type=float, default=CHECKPOINT_SECONDS,
+                        help=f"... and at least every this many seconds (default: {CHECKPOINT_SECONDS:g})")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--exit-when-server-gone", type=float, default=None, metavar="SECONDS",
                         help="exit when Redis stays unreachable this long (default: keep retrying)")
@@ -65,7 +71,8 @@ def main(argv=None):
         worker = Worker(client, args.name, device=args.device, reclaim_idle=args.reclaim_idle,
                         max_attempts=args.max_attempts, cache_bytes=args.cache_mib * 2**20,
                         max_subgraph_bytes=args.max_subgraph_bytes, parent_pid=args.parent_pid,
-                        server_gone_after=args.exit_when_server_gone)
+                        server_gone_after=args.exit_when_server_gone, checkpoint_steps=args.checkpoint_steps,
+                        checkpoint_seconds=args.checkpoint_seconds)
     except (ConnectionFailed, ValueError) as exc:
         print(f"ravop-worker: {exc}", file=sys.stderr)
         return 1

@@ -15,6 +15,7 @@ import redis
 from google.protobuf.message import DecodeError
 
 from ravop.errors import PlanError, WireFormatError
+from ravop.loop_run import StepError
 from ravop.store import GROUP, GraphKeys, Scripts, ensure_queues, queue
 from ravop.store import workers as liveness
 from ravop.wire import decode_tensor, encode_tensor, plan_pb2, unpack_nodes
@@ -22,6 +23,7 @@ from ravop.wire import decode_tensor, encode_tensor, plan_pb2, unpack_nodes
 from . import device as devices
 from .cache import TensorCache
 from .heartbeat import Heartbeat
+from .loop import CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, run_loop
 from .run import KernelError, run
 from .validate import check
 
@@ -49,7 +51,8 @@ def parse_message(fields):
 
 class Worker:
     def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
-                 max_subgraph_bytes=None, parent_pid=None, server_gone_after=None):
+                 max_subgraph_bytes=None, parent_pid=None, server_gone_after=None,
+                 checkpoint_steps=CHECKPOINT_STEPS, checkpoint_seconds=CHECKPOINT_SECONDS):
         if reclaim_idle <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0 and max_attempts >= 1, not {reclaim_idle} and {max_attempts}")
         self.client = client
@@ -63,6 +66,10 @@ class Worker:
         self.cache = TensorCache(cache_bytes)
         self.limit = max_subgraph_bytes or devices.default_limit(self.device)
         self.server_gone_after = server_gone_after
+        if checkpoint_steps < 0 or checkpoint_seconds <= 0:
+            raise ValueError(f"need checkpoint_steps >= 0 and checkpoint_seconds > 0, not {checkpoint_steps} and "
+                             f"{checkpoint_seconds}")
+        self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
         self.scripts = Scripts(client)
         self.stopping = threading.Event()
         self.heartbeat = Heartbeat(client, name, self.kind, self.stream, min(2.0, reclaim_idle / 3), self.stopping,
@@ -166,10 +173,23 @@ class Worker:
         self.heartbeat.watch(message_id)
         try:
             inputs = self._inputs(keys, subgraph)
-            outputs = run(program, inputs, seed, self.device)
+            if subgraph.HasField("loop"):
+                outputs = run_loop(self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
+                                   self.checkpoint_steps, self.checkpoint_seconds)
+            else:
+                outputs = run(program, inputs, seed, self.device)
             self._finish(keys, subgraph_id, message_id, outputs)
+            if subgraph.HasField("loop"):
+                self.client.delete(keys.checkpoint(subgraph_id))
         except KernelError as exc:
             self._give_up(keys, message_id, subgraph_id, str(exc), "kernel error", exc.node)
+        except StepError as exc:
+            self._give_up(keys, message_id, subgraph_id, f"{exc} (loop step {exc.step + 1})", "kernel error",
+                          exc.node)
+        except PlanError as exc:   # a loop's templates are checked when the loop is built
+            self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
+        except LoopAbandoned:
+            self._ack(message_id)
         except _MissingInput as exc:
             if self.client.sismember(keys.done, subgraph_id):
                 self._ack(message_id)  # another worker finished it meanwhile and its inputs were released
