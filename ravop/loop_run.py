@@ -13,6 +13,7 @@ import torch
 from . import registry
 from .errors import PlanError
 from .interpreter import op_seed
+from .ops.optim import IN_PLACE
 from .wire import decode_params, unpack_nodes
 
 NOT_KERNELS = ("const", "loop", "loop_hole")
@@ -34,7 +35,7 @@ def run_seed(graph_seed, node_id, step_index):
 class StepFunction:
     """One template, bound to the loop's outer values."""
 
-    def __init__(self, template, outer, n_carried, graph_seed, device):
+    def __init__(self, template, outer, n_carried, graph_seed, device, owned=()):
         rows = unpack_nodes(template.nodes)
         if len(template.carry_holes) != n_carried or len(template.carry_next) != n_carried:
             raise PlanError(f"a loop step names {len(template.carry_holes)} carried holes and "
@@ -89,7 +90,29 @@ class StepFunction:
                 raise PlanError(f"a loop step names value {i} as a result but does not define it")
         self.next_slots = [slot[i] for i in template.carry_next]
         self.output_slots = [slot[i] for i in template.output_nodes]
+        self._update_in_place({self.carry_slots[k] for k in owned}, [row.op for row in rows])
         self.graph_seed, self.device = graph_seed, device
+
+    def _update_in_place(self, owned, ops):
+        """Give the trailing optimizer steps their in-place kernels where every value they overwrite is an
+        owned carried value (see `LoopRun`) that nothing reads after them and the step does not hand on."""
+        kept = set(self.next_slots) | set(self.output_slots)
+        last_read = {}
+        for index, (_, args, *_) in enumerate(self.ops):
+            for a in args:
+                last_read[a] = index
+        for index in range(len(self.ops) - 1, -1, -1):
+            if ops[index] == "tuple_get":
+                continue
+            in_place = IN_PLACE.get(ops[index])
+            if in_place is None:
+                return   # the block of optimizer steps at the end of the step is over
+            kernel, overwritten = in_place
+            _, args, params, out, random_id, counter = self.ops[index]
+            targets = [args[p] for p in overwritten]
+            if len(set(targets)) == len(targets) and all(
+                    t in owned and t not in kept and last_read[t] == index for t in targets):
+                self.ops[index] = (kernel, args, params, out, random_id, counter)
 
     def __call__(self, carried, rows, count, step_index):
         """(carried values after the step, persisted values) of one run; `rows`: the batch's row indices (a
@@ -125,7 +148,9 @@ class LoopRun:
         self.loop = loop
         self.initial = list(inputs[:loop.n_carried])
         outer = dict(zip(loop.outer_ids, inputs))
-        self.steps = [StepFunction(t, outer, loop.n_carried, graph_seed, device) for t in loop.templates]
+        self.owned = _owned(loop)
+        self.steps = [StepFunction(t, outer, loop.n_carried, graph_seed, device, self.owned)
+                      for t in loop.templates]
         pairs = list(loop.schedule)
         if len(pairs) % 2:
             raise PlanError("a loop schedule is (template, times) pairs")
@@ -160,6 +185,8 @@ class LoopRun:
         `on_step(steps done, template, run index, persisted values, carried values)`. Returns the carried
         values after the last step."""
         carried = list(self.initial if carried is None else carried)
+        for k in self.owned:   # the loop updates these in place: never the caller's tensors
+            carried[k] = carried[k].clone()
         loop = self.loop
         rng = np.random.default_rng(loop.shuffle_seed) if loop.shuffle else None
         order, order_round = None, -1
@@ -185,3 +212,16 @@ class LoopRun:
                     on_step(index + 1, t, run, outputs, carried)
         return carried
 
+
+def _owned(loop):
+    """The carried values the loop owns: in every template, the step makes its next value with an op (or
+    passes it through), and never persists it. From the second step on they are tensors no one else holds, so
+    optimizer steps may update them in place; the initial values are copied once."""
+    owned = set(range(loop.n_carried))
+    for template in loop.templates:
+        made = set(template.nodes.id)
+        persisted = set(template.output_nodes)
+        for k, (hole, after) in enumerate(zip(template.carry_holes, template.carry_next)):
+            if (after not in made and after != hole) or after in persisted or hole in persisted:
+                owned.discard(k)
+    return owned
