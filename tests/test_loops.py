@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import ravop as R
-from ravdl.v2 import NeuralNetwork
+from ravdl.v2 import Functional, NeuralNetwork, Pytorch_Model
+from ravdl.v2.fit import record_fit
 from ravdl.v2.layers import Activation, BatchNormalization1D, Dense, Dropout
 from ravdl.v2.optimizers import Adam
 from ravdl.v2.utils import batch_iterator
@@ -72,6 +73,55 @@ def test_fit_loop_gives_the_unrolled_steps_bits_with_shuffle_batchnorm_short_bat
     # Python-side counters continue as after the unrolled steps: optimizer step counts, BatchNorm's batches.
     assert [s["step"] for s in m.optimizer.state.values()] == [s["step"] for s in reference.optimizer.state.values()]
     assert m.layers[1].batches_tracked == reference.layers[1].batches_tracked == 18
+
+
+class TwoLayers(Functional):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = Dense(8, input_shape=(4,)), Dense(3)
+        self.initialize_params(Adam(lr=0.02))
+
+    def _forward_pass_call(self, input, training=True):
+        return self.second._forward_pass(R.tanh(self.first._forward_pass(input, training)), training)
+
+
+def _torch_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                               torch.nn.Linear(8, 3))
+
+
+@pytest.mark.parametrize("kind", ["functional", "pytorch_model"])
+def test_record_fit_trains_functional_and_pytorch_models_as_their_unrolled_steps(kind):
+    def make():
+        if kind == "functional":
+            return TwoLayers()
+        model = Pytorch_Model(R.model(_torch_net()))
+        model.initialize(Adam(lr=0.02))
+        return model
+
+    def train_step(model):
+        def step(X_batch, y_batch):
+            loss = R.square_loss(y_batch, model._forward_pass(X_batch))
+            model._backward_pass(loss)
+            return loss
+        return step
+
+    graph = R.Graph(name=kind, seed=1)
+    model = make()
+    names = record_fit(model, train_step(model), X, Y, n_epochs=2, batch_size=20)
+    model._forward_pass(X, training=False).persist_op("prediction")
+    values = evaluate_persisted(graph)
+    R.Graph(name=f"{kind} unrolled", seed=1)
+    reference = make()
+    step = train_step(reference)
+    losses = [step(R.t(torch.tensor(X_batch, dtype=torch.float32)), R.t(torch.tensor(y_batch, dtype=torch.float32)))
+              for _ in range(2) for X_batch, y_batch in batch_iterator(X, Y, 20)]
+    want = evaluate(losses + [reference._forward_pass(X, training=False)])
+    got = [values[name] for name in names] + [values["prediction"]]
+    assert len(got) == len(want) == 2 * 3 + 1
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
 
 
 def test_recording_and_plan_do_not_grow_with_epochs():

@@ -6,6 +6,8 @@ A model trained this way says what the loop carries (`_carried_slots`: parameter
 state) and which Python counters a training step advances (`_step_counters`: optimizer step counts,
 BatchNorm's batch count); NeuralNetwork, Functional and Pytorch_Model do.
 """
+from functools import partial
+
 from ravop.loop import Batches, Loop
 
 from .layers.base import as_input
@@ -24,6 +26,14 @@ class Slot:
 
     def set(self, value):
         self.container()[self.key] = value
+
+
+def optimizer_slots(optimizer, params):
+    """(state slots, step count slots) of `optimizer` for `params`, (optimizer key, parameter Op) pairs; the
+    state is made (zeros, step 0) for a parameter not stepped yet."""
+    states = [optimizer.state_of(key, param) for key, param in params]
+    return ([Slot(partial(_same, state), name) for state in states for name in optimizer.used_state()],
+            [Slot(partial(_same, state), "step") for state in states])
 
 
 def record_fit(model, train_step, X, y, n_epochs, batch_size, shuffle=False, seed=0, validation=None):
@@ -78,3 +88,7 @@ def record_fit(model, train_step, X, y, n_epochs, batch_size, shuffle=False, see
 def _bind(slots, values):
     for slot, value in zip(slots, values):
         slot.set(value)
+
+
+def _same(value):
+    return value

@@ -10,7 +10,7 @@ from functools import partial
 import ravop as R
 
 from . import export
-from .fit import Slot
+from .fit import Slot, optimizer_slots
 from .layers.base import CustomLayer, leaf_layers
 
 
@@ -71,15 +71,11 @@ class Model:
                              "finish them with a step=True backward pass before fit")
         slots = [Slot(partial(getattr, layer, attr), name) for _, layer in self.leaf_layers()
                  for attr in ("params", "buffers") for name in getattr(layer, attr)]
-        for key, param in self._trained_slots():
-            state = self.optimizer.state_of(key, param)
-            slots += [Slot(partial(_same, state), name) for name in self.optimizer.used_state()]
-        return slots
+        return slots + optimizer_slots(self.optimizer, self._trained_slots())[0]
 
     def _step_counters(self):
         """The Python counters a training step advances: optimizer step counts, BatchNorm batch counts."""
-        counters = [Slot(partial(_same, self.optimizer.state_of(key, param)), "step")
-                    for key, param in self._trained_slots()]
+        counters = optimizer_slots(self.optimizer, self._trained_slots())[1]
         return counters + [Slot(partial(vars, layer), "batches_tracked") for _, layer in self.leaf_layers()
                            if hasattr(layer, "batches_tracked")]
 
@@ -121,6 +117,3 @@ class Model:
         torch.nn.Module with the trained weights, computing what `predict` computes."""
         export.save(self, name)
 
-
-def _same(value):
-    return value
