@@ -13,12 +13,12 @@ from ravdl.v2.layers import Activation, BatchNormalization1D, Dense, Dropout
 from ravdl.v2.optimizers import Adam
 from ravdl.v2.utils import batch_iterator
 from ravop.errors import GraphStateError
-from ravop.graph import current_graph
 from ravop.interpreter import evaluate, evaluate_persisted
 from ravop.loop import Batches, Loop
 from ravop.store import GraphKeys
 from ravop.store import graphs as store_graphs
 from compiler import compile_graph
+from helpers import on_one_thread
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(53, 4))
@@ -216,14 +216,8 @@ def test_loop_mistakes_are_named():
 # ------------------------------------------------------------------------------ on the engine
 
 def reference(graph):
-    """The graph's persisted values computed in this process with one thread, as the test workers run: a
-    multi-threaded reduction may add in another order."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return evaluate_persisted(graph)
-    finally:
-        torch.set_num_threads(threads)
+    """The graph's persisted values computed in this process, as the test workers would."""
+    return on_one_thread(evaluate_persisted, graph)
 
 
 def _wait(condition, timeout=120, what="condition"):
