@@ -213,6 +213,25 @@ def test_loop_mistakes_are_named():
         loop.run([(0, 3)])
 
 
+def test_a_user_loop_that_records_each_batch_again_uploads_each_batch_once():
+    def record(epochs):
+        graph = R.Graph(name=f"user loop {epochs}")
+        m = model(validation=False)
+        for epoch in range(epochs):
+            for b, (X_batch, y_batch) in enumerate(batch_iterator(X, Y, 10)):
+                m.train_on_batch(X_batch, y_batch).persist_op(f"loss_{epoch}_{b}")
+        return graph
+
+    graph = record(3)
+    recorded = [graph.constants[op.id] for op in graph.nodes if op.op == "const" and op.shape in ((10, 4), (3, 4))]
+    assert len(recorded) == 3 * 6   # R.t(X_batch) of 6 batches, each epoch
+    uploaded = [t for t in compile_graph(graph).constants.values() if tuple(t.shape) in ((10, 4), (3, 4))]
+    assert len(uploaded) == 6
+    assert all(any(torch.equal(t, u) for u in uploaded) for t in recorded)
+    values = evaluate_persisted(graph)
+    assert not torch.equal(values["loss_0_0"], values["loss_1_0"])   # the same batch, trained weights
+
+
 # ------------------------------------------------------------------------------ on the engine
 
 def reference(graph):
