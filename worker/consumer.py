@@ -8,10 +8,13 @@ are stored; a message held by a worker that died is taken over with XAUTOCLAIM o
 goes on; a kernel error fails the graph at once (it would fail again on any worker: no retries).
 """
 import logging
+import os
+import socket
 import threading
 import time
 
 import redis
+import torch
 from google.protobuf.message import DecodeError
 
 from ravop.errors import PlanError, WireFormatError
@@ -66,9 +69,14 @@ class Worker:
         self.scripts = Scripts(client)
         self.stopping = threading.Event()
         self.heartbeat = Heartbeat(client, name, self.kind, self.stream, min(2.0, reclaim_idle / 3), self.stopping,
-                                   parent_pid)
+                                   parent_pid, info=self._advertised())
         self.completed = 0
         self._next_reclaim = 0.0
+
+    def _advertised(self):
+        """What `ravop status` shows of this worker besides its state (`ravop.store.worker_info`)."""
+        return {"device": str(self.device), "kind": self.kind, "threads": torch.get_num_threads(),
+                "memory_limit": self.limit, "host": socket.gethostname(), "pid": os.getpid()}
 
     def stop(self):
         """Stop after the subgraph being run, if any, is finished (safe from a signal handler)."""
@@ -163,7 +171,7 @@ class Worker:
         except PlanError as exc:
             self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
             return
-        self.heartbeat.watch(message_id)
+        self.heartbeat.watch(message_id, keys.graph_id, subgraph_id)
         try:
             inputs = self._inputs(keys, subgraph)
             outputs = run(program, inputs, seed, self.device)

@@ -6,6 +6,7 @@ import numpy as np
 from ravop.graph import current_graph
 
 from . import losses
+from .history import History
 from .layers.base import as_input, name_layers
 from .model import Model
 from .utils import batch_iterator
@@ -58,7 +59,8 @@ class NeuralNetwork(Model):
     def fit(self, X, y, n_epochs, batch_size, shuffle=False, seed=None):
         """Record `n_epochs` of training; persists each batch loss as `training_loss_epoch_{e}_batch_{b}` (1-based)
         and, with validation_data, `validation_loss_epoch_{e}`. Shuffled batches draw their order from `seed`
-        (default: the graph seed), so a run is reproducible. Returns the per-batch loss Ops in order."""
+        (default: the graph seed), so a run is reproducible. Returns a `History` (the per-batch loss Ops in order;
+        `history.history['loss']` and `history.batch_losses` once the graph has run)."""
         X_val = y_val = None
         if self.validation_data is not None:
             X_val, y_val = as_input(self.validation_data[0]), as_input(self.validation_data[1])
@@ -74,4 +76,4 @@ class NeuralNetwork(Model):
                 history.append(loss)
             if X_val is not None:
                 self.loss_function(y_val, self.predict(X_val)).persist_op(f"validation_loss_epoch_{epoch}")
-        return history
+        return History(history, current_graph(), n_epochs, validation=X_val is not None)
