@@ -14,7 +14,7 @@ import redis
 
 from .errors import ConnectionFailed, GraphFailedError, GraphStateError, NotComputedError, UnknownPersistName
 from .graph import current_graph, set_current
-from . import last_session
+from . import last_session, progress
 from .store import GraphKeys, Scripts, TokenKeys, check_name, connect, ensure_queues
 from .store.connect import redact
 from .store import graphs as store_graphs
@@ -147,7 +147,8 @@ def activate(**compile_options):
         raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                               "op.persist_op(name) on the values to fetch, then R.activate()")
     from compiler import compile_graph  # ravop depends on the compiler only here (DESIGN.md)
-    compiled = compile_graph(graph, **compile_options)
+    with progress.busy(f"compiling {graph.name!r} ({len(graph.nodes):,} ops)"):
+        compiled = compile_graph(graph, **compile_options)
     summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
     meta = {"name": graph.name, "algorithm": graph.algorithm, "approach": graph.approach,
             "summary": json.dumps(summary)}
@@ -286,9 +287,10 @@ def _fetch_tensor(session, keys, name, node_id, wait, deadline):
         pipe = session.client.pipeline(transaction=False)
         pipe.get(key)
         pipe.hmget(keys.meta, store_graphs.STATE_FIELDS)
-        data, meta = pipe.execute()
-        if data is not None:
-            return decode_tensor(data)
+        with progress.busy(f"fetching {name!r}"):
+            data, meta = pipe.execute()
+            if data is not None:
+                return decode_tensor(data)
         meta = store_graphs.decode_state(meta)
         if not meta:
             raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")

@@ -3,6 +3,7 @@ from collections import Counter
 
 import numpy as np
 
+from ravop import progress
 from ravop.graph import current_graph
 
 from . import losses
@@ -68,6 +69,7 @@ class NeuralNetwork(Model):
         if shuffle:
             rng = np.random.default_rng(seed if seed is not None else current_graph().seed)
         history = []
+        recording = progress.bar(n_epochs, "recording fit", unit="epoch")
         for epoch in range(1, n_epochs + 1):
             batches = batch_iterator(X, y, batch_size=batch_size, shuffle=shuffle, seed=rng)
             for batch, (X_batch, y_batch) in enumerate(batches, start=1):
@@ -76,4 +78,6 @@ class NeuralNetwork(Model):
                 history.append(loss)
             if X_val is not None:
                 self.loss_function(y_val, self.predict(X_val)).persist_op(f"validation_loss_epoch_{epoch}")
+            recording.update()
+        recording.close()
         return History(history, current_graph(), n_epochs, validation=X_val is not None)

@@ -3,6 +3,7 @@ import json
 import time
 from collections import Counter
 
+from .. import progress
 from ..wire import encode_tensor
 from .keys import GraphKeys, TokenKeys, device_kind
 
@@ -61,10 +62,13 @@ def upload(client, token, plan, constants, meta, bundles=None):
     for name, (kind, spec, names) in (bundles or {}).items():
         batch.pipe.hset(keys.bundles, name, json.dumps({"kind": kind, "spec": spec, "keys": names}))
     batch.add(0, len(readers) + len(plan.persisted))
-    for node_id, tensor in constants.items():
-        data = encode_tensor(tensor)
-        batch.pipe.set(keys.tensor(node_id), data)
-        batch.add(len(data))
+    total = sum(t.element_size() * t.numel() for t in constants.values())
+    with progress.bar(total, "uploading constants", unit="B", unit_scale=True) as uploaded:
+        for node_id, tensor in constants.items():
+            data = encode_tensor(tensor)
+            batch.pipe.set(keys.tensor(node_id), data)
+            batch.add(len(data))
+            uploaded.update(len(data))
     now = time.time()
     batch.pipe.hset(keys.meta, mapping={
         **meta, "state": "activated", "seed": plan.seed, "devices": ",".join(sorted(devices)),
