@@ -157,3 +157,16 @@ def test_screenshot_check_rejects_a_blank_page(browser, tmp_path):
     blank = tmp_path / "blank.png"
     browser.save_screenshot(str(blank))
     assert not drawn(blank)
+
+
+def test_initialize_with_dashboard_prints_its_url(server, engine, capsys):
+    session = R.initialize(token=engine.token, redis_url=server.url, dashboard=True)
+    url = capsys.readouterr().out.strip().removeprefix("ravop dashboard: ")
+    assert url == session.dashboard.url and url.startswith("http://127.0.0.1:")
+    code, report = request(url + "api/status")
+    assert code == 200 and report["token"] == engine.token and report["admin"] is False
+    R.initialize(token=engine.token, redis_url=server.url)  # a new session stops the old one's dashboard
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url + "api/status", timeout=5)
+    with pytest.raises(ValueError, match="dashboard must be True, False or a port number"):
+        R.initialize(token=engine.token, redis_url=server.url, dashboard="yes")
