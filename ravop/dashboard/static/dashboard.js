@@ -76,7 +76,7 @@ function renderGraphs(graphs, admin) {
     const row = body.insertRow();
     row.className = "graph-row" + (g.id === selected ? " selected" : "");
     row.dataset.id = g.id;
-    row.onclick = () => { selected = g.id; userSelected = true; refresh(); };
+    row.onclick = () => { selected = g.id; userSelected = true; refresh(); };  // skipped if one is under way
     cell(row, g.name);
     cell(row, g.id);
     cell(row, g.state, "state-" + g.state);
@@ -194,7 +194,11 @@ function renderFailures(failures) {
   }));
 }
 
+let refreshing = false;  // a slow reply must not pile up requests behind it
+
 async function refresh() {
+  if (refreshing) return;
+  refreshing = true;
   try {
     const status = await getJSON("/api/status");
     $("token").textContent = "token " + status.token;
@@ -203,8 +207,9 @@ async function refresh() {
     if (selected !== null) {
       const graph = status.graphs.find(g => g.id === selected);
       const base = "/api/graphs/" + encodeURIComponent(selected);
-      const [dag, losses, failures] = await Promise.all(
-        [getJSON(base + "/dag"), getJSON(base + "/losses"), getJSON(base + "/failures")]);
+      const failed = graph && graph.state === "failed";  // only a failed graph has failures to read
+      const [dag, losses, failures] = await Promise.all([getJSON(base + "/dag"), getJSON(base + "/losses"),
+        failed ? getJSON(base + "/failures") : {failures: []}]);
       $("detail").hidden = false;
       $("detail-name").textContent = (graph ? graph.name + " " : "") + "(" + selected + ")";
       renderDag(dag);
@@ -215,6 +220,8 @@ async function refresh() {
     $("error").textContent = "";
   } catch (error) {
     $("error").textContent = String(error.message || error);
+  } finally {
+    refreshing = false;
   }
 }
 
