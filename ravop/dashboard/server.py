@@ -4,7 +4,7 @@ It binds to 127.0.0.1 unless told otherwise.
 
 GET  /                               the page (static/index.html)
 GET  /static/NAME                    its script and style sheet
-GET  /api/status                     {time, token, workers, graphs} (as `ravop status --json`), admin
+GET  /api/status                     `ravop status --json`, plus admin: whether cancelling is enabled
 GET  /api/graphs/REF/dag             subgraphs and edges with their states (`ravop.status.subgraph_dag`)
 GET  /api/graphs/REF/losses          training and validation losses (`ravop.training_losses.Losses`)
 GET  /api/graphs/REF/failures        failures, newest first (`ravop.status.failures`)
