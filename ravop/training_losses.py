@@ -59,6 +59,8 @@ def read(client, keys):
     state, stored = read_losses(client, keys)
     if state is None:
         raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")
+    if state == "activated":  # as R.fetch_persisting_op: no value before the start, whatever folding computed
+        stored = dict.fromkeys(stored)
     steps, validation = [], {}
     for name, data in stored.items():
         match = _EPOCH_BATCH.match(name)

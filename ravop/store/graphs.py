@@ -4,7 +4,7 @@ import time
 from collections import Counter
 
 from .. import progress
-from ..wire import encode_tensor
+from . import tensors
 from .keys import GraphKeys, TokenKeys, device_kind
 
 BATCH_BYTES = 32 * 2**20  # one pipeline carries about this much, so a big model is neither one huge
@@ -36,6 +36,8 @@ def upload(client, token, plan, constants, meta, bundles=None):
     `plan`: a `ravop.wire.plan_pb2.Plan`; `constants`: node id -> tensor; `meta`: extra fields (name,
     algorithm, approach, summary, ...); `bundles`: name -> (kind, spec, {key: persist name})."""
     keys = GraphKeys(token, plan.graph_id)
+    # Checked before anything is written: a graph that cannot fit fails here, not halfway through.
+    chunk = tensors.fit_to_server(client, sum(map(tensors.nbytes, constants.values())), "the graph's constants")
     persisted = set(plan.persisted.values())
     readers = Counter()
     roots, devices, n_ops = [], set(), 0
@@ -62,13 +64,11 @@ def upload(client, token, plan, constants, meta, bundles=None):
     for name, (kind, spec, names) in (bundles or {}).items():
         batch.pipe.hset(keys.bundles, name, json.dumps({"kind": kind, "spec": spec, "keys": names}))
     batch.add(0, len(readers) + len(plan.persisted))
-    total = sum(t.element_size() * t.numel() for t in constants.values())
+    total = sum(tensors.nbytes(t) for t in constants.values())
     with progress.bar(total, "uploading constants", unit="B", unit_scale=True) as uploaded:
         for node_id, tensor in constants.items():
-            data = encode_tensor(tensor)
-            batch.pipe.set(keys.tensor(node_id), data)
-            batch.add(len(data))
-            uploaded.update(len(data))
+            batch.add(tensors.write(batch.pipe, keys.tensor(node_id), tensor, chunk))
+            uploaded.update(tensors.nbytes(tensor))
     now = time.time()
     batch.pipe.hset(keys.meta, mapping={
         **meta, "state": "activated", "seed": plan.seed, "devices": ",".join(sorted(devices)),
@@ -83,7 +83,7 @@ def upload(client, token, plan, constants, meta, bundles=None):
 
 # The meta fields a tracker reads (not the plan-sized ones: roots, summary).
 STATE_FIELDS = ("name", "state", "ops_done", "n_ops", "devices", "error", "error_op", "error_source",
-                "error_worker", "error_subgraph")
+                "error_worker", "error_subgraph", "approach")
 
 
 def read_state(client, keys):

@@ -19,11 +19,13 @@ Per token (one requester), under `ravop:{token}:`:
   g:{gid}:ran         hash    subgraph id -> the worker that finished it
   g:{gid}:events      stream  one entry when the graph ends (done or failed), for trackers to block on
   g:{gid}:t:{node}    string  a tensor (ravop.wire.codec)
+  g:{gid}:t:{node}:c  hash    chunk index -> raw data of a tensor too big for one value (ravop.store.tensors)
 Shared by all tokens, under `ravop:_:` (a token starts with a letter or a digit, so it cannot collide):
   queue:{cpu|cuda}    stream  ready subgraphs {token, graph, subgraph}; consumer group "workers"
   dead                stream  messages and subgraphs given up on: reason, error, op, source, worker
   worker:{name}       string  a live worker's device kind; expires unless the worker's heartbeat renews it
   workers:{cpu|cuda}  set     names of workers that registered for a device kind (dead ones pruned on read)
+Federated graphs add a few keys of their own: see `ravop.store.federated`.
 Scripts build keys from ARGV (tensor keys, the queue of a successor's device), so this schema needs a
 standalone server, not Redis Cluster.
 """
