@@ -19,7 +19,7 @@ def advertise(pipe, name, info, ttl):
     key = info_key(name)
     pipe.delete(key)  # fields that no longer apply (the subgraph just finished) must not linger
     pipe.hset(key, mapping=fields)
-    pipe.expire(key, ttl)
+    pipe.pexpire(key, int(ttl * 1000))  # ttl may be fractional seconds
 
 
 _NUMBERS = ("pid", "threads", "memory_limit", "rss", "completed", "subgraph")
