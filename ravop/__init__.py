@@ -22,6 +22,7 @@ from .graph import Graph, Op, current_graph
 from .model import model
 from .session import (activate, execute, fetch_persisting_op, flush, get_my_graphs, initialize,
                       track_progress)
+from .training_losses import Losses, fetch_losses
 
 _functions = _build(functional.__dict__)
 globals().update({name: getattr(functional, name) for name in dir(functional) if not name.startswith("_")})

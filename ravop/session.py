@@ -15,6 +15,7 @@ import redis
 from .errors import ConnectionFailed, GraphFailedError, GraphStateError, NotComputedError, UnknownPersistName
 from .federated import session as federated
 from .graph import current_graph, set_current
+from . import last_session, progress
 from .store import GraphKeys, Scripts, TokenKeys, check_name, connect, ensure_queues
 from .store.connect import redact
 from .store import graphs as store_graphs
@@ -42,6 +43,7 @@ class Session:
         # skips the name lookup in Redis (one round trip instead of two; fetching each batch loss of a
         # training run adds up). Saved objects (bundles) still go through Redis.
         self.activated_names = {}
+        self.dashboard = None  # a ravop.dashboard.Dashboard serving this session, with dashboard=True
 
     def keys(self):
         if self.graph_id is None:
@@ -50,6 +52,8 @@ class Session:
         return GraphKeys(self.token, self.graph_id)
 
     def close(self):
+        if self.dashboard is not None:
+            self.dashboard.stop()
         self.client.close()
         if self.embedded is not None:
             self.embedded.stop()
@@ -58,7 +62,7 @@ class Session:
 _session = None
 
 
-def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5.0, data=None):
+def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5.0, data=None, dashboard=False):
     """Connect to Redis at `redis_url` (or $RAVOP_REDIS_URL); with neither, start the embedded default: a
     private server and `workers` local worker processes on `device` (default $RAVOP_WORKERS or 2).
 
@@ -66,8 +70,12 @@ def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5
     federated graphs: one provider per entry, each a file path or a list of paths (CSV or Parquet).
 
     `token` (default $RAVOP_TOKEN or "local") names the requester and namespaces its graphs and results.
-    An unreachable URL raises `ConnectionFailed` within about `timeout` seconds."""
+    An unreachable URL raises `ConnectionFailed` within about `timeout` seconds. `dashboard=True` (or a port
+    number) serves the read-only web dashboard of this session on 127.0.0.1 and prints its URL."""
     global _session
+    if not isinstance(dashboard, (bool, int)) or (dashboard is not True and dashboard is not False
+                                                  and not 0 < dashboard < 65536):
+        raise ValueError(f"dashboard must be True, False or a port number, not {dashboard!r}")
     token = check_name(token or os.environ.get("RAVOP_TOKEN") or DEFAULT_TOKEN)
     url = redis_url or os.environ.get("RAVOP_REDIS_URL")
     data = _provider_data(data if data is not None else os.environ.get("RAVOP_DATA"))
@@ -94,8 +102,16 @@ def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5
             raise
     if _session is not None and _session.client is not client:
         _session.close()
+    elif _session is not None and _session.dashboard is not None:
+        _session.dashboard.stop()  # the new session serves its own dashboard, or none
     ensure_queues(client)
     _session = Session(client, url, token, embedded)
+    if embedded is not None:
+        last_session.remember(url, token)  # `ravop status` in another terminal finds it
+    if dashboard is not False:
+        from .dashboard import Dashboard  # the web server is loaded only when asked for
+        _session.dashboard = Dashboard(client, token, port=0 if dashboard is True else dashboard).start()
+        print(f"ravop dashboard: {_session.dashboard.url}")
     return _session
 
 
@@ -164,7 +180,8 @@ def activate(**compile_options):
         raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                               "op.persist_op(name) on the values to fetch, then R.activate()")
     from compiler import compile_graph  # ravop depends on the compiler only here (docs/architecture.md)
-    compiled = compile_graph(graph, **compile_options)
+    with progress.busy(f"compiling {graph.name!r} ({len(graph.nodes):,} ops)"):
+        compiled = compile_graph(graph, **compile_options)
     summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
     meta = {"name": graph.name, "algorithm": graph.algorithm, "approach": graph.approach,
             "summary": json.dumps(summary)}
@@ -377,12 +394,13 @@ def _fetch_tensor(session, keys, name, node_id, wait, deadline):
         pipe = session.client.pipeline(transaction=False)
         pipe.get(key)
         pipe.hmget(keys.meta, store_graphs.STATE_FIELDS)
-        data, meta = pipe.execute()
-        meta = store_graphs.decode_state(meta)
-        # Constants (and values folded into constants) are in Redis from R.activate() on, others only once
-        # computed: nothing is returned before the graph starts, so the answer does not depend on folding.
-        started = meta.get("state") != "activated"
-        tensor = None if data is None or not started else stored.decode(session.client, key, data)
+        with progress.busy(f"fetching {name!r}"):
+            data, meta = pipe.execute()
+            meta = store_graphs.decode_state(meta)
+            # Constants (and values folded into constants) are in Redis from R.activate() on, others only once
+            # computed: nothing is returned before the graph starts, so the answer does not depend on folding.
+            started = meta.get("state") != "activated"
+            tensor = None if data is None or not started else stored.decode(session.client, key, data)
         if tensor is not None:
             return tensor
         if meta.get("state") == "done":

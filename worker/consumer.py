@@ -9,10 +9,13 @@ are stored; a message held by a worker that died is taken over once its heartbea
 goes on; a kernel error fails the graph at once (it would fail again on any worker: no retries).
 """
 import logging
+import os
+import socket
 import threading
 import time
 
 import redis
+import torch
 from google.protobuf.message import DecodeError
 
 from ravop.errors import PlanError, StoreLimitError, WireFormatError
@@ -86,8 +89,14 @@ class Worker:
         self.stopping = threading.Event()
         self.provider = provider  # a worker.federated.Provider if this worker offers data (--data)
         self.heartbeat = Heartbeat(client, name, self.kind, self.stream, self.takeover.every, dead_after,
-                                   self.stopping, parent_pid, provider.data.names() if provider is not None else None)
+                                   self.stopping, parent_pid, provider.data.names() if provider is not None else None,
+                                   info=self._advertised())
         self.completed = 0
+
+    def _advertised(self):
+        """What `ravop status` shows of this worker besides its state (`ravop.store.worker_info`)."""
+        return {"device": str(self.device), "kind": self.kind, "threads": torch.get_num_threads(),
+                "memory_limit": self.limit, "host": socket.gethostname(), "pid": os.getpid()}
 
     def stop(self):
         """Stop after the subgraph being run, if any, is finished (safe from a signal handler)."""
@@ -177,7 +186,7 @@ class Worker:
         except PlanError as exc:
             self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
             return
-        self.heartbeat.watch(message_id)
+        self.heartbeat.watch(message_id, keys.graph_id, subgraph_id)
         try:
             inputs = self._inputs(keys, subgraph)
             if subgraph.HasField("loop"):

@@ -7,19 +7,23 @@ Torch kernels release the GIL, so the thread runs while a long kernel does."""
 import logging
 import os
 import threading
+import time
 
 import redis
 
 from ravop.store import GROUP
 from ravop.store import federated as federated_store
+from ravop.store import worker_info
 from ravop.store import workers as liveness
 
 log = logging.getLogger("ravop.worker")
 
 
 class Heartbeat(threading.Thread):
-    def __init__(self, client, name, kind, stream, interval, ttl, stopping, parent_pid=None, data_columns=None):
+    def __init__(self, client, name, kind, stream, interval, ttl, stopping, parent_pid=None, data_columns=None,
+                 info=None):
         super().__init__(name=f"heartbeat-{name}", daemon=True)
+        self.info = {**(info or {}), "state": "idle", "started": time.time()}  # advertised with each beat
         self.client, self.name, self.kind, self.stream = client, name, kind, stream
         self.interval, self.ttl = interval, ttl
         self.stopping = stopping      # threading.Event the worker loop watches
@@ -28,15 +32,18 @@ class Heartbeat(threading.Thread):
         self.message_id = None        # the message being run, if any
         self._end = threading.Event()
 
-    def watch(self, message_id):
+    def watch(self, message_id, graph_id=None, subgraph_id=None):
         self.message_id = message_id
+        self.info.update(state="running", graph=graph_id, subgraph=subgraph_id, since=time.time())
 
     def unwatch(self):
         self.message_id = None
+        self.info.update(state="idle", graph=None, subgraph=None, since=None)
 
     def beat(self):
         pipe = self.client.pipeline(transaction=False)
         liveness.beat(pipe, self.name, self.kind, ttl=self.ttl)
+        worker_info.advertise(pipe, self.name, {**self.info, "rss": _resident_bytes()}, self.ttl)
         if self.data_columns is not None:
             federated_store.advertise(pipe, self.name, self.data_columns, ttl=self.ttl)
         message_id = self.message_id
@@ -58,3 +65,12 @@ class Heartbeat(threading.Thread):
     def stop(self):
         self._end.set()
         self.join()
+
+
+def _resident_bytes():
+    """This process's resident memory (Linux; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

@@ -9,7 +9,8 @@ records the forward ops, `R.grad` and the optimizer's step ops. `save_model(name
 model, which `R.fetch_persisting_op(name)` returns as a torch.nn.Module.
 """
 from .functional import Functional
+from .history import History
 from .pytorch_model import Pytorch_Model
 from .sequential import NeuralNetwork
 
-__all__ = ["Functional", "NeuralNetwork", "Pytorch_Model"]
+__all__ = ["Functional", "History", "NeuralNetwork", "Pytorch_Model"]

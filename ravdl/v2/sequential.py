@@ -5,6 +5,7 @@ from ravop.graph import current_graph
 
 from . import losses
 from .fit import record_fit
+from .history import History
 from .layers.base import as_input, name_layers
 from .model import Model
 
@@ -57,10 +58,12 @@ class NeuralNetwork(Model):
         """Record `n_epochs` of training as one loop (ravdl.v2.fit): each batch loss is persisted as
         `training_loss_epoch_{e}_batch_{b}` (1-based) and, with validation_data, `validation_loss_epoch_{e}`.
         Shuffled batches draw their order from `seed` (default: the graph seed), so a run is reproducible.
-        Returns the training loss names in order."""
+        Returns a `History` (the training loss names in order; `history.history['loss']` and
+        `history.batch_losses` once the graph has run)."""
         validation = None
         if self.validation_data is not None:
             X_val, y_val = as_input(self.validation_data[0]), as_input(self.validation_data[1])
             validation = lambda: self.loss_function(y_val, self.predict(X_val))  # noqa: E731
         seed = seed if seed is not None else current_graph().seed
-        return record_fit(self, self.train_on_batch, X, y, n_epochs, batch_size, shuffle, seed, validation)
+        names = record_fit(self, self.train_on_batch, X, y, n_epochs, batch_size, shuffle, seed, validation)
+        return History(names, current_graph(), n_epochs, validation=validation is not None)

@@ -3,6 +3,7 @@ import json
 import time
 from collections import Counter
 
+from .. import progress
 from . import tensors
 from .keys import GraphKeys, TokenKeys, device_kind
 
@@ -63,8 +64,11 @@ def upload(client, token, plan, constants, meta, bundles=None):
     for name, (kind, spec, names) in (bundles or {}).items():
         batch.pipe.hset(keys.bundles, name, json.dumps({"kind": kind, "spec": spec, "keys": names}))
     batch.add(0, len(readers) + len(plan.persisted))
-    for node_id, tensor in constants.items():
-        batch.add(tensors.write(batch.pipe, keys.tensor(node_id), tensor, chunk))
+    total = sum(tensors.nbytes(t) for t in constants.values())
+    with progress.bar(total, "uploading constants", unit="B", unit_scale=True) as uploaded:
+        for node_id, tensor in constants.items():
+            batch.add(tensors.write(batch.pipe, keys.tensor(node_id), tensor, chunk))
+            uploaded.update(tensors.nbytes(tensor))
     now = time.time()
     batch.pipe.hset(keys.meta, mapping={
         **meta, "state": "activated", "seed": plan.seed, "devices": ",".join(sorted(devices)),
@@ -122,19 +126,30 @@ def delete_token(client, token, batch=1000):
 
 
 def list_graphs(client, token):
-    """The token's graphs, oldest first: id, name, algorithm, state, progress (percent of ops run)."""
+    """The token's graphs, oldest first: id, name, algorithm, state, progress (percent of ops run, or of loop
+    steps for a graph with training loops), ops, subgraphs, and the Unix times created, started and finished
+    (None until then)."""
     ids = [gid.decode() for gid in client.zrange(TokenKeys(token).graphs, 0, -1)]
     pipe = client.pipeline(transaction=False)
-    fields = ("name", "algorithm", "state", "ops_done", "n_ops", "n_subgraphs", "created")
+    fields = ("name", "algorithm", "state", "ops_done", "n_ops", "n_subgraphs", "created", "started", "finished",
+              "n_steps")
     for gid in ids:
-        pipe.hmget(GraphKeys(token, gid).meta, *fields)
+        keys = GraphKeys(token, gid)
+        pipe.hmget(keys.meta, *fields)
+        pipe.hvals(keys.steps)
+    replies = pipe.execute()
     graphs = []
-    for gid, values in zip(ids, pipe.execute()):
+    for gid, values, steps in zip(ids, replies[::2], replies[1::2]):
         if values[0] is None:
             continue  # deleted since it was listed
-        name, algorithm, state, ops_done, n_ops, n_subgraphs, created = (v.decode() for v in values)
+        started, finished = (None if v is None else float(v) for v in values[7:9])
+        name, algorithm, state, ops_done, n_ops, n_subgraphs, created = (v.decode() for v in values[:7])
         n_ops, ops_done = int(n_ops), int(ops_done)
+        n_steps = int(values[9] or 0)
+        if n_steps:  # a training graph's time is its loop steps: count those
+            ops_done, n_ops = sum(int(v) for v in steps), n_steps
         progress = 100.0 if state == "done" else round(100.0 * ops_done / n_ops, 1) if n_ops else 0.0
         graphs.append({"id": gid, "name": name, "algorithm": algorithm, "state": state, "progress": progress,
-                       "ops": n_ops, "subgraphs": int(n_subgraphs), "created": float(created)})
+                       "ops": n_ops, "subgraphs": int(n_subgraphs), "created": float(created),
+                       "started": started, "finished": finished})
     return graphs

@@ -1,0 +1,76 @@
+"""History: what `NeuralNetwork.fit` returns, as in Keras. `fit` only records the training, so the losses
+are fetched lazily, the first time they are read once the graph has run, all in one round trip
+(`R.fetch_losses`), and kept.
+
+    history = model.fit(X, y, n_epochs=10, batch_size=32)
+    R.activate(); R.execute(); R.track_progress()
+    history.history['loss']      # mean training loss per epoch (and 'val_loss' with validation_data)
+    history.batch_losses         # numpy array, one loss per step
+    history.plot()               # matplotlib (pip install 'ravop-engine[plot]')
+
+It is also the list of the training loss names in order.
+"""
+import ravop as R
+from ravop.errors import GraphFailedError, NotComputedError
+
+
+class History(list):
+    def __init__(self, loss_names, graph, epochs, validation):
+        super().__init__(loss_names)
+        self.graph = graph
+        self.epoch = list(range(epochs))  # as Keras: the epoch indices, from 0
+        self.params = {"epochs": epochs, "steps": len(loss_names), "validation": validation}
+        self._losses = None
+
+    def _fetched(self):
+        if self._losses is None:
+            if not self.graph.activated:
+                raise NotComputedError(f"graph {self.graph.name!r} has not run: R.activate(), R.execute() and "
+                                       "R.track_progress() first")
+            losses = R.fetch_losses(self.graph)
+            if losses.state == "failed":
+                raise GraphFailedError(f"graph {self.graph.name!r} failed, so its losses are incomplete: "
+                                       "R.track_progress() or `ravop logs` say why")
+            if losses.state != "done":
+                raise NotComputedError(f"graph {self.graph.name!r} is {losses.state}: the history is read once "
+                                       "it has run (R.track_progress() waits for it; R.fetch_losses() reads the "
+                                       "losses computed so far)")
+            self._losses = losses
+        return self._losses
+
+    @property
+    def batch_losses(self):
+        """One training loss per step, in order (numpy array)."""
+        return self._fetched().batch
+
+    @property
+    def history(self):
+        """{'loss': mean training loss per epoch, 'val_loss': validation loss per epoch (with
+        validation_data)}, as lists of floats."""
+        losses = self._fetched()
+        result = {"loss": losses.per_epoch().tolist()}
+        if self.params["validation"]:
+            result["val_loss"] = losses.validation.tolist()
+        return result
+
+    def plot(self, ax=None):
+        """Plot the batch losses, the epoch means and the validation losses against epochs; returns the
+        matplotlib Axes (a new figure's unless `ax` is given)."""
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError:
+            raise ImportError("History.plot needs matplotlib: pip install 'ravop-engine[plot]'") from None
+        losses = self._fetched()
+        if ax is None:
+            ax = plt.figure().gca()
+        steps_per_epoch = len(losses.batch) / max(self.params["epochs"], 1)
+        ax.plot([(i + 1) / steps_per_epoch for i in range(len(losses.batch))], losses.batch, lw=0.8, alpha=0.5,
+                label="batch loss")
+        epochs = [e + 1 for e in self.epoch]
+        ax.plot(epochs, self.history["loss"], marker="o", label="loss")
+        if self.params["validation"]:
+            ax.plot(epochs, losses.validation, marker="s", label="val_loss")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("loss")
+        ax.legend()
+        return ax

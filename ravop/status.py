@@ -1,0 +1,119 @@
+"""What `ravop status`, `ravop graphs`, `ravop logs` and the dashboard show, as plain JSON-ready dicts read
+from Redis: live workers, a token's graphs with progress and ETA, one graph's subgraphs as a DAG coloured by
+state, its failures, and cancelling it. Read-only except `cancel`."""
+import time
+
+import networkx as nx
+
+from .store import DEAD_LETTER, Scripts, queue
+from .store import graphs as store_graphs
+from .store import worker_info
+
+# How many dead-letter entries `failures` looks through (the stream is capped at about 10,000).
+DEAD_LETTER_SCAN = 10_000
+
+
+def graphs(client, token, now=None):
+    """The token's graphs, oldest first (`ravop.store.graphs.list_graphs`), each with `age` (seconds since
+    created), `elapsed` (seconds run so far, or in all) and `eta` (seconds left at the rate so far; None
+    when unknown)."""
+    now = time.time() if now is None else now
+    listed = store_graphs.list_graphs(client, token)
+    for graph in listed:
+        graph["age"] = now - graph["created"]
+        started, finished = graph["started"], graph["finished"]
+        graph["elapsed"] = None if started is None else (finished or now) - started
+        graph["eta"] = _eta(graph)
+    return listed
+
+
+def _eta(graph):
+    if graph["state"] != "running" or not graph["progress"] or graph["elapsed"] is None:
+        return None
+    return graph["elapsed"] * (100.0 - graph["progress"]) / graph["progress"]
+
+
+def cluster(client, token):
+    """{'time', 'token', 'workers': [...], 'graphs': [...]}: the object `ravop status --json` prints."""
+    now = time.time()
+    workers = worker_info.read_all(client)
+    for worker in workers:
+        worker["last_heartbeat_age"] = now - worker["heartbeat"]
+    return {"time": now, "token": token, "workers": workers, "graphs": graphs(client, token, now)}
+
+
+SUBGRAPH_STATES = ("waiting", "queued", "running", "done", "failed")
+
+
+def subgraph_dag(client, keys):
+    """The graph's subgraphs as a DAG: {'graph': meta fields, 'subgraphs': [{id, state, device, ops, level,
+    worker}], 'edges': [[from, to], ...]}. `state` is one of SUBGRAPH_STATES; `level` is the longest path
+    from a root (the column to draw it in)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hmget(keys.meta, store_graphs.STATE_FIELDS)
+    pipe.hgetall(keys.info)
+    pipe.smembers(keys.done)
+    pipe.hgetall(keys.taken)
+    pipe.hgetall(keys.deps)
+    meta, info, done, taken, deps = pipe.execute()
+    meta = store_graphs.decode_state(meta)
+    if not meta:
+        return None
+    done = {int(s) for s in done}
+    taken = {int(s): w.decode() for s, w in taken.items()}
+    waiting_on = {int(s): int(n) for s, n in deps.items()}
+    failed = int(meta["error_subgraph"]) if meta.get("error_subgraph", "").isdigit() else None
+    dag = nx.DiGraph()
+    for sid, routing in info.items():
+        device, n_ops, successors, _ = routing.decode().split(";", 3)
+        sid = int(sid)
+        dag.add_node(sid, device=device, ops=int(n_ops))
+        dag.add_edges_from((sid, int(s)) for s in successors.split(",") if s)
+    level = {}
+    for sid in nx.topological_sort(dag):
+        level[sid] = max((level[p] + 1 for p in dag.predecessors(sid)), default=0)
+    subgraphs = []
+    for sid in sorted(dag.nodes):
+        if sid in done:
+            state = "done"
+        elif sid == failed:
+            state = "failed"
+        elif sid in taken and meta["state"] == "running":
+            state = "running"
+        elif meta["state"] == "running" and waiting_on.get(sid, 0) <= 0:
+            state = "queued"
+        else:
+            state = "waiting"
+        subgraphs.append({"id": sid, "state": state, "device": dag.nodes[sid]["device"],
+                          "ops": dag.nodes[sid]["ops"], "level": level[sid], "worker": taken.get(sid)})
+    return {"graph": {"id": keys.graph_id, **meta}, "subgraphs": subgraphs, "edges": [list(e) for e in dag.edges]}
+
+
+def failures(client, keys):
+    """What went wrong in a graph, newest first: its dead-letter entries (reason, op, source line, worker,
+    error), and the failure recorded in its meta if no entry holds it any more."""
+    found = []
+    for entry_id, fields in client.xrevrange(DEAD_LETTER, count=DEAD_LETTER_SCAN):
+        fields = {k.decode(): v.decode(errors="replace") for k, v in fields.items()}
+        if fields.get("token") == keys.token and fields.get("graph") == keys.graph_id:
+            seconds = int(entry_id.decode().split("-")[0]) / 1000
+            found.append({"time": seconds, **{k: fields.get(k, "") for k in
+                                              ("subgraph", "reason", "op", "source", "worker", "error")}})
+    meta = store_graphs.read_state(client, keys)
+    if meta.get("state") == "failed" and not any(f["error"] == meta.get("error") for f in found):
+        found.append({"time": None, "subgraph": meta.get("error_subgraph", ""), "reason": "graph failed",
+                      "op": meta.get("error_op", ""), "source": meta.get("error_source", ""),
+                      "worker": meta.get("error_worker", ""), "error": meta.get("error", "")})
+    return found
+
+
+CANCELLED = "cancelled by the user"
+
+
+def cancel(client, keys):
+    """Fail a graph that is activated or running, so that no worker starts another of its subgraphs (the
+    ones running finish and are dropped) and trackers raise `GraphFailedError`. True if it was cancelled,
+    False if it had already ended."""
+    if store_graphs.read_state(client, keys).get("state") not in ("activated", "running"):
+        return False  # done, failed or gone: nothing to stop, and nothing to log as cancelled
+    return bool(Scripts(client).fail(keys, queue("cpu"), "", error=CANCELLED, reason="cancelled"))

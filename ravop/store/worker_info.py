@@ -1,0 +1,50 @@
+"""What a worker advertises with each heartbeat, for `ravop status` and the dashboard: device, memory,
+threads, what it runs now, when it last beat. One short-lived hash per worker beside its liveness key
+(`ravop.store.workers`), so a dead worker's entry expires with it."""
+import time
+
+from .keys import DEVICE_KINDS, workers_set
+
+_PREFIX = "ravop:_:winfo:"
+
+
+def info_key(name):
+    return _PREFIX + name
+
+
+def advertise(pipe, name, info, ttl):
+    """Queue the worker's current `info` (str/int/float values; None leaves a field out) on `pipe`."""
+    fields = {k: v for k, v in info.items() if v is not None}
+    fields["heartbeat"] = time.time()
+    key = info_key(name)
+    pipe.delete(key)  # fields that no longer apply (the subgraph just finished) must not linger
+    pipe.hset(key, mapping=fields)
+    pipe.pexpire(key, int(ttl * 1000))  # ttl may be fractional seconds
+
+
+_NUMBERS = ("pid", "threads", "memory_limit", "rss", "completed", "subgraph")
+_TIMES = ("heartbeat", "started", "since")
+
+
+def read_all(client):
+    """Every registered worker whose advertisement has not expired, by name: dicts with name, device, state
+    ('running' or 'idle'), and what else the worker sent (numbers and times as numbers)."""
+    pipe = client.pipeline(transaction=False)
+    for kind in DEVICE_KINDS:
+        pipe.smembers(workers_set(kind))
+    names = sorted({n.decode() for members in pipe.execute() for n in members})
+    for name in names:
+        pipe.hgetall(info_key(name))
+    workers = []
+    for name, raw in zip(names, pipe.execute()):
+        if not raw:
+            continue  # its heartbeat expired (or it is an older worker that advertises nothing)
+        info = {k.decode(): v.decode() for k, v in raw.items()}
+        for field in _NUMBERS:
+            if field in info:
+                info[field] = int(info[field])
+        for field in _TIMES:
+            if field in info:
+                info[field] = float(info[field])
+        workers.append({"name": name, **info})
+    return workers
