@@ -6,7 +6,9 @@ device) against the same training loop in eager PyTorch on the same device, in o
 `--device cuda` (the default when a GPU is visible) records the graph with gpu_required='yes' and starts the
 embedded worker with `--device cuda`; on a machine without a GPU it compares the CPU worker with eager CPU.
 Both sides run torch.optim.Adam's single-tensor update (foreach=False) so their losses can be checked
-against each other; the engine's time is split into record, compile+upload, execute and fetch.
+against each other, and on a GPU the same float32 math (no TF32, deterministic cuDNN: what a worker uses,
+`worker.device.use_full_precision`); the engine's time is split into record, compile+upload, execute and
+fetch.
 """
 import argparse
 import copy
@@ -19,6 +21,7 @@ from torch import nn
 import ravop as R
 from ravdl.v2 import Pytorch_Model
 from ravdl.v2.optimizers import Adam
+from worker.device import use_full_precision
 
 LR = 1e-3
 
@@ -115,6 +118,7 @@ def main():
     args = parser.parse_args()
 
     R.initialize(workers=1, device=args.device)
+    use_full_precision(torch.device(args.device))
     rows = []
     for name in args.models.split(","):
         model_class, input_shape = MODELS[name]

@@ -1,5 +1,5 @@
 """Handwritten digits with a CNN written in PyTorch, saved as a TorchScript file and trained through the
-engine with Pytorch_Model; the trained model comes back as a TorchScript module.
+engine with Pytorch_Model; the trained model comes back as a plain nn.Module.
 
 The CNN (Conv2d -> relu -> max-pool -> Dropout -> BatchNorm2d, twice, then Linear(256) -> relu -> Linear(10))
 is scripted to a .pt file in a temporary directory, as a user who already has a model file would start.
@@ -69,7 +69,7 @@ if __name__ == "__main__":
     R.track_progress()
     print(f"final training loss: {float(R.fetch_persisting_op(f'training_loss_epoch_{epochs}_batch_1')):.4f}")
     print(f"test accuracy: {accuracy(R.fetch_persisting_op('test_prediction'), y_test):.3f}")
-    my_net = R.fetch_persisting_op("my_net")   # the trained TorchScript module
+    my_net = R.fetch_persisting_op("my_net")   # an nn.Module with the trained weights
     my_net.eval()
     with torch.no_grad():
         print(f"saved model's test accuracy: {accuracy(my_net(torch.from_numpy(X_test)), y_test):.3f}")

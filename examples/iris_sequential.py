@@ -1,4 +1,5 @@
-"""Iris classification with a sequential RavDL model (REFERENCE.md section 4), trained through the engine.
+"""Iris classification with a sequential RavDL model, the original RavDL iris example script (iris
+normalised, a third held out), trained through the engine.
 
 Dense(15) -> BatchNormalization1D -> Dense(30) -> Dropout -> Dense(3) -> softmax, Adam, square loss on
 one-hot labels, batches of 25. The script records the whole training run, runs it on workers, fetches the

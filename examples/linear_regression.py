@@ -1,4 +1,5 @@
-"""Linear regression by raw ops (REFERENCE.md section 4): gradient descent on theta, then the R^2 score.
+"""Linear regression by raw ops, as the original Ravop example script wrote it (dot, sub, div, multiply,
+transpose): gradient descent on theta, then the R^2 score from sum, square, sub, mean and div.
 
     theta <- theta - (alpha / m) * X^T (X theta - y)
 """

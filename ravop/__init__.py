@@ -14,8 +14,10 @@ from . import functional, ops  # noqa: F401  (importing ops fills the registry)
 from .api import build as _build
 from .autodiff import NotDifferentiableError, grad, needs_grad
 from .constants import Scalar, Tensor, epsilon, inf, minus_one, one, pi, t
-from .errors import (ConnectionFailed, GraphFailedError, GraphStateError, NotComputedError, RavopError,
-                     ShapeError, UnknownPersistName)
+from .errors import (ConnectionFailed, DeviceUnavailable, GraphFailedError, GraphStateError, NotComputedError,
+                     RavopError, ShapeError, StoreLimitError, UnknownPersistName)
+from .federated.api import (federated_count, federated_max, federated_mean, federated_min,
+                            federated_standard_deviation, federated_variance)
 from .graph import Graph, Op, current_graph
 from .model import model
 from .session import (activate, execute, fetch_persisting_op, flush, get_my_graphs, initialize,

@@ -1,26 +1,32 @@
 """The embedded default: a private Redis-compatible server on a unix socket in a temp dir (no persistence),
 plus local worker processes. It is the same queue and worker code as a cluster; only the URL differs.
 
-Everything stops at exit (atexit). If this process dies without running atexit (SIGKILL), the kernel stops
-the server and the workers too (Linux: PR_SET_PDEATHSIG); elsewhere the workers notice that their parent
-is gone and exit. The kernel's signal follows the *thread* that started them, so call R.initialize() from a
+Everything stops at exit (atexit), and on SIGTERM (which skips atexit) unless the program handles SIGTERM
+itself. If this process dies without running atexit (SIGKILL), the kernel stops the server and the workers
+too (Linux: PR_SET_PDEATHSIG); elsewhere the workers notice that their parent is gone and exit. The kernel's signal follows the *thread* that started them, so call R.initialize() from a
 thread that lives as long as the session (the main thread, normally).
 """
 import atexit
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import redis
+import torch
 
-from .errors import ConnectionFailed, RavopError
+from .errors import ConnectionFailed, DeviceUnavailable, RavopError
 from .store import workers as liveness
 
 _ROOT = str(Path(__file__).resolve().parent.parent)  # holds the ravop and worker packages
+_CLUSTER_HINT = ("start a GPU worker on a machine with one, against a Redis server both machines reach "
+                 "(`ravop-worker --redis redis://HOST:6379/0 --device cuda`), and call "
+                 "R.initialize(redis_url='redis://HOST:6379/0')")
 
 # Runs a program that the kernel terminates when its parent dies (PR_SET_PDEATHSIG survives exec): a server
 # binary cannot ask for that itself. Plain Python, so it starts in milliseconds.
@@ -130,23 +136,63 @@ def start_worker(url, name, device="cpu", threads=None, log_path=None, parent_pi
             out.close()  # the child holds its own copy
 
 
-class EmbeddedCluster:
-    """A `LocalServer` and `workers` worker processes on `device`, stopped at exit."""
+_running = set()  # EmbeddedClusters not stopped yet
 
-    def __init__(self, workers=2, device="cpu", threads=None):
+
+def _stop_all_and_die(signum, frame):
+    """SIGTERM skips atexit, which would leave the temp dir (socket, logs) behind: stop what is running,
+    then die of the same signal, as the process would have without this handler."""
+    for cluster in list(_running):
+        cluster.stop()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _clean_up_on_sigterm():
+    """Install `_stop_all_and_die` where nobody else handles SIGTERM (a program's own handler exits its own
+    way, through atexit), from the main thread, the only one that may set handlers."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _stop_all_and_die)
+
+
+class EmbeddedCluster:
+    """A `LocalServer` and `workers` worker processes on `device`, stopped at exit. `data` lists the files of
+    each data provider (worker i gets `--data` data[i]) for federated graphs."""
+
+    def __init__(self, workers=2, device="cpu", threads=None, data=()):
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise DeviceUnavailable(f"R.initialize(device={device!r}) starts local workers on a GPU, but torch "
+                                    f"sees no CUDA device on this machine: {_CLUSTER_HINT}, or use device='cpu'")
         self.server = LocalServer()
         self.url = self.server.url
         self.device = device
+        self.data = list(data)
         # torch's default thread count unless told otherwise, as in the requester's own process: some
         # training steps amplify rounding noise (Adam on a bias followed by BatchNorm), and a different
         # thread count sums in a different order, so only the same setting reproduces eager PyTorch there.
         self.workers = []  # (name, log path, process)
         atexit.register(self.stop)
+        _running.add(self)
+        _clean_up_on_sigterm()
         for i in range(workers):
             name = f"embedded-{os.getpid()}-{i}"
             log = os.path.join(self.server.dir, f"{name}.log")
-            self.workers.append((name, log, start_worker(self.url, name, device, threads, log, os.getpid())))
+            files = ["--data", *self.data[i]] if i < len(self.data) else []
+            self.workers.append((name, log, start_worker(self.url, name, device, threads, log, os.getpid(), files)))
         self._ready = not self.workers
+
+    def check_runs(self, graph):
+        """Raise `DeviceUnavailable` at once if `graph` needs a GPU and no local worker has one: no GPU worker
+        can join an embedded server (its socket is private to this machine), so it would wait forever."""
+        if not graph.gpu_required or self.device.startswith("cuda"):
+            return
+        if torch.cuda.is_available():
+            how = "start the local workers on it with R.initialize(device='cuda')"
+        else:
+            how = f"there is no GPU here (torch sees no CUDA device): {_CLUSTER_HINT}"
+        raise DeviceUnavailable(f"graph {graph.name!r} has gpu_required='yes' but the embedded engine's workers "
+                                f"run on {self.device}; {how}; or drop gpu_required")
 
     def check(self):
         """Raise if a worker has exited (it should run until `stop`), with the end of its log."""
@@ -180,3 +226,4 @@ class EmbeddedCluster:
         self.workers = []
         self.server.stop()
         atexit.unregister(self.stop)
+        _running.discard(self)

@@ -17,6 +17,10 @@ class GraphFailedError(RavopError, RuntimeError):
     """A subgraph failed on a worker; the message names the op, its error, the worker and the source line."""
 
 
+class DeviceUnavailable(RavopError, RuntimeError):
+    """A graph or session asks for a device (a GPU) that nothing started by this session can provide."""
+
+
 class NotComputedError(RavopError, LookupError):
     """A persisted op exists but its value has not been computed yet."""
 
@@ -42,3 +46,8 @@ class PlanError(RavopError, ValueError):
     def __init__(self, message, node=None):
         super().__init__(message)
         self.node = node  # the plan node at fault, if one is
+
+
+class StoreLimitError(RavopError, ValueError):
+    """Values to write do not fit the Redis server's limits (maxmemory, proto-max-bulk-len)."""
+

@@ -10,6 +10,7 @@ import torch
 
 from . import registry
 from .errors import GraphStateError, ShapeError
+from .federated.rules import parse_rules
 from .source import user_source
 
 
@@ -49,6 +50,20 @@ class Op:
     def __iter__(self):
         raise TypeError("an Op cannot be iterated before it runs; index it (op[i]) or use R.split")
 
+    def _no_value(self, conversion):
+        raise TypeError(f"{conversion}() of {self!r}: ops are lazy, so it has no value until its graph runs; "
+                        "persist it (op.persist_op('name')), run R.activate(), R.execute(), then "
+                        "R.fetch_persisting_op('name') returns the tensor")
+
+    def __float__(self):
+        self._no_value("float")
+
+    def __int__(self):
+        self._no_value("int")
+
+    def __complex__(self):
+        self._no_value("complex")
+
     def __len__(self):
         if not self.shape:
             raise TypeError("len() of a 0-d Op")
@@ -69,12 +84,22 @@ class Graph:
             raise ValueError(f"approach must be 'distributed' or 'federated', not {approach!r}")
         if gpu_required not in ("yes", "no", True, False):
             raise ValueError(f"gpu_required must be 'yes' or 'no', not {gpu_required!r}")
+        if approach == "federated":
+            if rules is None:
+                raise ValueError("a federated graph needs rules, e.g. rules=json.dumps({\"rules\": {\"age\": "
+                                 "{\"min\": 18, \"max\": 80}}, \"max_clients\": 1})")
+            if gpu_required in ("yes", True):
+                raise ValueError("gpu_required='yes' does not apply to a federated graph: its statistics are "
+                                 "computed by the providers that hold the data")
+            rules = parse_rules(rules)
+        elif rules is not None:
+            raise ValueError("rules apply only to approach='federated' graphs")
         self.id = uuid.uuid4().hex[:12]
         self.name = name
         self.algorithm = algorithm
         self.approach = approach
         self.gpu_required = gpu_required in ("yes", True)
-        self.rules = rules
+        self.rules = rules        # ravop.federated.rules.Rules of a federated graph
         self.seed = int(seed)
         self.nodes = []           # append-only op table; node.id is its index
         self.constants = {}       # node id -> torch.Tensor held by the requester until upload

@@ -1,8 +1,8 @@
 """Run ops with their registry kernels: the one interpreter loop, used by workers, constant folding and
 in-process evaluation (`evaluate`, for tests and debugging).
 
-Random ops draw from a `torch.Generator` seeded by `op_seed(graph_seed, node_id)`, so a value is the same
-whichever worker computes it and however often it is retried.
+Random ops draw from a host `torch.Generator` seeded by `op_seed(graph_seed, node_id)`, so a value is the
+same whichever worker (CPU or GPU) computes it and however often it is retried.
 """
 import torch
 
@@ -20,17 +20,34 @@ def op_seed(graph_seed, node_id):
 
 
 def run_op(opdef, args, params, graph_seed=0, node_id=0, device="cpu"):
-    """Apply one op's kernel to tensors (`args`) with its params."""
+    """Apply one op's kernel to tensors (`args`, on `device`) with its params; the result is on `device`.
+
+    The device comes from here for every op (ravop/registry.py, "Devices"): an op that makes tensors from
+    params alone runs with `device` as torch's default device; a random op draws on a host generator, so a
+    CPU and a GPU worker draw the same numbers, and its result is moved. Other kernels follow their inputs,
+    so they run without torch's device mode, which would add Python work to every torch call they make."""
     if opdef.random:
-        generator = torch.Generator(device=device).manual_seed(op_seed(graph_seed, node_id))
-        return opdef.kernel(*args, generator=generator, **params)
+        generator = torch.Generator().manual_seed(op_seed(graph_seed, node_id))
+        out = opdef.kernel(*args, generator=generator, **params)
+        return out if device == "cpu" else _to(out, device)
+    if opdef.creates and device != "cpu":
+        with torch.device(device):
+            return opdef.kernel(*args, **params)
     return opdef.kernel(*args, **params)
 
 
+def _to(out, device):
+    if isinstance(out, (tuple, list)):
+        return type(out)(_to(o, device) for o in out)
+    return out.to(device)
+
+
 def run_nodes(nodes, env, graph_seed=0, device="cpu", last_use=None):
-    """Run `nodes` (objects with .id .op .inputs(ids) .params) in order; `env` maps node id -> value and
-    must hold every input from outside. With `last_use` (id -> index of its last reader), values are
-    dropped from `env` after their last use, except ids not in `last_use` (the outputs)."""
+    """Run `nodes` (objects with .id .op .inputs(ids) .params) in order on `device` (its inputs in `env` are
+    there already); `env` maps node id -> value and must hold every input from outside. With `last_use`
+    (id -> index of its last reader), values are dropped from `env` after their last use, except ids not in
+    `last_use` (the outputs)."""
+    device = str(device)
     for index, node in enumerate(nodes):
         opdef = registry.REGISTRY[node.op]
         env[node.id] = run_op(opdef, [env[i] for i in node.inputs], node.params, graph_seed, node.id, device)
@@ -49,13 +66,13 @@ class _Row:
         self.inputs = [i.id for i in node.inputs]
 
 
-def evaluate(outputs, graph_seed=None):
-    """Compute recorded ops in this process (no Redis, no compiler): a reference for tests.
+def evaluate(outputs, graph_seed=None, device="cpu"):
+    """Compute recorded ops in this process (no Redis, no compiler) on `device`: a reference for tests.
 
     Returns one tensor per op in `outputs` (a single tensor if `outputs` is one Op)."""
     single = not isinstance(outputs, (list, tuple))
     outputs = [outputs] if single else list(outputs)
-    values = _evaluate(outputs[0].graph, outputs, (), graph_seed)
+    values = _evaluate(outputs[0].graph, outputs, (), graph_seed, device)
     return values[0] if single else values
 
 
@@ -71,13 +88,13 @@ def evaluate_persisted(graph, names=None, graph_seed=None):
     loops = [node_id for node_id, record in graph.loops.items()
              if any(n in wanted for per_template in record.names for per_output in per_template for n in per_output)]
     found = {}
-    values = _evaluate(graph, ops, loops, graph_seed, found)
+    values = _evaluate(graph, ops, loops, graph_seed, "cpu", found)
     result = dict(zip([n for n in names if n in graph.persisted], values))
     result.update((n, found[n]) for n in names if n in wanted)
     return result
 
 
-def _evaluate(graph, outputs, loops, graph_seed, step_values=None):
+def _evaluate(graph, outputs, loops, graph_seed, device, step_values=None):
     from .loop_run import LoopRun  # it runs steps with this module's op_seed
     seed = graph.seed if graph_seed is None else graph_seed
     roots = list(outputs) + [graph.nodes[i] for i in loops]
@@ -87,7 +104,7 @@ def _evaluate(graph, outputs, loops, graph_seed, step_values=None):
         if node.id not in needed:
             needed.add(node.id)
             stack.extend(node.inputs)
-    env = {i: graph.constants[i] for i in needed if graph.nodes[i].op == "const"}
+    env = {i: graph.constants[i].to(device) for i in needed if graph.nodes[i].op == "const"}
     rows = [_Row(graph.nodes[i]) for i in sorted(needed) if graph.nodes[i].op != "const"]
     last_use = {i: index for index, row in enumerate(rows) for i in row.inputs}  # free values as a worker does
     for o in roots:
@@ -97,7 +114,7 @@ def _evaluate(graph, outputs, loops, graph_seed, step_values=None):
         for index, row in enumerate(rows + [None]):
             if row is not None and row.op != "loop":
                 continue
-            run_nodes(rows[start:index], env, seed, last_use=_shifted(last_use, start))
+            run_nodes(rows[start:index], env, seed, device, _shifted(last_use, start))
             if row is None:
                 break
             record = graph.loops[row.id]
@@ -106,7 +123,7 @@ def _evaluate(graph, outputs, loops, graph_seed, step_values=None):
                 if step_values is not None:
                     for names, value in zip(record.names[template], values):
                         step_values[names[run]] = value
-            env[row.id] = tuple(LoopRun(record.message, [env[i] for i in row.inputs], seed).run(on_step=keep))
+            env[row.id] = tuple(LoopRun(record.message, [env[i] for i in row.inputs], seed, device).run(on_step=keep))
             start = index + 1
     return [env[o.id] for o in outputs]
 

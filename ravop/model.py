@@ -16,12 +16,14 @@ The archive is split in two: its code, re-saved with empty parameter and buffer 
 constant (the "blob", named by its sha256, so workers load and cache it once per architecture); the
 parameters and buffers become ordinary graph tensors, in `named_parameters()` / `named_buffers()` order,
 which training replaces like any layer's. Tied parameters (one tensor in several slots) are one value.
-A model whose code touches files (torch.save, torch.from_file) is refused here, and again by workers.
+A model whose code is more than pure tensor computation (file ops, custom ops, forks: see
+ravop/ops/torchscript_safety.py) is refused here, and again by workers and when a saved model is loaded.
 
 `Model.forward` records one `torchscript_forward` op (ravop/ops/torchscript.py). Its output shapes are
 found by running the model once on the requester per input shapes, on meta tensors (no compute), or on
 zero-filled tensors for a model meta tensors cannot run; the FLOPs counted then feed the cost model.
 """
+import contextlib
 import hashlib
 import io
 import os
@@ -35,13 +37,28 @@ from . import functional as F
 from .errors import ShapeError
 from .graph import as_op, current_graph
 from .interpreter import op_seed
-from .ops import torchscript
+from .ops import torchscript, torchscript_safety
+from .saved_model import SavedModel
 from .session import LOADERS
 from .source import user_source
 
 DEFAULT_MAX_BYTES = 1 << 30
+# The one deprecation warning R.model gives, and only for TorchScript the user passed in.
+TORCHSCRIPT_DEPRECATED = ("R.model: PyTorch deprecates TorchScript (torch.jit); this model still loads and "
+                          "trains, but for new code pass the nn.Module itself (R.model(module)) or a "
+                          "torch.export .pt2 program")
 BUNDLE_KIND = "ravdl.torchscript"   # a model saved by ravdl.v2.Pytorch_Model.save_model
 BLOB_KEY = "@code"   # the blob's key in a saved bundle; the other keys are slot names, which never hold "@"
+
+
+@contextlib.contextmanager
+def _internal_jit():
+    """Around the torch.jit calls this module makes for its own purposes (scripting a module it was given,
+    re-saving an archive, loading a saved model's code): torch deprecates TorchScript, but a user who
+    passed an nn.Module or fetched a model did not ask for it, so the warnings are not theirs to see."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=DeprecationWarning)
+        yield
 
 
 def model(source, *, sha256=None, max_bytes=DEFAULT_MAX_BYTES, timeout=60.0):
@@ -51,6 +68,8 @@ def model(source, *, sha256=None, max_bytes=DEFAULT_MAX_BYTES, timeout=60.0):
     if isinstance(source, torch.nn.Module):
         if sha256 is not None:
             raise ValueError("sha256= checks a file's bytes; it does not apply to a module object")
+        if isinstance(source, torch.jit.ScriptModule):
+            warnings.warn(TORCHSCRIPT_DEPRECATED, DeprecationWarning, stacklevel=2)
         return _from_module(source)
     if isinstance(source, (bytes, bytearray, memoryview)):
         data, from_network = bytes(source), False
@@ -71,6 +90,7 @@ def model(source, *, sha256=None, max_bytes=DEFAULT_MAX_BYTES, timeout=60.0):
             raise ValueError("a torch.export .pt2 program is not loaded from a URL: torch.export.load may "
                              "unpickle it, which can run code; download it, check it, and pass the local path")
         return _from_module(_trace_export(data))
+    warnings.warn(TORCHSCRIPT_DEPRECATED, DeprecationWarning, stacklevel=2)
     return _from_archive(data)
 
 
@@ -124,7 +144,8 @@ def _trace_export(data):
                          "(R.model(module)) or a TorchScript file instead")
     args, kwargs = program.example_inputs
     try:
-        with warnings.catch_warnings():  # the export's shape guards become trace constants: expected
+        with _internal_jit():
+            # The export's shape guards become trace constants: expected, not worth a warning.
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             return torch.jit.trace(program.module(), args, example_kwarg_inputs=kwargs or None)
     except Exception as exc:  # tracing runs arbitrary model code: any failure means "cannot use this program"
@@ -132,14 +153,15 @@ def _trace_export(data):
 
 
 def _from_module(module):
-    if not isinstance(module, torch.jit.ScriptModule):
-        try:
-            module = torch.jit.script(module)
-        except Exception as exc:  # the TorchScript compiler raises many kinds of errors
-            raise TypeError(f"cannot script {type(module).__name__} with torch.jit.script ({exc}); trace it "
-                            "with torch.jit.trace(module, example_inputs) and pass the result") from None
-    buffer = io.BytesIO()
-    torch.jit.save(module, buffer)  # through bytes: the caller's module keeps its tensors
+    with _internal_jit():
+        if not isinstance(module, torch.jit.ScriptModule):
+            try:
+                module = torch.jit.script(module)
+            except Exception as exc:  # the TorchScript compiler raises many kinds of errors
+                raise TypeError(f"cannot script {type(module).__name__} with torch.jit.script ({exc}); trace "
+                                "it with torch.jit.trace(module, example_inputs) and pass the result") from None
+        buffer = io.BytesIO()
+        torch.jit.save(module, buffer)  # through bytes: the caller's module keeps its tensors
     return _from_archive(buffer.getvalue())
 
 
@@ -152,15 +174,15 @@ def _groups(named):
 
 
 def _from_archive(data):
-    torchscript.check_code(data)
-    module = torch.jit.load(io.BytesIO(data), map_location="cpu")
-    params = _groups(module.named_parameters(remove_duplicate=False))
-    buffers = _groups(module.named_buffers(remove_duplicate=False))
-    for slots, tensor in params + buffers:
-        for slot in slots:
-            setattr(*torchscript.slot_owner(module, slot), torch.empty(0, dtype=tensor.dtype))
-    buffer = io.BytesIO()
-    torch.jit.save(module, buffer)
+    with _internal_jit():
+        module = torchscript_safety.load(data)
+        params = _groups(module.named_parameters(remove_duplicate=False))
+        buffers = _groups(module.named_buffers(remove_duplicate=False))
+        for slots, tensor in params + buffers:
+            for slot in slots:
+                setattr(*torchscript.slot_owner(module, slot), torch.empty(0, dtype=tensor.dtype))
+        buffer = io.BytesIO()
+        torch.jit.save(module, buffer)
     blob = buffer.getvalue()
     model_hash = hashlib.sha256(blob).hexdigest()
     torchscript.remember(model_hash, module)
@@ -235,20 +257,18 @@ class Model:
 
 
 def load_module(spec, tensors):
-    """Rebuild a saved model (see `ravdl.v2.Pytorch_Model.save_model`): the TorchScript module from the
-    blob, with the saved parameter and buffer values in its slots, in eval mode."""
+    """Rebuild a saved model (see `ravdl.v2.Pytorch_Model.save_model`): a plain nn.Module (`SavedModel`)
+    holding the saved parameter and buffer values under their original names, in eval mode."""
     data = tensors[BLOB_KEY].cpu().numpy().tobytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest != spec["model_hash"]:
         raise ValueError(f"saved model blob has sha256 {digest}, its spec names {spec['model_hash']}")
-    module = torch.jit.load(io.BytesIO(data), map_location="cpu")
-    values = [(slots, torch.nn.Parameter(tensors[slots[0]], requires_grad=bool(grad)))
+    with _internal_jit():
+        code = torchscript_safety.load(data)
+    params = [([*slots], torch.nn.Parameter(tensors[slots[0]], requires_grad=bool(grad)))
               for slots, grad in zip(spec["param_slots"], spec["requires_grad"])]
-    values += [(slots, tensors[slots[0]]) for slots in spec["buffer_slots"]]
-    for slots, value in values:
-        for slot in slots:
-            setattr(*torchscript.slot_owner(module, slot), value)
-    return module.eval()
+    buffers = [([*slots], tensors[slots[0]]) for slots in spec["buffer_slots"]]
+    return SavedModel(code, params, buffers).eval()
 
 
 LOADERS[BUNDLE_KIND] = load_module

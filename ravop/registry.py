@@ -11,7 +11,12 @@ Conventions an op definition follows:
 - `params` is a dict of keyword params and their defaults (`REQUIRED` for none). Params are stored inline
   in the op, canonicalised: lists become tuples, numpy scalars become Python numbers.
 - `kernel(*tensors, **params)` returns a tensor, or a tuple of tensors for a multi-output op. A random op's
-  kernel also receives `generator=` (a `torch.Generator` seeded from the graph seed and the op).
+  kernel also receives `generator=` (a host `torch.Generator` seeded from the graph seed and the op).
+- Devices: a kernel never names one. An op with no tensor inputs (`creates`: it makes its tensors from params)
+  runs with the worker's device as torch's default device, so `torch.zeros(...)` lands there; a random op
+  draws on the host generator and the runner moves what it returns to the device (the same numbers on a CPU
+  and a GPU worker); any other kernel makes its helper tensors on its inputs' device (`device=x.device`).
+  `tests/test_device.py` runs every op on a device other than the CPU and checks all of this.
 - `shape(*inputs, **params)` sees the input `Op`s (their `.shape` and `.dtype`) and returns `(shape, dtype)`,
   or a list of them for a multi-output op. With `shape=None` the kernel itself is run on meta tensors.
 - `vjp(node, grad)` records the backward ops and returns one gradient `Op` (or `None`) per input;
@@ -27,7 +32,7 @@ REQUIRED = object()  # default of a param the caller must give
 
 class OpDef:
     __slots__ = ("name", "inputs", "params", "kernel", "shape", "vjp", "random", "deterministic",
-                 "method", "aliases", "flops", "variadic", "n_required_inputs", "doc")
+                 "method", "aliases", "flops", "variadic", "n_required_inputs", "creates", "doc")
 
     def __init__(self, name, kernel, inputs, params, shape, vjp, random, deterministic, method, aliases, flops):
         self.name = name
@@ -35,6 +40,7 @@ class OpDef:
         self.variadic = len(inputs) == 1 and inputs[0].startswith("*")
         self.inputs = tuple(i.lstrip("*").rstrip("?") for i in inputs)
         self.n_required_inputs = sum(1 for i in inputs if not i.endswith("?"))
+        self.creates = not self.inputs  # makes its tensors from params alone (zeros, arange, random, ...)
         self.params = dict(params)
         self.shape = shape
         self.vjp = vjp

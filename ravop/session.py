@@ -13,12 +13,14 @@ import time
 import redis
 
 from .errors import ConnectionFailed, GraphFailedError, GraphStateError, NotComputedError, UnknownPersistName
+from .federated import session as federated
 from .graph import current_graph, set_current
 from .store import GraphKeys, Scripts, TokenKeys, check_name, connect, ensure_queues
 from .store.connect import redact
 from .store import graphs as store_graphs
+from .store import tensors as stored
+from .store.federated import FederatedKeys
 from .store import workers as liveness
-from .wire import decode_tensor
 
 # How a persisted bundle (a trained model) is rebuilt at fetch: kind -> fn(spec, {key: tensor}) -> object.
 # Packages that save bundles (ravdl) register their kinds here.
@@ -56,24 +58,34 @@ class Session:
 _session = None
 
 
-def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5.0):
+def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5.0, data=None):
     """Connect to Redis at `redis_url` (or $RAVOP_REDIS_URL); with neither, start the embedded default: a
     private server and `workers` local worker processes on `device` (default $RAVOP_WORKERS or 2).
+
+    `data` (default $RAVOP_DATA, paths separated by os.pathsep) makes embedded workers data providers for
+    federated graphs: one provider per entry, each a file path or a list of paths (CSV or Parquet).
 
     `token` (default $RAVOP_TOKEN or "local") names the requester and namespaces its graphs and results.
     An unreachable URL raises `ConnectionFailed` within about `timeout` seconds."""
     global _session
     token = check_name(token or os.environ.get("RAVOP_TOKEN") or DEFAULT_TOKEN)
     url = redis_url or os.environ.get("RAVOP_REDIS_URL")
+    data = _provider_data(data if data is not None else os.environ.get("RAVOP_DATA"))
     embedded = None
     if url:
+        if data:
+            raise ValueError("data= (or $RAVOP_DATA) gives the embedded workers data; on a cluster each provider "
+                             "runs ravop-worker --data PATH")
         client = connect(url, timeout)
-    elif _session is not None and _session.embedded is not None:
+    elif _session is not None and _session.embedded is not None and _session.embedded.data == data:
         embedded, url, client = _session.embedded, _session.url, _session.client  # keep the running one
     else:
         from .embedded import EmbeddedCluster
-        count = workers if workers is not None else int(os.environ.get("RAVOP_WORKERS", DEFAULT_WORKERS))
-        embedded = EmbeddedCluster(count, device)
+        count = workers if workers is not None else max(int(os.environ.get("RAVOP_WORKERS", DEFAULT_WORKERS)),
+                                                        len(data))
+        if count < len(data):
+            raise ValueError(f"data= names {len(data)} providers but workers={count}: each provider is a worker")
+        embedded = EmbeddedCluster(count, device, data=data)
         url = embedded.url
         try:
             client = connect(url, timeout)
@@ -85,6 +97,19 @@ def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5
     ensure_queues(client)
     _session = Session(client, url, token, embedded)
     return _session
+
+
+def _provider_data(data):
+    """[[path, ...] per provider] from data= or $RAVOP_DATA; missing files are named here, not by a worker."""
+    if not data:
+        return []
+    entries = data.split(os.pathsep) if isinstance(data, str) else list(data)
+    providers = [[str(entry)] if isinstance(entry, (str, os.PathLike)) else [str(p) for p in entry]
+                 for entry in entries]
+    missing = [path for paths in providers for path in paths if not os.path.isfile(path)]
+    if missing:
+        raise FileNotFoundError(f"provider data file(s) not found: {', '.join(missing)}")
+    return providers
 
 
 def _require():
@@ -128,10 +153,17 @@ def activate(**compile_options):
     session = _require()
     graph = current_graph()
     graph.check_open()
+    if session.embedded is not None:
+        session.embedded.check_runs(graph)
+    if graph.approach == "federated":
+        summary = federated.activate(session, graph, compile_options)
+        graph.activated = True
+        session.graph_id, session.activated_names = graph.id, {}
+        return summary
     if not graph.persisted and not graph.step_outputs:
         raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                               "op.persist_op(name) on the values to fetch, then R.activate()")
-    from compiler import compile_graph  # ravop depends on the compiler only here (DESIGN.md)
+    from compiler import compile_graph  # ravop depends on the compiler only here (docs/architecture.md)
     compiled = compile_graph(graph, **compile_options)
     summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
     meta = {"name": graph.name, "algorithm": graph.algorithm, "approach": graph.approach,
@@ -144,8 +176,10 @@ def activate(**compile_options):
     return summary
 
 
-def execute():
-    """Start the activated graph: enqueue its subgraphs that wait for nothing. Idempotent."""
+def execute(timeout=None):
+    """Start the activated graph: enqueue its subgraphs that wait for nothing. Idempotent. With `timeout`,
+    also wait until the graph is done, as `track_progress(progress_bar=False, timeout=timeout)` does:
+    `GraphFailedError` if it failed, `TimeoutError` (naming a kind of worker nobody runs) after `timeout` s."""
     session = _require()
     graph = current_graph()
     if graph.nodes and not graph.activated:
@@ -157,6 +191,10 @@ def execute():
         if "NOGRAPH" in str(exc):
             raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)") from None
         raise
+    if session.client.hget(keys.meta, "approach") == b"federated":
+        federated.open_to_providers(session.client, keys)
+    if timeout is not None:
+        track_progress(progress_bar=False, timeout=timeout)
 
 
 def _meta(session, keys):
@@ -194,12 +232,67 @@ def track_progress(progress_bar=True, timeout=None):
     meta = _meta(session, keys)
     if meta["state"] == "activated":
         raise GraphStateError(f"graph {meta['name']!r} has not been started: call R.execute()")
+    if int(meta["n_ops"]) == 0:  # constant folding computed everything at activate: no bar to show
+        if progress_bar:
+            print(f"graph {meta['name']!r}: computed entirely by R.activate() (constant folding); nothing ran "
+                  "on workers", file=sys.stderr)
+        return
+    try:
+        if session.embedded is not None:
+            session.embedded.wait_ready(session.client)
+        _track(session, keys, meta, progress_bar, timeout, tqdm)
+    except KeyboardInterrupt:
+        # A plain KeyboardInterrupt (`except KeyboardInterrupt` still works, and uncaught it exits as Ctrl-C
+        # does: Python only does that for the exact class), marked so that uncaught it prints one line
+        # instead of a traceback from inside the Redis client.
+        interrupted = KeyboardInterrupt(_interrupted_text(session, keys))
+        interrupted.brief = True
+        print_interrupts_briefly()
+        raise interrupted from None
+
+
+def print_interrupts_briefly():
+    """Make an uncaught KeyboardInterrupt marked `brief` print only its message; everything else goes to the
+    sys.excepthook that was there. Idempotent."""
+    previous = sys.excepthook
+    if getattr(previous, "brief_interrupts", False):
+        return
+
+    def hook(kind, value, traceback):
+        if isinstance(value, KeyboardInterrupt) and getattr(value, "brief", False):
+            print(value, file=sys.stderr)
+        else:
+            previous(kind, value, traceback)
+
+    hook.brief_interrupts = True
+    sys.excepthook = hook
+
+
+def _interrupted_text(session, keys):
+    """One line for a Ctrl-C in track_progress: what was interrupted, what happens to the graph, how to
+    resume."""
+    try:
+        meta = store_graphs.read_state(session.client, keys)
+        where = f"{meta['name']!r} ({meta['ops_done']} of {meta['n_ops']} ops run)"
+    except (redis.RedisError, KeyError):  # the interrupt may have broken the connection: say less
+        where = keys.graph_id
     if session.embedded is not None:
-        session.embedded.wait_ready(session.client)
+        fate = "it stops with this process, since the embedded default's server and workers do; run the script " \
+               "again to start over"
+    else:
+        fate = (f"it keeps running on the workers of {redact(session.url)}; R.initialize(token={session.token!r}, "
+                f"redis_url=...) then R.track_progress() or R.fetch_persisting_op(name) resumes")
+    return f"interrupted R.track_progress() of graph {where}: {fate}"
+
+
+def _track(session, keys, meta, progress_bar, timeout, tqdm):
     deadline = None if timeout is None else time.monotonic() + timeout
     last_event, warned, next_check = "0-0", set(), 0.0
     n_steps = int(meta.get("n_steps") or 0)
-    with tqdm(total=n_steps or int(meta["n_ops"]), unit="step" if n_steps else "op", desc=meta["name"],
+    # initial=: work done before the bar appeared is not counted in its rate (it would read millions of ops/s).
+    with tqdm(total=n_steps or int(meta["n_ops"]),
+              initial=store_graphs.steps_done(session.client, keys) if n_steps else int(meta["ops_done"]),
+              unit="step" if n_steps else "op", desc=meta["name"],
               disable=not progress_bar, file=sys.stderr) as bar:
         while True:
             meta = _meta(session, keys)
@@ -220,10 +313,18 @@ def track_progress(progress_bar=True, timeout=None):
                     print(f"graph {meta['name']!r}: {_waiting_text(missing)} (none is connected to "
                           f"{redact(session.url)})", file=sys.stderr)
                 bar.set_postfix_str(_waiting_text(missing))
+                if meta.get("approach") == "federated":
+                    providers = federated.waiting(session.client, keys, meta)
+                    if providers and providers not in warned:
+                        warned.add(providers)
+                        print(f"graph {meta['name']!r}: {providers}", file=sys.stderr)
+                    bar.set_postfix_str(providers)
             if deadline is not None and now >= deadline:
                 missing = _missing_workers(session, meta)
                 why = "; " + ", ".join(f"no {'GPU' if k == 'cuda' else 'CPU'} worker is running" for k in missing) \
                     if missing else ""
+                if meta.get("approach") == "federated":
+                    why += "; " + (federated.waiting(session.client, keys, meta) or "providers are joining")
                 raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: {meta['ops_done']} of "
                                    f"{meta['n_ops']} ops run{why}")
             wait = POLL_SECONDS if deadline is None else max(0.001, min(POLL_SECONDS, deadline - now))
@@ -245,7 +346,10 @@ def fetch_persisting_op(op_name, wait=False, timeout=None):
     pipe = session.client.pipeline(transaction=False)
     pipe.hget(keys.persist, op_name)
     pipe.hget(keys.bundles, op_name)
-    node_id, bundle = pipe.execute()
+    pipe.hget(FederatedKeys(keys).stats, op_name)
+    node_id, bundle, statistic = pipe.execute()
+    if statistic is not None:
+        return _fetch_statistic(session, keys, op_name, statistic.decode(), wait, deadline)
     if bundle is not None:
         info = json.loads(bundle)
         loader = LOADERS.get(info["kind"])
@@ -275,25 +379,52 @@ def _fetch_tensor(session, keys, name, node_id, wait, deadline):
         pipe.get(key)
         pipe.hmget(keys.meta, store_graphs.STATE_FIELDS)
         data, meta = pipe.execute()
-        if data is not None:
-            return decode_tensor(data)
         meta = store_graphs.decode_state(meta)
-        if not meta:
-            raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")
-        if meta["state"] == "failed":
-            raise _failed(meta)
-        if meta["state"] == "done":
+        # Constants (and values folded into constants) are in Redis from R.activate() on, others only once
+        # computed: nothing is returned before the graph starts, so the answer does not depend on folding.
+        started = meta.get("state") != "activated"
+        tensor = None if data is None or not started else stored.decode(session.client, key, data)
+        if tensor is not None:
+            return tensor
+        if meta.get("state") == "done":
             raise GraphStateError(f"graph {meta['name']!r} is done but {name!r} is not in Redis")
-        if not wait:
-            raise NotComputedError(f"{name!r} is not computed yet: graph {meta['name']!r} is {meta['state']} "
-                                   f"({meta['ops_done']} of {meta['n_ops']} ops run). R.track_progress() waits for "
-                                   "the whole graph; fetch_persisting_op(name, wait=True) waits for this value")
-        if deadline is not None and time.monotonic() >= deadline:
-            raise TimeoutError(f"{name!r} is still not computed: graph {meta['name']!r} is {meta['state']} "
-                               f"({meta['ops_done']} of {meta['n_ops']} ops run)")
-        if session.embedded is not None:
-            session.embedded.check()
-        time.sleep(WAIT_SECONDS)
+        if not wait and not started:
+            raise NotComputedError(f"{name!r} is not computed yet: graph {meta['name']!r} is activated but not "
+                                   "started; call R.execute(), then R.track_progress() or "
+                                   "fetch_persisting_op(name, wait=True)")
+        _not_ready(session, keys, name, meta, wait, deadline)
+
+
+def _fetch_statistic(session, keys, name, statistic, wait, deadline):
+    """A federated statistic, {column: float}, merged from the providers' partials once all are in."""
+    while True:
+        pipe = session.client.pipeline(transaction=False)
+        pipe.hgetall(FederatedKeys(keys).partials)
+        pipe.hmget(keys.meta, store_graphs.STATE_FIELDS)
+        pipe.hget(keys.meta, "rules")
+        partials, meta, rules = pipe.execute()
+        meta = store_graphs.decode_state(meta)
+        if meta.get("state") == "done":
+            return federated.release(name, statistic, rules, partials)
+        _not_ready(session, keys, name, meta, wait, deadline)
+
+
+def _not_ready(session, keys, name, meta, wait, deadline):
+    """Raise why `name` cannot be fetched yet, or (wait=True) pause before looking again."""
+    if not meta:
+        raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")
+    if meta["state"] == "failed":
+        raise _failed(meta)
+    if not wait:
+        raise NotComputedError(f"{name!r} is not computed yet: graph {meta['name']!r} is {meta['state']} "
+                               f"({meta['ops_done']} of {meta['n_ops']} ops run). R.track_progress() waits for "
+                               "the whole graph; fetch_persisting_op(name, wait=True) waits for this value")
+    if deadline is not None and time.monotonic() >= deadline:
+        raise TimeoutError(f"{name!r} is still not computed: graph {meta['name']!r} is {meta['state']} "
+                           f"({meta['ops_done']} of {meta['n_ops']} ops run)")
+    if session.embedded is not None:
+        session.embedded.check()
+    time.sleep(WAIT_SECONDS)
 
 
 def get_my_graphs():

@@ -1,7 +1,11 @@
 """Plain helpers shared by test modules (fixtures live in conftest.py)."""
+import time
+
 import torch
 
 import ravop as R
+from ravop.store import Scripts, graphs
+from ravop.wire import pack_nodes, plan_pb2
 
 
 def run_ops(ops, timeout=300):
@@ -12,6 +16,39 @@ def run_ops(ops, timeout=300):
     R.execute()
     R.track_progress(progress_bar=False, timeout=timeout)
     return [R.fetch_persisting_op(f"value_{i}") for i in range(len(ops))]
+
+
+def upload_subgraph(client, token, graph_id, nodes, inputs=(), outputs=(), constants=None, stored=None):
+    """A hand-written plan of one subgraph, uploaded and started as R.activate()/R.execute() would; with
+    `stored`, those bytes replace the subgraph's plan before the start."""
+    plan = plan_pb2.Plan(graph_id=graph_id)
+    sub = plan.subgraphs.add(id=0, device="cpu", inputs=inputs, outputs=outputs)
+    pack_nodes(nodes, sub.nodes)
+    keys = graphs.upload(client, token, plan, constants or {}, {"name": graph_id})
+    if stored is not None:
+        client.hset(keys.subgraphs, 0, stored)
+    Scripts(client).start(keys)
+    return keys
+
+
+def wait_until_finished(client, keys, timeout=120):
+    """The graph's final state (b"done" or b"failed"), polled; AssertionError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while (state := client.hget(keys.meta, "state")) in (b"running", b"activated"):
+        assert time.monotonic() < deadline, f"graph {keys.graph_id} still {state.decode()} after {timeout} s"
+        time.sleep(0.02)
+    return state
+
+
+def assert_a_valid_graph_runs():
+    """A small valid graph runs on the workers and gives the exact result: they survived what came before."""
+    R.Graph(name="after")
+    x = R.t(torch.ones(100, 100))
+    (x @ x).persist_op("good")
+    R.activate()
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=120)
+    assert torch.equal(R.fetch_persisting_op("good"), torch.full((100, 100), 100.0))
 
 
 def on_one_thread(function, *args):

@@ -71,6 +71,44 @@ def test_sigkill_mid_subgraph_completes_on_another_worker(engine, workers, clien
     torch.testing.assert_close(R.fetch_persisting_op("x"), evaluate_on_one_thread(x), rtol=1e-5, atol=0)
 
 
+def test_a_sigkilled_worker_stalls_its_graph_for_seconds_not_half_a_minute(engine, workers, client):
+    # Default liveness settings (--dead-after 3): the idle worker sees the dead one's heartbeat key expire.
+    first, second = workers.start(2, reclaim_idle=30.0)
+    R.Graph(name="failover")
+    x = chain(7, 512, 600)
+    x.persist_op("x")
+    assert R.activate(**ONE_SUBGRAPH)["subgraphs"] == 1
+    R.execute()
+    victim = wait_until_taken(client, engine)
+    survivor = second if victim == first else first
+    time.sleep(0.5)
+    workers.kill(victim)
+    killed = time.monotonic()
+    keys = engine.keys()
+    while client.hget(keys.taken, 0) != survivor.encode():
+        assert time.monotonic() - killed < 30, "the dead worker's subgraph was not taken over"
+        time.sleep(0.01)
+    stall = time.monotonic() - killed
+    assert stall < 6.0, f"taken over {stall:.1f} s after the kill"
+    R.track_progress(progress_bar=False, timeout=300)
+    assert ran_by(client, engine) == {0: survivor}
+    torch.testing.assert_close(R.fetch_persisting_op("x"), evaluate_on_one_thread(x), rtol=1e-5, atol=0)
+
+
+def test_a_slow_worker_is_not_robbed(engine, workers, client):
+    # A subgraph several times longer than --dead-after: the heartbeat keeps its worker alive.
+    first, second = workers.start(2, extra=("--dead-after", "0.6"))
+    R.Graph(name="slow")
+    chain(8, 512, 600).persist_op("x")
+    R.activate(**ONE_SUBGRAPH)
+    R.execute()
+    runner = wait_until_taken(client, engine)
+    R.track_progress(progress_bar=False, timeout=300)
+    keys = engine.keys()
+    assert ran_by(client, engine) == {0: runner} and client.hget(keys.taken, 0) == runner.encode()
+    assert float(client.hget(keys.meta, "finished")) - float(client.hget(keys.meta, "started")) > 1.8
+
+
 def test_sigterm_lets_the_running_subgraph_finish(engine, workers, client):
     [name] = workers.start(1)
     R.Graph(name="terminated")

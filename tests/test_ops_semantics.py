@@ -109,7 +109,7 @@ def test_unknown_dimensions_broadcast_and_flow_through():
 
 
 def test_original_ops_without_worker_implementations_now_run():
-    """slice, cube, median, sign and random had no worker kernel in the original (REFERENCE.md 5.4)."""
+    """slice, cube, median, sign and random had no worker kernel in the original Ravop."""
     x = R.t(np.array([[-2.0, 0.0, 3.0], [1.0, 5.0, -4.0]]))
     got = evaluate([R.slice(x, begin=1, size=1), R.cube(x), R.median(x), R.sign(x), R.random(size=2)])
     np.testing.assert_array_equal(got[0].numpy(), [[1.0, 5.0, -4.0]])

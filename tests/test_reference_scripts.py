@@ -1,4 +1,4 @@
-"""REFERENCE.md section 4's KNN-style and linear-regression-style scripts, written only with ravop ops, equal
+"""The original Ravop's KNN-style and linear-regression-style example scripts, written only with ravop ops, equal
 the same maths in numpy, evaluated in-process and run through the real engine (the `execute` fixture).
 
 `record_knn` and the example's `record` (examples/linear_regression.py) take the data and return the ops

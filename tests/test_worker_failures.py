@@ -8,8 +8,9 @@ import torch
 
 import ravop as R
 from ravop.store import DEAD_LETTER, GROUP, Scripts, queue
-from ravop.store import graphs
-from ravop.wire import NodeRow, pack_nodes, plan_pb2
+from ravop.wire import NodeRow, plan_pb2
+
+from helpers import assert_a_valid_graph_runs, upload_subgraph
 
 
 def dead_letters(client, graph_id):
@@ -38,19 +39,6 @@ def test_kernel_error_surfaces_with_op_and_source_line(engine, workers, client):
     assert workers.alive(name)
 
 
-def upload_subgraph(client, token, graph_id, nodes, inputs=(), outputs=(), constants=None, stored=None):
-    """A hand-written plan of one subgraph, uploaded and started as R.activate()/R.execute() would; with
-    `stored`, those bytes replace the subgraph's plan before the start."""
-    plan = plan_pb2.Plan(graph_id=graph_id)
-    sub = plan.subgraphs.add(id=0, device="cpu", inputs=inputs, outputs=outputs)
-    pack_nodes(nodes, sub.nodes)
-    keys = graphs.upload(client, token, plan, constants or {}, {"name": graph_id})
-    if stored is not None:
-        client.hset(keys.subgraphs, 0, stored)
-    Scripts(client).start(keys)
-    return keys
-
-
 def test_hostile_messages_and_plans_do_not_kill_the_worker(engine, workers, client):
     [name] = workers.start(1)
     token = engine.token
@@ -74,25 +62,28 @@ def test_hostile_messages_and_plans_do_not_kill_the_worker(engine, workers, clie
                                 constants=ones),
         "bad-params": dict(nodes=[NodeRow(id=2, op="neg", inputs=[1], params=b"{not json")], inputs=[1],
                            outputs=[2], constants=ones),
+        "deep-params": dict(nodes=[NodeRow(id=2, op="neg", inputs=[1], params=b'{"a":' + b"[" * 5000 + b"]" * 5000
+                                           + b"}")], inputs=[1], outputs=[2], constants=ones),
+        "huge-params": dict(nodes=[NodeRow(id=2, op="neg", inputs=[1], params=b'{"a":"' + b"x" * (17 << 20) + b'"}')],
+                            inputs=[1], outputs=[2], constants=ones),
+        "odd-params": dict(nodes=[NodeRow(id=2, op="index", inputs=[1], params=b'{"spec":[["t"]]}', source="odd.py:3")],
+                           inputs=[1], outputs=[2], constants=ones),
         "garbage-plan": dict(nodes=[], outputs=[], stored=b"\x00garbage protobuf\xff"),
         "uneven-columns": dict(nodes=[], outputs=[], stored=uneven.SerializeToString()),
     }
     keys = {graph_id: upload_subgraph(client, token, graph_id, **spec) for graph_id, spec in hostile.items()}
 
-    R.Graph(name="after")
-    x = R.t(torch.ones(100, 100))
-    (x @ x).persist_op("good")
-    R.activate()
-    R.execute()
-    R.track_progress(progress_bar=False, timeout=120)
-    assert torch.equal(R.fetch_persisting_op("good"), torch.full((100, 100), 100.0))
+    assert_a_valid_graph_runs()
     assert workers.alive(name)
 
     errors = {graph_id: client.hget(k.meta, "error").decode() for graph_id, k in keys.items()}
     assert all(client.hget(k.meta, "state") == b"failed" for k in keys.values()), errors
     assert "unknown op 'os.system'" in errors["unknown-op"]
     assert "over this worker's limit" in errors["huge-shape"]
-    assert "can't allocate memory" in errors["lying-shape"]  # torch refuses; the worker goes on
+    assert "over this worker's memory budget" in errors["lying-shape"]  # torch refuses; the worker goes on
+    assert errors["deep-params"] == "op 'neg': op params nest deeper than 32 levels"
+    assert errors["huge-params"] == "op 'neg': op params are 17,825,800 bytes, more than the 16,777,216 allowed"
+    assert errors["odd-params"] == "StopIteration with no message, raised by the kernel with spec=(('t',),)"
     assert "reads values [2]" in errors["undefined-input"]
     assert "not valid JSON" in errors["bad-params"]
     assert "not a valid plan" in errors["garbage-plan"]

@@ -56,11 +56,11 @@ def test_run_frees_intermediates_keeps_outputs_and_names_a_failing_op():
     nodes = [neg(2, 1, n=3), NodeRow(id=3, op="add", inputs=[2, 2], shape=[3], dtype="float32"),
              neg(4, 3, n=3)]
     program = check(subgraph(nodes, inputs=[1], outputs=[4]), max_bytes=MIB)
-    assert torch.equal(run(program, {1: torch.ones(3)}, 0, "cpu")[4], torch.full((3,), 2.0))
+    assert torch.equal(run(program, {1: torch.ones(3)}, 0, "cpu", MIB)[4], torch.full((3,), 2.0))
     bad = NodeRow(id=2, op="reshape", inputs=[1], params=encode_params({"shape": (7,)}), source="u.py:9")
     program = check(subgraph([bad], inputs=[1], outputs=[2]), max_bytes=MIB)
     with pytest.raises(KernelError, match="RuntimeError") as info:
-        run(program, {1: torch.ones(3)}, 0, "cpu")
+        run(program, {1: torch.ones(3)}, 0, "cpu", MIB)
     assert info.value.node.source == "u.py:9"
 
 

@@ -20,6 +20,10 @@ class TensorCache:
             self._items.move_to_end(key)
         return tensor
 
+    def clear(self):
+        self._items.clear()
+        self.bytes = 0
+
     def put(self, key, tensor):
         size = _nbytes(tensor)
         if size > self.max_bytes:

@@ -10,8 +10,12 @@ import sys
 
 from ravop.errors import ConnectionFailed
 from ravop.store import connect
+from ravop.store import workers as liveness
 
+from . import memory
 from .consumer import Worker
+from .data import ProviderData
+from .federated import Provider
 from .loop import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
 
 
@@ -23,14 +27,22 @@ def parse_args(argv=None):
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     parser.add_argument("--name", default=f"{socket.gethostname()}-{os.getpid()}",
                         help="worker name, unique among the workers of a server (default: host-pid)")
+    parser.add_argument("--dead-after", type=float, default=liveness.TTL, metavar="SECONDS",
+                        help="take over the subgraph of a worker whose heartbeat has been silent this long "
+                             f"(default: {liveness.TTL:g})")
     parser.add_argument("--reclaim-idle", type=float, default=30.0, metavar="SECONDS",
-                        help="take over a subgraph whose worker has been silent this long (default: 30)")
+                        help="take over a subgraph nobody has worked on for this long, even if its worker is "
+                             "alive (default: 30)")
     parser.add_argument("--max-attempts", type=int, default=3,
                         help="deliveries of a subgraph before it is dead-lettered and its graph failed (default: 3)")
     parser.add_argument("--cache-mib", type=int, default=256,
                         help="local cache of tensors this worker produced or fetched (default: 256 MiB)")
     parser.add_argument("--max-subgraph-bytes", type=int, default=None,
                         help="largest memory a subgraph may declare (default: half the device's memory)")
+    parser.add_argument("--max-memory-bytes", type=int, default=None,
+                        help="memory this worker may take beyond what it holds at start, enforced by the operating "
+                             "system on CPU and by torch's allocator on a GPU (default: 1.5 x --max-subgraph-bytes; "
+                             "--max-subgraph-bytes defaults to 2/3 of this when only this is given)")
     parser.add_argument("--checkpoint-steps", type=int, default=CHECKPOINT_STEPS,
                         help="a training loop checkpoints its state to Redis every this many steps (0: by time "
                              f"only; default: {CHECKPOINT_STEPS})")
@@ -41,6 +53,12 @@ def parse_args(argv=None):
                         help="exit when Redis stays unreachable this long (default: keep retrying)")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="exit when this process exits (used by the embedded default)")
+    parser.add_argument("--data", nargs="+", action="extend", default=[], metavar="PATH",
+                        help="CSV or Parquet files this worker offers to federated graphs (it becomes a data "
+                             "provider); the data never leaves this process, only statistics of it do")
+    parser.add_argument("--min-group-size", type=int, default=os.environ.get("RAVOP_MIN_GROUP_SIZE", "5"),
+                        metavar="K", help="withhold a statistic over fewer than K values of this provider "
+                                          "(default: $RAVOP_MIN_GROUP_SIZE or 5)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every start and stop")
     return parser.parse_args(argv)
 
@@ -67,16 +85,20 @@ def main(argv=None):
         import torch
         torch.set_num_threads(args.threads)
     try:
+        data = ProviderData.load(args.data) if args.data else None
         client = connect(args.redis)
+        provider = Provider(client, args.name, data, args.min_group_size) if data is not None else None
         worker = Worker(client, args.name, device=args.device, reclaim_idle=args.reclaim_idle,
                         max_attempts=args.max_attempts, cache_bytes=args.cache_mib * 2**20,
                         max_subgraph_bytes=args.max_subgraph_bytes, parent_pid=args.parent_pid,
-                        server_gone_after=args.exit_when_server_gone, checkpoint_steps=args.checkpoint_steps,
-                        checkpoint_seconds=args.checkpoint_seconds)
+                        server_gone_after=args.exit_when_server_gone, dead_after=args.dead_after,
+                        max_memory_bytes=args.max_memory_bytes, provider=provider,
+                        checkpoint_steps=args.checkpoint_steps, checkpoint_seconds=args.checkpoint_seconds)
     except (ConnectionFailed, ValueError) as exc:
         print(f"ravop-worker: {exc}", file=sys.stderr)
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop())
+    memory.enforce(worker.device, worker.memory_budget)
     gc.freeze()   # what is loaded by now lives as long as the process: the cyclic GC need not rescan it
     return worker.run()

@@ -2,8 +2,9 @@
 then complete it (ack, count progress, enqueue the successors that became ready) in the same round trip.
 
 Delivery is at-least-once. A message is acked only by the completion or failure scripts, after the outputs
-are stored; a message held by a worker that died is taken over with XAUTOCLAIM once idle for
-`reclaim_idle` seconds; after `max_attempts` deliveries it is given up on. Whatever a message holds
+are stored; a message held by a worker that died is taken over once its heartbeat has been silent for
+`dead_after` seconds, and any message nobody works on after `reclaim_idle` (worker/takeover.py); after
+`max_attempts` deliveries it is given up on. Whatever a message holds
 (garbage, unknown ops, absurd shapes) fails its graph and lands in the dead-letter stream, and the worker
 goes on; a kernel error fails the graph at once (it would fail again on any worker: no retries).
 """
@@ -14,17 +15,21 @@ import time
 import redis
 from google.protobuf.message import DecodeError
 
-from ravop.errors import PlanError, WireFormatError
+from ravop.errors import PlanError, StoreLimitError, WireFormatError
 from ravop.loop_run import StepError
 from ravop.store import GROUP, GraphKeys, Scripts, ensure_queues, queue
+from ravop.store import federated as federated_store
+from ravop.store import tensors as stored
 from ravop.store import workers as liveness
-from ravop.wire import decode_tensor, encode_tensor, plan_pb2, unpack_nodes
+from ravop.wire import plan_pb2, unpack_nodes
 
 from . import device as devices
+from . import memory
 from .cache import TensorCache
 from .heartbeat import Heartbeat
 from .loop import CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, run_loop
-from .run import KernelError, run
+from .run import OVER_BUDGET, KernelError, run
+from .takeover import Takeover
 from .validate import check
 
 log = logging.getLogger("ravop.worker")
@@ -51,20 +56,27 @@ def parse_message(fields):
 
 class Worker:
     def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
-                 max_subgraph_bytes=None, parent_pid=None, server_gone_after=None,
+                 max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
+                 max_memory_bytes=None, provider=None,
                  checkpoint_steps=CHECKPOINT_STEPS, checkpoint_seconds=CHECKPOINT_SECONDS):
-        if reclaim_idle <= 0 or max_attempts < 1:
-            raise ValueError(f"need reclaim_idle > 0 and max_attempts >= 1, not {reclaim_idle} and {max_attempts}")
+        if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
+            raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
+                             f"{dead_after} and {max_attempts}")
         self.client = client
         self.name = name
         self.device = devices.parse(device)
+        devices.use_full_precision(self.device)
         self.kind = self.device.type
         self.stream = queue(self.kind)  # a CPU worker never reads the GPU stream, and vice versa
-        self.reclaim_idle_ms = int(reclaim_idle * 1000)
-        self.reclaim_every = reclaim_idle / 2
+        self.takeover = Takeover(client, self.stream, name, dead_after, reclaim_idle)
         self.max_attempts = max_attempts
         self.cache = TensorCache(cache_bytes)
-        self.limit = max_subgraph_bytes or devices.default_limit(self.device)
+        # What a subgraph may declare, and what the process may hold beyond its start (worker/memory.py):
+        # given one, the other follows.
+        self.limit = max_subgraph_bytes or (max_memory_bytes * 2 // 3 if max_memory_bytes
+                                            else devices.default_limit(self.device))
+        self.memory_budget = max_memory_bytes or memory.default_budget(self.limit)
+        self.value_bytes = stored.fit_to_server(client)  # the largest value written in one piece on this server
         self.server_gone_after = server_gone_after
         if checkpoint_steps < 0 or checkpoint_seconds <= 0:
             raise ValueError(f"need checkpoint_steps >= 0 and checkpoint_seconds > 0, not {checkpoint_steps} and "
@@ -72,10 +84,10 @@ class Worker:
         self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
         self.scripts = Scripts(client)
         self.stopping = threading.Event()
-        self.heartbeat = Heartbeat(client, name, self.kind, self.stream, min(2.0, reclaim_idle / 3), self.stopping,
-                                   parent_pid)
+        self.provider = provider  # a worker.federated.Provider if this worker offers data (--data)
+        self.heartbeat = Heartbeat(client, name, self.kind, self.stream, self.takeover.every, dead_after,
+                                   self.stopping, parent_pid, provider.data.names() if provider is not None else None)
         self.completed = 0
-        self._next_reclaim = 0.0
 
     def stop(self):
         """Stop after the subgraph being run, if any, is finished (safe from a signal handler)."""
@@ -91,6 +103,8 @@ class Worker:
         try:
             while not self.stopping.is_set():
                 try:
+                    if self.provider is not None:
+                        self.provider.poll()
                     message = self._next()
                     if message is not None:
                         self._handle(*message)
@@ -115,17 +129,10 @@ class Worker:
         return 0
 
     def _next(self):
-        """(message id, fields, deliveries): work held too long by a silent worker first, then new work."""
-        now = time.monotonic()
-        if now >= self._next_reclaim:
-            self._next_reclaim = now + self.reclaim_every
-            _, claimed, _ = self.client.xautoclaim(self.stream, GROUP, self.name, self.reclaim_idle_ms, "0-0",
-                                                   count=1)
-            if claimed:
-                self._next_reclaim = now  # more may be waiting
-                message_id, fields = claimed[0]
-                pending = self.client.xpending_range(self.stream, GROUP, message_id, message_id, 1)
-                return message_id, fields, pending[0]["times_delivered"] if pending else 1
+        """(message id, fields, deliveries): work held by a dead or silent worker first, then new work."""
+        found = self.takeover.next()
+        if found is not None:
+            return found
         reply = self.client.xreadgroup(GROUP, self.name, {self.stream: ">"}, count=1, block=BLOCK_MS)
         if reply:
             message_id, fields = reply[0][1][0]
@@ -177,12 +184,15 @@ class Worker:
                 outputs = run_loop(self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
                                    self.checkpoint_steps, self.checkpoint_seconds)
             else:
-                outputs = run(program, inputs, seed, self.device)
+                outputs = run(program, inputs, seed, self.device, self.memory_budget)
             self._finish(keys, subgraph_id, message_id, outputs)
             if subgraph.HasField("loop"):
                 self.client.delete(keys.checkpoint(subgraph_id))
         except KernelError as exc:
-            self._give_up(keys, message_id, subgraph_id, str(exc), "kernel error", exc.node)
+            if exc.reason == OVER_BUDGET:  # keep serving: drop what this worker holds for reuse, then report
+                self.cache.clear()
+                devices.release_cached(self.device)
+            self._give_up(keys, message_id, subgraph_id, str(exc), exc.reason, exc.node)
         except StepError as exc:
             self._give_up(keys, message_id, subgraph_id, f"{exc} (loop step {exc.step + 1})", "kernel error",
                           exc.node)
@@ -198,6 +208,8 @@ class Worker:
                               "not in Redis (deleted by R.flush()?)", "missing input")
         except WireFormatError as exc:
             self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}", "bad input")
+        except StoreLimitError as exc:
+            self._give_up(keys, message_id, subgraph_id, str(exc), "server full")
         finally:
             self.heartbeat.unwatch()
 
@@ -212,9 +224,10 @@ class Worker:
                 env[i] = tensor
         if missing:
             for i, data in zip(missing, self.client.mget([keys.tensor(i) for i in missing])):
-                if data is None:
+                tensor = None if data is None else stored.decode(self.client, keys.tensor(i), data)
+                if tensor is None:
                     raise _MissingInput(i)
-                tensor = devices.to_device(decode_tensor(data), self.device)
+                tensor = devices.to_device(tensor, self.device)
                 self.cache.put(keys.tensor(i), tensor)
                 env[i] = tensor
         return env
@@ -222,16 +235,22 @@ class Worker:
     def _finish(self, keys, subgraph_id, message_id, outputs):
         """Store the outputs (the same bytes under the same keys if this is a retry) and complete the subgraph,
         in one MULTI/EXEC: if the server refuses the writes (out of memory), the completion does not run."""
+        host = {i: devices.to_host(tensor) for i, tensor in outputs.items()}
+        total = sum(map(stored.nbytes, host.values()))
+        # Big outputs are checked against the server's limits first, so that a full server is reported
+        # in numbers rather than as a refused transaction.
+        chunk = stored.fit_to_server(self.client, total, f"the outputs of subgraph {subgraph_id}") \
+            if total > self.value_bytes else self.value_bytes
         pipe = self.client.pipeline(transaction=True)
-        for i, tensor in outputs.items():
-            pipe.set(keys.tensor(i), encode_tensor(devices.to_host(tensor)))
+        for i, tensor in host.items():
+            stored.write(pipe, keys.tensor(i), tensor, chunk)
         self.scripts.complete_in(pipe, keys, subgraph_id, self.name, self.stream, message_id)
         try:
             status = pipe.execute()[-1]
         except redis.exceptions.NoScriptError:  # the server restarted and lost its scripts; the writes went in
             status = self.scripts.complete(keys, subgraph_id, self.name, self.stream, message_id)
         if status == -1:  # the graph was flushed while this subgraph ran: take back what was written
-            self.client.delete(*[keys.tensor(i) for i in outputs])
+            self.client.delete(*[key for i in outputs for key in stored.keys_of(keys.tensor(i))])
             return
         for i, tensor in outputs.items():
             # Cached as Redis hands it to any other worker: contiguous. A kernel may round differently on a
@@ -276,6 +295,8 @@ class Worker:
         """Unregister; drop this consumer from the group unless it still holds a message (for reclaiming)."""
         try:
             liveness.leave(self.client, self.name, self.kind)
+            if self.provider is not None:
+                federated_store.withdraw(self.client, self.name)
             if not self.client.xpending_range(self.stream, GROUP, "-", "+", 1, consumername=self.name):
                 self.client.xgroup_delconsumer(self.stream, GROUP, self.name)
         except redis.RedisError as exc:

@@ -21,6 +21,17 @@ def parse(device):
     return device
 
 
+def use_full_precision(device):
+    """On a GPU, float32 math as a CPU worker does it: cuDNN convolutions otherwise use TF32 (10-bit
+    mantissas), ~1e-3 relative off a CPU worker's results; and one convolution algorithm per shape, so that a
+    retried subgraph gives the same bits. Applies to the whole process (a worker serves one device)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+
 def default_limit(device):
     """Half the device's memory: a subgraph declaring more fails clearly instead of being OOM-killed."""
     if device.type == "cuda":
@@ -47,3 +58,10 @@ def to_device(tensor, device):
 
 def to_host(tensor):
     return tensor if tensor.device.type == "cpu" else tensor.cpu()
+
+
+def release_cached(device):
+    """Give the blocks torch's CUDA allocator keeps for reuse back to the device (after running out of
+    memory, so that the next subgraph starts from what is really in use)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

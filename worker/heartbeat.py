@@ -1,6 +1,7 @@
-"""A worker's heartbeat thread. Every `interval` seconds it renews the worker's liveness key (requesters use
-it to say "waiting for a GPU worker"), and re-claims the message being run so that its idle time stays below
-the reclaim threshold: a subgraph that runs for minutes is not mistaken for one held by a dead worker. It
+"""A worker's heartbeat thread. Every `interval` seconds it renews the worker's liveness key for `ttl` seconds
+(other workers take over the work of a worker whose key expired: worker/takeover.py; requesters use it to say
+"waiting for a GPU worker"), and re-claims the message being run so that its idle time stays low: a subgraph
+that runs for minutes is not mistaken for one held by a dead worker. It
 also notices when the process that started an embedded worker has gone, and asks the worker to stop.
 Torch kernels release the GIL, so the thread runs while a long kernel does."""
 import logging
@@ -10,18 +11,20 @@ import threading
 import redis
 
 from ravop.store import GROUP
+from ravop.store import federated as federated_store
 from ravop.store import workers as liveness
 
 log = logging.getLogger("ravop.worker")
 
 
 class Heartbeat(threading.Thread):
-    def __init__(self, client, name, kind, stream, interval, stopping, parent_pid=None):
+    def __init__(self, client, name, kind, stream, interval, ttl, stopping, parent_pid=None, data_columns=None):
         super().__init__(name=f"heartbeat-{name}", daemon=True)
         self.client, self.name, self.kind, self.stream = client, name, kind, stream
-        self.interval = interval
+        self.interval, self.ttl = interval, ttl
         self.stopping = stopping      # threading.Event the worker loop watches
         self.parent_pid = parent_pid
+        self.data_columns = data_columns  # a data provider's columns, advertised with its liveness
         self.message_id = None        # the message being run, if any
         self._end = threading.Event()
 
@@ -33,7 +36,9 @@ class Heartbeat(threading.Thread):
 
     def beat(self):
         pipe = self.client.pipeline(transaction=False)
-        liveness.beat(pipe, self.name, self.kind, ttl=max(liveness.TTL, int(3 * self.interval) + 1))
+        liveness.beat(pipe, self.name, self.kind, ttl=self.ttl)
+        if self.data_columns is not None:
+            federated_store.advertise(pipe, self.name, self.data_columns, ttl=self.ttl)
         message_id = self.message_id
         if message_id is not None:
             # JUSTID: resets the idle time without counting a delivery.

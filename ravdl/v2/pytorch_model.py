@@ -9,8 +9,9 @@ The model's parameters and buffers are graph tensors, as a built-in layer's are:
 `torchscript_forward` op reading their current values (in training mode it also gives the updated buffers,
 BatchNorm's running stats, which replace the old ones); `_backward_pass` records `R.grad` (the
 `torchscript_vjp` op) and one optimizer step per trainable parameter (those with `requires_grad`).
-`save_model(name)` persists the code and the current values; `R.fetch_persisting_op(name)` returns the
-TorchScript module with the trained weights (`ravop.model.load_module`, so fetching needs only ravop).
+`save_model(name)` persists the code and the current values; `R.fetch_persisting_op(name)` returns a
+plain nn.Module with the trained weights under the original names (`ravop.saved_model.SavedModel`, built by
+`ravop.model.load_module`, so fetching needs only ravop).
 """
 from functools import partial
 

@@ -153,8 +153,9 @@ def index_shape(shape, spec, tensors):
 
 # ---------------------------------------------------------------------------------- kernel side of x[...]
 
-def torch_index(spec, tensors):
-    """The spec as a tuple of torch index items, with numpy's meaning except for negative slice steps."""
+def torch_index(spec, tensors, device):
+    """The spec as a tuple of torch index items (index lists on `device`, the indexed tensor's), with numpy's
+    meaning except for negative slice steps."""
     tensors = iter(tensors)
     items = []
     for item in spec:
@@ -167,13 +168,14 @@ def torch_index(spec, tensors):
         elif item[0] == "e":
             items.append(Ellipsis)
         elif item[0] == "l":
-            items.append(torch.tensor(item[1]) if item[1] else torch.zeros(0, dtype=torch.int64))
+            items.append(torch.tensor(item[1], device=device) if item[1] else
+                         torch.zeros(0, dtype=torch.int64, device=device))
         else:
             t = next(tensors)
             items.append(t if t.dtype == torch.bool else t.long())
     if any(isinstance(i, torch.Tensor) and (i.dim() or i.dtype == torch.bool) for i in items):
         # numpy treats ints among array indices as 0-d arrays; torch only does so for 1-d tensors
-        items = [torch.tensor([i]) if type(i) is int else
+        items = [torch.tensor([i], device=device) if type(i) is int else
                  i.reshape(1) if isinstance(i, torch.Tensor) and not i.dim() else i for i in items]
     return items
 
@@ -188,7 +190,7 @@ def apply_index(x, spec, tensors):
     """x[index] with numpy semantics (a view where torch gives one).
 
     torch slices need a positive step, so x[a:b:-s] becomes x.flip(d)[a':b':s] with mirrored bounds."""
-    items = torch_index(spec, tensors)
+    items = torch_index(spec, tensors, x.device)
     flips, dim = [], 0
     for k, item in enumerate(items):
         if item is Ellipsis:

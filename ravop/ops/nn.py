@@ -451,9 +451,10 @@ def _dropout_shape(x, p=0.5, training=True):
 
 def _dropout_noise(like, p, generator):
     """Kept elements scaled by 1/(1-p), as ATen's dropout builds its noise; drawn in a contiguous tensor
-    so that the same seed gives the same mask whatever the strides of the input."""
-    noise = torch.empty(like.shape, dtype=like.dtype, device=like.device)
-    return noise.bernoulli_(1 - p, generator=generator).div_(1 - p)
+    so that the same seed gives the same mask whatever the strides of the input, and on the (host) generator's
+    device so that it is the same mask on every kind of worker."""
+    noise = torch.empty(like.shape, dtype=like.dtype, device=generator.device)
+    return noise.bernoulli_(1 - p, generator=generator).div_(1 - p).to(like.device)
 
 
 def _dropout_vjp(node, g):
@@ -482,6 +483,6 @@ def dropout_backward(g, p, seed):
     """Gradient of dropout: g times the forward's mask, redrawn from the forward op's seed."""
     if p == 1:
         return g * torch.zeros((), dtype=g.dtype, device=g.device)
-    generator = torch.Generator(device=g.device).manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
     return g * _dropout_noise(g, p, generator)
 

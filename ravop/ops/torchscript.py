@@ -19,10 +19,7 @@ forward under autograd rather than keeping activations between ops (nothing live
 a training step costs one extra forward, as activation checkpointing does.
 """
 import hashlib
-import io
-import re
 import threading
-import zipfile
 from collections import OrderedDict, namedtuple
 from contextlib import contextmanager
 
@@ -32,6 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from .. import functional as F
 from ..autodiff import needs_grad
 from ..registry import REQUIRED, register
+from . import torchscript_safety
 
 CACHE_SIZE = 8            # loaded modules kept per process: each holds its code, not its weights
 _lock = threading.RLock()
@@ -77,26 +75,6 @@ def _evict():
         _modules.popitem(last=False)
 
 
-# TorchScript ops that touch files: a model calling them could read a provider's files into its outputs or
-# write files there. The archive's code is scanned for any qualified use of one (torch.save, ops.aten.save,
-# torch.from_file, ...) before it is loaded, since loading already runs the code of __setstate__ methods.
-_FILE_OPS = re.compile(rb"\.\s*(save|from_file|load_tensor)\b")
-
-
-def check_code(data):
-    """Refuse a TorchScript archive whose code calls a file-touching op; a clear error for a non-archive."""
-    try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-        sources = [archive.read(n) for n in archive.namelist() if "/code/" in n and n.endswith(".py")]
-    except (zipfile.BadZipFile, KeyError) as exc:
-        raise ValueError(f"the model blob is not a TorchScript archive: {exc}") from None
-    for source in sources:
-        found = _FILE_OPS.search(source)
-        if found:
-            raise ValueError(f"the model's code calls {found.group(1).decode()}(...): TorchScript models may not "
-                             "read or write files on the machines that run them")
-
-
 def _loaded(model_hash, blob, device):
     key = (model_hash, str(device))
     entry = _modules.get(key)
@@ -107,8 +85,7 @@ def _loaded(model_hash, blob, device):
     digest = hashlib.sha256(data).hexdigest()
     if digest != model_hash:
         raise ValueError(f"model blob has sha256 {digest}, but the op names model_hash {model_hash}")
-    check_code(data)
-    entry = _modules[key] = _Loaded(torch.jit.load(io.BytesIO(data), map_location=device))
+    entry = _modules[key] = _Loaded(torchscript_safety.load(data, map_location=device))
     _evict()
     return entry
 

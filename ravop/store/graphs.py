@@ -3,7 +3,7 @@ import json
 import time
 from collections import Counter
 
-from ..wire import encode_tensor
+from . import tensors
 from .keys import GraphKeys, TokenKeys, device_kind
 
 BATCH_BYTES = 32 * 2**20  # one pipeline carries about this much, so a big model is neither one huge
@@ -35,6 +35,8 @@ def upload(client, token, plan, constants, meta, bundles=None):
     `plan`: a `ravop.wire.plan_pb2.Plan`; `constants`: node id -> tensor; `meta`: extra fields (name,
     algorithm, approach, summary, ...); `bundles`: name -> (kind, spec, {key: persist name})."""
     keys = GraphKeys(token, plan.graph_id)
+    # Checked before anything is written: a graph that cannot fit fails here, not halfway through.
+    chunk = tensors.fit_to_server(client, sum(map(tensors.nbytes, constants.values())), "the graph's constants")
     persisted = set(plan.persisted.values())
     readers = Counter()
     roots, devices, n_ops = [], set(), 0
@@ -62,9 +64,7 @@ def upload(client, token, plan, constants, meta, bundles=None):
         batch.pipe.hset(keys.bundles, name, json.dumps({"kind": kind, "spec": spec, "keys": names}))
     batch.add(0, len(readers) + len(plan.persisted))
     for node_id, tensor in constants.items():
-        data = encode_tensor(tensor)
-        batch.pipe.set(keys.tensor(node_id), data)
-        batch.add(len(data))
+        batch.add(tensors.write(batch.pipe, keys.tensor(node_id), tensor, chunk))
     now = time.time()
     batch.pipe.hset(keys.meta, mapping={
         **meta, "state": "activated", "seed": plan.seed, "devices": ",".join(sorted(devices)),
@@ -79,7 +79,7 @@ def upload(client, token, plan, constants, meta, bundles=None):
 
 # The meta fields a tracker reads (not the plan-sized ones: roots, summary).
 STATE_FIELDS = ("name", "state", "ops_done", "n_ops", "devices", "error", "error_op", "error_source",
-                "error_worker", "error_subgraph", "n_steps")
+                "error_worker", "error_subgraph", "approach", "n_steps")
 
 
 def read_state(client, keys):

@@ -21,11 +21,13 @@ Per token (one requester), under `ravop:{token}:`:
   g:{gid}:steps       hash    loop subgraph id -> its steps done (written as the loop runs)
   g:{gid}:ckpt:{sid}  hash    a running loop's checkpoint: step (steps done), c0, c1, ... (carried tensors)
   g:{gid}:t:{node}    string  a tensor (ravop.wire.codec)
+  g:{gid}:t:{node}:c  hash    chunk index -> raw data of a tensor too big for one value (ravop.store.tensors)
 Shared by all tokens, under `ravop:_:` (a token starts with a letter or a digit, so it cannot collide):
   queue:{cpu|cuda}    stream  ready subgraphs {token, graph, subgraph}; consumer group "workers"
   dead                stream  messages and subgraphs given up on: reason, error, op, source, worker
   worker:{name}       string  a live worker's device kind; expires unless the worker's heartbeat renews it
   workers:{cpu|cuda}  set     names of workers that registered for a device kind (dead ones pruned on read)
+Federated graphs add a few keys of their own: see `ravop.store.federated`.
 Scripts build keys from ARGV (tensor keys, the queue of a successor's device), so this schema needs a
 standalone server, not Redis Cluster.
 """

@@ -6,7 +6,8 @@ never enqueue a subgraph twice or lose one.
             record who took it; return the graph seed and the subgraph bytes.
 - complete: ack the message; once per subgraph (a `done` set makes retries harmless), count progress,
             decrement the successors' dependency counts, enqueue exactly those that reached zero on the
-            stream of their device, delete input values no other subgraph will read, end the graph after
+            stream of their device, delete input values (and their chunks, `ravop.store.tensors`) no other
+            subgraph will read, end the graph after
             its last subgraph.
 - fail:     ack the message, log it to the dead-letter stream, and fail its graph with the op, error,
             source line and worker (only the first failure is kept: later ones are its consequences).
@@ -83,7 +84,7 @@ for sid in string.gmatch(successors, '[^,]+') do
 end
 for id in string.gmatch(release, '[^,]+') do
   if redis.call('HINCRBY', KEYS[6], id, -1) <= 0 then
-    redis.call('DEL', ARGV[7] .. id)
+    redis.call('DEL', ARGV[7] .. id, ARGV[7] .. id .. ':c')
     redis.call('HDEL', KEYS[6], id)
   end
 end

@@ -1,12 +1,13 @@
-"""Which workers are alive: each renews a short-lived key; requesters read them to tell a user that work is
-waiting for a kind of worker that nobody runs."""
+"""Which workers are alive: each renews a short-lived key from its heartbeat thread. Workers take over the work
+of those whose key has expired; requesters read them to tell a user that work is waiting for a kind of worker
+that nobody runs."""
 from .keys import worker_key, workers_set
 
-TTL = 10  # seconds a worker counts as alive after its last heartbeat
+TTL = 3.0  # seconds a worker counts as alive after its last heartbeat (ravop-worker --dead-after)
 
 
 def beat(pipe, name, kind, ttl=TTL):
-    pipe.set(worker_key(name), kind, ex=ttl)
+    pipe.set(worker_key(name), kind, px=max(1, int(ttl * 1000)))
     pipe.sadd(workers_set(kind), name)
 
 
@@ -17,15 +18,27 @@ def leave(client, name, kind):
     pipe.execute()
 
 
+def _live(client, names):
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.exists(worker_key(name))
+    return [name for name, exists in zip(names, pipe.execute()) if exists]
+
+
+def silent(client, names):
+    """Those of `names` whose heartbeat key has expired (or never existed)."""
+    if not names:
+        return []
+    live = set(_live(client, names))
+    return [name for name in names if name not in live]
+
+
 def alive(client, kind):
     """Names of the live workers of a device kind (forgetting those whose heartbeat expired)."""
     names = sorted(n.decode() for n in client.smembers(workers_set(kind)))
     if not names:
         return []
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.exists(worker_key(name))
-    live = [name for name, exists in zip(names, pipe.execute()) if exists]
+    live = _live(client, names)
     dead = set(names) - set(live)
     if dead:
         client.srem(workers_set(kind), *dead)

@@ -1,6 +1,8 @@
 """Bytes on the wire: tensors as a fixed header plus raw bytes, op params as JSON. Never pickle.
 
 Tensor layout (little-endian): b"RVT1", dtype code (u8), ndim (u8), ndim x u64 dims, then the raw data.
+A tensor too big for one value is stored as a chunked header, b"RVC1" with the same fields followed by the
+chunk size (u64) and the number of chunks (u32), and its raw data in chunks (`ravop.store.tensors`).
 Every decode checks the header against the payload, so a hostile or truncated value raises
 `WireFormatError` instead of allocating what it declares.
 """
@@ -13,32 +15,64 @@ from ..dtypes import DTYPES
 from ..errors import WireFormatError
 
 MAGIC = b"RVT1"
+CHUNKED_MAGIC = b"RVC1"
 MAX_NDIM = 32
+MAX_CHUNKS = 2**20
 _CODES = {dtype: code for code, dtype in enumerate(DTYPES.values())}
 _DTYPES = list(DTYPES.values())
 
 
-def encode_tensor(tensor):
-    tensor = tensor.detach()
-    if tensor.device.type != "cpu":
-        tensor = tensor.cpu()
+class Chunked:
+    """What a chunked tensor's header declares: dtype, shape, the byte size of every chunk but the last,
+    and how many chunks hold its `nbytes` of data."""
+    __slots__ = ("dtype", "shape", "nbytes", "chunk_bytes", "n_chunks")
+
+    def __init__(self, dtype, shape, nbytes, chunk_bytes, n_chunks):
+        self.dtype, self.shape, self.nbytes = dtype, shape, nbytes
+        self.chunk_bytes, self.n_chunks = chunk_bytes, n_chunks
+
+    def chunk_size(self, index):
+        return min(self.chunk_bytes, self.nbytes - index * self.chunk_bytes)
+
+
+def _header(magic, tensor):
     if tensor.dtype not in _CODES:
         raise WireFormatError(f"cannot encode tensors of dtype {tensor.dtype}")
     if tensor.dim() > MAX_NDIM:
         raise WireFormatError(f"cannot encode a {tensor.dim()}-d tensor (at most {MAX_NDIM} dims)")
-    header = MAGIC + struct.pack(f"<BB{tensor.dim()}Q", _CODES[tensor.dtype], tensor.dim(), *tensor.shape)
+    return magic + struct.pack(f"<BB{tensor.dim()}Q", _CODES[tensor.dtype], tensor.dim(), *tensor.shape)
+
+
+def raw_bytes(tensor):
+    """The tensor's data as a read-only memoryview of its own memory (a copy only for a GPU tensor or a
+    non-contiguous one)."""
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
     if tensor.numel() == 0:
-        return header
-    data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-    return header + data
+        return memoryview(b"")
+    return memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy()).toreadonly()
 
 
-def decode_tensor(data):
-    """The tensor `encode_tensor` wrote; `WireFormatError` for anything else."""
+def encode_tensor(tensor):
+    """Header and data in one bytes object (one copy of the data)."""
+    return b"".join((_header(MAGIC, tensor), raw_bytes(tensor)))
+
+
+def encode_chunked(tensor, chunk_bytes):
+    """(header, chunks) of a tensor stored in pieces of at most `chunk_bytes`: the chunks are views of the
+    tensor's memory, so writing them copies nothing here."""
+    header = _header(CHUNKED_MAGIC, tensor)
+    data = raw_bytes(tensor)
+    chunks = [data[i:i + chunk_bytes] for i in range(0, len(data), chunk_bytes)]
+    return header + struct.pack("<QI", chunk_bytes, len(chunks)), chunks
+
+
+def _parse_header(data):
+    """(dtype, shape, byte size of the data, offset of what follows the header) of either layout."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise WireFormatError(f"expected tensor bytes, got {type(data).__name__}")
-    data = bytes(data)
-    if len(data) < 6 or data[:4] != MAGIC:
+    if len(data) < 6 or data[:4] not in (MAGIC, CHUNKED_MAGIC):
         raise WireFormatError("not a tensor: bad magic bytes")
     code, ndim = data[4], data[5]
     if code >= len(_DTYPES) or ndim > MAX_NDIM:
@@ -51,19 +85,54 @@ def decode_tensor(data):
     numel = 1
     for d in shape:
         numel *= d
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if numel * itemsize != len(data) - start:
-        raise WireFormatError(f"tensor header declares {tuple(shape)} {dtype} ({numel * itemsize} bytes) but "
+    return dtype, shape, numel * torch.empty((), dtype=dtype).element_size(), start
+
+
+def is_chunked(data):
+    return isinstance(data, (bytes, bytearray, memoryview)) and data[:4] == CHUNKED_MAGIC
+
+
+def decode_chunked(data):
+    """The `Chunked` header `encode_chunked` wrote, checked for consistency; `WireFormatError` otherwise."""
+    dtype, shape, nbytes, start = _parse_header(data)
+    if data[:4] != CHUNKED_MAGIC or len(data) != start + 12:
+        raise WireFormatError("not a chunked tensor header")
+    chunk_bytes, n_chunks = struct.unpack_from("<QI", data, start)
+    if chunk_bytes == 0 or n_chunks > MAX_CHUNKS or n_chunks != -(-nbytes // chunk_bytes):
+        raise WireFormatError(f"chunked tensor header declares {nbytes} bytes in {n_chunks} chunks of "
+                              f"{chunk_bytes} bytes")
+    return Chunked(dtype, shape, nbytes, chunk_bytes, n_chunks)
+
+
+def decode_tensor(data):
+    """The tensor `encode_tensor` wrote (its own writable memory: one copy of the data); `WireFormatError`
+    for anything else."""
+    dtype, shape, nbytes, start = _parse_header(data)
+    if data[:4] != MAGIC:
+        raise WireFormatError("a chunked tensor header: its data is stored in chunks (ravop.store.tensors)")
+    if nbytes != len(data) - start:
+        raise WireFormatError(f"tensor header declares {tuple(shape)} {dtype} ({nbytes} bytes) but "
                               f"{len(data) - start} bytes follow")
-    if numel == 0:
+    if nbytes == 0:
         return torch.empty(shape, dtype=dtype)
-    flat = torch.frombuffer(bytearray(data[start:]), dtype=torch.uint8)
+    flat = torch.frombuffer(bytearray(memoryview(data)[start:]), dtype=torch.uint8)
     return flat.view(dtype).reshape(shape)
 
 
-def _from_json(value):
+# A plan's params come from the network: bounded so that a hostile blob gets a clear refusal, not a
+# RecursionError from the JSON parser or a huge allocation. Real params (shapes, slot names, index specs)
+# are a few levels deep and far smaller.
+MAX_PARAMS_BYTES = 16 << 20
+MAX_PARAMS_DEPTH = 32
+
+
+def _from_json(value, depth=1):
+    if depth > MAX_PARAMS_DEPTH:
+        raise WireFormatError(f"op params nest deeper than {MAX_PARAMS_DEPTH} levels")
     if isinstance(value, list):
-        return tuple(_from_json(v) for v in value)
+        return tuple(_from_json(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return {k: _from_json(v, depth + 1) for k, v in value.items()}
     return value
 
 
@@ -82,8 +151,12 @@ def encode_params(params):
 def decode_params(data):
     if not data:
         return {}
+    if len(data) > MAX_PARAMS_BYTES:
+        raise WireFormatError(f"op params are {len(data):,} bytes, more than the {MAX_PARAMS_BYTES:,} allowed")
     try:
         params = json.loads(data)
+    except RecursionError:
+        raise WireFormatError(f"op params nest deeper than {MAX_PARAMS_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise WireFormatError(f"op params are not valid JSON: {exc}") from None
     if not isinstance(params, dict):

@@ -1,0 +1,109 @@
+"""The Redis schema of federated graphs (approach='federated'): providers advertise the columns they hold,
+join an open graph up to its `max_clients`, and each writes one partial per rule column; nothing else of
+their data is ever written.
+
+Shared by all tokens:
+  federated:open        set     "token/graph id" of started federated graphs that still need providers
+  provider:{name}       string  JSON {"columns": [...]}: the numeric columns a live provider holds; expires
+                                with the worker's heartbeat, which renews it
+  providers             set     names of workers that advertised data (dead ones pruned on read)
+Per graph, under `ravop:{token}:g:{gid}:`:
+  stats                 hash    persist name -> statistic (mean, variance, ...)
+  clients               hash    provider -> "joined" | "done"
+  partials              hash    provider -> JSON {column: {count, mean, m2, min, max} | {"withheld": k}}
+The graph's meta also holds `rules` (canonical JSON), and counts providers as its subgraphs and ops, so that
+R.track_progress and R.get_my_graphs work unchanged.
+"""
+import json
+
+from .scripts import _COMMON
+from .workers import TTL
+
+OPEN = "ravop:_:federated:open"
+PROVIDERS = "ravop:_:providers"
+
+
+def provider_key(name):
+    return f"ravop:_:provider:{name}"
+
+
+def job_ref(keys):
+    return f"{keys.token}/{keys.graph_id}"
+
+
+class FederatedKeys:
+    __slots__ = ("stats", "clients", "partials")
+
+    def __init__(self, keys):
+        self.stats, self.clients, self.partials = (keys.prefix + k for k in ("stats", "clients", "partials"))
+
+
+def advertise(pipe, name, columns, ttl=TTL):
+    pipe.set(provider_key(name), json.dumps({"columns": list(columns)}), ex=ttl)
+    pipe.sadd(PROVIDERS, name)
+
+
+def withdraw(pipe, name):
+    pipe.delete(provider_key(name))
+    pipe.srem(PROVIDERS, name)
+
+
+def live_providers(client):
+    """{name: [columns]} of the providers whose advertisement has not expired (forgetting the others)."""
+    names = sorted(n.decode() for n in client.smembers(PROVIDERS))
+    if not names:
+        return {}
+    values = client.mget([provider_key(name) for name in names])
+    gone = [name for name, value in zip(names, values) if value is None]
+    if gone:
+        client.srem(PROVIDERS, *gone)
+    return {name: json.loads(value)["columns"] for name, value in zip(names, values) if value is not None}
+
+
+# KEYS: meta, clients, open set.  ARGV: provider, job ref.
+# A provider joins a running federated graph if it is not full; the graph leaves the open set once it is.
+JOIN = """
+local meta = redis.call('HMGET', KEYS[1], 'state', 'max_clients')
+if not meta[1] or not meta[2] then redis.call('SREM', KEYS[3], ARGV[2]) return 'gone' end
+if meta[1] ~= 'running' then redis.call('SREM', KEYS[3], ARGV[2]) return meta[1] end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 'member' end
+local joined = redis.call('HLEN', KEYS[2])
+local wanted = tonumber(meta[2])
+if joined >= wanted then redis.call('SREM', KEYS[3], ARGV[2]) return 'full' end
+redis.call('HSET', KEYS[2], ARGV[1], 'joined')
+if joined + 1 >= wanted then redis.call('SREM', KEYS[3], ARGV[2]) end
+return 'joined'
+"""
+
+# KEYS: meta, clients, partials, events.  ARGV: provider, partial JSON.
+# Stores a joined provider's partial; the last one ends the graph.
+CONTRIBUTE = _COMMON + """
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
+if redis.call('HGET', KEYS[2], ARGV[1]) ~= 'joined' then return 0 end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], 'done')
+redis.call('HINCRBY', KEYS[1], 'ops_done', 1)
+redis.call('HINCRBY', KEYS[1], 'done_subgraphs', 1)
+if redis.call('HLEN', KEYS[3]) >= tonumber(redis.call('HGET', KEYS[1], 'max_clients')) then
+  redis.call('HSET', KEYS[1], 'state', 'done', 'finished', now())
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', 16, '*', 'state', 'done')
+end
+return 1
+"""
+
+
+class FederatedScripts:
+    def __init__(self, client):
+        self._join = client.register_script(JOIN)
+        self._contribute = client.register_script(CONTRIBUTE)
+
+    def join(self, keys, provider):
+        """'joined', 'member', 'full', or the graph's state ('done', 'failed', 'gone', ...)."""
+        reply = self._join(keys=[keys.meta, FederatedKeys(keys).clients, OPEN], args=[provider, job_ref(keys)])
+        return reply.decode()
+
+    def contribute(self, keys, provider, partials):
+        """1 if stored, 0 if the graph no longer runs or this provider had not joined it."""
+        fed = FederatedKeys(keys)
+        return self._contribute(keys=[keys.meta, fed.clients, fed.partials, keys.events],
+                                args=[provider, json.dumps(partials)])

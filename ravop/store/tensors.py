@@ -1,0 +1,172 @@
+"""Tensors in Redis, of any size. A tensor up to `chunk_bytes()` is one string value (header and data); a
+bigger one is a chunked header under its key and its data in a hash `{key}:c` of chunks ("0", "1", ...),
+because one Redis value is capped (proto-max-bulk-len, 512 MB by default) and because a single huge value
+costs whole extra copies on both ends.
+
+Writing queues the chunks as views of the tensor's own memory (nothing is copied before the socket), the
+header after them, so a reader that sees the header finds every chunk. Reading allocates the tensor once,
+receives every chunk from the socket straight into it, and returns a view of that memory with the stored
+dtype and shape: no copy of the data besides the one the kernel makes.
+"""
+import os
+
+import redis
+import torch
+
+from ..errors import StoreLimitError, WireFormatError
+from ..wire.codec import decode_chunked, decode_tensor, encode_chunked, encode_tensor, is_chunked
+
+DEFAULT_CHUNK_BYTES = 4 * 2**20  # measured: 1-8 MiB move 100 MB fastest over the embedded unix socket
+HEADER_BYTES = 6 + 8 * 32 + 12   # the longest tensor header (ravop.wire.codec)
+
+
+def chunk_bytes():
+    """Largest value written in one piece ($RAVOP_CHUNK_BYTES, default 4 MiB)."""
+    value = int(os.environ.get("RAVOP_CHUNK_BYTES", DEFAULT_CHUNK_BYTES))
+    if value < 1:
+        raise ValueError(f"RAVOP_CHUNK_BYTES must be positive, not {value}")
+    return value
+
+
+def chunks_key(key):
+    return key + ":c"
+
+
+def nbytes(tensor):
+    return tensor.numel() * tensor.element_size()
+
+
+def _config(client, name):
+    try:
+        return int(client.config_get(name).get(name, 0))
+    except redis.ResponseError:  # CONFIG disabled (some managed services): the server's own errors remain
+        return 0
+
+
+def fit_to_server(client, total_bytes=0, what="values"):
+    """The chunk size to write with on this server (at most its proto-max-bulk-len), after checking that
+    `total_bytes` more fit under its maxmemory; `StoreLimitError` naming the numbers otherwise."""
+    size = chunk_bytes()
+    max_bulk = _config(client, "proto-max-bulk-len")
+    if max_bulk:
+        size = min(size, max_bulk - HEADER_BYTES)
+    maxmemory = _config(client, "maxmemory")
+    if maxmemory and total_bytes:
+        used = int(client.info("memory")["used_memory"])
+        if used + total_bytes > maxmemory:
+            raise StoreLimitError(
+                f"{what} need {total_bytes / 2**20:.1f} MiB in Redis, but the server has "
+                f"{max(maxmemory - used, 0) / 2**20:.1f} MiB free under its maxmemory of {maxmemory / 2**20:.1f} "
+                "MiB: raise maxmemory (CONFIG SET maxmemory ...), free space (R.flush()), or use smaller tensors")
+    return size
+
+
+def write(pipe, key, tensor, size=None):
+    """Queue the writes of `tensor` under `key` on `pipe` (a redis-py pipeline), in values of at most
+    `size` bytes (default `chunk_bytes()`; see `fit_to_server`). Returns the bytes queued."""
+    size = size or chunk_bytes()
+    if nbytes(tensor) <= size:
+        data = encode_tensor(tensor)
+        pipe.set(key, data)
+        return len(data)
+    header, chunks = encode_chunked(tensor, size)
+    pipe.delete(chunks_key(key))  # a rewrite (a retry) replaces the chunks instead of adding to them
+    for index, chunk in enumerate(chunks):
+        pipe.hset(chunks_key(key), index, chunk)
+    pipe.set(key, header)
+    return nbytes(tensor) + len(header)
+
+
+def keys_of(key):
+    """Every Redis key a stored tensor may occupy (to delete it)."""
+    return key, chunks_key(key)
+
+
+def decode(client, key, data):
+    """The tensor whose stored value under `key` is `data` (reading its chunks if it has any); None if the
+    chunks are gone (deleted meanwhile); `WireFormatError` for a value that is not a tensor."""
+    if not is_chunked(data):
+        return decode_tensor(data)
+    head = decode_chunked(data)
+    hash_key = chunks_key(key)
+    # Check every chunk's size before allocating what the header declares: a hostile or stale header
+    # must not make the reader allocate gigabytes.
+    pipe = client.pipeline(transaction=False)
+    for index in range(head.n_chunks):
+        pipe.hstrlen(hash_key, index)
+    sizes = pipe.execute()
+    if head.n_chunks and not any(sizes):
+        return None
+    expected = [head.chunk_size(i) for i in range(head.n_chunks)]
+    if sizes != expected:
+        raise WireFormatError(f"chunked tensor {key}: chunk sizes {sizes[:4]}... do not match its header "
+                              f"({head.n_chunks} chunks of {head.chunk_bytes} bytes, {head.nbytes} in all)")
+    # torch.empty, not bytearray: a bytearray is zero-filled first, which costs as much as the read itself.
+    data = torch.empty(head.nbytes, dtype=torch.uint8)
+    offsets = [index * head.chunk_bytes for index in range(head.n_chunks)]
+    if not _read_replies_into(client, [("HGET", hash_key, i) for i in range(head.n_chunks)],
+                              memoryview(data.numpy()), offsets, expected):
+        return None  # deleted (or replaced) while being read
+    return data.view(head.dtype).reshape(head.shape)
+
+
+def _read_replies_into(client, commands, view, offsets, sizes):
+    """Send `commands` in one pipeline and read their bulk replies straight from the socket into
+    `view[offset:offset + size]`. True, or False if a reply is not a bulk of the expected size (a
+    chunk deleted meanwhile).
+
+    Why not redis-py's reply parser: it buffers each reply and hands back a new bytes object (two copies
+    of every chunk, and the slower half of a round trip: 100 MB read 3-4x slower than the socket allows).
+    Only bulk replies are read here, on a connection checked out for this purpose; anything unexpected
+    drops the connection, so nothing half-read goes back to the pool."""
+    pool = client.connection_pool
+    connection = pool.get_connection()
+    healthy = False
+    try:
+        connection.send_packed_command(connection.pack_commands(commands))
+        sock = connection._sock  # redis-py has no public way to read a reply into a caller's buffer
+        pending = bytearray()  # bytes received past the current reply
+        for offset, size in zip(offsets, sizes):
+            pending = _receive_line(sock, pending)
+            line_end = pending.index(b"\r\n")
+            if bytes(pending[:line_end]) != b"$%d" % size:
+                return False
+            target = view[offset:offset + size]
+            have = min(len(pending) - line_end - 2, size)
+            target[:have] = pending[line_end + 2:line_end + 2 + have]
+            pending = pending[line_end + 2 + have:]
+            while have < size:
+                received = sock.recv_into(target[have:])
+                if not received:
+                    raise redis.ConnectionError("connection closed while reading a tensor")
+                have += received
+            while len(pending) < 2:
+                pending += _recv(sock)
+            if pending[:2] != b"\r\n":
+                return False
+            del pending[:2]
+        healthy = not pending
+        return healthy
+    finally:
+        if not healthy:
+            connection.disconnect()
+        pool.release(connection)
+
+
+def _recv(sock):
+    data = sock.recv(65536)
+    if not data:
+        raise redis.ConnectionError("connection closed while reading a tensor")
+    return data
+
+
+def _receive_line(sock, pending):
+    while b"\r\n" not in pending:
+        pending += _recv(sock)
+    return pending
+
+
+def read(client, key):
+    """The tensor stored under `key`, or None if there is none."""
+    data = client.get(key)
+    return None if data is None else decode(client, key, data)

@@ -1,0 +1,72 @@
+"""A data provider's part in federated graphs: join the open ones whose rule columns it holds (up to their
+`max_clients`), reduce each rule column of its own data to a partial (count, mean, M2, min, max of the values
+the rule keeps) and write only that. A column with fewer than k values in range (k: the larger of
+`--min-group-size` and the rules' `min_group_size`) is withheld, so no statistic describes fewer than k people.
+"""
+import logging
+import time
+
+import redis
+
+from ravop.federated.rules import parse_rules
+from ravop.federated.stats import partial
+from ravop.store import GraphKeys, Scripts, queue
+from ravop.store.federated import OPEN, FederatedScripts, job_ref
+
+log = logging.getLogger("ravop.worker")
+POLL_SECONDS = 0.25   # how often an idle provider looks for open federated graphs (at most)
+
+
+class Provider:
+    def __init__(self, client, name, data, min_group_size):
+        if min_group_size < 1:
+            raise ValueError(f"the minimum group size must be >= 1, not {min_group_size}")
+        self.client, self.name, self.data, self.min_group_size = client, name, data, min_group_size
+        self.scripts = FederatedScripts(client)
+        self.graph_scripts = Scripts(client)
+        self._next_poll = 0.0
+
+    def poll(self):
+        """Serve every open federated graph this provider can join (throttled to one look per POLL_SECONDS)."""
+        now = time.monotonic()
+        if now < self._next_poll:
+            return
+        self._next_poll = now + POLL_SECONDS
+        for ref in self.client.smembers(OPEN):
+            try:
+                token, graph_id = ref.decode().split("/", 1)
+                keys = GraphKeys(token, graph_id)
+            except (UnicodeDecodeError, ValueError):
+                self.client.srem(OPEN, ref)   # not a graph reference: nobody can serve it
+                continue
+            try:
+                self._serve(keys)
+            except redis.RedisError:
+                raise
+            except Exception as exc:  # a malformed graph fails, and this provider goes on serving
+                log.exception("provider %s: federated graph %s", self.name, graph_id)
+                self.graph_scripts.fail(keys, queue("cpu"), "", worker=self.name, reason="federated graph",
+                                        error=f"{type(exc).__name__}: {exc}")
+                self.client.srem(OPEN, ref)
+
+    def _serve(self, keys):
+        rules_json = self.client.hget(keys.meta, "rules")
+        if rules_json is None:   # flushed, or not a federated graph
+            self.client.srem(OPEN, job_ref(keys))
+            return
+        rules = parse_rules(rules_json)
+        if not set(rules.columns) <= set(self.data.columns):
+            return
+        if self.scripts.join(keys, self.name) != "joined":
+            return
+        self.scripts.contribute(keys, self.name, self.partials(rules))
+        log.info("provider %s: sent partials of %s to graph %s", self.name, rules.describe_columns(), keys.graph_id)
+
+    def partials(self, rules):
+        """{column: partial or {"withheld": k}} of this provider's data under `rules`."""
+        k = max(self.min_group_size, rules.min_group_size)
+        partials = {}
+        for column, (low, high) in rules.columns.items():
+            part = partial(self.data.columns[column], low, high)
+            partials[column] = part if part["count"] >= k else {"withheld": k}
+        return partials

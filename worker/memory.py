@@ -1,0 +1,95 @@
+"""A worker's memory budget, enforced on what kernels actually allocate and produce, not only on what a plan
+declares (a plan is data from the network and may lie about its sizes).
+
+- `enforce`: the operating system bounds the process: on a CPU worker RLIMIT_DATA (heap and private
+  anonymous mappings, where tensors live) is set to what the process holds now plus the budget, so an
+  allocation past it fails in the kernel that asked (torch raises "can't allocate memory") instead of the
+  machine swapping or the OOM killer ending the worker. It costs nothing per subgraph. On a GPU worker,
+  torch's caching allocator is bounded instead (the CUDA driver's host mappings would count against
+  RLIMIT_DATA).
+- `allocation_failure`: a kernel whose allocation failed is reported with the sizes involved.
+- `oversized`: each value a kernel returns is checked against its declared size and the budget, so an op
+  that declares one element and returns a gigabyte fails at that op.
+Each check returns a message naming the sizes; the caller fails the subgraph with it, naming the op and the
+user's line (worker/run.py, worker/consumer.py), frees the values and goes on.
+"""
+import logging
+import re
+
+import torch
+
+
+log = logging.getLogger("ravop.worker")
+
+
+def mib(n):
+    return f"{n / 2**20:,.1f} MiB"
+
+
+MIN_BUDGET = 256 * 2**20  # what the process needs beyond its start to serve at all (buffers, decoding, the cache)
+
+
+def default_budget(subgraph_limit):
+    """The subgraph limit plus half again (kernels' workspaces, the tensor cache and encoding outputs), and never
+    less than MIN_BUDGET: a small subgraph limit must not starve the worker itself."""
+    return max(subgraph_limit * 3 // 2, MIN_BUDGET)
+
+
+def enforce(device, budget):
+    """Bound this process's memory to `budget` bytes beyond what it holds now (see the module docstring)."""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+        return
+    try:
+        import resource
+    except ImportError:  # not a POSIX system: the per-output checks still apply
+        log.warning("cannot bound this worker's memory on this system (no resource module)")
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    soft = _data_bytes() + budget
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def _data_bytes():
+    """VmData of this process: what RLIMIT_DATA counts (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/status") as f:
+            found = re.search(r"VmData:\s+(\d+) kB", f.read())
+    except OSError:
+        return 0
+    return int(found.group(1)) * 1024 if found else 0
+
+
+def allocation_failure(step, exc, budget):
+    """The message for `exc`, raised by the kernel of `step`, if it says an allocation failed; else None."""
+    if not (isinstance(exc, (MemoryError, torch.OutOfMemoryError))
+            or (isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))):
+        return None
+    found = re.search(r"tried to allocate ([\d.]+ [KMGT]iB|\d+ bytes)", str(exc), re.IGNORECASE)
+    if found is None:
+        what = "ran out of memory"
+    else:  # torch's CPU allocator counts bytes, its CUDA allocator GiB
+        amount = found.group(1)
+        what = "tried to allocate " + (mib(int(amount.split()[0])) if amount.endswith("bytes") else amount)
+    return (f"{what}, over this worker's memory budget of {mib(budget)} (its declared output is "
+            f"{tuple(step.shape)} {step.dtype or '?'}, {mib(step.bytes)})")
+
+
+def oversized(step, value, budget):
+    """Why `value`, the output of `step` (a worker.validate.Step), is refused: larger than the step declared
+    (unless a dimension is data-dependent) or than the budget; None if it is not."""
+    if not isinstance(value, torch.Tensor):
+        return None  # a multi-output op's tuple: the tuple_get steps that read it are checked
+    size = value.numel() * value.element_size()
+    if size > budget or (size > step.bytes and step.dtype and -1 not in step.shape):
+        return (f"produced {tuple(value.shape)} {_dtype_name(value)} ({mib(size)}) but declared "
+                f"{tuple(step.shape)} {step.dtype or '?'} ({mib(step.bytes)}); this worker's memory budget is "
+                f"{mib(budget)}")
+    return None
+
+
+def _dtype_name(tensor):
+    return str(tensor.dtype).removeprefix("torch.")

@@ -1,0 +1,58 @@
+"""Taking over work from workers that are gone.
+
+Every worker renews a liveness key (TTL `dead_after` seconds) from its heartbeat thread, and with it the idle
+time of the message it is running. So a message whose consumer's key has expired, and that has been idle for
+`dead_after`, belongs to a dead worker: it is taken over (XCLAIM, which counts a delivery) within a few seconds
+of the death. A slow worker is never robbed: its heartbeat runs while its kernels do, keeping both its key and
+its message's idle time fresh. As a fallback, a message idle for `stale_after` is taken over whoever holds it
+(a worker that lost the server mid-subgraph and went on with other work, or one restarted under the same name).
+
+Several idle workers may race for one message; XCLAIM's minimum idle time lets only the first one have it.
+"""
+import time
+
+from ravop.store import GROUP
+from ravop.store import workers as liveness
+
+
+class Takeover:
+    def __init__(self, client, stream, name, dead_after, stale_after):
+        self.client, self.stream, self.name = client, stream, name
+        self.dead_after_ms = int(dead_after * 1000)
+        self.stale_after_ms = int(stale_after * 1000)
+        self.every = min(dead_after, stale_after) / 3
+        self._due = 0.0
+
+    def next(self):
+        """(message id, fields, deliveries) of a message to take over, or None. Looks at most every
+        `every` seconds, unless the last look found one (more may be waiting)."""
+        now = time.monotonic()
+        if now < self._due:
+            return None
+        self._due = now + self.every
+        found = self._from_dead_workers() or self._stale()
+        if found is not None:
+            self._due = now
+        return found
+
+    def _from_dead_workers(self):
+        holders = [c["name"].decode() for c in self.client.xpending(self.stream, GROUP)["consumers"]]
+        for name in liveness.silent(self.client, [n for n in holders if n != self.name]):
+            entries = self.client.xpending_range(self.stream, GROUP, "-", "+", 1, consumername=name,
+                                                 idle=self.dead_after_ms)
+            if entries:
+                found = self._claim(entries[0], self.dead_after_ms)
+                if found is not None:
+                    return found
+        return None
+
+    def _stale(self):
+        entries = self.client.xpending_range(self.stream, GROUP, "-", "+", 1, idle=self.stale_after_ms)
+        return self._claim(entries[0], self.stale_after_ms) if entries else None
+
+    def _claim(self, entry, min_idle_ms):
+        claimed = self.client.xclaim(self.stream, GROUP, self.name, min_idle_ms, [entry["message_id"]])
+        if not claimed or claimed[0][1] is None:  # another worker was first, or the entry was deleted
+            return None
+        message_id, fields = claimed[0]
+        return message_id, fields, entry["times_delivered"] + 1
