@@ -307,7 +307,8 @@ def _track(session, keys, meta, progress_bar, timeout, tqdm):
     last_event, warned, next_check = "0-0", set(), 0.0
     n_steps = int(meta.get("n_steps") or 0)
     # initial=: work done before the bar appeared is not counted in its rate (it would read millions of ops/s).
-    with tqdm(total=n_steps or int(meta["n_ops"]), initial=0 if n_steps else int(meta["ops_done"]),
+    with tqdm(total=n_steps or int(meta["n_ops"]),
+              initial=store_graphs.steps_done(session.client, keys) if n_steps else int(meta["ops_done"]),
               unit="step" if n_steps else "op", desc=meta["name"],
               disable=not progress_bar, file=sys.stderr) as bar:
         while True:
