@@ -50,5 +50,6 @@ def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph
     plan.max_parallel_width = max_parallel_width(quotient)
     summary = {"recorded_ops": plan.n_recorded_ops, "compiled_ops": plan.n_compiled_ops,
                "subgraphs": len(windows), "flops": plan.flops, "max_parallel_width": plan.max_parallel_width,
-               "estimated_seconds": sum(costs.seconds), "constants": len(ir.constants), **counts}
+               "estimated_seconds": sum(costs.seconds), "constants": len(ir.constants), "loop_steps": plan.n_steps,
+               **counts}
     return CompiledGraph(plan, ir.constants, summary)

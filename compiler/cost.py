@@ -17,6 +17,7 @@ import math
 import torch
 
 from ravop import registry
+from ravop.dtypes import DTYPES as NAMES_TO_DTYPE
 from ravop.dtypes import NAMES
 
 
@@ -131,6 +132,30 @@ class Costs:
         self.seconds, self.flops, self.bytes, self.out_bytes = seconds, flops, bytes, out_bytes
 
 
+def loop_cost(record, device="cpu"):
+    """(seconds, FLOPs) of a whole loop, roughly: its steps' ops by their declared outputs (a template does not
+    carry its inputs' shapes), times the runs of each step."""
+    model = DEVICES[device]
+    message = record.message
+    pairs = list(message.schedule)
+    seconds = flops = 0.0
+    for t, template in enumerate(message.templates):
+        runs = message.rounds * sum(times for u, times in zip(pairs[::2], pairs[1::2]) if u == t)
+        nodes = template.nodes
+        step_seconds = step_flops = 0.0
+        dims = iter(nodes.shape)
+        for op, rank, n_inputs, dtype in zip(nodes.op, nodes.rank, nodes.n_inputs, nodes.dtype):
+            shape = [next(dims) for _ in range(rank)]
+            if op in FREE or not dtype:
+                continue
+            size = numel(shape)
+            step_flops += size
+            step_seconds += model.seconds(n_inputs + 1, size, size * ITEMSIZE[NAMES_TO_DTYPE[dtype]] * (n_inputs + 1))
+        seconds += runs * step_seconds
+        flops += runs * step_flops
+    return seconds, flops
+
+
 def estimate(ir):
     """Costs of every node of `ir` on its device. Constants and tuple_gets cost nothing."""
     model = DEVICES[ir.device]
@@ -142,6 +167,9 @@ def estimate(ir):
     for id, node in nodes.items():
         b = out_bytes[id] = _out_bytes(node)
         if node.op in FREE:
+            continue
+        if node.op == "loop":
+            seconds[id], flops[id] = loop_cost(ir.loops[id], ir.device)
             continue
         for i in node.inputs:
             b += out_bytes[i]

@@ -5,6 +5,7 @@ only remove nodes, point readers at an earlier node, or turn a node into a const
 mutate a node or an IR: they build new ones and share what they did not change, so the recorded graph and
 every intermediate IR stay valid.
 """
+from ravop.errors import GraphStateError
 from ravop.wire.codec import encode_params
 
 _NO_PARAMS = {}
@@ -40,10 +41,11 @@ class Node:
 class IR:
     """`nodes`: id -> Node in ascending id order; `outputs`: persist name -> id; `constants`: id -> tensor for
     every const node; `chained`: node id -> the id of the node it continues in a fused linear chain
-    (filled by the fusion pass)."""
-    __slots__ = ("nodes", "outputs", "constants", "chained", "seed", "graph_id", "device", "n_recorded")
+    (filled by the fusion pass); `loops`: loop node id -> its `ravop.loop.LoopRecord` (the ops of its steps
+    are not in `nodes`: they travel as templates)."""
+    __slots__ = ("nodes", "outputs", "constants", "chained", "seed", "graph_id", "device", "n_recorded", "loops")
 
-    def __init__(self, nodes, outputs, constants, chained, seed, graph_id, device, n_recorded):
+    def __init__(self, nodes, outputs, constants, chained, seed, graph_id, device, n_recorded, loops=None):
         self.nodes = nodes
         self.outputs = outputs
         self.constants = constants
@@ -52,6 +54,11 @@ class IR:
         self.graph_id = graph_id
         self.device = device
         self.n_recorded = n_recorded
+        self.loops = loops or {}
+
+    def roots(self):
+        """The ids everything live is needed for: persisted outputs, and loops (their steps persist values)."""
+        return list(self.outputs.values()) + [id for id in self.loops if id in self.nodes]
 
     def replace(self, **changes):
         fields = {name: getattr(self, name) for name in IR.__slots__}
@@ -65,7 +72,10 @@ def from_graph(graph):
     # Params repeat (an optimizer's settings on every step, a layer's options on every call): encode each
     # distinct set once. Canonical params are numbers, strings, None and tuples, whose repr is exact.
     encoded = {}
+    steps = graph.step_ids
     for op in graph.nodes:
+        if op.id in steps:
+            continue   # ops of a loop step: the loop's template carries them
         params = op.params or _NO_PARAMS
         pkey = b""
         if params:
@@ -73,11 +83,24 @@ def from_graph(graph):
             pkey = encoded.get(text)
             if pkey is None:
                 pkey = encoded[text] = encode_params(params)
-        nodes[op.id] = Node(op.id, op.op, tuple([i.id for i in op.inputs]), params, pkey, op.shape, op.dtype,
-                            op.source)
+        inputs = tuple([i.id for i in op.inputs])
+        if steps and not steps.isdisjoint(inputs):
+            raise GraphStateError(f"op {op.op!r} at {op.source} reads a value recorded inside a loop step, which "
+                                  "has one value per run of the step: read the loop's results instead")
+        nodes[op.id] = Node(op.id, op.op, inputs, params, pkey, op.shape, op.dtype, op.source)
     outputs = {name: op.id for name, op in graph.persisted.items()}
+    if graph.recording_step is not None:
+        raise GraphStateError("a loop step is still being recorded: finish it and run the loop first")
+    run = {i for record in graph.loops.values() for template in record.message.templates
+           for i in template.output_nodes}
+    unrun = {op.id: op for op in graph.step_outputs.values() if op.id not in run}
+    if unrun:
+        op = next(iter(unrun.values()))
+        raise GraphStateError(f"the loop step that recorded {op.op!r} at {op.source} was never run: call "
+                              "loop.run(...)")
     # The plan carries the seed as uint64. Random streams only depend on it modulo 2**64
     # (`ravop.interpreter.op_seed`), so a negative graph seed keeps its streams.
     seed = graph.seed & 0xFFFF_FFFF_FFFF_FFFF
     return IR(nodes, outputs, dict(graph.constants), {}, seed, graph.id,
-              "cuda" if graph.gpu_required else "cpu", len(graph.nodes))
+              "cuda" if graph.gpu_required else "cpu", len(graph.nodes), dict(graph.loops))
+

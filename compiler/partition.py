@@ -22,6 +22,9 @@ Acyclicity: the order is topological, so every edge runs from an op to a later o
 the same or a later window. Every edge of the quotient graph therefore goes from a lower window index to a
 higher one, and no cycle can exist. (`coarse_graph` checks it anyway.)
 
+A loop op (with its tuple_get readers) is always a window of its own: a worker runs it as one loop, keeping
+its carried values in memory (`worker.loop`).
+
 All ops of a graph share one device (`ir.device`, from the graph's `gpu_required`), so no window mixes
 devices.
 """
@@ -46,7 +49,7 @@ def dfs_order(ir):
             state[id] = 2
     order = []
     emit = order.append
-    for root in ir.outputs.values():
+    for root in ir.roots():
         if state[root]:
             continue
         stack = [root]
@@ -109,7 +112,8 @@ def partition(ir, costs, min_seconds, max_seconds):
             handoff = live / HANDOFF_BYTES_PER_S
             enough = load >= min_seconds and (joins or load * HANDOFF_SHARE >= handoff)
             heavy = chain[v] >= min_seconds and chain[v] >= handoff   # a branch run apart must win back the cut
-            if load + c > max_seconds or (not linked and (enough or heavy)):
+            alone = node.op == "loop" or nodes[current[0]].op == "loop"   # a loop is a subgraph of its own
+            if alone or load + c > max_seconds or (not linked and (enough or heavy)):
                 windows.append(current)
                 ancestors.append(waits)
                 current, load, live, waits = [], 0.0, 0, 0

@@ -3,7 +3,7 @@
 Per subgraph: its nodes in order; `inputs`, the ids it reads from the tensor store (other subgraphs'
 outputs and constants, in first-read order); `outputs`, the ids it writes there (read by another subgraph,
 or persisted); `successors`, the subgraphs that read one of its outputs; `n_predecessors`, how many
-subgraphs must finish before it is ready.
+subgraphs must finish before it is ready; for a loop op's subgraph, `loop`, its step templates.
 """
 from ravop.dtypes import NAMES
 from ravop.wire import NodeRow, pack_nodes, plan_pb2
@@ -23,6 +23,7 @@ def emit_plan(ir, windows, costs):
     emitted = set()  # ids already listed as an output
     successors = [set() for _ in windows]
     flops, moved = costs.flops, costs.bytes
+    next_id = ir.n_recorded   # values persisted by loop steps get ids after the recorded ops'
     for w, window in enumerate(windows):
         sub = plan.subgraphs.add(id=w, device=ir.device)
         inputs, seen = [], set()
@@ -47,6 +48,8 @@ def emit_plan(ir, windows, costs):
             sg_flops += flops[v]
             sg_bytes += moved[v]
         pack_nodes(rows, sub.nodes)
+        if nodes[window[0]].op == "loop":
+            next_id = _emit_loop(plan, sub.loop, ir.loops[window[0]], next_id)
         plan.flops += sg_flops
         sub.inputs.extend(inputs)
         sub.n_predecessors = len({where[i] for i in inputs if where[i] >= 0})
@@ -60,3 +63,16 @@ def emit_plan(ir, windows, costs):
         sub.successors.extend(sorted(succ))
     plan.constants.extend(sorted(ir.constants))
     return plan
+
+
+def _emit_loop(plan, message, record, next_id):
+    """Fill a loop subgraph's `loop` from its record: each value a step persists gets one tensor id per run,
+    from `next_id` on, and its names go into the plan's persisted map. Returns the next free id."""
+    message.CopyFrom(record.message)
+    for template, names in zip(message.templates, record.names):
+        for per_run in names:
+            template.output_first_ids.append(next_id)
+            plan.persisted.update(zip(per_run, range(next_id, next_id + len(per_run))))
+            next_id += len(per_run)
+    plan.n_steps += message.n_steps
+    return next_id

@@ -105,6 +105,10 @@ class Graph:
         self.constants = {}       # node id -> torch.Tensor held by the requester until upload
         self.persisted = {}       # persist name -> Op
         self.bundles = {}         # name -> (kind, spec, {key: persist name}): objects rebuilt at fetch
+        self.loops = {}           # loop node id -> ravop.loop.LoopRecord
+        self.step_outputs = {}    # persist name -> Op of a loop step persisted at one of its runs
+        self.step_ids = set()     # ids of the ops recorded inside loop steps (templates, not values)
+        self.recording_step = None  # the ravop.loop.Step being recorded, if any
         self.activated = False
         self._scalars = {}        # (type, value) -> constant Op, so `x + 1` reuses one constant
         set_current(self)
@@ -135,16 +139,22 @@ class Graph:
         return node
 
     def persist(self, name, op, save_model=False):
-        self.check_open()
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"persist name must be a non-empty string, not {name!r}")
+        self.check_persist_name(name)
         if op.graph is not self:
             raise GraphStateError(f"cannot persist {op!r}: it belongs to another graph")
         if isinstance(op.dtype, tuple):
             raise ValueError(f"cannot persist multi-output op {op.op!r}; persist one of its outputs")
-        if name in self.persisted:
-            raise ValueError(f"persist name {name!r} is already used in graph {self.name!r}")
+        if self.recording_step is not None or op.id in self.step_ids:
+            raise GraphStateError(f"{op!r} is recorded inside a loop step, where it has one value per run: "
+                                  "persist it with step.persist(op, names) (ravop.loop)")
         self.persisted[name] = op
+
+    def check_persist_name(self, name):
+        self.check_open()
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"persist name must be a non-empty string, not {name!r}")
+        if name in self.persisted or name in self.step_outputs or name in self.bundles:
+            raise ValueError(f"persist name {name!r} is already used in graph {self.name!r}")
 
 
     def save_bundle(self, name, kind, spec, tensors):
@@ -153,9 +163,7 @@ class Graph:
         `kind` picks the loader that `R.fetch_persisting_op(name)` calls (see ravop.session.LOADERS);
         `spec` is JSON-able data the loader needs; `tensors` maps keys to Ops, each persisted as
         "name::key"."""
-        self.check_open()
-        if name in self.persisted or name in self.bundles:
-            raise ValueError(f"persist name {name!r} is already used in graph {self.name!r}")
+        self.check_persist_name(name)
         names = {}
         for key, op in tensors.items():
             names[key] = f"{name}::{key}"

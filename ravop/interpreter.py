@@ -72,8 +72,33 @@ def evaluate(outputs, graph_seed=None, device="cpu"):
     Returns one tensor per op in `outputs` (a single tensor if `outputs` is one Op)."""
     single = not isinstance(outputs, (list, tuple))
     outputs = [outputs] if single else list(outputs)
-    graph = outputs[0].graph
-    needed, stack = set(), list(outputs)
+    values = _evaluate(outputs[0].graph, outputs, (), graph_seed, device)
+    return values[0] if single else values
+
+
+def evaluate_persisted(graph, names=None, graph_seed=None):
+    """{name: tensor} of the values persisted in `graph` (all, or `names`), the values loop steps persist
+    included: what a worker would store, computed in this process."""
+    names = list(graph.persisted) + list(graph.step_outputs) if names is None else list(names)
+    unknown = [n for n in names if n not in graph.persisted and n not in graph.step_outputs]
+    if unknown:
+        raise KeyError(f"not persisted in graph {graph.name!r}: {unknown}")
+    ops = [graph.persisted[n] for n in names if n in graph.persisted]
+    wanted = {n for n in names if n in graph.step_outputs}
+    loops = [node_id for node_id, record in graph.loops.items()
+             if any(n in wanted for per_template in record.names for per_output in per_template for n in per_output)]
+    found = {}
+    values = _evaluate(graph, ops, loops, graph_seed, step_values=found)
+    result = dict(zip([n for n in names if n in graph.persisted], values))
+    result.update((n, found[n]) for n in names if n in wanted)
+    return result
+
+
+def _evaluate(graph, outputs, loops, graph_seed, device="cpu", step_values=None):
+    from .loop_run import LoopRun  # it runs steps with this module's op_seed
+    seed = graph.seed if graph_seed is None else graph_seed
+    roots = list(outputs) + [graph.nodes[i] for i in loops]
+    needed, stack = set(), list(roots)
     while stack:
         node = stack.pop()
         if node.id not in needed:
@@ -82,9 +107,26 @@ def evaluate(outputs, graph_seed=None, device="cpu"):
     env = {i: graph.constants[i].to(device) for i in needed if graph.nodes[i].op == "const"}
     rows = [_Row(graph.nodes[i]) for i in sorted(needed) if graph.nodes[i].op != "const"]
     last_use = {i: index for index, row in enumerate(rows) for i in row.inputs}  # free values as a worker does
-    for o in outputs:
+    for o in roots:
         last_use.pop(o.id, None)
+    start = 0
     with torch.no_grad():
-        run_nodes(rows, env, graph.seed if graph_seed is None else graph_seed, device, last_use)
-    values = [env[o.id] for o in outputs]
-    return values[0] if single else values
+        for index, row in enumerate(rows + [None]):
+            if row is not None and row.op != "loop":
+                continue
+            run_nodes(rows[start:index], env, seed, device, _shifted(last_use, start))
+            if row is None:
+                break
+            record = graph.loops[row.id]
+
+            def keep(done, template, run, values, carried, record=record):
+                if step_values is not None:
+                    for names, value in zip(record.names[template], values):
+                        step_values[names[run]] = value
+            env[row.id] = tuple(LoopRun(record.message, [env[i] for i in row.inputs], seed, device).run(on_step=keep))
+            start = index + 1
+    return [env[o.id] for o in outputs]
+
+
+def _shifted(last_use, start):
+    return {i: index - start for i, index in last_use.items() if index >= start}

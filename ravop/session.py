@@ -158,7 +158,8 @@ class Summary(dict):
     def __str__(self):
         return (f"graph {self['name']!r} ({self['graph_id']}): {self['recorded_ops']} ops recorded, "
                 f"{self['compiled_ops']} to run in {self['subgraphs']} subgraphs, ~{self['flops']:.3g} FLOPs, "
-                f"up to {self['max_parallel_width']} subgraphs at once")
+                f"up to {self['max_parallel_width']} subgraphs at once"
+                + (f", {self['loop_steps']} loop steps" if self.get("loop_steps") else ""))
 
 
 def activate(**compile_options):
@@ -175,7 +176,7 @@ def activate(**compile_options):
         graph.activated = True
         session.graph_id, session.activated_names = graph.id, {}
         return summary
-    if not graph.persisted:
+    if not graph.persisted and not graph.step_outputs:
         raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                               "op.persist_op(name) on the values to fetch, then R.activate()")
     from compiler import compile_graph  # ravop depends on the compiler only here (docs/architecture.md)
@@ -238,7 +239,8 @@ def _waiting_text(kinds):
 
 
 def track_progress(progress_bar=True, timeout=None):
-    """Show a progress bar (ops run) until the graph is done. Raises `GraphFailedError` (op, error, worker,
+    """Show a progress bar (ops run; for a graph with training loops, loop steps run, with their rate) until
+    the graph is done. Raises `GraphFailedError` (op, error, worker,
     source line) if it failed, `TimeoutError` after `timeout` seconds. While work waits for a kind of worker
     that nobody runs, says so ("waiting for a GPU worker") instead of waiting silently."""
     from tqdm import tqdm
@@ -303,12 +305,15 @@ def _interrupted_text(session, keys):
 def _track(session, keys, meta, progress_bar, timeout, tqdm):
     deadline = None if timeout is None else time.monotonic() + timeout
     last_event, warned, next_check = "0-0", set(), 0.0
+    n_steps = int(meta.get("n_steps") or 0)
     # initial=: work done before the bar appeared is not counted in its rate (it would read millions of ops/s).
-    with tqdm(total=int(meta["n_ops"]), initial=int(meta["ops_done"]), unit="op", desc=meta["name"],
+    with tqdm(total=n_steps or int(meta["n_ops"]), initial=0 if n_steps else int(meta["ops_done"]),
+              unit="step" if n_steps else "op", desc=meta["name"],
               disable=not progress_bar, file=sys.stderr) as bar:
         while True:
             meta = _meta(session, keys)
-            bar.update(int(meta["ops_done"]) - bar.n)
+            bar.update((store_graphs.steps_done(session.client, keys) if n_steps else int(meta["ops_done"]))
+                       - bar.n)
             if meta["state"] == "done":
                 return
             if meta["state"] == "failed":

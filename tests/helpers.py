@@ -49,3 +49,14 @@ def assert_a_valid_graph_runs():
     R.execute()
     R.track_progress(progress_bar=False, timeout=120)
     assert torch.equal(R.fetch_persisting_op("good"), torch.full((100, 100), 100.0))
+
+
+def on_one_thread(function, *args):
+    """`function(*args)` on one torch thread, as the test workers run: an in-process reference that a
+    multi-threaded reduction would sum in another order."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return function(*args)
+    finally:
+        torch.set_num_threads(threads)

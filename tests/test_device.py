@@ -98,7 +98,7 @@ def run_like_a_worker(target, names):
         for subgraph in _subgraphs_in_order(compiled.plan):
             program = check(subgraph, 2**40)
             inputs = {i: to_device(store[i], device) for i in subgraph.inputs}
-            outputs = run(program, inputs, compiled.plan.seed, device)
+            outputs = run(program, inputs, compiled.plan.seed, device, budget=2**40)
             ops = {step.id: step.op for step in program.steps}
             _assert_on_device(target, list(outputs.values()), f"subgraph {subgraph.id} (ops {sorted(set(ops.values()))})")
             store.update({i: to_host(t) for i, t in outputs.items()})

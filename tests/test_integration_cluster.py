@@ -7,6 +7,8 @@ import torch
 import ravop as R
 from ravop.interpreter import evaluate
 
+from helpers import on_one_thread
+
 ONE_SUBGRAPH = {"min_subgraph_seconds": 1e6, "max_subgraph_seconds": 1e6}  # compile a chain as one subgraph
 
 
@@ -23,12 +25,7 @@ def chain(seed, n, steps):
 
 def evaluate_on_one_thread(op):
     """The in-process reference, on one thread as the workers run (more threads than cores is slow)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return evaluate(op)
-    finally:
-        torch.set_num_threads(threads)
+    return on_one_thread(evaluate, op)
 
 
 def ran_by(client, session):

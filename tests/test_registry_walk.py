@@ -13,8 +13,9 @@ from ravop.graph import to_tensor
 from ravop.interpreter import evaluate, run_op
 from tests.samples import all_samples
 
-# Not user-callable: R.t makes constants, and every multi-output sample exercises tuple_get.
-INTERNAL = ("const", "tuple_get")
+# Not user-callable: R.t makes constants, every multi-output sample exercises tuple_get, and loops and their
+# holes are recorded by ravop.loop (tests/test_loops.py).
+INTERNAL = ("const", "tuple_get", "loop", "loop_hole")
 GRAD_RTOL, GRAD_ATOL = 1e-10, 1e-12
 
 SAMPLES = all_samples()

@@ -16,6 +16,7 @@ from . import memory
 from .consumer import Worker
 from .data import ProviderData
 from .federated import Provider
+from .loop import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
 
 
 def parse_args(argv=None):
@@ -42,6 +43,11 @@ def parse_args(argv=None):
                         help="memory this worker may take beyond what it holds at start, enforced by the operating "
                              "system on CPU and by torch's allocator on a GPU (default: 1.5 x --max-subgraph-bytes; "
                              "--max-subgraph-bytes defaults to 2/3 of this when only this is given)")
+    parser.add_argument("--checkpoint-steps", type=int, default=CHECKPOINT_STEPS,
+                        help="a training loop checkpoints its state to Redis every this many steps (0: by time "
+                             f"only; default: {CHECKPOINT_STEPS})")
+    parser.add_argument("--checkpoint-seconds", type=float, default=CHECKPOINT_SECONDS,
+                        help=f"... and at least every this many seconds (default: {CHECKPOINT_SECONDS:g})")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--exit-when-server-gone", type=float, default=None, metavar="SECONDS",
                         help="exit when Redis stays unreachable this long (default: keep retrying)")
@@ -86,7 +92,8 @@ def main(argv=None):
                         max_attempts=args.max_attempts, cache_bytes=args.cache_mib * 2**20,
                         max_subgraph_bytes=args.max_subgraph_bytes, parent_pid=args.parent_pid,
                         server_gone_after=args.exit_when_server_gone, dead_after=args.dead_after,
-                        max_memory_bytes=args.max_memory_bytes, provider=provider)
+                        max_memory_bytes=args.max_memory_bytes, provider=provider,
+                        checkpoint_steps=args.checkpoint_steps, checkpoint_seconds=args.checkpoint_seconds)
     except (ConnectionFailed, ValueError) as exc:
         print(f"ravop-worker: {exc}", file=sys.stderr)
         return 1

@@ -19,6 +19,7 @@ import torch
 from google.protobuf.message import DecodeError
 
 from ravop.errors import PlanError, StoreLimitError, WireFormatError
+from ravop.loop_run import StepError
 from ravop.store import GROUP, GraphKeys, Scripts, ensure_queues, queue
 from ravop.store import federated as federated_store
 from ravop.store import tensors as stored
@@ -29,6 +30,7 @@ from . import device as devices
 from . import memory
 from .cache import TensorCache
 from .heartbeat import Heartbeat
+from .loop import CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, run_loop
 from .run import OVER_BUDGET, KernelError, run
 from .takeover import Takeover
 from .validate import check
@@ -58,7 +60,8 @@ def parse_message(fields):
 class Worker:
     def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
                  max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
-                 max_memory_bytes=None, provider=None):
+                 max_memory_bytes=None, provider=None, checkpoint_steps=CHECKPOINT_STEPS,
+                 checkpoint_seconds=CHECKPOINT_SECONDS):
         if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
                              f"{dead_after} and {max_attempts}")
@@ -78,6 +81,10 @@ class Worker:
         self.memory_budget = max_memory_bytes or memory.default_budget(self.limit)
         self.value_bytes = stored.fit_to_server(client)  # the largest value written in one piece on this server
         self.server_gone_after = server_gone_after
+        if checkpoint_steps < 0 or checkpoint_seconds <= 0:
+            raise ValueError(f"need checkpoint_steps >= 0 and checkpoint_seconds > 0, not {checkpoint_steps} and "
+                             f"{checkpoint_seconds}")
+        self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
         self.scripts = Scripts(client)
         self.stopping = threading.Event()
         self.provider = provider  # a worker.federated.Provider if this worker offers data (--data)
@@ -182,13 +189,26 @@ class Worker:
         self.heartbeat.watch(message_id, keys.graph_id, subgraph_id)
         try:
             inputs = self._inputs(keys, subgraph)
-            outputs = run(program, inputs, seed, self.device, self.memory_budget)
+            if subgraph.HasField("loop"):
+                outputs = run_loop(self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
+                                   self.checkpoint_steps, self.checkpoint_seconds)
+            else:
+                outputs = run(program, inputs, seed, self.device, self.memory_budget)
             self._finish(keys, subgraph_id, message_id, outputs)
+            if subgraph.HasField("loop"):
+                self.client.delete(keys.checkpoint(subgraph_id))
         except KernelError as exc:
             if exc.reason == OVER_BUDGET:  # keep serving: drop what this worker holds for reuse, then report
                 self.cache.clear()
                 devices.release_cached(self.device)
             self._give_up(keys, message_id, subgraph_id, str(exc), exc.reason, exc.node)
+        except StepError as exc:
+            self._give_up(keys, message_id, subgraph_id, f"{exc} (loop step {exc.step + 1})", "kernel error",
+                          exc.node)
+        except PlanError as exc:   # a loop's templates are checked when the loop is built
+            self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
+        except LoopAbandoned:
+            self._ack(message_id)
         except _MissingInput as exc:
             if self.client.sismember(keys.done, subgraph_id):
                 self._ack(message_id)  # another worker finished it meanwhile and its inputs were released

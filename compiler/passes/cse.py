@@ -1,15 +1,29 @@
 """Common-subexpression elimination: a deterministic op applied twice to the same inputs with the same
 params is computed once; readers of the copy read the first one. Random ops are never merged (each draws
-its own stream, seeded by its node id), and constants are compared by identity only (hashing tensor data
-would cost more than it saves; the recorder already shares scalar constants)."""
+its own stream, seeded by its node id). Constants are content-addressed: two with the same dtype, shape and
+bytes are one value, so a user loop that records `R.t(X_batch)` again every epoch uploads each batch once.
+Only constants that share a dtype and shape with another are hashed."""
+import hashlib
+from collections import Counter
+
+import torch
+
 from ravop import registry
+
+
+def _constant_keys(constants):
+    """id -> content key of each constant that has a same-sized twin (the others are unique anyway)."""
+    sizes = Counter((t.dtype, tuple(t.shape)) for t in constants.values())
+    return {id: ("const", t.dtype, tuple(t.shape),
+                 hashlib.blake2b(t.contiguous().reshape(-1).view(torch.uint8).numpy(), digest_size=16).digest())
+            for id, t in constants.items() if sizes[(t.dtype, tuple(t.shape))] > 1}
 
 
 def eliminate_common_subexpressions(ir):
     """Returns (ir, number of nodes merged into an earlier identical node)."""
     random_ops = {name for name, opdef in registry.REGISTRY.items() if not opdef.deterministic}
-    random_ops.add("const")
-    first = {}    # (op, input ids, params JSON) -> id of the first such node
+    content = _constant_keys(ir.constants)
+    first = {}    # (op, input ids, params JSON) or a constant's content key -> id of the first such node
     alias = {}    # id of a merged node -> id of the node that replaces it
     nodes = {}
     for id, node in ir.nodes.items():
@@ -20,10 +34,11 @@ def eliminate_common_subexpressions(ir):
                     node = node.with_inputs(tuple([alias.get(i, i) for i in inputs]))
                     inputs = node.inputs
                     break
-        if node.op in random_ops:
+        key = content.get(id) if node.op == "const" else (node.op, inputs, node.pkey)
+        if key is None or node.op in random_ops:
             nodes[id] = node
             continue
-        survivor = first.setdefault((node.op, inputs, node.pkey), id)
+        survivor = first.setdefault(key, id)
         if survivor == id:
             nodes[id] = node
         else:
@@ -32,4 +47,5 @@ def eliminate_common_subexpressions(ir):
         return ir, 0
     outputs = {name: alias.get(id, id) for name, id in ir.outputs.items()}
     chained = {v: alias.get(u, u) for v, u in ir.chained.items() if v in nodes}
-    return ir.replace(nodes=nodes, outputs=outputs, chained=chained), len(alias)
+    constants = {id: value for id, value in ir.constants.items() if id not in alias}
+    return ir.replace(nodes=nodes, outputs=outputs, chained=chained, constants=constants), len(alias)

@@ -1,10 +1,10 @@
-"""Dead-code elimination: keep only the nodes the persisted outputs need (dask's `cull`)."""
+"""Dead-code elimination: keep only the nodes the persisted outputs and the loops need (dask's `cull`)."""
 
 
 def eliminate_dead_code(ir):
     """Returns (ir, number of nodes removed)."""
     nodes = ir.nodes
-    live = set(ir.outputs.values())
+    live = set(ir.roots())
     for id in reversed(nodes):  # readers come after their inputs, so one backward sweep finds them all
         if id in live:
             live.update(nodes[id].inputs)

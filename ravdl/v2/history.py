@@ -8,18 +8,18 @@ are fetched lazily, the first time they are read once the graph has run, all in 
     history.batch_losses         # numpy array, one loss per step
     history.plot()               # matplotlib (pip install 'ravop-engine[plot]')
 
-It is also the list of the per-batch loss Ops in order, as `fit` returned before it returned a History.
+It is also the list of the training loss names in order, as `fit` returned before it returned a History.
 """
 import ravop as R
 from ravop.errors import GraphFailedError, NotComputedError
 
 
 class History(list):
-    def __init__(self, loss_ops, graph, epochs, validation):
-        super().__init__(loss_ops)
+    def __init__(self, loss_names, graph, epochs, validation):
+        super().__init__(loss_names)
         self.graph = graph
         self.epoch = list(range(epochs))  # as Keras: the epoch indices, from 0
-        self.params = {"epochs": epochs, "steps": len(loss_ops), "validation": validation}
+        self.params = {"epochs": epochs, "steps": len(loss_names), "validation": validation}
         self._losses = None
 
     def _fetched(self):

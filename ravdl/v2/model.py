@@ -5,9 +5,12 @@ and optimizer steps, the summary table, and saving.
 layer then holds the step's output as its parameter. With `step=False` the gradients are only summed, as
 torch accumulates `.grad` over backward calls, and the next `step=True` applies the sum.
 """
+from functools import partial
+
 import ravop as R
 
 from . import export
+from .fit import Slot, optimizer_slots
 from .layers.base import CustomLayer, leaf_layers
 
 
@@ -47,6 +50,35 @@ class Model:
                 layer.params[name] = self.optimizer.update((layer, name), layer.params[name], grad)
             self._pending_grads = {}
 
+    # ------------------------------------------------------------------ what a fit loop carries (fit.py)
+
+    def _ensure_built(self, X):
+        """Build the layers not built yet from one row of `X` (an Op): a loop step must read parameters that
+        exist before it. The eval-mode pass recorded for that is read by nothing, so it is never run."""
+        if not all(layer.built for _, layer in self.leaf_layers()):
+            self._forward_pass(X[0:1], training=False)
+
+    def _trained_slots(self):
+        return [((layer, name), layer.params[name]) for _, layer in self.leaf_layers() if layer.built
+                for name in layer.params]
+
+    def _carried_slots(self):
+        """Every value a training step reads and replaces: parameters, buffers, optimizer state."""
+        if self.optimizer is None:
+            raise ValueError(f"{type(self).__name__} has no optimizer to train with")
+        if self._pending_grads:
+            raise ValueError("gradients summed by _backward_pass(loss, step=False) are waiting for a step: "
+                             "finish them with a step=True backward pass before fit")
+        slots = [Slot(partial(getattr, layer, attr), name) for _, layer in self.leaf_layers()
+                 for attr in ("params", "buffers") for name in getattr(layer, attr)]
+        return slots + optimizer_slots(self.optimizer, self._trained_slots())[0]
+
+    def _step_counters(self):
+        """The Python counters a training step advances: optimizer step counts, BatchNorm batch counts."""
+        counters = optimizer_slots(self.optimizer, self._trained_slots())[1]
+        return counters + [Slot(partial(vars, layer), "batches_tracked") for _, layer in self.leaf_layers()
+                           if hasattr(layer, "batches_tracked")]
+
     def parameter_count(self):
         """Trainable parameters, counted as torch's `sum(p.numel() for p in model.parameters())`."""
         return sum(count for _, _, _, count in self._summary_rows())
@@ -84,3 +116,4 @@ class Model:
         """Persist the trained model under `name`: `R.fetch_persisting_op(name)` returns it as a TorchScript-able
         torch.nn.Module with the trained weights, computing what `predict` computes."""
         export.save(self, name)
+

@@ -21,13 +21,18 @@ class Optimizer:
         """The state names this configuration updates; the others pass through the step unchanged."""
         return self.state_names
 
-    def update(self, slot, param, grad):
-        """Record one step for the parameter in `slot` (any hashable key) and return its new value."""
+    def state_of(self, slot, param):
+        """The state of the parameter in `slot` (any hashable key): zeros and step 0 before its first step."""
         state = self.state.get(slot)
         if state is None:
             state = {name: R.zeros(shape=param.shape, dtype=NAMES[param.dtype]) for name in self.state_names}
             state["step"] = 0
             self.state[slot] = state
+        return state
+
+    def update(self, slot, param, grad):
+        """Record one step for the parameter in `slot` and return its new value."""
+        state = self.state_of(slot, param)
         state["step"] += 1
         new_param, *new_state = self._step(param, grad, [state[name] for name in self.state_names], state["step"])
         used = self.used_state()

@@ -13,11 +13,14 @@ BatchNorm's running stats, which replace the old ones); `_backward_pass` records
 plain nn.Module with the trained weights under the original names (`ravop.saved_model.SavedModel`, built by
 `ravop.model.load_module`, so fetching needs only ravop).
 """
+from functools import partial
+
 import ravop as R
 from ravop.errors import GraphStateError
 from ravop.graph import current_graph
 from ravop.model import BLOB_KEY, BUNDLE_KIND, Model
 
+from .fit import Slot, optimizer_slots
 from .layers.base import as_input
 
 
@@ -54,8 +57,9 @@ class Pytorch_Model:
         the model's forward by name."""
         self._values_in_current_graph()
         args = tuple(X) if isinstance(X, (tuple, list)) else (X,)
-        out, self.buffers = self.model.forward(self.params, self.buffers, [as_input(a) for a in args],
-                                               {k: as_input(v) for k, v in kwargs.items()}, training)
+        out, buffers = self.model.forward(self.params, self.buffers, [as_input(a) for a in args],
+                                          {k: as_input(v) for k, v in kwargs.items()}, training)
+        self.buffers = list(buffers)
         return out
 
     def _backward_pass(self, loss, step=True):
@@ -76,6 +80,28 @@ class Pytorch_Model:
             for i, grad in self._pending_grads.items():
                 self.params[i] = self.optimizer.update((self, i), self.params[i], grad)
             self._pending_grads = {}
+
+    # ------------------------------------------------------------------ what a fit loop carries (fit.py)
+
+    def _ensure_built(self, X):
+        self._values_in_current_graph()
+
+    def _trained(self):
+        return [((self, i), self.params[i]) for i, wanted in enumerate(self.model.requires_grad) if wanted]
+
+    def _carried_slots(self):
+        """Parameters, buffers and optimizer state: every value a training step reads and replaces."""
+        if self.optimizer is None:
+            raise ValueError("Pytorch_Model has no optimizer: call initialize(optimizer) first")
+        if self._pending_grads:
+            raise ValueError("gradients summed by _backward_pass(loss, step=False) are waiting for a step: "
+                             "finish them with a step=True backward pass before fit")
+        self.params, self.buffers = list(self.params), list(self.buffers)
+        return [Slot(partial(getattr, self, attr), i) for attr in ("params", "buffers")
+                for i in range(len(getattr(self, attr)))] + optimizer_slots(self.optimizer, self._trained())[0]
+
+    def _step_counters(self):
+        return optimizer_slots(self.optimizer, self._trained())[1]
 
     def save_model(self, name):
         """Persist the model under `name`: its code and current parameter and buffer values."""

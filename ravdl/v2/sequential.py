@@ -1,16 +1,13 @@
 """NeuralNetwork: a stack of layers with a loss, trained by `fit` (the original API's sequential model)."""
 from collections import Counter
 
-import numpy as np
-
-from ravop import progress
 from ravop.graph import current_graph
 
 from . import losses
+from .fit import record_fit
 from .history import History
 from .layers.base import as_input, name_layers
 from .model import Model
-from .utils import batch_iterator
 
 
 class NeuralNetwork(Model):
@@ -58,26 +55,15 @@ class NeuralNetwork(Model):
         return self.predict(X)
 
     def fit(self, X, y, n_epochs, batch_size, shuffle=False, seed=None):
-        """Record `n_epochs` of training; persists each batch loss as `training_loss_epoch_{e}_batch_{b}` (1-based)
-        and, with validation_data, `validation_loss_epoch_{e}`. Shuffled batches draw their order from `seed`
-        (default: the graph seed), so a run is reproducible. Returns a `History` (the per-batch loss Ops in order;
-        `history.history['loss']` and `history.batch_losses` once the graph has run)."""
-        X_val = y_val = None
+        """Record `n_epochs` of training as one loop (ravdl.v2.fit): each batch loss is persisted as
+        `training_loss_epoch_{e}_batch_{b}` (1-based) and, with validation_data, `validation_loss_epoch_{e}`.
+        Shuffled batches draw their order from `seed` (default: the graph seed), so a run is reproducible.
+        Returns a `History`: the training loss names in order, and `history.history['loss']`,
+        `history.batch_losses` once the graph has run."""
+        validation = None
         if self.validation_data is not None:
             X_val, y_val = as_input(self.validation_data[0]), as_input(self.validation_data[1])
-        rng = None
-        if shuffle:
-            rng = np.random.default_rng(seed if seed is not None else current_graph().seed)
-        history = []
-        recording = progress.bar(n_epochs, "recording fit", unit="epoch")
-        for epoch in range(1, n_epochs + 1):
-            batches = batch_iterator(X, y, batch_size=batch_size, shuffle=shuffle, seed=rng)
-            for batch, (X_batch, y_batch) in enumerate(batches, start=1):
-                loss = self.train_on_batch(X_batch, y_batch)
-                loss.persist_op(f"training_loss_epoch_{epoch}_batch_{batch}")
-                history.append(loss)
-            if X_val is not None:
-                self.loss_function(y_val, self.predict(X_val)).persist_op(f"validation_loss_epoch_{epoch}")
-            recording.update()
-        recording.close()
-        return History(history, current_graph(), n_epochs, validation=X_val is not None)
+            validation = lambda: self.loss_function(y_val, self.predict(X_val))  # noqa: E731
+        seed = seed if seed is not None else current_graph().seed
+        names = record_fit(self, self.train_on_batch, X, y, n_epochs, batch_size, shuffle, seed, validation)
+        return History(names, current_graph(), n_epochs, validation=validation is not None)

@@ -14,6 +14,23 @@ def _const_kernel():
 register("const", inputs=(), method=False, shape=lambda: ((), torch.float32))(_const_kernel)
 
 
+def _loop_kernel(*values, **params):
+    raise RuntimeError("a loop runs as a subgraph of its own (ravop.loop_run), not as a kernel")
+
+
+def _loop_hole_kernel(**params):
+    raise RuntimeError("a loop hole is filled by the loop running its step, not computed")
+
+
+# A training loop (ravop.loop): its inputs are the carried values' initial values and what its steps read;
+# its outputs the carried values after the last step. Not deterministic as far as the passes go: it is never
+# folded into a constant or merged with another loop. Its step templates read `loop_hole` nodes.
+register("loop", inputs=("*values",), params={"loop": REQUIRED}, method=False, deterministic=False,
+         shape=lambda *values, loop: ((), torch.float32))(_loop_kernel)
+register("loop_hole", inputs=(), params={"hole": REQUIRED}, method=False, deterministic=False,
+         shape=lambda hole: ((), torch.float32))(_loop_hole_kernel)
+
+
 def _tuple_get_shape(x, index):
     return x.shape[index], x.dtype[index]
 

@@ -41,9 +41,11 @@ def _rmsprop_shapes(param, grad, square_avg, momentum_buffer, grad_avg, lr=0.01,
 
 
 def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, amsgrad,
-          maximize, decoupled):
-    """torch.optim.adam._single_tensor_adam for one tensor (decoupled=True is AdamW)."""
-    param, exp_avg, exp_avg_sq = param.clone(), exp_avg.clone(), exp_avg_sq.clone()
+          maximize, decoupled, in_place=False):
+    """torch.optim.adam._single_tensor_adam for one tensor (decoupled=True is AdamW); `in_place` updates
+    param, exp_avg and exp_avg_sq themselves instead of copies (see IN_PLACE)."""
+    if not in_place:
+        param, exp_avg, exp_avg_sq = param.clone(), exp_avg.clone(), exp_avg_sq.clone()
     grad = grad if not maximize else -grad
     if weight_decay != 0:
         if decoupled:
@@ -86,6 +88,20 @@ def adamw_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001,
     """One torch.optim.AdamW step (decoupled weight decay) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq')."""
     return _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
                  amsgrad, maximize, decoupled=True)
+
+
+def _adam_in_place(decoupled):
+    def kernel(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8,
+               weight_decay=0.0, amsgrad=False, maximize=False):
+        return _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
+                     amsgrad, maximize, decoupled, in_place=True)
+    return kernel
+
+
+# The same updates without the copies, for a training loop that owns the values it steps (ravop.loop_run:
+# they are its carried values, read by nothing after the step): op -> (kernel, the input positions it
+# overwrites). The copies are a fifth of a small model's step.
+IN_PLACE = {"adam_step": (_adam_in_place(False), (0, 2, 3)), "adamw_step": (_adam_in_place(True), (0, 2, 3))}
 
 
 @register("rmsprop_step", inputs=("param", "grad", "square_avg", "momentum_buffer", "grad_avg"),

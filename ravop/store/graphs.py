@@ -73,7 +73,7 @@ def upload(client, token, plan, constants, meta, bundles=None):
     batch.pipe.hset(keys.meta, mapping={
         **meta, "state": "activated", "seed": plan.seed, "devices": ",".join(sorted(devices)),
         "roots": ",".join(map(str, roots)), "n_subgraphs": len(plan.subgraphs), "done_subgraphs": 0,
-        "n_ops": n_ops, "ops_done": 0, "created": now})
+        "n_ops": n_ops, "ops_done": 0, "n_steps": plan.n_steps, "created": now})
     token_keys = TokenKeys(token)
     batch.pipe.zadd(token_keys.graphs, {plan.graph_id: now})
     batch.pipe.set(token_keys.current, plan.graph_id)
@@ -83,7 +83,7 @@ def upload(client, token, plan, constants, meta, bundles=None):
 
 # The meta fields a tracker reads (not the plan-sized ones: roots, summary).
 STATE_FIELDS = ("name", "state", "ops_done", "n_ops", "devices", "error", "error_op", "error_source",
-                "error_worker", "error_subgraph", "approach")
+                "error_worker", "error_subgraph", "approach", "n_steps")
 
 
 def read_state(client, keys):
@@ -96,6 +96,11 @@ def decode_state(values):
     if values[1] is None:
         return {}
     return {field: value.decode() for field, value in zip(STATE_FIELDS, values) if value is not None}
+
+
+def steps_done(client, keys):
+    """Loop steps run so far, over all the graph's loops."""
+    return sum(int(v) for v in client.hvals(keys.steps))
 
 
 def describe_failure(meta):

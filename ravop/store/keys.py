@@ -18,6 +18,8 @@ Per token (one requester), under `ravop:{token}:`:
   g:{gid}:taken       hash    subgraph id -> the worker that last started it
   g:{gid}:ran         hash    subgraph id -> the worker that finished it
   g:{gid}:events      stream  one entry when the graph ends (done or failed), for trackers to block on
+  g:{gid}:steps       hash    loop subgraph id -> its steps done (written as the loop runs)
+  g:{gid}:ckpt:{sid}  hash    a running loop's checkpoint: step (steps done), c0, c1, ... (carried tensors)
   g:{gid}:t:{node}    string  a tensor (ravop.wire.codec)
   g:{gid}:t:{node}:c  hash    chunk index -> raw data of a tensor too big for one value (ravop.store.tensors)
 Shared by all tokens, under `ravop:_:` (a token starts with a letter or a digit, so it cannot collide):
@@ -81,7 +83,7 @@ class TokenKeys:
 class GraphKeys:
     """The keys of one graph of one token."""
     __slots__ = ("token", "graph_id", "prefix", "meta", "subgraphs", "info", "deps", "done", "refs", "persist",
-                 "bundles", "taken", "ran", "events", "tensor_prefix")
+                 "bundles", "taken", "ran", "events", "steps", "tensor_prefix")
 
     def __init__(self, token, graph_id):
         self.token = check_name(token)
@@ -89,8 +91,11 @@ class GraphKeys:
         self.prefix = p = f"ravop:{token}:g:{graph_id}:"
         self.meta, self.subgraphs, self.info, self.deps = p + "meta", p + "subgraphs", p + "info", p + "deps"
         self.done, self.refs, self.persist, self.bundles = p + "done", p + "refs", p + "persist", p + "bundles"
-        self.taken, self.ran, self.events = p + "taken", p + "ran", p + "events"
+        self.taken, self.ran, self.events, self.steps = p + "taken", p + "ran", p + "events", p + "steps"
         self.tensor_prefix = p + "t:"
 
     def tensor(self, node_id):
         return f"{self.tensor_prefix}{node_id}"
+
+    def checkpoint(self, subgraph_id):
+        return f"{self.prefix}ckpt:{subgraph_id}"

@@ -1,0 +1,94 @@
+"""`fit` as a loop (ravop.loop): one training step is recorded (two if the last batch is short, plus one
+validation step), the data goes up once and each step slices its batch on the worker, so recording,
+compiling and uploading a fit cost the same for 1 epoch or 100, and the worker keeps the model in memory.
+
+A model trained this way says what the loop carries (`_carried_slots`: parameters, buffers, optimizer
+state) and which Python counters a training step advances (`_step_counters`: optimizer step counts,
+BatchNorm's batch count); NeuralNetwork, Functional and Pytorch_Model do.
+"""
+from functools import partial
+
+from ravop.loop import Batches, Loop
+
+from .layers.base import as_input
+
+
+class Slot:
+    """A place that holds an Op (or a Python counter): `container()[key]`, the container looked up each time
+    (a layer may replace its dict of buffers)."""
+    __slots__ = ("container", "key")
+
+    def __init__(self, container, key):
+        self.container, self.key = container, key
+
+    def get(self):
+        return self.container()[self.key]
+
+    def set(self, value):
+        self.container()[self.key] = value
+
+
+def optimizer_slots(optimizer, params):
+    """(state slots, step count slots) of `optimizer` for `params`, (optimizer key, parameter Op) pairs; the
+    state is made (zeros, step 0) for a parameter not stepped yet."""
+    states = [optimizer.state_of(key, param) for key, param in params]
+    return ([Slot(partial(_same, state), name) for state in states for name in optimizer.used_state()],
+            [Slot(partial(_same, state), "step") for state in states])
+
+
+def record_fit(model, train_step, X, y, n_epochs, batch_size, shuffle=False, seed=0, validation=None):
+    """Record `n_epochs` of `train_step(X_batch, y_batch) -> loss` over (X, y) in batches of `batch_size`;
+    persists each loss as `training_loss_epoch_{e}_batch_{b}` and, with `validation() -> loss` (recorded
+    in eval mode after each epoch), `validation_loss_epoch_{e}` (1-based). Returns the training loss names
+    in order."""
+    if int(n_epochs) < 1:
+        raise ValueError(f"n_epochs must be >= 1, not {n_epochs}")
+    X, y = as_input(X), as_input(y)
+    if not X.shape or not y.shape or X.shape[0] != y.shape[0]:
+        raise ValueError(f"X and y must have the same number of rows, not shapes {tuple(X.shape)} and "
+                         f"{tuple(y.shape)}")
+    n_rows, batch_size, n_epochs = X.shape[0], int(batch_size), int(n_epochs)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, not {batch_size}")
+    model._ensure_built(X)
+    slots, counters = model._carried_slots(), model._step_counters()
+    starts = [counter.get() for counter in counters]
+    loop = Loop([slot.get() for slot in slots], Batches(n_rows, batch_size, shuffle, seed))
+    n_full, short = divmod(n_rows, batch_size)
+    epochs = range(1, n_epochs + 1)
+    schedule, steps_per_epoch, advance = [], 0, None
+    for rows, batches in ((batch_size, range(1, n_full + 1)), (short, [n_full + 1] if short else [])):
+        if not batches:
+            continue
+        for counter, start in zip(counters, starts):
+            counter.set(start)
+        with loop.step() as step:
+            _bind(slots, step.carried)
+            loss = train_step(step.rows(X, rows), step.rows(y, rows))
+            step.carry([slot.get() for slot in slots])
+            step.persist(loss, [f"training_loss_epoch_{e}_batch_{b}" for e in epochs for b in batches])
+        moved = [counter.get() - start for counter, start in zip(counters, starts)]
+        if advance is not None and moved != advance:
+            raise ValueError("the short last batch's step advances the model's counters differently")
+        advance = moved
+        schedule.append((len(schedule), len(batches)))
+        steps_per_epoch += len(batches)
+    if validation is not None:
+        with loop.step(counts=False) as step:
+            _bind(slots, step.carried)
+            step.persist(validation(), [f"validation_loss_epoch_{e}" for e in epochs])
+            step.carry([slot.get() for slot in slots])
+        schedule.append((len(schedule), 1))
+    _bind(slots, loop.run(schedule, rounds=n_epochs))
+    for counter, start, moved in zip(counters, starts, advance):
+        counter.set(start + moved * steps_per_epoch * n_epochs)
+    return [f"training_loss_epoch_{e}_batch_{b}" for e in epochs for b in range(1, n_full + (short > 0) + 1)]
+
+
+def _bind(slots, values):
+    for slot, value in zip(slots, values):
+        slot.set(value)
+
+
+def _same(value):
+    return value

@@ -1,0 +1,257 @@
+"""Training loops recorded as step templates plus a count (DESIGN.md, "Training loops").
+
+    loop = Loop(initial_values, Batches(n_rows, batch_size, shuffle, seed))
+    with loop.step() as step:                 # records one step template
+        params = step.carried                 # Ops standing for the carried values at the step's start
+        X_batch = step.rows(X, batch_size)    # the step's batch: rows of X, an Op uploaded once
+        ...                                   # the step, recorded as usual, reading those Ops
+        step.carry(new_values)                # the carried values after the step
+        step.persist(loss, names)             # `loss` persisted as names[k] at the step's k-th run
+    finals = loop.run([(0, times)], rounds)   # the loop op; its outputs are the carried values at the end
+
+A step's ops are recorded into the graph like any others, between two marks; the compiler takes them out of
+the op table and ships them once, as a template a worker runs N times (`ravop.loop_run`), keeping the
+carried values in memory. So recording, compiling and uploading cost the same for 1 epoch or 100.
+
+What a step may read: its holes (`carried`, `rows`), ops recorded before the loop (constants, the data, a
+validation set: uploaded once, read by every step) and its own ops. Constants it records are hoisted out of
+it (they are the same at every run). A value recorded inside a step exists once per run, so nothing recorded
+after the loop may read it: the compiler says so with the reader's source line.
+
+Optimizer step ops (those with an int `step` param) count training steps as torch does: at the k-th
+training step of the loop (steps recorded with `counts=True`) their `step` is the recorded one plus k.
+Random ops draw at each run from a seed of the graph seed, the op and the run's index, so a run is
+reproducible, on any worker, from any checkpoint.
+"""
+from contextlib import contextmanager
+
+from .dtypes import NAMES
+from .errors import GraphStateError
+from .graph import Op, current_graph
+from .source import user_source
+from .wire import NodeRow, encode_params, pack_nodes, plan_pb2
+
+COUNTED_PARAM = "step"   # the param of optimizer step ops that counts training steps (1-based)
+
+
+class Batches:
+    """How steps that read `rows` slice their data: `n_rows` rows in batches of `batch_size` (the last one
+    may be short), every round in order, or with `shuffle` in numpy's `default_rng(seed).permutation(n_rows)`
+    order, one permutation per round drawn from one generator (as `ravdl.v2.utils.batch_iterator` does)."""
+    __slots__ = ("n_rows", "batch_size", "shuffle", "seed")
+
+    def __init__(self, n_rows, batch_size, shuffle=False, seed=0):
+        if n_rows < 1 or batch_size < 1:
+            raise ValueError(f"need n_rows >= 1 and batch_size >= 1, not {n_rows} and {batch_size}")
+        if shuffle and int(seed) < 0:
+            raise ValueError(f"a shuffle seed must be >= 0, not {seed}")
+        self.n_rows, self.batch_size, self.shuffle, self.seed = int(n_rows), int(batch_size), bool(shuffle), int(seed)
+
+
+class LoopRecord:
+    """What the graph keeps of a loop: its `plan_pb2.Loop` (without tensor ids for the persisted values) and,
+    per template, the persist names of each of its outputs (one per run)."""
+    __slots__ = ("message", "names")
+
+    def __init__(self, message, names):
+        self.message, self.names = message, names
+
+
+class Loop:
+    def __init__(self, initial, batches=None):
+        graph = current_graph()
+        graph.check_open()
+        if graph.recording_step is not None:
+            raise GraphStateError("a loop cannot start inside the step of another loop")
+        self.initial = list(initial)
+        for k, op in enumerate(self.initial):
+            if not isinstance(op, Op) or op.graph is not graph or isinstance(op.dtype, tuple):
+                raise GraphStateError(f"carried value {k} must be a single-output Op of the current graph, not "
+                                      f"{op!r}")
+        self.graph = graph
+        self.batches = batches
+        self.templates = []   # plan_pb2.LoopTemplate
+        self.names = []       # per template: a list of names per output
+        self.rows_per_step = []
+        self.outer = {}       # id -> Op recorded before the loop that a step reads, in first-read order
+        self.step_ids = set()
+        self.closed = False
+
+    @contextmanager
+    def step(self, counts=True):
+        """Record one step template (see the module docstring); `counts`: a training step, which advances the
+        optimizer step count and, if it reads rows, the batch."""
+        if self.closed:
+            raise GraphStateError("this loop has been run: record its steps before loop.run()")
+        if self.graph.recording_step is not None:
+            raise GraphStateError("loop steps cannot nest")
+        step = Step(self, counts)
+        self.graph.recording_step = step
+        try:
+            yield step
+        finally:
+            self.graph.recording_step = None
+        step.finish()
+
+    def run(self, schedule, rounds=1):
+        """Record the loop op: `rounds` times, each template of `schedule` ((template index, times) pairs) run
+        that many times in turn. Returns the Ops of the carried values after the last step."""
+        if self.closed:
+            raise GraphStateError("this loop has already been run")
+        if not self.templates:
+            raise GraphStateError("the loop has no step: record one with `with loop.step() as step:`")
+        schedule = [(int(t), int(times)) for t, times in schedule]
+        if rounds < 1 or any(not 0 <= t < len(self.templates) or times < 0 for t, times in schedule):
+            raise ValueError(f"bad loop schedule {schedule} x {rounds} for {len(self.templates)} templates")
+        self._check_batches(schedule)
+        runs = [0] * len(self.templates)
+        for t, times in schedule:
+            runs[t] += times * rounds
+        for t, (template, names) in enumerate(zip(self.templates, self.names)):
+            for node, per_run in zip(template.output_nodes, names):
+                if len(per_run) != runs[t]:
+                    raise ValueError(f"step {t} runs {runs[t]} times but node {node} has {len(per_run)} persist "
+                                     "names")
+        graph = self.graph
+        self.closed = True
+        inputs = tuple(self.initial) + tuple(self.outer.values())
+        message = plan_pb2.Loop(n_carried=len(self.initial), outer_ids=[op.id for op in inputs], rounds=rounds,
+                                n_steps=sum(runs))
+        message.templates.extend(self.templates)
+        for pair in schedule:
+            message.schedule.extend(pair)
+        if self.batches is not None:
+            message.n_rows, message.batch_size = self.batches.n_rows, self.batches.batch_size
+            message.shuffle, message.shuffle_seed = self.batches.shuffle, self.batches.seed
+        source = user_source()
+        shapes = tuple(op.shape for op in self.initial)
+        dtypes = tuple(op.dtype for op in self.initial)
+        node = graph.add_node("loop", inputs, {"loop": len(graph.loops)}, shapes, dtypes, source)
+        graph.loops[node.id] = LoopRecord(message, self.names)
+        return tuple(graph.add_node("tuple_get", (node,), {"index": k}, s, d, source)
+                     for k, (s, d) in enumerate(zip(shapes, dtypes)))
+
+    def _check_batches(self, schedule):
+        """Steps that read rows must cover the data once per round, in batches of batch_size (the last short)."""
+        if not any(self.rows_per_step):
+            return
+        if self.batches is None:
+            raise ValueError("a step reads rows but the loop was given no Batches")
+        n, size, position = self.batches.n_rows, self.batches.batch_size, 0
+        for t, times in schedule:
+            rows = self.rows_per_step[t]
+            for _ in range(times if rows else 0):
+                want = min(size, n - position)
+                if rows != want:
+                    raise ValueError(f"step {t} reads {rows} rows where batch {position // size + 1} has {want} "
+                                     f"({n} rows in batches of {size})")
+                position += rows
+        if position != n:
+            raise ValueError(f"one round of the loop reads {position} rows of {n}")
+
+
+class Step:
+    """One step template being recorded (`Loop.step`)."""
+
+    def __init__(self, loop, counts):
+        self.loop, self.counts = loop, bool(counts)
+        graph = loop.graph
+        self.start = len(graph.nodes)
+        source = user_source()
+        self.carried = tuple(graph.add_node("loop_hole", (), {"hole": k}, op.shape, op.dtype, source)
+                             for k, op in enumerate(loop.initial))
+        self.row_holes = []   # (hole Op, data Op)
+        self.next = None
+        self.outputs = []     # (Op, names)
+
+    def rows(self, data, n_rows):
+        """An Op for this step's batch of `n_rows` rows of `data` (an Op recorded before the loop)."""
+        graph = self.loop.graph
+        if not isinstance(data, Op) or data.graph is not graph or data.id >= self.start or not data.shape:
+            raise GraphStateError(f"rows are sliced from an Op of at least 1 dimension recorded before the loop, "
+                                  f"not {data!r}")
+        if self.row_holes and self.row_holes[0][0].shape[0] != n_rows:
+            raise ValueError("every rows() of one step takes the same number of rows")
+        hole = graph.add_node("loop_hole", (), {"hole": len(self.carried) + len(self.row_holes)},
+                              (int(n_rows),) + tuple(data.shape[1:]), data.dtype, user_source())
+        self.row_holes.append((hole, data))
+        return hole
+
+    def carry(self, values):
+        """The carried values after this step, in the order of the loop's initial values."""
+        values = list(values)
+        initial = self.loop.initial
+        if len(values) != len(initial):
+            raise ValueError(f"the step carries {len(values)} values, the loop {len(initial)}")
+        for k, (value, first) in enumerate(zip(values, initial)):
+            if not isinstance(value, Op) or value.graph is not self.loop.graph:
+                raise GraphStateError(f"carried value {k} after the step is not an Op of the loop's graph")
+            if tuple(value.shape) != tuple(first.shape) or value.dtype != first.dtype:
+                raise ValueError(f"carried value {k} is {tuple(first.shape)} {first.dtype} before the step and "
+                                 f"{tuple(value.shape)} {value.dtype} after it: a step must keep its shape")
+        self.next = values
+
+    def persist(self, op, names):
+        """Persist `op` at every run of this step, as names[k] at the k-th run."""
+        names = list(names)
+        graph = self.loop.graph
+        for name in names:
+            graph.check_persist_name(name)
+        if isinstance(op.dtype, tuple):
+            raise ValueError(f"cannot persist multi-output op {op.op!r}; persist one of its outputs")
+        for name in names:
+            graph.step_outputs[name] = op
+        self.outputs.append((op, names))
+
+    def finish(self):
+        loop, graph = self.loop, self.loop.graph
+        if self.next is None:
+            raise GraphStateError("the step did not say what it carries: call step.carry(values)")
+        holes = {op.id for op in self.carried} | {hole.id for hole, _ in self.row_holes}
+        inside = set(holes)
+        rows = []
+        counters = []
+        for node in graph.nodes[self.start:]:
+            if node.op in ("const", "loop_hole"):
+                continue   # constants are hoisted: the same at every run
+            if node.op == "loop":
+                raise GraphStateError(f"a loop cannot run inside the step of another loop (at {node.source})")
+            for i in node.inputs:
+                if i.id in inside:
+                    continue
+                if i.op == "const":   # hoisted: a loop input like the values recorded before it
+                    loop.outer.setdefault(i.id, i)
+                    continue
+                if i.id >= self.start or i.id in loop.step_ids:
+                    raise GraphStateError(f"op {node.op!r} at {node.source} reads a value recorded in another "
+                                          "step of the loop; a step reads its holes and what came before the loop")
+                loop.outer.setdefault(i.id, i)
+            inside.add(node.id)
+            value = (node.params or {}).get(COUNTED_PARAM)
+            if self.counts and type(value) is int:
+                counters.append(node.id)
+            multi = isinstance(node.dtype, tuple)
+            rows.append(NodeRow(node.id, node.op, [i.id for i in node.inputs],
+                                encode_params(node.params) if node.params else b"",
+                                () if multi else node.shape, "" if multi else NAMES[node.dtype], node.source))
+        for value in self.next + [op for op, _ in self.outputs]:
+            if value.id not in inside:
+                if value.op != "const" and (value.id >= self.start or value.id in loop.step_ids):
+                    raise GraphStateError("a carried or persisted value of the step was recorded in another step")
+                loop.outer.setdefault(value.id, value)
+        for _, data in self.row_holes:
+            loop.outer.setdefault(data.id, data)
+        n_rows = self.row_holes[0][0].shape[0] if self.row_holes else 0
+        template = plan_pb2.LoopTemplate(counts=self.counts, rows=n_rows)
+        pack_nodes(rows, template.nodes)
+        template.carry_holes.extend(op.id for op in self.carried)
+        template.carry_next.extend(op.id for op in self.next)
+        template.row_holes.extend(hole.id for hole, _ in self.row_holes)
+        template.row_data.extend(data.id for _, data in self.row_holes)
+        template.counter_nodes.extend(counters)
+        template.output_nodes.extend(op.id for op, _ in self.outputs)
+        loop.step_ids |= inside
+        graph.step_ids |= inside
+        loop.templates.append(template)
+        loop.names.append([names for _, names in self.outputs])
+        loop.rows_per_step.append(n_rows)
