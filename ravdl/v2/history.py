@@ -8,7 +8,7 @@ are fetched lazily, the first time they are read once the graph has run, all in 
     history.batch_losses         # numpy array, one loss per step
     history.plot()               # matplotlib (pip install 'ravop-engine[plot]')
 
-It is also the list of the training loss names in order.
+It is also the list of the training loss names in order, as `fit` returned before it returned a History.
 """
 import ravop as R
 from ravop.errors import GraphFailedError, NotComputedError

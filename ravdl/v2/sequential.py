@@ -58,8 +58,8 @@ class NeuralNetwork(Model):
         """Record `n_epochs` of training as one loop (ravdl.v2.fit): each batch loss is persisted as
         `training_loss_epoch_{e}_batch_{b}` (1-based) and, with validation_data, `validation_loss_epoch_{e}`.
         Shuffled batches draw their order from `seed` (default: the graph seed), so a run is reproducible.
-        Returns a `History` (the training loss names in order; `history.history['loss']` and
-        `history.batch_losses` once the graph has run)."""
+        Returns a `History`: the training loss names in order, and `history.history['loss']`,
+        `history.batch_losses` once the graph has run."""
         validation = None
         if self.validation_data is not None:
             X_val, y_val = as_input(self.validation_data[0]), as_input(self.validation_data[1])
