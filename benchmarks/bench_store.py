@@ -88,7 +88,9 @@ def store_rows(mb, repeats):
 
 
 def round_trip(gib):
-    out = subprocess.run([sys.executable, "-c", ROUND_TRIP, str(gib)], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", ROUND_TRIP, str(gib)], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"the round trip failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

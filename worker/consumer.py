@@ -243,16 +243,19 @@ class Worker:
 
     def _finish(self, keys, subgraph_id, message_id, outputs):
         """Store the outputs (the same bytes under the same keys if this is a retry) and complete the subgraph,
-        in one MULTI/EXEC: if the server refuses the writes (out of memory), the completion does not run."""
+        in one MULTI/EXEC (a big output's chunks just before it): if the server refuses the writes (out of
+        memory), the completion does not run."""
         host = {i: devices.to_host(tensor) for i, tensor in outputs.items()}
         total = sum(map(stored.nbytes, host.values()))
         # Big outputs are checked against the server's limits first, so that a full server is reported
         # in numbers rather than as a refused transaction.
         chunk = stored.fit_to_server(self.client, total, f"the outputs of subgraph {subgraph_id}") \
             if total > self.value_bytes else self.value_bytes
+        chunks = self.client.pipeline(transaction=False)
         pipe = self.client.pipeline(transaction=True)
         for i, tensor in host.items():
-            stored.write(pipe, keys.tensor(i), tensor, chunk)
+            stored.write(pipe, keys.tensor(i), tensor, chunk, chunks)
+        chunks.execute()  # no-op without big outputs; their chunks are invisible until their headers are set
         self.scripts.complete_in(pipe, keys, subgraph_id, self.name, self.stream, message_id)
         try:
             status = pipe.execute()[-1]

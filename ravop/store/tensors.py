@@ -61,18 +61,23 @@ def fit_to_server(client, total_bytes=0, what="values"):
     return size
 
 
-def write(pipe, key, tensor, size=None):
+def write(pipe, key, tensor, size=None, chunks_pipe=None):
     """Queue the writes of `tensor` under `key` on `pipe` (a redis-py pipeline), in values of at most
-    `size` bytes (default `chunk_bytes()`; see `fit_to_server`). Returns the bytes queued."""
+    `size` bytes (default `chunk_bytes()`; see `fit_to_server`). Returns the bytes queued.
+
+    `chunks_pipe`: where the chunks go instead, sent before `pipe`, for a `pipe` that is a transaction:
+    the server counts what a MULTI has queued against the client's query buffer limit (1 GB by default),
+    so a big tensor's chunks cannot be part of one; the header, which makes the tensor visible, still is."""
     size = size or chunk_bytes()
     if nbytes(tensor) <= size:
         data = encode_tensor(tensor)
         pipe.set(key, data)
         return len(data)
     header, chunks = encode_chunked(tensor, size)
-    pipe.delete(chunks_key(key))  # a rewrite (a retry) replaces the chunks instead of adding to them
+    chunks_pipe = pipe if chunks_pipe is None else chunks_pipe
+    chunks_pipe.delete(chunks_key(key))  # a rewrite (a retry) replaces the chunks instead of adding to them
     for index, chunk in enumerate(chunks):
-        pipe.hset(chunks_key(key), index, chunk)
+        chunks_pipe.hset(chunks_key(key), index, chunk)
     pipe.set(key, header)
     return nbytes(tensor) + len(header)
 
