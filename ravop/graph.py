@@ -4,6 +4,7 @@ An `Op` is both the user's lazy handle and the node of the graph (one object, so
 It is hashable by identity; comparison dunders return new Ops (see `ravop.api`).
 """
 import uuid
+import warnings
 
 import numpy as np
 import torch
@@ -11,6 +12,17 @@ import torch
 from . import registry
 from .errors import GraphStateError, ShapeError
 from .source import user_source
+
+
+class Shape(tuple):
+    """An op's shape: a tuple (`op.shape[0]`, `len(op.shape)`), which may also be called as the original's
+    method: `op.shape()` records the shape as an int64 tensor op, as the original's `shape` op gave."""
+    __slots__ = ()
+
+    def __call__(self):
+        if any(d < 0 for d in self):
+            raise ShapeError(f"shape {tuple(self)} has a size known only when the op runs: use R.shape(op)")
+        return current_graph().constant(torch.tensor(self, dtype=torch.int64), user_source())
 
 
 class Op:
@@ -22,7 +34,7 @@ class Op:
         self.op = op              # registry name
         self.inputs = inputs      # tuple of Op
         self.params = params      # dict of canonical params (tuples, numbers, strings, None)
-        self.shape = shape        # tuple of ints; a tuple of shapes for a multi-output node
+        self.shape = Shape(shape)  # tuple of ints; a tuple of shapes for a multi-output node
         self.dtype = dtype        # torch.dtype; a tuple of dtypes for a multi-output node
         self.source = source      # "file:line" of the user's code that recorded it
 
@@ -54,10 +66,16 @@ class Op:
             raise TypeError("len() of a 0-d Op")
         return self.shape[0]
 
+    @property
+    def name(self):
+        """The name given with `R.t(..., name=...)`, or None."""
+        return self.graph.labels.get(self.id)
+
     def __repr__(self):
+        label = f" {self.name!r}" if self.id in self.graph.labels else ""
         if isinstance(self.dtype, tuple):
-            return f"<Op {self.id} {self.op} ({len(self.dtype)} outputs)>"
-        return f"<Op {self.id} {self.op} {tuple(self.shape)} {self.dtype}>"
+            return f"<Op {self.id}{label} {self.op} ({len(self.dtype)} outputs)>"
+        return f"<Op {self.id}{label} {self.op} {tuple(self.shape)} {self.dtype}>"
 
 
 class Graph:
@@ -82,6 +100,7 @@ class Graph:
         self.bundles = {}         # name -> (kind, spec, {key: persist name}): objects rebuilt at fetch
         self.activated = False
         self._scalars = {}        # (type, value) -> constant Op, so `x + 1` reuses one constant
+        self.labels = {}          # node id -> the name a user gave it (R.t(..., name=...))
         set_current(self)
 
     def __repr__(self):
@@ -102,6 +121,11 @@ class Graph:
         self.constants[node.id] = tensor
         return node
 
+    def label(self, op, name):
+        if not isinstance(name, str):
+            raise TypeError(f"an op's name must be a string, not {name!r}")
+        self.labels[op.id] = name
+
     def scalar(self, value):
         key = (type(value), value)
         node = self._scalars.get(key)
@@ -117,8 +141,14 @@ class Graph:
             raise GraphStateError(f"cannot persist {op!r}: it belongs to another graph")
         if isinstance(op.dtype, tuple):
             raise ValueError(f"cannot persist multi-output op {op.op!r}; persist one of its outputs")
-        if name in self.persisted:
-            raise ValueError(f"persist name {name!r} is already used in graph {self.name!r}")
+        if name in self.bundles or name.partition("::")[0] in self.bundles:
+            raise ValueError(f"persist name {name!r} is already used by a saved model in graph {self.name!r}")
+        earlier = self.persisted.get(name)
+        if earlier is not None and earlier is not op:
+            # The original allowed this (a script's score() persists predict()'s value again); the later
+            # op wins, as a later assignment to a variable does, and the user hears about it.
+            warnings.warn(f"persist name {name!r} was already given to op {earlier.id} (recorded at "
+                          f"{earlier.source}); it now names op {op.id} (recorded at {op.source})", stacklevel=3)
         self.persisted[name] = op
 
 

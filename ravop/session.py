@@ -14,7 +14,7 @@ import redis
 
 from .errors import ConnectionFailed, GraphFailedError, GraphStateError, NotComputedError, UnknownPersistName
 from .graph import current_graph, set_current
-from .store import GraphKeys, Scripts, TokenKeys, check_name, connect, ensure_queues
+from .store import GraphKeys, Scripts, TokenKeys, connect, ensure_queues, token_namespace
 from .store.connect import redact
 from .store import graphs as store_graphs
 from .store import workers as liveness
@@ -56,14 +56,18 @@ class Session:
 _session = None
 
 
-def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5.0):
+def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5.0, ravenverse_token=None):
     """Connect to Redis at `redis_url` (or $RAVOP_REDIS_URL); with neither, start the embedded default: a
     private server and `workers` local worker processes on `device` (default $RAVOP_WORKERS or 2).
 
-    `token` (default $RAVOP_TOKEN or "local") names the requester and namespaces its graphs and results.
-    An unreachable URL raises `ConnectionFailed` within about `timeout` seconds."""
+    `token` (or the original's `ravenverse_token=`; default $RAVOP_TOKEN or "local") names the requester and
+    namespaces its graphs and results: a token that is not a short name is a secret of any length, and only
+    a digest of it is used (`ravop.store.keys.token_namespace`). An unreachable URL raises `ConnectionFailed`
+    within about `timeout` seconds."""
     global _session
-    token = check_name(token or os.environ.get("RAVOP_TOKEN") or DEFAULT_TOKEN)
+    if token is not None and ravenverse_token is not None and token != ravenverse_token:
+        raise ValueError("initialize() got two different tokens (token= and ravenverse_token=): give one")
+    token = token_namespace(token or ravenverse_token or os.environ.get("RAVOP_TOKEN") or DEFAULT_TOKEN)
     url = redis_url or os.environ.get("RAVOP_REDIS_URL")
     embedded = None
     if url:
