@@ -13,6 +13,7 @@ import time
 import redis
 
 from .errors import ConnectionFailed, GraphFailedError, GraphStateError, NotComputedError, UnknownPersistName
+from .fetched import fetched
 from .graph import current_graph, set_current
 from .store import GraphKeys, Scripts, TokenKeys, connect, ensure_queues, token_namespace
 from .store.connect import redact
@@ -233,15 +234,15 @@ def track_progress(progress_bar=True, timeout=None):
 
 
 def fetch_persisting_op(op_name, wait=False, timeout=None):
-    """The value persisted under `op_name`, as a torch.Tensor (for a saved model, the object its loader
-    builds). A value not computed yet raises `NotComputedError`, or with `wait=True` is waited for (up to
+    """The value persisted under `op_name`, as a torch.Tensor that also answers the original's
+    `['result']` (`ravop.fetched`; for a saved model, the object its loader builds). A value not computed yet raises `NotComputedError`, or with `wait=True` is waited for (up to
     `timeout` seconds); an unknown name raises `UnknownPersistName`; a failed graph `GraphFailedError`."""
     session = _require()
     keys = session.keys()
     deadline = None if timeout is None else time.monotonic() + timeout
     node_id = session.activated_names.get(op_name)
     if node_id is not None:
-        return _fetch_tensor(session, keys, op_name, node_id, wait, deadline)
+        return fetched(_fetch_tensor(session, keys, op_name, node_id, wait, deadline))
     pipe = session.client.pipeline(transaction=False)
     pipe.hget(keys.persist, op_name)
     pipe.hget(keys.bundles, op_name)
@@ -263,7 +264,7 @@ def fetch_persisting_op(op_name, wait=False, timeout=None):
         shown = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
         raise UnknownPersistName(f"no op was persisted as {op_name!r} in graph {meta['name']!r} "
                                  f"({keys.graph_id}); persisted names: {shown or 'none'}")
-    return _fetch_tensor(session, keys, op_name, node_id, wait, deadline)
+    return fetched(_fetch_tensor(session, keys, op_name, node_id, wait, deadline))
 
 
 def _fetch_tensor(session, keys, name, node_id, wait, deadline):

@@ -151,9 +151,10 @@ class _Tracer:
         self.layer_of = {}        # id(layer) -> its module's name
         self.attrs = {}           # Op id of a parameter or buffer -> its state_dict key
         for name, layer in model.leaf_layers():
-            if not layer.built:
-                continue
-            module_type, args = layer.torch_spec()
+            spec = layer.torch_spec() if layer.built else None
+            if spec is None:
+                continue   # not run yet, or a math layer, whose op the program applies itself
+            module_type, args = spec
             self.modules.append({"name": name, "type": module_type, "args": args,
                                  "extra": layer.torch_extra_state()})
             self.layer_of[id(layer)] = name

@@ -5,6 +5,8 @@ and optimizer steps, the summary table, and saving.
 layer then holds the step's output as its parameter. With `step=False` the gradients are only summed, as
 torch accumulates `.grad` over backward calls, and the next `step=True` applies the sum.
 """
+import torch
+
 import ravop as R
 
 from . import export
@@ -28,7 +30,9 @@ class Model:
 
     def _note_input(self, X):
         if self.input_spec is None:
-            self.input_spec = (tuple(X.shape[1:]), X.dtype)
+            # Floating data reaches the layers as float32 (they cast it), so a saved model takes float32.
+            dtype = torch.float32 if X.dtype.is_floating_point else X.dtype
+            self.input_spec = (tuple(X.shape[1:]), dtype)
 
     def _backward_pass(self, loss, step=True):
         """Record the gradients of `loss` w.r.t. every parameter, and with `step=True` one optimizer step."""
