@@ -55,6 +55,10 @@ class Op:
         self.graph.persist(name, self, save_model=save_model)
         return self
 
+    def __reduce__(self):
+        raise TypeError(f"{self!r} is a value of a recorded graph and is not pickled: pickle models (their "
+                        "structure), and persist values to fetch them")
+
     def __bool__(self):
         raise TypeError("an Op has no truth value before it runs; fetch a persisted value to branch on it")
 

@@ -55,10 +55,15 @@ class NeuralNetwork(Model):
     def test_on_batch(self, X):
         return self.predict(X)
 
-    def fit(self, X, y, n_epochs, batch_size, shuffle=False, seed=None):
+    def fit(self, X, y, n_epochs, batch_size, shuffle=False, seed=None, save_model=False, persist_weights=False):
         """Record `n_epochs` of training; persists each batch loss as `training_loss_epoch_{e}_batch_{b}` (1-based)
         and, with validation_data, `validation_loss_epoch_{e}`. Shuffled batches draw their order from `seed`
-        (default: the graph seed), so a run is reproducible. Returns the per-batch loss Ops in order."""
+        (default: the graph seed), so a run is reproducible. Returns the per-batch loss Ops in order.
+
+        After training, `save_model=True` (or a name) saves the model (`save_model`, default name "model") and
+        `persist_weights=True` persists each layer's values (`persist_weights`), as the original's keywords."""
+        if not isinstance(save_model, (bool, str)) or not isinstance(persist_weights, bool):
+            raise TypeError("save_model takes True, False or a name; persist_weights True or False")
         X_val = y_val = None
         if self.validation_data is not None:
             X_val, y_val = as_input(self.validation_data[0]), as_input(self.validation_data[1])
@@ -74,4 +79,8 @@ class NeuralNetwork(Model):
                 history.append(loss)
             if X_val is not None:
                 self.loss_function(y_val, self.predict(X_val)).persist_op(f"validation_loss_epoch_{epoch}")
+        if save_model:
+            self.save_model(*(() if save_model is True else (save_model,)))
+        if persist_weights:
+            self.persist_weights()
         return history

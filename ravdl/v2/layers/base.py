@@ -41,6 +41,11 @@ class Layer:
     def built(self):
         return self.graph is not None
 
+    def __getstate__(self):
+        """A pickled layer keeps its configuration and learnt input shape; its values live in a graph, so an
+        unpickled layer is unbuilt (saved models are fetched by name: `R.fetch_persisting_op`)."""
+        return {**vars(self), "params": {}, "buffers": {}, "graph": None}
+
     def _forward_pass(self, X, training=True):
         X = self.cast_input(as_input(X))
         if self.graph is None:
