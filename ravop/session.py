@@ -76,9 +76,9 @@ def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5
     elif _session is not None and _session.embedded is not None:
         embedded, url, client = _session.embedded, _session.url, _session.client  # keep the running one
     else:
-        from .embedded import EmbeddedCluster
+        from .embedded import EmbeddedCluster, default_data_dir
         count = workers if workers is not None else int(os.environ.get("RAVOP_WORKERS", DEFAULT_WORKERS))
-        embedded = EmbeddedCluster(count, device)
+        embedded = EmbeddedCluster(count, device, data_dir=default_data_dir())
         url = embedded.url
         try:
             client = connect(url, timeout)
@@ -139,7 +139,7 @@ def activate(**compile_options):
     compiled = compile_graph(graph, **compile_options)
     summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
     meta = {"name": graph.name, "algorithm": graph.algorithm, "approach": graph.approach,
-            "summary": json.dumps(summary)}
+            "rules": json.dumps(graph.rules), "summary": json.dumps(summary)}
     store_graphs.upload(session.client, session.token, compiled.plan, compiled.constants, meta, graph.bundles)
     graph.activated = True
     session.graph_id = graph.id
@@ -297,8 +297,23 @@ def _fetch_tensor(session, keys, name, node_id, wait, deadline):
         time.sleep(WAIT_SECONDS)
 
 
-def get_my_graphs():
-    """This token's graphs, oldest first: dicts with id, name, algorithm, state, progress (percent of ops
-    run), ops, subgraphs and created (Unix time)."""
+def get_my_graphs(show=True):
+    """This token's graphs, oldest first: dicts with id, name, algorithm, approach, rules, state, progress
+    (percent of ops run), ops, subgraphs and created (Unix time). With `show`, also prints them as the
+    original's table (Id, Name, Approach, Algorithm, Rules, Status)."""
     session = _require()
-    return store_graphs.list_graphs(session.client, session.token)
+    graphs = store_graphs.list_graphs(session.client, session.token)
+    if show:
+        print(graphs_table(graphs))
+    return graphs
+
+
+def graphs_table(graphs):
+    header = ("Id", "Name", "Approach", "Algorithm", "Rules", "Status")
+    rows = [(g["id"], g["name"], g["approach"], g["algorithm"], "" if g["rules"] is None else json.dumps(g["rules"]),
+             f"{g['state']} ({g['progress']:g}%)") for g in graphs]
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    text = [line, "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |", line]
+    text += ["| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
+    return "\n".join(text + ([line] if rows else []) + ([] if rows else ["(no graphs)"]))

@@ -120,16 +120,18 @@ def list_graphs(client, token):
     """The token's graphs, oldest first: id, name, algorithm, state, progress (percent of ops run)."""
     ids = [gid.decode() for gid in client.zrange(TokenKeys(token).graphs, 0, -1)]
     pipe = client.pipeline(transaction=False)
-    fields = ("name", "algorithm", "state", "ops_done", "n_ops", "n_subgraphs", "created")
+    fields = ("name", "algorithm", "state", "ops_done", "n_ops", "n_subgraphs", "created", "approach", "rules")
     for gid in ids:
         pipe.hmget(GraphKeys(token, gid).meta, *fields)
     graphs = []
     for gid, values in zip(ids, pipe.execute()):
         if values[0] is None:
             continue  # deleted since it was listed
-        name, algorithm, state, ops_done, n_ops, n_subgraphs, created = (v.decode() for v in values)
+        name, algorithm, state, ops_done, n_ops, n_subgraphs, created, approach, rules = (
+            v.decode() if v is not None else "" for v in values)
         n_ops, ops_done = int(n_ops), int(ops_done)
         progress = 100.0 if state == "done" else round(100.0 * ops_done / n_ops, 1) if n_ops else 0.0
-        graphs.append({"id": gid, "name": name, "algorithm": algorithm, "state": state, "progress": progress,
+        graphs.append({"id": gid, "name": name, "algorithm": algorithm, "approach": approach,
+                       "rules": json.loads(rules) if rules else None, "state": state, "progress": progress,
                        "ops": n_ops, "subgraphs": int(n_subgraphs), "created": float(created)})
     return graphs
