@@ -148,8 +148,14 @@ def activate(**compile_options):
     return summary
 
 
-def execute():
-    """Start the activated graph: enqueue its subgraphs that wait for nothing. Idempotent."""
+def execute(participants=None):
+    """Start the activated graph: enqueue its subgraphs that wait for nothing. Idempotent.
+
+    `participants` is the original's number of providers to compute the graph: here the graph runs on the
+    workers that are connected, as many as it has parallel work for; if fewer than `participants` are
+    connected, execute() says so."""
+    if participants is not None and (type(participants) is not int or participants < 1):
+        raise ValueError(f"participants must be a positive int, not {participants!r}")
     session = _require()
     graph = current_graph()
     if graph.nodes and not graph.activated:
@@ -161,6 +167,15 @@ def execute():
         if "NOGRAPH" in str(exc):
             raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)") from None
         raise
+    if participants is not None:
+        if session.embedded is not None:
+            session.embedded.wait_ready(session.client)
+        meta = _meta(session, keys)
+        kinds = [k for k in meta.get("devices", "").split(",") if k]
+        connected = sum(len(liveness.alive(session.client, kind)) for kind in kinds)
+        if connected < participants:
+            print(f"graph {meta['name']!r}: {connected} worker(s) connected, fewer than participants="
+                  f"{participants}; it runs on those, and on any that connect later", file=sys.stderr)
 
 
 def _meta(session, keys):
