@@ -250,7 +250,8 @@ def track_progress(progress_bar=True, timeout=None):
 
 def fetch_persisting_op(op_name, wait=False, timeout=None):
     """The value persisted under `op_name`, as a torch.Tensor that also answers the original's
-    `['result']` (`ravop.fetched`; for a saved model, the object its loader builds). A value not computed yet raises `NotComputedError`, or with `wait=True` is waited for (up to
+    `['result']` (`ravop.fetched`; for a saved model, the object its loader builds). A value not computed
+    yet raises `NotComputedError`, or with `wait=True` is waited for (up to
     `timeout` seconds); an unknown name raises `UnknownPersistName`; a failed graph `GraphFailedError`."""
     session = _require()
     keys = session.keys()
