@@ -1,4 +1,6 @@
 """Generate the user-facing `R.<name>` functions and `Op` methods/dunders from the op registry."""
+import numpy as np
+
 from . import registry
 from .graph import Op, canonical, record
 from .registry import REQUIRED
@@ -10,6 +12,18 @@ NO_PARAMS = {}  # shared by every op recorded without params; params are never m
 # The op modules fill it when imported; each such function still records through `graph.record`.
 FRONTENDS = {}
 
+# The original API took booleans as strings too (keepdims="True"); they become bools when recorded, so
+# what records also runs. Any other value of a boolean param is an error here, not on the worker.
+_BOOL_STRINGS = {"True": True, "False": False, "true": True, "false": False}
+
+
+def as_flag(value, name, op_name):
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, str) and value in _BOOL_STRINGS:
+        return _BOOL_STRINGS[value]
+    raise TypeError(f"{op_name}() param {name} must be True or False (or 'True'/'False'), not {value!r}")
+
 
 def make_function(opdef):
     """`fn(*tensors, *params, **kwargs)`: bind the call to the op's inputs and params, then record it."""
@@ -20,6 +34,7 @@ def make_function(opdef):
     required = tuple(k for k, v in defaults.items() if v is REQUIRED)
     variadic = opdef.variadic
     name = opdef.name
+    flags = {k for k, v in defaults.items() if isinstance(v, bool)}
 
     def fn(*args, **kwargs):
         if variadic:
@@ -51,18 +66,19 @@ def make_function(opdef):
                             "positional arguments")
         params = dict(defaults)
         for key, value in zip(param_names, rest):
-            params[key] = canonical(value)
+            params[key] = as_flag(value, key, name) if key in flags else canonical(value)
         for key, value in kwargs.items():
             if key not in defaults:
                 raise TypeError(f"{name}() got an unexpected keyword argument {key!r}; "
                                 f"params: {', '.join(param_names) or 'none'}")
-            params[key] = canonical(value)
+            params[key] = as_flag(value, key, name) if key in flags else canonical(value)
         missing = [k for k in required if params[k] is REQUIRED]
         if missing:
             raise TypeError(f"{name}() is missing param(s): {', '.join(missing)}")
         return record(opdef, tensors, params)
 
     fn.__name__ = fn.__qualname__ = name
+    fn.__module__ = "ravop.functional"  # where `build` puts it: pickle finds a model's loss function there
     fn.__doc__ = opdef.doc
     return fn
 

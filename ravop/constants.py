@@ -1,21 +1,54 @@
-"""`R.t` and the named constants of the original API."""
+"""`R.t`, `R.Tensor`, `R.Scalar` and the named constants of the original API."""
 import math
 
-from .graph import current_graph, to_tensor
+from .graph import Op, current_graph, to_tensor
 from .source import user_source
 
+# The original's `dtype='ndarray'` said "the value is an array": keep the value's own dtype.
+KEEP_DTYPE = (None, "ndarray")
 
-def t(value, dtype=None):
-    """A constant tensor op from a list, numpy array, number or torch tensor."""
+
+def t(value, dtype=None, name=None):
+    """A constant tensor op from a list, numpy array, number or torch tensor (an Op is returned as it is).
+    `dtype` converts it (a torch/numpy dtype or its name); `name` labels the op (its repr, `op.name`)."""
+    if isinstance(value, Op):
+        return value
     tensor = to_tensor(value)
-    if dtype is not None:
+    if dtype not in KEEP_DTYPE:
         from .dtypes import as_dtype
         tensor = tensor.to(as_dtype(dtype))
-    return current_graph().constant(tensor, user_source())
+    graph = current_graph()
+    op = graph.constant(tensor, user_source())
+    if name is not None:
+        graph.label(op, name)
+    return op
 
 
-Tensor = t
-Scalar = t
+class _ConstantKind(type):
+    """`isinstance(x, R.Tensor)` is true for the constants `R.t`/`R.Tensor`/`R.Scalar` make, as the original's
+    Tensor class was (computed values are `R.Op`s); `R.Scalar` also needs a 0-d constant."""
+
+    def __instancecheck__(cls, value):
+        return isinstance(value, Op) and value.op == "const" and (not cls.scalar or value.shape == ())
+
+
+class Tensor(metaclass=_ConstantKind):
+    """`R.Tensor(value, dtype=None, name=None)`: the same as `R.t`."""
+    scalar = False
+
+    def __new__(cls, value, dtype=None, name=None):
+        return t(value, dtype, name)
+
+
+class Scalar(metaclass=_ConstantKind):
+    """`R.Scalar(number)`: a 0-d constant."""
+    scalar = True
+
+    def __new__(cls, value, dtype=None, name=None):
+        op = t(value, dtype, name)
+        if op.shape != ():
+            raise ValueError(f"R.Scalar takes one number, not a value of shape {tuple(op.shape)}")
+        return op
 
 
 def epsilon():

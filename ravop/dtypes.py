@@ -1,4 +1,5 @@
 """Dtype names on the wire, and torch's type promotion computed once per combination and cached."""
+import numpy as np
 import torch
 
 DTYPES = {
@@ -26,9 +27,11 @@ def dtype_from_name(name):
 
 
 def as_dtype(value):
-    """Accept a torch dtype, a dtype name, or a numpy dtype."""
+    """Accept a torch dtype, a dtype name, or a numpy dtype or scalar type (np.float32)."""
     if isinstance(value, torch.dtype):
         return value
+    if isinstance(value, type):  # np.float32, float, int, bool
+        value = np.dtype(value)
     return dtype_from_name(str(getattr(value, "name", value)))
 
 

@@ -1,5 +1,10 @@
-"""The embedded default: a private Redis-compatible server on a unix socket in a temp dir (no persistence),
-plus local worker processes. It is the same queue and worker code as a cluster; only the URL differs.
+"""The embedded default: a private Redis-compatible server on a unix socket in a temp dir, plus local worker
+processes. It is the same queue and worker code as a cluster; only the URL differs.
+
+Its data outlives the process, so a later script of the same user finds its graphs (R.get_my_graphs,
+R.fetch_persisting_op), as with a hosted server: the server loads and, when it stops, saves a snapshot in
+the user's data dir ($RAVOP_DATA_DIR, else $XDG_DATA_HOME/ravop or ~/.local/share/ravop). One process at a
+time owns that dir (a file lock); another one meanwhile runs without persistence and says so.
 
 Everything stops at exit (atexit), and on SIGTERM (which skips atexit) unless the program handles SIGTERM
 itself. If this process dies without running atexit (SIGKILL), the kernel stops the server and the workers
@@ -70,21 +75,53 @@ def _tail(path, lines=20):
         return ""
 
 
-class LocalServer:
-    """A private server on a unix socket in a fresh temp dir; `url` is its unix:// URL."""
+def default_data_dir():
+    """Where the embedded server keeps its snapshot between processes."""
+    if os.environ.get("RAVOP_DATA_DIR"):
+        return os.environ["RAVOP_DATA_DIR"]
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "ravop")
 
-    def __init__(self, timeout=10.0):
+
+def _lock(data_dir):
+    """An open file holding an exclusive lock on `data_dir`, or None if another process holds it."""
+    import fcntl
+    os.makedirs(data_dir, mode=0o700, exist_ok=True)
+    handle = open(os.path.join(data_dir, "lock"), "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return None
+    return handle
+
+
+class LocalServer:
+    """A private server on a unix socket in a fresh temp dir; `url` is its unix:// URL. With `data_dir`, it
+    loads the snapshot there and saves one when it stops (SIGTERM, also from the kernel if this process
+    dies), unless another process owns the dir."""
+
+    SNAPSHOT = "graphs.rdb"
+
+    def __init__(self, timeout=10.0, data_dir=None):
         self.dir = tempfile.mkdtemp(prefix="ravop-")
         self.socket = os.path.join(self.dir, "redis.sock")
         self.url = f"unix://{self.socket}"
         self.log = os.path.join(self.dir, "server.log")
+        self.data_lock = _lock(data_dir) if data_dir else None
+        if data_dir and self.data_lock is None:
+            print(f"ravop: another process is using {data_dir}; this session's graphs will not be kept after "
+                  "it ends", file=sys.stderr)
+        # A save point makes the server save on SIGTERM; the hour-long one rarely fires otherwise.
+        persistence = (["--save", "3600 1", "--dir", data_dir, "--dbfilename", self.SNAPSHOT] if self.data_lock
+                       else ["--save", "", "--dir", self.dir])
         command = [server_binary(), "--port", "0", "--unixsocket", self.socket, "--unixsocketperm", "700",
-                   "--save", "", "--appendonly", "no", "--dir", self.dir, "--logfile", self.log]
+                   *persistence, "--appendonly", "no", "--logfile", self.log]
         self.process = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(os.getpid()), *command],
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
         try:
-            self._wait_ready(timeout)
+            self._wait_ready(max(timeout, 120.0) if self.data_lock else timeout)  # loading a big snapshot
         except BaseException:
             self.stop()
             raise
@@ -112,10 +149,14 @@ class LocalServer:
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=5)
+                # Saving the snapshot takes about a second per GB.
+                self.process.wait(timeout=120 if self.data_lock else 5)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.data_lock is not None:
+            self.data_lock.close()
+            self.data_lock = None
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -157,14 +198,15 @@ def _clean_up_on_sigterm():
 
 
 class EmbeddedCluster:
-    """A `LocalServer` and `workers` worker processes on `device`, stopped at exit. `data` lists the files of
-    each data provider (worker i gets `--data` data[i]) for federated graphs."""
+    """A `LocalServer` (keeping its data in `data_dir`, if given) and `workers` worker processes on `device`,
+    stopped at exit. `data` lists the files of each data provider (worker i gets `--data` data[i]) for
+    federated graphs."""
 
-    def __init__(self, workers=2, device="cpu", threads=None, data=()):
+    def __init__(self, workers=2, device="cpu", threads=None, data=(), data_dir=None):
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise DeviceUnavailable(f"R.initialize(device={device!r}) starts local workers on a GPU, but torch "
                                     f"sees no CUDA device on this machine: {_CLUSTER_HINT}, or use device='cpu'")
-        self.server = LocalServer()
+        self.server = LocalServer(data_dir=data_dir)
         self.url = self.server.url
         self.device = device
         self.data = list(data)

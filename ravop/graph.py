@@ -4,6 +4,7 @@ An `Op` is both the user's lazy handle and the node of the graph (one object, so
 It is hashable by identity; comparison dunders return new Ops (see `ravop.api`).
 """
 import uuid
+import warnings
 
 import numpy as np
 import torch
@@ -12,6 +13,17 @@ from . import registry
 from .errors import GraphStateError, ShapeError
 from .federated.rules import parse_rules
 from .source import user_source
+
+
+class Shape(tuple):
+    """An op's shape: a tuple (`op.shape[0]`, `len(op.shape)`), which may also be called as the original's
+    method: `op.shape()` records the shape as an int64 tensor op, as the original's `shape` op gave."""
+    __slots__ = ()
+
+    def __call__(self):
+        if any(d < 0 for d in self):
+            raise ShapeError(f"shape {tuple(self)} has a size known only when the op runs: use R.shape(op)")
+        return current_graph().constant(torch.tensor(self, dtype=torch.int64), user_source())
 
 
 class Op:
@@ -23,7 +35,7 @@ class Op:
         self.op = op              # registry name
         self.inputs = inputs      # tuple of Op
         self.params = params      # dict of canonical params (tuples, numbers, strings, None)
-        self.shape = shape        # tuple of ints; a tuple of shapes for a multi-output node
+        self.shape = Shape(shape)  # tuple of ints; a tuple of shapes for a multi-output node
         self.dtype = dtype        # torch.dtype; a tuple of dtypes for a multi-output node
         self.source = source      # "file:line" of the user's code that recorded it
 
@@ -43,6 +55,10 @@ class Op:
         """Keep this op's value in Redis under `name`, to fetch with `R.fetch_persisting_op(name)`."""
         self.graph.persist(name, self, save_model=save_model)
         return self
+
+    def __reduce__(self):
+        raise TypeError(f"{self!r} is a value of a recorded graph and is not pickled: pickle models (their "
+                        "structure), and persist values to fetch them")
 
     def __bool__(self):
         raise TypeError("an Op has no truth value before it runs; fetch a persisted value to branch on it")
@@ -69,10 +85,16 @@ class Op:
             raise TypeError("len() of a 0-d Op")
         return self.shape[0]
 
+    @property
+    def name(self):
+        """The name given with `R.t(..., name=...)`, or None."""
+        return self.graph.labels.get(self.id)
+
     def __repr__(self):
+        label = f" {self.name!r}" if self.id in self.graph.labels else ""
         if isinstance(self.dtype, tuple):
-            return f"<Op {self.id} {self.op} ({len(self.dtype)} outputs)>"
-        return f"<Op {self.id} {self.op} {tuple(self.shape)} {self.dtype}>"
+            return f"<Op {self.id}{label} {self.op} ({len(self.dtype)} outputs)>"
+        return f"<Op {self.id}{label} {self.op} {tuple(self.shape)} {self.dtype}>"
 
 
 class Graph:
@@ -111,6 +133,7 @@ class Graph:
         self.recording_step = None  # the ravop.loop.Step being recorded, if any
         self.activated = False
         self._scalars = {}        # (type, value) -> constant Op, so `x + 1` reuses one constant
+        self.labels = {}          # node id -> the name a user gave it (R.t(..., name=...))
         set_current(self)
 
     def __repr__(self):
@@ -131,6 +154,11 @@ class Graph:
         self.constants[node.id] = tensor
         return node
 
+    def label(self, op, name):
+        if not isinstance(name, str):
+            raise TypeError(f"an op's name must be a string, not {name!r}")
+        self.labels[op.id] = name
+
     def scalar(self, value):
         key = (type(value), value)
         node = self._scalars.get(key)
@@ -139,7 +167,9 @@ class Graph:
         return node
 
     def persist(self, name, op, save_model=False):
-        self.check_persist_name(name)
+        self.check_open()
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"persist name must be a non-empty string, not {name!r}")
         if op.graph is not self:
             raise GraphStateError(f"cannot persist {op!r}: it belongs to another graph")
         if isinstance(op.dtype, tuple):
@@ -147,6 +177,15 @@ class Graph:
         if self.recording_step is not None or op.id in self.step_ids:
             raise GraphStateError(f"{op!r} is recorded inside a loop step, where it has one value per run: "
                                   "persist it with step.persist(op, names) (ravop.loop)")
+        if name in self.bundles or name.partition("::")[0] in self.bundles or name in self.step_outputs:
+            raise ValueError(f"persist name {name!r} is already used by a saved model or a training loop's step in "
+                             f"graph {self.name!r}")
+        earlier = self.persisted.get(name)
+        if earlier is not None and earlier is not op:
+            # The original allowed this (a script's score() persists predict()'s value again); the later
+            # op wins, as a later assignment to a variable does, and the user hears about it.
+            warnings.warn(f"persist name {name!r} was already given to op {earlier.id} (recorded at "
+                          f"{earlier.source}); it now names op {op.id} (recorded at {op.source})", stacklevel=3)
         self.persisted[name] = op
 
     def check_persist_name(self, name):
@@ -155,7 +194,6 @@ class Graph:
             raise ValueError(f"persist name must be a non-empty string, not {name!r}")
         if name in self.persisted or name in self.step_outputs or name in self.bundles:
             raise ValueError(f"persist name {name!r} is already used in graph {self.name!r}")
-
 
     def save_bundle(self, name, kind, spec, tensors):
         """Persist an object made of several tensors (a trained model) under one name.

@@ -13,10 +13,11 @@ import time
 import redis
 
 from .errors import ConnectionFailed, GraphFailedError, GraphStateError, NotComputedError, UnknownPersistName
-from .federated import session as federated
-from .graph import current_graph, set_current
 from . import last_session, progress
-from .store import GraphKeys, Scripts, TokenKeys, check_name, connect, ensure_queues
+from .federated import session as federated
+from .fetched import fetched
+from .graph import current_graph, set_current
+from .store import GraphKeys, Scripts, TokenKeys, connect, ensure_queues, token_namespace
 from .store.connect import redact
 from .store import graphs as store_graphs
 from .store import tensors as stored
@@ -62,21 +63,25 @@ class Session:
 _session = None
 
 
-def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5.0, data=None, dashboard=False):
+def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5.0, data=None, dashboard=False,
+               ravenverse_token=None):
     """Connect to Redis at `redis_url` (or $RAVOP_REDIS_URL); with neither, start the embedded default: a
     private server and `workers` local worker processes on `device` (default $RAVOP_WORKERS or 2).
 
     `data` (default $RAVOP_DATA, paths separated by os.pathsep) makes embedded workers data providers for
     federated graphs: one provider per entry, each a file path or a list of paths (CSV or Parquet).
 
-    `token` (default $RAVOP_TOKEN or "local") names the requester and namespaces its graphs and results.
-    An unreachable URL raises `ConnectionFailed` within about `timeout` seconds. `dashboard=True` (or a port
+    `token` (or the original's `ravenverse_token=`; default $RAVOP_TOKEN or "local") names the requester and
+    namespaces its graphs and results: a token that is not a short name is a secret of any length, and only
+    a digest of it is used (`ravop.store.keys.token_namespace`). An unreachable URL raises `ConnectionFailed` within about `timeout` seconds. `dashboard=True` (or a port
     number) serves the read-only web dashboard of this session on 127.0.0.1 and prints its URL."""
     global _session
     if not isinstance(dashboard, (bool, int)) or (dashboard is not True and dashboard is not False
                                                   and not 0 < dashboard < 65536):
         raise ValueError(f"dashboard must be True, False or a port number, not {dashboard!r}")
-    token = check_name(token or os.environ.get("RAVOP_TOKEN") or DEFAULT_TOKEN)
+    if token is not None and ravenverse_token is not None and token != ravenverse_token:
+        raise ValueError("initialize() got two different tokens (token= and ravenverse_token=): give one")
+    token = token_namespace(token or ravenverse_token or os.environ.get("RAVOP_TOKEN") or DEFAULT_TOKEN)
     url = redis_url or os.environ.get("RAVOP_REDIS_URL")
     data = _provider_data(data if data is not None else os.environ.get("RAVOP_DATA"))
     embedded = None
@@ -88,12 +93,12 @@ def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5
     elif _session is not None and _session.embedded is not None and _session.embedded.data == data:
         embedded, url, client = _session.embedded, _session.url, _session.client  # keep the running one
     else:
-        from .embedded import EmbeddedCluster
+        from .embedded import EmbeddedCluster, default_data_dir
         count = workers if workers is not None else max(int(os.environ.get("RAVOP_WORKERS", DEFAULT_WORKERS)),
                                                         len(data))
         if count < len(data):
             raise ValueError(f"data= names {len(data)} providers but workers={count}: each provider is a worker")
-        embedded = EmbeddedCluster(count, device, data=data)
+        embedded = EmbeddedCluster(count, device, data=data, data_dir=default_data_dir())
         url = embedded.url
         try:
             client = connect(url, timeout)
@@ -184,7 +189,7 @@ def activate(**compile_options):
         compiled = compile_graph(graph, **compile_options)
     summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
     meta = {"name": graph.name, "algorithm": graph.algorithm, "approach": graph.approach,
-            "summary": json.dumps(summary)}
+            "rules": json.dumps(graph.rules), "summary": json.dumps(summary)}
     store_graphs.upload(session.client, session.token, compiled.plan, compiled.constants, meta, graph.bundles)
     graph.activated = True
     session.graph_id = graph.id
@@ -193,10 +198,16 @@ def activate(**compile_options):
     return summary
 
 
-def execute(timeout=None):
+def execute(timeout=None, participants=None):
     """Start the activated graph: enqueue its subgraphs that wait for nothing. Idempotent. With `timeout`,
     also wait until the graph is done, as `track_progress(progress_bar=False, timeout=timeout)` does:
-    `GraphFailedError` if it failed, `TimeoutError` (naming a kind of worker nobody runs) after `timeout` s."""
+    `GraphFailedError` if it failed, `TimeoutError` (naming a kind of worker nobody runs) after `timeout` s.
+
+    `participants` is the original's number of providers to compute the graph: here the graph runs on the
+    workers that are connected, as many as it has parallel work for; if fewer than `participants` are
+    connected, execute() says so."""
+    if participants is not None and (type(participants) is not int or participants < 1):
+        raise ValueError(f"participants must be a positive int, not {participants!r}")
     session = _require()
     graph = current_graph()
     if graph.nodes and not graph.activated:
@@ -210,6 +221,15 @@ def execute(timeout=None):
         raise
     if session.client.hget(keys.meta, "approach") == b"federated":
         federated.open_to_providers(session.client, keys)
+    if participants is not None:
+        if session.embedded is not None:
+            session.embedded.wait_ready(session.client)
+        meta = _meta(session, keys)
+        kinds = [k for k in meta.get("devices", "").split(",") if k]
+        connected = sum(len(liveness.alive(session.client, kind)) for kind in kinds)
+        if connected < participants:
+            print(f"graph {meta['name']!r}: {connected} worker(s) connected, fewer than participants="
+                  f"{participants}; it runs on those, and on any that connect later", file=sys.stderr)
     if timeout is not None:
         track_progress(progress_bar=False, timeout=timeout)
 
@@ -351,15 +371,16 @@ def _track(session, keys, meta, progress_bar, timeout, tqdm):
 
 
 def fetch_persisting_op(op_name, wait=False, timeout=None):
-    """The value persisted under `op_name`, as a torch.Tensor (for a saved model, the object its loader
-    builds). A value not computed yet raises `NotComputedError`, or with `wait=True` is waited for (up to
+    """The value persisted under `op_name`, as a torch.Tensor that also answers the original's
+    `['result']` (`ravop.fetched`; for a saved model, the object its loader builds). A value not computed
+    yet raises `NotComputedError`, or with `wait=True` is waited for (up to
     `timeout` seconds); an unknown name raises `UnknownPersistName`; a failed graph `GraphFailedError`."""
     session = _require()
     keys = session.keys()
     deadline = None if timeout is None else time.monotonic() + timeout
     node_id = session.activated_names.get(op_name)
     if node_id is not None:
-        return _fetch_tensor(session, keys, op_name, node_id, wait, deadline)
+        return fetched(_fetch_tensor(session, keys, op_name, node_id, wait, deadline))
     pipe = session.client.pipeline(transaction=False)
     pipe.hget(keys.persist, op_name)
     pipe.hget(keys.bundles, op_name)
@@ -384,7 +405,7 @@ def fetch_persisting_op(op_name, wait=False, timeout=None):
         shown = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
         raise UnknownPersistName(f"no op was persisted as {op_name!r} in graph {meta['name']!r} "
                                  f"({keys.graph_id}); persisted names: {shown or 'none'}")
-    return _fetch_tensor(session, keys, op_name, node_id, wait, deadline)
+    return fetched(_fetch_tensor(session, keys, op_name, node_id, wait, deadline))
 
 
 def _fetch_tensor(session, keys, name, node_id, wait, deadline):
@@ -445,8 +466,23 @@ def _not_ready(session, keys, name, meta, wait, deadline):
     time.sleep(WAIT_SECONDS)
 
 
-def get_my_graphs():
-    """This token's graphs, oldest first: dicts with id, name, algorithm, state, progress (percent of ops
-    run), ops, subgraphs and created (Unix time)."""
+def get_my_graphs(show=True):
+    """This token's graphs, oldest first: dicts with id, name, algorithm, approach, rules, state, progress
+    (percent of ops run), ops, subgraphs and created (Unix time). With `show`, also prints them as the
+    original's table (Id, Name, Approach, Algorithm, Rules, Status)."""
     session = _require()
-    return store_graphs.list_graphs(session.client, session.token)
+    graphs = store_graphs.list_graphs(session.client, session.token)
+    if show:
+        print(graphs_table(graphs))
+    return graphs
+
+
+def graphs_table(graphs):
+    header = ("Id", "Name", "Approach", "Algorithm", "Rules", "Status")
+    rows = [(g["id"], g["name"], g["approach"], g["algorithm"], "" if g["rules"] is None else json.dumps(g["rules"]),
+             f"{g['state']} ({g['progress']:g}%)") for g in graphs]
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    text = [line, "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |", line]
+    text += ["| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
+    return "\n".join(text + ([line] if rows else []) + ([] if rows else ["(no graphs)"]))

@@ -1,6 +1,7 @@
 """Fixtures for integration tests against a real server and real worker processes: a private Valkey server
 for the whole test session, `ravop-worker` processes started per test or per module (with short reclaim
 times), and a requester session under a fresh token."""
+import os
 import signal
 import time
 import uuid
@@ -16,6 +17,12 @@ from ravop.store.keys import worker_key
 from helpers import run_ops
 
 START_TIMEOUT = 120  # seconds for a worker to import torch and register, on a busy 2-core machine
+
+
+@pytest.fixture(scope="session", autouse=True)
+def embedded_data_dir(tmp_path_factory):
+    """Embedded sessions the tests start keep their snapshot in this run's temp dir, not the user's."""
+    os.environ["RAVOP_DATA_DIR"] = str(tmp_path_factory.mktemp("ravop-data"))
 
 
 @pytest.fixture(scope="session")

@@ -121,14 +121,15 @@ def save(model, name):
 
 def program(model):
     """(spec, {key: Op}) of `model`'s eval-mode forward pass, recorded now on a placeholder input."""
-    shape, dtype = _input_spec(model)
+    shape, dtype = input_spec(model)
     placeholder = R.t(torch.zeros((TRACE_BATCH,) + shape, dtype=dtype))
     with recording_calls() as calls:
         output = model._forward_pass(placeholder, training=False)
     return _Tracer(model, placeholder, calls).trace(output)
 
 
-def _input_spec(model):
+def input_spec(model):
+    """(shape without the batch dimension, dtype) of the model's input."""
     if model.input_spec is not None:
         return model.input_spec
     first = next((layer for _, layer in model.leaf_layers()), None)
@@ -151,9 +152,10 @@ class _Tracer:
         self.layer_of = {}        # id(layer) -> its module's name
         self.attrs = {}           # Op id of a parameter or buffer -> its state_dict key
         for name, layer in model.leaf_layers():
-            if not layer.built:
-                continue
-            module_type, args = layer.torch_spec()
+            spec = layer.torch_spec() if layer.built else None
+            if spec is None:
+                continue   # not run yet, or a math layer, whose op the program applies itself
+            module_type, args = spec
             self.modules.append({"name": name, "type": module_type, "args": args,
                                  "extra": layer.torch_extra_state()})
             self.layer_of[id(layer)] = name

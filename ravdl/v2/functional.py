@@ -27,11 +27,14 @@ class Functional(Model):
                              "__init__")
         return self._layers
 
-    def _forward_pass(self, X, training=True):
+    def _forward_pass(self, *inputs, training=True, **kwargs):
+        """Run `_forward_pass_call` on the inputs (arrays made Ops); extra keywords (mask=, batch_size=)
+        reach it as given, as in the original."""
         self.named_layers()
-        X = as_input(X)
-        self._note_input(X)
-        return self._forward_pass_call(X, training=training)
+        inputs = [as_input(X) for X in inputs]
+        if inputs:
+            self._note_input(inputs[0])
+        return self._forward_pass_call(*inputs, training=training, **kwargs)
 
     def _forward_pass_call(self, input, training=True):
         raise NotImplementedError(f"{type(self).__name__} must implement _forward_pass_call(self, input, "

@@ -7,9 +7,11 @@ torch accumulates `.grad` over backward calls, and the next `step=True` applies 
 """
 from functools import partial
 
+import torch
+
 import ravop as R
 
-from . import export
+from . import export, onnx_export
 from .fit import Slot, optimizer_slots
 from .layers.base import CustomLayer, leaf_layers
 
@@ -19,6 +21,12 @@ class Model:
         self.optimizer = optimizer
         self._pending_grads = {}   # (layer, parameter name) -> gradient Op summed since the last step
         self.input_spec = None     # (shape without the batch dimension, dtype) of the first input seen
+        self.saved_as = None       # the name save_model persisted the model under
+
+    def __getstate__(self):
+        """`pickle.dump(model, f)`, as the original's scripts did: the model's structure (layers, their
+        configuration and shapes, the optimizer's settings, the name it was saved under), not graph values."""
+        return {**vars(self), "_pending_grads": {}}
 
     def named_layers(self):
         """(name, layer) of the model's top-level layers, in order."""
@@ -31,7 +39,9 @@ class Model:
 
     def _note_input(self, X):
         if self.input_spec is None:
-            self.input_spec = (tuple(X.shape[1:]), X.dtype)
+            # Floating data reaches the layers as float32 (they cast it), so a saved model takes float32.
+            dtype = torch.float32 if X.dtype.is_floating_point else X.dtype
+            self.input_spec = (tuple(X.shape[1:]), dtype)
 
     def _backward_pass(self, loss, step=True):
         """Record the gradients of `loss` w.r.t. every parameter, and with `step=True` one optimizer step."""
@@ -100,7 +110,7 @@ class Model:
         (declared or learnt at its first forward pass), else the previous layer's output shape."""
         rows, shape = [], None
         for _, top in self.named_layers():
-            if isinstance(top, CustomLayer) and not top.built:
+            if isinstance(top, CustomLayer) and any(layer.input_shape is None for _, layer in leaf_layers(top)):
                 raise ValueError(f"{top.label} has not been built: run a forward pass first (its sub-layers learn "
                                  "their shapes from their first input)")
             for name, layer in leaf_layers(top):
@@ -112,8 +122,24 @@ class Model:
                 rows.append((name, type(layer).__name__, shape, layer.parameter_count(in_shape)))
         return rows
 
-    def save_model(self, name):
+    def save_model(self, name="model"):
         """Persist the trained model under `name`: `R.fetch_persisting_op(name)` returns it as a TorchScript-able
         torch.nn.Module with the trained weights, computing what `predict` computes."""
         export.save(self, name)
+        self.saved_as = name
 
+    def persist_weights(self):
+        """Persist every layer's current values, each under its torch state_dict key ("Dense_1.weight",
+        "BatchNormalization1D_1.running_mean"), to fetch as tensors."""
+        for layer_name, layer in self.leaf_layers():
+            for key, op in layer.state().items():
+                op.persist_op(f"{layer_name}.{key}")
+
+    def get_onnx_model(self, name):
+        """Write the saved model to `{name}.onnx` (torch.onnx) and return its path; the model must have been
+        saved (`fit(..., save_model=True)` or `save_model(...)`) in a graph that has run. Works on a model
+        unpickled in a later process, as the original's did."""
+        if self.saved_as is None:
+            raise ValueError("get_onnx_model needs the trained values: save the model before R.activate() "
+                             "(fit(..., save_model=True) or model.save_model(name)) and run the graph")
+        return onnx_export.write(R.fetch_persisting_op(self.saved_as), export.input_spec(self), f"{name}.onnx")

@@ -17,6 +17,9 @@ class Optimizer:
     def __init__(self):
         self.state = {}   # parameter slot (layer, name) -> {"step": int, state name: Op}
 
+    def __getstate__(self):
+        return {**vars(self), "state": {}}   # the moments are graph values: a pickle keeps the configuration
+
     def used_state(self):
         """The state names this configuration updates; the others pass through the step unchanged."""
         return self.state_names

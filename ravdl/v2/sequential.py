@@ -54,16 +54,25 @@ class NeuralNetwork(Model):
     def test_on_batch(self, X):
         return self.predict(X)
 
-    def fit(self, X, y, n_epochs, batch_size, shuffle=False, seed=None):
+    def fit(self, X, y, n_epochs, batch_size, shuffle=False, seed=None, save_model=False, persist_weights=False):
         """Record `n_epochs` of training as one loop (ravdl.v2.fit): each batch loss is persisted as
         `training_loss_epoch_{e}_batch_{b}` (1-based) and, with validation_data, `validation_loss_epoch_{e}`.
         Shuffled batches draw their order from `seed` (default: the graph seed), so a run is reproducible.
         Returns a `History`: the training loss names in order, and `history.history['loss']`,
-        `history.batch_losses` once the graph has run."""
+        `history.batch_losses` once the graph has run.
+
+        After training, `save_model=True` (or a name) saves the model (`save_model`, default name "model") and
+        `persist_weights=True` persists each layer's values (`persist_weights`), as the original's keywords."""
+        if not isinstance(save_model, (bool, str)) or not isinstance(persist_weights, bool):
+            raise TypeError("save_model takes True, False or a name; persist_weights True or False")
         validation = None
         if self.validation_data is not None:
             X_val, y_val = as_input(self.validation_data[0]), as_input(self.validation_data[1])
             validation = lambda: self.loss_function(y_val, self.predict(X_val))  # noqa: E731
         seed = seed if seed is not None else current_graph().seed
         names = record_fit(self, self.train_on_batch, X, y, n_epochs, batch_size, shuffle, seed, validation)
+        if save_model:
+            self.save_model(*(() if save_model is True else (save_model,)))
+        if persist_weights:
+            self.persist_weights()
         return History(names, current_graph(), n_epochs, validation=validation is not None)

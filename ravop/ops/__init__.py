@@ -2,5 +2,5 @@
 from . import core, arithmetic  # noqa: F401
 from . import nn, activations, losses, optim  # noqa: F401  (layer-level ops, their backward ops, optimizer steps)
 from . import (kernel_vjp, linalg, shape, reduce, compare, indexing, gather, join, creation, sorting,  # noqa: F401
-               stats, random, foreach)  # the original Ravop's non-layer op set
+               stats, random, foreach, cast)  # the original Ravop's non-layer op set
 from . import torchscript  # noqa: F401  (TorchScript models recorded by R.model)

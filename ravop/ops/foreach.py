@@ -53,6 +53,10 @@ def foreach_kernel(x, operation, params=()):
 
 def foreach(x, operation, **params):
     """`R.foreach(x, operation='name', **params)`: the op's own keywords ride along as one param."""
+    inner = registry.REGISTRY.get(operation) if isinstance(operation, str) else None
+    if inner is not None:  # the original's string booleans become bools here, as for a direct call
+        params = {k: api.as_flag(v, k, inner.name) if isinstance(inner.params.get(k), bool) else v
+                  for k, v in params.items()}
     return record(registry.get("foreach"), (x,), {"operation": operation, "params": canonical(params)})
 
 

@@ -137,11 +137,18 @@ def one_hot_encoding(x, depth):
 
 
 def _find_shape(x, values):
-    return (-1,), torch.int64
+    return (rules.numel(values.shape), -1), torch.int64
 
 
 @register("find_indices", inputs=("x", "values"), shape=_find_shape)
 def find_indices(x, values):
-    """Ascending int64 positions in the flattened `x` whose element equals any of `values`. Its length
-    depends on the data (declared -1 until the op runs)."""
-    return torch.isin(x.reshape(-1), values.reshape(-1)).nonzero().reshape(-1)
+    """One row per value (of the flattened `values`), as the original's one list per value: the ascending
+    int64 positions in the flattened `x` whose element equals that value. Rows are as long as the most
+    matches of any value (known when the op runs); shorter ones are padded with -1."""
+    matches = x.reshape(1, -1) == values.reshape(-1, 1)
+    width = int(matches.sum(dim=1).max()) if matches.numel() else 0
+    n = matches.shape[1]
+    positions = torch.arange(n, device=x.device).expand_as(matches)
+    # Non-matches sort after every position (n), and become the -1 padding.
+    ordered = torch.where(matches, positions, n).sort(dim=1).values[:, :width]
+    return torch.where(ordered == n, -1, ordered)

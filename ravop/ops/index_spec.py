@@ -25,10 +25,15 @@ MAX_DEPTH = 32      # nesting depth of lists inside an index string
 _TOKEN = re.compile(r"\s*(?:(-?\d+)|(\.\.\.)|(None|True|False)|([\[\]:,]))")
 
 
+# The original's wrapped form, str({"indices": "[:,-1,:]"}): the index string inside a one-key dict's text.
+_WRAPPED = re.compile(r"""\s*\{\s*(['"])indices\1\s*:\s*(['"])(?P<index>[^'"]*)\2\s*\}\s*\Z""")
+
+
 def canonical_index(index):
     """(spec, tensors): the canonical items of a user's index and the tensor indices it holds, in order."""
     if isinstance(index, str):
-        index = parse_index(index)
+        wrapped = _WRAPPED.match(index)
+        index = parse_index(wrapped.group("index") if wrapped else index)
     items = index if isinstance(index, tuple) else (index,)
     spec, tensors = [], []
     for item in items:

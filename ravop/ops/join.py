@@ -253,8 +253,11 @@ def _slice_bounds(shape, begin, size):
                          f"{len(shape)}-d tensor")
     out = []
     for d, (b, s, n) in enumerate(zip(begin, size, shape)):
-        if n < 0:
-            raise ValueError(f"cannot slice dimension {d} of unknown size")
+        if n < 0:  # a size known only when the op runs: the kernel checks the bounds then
+            if b < 0 or s < -1:
+                raise ValueError(f"slice begin {b} size {s} does not fit dimension {d}")
+            out.append((b, -1 if s == -1 else b + s))
+            continue
         stop = n if s == -1 else b + s
         if not 0 <= b <= n or s < -1 or stop > n:
             raise ValueError(f"slice begin {b} size {s} does not fit dimension {d} of size {n}")
@@ -264,7 +267,7 @@ def _slice_bounds(shape, begin, size):
 
 def _slice_shape(x, begin, size):
     bounds = _slice_bounds(x.shape, begin, size)
-    return tuple(stop - b for b, stop in bounds) + x.shape[len(bounds):], x.dtype
+    return tuple(-1 if stop < 0 else stop - b for b, stop in bounds) + x.shape[len(bounds):], x.dtype
 
 
 def _slice_vjp(node, g):

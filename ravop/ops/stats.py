@@ -195,19 +195,28 @@ def median(x, axis=None, keepdims=False):
     return quantiles(x, torch.tensor(0.5, dtype=torch.float64), axis, keepdims, "linear")
 
 
-def _mode_shape(x, axis=0, keepdims=False):
+def _mode_keepdims(ndim, keepdims):
+    """The original's mode (scipy's of its time) gave a 1-d input's mode as shape (1,), which scripts
+    concatenate; keepdims=None (the default) keeps that, and drops the axis of other inputs."""
+    return ndim == 1 if keepdims is None else keepdims
+
+
+def _mode_shape(x, axis=0, keepdims=None):
     if axis is not None and not isinstance(axis, int):
         raise TypeError(f"mode takes one axis (an int) or None, not {axis!r}")
+    keepdims = _mode_keepdims(len(x.shape), keepdims)
     rules.check_nonempty_reduce(x.shape, rules.normalize_axes(axis, len(x.shape)), "mode")
     if axis is None:
         return ((1,) * len(x.shape) if keepdims else ()), x.dtype
     return rules.reduced_shape(x.shape, axis, keepdims), x.dtype
 
 
-@register("mode", params={"axis": 0, "keepdims": False}, shape=_mode_shape, vjp=autograd_vjp)
-def mode(x, axis=0, keepdims=False):
+@register("mode", params={"axis": 0, "keepdims": None}, shape=_mode_shape, vjp=autograd_vjp)
+def mode(x, axis=0, keepdims=None):
     """The most frequent value along `axis` (scipy.stats.mode: axis 0 by default, None for the flattened
-    input; the smallest value wins a tie)."""
+    input; the smallest value wins a tie). keepdims=None keeps the axis of a 1-d input only, as the
+    original did."""
+    keepdims = _mode_keepdims(x.dim(), keepdims)
     if axis is None:
         values = torch.mode(x.reshape(-1), dim=0).values
         return values.reshape((1,) * x.dim()) if keepdims else values

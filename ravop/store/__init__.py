@@ -2,8 +2,9 @@
 (`scripts`), connecting (`connect`), worker liveness (`workers`) and the requester's graph operations
 (`graphs`). Tensors are stored with `ravop.wire.codec`; nothing is pickled."""
 from .connect import connect, ensure_queues
-from .keys import DEAD_LETTER, DEVICE_KINDS, GROUP, GraphKeys, TokenKeys, check_name, device_kind, queue
+from .keys import (DEAD_LETTER, DEVICE_KINDS, GROUP, GraphKeys, TokenKeys, check_name, device_kind, queue,
+                   token_namespace)
 from .scripts import Scripts
 
 __all__ = ["connect", "ensure_queues", "DEAD_LETTER", "DEVICE_KINDS", "GROUP", "GraphKeys", "TokenKeys",
-           "check_name", "device_kind", "queue", "Scripts"]
+           "check_name", "device_kind", "queue", "Scripts", "token_namespace"]

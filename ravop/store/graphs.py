@@ -132,7 +132,7 @@ def list_graphs(client, token):
     ids = [gid.decode() for gid in client.zrange(TokenKeys(token).graphs, 0, -1)]
     pipe = client.pipeline(transaction=False)
     fields = ("name", "algorithm", "state", "ops_done", "n_ops", "n_subgraphs", "created", "started", "finished",
-              "n_steps")
+              "n_steps", "approach", "rules")
     for gid in ids:
         keys = GraphKeys(token, gid)
         pipe.hmget(keys.meta, *fields)
@@ -144,12 +144,14 @@ def list_graphs(client, token):
             continue  # deleted since it was listed
         started, finished = (None if v is None else float(v) for v in values[7:9])
         name, algorithm, state, ops_done, n_ops, n_subgraphs, created = (v.decode() for v in values[:7])
+        approach, rules = (v.decode() if v is not None else "" for v in values[10:12])
         n_ops, ops_done = int(n_ops), int(ops_done)
         n_steps = int(values[9] or 0)
         if n_steps:  # a training graph's time is its loop steps: count those
             ops_done, n_ops = sum(int(v) for v in steps), n_steps
         progress = 100.0 if state == "done" else round(100.0 * ops_done / n_ops, 1) if n_ops else 0.0
-        graphs.append({"id": gid, "name": name, "algorithm": algorithm, "state": state, "progress": progress,
+        graphs.append({"id": gid, "name": name, "algorithm": algorithm, "approach": approach,
+                       "rules": json.loads(rules) if rules else None, "state": state, "progress": progress,
                        "ops": n_ops, "subgraphs": int(n_subgraphs), "created": float(created),
                        "started": started, "finished": finished})
     return graphs

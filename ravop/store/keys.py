@@ -31,6 +31,7 @@ Federated graphs add a few keys of their own: see `ravop.store.federated`.
 Scripts build keys from ARGV (tensor keys, the queue of a successor's device), so this schema needs a
 standalone server, not Redis Cluster.
 """
+import hashlib
 import re
 
 GROUP = "workers"
@@ -48,6 +49,17 @@ def check_name(value, what="token"):
         raise ValueError(f"{what} must be 1-64 letters, digits, '_', '.' or '-' starting with a letter or "
                          f"digit, not {value!r}")
     return value
+
+
+def token_namespace(token):
+    """The name a requester's keys live under. A token that is already a name ("local", "team-a") is used
+    as it is; any other (a JWT of 150 characters, one with other characters) is a secret of any length, so
+    only a digest of it goes into key names, where every worker and Redis user can read them."""
+    if not isinstance(token, str) or not token:
+        raise ValueError(f"a token must be a non-empty string, not a {type(token).__name__}")
+    if _NAME.match(token):
+        return token
+    return "t" + hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
 def device_kind(device):

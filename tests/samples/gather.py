@@ -6,6 +6,12 @@ from . import Sample
 from ._numpy import ints, normal, numpy
 
 
+def _find_indices(x, values):
+    rows = [np.flatnonzero(x.reshape(-1) == v) for v in values.reshape(-1)]
+    width = max((len(r) for r in rows), default=0)
+    return np.array([np.pad(r, (0, width - len(r)), constant_values=-1) for r in rows], dtype=np.int64)
+
+
 def _take(x, indices, axis=0):
     return np.take(x, indices, axis=axis)
 
@@ -70,9 +76,10 @@ SAMPLES = {
         Sample((np.int64(2),), {"depth": 3}, reference=numpy(_one_hot), note="0-d label"),
     ],
     "find_indices": [
-        Sample((np.array([[3, 1, 2], [1, 5, 3]]), np.array([1, 3])),
-               reference=numpy(lambda x, v: np.flatnonzero(np.isin(x, v)))),
-        Sample((ints(0, 3, 6), np.array([7])), reference=numpy(lambda x, v: np.flatnonzero(np.isin(x, v))),
-               note="no match: empty"),
+        Sample((np.array([[3, 1, 2], [1, 5, 3]]), np.array([1, 3])), reference=numpy(_find_indices),
+               note="one row per value"),
+        Sample((np.array([4, 1, 4, 4, 2]), np.array([4, 2])), reference=numpy(_find_indices),
+               note="rows padded with -1 to the most matches"),
+        Sample((ints(0, 3, 6), np.array([7])), reference=numpy(_find_indices), note="no match: empty row"),
     ],
 }

@@ -25,8 +25,10 @@ def _median(x, axis=None, keepdims=False):
     return np.median(x, axis=axis, keepdims=keepdims)
 
 
-def _mode(x, axis=0, keepdims=False):
-    """The most frequent value, the smallest on ties (scipy.stats.mode), by counting."""
+def _mode(x, axis=0, keepdims=None):
+    """The most frequent value, the smallest on ties (scipy.stats.mode), by counting; keepdims=None keeps
+    the axis of 1-d input only (the original's shape (1,))."""
+    keepdims = x.ndim == 1 if keepdims is None else keepdims
     if axis is None:
         x, axis = x.reshape(-1), 0
     moved = np.moveaxis(x, axis, -1)
@@ -84,6 +86,7 @@ SAMPLES = {
                reference=numpy(_mode), grad=False, note="ties: the smallest"),
         Sample((np.array([[0.5, 1.5, 0.5], [2.0, 2.0, 1.0]]),), {"axis": None}, reference=numpy(_mode),
                note="flattened; the gradient goes to one occurrence"),
+        Sample((np.array([2, 0, 2, 1]),), reference=numpy(_mode), grad=False, note="1-d: shape (1,), as the original"),
     ],
     "bincount": [
         Sample((np.array([0, 1, 1, 3, 1]),), reference=numpy(_bincount), grad=False),

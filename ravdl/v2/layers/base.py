@@ -27,6 +27,8 @@ _calls = None   # inside `recording_calls`: the (layer, input, output) of every 
 
 
 class Layer:
+    input_dtype = torch.float32   # what the layer casts its input to (None: takes it as it is)
+
     def __init__(self, input_shape=None):
         self.input_shape = None if input_shape is None else _shape(input_shape)
         self.name = None          # given by the model that holds the layer
@@ -39,8 +41,13 @@ class Layer:
     def built(self):
         return self.graph is not None
 
+    def __getstate__(self):
+        """A pickled layer keeps its configuration and learnt input shape; its values live in a graph, so an
+        unpickled layer is unbuilt (saved models are fetched by name: `R.fetch_persisting_op`)."""
+        return {**vars(self), "params": {}, "buffers": {}, "graph": None}
+
     def _forward_pass(self, X, training=True):
-        X = as_input(X)
+        X = self.cast_input(as_input(X))
         if self.graph is None:
             self.build(tuple(X.shape[1:]))
         elif X.graph is not self.graph:
@@ -52,9 +59,19 @@ class Layer:
             _calls.append((self, X, out))
         return out
 
+    def cast_input(self, X):
+        """The input in the layer's dtype: as in the original, layers compute in float32 whatever the
+        dtype of the data (`R.t` of a float64 array stays float64)."""
+        if self.input_dtype is None or X.dtype == self.input_dtype:
+            return X
+        return R.cast(X, self.input_dtype)
+
     def build(self, input_shape):
-        """Upload the initial values into the current graph, drawn for `input_shape` (no batch dimension)."""
-        if self.input_shape is not None and self.input_shape != input_shape:
+        """Upload the initial values into the current graph, drawn for `input_shape` (no batch dimension).
+        A declared input_shape may name only the trailing dimensions, as the original's did: Dense(n,
+        input_shape=(d,)) takes (batch, d) and (batch, seq, d)."""
+        declared = self.input_shape
+        if declared is not None and tuple(input_shape[len(input_shape) - len(declared):]) != declared:
             raise ValueError(f"layer {self.label} was declared with input_shape={self.input_shape}, "
                              f"but its input has shape {input_shape} (without the batch dimension)")
         graph = current_graph()
@@ -94,8 +111,10 @@ class CustomLayer(Layer):
     implement `_forward_pass_call(self, input, training=True)`. Sub-layers are found as attributes (also
     inside lists, tuples and dicts), in the order they were set."""
 
-    def _forward_pass(self, input, training=True):
-        return self._forward_pass_call(as_input(input), training=training)
+    def _forward_pass(self, *inputs, training=True, **kwargs):
+        """Inputs (several, as an attention layer's q, k, v) and keywords (mask=, batch_size=) go to
+        `_forward_pass_call` as given, arrays made Ops."""
+        return self._forward_pass_call(*(as_input(X) for X in inputs), training=training, **kwargs)
 
     def _forward_pass_call(self, input, training=True):
         raise NotImplementedError(f"{type(self).__name__} must implement _forward_pass_call(self, input, "

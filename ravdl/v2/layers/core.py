@@ -50,6 +50,7 @@ class Dense(Layer):
 
 class Embedding(Layer):
     """Rows of a (vocab_size, embed_dim) table picked by integer indices, torch.nn.Embedding."""
+    input_dtype = None   # indices
 
     def __init__(self, vocab_size, embed_dim, initial_W=None, input_shape=None):
         super().__init__(input_shape)

@@ -1,0 +1,31 @@
+"""`cast` (alias `astype`): a tensor converted to another dtype, as numpy's `x.astype('float32')`."""
+from .. import api
+from .. import functional as F
+from ..dtypes import NAMES, as_dtype, is_floating
+from ..graph import record
+from ..registry import REQUIRED, get, register
+
+
+def _cast_shape(x, dtype):
+    return x.shape, as_dtype(dtype)
+
+
+def _cast_vjp(node, g):
+    source = node.inputs[0].dtype
+    # A gradient flows back only between floating dtypes: integers and bools have none.
+    return (F.cast(g, dtype=NAMES[source]) if is_floating(source) and is_floating(node.dtype) else None,)
+
+
+@register("cast", params={"dtype": REQUIRED}, shape=_cast_shape, vjp=_cast_vjp, aliases=("astype",))
+def cast(x, dtype):
+    """`x` converted to `dtype` (a name such as 'float32', a torch dtype or a numpy dtype); floats to
+    integers truncate toward zero, as numpy's astype."""
+    return x.to(as_dtype(dtype))
+
+
+def cast_frontend(x, dtype):
+    """`R.cast(x, 'float32')`, `x.astype(np.float32)`: any dtype spelling is stored as its name."""
+    return record(get("cast"), (x,), {"dtype": NAMES[as_dtype(dtype)]})
+
+
+api.FRONTENDS["cast"] = cast_frontend
