@@ -143,7 +143,7 @@ def _fetch(url, token, keys, name, output):
         if suffix == ".npy":
             np.save(output, value.numpy())
         elif suffix == ".pt":
-            torch.save(value, output)
+            torch.save(value.as_subclass(torch.Tensor), output)  # a plain tensor: loads with weights_only
         else:
             raise RavopError(f"{name!r} is a tensor: write it to a .npy or .pt file, not {output.name!r}")
         return {"kind": "tensor", "shape": list(value.shape), "dtype": str(value.dtype).replace("torch.", "")}
