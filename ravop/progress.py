@@ -1,4 +1,4 @@
-"""Progress bars for work that may be long (recording a big `fit`, compiling, uploading, fetching): shown on
+"""Progress bars for work that may be long (compiling, uploading, fetching): shown on
 stderr only once the work has taken more than DELAY seconds, so that quick calls print nothing."""
 import sys
 import threading

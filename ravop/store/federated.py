@@ -39,7 +39,7 @@ class FederatedKeys:
 
 
 def advertise(pipe, name, columns, ttl=TTL):
-    pipe.set(provider_key(name), json.dumps({"columns": list(columns)}), ex=ttl)
+    pipe.set(provider_key(name), json.dumps({"columns": list(columns)}), px=int(ttl * 1000))  # ttl may be fractional
     pipe.sadd(PROVIDERS, name)
 
 
