@@ -216,7 +216,7 @@ def test_get_my_graphs_prints_the_table_and_a_later_process_finds_embedded_graph
     env_code = ("import ravop as R\n"
                 "R.initialize(ravenverse_token='a-requester', workers=1)\n")
     first = env_code + ("R.flush()\n"
-                        "R.Graph(name='first', algorithm='addition', approach='distributed', rules={'a': {}})\n"
+                        "R.Graph(name='first', algorithm='addition', approach='distributed')\n"
                         "(R.t([1, 2]) + 1).persist_op('c')\n"
                         "R.activate(); R.execute(); R.track_progress(progress_bar=False)\n")
     later = env_code + ("R.get_my_graphs()\n"

@@ -96,10 +96,11 @@ def test_a_sigkilled_worker_stalls_its_graph_for_seconds_not_half_a_minute(engin
 
 
 def test_a_slow_worker_is_not_robbed(engine, workers, client):
-    # A subgraph several times longer than --dead-after: the heartbeat keeps its worker alive.
+    # A subgraph several times longer than --dead-after (the last assert checks that it was, ~1.5 s a
+    # thousand steps here): the heartbeat keeps its worker alive.
     first, second = workers.start(2, extra=("--dead-after", "0.6"))
     R.Graph(name="slow")
-    chain(8, 512, 600).persist_op("x")
+    chain(8, 512, 2000).persist_op("x")
     R.activate(**ONE_SUBGRAPH)
     R.execute()
     runner = wait_until_taken(client, engine)

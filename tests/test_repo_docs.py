@@ -15,7 +15,8 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-OWN_MODULES = {"ravop", "ravdl", "compiler", "worker", "example_data"}
+# The project's packages, and the example scripts themselves (one may import another's helpers).
+OWN_MODULES = {"ravop", "ravdl", "compiler", "worker"} | {p.stem for p in (ROOT / "examples").glob("*.py")}
 
 
 def third_party_imports(path):
