@@ -1,6 +1,4 @@
 """`python -m ravop`: the `ravop` command line (ravop.cli)."""
-import sys
-
 from .cli import main
 
-sys.exit(main())
+raise SystemExit(main())
