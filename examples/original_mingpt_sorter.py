@@ -22,6 +22,12 @@ from torch.nn import functional as F
 from example_data import epochs_from_command_line
 from gpt_sort import LENGTH, sort_data
 
+# minGPT's dropout is 0.1. On this task's 547 training sequences with a constant lr of 0.003 it makes the
+# held-out accuracy swing from epoch to epoch (eager PyTorch, the same model and loop, 4 seeds at epoch 50:
+# 0.923, 0.962, 1.000, 0.984); without it, as in gpt_sort.py, 8 of 8 seeds sort every held-out sequence
+# from epoch 25 on. The Dropout layers stay, so the model keeps minGPT's shape.
+DROPOUT = 0.0
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd: int, n_head: int, block_size: int):
@@ -50,7 +56,7 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(n_embd, n_head, block_size)
         self.ln_2 = nn.LayerNorm(n_embd)
         self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(approximate='tanh'),
-                                 nn.Linear(4 * n_embd, n_embd), nn.Dropout(0.1))
+                                 nn.Linear(4 * n_embd, n_embd), nn.Dropout(DROPOUT))
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -62,7 +68,7 @@ class GPT(nn.Module):
         super().__init__()
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
-        self.drop = nn.Dropout(0.1)
+        self.drop = nn.Dropout(DROPOUT)
         self.h = nn.ModuleList([Block(n_embd, n_head, block_size) for _ in range(n_layer)])
         self.ln_f = nn.LayerNorm(n_embd)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
