@@ -131,30 +131,44 @@ def test_step_false_accumulates_like_torch():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_tied_parameters_train_as_one_value():
-    torch.manual_seed(2)
-    net = Tied()
-    model_op = R.model(net)
-    assert model_op.param_slots == (("emb.weight", "out.weight"),)
-    R.Graph(name="ts-tied")
-    model = Pytorch_Model(model_op)
+def assert_token_training_equals_eager(net, graph_name, tokens, targets, **ignore):
+    """Three Adam steps on the cross entropy of `net(tokens)` against `targets`, recorded and eager: the
+    same losses and the same trained embedding (`net` is a `Tied`)."""
+    R.Graph(name=graph_name)
+    model = Pytorch_Model(R.model(net))
     model.initialize(Adam(lr=0.05))
-    tokens = torch.randint(0, 7, (3, 5), generator=torch.Generator().manual_seed(0))
     losses = []
     for _ in range(3):
-        out = model._forward_pass(R.t(tokens))
-        loss = R.cross_entropy_loss(R.t(tokens), out, reshape_target=(-1, 7), reshape_label=(-1,))
+        loss = R.cross_entropy_loss(R.t(targets), model._forward_pass(R.t(tokens)), reshape_target=(-1, 7),
+                                    reshape_label=(-1,), **ignore)
         model._backward_pass(loss)
         losses.append(loss)
     values = evaluate(losses + model.params)
     optimizer = torch.optim.Adam(net.parameters(), lr=0.05, foreach=False)
     for i in range(3):
-        loss = TF.cross_entropy(net(tokens).view(-1, 7), tokens.view(-1))
+        loss = TF.cross_entropy(net(tokens).view(-1, 7), targets.view(-1), **ignore)
         torch.testing.assert_close(values[i], loss.detach(), rtol=1e-5, atol=1e-6)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
     torch.testing.assert_close(values[3], net.emb.weight.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_tied_parameters_train_as_one_value():
+    torch.manual_seed(2)
+    net = Tied()
+    assert R.model(net).param_slots == (("emb.weight", "out.weight"),)
+    tokens = torch.randint(0, 7, (3, 5), generator=torch.Generator().manual_seed(0))
+    assert_token_training_equals_eager(net, "ts-tied", tokens, tokens)
+
+
+def test_masked_cross_entropy_training_equals_eager():
+    """The sorter's loss: targets of -1 (the prompt positions) are left out of the mean, as torch does."""
+    torch.manual_seed(4)
+    tokens = torch.randint(0, 7, (4, 6), generator=torch.Generator().manual_seed(1))
+    targets = tokens.roll(-1, dims=1)
+    targets[:, :3] = -1
+    assert_token_training_equals_eager(Tied(), "ts-masked", tokens, targets, ignore_index=-1)
 
 
 def test_frozen_parameters_are_not_trained():
