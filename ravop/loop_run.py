@@ -20,11 +20,12 @@ NOT_KERNELS = ("const", "loop", "loop_hole")
 
 
 class StepError(Exception):
-    """A kernel of a step raised; `node` is its plan row (op, source line), `step` the run's index."""
+    """A kernel of a step raised, or produced more than its watcher allows (`over_budget`); `node` is its plan
+    row (op, source line), `step` the run's index."""
 
-    def __init__(self, node, step, message):
+    def __init__(self, node, step, message, over_budget=False):
         super().__init__(message)
-        self.node, self.step = node, step
+        self.node, self.step, self.over_budget = node, step, over_budget
 
 
 def stream_id(node_id, stride, step_index, run):
@@ -37,7 +38,9 @@ def stream_id(node_id, stride, step_index, run):
 class StepFunction:
     """One template, bound to the loop's outer values."""
 
-    def __init__(self, template, outer, n_carried, graph_seed, device, owned=()):
+    def __init__(self, template, outer, n_carried, graph_seed, device, owned=(), watcher=None):
+        """`watcher`: None, or an object with `limits` (per op, the bytes above which its output is looked at)
+        and `problem(index, value)` (why op `index`'s output is refused, or None): a worker's memory rules."""
         device = str(device)
         rows = unpack_nodes(template.nodes)
         if len(template.carry_holes) != n_carried or len(template.carry_next) != n_carried:
@@ -113,6 +116,7 @@ class StepFunction:
         self.output_slots = [slot[i] for i in template.output_nodes]
         self._update_in_place({self.carry_slots[k] for k in owned}, [row.op for row in rows])
         self.graph_seed, self.device = graph_seed, device
+        self.watcher = watcher
 
     @staticmethod
     def _run_holes(template, outer, define):
@@ -166,6 +170,7 @@ class StepFunction:
         for s, per_run in self.run_holes:
             values[s] = per_run[run]
         index = 0
+        limits = None if self.watcher is None else self.watcher.limits
         try:
             for index, (kernel, args, params, out, random, counter, seed_from) in enumerate(self.ops):
                 if counter is not None:
@@ -177,6 +182,12 @@ class StepFunction:
                 else:   # drawn as run_op draws: the same numbers on any device
                     values[out] = run_op(kernel, [values[a] for a in args], params, self.graph_seed,
                                          stream_id(*random, step_index, run), self.device)
+                if limits is not None and type(values[out]) is torch.Tensor and values[out].nbytes > limits[index]:
+                    problem = self.watcher.problem(index, values[out])
+                    if problem is not None:
+                        raise StepError(self.nodes[index], step_index, problem, over_budget=True)
+        except StepError:
+            raise
         except Exception as exc:  # the user's error: report it with their op and line
             raise StepError(self.nodes[index], step_index, f"{type(exc).__name__}: {exc}") from exc
         return [values[s] for s in self.next_slots], [values[s] for s in self.output_slots]
@@ -186,7 +197,8 @@ class LoopRun:
     """A loop ready to run: `inputs` are the loop op's input values (carried initial values, then the outer
     values), on `device`."""
 
-    def __init__(self, loop, inputs, graph_seed, device="cpu"):
+    def __init__(self, loop, inputs, graph_seed, device="cpu", watch=None):
+        """`watch(template, defined ids)`: the watcher of a template's outputs (see StepFunction), or None."""
         if len(inputs) != len(loop.outer_ids) or loop.n_carried > len(inputs):
             raise PlanError(f"the loop op has {len(inputs)} inputs but its plan names {len(loop.outer_ids)} "
                             f"({loop.n_carried} carried)")
@@ -194,7 +206,8 @@ class LoopRun:
         self.initial = list(inputs[:loop.n_carried])
         outer = dict(zip(loop.outer_ids, inputs))
         self.owned = _owned(loop)
-        self.steps = [StepFunction(t, outer, loop.n_carried, graph_seed, device, self.owned)
+        self.steps = [StepFunction(t, outer, loop.n_carried, graph_seed, device, self.owned,
+                                   None if watch is None else watch(t, _defined(t, outer)))
                       for t in loop.templates]
         pairs = list(loop.schedule)
         if len(pairs) % 2:
@@ -260,6 +273,11 @@ class LoopRun:
                 if on_step is not None:
                     on_step(index + 1, t, run, outputs, carried)
         return carried
+
+
+def _defined(template, outer):
+    """The ids a template reads without computing them: the loop's inputs and its holes."""
+    return [*outer, *template.carry_holes, *template.row_holes, *template.run_holes]
 
 
 def _owned(loop):
