@@ -26,6 +26,7 @@ backward redraws the forward's mask) follows that op's seed from run to run.
 """
 from contextlib import contextmanager
 
+from . import registry
 from .dtypes import NAMES
 from .errors import GraphStateError
 from .graph import Op, current_graph
@@ -34,6 +35,13 @@ from .source import user_source
 from .wire import NodeRow, decode_params, encode_params, pack_nodes, plan_pb2
 
 COUNTED_PARAM = "step"   # the param of optimizer step ops that counts training steps (1-based)
+
+
+def counts_steps(op):
+    """Whether `op` is an optimizer step op, whose required int `step` param counts training steps (an
+    `arange` has a `step` param too, with a default)."""
+    opdef = registry.REGISTRY.get(op)
+    return opdef is not None and opdef.params.get(COUNTED_PARAM) is registry.REQUIRED
 
 
 class Batches:
@@ -246,7 +254,7 @@ class Step:
                 loop.outer.setdefault(i.id, i)
             inside.add(node.id)
             value = (node.params or {}).get(COUNTED_PARAM)
-            if self.counts and type(value) is int:
+            if self.counts and type(value) is int and counts_steps(node.op):
                 counters.append(node.id)
             multi = isinstance(node.dtype, tuple)
             rows.append(NodeRow(node.id, node.op, [i.id for i in node.inputs],

@@ -27,7 +27,7 @@ from itertools import count
 
 from ravop.dtypes import NAMES
 from ravop.interpreter import op_seed
-from ravop.loop import COUNTED_PARAM, LoopRecord
+from ravop.loop import COUNTED_PARAM, LoopRecord, counts_steps
 from ravop.registry import REGISTRY
 from ravop.wire import NodeRow, encode_params, pack_nodes, plan_pb2
 
@@ -123,9 +123,10 @@ def _kinds(nodes, order, names, constant):
         else:
             params = node.params
             pkey = node.pkey
-            if COUNTED_PARAM in params or SEED_PARAM in params:
+            masked = (COUNTED_PARAM,) if counts_steps(node.op) else ()
+            if masked or SEED_PARAM in params:
                 pkey = encode_params({k: v for k, v in params.items()
-                                      if not (k in (COUNTED_PARAM, SEED_PARAM) and type(v) is int)})
+                                      if not (k in (*masked, SEED_PARAM) and type(v) is int)})
             key = (node.op, pkey, node.shape, node.dtype, tuple(i in constant for i in node.inputs),
                    len(names.get(id, ())))
         kinds.append(table.setdefault(key, len(table)))
@@ -259,7 +260,7 @@ def _verify_from(context, start, period, steps):
         if REGISTRY[node0.op].random:
             strided.add(q)
         step0 = node0.params.get(COUNTED_PARAM)
-        if type(step0) is int:
+        if type(step0) is int and counts_steps(node0.op):
             delta = node1.params[COUNTED_PARAM] - step0
             if delta not in (0, 1):
                 return None
