@@ -53,7 +53,8 @@ class ANNModel(Functional):
         self.initialize_params(Adam(lr=0.01))
 
     def _forward_pass_call(self, input, training=True):
-        return self.act._forward_pass(self.second._forward_pass(self.first._forward_pass(input, training), training))
+        o = self.first._forward_pass(input, training=training)
+        return self.act._forward_pass(self.second._forward_pass(o, training=training))
 
 
 def record(epochs):
