@@ -1,9 +1,9 @@
 """A hand-written training loop (examples/original_ann_functional.py's model and loop, `R.t` of each batch,
 `_forward_pass`, `_backward_pass`) recorded for 1 and 10 epochs, each in a fresh process, compiled with and
 without folding the repeated steps into a loop (compiler/passes/loops.py): compile time, plan size, ops
-shipped and the process's peak memory; then the 10-epoch loop run on one worker, both ways.
+shipped and the process's peak memory; then the longest loop run on one worker, both ways.
 
-    python benchmarks/bench_user_loop.py [--epochs 1,10] [--repeats 3]
+    python benchmarks/bench_user_loop.py [--epochs 1,10,30] [--repeats 3]
 """
 import argparse
 import json
@@ -19,6 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import ravop as R  # noqa: E402
+from bench_ravdl import Workers  # noqa: E402
 from compiler import compile_graph  # noqa: E402
 from compiler.passes import loops as loops_pass  # noqa: E402
 from example_data import iris_data  # noqa: E402
@@ -26,6 +27,7 @@ from ravdl.v2 import Functional  # noqa: E402
 from ravdl.v2.layers import Activation, BatchNormalization1D, CustomLayer, Dense, Dropout  # noqa: E402
 from ravdl.v2.optimizers import Adam  # noqa: E402
 from ravdl.v2.utils.data_manipulation import batch_iterator  # noqa: E402
+from ravop.embedded import LocalServer  # noqa: E402
 
 
 class First(CustomLayer):
@@ -111,7 +113,7 @@ def run_on_engine(epochs, fold, repeats):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", default="1,10")
+    parser.add_argument("--epochs", default="1,10,30")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--probe", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--no-fold", action="store_true", help=argparse.SUPPRESS)
@@ -135,12 +137,21 @@ def main():
             print(f"{epochs:>6} {'on' if fold else 'off':>8}{r['record']:>10.3f}{r['compile']:>11.3f}"
                   f"{r['plan_kib']:>10.1f}{r['ops']:>13}{r['loop_steps']:>12}{peak:>10.0f}", flush=True)
     epochs = max(int(e) for e in args.epochs.split(","))
-    R.initialize(workers=1)
-    folded_s, folded = run_on_engine(epochs, True, args.repeats)
-    no_folding()
-    unrolled_s, unrolled = run_on_engine(epochs, False, args.repeats)
+    torch.set_num_threads(1)
+    server = LocalServer()
+    try:
+        R.initialize(token="bench-user-loop", redis_url=server.url)
+        pool = Workers(server.url, 1, threads=1)   # one thread: small kernels, a shared machine
+        try:
+            folded_s, folded = run_on_engine(epochs, True, args.repeats)
+            no_folding()
+            unrolled_s, unrolled = run_on_engine(epochs, False, args.repeats)
+        finally:
+            pool.stop()
+    finally:
+        server.stop()
     same = all(torch.equal(a, b) for a, b in zip(folded, unrolled))
-    print(f"\n{epochs} epochs on the embedded default's worker, activate to last loss fetched (best of "
+    print(f"\n{epochs} epochs on one worker (one thread), activate to last loss fetched (best of "
           f"{args.repeats}): folded {folded_s:.2f} s, unrolled {unrolled_s:.2f} s; same bits: {same}")
 
 
