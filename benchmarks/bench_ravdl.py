@@ -85,16 +85,16 @@ def shuffled(n, epochs):
     return [torch.from_numpy(rng.permutation(n)) for _ in range(epochs)]
 
 
-def eager_iris(epochs):
+def eager_iris(epochs, compiled=False):
     X_train, _, y_train, _ = iris_sequential.iris_data()
     X, y = torch.tensor(X_train, dtype=torch.float32), torch.tensor(y_train, dtype=torch.float32)
     model = nn.Sequential(nn.Linear(4, 15), nn.BatchNorm1d(15, eps=0.01, momentum=0.99), nn.Linear(15, 30),
                           nn.Dropout(0.1), nn.Linear(30, 3), nn.Softmax(-1))
     orders = [torch.arange(len(X))] * epochs   # the iris example does not shuffle
-    return eager_fit(model, torch.optim.Adam(model.parameters(), lr=0.01), TF.mse_loss, X, y, orders, 25)
+    return eager_fit(model, torch.optim.Adam(model.parameters(), lr=0.01), TF.mse_loss, X, y, orders, 25, compiled)
 
 
-def eager_digits(epochs):
+def eager_digits(epochs, compiled=False):
     X_train, _, y_train, _ = digits_cnn_sequential.digits_data()
     X, y = torch.from_numpy(X_train), torch.from_numpy(y_train)
     model = nn.Sequential(nn.Conv2d(1, 16, 3, padding="same"), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.1),
@@ -102,22 +102,25 @@ def eager_digits(epochs):
                           nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.1), nn.BatchNorm2d(32, eps=0.01, momentum=0.99),
                           nn.Flatten(), nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 10), nn.Softmax(-1))
     return eager_fit(model, torch.optim.Adam(model.parameters(), lr=0.001), TF.cross_entropy, X, y,
-                     shuffled(len(X), epochs), digits_cnn_sequential.BATCH_SIZE)
+                     shuffled(len(X), epochs), digits_cnn_sequential.BATCH_SIZE, compiled)
 
 
-def eager_mnist(epochs, X, y, weights):
+def eager_mnist(epochs, X, y, weights, compiled=False):
     model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
     with torch.no_grad():
         for p, w in zip(model.parameters(), weights):
             p.copy_(w)
     X, y = torch.from_numpy(X), torch.from_numpy(y)
     return eager_fit(model, torch.optim.Adam(model.parameters(), lr=0.001), TF.cross_entropy, X, y,
-                     shuffled(len(X), epochs), 128)
+                     shuffled(len(X), epochs), 128, compiled)
 
 
-def eager_fit(model, optimizer, loss_function, X, y, orders, batch_size):
-    """(seconds, losses) of a plain PyTorch training loop over `orders` (one row order per epoch)."""
+def eager_fit(model, optimizer, loss_function, X, y, orders, batch_size, compiled=False):
+    """(seconds, losses) of a plain PyTorch training loop over `orders` (one row order per epoch); with
+    `compiled`, the model is `torch.compile(model)` (inductor), its compilation counted in the time."""
     start = time.perf_counter()
+    if compiled:
+        model = torch.compile(model)
     losses = []
     for order in orders:
         for i in range(0, len(X), batch_size):
@@ -129,6 +132,17 @@ def eager_fit(model, optimizer, loss_function, X, y, orders, batch_size):
             losses.append(loss.detach())
     losses = torch.stack(losses)
     return time.perf_counter() - start, losses
+
+
+def eager_compiled(eager, epochs, repeats, errors):
+    """Seconds of `eager(epochs, compiled=True)` as a column entry, "first/best of the others" (the first
+    run compiles; later ones reuse inductor's cache), or "error" (the error kept)."""
+    try:
+        runs = [eager(epochs, compiled=True)[0] for _ in range(max(repeats, 2))]
+        return f"{runs[0]:.1f}/{min(runs[1:]):.2f}"
+    except Exception as exc:   # torch.compile needs a C compiler and a supported Python: report, go on
+        errors.append(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}")
+        return "error"
 
 
 # ------------------------------------------------------------------------------ the engine
@@ -239,24 +253,32 @@ def run(args, url):
               lambda e: iris_sequential.record(e, iris[0], iris[1], iris[2])),
              ("digits CNN", args.digits_epochs, eager_digits,
               lambda e: digits_cnn_sequential.record(e, digits[0], digits[1], digits[2])),
-             ("MNIST MLP", args.mnist_epochs, lambda e: eager_mnist(e, X_mnist, y_mnist, weights),
+             ("MNIST MLP", args.mnist_epochs, lambda e, compiled=False: eager_mnist(e, X_mnist, y_mnist, weights,
+                                                                                    compiled),
               lambda e: record_mnist(e, X_mnist, y_mnist, weights))]
-    print(f"{'case':<12}{'epochs':>7}{'eager s':>9}{'engine s':>10}{'ratio':>7}  {'record':>7}{'compile':>8}"
-          f"{'execute':>8}{'fetch':>7}  {'ops / subgraphs':<17}max |loss - eager|")
+    print(f"{'case':<12}{'epochs':>7}{'eager s':>9}{'compiled':>12}{'engine s':>10}{'ratio':>7}  {'record':>7}"
+          f"{'compile':>8}{'execute':>8}{'fetch':>7}  {'ops / subgraphs':<17}max |loss - eager|")
+    compile_errors = []
     pool = Workers(url, 1, args.threads)
     try:
         for label, epochs, eager, record in cases:
             eager_runs = [eager(epochs) for _ in range(args.repeats)]
+            compiled_s = eager_compiled(eager, epochs, args.repeats, compile_errors)
             runs = [engine(label.split()[0], lambda: record(epochs)) for _ in range(args.repeats)]
             times, summary, losses = min(runs, key=lambda run: run[0]["total"])
             eager_s, eager_losses = min(eager_runs, key=lambda run: run[0])
             agree = f"{(losses - eager_losses).abs().max():.1e}" if label.startswith("MNIST") else \
                 "- (own initial weights, dropout)"
-            print(f"{label:<12}{epochs:>7}{eager_s:>9.2f}{times['total']:>10.2f}{times['total'] / eager_s:>7.2f}  "
+            print(f"{label:<12}{epochs:>7}{eager_s:>9.2f}{compiled_s:>12}{times['total']:>10.2f}"
+                  f"{times['total'] / eager_s:>7.2f}  "
                   f"{times['record']:>7.2f}{times['compile']:>8.2f}{times['execute']:>8.2f}{times['fetch']:>7.2f}  "
                   f"{summary['recorded_ops']} / {summary['subgraphs']:<8}{agree}", flush=True)
     finally:
         pool.stop()
+    print("compiled: the same eager training with torch.compile(model) (inductor): the first run's seconds, "
+          "which compile, / the best later one")
+    for error in compile_errors[:1]:
+        print(f"torch.compile failed here: {error}")
 
     print(f"\nMNIST MLP, {args.mnist_epochs} epochs, on more workers (best of {args.repeats}):")
     for count in [int(c) for c in args.workers.split(",")]:

@@ -3,12 +3,15 @@ that breaks the IR is named at once instead of surfacing as a wrong result on a 
 from ravop.errors import RavopError
 
 from .passes import (eliminate_common_subexpressions, eliminate_dead_code, fold_constants,
-                     fuse_linear_chains)
+                     fold_repeated_steps, fuse_linear_chains)
 
-# (summary key, pass). Folding leaves the inputs of what it folded unread, so dead code is culled again.
+# (summary key, pass). Repeated steps fold after CSE, which content-addresses each step's constants, and before
+# constant folding, which would turn the first step's ops on constants into constants. Folding leaves the
+# inputs of what it folded unread, so dead code is culled again.
 PIPELINE = (
     ("dead_code_removed", eliminate_dead_code),
     ("cse_merged", eliminate_common_subexpressions),
+    ("steps_folded", fold_repeated_steps),
     ("folded", fold_constants),
     ("dead_code_removed", eliminate_dead_code),
     ("fused_chains", fuse_linear_chains),

@@ -21,17 +21,27 @@ after the loop may read it: the compiler says so with the reader's source line.
 Optimizer step ops (those with an int `step` param) count training steps as torch does: at the k-th
 training step of the loop (steps recorded with `counts=True`) their `step` is the recorded one plus k.
 Random ops draw at each run from a seed of the graph seed, the op and the run's index, so a run is
-reproducible, on any worker, from any checkpoint.
+reproducible, on any worker, from any checkpoint; an op whose `seed` param is a random op's seed (dropout's
+backward redraws the forward's mask) follows that op's seed from run to run.
 """
 from contextlib import contextmanager
 
+from . import registry
 from .dtypes import NAMES
 from .errors import GraphStateError
 from .graph import Op, current_graph
+from .interpreter import op_seed
 from .source import user_source
-from .wire import NodeRow, encode_params, pack_nodes, plan_pb2
+from .wire import NodeRow, decode_params, encode_params, pack_nodes, plan_pb2
 
 COUNTED_PARAM = "step"   # the param of optimizer step ops that counts training steps (1-based)
+
+
+def counts_steps(op):
+    """Whether `op` is an optimizer step op, whose required int `step` param counts training steps (an
+    `arange` has a `step` param too, with a default)."""
+    opdef = registry.REGISTRY.get(op)
+    return opdef is not None and opdef.params.get(COUNTED_PARAM) is registry.REQUIRED
 
 
 class Batches:
@@ -150,6 +160,22 @@ class Loop:
             raise ValueError(f"one round of the loop reads {position} rows of {n}")
 
 
+def seed_params(rows, graph_seed):
+    """(node id, source id) of the rows whose int `seed` param is the seed of another row's stream
+    (`op_seed(graph_seed, source id)`): dropout_backward redraws its forward's mask, a TorchScript forward seeds
+    its own dropout. In a loop they must follow that stream from run to run."""
+    found, streams = [], None
+    for row in rows:
+        if b'"seed"' not in row.params:
+            continue
+        if streams is None:
+            streams = {op_seed(graph_seed, other.id): other.id for other in rows}
+        seed = decode_params(row.params).get("seed")
+        if type(seed) is int and seed in streams:
+            found.append((row.id, streams[seed]))
+    return found
+
+
 class Step:
     """One step template being recorded (`Loop.step`)."""
 
@@ -228,7 +254,7 @@ class Step:
                 loop.outer.setdefault(i.id, i)
             inside.add(node.id)
             value = (node.params or {}).get(COUNTED_PARAM)
-            if self.counts and type(value) is int:
+            if self.counts and type(value) is int and counts_steps(node.op):
                 counters.append(node.id)
             multi = isinstance(node.dtype, tuple)
             rows.append(NodeRow(node.id, node.op, [i.id for i in node.inputs],
@@ -249,6 +275,9 @@ class Step:
         template.row_holes.extend(hole.id for hole, _ in self.row_holes)
         template.row_data.extend(data.id for _, data in self.row_holes)
         template.counter_nodes.extend(counters)
+        for node_id, source in seed_params(rows, graph.seed):
+            template.seed_param_nodes.append(node_id)
+            template.seed_param_sources.append(source)
         template.output_nodes.extend(op.id for op, _ in self.outputs)
         loop.step_ids |= inside
         graph.step_ids |= inside

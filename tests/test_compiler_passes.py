@@ -176,7 +176,7 @@ def test_pipeline_counts_every_pass(graph):
     (R.t([1.0]) + 2.0).persist_op("folded")
     y.square().persist_op("y")
     ir, counts = run_pipeline(from_graph(graph))
-    assert counts == {"dead_code_removed": 3, "cse_merged": 1, "folded": 1, "fused_chains": 1}
+    assert counts == {"dead_code_removed": 3, "cse_merged": 1, "steps_folded": 0, "folded": 1, "fused_chains": 1}
 
 
 def _drops_outputs(ir):

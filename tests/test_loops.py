@@ -279,7 +279,8 @@ def test_a_worker_killed_mid_fit_is_replaced_from_its_checkpoint_with_the_same_b
     keys = GraphKeys(engine.token, graph.id)
     R.execute()
     _wait(lambda: client.keys(keys.prefix + "ckpt:*"), what="a checkpoint")
-    loop_id = int(client.keys(keys.prefix + "ckpt:*")[0].decode().rsplit(":", 1)[1])
+    loop_id = next(int(key.decode().rsplit(":", 1)[1]) for key in client.keys(keys.prefix + "ckpt:*")
+                   if client.type(key) == b"hash" and client.hexists(key, "step"))   # not its tensors' keys
     holder = client.hget(keys.taken, loop_id).decode()
     done_before = store_graphs.steps_done(client, keys)
     early = R.fetch_persisting_op("training_loss_epoch_1_batch_1")

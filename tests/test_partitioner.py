@@ -9,6 +9,7 @@ import ravop as R
 import compiler.partition as partition_module
 from compiler import compile_graph
 from compiler.cost import DEVICES
+from compiler.passes import loops as loops_pass
 from ravop.interpreter import evaluate, run_nodes
 from ravop.wire import decode_params, plan_pb2, unpack_nodes
 
@@ -18,6 +19,14 @@ class _Row:
 
     def __init__(self, node):
         self.id, self.op, self.inputs, self.params = node.id, node.op, list(node.inputs), decode_params(node.params)
+
+
+
+@pytest.fixture(autouse=True)
+def no_loop_folding(monkeypatch):
+    """These graphs repeat small steps on purpose, to test partitioning; folding them into loops
+    (compiler/passes/loops.py, tested in test_loop_folding.py) would leave the partitioner nothing to do."""
+    monkeypatch.setattr(loops_pass, "_fold_once", lambda ir: (ir, 0))
 
 
 def run_plan(compiled):

@@ -30,7 +30,7 @@ from . import device as devices
 from . import memory
 from .cache import TensorCache
 from .heartbeat import Heartbeat
-from .loop import CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, run_loop
+from .loop import CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, LoopHandedBack, drop_checkpoint, run_loop
 from .run import OVER_BUDGET, KernelError, run
 from .takeover import Takeover
 from .validate import check
@@ -174,11 +174,12 @@ class Worker:
             self._ack(message_id)
             return
         seed, data = int(reply[1]), reply[2] if len(reply) > 2 else None
+        max_bytes = devices.budget(self.device, self.limit)
         try:
             if data is None:
                 raise PlanError(f"subgraph {subgraph_id} is not in the graph's plan")
             subgraph = plan_pb2.Subgraph.FromString(data)
-            program = check(subgraph, devices.budget(self.device, self.limit))
+            program = check(subgraph, max_bytes)
         except DecodeError as exc:
             self._give_up(keys, message_id, subgraph_id, f"subgraph {subgraph_id} is not a valid plan: {exc}",
                           "rejected plan")
@@ -191,20 +192,28 @@ class Worker:
             inputs = self._inputs(keys, subgraph)
             if subgraph.HasField("loop"):
                 outputs = run_loop(self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
-                                   self.checkpoint_steps, self.checkpoint_seconds)
+                                   self.checkpoint_steps, self.checkpoint_seconds, max_bytes, self.memory_budget,
+                                   self.stopping)
             else:
                 outputs = run(program, inputs, seed, self.device, self.memory_budget)
             self._finish(keys, subgraph_id, message_id, outputs)
             if subgraph.HasField("loop"):
-                self.client.delete(keys.checkpoint(subgraph_id))
+                drop_checkpoint(self.client, keys, subgraph_id)
         except KernelError as exc:
             if exc.reason == OVER_BUDGET:  # keep serving: drop what this worker holds for reuse, then report
                 self.cache.clear()
                 devices.release_cached(self.device)
             self._give_up(keys, message_id, subgraph_id, str(exc), exc.reason, exc.node)
         except StepError as exc:
-            self._give_up(keys, message_id, subgraph_id, f"{exc} (loop step {exc.step + 1})", "kernel error",
-                          exc.node)
+            if exc.over_budget:
+                self.cache.clear()
+                devices.release_cached(self.device)
+            self._give_up(keys, message_id, subgraph_id, f"{exc} (loop step {exc.step + 1})",
+                          OVER_BUDGET if exc.over_budget else "kernel error", exc.node)
+        except LoopHandedBack as exc:
+            self._hand_back(keys, subgraph_id, message_id)
+            log.info("worker %s: stopping; loop subgraph %s of graph %s handed back after %d steps", self.name,
+                     subgraph_id, keys.graph_id, exc.steps)
         except PlanError as exc:   # a loop's templates are checked when the loop is built
             self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
         except LoopAbandoned:
@@ -296,6 +305,15 @@ class Worker:
                       f"subgraph {subgraph_id}{ops} was delivered {deliveries} times and never finished: the "
                       f"workers running it stopped responding (the last was {(taken or b'?').decode()})",
                       "too many deliveries", node)
+
+    def _hand_back(self, keys, subgraph_id, message_id):
+        """Queue the subgraph again as a new message and drop this one, in one transaction: an idle worker
+        takes it at once (from its checkpoint) instead of waiting for this one to be declared dead."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xadd(self.stream, {"token": keys.token, "graph": keys.graph_id, "subgraph": subgraph_id})
+        pipe.xack(self.stream, GROUP, message_id)
+        pipe.xdel(self.stream, message_id)
+        pipe.execute()
 
     def _ack(self, message_id):
         pipe = self.client.pipeline(transaction=False)

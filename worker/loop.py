@@ -6,16 +6,28 @@ number of steps done (what `R.track_progress` shows), and a checkpoint of the ca
 `checkpoint_steps` steps or `checkpoint_seconds` seconds, whichever comes first. Each write is one MULTI/EXEC,
 so a checkpoint and the persisted values up to it land together. A worker that takes over the subgraph
 after a crash resumes from the checkpoint; steps are deterministic, so it computes the same bits, and it
-writes persisted values with SET NX: a value written before the crash is never written again.
+writes persisted values with SET NX: a value written before the crash is never written again. A worker told
+to stop (SIGTERM) checkpoints after the step it is running and hands the loop back at once.
+
+A checkpoint's tensors go through the tensor store (`ravop.store.tensors`: one value each, or chunks for a
+big one, so state over Redis's 512 MB value limit checkpoints too) under keys named by the step they were
+taken at; the checkpoint hash, written in the transaction that publishes their headers, names that step. The
+previous checkpoint's tensors are deleted once the new one is in.
+
+The templates follow the rules of ordinary subgraphs (worker/validate.py, worker/memory.py): their declared
+sizes must fit the worker's limit, and each output is checked against its declared size and the budget.
 """
 import time
 
 from ravop.errors import PlanError
 from ravop.interpreter import run_nodes
 from ravop.loop_run import LoopRun
-from ravop.wire import decode_tensor, encode_tensor
+from ravop.store import tensors as stored
+from ravop.wire import encode_tensor, plan_pb2
 
 from . import device as devices
+from . import memory
+from .validate import check
 
 FLUSH_SECONDS = 0.25
 CHECKPOINT_SECONDS = 10.0
@@ -24,6 +36,41 @@ CHECKPOINT_STEPS = 1000
 
 class LoopAbandoned(Exception):
     """The loop's graph stopped running (failed elsewhere, or flushed): stop the loop."""
+
+
+class LoopHandedBack(Exception):
+    """The worker is stopping: the loop was checkpointed after `steps` steps, for another worker to go on."""
+
+    def __init__(self, steps):
+        super().__init__(f"handed back after {steps} steps")
+        self.steps = steps
+
+
+def checkpoint_tensor_key(keys, subgraph_id, step, k):
+    return f"{keys.checkpoint(subgraph_id)}:{step}:{k}"
+
+
+def drop_checkpoint(client, keys, subgraph_id):
+    """Delete a loop's checkpoint: its hash and every tensor written for it (those of a checkpoint a worker
+    died writing included)."""
+    prefix = keys.checkpoint(subgraph_id)
+    doomed = [prefix, *client.scan_iter(match=prefix + ":*", count=1000)]
+    client.delete(*doomed)
+
+
+class _Watcher:
+    """A template's memory rules (see StepFunction): its declared sizes checked as a subgraph's are, at build
+    time, and each output against its declared size and the budget as it is made."""
+
+    def __init__(self, template, defined, max_bytes, budget):
+        subgraph = plan_pb2.Subgraph(inputs=defined, outputs=[*template.carry_next, *template.output_nodes])
+        subgraph.nodes.CopyFrom(template.nodes)
+        self.steps = check(subgraph, max_bytes).steps   # PlanError naming the op past the limit
+        self.limits = [step.bytes for step in self.steps]
+        self.budget = budget
+
+    def problem(self, index, value):
+        return memory.oversized(self.steps[index], value, self.budget)
 
 
 def check_loop_program(program):
@@ -40,19 +87,25 @@ def check_loop_program(program):
 class _Writer:
     """Collects what the steps persist and writes it, with progress and checkpoints, as the loop goes."""
 
-    def __init__(self, client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds):
+    def __init__(self, client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds, n_steps,
+                 resumed_at=None, stop=None):
         self.client, self.keys, self.subgraph_id = client, keys, subgraph_id
         self.first_ids = first_ids
         self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
+        self.n_steps, self.stop = n_steps, stop
         self.pending = {}
         now = time.monotonic()
         self.last_flush = self.last_checkpoint = now
-        self.checkpointed = 0
+        self.checkpointed = resumed_at or 0
+        self.saved = resumed_at   # the step of the checkpoint in Redis (None: none)
 
     def on_step(self, done, template, run, outputs, carried):
         for first, value in zip(self.first_ids[template], outputs):
             self.pending[first + run] = value
         now = time.monotonic()
+        if self.stop is not None and self.stop.is_set() and done < self.n_steps:
+            self.write(done, carried)
+            raise LoopHandedBack(done)
         if (self.checkpoint_steps and done - self.checkpointed >= self.checkpoint_steps) or \
                 now - self.last_checkpoint >= self.checkpoint_seconds:
             self.write(done, carried)
@@ -60,41 +113,68 @@ class _Writer:
             self.write(done)
 
     def write(self, done, carried=None):
-        keys = self.keys
-        pipe = self.client.pipeline(transaction=True)
+        keys, client = self.keys, self.client
+        pipe = client.pipeline(transaction=True)
         for tensor_id, value in self.pending.items():
             pipe.set(keys.tensor(tensor_id), encode_tensor(devices.to_host(value)), nx=True)
         pipe.hset(keys.steps, self.subgraph_id, done)
-        if carried is not None:
-            checkpoint = keys.checkpoint(self.subgraph_id)
-            pipe.delete(checkpoint)
-            pipe.hset(checkpoint, mapping={"step": done, **{f"c{k}": encode_tensor(devices.to_host(value))
-                                                            for k, value in enumerate(carried)}})
-            self.checkpointed, self.last_checkpoint = done, time.monotonic()
+        if carried is not None and done != self.saved:
+            host = [devices.to_host(value) for value in carried]
+            total = sum(map(stored.nbytes, host))
+            size = stored.fit_to_server(client, total, "a loop checkpoint") \
+                if total > stored.chunk_bytes() else None
+            chunks = client.pipeline(transaction=False)   # big tensors' chunks, before the transaction
+            for k, value in enumerate(host):
+                stored.write(pipe, checkpoint_tensor_key(keys, self.subgraph_id, done, k), value, size, chunks)
+            chunks.execute()
+            pipe.hset(keys.checkpoint(self.subgraph_id), mapping={"step": done, "n": len(host)})
         pipe.hget(keys.meta, "state")
         state = pipe.execute()[-1]
+        if carried is not None and done != self.saved:
+            if self.saved is not None:
+                client.delete(*(key for k in range(len(carried))
+                                for key in stored.keys_of(checkpoint_tensor_key(keys, self.subgraph_id, self.saved, k))))
+            self.saved, self.checkpointed, self.last_checkpoint = done, done, time.monotonic()
         self.pending = {}
         self.last_flush = time.monotonic()
         if state != b"running":
             raise LoopAbandoned(state)
 
 
-def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
-             checkpoint_steps=CHECKPOINT_STEPS, checkpoint_seconds=CHECKPOINT_SECONDS):
-    """{output id: tensor} of a loop subgraph; resumes from its checkpoint if an earlier run left one."""
-    loop_step = check_loop_program(program)
-    runner = LoopRun(subgraph.loop, [inputs[i] for i in loop_step.inputs], seed, device)
-    start, carried = 0, None
+def _resume(client, keys, subgraph_id, n_carried, device):
+    """(step, carried values) of the loop's checkpoint, or (None, None) without a usable one."""
     saved = client.hgetall(keys.checkpoint(subgraph_id))
-    if saved:
-        start = int(saved[b"step"])
-        carried = [devices.to_device(decode_tensor(saved[f"c{k}".encode()]), device)
-                   for k in range(subgraph.loop.n_carried)]
+    if not saved:
+        return None, None
+    try:
+        step, n = int(saved[b"step"]), int(saved[b"n"])
+    except (KeyError, ValueError) as exc:
+        raise PlanError(f"the checkpoint of loop subgraph {subgraph_id} is malformed: {exc}") from None
+    if n != n_carried:
+        raise PlanError(f"the checkpoint of loop subgraph {subgraph_id} holds {n} values, the loop carries "
+                        f"{n_carried}")
+    carried = [stored.read(client, checkpoint_tensor_key(keys, subgraph_id, step, k)) for k in range(n)]
+    if any(value is None for value in carried):
+        raise PlanError(f"the checkpoint of loop subgraph {subgraph_id} at step {step} lost a tensor")
+    return step, [devices.to_device(value, device) for value in carried]
+
+
+def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
+             checkpoint_steps=CHECKPOINT_STEPS, checkpoint_seconds=CHECKPOINT_SECONDS, max_bytes=None, budget=None,
+             stop=None):
+    """{output id: tensor} of a loop subgraph; resumes from its checkpoint if an earlier run left one.
+    `max_bytes`, `budget`: the worker's memory rules for the templates; `stop`: a threading.Event set when
+    the worker is stopping (then LoopHandedBack after a checkpoint)."""
+    loop_step = check_loop_program(program)
+    watch = None if max_bytes is None else (lambda t, defined: _Watcher(t, defined, max_bytes, budget))
+    runner = LoopRun(subgraph.loop, [inputs[i] for i in loop_step.inputs], seed, device, watch)
+    start, carried = _resume(client, keys, subgraph_id, subgraph.loop.n_carried, device)
     first_ids = [list(t.output_first_ids) for t in subgraph.loop.templates]
     if any(len(ids) != len(t.output_nodes) for ids, t in zip(first_ids, subgraph.loop.templates)):
         raise PlanError("a loop step's persisted values and their tensor ids do not pair up")
-    writer = _Writer(client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds)
-    carried = runner.run(carried, start, writer.on_step)
+    writer = _Writer(client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds,
+                     subgraph.loop.n_steps, start, stop)
+    carried = runner.run(carried, start or 0, writer.on_step)
     writer.write(subgraph.loop.n_steps)
     env = {loop_step.id: tuple(carried)}
     run_nodes(program.steps[1:], env)
