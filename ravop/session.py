@@ -18,7 +18,7 @@ from .federated import session as federated
 from .fetched import fetched
 from .graph import current_graph, set_current
 from .store import GraphKeys, Scripts, TokenKeys, connect, ensure_queues, token_namespace
-from .store.connect import redact
+from .store.connect import Outage, redact, url_user
 from .store import graphs as store_graphs
 from .store import tensors as stored
 from .store.federated import FederatedKeys
@@ -71,7 +71,8 @@ def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5
     `data` (default $RAVOP_DATA, paths separated by os.pathsep) makes embedded workers data providers for
     federated graphs: one provider per entry, each a file path or a list of paths (CSV or Parquet).
 
-    `token` (or the original's `ravenverse_token=`; default $RAVOP_TOKEN or "local") names the requester and
+    `token` (or the original's `ravenverse_token=`; default $RAVOP_TOKEN, else the user named in the URL (a
+    `ravop admin token` user), else "local") names the requester and
     namespaces its graphs and results: a token that is not a short name is a secret of any length, and only
     a digest of it is used (`ravop.store.keys.token_namespace`). An unreachable URL raises `ConnectionFailed` within about `timeout` seconds. `dashboard=True` (or a port
     number) serves the read-only web dashboard of this session on 127.0.0.1 and prints its URL."""
@@ -81,8 +82,9 @@ def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5
         raise ValueError(f"dashboard must be True, False or a port number, not {dashboard!r}")
     if token is not None and ravenverse_token is not None and token != ravenverse_token:
         raise ValueError("initialize() got two different tokens (token= and ravenverse_token=): give one")
-    token = token_namespace(token or ravenverse_token or os.environ.get("RAVOP_TOKEN") or DEFAULT_TOKEN)
     url = redis_url or os.environ.get("RAVOP_REDIS_URL")
+    token = token_namespace(token or ravenverse_token or os.environ.get("RAVOP_TOKEN") or (url and url_user(url))
+                            or DEFAULT_TOKEN)
     data = _provider_data(data if data is not None else os.environ.get("RAVOP_DATA"))
     embedded = None
     if url:
@@ -109,8 +111,14 @@ def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5
         _session.close()
     elif _session is not None and _session.dashboard is not None:
         _session.dashboard.stop()  # the new session serves its own dashboard, or none
-    ensure_queues(client)
-    _session = Session(client, url, token, embedded)
+    try:
+        ensure_queues(client)
+        _session = Session(client, url, token, embedded)
+    except redis.exceptions.NoPermissionError:
+        client.close()
+        _session = None
+        raise ConnectionFailed(f"the Redis user of {redact(url)} may not use token {token!r}: a `ravop admin token` "
+                               "user may use only its own token (leave token= out to use it)") from None
     if embedded is not None:
         last_session.remember(url, token)  # `ravop status` in another terminal finds it
     if dashboard is not False:
@@ -325,6 +333,7 @@ def _interrupted_text(session, keys):
 def _track(session, keys, meta, progress_bar, timeout, tqdm):
     deadline = None if timeout is None else time.monotonic() + timeout
     last_event, warned, next_check = "0-0", set(), 0.0
+    outage = Outage(lambda text: print(f"graph {meta['name']!r}: {text}", file=sys.stderr))
     n_steps = int(meta.get("n_steps") or 0)
     # initial=: work done before the bar appeared is not counted in its rate (it would read millions of ops/s).
     with tqdm(total=n_steps or int(meta["n_ops"]),
@@ -332,42 +341,52 @@ def _track(session, keys, meta, progress_bar, timeout, tqdm):
               unit="step" if n_steps else "op", desc=meta["name"],
               disable=not progress_bar, file=sys.stderr) as bar:
         while True:
-            meta = _meta(session, keys)
-            bar.update((store_graphs.steps_done(session.client, keys) if n_steps else int(meta["ops_done"]))
-                       - bar.n)
-            if meta["state"] == "done":
-                return
-            if meta["state"] == "failed":
-                raise _failed(meta)
-            now = time.monotonic()
-            if now >= next_check:
-                next_check = now + 1.0
-                if session.embedded is not None:
-                    session.embedded.check()
-                missing = _missing_workers(session, meta)
-                if set(missing) - warned:
-                    warned |= set(missing)
-                    print(f"graph {meta['name']!r}: {_waiting_text(missing)} (none is connected to "
-                          f"{redact(session.url)})", file=sys.stderr)
-                bar.set_postfix_str(_waiting_text(missing))
-                if meta.get("approach") == "federated":
-                    providers = federated.waiting(session.client, keys, meta)
-                    if providers and providers not in warned:
-                        warned.add(providers)
-                        print(f"graph {meta['name']!r}: {providers}", file=sys.stderr)
-                    bar.set_postfix_str(providers)
-            if deadline is not None and now >= deadline:
-                missing = _missing_workers(session, meta)
-                why = "; " + ", ".join(f"no {'GPU' if k == 'cuda' else 'CPU'} worker is running" for k in missing) \
-                    if missing else ""
-                if meta.get("approach") == "federated":
-                    why += "; " + (federated.waiting(session.client, keys, meta) or "providers are joining")
-                raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: {meta['ops_done']} of "
-                                   f"{meta['n_ops']} ops run{why}")
-            wait = POLL_SECONDS if deadline is None else max(0.001, min(POLL_SECONDS, deadline - now))
-            # Blocks until the graph ends (its events stream gets an entry) or the next refresh is due.
-            for _, entries in session.client.xread({keys.events: last_event}, block=int(wait * 1000)) or ():
-                last_event = entries[-1][0]
+            try:
+                meta = _meta(session, keys)
+                outage.ok()
+                bar.update((store_graphs.steps_done(session.client, keys) if n_steps else int(meta["ops_done"]))
+                           - bar.n)
+                if meta["state"] == "done":
+                    return
+                if meta["state"] == "failed":
+                    raise _failed(meta)
+                now = time.monotonic()
+                if now >= next_check:
+                    next_check = now + 1.0
+                    if session.embedded is not None:
+                        session.embedded.check()
+                    missing = _missing_workers(session, meta)
+                    if set(missing) - warned:
+                        warned |= set(missing)
+                        print(f"graph {meta['name']!r}: {_waiting_text(missing)} (none is connected to "
+                              f"{redact(session.url)})", file=sys.stderr)
+                    bar.set_postfix_str(_waiting_text(missing))
+                    if meta.get("approach") == "federated":
+                        providers = federated.waiting(session.client, keys, meta)
+                        if providers and providers not in warned:
+                            warned.add(providers)
+                            print(f"graph {meta['name']!r}: {providers}", file=sys.stderr)
+                        bar.set_postfix_str(providers)
+                if deadline is not None and now >= deadline:
+                    missing = _missing_workers(session, meta)
+                    why = "; " + ", ".join(f"no {'GPU' if k == 'cuda' else 'CPU'} worker is running"
+                                           for k in missing) if missing else ""
+                    if meta.get("approach") == "federated":
+                        why += "; " + (federated.waiting(session.client, keys, meta) or "providers are joining")
+                    raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: "
+                                       f"{meta['ops_done']} of {meta['n_ops']} ops run{why}")
+                wait = POLL_SECONDS if deadline is None else max(0.001, min(POLL_SECONDS, deadline - now))
+                # Blocks until the graph ends (its events stream gets an entry) or the next refresh is due.
+                for _, entries in session.client.xread({keys.events: last_event}, block=int(wait * 1000)) or ():
+                    last_event = entries[-1][0]
+            except redis.AuthenticationError:
+                raise ConnectionFailed(f"Redis at {redact(session.url)} refused this session's credentials (the "
+                                       "user was revoked?)") from None
+            except (redis.ConnectionError, redis.TimeoutError) as exc:  # a restart: the graph is in Redis
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: Redis at "
+                                       f"{redact(session.url)} is unreachable ({exc})") from None
+                time.sleep(outage.lost(exc))
 
 
 def fetch_persisting_op(op_name, wait=False, timeout=None):

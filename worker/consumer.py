@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from ravop.errors import PlanError, StoreLimitError, WireFormatError
 from ravop.loop_run import StepError
 from ravop.store import GROUP, GraphKeys, Scripts, ensure_queues, queue
+from ravop.store.connect import Outage
 from ravop.store import federated as federated_store
 from ravop.store import tensors as stored
 from ravop.store import workers as liveness
@@ -41,6 +42,11 @@ BLOCK_MS = 1000  # longest wait for new work, so a stop request is noticed withi
 
 class _MissingInput(Exception):
     pass
+
+
+# Messages that no engine sends (someone else put them on the stream): why each is dropped.
+_FORGED = {b"unknown": "subgraph {} is not in the plan of the graph the message names",
+           b"waiting": "subgraph {} is not ready (its inputs are not computed yet); the engine enqueues it then"}
 
 
 def parse_message(fields):
@@ -108,25 +114,27 @@ class Worker:
         self.heartbeat.beat()
         self.heartbeat.start()
         log.info("worker %s serving %s on %s", self.name, self.stream, self.device)
-        lost_since = None
+        outage = Outage(lambda text: log.warning("worker %s: %s", self.name, text))
         try:
             while not self.stopping.is_set():
                 try:
                     if self.provider is not None:
                         self.provider.poll()
-                    message = self._next()
+                    message = self._next(resume_own=outage.since is not None)
+                    outage.ok()
                     if message is not None:
                         self._handle(*message)
-                    lost_since = None
+                except redis.AuthenticationError as exc:  # revoked (`ravop admin worker revoke`): stop
+                    log.error("worker %s: Redis refused its credentials (%s); exiting", self.name, exc)
+                    return 1
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
-                    # The message being handled stays pending: this worker or another takes it over later.
-                    lost_since = lost_since or time.monotonic()
-                    if self.server_gone_after is not None and time.monotonic() - lost_since > self.server_gone_after:
+                    # The message being handled stays pending: this worker resumes it once the server is back.
+                    wait = outage.lost(exc)
+                    if self.server_gone_after is not None and outage.seconds() > self.server_gone_after:
                         log.error("worker %s: Redis unreachable for %.0f s (%s); exiting", self.name,
                                   self.server_gone_after, exc)
                         return 1
-                    log.warning("worker %s: Redis unreachable (%s); retrying", self.name, exc)
-                    self.stopping.wait(0.5)
+                    self.stopping.wait(wait)
                 except redis.ResponseError as exc:
                     if "NOGROUP" not in str(exc):
                         raise
@@ -137,9 +145,11 @@ class Worker:
         log.info("worker %s stopped after %d subgraphs", self.name, self.completed)
         return 0
 
-    def _next(self):
-        """(message id, fields, deliveries): work held by a dead or silent worker first, then new work."""
-        found = self.takeover.next()
+    def _next(self, resume_own=False):
+        """(message id, fields, deliveries): after a lost connection, what this worker held when it was lost;
+        then work held by a dead or silent worker, then new work."""
+        found = self.takeover.own() if resume_own else None
+        found = found or self.takeover.next()
         if found is not None:
             return found
         reply = self.client.xreadgroup(GROUP, self.name, {self.stream: ">"}, count=1, block=BLOCK_MS)
@@ -170,13 +180,15 @@ class Worker:
             self._give_up_retries(keys, subgraph_id, message_id, deliveries)
             return
         reply = self.scripts.claim(keys, subgraph_id, self.name)
+        if reply[0] in _FORGED:
+            self._give_up(keys, message_id, subgraph_id, _FORGED[reply[0]].format(subgraph_id), "forged message",
+                          fail_graph=False)
+            return
         if reply[0] != b"run":  # the graph is gone, failed or done, or this subgraph already finished
             self._ack(message_id)
             return
-        seed, data = int(reply[1]), reply[2] if len(reply) > 2 else None
+        seed, data = int(reply[1]), reply[2]
         try:
-            if data is None:
-                raise PlanError(f"subgraph {subgraph_id} is not in the graph's plan")
             subgraph = plan_pb2.Subgraph.FromString(data)
             program = check(subgraph, devices.budget(self.device, self.limit))
         except DecodeError as exc:
@@ -272,12 +284,13 @@ class Worker:
 
     # ------------------------------------------------------------------------------------------ giving up
 
-    def _give_up(self, keys, message_id, subgraph_id, error, reason, node=None, message=""):
-        """Ack the message, log it to the dead-letter stream and fail its graph (if it names one)."""
+    def _give_up(self, keys, message_id, subgraph_id, error, reason, node=None, message="", fail_graph=True):
+        """Ack the message, log it to the dead-letter stream and fail its graph (if it names one, unless
+        `fail_graph` is False)."""
         log.warning("worker %s gives up on %s: %s: %s", self.name, message_id, reason, error)
         self.scripts.fail(keys, self.stream, message_id, subgraph_id=str(subgraph_id), worker=self.name,
                           op=node.op if node is not None else "", source=node.source if node is not None else "",
-                          error=error, reason=reason, message=message)
+                          error=error, reason=reason, message=message, fail_graph=fail_graph)
 
     def _give_up_retries(self, keys, subgraph_id, message_id, deliveries):
         pipe = self.client.pipeline(transaction=False)

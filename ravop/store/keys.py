@@ -3,6 +3,8 @@
 Per token (one requester), under `ravop:{token}:`:
   graphs              zset    graph id -> creation time: the token's graphs, oldest first
   current             string  the graph id that R.track_progress and R.fetch_persisting_op use
+  banned              set     workers whose outputs disagreed with the majority (R.Graph(verify=k)): they
+                              take no more of this token's work
   g:{gid}:meta        hash    name, algorithm, approach, devices, seed, roots, state (activated, running,
                               done, failed), n_subgraphs, done_subgraphs, n_ops, ops_done, created,
                               started, finished, summary; a failed graph also has error, error_op,
@@ -82,13 +84,25 @@ def workers_set(kind):
     return f"ravop:_:workers:{kind}"
 
 
+BANNED = "banned"
+
+
+def token_prefix(namespace):
+    return f"ravop:{namespace}:"
+
+
+def graph_prefix(namespace, graph_id):
+    return f"{token_prefix(namespace)}g:{graph_id}:"
+
+
 class TokenKeys:
-    __slots__ = ("graphs", "current", "pattern")
+    __slots__ = ("graphs", "current", "banned", "pattern")
 
     def __init__(self, token):
-        base = f"ravop:{check_name(token)}:"
+        base = token_prefix(check_name(token))
         self.graphs = base + "graphs"
         self.current = base + "current"
+        self.banned = base + BANNED  # workers whose outputs disagreed with the others' (R.Graph(verify=k))
         self.pattern = base + "*"
 
 
@@ -100,7 +114,7 @@ class GraphKeys:
     def __init__(self, token, graph_id):
         self.token = check_name(token)
         self.graph_id = check_name(graph_id, "graph id")
-        self.prefix = p = f"ravop:{token}:g:{graph_id}:"
+        self.prefix = p = graph_prefix(token, graph_id)
         self.meta, self.subgraphs, self.info, self.deps = p + "meta", p + "subgraphs", p + "info", p + "deps"
         self.done, self.refs, self.persist, self.bundles = p + "done", p + "refs", p + "persist", p + "bundles"
         self.taken, self.ran, self.events, self.steps = p + "taken", p + "ran", p + "events", p + "steps"
@@ -111,3 +125,37 @@ class GraphKeys:
 
     def checkpoint(self, subgraph_id):
         return f"{self.prefix}ckpt:{subgraph_id}"
+
+
+# Key patterns of the ACL users that `ravop admin` provisions (ravop.store.access), built from the same
+# prefixes as the keys themselves so that the two cannot drift apart.
+ANY = "*"
+
+
+def token_pattern(namespace):
+    """Every key of one requester."""
+    return token_prefix(namespace) + ANY
+
+
+def graphs_pattern():
+    """Every key of every graph of every token (what workers read and write)."""
+    return graph_prefix(ANY, ANY) + ANY
+
+
+def tensors_pattern():
+    """Every stored tensor and its chunks: the graph keys a worker may delete (releasing inputs)."""
+    return graph_prefix(ANY, ANY) + "t:" + ANY
+
+
+def checkpoints_pattern():
+    return graph_prefix(ANY, ANY) + "ckpt:" + ANY
+
+
+def banned_pattern():
+    """The banned-workers set of every token."""
+    return token_prefix(ANY) + BANNED
+
+
+def shared_pattern():
+    """Every key shared by all tokens: queues, dead letters, worker liveness, federated providers."""
+    return token_prefix("_") + ANY

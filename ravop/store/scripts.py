@@ -15,7 +15,7 @@ never enqueue a subgraph twice or lose one.
 A subgraph's routing lives in its `info` entry, "device;n_ops;successor,...;input to release,...", written
 at upload, so what a completion enqueues is defined by the uploaded plan, not by the worker.
 """
-from .keys import DEAD_LETTER, GROUP, NO_GRAPH, queue
+from .keys import DEAD_LETTER, GROUP, NO_GRAPH, TokenKeys, queue
 
 _COMMON = """
 local function parse(info)
@@ -47,14 +47,21 @@ end
 return 1
 """
 
-# KEYS: meta, done, subgraphs, taken.  ARGV: subgraph id, worker.
+# KEYS: meta, done, subgraphs, taken, deps, the token's banned workers.  ARGV: subgraph id, worker.
+# Anyone who may enqueue (every requester) can put a message naming another token's graph on a stream, so
+# a message is only acted on if the plan has its subgraph and that subgraph is ready: a forged one is
+# 'unknown' or 'waiting' and cannot fail or disturb the graph it names.
 CLAIM = """
 local meta = redis.call('HMGET', KEYS[1], 'state', 'seed')
 if not meta[1] then return {'gone'} end
 if meta[1] ~= 'running' then return {meta[1]} end
 if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {'finished'} end
+local data = redis.call('HGET', KEYS[3], ARGV[1])
+if not data then return {'unknown'} end
+if tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0') > 0 then return {'waiting'} end
+if redis.call('SISMEMBER', KEYS[6], ARGV[2]) == 1 then return {'banned'} end
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
-return {'run', meta[2] or '0', redis.call('HGET', KEYS[3], ARGV[1])}
+return {'run', meta[2] or '0', data}
 """
 
 # KEYS: meta, done, info, deps, ran, refs, events, queue:cpu, queue:cuda, the message's stream.
@@ -129,7 +136,10 @@ class Scripts:
                            args=[keys.token, keys.graph_id])
 
     def claim(self, keys, subgraph_id, worker):
-        return self._claim(keys=[keys.meta, keys.done, keys.subgraphs, keys.taken], args=[subgraph_id, worker])
+        """[b'run', seed, subgraph bytes] if `worker` may run it now; else [why]: b'gone', a graph state,
+        b'finished', b'unknown' (not in the plan), b'waiting' (not ready), b'banned' (R.Graph(verify=k))."""
+        return self._claim(keys=[keys.meta, keys.done, keys.subgraphs, keys.taken, keys.deps,
+                                 TokenKeys(keys.token).banned], args=[subgraph_id, worker])
 
     def _complete_call(self, keys, subgraph_id, worker, stream, message_id):
         return ([keys.meta, keys.done, keys.info, keys.deps, keys.ran, keys.refs, keys.events, queue("cpu"),
@@ -148,9 +158,10 @@ class Scripts:
         pipe.evalsha(self._complete.sha, len(call_keys), *call_keys, *args)
 
     def fail(self, keys, stream, message_id, subgraph_id="", worker="", op="", source="", error="", reason="",
-             message=""):
-        """Dead-letter a message and fail its graph. `keys` is None for a message that names no valid graph."""
-        meta, events = (keys.meta, keys.events) if keys is not None else (NO_GRAPH, NO_GRAPH)
+             message="", fail_graph=True):
+        """Dead-letter a message and fail its graph. `keys` is None for a message that names no valid graph;
+        with `fail_graph=False` the message is logged as about that graph but the graph is left alone."""
+        meta, events = (keys.meta, keys.events) if keys is not None and fail_graph else (NO_GRAPH, NO_GRAPH)
         token, graph_id = (keys.token, keys.graph_id) if keys is not None else ("", "")
         return self._fail(keys=[meta, events, DEAD_LETTER, stream],
                           args=[message_id, GROUP, token, graph_id, subgraph_id, worker, op, source, error,
