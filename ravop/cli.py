@@ -29,7 +29,7 @@ import torch
 from . import admin, last_session, status
 from .dashboard import Dashboard
 from .errors import RavopError
-from .store import connect
+from .store import connect, token_namespace
 from .store.connect import redact, url_user
 from .store.lookup import find_graph
 
@@ -81,7 +81,7 @@ def _target(args):
             raise RavopError("no server given: pass --redis URL or set RAVOP_REDIS_URL (no embedded session of "
                              "this user was found either)")
         url, token = last["url"], token or last["token"]
-    return url, token or url_user(url) or "local"
+    return url, token_namespace(token or url_user(url) or "local")
 
 
 # ------------------------------------------------------------------------------------------------ output

@@ -15,19 +15,20 @@ from .keys import (ANY, DEAD_LETTER, banned_pattern, checkpoints_pattern, graphs
                    tensors_pattern, token_pattern, worker_key, workers_set)
 from .worker_info import info_key
 
-# Commands without keys that any of our clients sends: connection setup (redis-py's AUTH, SELECT, CLIENT
+# Commands without keys that our clients send: connection setup (redis-py's AUTH, SELECT, CLIENT
 # SETINFO) and the scripts (loaded by SHA, EVAL as the fallback). `info` gives maxmemory and used memory,
 # checked before big writes (ravop.store.tensors); CONFIG is not granted: CONFIG GET reveals passwords.
-_CONNECTION = ["+ping", "+hello", "+auth", "+select", "+echo", "+quit", "+reset", "+client|setinfo",
-               "+client|setname", "+client|getname", "+client|id", "+info",
-               "+multi", "+exec", "+discard", "+watch", "+unwatch",
-               "+eval", "+evalsha", "+script|load", "+script|exists"]
+# Granted after _DATA, since INFO is in @dangerous.
+_KEYLESS = ["+ping", "+hello", "+auth", "+select", "+echo", "+quit", "+reset", "+client|setinfo",
+            "+client|setname", "+client|getname", "+client|id", "+info",
+            "+multi", "+exec", "+discard", "+watch", "+unwatch",
+            "+eval", "+evalsha", "+script|load", "+script|exists", "+time"]
 _DATA = ["+@read", "+@write", "-@dangerous", "-@admin", "-function", "-keys", "-randomkey", "-move", "-copy"]
 
 
 def requester_rules(namespace):
     """ACL SETUSER arguments (after the name) that confine a requester to token `namespace`."""
-    return ["resetkeys", "resetchannels", "-@all", *_CONNECTION, *_DATA,
+    return ["resetkeys", "resetchannels", "-@all", *_DATA, *_KEYLESS,
             f"~{token_pattern(namespace)}",
             f"%RW~{queue(ANY)}", f"%RW~{OPEN}",          # start a graph; open a federated one to providers
             f"%W~{DEAD_LETTER}",                          # `ravop cancel` logs why its graph ended
@@ -38,7 +39,7 @@ def requester_rules(namespace):
 def worker_rules():
     """ACL SETUSER arguments (after the name) of a worker."""
     deletable = [tensors_pattern(), checkpoints_pattern(), worker_key(ANY), info_key(ANY), provider_key(ANY)]
-    return ["resetkeys", "resetchannels", "-@all", *_CONNECTION, *_DATA,
+    return ["resetkeys", "resetchannels", "-@all", *_DATA, *_KEYLESS,
             "-scan", "-del", "-unlink", "-xtrim", "-xgroup|destroy", "-xgroup|setid",
             f"~{graphs_pattern()}", f"~{shared_pattern()}", f"%R~{banned_pattern()}",
             "(+del +unlink " + " ".join(f"~{pattern}" for pattern in deletable) + ")",

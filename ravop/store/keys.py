@@ -48,8 +48,10 @@ def check_name(value, what="token"):
     """A token or graph id: 1-64 letters, digits, '_', '.', '-', starting with a letter or digit (so it is
     safe in key names and in SCAN patterns)."""
     if not isinstance(value, str) or not _NAME.match(value):
+        # A long value may be a secret (a JWT given where a name belongs): never echo it.
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 64 else f"a {len(value)}-character string"
         raise ValueError(f"{what} must be 1-64 letters, digits, '_', '.' or '-' starting with a letter or "
-                         f"digit, not {value!r}")
+                         f"digit, not {shown}")
     return value
 
 

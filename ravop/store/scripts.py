@@ -15,7 +15,7 @@ never enqueue a subgraph twice or lose one.
 A subgraph's routing lives in its `info` entry, "device;n_ops;successor,...;input to release,...", written
 at upload, so what a completion enqueues is defined by the uploaded plan, not by the worker.
 """
-from .keys import DEAD_LETTER, GROUP, NO_GRAPH, TokenKeys, queue
+from .keys import DEAD_LETTER, GROUP, NO_GRAPH, queue
 
 _COMMON = """
 local function parse(info)
@@ -47,7 +47,7 @@ end
 return 1
 """
 
-# KEYS: meta, done, subgraphs, taken, deps, the token's banned workers.  ARGV: subgraph id, worker.
+# KEYS: meta, done, subgraphs, taken, deps.  ARGV: subgraph id, worker.
 # Anyone who may enqueue (every requester) can put a message naming another token's graph on a stream, so
 # a message is only acted on if the plan has its subgraph and that subgraph is ready: a forged one is
 # 'unknown' or 'waiting' and cannot fail or disturb the graph it names.
@@ -59,7 +59,6 @@ if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {'finished'} end
 local data = redis.call('HGET', KEYS[3], ARGV[1])
 if not data then return {'unknown'} end
 if tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0') > 0 then return {'waiting'} end
-if redis.call('SISMEMBER', KEYS[6], ARGV[2]) == 1 then return {'banned'} end
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
 return {'run', meta[2] or '0', data}
 """
@@ -137,9 +136,9 @@ class Scripts:
 
     def claim(self, keys, subgraph_id, worker):
         """[b'run', seed, subgraph bytes] if `worker` may run it now; else [why]: b'gone', a graph state,
-        b'finished', b'unknown' (not in the plan), b'waiting' (not ready), b'banned' (R.Graph(verify=k))."""
-        return self._claim(keys=[keys.meta, keys.done, keys.subgraphs, keys.taken, keys.deps,
-                                 TokenKeys(keys.token).banned], args=[subgraph_id, worker])
+        b'finished', b'unknown' (not in the plan), b'waiting' (not ready)."""
+        return self._claim(keys=[keys.meta, keys.done, keys.subgraphs, keys.taken, keys.deps],
+                           args=[subgraph_id, worker])
 
     def _complete_call(self, keys, subgraph_id, worker, stream, message_id):
         return ([keys.meta, keys.done, keys.info, keys.deps, keys.ran, keys.refs, keys.events, queue("cpu"),
