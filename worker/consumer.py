@@ -184,6 +184,10 @@ class Worker:
             self._give_up(keys, message_id, subgraph_id, _FORGED[reply[0]].format(subgraph_id), "forged message",
                           fail_graph=False)
             return
+        if reply[0] == b"gone":  # flushed since it was queued, or never there: logged, for an operator
+            self._give_up(keys, message_id, subgraph_id, f"graph {keys.graph_id} of token {keys.token} is not in "
+                          "Redis", "no such graph", fail_graph=False)
+            return
         if reply[0] != b"run":  # the graph is gone, failed or done, or this subgraph already finished
             self._ack(message_id)
             return
