@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from ravop.errors import PlanError, StoreLimitError, WireFormatError
 from ravop.loop_run import StepError
-from ravop.store import GROUP, GraphKeys, Scripts, ensure_queues, queue
+from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, ensure_queues, queue
 from ravop.store.connect import Outage
 from ravop.store import federated as federated_store
 from ravop.store import tensors as stored
@@ -28,7 +28,7 @@ from ravop.store import workers as liveness
 from ravop.wire import plan_pb2, unpack_nodes
 
 from . import device as devices
-from . import memory
+from . import memory, verify
 from .cache import TensorCache
 from .heartbeat import Heartbeat
 from .loop import CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, run_loop
@@ -38,6 +38,8 @@ from .validate import check
 
 log = logging.getLogger("ravop.worker")
 BLOCK_MS = 1000  # longest wait for new work, so a stop request is noticed within a second
+BAN_CHECK_SECONDS = 2.0  # how stale this worker's knowledge of a requester banning it may be
+PASS_ON_SECONDS = 0.2    # after putting back a message this worker may not run, before taking the next
 
 
 class _MissingInput(Exception):
@@ -67,7 +69,7 @@ class Worker:
     def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
                  max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
                  max_memory_bytes=None, provider=None, checkpoint_steps=CHECKPOINT_STEPS,
-                 checkpoint_seconds=CHECKPOINT_SECONDS):
+                 checkpoint_seconds=CHECKPOINT_SECONDS, wrong_outputs=False):
         if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
                              f"{dead_after} and {max_attempts}")
@@ -98,6 +100,8 @@ class Worker:
                                    self.stopping, parent_pid, provider.data.names() if provider is not None else None,
                                    info=self._advertised())
         self.completed = 0
+        self._bans = {}  # token -> (when to look again, whether it banned this worker)
+        self.wrong_outputs = wrong_outputs  # tests only: perturb every output (worker/verify.py)
 
     def _advertised(self):
         """What `ravop status` shows of this worker besides its state (`ravop.store.worker_info`)."""
@@ -168,16 +172,19 @@ class Worker:
                           message=repr(fields)[:300])
             return
         try:
-            self._run_message(keys, subgraph_id, message_id, deliveries)
+            self._run_message(keys, subgraph_id, message_id, deliveries, fields)
         except (redis.ConnectionError, redis.TimeoutError):
             raise
         except Exception as exc:  # unforeseen (a bug, or a hostile value): give up on this message, keep serving
             log.exception("worker %s: subgraph %s of graph %s", self.name, subgraph_id, keys.graph_id)
             self._give_up(keys, message_id, subgraph_id, f"{type(exc).__name__}: {exc}", "worker error")
 
-    def _run_message(self, keys, subgraph_id, message_id, deliveries):
+    def _run_message(self, keys, subgraph_id, message_id, deliveries, fields):
         if deliveries > self.max_attempts:
             self._give_up_retries(keys, subgraph_id, message_id, deliveries)
+            return
+        if self._banned(keys.token):
+            self._pass_on(message_id, fields)
             return
         reply = self.scripts.claim(keys, subgraph_id, self.name)
         if reply[0] in _FORGED:
@@ -191,7 +198,12 @@ class Worker:
         if reply[0] != b"run":  # the graph is gone, failed or done, or this subgraph already finished
             self._ack(message_id)
             return
-        seed, data = int(reply[1]), reply[2]
+        seed, data, copies = int(reply[1]), reply[2], int(reply[3])
+        if copies > 1:
+            votes = self.client.hgetall(keys.votes(subgraph_id))
+            if self.name.encode() in votes and len(votes) < copies:
+                self._pass_on(message_id, fields)  # this worker ran it already: another one must
+                return
         try:
             subgraph = plan_pb2.Subgraph.FromString(data)
             program = check(subgraph, devices.budget(self.device, self.limit))
@@ -210,6 +222,10 @@ class Worker:
                                    self.checkpoint_steps, self.checkpoint_seconds)
             else:
                 outputs = run(program, inputs, seed, self.device, self.memory_budget)
+            if self.wrong_outputs:
+                outputs = verify.perturb(outputs)
+            if copies > 1 and not self._verified(keys, subgraph_id, message_id, outputs, copies, program):
+                return
             self._finish(keys, subgraph_id, message_id, outputs)
             if subgraph.HasField("loop"):
                 self.client.delete(keys.checkpoint(subgraph_id))
@@ -286,13 +302,59 @@ class Worker:
             self.cache.put(keys.tensor(i), tensor.contiguous())
         self.completed += 1
 
+    # ------------------------------------------------------------------------------------------ verification
+
+    def _banned(self, token):
+        """Whether a requester's graph banned this worker (R.Graph(verify=k)); looked up at most every
+        BAN_CHECK_SECONDS per token, so that checking costs no round trip per subgraph."""
+        now = time.monotonic()
+        cached = self._bans.get(token)
+        if cached is None or cached[0] < now:
+            if len(self._bans) > 1000:
+                self._bans.clear()
+            cached = self._bans[token] = (now + BAN_CHECK_SECONDS,
+                                          bool(self.client.sismember(TokenKeys(token).banned, self.name)))
+        return cached[1]
+
+    def _pass_on(self, message_id, fields):
+        """Put the message back at the end of the stream for another worker, and give them a moment to take it."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xadd(self.stream, fields)
+        pipe.xack(self.stream, GROUP, message_id)
+        pipe.xdel(self.stream, message_id)
+        pipe.execute()
+        self.stopping.wait(PASS_ON_SECONDS)
+
+    def _verified(self, keys, subgraph_id, message_id, outputs, copies, program):
+        """Vote with these outputs. True if this worker should store them and complete the subgraph (the
+        votes are in and agree); otherwise the message is acked: a vote still missing, or a disagreement,
+        which fails the graph naming the workers and bans those a majority outvoted."""
+        votes = self.scripts.vote(keys, subgraph_id, self.name, verify.digest(outputs), copies)
+        if not votes:
+            self._ack(message_id)   # counted; the last of the k workers stores the outputs
+            return False
+        if len(set(votes.values())) == 1:
+            return True
+        agreeing, outvoted = verify.tally(votes)
+        if outvoted:
+            self.client.sadd(TokenKeys(keys.token).banned, *outvoted)
+            who = f"{', '.join(agreeing)} agree; {', '.join(outvoted)} differ (banned from this token's work)"
+        else:
+            who = f"no majority among {', '.join(sorted(votes))}"
+        node = program.steps[0] if program.steps else None
+        self._give_up(keys, message_id, subgraph_id, f"verification failed: subgraph {subgraph_id} gave different "
+                      f"outputs on different workers: {who}", "verification failed", node,
+                      worker=",".join(outvoted or sorted(votes)))
+        return False
+
     # ------------------------------------------------------------------------------------------ giving up
 
-    def _give_up(self, keys, message_id, subgraph_id, error, reason, node=None, message="", fail_graph=True):
+    def _give_up(self, keys, message_id, subgraph_id, error, reason, node=None, message="", fail_graph=True,
+                 worker=None):
         """Ack the message, log it to the dead-letter stream and fail its graph (if it names one, unless
-        `fail_graph` is False)."""
+        `fail_graph` is False), naming `worker` (default: this one)."""
         log.warning("worker %s gives up on %s: %s: %s", self.name, message_id, reason, error)
-        self.scripts.fail(keys, self.stream, message_id, subgraph_id=str(subgraph_id), worker=self.name,
+        self.scripts.fail(keys, self.stream, message_id, subgraph_id=str(subgraph_id), worker=worker or self.name,
                           op=node.op if node is not None else "", source=node.source if node is not None else "",
                           error=error, reason=reason, message=message, fail_graph=fail_graph)
 

@@ -5,7 +5,7 @@ Per token (one requester), under `ravop:{token}:`:
   current             string  the graph id that R.track_progress and R.fetch_persisting_op use
   banned              set     workers whose outputs disagreed with the majority (R.Graph(verify=k)): they
                               take no more of this token's work
-  g:{gid}:meta        hash    name, algorithm, approach, devices, seed, roots, state (activated, running,
+  g:{gid}:meta        hash    name, algorithm, approach, devices, seed, verify, roots, state (activated, running,
                               done, failed), n_subgraphs, done_subgraphs, n_ops, ops_done, created,
                               started, finished, summary; a failed graph also has error, error_op,
                               error_source, error_worker, error_subgraph
@@ -22,6 +22,7 @@ Per token (one requester), under `ravop:{token}:`:
   g:{gid}:events      stream  one entry when the graph ends (done or failed), for trackers to block on
   g:{gid}:steps       hash    loop subgraph id -> its steps done (written as the loop runs)
   g:{gid}:ckpt:{sid}  hash    a running loop's checkpoint: step (steps done), c0, c1, ... (carried tensors)
+  g:{gid}:votes:{sid} hash    R.Graph(verify=k): worker -> digest of its outputs of the subgraph
   g:{gid}:t:{node}    string  a tensor (ravop.wire.codec)
   g:{gid}:t:{node}:c  hash    chunk index -> raw data of a tensor too big for one value (ravop.store.tensors)
 Shared by all tokens, under `ravop:_:` (a token starts with a letter or a digit, so it cannot collide):
@@ -127,6 +128,9 @@ class GraphKeys:
 
     def checkpoint(self, subgraph_id):
         return f"{self.prefix}ckpt:{subgraph_id}"
+
+    def votes(self, subgraph_id):
+        return f"{self.prefix}votes:{subgraph_id}"
 
 
 # Key patterns of the ACL users that `ravop admin` provisions (ravop.store.access), built from the same
