@@ -201,8 +201,8 @@ class Worker:
         seed, data, copies = int(reply[1]), reply[2], int(reply[3])
         if copies > 1:
             votes = self.client.hgetall(keys.votes(subgraph_id))
-            if self.name.encode() in votes and len(votes) < copies:
-                self._pass_on(message_id, fields)  # this worker ran it already: another one must
+            if (self.name.encode() in votes and len(votes) < copies) or self._banned(keys.token, fresh=True):
+                self._pass_on(message_id, fields)  # this worker ran it already (another one must), or is banned
                 return
         try:
             subgraph = plan_pb2.Subgraph.FromString(data)
@@ -304,12 +304,13 @@ class Worker:
 
     # ------------------------------------------------------------------------------------------ verification
 
-    def _banned(self, token):
-        """Whether a requester's graph banned this worker (R.Graph(verify=k)); looked up at most every
-        BAN_CHECK_SECONDS per token, so that checking costs no round trip per subgraph."""
+    def _banned(self, token, fresh=False):
+        """Whether a requester's graph banned this worker (R.Graph(verify=k)). Looked up at most every
+        BAN_CHECK_SECONDS per token, so that checking costs no round trip per subgraph, unless `fresh`
+        (a verified graph's subgraph, which costs k runs anyway)."""
         now = time.monotonic()
         cached = self._bans.get(token)
-        if cached is None or cached[0] < now:
+        if fresh or cached is None or cached[0] < now:
             if len(self._bans) > 1000:
                 self._bans.clear()
             cached = self._bans[token] = (now + BAN_CHECK_SECONDS,
