@@ -196,3 +196,22 @@ def test_a_token_that_is_a_secret_is_never_printed(server, workers, capsys):
     assert "jwt-graph" in shown and jwt not in shown and "x" * 64 not in shown
     R.flush()
     client.close()
+
+
+def test_a_token_user_gets_the_server_limit_before_writing(server, users):
+    """A token user may not read the server's settings (CONFIG), yet an upload over maxmemory is refused
+    with the numbers before anything is written (they come from INFO)."""
+    names, urls, _ = users
+    admin = redis.Redis.from_url(server.url)
+    old = admin.config_get("maxmemory")["maxmemory"]
+    admin.config_set("maxmemory", int(admin.info("memory")["used_memory"]) + 4 * 2**20)
+    try:
+        R.initialize(redis_url=urls["b"])
+        R.Graph(name="too-big")
+        (R.t(torch.zeros(2**21)) + 1).persist_op("y")  # 8 MiB
+        with pytest.raises(R.StoreLimitError, match=r"the graph's constants need 8\.0 MiB .* maxmemory"):
+            R.activate()
+    finally:
+        admin.config_set("maxmemory", old)
+    assert not list(admin.scan_iter(match=f"ravop:{names['b']}:*"))
+    admin.close()
