@@ -15,7 +15,7 @@ from ravop.errors import ConnectionFailed
 from ravop.store import DEAD_LETTER, GraphKeys, TokenKeys, queue
 
 from conftest import Workers
-from test_cli import ravop
+from test_cli import ravop, train_small_model
 from tls_proxy import TlsProxy, self_signed_certificate
 
 
@@ -215,3 +215,21 @@ def test_a_token_user_gets_the_server_limit_before_writing(server, users):
         admin.config_set("maxmemory", old)
     assert not list(admin.scan_iter(match=f"ravop:{names['b']}:*"))
     admin.close()
+
+
+def test_training_runs_under_acl_users(server, users):
+    """A fit (a training loop: checkpoints, progress, persisted losses, released inputs) as a token user, on a
+    worker user: everything the protocol writes and deletes is within their rules."""
+    names, urls, pool = users
+    session = R.initialize(redis_url=urls["a"])
+    X = train_small_model()
+    assert R.fetch_persisting_op("prediction").shape == (len(X), 1)
+    assert R.fetch_persisting_op("training_loss_epoch_2_batch_3").numel() == 1
+    keys = session.keys()
+    admin = redis.Redis.from_url(server.url)
+    assert not list(admin.scan_iter(match=keys.checkpoint("*")))   # the worker deleted its checkpoint
+    admin.close()
+    [worker] = pool.procs
+    assert "Error" not in pool.log(worker)
+    status = json.loads(ravop("status", "--redis", urls["a"], "--json").stdout)   # heartbeats got through
+    assert [w["device"] for w in status["workers"] if w["name"] == worker] == ["cpu"]
