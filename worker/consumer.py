@@ -195,7 +195,7 @@ class Worker:
             self._give_up(keys, message_id, subgraph_id, f"graph {keys.graph_id} of token {keys.token} is not in "
                           "Redis", "no such graph", fail_graph=False)
             return
-        if reply[0] != b"run":  # the graph is gone, failed or done, or this subgraph already finished
+        if reply[0] != b"run":  # the graph failed or is done, or this subgraph already finished
             self._ack(message_id)
             return
         seed, data, copies = int(reply[1]), reply[2], int(reply[3])
