@@ -25,7 +25,7 @@ import torch
 
 import ravop as R
 from ravop.embedded import LocalServer, start_worker
-from ravop.store import DEAD_LETTER, GraphKeys, Scripts, connect, graphs, queue
+from ravop.store import DEAD_LETTER, GraphKeys, Scripts, connect, graphs, queue, worker_info
 from ravop.store.keys import worker_key
 from ravop.wire import NodeRow, encode_tensor, pack_nodes, plan_pb2
 
@@ -214,6 +214,7 @@ class Report:
         self.outcomes = Counter()        # (kind, reason or "ran") -> cases
         self.problems = []               # what went wrong: lost messages, hangs
         self.seconds = 0.0
+        self.peak_rss = 0                # the largest resident size a worker advertised meanwhile (bytes)
 
     def table(self):
         lines = [f"{'kind':32} {'cases':>6}  outcome (dead-letter reason: cases)"]
@@ -223,7 +224,7 @@ class Report:
             lines.append(f"{kind:32} {n:>6}  {outcome}")
         total = sum(self.cases.values())
         lines.append(f"{'all':32} {total:>6}  in {self.seconds:.1f} s ({total / max(self.seconds, 1e-9):.0f}/s); "
-                     f"problems: {len(self.problems)}")
+                     f"peak worker RSS {self.peak_rss / 2**20:.0f} MiB; problems: {len(self.problems)}")
         return "\n".join(lines + [f"  PROBLEM: {p}" for p in self.problems[:20]])
 
 
@@ -291,6 +292,7 @@ def _wait_for_drain(client, report, stall_seconds):
     stream = queue("cpu")
     last, since = None, time.monotonic()
     while True:
+        report.peak_rss = max([report.peak_rss] + [w.get("rss", 0) for w in worker_info.read_all(client)])
         left = client.xlen(stream) + client.xpending(stream, "workers")["pending"]
         if left == 0:
             return
@@ -336,7 +338,7 @@ def main(argv=None):
             report.problems.append("the valid graph after the fuzz gave a wrong result")
         print(report.table())
         print(json.dumps({"cases": sum(report.cases.values()), "problems": len(report.problems),
-                          "seconds": round(report.seconds, 1)}))
+                          "seconds": round(report.seconds, 1), "peak_worker_rss_mib": report.peak_rss >> 20}))
         return 1 if report.problems else 0
     finally:
         for proc in procs.values():

@@ -24,4 +24,5 @@ def test_hostile_input_is_dead_lettered_and_the_workers_go_on(engine, workers, c
     assert sum(n for (kind, _), n in report.outcomes.items() if kind == RAW) == \
         sum(report.cases[kind] for kind in MESSAGE_KINDS)
     assert all(workers.alive(name) for name in names)
+    assert 0 < report.peak_rss < 1 << 30   # what the workers advertised while at it: within their budget
     assert_a_valid_graph_runs()
