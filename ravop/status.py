@@ -6,7 +6,7 @@ import time
 import networkx as nx
 import redis
 
-from .store import DEAD_LETTER, Scripts, queue
+from .store import DEAD_LETTER, Scripts
 from .store import graphs as store_graphs
 from .store import worker_info
 
@@ -106,7 +106,9 @@ def failures(client, keys):
                                               ("subgraph", "reason", "op", "source", "worker", "error")}})
     meta = store_graphs.read_state(client, keys)
     if meta.get("state") == "failed" and not any(f["error"] == meta.get("error") for f in found):
-        found.append({"time": None, "subgraph": meta.get("error_subgraph", ""), "reason": "graph failed",
+        finished = client.hget(keys.meta, "finished")
+        found.append({"time": float(finished) if finished else None, "subgraph": meta.get("error_subgraph", ""),
+                      "reason": "cancelled" if meta.get("error") == CANCELLED else "graph failed",
                       "op": meta.get("error_op", ""), "source": meta.get("error_source", ""),
                       "worker": meta.get("error_worker", ""), "error": meta.get("error", "")})
     return found
@@ -121,4 +123,4 @@ def cancel(client, keys):
     False if it had already ended."""
     if store_graphs.read_state(client, keys).get("state") not in ("activated", "running"):
         return False  # done, failed or gone: nothing to stop, and nothing to log as cancelled
-    return bool(Scripts(client).fail(keys, queue("cpu"), "", error=CANCELLED, reason="cancelled"))
+    return bool(Scripts(client).cancel(keys, CANCELLED))

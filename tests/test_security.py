@@ -105,6 +105,9 @@ def test_tokens_see_only_their_own_graphs(server, users, capsys):
     assert dead[b"reason"] == b"forged message", dead
     assert b"not in the plan" in dead[b"error"]
     assert admin.hget(waiting.meta, "state") == b"running"
+    assert ravop("cancel", waiting.graph_id, "--redis", urls["b"], check=False).returncode != 0
+    assert "cancelled" in ravop("cancel", waiting.graph_id, "--redis", urls["a"]).stdout   # only its owner can
+    assert admin.hget(waiting.meta, "state") == b"failed"
     admin.close()
     thief.close()
 

@@ -13,6 +13,7 @@ never enqueue a subgraph twice or lose one.
             its last subgraph.
 - fail:     ack the message, log it to the dead-letter stream, and fail its graph with the op, error,
             source line and worker (only the first failure is kept: later ones are its consequences).
+- cancel:   fail a graph on its requester's word, without a dead letter.
 
 A subgraph's routing lives in its `info` entry, "device;n_ops;successor,...;input to release,...", written
 at upload, so what a completion enqueues is defined by the uploaded plan, not by the worker.
@@ -117,6 +118,15 @@ end
 return 1
 """
 
+_FAIL_GRAPH = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'running' and state ~= 'activated' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'failed', 'finished', now(), 'error', ARGV[9], 'error_op', ARGV[7],
+           'error_source', ARGV[8], 'error_worker', ARGV[6], 'error_subgraph', ARGV[5])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', 16, '*', 'state', 'failed')
+return 1
+"""
+
 # KEYS: meta, events, dead letters, the message's stream.
 # ARGV: message id, group, token, graph id, subgraph id, worker, op, source, error, reason, message.
 FAIL = _COMMON + """
@@ -127,13 +137,11 @@ end
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'token', ARGV[3], 'graph', ARGV[4], 'subgraph', ARGV[5],
            'worker', ARGV[6], 'op', ARGV[7], 'source', ARGV[8], 'error', ARGV[9], 'reason', ARGV[10],
            'message', ARGV[11])
-local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'running' and state ~= 'activated' then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'failed', 'finished', now(), 'error', ARGV[9], 'error_op', ARGV[7],
-           'error_source', ARGV[8], 'error_worker', ARGV[6], 'error_subgraph', ARGV[5])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', 16, '*', 'state', 'failed')
-return 1
-"""
+""" + _FAIL_GRAPH
+
+# KEYS: meta, events.  ARGV: as FAIL's. Ends the graph without a dead letter: what a requester may do to its
+# own graph (`ravop cancel`); the dead-letter stream, which holds every token's failures, is the workers'.
+CANCEL = _COMMON + _FAIL_GRAPH
 
 
 class Scripts:
@@ -145,6 +153,7 @@ class Scripts:
         self._complete = client.register_script(COMPLETE)
         self._fail = client.register_script(FAIL)
         self._vote = client.register_script(VOTE)
+        self._cancel = client.register_script(CANCEL)
 
     def start(self, keys):
         """1 if the graph started now, 0 if it had already started; ResponseError NOGRAPH if it is gone."""
@@ -156,6 +165,11 @@ class Scripts:
         b'finished', b'unknown' (not in the plan), b'waiting' (not ready)."""
         return self._claim(keys=[keys.meta, keys.done, keys.subgraphs, keys.taken, keys.deps],
                            args=[subgraph_id, worker])
+
+    def cancel(self, keys, error):
+        """Fail an activated or running graph with `error`; 1 if it was, 0 if it had already ended."""
+        return self._cancel(keys=[keys.meta, keys.events], args=["", "", keys.token, keys.graph_id, "", "", "", "",
+                                                                 error])
 
     def vote(self, keys, subgraph_id, worker, digest, copies):
         """{worker: digest} once `copies` workers have voted on the subgraph's outputs, else {}."""
