@@ -297,7 +297,7 @@ def track_progress(progress_bar=True, timeout=None):
     try:
         if session.embedded is not None:
             session.embedded.wait_ready(session.client)
-        _track(session, keys, meta, progress_bar, timeout, tqdm)
+        _track_through_outages(session, keys, meta, progress_bar, timeout, tqdm)
     except KeyboardInterrupt:
         # A plain KeyboardInterrupt (`except KeyboardInterrupt` still works, and uncaught it exits as Ctrl-C
         # does: Python only does that for the exact class), marked so that uncaught it prints one line
@@ -342,10 +342,31 @@ def _interrupted_text(session, keys):
     return f"interrupted R.track_progress() of graph {where}: {fate}"
 
 
+def _track_through_outages(session, keys, meta, progress_bar, timeout, tqdm):
+    """`_track`, again after a lost connection (a server restart: the graph is in Redis), with backoff and one
+    line when the server is lost and when it answers again. A refused login (a revoked user) ends it."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    outage = Outage(lambda text: print(f"graph {meta['name']!r}: {text}", file=sys.stderr))
+    while True:
+        try:
+            if outage.since is not None:
+                session.client.ping()
+                outage.ok()
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return _track(session, keys, meta, progress_bar, left, tqdm)
+        except redis.AuthenticationError:
+            raise ConnectionFailed(f"Redis at {redact(session.url)} refused this session's credentials (the "
+                                   "user was revoked?)") from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: Redis at "
+                                   f"{redact(session.url)} is unreachable ({exc})") from None
+            time.sleep(outage.lost(exc))
+
+
 def _track(session, keys, meta, progress_bar, timeout, tqdm):
     deadline = None if timeout is None else time.monotonic() + timeout
     last_event, warned, next_check = "0-0", set(), 0.0
-    outage = Outage(lambda text: print(f"graph {meta['name']!r}: {text}", file=sys.stderr))
     n_steps = int(meta.get("n_steps") or 0)
     # initial=: work done before the bar appeared is not counted in its rate (it would read millions of ops/s).
     with tqdm(total=n_steps or int(meta["n_ops"]),
@@ -353,52 +374,42 @@ def _track(session, keys, meta, progress_bar, timeout, tqdm):
               unit="step" if n_steps else "op", desc=meta["name"],
               disable=not progress_bar, file=sys.stderr) as bar:
         while True:
-            try:
-                meta = _meta(session, keys)
-                outage.ok()
-                bar.update((store_graphs.steps_done(session.client, keys) if n_steps else int(meta["ops_done"]))
-                           - bar.n)
-                if meta["state"] == "done":
-                    return
-                if meta["state"] == "failed":
-                    raise _failed(meta)
-                now = time.monotonic()
-                if now >= next_check:
-                    next_check = now + 1.0
-                    if session.embedded is not None:
-                        session.embedded.check()
-                    missing = _missing_workers(session, meta)
-                    if set(missing) - warned:
-                        warned |= set(missing)
-                        print(f"graph {meta['name']!r}: {_waiting_text(missing)} (none is connected to "
-                              f"{redact(session.url)})", file=sys.stderr)
-                    bar.set_postfix_str(_waiting_text(missing))
-                    if meta.get("approach") == "federated":
-                        providers = federated.waiting(session.client, keys, meta)
-                        if providers and providers not in warned:
-                            warned.add(providers)
-                            print(f"graph {meta['name']!r}: {providers}", file=sys.stderr)
-                        bar.set_postfix_str(providers)
-                if deadline is not None and now >= deadline:
-                    missing = _missing_workers(session, meta)
-                    why = "; " + ", ".join(f"no {'GPU' if k == 'cuda' else 'CPU'} worker is running"
-                                           for k in missing) if missing else ""
-                    if meta.get("approach") == "federated":
-                        why += "; " + (federated.waiting(session.client, keys, meta) or "providers are joining")
-                    raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: "
-                                       f"{meta['ops_done']} of {meta['n_ops']} ops run{why}")
-                wait = POLL_SECONDS if deadline is None else max(0.001, min(POLL_SECONDS, deadline - now))
-                # Blocks until the graph ends (its events stream gets an entry) or the next refresh is due.
-                for _, entries in session.client.xread({keys.events: last_event}, block=int(wait * 1000)) or ():
-                    last_event = entries[-1][0]
-            except redis.AuthenticationError:
-                raise ConnectionFailed(f"Redis at {redact(session.url)} refused this session's credentials (the "
-                                       "user was revoked?)") from None
-            except (redis.ConnectionError, redis.TimeoutError) as exc:  # a restart: the graph is in Redis
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: Redis at "
-                                       f"{redact(session.url)} is unreachable ({exc})") from None
-                time.sleep(outage.lost(exc))
+            meta = _meta(session, keys)
+            bar.update((store_graphs.steps_done(session.client, keys) if n_steps else int(meta["ops_done"]))
+                       - bar.n)
+            if meta["state"] == "done":
+                return
+            if meta["state"] == "failed":
+                raise _failed(meta)
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + 1.0
+                if session.embedded is not None:
+                    session.embedded.check()
+                missing = _missing_workers(session, meta)
+                if set(missing) - warned:
+                    warned |= set(missing)
+                    print(f"graph {meta['name']!r}: {_waiting_text(missing)} (none is connected to "
+                          f"{redact(session.url)})", file=sys.stderr)
+                bar.set_postfix_str(_waiting_text(missing))
+                if meta.get("approach") == "federated":
+                    providers = federated.waiting(session.client, keys, meta)
+                    if providers and providers not in warned:
+                        warned.add(providers)
+                        print(f"graph {meta['name']!r}: {providers}", file=sys.stderr)
+                    bar.set_postfix_str(providers)
+            if deadline is not None and now >= deadline:
+                missing = _missing_workers(session, meta)
+                why = "; " + ", ".join(f"no {'GPU' if k == 'cuda' else 'CPU'} worker is running" for k in missing) \
+                    if missing else ""
+                if meta.get("approach") == "federated":
+                    why += "; " + (federated.waiting(session.client, keys, meta) or "providers are joining")
+                raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: {meta['ops_done']} of "
+                                   f"{meta['n_ops']} ops run{why}")
+            wait = POLL_SECONDS if deadline is None else max(0.001, min(POLL_SECONDS, deadline - now))
+            # Blocks until the graph ends (its events stream gets an entry) or the next refresh is due.
+            for _, entries in session.client.xread({keys.events: last_event}, block=int(wait * 1000)) or ():
+                last_event = entries[-1][0]
 
 
 def fetch_persisting_op(op_name, wait=False, timeout=None):
