@@ -122,7 +122,8 @@ def test_a_worker_user_cannot_flush_list_or_delete_graphs(server, users):
     denied = redis.exceptions.NoPermissionError
     for attempt in (lambda: worker.flushdb(), lambda: worker.flushall(), lambda: worker.keys("*"),
                     lambda: worker.scan(0), lambda: worker.delete(keys.meta), lambda: worker.unlink(keys.subgraphs),
-                    lambda: worker.delete(TokenKeys(names["a"]).graphs), lambda: worker.get(TokenKeys(names["a"]).current),
+                    lambda: worker.delete(TokenKeys(names["a"]).graphs),
+                    lambda: worker.get(TokenKeys(names["a"]).current),
                     lambda: worker.xtrim(queue("cpu"), 0), lambda: worker.xgroup_destroy(queue("cpu"), "workers"),
                     lambda: worker.srem(TokenKeys(names["a"]).banned, names["w"]),
                     lambda: worker.execute_command("ACL", "LIST"), lambda: worker.config_set("maxmemory", "1")):
