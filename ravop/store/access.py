@@ -15,11 +15,11 @@ from .keys import (ANY, banned_pattern, checkpoints_pattern, graphs_pattern, que
                    tensors_pattern, token_pattern, worker_key, workers_set)
 from .worker_info import info_key
 
-# Commands without keys that our clients send: connection setup (redis-py's AUTH, SELECT, CLIENT
-# SETINFO) and the scripts (loaded by SHA, EVAL as the fallback). `info` gives maxmemory and used memory,
-# checked before big writes (ravop.store.tensors); CONFIG is not granted: CONFIG GET reveals passwords.
-# Granted after _DATA, since INFO is in @dangerous.
-_KEYLESS = ["+ping", "+hello", "+auth", "+select", "+echo", "+quit", "+reset", "+client|setinfo",
+# Commands without keys that our clients send: connection setup (redis-py's AUTH, SELECT; not CLIENT SETINFO,
+# which Redis 7.0 does not know and redis-py does without) and the scripts (loaded by SHA, EVAL as the
+# fallback). `info` gives maxmemory and used memory, checked before big writes (ravop.store.tensors); CONFIG
+# is not granted: CONFIG GET reveals passwords. Granted after _DATA, since INFO is in @dangerous.
+_KEYLESS = ["+ping", "+hello", "+auth", "+select", "+echo", "+quit", "+reset",
             "+client|setname", "+client|getname", "+client|id", "+info",
             "+multi", "+exec", "+discard", "+watch", "+unwatch",
             "+eval", "+evalsha", "+script|load", "+script|exists", "+time"]
