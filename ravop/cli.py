@@ -6,10 +6,14 @@
     ravop cancel GRAPH                    stop a graph: no further subgraph of it starts
     ravop logs GRAPH [--json]             its failures: op, source line, worker, error
     ravop dashboard [--port N]            the web dashboard (read-only unless --admin-token is given)
+    ravop admin token|worker create NAME  a Redis user for a requester or a worker on a shared server;
+                                          prints its connection URL as the last line
+    ravop admin token|worker revoke NAME  delete it (its connections are closed at once)
+    ravop admin token|worker list         the users of that kind
 
 GRAPH is a graph id or name. The server is --redis URL, else $RAVOP_REDIS_URL, else the last embedded session
 this user started (R.initialize() with no URL); the token is --token, else $RAVOP_TOKEN, else that session's
-token, else "local".
+token, else the user named in the URL (a `ravop admin token` user), else "local".
 """
 import argparse
 import importlib
@@ -22,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import last_session, status
+from . import admin, last_session, status
 from .dashboard import Dashboard
 from .errors import RavopError
-from .store import connect
-from .store.connect import redact
+from .store import connect, token_namespace
+from .store.connect import redact, url_user
 from .store.lookup import find_graph
 
 EXIT_USAGE, EXIT_ERROR = 2, 1
@@ -56,6 +60,15 @@ def _parser():
     dashboard.add_argument("--admin-token", default=os.environ.get("RAVOP_DASHBOARD_ADMIN_TOKEN"),
                            help="allow cancelling graphs to whoever sends this token "
                                 "(default: $RAVOP_DASHBOARD_ADMIN_TOKEN; none: read-only)")
+    manage = commands.add_parser("admin", help="Redis users of requesters and workers (needs the admin URL)")
+    kinds = manage.add_subparsers(dest="kind", required=True, metavar="token|worker")
+    for kind in admin.KINDS:
+        actions = kinds.add_parser(kind, help=f"{kind} users").add_subparsers(dest="action", required=True,
+                                                                               metavar="create|revoke|list")
+        for action in ("create", "revoke", "list"):
+            sub = actions.add_parser(action, parents=[common])
+            if action != "list":
+                sub.add_argument("name", metavar="NAME")
     return parser
 
 
@@ -68,7 +81,7 @@ def _target(args):
             raise RavopError("no server given: pass --redis URL or set RAVOP_REDIS_URL (no embedded session of "
                              "this user was found either)")
         url, token = last["url"], token or last["token"]
-    return url, token or "local"
+    return url, token_namespace(token or url_user(url) or "local")
 
 
 # ------------------------------------------------------------------------------------------------ output
@@ -177,6 +190,23 @@ def _command(args, client, url, token):
     return {"graph": keys.graph_id, "failures": failures}, _failures_text(keys.graph_id, failures)
 
 
+def _admin(args, client, url):
+    """(JSON object, text) of `ravop admin KIND ACTION`; a new user's URL is the text's last line."""
+    saved_note = ("; not saved: the server has no ACL or config file, so it forgets users when it restarts "
+                  "(start it with --aclfile PATH)")
+    if args.action == "list":
+        found = admin.users(client, args.kind)
+        return {"kind": args.kind, "users": found}, _table(("name", "enabled"), [(u["name"], u["enabled"])
+                                                                              for u in found])
+    if args.action == "revoke":
+        saved = admin.revoke(client, args.kind, args.name)
+        return ({"kind": args.kind, "revoked": args.name, "saved": saved},
+                f"revoked {args.kind} user {args.name!r}" + (f" (saved to {saved})" if saved else saved_note))
+    user_url, saved = admin.create(client, url, args.kind, args.name)
+    note = f"created {args.kind} user {args.name!r}" + (f" (saved to {saved})" if saved else saved_note)
+    return {"kind": args.kind, "name": args.name, "url": user_url, "saved": saved}, f"{note}\n{user_url}"
+
+
 def _serve_dashboard(args, client, token):
     dashboard = Dashboard(client, token, args.host, args.port, args.admin_token)
     access = "admin token required to cancel" if args.admin_token else "read-only"
@@ -194,7 +224,8 @@ def run(args):
         if args.command == "dashboard":
             _serve_dashboard(args, client, token)
         else:
-            report, text = _command(args, client, url, token)
+            report, text = (_admin(args, client, url) if args.command == "admin"
+                            else _command(args, client, url, token))
             print(json.dumps(report) if args.json else text)
     finally:
         client.close()

@@ -101,7 +101,7 @@ class Graph:
     """A requester's program. `R.Graph(...)` creates one and makes it the current graph."""
 
     def __init__(self, name="graph", algorithm="", approach="distributed", gpu_required="no", rules=None,
-                 seed=0):
+                 seed=0, verify=1):
         if approach not in ("distributed", "federated"):
             raise ValueError(f"approach must be 'distributed' or 'federated', not {approach!r}")
         if gpu_required not in ("yes", "no", True, False):
@@ -116,6 +116,10 @@ class Graph:
             rules = parse_rules(rules)
         elif rules is not None:
             raise ValueError("rules apply only to approach='federated' graphs")
+        if type(verify) is not int or verify < 1:
+            raise ValueError(f"verify must be a positive int (the workers that run each subgraph), not {verify!r}")
+        if verify > 1 and approach == "federated":
+            raise ValueError("verify= does not apply to a federated graph: each provider's data is its own")
         self.id = uuid.uuid4().hex[:12]
         self.name = name
         self.algorithm = algorithm
@@ -123,6 +127,7 @@ class Graph:
         self.gpu_required = gpu_required in ("yes", True)
         self.rules = rules        # ravop.federated.rules.Rules of a federated graph
         self.seed = int(seed)
+        self.verify = verify      # run each subgraph on this many distinct workers and compare their outputs
         self.nodes = []           # append-only op table; node.id is its index
         self.constants = {}       # node id -> torch.Tensor held by the requester until upload
         self.persisted = {}       # persist name -> Op

@@ -233,6 +233,8 @@ class LoopRun:
         runs = [0] * len(self.steps)
         count = 0
         counts = [t.counts for t in self.loop.templates]
+        if not any(times for _, times in self.schedule):
+            return  # no step at all, however many rounds a (hostile) plan declares
         for r in range(self.loop.rounds):
             position = 0
             for t, times in self.schedule:

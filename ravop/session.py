@@ -18,7 +18,7 @@ from .federated import session as federated
 from .fetched import fetched
 from .graph import current_graph, set_current
 from .store import GraphKeys, Scripts, TokenKeys, connect, ensure_queues, token_namespace
-from .store.connect import redact
+from .store.connect import Outage, redact, url_user
 from .store import graphs as store_graphs
 from .store import tensors as stored
 from .store.federated import FederatedKeys
@@ -71,7 +71,8 @@ def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5
     `data` (default $RAVOP_DATA, paths separated by os.pathsep) makes embedded workers data providers for
     federated graphs: one provider per entry, each a file path or a list of paths (CSV or Parquet).
 
-    `token` (or the original's `ravenverse_token=`; default $RAVOP_TOKEN or "local") names the requester and
+    `token` (or the original's `ravenverse_token=`; default $RAVOP_TOKEN, else the user named in the URL (a
+    `ravop admin token` user), else "local") names the requester and
     namespaces its graphs and results: a token that is not a short name is a secret of any length, and only
     a digest of it is used (`ravop.store.keys.token_namespace`). An unreachable URL raises `ConnectionFailed` within about `timeout` seconds. `dashboard=True` (or a port
     number) serves the read-only web dashboard of this session on 127.0.0.1 and prints its URL."""
@@ -81,8 +82,9 @@ def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5
         raise ValueError(f"dashboard must be True, False or a port number, not {dashboard!r}")
     if token is not None and ravenverse_token is not None and token != ravenverse_token:
         raise ValueError("initialize() got two different tokens (token= and ravenverse_token=): give one")
-    token = token_namespace(token or ravenverse_token or os.environ.get("RAVOP_TOKEN") or DEFAULT_TOKEN)
     url = redis_url or os.environ.get("RAVOP_REDIS_URL")
+    token = token_namespace(token or ravenverse_token or os.environ.get("RAVOP_TOKEN") or (url and url_user(url))
+                            or DEFAULT_TOKEN)
     data = _provider_data(data if data is not None else os.environ.get("RAVOP_DATA"))
     embedded = None
     if url:
@@ -109,8 +111,14 @@ def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5
         _session.close()
     elif _session is not None and _session.dashboard is not None:
         _session.dashboard.stop()  # the new session serves its own dashboard, or none
-    ensure_queues(client)
-    _session = Session(client, url, token, embedded)
+    try:
+        ensure_queues(client)
+        _session = Session(client, url, token, embedded)
+    except redis.exceptions.NoPermissionError:
+        client.close()
+        _session = None
+        raise ConnectionFailed(f"the Redis user of {redact(url)} may not use token {token!r}: a `ravop admin token` "
+                               "user may use only its own token (leave token= out to use it)") from None
     if embedded is not None:
         last_session.remember(url, token)  # `ravop status` in another terminal finds it
     if dashboard is not False:
@@ -188,8 +196,11 @@ def activate(**compile_options):
     with progress.busy(f"compiling {graph.name!r} ({len(graph.nodes):,} ops)"):
         compiled = compile_graph(graph, **compile_options)
     summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
+    if graph.verify > 1 and compiled.plan.n_steps:
+        raise GraphStateError(f"graph {graph.name!r} has training loops, which verify={graph.verify} does not "
+                              "cover yet (a loop runs as a whole on one worker): leave verify= out")
     meta = {"name": graph.name, "algorithm": graph.algorithm, "approach": graph.approach,
-            "rules": json.dumps(graph.rules), "summary": json.dumps(summary)}
+            "rules": json.dumps(graph.rules), "summary": json.dumps(summary), "verify": graph.verify}
     store_graphs.upload(session.client, session.token, compiled.plan, compiled.constants, meta, graph.bundles)
     graph.activated = True
     session.graph_id = graph.id
@@ -221,6 +232,15 @@ def execute(timeout=None, participants=None):
         raise
     if session.client.hget(keys.meta, "approach") == b"federated":
         federated.open_to_providers(session.client, keys)
+    copies = int(session.client.hget(keys.meta, "verify") or 1)
+    if copies > 1:
+        if session.embedded is not None:
+            session.embedded.wait_ready(session.client)
+        meta = _meta(session, keys)
+        connected = sum(len(liveness.alive(session.client, k)) for k in meta.get("devices", "").split(",") if k)
+        if connected < copies:
+            print(f"graph {meta['name']!r}: verify={copies} runs each subgraph on {copies} different workers, but "
+                  f"{connected} are connected; it waits for more", file=sys.stderr)
     if participants is not None:
         if session.embedded is not None:
             session.embedded.wait_ready(session.client)
@@ -277,7 +297,7 @@ def track_progress(progress_bar=True, timeout=None):
     try:
         if session.embedded is not None:
             session.embedded.wait_ready(session.client)
-        _track(session, keys, meta, progress_bar, timeout, tqdm)
+        _track_through_outages(session, keys, meta, progress_bar, timeout, tqdm)
     except KeyboardInterrupt:
         # A plain KeyboardInterrupt (`except KeyboardInterrupt` still works, and uncaught it exits as Ctrl-C
         # does: Python only does that for the exact class), marked so that uncaught it prints one line
@@ -320,6 +340,28 @@ def _interrupted_text(session, keys):
         fate = (f"it keeps running on the workers of {redact(session.url)}; R.initialize(token={session.token!r}, "
                 f"redis_url=...) then R.track_progress() or R.fetch_persisting_op(name) resumes")
     return f"interrupted R.track_progress() of graph {where}: {fate}"
+
+
+def _track_through_outages(session, keys, meta, progress_bar, timeout, tqdm):
+    """`_track`, again after a lost connection (a server restart: the graph is in Redis), with backoff and one
+    line when the server is lost and when it answers again. A refused login (a revoked user) ends it."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    outage = Outage(lambda text: print(f"graph {meta['name']!r}: {text}", file=sys.stderr))
+    while True:
+        try:
+            if outage.since is not None:
+                session.client.ping()
+                outage.ok()
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return _track(session, keys, meta, progress_bar, left, tqdm)
+        except redis.AuthenticationError:
+            raise ConnectionFailed(f"Redis at {redact(session.url)} refused this session's credentials (the "
+                                   "user was revoked?)") from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: Redis at "
+                                   f"{redact(session.url)} is unreachable ({exc})") from None
+            time.sleep(outage.lost(exc))
 
 
 def _track(session, keys, meta, progress_bar, timeout, tqdm):

@@ -4,8 +4,9 @@ state, its failures, and cancelling it. Read-only except `cancel`."""
 import time
 
 import networkx as nx
+import redis
 
-from .store import DEAD_LETTER, Scripts, queue
+from .store import DEAD_LETTER, Scripts
 from .store import graphs as store_graphs
 from .store import worker_info
 
@@ -93,7 +94,11 @@ def failures(client, keys):
     """What went wrong in a graph, newest first: its dead-letter entries (reason, op, source line, worker,
     error), and the failure recorded in its meta if no entry holds it any more."""
     found = []
-    for entry_id, fields in client.xrevrange(DEAD_LETTER, count=DEAD_LETTER_SCAN):
+    try:
+        entries = client.xrevrange(DEAD_LETTER, count=DEAD_LETTER_SCAN)
+    except redis.exceptions.NoPermissionError:  # a requester's ACL user: the stream holds every token's failures
+        entries = []
+    for entry_id, fields in entries:
         fields = {k.decode(): v.decode(errors="replace") for k, v in fields.items()}
         if fields.get("token") == keys.token and fields.get("graph") == keys.graph_id:
             seconds = int(entry_id.decode().split("-")[0]) / 1000
@@ -101,7 +106,9 @@ def failures(client, keys):
                                               ("subgraph", "reason", "op", "source", "worker", "error")}})
     meta = store_graphs.read_state(client, keys)
     if meta.get("state") == "failed" and not any(f["error"] == meta.get("error") for f in found):
-        found.append({"time": None, "subgraph": meta.get("error_subgraph", ""), "reason": "graph failed",
+        finished = client.hget(keys.meta, "finished")
+        found.append({"time": float(finished) if finished else None, "subgraph": meta.get("error_subgraph", ""),
+                      "reason": "cancelled" if meta.get("error") == CANCELLED else "graph failed",
                       "op": meta.get("error_op", ""), "source": meta.get("error_source", ""),
                       "worker": meta.get("error_worker", ""), "error": meta.get("error", "")})
     return found
@@ -116,4 +123,4 @@ def cancel(client, keys):
     False if it had already ended."""
     if store_graphs.read_state(client, keys).get("state") not in ("activated", "running"):
         return False  # done, failed or gone: nothing to stop, and nothing to log as cancelled
-    return bool(Scripts(client).fail(keys, queue("cpu"), "", error=CANCELLED, reason="cancelled"))
+    return bool(Scripts(client).cancel(keys, CANCELLED))

@@ -59,6 +59,7 @@ def parse_args(argv=None):
     parser.add_argument("--min-group-size", type=int, default=os.environ.get("RAVOP_MIN_GROUP_SIZE", "5"),
                         metavar="K", help="withhold a statistic over fewer than K values of this provider "
                                           "(default: $RAVOP_MIN_GROUP_SIZE or 5)")
+    parser.add_argument("--test-wrong-outputs", action="store_true", help=argparse.SUPPRESS)  # tests of verify=k
     parser.add_argument("-v", "--verbose", action="store_true", help="log every start and stop")
     return parser.parse_args(argv)
 
@@ -93,7 +94,8 @@ def main(argv=None):
                         max_subgraph_bytes=args.max_subgraph_bytes, parent_pid=args.parent_pid,
                         server_gone_after=args.exit_when_server_gone, dead_after=args.dead_after,
                         max_memory_bytes=args.max_memory_bytes, provider=provider,
-                        checkpoint_steps=args.checkpoint_steps, checkpoint_seconds=args.checkpoint_seconds)
+                        checkpoint_steps=args.checkpoint_steps, checkpoint_seconds=args.checkpoint_seconds,
+                        wrong_outputs=args.test_wrong_outputs)
     except (ConnectionFailed, ValueError) as exc:
         print(f"ravop-worker: {exc}", file=sys.stderr)
         return 1

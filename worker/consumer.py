@@ -20,14 +20,15 @@ from google.protobuf.message import DecodeError
 
 from ravop.errors import PlanError, StoreLimitError, WireFormatError
 from ravop.loop_run import StepError
-from ravop.store import GROUP, GraphKeys, Scripts, ensure_queues, queue
+from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, ensure_queues, queue
+from ravop.store.connect import Outage
 from ravop.store import federated as federated_store
 from ravop.store import tensors as stored
 from ravop.store import workers as liveness
 from ravop.wire import plan_pb2, unpack_nodes
 
 from . import device as devices
-from . import memory
+from . import memory, verify
 from .cache import TensorCache
 from .heartbeat import Heartbeat
 from .loop import CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, LoopHandedBack, drop_checkpoint, run_loop
@@ -37,10 +38,17 @@ from .validate import check
 
 log = logging.getLogger("ravop.worker")
 BLOCK_MS = 1000  # longest wait for new work, so a stop request is noticed within a second
+BAN_CHECK_SECONDS = 2.0  # how stale this worker's knowledge of a requester banning it may be
+PASS_ON_SECONDS = 0.2    # after putting back a message this worker may not run, before taking the next
 
 
 class _MissingInput(Exception):
     pass
+
+
+# Messages that no engine sends (someone else put them on the stream): why each is dropped.
+_FORGED = {b"unknown": "subgraph {} is not in the plan of the graph the message names",
+           b"waiting": "subgraph {} is not ready (its inputs are not computed yet); the engine enqueues it then"}
 
 
 def parse_message(fields):
@@ -61,7 +69,7 @@ class Worker:
     def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
                  max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
                  max_memory_bytes=None, provider=None, checkpoint_steps=CHECKPOINT_STEPS,
-                 checkpoint_seconds=CHECKPOINT_SECONDS):
+                 checkpoint_seconds=CHECKPOINT_SECONDS, wrong_outputs=False):
         if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
                              f"{dead_after} and {max_attempts}")
@@ -92,6 +100,8 @@ class Worker:
                                    self.stopping, parent_pid, provider.data.names() if provider is not None else None,
                                    info=self._advertised())
         self.completed = 0
+        self._bans = {}  # token -> (when to look again, whether it banned this worker)
+        self.wrong_outputs = wrong_outputs  # tests only: perturb every output (worker/verify.py)
 
     def _advertised(self):
         """What `ravop status` shows of this worker besides its state (`ravop.store.worker_info`)."""
@@ -108,25 +118,27 @@ class Worker:
         self.heartbeat.beat()
         self.heartbeat.start()
         log.info("worker %s serving %s on %s", self.name, self.stream, self.device)
-        lost_since = None
+        outage = Outage(lambda text: log.warning("worker %s: %s", self.name, text))
         try:
             while not self.stopping.is_set():
                 try:
                     if self.provider is not None:
                         self.provider.poll()
-                    message = self._next()
+                    message = self._next(resume_own=outage.since is not None)
+                    outage.ok()
                     if message is not None:
                         self._handle(*message)
-                    lost_since = None
+                except redis.AuthenticationError as exc:  # revoked (`ravop admin worker revoke`): stop
+                    log.error("worker %s: Redis refused its credentials (%s); exiting", self.name, exc)
+                    return 1
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
-                    # The message being handled stays pending: this worker or another takes it over later.
-                    lost_since = lost_since or time.monotonic()
-                    if self.server_gone_after is not None and time.monotonic() - lost_since > self.server_gone_after:
+                    # The message being handled stays pending: this worker resumes it once the server is back.
+                    wait = outage.lost(exc)
+                    if self.server_gone_after is not None and outage.seconds() > self.server_gone_after:
                         log.error("worker %s: Redis unreachable for %.0f s (%s); exiting", self.name,
                                   self.server_gone_after, exc)
                         return 1
-                    log.warning("worker %s: Redis unreachable (%s); retrying", self.name, exc)
-                    self.stopping.wait(0.5)
+                    self.stopping.wait(wait)
                 except redis.ResponseError as exc:
                     if "NOGROUP" not in str(exc):
                         raise
@@ -137,9 +149,11 @@ class Worker:
         log.info("worker %s stopped after %d subgraphs", self.name, self.completed)
         return 0
 
-    def _next(self):
-        """(message id, fields, deliveries): work held by a dead or silent worker first, then new work."""
-        found = self.takeover.next()
+    def _next(self, resume_own=False):
+        """(message id, fields, deliveries): after a lost connection, what this worker held when it was lost;
+        then work held by a dead or silent worker, then new work."""
+        found = self.takeover.own() if resume_own else None
+        found = found or self.takeover.next()
         if found is not None:
             return found
         reply = self.client.xreadgroup(GROUP, self.name, {self.stream: ">"}, count=1, block=BLOCK_MS)
@@ -158,26 +172,40 @@ class Worker:
                           message=repr(fields)[:300])
             return
         try:
-            self._run_message(keys, subgraph_id, message_id, deliveries)
+            self._run_message(keys, subgraph_id, message_id, deliveries, fields)
         except (redis.ConnectionError, redis.TimeoutError):
             raise
         except Exception as exc:  # unforeseen (a bug, or a hostile value): give up on this message, keep serving
             log.exception("worker %s: subgraph %s of graph %s", self.name, subgraph_id, keys.graph_id)
             self._give_up(keys, message_id, subgraph_id, f"{type(exc).__name__}: {exc}", "worker error")
 
-    def _run_message(self, keys, subgraph_id, message_id, deliveries):
+    def _run_message(self, keys, subgraph_id, message_id, deliveries, fields):
         if deliveries > self.max_attempts:
             self._give_up_retries(keys, subgraph_id, message_id, deliveries)
             return
+        if self._banned(keys.token):
+            self._pass_on(message_id, fields)
+            return
         reply = self.scripts.claim(keys, subgraph_id, self.name)
-        if reply[0] != b"run":  # the graph is gone, failed or done, or this subgraph already finished
+        if reply[0] in _FORGED:
+            self._give_up(keys, message_id, subgraph_id, _FORGED[reply[0]].format(subgraph_id), "forged message",
+                          fail_graph=False)
+            return
+        if reply[0] == b"gone":  # flushed since it was queued, or never there: logged, for an operator
+            self._give_up(keys, message_id, subgraph_id, f"graph {keys.graph_id} of token {keys.token} is not in "
+                          "Redis", "no such graph", fail_graph=False)
+            return
+        if reply[0] != b"run":  # the graph failed or is done, or this subgraph already finished
             self._ack(message_id)
             return
-        seed, data = int(reply[1]), reply[2] if len(reply) > 2 else None
+        seed, data, copies = int(reply[1]), reply[2], int(reply[3])
         max_bytes = devices.budget(self.device, self.limit)
+        if copies > 1:
+            votes = self.client.hgetall(keys.votes(subgraph_id))
+            if (self.name.encode() in votes and len(votes) < copies) or self._banned(keys.token, fresh=True):
+                self._pass_on(message_id, fields)  # this worker ran it already (another one must), or is banned
+                return
         try:
-            if data is None:
-                raise PlanError(f"subgraph {subgraph_id} is not in the graph's plan")
             subgraph = plan_pb2.Subgraph.FromString(data)
             program = check(subgraph, max_bytes)
         except DecodeError as exc:
@@ -196,6 +224,10 @@ class Worker:
                                    self.stopping)
             else:
                 outputs = run(program, inputs, seed, self.device, self.memory_budget)
+            if self.wrong_outputs:
+                outputs = verify.perturb(outputs)
+            if copies > 1 and not self._verified(keys, subgraph_id, message_id, outputs, copies, program):
+                return
             self._finish(keys, subgraph_id, message_id, outputs)
             if subgraph.HasField("loop"):
                 drop_checkpoint(self.client, keys, subgraph_id)
@@ -279,14 +311,62 @@ class Worker:
             self.cache.put(keys.tensor(i), tensor.contiguous())
         self.completed += 1
 
+    # ------------------------------------------------------------------------------------------ verification
+
+    def _banned(self, token, fresh=False):
+        """Whether a requester's graph banned this worker (R.Graph(verify=k)). Looked up at most every
+        BAN_CHECK_SECONDS per token, so that checking costs no round trip per subgraph, unless `fresh`
+        (a verified graph's subgraph, which costs k runs anyway)."""
+        now = time.monotonic()
+        cached = self._bans.get(token)
+        if fresh or cached is None or cached[0] < now:
+            if len(self._bans) > 1000:
+                self._bans.clear()
+            cached = self._bans[token] = (now + BAN_CHECK_SECONDS,
+                                          bool(self.client.sismember(TokenKeys(token).banned, self.name)))
+        return cached[1]
+
+    def _pass_on(self, message_id, fields):
+        """Put the message back at the end of the stream for another worker, and give them a moment to take it."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xadd(self.stream, fields)
+        pipe.xack(self.stream, GROUP, message_id)
+        pipe.xdel(self.stream, message_id)
+        pipe.execute()
+        self.stopping.wait(PASS_ON_SECONDS)
+
+    def _verified(self, keys, subgraph_id, message_id, outputs, copies, program):
+        """Vote with these outputs. True if this worker should store them and complete the subgraph (the
+        votes are in and agree); otherwise the message is acked: a vote still missing, or a disagreement,
+        which fails the graph naming the workers and bans those a majority outvoted."""
+        votes = self.scripts.vote(keys, subgraph_id, self.name, verify.digest(outputs), copies)
+        if not votes:
+            self._ack(message_id)   # counted; the last of the k workers stores the outputs
+            return False
+        if len(set(votes.values())) == 1:
+            return True
+        agreeing, outvoted = verify.tally(votes)
+        if outvoted:
+            self.client.sadd(TokenKeys(keys.token).banned, *outvoted)
+            who = f"{', '.join(agreeing)} agree; {', '.join(outvoted)} differ (banned from this token's work)"
+        else:
+            who = f"no majority among {', '.join(sorted(votes))}"
+        node = program.steps[0] if program.steps else None
+        self._give_up(keys, message_id, subgraph_id, f"verification failed: subgraph {subgraph_id} gave different "
+                      f"outputs on different workers: {who}", "verification failed", node,
+                      worker=",".join(outvoted or sorted(votes)))
+        return False
+
     # ------------------------------------------------------------------------------------------ giving up
 
-    def _give_up(self, keys, message_id, subgraph_id, error, reason, node=None, message=""):
-        """Ack the message, log it to the dead-letter stream and fail its graph (if it names one)."""
+    def _give_up(self, keys, message_id, subgraph_id, error, reason, node=None, message="", fail_graph=True,
+                 worker=None):
+        """Ack the message, log it to the dead-letter stream and fail its graph (if it names one, unless
+        `fail_graph` is False), naming `worker` (default: this one)."""
         log.warning("worker %s gives up on %s: %s: %s", self.name, message_id, reason, error)
-        self.scripts.fail(keys, self.stream, message_id, subgraph_id=str(subgraph_id), worker=self.name,
+        self.scripts.fail(keys, self.stream, message_id, subgraph_id=str(subgraph_id), worker=worker or self.name,
                           op=node.op if node is not None else "", source=node.source if node is not None else "",
-                          error=error, reason=reason, message=message)
+                          error=error, reason=reason, message=message, fail_graph=fail_graph)
 
     def _give_up_retries(self, keys, subgraph_id, message_id, deliveries):
         pipe = self.client.pipeline(transaction=False)

@@ -81,6 +81,8 @@ def check_loop_program(program):
     for step in steps[1:]:
         if step.op != "tuple_get" or list(step.inputs) != [steps[0].id]:
             raise PlanError(f"a loop subgraph holds only its loop op and tuple_gets of it, not {step.op!r}", step)
+    if steps[0].id in program.outputs:
+        raise PlanError("a loop subgraph's outputs are tuple_gets of its loop op, not the loop op itself", steps[0])
     return steps[0]
 
 

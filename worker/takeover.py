@@ -35,6 +35,11 @@ class Takeover:
             self._due = now
         return found
 
+    def own(self):
+        """A message this worker holds itself (it lost the server while running it), or None."""
+        entries = self.client.xpending_range(self.stream, GROUP, "-", "+", 1, consumername=self.name)
+        return self._claim(entries[0], 0) if entries else None
+
     def _from_dead_workers(self):
         holders = [c["name"].decode() for c in self.client.xpending(self.stream, GROUP)["consumers"]]
         for name in liveness.silent(self.client, [n for n in holders if n != self.name]):

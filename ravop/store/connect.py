@@ -1,5 +1,12 @@
-"""Reaching the server: fail fast and clearly when it is not there, ride out a blip once it is."""
-from urllib.parse import urlsplit, urlunsplit
+"""Reaching the server: fail fast and clearly when it is not there, ride out a blip once it is, and keep
+trying (saying so) through a longer outage such as a restart.
+
+Credentials and TLS come with the URL: `redis://USER:SECRET@host:6379/0` (what `ravop admin ... create`
+prints), `rediss://...` for TLS, with redis-py's options as query parameters
+(`?ssl_ca_certs=/path/ca.pem` for a private CA, `ssl_certfile`/`ssl_keyfile` for a client certificate).
+"""
+import time
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 from redis.connection import Encoder, PythonRespSerializer
@@ -25,6 +32,13 @@ def redact(url):
         return url
     netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def url_user(url):
+    """The user named in `url`'s credentials, unless it is the server's `default` user: with `ravop admin`
+    users it is also the token, so R.initialize(redis_url=URL) needs nothing else."""
+    user = urlsplit(url).username
+    return unquote(user) if user and unquote(user) != "default" else None
 
 
 def connect(url, timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT):
@@ -55,3 +69,33 @@ def ensure_queues(client):
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+
+
+class Outage:
+    """A loop's view of a lost server: how long to wait before trying again (doubling from `first` to
+    `cap` seconds) and one line through `say` when the server is lost and when it answers again."""
+
+    def __init__(self, say, first=0.1, cap=5.0):
+        self.say, self.first, self.cap = say, first, cap
+        self.since = None
+        self.delay = first
+
+    def lost(self, exc):
+        """Seconds to wait before the next try."""
+        if self.since is None:
+            self.since = time.monotonic()
+            self.say(f"lost the connection to Redis ({exc}); reconnecting with backoff")
+        delay, self.delay = self.delay, min(self.delay * 2, self.cap)
+        return delay
+
+    def seconds(self):
+        """How long the server has been unreachable (0 while it answers)."""
+        return 0.0 if self.since is None else time.monotonic() - self.since
+
+    def ok(self):
+        """The server answered; True if it had been lost (and says so)."""
+        if self.since is None:
+            return False
+        self.say(f"reconnected to Redis after {self.seconds():.1f} s")
+        self.since, self.delay = None, self.first
+        return True

@@ -17,7 +17,7 @@ R.track_progress and R.get_my_graphs work unchanged.
 import json
 
 from .scripts import _COMMON
-from .workers import TTL
+from .workers import TTL, forget
 
 OPEN = "ravop:_:federated:open"
 PROVIDERS = "ravop:_:providers"
@@ -54,9 +54,7 @@ def live_providers(client):
     if not names:
         return {}
     values = client.mget([provider_key(name) for name in names])
-    gone = [name for name, value in zip(names, values) if value is None]
-    if gone:
-        client.srem(PROVIDERS, *gone)
+    forget(client, PROVIDERS, [name for name, value in zip(names, values) if value is None])
     return {name: json.loads(value)["columns"] for name, value in zip(names, values) if value is not None}
 
 

@@ -3,7 +3,9 @@
 Per token (one requester), under `ravop:{token}:`:
   graphs              zset    graph id -> creation time: the token's graphs, oldest first
   current             string  the graph id that R.track_progress and R.fetch_persisting_op use
-  g:{gid}:meta        hash    name, algorithm, approach, devices, seed, roots, state (activated, running,
+  banned              set     workers whose outputs disagreed with the majority (R.Graph(verify=k)): they
+                              take no more of this token's work
+  g:{gid}:meta        hash    name, algorithm, approach, devices, seed, verify, roots, state (activated, running,
                               done, failed), n_subgraphs, done_subgraphs, n_ops, ops_done, created,
                               started, finished, summary; a failed graph also has error, error_op,
                               error_source, error_worker, error_subgraph
@@ -20,6 +22,7 @@ Per token (one requester), under `ravop:{token}:`:
   g:{gid}:events      stream  one entry when the graph ends (done or failed), for trackers to block on
   g:{gid}:steps       hash    loop subgraph id -> its steps done (written as the loop runs)
   g:{gid}:ckpt:{sid}  hash    a running loop's checkpoint: step (steps done), c0, c1, ... (carried tensors)
+  g:{gid}:votes:{sid} hash    R.Graph(verify=k): worker -> digest of its outputs of the subgraph
   g:{gid}:t:{node}    string  a tensor (ravop.wire.codec)
   g:{gid}:t:{node}:c  hash    chunk index -> raw data of a tensor too big for one value (ravop.store.tensors)
 Shared by all tokens, under `ravop:_:` (a token starts with a letter or a digit, so it cannot collide):
@@ -46,8 +49,10 @@ def check_name(value, what="token"):
     """A token or graph id: 1-64 letters, digits, '_', '.', '-', starting with a letter or digit (so it is
     safe in key names and in SCAN patterns)."""
     if not isinstance(value, str) or not _NAME.match(value):
+        # A long value may be a secret (a JWT given where a name belongs): never echo it.
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 64 else f"a {len(value)}-character string"
         raise ValueError(f"{what} must be 1-64 letters, digits, '_', '.' or '-' starting with a letter or "
-                         f"digit, not {value!r}")
+                         f"digit, not {shown}")
     return value
 
 
@@ -82,13 +87,25 @@ def workers_set(kind):
     return f"ravop:_:workers:{kind}"
 
 
+BANNED = "banned"
+
+
+def token_prefix(namespace):
+    return f"ravop:{namespace}:"
+
+
+def graph_prefix(namespace, graph_id):
+    return f"{token_prefix(namespace)}g:{graph_id}:"
+
+
 class TokenKeys:
-    __slots__ = ("graphs", "current", "pattern")
+    __slots__ = ("graphs", "current", "banned", "pattern")
 
     def __init__(self, token):
-        base = f"ravop:{check_name(token)}:"
+        base = token_prefix(check_name(token))
         self.graphs = base + "graphs"
         self.current = base + "current"
+        self.banned = base + BANNED  # workers whose outputs disagreed with the others' (R.Graph(verify=k))
         self.pattern = base + "*"
 
 
@@ -100,7 +117,7 @@ class GraphKeys:
     def __init__(self, token, graph_id):
         self.token = check_name(token)
         self.graph_id = check_name(graph_id, "graph id")
-        self.prefix = p = f"ravop:{token}:g:{graph_id}:"
+        self.prefix = p = graph_prefix(token, graph_id)
         self.meta, self.subgraphs, self.info, self.deps = p + "meta", p + "subgraphs", p + "info", p + "deps"
         self.done, self.refs, self.persist, self.bundles = p + "done", p + "refs", p + "persist", p + "bundles"
         self.taken, self.ran, self.events, self.steps = p + "taken", p + "ran", p + "events", p + "steps"
@@ -111,3 +128,40 @@ class GraphKeys:
 
     def checkpoint(self, subgraph_id):
         return f"{self.prefix}ckpt:{subgraph_id}"
+
+    def votes(self, subgraph_id):
+        return f"{self.prefix}votes:{subgraph_id}"
+
+
+# Key patterns of the ACL users that `ravop admin` provisions (ravop.store.access), built from the same
+# prefixes as the keys themselves so that the two cannot drift apart.
+ANY = "*"
+
+
+def token_pattern(namespace):
+    """Every key of one requester."""
+    return token_prefix(namespace) + ANY
+
+
+def graphs_pattern():
+    """Every key of every graph of every token (what workers read and write)."""
+    return graph_prefix(ANY, ANY) + ANY
+
+
+def tensors_pattern():
+    """Every stored tensor and its chunks: the graph keys a worker may delete (releasing inputs)."""
+    return graph_prefix(ANY, ANY) + "t:" + ANY
+
+
+def checkpoints_pattern():
+    return graph_prefix(ANY, ANY) + "ckpt:" + ANY
+
+
+def banned_pattern():
+    """The banned-workers set of every token."""
+    return token_prefix(ANY) + BANNED
+
+
+def shared_pattern():
+    """Every key shared by all tokens: queues, dead letters, worker liveness, federated providers."""
+    return token_prefix("_") + ANY

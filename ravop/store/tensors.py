@@ -50,14 +50,15 @@ def fit_to_server(client, total_bytes=0, what="values"):
     max_bulk = _config(client, "proto-max-bulk-len")
     if max_bulk:
         size = min(size, max_bulk - HEADER_BYTES)
-    maxmemory = _config(client, "maxmemory")
-    if maxmemory and total_bytes:
-        used = int(client.info("memory")["used_memory"])
-        if used + total_bytes > maxmemory:
-            raise StoreLimitError(
-                f"{what} need {total_bytes / 2**20:.1f} MiB in Redis, but the server has "
-                f"{max(maxmemory - used, 0) / 2**20:.1f} MiB free under its maxmemory of {maxmemory / 2**20:.1f} "
-                "MiB: raise maxmemory (CONFIG SET maxmemory ...), free space (R.flush()), or use smaller tensors")
+    if not total_bytes:
+        return size
+    memory = client.info("memory")  # INFO, not CONFIG GET: a `ravop admin` user is not given CONFIG
+    maxmemory, used = int(memory.get("maxmemory", 0)), int(memory["used_memory"])
+    if maxmemory and used + total_bytes > maxmemory:
+        raise StoreLimitError(
+            f"{what} need {total_bytes / 2**20:.1f} MiB in Redis, but the server has "
+            f"{max(maxmemory - used, 0) / 2**20:.1f} MiB free under its maxmemory of {maxmemory / 2**20:.1f} "
+            "MiB: raise maxmemory (CONFIG SET maxmemory ...), free space (R.flush()), or use smaller tensors")
     return size
 
 

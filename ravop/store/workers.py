@@ -1,6 +1,8 @@
 """Which workers are alive: each renews a short-lived key from its heartbeat thread. Workers take over the work
 of those whose key has expired; requesters read them to tell a user that work is waiting for a kind of worker
 that nobody runs."""
+import redis
+
 from .keys import worker_key, workers_set
 
 TTL = 3.0  # seconds a worker counts as alive after its last heartbeat (ravop-worker --dead-after)
@@ -39,7 +41,15 @@ def alive(client, kind):
     if not names:
         return []
     live = _live(client, names)
-    dead = set(names) - set(live)
-    if dead:
-        client.srem(workers_set(kind), *dead)
+    forget(client, workers_set(kind), set(names) - set(live))
     return live
+
+
+def forget(client, key, names):
+    """Remove `names` of expired workers from the set `key`. A requester's ACL user may only read these
+    sets (ravop.store.access), so the workers' next reads prune them instead."""
+    if names:
+        try:
+            client.srem(key, *names)
+        except redis.exceptions.NoPermissionError:
+            pass

@@ -1,0 +1,88 @@
+"""`ravop admin`: the Redis users of requesters (tokens) and workers on a shared server, each confined by the
+ACL rules of `ravop.store.access`. Creating one returns its connection URL; only a digest of its secret is
+given to the server, so the URL printed once is the only copy."""
+import hashlib
+import secrets
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import redis
+
+from .errors import RavopError
+from .store.access import kind_of, requester_rules, worker_rules
+from .store.keys import check_name
+
+KINDS = ("token", "worker")
+
+
+def user_url(admin_url, name, secret):
+    """`admin_url` with `name` and `secret` as its credentials (scheme, host, port, db and options kept)."""
+    parts = urlsplit(admin_url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{quote(name, safe='')}:{quote(secret, safe='')}@{host}"))
+
+
+_NOT_ADMIN = ("the --redis URL's user may not manage users (it needs the ACL command: use the server's admin "
+              "user)")
+
+
+def _acl(client, *args):
+    try:
+        return client.execute_command("ACL", *args)
+    except redis.exceptions.NoPermissionError:
+        raise RavopError(_NOT_ADMIN) from None
+
+
+def _user(client, name):
+    """redis-py's parsed ACL GETUSER of `name`, or None."""
+    try:
+        return client.acl_getuser(name)
+    except redis.exceptions.NoPermissionError:
+        raise RavopError(_NOT_ADMIN) from None
+
+
+def _persist(client):
+    """Save the users where the server keeps them: its ACL file, else its config file. Returns where, or
+    None if it has neither (the users then last until the server restarts)."""
+    for command, where in ((("ACL", "SAVE"), "the server's ACL file"), (("CONFIG", "REWRITE"),
+                                                                          "the server's config file")):
+        try:
+            client.execute_command(*command)
+            return where
+        except redis.ResponseError:
+            continue
+    return None
+
+
+def create(client, admin_url, kind, name):
+    """(URL of a new user `name` of `kind`, where it was saved or None)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    check_name(name, f"a {kind} name")
+    if name == "default":
+        raise RavopError("'default' is the server's own user: pick another name")
+    if _user(client, name) is not None:
+        raise RavopError(f"a Redis user {name!r} exists already: revoke it first or pick another name")
+    secret = secrets.token_urlsafe(32)
+    rules = requester_rules(name) if kind == "token" else worker_rules()
+    _acl(client, "SETUSER", name, "reset", "on", "#" + hashlib.sha256(secret.encode()).hexdigest(), *rules)
+    return user_url(admin_url, name, secret), _persist(client)
+
+
+def revoke(client, kind, name):
+    """Delete user `name` (of `kind`): the server closes its connections at once. Returns where it was
+    saved (as `create`)."""
+    user = _user(client, name)
+    if user is None or kind_of(name, user) != kind:
+        raise RavopError(f"there is no {kind} user {name!r} on this server (see `ravop admin {kind} list`)")
+    _acl(client, "DELUSER", name)
+    return _persist(client)
+
+
+def users(client, kind):
+    """[{'name', 'enabled'}] of the users of `kind`, by name."""
+    found = []
+    for name in sorted(n.decode() if isinstance(n, bytes) else n for n in _acl(client, "USERS")):
+        user = _user(client, name)
+        if user is not None and kind_of(name, user) == kind:
+            found.append({"name": name, "enabled": bool(user.get("enabled"))})
+    return found

@@ -1,0 +1,43 @@
+"""Redundant execution (`R.Graph(verify=k)`): each subgraph runs on k distinct workers, which vote with a
+digest of their outputs; the engine is deterministic (same graph, seed, torch version and thread count give the
+same bits), so honest workers agree bit for bit. A disagreement fails the graph naming the workers, and a
+worker outvoted by a majority is banned from that requester's work."""
+import hashlib
+from collections import Counter
+
+import torch
+
+from ravop.wire import encode_tensor
+
+from . import device as devices
+
+
+def digest(outputs):
+    """A hex digest of {output id: tensor}: dtype, shape and bytes of each, in id order."""
+    h = hashlib.sha256()
+    for node_id in sorted(outputs):
+        h.update(node_id.to_bytes(8, "little"))
+        h.update(encode_tensor(devices.to_host(outputs[node_id]).contiguous()))
+    return h.hexdigest()
+
+
+def tally(votes):
+    """(agreeing workers, outvoted workers) of {worker: digest}: the agreeing ones hold a strict majority's
+    digest; with no strict majority nobody is outvoted (there is no telling who is wrong)."""
+    digest_, count = Counter(votes.values()).most_common(1)[0]
+    if count * 2 <= len(votes):
+        return [], []
+    return (sorted(w for w, d in votes.items() if d == digest_), sorted(w for w, d in votes.items() if d != digest_))
+
+
+def perturb(outputs):
+    """Outputs with one element changed: what `ravop-worker --test-wrong-outputs` returns, to test
+    verification with a worker that computes wrong results."""
+    changed = dict(outputs)
+    node_id = min(changed)
+    tensor = changed[node_id].contiguous().clone()
+    if tensor.numel():
+        flat = tensor.view(-1)
+        flat[0] = ~flat[0] if tensor.dtype == torch.bool else flat[0] + 1
+    changed[node_id] = tensor
+    return changed
