@@ -14,11 +14,9 @@ Unknown (-1) dimensions count as 1.
 """
 import math
 
-import torch
-
 from ravop import registry
-from ravop.dtypes import DTYPES as NAMES_TO_DTYPE
-from ravop.dtypes import NAMES
+from ravop.dtypes import DTYPES
+from ravop.sizes import numel_estimate
 
 
 class DeviceModel:
@@ -33,55 +31,44 @@ class DeviceModel:
 
 
 DEVICES = {"cpu": DeviceModel(3e-6, 3e-6, 5e10, 5e9), "cuda": DeviceModel(5e-6, 5e-6, 2e13, 1e12)}
-ITEMSIZE = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in NAMES}
-
-
-def numel(shape):
-    n = 1
-    for d in shape:
-        if d > 1:
-            n *= d
-        elif d == 0:
-            return 0
-    return n
 
 
 def _matmul(shape, ins, params):
     x = ins[0]
-    return 2.0 * numel(shape) * (x[-1] if x else 1)
+    return 2.0 * numel_estimate(shape) * (x[-1] if x else 1)
 
 
 def _contraction(shape, ins, params):
     """dot/tensordot: the contracted size c satisfies numel(x) * numel(y) = numel(out) * c**2."""
-    out = max(numel(shape), 1)
-    return 2.0 * out * math.sqrt(numel(ins[0]) * numel(ins[1]) / out)
+    out = max(numel_estimate(shape), 1)
+    return 2.0 * out * math.sqrt(numel_estimate(ins[0]) * numel_estimate(ins[1]) / out)
 
 
 def _linear(shape, ins, params):
-    return 2.0 * numel(shape) * (ins[1][-1] if ins[1] else 1)
+    return 2.0 * numel_estimate(shape) * (ins[1][-1] if ins[1] else 1)
 
 
 def _linear_backward(shape, ins, params):
     g, x, w = ins[:3]
-    return 4.0 * numel(g) * (w[-1] if w else 1)  # grad input and grad weight, each a matmul as big as forward
+    return 4.0 * numel_estimate(g) * (w[-1] if w else 1)  # grad input and grad weight, each a matmul as big as forward
 
 
 def _conv2d(shape, ins, params):
     w = ins[1]
-    return 2.0 * numel(shape) * numel(w[1:])  # w: (out_c, in_c / groups, kh, kw)
+    return 2.0 * numel_estimate(shape) * numel_estimate(w[1:])  # w: (out_c, in_c / groups, kh, kw)
 
 
 def _conv2d_backward(shape, ins, params):
     g, x, w = ins[:3]
-    return 4.0 * numel(g) * numel(w[1:])
+    return 4.0 * numel_estimate(g) * numel_estimate(w[1:])
 
 
 def _inv(shape, ins, params):
-    return float(numel(shape)) * (shape[-1] if shape else 1)  # n**3 per matrix
+    return float(numel_estimate(shape)) * (shape[-1] if shape else 1)  # n**3 per matrix
 
 
 def _sort(shape, ins, params):
-    n = max(numel(ins[0]), 2)
+    n = max(numel_estimate(ins[0]), 2)
     return n * math.log2(n)
 
 
@@ -94,8 +81,8 @@ FREE = {"const", "tuple_get"}  # no work: a value from the store, or one output 
 
 def _out_bytes(node):
     if node.multi_output:
-        return sum(numel(s) * ITEMSIZE[d] for s, d in zip(node.shape, node.dtype))
-    return numel(node.shape) * ITEMSIZE[node.dtype]
+        return sum(numel_estimate(s) * d.itemsize for s, d in zip(node.shape, node.dtype))
+    return numel_estimate(node.shape) * node.dtype.itemsize
 
 
 def node_flops(node, nodes):
@@ -106,9 +93,9 @@ def node_flops(node, nodes):
     rule = FAMILY_FLOPS.get(node.op) or registry.REGISTRY[node.op].flops
     if rule is not None:
         return float(rule(node.shape, ins, node.params))
-    largest = numel(node.shape) if not node.multi_output else max(map(numel, node.shape), default=0)
+    largest = numel_estimate(node.shape) if not node.multi_output else max(map(numel_estimate, node.shape), default=0)
     for shape in ins:
-        n = numel(shape)
+        n = numel_estimate(shape)
         if n > largest:
             largest = n
     return float(largest)
@@ -148,9 +135,9 @@ def loop_cost(record, device="cpu"):
             shape = [next(dims) for _ in range(rank)]
             if op in FREE or not dtype:
                 continue
-            size = numel(shape)
+            size = numel_estimate(shape)
             step_flops += size
-            step_seconds += model.seconds(n_inputs + 1, size, size * ITEMSIZE[NAMES_TO_DTYPE[dtype]] * (n_inputs + 1))
+            step_seconds += model.seconds(n_inputs + 1, size, size * DTYPES[dtype].itemsize * (n_inputs + 1))
         seconds += runs * step_seconds
         flops += runs * step_flops
     return seconds, flops

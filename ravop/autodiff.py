@@ -16,6 +16,7 @@ import torch
 
 from . import functional as F
 from . import registry
+from .dtypes import is_floating
 from .errors import RavopError
 from .graph import Op, to_tensor
 from .source import user_source
@@ -50,9 +51,9 @@ def grad(loss, wrt, grad_output=None):
             raise TypeError(f"grad: wrt must be an Op or a list of Ops, not {w!r}")
         if w.graph is not loss.graph:
             raise ValueError(f"grad: {w!r} belongs to another graph than the loss")
-        if isinstance(w.dtype, tuple) or not _is_float(w.dtype):
+        if isinstance(w.dtype, tuple) or not is_floating(w.dtype):
             raise TypeError(f"grad: wrt must be floating-point tensors (integers carry no gradient), not {w!r}")
-    if isinstance(loss.dtype, tuple) or not _is_float(loss.dtype):
+    if isinstance(loss.dtype, tuple) or not is_floating(loss.dtype):
         raise TypeError(f"grad: loss must be one floating-point tensor, not {loss!r}")
     seed = _seed(loss, grad_output)
     if not targets:
@@ -74,10 +75,6 @@ def grad(loss, wrt, grad_output=None):
     if single:
         return grads[0]
     return tuple(grads) if isinstance(wrt, tuple) else grads
-
-
-def _is_float(dtype):
-    return dtype.is_floating_point or dtype.is_complex
 
 
 def _seed(loss, grad_output):
@@ -109,8 +106,8 @@ def _depends_on(nodes, wrt_ids, first, last):
 
 def _carries_grad(dtype):
     if type(dtype) is tuple:
-        return any(_is_float(d) for d in dtype)
-    return _is_float(dtype)
+        return any(is_floating(d) for d in dtype)
+    return is_floating(dtype)
 
 
 def _backward(nodes, marked, wrt_ids, first, last, seed):

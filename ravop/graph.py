@@ -12,6 +12,7 @@ import torch
 from . import registry
 from .errors import GraphStateError, ShapeError
 from .federated.rules import parse_rules
+from .sizes import numel
 from .source import user_source
 
 
@@ -46,10 +47,8 @@ class Op:
         return len(self.shape)
 
     def numel(self):
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        """Number of elements; -1 when a dimension is known only when the op runs."""
+        return numel(self.shape)
 
     def persist_op(self, name, save_model=False):
         """Keep this op's value in Redis under `name`, to fetch with `R.fetch_persisting_op(name)`."""

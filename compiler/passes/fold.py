@@ -12,7 +12,7 @@ import torch
 
 from ravop import registry
 from ravop.interpreter import run_op
-from ravop.ops.rules import numel
+from ravop.sizes import numel
 
 from ..cost import node_seconds
 

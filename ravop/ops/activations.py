@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as TF
 
 from .. import functional as F
+from ..dtypes import is_floating
 from ..registry import register
 from . import rules
 
@@ -19,7 +20,7 @@ SELU_SCALE = 1.0507009873554804934193349852946
 
 def _float_only(x, **_):
     """Kernels that torch implements for floating dtypes only: say so at record time."""
-    if not (x.dtype.is_floating_point or x.dtype.is_complex):
+    if not is_floating(x.dtype):
         raise TypeError(f"needs a floating-point input, not {x.dtype}")
     return x.shape, x.dtype
 

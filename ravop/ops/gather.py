@@ -3,13 +3,15 @@ and the scatter-adds that are their gradients."""
 import torch
 
 from .. import functional as F
+from ..dtypes import is_floating
 from ..registry import REQUIRED, register
+from ..sizes import numel
 from . import rules
 from .core import unbroadcast
 
 
 def _check_int(indices, what):
-    if indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype == torch.bool:
+    if is_floating(indices.dtype) or indices.dtype == torch.bool:
         raise TypeError(f"{what} indices must be integers, not {indices.dtype}")
 
 
@@ -67,7 +69,7 @@ def gather_backward(g, indices, axis=0, shape=REQUIRED):
     """Zeros of `shape` with `g` added back where `gather` took it (repeats accumulate): its VJP."""
     shape = tuple(shape)
     flat = axis is None
-    out = torch.zeros(rules.numel(shape) if flat else shape, dtype=g.dtype, device=g.device)
+    out = torch.zeros(numel(shape) if flat else shape, dtype=g.dtype, device=g.device)
     axis = 0 if flat else axis % len(shape)
     rows = g.reshape(out.shape[:axis] + (-1,) + out.shape[axis + 1:])
     out.index_add_(axis, _wrapped(indices, out.shape[axis]).reshape(-1), rows)
@@ -124,7 +126,7 @@ def _one_hot_shape(x, depth):
     _check_int(x, "one_hot_encoding")
     if not isinstance(depth, int) or depth < 0:
         raise ValueError(f"one_hot_encoding depth must be a non-negative int, not {depth!r}")
-    return ((rules.numel(x.shape), depth) if x.shape else (depth,)), torch.get_default_dtype()
+    return ((numel(x.shape), depth) if x.shape else (depth,)), torch.get_default_dtype()
 
 
 @register("one_hot_encoding", params={"depth": REQUIRED}, shape=_one_hot_shape)
@@ -137,7 +139,7 @@ def one_hot_encoding(x, depth):
 
 
 def _find_shape(x, values):
-    return (rules.numel(values.shape), -1), torch.int64
+    return (numel(values.shape), -1), torch.int64
 
 
 @register("find_indices", inputs=("x", "values"), shape=_find_shape)

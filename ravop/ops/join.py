@@ -5,6 +5,7 @@ import torch
 from .. import functional as F
 from ..dtypes import result_dtype
 from ..registry import REQUIRED, register
+from ..sizes import numel
 from . import rules
 
 
@@ -79,7 +80,7 @@ def split(x, numOrSizeSplits, axis=0):
 
 def _concat_shape(*xs, axis=0):
     if axis is None:
-        return (sum(rules.numel(x.shape) for x in xs),), _promoted(xs)
+        return (sum(numel(x.shape) for x in xs),), _promoted(xs)
     first = xs[0].shape
     if not first:
         raise ValueError("cannot concatenate 0-d tensors (use stack, or axis=None)")
@@ -95,7 +96,7 @@ def _concat_shape(*xs, axis=0):
 
 def _concat_vjp(node, g):
     xs, axis = node.inputs, node.params["axis"]
-    sizes = [rules.numel(x.shape) if axis is None else x.shape[axis] for x in xs]
+    sizes = [numel(x.shape) if axis is None else x.shape[axis] for x in xs]
     points = [sum(sizes[:i]) for i in range(1, len(sizes))]
     parts = F.split(g, numOrSizeSplits=points, axis=0 if axis is None else axis)
     if axis is None:
@@ -137,12 +138,12 @@ def stack(*xs, axis=0):
 
 def _join_vjp(node, g):
     a, b = node.inputs
-    ga, gb = F.split(g, numOrSizeSplits=(rules.numel(a.shape),))
+    ga, gb = F.split(g, numOrSizeSplits=(numel(a.shape),))
     return F.reshape(ga, shape=a.shape), F.reshape(gb, shape=b.shape)
 
 
 @register("join_to_list", inputs=("a", "b"), vjp=_join_vjp,
-          shape=lambda a, b: ((rules.numel(a.shape) + rules.numel(b.shape),), _promoted((a, b))))
+          shape=lambda a, b: ((numel(a.shape) + numel(b.shape),), _promoted((a, b))))
 def join_to_list(a, b):
     """numpy.append(a, b): both flattened, b's elements after a's."""
     a, b = _cast_all((a, b))
@@ -212,7 +213,7 @@ def _repeats(repeats, size):
 
 def _repeat_shape(x, repeats, axis=None):
     if axis is None:
-        size, shape, a = rules.numel(x.shape), (rules.numel(x.shape),), 0
+        size, shape, a = numel(x.shape), (numel(x.shape),), 0
     else:
         a = rules.normalize_axis(axis, len(x.shape))
         size, shape = x.shape[a], x.shape
@@ -229,7 +230,7 @@ def _repeat_shape(x, repeats, axis=None):
 def _repeat_vjp(node, g):
     x = node.inputs[0]
     repeats, axis = node.params["repeats"], node.params["axis"]
-    size = rules.numel(x.shape) if axis is None else x.shape[axis]
+    size = numel(x.shape) if axis is None else x.shape[axis]
     counts = torch.tensor(repeats if isinstance(repeats, int) else tuple(repeats), dtype=torch.int64)
     sources = torch.repeat_interleave(torch.arange(size), counts)  # output position -> input position
     return (F.gather_backward(g, sources, axis=axis, shape=x.shape),)

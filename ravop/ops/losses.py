@@ -5,9 +5,10 @@ import torch
 import torch.nn.functional as TF
 
 from .. import functional as F
+from ..dtypes import is_floating
 from ..registry import register
+from ..sizes import numel
 from .nn import backward_mask, call_backward, keep_masked, masked_shapes
-from .rules import numel
 
 aten = torch.ops.aten
 MEAN = 1                 # ATen's Reduction::Mean
@@ -15,7 +16,7 @@ TORCH_IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
 
 
 def _check_float(name, dtype):
-    if not (dtype.is_floating_point or dtype.is_complex):
+    if not is_floating(dtype):
         raise TypeError(f"{name} must be floating point, not {dtype}")
 
 

@@ -17,20 +17,18 @@ import torch.nn.functional as TF
 
 from .. import functional as F
 from ..autodiff import needs_grad
+from ..dtypes import is_floating
 from ..interpreter import op_seed
 from ..registry import REQUIRED, register
+from ..sizes import numel
 from ..source import user_source
-from .rules import Like, numel
+from .rules import Like
 
 aten = torch.ops.aten
 
 
 def _pair(v):
     return (v, v) if type(v) is int else tuple(v)
-
-
-def _is_float(dtype):
-    return dtype.is_floating_point or dtype.is_complex
 
 
 def backward_mask(*inputs):
@@ -444,7 +442,7 @@ def embedding_backward(g, indices, num_weights):
 def _dropout_shape(x, p=0.5, training=True):
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], not {p}")
-    if not _is_float(x.dtype):
+    if not is_floating(x.dtype):
         raise TypeError(f"needs a floating-point input, not {x.dtype}")
     return x.shape, x.dtype
 

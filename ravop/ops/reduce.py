@@ -7,6 +7,7 @@ import torch
 
 from .. import functional as F
 from ..registry import register
+from ..sizes import numel
 from . import rules
 from .kernel_vjp import autograd_vjp
 
@@ -41,7 +42,7 @@ def expand_reduced(g, x, axis, keepdims):
 
 def reduced_count(x, axis):
     """How many elements each output of a reduction over `axis` combines (known at record time)."""
-    n = rules.numel(tuple(x.shape[a] for a in rules.normalize_axes(axis, len(x.shape))))
+    n = numel(tuple(x.shape[a] for a in rules.normalize_axes(axis, len(x.shape))))
     if n < 0:
         raise ValueError(f"the gradient of a mean over a dimension of unknown size is not supported "
                          f"(input shape {x.shape})")
@@ -118,7 +119,7 @@ def _extreme_vjp(node, g):
             return (None,)
         if axis is None:  # the kernel reduced the flattened input
             flat = F.take_along_axis_backward(F.reshape(g_values, shape=(1,)), F.reshape(indices, shape=(1,)),
-                                              axis=0, size=rules.numel(x.shape))
+                                              axis=0, size=numel(x.shape))
             return (F.reshape(flat, shape=x.shape),)
         if not keepdims:
             g_values = F.expand_dims(g_values, axis=axis)

@@ -4,6 +4,7 @@ import torch
 
 from .. import functional as F
 from ..registry import REQUIRED, register
+from ..sizes import numel
 from . import rules
 
 
@@ -58,7 +59,7 @@ def target_shape(shape, target):
             known *= d
     if len(infer) > 1:
         raise ValueError(f"can only infer one dimension (-1) of {target}")
-    n = rules.numel(shape)
+    n = numel(shape)
     if n < 0:
         return target  # the input's size is known only at run time; -1 stays "unknown"
     if infer:
@@ -118,7 +119,7 @@ def _flattened(shape, start_dim, end_dim):
     start, end = rules.normalize_axis(start_dim, len(shape)), rules.normalize_axis(end_dim, len(shape))
     if start > end:
         raise ValueError(f"start_dim {start_dim} comes after end_dim {end_dim}")
-    return shape[:start] + (rules.numel(shape[start:end + 1]),) + shape[end + 1:]
+    return shape[:start] + (numel(shape[start:end + 1]),) + shape[end + 1:]
 
 
 @register("flatten", params={"start_dim": 0, "end_dim": -1}, vjp=_reshape_vjp,
@@ -132,7 +133,7 @@ def flatten(x, start_dim=0, end_dim=-1):
 def _ravel_shape(x, order="C"):
     if order not in ("C", "F"):
         raise ValueError(f"ravel order must be 'C' (row-major) or 'F' (column-major), not {order!r}")
-    return (rules.numel(x.shape),), x.dtype
+    return (numel(x.shape),), x.dtype
 
 
 def _ravel_vjp(node, g):

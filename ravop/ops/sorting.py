@@ -6,6 +6,7 @@ import torch
 
 from .. import functional as F
 from ..registry import register
+from ..sizes import numel
 from . import rules
 
 
@@ -19,7 +20,7 @@ def _sort_axis(x, axis):
 
 def _sort_shape(x, axis=-1, return_indices=False):
     a = _sort_axis(x, axis)
-    shape = (rules.numel(x.shape),) if a is None else x.shape
+    shape = (numel(x.shape),) if a is None else x.shape
     return [(shape, x.dtype), (shape, torch.int64)] if return_indices else (shape, x.dtype)
 
 
@@ -33,7 +34,7 @@ def _sort_vjp(node, g):
     else:
         indices = F.argsort(x, axis=axis)
     if axis is None:
-        flat = F.take_along_axis_backward(g, indices, axis=0, size=rules.numel(x.shape))
+        flat = F.take_along_axis_backward(g, indices, axis=0, size=numel(x.shape))
         return (F.reshape(flat, shape=x.shape),)
     return (F.take_along_axis_backward(g, indices, axis=axis, size=x.shape[axis]),)
 

@@ -5,6 +5,7 @@ Results of fractional statistics are floating point (integer inputs give the def
 import torch
 
 from .. import functional as F
+from ..dtypes import is_floating
 from ..registry import REQUIRED, register
 from . import rules
 from .kernel_vjp import autograd_vjp
@@ -226,7 +227,7 @@ def mode(x, axis=0, keepdims=None):
 # ---------------------------------------------------------------------------------------------- bincount
 
 def _bincount_shape(x, weights=None, minlength=0):
-    if len(x.shape) != 1 or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+    if len(x.shape) != 1 or is_floating(x.dtype) or x.dtype == torch.bool:
         raise ValueError(f"bincount counts a 1-D tensor of non-negative ints, not {x.shape} {x.dtype}")
     if weights is not None and weights.shape != x.shape:
         raise ValueError(f"bincount weights of shape {weights.shape} must match x's shape {x.shape}")

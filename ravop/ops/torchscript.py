@@ -28,6 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .. import functional as F
 from ..autodiff import needs_grad
+from ..dtypes import is_floating
 from ..registry import REQUIRED, register
 from . import torchscript_safety
 
@@ -238,7 +239,7 @@ def _forward_vjp(node, g):
     values = node.inputs[1:]
     n_params, n_buffers = len(p["param_slots"]), len(p["buffer_slots"])
     # Buffers carry no gradient, as in torch (BatchNorm refuses running stats that require grad).
-    mask = tuple(not n_params <= i < n_params + n_buffers and (x.dtype.is_floating_point or x.dtype.is_complex)
+    mask = tuple(not n_params <= i < n_params + n_buffers and is_floating(x.dtype)
                  and needs_grad(x) for i, x in enumerate(values))
     if not any(mask) or not any(grad_mask):
         return (None,) * len(node.inputs)
@@ -283,7 +284,7 @@ def _vjp_shape(*xs, mask, grad_mask, **params):
         if tuple(g.shape) != tuple(shape):
             raise ValueError(f"an output gradient has shape {g.shape}, its output has shape {shape}")
     wanted = [x for x, m in zip(values[1:], mask) if m]
-    if any(not x.dtype.is_floating_point and not x.dtype.is_complex for x in wanted):
+    if any(not is_floating(x.dtype) for x in wanted):
         raise TypeError("mask asks for the gradient of an integer input")
     return [(x.shape, x.dtype) for x in wanted]
 
