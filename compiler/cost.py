@@ -7,13 +7,10 @@ float32 matmul at ~1e11 FLOP/s, a large elementwise add at ~3-5 GB/s, relu on a 
 and adam_step in ~45 us through the interpreter); the partitioner only needs the right order of
 magnitude.
 
-FLOPs come from the op's own `OpDef.flops(shape, input_shapes, params)` when it defines one, else from a
-rule for its family here (matmul-like ops from their contracted dimension, convolutions from their
-kernel, sorts as n log n), else from the largest tensor it touches (elementwise ops and reductions).
-Unknown (-1) dimensions count as 1.
+FLOPs come from the op's own `OpDef.flops(shape, input_shapes, params)` when it defines one (matmul-like ops
+from their contracted dimension, convolutions from their kernel, sorts as n log n: `ravop.ops.flops`), else
+from the largest tensor it touches (elementwise ops and reductions). Unknown (-1) dimensions count as 1.
 """
-import math
-
 from ravop import registry
 from ravop.dtypes import DTYPES
 from ravop.sizes import numel_estimate
@@ -31,51 +28,6 @@ class DeviceModel:
 
 
 DEVICES = {"cpu": DeviceModel(3e-6, 3e-6, 5e10, 5e9), "cuda": DeviceModel(5e-6, 5e-6, 2e13, 1e12)}
-
-
-def _matmul(shape, ins, params):
-    x = ins[0]
-    return 2.0 * numel_estimate(shape) * (x[-1] if x else 1)
-
-
-def _contraction(shape, ins, params):
-    """dot/tensordot: the contracted size c satisfies numel(x) * numel(y) = numel(out) * c**2."""
-    out = max(numel_estimate(shape), 1)
-    return 2.0 * out * math.sqrt(numel_estimate(ins[0]) * numel_estimate(ins[1]) / out)
-
-
-def _linear(shape, ins, params):
-    return 2.0 * numel_estimate(shape) * (ins[1][-1] if ins[1] else 1)
-
-
-def _linear_backward(shape, ins, params):
-    g, x, w = ins[:3]
-    return 4.0 * numel_estimate(g) * (w[-1] if w else 1)  # grad input and grad weight, each a matmul as big as forward
-
-
-def _conv2d(shape, ins, params):
-    w = ins[1]
-    return 2.0 * numel_estimate(shape) * numel_estimate(w[1:])  # w: (out_c, in_c / groups, kh, kw)
-
-
-def _conv2d_backward(shape, ins, params):
-    g, x, w = ins[:3]
-    return 4.0 * numel_estimate(g) * numel_estimate(w[1:])
-
-
-def _inv(shape, ins, params):
-    return float(numel_estimate(shape)) * (shape[-1] if shape else 1)  # n**3 per matrix
-
-
-def _sort(shape, ins, params):
-    n = max(numel_estimate(ins[0]), 2)
-    return n * math.log2(n)
-
-
-FAMILY_FLOPS = {"matmul": _matmul, "dot": _contraction, "tensordot": _contraction, "linear": _linear,
-                "linear_backward": _linear_backward, "conv2d": _conv2d, "conv2d_backward": _conv2d_backward,
-                "inv": _inv, "sort": _sort, "argsort": _sort, "median": _sort, "percentile": _sort,
-                "unique": _sort, "mode": _sort}
 FREE = {"const", "tuple_get"}  # no work: a value from the store, or one output of a computed tuple
 
 
@@ -90,9 +42,11 @@ def node_flops(node, nodes):
     if node.op in FREE:
         return 0.0
     ins = [nodes[i].shape for i in node.inputs]
-    rule = FAMILY_FLOPS.get(node.op) or registry.REGISTRY[node.op].flops
+    rule = registry.REGISTRY[node.op].flops
     if rule is not None:
-        return float(rule(node.shape, ins, node.params))
+        flops = rule(node.shape, ins, node.params)
+        if flops is not None:
+            return float(flops)
     largest = numel_estimate(node.shape) if not node.multi_output else max(map(numel_estimate, node.shape), default=0)
     for shape in ins:
         n = numel_estimate(shape)

@@ -23,7 +23,13 @@ Conventions an op definition follows:
   `grad` is an `Op`, or a list of `Op | None` for a multi-output op.
 - `flops(shape, input_shapes, params)` (optional) estimates the op's floating-point operations from its
   output shape, its inputs' shapes and its params, for the compiler's cost model (`compiler.cost`), which
-  otherwise uses a rule for the op's family or the size of the largest tensor the op touches.
+  otherwise uses the size of the largest tensor the op touches; shared rules are in `ravop.ops.flops`. It may
+  return None for "no better estimate".
+- `torch_function=(function, kwargs)` (optional): a TorchScript-able torch function equivalent to the op,
+  called with the op's inputs (a variadic op's as one list) and `kwargs(op)`; a saved RavDL model's own
+  forward code is exported as calls of these (`ravdl.v2.export`; helpers in `ravop.ops.scriptable`).
+- `torch_module` (optional): the name of the `torch.nn` module computing the op, whose constructor takes the
+  op's params (the softmax family's `axis` as `dim`): the ops RavDL's `Activation` layer offers.
 """
 import torch
 
@@ -32,9 +38,11 @@ REQUIRED = object()  # default of a param the caller must give
 
 class OpDef:
     __slots__ = ("name", "inputs", "params", "kernel", "shape", "vjp", "random", "deterministic",
-                 "method", "aliases", "flops", "variadic", "n_required_inputs", "creates", "doc")
+                 "method", "aliases", "flops", "torch_function", "torch_module", "variadic", "n_required_inputs",
+                 "creates", "doc")
 
-    def __init__(self, name, kernel, inputs, params, shape, vjp, random, deterministic, method, aliases, flops):
+    def __init__(self, name, kernel, inputs, params, shape, vjp, random, deterministic, method, aliases, flops,
+                 torch_function, torch_module):
         self.name = name
         self.kernel = kernel
         self.variadic = len(inputs) == 1 and inputs[0].startswith("*")
@@ -49,6 +57,8 @@ class OpDef:
         self.method = method
         self.aliases = tuple(aliases)
         self.flops = flops
+        self.torch_function = torch_function
+        self.torch_module = torch_module
         self.doc = kernel.__doc__
 
     @property
@@ -63,10 +73,11 @@ REGISTRY = {}  # name (and alias) -> OpDef
 
 
 def register(name, *, inputs=("x",), params=None, shape=None, vjp=None, random=False, deterministic=True,
-             method=True, aliases=(), flops=None):
+             method=True, aliases=(), flops=None, torch_function=None, torch_module=None):
     """Decorator: register `kernel` as op `name`. See the module docstring for the conventions."""
     def decorate(kernel):
-        opdef = OpDef(name, kernel, inputs, params or {}, shape, vjp, random, deterministic, method, aliases, flops)
+        opdef = OpDef(name, kernel, inputs, params or {}, shape, vjp, random, deterministic, method, aliases, flops,
+                      torch_function, torch_module)
         for key in (name, *aliases):
             if key in REGISTRY:
                 raise ValueError(f"op {key!r} is registered twice")

@@ -4,7 +4,7 @@ import torch
 
 from .. import functional as F
 from ..registry import register
-from . import rules
+from . import rules, scriptable
 from .core import unbroadcast
 
 
@@ -36,23 +36,30 @@ def _pow_vjp(node, g):
     return unbroadcast(gx, x), unbroadcast(gy, y)
 
 
-register("add", inputs=("x", "y"), shape=rules.binary, vjp=_add_vjp)(torch.add)
-register("sub", inputs=("x", "y"), shape=rules.binary, vjp=_sub_vjp, aliases=("subtract",))(torch.sub)
-register("mul", inputs=("x", "y"), shape=rules.binary, vjp=_mul_vjp, aliases=("multiply",))(torch.mul)
-register("div", inputs=("x", "y"), shape=rules.binary_float, vjp=_div_vjp, aliases=("divide",))(torch.div)
+# An op whose kernel is a torch function with the same arguments is exported as that function.
+SAME = scriptable.no_params
+register("add", inputs=("x", "y"), shape=rules.binary, vjp=_add_vjp, torch_function=(torch.add, SAME))(torch.add)
+register("sub", inputs=("x", "y"), shape=rules.binary, vjp=_sub_vjp, aliases=("subtract",),
+         torch_function=(torch.sub, SAME))(torch.sub)
+register("mul", inputs=("x", "y"), shape=rules.binary, vjp=_mul_vjp, aliases=("multiply",),
+         torch_function=(torch.mul, SAME))(torch.mul)
+register("div", inputs=("x", "y"), shape=rules.binary_float, vjp=_div_vjp, aliases=("divide",),
+         torch_function=(torch.div, SAME))(torch.div)
 register("pow", inputs=("x", "y"), shape=rules.binary, vjp=_pow_vjp, aliases=("power",))(torch.pow)
 
-register("neg", shape=rules.same, vjp=lambda node, g: (F.neg(g),))(torch.neg)
+register("neg", shape=rules.same, vjp=lambda node, g: (F.neg(g),), torch_function=(torch.neg, SAME))(torch.neg)
 register("pos", shape=rules.same, vjp=lambda node, g: (g,))(torch.positive)
 register("abs", shape=rules.same, vjp=lambda node, g: (F.mul(g, F.sign(node.inputs[0])),))(torch.abs)
 # sign is flat wherever it is differentiable: its gradient is zero (None: no contribution), as torch's.
 register("sign", shape=rules.same, vjp=lambda node, g: (None,))(torch.sign)
-register("exp", shape=rules.same_float, vjp=lambda node, g: (F.mul(g, node),))(torch.exp)
+register("exp", shape=rules.same_float, vjp=lambda node, g: (F.mul(g, node),),
+         torch_function=(torch.exp, SAME))(torch.exp)
 register("natlog", shape=rules.same_float, vjp=lambda node, g: (F.div(g, node.inputs[0]),),
-         aliases=("log",))(torch.log)
-register("square", shape=rules.same, vjp=lambda node, g: (F.mul(g, F.mul(node.inputs[0], 2.0)),))(torch.square)
+         aliases=("log",), torch_function=(torch.log, SAME))(torch.log)
+register("square", shape=rules.same, vjp=lambda node, g: (F.mul(g, F.mul(node.inputs[0], 2.0)),),
+         torch_function=(torch.square, SAME))(torch.square)
 register("square_root", shape=rules.same_float, vjp=lambda node, g: (F.div(g, F.mul(node, 2.0)),),
-         aliases=("sqrt",))(torch.sqrt)
+         aliases=("sqrt",), torch_function=(torch.sqrt, SAME))(torch.sqrt)
 
 
 @register("cube", shape=rules.same, vjp=lambda node, g: (F.mul(g, F.mul(F.square(node.inputs[0]), 3.0)),))

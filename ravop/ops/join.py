@@ -6,7 +6,7 @@ from .. import functional as F
 from ..dtypes import result_dtype
 from ..registry import REQUIRED, register
 from ..sizes import numel
-from . import rules
+from . import rules, scriptable
 
 
 def _promoted(shapes_dtypes):
@@ -105,7 +105,7 @@ def _concat_vjp(node, g):
 
 
 @register("concat", inputs=("*xs",), params={"axis": 0}, shape=_concat_shape, vjp=_concat_vjp,
-          aliases=("concatenate",))
+          aliases=("concatenate",), torch_function=(scriptable.concat, scriptable.same_params))
 def concat(*xs, axis=0):
     """Join tensors along an existing axis (numpy.concatenate; axis=None joins them flattened)."""
     xs = _cast_all(xs)

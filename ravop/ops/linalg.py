@@ -4,7 +4,7 @@ import torch
 from .. import functional as F
 from ..dtypes import result_dtype
 from ..registry import register
-from . import rules
+from . import flops, rules, scriptable
 from .core import unbroadcast
 
 
@@ -52,7 +52,8 @@ def _matmul_vjp(node, g):
     return F.reshape(gx, shape=x.shape), F.reshape(gy, shape=y.shape)
 
 
-@register("matmul", inputs=("x", "y"), shape=_matmul_shape, vjp=_matmul_vjp)
+@register("matmul", inputs=("x", "y"), shape=_matmul_shape, vjp=_matmul_vjp, flops=flops.matmul,
+          torch_function=(torch.matmul, scriptable.no_params))
 def matmul(x, y):
     """Matrix product (numpy.matmul / `@`): batch dimensions broadcast, 1-D operands are vectors."""
     return torch.matmul(*_promoted(x, y))
@@ -115,7 +116,8 @@ def _tensordot_vjp(node, g):
     return tensordot_grads(x, y, ax, ay, g)
 
 
-@register("tensordot", inputs=("x", "y"), params={"axes": 2}, shape=_tensordot_shape, vjp=_tensordot_vjp)
+@register("tensordot", inputs=("x", "y"), params={"axes": 2}, shape=_tensordot_shape, vjp=_tensordot_vjp,
+          flops=flops.contraction)
 def tensordot(x, y, axes=2):
     """Sum of products over paired axes (numpy.tensordot): output dims are x's free dims, then y's."""
     ax, ay = _tensordot_axes(axes, x.dim(), y.dim())
@@ -146,7 +148,7 @@ def _dot_vjp(node, g):
     return tensordot_grads(x, y, *_dot_axes(x, y), g)
 
 
-@register("dot", inputs=("x", "y"), shape=_dot_shape, vjp=_dot_vjp)
+@register("dot", inputs=("x", "y"), shape=_dot_shape, vjp=_dot_vjp, flops=flops.contraction)
 def dot(x, y):
     """numpy.dot: a 0-d operand multiplies elementwise; otherwise x's last axis is summed against y's
     second-to-last (or only) axis: inner product, matrix-vector or matrix-matrix product."""
@@ -170,7 +172,7 @@ def _inv_vjp(node, g):
     return (F.neg(F.matmul(F.matmul(inv_t, g), inv_t)),)
 
 
-@register("inv", shape=_inv_shape, vjp=_inv_vjp)
+@register("inv", shape=_inv_shape, vjp=_inv_vjp, flops=flops.inverse)
 def inv(x):
     """Matrix inverse of the last two dimensions (numpy.linalg.inv; `~op`); a singular matrix is an
     error when the op runs. Integer inputs give the default float dtype."""

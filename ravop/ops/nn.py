@@ -22,6 +22,7 @@ from ..interpreter import op_seed
 from ..registry import REQUIRED, register
 from ..sizes import numel
 from ..source import user_source
+from . import flops, scriptable
 from .rules import Like
 
 aten = torch.ops.aten
@@ -85,7 +86,7 @@ def _linear_vjp(node, g):
     return call_backward(F.linear_backward, mask, g, x, w)[:len(node.inputs)]
 
 
-@register("linear", inputs=("x", "w", "b?"), shape=_linear_shape, vjp=_linear_vjp)
+@register("linear", inputs=("x", "w", "b?"), shape=_linear_shape, vjp=_linear_vjp, flops=flops.linear)
 def linear(x, w, b=None):
     """x @ w.T + b, with w in torch's (out_features, in_features) layout."""
     return TF.linear(x, w, b)
@@ -96,7 +97,7 @@ def _linear_backward_shape(g, x, w, mask):
 
 
 @register("linear_backward", inputs=("g", "x", "w"), params={"mask": (True, True, True)},
-          shape=_linear_backward_shape, method=False)
+          shape=_linear_backward_shape, method=False, flops=flops.linear_backward)
 def linear_backward(g, x, w, mask):
     """Gradients of linear w.r.t. (x, w, b), as eager's addmm backward computes them on the 2-d view
     (its mm backward multiplies in the order that suits w.t()'s column-major layout: g.T @ x)."""
@@ -179,7 +180,8 @@ def _conv2d_vjp(node, g):
 
 
 @register("conv2d", inputs=("x", "w", "b?"), params={"stride": 1, "padding": 0, "dilation": 1, "groups": 1,
-                                                      "padding_mode": "zeros"}, shape=_conv_shape, vjp=_conv2d_vjp)
+                                                      "padding_mode": "zeros"}, shape=_conv_shape, vjp=_conv2d_vjp,
+          flops=flops.conv2d)
 def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros"):
     """2-d convolution as nn.Conv2d computes it (padding int, pair, 'same' or 'valid'; padding_mode zeros,
     reflect, replicate or circular)."""
@@ -195,7 +197,7 @@ def _conv_backward_shape(g, x, w, stride, padding, dilation, groups, padding_mod
 
 @register("conv2d_backward", inputs=("g", "x", "w"),
           params={"stride": 1, "padding": 0, "dilation": 1, "groups": 1, "padding_mode": "zeros",
-                  "mask": (True, True, True)}, shape=_conv_backward_shape, method=False)
+                  "mask": (True, True, True)}, shape=_conv_backward_shape, method=False, flops=flops.conv2d_backward)
 def conv2d_backward(g, x, w, stride, padding, dilation, groups, padding_mode, mask):
     """Gradients of conv2d w.r.t. (x, w, b): aten.convolution_backward, then the explicit pad's backward."""
     explicit, pad = conv_padding(w.shape[2:], stride, padding, dilation, padding_mode)
@@ -465,7 +467,8 @@ def _dropout_vjp(node, g):
     return (F.dropout_backward(g, p=p, seed=op_seed(node.graph.seed, node.id)),)
 
 
-@register("dropout", params={"p": 0.5, "training": True}, shape=_dropout_shape, vjp=_dropout_vjp, random=True)
+@register("dropout", params={"p": 0.5, "training": True}, shape=_dropout_shape, vjp=_dropout_vjp, random=True,
+          torch_function=(scriptable.identity, scriptable.no_params))   # exported models are in eval mode
 def dropout(x, p=0.5, training=True, generator=None):
     """Zero each element with probability p and scale the rest by 1/(1-p); identity when not training."""
     if not training or p == 0:

@@ -8,7 +8,7 @@ import torch
 from .. import functional as F
 from ..registry import register
 from ..sizes import numel
-from . import rules
+from . import rules, scriptable
 from .kernel_vjp import autograd_vjp
 
 AXIS = {"axis": None, "keepdims": False}
@@ -55,7 +55,8 @@ def _sum_vjp(node, g):
     return (expand_reduced(g, node.inputs[0], node.params["axis"], node.params["keepdims"]),)
 
 
-@register("sum", params=AXIS, shape=_reduction(rules.sum_dtype), vjp=_sum_vjp)
+@register("sum", params=AXIS, shape=_reduction(rules.sum_dtype), vjp=_sum_vjp,
+          torch_function=(scriptable.reduce_sum, scriptable.reduction))
 def sum_(x, axis=None, keepdims=False):
     """Sum over `axis` (numpy.sum); bool and integer inputs sum in int64."""
     dims = rules.kernel_dims(x, axis)
@@ -84,7 +85,8 @@ def _mean_vjp(node, g):
     return (F.div(expand_reduced(g, x, axis, node.params["keepdims"]), float(reduced_count(x, axis))),)
 
 
-@register("mean", params=AXIS, shape=_reduction(rules.float_dtype), vjp=_mean_vjp)
+@register("mean", params=AXIS, shape=_reduction(rules.float_dtype), vjp=_mean_vjp,
+          torch_function=(scriptable.reduce_mean, scriptable.reduction))
 def mean(x, axis=None, keepdims=False):
     """Arithmetic mean over `axis` (numpy.mean); integer inputs give the default float dtype. The mean
     of an empty selection is nan, as in numpy."""

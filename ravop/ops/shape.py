@@ -5,7 +5,7 @@ import torch
 from .. import functional as F
 from ..registry import REQUIRED, register
 from ..sizes import numel
-from . import rules
+from . import rules, scriptable
 
 
 def _reshape_vjp(node, g):
@@ -38,7 +38,8 @@ def _transpose_vjp(node, g):
     return (F.transpose(g, axes=tuple(inverse)),)
 
 
-@register("transpose", params={"axes": None}, shape=_transpose_shape, vjp=_transpose_vjp)
+@register("transpose", params={"axes": None}, shape=_transpose_shape, vjp=_transpose_vjp,
+          torch_function=(scriptable.transpose, scriptable.permutation))
 def transpose(x, axes=None):
     """Permute the dimensions (numpy.transpose): output axis i is input axis axes[i]; None reverses them."""
     return x.permute(_permutation(axes, x.dim()))
@@ -72,7 +73,7 @@ def target_shape(shape, target):
 
 
 @register("reshape", params={"shape": REQUIRED}, shape=lambda x, shape: (target_shape(x.shape, shape), x.dtype),
-          vjp=_reshape_vjp)
+          vjp=_reshape_vjp, torch_function=(scriptable.reshape, scriptable.shape_list))
 def reshape(x, shape):
     """The same elements in row-major order with a new shape (numpy.reshape; one -1 is inferred)."""
     return torch.reshape(x, (shape,) if isinstance(shape, int) else tuple(shape))
@@ -90,7 +91,7 @@ def _expanded(shape, axis):
 
 
 @register("expand_dims", params={"axis": 0}, shape=lambda x, axis: (_expanded(x.shape, axis), x.dtype),
-          vjp=_reshape_vjp)
+          vjp=_reshape_vjp, torch_function=(scriptable.expand_dims, scriptable.same_params))
 def expand_dims(x, axis=0):
     """Insert size-1 dimensions at `axis` (an int or a tuple), positions counted in the output (numpy)."""
     return x.reshape(_expanded(tuple(x.shape), axis))
@@ -123,7 +124,8 @@ def _flattened(shape, start_dim, end_dim):
 
 
 @register("flatten", params={"start_dim": 0, "end_dim": -1}, vjp=_reshape_vjp,
-          shape=lambda x, start_dim=0, end_dim=-1: (_flattened(x.shape, start_dim, end_dim), x.dtype))
+          shape=lambda x, start_dim=0, end_dim=-1: (_flattened(x.shape, start_dim, end_dim), x.dtype),
+          torch_function=(scriptable.flatten, scriptable.same_params))
 def flatten(x, start_dim=0, end_dim=-1):
     """Merge dimensions start_dim..end_dim into one (torch.flatten); the default gives numpy's 1-D
     `flatten`. A 0-d input gives shape (1,)."""

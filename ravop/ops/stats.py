@@ -7,7 +7,7 @@ import torch
 from .. import functional as F
 from ..dtypes import is_floating
 from ..registry import REQUIRED, register
-from . import rules
+from . import flops, rules
 from .kernel_vjp import autograd_vjp
 from .reduce import expand_reduced, reduced_count
 
@@ -177,7 +177,7 @@ def quantiles(x, fractions, axis, keepdims, method):
 
 
 @register("percentile", params={"q": REQUIRED, "axis": None, "keepdims": False, "method": "linear"},
-          shape=_percentile_shape, vjp=autograd_vjp)
+          shape=_percentile_shape, vjp=autograd_vjp, flops=flops.sort)
 def percentile(x, q, axis=None, keepdims=False, method="linear"):
     """The q-th percentile(s) over `axis` (numpy.percentile; q a number or a list in [0, 100], whose
     dims come first in the result); `method` is linear, lower, higher, midpoint or nearest."""
@@ -190,7 +190,8 @@ def _median_shape(x, axis=None, keepdims=False):
     return _stat_shape(x, axis, keepdims)
 
 
-@register("median", params={"axis": None, "keepdims": False}, shape=_median_shape, vjp=autograd_vjp)
+@register("median", params={"axis": None, "keepdims": False}, shape=_median_shape, vjp=autograd_vjp,
+          flops=flops.sort)
 def median(x, axis=None, keepdims=False):
     """Median over `axis` (numpy.median: the mean of the two middle values for an even count)."""
     return quantiles(x, torch.tensor(0.5, dtype=torch.float64), axis, keepdims, "linear")
@@ -212,7 +213,7 @@ def _mode_shape(x, axis=0, keepdims=None):
     return rules.reduced_shape(x.shape, axis, keepdims), x.dtype
 
 
-@register("mode", params={"axis": 0, "keepdims": None}, shape=_mode_shape, vjp=autograd_vjp)
+@register("mode", params={"axis": 0, "keepdims": None}, shape=_mode_shape, vjp=autograd_vjp, flops=flops.sort)
 def mode(x, axis=0, keepdims=None):
     """The most frequent value along `axis` (scipy.stats.mode: axis 0 by default, None for the flattened
     input; the smallest value wins a tie). keepdims=None keeps the axis of a 1-d input only, as the

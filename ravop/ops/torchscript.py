@@ -36,8 +36,9 @@ CACHE_SIZE = 8            # loaded modules kept per process: each holds its code
 _lock = threading.RLock()
 _modules = OrderedDict()  # (model_hash, device) -> _Loaded
 _shapes = {}              # probe key -> Probe: see `_probe`
+_flops = {}               # the same key without dtypes -> FLOPs, for the cost model (which sees shapes only)
 _EMPTY = torch.empty(0)
-Probe = namedtuple("Probe", "specs flops single")  # output (shape, dtype)s, FLOPs, whether it is one tensor
+Probe = namedtuple("Probe", "specs single")  # output (shape, dtype)s, whether it is one tensor
 
 
 class _Loaded:
@@ -176,7 +177,7 @@ def _run(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, trainin
 # ---------------------------------------------------------------------------------------------- forward
 
 FORWARD_PARAMS = {"model_hash": REQUIRED, "param_slots": (), "buffer_slots": (), "n_args": 1, "kwarg_names": (),
-                  "training": False, "seed": 0, "flops": 0.0}
+                  "training": False, "seed": 0}
 
 
 def _check_blob(blob):
@@ -213,9 +214,14 @@ def _probe(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, train
         break
     outputs = _outputs(result)
     specs = [(tuple(o.shape), o.dtype) for o in outputs]
-    flops = float(max(counter.get_total_flops(), sum(o.numel() for o in outputs)))
-    hit = _shapes[key] = Probe(specs, flops, isinstance(result, torch.Tensor))
+    hit = _shapes[key] = Probe(specs, isinstance(result, torch.Tensor))
+    _flops[_flops_key(model_hash, training, n_args, kwarg_names, [x.shape for x in xs[1:]])] = float(
+        max(counter.get_total_flops(), sum(o.numel() for o in outputs)))
     return hit
+
+
+def _flops_key(model_hash, training, n_args, kwarg_names, shapes):
+    return model_hash, training, n_args, tuple(kwarg_names), tuple(tuple(s) for s in shapes)
 
 
 def probe(xs, params):
@@ -224,7 +230,7 @@ def probe(xs, params):
                   params["kwarg_names"], params["training"])
 
 
-def _forward_shape(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed, flops):
+def _forward_shape(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed):
     _check_blob(xs[0])
     _, _, buffers, _, _ = _split(xs, param_slots, buffer_slots, n_args, kwarg_names)
     specs = _probe(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training).specs
@@ -244,19 +250,23 @@ def _forward_vjp(node, g):
     if not any(mask) or not any(grad_mask):
         return (None,) * len(node.inputs)
     out = iter(F.torchscript_vjp([*node.inputs, *(gi for gi in grads if gi is not None)],
-                                 **{**p, "flops": 3 * p["flops"]}, mask=mask, grad_mask=grad_mask))
+                                 **p, mask=mask, grad_mask=grad_mask))
     return (None,) + tuple(next(out) if wanted else None for wanted in mask)
 
 
-def _flops(shape, input_shapes, params):
-    return params["flops"]
+def _forward_flops(shape, input_shapes, params, n_grads=0):
+    """FLOPs counted when the forward on these shapes was probed (recording it probes it, in the process that
+    compiles it); None if it was not."""
+    p = params
+    return _flops.get(_flops_key(p["model_hash"], p["training"], p["n_args"], p["kwarg_names"],
+                                 input_shapes[1:len(input_shapes) - n_grads]))
 
 
 @register("torchscript_forward", inputs=("*xs",), params=FORWARD_PARAMS, shape=_forward_shape,
-          vjp=_forward_vjp, method=False, flops=_flops)
-def torchscript_forward(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed, flops):
+          vjp=_forward_vjp, method=False, flops=_forward_flops)
+def torchscript_forward(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed):
     """xs = (blob, *params, *buffers, *args, *kwargs): the model's outputs, then, when training, its buffers
-    after the call. `flops` (counted when recorded) is for the cost model only."""
+    after the call."""
     with _lock:
         result, buffers = _run(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed)
     outputs = _outputs(result)
@@ -289,10 +299,15 @@ def _vjp_shape(*xs, mask, grad_mask, **params):
     return [(x.shape, x.dtype) for x in wanted]
 
 
+def _vjp_flops(shape, input_shapes, params):
+    """A forward recomputed under autograd and its backward: about three forwards."""
+    forward = _forward_flops(shape, input_shapes, params, n_grads=sum(params["grad_mask"]))
+    return None if forward is None else 3 * forward
+
+
 @register("torchscript_vjp", inputs=("*xs",), params={**FORWARD_PARAMS, "mask": REQUIRED, "grad_mask": REQUIRED},
-          shape=_vjp_shape, method=False, flops=_flops)
-def torchscript_vjp(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed, flops, mask,
-                    grad_mask):
+          shape=_vjp_shape, method=False, flops=_vjp_flops)
+def torchscript_vjp(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed, mask, grad_mask):
     """xs = (forward inputs..., one gradient per output with grad_mask True): the gradients of the forward
     w.r.t. its inputs with mask True, by torch.autograd through the same module (the forward is recomputed
     with the same seed)."""
