@@ -13,6 +13,7 @@ from the largest tensor it touches (elementwise ops and reductions). Unknown (-1
 """
 from ravop import registry
 from ravop.dtypes import DTYPES
+from ravop.registry import FREE, LOOPS
 from ravop.sizes import numel_estimate
 
 
@@ -28,7 +29,6 @@ class DeviceModel:
 
 
 DEVICES = {"cpu": DeviceModel(3e-6, 3e-6, 5e10, 5e9), "cuda": DeviceModel(5e-6, 5e-6, 2e13, 1e12)}
-FREE = {"const", "tuple_get"}  # no work: a value from the store, or one output of a computed tuple
 
 
 def _out_bytes(node):
@@ -109,7 +109,7 @@ def estimate(ir):
         b = out_bytes[id] = _out_bytes(node)
         if node.op in FREE:
             continue
-        if node.op == "loop":
+        if node.op in LOOPS:
             seconds[id], flops[id] = loop_cost(ir.loops[id], ir.device)
             continue
         for i in node.inputs:

@@ -6,6 +6,7 @@ mutate a node or an IR: they build new ones and share what they did not change, 
 every intermediate IR stay valid.
 """
 from ravop.errors import GraphStateError
+from ravop.registry import INPUT, op_of_kind
 from ravop.wire.codec import encode_params
 
 _NO_PARAMS = {}
@@ -28,7 +29,7 @@ class Node:
         return Node(self.id, self.op, inputs, self.params, self.pkey, self.shape, self.dtype, self.source)
 
     def as_constant(self):
-        return Node(self.id, "const", (), _NO_PARAMS, b"", self.shape, self.dtype, self.source)
+        return Node(self.id, op_of_kind(INPUT), (), _NO_PARAMS, b"", self.shape, self.dtype, self.source)
 
     @property
     def multi_output(self):

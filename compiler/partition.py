@@ -30,6 +30,8 @@ devices.
 """
 import networkx as nx
 
+from ravop.registry import INPUTS, LOOPS, PROJECTIONS
+
 from .pipeline import InvariantError
 
 HANDOFF_BYTES_PER_S = 3e8   # encode + SET + GET + decode of tensors through Redis, measured on a 2-core VM
@@ -41,11 +43,11 @@ def dfs_order(ir):
     nodes = ir.nodes
     outputs_of = {}  # multi-output node id -> its tuple_get readers, emitted right after it
     for id, node in nodes.items():
-        if node.op == "tuple_get":
+        if node.op in PROJECTIONS:
             outputs_of.setdefault(node.inputs[0], []).append(id)
     state = dict.fromkeys(nodes, 0)  # 0 new, 1 inputs being visited, 2 emitted
     for id, node in nodes.items():
-        if node.op == "const":
+        if node.op in INPUTS:
             state[id] = 2
     order = []
     emit = order.append
@@ -100,7 +102,7 @@ def partition(ir, costs, min_seconds, max_seconds):
         node = nodes[v]
         inputs = node.inputs
         window = len(windows)
-        if current and node.op != "tuple_get":
+        if current and node.op not in PROJECTIONS:
             linked = chained.get(v) == prev
             # v reads a window this one does not wait for yet: keeping v out lets the two run side by side.
             joins = False
@@ -112,7 +114,7 @@ def partition(ir, costs, min_seconds, max_seconds):
             handoff = live / HANDOFF_BYTES_PER_S
             enough = load >= min_seconds and (joins or load * HANDOFF_SHARE >= handoff)
             heavy = chain[v] >= min_seconds and chain[v] >= handoff   # a branch run apart must win back the cut
-            alone = node.op == "loop" or nodes[current[0]].op == "loop"   # a loop is a subgraph of its own
+            alone = node.op in LOOPS or nodes[current[0]].op in LOOPS   # a loop is a subgraph of its own
             if alone or load + c > max_seconds or (not linked and (enough or heavy)):
                 windows.append(current)
                 ancestors.append(waits)

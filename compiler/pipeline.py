@@ -1,9 +1,14 @@
 """Run the passes in order and check the IR's invariants after each, as torch.fx's PassManager does: a pass
 that breaks the IR is named at once instead of surfacing as a wrong result on a worker."""
 from ravop.errors import RavopError
+from ravop.registry import INPUTS, PROJECTIONS
 
-from .passes import (eliminate_common_subexpressions, eliminate_dead_code, fold_constants,
-                     fuse_linear_chains)
+from .passes import (
+    eliminate_common_subexpressions,
+    eliminate_dead_code,
+    fold_constants,
+    fuse_linear_chains,
+)
 
 # (summary key, pass). Folding leaves the inputs of what it folded unread, so dead code is culled again.
 PIPELINE = (
@@ -33,10 +38,10 @@ def check_invariants(ir):
         for i in node.inputs:
             if i >= id or i not in nodes:
                 raise ValueError(f"node {id} ({node.op}) reads node {i}, which is not defined before it")
-        if node.op == "const":
+        if node.op in INPUTS:
             if id not in ir.constants:
                 raise ValueError(f"const node {id} has no value")
-        elif node.op == "tuple_get" and not nodes[node.inputs[0]].multi_output:
+        elif node.op in PROJECTIONS and not nodes[node.inputs[0]].multi_output:
             raise ValueError(f"tuple_get node {id} reads node {node.inputs[0]}, which has a single output")
     for name, id in ir.outputs.items():
         if id not in nodes:

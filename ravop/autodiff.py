@@ -121,7 +121,7 @@ def _backward(nodes, marked, wrt_ids, first, last, seed):
         if index in wrt_ids:
             found[index] = g
         node = nodes[index]
-        if node.op == "tuple_get":
+        if node.op in registry.PROJECTIONS:
             _gather_output(pending, node, g)
             continue
         if not node.inputs or index not in marked:

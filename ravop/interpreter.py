@@ -104,15 +104,16 @@ def _evaluate(graph, outputs, loops, graph_seed, device="cpu", step_values=None)
         if node.id not in needed:
             needed.add(node.id)
             stack.extend(node.inputs)
-    env = {i: graph.constants[i].to(device) for i in needed if graph.nodes[i].op == "const"}
-    rows = [_Row(graph.nodes[i]) for i in sorted(needed) if graph.nodes[i].op != "const"]
+    inputs = registry.INPUTS
+    env = {i: graph.constants[i].to(device) for i in needed if graph.nodes[i].op in inputs}
+    rows = [_Row(graph.nodes[i]) for i in sorted(needed) if graph.nodes[i].op not in inputs]
     last_use = {i: index for index, row in enumerate(rows) for i in row.inputs}  # free values as a worker does
     for o in roots:
         last_use.pop(o.id, None)
     start = 0
     with torch.no_grad():
         for index, row in enumerate(rows + [None]):
-            if row is not None and row.op != "loop":
+            if row is not None and row.op not in registry.LOOPS:
                 continue
             run_nodes(rows[start:index], env, seed, device, _shifted(last_use, start))
             if row is None:

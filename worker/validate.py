@@ -47,7 +47,7 @@ def check(subgraph, max_bytes):
     known = registry.REGISTRY
     for index, step in enumerate(steps):
         node_id, op, reads = step.id, step.op, step.inputs
-        if op == "const" or op not in known:
+        if op not in known or known[op].is_input:   # a stored value is an input of the subgraph, not a step
             raise PlanError(f"unknown op {op!r}", step)
         undefined = [i for i in reads if i not in defined]
         if undefined:

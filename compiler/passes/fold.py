@@ -26,7 +26,7 @@ def fold_constants(ir, max_elements=MAX_ELEMENTS, budget_seconds=BUDGET_SECONDS)
     folded = {}
     nodes = ir.nodes
     for id, node in nodes.items():
-        if node.op == "const":
+        if node.op in registry.INPUTS:
             continue
         for i in node.inputs:
             if i not in values:

@@ -2,6 +2,7 @@
 is v's only computed input. The partitioner never cuts a link (unless a run would exceed its time
 bound), so a chain of single-reader ops runs as one piece on one worker with its intermediates never
 leaving it."""
+from ravop.registry import INPUTS
 
 
 def fuse_linear_chains(ir):
@@ -15,7 +16,7 @@ def fuse_linear_chains(ir):
     for id, node in nodes.items():
         computed = None
         for i in node.inputs:
-            if nodes[i].op != "const":
+            if nodes[i].op not in INPUTS:
                 if computed is not None:
                     break
                 computed = i

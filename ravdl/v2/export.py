@@ -134,13 +134,13 @@ class _Tracer:
             return call if index is None else self._add({"op": "getitem", "args": [call, index]})
         if op.id in self.attrs:
             return self._add({"op": "get_attr", "target": self.attrs[op.id]})
-        if op.op == "const":
+        opdef = registry.get(op.op)
+        if opdef.is_input:
             key = f"const_{op.id}"
             self.tensors[key] = op
             return self._add({"op": "get_attr", "target": key})
-        if op.op == "tuple_get":
+        if opdef.is_projection:
             return self._add({"op": "getitem", "args": [self.refs[op.inputs[0].id], op.params["index"]]})
-        opdef = registry.get(op.op)
         if opdef.torch_function is None:
             savable = sorted(d.name for d in registry.unique_opdefs() if d.torch_function is not None)
             raise ValueError(f"save_model: op {op.op!r} (recorded at {op.source}) in the model's forward code has "

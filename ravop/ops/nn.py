@@ -21,7 +21,6 @@ from ..dtypes import is_floating
 from ..interpreter import op_seed
 from ..registry import REQUIRED, register
 from ..sizes import numel
-from ..source import user_source
 from . import flops, scriptable
 from .rules import Like
 
@@ -265,10 +264,7 @@ def _max_pool_vjp(node, g):
         g = g[0]   # the indices output is integer: it carries no gradient
         if g is None:
             return (None,)
-        # Another handle on the forward's indices output (CSE merges it with the forward's own).
-        indices = node.graph.add_node("tuple_get", (node,), {"index": 1}, node.shape[1], node.dtype[1],
-                                      user_source())
-        return (F.max_pool2d_indices_backward(g, node.inputs[0], indices, **options),)
+        return (F.max_pool2d_indices_backward(g, node.inputs[0], node.output(1), **options),)
     return (F.max_pool2d_backward(g, node.inputs[0], **options),)
 
 

@@ -116,7 +116,7 @@ def _extreme_vjp(node, g):
     x = node.inputs[0]
     axis, keepdims = node.params["axis"], node.params["keepdims"]
     if node.params["return_indices"]:
-        g_values, indices = g[0], rules.output_of(node, 1)
+        g_values, indices = g[0], node.output(1)
         if g_values is None:
             return (None,)
         if axis is None:  # the kernel reduced the flattened input

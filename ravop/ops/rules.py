@@ -119,14 +119,6 @@ def kernel_dims(x, axis):
     return (axis,) if isinstance(axis, int) else tuple(axis)
 
 
-def output_of(node, i):
-    """Output `i` of multi-output `node`: `graph.record` appends its tuple_get readers right after it."""
-    picked = node.graph.nodes[node.id + 1 + i]
-    if picked.op != "tuple_get" or picked.inputs[0] is not node or picked.params["index"] != i:
-        raise RuntimeError(f"node {picked.id} is not output {i} of {node!r}")
-    return picked
-
-
 class Like:
     """What a shape rule reads of a tensor (shape, dtype), for one that is not a recorded op: a slice
     `foreach` applies an op to, or the input a backward op rebuilds."""

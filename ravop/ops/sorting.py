@@ -28,7 +28,7 @@ def _sort_vjp(node, g):
     x = node.inputs[0]
     axis = node.params["axis"]
     if node.params["return_indices"]:
-        g, indices = g[0], rules.output_of(node, 1)
+        g, indices = g[0], node.output(1)
         if g is None:
             return (None,)
     else:
