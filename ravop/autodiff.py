@@ -26,17 +26,6 @@ class NotDifferentiableError(RavopError, TypeError):
     """An op on the path from a `wrt` to the loss has no VJP rule."""
 
 
-_wanted = None  # ids of the nodes the running `grad` call needs gradients for (see `needs_grad`)
-
-
-def needs_grad(op):
-    """Whether the `grad` call now recording wants a gradient for `op`.
-
-    A VJP rule may skip work for inputs that need no gradient, as torch's `ctx.needs_input_grad` allows
-    (e.g. a first layer's gradient w.r.t. the data batch). Outside a `grad` call every op counts as needed."""
-    return _wanted is None or op.id in _wanted
-
-
 def grad(loss, wrt, grad_output=None):
     """Record d(loss)/d(wrt) as ops and return them: one Op, or a list/tuple shaped like `wrt`.
 
@@ -65,12 +54,7 @@ def grad(loss, wrt, grad_output=None):
     first = min(wrt_ids)
     marked = _depends_on(nodes, wrt_ids, first, loss.id)
 
-    global _wanted
-    previous, _wanted = _wanted, marked
-    try:
-        found = _backward(nodes, marked, wrt_ids, first, loss.id, seed)
-    finally:
-        _wanted = previous
+    found = _backward(nodes, marked, wrt_ids, first, loss.id, seed)
     grads = [found[w.id] if w.id in found else _zeros(w) for w in targets]
     if single:
         return grads[0]
@@ -112,6 +96,11 @@ def _carries_grad(dtype):
 
 def _backward(nodes, marked, wrt_ids, first, last, seed):
     """Walk ids from `last` down to `first`, calling each marked node's VJP; return {wrt id: grad Op}."""
+    def wants(op):
+        """Whether a gradient w.r.t. `op` is needed: a VJP may skip work for the others, as torch's
+        `ctx.needs_input_grad` allows (e.g. a first layer's gradient w.r.t. the data batch)."""
+        return op.id in marked
+
     pending = {last: seed}   # node id -> gradient Op (a list of Op | None for a multi-output node)
     found = {}
     for index in range(last, first - 1, -1):
@@ -131,7 +120,7 @@ def _backward(nodes, marked, wrt_ids, first, last, seed):
             raise NotDifferentiableError(
                 f"grad: op {node.op!r} (recorded at {node.source}) has no VJP rule, and the loss depends on "
                 "a wrt through it; take the gradient w.r.t. its output instead, or cut the path")
-        input_grads = opdef.vjp(node, g)
+        input_grads = opdef.vjp(node, g, wants)
         if len(input_grads) != len(node.inputs):
             raise RuntimeError(f"VJP of {node.op!r} returned {len(input_grads)} gradients for "
                                f"{len(node.inputs)} inputs")

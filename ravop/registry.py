@@ -19,8 +19,9 @@ Conventions an op definition follows:
   `tests/test_device.py` runs every op on a device other than the CPU and checks all of this.
 - `shape(*inputs, **params)` sees the input `Op`s (their `.shape` and `.dtype`) and returns `(shape, dtype)`,
   or a list of them for a multi-output op. With `shape=None` the kernel itself is run on meta tensors.
-- `vjp(node, grad)` records the backward ops and returns one gradient `Op` (or `None`) per input;
-  `grad` is an `Op`, or a list of `Op | None` for a multi-output op.
+- `vjp(node, grad, wants)` records the backward ops and returns one gradient `Op` (or `None`) per input;
+  `grad` is an `Op`, or a list of `Op | None` for a multi-output op; `wants(op)` says whether the running
+  `R.grad` needs a gradient w.r.t. input `op` (a rule may skip the others' work: ravop/ops/masked.py).
 - `flops(shape, input_shapes, params)` (optional) estimates the op's floating-point operations from its
   output shape, its inputs' shapes and its params, for the compiler's cost model (`compiler.cost`), which
   otherwise uses the size of the largest tensor the op touches; shared rules are in `ravop.ops.flops`. It may

@@ -109,7 +109,7 @@ TORCH_FUNCTIONS = {"relu": (torch.relu, scriptable.no_params), "sigmoid": (torch
 def _make_vjp(name, saved):
     backward_name = f"{name}_backward"
 
-    def vjp(node, g):
+    def vjp(node, g, wants):
         value = node if saved == "y" else node.inputs[0]
         return (getattr(F, backward_name)(g, value, **node.params),)
     return vjp

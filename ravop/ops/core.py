@@ -35,7 +35,7 @@ def _tuple_get_shape(x, index):
     return x.shape[index], x.dtype[index]
 
 
-def _tuple_get_vjp(node, g):
+def _tuple_get_vjp(node, g, wants):
     return (None,)  # handled by autodiff: gradients of a multi-output node are gathered per output
 
 
@@ -50,7 +50,7 @@ def _sum_to_shape(x, shape):
     return tuple(shape), x.dtype
 
 
-def _sum_to_vjp(node, g):
+def _sum_to_vjp(node, g, wants):
     return (F.broadcast_to(g, shape=node.inputs[0].shape),)
 
 
@@ -71,7 +71,7 @@ def _broadcast_to_shape(x, shape):
     return tuple(shape), x.dtype
 
 
-def _broadcast_to_vjp(node, g):
+def _broadcast_to_vjp(node, g, wants):
     return (F.sum_to(g, shape=node.inputs[0].shape),)
 
 

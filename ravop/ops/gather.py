@@ -33,7 +33,7 @@ def _wrapped(indices, size):
     return torch.where(indices < 0, indices + size, indices)
 
 
-def _gather_vjp(node, g):
+def _gather_vjp(node, g, wants):
     x, indices = node.inputs
     return F.gather_backward(g, indices, axis=node.params["axis"], shape=x.shape), None
 
@@ -50,7 +50,7 @@ def gather(x, indices, axis=0):
     return picked.reshape(x.shape[:axis] + indices.shape + x.shape[axis + 1:])
 
 
-def _gather_backward_vjp(node, g):
+def _gather_backward_vjp(node, g, wants):
     _, indices = node.inputs
     return F.gather(g, indices, axis=node.params["axis"]), None
 
@@ -88,7 +88,7 @@ def _along_shape(x, indices, axis):
     return outer[:a] + (indices.shape[a],) + outer[a + 1:], x.dtype
 
 
-def _along_vjp(node, g):
+def _along_vjp(node, g, wants):
     x, indices = node.inputs
     axis = rules.normalize_axis(node.params["axis"], len(x.shape))
     return unbroadcast(F.take_along_axis_backward(g, indices, axis=axis, size=x.shape[axis]), x), None
@@ -112,7 +112,7 @@ def _along_backward_shape(g, indices, axis, size):
 
 @register("take_along_axis_backward", inputs=("g", "indices"), params={"axis": REQUIRED, "size": REQUIRED},
           shape=_along_backward_shape, method=False,
-          vjp=lambda node, g: (F.take_along_axis(g, node.inputs[1], axis=node.params["axis"]), None))
+          vjp=lambda node, g, wants: (F.take_along_axis(g, node.inputs[1], axis=node.params["axis"]), None))
 def take_along_axis_backward(g, indices, axis, size):
     """Zeros with `size` along `axis` and `g` added where take_along_axis took it: its VJP."""
     shape = g.shape[:axis % g.dim()] + (size,) + g.shape[axis % g.dim() + 1:]

@@ -218,7 +218,7 @@ def _index_shape(x, *tensors, spec):
     return index_shape(x.shape, spec, tensors), x.dtype
 
 
-def _index_vjp(node, g):
+def _index_vjp(node, g, wants):
     x, *tensors = node.inputs
     spec = node.params["spec"]
     grad = record(get("index_backward"), (g, *tensors), {"spec": spec, "shape": x.shape})
@@ -240,7 +240,7 @@ def _index_backward_shape(g, *tensors, spec, shape):
     return tuple(shape), g.dtype
 
 
-def _index_backward_vjp(node, g):
+def _index_backward_vjp(node, g, wants):
     _, *tensors = node.inputs
     return (record(get("index"), (g, *tensors), {"spec": node.params["spec"]}),) + (None,) * len(tensors)
 
@@ -274,7 +274,7 @@ def _set_value_shape(x, value, *tensors, spec):
     return x.shape, x.dtype
 
 
-def _set_value_vjp(node, g):
+def _set_value_vjp(node, g, wants):
     x, value, *tensors = node.inputs
     spec = {"spec": node.params["spec"]}
     g_x = record(get("set_value"), (g, 0.0, *tensors), spec)

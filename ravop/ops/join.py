@@ -60,7 +60,7 @@ def _split_shape(x, numOrSizeSplits, axis=0):
     return [(x.shape[:a] + (stop - start,) + x.shape[a + 1:], x.dtype) for start, stop in parts]
 
 
-def _split_vjp(node, grads):
+def _split_vjp(node, grads, wants):
     axis = node.params["axis"]
     parts = [g if g is not None else F.zeros(shape=shape, dtype=dtype)
              for g, shape, dtype in zip(grads, node.shape, node.dtype)]
@@ -94,7 +94,7 @@ def _concat_shape(*xs, axis=0):
     return first[:a] + (total,) + first[a + 1:], _promoted(xs)
 
 
-def _concat_vjp(node, g):
+def _concat_vjp(node, g, wants):
     xs, axis = node.inputs, node.params["axis"]
     sizes = [numel(x.shape) if axis is None else x.shape[axis] for x in xs]
     points = [sum(sizes[:i]) for i in range(1, len(sizes))]
@@ -123,7 +123,7 @@ def _stack_shape(*xs, axis=0):
     return first[:a] + (len(xs),) + first[a:], _promoted(xs)
 
 
-def _stack_vjp(node, g):
+def _stack_vjp(node, g, wants):
     xs = node.inputs
     axis = rules.normalize_axis(node.params["axis"], len(xs[0].shape) + 1)
     parts = F.split(g, numOrSizeSplits=len(xs), axis=axis)
@@ -136,7 +136,7 @@ def stack(*xs, axis=0):
     return torch.stack(_cast_all(xs), dim=axis)
 
 
-def _join_vjp(node, g):
+def _join_vjp(node, g, wants):
     a, b = node.inputs
     ga, gb = F.split(g, numOrSizeSplits=(numel(a.shape),))
     return F.reshape(ga, shape=a.shape), F.reshape(gb, shape=b.shape)
@@ -150,7 +150,7 @@ def join_to_list(a, b):
     return torch.cat([a.reshape(-1), b.reshape(-1)])
 
 
-def _combine_vjp(node, g):
+def _combine_vjp(node, g, wants):
     a, b = node.inputs
     ga, gb = F.split(g, numOrSizeSplits=2)
     return F.reshape(ga, shape=a.shape), F.reshape(gb, shape=b.shape)
@@ -179,7 +179,7 @@ def _tile_shape(x, reps):
     return tuple(-1 if s < 0 else s * r for s, r in zip(shape, reps)), x.dtype
 
 
-def _tile_vjp(node, g):
+def _tile_vjp(node, g, wants):
     x = node.inputs[0]
     reps = _reps(node.params["reps"])
     n = max(len(reps), len(x.shape))
@@ -227,7 +227,7 @@ def _repeat_shape(x, repeats, axis=None):
     return shape[:a] + (total,) + shape[a + 1:], x.dtype
 
 
-def _repeat_vjp(node, g):
+def _repeat_vjp(node, g, wants):
     x = node.inputs[0]
     repeats, axis = node.params["repeats"], node.params["axis"]
     size = numel(x.shape) if axis is None else x.shape[axis]
@@ -271,7 +271,7 @@ def _slice_shape(x, begin, size):
     return tuple(-1 if stop < 0 else stop - b for b, stop in bounds) + x.shape[len(bounds):], x.dtype
 
 
-def _slice_vjp(node, g):
+def _slice_vjp(node, g, wants):
     x = node.inputs[0]
     bounds = _slice_bounds(x.shape, node.params["begin"], node.params["size"])
     widths = tuple((b, n - stop) for (b, stop), n in zip(bounds, x.shape)) + ((0, 0),) * (len(x.shape) - len(bounds))
@@ -336,7 +336,7 @@ def _source(mode, n, before, after):
     return torch.where(j < n, j, 2 * n - 1 - j)
 
 
-def _pad_vjp(node, g):
+def _pad_vjp(node, g, wants):
     x = node.inputs[0]
     p = node.params
     return (F.pad_backward(g, sequence=pad_widths(p["sequence"], len(x.shape)), mode=p["mode"], shape=x.shape),)
@@ -367,7 +367,7 @@ def _pad_backward_shape(g, sequence, mode, shape):
 
 @register("pad_backward", params={"sequence": REQUIRED, "mode": "constant", "shape": REQUIRED}, method=False,
           shape=_pad_backward_shape,
-          vjp=lambda node, g: (F.pad(g, sequence=node.params["sequence"], mode=node.params["mode"]),))
+          vjp=lambda node, g, wants: (F.pad(g, sequence=node.params["sequence"], mode=node.params["mode"]),))
 def pad_backward(g, sequence, mode="constant", shape=REQUIRED):
     """The VJP of `pad`: the gradient of the padded output folded back onto the input of `shape`
     (cropped for 'constant', summed over every copy for the other modes). `sequence` is per-dim pairs."""

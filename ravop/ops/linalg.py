@@ -39,7 +39,7 @@ def _matmul_shape(x, y):
     return shape, _dtype(x, y)
 
 
-def _matmul_vjp(node, g):
+def _matmul_vjp(node, g, wants):
     """numpy matmul treats a 1-D operand as a row (left) or column (right) vector; do the same here,
     take the matrix gradients, sum out broadcast batch dimensions and drop the vector dimension again."""
     x, y = node.inputs
@@ -110,7 +110,7 @@ def tensordot_grads(x, y, ax, ay, g):
     return gx, gy
 
 
-def _tensordot_vjp(node, g):
+def _tensordot_vjp(node, g, wants):
     x, y = node.inputs
     ax, ay = _tensordot_axes(node.params["axes"], len(x.shape), len(y.shape))
     return tensordot_grads(x, y, ax, ay, g)
@@ -141,7 +141,7 @@ def _dot_shape(x, y):
     return a[:-1] + b[:-2] + b[-1:] if len(b) > 1 else a[:-1], _dtype(x, y)
 
 
-def _dot_vjp(node, g):
+def _dot_vjp(node, g, wants):
     x, y = node.inputs
     if not x.shape or not y.shape:
         return unbroadcast(F.mul(g, y), x), unbroadcast(F.mul(g, x), y)
@@ -166,7 +166,7 @@ def _inv_shape(x):
     return x.shape, rules.float_dtype(x.dtype)
 
 
-def _inv_vjp(node, g):
+def _inv_vjp(node, g, wants):
     # d(A^-1) = -A^-1 dA A^-1, so the gradient is -A^-T g A^-T.
     inv_t = _swap_last(node)
     return (F.neg(F.matmul(F.matmul(inv_t, g), inv_t)),)

@@ -8,7 +8,7 @@ from .. import functional as F
 from ..dtypes import is_floating
 from ..registry import register
 from ..sizes import numel
-from .nn import backward_mask, call_backward, keep_masked, masked_shapes
+from .masked import backward_mask, call_backward, keep_masked, masked_shapes
 
 aten = torch.ops.aten
 MEAN = 1                 # ATen's Reduction::Mean
@@ -35,8 +35,8 @@ def _square_loss_shape(y_true, y_pred):
     return (), y_pred.dtype
 
 
-def _square_loss_vjp(node, g):
-    return call_backward(F.square_loss_backward, backward_mask(*node.inputs), g, *node.inputs)
+def _square_loss_vjp(node, g, wants):
+    return call_backward(F.square_loss_backward, backward_mask(wants, *node.inputs), g, *node.inputs)
 
 
 @register("square_loss", inputs=("y_true", "y_pred"), shape=_square_loss_shape, vjp=_square_loss_vjp)
@@ -107,8 +107,8 @@ def _inputs(y_true, y_pred, reshape_target, reshape_label):
     return label, pred
 
 
-def _cross_entropy_vjp(node, g):
-    return call_backward(F.cross_entropy_loss_backward, backward_mask(*node.inputs), g, *node.inputs,
+def _cross_entropy_vjp(node, g, wants):
+    return call_backward(F.cross_entropy_loss_backward, backward_mask(wants, *node.inputs), g, *node.inputs,
                          **node.params)
 
 

@@ -4,7 +4,7 @@ Each is one op (a training step stays tens of ops, not hundreds), and each has a
 kernel calls the aten backward kernel eager autograd calls (`convolution_backward`,
 `native_batch_norm_backward`, ...), so gradients equal eager PyTorch's. A backward op takes a `mask` param,
 one bool per differentiable input, and has one output per True entry: a VJP asks only for the gradients
-`needs_grad` says the running `R.grad` wants (no gradient of a first layer w.r.t. the data batch).
+the running `R.grad` wants (no gradient of a first layer w.r.t. the data batch; ravop/ops/masked.py).
 
 Statistics the forward computes and the backward needs again (batch-norm mean/invstd, layer-norm
 mean/rstd) are recomputed by the backward kernel from the same input rather than carried as extra outputs:
@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as TF
 
 from .. import functional as F
-from ..autodiff import needs_grad
 from ..dtypes import is_floating
 from ..interpreter import op_seed
 from ..registry import REQUIRED, register
 from ..sizes import numel
 from . import flops, scriptable
+from .masked import backward_mask, call_backward, keep_masked, masked_shapes
 from .rules import Like
 
 aten = torch.ops.aten
@@ -29,30 +29,6 @@ aten = torch.ops.aten
 
 def _pair(v):
     return (v, v) if type(v) is int else tuple(v)
-
-
-def backward_mask(*inputs):
-    """The backward-op `mask` param: which of these inputs (None = absent) the running grad wants."""
-    return tuple(i is not None and needs_grad(i) for i in inputs)
-
-
-def call_backward(backward_op, mask, *args, **params):
-    """Record `backward_op(*args, mask=mask, **params)` and map its outputs (one per True in `mask`) back
-    to one gradient or None per entry of `mask`."""
-    if not any(mask):
-        return (None,) * len(mask)
-    outputs = iter(backward_op(*args, mask=mask, **params))
-    return tuple(next(outputs) if wanted else None for wanted in mask)
-
-
-def masked_shapes(mask, *likes):
-    """Shape rule of a backward op: the shape and dtype of each input whose gradient `mask` asks for."""
-    return [(like.shape, like.dtype) for wanted, like in zip(mask, likes) if wanted]
-
-
-def keep_masked(mask, *grads):
-    """A backward kernel's result: the gradients `mask` asks for, in order."""
-    return tuple(g for wanted, g in zip(mask, grads) if wanted)
 
 
 def _same_dtype(x, w, b):
@@ -79,8 +55,8 @@ def _linear_shape(x, w, b=None):
     return x.shape[:-1] + (w.shape[0],), _same_dtype(x, w, b)
 
 
-def _linear_vjp(node, g):
-    mask = backward_mask(*node.inputs) + ((False,) if len(node.inputs) == 2 else ())
+def _linear_vjp(node, g, wants):
+    mask = backward_mask(wants, *node.inputs) + ((False,) if len(node.inputs) == 2 else ())
     x, w = node.inputs[:2]
     return call_backward(F.linear_backward, mask, g, x, w)[:len(node.inputs)]
 
@@ -169,8 +145,8 @@ def _pad_input(x, explicit, padding_mode):
     return TF.pad(x, explicit, mode="constant" if padding_mode == "zeros" else padding_mode)
 
 
-def _conv2d_vjp(node, g):
-    mask = backward_mask(*node.inputs) + ((False,) if len(node.inputs) == 2 else ())
+def _conv2d_vjp(node, g, wants):
+    mask = backward_mask(wants, *node.inputs) + ((False,) if len(node.inputs) == 2 else ())
     x, w = node.inputs[:2]
     p = node.params
     grads = call_backward(F.conv2d_backward, mask, g, x, w, stride=p["stride"], padding=p["padding"],
@@ -257,7 +233,7 @@ def _max_pool_shape(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mod
     return out, x.dtype
 
 
-def _max_pool_vjp(node, g):
+def _max_pool_vjp(node, g, wants):
     p = node.params
     options = {k: p[k] for k in ("kernel_size", "stride", "padding", "dilation", "ceil_mode")}
     if p["return_indices"]:
@@ -314,13 +290,13 @@ def _batch_norm_shape(x, running_mean, running_var, weight=None, bias=None, trai
     return [(x.shape, x.dtype), (running_mean.shape, running_mean.dtype), (running_var.shape, running_var.dtype)]
 
 
-def _batch_norm_vjp(node, g):
+def _batch_norm_vjp(node, g, wants):
     gy = g[0]   # the running statistics are buffers, as in torch: no gradient flows through them
     if gy is None:
         return (None,) * len(node.inputs)
     x, running_mean, running_var = node.inputs[:3]
     weight = node.inputs[3] if len(node.inputs) == 5 else None
-    mask = backward_mask(x, weight, node.inputs[4] if weight is not None else None)
+    mask = backward_mask(wants, x, weight, node.inputs[4] if weight is not None else None)
     extra = (weight,) if weight is not None else ()
     gx, gw, gb = call_backward(F.batch_norm_backward, mask, gy, x, running_mean, running_var, *extra,
                                training=node.params["training"], eps=node.params["eps"])
@@ -381,8 +357,8 @@ def _layer_norm_shape(x, weight=None, bias=None, normalized_shape=REQUIRED, eps=
     return x.shape, x.dtype
 
 
-def _layer_norm_vjp(node, g):
-    mask = backward_mask(*node.inputs) + ((False, False) if len(node.inputs) == 1 else ())
+def _layer_norm_vjp(node, g, wants):
+    mask = backward_mask(wants, *node.inputs) + ((False, False) if len(node.inputs) == 1 else ())
     grads = call_backward(F.layer_norm_backward, mask, g, *node.inputs,
                           normalized_shape=node.params["normalized_shape"], eps=node.params["eps"])
     return grads[:len(node.inputs)]
@@ -422,7 +398,8 @@ def _embedding_shape(indices, weight):
 
 
 @register("embedding", inputs=("indices", "weight"), shape=_embedding_shape,
-          vjp=lambda node, g: (None, F.embedding_backward(g, node.inputs[0], num_weights=node.inputs[1].shape[0])))
+          vjp=lambda node, g, wants: (None, F.embedding_backward(g, node.inputs[0],
+                                                                  num_weights=node.inputs[1].shape[0])))
 def embedding(indices, weight):
     """Rows of `weight` picked by integer `indices` (any shape): F.embedding."""
     return TF.embedding(indices, weight)
@@ -453,7 +430,7 @@ def _dropout_noise(like, p, generator):
     return noise.bernoulli_(1 - p, generator=generator).div_(1 - p).to(like.device)
 
 
-def _dropout_vjp(node, g):
+def _dropout_vjp(node, g, wants):
     p, training = node.params["p"], node.params["training"]
     if not training or p == 0:
         return (g,)

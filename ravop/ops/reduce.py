@@ -51,7 +51,7 @@ def reduced_count(x, axis):
 
 # ------------------------------------------------------------------------------------------------- sum
 
-def _sum_vjp(node, g):
+def _sum_vjp(node, g, wants):
     return (expand_reduced(g, node.inputs[0], node.params["axis"], node.params["keepdims"]),)
 
 
@@ -79,7 +79,7 @@ def prod(x, axis=None, keepdims=False):
     return x
 
 
-def _mean_vjp(node, g):
+def _mean_vjp(node, g, wants):
     x = node.inputs[0]
     axis = node.params["axis"]
     return (F.div(expand_reduced(g, x, axis, node.params["keepdims"]), float(reduced_count(x, axis))),)
@@ -112,7 +112,7 @@ def _extreme_shape(what):
     return rule
 
 
-def _extreme_vjp(node, g):
+def _extreme_vjp(node, g, wants):
     x = node.inputs[0]
     axis, keepdims = node.params["axis"], node.params["keepdims"]
     if node.params["return_indices"]:

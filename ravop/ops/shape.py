@@ -8,7 +8,7 @@ from ..sizes import numel
 from . import rules, scriptable
 
 
-def _reshape_vjp(node, g):
+def _reshape_vjp(node, g, wants):
     return (F.reshape(g, shape=node.inputs[0].shape),)
 
 
@@ -30,7 +30,7 @@ def _transpose_shape(x, axes=None):
     return tuple(shape[a] for a in _permutation(axes, len(shape))), x.dtype
 
 
-def _transpose_vjp(node, g):
+def _transpose_vjp(node, g, wants):
     perm = _permutation(node.params["axes"], len(node.shape))
     inverse = [0] * len(perm)
     for i, p in enumerate(perm):
@@ -138,7 +138,7 @@ def _ravel_shape(x, order="C"):
     return (numel(x.shape),), x.dtype
 
 
-def _ravel_vjp(node, g):
+def _ravel_vjp(node, g, wants):
     x = node.inputs[0]
     if node.params["order"] == "C":
         return (F.reshape(g, shape=x.shape),)
@@ -159,7 +159,7 @@ def _reverse_shape(x, axis=None):
 
 
 @register("reverse", params={"axis": None}, shape=_reverse_shape,
-          vjp=lambda node, g: (F.reverse(g, axis=node.params["axis"]),))
+          vjp=lambda node, g, wants: (F.reverse(g, axis=node.params["axis"]),))
 def reverse(x, axis=None):
     """Reverse the order of elements along `axis` (an int, a tuple, or None for every axis): numpy.flip."""
     dims = rules.kernel_dims(x, axis)

@@ -24,7 +24,7 @@ def _sort_shape(x, axis=-1, return_indices=False):
     return [(shape, x.dtype), (shape, torch.int64)] if return_indices else (shape, x.dtype)
 
 
-def _sort_vjp(node, g):
+def _sort_vjp(node, g, wants):
     x = node.inputs[0]
     axis = node.params["axis"]
     if node.params["return_indices"]:

@@ -62,7 +62,7 @@ def _aligned_weights(w, x, axis):
     return F.reshape(w, shape=tuple(w.shape[0] if i == a else 1 for i in range(len(x.shape))))
 
 
-def _average_vjp(node, g):
+def _average_vjp(node, g, wants):
     if len(node.inputs) == 1:
         return (F.div(expand_reduced(g, node.inputs[0], node.params["axis"], node.params["keepdims"]),
                       float(reduced_count(node.inputs[0], node.params["axis"]))),)
@@ -113,7 +113,7 @@ def _centered(node):
     return centered, float(reduced_count(x, axis) - node.params["ddof"])
 
 
-def _variance_vjp(node, g):
+def _variance_vjp(node, g, wants):
     x = node.inputs[0]
     centered, divisor = _centered(node)
     gk = expand_reduced(g, x, node.params["axis"], node.params["keepdims"])
@@ -127,7 +127,7 @@ def variance(x, axis=None, ddof=0, keepdims=False):
     return torch.var(x, dim=rules.kernel_dims(x, axis), correction=ddof, keepdim=keepdims)
 
 
-def _std_vjp(node, g):
+def _std_vjp(node, g, wants):
     x = node.inputs[0]
     axis, keepdims = node.params["axis"], node.params["keepdims"]
     centered, divisor = _centered(node)
@@ -237,7 +237,7 @@ def _bincount_shape(x, weights=None, minlength=0):
     return (-1,), torch.int64 if weights is None else rules.float_dtype(weights.dtype)
 
 
-def _bincount_vjp(node, g):
+def _bincount_vjp(node, g, wants):
     x = node.inputs[0]
     return (None, F.gather(g, x)) if len(node.inputs) == 2 else (None,)
 

@@ -27,7 +27,6 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from .. import functional as F
-from ..autodiff import needs_grad
 from ..dtypes import is_floating
 from ..registry import REQUIRED, register
 from . import torchscript_safety
@@ -237,7 +236,7 @@ def _forward_shape(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_nam
     return specs + ([(b.shape, b.dtype) for b in buffers] if training else [])
 
 
-def _forward_vjp(node, g):
+def _forward_vjp(node, g, wants):
     p = node.params
     n_model = len(node.shape) - (len(p["buffer_slots"]) if p["training"] else 0)
     grads = g[:n_model]  # the running stats after the call (the extra outputs) carry no gradient either
@@ -246,7 +245,7 @@ def _forward_vjp(node, g):
     n_params, n_buffers = len(p["param_slots"]), len(p["buffer_slots"])
     # Buffers carry no gradient, as in torch (BatchNorm refuses running stats that require grad).
     mask = tuple(not n_params <= i < n_params + n_buffers and is_floating(x.dtype)
-                 and needs_grad(x) for i, x in enumerate(values))
+                 and wants(x) for i, x in enumerate(values))
     if not any(mask) or not any(grad_mask):
         return (None,) * len(node.inputs)
     out = iter(F.torchscript_vjp([*node.inputs, *(gi for gi in grads if gi is not None)],
