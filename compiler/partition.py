@@ -75,9 +75,9 @@ def dfs_order(ir):
     return order
 
 
-def chain_costs(ir, seconds):
+def chain_costs(ir, chained, seconds):
     """id -> seconds of the fused chain from that node to the chain's end."""
-    after = {u: v for v, u in ir.chained.items()}
+    after = {u: v for v, u in chained.items()}
     total = {}
     for id in reversed(ir.nodes):
         nxt = after.get(id)
@@ -85,12 +85,12 @@ def chain_costs(ir, seconds):
     return total
 
 
-def partition(ir, costs, min_seconds, max_seconds):
-    """Windows of the DFS order: a list of lists of node ids, each list in topological order."""
+def partition(ir, costs, chained, min_seconds, max_seconds):
+    """Windows of the DFS order: a list of lists of node ids, each list in topological order. `chained` maps
+    each node that continues a fused linear chain to its predecessor (`compiler.passes.fuse_linear_chains`)."""
     order = dfs_order(ir)
     seconds, out_bytes = costs.seconds, costs.out_bytes
-    chain = chain_costs(ir, seconds)
-    chained = ir.chained
+    chain = chain_costs(ir, chained, seconds)
     nodes = ir.nodes
     last_read = _last_reads(ir, order)
     window_of = [-1] * ir.n_recorded   # -1: a constant, or not placed yet

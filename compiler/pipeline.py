@@ -3,20 +3,15 @@ that breaks the IR is named at once instead of surfacing as a wrong result on a 
 from ravop.errors import RavopError
 from ravop.registry import INPUTS, PROJECTIONS
 
-from .passes import (
-    eliminate_common_subexpressions,
-    eliminate_dead_code,
-    fold_constants,
-    fuse_linear_chains,
-)
+from .passes import eliminate_common_subexpressions, eliminate_dead_code, fold_constants
 
 # (summary key, pass). Folding leaves the inputs of what it folded unread, so dead code is culled again.
+# Fusion is not a pass: it marks chains for the partitioner and changes nothing (compiler/compile.py).
 PIPELINE = (
     ("dead_code_removed", eliminate_dead_code),
     ("cse_merged", eliminate_common_subexpressions),
     ("folded", fold_constants),
     ("dead_code_removed", eliminate_dead_code),
-    ("fused_chains", fuse_linear_chains),
 )
 
 
@@ -27,8 +22,7 @@ class InvariantError(RavopError, RuntimeError):
 def check_invariants(ir):
     """Raise `ValueError` describing the first broken invariant: ids ascending with every input defined
     earlier (a topological order, hence acyclic), every const node holding a value, every tuple_get reading
-    a multi-output node, every persisted output kept and not multi-output, chain links between real
-    neighbours."""
+    a multi-output node, every persisted output kept and not multi-output."""
     nodes = ir.nodes
     previous = -1
     for id, node in nodes.items():
@@ -48,9 +42,6 @@ def check_invariants(ir):
             raise ValueError(f"persisted output {name!r} (node {id}) was removed")
         if nodes[id].multi_output:
             raise ValueError(f"persisted output {name!r} (node {id}) is a multi-output node")
-    for v, u in ir.chained.items():
-        if v not in nodes or u not in nodes[v].inputs:
-            raise ValueError(f"chain link {u} -> {v} does not follow an edge of the graph")
 
 
 def run_pipeline(ir, passes=PIPELINE):

@@ -47,6 +47,5 @@ def eliminate_common_subexpressions(ir):
     if not alias:
         return ir, 0
     outputs = {name: alias.get(id, id) for name, id in ir.outputs.items()}
-    chained = {v: alias.get(u, u) for v, u in ir.chained.items() if v in nodes}
     constants = {id: value for id, value in ir.constants.items() if id not in alias}
-    return ir.replace(nodes=nodes, outputs=outputs, chained=chained, constants=constants), len(alias)
+    return ir.replace(nodes=nodes, outputs=outputs, constants=constants), len(alias)

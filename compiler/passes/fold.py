@@ -49,8 +49,7 @@ def fold_constants(ir, max_elements=MAX_ELEMENTS, budget_seconds=BUDGET_SECONDS)
     new_nodes = {id: (node.as_constant() if id in folded else node)
                  for id, node in nodes.items()}
     constants = {**ir.constants, **folded}
-    chained = {v: u for v, u in ir.chained.items() if v not in folded and u not in folded}
-    return ir.replace(nodes=new_nodes, constants=constants, chained=chained), len(folded)
+    return ir.replace(nodes=new_nodes, constants=constants), len(folded)
 
 
 def _outputs(node):
