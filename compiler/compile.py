@@ -1,9 +1,10 @@
-"""compile_graph: recorded graph -> IR -> passes -> cost model -> partition -> protobuf plan."""
+"""compile_graph: recorded graph -> IR -> passes -> fused chains, cost model -> partition -> protobuf plan."""
 import gc
 from contextlib import contextmanager
 
 from . import cost, ir as ir_module
 from .partition import coarse_graph, max_parallel_width, partition
+from .passes import fuse_linear_chains
 from .pipeline import run_pipeline
 from .plan import emit_plan
 
@@ -43,8 +44,9 @@ def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph
                          f"{min_subgraph_seconds} and {max_subgraph_seconds}")
     with _cyclic_gc_paused():
         ir, counts = run_pipeline(ir_module.from_graph(graph))
+        chained, counts["fused_chains"] = fuse_linear_chains(ir)
         costs = cost.estimate(ir)
-        windows = partition(ir, costs, min_subgraph_seconds, max_subgraph_seconds)
+        windows = partition(ir, costs, chained, min_subgraph_seconds, max_subgraph_seconds)
         plan = emit_plan(ir, windows, costs)
     quotient = coarse_graph(windows, [(sub.id, s) for sub in plan.subgraphs for s in sub.successors])
     plan.max_parallel_width = max_parallel_width(quotient)

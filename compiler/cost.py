@@ -7,18 +7,14 @@ float32 matmul at ~1e11 FLOP/s, a large elementwise add at ~3-5 GB/s, relu on a 
 and adam_step in ~45 us through the interpreter); the partitioner only needs the right order of
 magnitude.
 
-FLOPs come from the op's own `OpDef.flops(shape, input_shapes, params)` when it defines one, else from a
-rule for its family here (matmul-like ops from their contracted dimension, convolutions from their
-kernel, sorts as n log n), else from the largest tensor it touches (elementwise ops and reductions).
-Unknown (-1) dimensions count as 1.
+FLOPs come from the op's own `OpDef.flops(shape, input_shapes, params)` when it defines one (matmul-like ops
+from their contracted dimension, convolutions from their kernel, sorts as n log n: `ravop.ops.flops`), else
+from the largest tensor it touches (elementwise ops and reductions). Unknown (-1) dimensions count as 1.
 """
-import math
-
-import torch
-
 from ravop import registry
-from ravop.dtypes import DTYPES as NAMES_TO_DTYPE
-from ravop.dtypes import NAMES
+from ravop.dtypes import DTYPES
+from ravop.registry import FREE, LOOPS
+from ravop.sizes import numel_estimate
 
 
 class DeviceModel:
@@ -33,69 +29,12 @@ class DeviceModel:
 
 
 DEVICES = {"cpu": DeviceModel(3e-6, 3e-6, 5e10, 5e9), "cuda": DeviceModel(5e-6, 5e-6, 2e13, 1e12)}
-ITEMSIZE = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in NAMES}
-
-
-def numel(shape):
-    n = 1
-    for d in shape:
-        if d > 1:
-            n *= d
-        elif d == 0:
-            return 0
-    return n
-
-
-def _matmul(shape, ins, params):
-    x = ins[0]
-    return 2.0 * numel(shape) * (x[-1] if x else 1)
-
-
-def _contraction(shape, ins, params):
-    """dot/tensordot: the contracted size c satisfies numel(x) * numel(y) = numel(out) * c**2."""
-    out = max(numel(shape), 1)
-    return 2.0 * out * math.sqrt(numel(ins[0]) * numel(ins[1]) / out)
-
-
-def _linear(shape, ins, params):
-    return 2.0 * numel(shape) * (ins[1][-1] if ins[1] else 1)
-
-
-def _linear_backward(shape, ins, params):
-    g, x, w = ins[:3]
-    return 4.0 * numel(g) * (w[-1] if w else 1)  # grad input and grad weight, each a matmul as big as forward
-
-
-def _conv2d(shape, ins, params):
-    w = ins[1]
-    return 2.0 * numel(shape) * numel(w[1:])  # w: (out_c, in_c / groups, kh, kw)
-
-
-def _conv2d_backward(shape, ins, params):
-    g, x, w = ins[:3]
-    return 4.0 * numel(g) * numel(w[1:])
-
-
-def _inv(shape, ins, params):
-    return float(numel(shape)) * (shape[-1] if shape else 1)  # n**3 per matrix
-
-
-def _sort(shape, ins, params):
-    n = max(numel(ins[0]), 2)
-    return n * math.log2(n)
-
-
-FAMILY_FLOPS = {"matmul": _matmul, "dot": _contraction, "tensordot": _contraction, "linear": _linear,
-                "linear_backward": _linear_backward, "conv2d": _conv2d, "conv2d_backward": _conv2d_backward,
-                "inv": _inv, "sort": _sort, "argsort": _sort, "median": _sort, "percentile": _sort,
-                "unique": _sort, "mode": _sort}
-FREE = {"const", "tuple_get"}  # no work: a value from the store, or one output of a computed tuple
 
 
 def _out_bytes(node):
     if node.multi_output:
-        return sum(numel(s) * ITEMSIZE[d] for s, d in zip(node.shape, node.dtype))
-    return numel(node.shape) * ITEMSIZE[node.dtype]
+        return sum(numel_estimate(s) * d.itemsize for s, d in zip(node.shape, node.dtype))
+    return numel_estimate(node.shape) * node.dtype.itemsize
 
 
 def node_flops(node, nodes):
@@ -103,12 +42,14 @@ def node_flops(node, nodes):
     if node.op in FREE:
         return 0.0
     ins = [nodes[i].shape for i in node.inputs]
-    rule = FAMILY_FLOPS.get(node.op) or registry.REGISTRY[node.op].flops
+    rule = registry.REGISTRY[node.op].flops
     if rule is not None:
-        return float(rule(node.shape, ins, node.params))
-    largest = numel(node.shape) if not node.multi_output else max(map(numel, node.shape), default=0)
+        flops = rule(node.shape, ins, node.params)
+        if flops is not None:
+            return float(flops)
+    largest = numel_estimate(node.shape) if not node.multi_output else max(map(numel_estimate, node.shape), default=0)
     for shape in ins:
-        n = numel(shape)
+        n = numel_estimate(shape)
         if n > largest:
             largest = n
     return float(largest)
@@ -148,9 +89,9 @@ def loop_cost(record, device="cpu"):
             shape = [next(dims) for _ in range(rank)]
             if op in FREE or not dtype:
                 continue
-            size = numel(shape)
+            size = numel_estimate(shape)
             step_flops += size
-            step_seconds += model.seconds(n_inputs + 1, size, size * ITEMSIZE[NAMES_TO_DTYPE[dtype]] * (n_inputs + 1))
+            step_seconds += model.seconds(n_inputs + 1, size, size * DTYPES[dtype].itemsize * (n_inputs + 1))
         seconds += runs * step_seconds
         flops += runs * step_flops
     return seconds, flops
@@ -168,7 +109,7 @@ def estimate(ir):
         b = out_bytes[id] = _out_bytes(node)
         if node.op in FREE:
             continue
-        if node.op == "loop":
+        if node.op in LOOPS:
             seconds[id], flops[id] = loop_cost(ir.loops[id], ir.device)
             continue
         for i in node.inputs:

@@ -6,6 +6,7 @@ mutate a node or an IR: they build new ones and share what they did not change, 
 every intermediate IR stay valid.
 """
 from ravop.errors import GraphStateError
+from ravop.registry import INPUT, op_of_kind
 from ravop.wire.codec import encode_params
 
 _NO_PARAMS = {}
@@ -28,7 +29,7 @@ class Node:
         return Node(self.id, self.op, inputs, self.params, self.pkey, self.shape, self.dtype, self.source)
 
     def as_constant(self):
-        return Node(self.id, "const", (), _NO_PARAMS, b"", self.shape, self.dtype, self.source)
+        return Node(self.id, op_of_kind(INPUT), (), _NO_PARAMS, b"", self.shape, self.dtype, self.source)
 
     @property
     def multi_output(self):
@@ -40,16 +41,14 @@ class Node:
 
 class IR:
     """`nodes`: id -> Node in ascending id order; `outputs`: persist name -> id; `constants`: id -> tensor for
-    every const node; `chained`: node id -> the id of the node it continues in a fused linear chain
-    (filled by the fusion pass); `loops`: loop node id -> its `ravop.loop.LoopRecord` (the ops of its steps
-    are not in `nodes`: they travel as templates)."""
-    __slots__ = ("nodes", "outputs", "constants", "chained", "seed", "graph_id", "device", "n_recorded", "loops")
+    every const node; `loops`: loop node id -> its `ravop.loop.LoopRecord` (the ops of its steps are not in
+    `nodes`: they travel as templates)."""
+    __slots__ = ("nodes", "outputs", "constants", "seed", "graph_id", "device", "n_recorded", "loops")
 
-    def __init__(self, nodes, outputs, constants, chained, seed, graph_id, device, n_recorded, loops=None):
+    def __init__(self, nodes, outputs, constants, seed, graph_id, device, n_recorded, loops=None):
         self.nodes = nodes
         self.outputs = outputs
         self.constants = constants
-        self.chained = chained
         self.seed = seed
         self.graph_id = graph_id
         self.device = device
@@ -101,6 +100,6 @@ def from_graph(graph):
     # The plan carries the seed as uint64. Random streams only depend on it modulo 2**64
     # (`ravop.interpreter.op_seed`), so a negative graph seed keeps its streams.
     seed = graph.seed & 0xFFFF_FFFF_FFFF_FFFF
-    return IR(nodes, outputs, dict(graph.constants), {}, seed, graph.id,
+    return IR(nodes, outputs, dict(graph.constants), seed, graph.id,
               "cuda" if graph.gpu_required else "cpu", len(graph.nodes), dict(graph.loops))
 

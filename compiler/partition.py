@@ -30,6 +30,8 @@ devices.
 """
 import networkx as nx
 
+from ravop.registry import INPUTS, LOOPS, PROJECTIONS
+
 from .pipeline import InvariantError
 
 HANDOFF_BYTES_PER_S = 3e8   # encode + SET + GET + decode of tensors through Redis, measured on a 2-core VM
@@ -41,11 +43,11 @@ def dfs_order(ir):
     nodes = ir.nodes
     outputs_of = {}  # multi-output node id -> its tuple_get readers, emitted right after it
     for id, node in nodes.items():
-        if node.op == "tuple_get":
+        if node.op in PROJECTIONS:
             outputs_of.setdefault(node.inputs[0], []).append(id)
     state = dict.fromkeys(nodes, 0)  # 0 new, 1 inputs being visited, 2 emitted
     for id, node in nodes.items():
-        if node.op == "const":
+        if node.op in INPUTS:
             state[id] = 2
     order = []
     emit = order.append
@@ -73,9 +75,9 @@ def dfs_order(ir):
     return order
 
 
-def chain_costs(ir, seconds):
+def chain_costs(ir, chained, seconds):
     """id -> seconds of the fused chain from that node to the chain's end."""
-    after = {u: v for v, u in ir.chained.items()}
+    after = {u: v for v, u in chained.items()}
     total = {}
     for id in reversed(ir.nodes):
         nxt = after.get(id)
@@ -83,12 +85,12 @@ def chain_costs(ir, seconds):
     return total
 
 
-def partition(ir, costs, min_seconds, max_seconds):
-    """Windows of the DFS order: a list of lists of node ids, each list in topological order."""
+def partition(ir, costs, chained, min_seconds, max_seconds):
+    """Windows of the DFS order: a list of lists of node ids, each list in topological order. `chained` maps
+    each node that continues a fused linear chain to its predecessor (`compiler.passes.fuse_linear_chains`)."""
     order = dfs_order(ir)
     seconds, out_bytes = costs.seconds, costs.out_bytes
-    chain = chain_costs(ir, seconds)
-    chained = ir.chained
+    chain = chain_costs(ir, chained, seconds)
     nodes = ir.nodes
     last_read = _last_reads(ir, order)
     window_of = [-1] * ir.n_recorded   # -1: a constant, or not placed yet
@@ -100,7 +102,7 @@ def partition(ir, costs, min_seconds, max_seconds):
         node = nodes[v]
         inputs = node.inputs
         window = len(windows)
-        if current and node.op != "tuple_get":
+        if current and node.op not in PROJECTIONS:
             linked = chained.get(v) == prev
             # v reads a window this one does not wait for yet: keeping v out lets the two run side by side.
             joins = False
@@ -112,7 +114,7 @@ def partition(ir, costs, min_seconds, max_seconds):
             handoff = live / HANDOFF_BYTES_PER_S
             enough = load >= min_seconds and (joins or load * HANDOFF_SHARE >= handoff)
             heavy = chain[v] >= min_seconds and chain[v] >= handoff   # a branch run apart must win back the cut
-            alone = node.op == "loop" or nodes[current[0]].op == "loop"   # a loop is a subgraph of its own
+            alone = node.op in LOOPS or nodes[current[0]].op in LOOPS   # a loop is a subgraph of its own
             if alone or load + c > max_seconds or (not linked and (enough or heavy)):
                 windows.append(current)
                 ancestors.append(waits)

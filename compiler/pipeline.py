@@ -1,20 +1,20 @@
 """Run the passes in order and check the IR's invariants after each, as torch.fx's PassManager does: a pass
 that breaks the IR is named at once instead of surfacing as a wrong result on a worker."""
 from ravop.errors import RavopError
+from ravop.registry import INPUTS, PROJECTIONS
 
-from .passes import (eliminate_common_subexpressions, eliminate_dead_code, fold_constants,
-                     fold_repeated_steps, fuse_linear_chains)
+from .passes import eliminate_common_subexpressions, eliminate_dead_code, fold_constants, fold_repeated_steps
 
 # (summary key, pass). Repeated steps fold after CSE, which content-addresses each step's constants, and before
 # constant folding, which would turn the first step's ops on constants into constants. Folding leaves the
 # inputs of what it folded unread, so dead code is culled again.
+# Fusion is not a pass: it marks chains for the partitioner and changes nothing (compiler/compile.py).
 PIPELINE = (
     ("dead_code_removed", eliminate_dead_code),
     ("cse_merged", eliminate_common_subexpressions),
     ("steps_folded", fold_repeated_steps),
     ("folded", fold_constants),
     ("dead_code_removed", eliminate_dead_code),
-    ("fused_chains", fuse_linear_chains),
 )
 
 
@@ -25,8 +25,7 @@ class InvariantError(RavopError, RuntimeError):
 def check_invariants(ir):
     """Raise `ValueError` describing the first broken invariant: ids ascending with every input defined
     earlier (a topological order, hence acyclic), every const node holding a value, every tuple_get reading
-    a multi-output node, every persisted output kept and not multi-output, chain links between real
-    neighbours."""
+    a multi-output node, every persisted output kept and not multi-output."""
     nodes = ir.nodes
     previous = -1
     for id, node in nodes.items():
@@ -36,19 +35,16 @@ def check_invariants(ir):
         for i in node.inputs:
             if i >= id or i not in nodes:
                 raise ValueError(f"node {id} ({node.op}) reads node {i}, which is not defined before it")
-        if node.op == "const":
+        if node.op in INPUTS:
             if id not in ir.constants:
                 raise ValueError(f"const node {id} has no value")
-        elif node.op == "tuple_get" and not nodes[node.inputs[0]].multi_output:
+        elif node.op in PROJECTIONS and not nodes[node.inputs[0]].multi_output:
             raise ValueError(f"tuple_get node {id} reads node {node.inputs[0]}, which has a single output")
     for name, id in ir.outputs.items():
         if id not in nodes:
             raise ValueError(f"persisted output {name!r} (node {id}) was removed")
         if nodes[id].multi_output:
             raise ValueError(f"persisted output {name!r} (node {id}) is a multi-output node")
-    for v, u in ir.chained.items():
-        if v not in nodes or u not in nodes[v].inputs:
-            raise ValueError(f"chain link {u} -> {v} does not follow an edge of the graph")
 
 
 def run_pipeline(ir, passes=PIPELINE):

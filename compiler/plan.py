@@ -6,6 +6,7 @@ or persisted); `successors`, the subgraphs that read one of its outputs; `n_pred
 subgraphs must finish before it is ready; for a loop op's subgraph, `loop`, its step templates.
 """
 from ravop.dtypes import NAMES
+from ravop.registry import LOOPS
 from ravop.wire import NodeRow, pack_nodes, plan_pb2
 
 
@@ -48,7 +49,7 @@ def emit_plan(ir, windows, costs):
             sg_flops += flops[v]
             sg_bytes += moved[v]
         pack_nodes(rows, sub.nodes)
-        if nodes[window[0]].op == "loop":
+        if nodes[window[0]].op in LOOPS:
             next_id = _emit_loop(plan, sub.loop, ir.loops[window[0]], next_id)
         plan.flops += sg_flops
         sub.inputs.extend(inputs)

@@ -12,7 +12,7 @@ import gc as _gc
 
 from . import functional, ops  # noqa: F401  (importing ops fills the registry)
 from .api import build as _build
-from .autodiff import NotDifferentiableError, grad, needs_grad
+from .autodiff import NotDifferentiableError, grad
 from .constants import Scalar, Tensor, epsilon, inf, minus_one, one, pi, t
 from .errors import (ConnectionFailed, DeviceUnavailable, GraphFailedError, GraphStateError, NotComputedError,
                      RavopError, ShapeError, StoreLimitError, UnknownPersistName)

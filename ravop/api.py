@@ -122,8 +122,8 @@ def build(namespace):
         if opdef.name not in functions:
             functions[opdef.name] = FRONTENDS.get(opdef.name) or make_function(opdef)
         fn = functions[opdef.name]
-        if key in ("const", "tuple_get", "loop", "loop_hole"):
-            continue  # internal ops: R.t makes constants, multi-output ops return their outputs
+        if opdef.internal:
+            continue  # R.t makes constants, multi-output ops return their outputs, ravop.loop makes loops
         namespace[key] = fn
         if opdef.method and key not in _OP_ATTRIBUTES:
             setattr(Op, key, _method(fn))

@@ -16,6 +16,7 @@ import torch
 
 from . import functional as F
 from . import registry
+from .dtypes import is_floating
 from .errors import RavopError
 from .graph import Op, to_tensor
 from .source import user_source
@@ -23,17 +24,6 @@ from .source import user_source
 
 class NotDifferentiableError(RavopError, TypeError):
     """An op on the path from a `wrt` to the loss has no VJP rule."""
-
-
-_wanted = None  # ids of the nodes the running `grad` call needs gradients for (see `needs_grad`)
-
-
-def needs_grad(op):
-    """Whether the `grad` call now recording wants a gradient for `op`.
-
-    A VJP rule may skip work for inputs that need no gradient, as torch's `ctx.needs_input_grad` allows
-    (e.g. a first layer's gradient w.r.t. the data batch). Outside a `grad` call every op counts as needed."""
-    return _wanted is None or op.id in _wanted
 
 
 def grad(loss, wrt, grad_output=None):
@@ -50,9 +40,9 @@ def grad(loss, wrt, grad_output=None):
             raise TypeError(f"grad: wrt must be an Op or a list of Ops, not {w!r}")
         if w.graph is not loss.graph:
             raise ValueError(f"grad: {w!r} belongs to another graph than the loss")
-        if isinstance(w.dtype, tuple) or not _is_float(w.dtype):
+        if isinstance(w.dtype, tuple) or not is_floating(w.dtype):
             raise TypeError(f"grad: wrt must be floating-point tensors (integers carry no gradient), not {w!r}")
-    if isinstance(loss.dtype, tuple) or not _is_float(loss.dtype):
+    if isinstance(loss.dtype, tuple) or not is_floating(loss.dtype):
         raise TypeError(f"grad: loss must be one floating-point tensor, not {loss!r}")
     seed = _seed(loss, grad_output)
     if not targets:
@@ -64,20 +54,11 @@ def grad(loss, wrt, grad_output=None):
     first = min(wrt_ids)
     marked = _depends_on(nodes, wrt_ids, first, loss.id)
 
-    global _wanted
-    previous, _wanted = _wanted, marked
-    try:
-        found = _backward(nodes, marked, wrt_ids, first, loss.id, seed)
-    finally:
-        _wanted = previous
+    found = _backward(nodes, marked, wrt_ids, first, loss.id, seed)
     grads = [found[w.id] if w.id in found else _zeros(w) for w in targets]
     if single:
         return grads[0]
     return tuple(grads) if isinstance(wrt, tuple) else grads
-
-
-def _is_float(dtype):
-    return dtype.is_floating_point or dtype.is_complex
 
 
 def _seed(loss, grad_output):
@@ -109,12 +90,17 @@ def _depends_on(nodes, wrt_ids, first, last):
 
 def _carries_grad(dtype):
     if type(dtype) is tuple:
-        return any(_is_float(d) for d in dtype)
-    return _is_float(dtype)
+        return any(is_floating(d) for d in dtype)
+    return is_floating(dtype)
 
 
 def _backward(nodes, marked, wrt_ids, first, last, seed):
     """Walk ids from `last` down to `first`, calling each marked node's VJP; return {wrt id: grad Op}."""
+    def wants(op):
+        """Whether a gradient w.r.t. `op` is needed: a VJP may skip work for the others, as torch's
+        `ctx.needs_input_grad` allows (e.g. a first layer's gradient w.r.t. the data batch)."""
+        return op.id in marked
+
     pending = {last: seed}   # node id -> gradient Op (a list of Op | None for a multi-output node)
     found = {}
     for index in range(last, first - 1, -1):
@@ -124,7 +110,7 @@ def _backward(nodes, marked, wrt_ids, first, last, seed):
         if index in wrt_ids:
             found[index] = g
         node = nodes[index]
-        if node.op == "tuple_get":
+        if node.op in registry.PROJECTIONS:
             _gather_output(pending, node, g)
             continue
         if not node.inputs or index not in marked:
@@ -134,7 +120,7 @@ def _backward(nodes, marked, wrt_ids, first, last, seed):
             raise NotDifferentiableError(
                 f"grad: op {node.op!r} (recorded at {node.source}) has no VJP rule, and the loss depends on "
                 "a wrt through it; take the gradient w.r.t. its output instead, or cut the path")
-        input_grads = opdef.vjp(node, g)
+        input_grads = opdef.vjp(node, g, wants)
         if len(input_grads) != len(node.inputs):
             raise RuntimeError(f"VJP of {node.op!r} returned {len(input_grads)} gradients for "
                                f"{len(node.inputs)} inputs")

@@ -2,6 +2,7 @@
 import math
 
 from .graph import Op, current_graph, to_tensor
+from .registry import INPUTS
 from .source import user_source
 
 # The original's `dtype='ndarray'` said "the value is an array": keep the value's own dtype.
@@ -29,7 +30,7 @@ class _ConstantKind(type):
     Tensor class was (computed values are `R.Op`s); `R.Scalar` also needs a 0-d constant."""
 
     def __instancecheck__(cls, value):
-        return isinstance(value, Op) and value.op == "const" and (not cls.scalar or value.shape == ())
+        return isinstance(value, Op) and value.op in INPUTS and (not cls.scalar or value.shape == ())
 
 
 class Tensor(metaclass=_ConstantKind):

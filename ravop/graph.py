@@ -12,6 +12,7 @@ import torch
 from . import registry
 from .errors import GraphStateError, ShapeError
 from .federated.rules import parse_rules
+from .sizes import numel
 from .source import user_source
 
 
@@ -46,10 +47,15 @@ class Op:
         return len(self.shape)
 
     def numel(self):
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        """Number of elements; -1 when a dimension is known only when the op runs."""
+        return numel(self.shape)
+
+    def output(self, i):
+        """Output `i` of this multi-output op (what recording it returned at position i)."""
+        outputs = self.graph.projections.get(self.id)
+        if outputs is None:
+            raise TypeError(f"{self!r} has a single output")
+        return outputs[i]
 
     def persist_op(self, name, save_model=False):
         """Keep this op's value in Redis under `name`, to fetch with `R.fetch_persisting_op(name)`."""
@@ -139,6 +145,7 @@ class Graph:
         self.activated = False
         self._scalars = {}        # (type, value) -> constant Op, so `x + 1` reuses one constant
         self.labels = {}          # node id -> the name a user gave it (R.t(..., name=...))
+        self.projections = {}     # multi-output node id -> its outputs (Ops picking each; see `add_outputs`)
         set_current(self)
 
     def __repr__(self):
@@ -153,9 +160,17 @@ class Graph:
         self.nodes.append(node)
         return node
 
+    def add_outputs(self, node, specs, source):
+        """One node per output of multi-output `node` (its (shape, dtype) `specs`), recorded right after it."""
+        pick = registry.op_of_kind(registry.PROJECTION)
+        outputs = self.projections[node.id] = tuple(self.add_node(pick, (node,), {"index": i}, s, d, source)
+                                                    for i, (s, d) in enumerate(specs))
+        return outputs
+
     def constant(self, tensor, source=None):
         self.check_open()
-        node = self.add_node("const", (), None, tuple(tensor.shape), tensor.dtype, source or user_source())
+        node = self.add_node(registry.op_of_kind(registry.INPUT), (), None, tuple(tensor.shape), tensor.dtype,
+                             source or user_source())
         self.constants[node.id] = tensor
         return node
 
@@ -305,8 +320,7 @@ def record(opdef, inputs, params):
     if type(out) is list:
         node = graph.add_node(opdef.name, inputs, params, tuple(s for s, _ in out), tuple(d for _, d in out),
                               source)
-        return tuple(graph.add_node("tuple_get", (node,), {"index": i}, s, d, source)
-                     for i, (s, d) in enumerate(out))
+        return graph.add_outputs(node, out, source)
     node = Op(graph, len(graph.nodes), opdef.name, inputs, params, out[0], out[1], source)
     graph.nodes.append(node)
     return node

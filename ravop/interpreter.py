@@ -2,13 +2,35 @@
 in-process evaluation (`evaluate`, for tests and debugging).
 
 Random ops draw from a host `torch.Generator` seeded by `op_seed(graph_seed, node_id)`, so a value is the
-same whichever worker (CPU or GPU) computes it and however often it is retried.
+same whichever worker (CPU or GPU) computes it and however often it is retried. A kernel that raises is
+reported as an `OpError` naming its node (as torch.fx's Interpreter does), the same on a worker and in
+`evaluate`.
 """
 import torch
 
 from . import registry
+from .errors import RavopError
 
 _MASK = (1 << 64) - 1
+
+
+class OpError(RavopError, RuntimeError):
+    """An op's kernel raised: `node` is the op (`.op`, `.source`: the user's line), `detail` the kernel's error
+    in one line; the kernel's exception is the `__cause__`."""
+
+    def __init__(self, node, detail):
+        source = getattr(node, "source", "")
+        super().__init__(f"op {node.op!r}{f' (recorded at {source})' if source else ''}: {detail}")
+        self.node, self.detail = node, detail
+
+
+def describe(exc, node):
+    """`exc` in one line; one that carries no message (a bare StopIteration from odd params) says so."""
+    text = str(exc).strip()
+    if text:
+        return f"{type(exc).__name__}: {text}"
+    params = ", ".join(f"{k}={v!r}" for k, v in node.params.items()) or "no params"
+    return f"{type(exc).__name__} with no message, raised by the kernel with {params[:300]}"
 
 
 def op_seed(graph_seed, node_id):
@@ -42,15 +64,22 @@ def _to(out, device):
     return out.to(device)
 
 
-def run_nodes(nodes, env, graph_seed=0, device="cpu", last_use=None):
-    """Run `nodes` (objects with .id .op .inputs(ids) .params) in order on `device` (its inputs in `env` are
-    there already); `env` maps node id -> value and must hold every input from outside. With `last_use`
+def run_nodes(nodes, env, graph_seed=0, device="cpu", last_use=None, check=None):
+    """Run `nodes` (objects with .id .op .inputs(ids) .params .source) in order on `device` (its inputs in `env`
+    are there already); `env` maps node id -> value and must hold every input from outside. With `last_use`
     (id -> index of its last reader), values are dropped from `env` after their last use, except ids not in
-    `last_use` (the outputs)."""
+    `last_use` (the outputs). `check(node, value)`, if given, sees each value as it is made and may raise.
+    A kernel that raises becomes an `OpError` naming its node; the failing op's inputs are still in `env`."""
     device = str(device)
     for index, node in enumerate(nodes):
         opdef = registry.REGISTRY[node.op]
-        env[node.id] = run_op(opdef, [env[i] for i in node.inputs], node.params, graph_seed, node.id, device)
+        try:
+            value = run_op(opdef, [env[i] for i in node.inputs], node.params, graph_seed, node.id, device)
+        except Exception as exc:  # the user's error (bad params, data): name their op and line
+            raise OpError(node, describe(exc, node)) from exc
+        env[node.id] = value
+        if check is not None:
+            check(node, value)
         if last_use is not None:
             for i in node.inputs:
                 if last_use.get(i) == index:
@@ -59,10 +88,10 @@ def run_nodes(nodes, env, graph_seed=0, device="cpu", last_use=None):
 
 
 class _Row:
-    __slots__ = ("id", "op", "inputs", "params")
+    __slots__ = ("id", "op", "inputs", "params", "source")
 
     def __init__(self, node):
-        self.id, self.op, self.params = node.id, node.op, node.params
+        self.id, self.op, self.params, self.source = node.id, node.op, node.params, node.source
         self.inputs = [i.id for i in node.inputs]
 
 
@@ -104,15 +133,16 @@ def _evaluate(graph, outputs, loops, graph_seed, device="cpu", step_values=None)
         if node.id not in needed:
             needed.add(node.id)
             stack.extend(node.inputs)
-    env = {i: graph.constants[i].to(device) for i in needed if graph.nodes[i].op == "const"}
-    rows = [_Row(graph.nodes[i]) for i in sorted(needed) if graph.nodes[i].op != "const"]
+    inputs = registry.INPUTS
+    env = {i: graph.constants[i].to(device) for i in needed if graph.nodes[i].op in inputs}
+    rows = [_Row(graph.nodes[i]) for i in sorted(needed) if graph.nodes[i].op not in inputs]
     last_use = {i: index for index, row in enumerate(rows) for i in row.inputs}  # free values as a worker does
     for o in roots:
         last_use.pop(o.id, None)
     start = 0
     with torch.no_grad():
         for index, row in enumerate(rows + [None]):
-            if row is not None and row.op != "loop":
+            if row is not None and row.op not in registry.LOOPS:
                 continue
             run_nodes(rows[start:index], env, seed, device, _shifted(last_use, start))
             if row is None:

@@ -138,8 +138,7 @@ class Loop:
         dtypes = tuple(op.dtype for op in self.initial)
         node = graph.add_node("loop", inputs, {"loop": len(graph.loops)}, shapes, dtypes, source)
         graph.loops[node.id] = LoopRecord(message, self.names)
-        return tuple(graph.add_node("tuple_get", (node,), {"index": k}, s, d, source)
-                     for k, (s, d) in enumerate(zip(shapes, dtypes)))
+        return graph.add_outputs(node, zip(shapes, dtypes), source)
 
     def _check_batches(self, schedule):
         """Steps that read rows must cover the data once per round, in batches of batch_size (the last short)."""

@@ -250,7 +250,7 @@ class Model:
             detail = f"\nthe model's traceback:\n{exc}" if len(lines) > 1 else ""
             raise ShapeError(f"torchscript_forward: {lines[-1]} (input shapes: {shapes}) at {user_source()}"
                              f"{detail}") from None
-        results = F.torchscript_forward(xs, **p, flops=found.flops)
+        results = F.torchscript_forward(xs, **p)
         outputs = results[:len(found.specs)]
         new_buffers = list(results[len(found.specs):]) if training else list(buffers)
         return (outputs[0] if found.single else tuple(outputs)), new_buffers

@@ -21,6 +21,21 @@ def test_split_returns_one_handle_per_part():
         np.testing.assert_array_equal(got.numpy(), want)
 
 
+def test_the_graph_owns_a_multi_output_ops_outputs():
+    parts = R.split(R.t(A), 2, axis=1)
+    node = parts[0].inputs[0]
+    assert node.output(0) is parts[0] and node.output(1) is parts[1]
+    with pytest.raises(TypeError, match="single output"):
+        parts[0].output(0)
+    # A max-pool VJP reads the forward's own indices output instead of recording another handle on it.
+    x = R.t(np.arange(16.0).reshape(1, 1, 4, 4))
+    values, indices = R.max_pool2d(x, kernel_size=2, return_indices=True)
+    n_before = len(x.graph.nodes)
+    R.grad(R.sum(values), x)
+    backward = next(op for op in x.graph.nodes[n_before:] if op.op == "max_pool2d_indices_backward")
+    assert backward.inputs[2] is indices
+
+
 def test_sort_values_only_by_default_and_indices_on_request():
     x = R.t(A)
     assert not isinstance(R.sort(x), tuple)

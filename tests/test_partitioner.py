@@ -300,6 +300,22 @@ def test_an_opdef_flops_rule_overrides_the_default(monkeypatch):
     assert node_flops(nodes[y.id], nodes) == 5e9 and seen == [((7, 9), [(7, 9)])]
 
 
+def test_a_torchscript_models_flops_are_counted_when_recorded_not_carried_by_the_op():
+    from compiler.cost import node_flops
+    from compiler.ir import from_graph
+    g = R.Graph(name="torchscript flops")
+    model = R.model(torch.nn.Linear(40, 50))
+    weight, bias = R.t(model.params[0]), R.t(model.params[1])
+    y, _ = model.forward([weight, bias], [], [R.t(torch.rand(16, 40))])
+    R.grad(R.sum(y), [weight])
+    nodes = from_graph(g).nodes
+    forward = next(n for n in nodes.values() if n.op == "torchscript_forward")
+    backward = next(n for n in nodes.values() if n.op == "torchscript_vjp")
+    assert "flops" not in forward.params and "flops" not in backward.params   # nothing unused goes to a worker
+    assert node_flops(forward, nodes) == 2 * 16 * 40 * 50   # torch's FlopCounterMode, on the requester
+    assert node_flops(backward, nodes) == 3 * 2 * 16 * 40 * 50
+
+
 def test_a_graph_with_nothing_persisted_compiles_to_an_empty_plan():
     R.Graph(name="empty")
     R.t([1.0, 2.0]).exp()

@@ -393,7 +393,7 @@ def test_models_that_touch_files_are_refused(tmp_path):
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     with pytest.raises(ValueError, match="forward calls aten::save"):
         torchscript.torchscript_forward(blob, torch.zeros(2), model_hash=digest, param_slots=(), buffer_slots=(),
-                                        n_args=1, kwarg_names=(), training=False, seed=0, flops=0.0)
+                                        n_args=1, kwarg_names=(), training=False, seed=0)
 
 
 # ---------------------------------------------------------------------------------------------- URLs

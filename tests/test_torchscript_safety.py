@@ -169,7 +169,7 @@ def test_hostile_models_are_refused_by_r_model_workers_and_loaders(case, tmp_pat
     with pytest.raises(UnsafeModelError, match=message):   # a worker, sent the blob by a graph
         torchscript.torchscript_forward(torch.frombuffer(bytearray(data), dtype=torch.uint8), torch.zeros(2, 2),
                                         model_hash=hashlib.sha256(data).hexdigest(), param_slots=(),
-                                        buffer_slots=(), n_args=1, kwarg_names=(), training=False, seed=0, flops=0.0)
+                                        buffer_slots=(), n_args=1, kwarg_names=(), training=False, seed=0)
     spec = {"model_hash": hashlib.sha256(data).hexdigest(), "param_slots": [], "requires_grad": [],
             "buffer_slots": []}
     with pytest.raises(UnsafeModelError, match=message):   # a saved model read back from Redis
@@ -213,7 +213,7 @@ def test_a_hostile_blob_in_a_graph_fails_it_on_a_real_worker(engine, workers, cl
     target = tmp_path / "written"
     data = archive(SavesWithAtenOp(str(target)))
     params = {"model_hash": hashlib.sha256(data).hexdigest(), "param_slots": [], "buffer_slots": [], "n_args": 1,
-              "kwarg_names": [], "training": False, "seed": 0, "flops": 0.0}
+              "kwarg_names": [], "training": False, "seed": 0}
     keys = upload_subgraph(client, engine.token, "hostile-model",
                            [NodeRow(id=3, op="torchscript_forward", inputs=[1, 2], params=encode_params(params),
                                     source="evil.py:1")],

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import ravop as R
+from ravop.interpreter import OpError, evaluate
 from ravop.store import DEAD_LETTER, GROUP, Scripts, queue
 from ravop.wire import NodeRow, plan_pb2
 
@@ -32,6 +33,11 @@ def test_kernel_error_surfaces_with_op_and_source_line(engine, workers, client):
     assert "op 'inv'" in message and f"test_worker_failures.py:{line}" in message and name in message
     assert "singular" in message  # torch's own words
     assert (info.value.op, info.value.worker) == ("inv", name)
+    # evaluate(), in this process, names the op and line in the same words the worker used
+    with pytest.raises(OpError) as local:
+        evaluate(inverse)
+    assert local.value.node.op == "inv" and f"test_worker_failures.py:{line}" in str(local.value)
+    assert f"{local.value}" in message.replace(f" on worker {name}", "")
     with pytest.raises(R.GraphFailedError, match="op 'inv'"):
         R.fetch_persisting_op("inverse")
     [dead] = dead_letters(client, engine.graph_id)  # failed once, not retried

@@ -2,14 +2,11 @@
 malformed or hostile: every op must be in the registry, every input defined before it is read, and the
 memory its declared output shapes need at once must fit the worker's limit, so an absurd shape is refused
 here instead of being allocated."""
-import torch
-
 from ravop import registry
 from ravop.dtypes import DTYPES
 from ravop.errors import PlanError
+from ravop.sizes import nbytes_estimate
 from ravop.wire import NodeRow, decode_params, unpack_nodes
-
-_ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in DTYPES.items()}
 
 
 class Step(NodeRow):
@@ -31,14 +28,12 @@ def declared_bytes(node):
     """Bytes of a step's declared output; 0 for a multi-output op (its tuple_get readers declare the parts)."""
     if not node.dtype:
         return 0
-    if node.dtype not in _ITEMSIZE:
+    if node.dtype not in DTYPES:
         raise PlanError(f"op {node.op!r} declares unknown dtype {node.dtype!r}", node)
-    numel = 1
     for d in node.shape:
-        if d < -1:
+        if d < -1:   # -1: a data-dependent size, not known before the run
             raise PlanError(f"op {node.op!r} declares a negative dimension in {tuple(node.shape)}", node)
-        numel *= max(d, 1)  # -1: a data-dependent size, not known before the run
-    return numel * _ITEMSIZE[node.dtype]
+    return nbytes_estimate(node.shape, DTYPES[node.dtype])
 
 
 def check(subgraph, max_bytes):
@@ -52,7 +47,7 @@ def check(subgraph, max_bytes):
     known = registry.REGISTRY
     for index, step in enumerate(steps):
         node_id, op, reads = step.id, step.op, step.inputs
-        if op == "const" or op not in known:
+        if op not in known or known[op].is_input:   # a stored value is an input of the subgraph, not a step
             raise PlanError(f"unknown op {op!r}", step)
         undefined = [i for i in reads if i not in defined]
         if undefined:

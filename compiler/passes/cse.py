@@ -14,7 +14,7 @@ from ravop import registry
 def _constant_keys(constants):
     """id -> content key of each constant that has a same-sized twin (the others are unique anyway)."""
     sizes = Counter((t.dtype, tuple(t.shape)) for t in constants.values())
-    return {id: ("const", t.dtype, tuple(t.shape),
+    return {id: (t.dtype, tuple(t.shape),
                  hashlib.blake2b(t.contiguous().reshape(-1).view(torch.uint8).numpy(), digest_size=16).digest())
             for id, t in constants.items() if sizes[(t.dtype, tuple(t.shape))] > 1}
 
@@ -22,6 +22,7 @@ def _constant_keys(constants):
 def eliminate_common_subexpressions(ir):
     """Returns (ir, number of nodes merged into an earlier identical node)."""
     random_ops = {name for name, opdef in registry.REGISTRY.items() if not opdef.deterministic}
+    inputs_ops = registry.INPUTS
     content = _constant_keys(ir.constants)
     first = {}    # (op, input ids, params JSON) or a constant's content key -> id of the first such node
     alias = {}    # id of a merged node -> id of the node that replaces it
@@ -34,7 +35,7 @@ def eliminate_common_subexpressions(ir):
                     node = node.with_inputs(tuple([alias.get(i, i) for i in inputs]))
                     inputs = node.inputs
                     break
-        key = content.get(id) if node.op == "const" else (node.op, inputs, node.pkey)
+        key = content.get(id) if node.op in inputs_ops else (node.op, inputs, node.pkey)
         if key is None or node.op in random_ops:
             nodes[id] = node
             continue
@@ -46,6 +47,5 @@ def eliminate_common_subexpressions(ir):
     if not alias:
         return ir, 0
     outputs = {name: alias.get(id, id) for name, id in ir.outputs.items()}
-    chained = {v: alias.get(u, u) for v, u in ir.chained.items() if v in nodes}
     constants = {id: value for id, value in ir.constants.items() if id not in alias}
-    return ir.replace(nodes=nodes, outputs=outputs, chained=chained, constants=constants), len(alias)
+    return ir.replace(nodes=nodes, outputs=outputs, constants=constants), len(alias)

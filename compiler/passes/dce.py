@@ -12,5 +12,4 @@ def eliminate_dead_code(ir):
         return ir, 0
     kept = {id: node for id, node in nodes.items() if id in live}
     constants = {id: value for id, value in ir.constants.items() if id in live}
-    chained = {v: u for v, u in ir.chained.items() if v in live}
-    return ir.replace(nodes=kept, constants=constants, chained=chained), len(nodes) - len(kept)
+    return ir.replace(nodes=kept, constants=constants), len(nodes) - len(kept)

@@ -12,7 +12,7 @@ import torch
 
 from ravop import registry
 from ravop.interpreter import run_op
-from ravop.ops.rules import numel
+from ravop.sizes import numel
 
 from ..cost import node_seconds
 
@@ -26,7 +26,7 @@ def fold_constants(ir, max_elements=MAX_ELEMENTS, budget_seconds=BUDGET_SECONDS)
     folded = {}
     nodes = ir.nodes
     for id, node in nodes.items():
-        if node.op == "const":
+        if node.op in registry.INPUTS:
             continue
         for i in node.inputs:
             if i not in values:
@@ -49,8 +49,7 @@ def fold_constants(ir, max_elements=MAX_ELEMENTS, budget_seconds=BUDGET_SECONDS)
     new_nodes = {id: (node.as_constant() if id in folded else node)
                  for id, node in nodes.items()}
     constants = {**ir.constants, **folded}
-    chained = {v: u for v, u in ir.chained.items() if v not in folded and u not in folded}
-    return ir.replace(nodes=new_nodes, constants=constants, chained=chained), len(folded)
+    return ir.replace(nodes=new_nodes, constants=constants), len(folded)
 
 
 def _outputs(node):

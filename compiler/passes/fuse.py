@@ -1,11 +1,12 @@
 """Fusion of linear chains (dask's `fuse_linear`): mark each link u -> v where v is u's only reader and u
 is v's only computed input. The partitioner never cuts a link (unless a run would exceed its time
 bound), so a chain of single-reader ops runs as one piece on one worker with its intermediates never
-leaving it."""
+leaving it. It runs once, after the passes, and hands its map to the partitioner: the IR does not change."""
+from ravop.registry import INPUTS
 
 
 def fuse_linear_chains(ir):
-    """Returns (ir with `chained` filled: v -> u for every link, number of chains of two or more nodes)."""
+    """Returns ({v: u for every link u -> v}, number of chains of two or more nodes)."""
     nodes = ir.nodes
     readers = dict.fromkeys(nodes, 0)
     for node in nodes.values():
@@ -15,7 +16,7 @@ def fuse_linear_chains(ir):
     for id, node in nodes.items():
         computed = None
         for i in node.inputs:
-            if nodes[i].op != "const":
+            if nodes[i].op not in INPUTS:
                 if computed is not None:
                     break
                 computed = i
@@ -23,4 +24,4 @@ def fuse_linear_chains(ir):
             if computed is not None and readers[computed] == 1:
                 chained[id] = computed
     chains = sum(1 for u in chained.values() if u not in chained)
-    return ir.replace(chained=chained), chains
+    return chained, chains

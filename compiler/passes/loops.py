@@ -360,8 +360,7 @@ def _apply(ir, context, folds):
             node = node.with_inputs(tuple(alias.get(i, i) for i in node.inputs))
         new_nodes[id] = node
     outputs = {name: id for name, id in ir.outputs.items() if name not in dropped_names}
-    chained = {v: u for v, u in ir.chained.items() if v in new_nodes and u in new_nodes}
-    return ir.replace(nodes=new_nodes, outputs=outputs, chained=chained, loops=loops), removed_total
+    return ir.replace(nodes=new_nodes, outputs=outputs, loops=loops), removed_total
 
 
 def _build(ir, context, fold, loop_index, alias):

@@ -8,12 +8,12 @@ builds the modules from a whitelist, loads the trained values and emits the prog
 GraphModule: a torch.nn.Module that torch.jit.script accepts. No code is ever read from the wire.
 """
 import operator
-from typing import List
 
 import torch
-from torch import Tensor, fx
+from torch import fx
 
 import ravop as R
+from ravop import registry
 from ravop.graph import current_graph
 from ravop.session import LOADERS
 
@@ -23,92 +23,16 @@ from .layers.core import Embedding
 KIND = "ravdl.model"
 TRACE_BATCH = 2   # the placeholder's batch size: above 1, so no size-1 dimension is mistaken for the batch
 
-# The torch.nn classes a spec may name (every built-in layer's torch_spec).
+# The torch.nn classes a spec may name (every built-in layer's torch_spec; an Activation's is its op's).
 MODULES = {name: getattr(torch.nn, name) for name in (
     "Linear", "Embedding", "Flatten", "Dropout", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "Conv2d", "MaxPool2d",
-    "ReLU", "Sigmoid", "Tanh", "Softmax", "LeakyReLU", "ELU", "SELU", "Softplus", "Softsign", "Tanhshrink",
-    "LogSigmoid", "Hardshrink", "Hardtanh", "Softmin", "Softshrink", "Threshold")}
+    *(opdef.torch_module for opdef in registry.unique_opdefs() if opdef.torch_module is not None))}
 
 
-# ------------------------------------------------------------------ ops a model's own forward code may apply
-# Each is a TorchScript-able function; `_PARAMS[op]` turns the recorded op's params (and its inputs' shapes)
-# into that function's keyword arguments.
-
-def transpose(x: Tensor, axes: List[int]) -> Tensor:
-    return x.permute(axes)
-
-
-def reshape(x: Tensor, shape: List[int]) -> Tensor:
-    return x.reshape(shape)
-
-
-def flatten(x: Tensor, start_dim: int, end_dim: int) -> Tensor:
-    return torch.flatten(x, start_dim, end_dim)
-
-
-def expand_dims(x: Tensor, axis: int) -> Tensor:
-    return x.unsqueeze(axis)
-
-
-def concat(xs: List[Tensor], axis: int) -> Tensor:
-    return torch.cat(xs, axis)
-
-
-def softmax(x: Tensor, axis: int) -> Tensor:
-    return torch.softmax(x, axis)
-
-
-def log_softmax(x: Tensor, axis: int) -> Tensor:
-    return torch.log_softmax(x, axis)
-
-
-def reduce_sum(x: Tensor, axis: List[int], keepdims: bool) -> Tensor:
-    return torch.sum(x, axis, keepdims)
-
-
-def reduce_mean(x: Tensor, axis: List[int], keepdims: bool) -> Tensor:
-    return torch.mean(x, axis, keepdims)
-
-
-def identity(x: Tensor) -> Tensor:
-    return x
-
-
-def _axes(node):
-    axis = node.params["axis"]
-    ndim = len(node.inputs[0].shape)
-    return list(range(ndim)) if axis is None else [axis] if isinstance(axis, int) else list(axis)
-
-
-def _no_params(node):
-    return {}
-
-
-def _same_params(node):
-    return dict(node.params)
-
-
-def _reduction(node):
-    return {"axis": _axes(node), "keepdims": node.params["keepdims"]}
-
-
-def _permutation(node):
-    return {"axes": list(node.params["axes"] or range(len(node.inputs[0].shape) - 1, -1, -1))}
-
-
-FUNCTIONS = {
-    "add": (torch.add, _no_params), "sub": (torch.sub, _no_params), "mul": (torch.mul, _no_params),
-    "div": (torch.div, _no_params), "neg": (torch.neg, _no_params), "matmul": (torch.matmul, _no_params),
-    "exp": (torch.exp, _no_params), "natlog": (torch.log, _no_params), "square_root": (torch.sqrt, _no_params),
-    "square": (torch.square, _no_params), "relu": (torch.relu, _no_params), "sigmoid": (torch.sigmoid, _no_params),
-    "tanh": (torch.tanh, _no_params), "transpose": (transpose, _permutation),
-    "reshape": (reshape, lambda node: {"shape": list(node.params["shape"])}),
-    "flatten": (flatten, _same_params), "expand_dims": (expand_dims, _same_params),
-    "concat": (concat, _same_params), "softmax": (softmax, _same_params),
-    "log_softmax": (log_softmax, _same_params), "sum": (reduce_sum, _reduction), "mean": (reduce_mean, _reduction),
-    "dropout": (identity, _no_params),   # the trace is an eval-mode pass
-}
-_BY_NAME = {fn.__name__: fn for fn, _ in FUNCTIONS.values()}
+# The ops a model's own forward code may apply: those with a TorchScript-able torch equivalent in the registry
+# (`OpDef.torch_function`), by the name a saved program calls it.
+_BY_NAME = {opdef.torch_function[0].__name__: opdef.torch_function[0] for opdef in registry.unique_opdefs()
+            if opdef.torch_function is not None}
 
 
 # ---------------------------------------------------------------------------------------------- saving
@@ -210,18 +134,20 @@ class _Tracer:
             return call if index is None else self._add({"op": "getitem", "args": [call, index]})
         if op.id in self.attrs:
             return self._add({"op": "get_attr", "target": self.attrs[op.id]})
-        if op.op == "const":
+        opdef = registry.get(op.op)
+        if opdef.is_input:
             key = f"const_{op.id}"
             self.tensors[key] = op
             return self._add({"op": "get_attr", "target": key})
-        if op.op == "tuple_get":
+        if opdef.is_projection:
             return self._add({"op": "getitem", "args": [self.refs[op.inputs[0].id], op.params["index"]]})
-        if op.op not in FUNCTIONS:
+        if opdef.torch_function is None:
+            savable = sorted(d.name for d in registry.unique_opdefs() if d.torch_function is not None)
             raise ValueError(f"save_model: op {op.op!r} (recorded at {op.source}) in the model's forward code has "
-                             f"no torch equivalent here; ops that can be saved: {', '.join(sorted(FUNCTIONS))}")
-        function, kwargs = FUNCTIONS[op.op]
+                             f"no torch equivalent here; ops that can be saved: {', '.join(savable)}")
+        function, kwargs = opdef.torch_function
         inputs = [self.refs[i.id] for i in op.inputs]
-        args = [inputs] if op.op == "concat" else inputs
+        args = [inputs] if opdef.variadic else inputs
         return self._add({"op": "call_function", "target": function.__name__, "args": args, "kwargs": kwargs(op)})
 
 

@@ -4,63 +4,70 @@ import torch
 
 from .. import functional as F
 from ..registry import register
-from . import rules
+from . import rules, scriptable
 from .core import unbroadcast
 
 
-def _add_vjp(node, g):
+def _add_vjp(node, g, wants):
     x, y = node.inputs
     return unbroadcast(g, x), unbroadcast(g, y)
 
 
-def _sub_vjp(node, g):
+def _sub_vjp(node, g, wants):
     x, y = node.inputs
     return unbroadcast(g, x), unbroadcast(F.neg(g), y)
 
 
-def _mul_vjp(node, g):
+def _mul_vjp(node, g, wants):
     x, y = node.inputs
     return unbroadcast(F.mul(g, y), x), unbroadcast(F.mul(g, x), y)
 
 
-def _div_vjp(node, g):
+def _div_vjp(node, g, wants):
     x, y = node.inputs
     gx = F.div(g, y)
     return unbroadcast(gx, x), unbroadcast(F.neg(F.mul(gx, node)), y)
 
 
-def _pow_vjp(node, g):
+def _pow_vjp(node, g, wants):
     x, y = node.inputs
     gx = F.mul(g, F.mul(y, F.pow(x, F.sub(y, 1))))
     gy = F.mul(g, F.mul(node, F.natlog(x)))
     return unbroadcast(gx, x), unbroadcast(gy, y)
 
 
-register("add", inputs=("x", "y"), shape=rules.binary, vjp=_add_vjp)(torch.add)
-register("sub", inputs=("x", "y"), shape=rules.binary, vjp=_sub_vjp, aliases=("subtract",))(torch.sub)
-register("mul", inputs=("x", "y"), shape=rules.binary, vjp=_mul_vjp, aliases=("multiply",))(torch.mul)
-register("div", inputs=("x", "y"), shape=rules.binary_float, vjp=_div_vjp, aliases=("divide",))(torch.div)
+# An op whose kernel is a torch function with the same arguments is exported as that function.
+SAME = scriptable.no_params
+register("add", inputs=("x", "y"), shape=rules.binary, vjp=_add_vjp, torch_function=(torch.add, SAME))(torch.add)
+register("sub", inputs=("x", "y"), shape=rules.binary, vjp=_sub_vjp, aliases=("subtract",),
+         torch_function=(torch.sub, SAME))(torch.sub)
+register("mul", inputs=("x", "y"), shape=rules.binary, vjp=_mul_vjp, aliases=("multiply",),
+         torch_function=(torch.mul, SAME))(torch.mul)
+register("div", inputs=("x", "y"), shape=rules.binary_float, vjp=_div_vjp, aliases=("divide",),
+         torch_function=(torch.div, SAME))(torch.div)
 register("pow", inputs=("x", "y"), shape=rules.binary, vjp=_pow_vjp, aliases=("power",))(torch.pow)
 
-register("neg", shape=rules.same, vjp=lambda node, g: (F.neg(g),))(torch.neg)
-register("pos", shape=rules.same, vjp=lambda node, g: (g,))(torch.positive)
-register("abs", shape=rules.same, vjp=lambda node, g: (F.mul(g, F.sign(node.inputs[0])),))(torch.abs)
+register("neg", shape=rules.same, vjp=lambda node, g, wants: (F.neg(g),), torch_function=(torch.neg, SAME))(torch.neg)
+register("pos", shape=rules.same, vjp=lambda node, g, wants: (g,))(torch.positive)
+register("abs", shape=rules.same, vjp=lambda node, g, wants: (F.mul(g, F.sign(node.inputs[0])),))(torch.abs)
 # sign is flat wherever it is differentiable: its gradient is zero (None: no contribution), as torch's.
-register("sign", shape=rules.same, vjp=lambda node, g: (None,))(torch.sign)
-register("exp", shape=rules.same_float, vjp=lambda node, g: (F.mul(g, node),))(torch.exp)
-register("natlog", shape=rules.same_float, vjp=lambda node, g: (F.div(g, node.inputs[0]),),
-         aliases=("log",))(torch.log)
-register("square", shape=rules.same, vjp=lambda node, g: (F.mul(g, F.mul(node.inputs[0], 2.0)),))(torch.square)
-register("square_root", shape=rules.same_float, vjp=lambda node, g: (F.div(g, F.mul(node, 2.0)),),
-         aliases=("sqrt",))(torch.sqrt)
+register("sign", shape=rules.same, vjp=lambda node, g, wants: (None,))(torch.sign)
+register("exp", shape=rules.same_float, vjp=lambda node, g, wants: (F.mul(g, node),),
+         torch_function=(torch.exp, SAME))(torch.exp)
+register("natlog", shape=rules.same_float, vjp=lambda node, g, wants: (F.div(g, node.inputs[0]),),
+         aliases=("log",), torch_function=(torch.log, SAME))(torch.log)
+register("square", shape=rules.same, vjp=lambda node, g, wants: (F.mul(g, F.mul(node.inputs[0], 2.0)),),
+         torch_function=(torch.square, SAME))(torch.square)
+register("square_root", shape=rules.same_float, vjp=lambda node, g, wants: (F.div(g, F.mul(node, 2.0)),),
+         aliases=("sqrt",), torch_function=(torch.sqrt, SAME))(torch.sqrt)
 
 
-@register("cube", shape=rules.same, vjp=lambda node, g: (F.mul(g, F.mul(F.square(node.inputs[0]), 3.0)),))
+@register("cube", shape=rules.same, vjp=lambda node, g, wants: (F.mul(g, F.mul(F.square(node.inputs[0]), 3.0)),))
 def cube(x):
     return x * x * x
 
 
-@register("cube_root", shape=rules.same_float, vjp=lambda node, g: (F.div(g, F.mul(F.square(node), 3.0)),))
+@register("cube_root", shape=rules.same_float, vjp=lambda node, g, wants: (F.div(g, F.mul(F.square(node), 3.0)),))
 def cube_root(x):
     """Real cube root, negative inputs included (numpy's cbrt)."""
     x = x if x.is_floating_point() else x.to(torch.get_default_dtype())
@@ -78,7 +85,7 @@ def _clip_shape(x, lower_limit=None, upper_limit=None):
     return x.shape, x.dtype
 
 
-def _clip_vjp(node, g):
+def _clip_vjp(node, g, wants):
     # Inside [lower, upper] (bounds included, as torch.clamp) the gradient passes through; outside it is 0.
     x = node.inputs[0]
     lower, upper = node.params["lower_limit"], node.params["upper_limit"]

@@ -10,7 +10,7 @@ def _cast_shape(x, dtype):
     return x.shape, as_dtype(dtype)
 
 
-def _cast_vjp(node, g):
+def _cast_vjp(node, g, wants):
     source = node.inputs[0].dtype
     # A gradient flows back only between floating dtypes: integers and bools have none.
     return (F.cast(g, dtype=NAMES[source]) if is_floating(source) and is_floating(node.dtype) else None,)

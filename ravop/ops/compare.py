@@ -26,7 +26,7 @@ def _where_shape(condition, x, y):
     return shape, result_dtype(x.dtype, len(x.shape), y.dtype, len(y.shape))
 
 
-def _where_vjp(node, g):
+def _where_vjp(node, g, wants):
     condition, x, y = node.inputs
     return None, unbroadcast(F.where(condition, g, 0.0), x), unbroadcast(F.where(condition, 0.0, g), y)
 

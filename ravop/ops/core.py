@@ -3,7 +3,7 @@ reducing a broadcast gradient back to an input's shape."""
 import torch
 
 from .. import functional as F
-from ..registry import REQUIRED, register
+from ..registry import HOLE, INPUT, LOOP, PROJECTION, REQUIRED, register
 from .rules import broadcast
 
 
@@ -11,7 +11,7 @@ def _const_kernel():
     raise RuntimeError("const ops are inputs: their values come from the tensor store, not a kernel")
 
 
-register("const", inputs=(), method=False, shape=lambda: ((), torch.float32))(_const_kernel)
+register("const", inputs=(), method=False, shape=lambda: ((), torch.float32), kind=INPUT)(_const_kernel)
 
 
 def _loop_kernel(*values, **params):
@@ -26,20 +26,21 @@ def _loop_hole_kernel(**params):
 # its outputs the carried values after the last step. Not deterministic as far as the passes go: it is never
 # folded into a constant or merged with another loop. Its step templates read `loop_hole` nodes.
 register("loop", inputs=("*values",), params={"loop": REQUIRED}, method=False, deterministic=False,
-         shape=lambda *values, loop: ((), torch.float32))(_loop_kernel)
+         shape=lambda *values, loop: ((), torch.float32), kind=LOOP)(_loop_kernel)
 register("loop_hole", inputs=(), params={"hole": REQUIRED}, method=False, deterministic=False,
-         shape=lambda hole: ((), torch.float32))(_loop_hole_kernel)
+         shape=lambda hole: ((), torch.float32), kind=HOLE)(_loop_hole_kernel)
 
 
 def _tuple_get_shape(x, index):
     return x.shape[index], x.dtype[index]
 
 
-def _tuple_get_vjp(node, g):
+def _tuple_get_vjp(node, g, wants):
     return (None,)  # handled by autodiff: gradients of a multi-output node are gathered per output
 
 
-@register("tuple_get", params={"index": REQUIRED}, method=False, shape=_tuple_get_shape, vjp=_tuple_get_vjp)
+@register("tuple_get", params={"index": REQUIRED}, method=False, shape=_tuple_get_shape, vjp=_tuple_get_vjp,
+          kind=PROJECTION)
 def tuple_get(x, index):
     return x[index]
 
@@ -49,7 +50,7 @@ def _sum_to_shape(x, shape):
     return tuple(shape), x.dtype
 
 
-def _sum_to_vjp(node, g):
+def _sum_to_vjp(node, g, wants):
     return (F.broadcast_to(g, shape=node.inputs[0].shape),)
 
 
@@ -70,7 +71,7 @@ def _broadcast_to_shape(x, shape):
     return tuple(shape), x.dtype
 
 
-def _broadcast_to_vjp(node, g):
+def _broadcast_to_vjp(node, g, wants):
     return (F.sum_to(g, shape=node.inputs[0].shape),)
 
 

@@ -17,7 +17,7 @@ def _resolve(operation, params):
     opdef = registry.REGISTRY.get(operation) if isinstance(operation, str) else None
     if opdef is None:
         raise ValueError(f"unknown op {operation!r} to apply to each slice")
-    if opdef.random or opdef.variadic or opdef.n_required_inputs != 1 or opdef.name in ("const", "tuple_get"):
+    if opdef.random or opdef.variadic or opdef.n_required_inputs != 1 or opdef.internal:
         raise ValueError(f"foreach applies ops of one tensor input, not {opdef.name!r}")
     given = dict(params)
     unknown = set(given) - set(opdef.params)

@@ -3,13 +3,15 @@ and the scatter-adds that are their gradients."""
 import torch
 
 from .. import functional as F
+from ..dtypes import is_floating
 from ..registry import REQUIRED, register
+from ..sizes import numel
 from . import rules
 from .core import unbroadcast
 
 
 def _check_int(indices, what):
-    if indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype == torch.bool:
+    if is_floating(indices.dtype) or indices.dtype == torch.bool:
         raise TypeError(f"{what} indices must be integers, not {indices.dtype}")
 
 
@@ -31,7 +33,7 @@ def _wrapped(indices, size):
     return torch.where(indices < 0, indices + size, indices)
 
 
-def _gather_vjp(node, g):
+def _gather_vjp(node, g, wants):
     x, indices = node.inputs
     return F.gather_backward(g, indices, axis=node.params["axis"], shape=x.shape), None
 
@@ -48,7 +50,7 @@ def gather(x, indices, axis=0):
     return picked.reshape(x.shape[:axis] + indices.shape + x.shape[axis + 1:])
 
 
-def _gather_backward_vjp(node, g):
+def _gather_backward_vjp(node, g, wants):
     _, indices = node.inputs
     return F.gather(g, indices, axis=node.params["axis"]), None
 
@@ -67,7 +69,7 @@ def gather_backward(g, indices, axis=0, shape=REQUIRED):
     """Zeros of `shape` with `g` added back where `gather` took it (repeats accumulate): its VJP."""
     shape = tuple(shape)
     flat = axis is None
-    out = torch.zeros(rules.numel(shape) if flat else shape, dtype=g.dtype, device=g.device)
+    out = torch.zeros(numel(shape) if flat else shape, dtype=g.dtype, device=g.device)
     axis = 0 if flat else axis % len(shape)
     rows = g.reshape(out.shape[:axis] + (-1,) + out.shape[axis + 1:])
     out.index_add_(axis, _wrapped(indices, out.shape[axis]).reshape(-1), rows)
@@ -86,7 +88,7 @@ def _along_shape(x, indices, axis):
     return outer[:a] + (indices.shape[a],) + outer[a + 1:], x.dtype
 
 
-def _along_vjp(node, g):
+def _along_vjp(node, g, wants):
     x, indices = node.inputs
     axis = rules.normalize_axis(node.params["axis"], len(x.shape))
     return unbroadcast(F.take_along_axis_backward(g, indices, axis=axis, size=x.shape[axis]), x), None
@@ -110,7 +112,7 @@ def _along_backward_shape(g, indices, axis, size):
 
 @register("take_along_axis_backward", inputs=("g", "indices"), params={"axis": REQUIRED, "size": REQUIRED},
           shape=_along_backward_shape, method=False,
-          vjp=lambda node, g: (F.take_along_axis(g, node.inputs[1], axis=node.params["axis"]), None))
+          vjp=lambda node, g, wants: (F.take_along_axis(g, node.inputs[1], axis=node.params["axis"]), None))
 def take_along_axis_backward(g, indices, axis, size):
     """Zeros with `size` along `axis` and `g` added where take_along_axis took it: its VJP."""
     shape = g.shape[:axis % g.dim()] + (size,) + g.shape[axis % g.dim() + 1:]
@@ -124,7 +126,7 @@ def _one_hot_shape(x, depth):
     _check_int(x, "one_hot_encoding")
     if not isinstance(depth, int) or depth < 0:
         raise ValueError(f"one_hot_encoding depth must be a non-negative int, not {depth!r}")
-    return ((rules.numel(x.shape), depth) if x.shape else (depth,)), torch.get_default_dtype()
+    return ((numel(x.shape), depth) if x.shape else (depth,)), torch.get_default_dtype()
 
 
 @register("one_hot_encoding", params={"depth": REQUIRED}, shape=_one_hot_shape)
@@ -137,7 +139,7 @@ def one_hot_encoding(x, depth):
 
 
 def _find_shape(x, values):
-    return (rules.numel(values.shape), -1), torch.int64
+    return (numel(values.shape), -1), torch.int64
 
 
 @register("find_indices", inputs=("x", "values"), shape=_find_shape)

@@ -9,8 +9,10 @@ that turn the user's index (or the original's string form, e.g. "[:,-1,:]") into
 import torch
 
 from .. import api
+from ..dtypes import is_floating
 from ..graph import record
 from ..registry import REQUIRED, get, register
+from ..sizes import numel
 from . import rules
 from .core import unbroadcast
 from .index_spec import canonical_index
@@ -61,7 +63,7 @@ def _entries(spec, tensors):
                 if not t.shape:
                     raise IndexError("a 0-d bool index is not supported; use None to add an axis")
                 out.append(("mask", (t.shape, -1)))
-            elif t.dtype.is_floating_point or t.dtype.is_complex:
+            elif is_floating(t.dtype):
                 raise IndexError(f"tensor indices must be integer or bool, not {t.dtype}")
             elif t.shape:
                 out.append(("array", (t.shape, None)))
@@ -207,7 +209,7 @@ def apply_index(x, spec, tensors):
 
 def positions(shape, spec, tensors, device):
     """The flat positions in a tensor of `shape` that x[index] reads, shaped like x[index]."""
-    return apply_index(torch.arange(rules.numel(shape), device=device).reshape(shape), spec, tensors)
+    return apply_index(torch.arange(numel(shape), device=device).reshape(shape), spec, tensors)
 
 
 # ----------------------------------------------------------------------------------------------- the ops
@@ -216,7 +218,7 @@ def _index_shape(x, *tensors, spec):
     return index_shape(x.shape, spec, tensors), x.dtype
 
 
-def _index_vjp(node, g):
+def _index_vjp(node, g, wants):
     x, *tensors = node.inputs
     spec = node.params["spec"]
     grad = record(get("index_backward"), (g, *tensors), {"spec": spec, "shape": x.shape})
@@ -238,7 +240,7 @@ def _index_backward_shape(g, *tensors, spec, shape):
     return tuple(shape), g.dtype
 
 
-def _index_backward_vjp(node, g):
+def _index_backward_vjp(node, g, wants):
     _, *tensors = node.inputs
     return (record(get("index"), (g, *tensors), {"spec": node.params["spec"]}),) + (None,) * len(tensors)
 
@@ -248,7 +250,7 @@ def _index_backward_vjp(node, g):
 def index_backward(g, *tensors, spec, shape):
     """Zeros of `shape` with `g` added at x[index] (repeated positions accumulate): the VJP of `index`."""
     where = positions(tuple(shape), spec, tensors, g.device)
-    out = torch.zeros(rules.numel(shape), dtype=g.dtype, device=g.device)
+    out = torch.zeros(numel(shape), dtype=g.dtype, device=g.device)
     out.index_add_(0, where.reshape(-1), g.reshape(-1))
     return out.reshape(tuple(shape))
 
@@ -272,7 +274,7 @@ def _set_value_shape(x, value, *tensors, spec):
     return x.shape, x.dtype
 
 
-def _set_value_vjp(node, g):
+def _set_value_vjp(node, g, wants):
     x, value, *tensors = node.inputs
     spec = {"spec": node.params["spec"]}
     g_x = record(get("set_value"), (g, 0.0, *tensors), spec)

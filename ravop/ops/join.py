@@ -5,7 +5,8 @@ import torch
 from .. import functional as F
 from ..dtypes import result_dtype
 from ..registry import REQUIRED, register
-from . import rules
+from ..sizes import numel
+from . import rules, scriptable
 
 
 def _promoted(shapes_dtypes):
@@ -59,7 +60,7 @@ def _split_shape(x, numOrSizeSplits, axis=0):
     return [(x.shape[:a] + (stop - start,) + x.shape[a + 1:], x.dtype) for start, stop in parts]
 
 
-def _split_vjp(node, grads):
+def _split_vjp(node, grads, wants):
     axis = node.params["axis"]
     parts = [g if g is not None else F.zeros(shape=shape, dtype=dtype)
              for g, shape, dtype in zip(grads, node.shape, node.dtype)]
@@ -79,7 +80,7 @@ def split(x, numOrSizeSplits, axis=0):
 
 def _concat_shape(*xs, axis=0):
     if axis is None:
-        return (sum(rules.numel(x.shape) for x in xs),), _promoted(xs)
+        return (sum(numel(x.shape) for x in xs),), _promoted(xs)
     first = xs[0].shape
     if not first:
         raise ValueError("cannot concatenate 0-d tensors (use stack, or axis=None)")
@@ -93,9 +94,9 @@ def _concat_shape(*xs, axis=0):
     return first[:a] + (total,) + first[a + 1:], _promoted(xs)
 
 
-def _concat_vjp(node, g):
+def _concat_vjp(node, g, wants):
     xs, axis = node.inputs, node.params["axis"]
-    sizes = [rules.numel(x.shape) if axis is None else x.shape[axis] for x in xs]
+    sizes = [numel(x.shape) if axis is None else x.shape[axis] for x in xs]
     points = [sum(sizes[:i]) for i in range(1, len(sizes))]
     parts = F.split(g, numOrSizeSplits=points, axis=0 if axis is None else axis)
     if axis is None:
@@ -104,7 +105,7 @@ def _concat_vjp(node, g):
 
 
 @register("concat", inputs=("*xs",), params={"axis": 0}, shape=_concat_shape, vjp=_concat_vjp,
-          aliases=("concatenate",))
+          aliases=("concatenate",), torch_function=(scriptable.concat, scriptable.same_params))
 def concat(*xs, axis=0):
     """Join tensors along an existing axis (numpy.concatenate; axis=None joins them flattened)."""
     xs = _cast_all(xs)
@@ -122,7 +123,7 @@ def _stack_shape(*xs, axis=0):
     return first[:a] + (len(xs),) + first[a:], _promoted(xs)
 
 
-def _stack_vjp(node, g):
+def _stack_vjp(node, g, wants):
     xs = node.inputs
     axis = rules.normalize_axis(node.params["axis"], len(xs[0].shape) + 1)
     parts = F.split(g, numOrSizeSplits=len(xs), axis=axis)
@@ -135,21 +136,21 @@ def stack(*xs, axis=0):
     return torch.stack(_cast_all(xs), dim=axis)
 
 
-def _join_vjp(node, g):
+def _join_vjp(node, g, wants):
     a, b = node.inputs
-    ga, gb = F.split(g, numOrSizeSplits=(rules.numel(a.shape),))
+    ga, gb = F.split(g, numOrSizeSplits=(numel(a.shape),))
     return F.reshape(ga, shape=a.shape), F.reshape(gb, shape=b.shape)
 
 
 @register("join_to_list", inputs=("a", "b"), vjp=_join_vjp,
-          shape=lambda a, b: ((rules.numel(a.shape) + rules.numel(b.shape),), _promoted((a, b))))
+          shape=lambda a, b: ((numel(a.shape) + numel(b.shape),), _promoted((a, b))))
 def join_to_list(a, b):
     """numpy.append(a, b): both flattened, b's elements after a's."""
     a, b = _cast_all((a, b))
     return torch.cat([a.reshape(-1), b.reshape(-1)])
 
 
-def _combine_vjp(node, g):
+def _combine_vjp(node, g, wants):
     a, b = node.inputs
     ga, gb = F.split(g, numOrSizeSplits=2)
     return F.reshape(ga, shape=a.shape), F.reshape(gb, shape=b.shape)
@@ -178,7 +179,7 @@ def _tile_shape(x, reps):
     return tuple(-1 if s < 0 else s * r for s, r in zip(shape, reps)), x.dtype
 
 
-def _tile_vjp(node, g):
+def _tile_vjp(node, g, wants):
     x = node.inputs[0]
     reps = _reps(node.params["reps"])
     n = max(len(reps), len(x.shape))
@@ -212,7 +213,7 @@ def _repeats(repeats, size):
 
 def _repeat_shape(x, repeats, axis=None):
     if axis is None:
-        size, shape, a = rules.numel(x.shape), (rules.numel(x.shape),), 0
+        size, shape, a = numel(x.shape), (numel(x.shape),), 0
     else:
         a = rules.normalize_axis(axis, len(x.shape))
         size, shape = x.shape[a], x.shape
@@ -226,10 +227,10 @@ def _repeat_shape(x, repeats, axis=None):
     return shape[:a] + (total,) + shape[a + 1:], x.dtype
 
 
-def _repeat_vjp(node, g):
+def _repeat_vjp(node, g, wants):
     x = node.inputs[0]
     repeats, axis = node.params["repeats"], node.params["axis"]
-    size = rules.numel(x.shape) if axis is None else x.shape[axis]
+    size = numel(x.shape) if axis is None else x.shape[axis]
     counts = torch.tensor(repeats if isinstance(repeats, int) else tuple(repeats), dtype=torch.int64)
     sources = torch.repeat_interleave(torch.arange(size), counts)  # output position -> input position
     return (F.gather_backward(g, sources, axis=axis, shape=x.shape),)
@@ -270,7 +271,7 @@ def _slice_shape(x, begin, size):
     return tuple(-1 if stop < 0 else stop - b for b, stop in bounds) + x.shape[len(bounds):], x.dtype
 
 
-def _slice_vjp(node, g):
+def _slice_vjp(node, g, wants):
     x = node.inputs[0]
     bounds = _slice_bounds(x.shape, node.params["begin"], node.params["size"])
     widths = tuple((b, n - stop) for (b, stop), n in zip(bounds, x.shape)) + ((0, 0),) * (len(x.shape) - len(bounds))
@@ -335,7 +336,7 @@ def _source(mode, n, before, after):
     return torch.where(j < n, j, 2 * n - 1 - j)
 
 
-def _pad_vjp(node, g):
+def _pad_vjp(node, g, wants):
     x = node.inputs[0]
     p = node.params
     return (F.pad_backward(g, sequence=pad_widths(p["sequence"], len(x.shape)), mode=p["mode"], shape=x.shape),)
@@ -366,7 +367,7 @@ def _pad_backward_shape(g, sequence, mode, shape):
 
 @register("pad_backward", params={"sequence": REQUIRED, "mode": "constant", "shape": REQUIRED}, method=False,
           shape=_pad_backward_shape,
-          vjp=lambda node, g: (F.pad(g, sequence=node.params["sequence"], mode=node.params["mode"]),))
+          vjp=lambda node, g, wants: (F.pad(g, sequence=node.params["sequence"], mode=node.params["mode"]),))
 def pad_backward(g, sequence, mode="constant", shape=REQUIRED):
     """The VJP of `pad`: the gradient of the padded output folded back onto the input of `shape`
     (cropped for 'constant', summed over every copy for the other modes). `sequence` is per-dim pairs."""

@@ -13,7 +13,7 @@ from .. import registry
 from ..registry import REQUIRED, register
 
 
-def autograd_vjp(node, g):
+def autograd_vjp(node, g, wants):
     """VJP rule: the gradient w.r.t. the node's first input; its other inputs get none."""
     grad = F.kernel_vjp([*node.inputs, g], op=node.op, params=node.params or {})
     return (grad,) + (None,) * (len(node.inputs) - 1)

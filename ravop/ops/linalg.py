@@ -4,7 +4,7 @@ import torch
 from .. import functional as F
 from ..dtypes import result_dtype
 from ..registry import register
-from . import rules
+from . import flops, rules, scriptable
 from .core import unbroadcast
 
 
@@ -39,7 +39,7 @@ def _matmul_shape(x, y):
     return shape, _dtype(x, y)
 
 
-def _matmul_vjp(node, g):
+def _matmul_vjp(node, g, wants):
     """numpy matmul treats a 1-D operand as a row (left) or column (right) vector; do the same here,
     take the matrix gradients, sum out broadcast batch dimensions and drop the vector dimension again."""
     x, y = node.inputs
@@ -52,7 +52,8 @@ def _matmul_vjp(node, g):
     return F.reshape(gx, shape=x.shape), F.reshape(gy, shape=y.shape)
 
 
-@register("matmul", inputs=("x", "y"), shape=_matmul_shape, vjp=_matmul_vjp)
+@register("matmul", inputs=("x", "y"), shape=_matmul_shape, vjp=_matmul_vjp, flops=flops.matmul,
+          torch_function=(torch.matmul, scriptable.no_params))
 def matmul(x, y):
     """Matrix product (numpy.matmul / `@`): batch dimensions broadcast, 1-D operands are vectors."""
     return torch.matmul(*_promoted(x, y))
@@ -109,13 +110,14 @@ def tensordot_grads(x, y, ax, ay, g):
     return gx, gy
 
 
-def _tensordot_vjp(node, g):
+def _tensordot_vjp(node, g, wants):
     x, y = node.inputs
     ax, ay = _tensordot_axes(node.params["axes"], len(x.shape), len(y.shape))
     return tensordot_grads(x, y, ax, ay, g)
 
 
-@register("tensordot", inputs=("x", "y"), params={"axes": 2}, shape=_tensordot_shape, vjp=_tensordot_vjp)
+@register("tensordot", inputs=("x", "y"), params={"axes": 2}, shape=_tensordot_shape, vjp=_tensordot_vjp,
+          flops=flops.contraction)
 def tensordot(x, y, axes=2):
     """Sum of products over paired axes (numpy.tensordot): output dims are x's free dims, then y's."""
     ax, ay = _tensordot_axes(axes, x.dim(), y.dim())
@@ -139,14 +141,14 @@ def _dot_shape(x, y):
     return a[:-1] + b[:-2] + b[-1:] if len(b) > 1 else a[:-1], _dtype(x, y)
 
 
-def _dot_vjp(node, g):
+def _dot_vjp(node, g, wants):
     x, y = node.inputs
     if not x.shape or not y.shape:
         return unbroadcast(F.mul(g, y), x), unbroadcast(F.mul(g, x), y)
     return tensordot_grads(x, y, *_dot_axes(x, y), g)
 
 
-@register("dot", inputs=("x", "y"), shape=_dot_shape, vjp=_dot_vjp)
+@register("dot", inputs=("x", "y"), shape=_dot_shape, vjp=_dot_vjp, flops=flops.contraction)
 def dot(x, y):
     """numpy.dot: a 0-d operand multiplies elementwise; otherwise x's last axis is summed against y's
     second-to-last (or only) axis: inner product, matrix-vector or matrix-matrix product."""
@@ -164,13 +166,13 @@ def _inv_shape(x):
     return x.shape, rules.float_dtype(x.dtype)
 
 
-def _inv_vjp(node, g):
+def _inv_vjp(node, g, wants):
     # d(A^-1) = -A^-1 dA A^-1, so the gradient is -A^-T g A^-T.
     inv_t = _swap_last(node)
     return (F.neg(F.matmul(F.matmul(inv_t, g), inv_t)),)
 
 
-@register("inv", shape=_inv_shape, vjp=_inv_vjp)
+@register("inv", shape=_inv_shape, vjp=_inv_vjp, flops=flops.inverse)
 def inv(x):
     """Matrix inverse of the last two dimensions (numpy.linalg.inv; `~op`); a singular matrix is an
     error when the op runs. Integer inputs give the default float dtype."""

@@ -5,9 +5,10 @@ import torch
 import torch.nn.functional as TF
 
 from .. import functional as F
+from ..dtypes import is_floating
 from ..registry import register
-from .nn import backward_mask, call_backward, keep_masked, masked_shapes
-from .rules import numel
+from ..sizes import numel
+from .masked import backward_mask, call_backward, keep_masked, masked_shapes
 
 aten = torch.ops.aten
 MEAN = 1                 # ATen's Reduction::Mean
@@ -15,7 +16,7 @@ TORCH_IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
 
 
 def _check_float(name, dtype):
-    if not (dtype.is_floating_point or dtype.is_complex):
+    if not is_floating(dtype):
         raise TypeError(f"{name} must be floating point, not {dtype}")
 
 
@@ -34,8 +35,8 @@ def _square_loss_shape(y_true, y_pred):
     return (), y_pred.dtype
 
 
-def _square_loss_vjp(node, g):
-    return call_backward(F.square_loss_backward, backward_mask(*node.inputs), g, *node.inputs)
+def _square_loss_vjp(node, g, wants):
+    return call_backward(F.square_loss_backward, backward_mask(wants, *node.inputs), g, *node.inputs)
 
 
 @register("square_loss", inputs=("y_true", "y_pred"), shape=_square_loss_shape, vjp=_square_loss_vjp)
@@ -106,8 +107,8 @@ def _inputs(y_true, y_pred, reshape_target, reshape_label):
     return label, pred
 
 
-def _cross_entropy_vjp(node, g):
-    return call_backward(F.cross_entropy_loss_backward, backward_mask(*node.inputs), g, *node.inputs,
+def _cross_entropy_vjp(node, g, wants):
+    return call_backward(F.cross_entropy_loss_backward, backward_mask(wants, *node.inputs), g, *node.inputs,
                          **node.params)
 
 

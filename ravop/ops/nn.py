@@ -4,7 +4,7 @@ Each is one op (a training step stays tens of ops, not hundreds), and each has a
 kernel calls the aten backward kernel eager autograd calls (`convolution_backward`,
 `native_batch_norm_backward`, ...), so gradients equal eager PyTorch's. A backward op takes a `mask` param,
 one bool per differentiable input, and has one output per True entry: a VJP asks only for the gradients
-`needs_grad` says the running `R.grad` wants (no gradient of a first layer w.r.t. the data batch).
+the running `R.grad` wants (no gradient of a first layer w.r.t. the data batch; ravop/ops/masked.py).
 
 Statistics the forward computes and the backward needs again (batch-norm mean/invstd, layer-norm
 mean/rstd) are recomputed by the backward kernel from the same input rather than carried as extra outputs:
@@ -16,45 +16,19 @@ import torch
 import torch.nn.functional as TF
 
 from .. import functional as F
-from ..autodiff import needs_grad
+from ..dtypes import is_floating
 from ..interpreter import op_seed
 from ..registry import REQUIRED, register
-from ..source import user_source
-from .rules import Like, numel
+from ..sizes import numel
+from . import flops, scriptable
+from .masked import backward_mask, call_backward, keep_masked, masked_shapes
+from .rules import Like
 
 aten = torch.ops.aten
 
 
 def _pair(v):
     return (v, v) if type(v) is int else tuple(v)
-
-
-def _is_float(dtype):
-    return dtype.is_floating_point or dtype.is_complex
-
-
-def backward_mask(*inputs):
-    """The backward-op `mask` param: which of these inputs (None = absent) the running grad wants."""
-    return tuple(i is not None and needs_grad(i) for i in inputs)
-
-
-def call_backward(backward_op, mask, *args, **params):
-    """Record `backward_op(*args, mask=mask, **params)` and map its outputs (one per True in `mask`) back
-    to one gradient or None per entry of `mask`."""
-    if not any(mask):
-        return (None,) * len(mask)
-    outputs = iter(backward_op(*args, mask=mask, **params))
-    return tuple(next(outputs) if wanted else None for wanted in mask)
-
-
-def masked_shapes(mask, *likes):
-    """Shape rule of a backward op: the shape and dtype of each input whose gradient `mask` asks for."""
-    return [(like.shape, like.dtype) for wanted, like in zip(mask, likes) if wanted]
-
-
-def keep_masked(mask, *grads):
-    """A backward kernel's result: the gradients `mask` asks for, in order."""
-    return tuple(g for wanted, g in zip(mask, grads) if wanted)
 
 
 def _same_dtype(x, w, b):
@@ -81,13 +55,13 @@ def _linear_shape(x, w, b=None):
     return x.shape[:-1] + (w.shape[0],), _same_dtype(x, w, b)
 
 
-def _linear_vjp(node, g):
-    mask = backward_mask(*node.inputs) + ((False,) if len(node.inputs) == 2 else ())
+def _linear_vjp(node, g, wants):
+    mask = backward_mask(wants, *node.inputs) + ((False,) if len(node.inputs) == 2 else ())
     x, w = node.inputs[:2]
     return call_backward(F.linear_backward, mask, g, x, w)[:len(node.inputs)]
 
 
-@register("linear", inputs=("x", "w", "b?"), shape=_linear_shape, vjp=_linear_vjp)
+@register("linear", inputs=("x", "w", "b?"), shape=_linear_shape, vjp=_linear_vjp, flops=flops.linear)
 def linear(x, w, b=None):
     """x @ w.T + b, with w in torch's (out_features, in_features) layout."""
     return TF.linear(x, w, b)
@@ -98,7 +72,7 @@ def _linear_backward_shape(g, x, w, mask):
 
 
 @register("linear_backward", inputs=("g", "x", "w"), params={"mask": (True, True, True)},
-          shape=_linear_backward_shape, method=False)
+          shape=_linear_backward_shape, method=False, flops=flops.linear_backward)
 def linear_backward(g, x, w, mask):
     """Gradients of linear w.r.t. (x, w, b), as eager's addmm backward computes them on the 2-d view
     (its mm backward multiplies in the order that suits w.t()'s column-major layout: g.T @ x)."""
@@ -171,8 +145,8 @@ def _pad_input(x, explicit, padding_mode):
     return TF.pad(x, explicit, mode="constant" if padding_mode == "zeros" else padding_mode)
 
 
-def _conv2d_vjp(node, g):
-    mask = backward_mask(*node.inputs) + ((False,) if len(node.inputs) == 2 else ())
+def _conv2d_vjp(node, g, wants):
+    mask = backward_mask(wants, *node.inputs) + ((False,) if len(node.inputs) == 2 else ())
     x, w = node.inputs[:2]
     p = node.params
     grads = call_backward(F.conv2d_backward, mask, g, x, w, stride=p["stride"], padding=p["padding"],
@@ -181,7 +155,8 @@ def _conv2d_vjp(node, g):
 
 
 @register("conv2d", inputs=("x", "w", "b?"), params={"stride": 1, "padding": 0, "dilation": 1, "groups": 1,
-                                                      "padding_mode": "zeros"}, shape=_conv_shape, vjp=_conv2d_vjp)
+                                                      "padding_mode": "zeros"}, shape=_conv_shape, vjp=_conv2d_vjp,
+          flops=flops.conv2d)
 def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros"):
     """2-d convolution as nn.Conv2d computes it (padding int, pair, 'same' or 'valid'; padding_mode zeros,
     reflect, replicate or circular)."""
@@ -197,7 +172,7 @@ def _conv_backward_shape(g, x, w, stride, padding, dilation, groups, padding_mod
 
 @register("conv2d_backward", inputs=("g", "x", "w"),
           params={"stride": 1, "padding": 0, "dilation": 1, "groups": 1, "padding_mode": "zeros",
-                  "mask": (True, True, True)}, shape=_conv_backward_shape, method=False)
+                  "mask": (True, True, True)}, shape=_conv_backward_shape, method=False, flops=flops.conv2d_backward)
 def conv2d_backward(g, x, w, stride, padding, dilation, groups, padding_mode, mask):
     """Gradients of conv2d w.r.t. (x, w, b): aten.convolution_backward, then the explicit pad's backward."""
     explicit, pad = conv_padding(w.shape[2:], stride, padding, dilation, padding_mode)
@@ -258,17 +233,14 @@ def _max_pool_shape(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mod
     return out, x.dtype
 
 
-def _max_pool_vjp(node, g):
+def _max_pool_vjp(node, g, wants):
     p = node.params
     options = {k: p[k] for k in ("kernel_size", "stride", "padding", "dilation", "ceil_mode")}
     if p["return_indices"]:
         g = g[0]   # the indices output is integer: it carries no gradient
         if g is None:
             return (None,)
-        # Another handle on the forward's indices output (CSE merges it with the forward's own).
-        indices = node.graph.add_node("tuple_get", (node,), {"index": 1}, node.shape[1], node.dtype[1],
-                                      user_source())
-        return (F.max_pool2d_indices_backward(g, node.inputs[0], indices, **options),)
+        return (F.max_pool2d_indices_backward(g, node.inputs[0], node.output(1), **options),)
     return (F.max_pool2d_backward(g, node.inputs[0], **options),)
 
 
@@ -318,13 +290,13 @@ def _batch_norm_shape(x, running_mean, running_var, weight=None, bias=None, trai
     return [(x.shape, x.dtype), (running_mean.shape, running_mean.dtype), (running_var.shape, running_var.dtype)]
 
 
-def _batch_norm_vjp(node, g):
+def _batch_norm_vjp(node, g, wants):
     gy = g[0]   # the running statistics are buffers, as in torch: no gradient flows through them
     if gy is None:
         return (None,) * len(node.inputs)
     x, running_mean, running_var = node.inputs[:3]
     weight = node.inputs[3] if len(node.inputs) == 5 else None
-    mask = backward_mask(x, weight, node.inputs[4] if weight is not None else None)
+    mask = backward_mask(wants, x, weight, node.inputs[4] if weight is not None else None)
     extra = (weight,) if weight is not None else ()
     gx, gw, gb = call_backward(F.batch_norm_backward, mask, gy, x, running_mean, running_var, *extra,
                                training=node.params["training"], eps=node.params["eps"])
@@ -385,8 +357,8 @@ def _layer_norm_shape(x, weight=None, bias=None, normalized_shape=REQUIRED, eps=
     return x.shape, x.dtype
 
 
-def _layer_norm_vjp(node, g):
-    mask = backward_mask(*node.inputs) + ((False, False) if len(node.inputs) == 1 else ())
+def _layer_norm_vjp(node, g, wants):
+    mask = backward_mask(wants, *node.inputs) + ((False, False) if len(node.inputs) == 1 else ())
     grads = call_backward(F.layer_norm_backward, mask, g, *node.inputs,
                           normalized_shape=node.params["normalized_shape"], eps=node.params["eps"])
     return grads[:len(node.inputs)]
@@ -426,7 +398,8 @@ def _embedding_shape(indices, weight):
 
 
 @register("embedding", inputs=("indices", "weight"), shape=_embedding_shape,
-          vjp=lambda node, g: (None, F.embedding_backward(g, node.inputs[0], num_weights=node.inputs[1].shape[0])))
+          vjp=lambda node, g, wants: (None, F.embedding_backward(g, node.inputs[0],
+                                                                  num_weights=node.inputs[1].shape[0])))
 def embedding(indices, weight):
     """Rows of `weight` picked by integer `indices` (any shape): F.embedding."""
     return TF.embedding(indices, weight)
@@ -444,7 +417,7 @@ def embedding_backward(g, indices, num_weights):
 def _dropout_shape(x, p=0.5, training=True):
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], not {p}")
-    if not _is_float(x.dtype):
+    if not is_floating(x.dtype):
         raise TypeError(f"needs a floating-point input, not {x.dtype}")
     return x.shape, x.dtype
 
@@ -457,7 +430,7 @@ def _dropout_noise(like, p, generator):
     return noise.bernoulli_(1 - p, generator=generator).div_(1 - p).to(like.device)
 
 
-def _dropout_vjp(node, g):
+def _dropout_vjp(node, g, wants):
     p, training = node.params["p"], node.params["training"]
     if not training or p == 0:
         return (g,)
@@ -467,7 +440,8 @@ def _dropout_vjp(node, g):
     return (F.dropout_backward(g, p=p, seed=op_seed(node.graph.seed, node.id)),)
 
 
-@register("dropout", params={"p": 0.5, "training": True}, shape=_dropout_shape, vjp=_dropout_vjp, random=True)
+@register("dropout", params={"p": 0.5, "training": True}, shape=_dropout_shape, vjp=_dropout_vjp, random=True,
+          torch_function=(scriptable.identity, scriptable.no_params))   # exported models are in eval mode
 def dropout(x, p=0.5, training=True, generator=None):
     """Zero each element with probability p and scale the rest by 1/(1-p); identity when not training."""
     if not training or p == 0:

@@ -7,7 +7,8 @@ import torch
 
 from .. import functional as F
 from ..registry import register
-from . import rules
+from ..sizes import numel
+from . import rules, scriptable
 from .kernel_vjp import autograd_vjp
 
 AXIS = {"axis": None, "keepdims": False}
@@ -41,7 +42,7 @@ def expand_reduced(g, x, axis, keepdims):
 
 def reduced_count(x, axis):
     """How many elements each output of a reduction over `axis` combines (known at record time)."""
-    n = rules.numel(tuple(x.shape[a] for a in rules.normalize_axes(axis, len(x.shape))))
+    n = numel(tuple(x.shape[a] for a in rules.normalize_axes(axis, len(x.shape))))
     if n < 0:
         raise ValueError(f"the gradient of a mean over a dimension of unknown size is not supported "
                          f"(input shape {x.shape})")
@@ -50,11 +51,12 @@ def reduced_count(x, axis):
 
 # ------------------------------------------------------------------------------------------------- sum
 
-def _sum_vjp(node, g):
+def _sum_vjp(node, g, wants):
     return (expand_reduced(g, node.inputs[0], node.params["axis"], node.params["keepdims"]),)
 
 
-@register("sum", params=AXIS, shape=_reduction(rules.sum_dtype), vjp=_sum_vjp)
+@register("sum", params=AXIS, shape=_reduction(rules.sum_dtype), vjp=_sum_vjp,
+          torch_function=(scriptable.reduce_sum, scriptable.reduction))
 def sum_(x, axis=None, keepdims=False):
     """Sum over `axis` (numpy.sum); bool and integer inputs sum in int64."""
     dims = rules.kernel_dims(x, axis)
@@ -77,13 +79,14 @@ def prod(x, axis=None, keepdims=False):
     return x
 
 
-def _mean_vjp(node, g):
+def _mean_vjp(node, g, wants):
     x = node.inputs[0]
     axis = node.params["axis"]
     return (F.div(expand_reduced(g, x, axis, node.params["keepdims"]), float(reduced_count(x, axis))),)
 
 
-@register("mean", params=AXIS, shape=_reduction(rules.float_dtype), vjp=_mean_vjp)
+@register("mean", params=AXIS, shape=_reduction(rules.float_dtype), vjp=_mean_vjp,
+          torch_function=(scriptable.reduce_mean, scriptable.reduction))
 def mean(x, axis=None, keepdims=False):
     """Arithmetic mean over `axis` (numpy.mean); integer inputs give the default float dtype. The mean
     of an empty selection is nan, as in numpy."""
@@ -109,16 +112,16 @@ def _extreme_shape(what):
     return rule
 
 
-def _extreme_vjp(node, g):
+def _extreme_vjp(node, g, wants):
     x = node.inputs[0]
     axis, keepdims = node.params["axis"], node.params["keepdims"]
     if node.params["return_indices"]:
-        g_values, indices = g[0], rules.output_of(node, 1)
+        g_values, indices = g[0], node.output(1)
         if g_values is None:
             return (None,)
         if axis is None:  # the kernel reduced the flattened input
             flat = F.take_along_axis_backward(F.reshape(g_values, shape=(1,)), F.reshape(indices, shape=(1,)),
-                                              axis=0, size=rules.numel(x.shape))
+                                              axis=0, size=numel(x.shape))
             return (F.reshape(flat, shape=x.shape),)
         if not keepdims:
             g_values = F.expand_dims(g_values, axis=axis)

@@ -6,7 +6,7 @@ against any size (the result is the other size, or -1 against 1), and checks tha
 divisibility) are skipped for it. The kernel's real output always has real sizes."""
 import torch
 
-from ..dtypes import result_dtype
+from ..dtypes import is_floating, result_dtype
 
 
 def broadcast(a, b):
@@ -43,7 +43,7 @@ def binary(x, y, **_):
 def binary_float(x, y, **_):
     """Like `binary`, but integer results become the default float dtype (true division, pow of floats)."""
     shape, dtype = binary(x, y)
-    return shape, dtype if dtype.is_floating_point or dtype.is_complex else torch.get_default_dtype()
+    return shape, dtype if is_floating(dtype) else torch.get_default_dtype()
 
 
 def compare(x, y, **_):
@@ -56,7 +56,7 @@ def same(x, **_):
 
 def same_float(x, **_):
     """Unary op whose integer input gives a float result (exp, sqrt, log, ...)."""
-    return x.shape, x.dtype if x.dtype.is_floating_point or x.dtype.is_complex else torch.get_default_dtype()
+    return x.shape, x.dtype if is_floating(x.dtype) else torch.get_default_dtype()
 
 
 def same_bool(x, **_):
@@ -95,24 +95,14 @@ def reduced_shape(shape, axis, keepdims):
     return tuple(d for i, d in enumerate(shape) if i not in axes)
 
 
-def numel(shape):
-    """Number of elements; -1 when a dimension is unknown."""
-    n = 1
-    for d in shape:
-        if d < 0:
-            return -1
-        n *= d
-    return n
-
-
 def float_dtype(dtype):
     """The dtype of a result that is fractional by nature (mean, std, ...): integers give the default float."""
-    return dtype if dtype.is_floating_point or dtype.is_complex else torch.get_default_dtype()
+    return dtype if is_floating(dtype) else torch.get_default_dtype()
 
 
 def sum_dtype(dtype):
     """torch's (and numpy's) accumulator for sum/prod: bool and integer inputs accumulate in int64."""
-    return dtype if dtype.is_floating_point or dtype.is_complex else torch.int64
+    return dtype if is_floating(dtype) else torch.int64
 
 
 def check_nonempty_reduce(shape, axes, what):
@@ -127,14 +117,6 @@ def kernel_dims(x, axis):
     if axis is None:
         return tuple(range(x.dim()))
     return (axis,) if isinstance(axis, int) else tuple(axis)
-
-
-def output_of(node, i):
-    """Output `i` of multi-output `node`: `graph.record` appends its tuple_get readers right after it."""
-    picked = node.graph.nodes[node.id + 1 + i]
-    if picked.op != "tuple_get" or picked.inputs[0] is not node or picked.params["index"] != i:
-        raise RuntimeError(f"node {picked.id} is not output {i} of {node!r}")
-    return picked
 
 
 class Like:

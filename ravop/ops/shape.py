@@ -4,10 +4,11 @@ import torch
 
 from .. import functional as F
 from ..registry import REQUIRED, register
-from . import rules
+from ..sizes import numel
+from . import rules, scriptable
 
 
-def _reshape_vjp(node, g):
+def _reshape_vjp(node, g, wants):
     return (F.reshape(g, shape=node.inputs[0].shape),)
 
 
@@ -29,7 +30,7 @@ def _transpose_shape(x, axes=None):
     return tuple(shape[a] for a in _permutation(axes, len(shape))), x.dtype
 
 
-def _transpose_vjp(node, g):
+def _transpose_vjp(node, g, wants):
     perm = _permutation(node.params["axes"], len(node.shape))
     inverse = [0] * len(perm)
     for i, p in enumerate(perm):
@@ -37,7 +38,8 @@ def _transpose_vjp(node, g):
     return (F.transpose(g, axes=tuple(inverse)),)
 
 
-@register("transpose", params={"axes": None}, shape=_transpose_shape, vjp=_transpose_vjp)
+@register("transpose", params={"axes": None}, shape=_transpose_shape, vjp=_transpose_vjp,
+          torch_function=(scriptable.transpose, scriptable.permutation))
 def transpose(x, axes=None):
     """Permute the dimensions (numpy.transpose): output axis i is input axis axes[i]; None reverses them."""
     return x.permute(_permutation(axes, x.dim()))
@@ -58,7 +60,7 @@ def target_shape(shape, target):
             known *= d
     if len(infer) > 1:
         raise ValueError(f"can only infer one dimension (-1) of {target}")
-    n = rules.numel(shape)
+    n = numel(shape)
     if n < 0:
         return target  # the input's size is known only at run time; -1 stays "unknown"
     if infer:
@@ -71,7 +73,7 @@ def target_shape(shape, target):
 
 
 @register("reshape", params={"shape": REQUIRED}, shape=lambda x, shape: (target_shape(x.shape, shape), x.dtype),
-          vjp=_reshape_vjp)
+          vjp=_reshape_vjp, torch_function=(scriptable.reshape, scriptable.shape_list))
 def reshape(x, shape):
     """The same elements in row-major order with a new shape (numpy.reshape; one -1 is inferred)."""
     return torch.reshape(x, (shape,) if isinstance(shape, int) else tuple(shape))
@@ -89,7 +91,7 @@ def _expanded(shape, axis):
 
 
 @register("expand_dims", params={"axis": 0}, shape=lambda x, axis: (_expanded(x.shape, axis), x.dtype),
-          vjp=_reshape_vjp)
+          vjp=_reshape_vjp, torch_function=(scriptable.expand_dims, scriptable.same_params))
 def expand_dims(x, axis=0):
     """Insert size-1 dimensions at `axis` (an int or a tuple), positions counted in the output (numpy)."""
     return x.reshape(_expanded(tuple(x.shape), axis))
@@ -118,11 +120,12 @@ def _flattened(shape, start_dim, end_dim):
     start, end = rules.normalize_axis(start_dim, len(shape)), rules.normalize_axis(end_dim, len(shape))
     if start > end:
         raise ValueError(f"start_dim {start_dim} comes after end_dim {end_dim}")
-    return shape[:start] + (rules.numel(shape[start:end + 1]),) + shape[end + 1:]
+    return shape[:start] + (numel(shape[start:end + 1]),) + shape[end + 1:]
 
 
 @register("flatten", params={"start_dim": 0, "end_dim": -1}, vjp=_reshape_vjp,
-          shape=lambda x, start_dim=0, end_dim=-1: (_flattened(x.shape, start_dim, end_dim), x.dtype))
+          shape=lambda x, start_dim=0, end_dim=-1: (_flattened(x.shape, start_dim, end_dim), x.dtype),
+          torch_function=(scriptable.flatten, scriptable.same_params))
 def flatten(x, start_dim=0, end_dim=-1):
     """Merge dimensions start_dim..end_dim into one (torch.flatten); the default gives numpy's 1-D
     `flatten`. A 0-d input gives shape (1,)."""
@@ -132,10 +135,10 @@ def flatten(x, start_dim=0, end_dim=-1):
 def _ravel_shape(x, order="C"):
     if order not in ("C", "F"):
         raise ValueError(f"ravel order must be 'C' (row-major) or 'F' (column-major), not {order!r}")
-    return (rules.numel(x.shape),), x.dtype
+    return (numel(x.shape),), x.dtype
 
 
-def _ravel_vjp(node, g):
+def _ravel_vjp(node, g, wants):
     x = node.inputs[0]
     if node.params["order"] == "C":
         return (F.reshape(g, shape=x.shape),)
@@ -156,7 +159,7 @@ def _reverse_shape(x, axis=None):
 
 
 @register("reverse", params={"axis": None}, shape=_reverse_shape,
-          vjp=lambda node, g: (F.reverse(g, axis=node.params["axis"]),))
+          vjp=lambda node, g, wants: (F.reverse(g, axis=node.params["axis"]),))
 def reverse(x, axis=None):
     """Reverse the order of elements along `axis` (an int, a tuple, or None for every axis): numpy.flip."""
     dims = rules.kernel_dims(x, axis)

@@ -6,7 +6,8 @@ import torch
 
 from .. import functional as F
 from ..registry import register
-from . import rules
+from ..sizes import numel
+from . import flops, rules
 
 
 def _sort_axis(x, axis):
@@ -19,26 +20,26 @@ def _sort_axis(x, axis):
 
 def _sort_shape(x, axis=-1, return_indices=False):
     a = _sort_axis(x, axis)
-    shape = (rules.numel(x.shape),) if a is None else x.shape
+    shape = (numel(x.shape),) if a is None else x.shape
     return [(shape, x.dtype), (shape, torch.int64)] if return_indices else (shape, x.dtype)
 
 
-def _sort_vjp(node, g):
+def _sort_vjp(node, g, wants):
     x = node.inputs[0]
     axis = node.params["axis"]
     if node.params["return_indices"]:
-        g, indices = g[0], rules.output_of(node, 1)
+        g, indices = g[0], node.output(1)
         if g is None:
             return (None,)
     else:
         indices = F.argsort(x, axis=axis)
     if axis is None:
-        flat = F.take_along_axis_backward(g, indices, axis=0, size=rules.numel(x.shape))
+        flat = F.take_along_axis_backward(g, indices, axis=0, size=numel(x.shape))
         return (F.reshape(flat, shape=x.shape),)
     return (F.take_along_axis_backward(g, indices, axis=axis, size=x.shape[axis]),)
 
 
-@register("sort", params={"axis": -1, "return_indices": False}, shape=_sort_shape, vjp=_sort_vjp)
+@register("sort", params={"axis": -1, "return_indices": False}, shape=_sort_shape, vjp=_sort_vjp, flops=flops.sort)
 def sort(x, axis=-1, return_indices=False):
     """Ascending values along `axis` (numpy.sort; axis=None sorts the flattened input). With
     `return_indices=True` it returns (values, int64 indices into the input), as torch.sort."""
@@ -48,7 +49,7 @@ def sort(x, axis=-1, return_indices=False):
     return (values, indices) if return_indices else values
 
 
-@register("argsort", params={"axis": -1},
+@register("argsort", params={"axis": -1}, flops=flops.sort,
           shape=lambda x, axis=-1: (_sort_shape(x, axis)[0], torch.int64))
 def argsort(x, axis=-1):
     """int64 indices that sort `x` along `axis` (numpy.argsort, stable; axis=None: the flattened input)."""
@@ -70,7 +71,8 @@ def _unique_shape(x, return_inverse=False, return_counts=False, axis=None):
     return [values] + [inverse] * bool(return_inverse) + [((-1,), torch.int64)] * bool(return_counts)
 
 
-@register("unique", params={"return_inverse": False, "return_counts": False, "axis": None}, shape=_unique_shape)
+@register("unique", params={"return_inverse": False, "return_counts": False, "axis": None}, shape=_unique_shape,
+          flops=flops.sort)
 def unique(x, return_inverse=False, return_counts=False, axis=None):
     """Sorted distinct values (numpy.unique; of the flattened input, or distinct slices along `axis`).
     With `return_inverse` / `return_counts` it also returns, in that order, the int64 position of each

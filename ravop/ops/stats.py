@@ -5,8 +5,9 @@ Results of fractional statistics are floating point (integer inputs give the def
 import torch
 
 from .. import functional as F
+from ..dtypes import is_floating
 from ..registry import REQUIRED, register
-from . import rules
+from . import flops, rules
 from .kernel_vjp import autograd_vjp
 from .reduce import expand_reduced, reduced_count
 
@@ -61,7 +62,7 @@ def _aligned_weights(w, x, axis):
     return F.reshape(w, shape=tuple(w.shape[0] if i == a else 1 for i in range(len(x.shape))))
 
 
-def _average_vjp(node, g):
+def _average_vjp(node, g, wants):
     if len(node.inputs) == 1:
         return (F.div(expand_reduced(g, node.inputs[0], node.params["axis"], node.params["keepdims"]),
                       float(reduced_count(node.inputs[0], node.params["axis"]))),)
@@ -112,7 +113,7 @@ def _centered(node):
     return centered, float(reduced_count(x, axis) - node.params["ddof"])
 
 
-def _variance_vjp(node, g):
+def _variance_vjp(node, g, wants):
     x = node.inputs[0]
     centered, divisor = _centered(node)
     gk = expand_reduced(g, x, node.params["axis"], node.params["keepdims"])
@@ -126,7 +127,7 @@ def variance(x, axis=None, ddof=0, keepdims=False):
     return torch.var(x, dim=rules.kernel_dims(x, axis), correction=ddof, keepdim=keepdims)
 
 
-def _std_vjp(node, g):
+def _std_vjp(node, g, wants):
     x = node.inputs[0]
     axis, keepdims = node.params["axis"], node.params["keepdims"]
     centered, divisor = _centered(node)
@@ -176,7 +177,7 @@ def quantiles(x, fractions, axis, keepdims, method):
 
 
 @register("percentile", params={"q": REQUIRED, "axis": None, "keepdims": False, "method": "linear"},
-          shape=_percentile_shape, vjp=autograd_vjp)
+          shape=_percentile_shape, vjp=autograd_vjp, flops=flops.sort)
 def percentile(x, q, axis=None, keepdims=False, method="linear"):
     """The q-th percentile(s) over `axis` (numpy.percentile; q a number or a list in [0, 100], whose
     dims come first in the result); `method` is linear, lower, higher, midpoint or nearest."""
@@ -189,7 +190,8 @@ def _median_shape(x, axis=None, keepdims=False):
     return _stat_shape(x, axis, keepdims)
 
 
-@register("median", params={"axis": None, "keepdims": False}, shape=_median_shape, vjp=autograd_vjp)
+@register("median", params={"axis": None, "keepdims": False}, shape=_median_shape, vjp=autograd_vjp,
+          flops=flops.sort)
 def median(x, axis=None, keepdims=False):
     """Median over `axis` (numpy.median: the mean of the two middle values for an even count)."""
     return quantiles(x, torch.tensor(0.5, dtype=torch.float64), axis, keepdims, "linear")
@@ -211,7 +213,7 @@ def _mode_shape(x, axis=0, keepdims=None):
     return rules.reduced_shape(x.shape, axis, keepdims), x.dtype
 
 
-@register("mode", params={"axis": 0, "keepdims": None}, shape=_mode_shape, vjp=autograd_vjp)
+@register("mode", params={"axis": 0, "keepdims": None}, shape=_mode_shape, vjp=autograd_vjp, flops=flops.sort)
 def mode(x, axis=0, keepdims=None):
     """The most frequent value along `axis` (scipy.stats.mode: axis 0 by default, None for the flattened
     input; the smallest value wins a tie). keepdims=None keeps the axis of a 1-d input only, as the
@@ -226,7 +228,7 @@ def mode(x, axis=0, keepdims=None):
 # ---------------------------------------------------------------------------------------------- bincount
 
 def _bincount_shape(x, weights=None, minlength=0):
-    if len(x.shape) != 1 or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+    if len(x.shape) != 1 or is_floating(x.dtype) or x.dtype == torch.bool:
         raise ValueError(f"bincount counts a 1-D tensor of non-negative ints, not {x.shape} {x.dtype}")
     if weights is not None and weights.shape != x.shape:
         raise ValueError(f"bincount weights of shape {weights.shape} must match x's shape {x.shape}")
@@ -235,7 +237,7 @@ def _bincount_shape(x, weights=None, minlength=0):
     return (-1,), torch.int64 if weights is None else rules.float_dtype(weights.dtype)
 
 
-def _bincount_vjp(node, g):
+def _bincount_vjp(node, g, wants):
     x = node.inputs[0]
     return (None, F.gather(g, x)) if len(node.inputs) == 2 else (None,)
 

@@ -27,7 +27,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from .. import functional as F
-from ..autodiff import needs_grad
+from ..dtypes import is_floating
 from ..registry import REQUIRED, register
 from . import torchscript_safety
 
@@ -35,8 +35,9 @@ CACHE_SIZE = 8            # loaded modules kept per process: each holds its code
 _lock = threading.RLock()
 _modules = OrderedDict()  # (model_hash, device) -> _Loaded
 _shapes = {}              # probe key -> Probe: see `_probe`
+_flops = {}               # the same key without dtypes -> FLOPs, for the cost model (which sees shapes only)
 _EMPTY = torch.empty(0)
-Probe = namedtuple("Probe", "specs flops single")  # output (shape, dtype)s, FLOPs, whether it is one tensor
+Probe = namedtuple("Probe", "specs single")  # output (shape, dtype)s, whether it is one tensor
 
 
 class _Loaded:
@@ -175,7 +176,7 @@ def _run(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, trainin
 # ---------------------------------------------------------------------------------------------- forward
 
 FORWARD_PARAMS = {"model_hash": REQUIRED, "param_slots": (), "buffer_slots": (), "n_args": 1, "kwarg_names": (),
-                  "training": False, "seed": 0, "flops": 0.0}
+                  "training": False, "seed": 0}
 
 
 def _check_blob(blob):
@@ -212,9 +213,14 @@ def _probe(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, train
         break
     outputs = _outputs(result)
     specs = [(tuple(o.shape), o.dtype) for o in outputs]
-    flops = float(max(counter.get_total_flops(), sum(o.numel() for o in outputs)))
-    hit = _shapes[key] = Probe(specs, flops, isinstance(result, torch.Tensor))
+    hit = _shapes[key] = Probe(specs, isinstance(result, torch.Tensor))
+    _flops[_flops_key(model_hash, training, n_args, kwarg_names, [x.shape for x in xs[1:]])] = float(
+        max(counter.get_total_flops(), sum(o.numel() for o in outputs)))
     return hit
+
+
+def _flops_key(model_hash, training, n_args, kwarg_names, shapes):
+    return model_hash, training, n_args, tuple(kwarg_names), tuple(tuple(s) for s in shapes)
 
 
 def probe(xs, params):
@@ -223,14 +229,14 @@ def probe(xs, params):
                   params["kwarg_names"], params["training"])
 
 
-def _forward_shape(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed, flops):
+def _forward_shape(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed):
     _check_blob(xs[0])
     _, _, buffers, _, _ = _split(xs, param_slots, buffer_slots, n_args, kwarg_names)
     specs = _probe(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training).specs
     return specs + ([(b.shape, b.dtype) for b in buffers] if training else [])
 
 
-def _forward_vjp(node, g):
+def _forward_vjp(node, g, wants):
     p = node.params
     n_model = len(node.shape) - (len(p["buffer_slots"]) if p["training"] else 0)
     grads = g[:n_model]  # the running stats after the call (the extra outputs) carry no gradient either
@@ -238,24 +244,28 @@ def _forward_vjp(node, g):
     values = node.inputs[1:]
     n_params, n_buffers = len(p["param_slots"]), len(p["buffer_slots"])
     # Buffers carry no gradient, as in torch (BatchNorm refuses running stats that require grad).
-    mask = tuple(not n_params <= i < n_params + n_buffers and (x.dtype.is_floating_point or x.dtype.is_complex)
-                 and needs_grad(x) for i, x in enumerate(values))
+    mask = tuple(not n_params <= i < n_params + n_buffers and is_floating(x.dtype)
+                 and wants(x) for i, x in enumerate(values))
     if not any(mask) or not any(grad_mask):
         return (None,) * len(node.inputs)
     out = iter(F.torchscript_vjp([*node.inputs, *(gi for gi in grads if gi is not None)],
-                                 **{**p, "flops": 3 * p["flops"]}, mask=mask, grad_mask=grad_mask))
+                                 **p, mask=mask, grad_mask=grad_mask))
     return (None,) + tuple(next(out) if wanted else None for wanted in mask)
 
 
-def _flops(shape, input_shapes, params):
-    return params["flops"]
+def _forward_flops(shape, input_shapes, params, n_grads=0):
+    """FLOPs counted when the forward on these shapes was probed (recording it probes it, in the process that
+    compiles it); None if it was not."""
+    p = params
+    return _flops.get(_flops_key(p["model_hash"], p["training"], p["n_args"], p["kwarg_names"],
+                                 input_shapes[1:len(input_shapes) - n_grads]))
 
 
 @register("torchscript_forward", inputs=("*xs",), params=FORWARD_PARAMS, shape=_forward_shape,
-          vjp=_forward_vjp, method=False, flops=_flops)
-def torchscript_forward(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed, flops):
+          vjp=_forward_vjp, method=False, flops=_forward_flops)
+def torchscript_forward(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed):
     """xs = (blob, *params, *buffers, *args, *kwargs): the model's outputs, then, when training, its buffers
-    after the call. `flops` (counted when recorded) is for the cost model only."""
+    after the call."""
     with _lock:
         result, buffers = _run(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed)
     outputs = _outputs(result)
@@ -283,15 +293,20 @@ def _vjp_shape(*xs, mask, grad_mask, **params):
         if tuple(g.shape) != tuple(shape):
             raise ValueError(f"an output gradient has shape {g.shape}, its output has shape {shape}")
     wanted = [x for x, m in zip(values[1:], mask) if m]
-    if any(not x.dtype.is_floating_point and not x.dtype.is_complex for x in wanted):
+    if any(not is_floating(x.dtype) for x in wanted):
         raise TypeError("mask asks for the gradient of an integer input")
     return [(x.shape, x.dtype) for x in wanted]
 
 
+def _vjp_flops(shape, input_shapes, params):
+    """A forward recomputed under autograd and its backward: about three forwards."""
+    forward = _forward_flops(shape, input_shapes, params, n_grads=sum(params["grad_mask"]))
+    return None if forward is None else 3 * forward
+
+
 @register("torchscript_vjp", inputs=("*xs",), params={**FORWARD_PARAMS, "mask": REQUIRED, "grad_mask": REQUIRED},
-          shape=_vjp_shape, method=False, flops=_flops)
-def torchscript_vjp(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed, flops, mask,
-                    grad_mask):
+          shape=_vjp_shape, method=False, flops=_vjp_flops)
+def torchscript_vjp(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed, mask, grad_mask):
     """xs = (forward inputs..., one gradient per output with grad_mask True): the gradients of the forward
     w.r.t. its inputs with mask True, by torch.autograd through the same module (the forward is recomputed
     with the same seed)."""

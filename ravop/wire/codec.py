@@ -85,7 +85,7 @@ def _parse_header(data):
     numel = 1
     for d in shape:
         numel *= d
-    return dtype, shape, numel * torch.empty((), dtype=dtype).element_size(), start
+    return dtype, shape, numel * dtype.itemsize, start
 
 
 def is_chunked(data):

@@ -115,23 +115,17 @@ class Dropout(Layer):
         return "Dropout", {"p": self.p}
 
 
-# Activation name -> the torch.nn module computing it; its op's params keep their names in torch except the
-# softmax family's `axis`, which torch calls `dim`.
-ACTIVATIONS = {"relu": "ReLU", "sigmoid": "Sigmoid", "tanh": "Tanh", "softmax": "Softmax", "leaky_relu": "LeakyReLU",
-               "elu": "ELU", "selu": "SELU", "softplus": "Softplus", "softsign": "Softsign",
-               "tanhshrink": "Tanhshrink", "logsigmoid": "LogSigmoid", "hardshrink": "Hardshrink",
-               "hardtanh": "Hardtanh", "softmin": "Softmin", "softshrink": "Softshrink", "threshold": "Threshold"}
-
-
 class Activation(Layer):
-    """An activation function by name; keyword params go to its op (e.g. Activation('leaky_relu',
-    negative_slope=0.2), Activation('softmax', axis=1))."""
+    """An activation function by name: an op with a torch.nn module (`OpDef.torch_module`). Keyword params go to
+    its op (e.g. Activation('leaky_relu', negative_slope=0.2), Activation('softmax', axis=1))."""
 
     def __init__(self, name='relu', input_shape=None, **params):
         super().__init__(input_shape)
-        if name not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {name!r}; supported: {', '.join(ACTIVATIONS)}")
-        defaults = registry.get(name).params
+        opdef = registry.REGISTRY.get(name)
+        if opdef is None or opdef.name != name or opdef.torch_module is None:
+            supported = [d.name for d in registry.unique_opdefs() if d.torch_module is not None]
+            raise ValueError(f"unknown activation {name!r}; supported: {', '.join(supported)}")
+        defaults = opdef.params
         unknown = set(params) - set(defaults)
         if unknown:
             raise TypeError(f"activation {name!r} takes params {tuple(defaults) or 'none'}, not {sorted(unknown)}")
@@ -142,4 +136,5 @@ class Activation(Layer):
         return getattr(R, self.activation)(X, **self.op_params)
 
     def torch_spec(self):
-        return ACTIVATIONS[self.activation], {("dim" if k == "axis" else k): v for k, v in self.op_params.items()}
+        module = registry.get(self.activation).torch_module
+        return module, {("dim" if k == "axis" else k): v for k, v in self.op_params.items()}
