@@ -135,3 +135,12 @@ def execute(request):
         return evaluate
     return request.getfixturevalue("on_engine")
 
+
+
+@pytest.fixture
+def no_loop_folding(monkeypatch):
+    """Compile repeated steps unrolled, for tests whose graphs repeat small steps on purpose (to test
+    partitioning, or a failover between subgraphs); folding (compiler/passes/loops.py) is tested in
+    test_loop_folding.py."""
+    from compiler.passes import loops as loops_pass
+    monkeypatch.setattr(loops_pass, "_fold_once", lambda ir: (ir, 0))

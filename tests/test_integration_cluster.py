@@ -2,12 +2,17 @@
 and results that do not depend on which or how many workers ran them."""
 import time
 
+import pytest
 import torch
 
 import ravop as R
 from ravop.interpreter import evaluate
 
 from helpers import on_one_thread
+
+# The failover tests build chains of identical steps to get many subgraphs; folded into one loop they would
+# test the loop's checkpoints instead (tests/test_loop_workers.py does that).
+pytestmark = pytest.mark.usefixtures("no_loop_folding")
 
 ONE_SUBGRAPH = {"min_subgraph_seconds": 1e6, "max_subgraph_seconds": 1e6}  # compile a chain as one subgraph
 

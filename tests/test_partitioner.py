@@ -9,7 +9,6 @@ import ravop as R
 import compiler.partition as partition_module
 from compiler import compile_graph
 from compiler.cost import DEVICES
-from compiler.passes import loops as loops_pass
 from ravop.interpreter import evaluate, run_nodes
 from ravop.wire import decode_params, plan_pb2, unpack_nodes
 
@@ -22,11 +21,9 @@ class _Row:
 
 
 
-@pytest.fixture(autouse=True)
-def no_loop_folding(monkeypatch):
-    """These graphs repeat small steps on purpose, to test partitioning; folding them into loops
-    (compiler/passes/loops.py, tested in test_loop_folding.py) would leave the partitioner nothing to do."""
-    monkeypatch.setattr(loops_pass, "_fold_once", lambda ir: (ir, 0))
+# These graphs repeat small steps on purpose, to test partitioning; folding them into loops would leave the
+# partitioner nothing to do.
+pytestmark = pytest.mark.usefixtures("no_loop_folding")
 
 
 def run_plan(compiled):

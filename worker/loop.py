@@ -53,8 +53,14 @@ def checkpoint_tensor_key(keys, subgraph_id, step, k):
 def drop_checkpoint(client, keys, subgraph_id):
     """Delete a loop's checkpoint: its hash and every tensor written for it (those of a checkpoint a worker
     died writing included)."""
+    # From the published record, not a SCAN: a worker's ACL user may not list keys (ravop.store.access). A
+    # checkpoint a worker died writing before publishing it stays until the graph is flushed.
     prefix = keys.checkpoint(subgraph_id)
-    doomed = [prefix, *client.scan_iter(match=prefix + ":*", count=1000)]
+    step, n = client.hmget(prefix, "step", "n")
+    doomed = [prefix]
+    if step is not None and n is not None:
+        doomed += [key for k in range(int(n))
+                   for key in stored.keys_of(checkpoint_tensor_key(keys, subgraph_id, int(step), k))]
     client.delete(*doomed)
 
 
