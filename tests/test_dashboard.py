@@ -147,7 +147,8 @@ def test_page_shows_workers_graph_dag_and_a_growing_loss_curve(engine, workers, 
         shutil.copyfile(screenshot, os.environ["RAVOP_SCREENSHOT"])
     R.track_progress(progress_bar=False, timeout=600)
     done = WebDriverWait(browser, PAGE_TIMEOUT, 0.2).until(
-        lambda d: (p := d.execute_script(READ_PAGE)) and p["graphs"][0][2] == "done" and p)
+        lambda d: (p := d.execute_script(READ_PAGE)) and p["graphs"][0][2] == "done" and p["points"] == len(history)
+        and p)  # the state and the curve come from separate polls: wait for the poll that has every point
     assert done["points"] == len(history) and done["graphs"][0][3].endswith("100.0%")
     assert done["subgraphs"] and all("subgraph-done" in c for c in done["subgraphs"])
     assert "cancel" not in done["graphs"][0][-1]  # the admin's cancel button is for graphs still running
