@@ -5,7 +5,7 @@ from contextlib import contextmanager
 from . import cost, ir as ir_module
 from .partition import coarse_graph, max_parallel_width, partition
 from .passes import fuse_linear_chains
-from .pipeline import PIPELINE, run_pipeline
+from .pipeline import PIPELINE, UNFOLDED_PIPELINE, run_pipeline
 from .plan import emit_plan
 
 MIN_SUBGRAPH_SECONDS = 0.004  # ~20x a Redis round trip (0.1-0.3 ms), so a hop costs at most ~5%
@@ -43,10 +43,7 @@ def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph
         raise ValueError(f"need 0 <= min_subgraph_seconds <= max_subgraph_seconds, got "
                          f"{min_subgraph_seconds} and {max_subgraph_seconds}")
     with _cyclic_gc_paused():
-        # A verified graph runs each subgraph on several workers to compare them; a folded loop would run
-        # as a whole on one, so its repeated steps stay unrolled.
-        passes = PIPELINE if getattr(graph, "verify", 1) == 1 else tuple(p for p in PIPELINE
-                                                                           if p[0] != "steps_folded")
+        passes = PIPELINE if graph.verify == 1 else UNFOLDED_PIPELINE
         ir, counts = run_pipeline(ir_module.from_graph(graph), passes)
         chained, counts["fused_chains"] = fuse_linear_chains(ir)
         costs = cost.estimate(ir)

@@ -16,6 +16,9 @@ PIPELINE = (
     ("folded", fold_constants),
     ("dead_code_removed", eliminate_dead_code),
 )
+# For a graph that runs each subgraph on several workers to compare them (R.Graph(verify=k)): a folded loop
+# would run as a whole on one, so its repeated steps stay unrolled.
+UNFOLDED_PIPELINE = tuple(entry for entry in PIPELINE if entry[1] is not fold_repeated_steps)
 
 
 class InvariantError(RavopError, RuntimeError):

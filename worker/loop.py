@@ -50,17 +50,20 @@ def checkpoint_tensor_key(keys, subgraph_id, step, k):
     return f"{keys.checkpoint(subgraph_id)}:{step}:{k}"
 
 
+def checkpoint_keys(keys, subgraph_id, step, n):
+    """Every Redis key the `n` tensors of the checkpoint taken at `step` may occupy (values and chunks)."""
+    return [key for k in range(n) for key in stored.keys_of(checkpoint_tensor_key(keys, subgraph_id, step, k))]
+
+
 def drop_checkpoint(client, keys, subgraph_id):
-    """Delete a loop's checkpoint: its hash and every tensor written for it (those of a checkpoint a worker
-    died writing included)."""
-    # From the published record, not a SCAN: a worker's ACL user may not list keys (ravop.store.access). A
-    # checkpoint a worker died writing before publishing it stays until the graph is flushed.
+    """Delete a loop's published checkpoint: its hash and the tensors it names. Found from that record, not a
+    SCAN, which a worker's ACL user may not run (ravop.store.access); the tensors of a checkpoint a worker
+    died writing before publishing it stay until the graph is flushed."""
     prefix = keys.checkpoint(subgraph_id)
     step, n = client.hmget(prefix, "step", "n")
     doomed = [prefix]
     if step is not None and n is not None:
-        doomed += [key for k in range(int(n))
-                   for key in stored.keys_of(checkpoint_tensor_key(keys, subgraph_id, int(step), k))]
+        doomed += checkpoint_keys(keys, subgraph_id, int(step), int(n))
     client.delete(*doomed)
 
 
@@ -140,8 +143,7 @@ class _Writer:
         state = pipe.execute()[-1]
         if carried is not None and done != self.saved:
             if self.saved is not None:
-                client.delete(*(key for k in range(len(carried))
-                                for key in stored.keys_of(checkpoint_tensor_key(keys, self.subgraph_id, self.saved, k))))
+                client.delete(*checkpoint_keys(keys, self.subgraph_id, self.saved, len(carried)))
             self.saved, self.checkpointed, self.last_checkpoint = done, done, time.monotonic()
         self.pending = {}
         self.last_flush = time.monotonic()
