@@ -11,7 +11,7 @@ a worker running modified code is held to these rules, not to what our code happ
   It cannot delete, flush or list graphs, nor clear its own name from a token's banned set.
 """
 from .federated import OPEN, PROVIDERS, provider_key
-from .keys import (ANY, banned_pattern, checkpoints_pattern, graphs_pattern, queue, shared_pattern,
+from .keys import (ANY, STARTING, banned_pattern, checkpoints_pattern, graphs_pattern, queue, shared_pattern,
                    tensors_pattern, token_pattern, worker_key, workers_set)
 from .worker_info import info_key
 
@@ -30,7 +30,8 @@ def requester_rules(namespace):
     """ACL SETUSER arguments (after the name) that confine a requester to token `namespace`."""
     return ["resetkeys", "resetchannels", "-@all", *_DATA, *_KEYLESS,
             f"~{token_pattern(namespace)}",
-            f"%RW~{queue(ANY)}", f"%RW~{OPEN}",          # start a graph; open a federated one to providers
+            f"%RW~{queue(ANY)}", f"%RW~{STARTING}",      # start a graph (ravop.store.handoff)
+            f"%RW~{OPEN}",                               # open a federated one to providers
             f"%R~{worker_key(ANY)}", f"%R~{workers_set(ANY)}", f"%R~{info_key(ANY)}",
             f"%R~{PROVIDERS}", f"%R~{provider_key(ANY)}"]
 

@@ -1,0 +1,88 @@
+"""From "a subgraph became ready" (a graph's script) to "a worker can claim it" (a message on a work stream).
+
+On a standalone server that is one step: the graph's script puts the message on the stream itself
+(ravop.store.scripts). On a cluster a graph's keys and the work streams live in different hash slots, mostly
+on different shards, and no script may touch both. So the graph's script, atomic in its slot, pushes what
+became ready to the graph's outbox and returns those entries; whoever ran it then delivers them: the XADDs
+(and the ack of the message that was completed) in one MULTI in the streams' slot, then the entries are
+removed from the outbox. A crash between the two steps loses nothing:
+
+- A worker acks the message it completed only in that MULTI. If it dies before, the message stays pending
+  and is taken over (worker/takeover.py); the new holder finds the subgraph finished and drains the graph's
+  outbox before acking it.
+- A requester marks its graph in the shared `starting` set before starting it and clears the mark after
+  delivering; workers drain the outboxes of graphs marked more than STALE_START seconds ago (a requester
+  that died in between).
+- Dying after the XADDs but before the outbox is trimmed makes a later drain deliver an entry again: a
+  duplicate message, which claim and the graph's `done` set make harmless, as for any retry.
+"""
+import time
+
+from .keys import GROUP, STARTING, GraphKeys, queue
+
+STALE_START = 10.0  # seconds after which a graph still marked starting is taken to have lost its requester
+RECLAIM_BATCH = 16
+
+
+def graph_ref(keys):
+    return f"{keys.token}/{keys.graph_id}"
+
+
+class Handoff:
+    def __init__(self, client, scripts):
+        self.client, self.scripts = client, scripts
+
+    def start(self, keys):
+        """Start the graph (START) and get its first subgraphs onto the work streams; 1 if it started now, 0
+        if it had already started; ResponseError NOGRAPH if it is gone."""
+        if self.scripts.direct:
+            return self.scripts.start(keys)[0]
+        ref = graph_ref(keys)
+        self.client.zadd(STARTING, {ref: time.time()})
+        started, handed = self.scripts.start(keys)
+        self.deliver(keys, handed)
+        self.client.zrem(STARTING, ref)
+        return started
+
+    def completed(self, keys, handed, stream, message_id):
+        """After COMPLETE: deliver what it handed off and ack the message (a standalone server's script did)."""
+        if not self.scripts.direct:
+            self.deliver(keys, handed, stream, message_id)
+
+    def deliver(self, keys, entries, stream=None, message_id=""):
+        """Put outbox `entries` ("device;subgraph id;n") of the graph on their work streams and ack `message_id`
+        of `stream` in one transaction, then remove the entries from the outbox."""
+        if not entries and not message_id:
+            return
+        pipe = self.client.pipeline(transaction=True)
+        for entry in entries:
+            device, subgraph_id, _ = entry.decode().split(";")
+            pipe.xadd(queue(device), {"token": keys.token, "graph": keys.graph_id, "subgraph": subgraph_id})
+        if message_id:
+            pipe.xack(stream, GROUP, message_id)
+            pipe.xdel(stream, message_id)
+        pipe.execute()
+        if entries:
+            pipe = self.client.pipeline(transaction=True)
+            for entry in entries:
+                pipe.lrem(keys.outbox, 1, entry)
+            pipe.execute()
+
+    def drain(self, keys):
+        """Deliver whatever the graph's outbox holds (left by someone who died before delivering it)."""
+        if not self.scripts.direct:
+            self.deliver(keys, self.client.lrange(keys.outbox, 0, -1))
+
+    def reclaim_starts(self, older_than=STALE_START):
+        """Drain the outboxes of graphs marked starting more than `older_than` seconds ago; how many."""
+        if self.scripts.direct:
+            return 0
+        stale = self.client.zrangebyscore(STARTING, "-inf", time.time() - older_than, start=0, num=RECLAIM_BATCH)
+        for ref in stale:
+            try:
+                token, graph_id = ref.decode().split("/", 1)
+                self.drain(GraphKeys(token, graph_id))
+            except (UnicodeDecodeError, ValueError):
+                pass  # not a graph reference (a requester may write this set): nothing to drain
+            self.client.zrem(STARTING, ref)
+        return len(stale)
