@@ -22,7 +22,7 @@ from .errors import ConnectionFailed
 SLOTS = 16384
 
 
-def _free_ports(n):
+def free_ports(n):
     """`n` ports free now whose cluster bus ports (port + 10000) are free too."""
     ports, held = [], []
     while len(ports) < n:
@@ -46,6 +46,22 @@ def _free(port):
             return False
 
 
+def wait_until_answers(port, process, deadline, log_dir):
+    """A client of the server `process` started on `port`, once it answers; ConnectionFailed if it exits or
+    does not answer by `deadline` (time.monotonic())."""
+    client = redis.Redis(port=port, socket_connect_timeout=1, socket_timeout=5)
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ConnectionFailed(f"the server on port {port} exited: {_tail(os.path.join(log_dir, 'server.log'))}")
+        try:
+            client.ping()
+            return client
+        except redis.ConnectionError:
+            time.sleep(0.02)
+    client.close()
+    raise ConnectionFailed(f"the server on port {port} did not answer")
+
+
 class LocalCluster:
     """`shards` server processes forming one cluster; `urls` has one redis:// URL per node (any of them
     reaches the whole cluster). Stopped by `stop()` (or `with`), and by the kernel if this process dies."""
@@ -54,7 +70,7 @@ class LocalCluster:
         if type(shards) is not int or shards < 1:
             raise ValueError(f"a cluster needs at least one shard, not {shards!r}")
         self.dir = tempfile.mkdtemp(prefix="ravop-cluster-")
-        self.ports = _free_ports(shards)
+        self.ports = free_ports(shards)
         self.urls = [f"redis://127.0.0.1:{port}/0" for port in self.ports]
         self.processes = []
         try:
@@ -77,7 +93,8 @@ class LocalCluster:
 
     def _form(self, timeout):
         deadline = time.monotonic() + timeout
-        clients = [self._wait_up(port, deadline) for port in self.ports]
+        clients = [wait_until_answers(port, process, deadline, os.path.join(self.dir, str(port)))
+                   for port, process in zip(self.ports, self.processes)]
         try:
             per_shard = SLOTS // len(clients)
             for index, client in enumerate(clients):
@@ -97,20 +114,6 @@ class LocalCluster:
     def _ready(self, client):
         info = client.cluster("info")
         return info["cluster_state"] == "ok" and int(info["cluster_known_nodes"]) == len(self.ports)
-
-    def _wait_up(self, port, deadline):
-        client = redis.Redis(port=port, socket_connect_timeout=1, socket_timeout=5)
-        index = self.ports.index(port)
-        while time.monotonic() < deadline:
-            if self.processes[index].poll() is not None:
-                raise ConnectionFailed(f"cluster node on port {port} exited: "
-                                       f"{_tail(os.path.join(self.dir, str(port), 'server.log'))}")
-            try:
-                client.ping()
-                return client
-            except redis.ConnectionError:
-                time.sleep(0.02)
-        raise ConnectionFailed(f"cluster node on port {port} did not answer")
 
     def stop(self):
         for process in self.processes:

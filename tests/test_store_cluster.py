@@ -222,6 +222,15 @@ def test_a_requester_dying_while_starting_leaves_its_graph_to_the_workers(cluste
     assert Handoff(client, scripts).reclaim_starts() == 0
 
 
+def test_outbox_entries_no_script_wrote_are_dropped_by_a_drain(cluster, requester):
+    client = requester.client
+    keys = GraphKeys(requester.token, "forged")
+    client.rpush(keys.outbox, "gpu;1;1", "cpu;x;2", b"\xff;1;3", "cpu;1")
+    before = client.xlen(queue("cpu"))
+    Handoff(client, Scripts(client)).drain(keys)
+    assert client.llen(keys.outbox) == 0 and client.xlen(queue("cpu")) == before
+
+
 def record_fit(name, epochs):
     graph = R.Graph(name=name, seed=4)
     rng = np.random.default_rng(1)

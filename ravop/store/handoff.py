@@ -10,15 +10,15 @@ removed from the outbox. A crash between the two steps loses nothing:
 - A worker acks the message it completed only in that MULTI. If it dies before, the message stays pending
   and is taken over (worker/takeover.py); the new holder finds the subgraph finished and drains the graph's
   outbox before acking it.
-- A requester marks its graph in the shared `starting` set before starting it and clears the mark after
-  delivering; workers drain the outboxes of graphs marked more than STALE_START seconds ago (a requester
-  that died in between).
+- A requester marks its graph in the shared `starting` set before starting it and clears the mark in the
+  MULTI that delivers; workers drain the outboxes of graphs marked more than STALE_START seconds ago (a
+  requester that died in between).
 - Dying after the XADDs but before the outbox is trimmed makes a later drain deliver an entry again: a
   duplicate message, which claim and the graph's `done` set make harmless, as for any retry.
 """
 import time
 
-from .keys import GROUP, STARTING, GraphKeys, queue
+from .keys import GROUP, STARTING, GraphKeys, device_kind, queue
 
 STALE_START = 10.0  # seconds after which a graph still marked starting is taken to have lost its requester
 RECLAIM_BATCH = 16
@@ -26,6 +26,16 @@ RECLAIM_BATCH = 16
 
 def graph_ref(keys):
     return f"{keys.token}/{keys.graph_id}"
+
+
+def _parse(entry):
+    """(device kind, subgraph id) of an outbox entry, or None for one no script wrote (a requester may write to
+    its graphs' keys): dropped, so that it cannot name another stream or stop a worker that drains it."""
+    try:
+        device, subgraph_id, _ = entry.decode().split(";")
+        return device_kind(device), str(int(subgraph_id))
+    except (UnicodeDecodeError, ValueError):
+        return None
 
 
 class Handoff:
@@ -40,8 +50,7 @@ class Handoff:
         ref = graph_ref(keys)
         self.client.zadd(STARTING, {ref: time.time()})
         started, handed = self.scripts.start(keys)
-        self.deliver(keys, handed)
-        self.client.zrem(STARTING, ref)
+        self.deliver(keys, handed, unmark=ref)
         return started
 
     def completed(self, keys, handed, stream, message_id):
@@ -49,29 +58,30 @@ class Handoff:
         if not self.scripts.direct:
             self.deliver(keys, handed, stream, message_id)
 
-    def deliver(self, keys, entries, stream=None, message_id=""):
-        """Put outbox `entries` ("device;subgraph id;n") of the graph on their work streams and ack `message_id`
-        of `stream` in one transaction, then remove the entries from the outbox."""
-        if not entries and not message_id:
-            return
+    def deliver(self, keys, entries, stream=None, message_id="", unmark=None):
+        """Put outbox `entries` ("device;subgraph id;n") of the graph on their work streams, ack `message_id`
+        of `stream` and clear the starting mark `unmark` in one transaction, then remove the entries from the
+        outbox."""
         pipe = self.client.pipeline(transaction=True)
-        for entry in entries:
-            device, subgraph_id, _ = entry.decode().split(";")
+        for device, subgraph_id in filter(None, map(_parse, entries)):
             pipe.xadd(queue(device), {"token": keys.token, "graph": keys.graph_id, "subgraph": subgraph_id})
         if message_id:
             pipe.xack(stream, GROUP, message_id)
             pipe.xdel(stream, message_id)
-        pipe.execute()
+        if unmark is not None:
+            pipe.zrem(STARTING, unmark)
+        if len(pipe):
+            pipe.execute()
         if entries:
-            pipe = self.client.pipeline(transaction=True)
+            pipe = self.client.pipeline(transaction=False)
             for entry in entries:
                 pipe.lrem(keys.outbox, 1, entry)
             pipe.execute()
 
-    def drain(self, keys):
+    def drain(self, keys, unmark=None):
         """Deliver whatever the graph's outbox holds (left by someone who died before delivering it)."""
         if not self.scripts.direct:
-            self.deliver(keys, self.client.lrange(keys.outbox, 0, -1))
+            self.deliver(keys, self.client.lrange(keys.outbox, 0, -1), unmark=unmark)
 
     def reclaim_starts(self, older_than=STALE_START):
         """Drain the outboxes of graphs marked starting more than `older_than` seconds ago; how many."""
@@ -81,8 +91,9 @@ class Handoff:
         for ref in stale:
             try:
                 token, graph_id = ref.decode().split("/", 1)
-                self.drain(GraphKeys(token, graph_id))
-            except (UnicodeDecodeError, ValueError):
-                pass  # not a graph reference (a requester may write this set): nothing to drain
-            self.client.zrem(STARTING, ref)
+                keys = GraphKeys(token, graph_id)
+            except (UnicodeDecodeError, ValueError):  # not a graph reference (a requester may write this set)
+                self.client.zrem(STARTING, ref)
+                continue
+            self.drain(keys, unmark=ref)
         return len(stale)

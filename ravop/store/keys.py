@@ -31,11 +31,11 @@ graphs spread over the shards:
   t:{node}            string  a tensor (ravop.wire.codec)
   t:{node}:c          hash    chunk index -> raw data of a tensor too big for one value (ravop.store.tensors)
 Shared by all tokens, under `ravop:_:` (a token starts with a letter or a digit, so it cannot collide); the
-work streams and the dead letters share the hash tag `{work}`, so that acking a message and dead-lettering it
-is one script on a cluster too:
+work streams, the dead letters and the starting marks share the hash tag `{work}`, so that acking a message and
+dead-lettering it, or delivering a graph's first subgraphs and clearing its mark, is atomic on a cluster too:
   {work}:queue:{cpu|cuda}  stream  ready subgraphs {token, graph, subgraph}; consumer group "workers"
   {work}:dead         stream  messages and subgraphs given up on: reason, error, op, source, worker
-  starting            zset    on a cluster, "token/graph id" of graphs being started -> when (ravop.store.handoff)
+  {work}:starting     zset    on a cluster, "token/graph id" of graphs being started -> when (ravop.store.handoff)
   worker:{name}       string  a live worker's device kind; expires unless the worker's heartbeat renews it
   workers:{cpu|cuda}  set     names of workers that registered for a device kind (dead ones pruned on read)
 Federated graphs add a few keys of their own: see `ravop.store.federated`.
@@ -46,9 +46,9 @@ import re
 GROUP = "workers"
 DEVICE_KINDS = ("cpu", "cuda")
 SHARED = "ravop:_:"
-WORK = SHARED + "{work}:"  # the work streams and the dead letters: one slot on a cluster
+WORK = SHARED + "{work}:"  # one slot on a cluster (see above)
 DEAD_LETTER = WORK + "dead"
-STARTING = SHARED + "starting"
+STARTING = WORK + "starting"
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
