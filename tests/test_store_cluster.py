@@ -16,6 +16,7 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 import ravop as R
+from ravop import admin
 from conftest import Workers
 from helpers import on_one_thread
 from ravdl.v2 import NeuralNetwork
@@ -229,6 +230,26 @@ def test_outbox_entries_no_script_wrote_are_dropped_by_a_drain(cluster, requeste
     before = client.xlen(queue("cpu"))
     Handoff(client, Scripts(client)).drain(keys)
     assert client.llen(keys.outbox) == 0 and client.xlen(queue("cpu")) == before
+
+
+def test_a_token_user_made_by_ravop_admin_works_on_every_shard_and_only_for_its_keys(cluster):
+    admin_client = connect(cluster.urls[0])
+    name = f"user-{os.urandom(3).hex()}"
+    url, _ = admin.create(admin_client, cluster.urls[0], "token", name)
+    try:
+        for node_url in cluster.urls:
+            assert redis.Redis.from_url(node_url).acl_getuser(name) is not None
+        user = connect(url.replace(f":{cluster.ports[0]}/", f":{cluster.ports[2]}/"))   # another node's URL
+        written = {GraphKeys(name, f"g{i}").meta for i in range(30)}
+        for key in written:   # 30 graphs: on every shard
+            user.hset(key, "state", "activated")
+        assert len({admin_client.get_node_from_key(key).name for key in written}) == 3
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            user.hset(GraphKeys("someone-else", "g1").meta, "state", "done")
+        user.delete(*written)
+    finally:
+        admin.revoke(admin_client, "token", name)
+    assert all(redis.Redis.from_url(node_url).acl_getuser(name) is None for node_url in cluster.urls)
 
 
 def record_fit(name, epochs):

@@ -18,8 +18,11 @@ from .worker_info import info_key
 # Commands without keys that our clients send: connection setup (redis-py's AUTH, SELECT; not CLIENT SETINFO,
 # which Redis 7.0 does not know and redis-py does without) and the scripts (loaded by SHA, EVAL as the
 # fallback). `info` gives maxmemory and used memory, checked before big writes (ravop.store.tensors); CONFIG
-# is not granted: CONFIG GET reveals passwords. Granted after _DATA, since INFO is in @dangerous.
+# is not granted: CONFIG GET reveals passwords. Granted after _DATA, since INFO is in @dangerous. On a cluster,
+# redis-py asks any node for the slot map (CLUSTER SLOTS, or CLUSTER SHARDS) and where commands name their keys
+# (COMMAND: the server's command table, nothing of its data).
 _KEYLESS = ["+ping", "+hello", "+auth", "+select", "+echo", "+quit", "+reset",
+            "+cluster|slots", "+cluster|shards", "+command",
             "+client|setname", "+client|getname", "+client|id", "+info",
             "+multi", "+exec", "+discard", "+watch", "+unwatch",
             "+eval", "+evalsha", "+script|load", "+script|exists", "+time"]

@@ -16,6 +16,7 @@ import redis
 from redis.connection import Encoder, PythonRespSerializer
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from ..errors import ConnectionFailed
@@ -77,7 +78,7 @@ def _cluster_client(url, timeout, socket_timeout):
     try:
         client = RedisCluster.from_url(url, socket_connect_timeout=timeout, socket_timeout=socket_timeout,
                                        retry=_RETRY)
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, RedisClusterException, OSError) as exc:
         raise ConnectionFailed(f"cannot reach the Redis Cluster of {redact(url)}: {exc}") from None
     # The zero-copy packer for the connections to every node, known and found later (RedisCluster does not
     # pass it on itself).
