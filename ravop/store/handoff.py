@@ -4,8 +4,9 @@ On a standalone server that is one step: the graph's script puts the message on 
 (ravop.store.scripts). On a cluster a graph's keys and the work streams live in different hash slots, mostly
 on different shards, and no script may touch both. So the graph's script, atomic in its slot, pushes what
 became ready to the graph's outbox and returns those entries; whoever ran it then delivers them: the XADDs
-(and the ack of the message that was completed) in one MULTI in the streams' slot, then the entries are
-removed from the outbox. A crash between the two steps loses nothing:
+(and the ack of the message that was completed) in one MULTI in the streams' slot. An entry leaves the outbox
+when a worker claims its subgraph (CLAIM, in the graph's slot): a message for it was on a stream, so it was
+delivered. A crash between the two steps loses nothing:
 
 - A worker acks the message it completed only in that MULTI. If it dies before, the message stays pending
   and is taken over (worker/takeover.py); the new holder finds the subgraph finished and drains the graph's
@@ -13,8 +14,8 @@ removed from the outbox. A crash between the two steps loses nothing:
 - A requester marks its graph in the shared `starting` set before starting it and clears the mark in the
   MULTI that delivers; workers drain the outboxes of graphs marked more than STALE_START seconds ago (a
   requester that died in between).
-- Dying after the XADDs but before the outbox is trimmed makes a later drain deliver an entry again: a
-  duplicate message, which claim and the graph's `done` set make harmless, as for any retry.
+- A drain between a delivery and the claim delivers the entry again: a duplicate message, which claim and the
+  graph's `done` set make harmless, as for any retry.
 """
 import time
 
@@ -29,13 +30,14 @@ def graph_ref(keys):
 
 
 def _parse(entry):
-    """(device kind, subgraph id) of an outbox entry, or None for one no script wrote (a requester may write to
-    its graphs' keys): dropped, so that it cannot name another stream or stop a worker that drains it."""
+    """(device kind, subgraph id, copies) of an outbox entry, or None for one no script wrote (a requester may
+    write to its graphs' keys): dropped, so that it cannot name another stream or stop a worker that drains it."""
     try:
-        device, subgraph_id, _ = entry.decode().split(";")
-        return device_kind(device), str(int(subgraph_id))
+        device, subgraph_id, copies = entry.decode().split(";")
+        device, subgraph_id, copies = device_kind(device), str(int(subgraph_id)), int(copies)
     except (UnicodeDecodeError, ValueError):
         return None
+    return (device, subgraph_id, copies) if copies >= 1 else None
 
 
 class Handoff:
@@ -59,12 +61,12 @@ class Handoff:
             self.deliver(keys, handed, stream, message_id)
 
     def deliver(self, keys, entries, stream=None, message_id="", unmark=None):
-        """Put outbox `entries` ("device;subgraph id;n") of the graph on their work streams, ack `message_id`
-        of `stream` and clear the starting mark `unmark` in one transaction, then remove the entries from the
-        outbox."""
+        """Put outbox `entries` ("device;subgraph id;copies") of the graph on their work streams, ack
+        `message_id` of `stream` and clear the starting mark `unmark`, in one transaction."""
         pipe = self.client.pipeline(transaction=True)
-        for device, subgraph_id in filter(None, map(_parse, entries)):
-            pipe.xadd(queue(device), {"token": keys.token, "graph": keys.graph_id, "subgraph": subgraph_id})
+        for device, subgraph_id, copies in filter(None, map(_parse, entries)):
+            for _ in range(copies):
+                pipe.xadd(queue(device), {"token": keys.token, "graph": keys.graph_id, "subgraph": subgraph_id})
         if message_id:
             pipe.xack(stream, GROUP, message_id)
             pipe.xdel(stream, message_id)
@@ -72,18 +74,21 @@ class Handoff:
             pipe.zrem(STARTING, unmark)
         if len(pipe):
             pipe.execute()
-        if len(entries) == 1:
-            self.client.lrem(keys.outbox, 1, entries[0])
-        elif entries:
-            pipe = self.client.pipeline(transaction=True)  # one slot; a cluster runs a MULTI faster than a batch
-            for entry in entries:
-                pipe.lrem(keys.outbox, 1, entry)
-            pipe.execute()
 
     def drain(self, keys, unmark=None):
-        """Deliver whatever the graph's outbox holds (left by someone who died before delivering it)."""
-        if not self.scripts.direct:
-            self.deliver(keys, self.client.lrange(keys.outbox, 0, -1), unmark=unmark)
+        """Deliver whatever the graph's outbox holds (left by someone who died before delivering it, or not
+        claimed yet), dropping entries no script wrote."""
+        if self.scripts.direct:
+            return
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hgetall(keys.outbox)
+        pipe.hget(keys.meta, "verify")
+        held, copies = pipe.execute()
+        entries = [b"%s;%s;%s" % (device, sid, copies or b"1") for sid, device in held.items()]
+        forged = [sid for sid, entry in zip(held, entries) if _parse(entry) is None]
+        if forged:
+            self.client.hdel(keys.outbox, *forged)
+        self.deliver(keys, entries, unmark=unmark)
 
     def reclaim_starts(self, older_than=STALE_START):
         """Drain the outboxes of graphs marked starting more than `older_than` seconds ago; how many."""

@@ -10,7 +10,7 @@ one graph lives in one hash slot (its Lua scripts and MULTIs are atomic on a clu
 graphs spread over the shards:
   meta                hash    name, algorithm, approach, devices, seed, verify, roots, state (activated, running,
                               done, failed), n_subgraphs, done_subgraphs, n_ops, ops_done, created,
-                              started, finished, summary, handoffs; a failed graph also has error, error_op,
+                              started, finished, summary; a failed graph also has error, error_op,
                               error_source, error_worker, error_subgraph
   subgraphs           hash    subgraph id -> Subgraph protobuf bytes
   info                hash    subgraph id -> "device;n_ops;successor,...;input to release,..." (for Lua)
@@ -23,8 +23,8 @@ graphs spread over the shards:
   taken               hash    subgraph id -> the worker that last started it
   ran                 hash    subgraph id -> the worker that finished it
   events              stream  one entry when the graph ends (done or failed), for trackers to block on
-  outbox              list    on a cluster, subgraphs that became ready and are not on a work stream yet
-                              (ravop.store.handoff)
+  outbox              hash    on a cluster, subgraph id -> device of subgraphs that became ready and were
+                              not claimed yet (ravop.store.handoff)
   steps               hash    loop subgraph id -> its steps done (written as the loop runs)
   ckpt:{sid}          hash    a running loop's checkpoint: step (steps done), c0, c1, ... (carried tensors)
   votes:{sid}         hash    R.Graph(verify=k): worker -> digest of its outputs of the subgraph

@@ -37,23 +37,22 @@ end
 """
 
 # After the graph's own keys, a script that hands off gets the work streams cpu and cuda (standalone: XADD
-# there), or not (cluster: RPUSH "device;subgraph id;n" to the outbox, n making each entry unique, and return
-# the entries for the caller to deliver). KEYS[queues] is the index of the cpu stream.
+# there), or not (cluster: the outbox gets subgraph id -> device, and the script returns
+# "device;subgraph id;copies" for the caller to deliver). KEYS[queues] is the index of the cpu stream.
 _HAND_OFF = """
 local handed = {}
 local function hand_off(meta, info, outbox, queues, token, graph, sid)
   local device = parse(redis.call('HGET', info, sid))
-  local copies = tonumber(redis.call('HGET', meta, 'verify') or '1')
-  for _ = 1, copies do
-    if #KEYS >= queues then
-      local stream = KEYS[queues]
-      if device == 'cuda' then stream = KEYS[queues + 1] end
-      redis.call('XADD', stream, '*', 'token', token, 'graph', graph, 'subgraph', sid)
-    else
-      local entry = device .. ';' .. sid .. ';' .. redis.call('HINCRBY', meta, 'handoffs', 1)
-      redis.call('RPUSH', outbox, entry)
-      table.insert(handed, entry)
-    end
+  local copies = redis.call('HGET', meta, 'verify') or '1'
+  if #KEYS < queues then
+    redis.call('HSET', outbox, sid, device)
+    table.insert(handed, device .. ';' .. sid .. ';' .. copies)
+    return
+  end
+  local stream = KEYS[queues]
+  if device == 'cuda' then stream = KEYS[queues + 1] end
+  for _ = 1, tonumber(copies) do
+    redis.call('XADD', stream, '*', 'token', token, 'graph', graph, 'subgraph', sid)
   end
 end
 """
@@ -76,13 +75,15 @@ end
 return {1, handed}
 """
 
-# KEYS: meta, done, subgraphs, taken, deps.  ARGV: subgraph id, worker.
+# KEYS: meta, done, subgraphs, taken, deps, outbox.  ARGV: subgraph id, worker.
 # Anyone who may enqueue (every requester) can put a message naming another token's graph on a stream, so
 # a message is only acted on if the plan has its subgraph and that subgraph is ready: a forged one is
-# 'unknown' or 'waiting' and cannot fail or disturb the graph it names.
+# 'unknown' or 'waiting' and cannot fail or disturb the graph it names. A message for the subgraph is on a
+# stream, so its outbox entry (a cluster's hand-off) is delivered: dropped.
 CLAIM = """
 local meta = redis.call('HMGET', KEYS[1], 'state', 'seed', 'verify')
 if not meta[1] then return {'gone'} end
+redis.call('HDEL', KEYS[6], ARGV[1])
 if meta[1] ~= 'running' then return {meta[1]} end
 if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {'finished'} end
 local data = redis.call('HGET', KEYS[3], ARGV[1])
@@ -191,7 +192,7 @@ class Scripts:
     def claim(self, keys, subgraph_id, worker):
         """[b'run', seed, subgraph bytes, verify copies] if `worker` may run it now; else [why]: b'gone', a graph state,
         b'finished', b'unknown' (not in the plan), b'waiting' (not ready)."""
-        return self._claim(keys=[keys.meta, keys.done, keys.subgraphs, keys.taken, keys.deps],
+        return self._claim(keys=[keys.meta, keys.done, keys.subgraphs, keys.taken, keys.deps, keys.outbox],
                            args=[subgraph_id, worker])
 
     def cancel(self, keys, error, subgraph_id="", worker="", op="", source=""):
