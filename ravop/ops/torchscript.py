@@ -24,7 +24,6 @@ from collections import OrderedDict, namedtuple
 from contextlib import contextmanager
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from .. import functional as F
 from ..dtypes import is_floating
@@ -200,6 +199,8 @@ def _probe(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, train
     value = blob.graph.constants.get(blob.id)
     if value is None:
         raise ValueError("the model blob must be the constant R.model made")
+    # Here, not at import: torch's FLOP counter loads torch.fx (a fifth of a second), and only a requester probes.
+    from torch.utils.flop_counter import FlopCounterMode
     for device in ("meta", "cpu"):
         tensors = [torch.zeros(x.shape, dtype=x.dtype, device=device) for x in xs[1:]]
         try:
