@@ -23,6 +23,7 @@ from .store.connect import Outage, redact, url_user
 from .store import graphs as store_graphs
 from .store import tensors as stored
 from .store.federated import FederatedKeys
+from .store import worker_info
 from .store import workers as liveness
 
 # How a persisted bundle (a trained model) is rebuilt at fetch: kind -> fn(spec, {key: tensor}) -> object.
@@ -199,6 +200,8 @@ def activate(**compile_options):
         raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                               "op.persist_op(name) on the values to fetch, then R.activate()")
     from compiler import compile_graph  # ravop depends on the compiler only here (docs/architecture.md)
+    from compiler.cost import calibrated
+    compile_options.setdefault("devices", calibrated(worker_info.read_all(session.client)))
     with progress.busy(f"compiling {graph.name!r} ({len(graph.nodes):,} ops)"):
         compiled = compile_graph(graph, **compile_options)
     summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
