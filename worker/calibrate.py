@@ -1,16 +1,16 @@
-"""The cost model's figures for this worker, measured at start in a few milliseconds, advertised with its
+"""The cost model's figures for this worker, measured at start (about 0.1 s), advertised with its
 capabilities (`ravop.store.worker_info`) and read by the compiler (`compiler.cost.calibrated`) instead of the
 round numbers of one machine: per-op dispatch, matmul FLOP/s, elementwise memory bytes/s, and the bytes/s of
-handing a tensor to another worker through Redis (encode, SET, GET, decode)."""
+handing a tensor to another worker through Redis (the store's own write and read)."""
 import time
 
 import torch
 
 from ravop import registry
 from ravop.interpreter import run_op
+from ravop.store import tensors as stored
 from ravop.store.keys import graph_prefix
 from ravop.store.worker_info import COST_FIELDS
-from ravop.wire import decode_tensor, encode_tensor
 
 
 def _best_seconds(fn, device, repeats):
@@ -28,16 +28,19 @@ def _best_seconds(fn, device, repeats):
     return best
 
 
-def _handoff_seconds(client, name, tensor):
+def _handoff_seconds(client, name, tensor, chunk):
+    """One store and fetch of `tensor` by the store's own code (in chunks where the server caps one value)."""
     # A key of the tensor pattern that a worker's ACL user may write and delete; no graph has this id.
     key = graph_prefix("_", f"calibrate-{name}") + "t:0"
     try:
         start = time.perf_counter()
-        client.set(key, encode_tensor(tensor))
-        decode_tensor(client.get(key))
+        pipe = client.pipeline(transaction=False)
+        stored.write(pipe, key, tensor, chunk)
+        pipe.execute()
+        stored.read(client, key)
         return time.perf_counter() - start
     finally:
-        client.delete(key)
+        client.delete(*stored.keys_of(key))
 
 
 def measure(device, client, name):
@@ -53,7 +56,7 @@ def measure(device, client, name):
     op_s = one_add / 4   # the model's fixed part plus 3 tensors' part, each taken equal (compiler/cost.py)
     flops_per_s = 2 * side**3 / _best_seconds(lambda: torch.mm(a, a), device, 3)
     bytes_per_s = 3 * big.nbytes / _best_seconds(lambda: torch.add(big, big), device, 3)
-    payload = torch.ones(2**18)  # 1 MiB of the CPU's: what goes through Redis
-    handoff_bytes_per_s = payload.nbytes / min(_handoff_seconds(client, name, payload) for _ in range(3))
+    payload, chunk = torch.ones(2**16), stored.fit_to_server(client)  # 256 KiB: room on any server that runs graphs
+    handoff_bytes_per_s = payload.nbytes / min(_handoff_seconds(client, name, payload, chunk) for _ in range(3))
     values = (op_s, flops_per_s, bytes_per_s, handoff_bytes_per_s)
     return {field: float(f"{value:.0e}") for field, value in zip(COST_FIELDS, values)}
