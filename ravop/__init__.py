@@ -22,7 +22,7 @@ def _load_requester():
 
 
 def __getattr__(name):
-    # A submodule's name is not an API name: `from ravop import functional` then imports the submodule.
+    # A submodule's name is not an API name: `from ravop import op_functions` then imports the submodule.
     if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is not None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     names = _load_requester()

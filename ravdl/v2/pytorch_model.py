@@ -11,13 +11,13 @@ BatchNorm's running stats, which replace the old ones); `_backward_pass` records
 `torchscript_vjp` op) and one optimizer step per trainable parameter (those with `requires_grad`).
 `save_model(name)` persists the code and the current values; `R.fetch_persisting_op(name)` returns a
 plain nn.Module with the trained weights under the original names (`ravop.saved_model.SavedModel`, built by
-`ravop.model.load_module`, so fetching needs only ravop).
+`ravop.torchscript_import.load_module`, so fetching needs only ravop).
 """
 from functools import partial
 
 from ravop.errors import GraphStateError
 from ravop.graph import current_graph
-from ravop.model import BLOB_KEY, BUNDLE_KIND, Model
+from ravop.torchscript_import import BLOB_KEY, BUNDLE_KIND, Model
 
 from . import gradients
 from .fit import Slot, optimizer_slots
