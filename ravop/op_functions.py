@@ -1,6 +1,7 @@
 """Namespace of the generated op functions (`R.add`, `R.sum`, ...), filled by `ravop.api.build`.
 
-VJP rules record their backward ops through it (imported as `R`: in ops code `F` is torch.nn.functional); `import ravop as R` re-exports the same functions.
+VJP rules record their backward ops through it (ops code imports it as `R`, and `F` is torch.nn.functional);
+`import ravop as R` re-exports the same functions.
 """
 
 
