@@ -22,6 +22,8 @@ def _load_requester():
 
 
 def __getattr__(name):
+    if name == "__all__":   # `from ravop import *`
+        return sorted(_load_requester())
     # A submodule's name is not an API name: `from ravop import op_functions` then imports the submodule.
     if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is not None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
