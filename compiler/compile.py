@@ -37,8 +37,10 @@ def _cyclic_gc_paused():
             gc.enable()
 
 
-def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph_seconds=MAX_SUBGRAPH_SECONDS):
-    """Compile a recorded `ravop.graph.Graph` (which is not modified) into a plan of subgraphs."""
+def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph_seconds=MAX_SUBGRAPH_SECONDS,
+                  devices=cost.DEVICES):
+    """Compile a recorded `ravop.graph.Graph` (which is not modified) into a plan of subgraphs. `devices`: the
+    cost model's figures per device kind (`compiler.cost.calibrated` makes them from the workers' own)."""
     if not 0 <= min_subgraph_seconds <= max_subgraph_seconds:
         raise ValueError(f"need 0 <= min_subgraph_seconds <= max_subgraph_seconds, got "
                          f"{min_subgraph_seconds} and {max_subgraph_seconds}")
@@ -46,7 +48,7 @@ def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph
         passes = PIPELINE if graph.verify == 1 else UNFOLDED_PIPELINE
         ir, counts = run_pipeline(ir_module.from_graph(graph), passes)
         chained, counts["fused_chains"] = fuse_linear_chains(ir)
-        costs = cost.estimate(ir)
+        costs = cost.estimate(ir, devices)
         windows = partition(ir, costs, chained, min_subgraph_seconds, max_subgraph_seconds)
         plan = emit_plan(ir, windows, costs)
     quotient = coarse_graph(windows, [(sub.id, s) for sub in plan.subgraphs for s in sub.successors])

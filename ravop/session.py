@@ -5,6 +5,7 @@ A session is a Redis connection and a token. Everything about a graph lives in R
 (`ravop.store.keys`), so the requester may exit after R.execute(): another process that calls
 R.initialize(same token, same URL) finds the token's current graph and can track and fetch it.
 """
+import gc
 import json
 import os
 import sys
@@ -22,6 +23,7 @@ from .store.connect import Outage, redact, url_user
 from .store import graphs as store_graphs
 from .store import tensors as stored
 from .store.federated import FederatedKeys
+from .store import worker_info
 from .store import workers as liveness
 
 # How a persisted bundle (a trained model) is rebuilt at fetch: kind -> fn(spec, {key: tensor}) -> object.
@@ -77,6 +79,11 @@ def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5
     a digest of it is used (`ravop.store.keys.token_namespace`). An unreachable URL raises `ConnectionFailed` within about `timeout` seconds. `dashboard=True` (or a port
     number) serves the read-only web dashboard of this session on 127.0.0.1 and prints its URL."""
     global _session
+    if gc.get_freeze_count() == 0:
+        # Recording allocates one tracked object per op; without this, each full garbage collection would also
+        # walk the hundreds of thousands of objects torch creates at import, doubling the cost of recording an op.
+        # Once only: a later call would also freeze the user's graphs so far, and their cycles would never be freed.
+        gc.freeze()
     if not isinstance(dashboard, (bool, int)) or (dashboard is not True and dashboard is not False
                                                   and not 0 < dashboard < 65536):
         raise ValueError(f"dashboard must be True, False or a port number, not {dashboard!r}")
@@ -193,6 +200,8 @@ def activate(**compile_options):
         raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                               "op.persist_op(name) on the values to fetch, then R.activate()")
     from compiler import compile_graph  # ravop depends on the compiler only here (docs/architecture.md)
+    from compiler.cost import calibrated
+    compile_options.setdefault("devices", calibrated(worker_info.read_all(session.client)))
     with progress.busy(f"compiling {graph.name!r} ({len(graph.nodes):,} ops)"):
         compiled = compile_graph(graph, **compile_options)
     summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)

@@ -18,7 +18,7 @@ import types
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import ravop  # noqa: E402  (after the path: this tree's ravop)
+import ravop.requester  # noqa: E402  (after the path: this tree's ravop; loaded now: it fills the registry)
 from ravop import api, registry  # noqa: E402
 
 STUB = ROOT / "ravop" / "__init__.pyi"
@@ -130,11 +130,10 @@ def _op_names():
 
 
 def _reexports():
-    """`from .module import name as name` for the hand-written public API of ravop/__init__.py."""
+    """`from .module import name as name` for the hand-written public API of ravop/requester.py."""
     ops = set(registry.REGISTRY)
     lines, values = [], []
-    for name in sorted(vars(ravop)):
-        value = getattr(ravop, name)
+    for name, value in sorted(ravop.requester.PUBLIC.items()):
         if name.startswith("_") or name in ops or isinstance(value, types.ModuleType) or name == "Op":
             continue
         module = getattr(value, "__module__", None)

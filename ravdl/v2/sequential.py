@@ -7,7 +7,7 @@ from . import losses
 from .fit import record_fit
 from .history import History
 from .layers.base import as_input, name_layers
-from .model import Model
+from .model_base import Model
 
 
 class NeuralNetwork(Model):
