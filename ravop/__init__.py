@@ -11,6 +11,7 @@
 import gc as _gc
 
 from . import functional, ops  # noqa: F401  (importing ops fills the registry)
+from . import parallel  # noqa: F401  (R.parallel.LocalSGD, ...)
 from .api import build as _build
 from .autodiff import NotDifferentiableError, grad
 from .constants import Scalar, Tensor, epsilon, inf, minus_one, one, pi, t

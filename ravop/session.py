@@ -192,6 +192,10 @@ def activate(**compile_options):
     if not graph.persisted and not graph.step_outputs:
         raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                               "op.persist_op(name) on the values to fetch, then R.activate()")
+    if graph.strategy is not None and not graph.unrolled_steps:
+        raise NotImplementedError(f"graph {graph.name!r} has strategy={graph.strategy!r} but no fit used it: a "
+                                  "strategy applies to NeuralNetwork.fit; hand-written training loops under a "
+                                  "strategy are not implemented")
     from compiler import compile_graph  # ravop depends on the compiler only here (docs/architecture.md)
     with progress.busy(f"compiling {graph.name!r} ({len(graph.nodes):,} ops)"):
         compiled = compile_graph(graph, **compile_options)
