@@ -43,7 +43,7 @@ def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph
         raise ValueError(f"need 0 <= min_subgraph_seconds <= max_subgraph_seconds, got "
                          f"{min_subgraph_seconds} and {max_subgraph_seconds}")
     with _cyclic_gc_paused():
-        passes = PIPELINE if graph.verify == 1 and not graph.unrolled_steps else UNFOLDED_PIPELINE
+        passes = PIPELINE if graph.verify == 1 and not graph.parallel_fits else UNFOLDED_PIPELINE
         ir, counts = run_pipeline(ir_module.from_graph(graph), passes)
         chained, counts["fused_chains"] = fuse_linear_chains(ir)
         costs = cost.estimate(ir)

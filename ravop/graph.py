@@ -137,7 +137,7 @@ class Graph:
         self.seed = int(seed)
         self.verify = verify      # run each subgraph on this many distinct workers and compare their outputs
         self.strategy = strategy  # ravop.parallel strategy of the fits recorded in it (NeuralNetwork.fit)
-        self.unrolled_steps = False  # set by a parallel fit: its segments and averagings are not folded
+        self.parallel_fits = []   # strategies fits recorded with; their segments and averagings are not folded
         self.nodes = []           # append-only op table; node.id is its index
         self.constants = {}       # node id -> torch.Tensor held by the requester until upload
         self.persisted = {}       # persist name -> Op

@@ -28,7 +28,7 @@ from ravop.store import workers as liveness
 from ravop.wire import plan_pb2, unpack_nodes
 
 from . import device as devices
-from . import memory, verify
+from . import link_speed, memory, verify
 from .cache import TensorCache
 from .heartbeat import Heartbeat
 from .loop import CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, LoopHandedBack, drop_checkpoint, run_loop
@@ -106,7 +106,8 @@ class Worker:
     def _advertised(self):
         """What `ravop status` shows of this worker besides its state (`ravop.store.worker_info`)."""
         return {"device": str(self.device), "kind": self.kind, "threads": torch.get_num_threads(),
-                "memory_limit": self.limit, "host": socket.gethostname(), "pid": os.getpid()}
+                "memory_limit": self.limit, "host": socket.gethostname(), "pid": os.getpid(),
+                "link_bytes_per_s": round(link_speed.measure(self.client, self.name))}
 
     def stop(self):
         """Stop after the subgraph being run, if any, is finished (safe from a signal handler)."""

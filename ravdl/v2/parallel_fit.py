@@ -25,8 +25,7 @@ def record_parallel_fit(model, X, y, n_epochs, batch_size, shuffle, seed, strate
     n_epochs, batch_size = int(n_epochs), int(batch_size)
     if n_epochs < 1 or batch_size < 1:
         raise ValueError(f"n_epochs and batch_size must be >= 1, not {n_epochs} and {batch_size}")
-    graph = current_graph()
-    graph.unrolled_steps = True   # the averaging between segments must stay between them (compile_graph)
+    current_graph().parallel_fits.append(strategy)   # compile_graph keeps the averagings between the segments
     if isinstance(strategy, DataParallel):
         return _data_parallel(model, as_input(X), as_input(y), n_epochs, batch_size, shuffle, seed, strategy)
     if isinstance(strategy, (LocalSGD, Gossip)):

@@ -22,7 +22,7 @@ def advertise(pipe, name, info, ttl):
     pipe.pexpire(key, int(ttl * 1000))  # ttl may be fractional seconds
 
 
-_NUMBERS = ("pid", "threads", "memory_limit", "rss", "completed", "subgraph")
+_NUMBERS = ("pid", "threads", "memory_limit", "rss", "completed", "subgraph", "link_bytes_per_s")
 _TIMES = ("heartbeat", "started", "since")
 
 
