@@ -5,6 +5,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
+from . import parallel as parallel
 from .autodiff import NotDifferentiableError as NotDifferentiableError
 from .autodiff import grad as grad
 from .constants import Scalar as Scalar
@@ -30,7 +31,6 @@ from .federated.api import federated_mean as federated_mean
 from .federated.api import federated_min as federated_min
 from .federated.api import federated_standard_deviation as federated_standard_deviation
 from .federated.api import federated_variance as federated_variance
-from . import parallel as parallel
 from .graph import Graph as Graph
 from .graph import current_graph as current_graph
 from .model import model as model
