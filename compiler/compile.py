@@ -3,7 +3,7 @@ import gc
 from contextlib import contextmanager
 
 from . import cost, ir as ir_module
-from .partition import coarse_graph, max_parallel_width, partition
+from .partition import HANDOFF_BYTES_PER_S, coarse_graph, max_parallel_width, partition
 from .passes import fuse_linear_chains
 from .pipeline import PIPELINE, UNFOLDED_PIPELINE, run_pipeline
 from .plan import emit_plan
@@ -37,6 +37,13 @@ def _cyclic_gc_paused():
             gc.enable()
 
 
+def handoff_seconds(plan, costs):
+    """The estimated time of moving every subgraph output through the store once (a parallel fit's
+    synchronisations are most of it, so `sync_every` shows here); loop-persisted values are left out."""
+    recorded = len(costs.out_bytes)
+    return sum(costs.out_bytes[i] for sub in plan.subgraphs for i in sub.outputs if i < recorded) / HANDOFF_BYTES_PER_S
+
+
 def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph_seconds=MAX_SUBGRAPH_SECONDS):
     """Compile a recorded `ravop.graph.Graph` (which is not modified) into a plan of subgraphs."""
     if not 0 <= min_subgraph_seconds <= max_subgraph_seconds:
@@ -54,5 +61,6 @@ def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph
     summary = {"recorded_ops": plan.n_recorded_ops, "compiled_ops": plan.n_compiled_ops,
                "subgraphs": len(windows), "flops": plan.flops, "max_parallel_width": plan.max_parallel_width,
                "estimated_seconds": sum(costs.seconds), "constants": len(ir.constants), "loop_steps": plan.n_steps,
+               "estimated_handoff_seconds": handoff_seconds(plan, costs),
                **counts}
     return CompiledGraph(plan, ir.constants, summary)

@@ -174,6 +174,8 @@ class Summary(dict):
                 f"{self['compiled_ops']} to run in {self['subgraphs']} subgraphs, ~{self['flops']:.3g} FLOPs, "
                 f"up to {self['max_parallel_width']} subgraphs at once"
                 + (f", {self['loop_steps']} loop steps" if self.get("loop_steps") else "")
+                + (f", ~{self['estimated_handoff_seconds']:.2g} s of transfers between subgraphs"
+                   if self.get("placement") else "")
                 + "".join(f"\n{strategy}: " + (", ".join(f"{role} on {worker}" for role, worker in where.items())
                                                or "no live worker yet")
                           for strategy, where in self.get("placement", {}).items()))

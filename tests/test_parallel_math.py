@@ -201,3 +201,14 @@ def test_bad_strategies_are_refused_by_name(engine):
     R.t([1.0]).persist_op("x")
     with pytest.raises(NotImplementedError, match="no fit used it"):
         R.activate()
+
+
+def test_sync_every_shows_in_the_compiled_estimate_of_transfers():
+    from compiler import compile_graph
+
+    def handoff(every):
+        graph = R.Graph(name=f"every {every}")
+        ravdl_net(torch_net()).fit(X, Y, 2, 4, strategy=R.parallel.LocalSGD(2, every))
+        return compile_graph(graph).summary["estimated_handoff_seconds"]
+
+    assert handoff(2) > 2 * handoff(8) > 0
