@@ -12,6 +12,7 @@ import torch
 from . import registry
 from .errors import GraphStateError, ShapeError
 from .federated.rules import parse_rules
+from .parallel import check_strategy
 from .sizes import numel
 from .source import user_source
 
@@ -126,8 +127,10 @@ class Graph:
             raise ValueError(f"verify must be a positive int (the workers that run each subgraph), not {verify!r}")
         if verify > 1 and approach == "federated":
             raise ValueError("verify= does not apply to a federated graph: each provider's data is its own")
-        if strategy is not None and approach == "federated":
-            raise ValueError("strategy= does not apply to a federated graph: each provider's data is its own")
+        if strategy is not None:
+            check_strategy(strategy)
+            if approach == "federated":
+                raise ValueError("strategy= does not apply to a federated graph: each provider's data is its own")
         self.id = uuid.uuid4().hex[:12]
         self.name = name
         self.algorithm = algorithm

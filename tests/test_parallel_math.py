@@ -194,6 +194,8 @@ def test_bad_strategies_are_refused_by_name(engine):
         R.parallel.Gossip(replicas=2, interpolation="loss", factor=0.2)
     with pytest.raises(NotImplementedError, match="Pipeline is not implemented"):
         R.parallel.Pipeline(stages=2, micro_batches=4)
+    with pytest.raises(TypeError, match="one of R.parallel's strategies"):
+        R.Graph(name="bad", strategy="LocalSGD")
     R.Graph(name="shards")
     with pytest.raises(ValueError, match="equal shards"):
         ravdl_net(torch_net()).fit(X[:47], Y[:47], 1, 5, strategy=R.parallel.LocalSGD(2, 2))

@@ -13,7 +13,7 @@ import torch
 import ravop as R
 from ravop.graph import Op, current_graph
 from ravop.loop import Batches, Loop
-from ravop.parallel import DataParallel, Gossip, LocalSGD
+from ravop.parallel import DataParallel, Gossip, LocalSGD, check_strategy
 from ravop.parallel.replicas import average, weighted_sum
 
 from .fit import optimizer_slots
@@ -25,13 +25,10 @@ def record_parallel_fit(model, X, y, n_epochs, batch_size, shuffle, seed, strate
     n_epochs, batch_size = int(n_epochs), int(batch_size)
     if n_epochs < 1 or batch_size < 1:
         raise ValueError(f"n_epochs and batch_size must be >= 1, not {n_epochs} and {batch_size}")
-    current_graph().parallel_fits.append(strategy)   # compile_graph keeps the averagings between the segments
+    current_graph().parallel_fits.append(check_strategy(strategy))   # compile_graph leaves it unfolded
     if isinstance(strategy, DataParallel):
         return _data_parallel(model, as_input(X), as_input(y), n_epochs, batch_size, shuffle, seed, strategy)
-    if isinstance(strategy, (LocalSGD, Gossip)):
-        return _replicated(model, X, y, n_epochs, batch_size, shuffle, seed, strategy)
-    raise TypeError(f"strategy must be one of R.parallel's strategies (DataParallel, LocalSGD, Gossip), not "
-                    f"{strategy!r}")
+    return _replicated(model, X, y, n_epochs, batch_size, shuffle, seed, strategy)
 
 
 class _Steps:
