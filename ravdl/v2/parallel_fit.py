@@ -39,7 +39,6 @@ class _Steps:
         n_full, short = divmod(n_rows, batch_size)
         self.rows = [batch_size] * bool(n_full) + [short] * bool(short)
         self.schedule = [(t, n_full if rows == batch_size else 1) for t, rows in enumerate(self.rows)]
-        self.per_epoch = n_full + bool(short)
         self.n_epochs = n_epochs
         self.order = [(t, e, b) for e in range(n_epochs) for b, t in enumerate(
             [t for t, times in self.schedule for _ in range(times)])]
@@ -47,8 +46,8 @@ class _Steps:
 
 def _record_segment(initial, batches, steps, segment, record_step):
     """A loop op running steps [first, first + n) of `steps` from the carried values `initial`; each template
-    is recorded by `record_step(step, template, names)` with the persist names of its runs in the segment
-    (`names(op)` -> list, filled in by the caller). Returns the carried values after the segment."""
+    is recorded by `record_step(step, rows, runs)`: its batch rows and the (epoch, batch) of its runs in the
+    segment. Returns the carried values after the segment."""
     loop = Loop(initial, batches)
     first, n = segment
     for t, rows in enumerate(steps.rows):

@@ -1,5 +1,6 @@
 """LocalSGD (Ravnest's clusters averaged every `reduce_factor` updates): each replica trains on its own shard of
-the data; every `sync_every` steps, and after the last one, their parameters (and buffers, and with
+the data (replica r on rows [r * n / replicas, (r + 1) * n / replicas), shuffled within the shard with
+`shuffle`, from seed + r); every `sync_every` steps, and after the last one, their parameters (and buffers, and with
 `average_optim` the optimizer's moments) are replaced by the replicas' mean."""
 from .replicas import check_replicas
 
