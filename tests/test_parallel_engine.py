@@ -57,12 +57,14 @@ def test_local_sgd_replicas_run_on_distinct_workers_with_in_process_bits(engine,
         assert torch.allclose(module(torch.as_tensor(X)), R.fetch_persisting_op("prediction"), atol=1e-6)
 
 
-def test_data_parallel_and_gossip_on_two_workers_give_the_in_process_bits(engine, workers):
-    workers.start(2)
+def test_data_parallel_and_gossip_on_two_workers_give_the_in_process_bits(engine, workers, client):
+    names = workers.start(2)
     graph, persisted = record(R.parallel.DataParallel(replicas=2), epochs=2, batch_size=12, name="dp")
     R.activate()
     R.execute()
     R.track_progress(timeout=300, progress_bar=False)
+    ran = client.hgetall(GraphKeys(engine.token, graph.id).ran)
+    assert {worker.decode() for worker in ran.values()} == set(names)
     assert_same_as_in_process(graph, persisted)
     graph, persisted = record(R.parallel.Gossip(replicas=4, interpolation="loss"), epochs=6, batch_size=4,
                               name="gossip")
