@@ -3,13 +3,13 @@
 
     python benchmarks/bench_parallel.py [--steps 64] [--threads 1] [--repeats 2]
 
-Rows: plain fit on 1 worker; LocalSGD(replicas=2, sync_every=8) on 1 and 2 workers; DataParallel(2) on 1 and 2
-workers; eager PyTorch (one process, the same model and batches). samples/s counts every sample a replica trains
+Rows: plain fit on 1 worker; LocalSGD(replicas=2, sync_every=8), DataParallel(2) and Pipeline(2, micro_batches=4)
+on 1 and 2 workers each; eager PyTorch (one process, the same model and batches). samples/s counts every sample a replica trains
 on, over the engine's execute time (R.execute until the graph is done: the time the workers work). "speed-up" is
 the 2-worker run over the 1-worker run of the same strategy (target for LocalSGD: >= 1.7x), to read beside the
 ceiling printed first: eager PyTorch in two processes at once over one, what two workers can gain at all while
-other jobs share the cores. DataParallel's and plain fit's losses are compared with eager (the same
-mathematics); LocalSGD's are not (its replicas see other batches) and show as '-'.
+other jobs share the cores. DataParallel's, Pipeline's and plain fit's losses are compared with eager (the
+same mathematics); LocalSGD's are not (its replicas see other batches) and show as '-'.
 """
 import argparse
 import contextlib
@@ -126,7 +126,8 @@ def main():
             workers = Workers(server.url, n_workers, args.threads)
             try:
                 for label, strategy in (("fit", None), ("LocalSGD(2, sync_every=8)", R.parallel.LocalSGD(2, 8)),
-                                        ("DataParallel(2)", R.parallel.DataParallel(2))):
+                                        ("DataParallel(2)", R.parallel.DataParallel(2)),
+                                        ("Pipeline(2, micro_batches=4)", R.parallel.Pipeline(2, 4))):
                     if label == "fit" and n_workers == 2:
                         continue
                     runs = [engine(X, y, strategy) for _ in range(args.repeats)]

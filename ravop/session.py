@@ -208,7 +208,7 @@ def activate(**compile_options):
     summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
     if graph.parallel_fits:
         live = [w for w in worker_info.read_all(session.client) if w.get("kind") != "gpu" or graph.gpu_required]
-        summary["placement"] = {repr(s): parallel.placement(s.replicas, live) for s in graph.parallel_fits}
+        summary["placement"] = {repr(s): parallel.placement(s, live) for s in graph.parallel_fits}
     if graph.verify > 1 and compiled.plan.n_steps:
         raise GraphStateError(f"graph {graph.name!r} has training loops, which verify={graph.verify} does not "
                               "cover yet (a loop runs as a whole on one worker): leave verify= out")

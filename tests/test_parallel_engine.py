@@ -76,6 +76,20 @@ def test_data_parallel_and_gossip_on_two_workers_give_the_in_process_bits(engine
     assert losses[-1] < losses[0]   # it learns
 
 
+def test_pipeline_stages_run_on_both_workers_with_the_in_process_bits(engine, workers, client):
+    names = workers.start(2)
+    graph, persisted = record(R.parallel.Pipeline(stages=2, micro_batches=3), epochs=2, batch_size=12, name="gpipe")
+    R.activate()
+    R.execute()
+    R.track_progress(timeout=300, progress_bar=False)
+    ran = client.hgetall(GraphKeys(engine.token, graph.id).ran)
+    assert {worker.decode() for worker in ran.values()} == set(names)
+    assert_same_as_in_process(graph, persisted)
+    module = R.fetch_persisting_op("trained")
+    with torch.no_grad():
+        assert torch.allclose(module(torch.as_tensor(X)), R.fetch_persisting_op("prediction"), atol=1e-6)
+
+
 def test_a_replica_whose_worker_dies_resumes_from_its_checkpoint_with_the_same_bits(engine, workers, client):
     names = workers.start(2, reclaim_idle=1.0, extra=("--checkpoint-steps", "20"))
     # shards of 24 rows in batches of 2: 12 steps an epoch, 600 a replica, averaged once half way

@@ -135,6 +135,22 @@ def test_data_parallel_of_three_replicas_cuts_uneven_batches():
     assert torch.allclose(torch.stack([got[n] for n in names]), torch.stack(want), atol=1e-5)
 
 
+def test_pipeline_losses_equal_one_worker_training():
+    epochs, batch = 2, 10   # batches of 10 in 3 micro-batches (4/3/3), the short one of 8 in 3/3/2
+    got, prediction, names = fit(R.parallel.Pipeline(stages=2, micro_batches=3), epochs, batch, shuffle=True)
+    net = torch_net()
+    opt = torch.optim.Adam(net.parameters(), lr=LR)
+    want = [adam_step(net, opt, torch.as_tensor(X)[rows], torch.as_tensor(Y)[rows])
+            for rows in batches_of(len(X), batch, epochs, True, 3)]
+    assert torch.allclose(torch.stack([got[n] for n in names]), torch.stack(want), atol=1e-5)
+    assert torch.allclose(prediction, net(torch.as_tensor(X)).detach(), atol=1e-5)
+
+
+def test_pipeline_stages_balance_their_cost():
+    assert R.parallel.Pipeline(stages=2).cut([48, 1, 27]) == [(0, 1), (1, 3)]
+    assert R.parallel.Pipeline(stages=3).cut([5, 5, 5, 5, 10]) == [(0, 2), (2, 4), (4, 5)]
+
+
 def gossip_reference(strategy, n_epochs, batch_size, graph_seed, seed=3):
     net = torch_net()
     replicas = strategy.replicas
@@ -192,8 +208,10 @@ def test_bad_strategies_are_refused_by_name(engine):
         R.parallel.Gossip(replicas=2, interpolation="random")
     with pytest.raises(ValueError, match="factor applies"):
         R.parallel.Gossip(replicas=2, interpolation="loss", factor=0.2)
-    with pytest.raises(NotImplementedError, match="Pipeline is not implemented"):
-        R.parallel.Pipeline(stages=2, micro_batches=4)
+    with pytest.raises(NotImplementedError, match="stages='auto'"):
+        R.parallel.Pipeline(stages="auto", micro_batches=4)
+    with pytest.raises(ValueError, match="3 layers cannot make 4 stages"):
+        R.parallel.Pipeline(stages=4).cut([1, 1, 1])
     with pytest.raises(TypeError, match="one of R.parallel's strategies"):
         R.Graph(name="bad", strategy="LocalSGD")
     R.Graph(name="shards")

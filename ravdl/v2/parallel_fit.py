@@ -13,11 +13,12 @@ import torch
 import ravop as R
 from ravop.graph import Op, current_graph
 from ravop.loop import Batches, Loop
-from ravop.parallel import DataParallel, Gossip, LocalSGD, check_strategy
+from ravop.parallel import DataParallel, Gossip, LocalSGD, Pipeline, check_strategy
 from ravop.parallel.replicas import average, weighted_sum
 
 from .fit import optimizer_slots
-from .layers.base import as_input
+from .layers.base import as_input, leaf_layers
+from .layers.core import Dropout
 
 
 def record_parallel_fit(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
@@ -28,6 +29,8 @@ def record_parallel_fit(model, X, y, n_epochs, batch_size, shuffle, seed, strate
     current_graph().parallel_fits.append(check_strategy(strategy))   # compile_graph leaves it unfolded
     if isinstance(strategy, DataParallel):
         return _data_parallel(model, as_input(X), as_input(y), n_epochs, batch_size, shuffle, seed, strategy)
+    if isinstance(strategy, Pipeline):
+        return _pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy)
     return _replicated(model, X, y, n_epochs, batch_size, shuffle, seed, strategy)
 
 
@@ -167,3 +170,81 @@ def _average_into(states, indices):
         mean = average([state[k] for state in states])
         for state in states:
             state[k] = mean
+
+
+def _one_step(initial, record_step):
+    """A loop op of one step that reads no rows: its own subgraph, so a worker runs it apart from the others."""
+    loop = Loop(initial)
+    with loop.step() as step:
+        record_step(step)
+    return loop.run([(0, 1)])
+
+
+def _forward(layers, X):
+    for layer in layers:
+        X = layer._forward_pass(X, training=True)
+    return X
+
+
+def _pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
+    """Per step: each stage's forward of each micro-batch, then each stage's backward (its forward recomputed)
+    from the last stage to the first, one-step segments all; then one optimizer step on the micro-batches'
+    gradients weighted by their sizes (`Pipeline`)."""
+    if isinstance(X, Op) or isinstance(y, Op):
+        raise TypeError("Pipeline takes X and y as arrays or tensors (each micro-batch is uploaded as it is cut)")
+    X, y = np.asarray(X), np.asarray(y)
+    if X.ndim < 1 or y.ndim < 1 or len(X) != len(y):
+        raise ValueError(f"X and y must have the same number of rows, not shapes {X.shape} and {y.shape}")
+    model._ensure_built(as_input(X[:1]))
+    leaves = [layer for _, layer in model.leaf_layers()]
+    if any(layer.buffers for layer in leaves) or any(isinstance(layer, Dropout) for layer in leaves):
+        raise NotImplementedError("Pipeline of a model with buffers (BatchNorm) or Dropout is not implemented: a "
+                                  "stage's backward recomputes its forward, which would update the statistics or "
+                                  "draw another mask")
+    model._carried_slots()   # its checks: an optimizer, no gradients waiting for a step
+    tops = [layer for _, layer in model.named_layers()]
+    costs = [1 + sum(p.numel() for _, leaf in leaf_layers(top) for p in leaf.params.values()) for top in tops]
+    stages = [tops[start:stop] for start, stop in strategy.cut(costs)]
+    keys = [[(leaf, key) for top in stage for _, leaf in leaf_layers(top) for key in leaf.params] for stage in stages]
+    rng = np.random.default_rng(seed)
+    orders = [rng.permutation(len(X)) if shuffle else np.arange(len(X)) for _ in range(n_epochs)]
+    names = []
+    for t, epoch, batch in _Steps(len(X), batch_size, n_epochs).order:
+        rows = orders[epoch][batch * batch_size:(batch + 1) * batch_size]
+        bounds = strategy.micro_slices(len(rows))
+        weights = [(stop - start) / len(rows) for start, stop in bounds]
+        grads = [[] for _ in stages]       # per stage, per micro-batch: its parameters' gradients
+        losses = []
+        for start, stop in bounds:
+            inputs = [as_input(X[rows[start:stop]])]   # each stage's input
+            for stage in stages[:-1]:
+                shape = (stop - start,) + tuple(stage[-1].last_output_shape)
+                inputs += _one_step([R.zeros(shape=shape, dtype="float32")],
+                                    lambda step, stage=stage, a=inputs[-1]: step.carry([_forward(stage, a)]))
+            target, g_out = as_input(y[rows[start:stop]]), None
+            for s in range(len(stages) - 1, -1, -1):
+                params = [leaf.params[key] for leaf, key in keys[s]]
+                wrt = params + inputs[s:s + 1] * (s > 0)
+                last = s == len(stages) - 1
+
+                def backward(step, stage=stages[s], a=inputs[s], wrt=wrt, last=last, g_out=g_out):
+                    out = _forward(stage, a)
+                    if last:
+                        loss = model.loss_function(target, out)
+                        step.carry([*R.grad(loss, wrt), loss])
+                    else:
+                        step.carry(R.grad(out, wrt, grad_output=g_out))
+
+                placeholder = [R.zeros(shape=(), dtype="float32")] * last
+                stage_grads = list(_one_step(wrt + placeholder, backward))
+                if last:
+                    losses.append(stage_grads.pop())
+                g_out = stage_grads.pop() if s > 0 else None
+                grads[s].append(stage_grads)
+        weighted_sum(losses, weights).persist_op(_loss_name(epoch, batch))
+        names.append(_loss_name(epoch, batch))
+        for stage_keys, stage_grads in zip(keys, grads):
+            for k, (leaf, key) in enumerate(stage_keys):
+                g = weighted_sum([per_micro[k] for per_micro in stage_grads], weights)
+                leaf.params[key] = model.optimizer.update((leaf, key), leaf.params[key], g)
+    return names

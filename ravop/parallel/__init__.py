@@ -19,7 +19,7 @@ __all__ = ["DataParallel", "Gossip", "LocalSGD", "Pipeline", "placement"]
 
 def check_strategy(strategy):
     """`strategy` if it is one of the strategies a fit records, else TypeError naming it."""
-    if not isinstance(strategy, (DataParallel, LocalSGD, Gossip)):
-        raise TypeError(f"strategy must be one of R.parallel's strategies (DataParallel, LocalSGD, Gossip), not "
-                        f"{strategy!r}")
+    if not isinstance(strategy, (DataParallel, LocalSGD, Gossip, Pipeline)):
+        raise TypeError(f"strategy must be one of R.parallel's strategies (DataParallel, LocalSGD, Gossip, "
+                        f"Pipeline), not {strategy!r}")
     return strategy

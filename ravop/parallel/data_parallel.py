@@ -10,16 +10,21 @@ class DataParallel:
 
     def slices(self, rows):
         """(start, stop) of each replica's rows of a batch of `rows` rows."""
-        base, extra = divmod(rows, self.replicas)
-        bounds, start = [], 0
-        for r in range(self.replicas):
-            stop = start + base + (r < extra)
-            bounds.append((start, stop))
-            start = stop
-        if any(start == stop for start, stop in bounds):
-            raise ValueError(f"a batch of {rows} rows cannot be cut into {self.replicas} non-empty slices: use a "
-                             "batch_size of at least the number of replicas")
-        return bounds
+        return tensor_split(rows, self.replicas, "replica slices")
 
     def __repr__(self):
         return f"DataParallel(replicas={self.replicas})"
+
+
+def tensor_split(rows, parts, what):
+    """(start, stop) of `parts` non-empty pieces of `rows` rows, as torch.tensor_split sizes them."""
+    base, extra = divmod(rows, parts)
+    if not base:
+        raise ValueError(f"a batch of {rows} rows cannot be cut into {parts} non-empty {what}: use a batch_size "
+                         f"of at least {parts}")
+    bounds, start = [], 0
+    for k in range(parts):
+        stop = start + base + (k < extra)
+        bounds.append((start, stop))
+        start = stop
+    return bounds

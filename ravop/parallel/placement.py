@@ -1,8 +1,9 @@
 """Where a strategy's replicas run, from what the workers advertise (`ravop.store.worker_info`: device, memory,
 threads, the measured speed of their link to the store). The engine hands every ready subgraph to whichever
 idle worker reads the stream first, so the replicas of one synchronisation interval run on distinct workers
-whenever that many are idle; this ranks the live workers by what a replica needs (link speed for the averaging,
-then threads and memory) and says which replica each would take, sharing workers when there are fewer."""
+whenever that many are idle (a pipeline's stages likewise); this ranks the live workers by what a replica needs
+(link speed for the averaging, then threads and memory) and says which replica or stage each would take, sharing
+workers when there are fewer."""
 
 
 def _rank(worker):
@@ -10,21 +11,11 @@ def _rank(worker):
             -int(worker.get("memory_limit") or 0), worker["name"])
 
 
-def placement(replicas, workers):
-    """{'replica r': worker name} for `replicas` replicas over `workers` (ravop.store.worker_info.read_all's
+def placement(strategy, workers):
+    """{'replica r' or 'stage s': worker name} for `strategy` over `workers` (ravop.store.worker_info.read_all's
     dicts); an empty dict without workers."""
     ranked = sorted(workers, key=_rank)
-    if not ranked:
-        return {}
-    return {f"replica {r}": ranked[r % len(ranked)]["name"] for r in range(replicas)}
+    stages = getattr(strategy, "stages", None)
+    roles = [f"stage {s}" for s in range(stages)] if stages else [f"replica {r}" for r in range(strategy.replicas)]
+    return {role: ranked[k % len(ranked)]["name"] for k, role in enumerate(roles)} if ranked else {}
 
-
-def describe(workers):
-    """One line per worker: its advertised capabilities."""
-    lines = []
-    for w in sorted(workers, key=_rank):
-        speed = w.get("link_bytes_per_s")
-        link = f"{float(speed) / 1e6:.0f} MB/s to the store" if speed else "link not measured"
-        lines.append(f"{w['name']}: {w.get('device', '?')}, {w.get('threads', '?')} threads, "
-                     f"{w.get('memory_limit', '?')} bytes, {link}")
-    return lines
