@@ -13,6 +13,7 @@ from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop.interpreter import evaluate_persisted
+from ravop.loop import Batches, Loop
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(48, 5)).astype(np.float32)
@@ -232,3 +233,25 @@ def test_sync_every_shows_in_the_compiled_estimate_of_transfers():
         return compile_graph(graph).summary["estimated_handoff_seconds"]
 
     assert handoff(2) > 2 * handoff(8) > 0
+
+
+def test_a_segment_runs_its_steps_of_the_schedule_with_their_batches_and_random_streams():
+    """Loop.run(segment=(first, n)): the steps [first, first + n) of the whole loop, the same bits."""
+    def record(segment, names):
+        data = R.t(torch.arange(12.0).reshape(6, 2))
+        loop = Loop([R.t(torch.zeros(2))], Batches(6, 2, shuffle=True, seed=4))
+        with loop.step() as step:
+            noisy = step.rows(data, 2).sum(0) + R.dropout(R.t(torch.ones(2)), p=0.5, training=True)
+            step.persist(noisy, names)
+            step.carry([step.carried[0] + noisy])
+        return loop.run([(0, 3)], rounds=2, segment=segment)
+
+    graph = R.Graph(name="whole", seed=2)
+    record(None, [f"s{k}" for k in range(6)])[0].persist_op("end")
+    whole = evaluate_persisted(graph)
+    graph = R.Graph(name="segment", seed=2)
+    record((2, 3), [f"s{k}" for k in range(2, 5)])
+    part = evaluate_persisted(graph)
+    assert all(torch.equal(part[f"s{k}"], whole[f"s{k}"]) for k in range(2, 5))
+    with pytest.raises(ValueError, match="not within the loop's 6 steps"):
+        record((4, 3), ["a", "b", "c"])
