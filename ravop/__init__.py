@@ -24,9 +24,12 @@ def _load_requester():
 def __getattr__(name):
     if name == "__all__":   # `from ravop import *`
         return sorted(_load_requester())
-    # A submodule's name is not an API name: `from ravop import op_functions` then imports the submodule.
-    if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is not None:
+    if name.startswith("__"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # A submodule's name is not an API name (`R.parallel`, or `from ravop import op_functions` inside the ops
+    # modules): it imports the submodule alone, not the whole API.
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
     names = _load_requester()
     if name not in names:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,6 +5,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
+from . import parallel as parallel
 from .autodiff import NotDifferentiableError as NotDifferentiableError
 from .autodiff import grad as grad
 from .constants import Scalar as Scalar

@@ -3,6 +3,7 @@
 names, so that a worker, which needs only the registry, the op kernels, the store and the wire format, never does.
 """
 from . import op_functions, ops  # noqa: F401  (importing ops fills the registry)
+from . import parallel  # noqa: F401  (R.parallel.LocalSGD, ...)
 from .api import build as _build
 from .autodiff import NotDifferentiableError, grad
 from .constants import Scalar, Tensor, epsilon, inf, minus_one, one, pi, t

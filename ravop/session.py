@@ -14,7 +14,7 @@ import time
 import redis
 
 from .errors import ConnectionFailed, GraphFailedError, GraphStateError, NotComputedError, UnknownPersistName
-from . import last_session, progress
+from . import last_session, parallel, progress
 from .federated import session as federated
 from .fetched import fetched
 from .graph import current_graph, set_current
@@ -179,7 +179,12 @@ class Summary(dict):
         return (f"graph {self['name']!r} ({self['graph_id']}): {self['recorded_ops']} ops recorded, "
                 f"{self['compiled_ops']} to run in {self['subgraphs']} subgraphs, ~{self['flops']:.3g} FLOPs, "
                 f"up to {self['max_parallel_width']} subgraphs at once"
-                + (f", {self['loop_steps']} loop steps" if self.get("loop_steps") else ""))
+                + (f", {self['loop_steps']} loop steps" if self.get("loop_steps") else "")
+                + (f", ~{self['estimated_handoff_seconds']:.2g} s of transfers between subgraphs"
+                   if self.get("placement") else "")
+                + "".join(f"\n{strategy}: " + (", ".join(f"{role} on {worker}" for role, worker in where.items())
+                                               or "no live worker yet")
+                          for strategy, where in self.get("placement", {}).items()))
 
 
 def activate(**compile_options):
@@ -199,12 +204,19 @@ def activate(**compile_options):
     if not graph.persisted and not graph.step_outputs:
         raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                               "op.persist_op(name) on the values to fetch, then R.activate()")
+    if graph.strategy is not None and not graph.parallel_fits:
+        raise NotImplementedError(f"graph {graph.name!r} has strategy={graph.strategy!r} but no fit used it: a "
+                                  "strategy applies to NeuralNetwork.fit; hand-written training loops under a "
+                                  "strategy are not implemented")
     from compiler import compile_graph  # ravop depends on the compiler only here (docs/architecture.md)
     from compiler.cost import calibrated
     compile_options.setdefault("devices", calibrated(worker_info.read_all(session.client)))
     with progress.busy(f"compiling {graph.name!r} ({len(graph.nodes):,} ops)"):
         compiled = compile_graph(graph, **compile_options)
     summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
+    if graph.parallel_fits:
+        live = [w for w in worker_info.read_all(session.client) if w.get("kind") != "gpu" or graph.gpu_required]
+        summary["placement"] = {repr(s): parallel.placement(s, live) for s in graph.parallel_fits}
     if graph.verify > 1 and compiled.plan.n_steps:
         raise GraphStateError(f"graph {graph.name!r} has training loops, which verify={graph.verify} does not "
                               "cover yet (a loop runs as a whole on one worker): leave verify= out")

@@ -129,10 +129,13 @@ def _op_names():
     return [key for key, opdef in registry.REGISTRY.items() if not opdef.internal]
 
 
+PUBLIC_MODULES = ("parallel",)   # submodules scripts use as `R.<module>.<name>` (R.parallel.LocalSGD)
+
+
 def _reexports():
     """`from .module import name as name` for the hand-written public API of ravop/requester.py."""
     ops = set(registry.REGISTRY)
-    lines, values = [], []
+    lines, values = [f"from . import {module} as {module}\n" for module in PUBLIC_MODULES], []
     for name, value in sorted(ravop.requester.PUBLIC.items()):
         if name.startswith("_") or name in ops or isinstance(value, types.ModuleType) or name == "Op":
             continue
