@@ -11,6 +11,9 @@ import gc
 import time
 
 import ravop as R
+from ravop import requester  # noqa: F401  (R's names load on first use: now, before the freeze below)
+
+gc.freeze()  # as R.initialize() does (this benchmark records without a session): recording's GC skips torch's objects
 
 # (row label, one step recording exactly `OPS_PER_STEP` ops from x and y, returning the new x)
 OPS_PER_STEP = 4

@@ -37,16 +37,26 @@ def _cyclic_gc_paused():
             gc.enable()
 
 
-def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph_seconds=MAX_SUBGRAPH_SECONDS):
-    """Compile a recorded `ravop.graph.Graph` (which is not modified) into a plan of subgraphs."""
+def handoff_seconds(plan, costs):
+    """The estimated time of moving every subgraph output through the store once (a parallel fit's
+    synchronisations are most of it, so `sync_every` shows here); loop-persisted values are left out."""
+    recorded = len(costs.out_bytes)
+    moved = sum(costs.out_bytes[i] for sub in plan.subgraphs for i in sub.outputs if i < recorded)
+    return moved / costs.handoff_bytes_per_s
+
+
+def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph_seconds=MAX_SUBGRAPH_SECONDS,
+                  devices=cost.DEVICES):
+    """Compile a recorded `ravop.graph.Graph` (which is not modified) into a plan of subgraphs. `devices`: the
+    cost model's figures per device kind (`compiler.cost.calibrated` makes them from the workers' own)."""
     if not 0 <= min_subgraph_seconds <= max_subgraph_seconds:
         raise ValueError(f"need 0 <= min_subgraph_seconds <= max_subgraph_seconds, got "
                          f"{min_subgraph_seconds} and {max_subgraph_seconds}")
     with _cyclic_gc_paused():
-        passes = PIPELINE if graph.verify == 1 else UNFOLDED_PIPELINE
+        passes = PIPELINE if graph.verify == 1 and not graph.parallel_fits else UNFOLDED_PIPELINE
         ir, counts = run_pipeline(ir_module.from_graph(graph), passes)
         chained, counts["fused_chains"] = fuse_linear_chains(ir)
-        costs = cost.estimate(ir)
+        costs = cost.estimate(ir, devices)
         windows = partition(ir, costs, chained, min_subgraph_seconds, max_subgraph_seconds)
         plan = emit_plan(ir, windows, costs)
     quotient = coarse_graph(windows, [(sub.id, s) for sub in plan.subgraphs for s in sub.successors])
@@ -54,5 +64,6 @@ def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph
     summary = {"recorded_ops": plan.n_recorded_ops, "compiled_ops": plan.n_compiled_ops,
                "subgraphs": len(windows), "flops": plan.flops, "max_parallel_width": plan.max_parallel_width,
                "estimated_seconds": sum(costs.seconds), "constants": len(ir.constants), "loop_steps": plan.n_steps,
+               "estimated_handoff_seconds": handoff_seconds(plan, costs),
                **counts}
     return CompiledGraph(plan, ir.constants, summary)

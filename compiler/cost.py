@@ -2,39 +2,58 @@
 
 seconds = dispatch overhead (a fixed part per op plus a part per tensor it reads or writes: layer-level
 ops such as adam_step or linear_backward run several torch calls) + FLOPs / throughput + bytes / memory
-bandwidth. The device figures are round numbers measured on ordinary hardware (a 2-core CPU runs a
-float32 matmul at ~1e11 FLOP/s, a large elementwise add at ~3-5 GB/s, relu on a small tensor in ~9 us
-and adam_step in ~45 us through the interpreter); the partitioner only needs the right order of
-magnitude.
+bandwidth. Each worker measures its device's figures at start (worker/calibrate.py) and advertises them;
+`calibrated` takes the median of each device kind's workers. `DEVICES` holds the figures used where no worker
+has advertised any: round numbers measured on ordinary hardware (a 2-core CPU runs a float32 matmul at
+~1e11 FLOP/s, a large elementwise add at ~3-5 GB/s, relu on a small tensor in ~9 us and adam_step in ~45 us
+through the interpreter); the partitioner only needs the right order of magnitude.
 
 FLOPs come from the op's own `OpDef.flops(shape, input_shapes, params)` when it defines one (matmul-like ops
 from their contracted dimension, convolutions from their kernel, sorts as n log n: `ravop.ops.flops`), else
 from the largest tensor it touches (elementwise ops and reductions). Unknown (-1) dimensions count as 1.
 """
+import statistics
+
 from ravop import registry
 from ravop.dtypes import DTYPES
 from ravop.registry import FREE, LOOPS
-from ravop.sizes import numel_estimate
+from ravop.sizes import nbytes_estimate, numel_estimate
+from ravop.store.worker_info import COST_FIELDS
 
 
 class DeviceModel:
-    __slots__ = ("op_s", "tensor_s", "flops_per_s", "bytes_per_s")
+    """`handoff_bytes_per_s`: a tensor handed to another worker through Redis (encode, SET, GET, decode)."""
+    __slots__ = ("op_s", "tensor_s", "flops_per_s", "bytes_per_s", "handoff_bytes_per_s")
 
-    def __init__(self, op_s, tensor_s, flops_per_s, bytes_per_s):
+    def __init__(self, op_s, tensor_s, flops_per_s, bytes_per_s, handoff_bytes_per_s):
         self.op_s, self.tensor_s = op_s, tensor_s
         self.flops_per_s, self.bytes_per_s = flops_per_s, bytes_per_s
+        self.handoff_bytes_per_s = handoff_bytes_per_s
 
     def seconds(self, n_tensors, flops, bytes):
         return self.op_s + n_tensors * self.tensor_s + flops / self.flops_per_s + bytes / self.bytes_per_s
 
 
-DEVICES = {"cpu": DeviceModel(3e-6, 3e-6, 5e10, 5e9), "cuda": DeviceModel(5e-6, 5e-6, 2e13, 1e12)}
+DEVICES = {"cpu": DeviceModel(3e-6, 3e-6, 5e10, 5e9, 3e8), "cuda": DeviceModel(5e-6, 5e-6, 2e13, 1e12, 3e8)}
+
+
+def calibrated(workers):
+    """DEVICES with each kind's figures replaced by the median of those its workers advertised (`workers`:
+    `ravop.store.worker_info.read_all`); a kind none of whose workers advertised figures keeps DEVICES'. The
+    per-tensor dispatch cost is taken equal to the per-op one, as in DEVICES."""
+    devices = dict(DEVICES)
+    for kind in DEVICES:
+        measured = [w for w in workers if w.get("kind") == kind and all(f in w for f in COST_FIELDS)]
+        if measured:
+            op_s, flops, bytes_, handoff = (statistics.median(w[f] for w in measured) for f in COST_FIELDS)
+            devices[kind] = DeviceModel(op_s, op_s, flops, bytes_, handoff)
+    return devices
 
 
 def _out_bytes(node):
     if node.multi_output:
-        return sum(numel_estimate(s) * d.itemsize for s, d in zip(node.shape, node.dtype))
-    return numel_estimate(node.shape) * node.dtype.itemsize
+        return sum(map(nbytes_estimate, node.shape, node.dtype))
+    return nbytes_estimate(node.shape, node.dtype)
 
 
 def node_flops(node, nodes):
@@ -55,28 +74,28 @@ def node_flops(node, nodes):
     return float(largest)
 
 
-def node_seconds(node, nodes, device="cpu"):
-    """Estimated seconds of one node on `device`, on its own (`estimate` does every node at once)."""
+def node_seconds(node, nodes, model=DEVICES["cpu"]):
+    """Estimated seconds of one node on the device of `model`, on its own (`estimate` does every node at once)."""
     if node.op in FREE:
         return 0.0
     moved = _out_bytes(node) + sum(_out_bytes(nodes[i]) for i in node.inputs)
     n_tensors = len(node.inputs) + (len(node.shape) if node.multi_output else 1)
-    return DEVICES[device].seconds(n_tensors, node_flops(node, nodes), moved)
+    return model.seconds(n_tensors, node_flops(node, nodes), moved)
 
 
 class Costs:
     """Per-node estimates, as lists indexed by node id (ids are dense up to the recorded op count): seconds,
-    FLOPs, bytes read and written, and bytes of the node's own output."""
-    __slots__ = ("seconds", "flops", "bytes", "out_bytes")
+    FLOPs, bytes read and written, and bytes of the node's own output; and the device's hand-off rate."""
+    __slots__ = ("seconds", "flops", "bytes", "out_bytes", "handoff_bytes_per_s")
 
-    def __init__(self, seconds, flops, bytes, out_bytes):
+    def __init__(self, seconds, flops, bytes, out_bytes, handoff_bytes_per_s):
         self.seconds, self.flops, self.bytes, self.out_bytes = seconds, flops, bytes, out_bytes
+        self.handoff_bytes_per_s = handoff_bytes_per_s
 
 
-def loop_cost(record, device="cpu"):
+def loop_cost(record, model):
     """(seconds, FLOPs) of a whole loop, roughly: its steps' ops by their declared outputs (a template does not
     carry its inputs' shapes), times the runs of each step."""
-    model = DEVICES[device]
     message = record.message
     pairs = list(message.schedule)
     seconds = flops = 0.0
@@ -91,15 +110,16 @@ def loop_cost(record, device="cpu"):
                 continue
             size = numel_estimate(shape)
             step_flops += size
-            step_seconds += model.seconds(n_inputs + 1, size, size * DTYPES[dtype].itemsize * (n_inputs + 1))
+            step_seconds += model.seconds(n_inputs + 1, size, nbytes_estimate(shape, DTYPES[dtype]) * (n_inputs + 1))
         seconds += runs * step_seconds
         flops += runs * step_flops
     return seconds, flops
 
 
-def estimate(ir):
-    """Costs of every node of `ir` on its device. Constants and tuple_gets cost nothing."""
-    model = DEVICES[ir.device]
+def estimate(ir, devices=DEVICES):
+    """Costs of every node of `ir` on its device (`devices`: kind -> DeviceModel). Constants and tuple_gets
+    cost nothing."""
+    model = devices[ir.device]
     size = ir.n_recorded
     seconds, flops, moved = [0.0] * size, [0.0] * size, [0.0] * size
     out_bytes = [0] * size
@@ -110,11 +130,11 @@ def estimate(ir):
         if node.op in FREE:
             continue
         if node.op in LOOPS:
-            seconds[id], flops[id] = loop_cost(ir.loops[id], ir.device)
+            seconds[id], flops[id] = loop_cost(ir.loops[id], model)
             continue
         for i in node.inputs:
             b += out_bytes[i]
         f = flops[id] = node_flops(node, nodes)
         moved[id] = b
         seconds[id] = estimate_seconds(len(node.inputs) + (len(node.shape) if node.multi_output else 1), f, b)
-    return Costs(seconds, flops, moved, out_bytes)
+    return Costs(seconds, flops, moved, out_bytes, model.handoff_bytes_per_s)

@@ -34,7 +34,6 @@ from ravop.registry import INPUTS, LOOPS, PROJECTIONS
 
 from .pipeline import InvariantError
 
-HANDOFF_BYTES_PER_S = 3e8   # encode + SET + GET + decode of tensors through Redis, measured on a 2-core VM
 HANDOFF_SHARE = 0.2         # a cut's transfer may cost at most this share of the window's estimated work
 
 
@@ -111,7 +110,7 @@ def partition(ir, costs, chained, min_seconds, max_seconds):
                 if 0 <= u < window and not waits >> u & 1:
                     joins = True
                     break
-            handoff = live / HANDOFF_BYTES_PER_S
+            handoff = live / costs.handoff_bytes_per_s
             enough = load >= min_seconds and (joins or load * HANDOFF_SHARE >= handoff)
             heavy = chain[v] >= min_seconds and chain[v] >= handoff   # a branch run apart must win back the cut
             alone = node.op in LOOPS or nodes[current[0]].op in LOOPS   # a loop is a subgraph of its own

@@ -7,26 +7,34 @@
     c.persist_op('c')
     R.activate(); R.execute(); R.track_progress()
     R.fetch_persisting_op('c')
+
+The names of `R` (ravop/requester.py) load on first use (PEP 562), so that a worker, which imports
+ravop.registry, ravop.ops, ravop.store and ravop.wire, does not load sessions, recording and `R.model`.
 """
-import gc as _gc
+import importlib
+import importlib.util
 
-from . import functional, ops  # noqa: F401  (importing ops fills the registry)
-from .api import build as _build
-from .autodiff import NotDifferentiableError, grad
-from .constants import Scalar, Tensor, epsilon, inf, minus_one, one, pi, t
-from .errors import (ConnectionFailed, DeviceUnavailable, GraphFailedError, GraphStateError, NotComputedError,
-                     RavopError, ShapeError, StoreLimitError, UnknownPersistName)
-from .federated.api import (federated_count, federated_max, federated_mean, federated_min,
-                            federated_standard_deviation, federated_variance)
-from .graph import Graph, Op, current_graph
-from .model import model
-from .session import (activate, execute, fetch_persisting_op, flush, get_my_graphs, initialize,
-                      track_progress)
-from .training_losses import Losses, fetch_losses
 
-_functions = _build(functional.__dict__)
-globals().update({name: getattr(functional, name) for name in dir(functional) if not name.startswith("_")})
+def _load_requester():
+    names = importlib.import_module(f"{__name__}.requester").PUBLIC
+    globals().update(names)
+    return names
 
-# Recording allocates one tracked object per op; without this, each full garbage collection would also walk
-# the hundreds of thousands of objects torch creates at import, doubling the cost of recording an op.
-_gc.freeze()
+
+def __getattr__(name):
+    if name == "__all__":   # `from ravop import *`
+        return sorted(_load_requester())
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # A submodule's name is not an API name (`R.parallel`, or `from ravop import op_functions` inside the ops
+    # modules): it imports the submodule alone, not the whole API.
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
+    names = _load_requester()
+    if name not in names:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return names[name]
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_load_requester()))

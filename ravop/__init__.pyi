@@ -5,6 +5,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
+from . import parallel as parallel
 from .autodiff import NotDifferentiableError as NotDifferentiableError
 from .autodiff import grad as grad
 from .constants import Scalar as Scalar
@@ -32,7 +33,6 @@ from .federated.api import federated_standard_deviation as federated_standard_de
 from .federated.api import federated_variance as federated_variance
 from .graph import Graph as Graph
 from .graph import current_graph as current_graph
-from .model import model as model
 from .session import activate as activate
 from .session import execute as execute
 from .session import fetch_persisting_op as fetch_persisting_op
@@ -40,6 +40,7 @@ from .session import flush as flush
 from .session import get_my_graphs as get_my_graphs
 from .session import initialize as initialize
 from .session import track_progress as track_progress
+from .torchscript_import import model as model
 from .training_losses import Losses as Losses
 from .training_losses import fetch_losses as fetch_losses
 

@@ -14,7 +14,7 @@ can always consume the result.
 """
 import torch
 
-from . import functional as F
+from . import op_functions as R
 from . import registry
 from .dtypes import is_floating
 from .errors import RavopError
@@ -129,7 +129,7 @@ def _backward(nodes, marked, wrt_ids, first, last, seed):
                 continue
             _check_shape(node, inp, gi)
             old = pending.get(inp.id)
-            pending[inp.id] = gi if old is None else F.add(old, gi)
+            pending[inp.id] = gi if old is None else R.add(old, gi)
     return found
 
 
@@ -140,7 +140,7 @@ def _gather_output(pending, node, g):
     if slots is None:
         slots = pending[source.id] = [None] * len(source.dtype)
     i = node.params["index"]
-    slots[i] = g if slots[i] is None else F.add(slots[i], g)
+    slots[i] = g if slots[i] is None else R.add(slots[i], g)
 
 
 def _check_shape(node, inp, g):
@@ -156,4 +156,4 @@ def _check_shape(node, inp, g):
 def _zeros(w):
     """Zeros shaped like `w`: one 0-d constant broadcast, so nothing of w's size is stored or uploaded."""
     zero = w.graph.constant(torch.zeros((), dtype=w.dtype), user_source())
-    return F.broadcast_to(zero, shape=w.shape)
+    return R.broadcast_to(zero, shape=w.shape)

@@ -12,6 +12,7 @@ import torch
 from . import registry
 from .errors import GraphStateError, ShapeError
 from .federated.rules import parse_rules
+from .parallel import check_strategy
 from .sizes import numel
 from .source import user_source
 
@@ -107,7 +108,7 @@ class Graph:
     """A requester's program. `R.Graph(...)` creates one and makes it the current graph."""
 
     def __init__(self, name="graph", algorithm="", approach="distributed", gpu_required="no", rules=None,
-                 seed=0, verify=1):
+                 seed=0, verify=1, strategy=None):
         if approach not in ("distributed", "federated"):
             raise ValueError(f"approach must be 'distributed' or 'federated', not {approach!r}")
         if gpu_required not in ("yes", "no", True, False):
@@ -126,6 +127,10 @@ class Graph:
             raise ValueError(f"verify must be a positive int (the workers that run each subgraph), not {verify!r}")
         if verify > 1 and approach == "federated":
             raise ValueError("verify= does not apply to a federated graph: each provider's data is its own")
+        if strategy is not None:
+            check_strategy(strategy)
+            if approach == "federated":
+                raise ValueError("strategy= does not apply to a federated graph: each provider's data is its own")
         self.id = uuid.uuid4().hex[:12]
         self.name = name
         self.algorithm = algorithm
@@ -134,6 +139,8 @@ class Graph:
         self.rules = rules        # ravop.federated.rules.Rules of a federated graph
         self.seed = int(seed)
         self.verify = verify      # run each subgraph on this many distinct workers and compare their outputs
+        self.strategy = strategy  # ravop.parallel strategy of the fits recorded in it (NeuralNetwork.fit)
+        self.parallel_fits = []   # strategies fits recorded with; their segments and averagings are not folded
         self.nodes = []           # append-only op table; node.id is its index
         self.constants = {}       # node id -> torch.Tensor held by the requester until upload
         self.persisted = {}       # persist name -> Op

@@ -103,9 +103,11 @@ class Loop:
             self.graph.recording_step = None
         step.finish()
 
-    def run(self, schedule, rounds=1):
+    def run(self, schedule, rounds=1, segment=None):
         """Record the loop op: `rounds` times, each template of `schedule` ((template index, times) pairs) run
-        that many times in turn. Returns the Ops of the carried values after the last step."""
+        that many times in turn; with `segment=(first, n)` only the steps [first, first + n) of those rounds
+        (one replica's steps between two synchronisations, ravop.parallel). Returns the Ops of the carried
+        values after the last step."""
         if self.closed:
             raise GraphStateError("this loop has already been run")
         if not self.templates:
@@ -114,9 +116,13 @@ class Loop:
         if rounds < 1 or any(not 0 <= t < len(self.templates) or times < 0 for t, times in schedule):
             raise ValueError(f"bad loop schedule {schedule} x {rounds} for {len(self.templates)} templates")
         self._check_batches(schedule)
+        order = [t for _ in range(rounds) for t, times in schedule for _ in range(times)]
+        first, n_steps = (0, len(order)) if segment is None else (int(segment[0]), int(segment[1]))
+        if first < 0 or n_steps < 1 or first + n_steps > len(order):
+            raise ValueError(f"segment {segment} is not within the loop's {len(order)} steps")
         runs = [0] * len(self.templates)
-        for t, times in schedule:
-            runs[t] += times * rounds
+        for t in order[first:first + n_steps]:
+            runs[t] += 1
         for t, (template, names) in enumerate(zip(self.templates, self.names)):
             for node, per_run in zip(template.output_nodes, names):
                 if len(per_run) != runs[t]:
@@ -126,7 +132,7 @@ class Loop:
         self.closed = True
         inputs = tuple(self.initial) + tuple(self.outer.values())
         message = plan_pb2.Loop(n_carried=len(self.initial), outer_ids=[op.id for op in inputs], rounds=rounds,
-                                n_steps=sum(runs))
+                                n_steps=n_steps, first_step=first)
         message.templates.extend(self.templates)
         for pair in schedule:
             message.schedule.extend(pair)

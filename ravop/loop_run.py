@@ -217,9 +217,9 @@ class LoopRun:
             raise PlanError("a loop schedule names a template the loop does not have")
         self.row_counts = [int(t.rows) if t.row_holes else 0 for t in loop.templates]
         per_round = sum(times for _, times in self.schedule)
-        if per_round * loop.rounds != loop.n_steps:
-            raise PlanError(f"the loop declares {loop.n_steps} steps but its schedule runs "
-                            f"{per_round * loop.rounds}")
+        if loop.first_step + loop.n_steps > per_round * loop.rounds:
+            raise PlanError(f"the loop declares steps {loop.first_step}..{loop.first_step + loop.n_steps} but its "
+                            f"schedule runs {per_round * loop.rounds}")
         if any(self.row_counts) and (loop.batch_size < 1 or loop.n_rows < 1):
             raise PlanError("a loop step slices rows but the loop has no batches")
         runs = [loop.rounds * sum(times for u, times in self.schedule if u == t) for t in range(len(self.steps))]
@@ -229,38 +229,46 @@ class LoopRun:
         self.device = device
 
     def positions(self):
-        """(template, round, first row, training steps before, run index of the template) of every step."""
+        """(template, round, first row, training steps before, run index of the template) of every step of
+        the schedule's rounds up to the loop's last (`first_step + n_steps`)."""
         runs = [0] * len(self.steps)
-        count = 0
+        count, index, end = 0, 0, self.loop.first_step + self.loop.n_steps
         counts = [t.counts for t in self.loop.templates]
-        if not any(times for _, times in self.schedule):
+        if not end:
             return  # no step at all, however many rounds a (hostile) plan declares
         for r in range(self.loop.rounds):
             position = 0
             for t, times in self.schedule:
                 for _ in range(times):
+                    if index == end:
+                        return
                     yield t, r, position, count, runs[t]
                     runs[t] += 1
                     position += self.row_counts[t]
                     count += counts[t]
+                    index += 1
 
     def run(self, carried=None, start=0, on_step=None):
-        """Run steps `start`.. with `carried` (the initial values by default); after each step
-        `on_step(steps done, template, run index, persisted values, carried values)`. Returns the carried
-        values after the last step."""
+        """Run the loop's steps from its `start`-th with `carried` (the initial values by default); after each
+        step `on_step(steps done, template, run index, persisted values, carried values)`, counted from the
+        loop's first step (a segment's `first_step`). Returns the carried values after the last step."""
         carried = list(self.initial if carried is None else carried)
         for k in self.owned:   # the loop updates these in place: never the caller's tensors
             carried[k] = carried[k].clone()
         loop = self.loop
         rng = np.random.default_rng(loop.shuffle_seed) if loop.shuffle else None
         order, order_round = None, -1
+        first = loop.first_step
+        first_runs = [0] * len(self.steps)   # each template's runs before the segment
         with torch.no_grad():
             for index, (t, r, position, count, run) in enumerate(self.positions()):
                 if rng is not None and r != order_round:
                     permutation = rng.permutation(int(loop.n_rows))   # drawn for skipped rounds too
                     order_round = r
                     order = None
-                if index < start:
+                if index < first:
+                    first_runs[t] += 1
+                if index < first + start:
                     continue
                 n = self.row_counts[t]
                 rows = None
@@ -273,7 +281,7 @@ class LoopRun:
                         rows = order[position:position + n]
                 carried, outputs = self.steps[t](carried, rows, count, index, run)
                 if on_step is not None:
-                    on_step(index + 1, t, run, outputs, carried)
+                    on_step(index + 1 - first, t, run - first_runs[t], outputs, carried)
         return carried
 
 

@@ -5,6 +5,7 @@ A session is a Redis connection and a token. Everything about a graph lives in R
 (`ravop.store.keys`), so the requester may exit after R.execute(): another process that calls
 R.initialize(same token, same URL) finds the token's current graph and can track and fetch it.
 """
+import gc
 import json
 import os
 import sys
@@ -13,7 +14,7 @@ import time
 import redis
 
 from .errors import ConnectionFailed, GraphFailedError, GraphStateError, NotComputedError, UnknownPersistName
-from . import last_session, progress
+from . import last_session, parallel, progress
 from .federated import session as federated
 from .fetched import fetched
 from .graph import current_graph, set_current
@@ -23,6 +24,7 @@ from .store.handoff import Handoff
 from .store import graphs as store_graphs
 from .store import tensors as stored
 from .store.federated import FederatedKeys
+from .store import worker_info
 from .store import workers as liveness
 
 # How a persisted bundle (a trained model) is rebuilt at fetch: kind -> fn(spec, {key: tensor}) -> object.
@@ -78,6 +80,11 @@ def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5
     a digest of it is used (`ravop.store.keys.token_namespace`). An unreachable URL raises `ConnectionFailed` within about `timeout` seconds. `dashboard=True` (or a port
     number) serves the read-only web dashboard of this session on 127.0.0.1 and prints its URL."""
     global _session
+    if gc.get_freeze_count() == 0:
+        # Recording allocates one tracked object per op; without this, each full garbage collection would also
+        # walk the hundreds of thousands of objects torch creates at import, doubling the cost of recording an op.
+        # Once only: a later call would also freeze the user's graphs so far, and their cycles would never be freed.
+        gc.freeze()
     if not isinstance(dashboard, (bool, int)) or (dashboard is not True and dashboard is not False
                                                   and not 0 < dashboard < 65536):
         raise ValueError(f"dashboard must be True, False or a port number, not {dashboard!r}")
@@ -173,7 +180,12 @@ class Summary(dict):
         return (f"graph {self['name']!r} ({self['graph_id']}): {self['recorded_ops']} ops recorded, "
                 f"{self['compiled_ops']} to run in {self['subgraphs']} subgraphs, ~{self['flops']:.3g} FLOPs, "
                 f"up to {self['max_parallel_width']} subgraphs at once"
-                + (f", {self['loop_steps']} loop steps" if self.get("loop_steps") else ""))
+                + (f", {self['loop_steps']} loop steps" if self.get("loop_steps") else "")
+                + (f", ~{self['estimated_handoff_seconds']:.2g} s of transfers between subgraphs"
+                   if self.get("placement") else "")
+                + "".join(f"\n{strategy}: " + (", ".join(f"{role} on {worker}" for role, worker in where.items())
+                                               or "no live worker yet")
+                          for strategy, where in self.get("placement", {}).items()))
 
 
 def activate(**compile_options):
@@ -193,10 +205,19 @@ def activate(**compile_options):
     if not graph.persisted and not graph.step_outputs:
         raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                               "op.persist_op(name) on the values to fetch, then R.activate()")
+    if graph.strategy is not None and not graph.parallel_fits:
+        raise NotImplementedError(f"graph {graph.name!r} has strategy={graph.strategy!r} but no fit used it: a "
+                                  "strategy applies to NeuralNetwork.fit; hand-written training loops under a "
+                                  "strategy are not implemented")
     from compiler import compile_graph  # ravop depends on the compiler only here (docs/architecture.md)
+    from compiler.cost import calibrated
+    compile_options.setdefault("devices", calibrated(worker_info.read_all(session.client)))
     with progress.busy(f"compiling {graph.name!r} ({len(graph.nodes):,} ops)"):
         compiled = compile_graph(graph, **compile_options)
     summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
+    if graph.parallel_fits:
+        live = [w for w in worker_info.read_all(session.client) if w.get("kind") != "gpu" or graph.gpu_required]
+        summary["placement"] = {repr(s): parallel.placement(s, live) for s in graph.parallel_fits}
     if graph.verify > 1 and compiled.plan.n_steps:
         raise GraphStateError(f"graph {graph.name!r} has training loops, which verify={graph.verify} does not "
                               "cover yet (a loop runs as a whole on one worker): leave verify= out")

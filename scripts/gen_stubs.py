@@ -18,7 +18,7 @@ import types
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import ravop  # noqa: E402  (after the path: this tree's ravop)
+import ravop.requester  # noqa: E402  (after the path: this tree's ravop; loaded now: it fills the registry)
 from ravop import api, registry  # noqa: E402
 
 STUB = ROOT / "ravop" / "__init__.pyi"
@@ -129,12 +129,14 @@ def _op_names():
     return [key for key, opdef in registry.REGISTRY.items() if not opdef.internal]
 
 
+PUBLIC_MODULES = ("parallel",)   # submodules scripts use as `R.<module>.<name>` (R.parallel.LocalSGD)
+
+
 def _reexports():
-    """`from .module import name as name` for the hand-written public API of ravop/__init__.py."""
+    """`from .module import name as name` for the hand-written public API of ravop/requester.py."""
     ops = set(registry.REGISTRY)
-    lines, values = [], []
-    for name in sorted(vars(ravop)):
-        value = getattr(ravop, name)
+    lines, values = [f"from . import {module} as {module}\n" for module in PUBLIC_MODULES], []
+    for name, value in sorted(ravop.requester.PUBLIC.items()):
         if name.startswith("_") or name in ops or isinstance(value, types.ModuleType) or name == "Op":
             continue
         module = getattr(value, "__module__", None)

@@ -13,7 +13,7 @@ from ravdl.v2 import Pytorch_Model
 from ravdl.v2.optimizers import Adam
 from ravop.graph import current_graph
 from ravop.interpreter import evaluate
-from ravop.model import load_module
+from ravop.torchscript_import import load_module
 
 from test_torchscript import DigitsNet, Tied, batches, record_training
 

@@ -8,7 +8,7 @@ import torch
 import ravop as R
 import compiler.partition as partition_module
 from compiler import compile_graph
-from compiler.cost import DEVICES
+from compiler.cost import DEVICES, DeviceModel
 from ravop.interpreter import evaluate, run_nodes
 from ravop.wire import decode_params, plan_pb2, unpack_nodes
 
@@ -335,7 +335,7 @@ def test_bad_bounds_are_rejected():
         compile_graph(R.current_graph(), min_subgraph_seconds=1.0, max_subgraph_seconds=0.1)
 
 
-def test_a_loop_is_cut_only_where_the_work_pays_for_handing_off_its_state(monkeypatch):
+def test_a_loop_is_cut_only_where_the_work_pays_for_handing_off_its_state():
     """Each cut stores the loop's state (4 MB here) in Redis for the next subgraph: the windows grow until
     their work dwarfs that transfer, instead of closing at every `min_subgraph_seconds` of work."""
     R.Graph(name="loop")
@@ -346,10 +346,11 @@ def test_a_loop_is_cut_only_where_the_work_pays_for_handing_off_its_state(monkey
     costed = compile_graph(R.current_graph()).plan
     check_plan(costed)
     for sub in costed.subgraphs[:-1]:
-        handoff = 4e6 / partition_module.HANDOFF_BYTES_PER_S
+        handoff = 4e6 / DEVICES["cpu"].handoff_bytes_per_s
         assert estimated_seconds(sub) * partition_module.HANDOFF_SHARE >= handoff
-    monkeypatch.setattr(partition_module, "HANDOFF_BYTES_PER_S", float("inf"))   # hand-offs free: old rule
-    free = compile_graph(R.current_graph()).plan
+    cpu = DEVICES["cpu"]
+    free_handoffs = DeviceModel(cpu.op_s, cpu.tensor_s, cpu.flops_per_s, cpu.bytes_per_s, float("inf"))  # old rule
+    free = compile_graph(R.current_graph(), devices={"cpu": free_handoffs}).plan
     assert 1 < len(costed.subgraphs) and len(costed.subgraphs) * 5 <= len(free.subgraphs)
 
 

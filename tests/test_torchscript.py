@@ -18,7 +18,7 @@ from ravdl.v2.optimizers import Adam, AdamW, RMSprop
 from ravop.errors import ShapeError
 from ravop.graph import current_graph
 from ravop.interpreter import evaluate
-from ravop.model import BUNDLE_KIND, load_module
+from ravop.torchscript_import import BUNDLE_KIND, load_module
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 

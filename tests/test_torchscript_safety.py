@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import ravop as R
-from ravop.model import BLOB_KEY, load_module
+from ravop.torchscript_import import BLOB_KEY, load_module
 from ravop.ops import torchscript
 from ravop.ops.torchscript_safety import UnsafeModelError, load
 from ravop.wire import NodeRow, encode_params

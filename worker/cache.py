@@ -4,10 +4,6 @@ reads, skips Redis."""
 from collections import OrderedDict
 
 
-def _nbytes(tensor):
-    return tensor.numel() * tensor.element_size()
-
-
 class TensorCache:
     def __init__(self, max_bytes):
         self.max_bytes = max_bytes
@@ -25,14 +21,14 @@ class TensorCache:
         self.bytes = 0
 
     def put(self, key, tensor):
-        size = _nbytes(tensor)
+        size = tensor.nbytes
         if size > self.max_bytes:
             return
         old = self._items.pop(key, None)
         if old is not None:
-            self.bytes -= _nbytes(old)
+            self.bytes -= old.nbytes
         self._items[key] = tensor
         self.bytes += size
         while self.bytes > self.max_bytes:
             _, evicted = self._items.popitem(last=False)
-            self.bytes -= _nbytes(evicted)
+            self.bytes -= evicted.nbytes

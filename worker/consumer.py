@@ -30,7 +30,7 @@ from ravop.store import workers as liveness
 from ravop.wire import plan_pb2, unpack_nodes
 
 from . import device as devices
-from . import memory, verify
+from . import calibrate, memory, verify
 from .cache import TensorCache
 from .heartbeat import Heartbeat
 from .loop import CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, LoopHandedBack, drop_checkpoint, run_loop
@@ -101,7 +101,7 @@ class Worker:
         self.provider = provider  # a worker.federated.Provider if this worker offers data (--data)
         self.heartbeat = Heartbeat(client, name, self.kind, self.stream, self.takeover.every, dead_after,
                                    self.stopping, parent_pid, provider.data.names() if provider is not None else None,
-                                   info=self._advertised())
+                                   info={**self._advertised(), **calibrate.measure(self.device, client, name)})
         self.completed = 0
         self._bans = {}  # token -> (when to look again, whether it banned this worker)
         self.wrong_outputs = wrong_outputs  # tests only: perturb every output (worker/verify.py)
@@ -292,7 +292,7 @@ class Worker:
         in one MULTI/EXEC (a big output's chunks just before it): if the server refuses the writes (out of
         memory), the completion does not run."""
         host = {i: devices.to_host(tensor) for i, tensor in outputs.items()}
-        total = sum(map(stored.nbytes, host.values()))
+        total = sum(t.nbytes for t in host.values())
         # Big outputs are checked against the server's limits first, so that a full server is reported
         # in numbers rather than as a refused transaction.
         chunk = stored.fit_to_server(self.client, total, f"the outputs of subgraph {subgraph_id}",

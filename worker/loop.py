@@ -131,7 +131,7 @@ class _Writer:
         pipe.hset(keys.steps, self.subgraph_id, done)
         if carried is not None and done != self.saved:
             host = [devices.to_host(value) for value in carried]
-            total = sum(map(stored.nbytes, host))
+            total = sum(t.nbytes for t in host)
             size = stored.fit_to_server(client, total, "a loop checkpoint", keys.meta) \
                 if total > stored.chunk_bytes() else None
             chunks = client.pipeline(transaction=False)   # big tensors' chunks, before the transaction

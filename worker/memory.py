@@ -83,7 +83,7 @@ def oversized(step, value, budget):
     (unless a dimension is data-dependent) or than the budget; None if it is not."""
     if not isinstance(value, torch.Tensor):
         return None  # a multi-output op's tuple: the tuple_get steps that read it are checked
-    size = value.numel() * value.element_size()
+    size = value.nbytes
     if size > budget or (size > step.bytes and step.dtype and -1 not in step.shape):
         return (f"produced {tuple(value.shape)} {_dtype_name(value)} ({mib(size)}) but declared "
                 f"{tuple(step.shape)} {step.dtype or '?'} ({mib(step.bytes)}); this worker's memory budget is "

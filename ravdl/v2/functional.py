@@ -1,6 +1,6 @@
 """Functional: a model class the user writes, composing layers in its own forward code."""
 from .layers.base import as_input, child_layers, name_layers
-from .model import Model
+from .model_base import Model
 
 
 class Functional(Model):

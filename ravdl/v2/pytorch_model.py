@@ -11,15 +11,15 @@ BatchNorm's running stats, which replace the old ones); `_backward_pass` records
 `torchscript_vjp` op) and one optimizer step per trainable parameter (those with `requires_grad`).
 `save_model(name)` persists the code and the current values; `R.fetch_persisting_op(name)` returns a
 plain nn.Module with the trained weights under the original names (`ravop.saved_model.SavedModel`, built by
-`ravop.model.load_module`, so fetching needs only ravop).
+`ravop.torchscript_import.load_module`, so fetching needs only ravop).
 """
 from functools import partial
 
-import ravop as R
 from ravop.errors import GraphStateError
 from ravop.graph import current_graph
-from ravop.model import BLOB_KEY, BUNDLE_KIND, Model
+from ravop.torchscript_import import BLOB_KEY, BUNDLE_KIND, Model
 
+from . import gradients
 from .fit import Slot, optimizer_slots
 from .layers.base import as_input
 
@@ -34,7 +34,7 @@ class Pytorch_Model:
         self.graph = None        # where the current values live, from the first forward pass
         self.params = []         # current parameter values (Ops), in the model's named_parameters() order
         self.buffers = []        # current buffer values (Ops), in named_buffers() order
-        self._pending_grads = {}  # parameter index -> gradient summed since the last step
+        self._pending_grads = {}  # (self, parameter index) -> gradient summed since the last step
 
     def initialize(self, optimizer):
         """Train with `optimizer` (ravdl.v2.optimizers: Adam, AdamW or RMSprop)."""
@@ -72,14 +72,7 @@ class Pytorch_Model:
         trainable = [i for i, wanted in enumerate(self.model.requires_grad) if wanted]
         if not trainable:
             raise ValueError("the model has no parameter with requires_grad=True")
-        grads = R.grad(loss, [self.params[i] for i in trainable])
-        for i, grad in zip(trainable, grads):
-            pending = self._pending_grads.get(i)
-            self._pending_grads[i] = grad if pending is None else pending + grad
-        if step:
-            for i, grad in self._pending_grads.items():
-                self.params[i] = self.optimizer.update((self, i), self.params[i], grad)
-            self._pending_grads = {}
+        gradients.backward(loss, [(self, i) for i in trainable], self._pending_grads, self.optimizer, step)
 
     # ------------------------------------------------------------------ what a fit loop carries (fit.py)
 

@@ -7,7 +7,8 @@ from . import losses
 from .fit import record_fit
 from .history import History
 from .layers.base import as_input, name_layers
-from .model import Model
+from .model_base import Model
+from .parallel_fit import record_parallel_fit
 
 
 class NeuralNetwork(Model):
@@ -54,7 +55,8 @@ class NeuralNetwork(Model):
     def test_on_batch(self, X):
         return self.predict(X)
 
-    def fit(self, X, y, n_epochs, batch_size, shuffle=False, seed=None, save_model=False, persist_weights=False):
+    def fit(self, X, y, n_epochs, batch_size, shuffle=False, seed=None, save_model=False, persist_weights=False,
+            strategy=None):
         """Record `n_epochs` of training as one loop (ravdl.v2.fit): each batch loss is persisted as
         `training_loss_epoch_{e}_batch_{b}` (1-based) and, with validation_data, `validation_loss_epoch_{e}`.
         Shuffled batches draw their order from `seed` (default: the graph seed), so a run is reproducible.
@@ -62,15 +64,26 @@ class NeuralNetwork(Model):
         `history.batch_losses` once the graph has run.
 
         After training, `save_model=True` (or a name) saves the model (`save_model`, default name "model") and
-        `persist_weights=True` persists each layer's values (`persist_weights`), as the original's keywords."""
+        `persist_weights=True` persists each layer's values (`persist_weights`), as the original's keywords.
+
+        `strategy` (default: the graph's, `R.Graph(strategy=...)`): one of `R.parallel`'s, to train on several
+        workers (ravdl.v2.parallel_fit)."""
         if not isinstance(save_model, (bool, str)) or not isinstance(persist_weights, bool):
             raise TypeError("save_model takes True, False or a name; persist_weights True or False")
         validation = None
         if self.validation_data is not None:
             X_val, y_val = as_input(self.validation_data[0]), as_input(self.validation_data[1])
             validation = lambda: self.loss_function(y_val, self.predict(X_val))  # noqa: E731
-        seed = seed if seed is not None else current_graph().seed
-        names = record_fit(self, self.train_on_batch, X, y, n_epochs, batch_size, shuffle, seed, validation)
+        graph = current_graph()
+        seed = seed if seed is not None else graph.seed
+        strategy = strategy if strategy is not None else graph.strategy
+        if strategy is None:
+            names = record_fit(self, self.train_on_batch, X, y, n_epochs, batch_size, shuffle, seed, validation)
+        elif validation is not None:
+            raise NotImplementedError("validation_data with a parallel strategy is not implemented: evaluate the "
+                                      "trained model with predict() after fit")
+        else:
+            names = record_parallel_fit(self, X, y, n_epochs, batch_size, shuffle, seed, strategy)
         if save_model:
             self.save_model(*(() if save_model is True else (save_model,)))
         if persist_weights:

@@ -6,9 +6,9 @@ equal eager PyTorch's. `saved` is the activation's input or its output, whicheve
 Params and defaults are torch.nn.functional's; `axis` is the softmax family's `dim`.
 """
 import torch
-import torch.nn.functional as TF
+import torch.nn.functional as F
 
-from .. import functional as F
+from .. import op_functions as R
 from ..dtypes import is_floating
 from ..registry import register
 from . import rules, scriptable
@@ -67,34 +67,34 @@ ACTIVATIONS = {
                 "Softmax"),
     "log_softmax": (lambda x, axis=-1: torch.log_softmax(x, axis), _log_softmax_backward, "y", {"axis": -1},
                     _softmax_axis, None),
-    "softmin": (lambda x, axis=-1: TF.softmin(x, axis), _softmin_backward, "y", {"axis": -1}, _softmax_axis, "Softmin"),
-    "leaky_relu": (lambda x, negative_slope=0.01: TF.leaky_relu(x, negative_slope),
+    "softmin": (lambda x, axis=-1: F.softmin(x, axis), _softmin_backward, "y", {"axis": -1}, _softmax_axis, "Softmin"),
+    "leaky_relu": (lambda x, negative_slope=0.01: F.leaky_relu(x, negative_slope),
                    lambda g, x, negative_slope=0.01: aten.leaky_relu_backward(g, x, negative_slope, False),
                    "x", {"negative_slope": 0.01}, _float_only, "LeakyReLU"),
-    "elu": (lambda x, alpha=1.0: TF.elu(x, alpha), lambda g, x, alpha=1.0: aten.elu_backward(g, alpha, 1, 1, False, x),
+    "elu": (lambda x, alpha=1.0: F.elu(x, alpha), lambda g, x, alpha=1.0: aten.elu_backward(g, alpha, 1, 1, False, x),
             "x", {"alpha": 1.0}, _float_only, "ELU"),
-    "selu": (TF.selu, lambda g, x: aten.elu_backward(g, SELU_ALPHA, SELU_SCALE, 1, False, x), "x", {}, _float_only,
+    "selu": (F.selu, lambda g, x: aten.elu_backward(g, SELU_ALPHA, SELU_SCALE, 1, False, x), "x", {}, _float_only,
              "SELU"),
-    "softplus": (lambda x, beta=1.0, threshold=20.0: TF.softplus(x, beta, threshold),
+    "softplus": (lambda x, beta=1.0, threshold=20.0: F.softplus(x, beta, threshold),
                  lambda g, x, beta=1.0, threshold=20.0: aten.softplus_backward(g, x, beta, threshold),
                  "x", {"beta": 1.0, "threshold": 20.0}, _float_only, "Softplus"),
-    "softsign": (TF.softsign, _softsign_backward, "x", {}, rules.same_float, "Softsign"),
-    "tanhshrink": (TF.tanhshrink, lambda g, x: g - aten.tanh_backward(g, torch.tanh(x)), "x", {}, rules.same_float,
+    "softsign": (F.softsign, _softsign_backward, "x", {}, rules.same_float, "Softsign"),
+    "tanhshrink": (F.tanhshrink, lambda g, x: g - aten.tanh_backward(g, torch.tanh(x)), "x", {}, rules.same_float,
                    "Tanhshrink"),
-    "logsigmoid": (TF.logsigmoid, _logsigmoid_backward, "x", {}, _float_only, "LogSigmoid"),
-    "hardshrink": (lambda x, lambd=0.5: TF.hardshrink(x, lambd),
+    "logsigmoid": (F.logsigmoid, _logsigmoid_backward, "x", {}, _float_only, "LogSigmoid"),
+    "hardshrink": (lambda x, lambd=0.5: F.hardshrink(x, lambd),
                    lambda g, x, lambd=0.5: aten.hardshrink_backward(g, x, lambd), "x", {"lambd": 0.5}, _float_only,
                    "Hardshrink"),
-    "softshrink": (lambda x, lambd=0.5: TF.softshrink(x, lambd),
+    "softshrink": (lambda x, lambd=0.5: F.softshrink(x, lambd),
                    lambda g, x, lambd=0.5: aten.softshrink_backward(g, x, lambd), "x", {"lambd": 0.5}, _float_only,
                    "Softshrink"),
-    "hardtanh": (lambda x, min_val=-1.0, max_val=1.0: TF.hardtanh(x, min_val, max_val),
+    "hardtanh": (lambda x, min_val=-1.0, max_val=1.0: F.hardtanh(x, min_val, max_val),
                  lambda g, x, min_val=-1.0, max_val=1.0: aten.hardtanh_backward(g, x, min_val, max_val),
                  "x", {"min_val": -1.0, "max_val": 1.0}, rules.same, "Hardtanh"),
-    "threshold": (lambda x, threshold=0.0, value=0.0: TF.threshold(x, threshold, value),
+    "threshold": (lambda x, threshold=0.0, value=0.0: F.threshold(x, threshold, value),
                   lambda g, x, threshold=0.0, value=0.0: aten.threshold_backward(g, x, threshold),
                   "x", {"threshold": 0.0, "value": 0.0}, rules.same, "Threshold"),
-    "gelu": (lambda x, approximate="none": TF.gelu(x, approximate=approximate),
+    "gelu": (lambda x, approximate="none": F.gelu(x, approximate=approximate),
              lambda g, x, approximate="none": aten.gelu_backward(g, x, approximate=approximate),
              "x", {"approximate": "none"}, _float_only, None),
 }
@@ -111,7 +111,7 @@ def _make_vjp(name, saved):
 
     def vjp(node, g, wants):
         value = node if saved == "y" else node.inputs[0]
-        return (getattr(F, backward_name)(g, value, **node.params),)
+        return (getattr(R, backward_name)(g, value, **node.params),)
     return vjp
 
 

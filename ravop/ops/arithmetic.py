@@ -2,7 +2,7 @@
 clip."""
 import torch
 
-from .. import functional as F
+from .. import op_functions as R
 from ..registry import register
 from . import rules, scriptable
 from .core import unbroadcast
@@ -15,24 +15,24 @@ def _add_vjp(node, g, wants):
 
 def _sub_vjp(node, g, wants):
     x, y = node.inputs
-    return unbroadcast(g, x), unbroadcast(F.neg(g), y)
+    return unbroadcast(g, x), unbroadcast(R.neg(g), y)
 
 
 def _mul_vjp(node, g, wants):
     x, y = node.inputs
-    return unbroadcast(F.mul(g, y), x), unbroadcast(F.mul(g, x), y)
+    return unbroadcast(R.mul(g, y), x), unbroadcast(R.mul(g, x), y)
 
 
 def _div_vjp(node, g, wants):
     x, y = node.inputs
-    gx = F.div(g, y)
-    return unbroadcast(gx, x), unbroadcast(F.neg(F.mul(gx, node)), y)
+    gx = R.div(g, y)
+    return unbroadcast(gx, x), unbroadcast(R.neg(R.mul(gx, node)), y)
 
 
 def _pow_vjp(node, g, wants):
     x, y = node.inputs
-    gx = F.mul(g, F.mul(y, F.pow(x, F.sub(y, 1))))
-    gy = F.mul(g, F.mul(node, F.natlog(x)))
+    gx = R.mul(g, R.mul(y, R.pow(x, R.sub(y, 1))))
+    gy = R.mul(g, R.mul(node, R.natlog(x)))
     return unbroadcast(gx, x), unbroadcast(gy, y)
 
 
@@ -47,27 +47,27 @@ register("div", inputs=("x", "y"), shape=rules.binary_float, vjp=_div_vjp, alias
          torch_function=(torch.div, SAME))(torch.div)
 register("pow", inputs=("x", "y"), shape=rules.binary, vjp=_pow_vjp, aliases=("power",))(torch.pow)
 
-register("neg", shape=rules.same, vjp=lambda node, g, wants: (F.neg(g),), torch_function=(torch.neg, SAME))(torch.neg)
+register("neg", shape=rules.same, vjp=lambda node, g, wants: (R.neg(g),), torch_function=(torch.neg, SAME))(torch.neg)
 register("pos", shape=rules.same, vjp=lambda node, g, wants: (g,))(torch.positive)
-register("abs", shape=rules.same, vjp=lambda node, g, wants: (F.mul(g, F.sign(node.inputs[0])),))(torch.abs)
+register("abs", shape=rules.same, vjp=lambda node, g, wants: (R.mul(g, R.sign(node.inputs[0])),))(torch.abs)
 # sign is flat wherever it is differentiable: its gradient is zero (None: no contribution), as torch's.
 register("sign", shape=rules.same, vjp=lambda node, g, wants: (None,))(torch.sign)
-register("exp", shape=rules.same_float, vjp=lambda node, g, wants: (F.mul(g, node),),
+register("exp", shape=rules.same_float, vjp=lambda node, g, wants: (R.mul(g, node),),
          torch_function=(torch.exp, SAME))(torch.exp)
-register("natlog", shape=rules.same_float, vjp=lambda node, g, wants: (F.div(g, node.inputs[0]),),
+register("natlog", shape=rules.same_float, vjp=lambda node, g, wants: (R.div(g, node.inputs[0]),),
          aliases=("log",), torch_function=(torch.log, SAME))(torch.log)
-register("square", shape=rules.same, vjp=lambda node, g, wants: (F.mul(g, F.mul(node.inputs[0], 2.0)),),
+register("square", shape=rules.same, vjp=lambda node, g, wants: (R.mul(g, R.mul(node.inputs[0], 2.0)),),
          torch_function=(torch.square, SAME))(torch.square)
-register("square_root", shape=rules.same_float, vjp=lambda node, g, wants: (F.div(g, F.mul(node, 2.0)),),
+register("square_root", shape=rules.same_float, vjp=lambda node, g, wants: (R.div(g, R.mul(node, 2.0)),),
          aliases=("sqrt",), torch_function=(torch.sqrt, SAME))(torch.sqrt)
 
 
-@register("cube", shape=rules.same, vjp=lambda node, g, wants: (F.mul(g, F.mul(F.square(node.inputs[0]), 3.0)),))
+@register("cube", shape=rules.same, vjp=lambda node, g, wants: (R.mul(g, R.mul(R.square(node.inputs[0]), 3.0)),))
 def cube(x):
     return x * x * x
 
 
-@register("cube_root", shape=rules.same_float, vjp=lambda node, g, wants: (F.div(g, F.mul(F.square(node), 3.0)),))
+@register("cube_root", shape=rules.same_float, vjp=lambda node, g, wants: (R.div(g, R.mul(R.square(node), 3.0)),))
 def cube_root(x):
     """Real cube root, negative inputs included (numpy's cbrt)."""
     x = x if x.is_floating_point() else x.to(torch.get_default_dtype())
@@ -90,11 +90,11 @@ def _clip_vjp(node, g, wants):
     x = node.inputs[0]
     lower, upper = node.params["lower_limit"], node.params["upper_limit"]
     inside = None
-    for bound, test in ((lower, F.greater_equal), (upper, F.less_equal)):
+    for bound, test in ((lower, R.greater_equal), (upper, R.less_equal)):
         if bound is not None:
             mask = test(x, bound)
-            inside = mask if inside is None else F.logical_and(inside, mask)
-    return (g if inside is None else F.where(inside, g, 0.0),)
+            inside = mask if inside is None else R.logical_and(inside, mask)
+    return (g if inside is None else R.where(inside, g, 0.0),)
 
 
 @register("clip", params={"lower_limit": None, "upper_limit": None}, shape=_clip_shape, vjp=_clip_vjp)

@@ -1,6 +1,6 @@
 """`cast` (alias `astype`): a tensor converted to another dtype, as numpy's `x.astype('float32')`."""
 from .. import api
-from .. import functional as F
+from .. import op_functions as R
 from ..dtypes import NAMES, as_dtype, is_floating
 from ..graph import record
 from ..registry import REQUIRED, get, register
@@ -13,7 +13,7 @@ def _cast_shape(x, dtype):
 def _cast_vjp(node, g, wants):
     source = node.inputs[0].dtype
     # A gradient flows back only between floating dtypes: integers and bools have none.
-    return (F.cast(g, dtype=NAMES[source]) if is_floating(source) and is_floating(node.dtype) else None,)
+    return (R.cast(g, dtype=NAMES[source]) if is_floating(source) and is_floating(node.dtype) else None,)
 
 
 @register("cast", params={"dtype": REQUIRED}, shape=_cast_shape, vjp=_cast_vjp, aliases=("astype",))

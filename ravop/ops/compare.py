@@ -6,7 +6,7 @@ take any dtype and treat nonzero as true, as numpy does.
 import torch
 
 from .. import api
-from .. import functional as F
+from .. import op_functions as R
 from ..dtypes import result_dtype
 from ..graph import record
 from ..registry import get, register
@@ -28,7 +28,7 @@ def _where_shape(condition, x, y):
 
 def _where_vjp(node, g, wants):
     condition, x, y = node.inputs
-    return None, unbroadcast(F.where(condition, g, 0.0), x), unbroadcast(F.where(condition, 0.0, g), y)
+    return None, unbroadcast(R.where(condition, g, 0.0), x), unbroadcast(R.where(condition, 0.0, g), y)
 
 
 @register("where", inputs=("condition", "x", "y"), shape=_where_shape, vjp=_where_vjp)

@@ -2,7 +2,7 @@
 reducing a broadcast gradient back to an input's shape."""
 import torch
 
-from .. import functional as F
+from .. import op_functions as R
 from ..registry import HOLE, INPUT, LOOP, PROJECTION, REQUIRED, register
 from .rules import broadcast
 
@@ -51,7 +51,7 @@ def _sum_to_shape(x, shape):
 
 
 def _sum_to_vjp(node, g, wants):
-    return (F.broadcast_to(g, shape=node.inputs[0].shape),)
+    return (R.broadcast_to(g, shape=node.inputs[0].shape),)
 
 
 @register("sum_to", params={"shape": REQUIRED}, method=False, shape=_sum_to_shape, vjp=_sum_to_vjp)
@@ -72,7 +72,7 @@ def _broadcast_to_shape(x, shape):
 
 
 def _broadcast_to_vjp(node, g, wants):
-    return (F.sum_to(g, shape=node.inputs[0].shape),)
+    return (R.sum_to(g, shape=node.inputs[0].shape),)
 
 
 @register("broadcast_to", params={"shape": REQUIRED}, shape=_broadcast_to_shape, vjp=_broadcast_to_vjp)
@@ -84,4 +84,4 @@ def unbroadcast(grad, like):
     """A gradient of broadcast shape, summed back to the shape of input `like` (no op when equal)."""
     if grad is None or grad.shape == like.shape:
         return grad
-    return F.sum_to(grad, shape=like.shape)
+    return R.sum_to(grad, shape=like.shape)

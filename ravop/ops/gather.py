@@ -2,7 +2,7 @@
 and the scatter-adds that are their gradients."""
 import torch
 
-from .. import functional as F
+from .. import op_functions as R
 from ..dtypes import is_floating
 from ..registry import REQUIRED, register
 from ..sizes import numel
@@ -35,7 +35,7 @@ def _wrapped(indices, size):
 
 def _gather_vjp(node, g, wants):
     x, indices = node.inputs
-    return F.gather_backward(g, indices, axis=node.params["axis"], shape=x.shape), None
+    return R.gather_backward(g, indices, axis=node.params["axis"], shape=x.shape), None
 
 
 @register("gather", inputs=("x", "indices"), params={"axis": 0}, shape=_gather_shape, vjp=_gather_vjp)
@@ -52,7 +52,7 @@ def gather(x, indices, axis=0):
 
 def _gather_backward_vjp(node, g, wants):
     _, indices = node.inputs
-    return F.gather(g, indices, axis=node.params["axis"]), None
+    return R.gather(g, indices, axis=node.params["axis"]), None
 
 
 def _gather_backward_shape(g, indices, axis, shape):
@@ -91,7 +91,7 @@ def _along_shape(x, indices, axis):
 def _along_vjp(node, g, wants):
     x, indices = node.inputs
     axis = rules.normalize_axis(node.params["axis"], len(x.shape))
-    return unbroadcast(F.take_along_axis_backward(g, indices, axis=axis, size=x.shape[axis]), x), None
+    return unbroadcast(R.take_along_axis_backward(g, indices, axis=axis, size=x.shape[axis]), x), None
 
 
 @register("take_along_axis", inputs=("x", "indices"), params={"axis": REQUIRED}, shape=_along_shape,
@@ -112,7 +112,7 @@ def _along_backward_shape(g, indices, axis, size):
 
 @register("take_along_axis_backward", inputs=("g", "indices"), params={"axis": REQUIRED, "size": REQUIRED},
           shape=_along_backward_shape, method=False,
-          vjp=lambda node, g, wants: (F.take_along_axis(g, node.inputs[1], axis=node.params["axis"]), None))
+          vjp=lambda node, g, wants: (R.take_along_axis(g, node.inputs[1], axis=node.params["axis"]), None))
 def take_along_axis_backward(g, indices, axis, size):
     """Zeros with `size` along `axis` and `g` added where take_along_axis took it: its VJP."""
     shape = g.shape[:axis % g.dim()] + (size,) + g.shape[axis % g.dim() + 1:]

@@ -2,7 +2,7 @@
 slice pad. numpy semantics (mixed dtypes promote); `split` has several outputs."""
 import torch
 
-from .. import functional as F
+from .. import op_functions as R
 from ..dtypes import result_dtype
 from ..registry import REQUIRED, register
 from ..sizes import numel
@@ -62,9 +62,9 @@ def _split_shape(x, numOrSizeSplits, axis=0):
 
 def _split_vjp(node, grads, wants):
     axis = node.params["axis"]
-    parts = [g if g is not None else F.zeros(shape=shape, dtype=dtype)
+    parts = [g if g is not None else R.zeros(shape=shape, dtype=dtype)
              for g, shape, dtype in zip(grads, node.shape, node.dtype)]
-    return (F.concat(parts, axis=axis),)
+    return (R.concat(parts, axis=axis),)
 
 
 @register("split", params={"numOrSizeSplits": REQUIRED, "axis": 0}, shape=_split_shape, vjp=_split_vjp)
@@ -98,9 +98,9 @@ def _concat_vjp(node, g, wants):
     xs, axis = node.inputs, node.params["axis"]
     sizes = [numel(x.shape) if axis is None else x.shape[axis] for x in xs]
     points = [sum(sizes[:i]) for i in range(1, len(sizes))]
-    parts = F.split(g, numOrSizeSplits=points, axis=0 if axis is None else axis)
+    parts = R.split(g, numOrSizeSplits=points, axis=0 if axis is None else axis)
     if axis is None:
-        return tuple(F.reshape(p, shape=x.shape) for p, x in zip(parts, xs))
+        return tuple(R.reshape(p, shape=x.shape) for p, x in zip(parts, xs))
     return parts
 
 
@@ -126,8 +126,8 @@ def _stack_shape(*xs, axis=0):
 def _stack_vjp(node, g, wants):
     xs = node.inputs
     axis = rules.normalize_axis(node.params["axis"], len(xs[0].shape) + 1)
-    parts = F.split(g, numOrSizeSplits=len(xs), axis=axis)
-    return tuple(F.reshape(p, shape=x.shape) for p, x in zip(parts, xs))
+    parts = R.split(g, numOrSizeSplits=len(xs), axis=axis)
+    return tuple(R.reshape(p, shape=x.shape) for p, x in zip(parts, xs))
 
 
 @register("stack", inputs=("*xs",), params={"axis": 0}, shape=_stack_shape, vjp=_stack_vjp)
@@ -138,8 +138,8 @@ def stack(*xs, axis=0):
 
 def _join_vjp(node, g, wants):
     a, b = node.inputs
-    ga, gb = F.split(g, numOrSizeSplits=(numel(a.shape),))
-    return F.reshape(ga, shape=a.shape), F.reshape(gb, shape=b.shape)
+    ga, gb = R.split(g, numOrSizeSplits=(numel(a.shape),))
+    return R.reshape(ga, shape=a.shape), R.reshape(gb, shape=b.shape)
 
 
 @register("join_to_list", inputs=("a", "b"), vjp=_join_vjp,
@@ -152,8 +152,8 @@ def join_to_list(a, b):
 
 def _combine_vjp(node, g, wants):
     a, b = node.inputs
-    ga, gb = F.split(g, numOrSizeSplits=2)
-    return F.reshape(ga, shape=a.shape), F.reshape(gb, shape=b.shape)
+    ga, gb = R.split(g, numOrSizeSplits=2)
+    return R.reshape(ga, shape=a.shape), R.reshape(gb, shape=b.shape)
 
 
 @register("combine_to_list", inputs=("a", "b"), shape=lambda a, b: _stack_shape(a, b), vjp=_combine_vjp)
@@ -186,9 +186,9 @@ def _tile_vjp(node, g, wants):
     reps = (1,) * (n - len(reps)) + reps
     shape = (1,) * (n - len(x.shape)) + x.shape
     # The output along each dim is r copies of s elements: sum the copies.
-    interleaved = F.reshape(g, shape=tuple(v for pair in zip(reps, shape) for v in pair))
-    summed = F.sum(interleaved, axis=tuple(range(0, 2 * n, 2)))
-    return (F.reshape(summed, shape=x.shape),)
+    interleaved = R.reshape(g, shape=tuple(v for pair in zip(reps, shape) for v in pair))
+    summed = R.sum(interleaved, axis=tuple(range(0, 2 * n, 2)))
+    return (R.reshape(summed, shape=x.shape),)
 
 
 @register("tile", params={"reps": REQUIRED}, shape=_tile_shape, vjp=_tile_vjp)
@@ -233,7 +233,7 @@ def _repeat_vjp(node, g, wants):
     size = numel(x.shape) if axis is None else x.shape[axis]
     counts = torch.tensor(repeats if isinstance(repeats, int) else tuple(repeats), dtype=torch.int64)
     sources = torch.repeat_interleave(torch.arange(size), counts)  # output position -> input position
-    return (F.gather_backward(g, sources, axis=axis, shape=x.shape),)
+    return (R.gather_backward(g, sources, axis=axis, shape=x.shape),)
 
 
 @register("repeat", params={"repeats": REQUIRED, "axis": None}, shape=_repeat_shape, vjp=_repeat_vjp)
@@ -275,7 +275,7 @@ def _slice_vjp(node, g, wants):
     x = node.inputs[0]
     bounds = _slice_bounds(x.shape, node.params["begin"], node.params["size"])
     widths = tuple((b, n - stop) for (b, stop), n in zip(bounds, x.shape)) + ((0, 0),) * (len(x.shape) - len(bounds))
-    return (F.pad(g, sequence=widths),)
+    return (R.pad(g, sequence=widths),)
 
 
 @register("slice", params={"begin": REQUIRED, "size": REQUIRED}, shape=_slice_shape, vjp=_slice_vjp)
@@ -339,7 +339,7 @@ def _source(mode, n, before, after):
 def _pad_vjp(node, g, wants):
     x = node.inputs[0]
     p = node.params
-    return (F.pad_backward(g, sequence=pad_widths(p["sequence"], len(x.shape)), mode=p["mode"], shape=x.shape),)
+    return (R.pad_backward(g, sequence=pad_widths(p["sequence"], len(x.shape)), mode=p["mode"], shape=x.shape),)
 
 
 @register("pad", params={"sequence": REQUIRED, "mode": "constant", "constant_values": 0}, shape=_pad_shape,
@@ -367,7 +367,7 @@ def _pad_backward_shape(g, sequence, mode, shape):
 
 @register("pad_backward", params={"sequence": REQUIRED, "mode": "constant", "shape": REQUIRED}, method=False,
           shape=_pad_backward_shape,
-          vjp=lambda node, g, wants: (F.pad(g, sequence=node.params["sequence"], mode=node.params["mode"]),))
+          vjp=lambda node, g, wants: (R.pad(g, sequence=node.params["sequence"], mode=node.params["mode"]),))
 def pad_backward(g, sequence, mode="constant", shape=REQUIRED):
     """The VJP of `pad`: the gradient of the padded output folded back onto the input of `shape`
     (cropped for 'constant', summed over every copy for the other modes). `sequence` is per-dim pairs."""

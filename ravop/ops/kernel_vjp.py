@@ -8,14 +8,14 @@ gradients only.
 """
 import torch
 
-from .. import functional as F
+from .. import op_functions as R
 from .. import registry
 from ..registry import REQUIRED, register
 
 
 def autograd_vjp(node, g, wants):
     """VJP rule: the gradient w.r.t. the node's first input; its other inputs get none."""
-    grad = F.kernel_vjp([*node.inputs, g], op=node.op, params=node.params or {})
+    grad = R.kernel_vjp([*node.inputs, g], op=node.op, params=node.params or {})
     return (grad,) + (None,) * (len(node.inputs) - 1)
 
 

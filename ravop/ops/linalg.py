@@ -1,7 +1,7 @@
 """Linear algebra: matmul, dot and tensordot (numpy semantics, mixed dtypes promoted as torch does) and inv."""
 import torch
 
-from .. import functional as F
+from .. import op_functions as R
 from ..dtypes import result_dtype
 from ..registry import register
 from . import flops, rules, scriptable
@@ -21,7 +21,7 @@ def _dtype(x, y):
 def _swap_last(x):
     """Transpose the last two axes (a batch of matrices)."""
     n = len(x.shape)
-    return F.transpose(x, axes=tuple(range(n - 2)) + (n - 1, n - 2))
+    return R.transpose(x, axes=tuple(range(n - 2)) + (n - 1, n - 2))
 
 
 # ---------------------------------------------------------------------------------------------- matmul
@@ -43,13 +43,13 @@ def _matmul_vjp(node, g, wants):
     """numpy matmul treats a 1-D operand as a row (left) or column (right) vector; do the same here,
     take the matrix gradients, sum out broadcast batch dimensions and drop the vector dimension again."""
     x, y = node.inputs
-    x2 = F.reshape(x, shape=(1,) + x.shape) if len(x.shape) == 1 else x
-    y2 = F.reshape(y, shape=y.shape + (1,)) if len(y.shape) == 1 else y
+    x2 = R.reshape(x, shape=(1,) + x.shape) if len(x.shape) == 1 else x
+    y2 = R.reshape(y, shape=y.shape + (1,)) if len(y.shape) == 1 else y
     batch = node.shape[:len(node.shape) - (len(x.shape) > 1) - (len(y.shape) > 1)]
-    g2 = F.reshape(g, shape=batch + (x2.shape[-2], y2.shape[-1]))
-    gx = unbroadcast(F.matmul(g2, _swap_last(y2)), x2)
-    gy = unbroadcast(F.matmul(_swap_last(x2), g2), y2)
-    return F.reshape(gx, shape=x.shape), F.reshape(gy, shape=y.shape)
+    g2 = R.reshape(g, shape=batch + (x2.shape[-2], y2.shape[-1]))
+    gx = unbroadcast(R.matmul(g2, _swap_last(y2)), x2)
+    gy = unbroadcast(R.matmul(_swap_last(x2), g2), y2)
+    return R.reshape(gx, shape=x.shape), R.reshape(gy, shape=y.shape)
 
 
 @register("matmul", inputs=("x", "y"), shape=_matmul_shape, vjp=_matmul_vjp, flops=flops.matmul,
@@ -102,11 +102,11 @@ def tensordot_grads(x, y, ax, ay, g):
     g_free_y = tuple(range(len(free_x), len(free_x) + len(free_y)))
     g_free_x = tuple(range(len(free_x)))
     # g . y over y's free dims leaves x's free dims, then y's contracted dims in ascending order.
-    gx = F.tensordot(g, y, axes=(g_free_y, tuple(free_y)))
-    gx = F.transpose(gx, axes=_inverse(free_x + [ax[ay.index(b)] for b in sorted(ay)]))
+    gx = R.tensordot(g, y, axes=(g_free_y, tuple(free_y)))
+    gx = R.transpose(gx, axes=_inverse(free_x + [ax[ay.index(b)] for b in sorted(ay)]))
     # x . g over x's free dims leaves x's contracted dims in ascending order, then y's free dims.
-    gy = F.tensordot(x, g, axes=(tuple(free_x), g_free_x))
-    gy = F.transpose(gy, axes=_inverse([ay[ax.index(a)] for a in sorted(ax)] + free_y))
+    gy = R.tensordot(x, g, axes=(tuple(free_x), g_free_x))
+    gy = R.transpose(gy, axes=_inverse([ay[ax.index(a)] for a in sorted(ax)] + free_y))
     return gx, gy
 
 
@@ -144,7 +144,7 @@ def _dot_shape(x, y):
 def _dot_vjp(node, g, wants):
     x, y = node.inputs
     if not x.shape or not y.shape:
-        return unbroadcast(F.mul(g, y), x), unbroadcast(F.mul(g, x), y)
+        return unbroadcast(R.mul(g, y), x), unbroadcast(R.mul(g, x), y)
     return tensordot_grads(x, y, *_dot_axes(x, y), g)
 
 
@@ -169,7 +169,7 @@ def _inv_shape(x):
 def _inv_vjp(node, g, wants):
     # d(A^-1) = -A^-1 dA A^-1, so the gradient is -A^-T g A^-T.
     inv_t = _swap_last(node)
-    return (F.neg(F.matmul(F.matmul(inv_t, g), inv_t)),)
+    return (R.neg(R.matmul(R.matmul(inv_t, g), inv_t)),)
 
 
 @register("inv", shape=_inv_shape, vjp=_inv_vjp, flops=flops.inverse)

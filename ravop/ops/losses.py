@@ -2,9 +2,9 @@
 built from the aten kernels eager autograd calls (mse_loss_backward, nll_loss_backward,
 _log_softmax_backward_data)."""
 import torch
-import torch.nn.functional as TF
+import torch.nn.functional as F
 
-from .. import functional as F
+from .. import op_functions as R
 from ..dtypes import is_floating
 from ..registry import register
 from ..sizes import numel
@@ -36,13 +36,13 @@ def _square_loss_shape(y_true, y_pred):
 
 
 def _square_loss_vjp(node, g, wants):
-    return call_backward(F.square_loss_backward, backward_mask(wants, *node.inputs), g, *node.inputs)
+    return call_backward(R.square_loss_backward, backward_mask(wants, *node.inputs), g, *node.inputs)
 
 
 @register("square_loss", inputs=("y_true", "y_pred"), shape=_square_loss_shape, vjp=_square_loss_vjp)
 def square_loss(y_true, y_pred):
     """Mean squared error, F.mse_loss(y_pred, y_true); integer targets are compared as y_pred's dtype."""
-    return TF.mse_loss(y_pred, y_true.to(y_pred.dtype))
+    return F.mse_loss(y_pred, y_true.to(y_pred.dtype))
 
 
 @register("square_loss_backward", inputs=("g", "y_true", "y_pred"), params={"mask": (False, True)},
@@ -108,7 +108,7 @@ def _inputs(y_true, y_pred, reshape_target, reshape_label):
 
 
 def _cross_entropy_vjp(node, g, wants):
-    return call_backward(F.cross_entropy_loss_backward, backward_mask(wants, *node.inputs), g, *node.inputs,
+    return call_backward(R.cross_entropy_loss_backward, backward_mask(wants, *node.inputs), g, *node.inputs,
                          **node.params)
 
 
@@ -119,7 +119,7 @@ def cross_entropy_loss(y_true, y_pred, ignore_index=None, reshape_target=None, r
     """F.cross_entropy(y_pred.view(reshape_target), y_true.view(reshape_label), ignore_index), mean over
     the targets; y_true holds class indices or class probabilities."""
     label, pred = _inputs(y_true, y_pred, reshape_target, reshape_label)
-    return TF.cross_entropy(pred, label, ignore_index=TORCH_IGNORE_INDEX if ignore_index is None else ignore_index)
+    return F.cross_entropy(pred, label, ignore_index=TORCH_IGNORE_INDEX if ignore_index is None else ignore_index)
 
 
 @register("cross_entropy_loss_backward", inputs=("g", "y_true", "y_pred"),

@@ -13,9 +13,9 @@ they are cheap next to the op, and the forward keeps the outputs users see. Pool
 (RavDL's MaxPooling2D asks for them when training) the backward routes the gradient through them.
 """
 import torch
-import torch.nn.functional as TF
+import torch.nn.functional as F
 
-from .. import functional as F
+from .. import op_functions as R
 from ..dtypes import is_floating
 from ..interpreter import op_seed
 from ..registry import REQUIRED, register
@@ -58,13 +58,13 @@ def _linear_shape(x, w, b=None):
 def _linear_vjp(node, g, wants):
     mask = backward_mask(wants, *node.inputs) + ((False,) if len(node.inputs) == 2 else ())
     x, w = node.inputs[:2]
-    return call_backward(F.linear_backward, mask, g, x, w)[:len(node.inputs)]
+    return call_backward(R.linear_backward, mask, g, x, w)[:len(node.inputs)]
 
 
 @register("linear", inputs=("x", "w", "b?"), shape=_linear_shape, vjp=_linear_vjp, flops=flops.linear)
 def linear(x, w, b=None):
     """x @ w.T + b, with w in torch's (out_features, in_features) layout."""
-    return TF.linear(x, w, b)
+    return F.linear(x, w, b)
 
 
 def _linear_backward_shape(g, x, w, mask):
@@ -142,14 +142,14 @@ def _conv_shape(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, padding
 
 
 def _pad_input(x, explicit, padding_mode):
-    return TF.pad(x, explicit, mode="constant" if padding_mode == "zeros" else padding_mode)
+    return F.pad(x, explicit, mode="constant" if padding_mode == "zeros" else padding_mode)
 
 
 def _conv2d_vjp(node, g, wants):
     mask = backward_mask(wants, *node.inputs) + ((False,) if len(node.inputs) == 2 else ())
     x, w = node.inputs[:2]
     p = node.params
-    grads = call_backward(F.conv2d_backward, mask, g, x, w, stride=p["stride"], padding=p["padding"],
+    grads = call_backward(R.conv2d_backward, mask, g, x, w, stride=p["stride"], padding=p["padding"],
                           dilation=p["dilation"], groups=p["groups"], padding_mode=p["padding_mode"])
     return grads[:len(node.inputs)]
 
@@ -163,7 +163,7 @@ def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, padding_mode
     explicit, pad = conv_padding(w.shape[2:], stride, padding, dilation, padding_mode)
     if explicit is not None:
         x = _pad_input(x, explicit, padding_mode)
-    return TF.conv2d(x, w, b, _pair(stride), pad, _pair(dilation), groups)
+    return F.conv2d(x, w, b, _pair(stride), pad, _pair(dilation), groups)
 
 
 def _conv_backward_shape(g, x, w, stride, padding, dilation, groups, padding_mode, mask):
@@ -240,8 +240,8 @@ def _max_pool_vjp(node, g, wants):
         g = g[0]   # the indices output is integer: it carries no gradient
         if g is None:
             return (None,)
-        return (F.max_pool2d_indices_backward(g, node.inputs[0], node.output(1), **options),)
-    return (F.max_pool2d_backward(g, node.inputs[0], **options),)
+        return (R.max_pool2d_indices_backward(g, node.inputs[0], node.output(1), **options),)
+    return (R.max_pool2d_backward(g, node.inputs[0], **options),)
 
 
 @register("max_pool2d", params={"kernel_size": REQUIRED, "stride": None, "padding": 0, "dilation": 1,
@@ -250,7 +250,7 @@ def _max_pool_vjp(node, g, wants):
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """2-d max pooling (F.max_pool2d); with return_indices=True, two outputs: values and flat indices."""
     k, s, p, d = _pool_params(kernel_size, stride, padding, dilation)
-    return TF.max_pool2d(x, k, s, p, d, ceil_mode=ceil_mode, return_indices=return_indices)
+    return F.max_pool2d(x, k, s, p, d, ceil_mode=ceil_mode, return_indices=return_indices)
 
 
 _POOL_BACKWARD_PARAMS = {"kernel_size": REQUIRED, "stride": None, "padding": 0, "dilation": 1, "ceil_mode": False}
@@ -298,7 +298,7 @@ def _batch_norm_vjp(node, g, wants):
     weight = node.inputs[3] if len(node.inputs) == 5 else None
     mask = backward_mask(wants, x, weight, node.inputs[4] if weight is not None else None)
     extra = (weight,) if weight is not None else ()
-    gx, gw, gb = call_backward(F.batch_norm_backward, mask, gy, x, running_mean, running_var, *extra,
+    gx, gw, gb = call_backward(R.batch_norm_backward, mask, gy, x, running_mean, running_var, *extra,
                                training=node.params["training"], eps=node.params["eps"])
     return (gx, None, None) + ((gw, gb) if weight is not None else ())
 
@@ -359,7 +359,7 @@ def _layer_norm_shape(x, weight=None, bias=None, normalized_shape=REQUIRED, eps=
 
 def _layer_norm_vjp(node, g, wants):
     mask = backward_mask(wants, *node.inputs) + ((False, False) if len(node.inputs) == 1 else ())
-    grads = call_backward(F.layer_norm_backward, mask, g, *node.inputs,
+    grads = call_backward(R.layer_norm_backward, mask, g, *node.inputs,
                           normalized_shape=node.params["normalized_shape"], eps=node.params["eps"])
     return grads[:len(node.inputs)]
 
@@ -398,11 +398,11 @@ def _embedding_shape(indices, weight):
 
 
 @register("embedding", inputs=("indices", "weight"), shape=_embedding_shape,
-          vjp=lambda node, g, wants: (None, F.embedding_backward(g, node.inputs[0],
+          vjp=lambda node, g, wants: (None, R.embedding_backward(g, node.inputs[0],
                                                                   num_weights=node.inputs[1].shape[0])))
 def embedding(indices, weight):
     """Rows of `weight` picked by integer `indices` (any shape): F.embedding."""
-    return TF.embedding(indices, weight)
+    return F.embedding(indices, weight)
 
 
 @register("embedding_backward", inputs=("g", "indices"), params={"num_weights": REQUIRED},
@@ -437,7 +437,7 @@ def _dropout_vjp(node, g, wants):
     # Every executor seeds a random op's generator with op_seed(graph seed, node id) (ravop.interpreter), so
     # the backward op redraws the forward's mask from that seed: R.dropout keeps one output, and no mask
     # tensor is stored or shipped between workers.
-    return (F.dropout_backward(g, p=p, seed=op_seed(node.graph.seed, node.id)),)
+    return (R.dropout_backward(g, p=p, seed=op_seed(node.graph.seed, node.id)),)
 
 
 @register("dropout", params={"p": 0.5, "training": True}, shape=_dropout_shape, vjp=_dropout_vjp, random=True,

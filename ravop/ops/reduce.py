@@ -5,7 +5,7 @@ numpy's `axis=()` reduces nothing; torch's `dim=()` reduces everything, so kerne
 """
 import torch
 
-from .. import functional as F
+from .. import op_functions as R
 from ..registry import register
 from ..sizes import numel
 from . import rules, scriptable
@@ -36,8 +36,8 @@ def _same(dtype):
 def expand_reduced(g, x, axis, keepdims):
     """A gradient of a reduction's output shape, broadcast back over the reduced axes of input `x`."""
     if not keepdims:
-        g = F.reshape(g, shape=rules.reduced_shape(x.shape, axis, True))
-    return F.broadcast_to(g, shape=x.shape)
+        g = R.reshape(g, shape=rules.reduced_shape(x.shape, axis, True))
+    return R.broadcast_to(g, shape=x.shape)
 
 
 def reduced_count(x, axis):
@@ -82,7 +82,7 @@ def prod(x, axis=None, keepdims=False):
 def _mean_vjp(node, g, wants):
     x = node.inputs[0]
     axis = node.params["axis"]
-    return (F.div(expand_reduced(g, x, axis, node.params["keepdims"]), float(reduced_count(x, axis))),)
+    return (R.div(expand_reduced(g, x, axis, node.params["keepdims"]), float(reduced_count(x, axis))),)
 
 
 @register("mean", params=AXIS, shape=_reduction(rules.float_dtype), vjp=_mean_vjp,
@@ -120,18 +120,18 @@ def _extreme_vjp(node, g, wants):
         if g_values is None:
             return (None,)
         if axis is None:  # the kernel reduced the flattened input
-            flat = F.take_along_axis_backward(F.reshape(g_values, shape=(1,)), F.reshape(indices, shape=(1,)),
+            flat = R.take_along_axis_backward(R.reshape(g_values, shape=(1,)), R.reshape(indices, shape=(1,)),
                                               axis=0, size=numel(x.shape))
-            return (F.reshape(flat, shape=x.shape),)
+            return (R.reshape(flat, shape=x.shape),)
         if not keepdims:
-            g_values = F.expand_dims(g_values, axis=axis)
-            indices = F.expand_dims(indices, axis=axis)
-        return (F.take_along_axis_backward(g_values, indices, axis=axis, size=x.shape[axis]),)
+            g_values = R.expand_dims(g_values, axis=axis)
+            indices = R.expand_dims(indices, axis=axis)
+        return (R.take_along_axis_backward(g_values, indices, axis=axis, size=x.shape[axis]),)
     # Without indices the gradient is shared evenly among tied extremes, as torch.amax/amin do.
-    kept = node if keepdims else F.reshape(node, shape=rules.reduced_shape(x.shape, axis, True))
-    mask = F.equal(x, kept)
-    share = F.div(expand_reduced(g, x, axis, keepdims), F.sum(mask, axis=axis, keepdims=True))
-    return (F.where(mask, share, 0.0),)
+    kept = node if keepdims else R.reshape(node, shape=rules.reduced_shape(x.shape, axis, True))
+    mask = R.equal(x, kept)
+    share = R.div(expand_reduced(g, x, axis, keepdims), R.sum(mask, axis=axis, keepdims=True))
+    return (R.where(mask, share, 0.0),)
 
 
 def _extreme_kernel(values, with_indices):

@@ -2,14 +2,14 @@
 ravel reverse shape size ravint. numpy semantics; negative axes count from the end."""
 import torch
 
-from .. import functional as F
+from .. import op_functions as R
 from ..registry import REQUIRED, register
 from ..sizes import numel
 from . import rules, scriptable
 
 
 def _reshape_vjp(node, g, wants):
-    return (F.reshape(g, shape=node.inputs[0].shape),)
+    return (R.reshape(g, shape=node.inputs[0].shape),)
 
 
 # ------------------------------------------------------------------------------------------- transpose
@@ -35,7 +35,7 @@ def _transpose_vjp(node, g, wants):
     inverse = [0] * len(perm)
     for i, p in enumerate(perm):
         inverse[p] = i
-    return (F.transpose(g, axes=tuple(inverse)),)
+    return (R.transpose(g, axes=tuple(inverse)),)
 
 
 @register("transpose", params={"axes": None}, shape=_transpose_shape, vjp=_transpose_vjp,
@@ -141,8 +141,8 @@ def _ravel_shape(x, order="C"):
 def _ravel_vjp(node, g, wants):
     x = node.inputs[0]
     if node.params["order"] == "C":
-        return (F.reshape(g, shape=x.shape),)
-    return (F.transpose(F.reshape(g, shape=x.shape[::-1])),)
+        return (R.reshape(g, shape=x.shape),)
+    return (R.transpose(R.reshape(g, shape=x.shape[::-1])),)
 
 
 @register("ravel", params={"order": "C"}, shape=_ravel_shape, vjp=_ravel_vjp)
@@ -159,7 +159,7 @@ def _reverse_shape(x, axis=None):
 
 
 @register("reverse", params={"axis": None}, shape=_reverse_shape,
-          vjp=lambda node, g, wants: (F.reverse(g, axis=node.params["axis"]),))
+          vjp=lambda node, g, wants: (R.reverse(g, axis=node.params["axis"]),))
 def reverse(x, axis=None):
     """Reverse the order of elements along `axis` (an int, a tuple, or None for every axis): numpy.flip."""
     dims = rules.kernel_dims(x, axis)

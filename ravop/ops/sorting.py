@@ -4,7 +4,7 @@ Sorting is stable, so tied elements keep their order and sort's gradient goes wh
 """
 import torch
 
-from .. import functional as F
+from .. import op_functions as R
 from ..registry import register
 from ..sizes import numel
 from . import flops, rules
@@ -32,11 +32,11 @@ def _sort_vjp(node, g, wants):
         if g is None:
             return (None,)
     else:
-        indices = F.argsort(x, axis=axis)
+        indices = R.argsort(x, axis=axis)
     if axis is None:
-        flat = F.take_along_axis_backward(g, indices, axis=0, size=numel(x.shape))
-        return (F.reshape(flat, shape=x.shape),)
-    return (F.take_along_axis_backward(g, indices, axis=axis, size=x.shape[axis]),)
+        flat = R.take_along_axis_backward(g, indices, axis=0, size=numel(x.shape))
+        return (R.reshape(flat, shape=x.shape),)
+    return (R.take_along_axis_backward(g, indices, axis=axis, size=x.shape[axis]),)
 
 
 @register("sort", params={"axis": -1, "return_indices": False}, shape=_sort_shape, vjp=_sort_vjp, flops=flops.sort)

@@ -4,7 +4,7 @@ Results of fractional statistics are floating point (integer inputs give the def
 """
 import torch
 
-from .. import functional as F
+from .. import op_functions as R
 from ..dtypes import is_floating
 from ..registry import REQUIRED, register
 from . import flops, rules
@@ -59,24 +59,24 @@ def _aligned_weights(w, x, axis):
     if w.shape == x.shape:
         return w
     a = rules.normalize_axis(axis, len(x.shape))
-    return F.reshape(w, shape=tuple(w.shape[0] if i == a else 1 for i in range(len(x.shape))))
+    return R.reshape(w, shape=tuple(w.shape[0] if i == a else 1 for i in range(len(x.shape))))
 
 
 def _average_vjp(node, g, wants):
     if len(node.inputs) == 1:
-        return (F.div(expand_reduced(g, node.inputs[0], node.params["axis"], node.params["keepdims"]),
+        return (R.div(expand_reduced(g, node.inputs[0], node.params["axis"], node.params["keepdims"]),
                       float(reduced_count(node.inputs[0], node.params["axis"]))),)
     x, w = node.inputs
     axis, keepdims = node.params["axis"], node.params["keepdims"]
     wb = _aligned_weights(w, x, axis)
-    total = F.sum(F.broadcast_to(wb, shape=x.shape), axis=axis, keepdims=True)
+    total = R.sum(R.broadcast_to(wb, shape=x.shape), axis=axis, keepdims=True)
     gk = expand_reduced(g, x, axis, keepdims)
-    avg = node if keepdims else F.reshape(node, shape=rules.reduced_shape(x.shape, axis, True))
-    gx = F.div(F.mul(gk, wb), total)
-    gw = F.div(F.mul(gk, F.sub(x, avg)), total)
+    avg = node if keepdims else R.reshape(node, shape=rules.reduced_shape(x.shape, axis, True))
+    gx = R.div(R.mul(gk, wb), total)
+    gw = R.div(R.mul(gk, R.sub(x, avg)), total)
     if w.shape != x.shape:
         a = rules.normalize_axis(axis, len(x.shape))
-        gw = F.sum(gw, axis=tuple(i for i in range(len(x.shape)) if i != a))
+        gw = R.sum(gw, axis=tuple(i for i in range(len(x.shape)) if i != a))
     return gx, gw
 
 
@@ -109,7 +109,7 @@ def _centered(node):
     """(x - mean over axis, kept dims) and the divisor N - ddof of a variance node's input."""
     x = node.inputs[0]
     axis = node.params["axis"]
-    centered = F.sub(x, F.mean(x, axis=axis, keepdims=True))
+    centered = R.sub(x, R.mean(x, axis=axis, keepdims=True))
     return centered, float(reduced_count(x, axis) - node.params["ddof"])
 
 
@@ -117,7 +117,7 @@ def _variance_vjp(node, g, wants):
     x = node.inputs[0]
     centered, divisor = _centered(node)
     gk = expand_reduced(g, x, node.params["axis"], node.params["keepdims"])
-    return (F.mul(gk, F.div(F.mul(centered, 2.0), divisor)),)
+    return (R.mul(gk, R.div(R.mul(centered, 2.0), divisor)),)
 
 
 @register("variance", params=SPREAD, shape=_stat_shape, vjp=_variance_vjp, aliases=("var",))
@@ -131,9 +131,9 @@ def _std_vjp(node, g, wants):
     x = node.inputs[0]
     axis, keepdims = node.params["axis"], node.params["keepdims"]
     centered, divisor = _centered(node)
-    std = node if keepdims else F.reshape(node, shape=rules.reduced_shape(x.shape, axis, True))
+    std = node if keepdims else R.reshape(node, shape=rules.reduced_shape(x.shape, axis, True))
     gk = expand_reduced(g, x, axis, keepdims)
-    return (F.div(F.mul(gk, centered), F.mul(std, divisor)),)
+    return (R.div(R.mul(gk, centered), R.mul(std, divisor)),)
 
 
 @register("std", params=SPREAD, shape=_stat_shape, vjp=_std_vjp)
@@ -239,7 +239,7 @@ def _bincount_shape(x, weights=None, minlength=0):
 
 def _bincount_vjp(node, g, wants):
     x = node.inputs[0]
-    return (None, F.gather(g, x)) if len(node.inputs) == 2 else (None,)
+    return (None, R.gather(g, x)) if len(node.inputs) == 2 else (None,)
 
 
 @register("bincount", inputs=("x", "weights?"), params={"minlength": 0}, shape=_bincount_shape,

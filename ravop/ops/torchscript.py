@@ -24,9 +24,8 @@ from collections import OrderedDict, namedtuple
 from contextlib import contextmanager
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
-from .. import functional as F
+from .. import op_functions as R
 from ..dtypes import is_floating
 from ..registry import REQUIRED, register
 from . import torchscript_safety
@@ -200,6 +199,8 @@ def _probe(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, train
     value = blob.graph.constants.get(blob.id)
     if value is None:
         raise ValueError("the model blob must be the constant R.model made")
+    # Here, not at import: torch's FLOP counter loads torch.fx (a fifth of a second), and only a requester probes.
+    from torch.utils.flop_counter import FlopCounterMode
     for device in ("meta", "cpu"):
         tensors = [torch.zeros(x.shape, dtype=x.dtype, device=device) for x in xs[1:]]
         try:
@@ -224,7 +225,7 @@ def _flops_key(model_hash, training, n_args, kwarg_names, shapes):
 
 
 def probe(xs, params):
-    """The `Probe` of a forward to record on Ops `xs` with `params` (for `ravop.model`)."""
+    """The `Probe` of a forward to record on Ops `xs` with `params` (for `ravop.torchscript_import`)."""
     return _probe(xs, params["model_hash"], params["param_slots"], params["buffer_slots"], params["n_args"],
                   params["kwarg_names"], params["training"])
 
@@ -248,7 +249,7 @@ def _forward_vjp(node, g, wants):
                  and wants(x) for i, x in enumerate(values))
     if not any(mask) or not any(grad_mask):
         return (None,) * len(node.inputs)
-    out = iter(F.torchscript_vjp([*node.inputs, *(gi for gi in grads if gi is not None)],
+    out = iter(R.torchscript_vjp([*node.inputs, *(gi for gi in grads if gi is not None)],
                                  **p, mask=mask, grad_mask=grad_mask))
     return (None,) + tuple(next(out) if wanted else None for wanted in mask)
 

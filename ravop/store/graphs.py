@@ -37,7 +37,7 @@ def upload(client, token, plan, constants, meta, bundles=None):
     algorithm, approach, summary, ...); `bundles`: name -> (kind, spec, {key: persist name})."""
     keys = GraphKeys(token, plan.graph_id)
     # Checked before anything is written: a graph that cannot fit fails here, not halfway through.
-    chunk = tensors.fit_to_server(client, sum(map(tensors.nbytes, constants.values())), "the graph's constants",
+    chunk = tensors.fit_to_server(client, sum(t.nbytes for t in constants.values()), "the graph's constants",
                                   keys.meta)
     persisted = set(plan.persisted.values())
     readers = Counter()
@@ -65,11 +65,11 @@ def upload(client, token, plan, constants, meta, bundles=None):
     for name, (kind, spec, names) in (bundles or {}).items():
         batch.pipe.hset(keys.bundles, name, json.dumps({"kind": kind, "spec": spec, "keys": names}))
     batch.add(0, len(readers) + len(plan.persisted))
-    total = sum(tensors.nbytes(t) for t in constants.values())
+    total = sum(t.nbytes for t in constants.values())
     with progress.bar(total, "uploading constants", unit="B", unit_scale=True) as uploaded:
         for node_id, tensor in constants.items():
             batch.add(tensors.write(batch.pipe, keys.tensor(node_id), tensor, chunk))
-            uploaded.update(tensors.nbytes(tensor))
+            uploaded.update(tensor.nbytes)
     now = time.time()
     batch.pipe.hset(keys.meta, mapping={
         **meta, "state": "activated", "seed": plan.seed, "devices": ",".join(sorted(devices)),

@@ -33,10 +33,6 @@ def chunks_key(key):
     return key + ":c"
 
 
-def nbytes(tensor):
-    return tensor.numel() * tensor.element_size()
-
-
 def _config(client, name):
     try:
         return int(client.config_get(name).get(name, 0))
@@ -73,7 +69,7 @@ def write(pipe, key, tensor, size=None, chunks_pipe=None):
     the server counts what a MULTI has queued against the client's query buffer limit (1 GB by default),
     so a big tensor's chunks cannot be part of one; the header, which makes the tensor visible, still is."""
     size = size or chunk_bytes()
-    if nbytes(tensor) <= size:
+    if tensor.nbytes <= size:
         data = encode_tensor(tensor)
         pipe.set(key, data)
         return len(data)
@@ -83,7 +79,7 @@ def write(pipe, key, tensor, size=None, chunks_pipe=None):
     for index, chunk in enumerate(chunks):
         chunks_pipe.hset(chunks_key(key), index, chunk)
     pipe.set(key, header)
-    return nbytes(tensor) + len(header)
+    return tensor.nbytes + len(header)
 
 
 def keys_of(key):

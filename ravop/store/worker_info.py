@@ -22,8 +22,11 @@ def advertise(pipe, name, info, ttl):
     pipe.pexpire(key, int(ttl * 1000))  # ttl may be fractional seconds
 
 
+# The cost model's figures a worker measures at start (worker/calibrate.py; compiler.cost.calibrated reads them):
+# seconds per op, matmul FLOP/s, memory bytes/s, bytes/s of a tensor handed through Redis.
+COST_FIELDS = ("op_s", "flops_per_s", "bytes_per_s", "handoff_bytes_per_s")
 _NUMBERS = ("pid", "threads", "memory_limit", "rss", "completed", "subgraph")
-_TIMES = ("heartbeat", "started", "since")
+_FLOATS = ("heartbeat", "started", "since", *COST_FIELDS)
 
 
 def read_all(client):
@@ -43,7 +46,7 @@ def read_all(client):
         for field in _NUMBERS:
             if field in info:
                 info[field] = int(info[field])
-        for field in _TIMES:
+        for field in _FLOATS:
             if field in info:
                 info[field] = float(info[field])
         workers.append({"name": name, **info})

@@ -18,12 +18,24 @@ import numpy as np
 import torch
 
 import ravop as R
+from ravop import registry
 from ravop.errors import GraphStateError
 from ravop.graph import Op, current_graph
+from ravop.ops.rules import Like
+from ravop.sizes import numel
 
 from . import init
 
 _calls = None   # inside `recording_calls`: the (layer, input, output) of every built-in layer call
+
+
+def shape_by_rule(op_name, input_shape, *others, dtype=torch.float32, **params):
+    """The output shape (no batch dimension) of op `op_name` applied to an input of `input_shape` and `dtype`
+    and to `others` (`ravop.ops.rules.Like`s of its other inputs), by the op's own shape rule, so that a layer's
+    summary and the graph it records cannot disagree. A multi-output op gives its first output's shape."""
+    out = registry.get(op_name).shape(Like((1,) + tuple(input_shape), dtype), *others, **params)
+    shape = out[0][0] if isinstance(out, list) else out[0]
+    return tuple(shape[1:])
 
 
 class Layer:
@@ -82,7 +94,7 @@ class Layer:
         self.graph = graph
 
     def parameter_count(self, input_shape):
-        return sum(int(np.prod(shape)) for shape in self.param_shapes(input_shape).values())
+        return sum(numel(shape) for shape in self.param_shapes(input_shape).values())
 
     def state(self):
         """Every current value by its torch state_dict name: parameters, then buffers."""

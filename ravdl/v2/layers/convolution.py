@@ -3,12 +3,11 @@ from the ops' own shape rules, so the summary and the recorded graph cannot disa
 import torch
 
 import ravop as R
-from ravop import registry
 from ravop.ops.nn import PADDING_MODES
 from ravop.ops.rules import Like
 
 from . import init
-from .base import Layer, flag
+from .base import Layer, flag, shape_by_rule
 
 
 def _pair(v):
@@ -67,9 +66,7 @@ class Conv2D(Layer):
     def output_shape(self, input_shape):
         self._check_channels(input_shape)
         weight = Like((self.out_channels, self.in_channels // self.groups) + self.kernel_size, torch.float32)
-        x = Like((1,) + tuple(input_shape), torch.float32)
-        shape, _ = registry.get("conv2d").shape(x, weight, None, **self.options)
-        return shape[1:]
+        return shape_by_rule("conv2d", input_shape, weight, None, **self.options)
 
     def forward(self, X, training):
         return R.conv2d(X, self.params["weight"], self.params.get("bias"), **self.options)
@@ -92,9 +89,7 @@ class MaxPooling2D(Layer):
                         "return_indices": flag(return_indices, "return_indices")}
 
     def output_shape(self, input_shape):
-        out = registry.get("max_pool2d").shape(Like((1,) + tuple(input_shape), torch.float32), **self.options)
-        shape = out[0][0] if isinstance(out, list) else out[0]
-        return shape[1:]
+        return shape_by_rule("max_pool2d", input_shape, **self.options)
 
     def forward(self, X, training):
         if training and not self.options["return_indices"]:

@@ -1,9 +1,12 @@
 """Dense, Embedding, Flatten, Dropout and Activation."""
+import torch
+
 import ravop as R
 from ravop import registry
+from ravop.ops.rules import Like
 
 from . import init
-from .base import Layer, flag
+from .base import Layer, flag, shape_by_rule
 
 
 class Dense(Layer):
@@ -39,7 +42,7 @@ class Dense(Layer):
         return params, {}
 
     def output_shape(self, input_shape):
-        return input_shape[:-1] + (self.n_units,)
+        return shape_by_rule("linear", input_shape, Like(self.param_shapes(input_shape)["weight"], torch.float32))
 
     def forward(self, X, training):
         return R.linear(X, self.params["weight"], self.params.get("bias"))
@@ -67,7 +70,8 @@ class Embedding(Layer):
         return {"weight": weight}, {}
 
     def output_shape(self, input_shape):
-        return input_shape + (self.embed_dim,)
+        return shape_by_rule("embedding", input_shape, Like(self.param_shapes(input_shape)["weight"], torch.float32),
+                             dtype=torch.int64)
 
     def forward(self, X, training):
         return R.embedding(X, self.params["weight"])
@@ -84,12 +88,7 @@ class Flatten(Layer):
         self.start_dim, self.end_dim = int(start_dim), int(end_dim)
 
     def output_shape(self, input_shape):
-        shape = (-1,) + tuple(input_shape)   # -1 stands for the batch dimension
-        start, end = self.start_dim % len(shape), self.end_dim % len(shape)
-        merged = 1
-        for d in shape[start:end + 1]:
-            merged *= d
-        return (shape[:start] + (merged if start > 0 else -1,) + shape[end + 1:])[1:]
+        return shape_by_rule("flatten", input_shape, start_dim=self.start_dim, end_dim=self.end_dim)
 
     def forward(self, X, training):
         return R.flatten(X, start_dim=self.start_dim, end_dim=self.end_dim)

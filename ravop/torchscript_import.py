@@ -33,7 +33,7 @@ import zipfile
 
 import torch
 
-from . import functional as F
+from . import op_functions as R
 from .errors import ShapeError
 from .graph import as_op, current_graph
 from .interpreter import op_seed
@@ -250,7 +250,7 @@ class Model:
             detail = f"\nthe model's traceback:\n{exc}" if len(lines) > 1 else ""
             raise ShapeError(f"torchscript_forward: {lines[-1]} (input shapes: {shapes}) at {user_source()}"
                              f"{detail}") from None
-        results = F.torchscript_forward(xs, **p)
+        results = R.torchscript_forward(xs, **p)
         outputs = results[:len(found.specs)]
         new_buffers = list(results[len(found.specs):]) if training else list(buffers)
         return (outputs[0] if found.single else tuple(outputs)), new_buffers

@@ -11,7 +11,7 @@ import torch
 
 import ravop as R
 
-from . import export, onnx_export
+from . import export, gradients, onnx_export
 from .fit import Slot, optimizer_slots
 from .layers.base import CustomLayer, leaf_layers
 
@@ -51,14 +51,7 @@ class Model:
         slots = [(layer, name) for _, layer in self.leaf_layers() if layer.built for name in layer.params]
         if not slots:
             raise ValueError("the model has no built parameters: run a forward pass before the backward pass")
-        grads = R.grad(loss, [layer.params[name] for layer, name in slots])
-        for slot, grad in zip(slots, grads):
-            pending = self._pending_grads.get(slot)
-            self._pending_grads[slot] = grad if pending is None else pending + grad
-        if step:
-            for (layer, name), grad in self._pending_grads.items():
-                layer.params[name] = self.optimizer.update((layer, name), layer.params[name], grad)
-            self._pending_grads = {}
+        gradients.backward(loss, slots, self._pending_grads, self.optimizer, step)
 
     # ------------------------------------------------------------------ what a fit loop carries (fit.py)
 

@@ -1,0 +1,161 @@
+"""R.parallel's strategies on 1 and 2 worker processes, against eager PyTorch, in one run: an MLP 784-1024-1024-10
+(relu, cross entropy, Adam) at batch 256 on synthetic MNIST-shaped data.
+
+    python benchmarks/bench_parallel.py [--steps 64] [--threads 1] [--repeats 2]
+
+Rows: plain fit on 1 worker; LocalSGD(replicas=2, sync_every=8), DataParallel(2) and Pipeline(2, micro_batches=4)
+on 1 and 2 workers each; eager PyTorch (one process, the same model and batches). samples/s counts every sample a replica trains
+on, over the engine's execute time (R.execute until the graph is done: the time the workers work). "speed-up" is
+the 2-worker run over the 1-worker run of the same strategy (target for LocalSGD: >= 1.7x), to read beside the
+ceiling printed first: eager PyTorch in two processes at once over one, what two workers can gain at all while
+other jobs share the cores. DataParallel's, Pipeline's and plain fit's losses are compared with eager (the
+same mathematics); LocalSGD's are not (its replicas see other batches) and show as '-'.
+"""
+import argparse
+import contextlib
+import io
+import multiprocessing
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as TF
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import ravop as R  # noqa: E402
+from bench_ravdl import Workers  # noqa: E402
+from ravdl.v2 import NeuralNetwork  # noqa: E402
+from ravdl.v2.layers import Activation, Dense  # noqa: E402
+from ravdl.v2.optimizers import Adam  # noqa: E402
+from ravop.embedded import LocalServer  # noqa: E402
+
+BATCH, WIDTH, SEED = 256, 1024, 0
+
+
+def data(rows):
+    rng = np.random.default_rng(1)
+    X = rng.random((rows, 784), dtype=np.float32)
+    y = (X[:, :10] * np.arange(1, 11, dtype=np.float32)).argmax(1).astype(np.int64)
+    return X, y
+
+
+def torch_mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(784, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 10))
+
+
+def ravdl_mlp(net):
+    model = NeuralNetwork(optimizer=Adam(lr=0.001), loss="CrossEntropy")
+    linears = [m for m in net if isinstance(m, nn.Linear)]
+    for k, linear in enumerate(linears):
+        model.add(Dense(linear.out_features, input_shape=(linear.in_features,) if k == 0 else None,
+                        initial_W=linear.weight.detach().numpy(), initial_w0=linear.bias.detach().numpy()))
+        if k < len(linears) - 1:
+            model.add(Activation("relu"))
+    return model
+
+
+def eager(X, y, steps):
+    """(seconds, losses) of plain PyTorch over the first `steps` batches, in order."""
+    net = torch_mlp()
+    opt = torch.optim.Adam(net.parameters(), lr=0.001)
+    X, y = torch.from_numpy(X), torch.from_numpy(y)
+    losses = []
+    start = time.perf_counter()
+    for k in range(steps):
+        rows = slice(k * BATCH, (k + 1) * BATCH)
+        loss = TF.cross_entropy(net(X[rows]), y[rows])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return time.perf_counter() - start, torch.stack(losses)
+
+
+def _eager_seconds(args):
+    torch.set_num_threads(args[1])
+    return eager(*data(args[0] * BATCH), args[0])[0]
+
+
+def machine_ceiling(steps, threads):
+    """The speed-up two processes can get on this machine now: eager PyTorch in two processes at once, their
+    samples/s over one process's (2.0 on two idle cores; less when other jobs share them)."""
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        alone = pool.apply(_eager_seconds, ((steps, threads),))
+        start = time.perf_counter()
+        pool.map(_eager_seconds, [(steps, threads)] * 2)
+        both = time.perf_counter() - start
+    return 2 * alone / both
+
+
+def engine(X, y, strategy):
+    """(execute seconds, losses in name order, summary) of one fit on the running workers."""
+    R.flush()
+    R.Graph(name=f"bench {strategy!r}", seed=SEED)
+    with contextlib.redirect_stdout(io.StringIO()):
+        names = ravdl_mlp(torch_mlp()).fit(X, y, n_epochs=1, batch_size=BATCH, strategy=strategy)
+    summary = R.activate()
+    start = time.perf_counter()
+    R.execute()
+    R.track_progress(progress_bar=False)
+    seconds = time.perf_counter() - start
+    losses = R.fetch_losses()
+    return seconds, {name: float(value) for name, value in zip(names, losses.batch)}, summary
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=64, help="batches of 256 in the epoch (all replicas)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=2, help="best of this many runs per row")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    X, y = data(args.steps * BATCH)
+    eager_s, eager_losses = eager(X, y, args.steps)
+    ceiling = machine_ceiling(args.steps, args.threads)
+    server = LocalServer()
+    rows, results = [], {}
+    try:
+        R.initialize(token=f"bench-{uuid.uuid4().hex[:6]}", redis_url=server.url)
+        for n_workers in (1, 2):
+            workers = Workers(server.url, n_workers, args.threads)
+            try:
+                for label, strategy in (("fit", None), ("LocalSGD(2, sync_every=8)", R.parallel.LocalSGD(2, 8)),
+                                        ("DataParallel(2)", R.parallel.DataParallel(2)),
+                                        ("Pipeline(2, micro_batches=4)", R.parallel.Pipeline(2, 4))):
+                    if label == "fit" and n_workers == 2:
+                        continue
+                    runs = [engine(X, y, strategy) for _ in range(args.repeats)]
+                    seconds, losses, summary = min(runs, key=lambda run: run[0])
+                    results[label, n_workers] = seconds
+                    rows.append((label, n_workers, seconds, losses, summary))
+            finally:
+                workers.stop()
+    finally:
+        server.stop()
+    samples = args.steps * BATCH
+    print(f"MLP 784-{WIDTH}-{WIDTH}-10, batch {BATCH}, {args.steps} batches, --threads {args.threads}; the machine "
+          "was shared with other jobs")
+    print(f"two eager processes at once: {ceiling:.2f}x one (the most 2 workers can gain on this machine now)")
+    print(f"{'run':<28}{'workers':>8}{'seconds':>9}{'samples/s':>11}{'vs eager':>10}{'speed-up':>10}  "
+          f"{'subgraphs':>9}  max |loss - eager|")
+    print(f"{'eager PyTorch':<28}{1:>8}{eager_s:>9.2f}{samples / eager_s:>11.0f}{1.0:>10.2f}{'':>10}")
+    for label, n_workers, seconds, losses, summary in rows:
+        speedup = results[label, 1] / seconds if n_workers == 2 else None
+        if label == "LocalSGD(2, sync_every=8)":   # each shard's first 8 steps are eager's steps on that shard
+            diff = None
+        else:
+            got = torch.tensor([losses[f"training_loss_epoch_1_batch_{b + 1}"] for b in range(args.steps)])
+            diff = float((got - eager_losses).abs().max())
+        print(f"{label:<28}{n_workers:>8}{seconds:>9.2f}{samples / seconds:>11.0f}{eager_s / seconds:>10.2f}"
+              f"{'' if speedup is None else f'{speedup:.2f}x':>10}  {summary['subgraphs']:>9}  "
+              f"{'-' if diff is None else f'{diff:.2e}'}")
+
+
+if __name__ == "__main__":
+    main()

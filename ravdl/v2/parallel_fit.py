@@ -1,0 +1,250 @@
+"""`fit(..., strategy=...)` (ravop.parallel): the training recorded as loop segments, one per replica between two
+synchronisations, and the averaging between them as ordinary ops. A segment is a loop op (`Loop.run(...,
+segment=...)`): its own subgraph, run with the replica's state in memory, checkpointed and resumed like any loop,
+so the replicas of one synchronisation interval are independent subgraphs that idle workers run at once.
+
+The losses are persisted under the names `fit` uses (`training_loss_epoch_{e}_batch_{b}`): DataParallel one per
+step (the batch's loss, as one worker computes it); LocalSGD and Gossip one per replica and step, replica r's
+j-th batch of an epoch being batch `j * replicas + r + 1`.
+"""
+import numpy as np
+import torch
+
+import ravop as R
+from ravop.graph import Op, current_graph
+from ravop.loop import Batches, Loop
+from ravop.parallel import DataParallel, Gossip, LocalSGD, Pipeline, check_strategy
+from ravop.parallel.replicas import average, weighted_sum
+
+from .fit import optimizer_slots
+from .layers.base import as_input, leaf_layers
+from .layers.core import Dropout
+
+
+def record_parallel_fit(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
+    """Record the training of `model` under `strategy`; returns the training loss names in order."""
+    n_epochs, batch_size = int(n_epochs), int(batch_size)
+    if n_epochs < 1 or batch_size < 1:
+        raise ValueError(f"n_epochs and batch_size must be >= 1, not {n_epochs} and {batch_size}")
+    current_graph().parallel_fits.append(check_strategy(strategy))   # compile_graph leaves it unfolded
+    if isinstance(strategy, DataParallel):
+        return _data_parallel(model, as_input(X), as_input(y), n_epochs, batch_size, shuffle, seed, strategy)
+    if isinstance(strategy, Pipeline):
+        return _pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy)
+    return _replicated(model, X, y, n_epochs, batch_size, shuffle, seed, strategy)
+
+
+class _Steps:
+    """The steps of `n_epochs` over `n_rows` rows in batches of `batch_size`: the templates (full batches,
+    then a short last one) and, per step, (template, epoch, batch in the epoch), all 0-based."""
+
+    def __init__(self, n_rows, batch_size, n_epochs):
+        n_full, short = divmod(n_rows, batch_size)
+        self.rows = [batch_size] * bool(n_full) + [short] * bool(short)
+        self.schedule = [(t, n_full if rows == batch_size else 1) for t, rows in enumerate(self.rows)]
+        self.n_epochs = n_epochs
+        self.order = [(t, e, b) for e in range(n_epochs) for b, t in enumerate(
+            [t for t, times in self.schedule for _ in range(times)])]
+
+
+def _record_segment(initial, batches, steps, segment, record_step):
+    """A loop op running steps [first, first + n) of `steps` from the carried values `initial`; each template
+    is recorded by `record_step(step, rows, runs)`: its batch rows and the (epoch, batch) of its runs in the
+    segment. Returns the carried values after the segment."""
+    loop = Loop(initial, batches)
+    first, n = segment
+    for t, rows in enumerate(steps.rows):
+        runs = [(e, b) for tt, e, b in steps.order[first:first + n] if tt == t]
+        with loop.step() as step:
+            record_step(step, rows, runs)
+    return loop.run(steps.schedule, rounds=steps.n_epochs, segment=segment)
+
+
+def _loss_name(epoch, batch):
+    return f"training_loss_epoch_{epoch + 1}_batch_{batch + 1}"
+
+
+def _data_parallel(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
+    """Per step: each replica's gradient of its slice in a one-step segment, then one optimizer step on
+    their mean weighted by slice sizes (`DataParallel`)."""
+    if not X.shape or not y.shape or X.shape[0] != y.shape[0]:
+        raise ValueError(f"X and y must have the same number of rows, not shapes {tuple(X.shape)} and "
+                         f"{tuple(y.shape)}")
+    model._ensure_built(X)
+    if any(layer.buffers for _, layer in model.leaf_layers()):
+        raise NotImplementedError("DataParallel of a model with buffers (BatchNorm) is not implemented: each "
+                                  "replica would see only its slice's batch statistics")
+    model._carried_slots()   # its checks: an optimizer, no gradients waiting for a step
+    steps = _Steps(X.shape[0], batch_size, n_epochs)
+    batches = Batches(X.shape[0], batch_size, shuffle, seed)
+    names = []
+    loss_shape = R.zeros(shape=(), dtype="float32")
+    for index, (t, epoch, batch) in enumerate(steps.order):
+        slots = model._trained_slots()
+        params = [param for _, param in slots]
+        bounds = strategy.slices(steps.rows[t])
+        replica_grads, replica_losses = [], []
+        for start, stop in bounds:
+            def gradient(step, rows, runs, start=start, stop=stop):
+                X_slice, y_slice = step.rows(X, rows)[start:stop], step.rows(y, rows)[start:stop]
+                loss = model.loss_function(y_slice, model._forward_pass(X_slice, training=True))
+                step.carry([*R.grad(loss, params), loss])
+
+            # the segment carries the gradients and the loss: the parameters stand for their shapes at the start
+            *grads, loss = _record_segment([*params, loss_shape], batches, steps, (index, 1), gradient)
+            replica_grads.append(grads)
+            replica_losses.append(loss)
+        weights = [(stop - start) / steps.rows[t] for start, stop in bounds]
+        weighted_sum(replica_losses, weights).persist_op(_loss_name(epoch, batch))
+        names.append(_loss_name(epoch, batch))
+        for ((layer, key), param), *grads in zip(slots, *replica_grads):
+            layer.params[key] = model.optimizer.update((layer, key), param, weighted_sum(grads, weights))
+    return names
+
+
+def _shard(data, start, stop):
+    if isinstance(data, Op):
+        return data[start:stop]
+    return as_input(torch.as_tensor(np.asarray(data) if not isinstance(data, torch.Tensor) else data)[start:stop])
+
+
+def _replicated(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
+    """Replicas training on disjoint shards, from one initial model, their states averaged at the strategy's
+    synchronisations (LocalSGD: every `sync_every` steps; Gossip: pairs after every step)."""
+    n_rows = as_input(X).shape[0] if isinstance(X, Op) else len(X)
+    replicas = strategy.replicas
+    if n_rows % replicas:
+        raise ValueError(f"{n_rows} rows do not split into {replicas} equal shards: replicas that run different "
+                         "numbers of steps could not synchronise; give a multiple of the number of replicas")
+    size = n_rows // replicas
+    shards = [(_shard(X, r * size, (r + 1) * size), _shard(y, r * size, (r + 1) * size)) for r in range(replicas)]
+    model._ensure_built(shards[0][0])
+    slots, counters = model._carried_slots(), model._step_counters()
+    n_state = len(optimizer_slots(model.optimizer, model._trained_slots())[0])
+    starts = [counter.get() for counter in counters]
+    steps = _Steps(size, batch_size, n_epochs)
+    states = [[slot.get() for slot in slots] for _ in range(replicas)]
+    losses = [None] * replicas
+    names = {}
+    moved = None
+    with_loss = isinstance(strategy, Gossip) and strategy.needs_loss   # then a segment carries its last loss
+    loss_slot = [R.zeros(shape=(), dtype="float32")] * with_loss
+
+    def train(r, X_shard, y_shard):
+        def record_step(step, rows, runs):
+            nonlocal moved
+            for counter, start in zip(counters, starts):
+                counter.set(start)
+            for slot, value in zip(slots, step.carried):
+                slot.set(value)
+            loss = model.train_on_batch(step.rows(X_shard, rows), step.rows(y_shard, rows))
+            step.carry([slot.get() for slot in slots] + [loss] * with_loss)
+            run_names = [_loss_name(e, b * replicas + r) for e, b in runs]
+            step.persist(loss, run_names)
+            names.update((name, (e, b * replicas + r)) for (e, b), name in zip(runs, run_names))
+            moved = [counter.get() - start for counter, start in zip(counters, starts)]
+        return record_step
+
+    n_steps = len(steps.order)
+    for first, n in strategy.segments(n_steps):
+        for r, (X_shard, y_shard) in enumerate(shards):
+            batches = Batches(size, batch_size, shuffle, seed + r)
+            after = _record_segment(states[r] + loss_slot, batches, steps, (first, n), train(r, X_shard, y_shard))
+            states[r], losses[r] = list(after[:len(slots)]), after[len(slots):]
+        if isinstance(strategy, LocalSGD):
+            _average_into(states, range(len(slots) - (0 if strategy.average_optim else n_state)))
+        else:
+            strategy.exchange(states, losses, first + n, current_graph().seed, len(slots) - n_state)
+    _average_into(states, range(len(slots)))   # the model after fit: the replicas' mean
+    for slot, value in zip(slots, states[0]):
+        slot.set(value)
+    for counter, start, step_moved in zip(counters, starts, moved):
+        counter.set(start + step_moved * n_steps)
+    return sorted(names, key=names.get)
+
+
+def _average_into(states, indices):
+    for k in indices:
+        if all(state[k] is states[0][k] for state in states):
+            continue   # averaged at the last synchronisation already
+        mean = average([state[k] for state in states])
+        for state in states:
+            state[k] = mean
+
+
+def _one_step(initial, record_step):
+    """A loop op of one step that reads no rows: its own subgraph, so a worker runs it apart from the others."""
+    loop = Loop(initial)
+    with loop.step() as step:
+        record_step(step)
+    return loop.run([(0, 1)])
+
+
+def _forward(layers, X):
+    for layer in layers:
+        X = layer._forward_pass(X, training=True)
+    return X
+
+
+def _pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
+    """Per step: each stage's forward of each micro-batch, then each stage's backward (its forward recomputed)
+    from the last stage to the first, one-step segments all; then one optimizer step on the micro-batches'
+    gradients weighted by their sizes (`Pipeline`)."""
+    if isinstance(X, Op) or isinstance(y, Op):
+        raise TypeError("Pipeline takes X and y as arrays or tensors (each micro-batch is uploaded as it is cut)")
+    X, y = np.asarray(X), np.asarray(y)
+    if X.ndim < 1 or y.ndim < 1 or len(X) != len(y):
+        raise ValueError(f"X and y must have the same number of rows, not shapes {X.shape} and {y.shape}")
+    model._ensure_built(as_input(X[:1]))
+    leaves = [layer for _, layer in model.leaf_layers()]
+    if any(layer.buffers for layer in leaves) or any(isinstance(layer, Dropout) for layer in leaves):
+        raise NotImplementedError("Pipeline of a model with buffers (BatchNorm) or Dropout is not implemented: a "
+                                  "stage's backward recomputes its forward, which would update the statistics or "
+                                  "draw another mask")
+    model._carried_slots()   # its checks: an optimizer, no gradients waiting for a step
+    tops = [layer for _, layer in model.named_layers()]
+    costs = [1 + sum(p.numel() for _, leaf in leaf_layers(top) for p in leaf.params.values()) for top in tops]
+    stages = [tops[start:stop] for start, stop in strategy.cut(costs)]
+    keys = [[(leaf, key) for top in stage for _, leaf in leaf_layers(top) for key in leaf.params] for stage in stages]
+    rng = np.random.default_rng(seed)
+    orders = [rng.permutation(len(X)) if shuffle else np.arange(len(X)) for _ in range(n_epochs)]
+    names = []
+    for t, epoch, batch in _Steps(len(X), batch_size, n_epochs).order:
+        rows = orders[epoch][batch * batch_size:(batch + 1) * batch_size]
+        bounds = strategy.micro_slices(len(rows))
+        weights = [(stop - start) / len(rows) for start, stop in bounds]
+        grads = [[] for _ in stages]       # per stage, per micro-batch: its parameters' gradients
+        losses = []
+        for start, stop in bounds:
+            inputs = [as_input(X[rows[start:stop]])]   # each stage's input
+            for stage in stages[:-1]:
+                shape = (stop - start,) + tuple(stage[-1].last_output_shape)
+                inputs += _one_step([R.zeros(shape=shape, dtype="float32")],
+                                    lambda step, stage=stage, a=inputs[-1]: step.carry([_forward(stage, a)]))
+            target, g_out = as_input(y[rows[start:stop]]), None
+            for s in range(len(stages) - 1, -1, -1):
+                params = [leaf.params[key] for leaf, key in keys[s]]
+                wrt = params + inputs[s:s + 1] * (s > 0)
+                last = s == len(stages) - 1
+
+                def backward(step, stage=stages[s], a=inputs[s], wrt=wrt, last=last, g_out=g_out):
+                    out = _forward(stage, a)
+                    if last:
+                        loss = model.loss_function(target, out)
+                        step.carry([*R.grad(loss, wrt), loss])
+                    else:
+                        step.carry(R.grad(out, wrt, grad_output=g_out))
+
+                placeholder = [R.zeros(shape=(), dtype="float32")] * last
+                stage_grads = list(_one_step(wrt + placeholder, backward))
+                if last:
+                    losses.append(stage_grads.pop())
+                g_out = stage_grads.pop() if s > 0 else None
+                grads[s].append(stage_grads)
+        weighted_sum(losses, weights).persist_op(_loss_name(epoch, batch))
+        names.append(_loss_name(epoch, batch))
+        for stage_keys, stage_grads in zip(keys, grads):
+            for k, (leaf, key) in enumerate(stage_keys):
+                g = weighted_sum([per_micro[k] for per_micro in stage_grads], weights)
+                leaf.params[key] = model.optimizer.update((leaf, key), leaf.params[key], g)
+    return names

@@ -1,0 +1,67 @@
+"""Gossip (dpwa's pair-wise averaging, made synchronous and seeded): after every step the replicas are paired at
+random, from a generator seeded by the graph seed and the step, so the same graph and seed give the same pairs
+and the same bits; each replica then moves towards its peer, `p <- p + a * (peer - p)`, with `a` from
+`interpolation` as dpwa computes it:
+- 'constant': `factor`;
+- 'clock': peer_clock / (clock + peer_clock), the clocks being the samples each replica trained on (replicas step
+  together here, so it is 0.5);
+- 'loss': loss / (loss + peer_loss) of the two replicas' last batch losses: the worse replica moves further.
+With `divergence_threshold` > 0 (dpwa's "diverge models when the loss reaches it"), a replica whose last loss is
+below the threshold keeps its own parameters. With an odd number of replicas one sits each step out."""
+import numpy as np
+
+import ravop as R
+
+from .replicas import check_replicas
+
+INTERPOLATIONS = ("constant", "clock", "loss")
+
+
+class Gossip:
+    def __init__(self, replicas, interpolation="constant", factor=0.5, divergence_threshold=0.0):
+        self.replicas = check_replicas(replicas)
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, not {interpolation!r}")
+        if not 0.0 <= float(factor) <= 1.0:
+            raise ValueError(f"factor must be within [0, 1], not {factor!r}")
+        if interpolation != "constant" and float(factor) != 0.5:
+            raise ValueError(f"factor applies to interpolation='constant'; {interpolation!r} computes its own")
+        if float(divergence_threshold) < 0:
+            raise ValueError(f"divergence_threshold must be >= 0 (0: off), not {divergence_threshold!r}")
+        self.interpolation, self.factor = interpolation, float(factor)
+        self.divergence_threshold = float(divergence_threshold)
+
+    @property
+    def needs_loss(self):
+        """Whether the exchange reads the replicas' last losses."""
+        return self.interpolation == "loss" or self.divergence_threshold > 0
+
+    def segments(self, n_steps):
+        return [(first, 1) for first in range(n_steps)]
+
+    def pairs(self, step, seed):
+        """The (replica, peer) pairs after `step` steps: a permutation drawn from (seed, step), taken two by two."""
+        order = np.random.default_rng([int(seed), int(step)]).permutation(self.replicas).tolist()
+        return [(order[k], order[k + 1]) for k in range(0, self.replicas - 1, 2)]
+
+    def exchange(self, states, losses, step, seed, n_shared):
+        """Record the pair-wise interpolation after `step` steps of the first `n_shared` values of each replica's
+        state (parameters and buffers; each keeps its optimizer state, as in dpwa), replaced in `states[r]`;
+        `losses[r]`: [replica r's last loss Op] when `needs_loss`."""
+        for i, j in self.pairs(step, seed):
+            old_i, old_j = states[i][:n_shared], states[j][:n_shared]
+            states[i][:n_shared] = self._towards(old_i, old_j, losses[i], losses[j])
+            states[j][:n_shared] = self._towards(old_j, old_i, losses[j], losses[i])
+
+    def _towards(self, own, peer, loss, peer_loss):
+        if self.interpolation == "loss":
+            a = loss[0] / (loss[0] + peer_loss[0])
+        else:
+            a = self.factor if self.interpolation == "constant" else 0.5
+        if self.divergence_threshold > 0:
+            a = R.cast(R.greater_equal(loss[0], self.divergence_threshold), "float32") * a
+        return [p + (q - p) * a for p, q in zip(own, peer)]
+
+    def __repr__(self):
+        return (f"Gossip(replicas={self.replicas}, interpolation={self.interpolation!r}, factor={self.factor}, "
+                f"divergence_threshold={self.divergence_threshold})")

@@ -1,0 +1,22 @@
+"""LocalSGD (Ravnest's clusters averaged every `reduce_factor` updates): each replica trains on its own shard of
+the data (replica r on rows [r * n / replicas, (r + 1) * n / replicas), shuffled within the shard with
+`shuffle`, from seed + r); every `sync_every` steps, and after the last one, their parameters (and buffers, and with
+`average_optim` the optimizer's moments) are replaced by the replicas' mean."""
+from .replicas import check_replicas
+
+
+class LocalSGD:
+    def __init__(self, replicas, sync_every, average_optim=False):
+        self.replicas = check_replicas(replicas)
+        if type(sync_every) is not int or sync_every < 1:
+            raise ValueError(f"sync_every must be a positive int (steps between averagings), not {sync_every!r}")
+        if not isinstance(average_optim, bool):
+            raise TypeError(f"average_optim takes True or False, not {average_optim!r}")
+        self.sync_every, self.average_optim = sync_every, average_optim
+
+    def segments(self, n_steps):
+        """(first step, steps) of each replica's run between two averagings."""
+        return [(first, min(self.sync_every, n_steps - first)) for first in range(0, n_steps, self.sync_every)]
+
+    def __repr__(self):
+        return f"LocalSGD(replicas={self.replicas}, sync_every={self.sync_every}, average_optim={self.average_optim})"

@@ -1,0 +1,49 @@
+"""Pipeline (GPipe): the model's layers cut into `stages` contiguous stages of balanced cost, every batch into
+`micro_batches` micro-batches (as torch.tensor_split cuts it). Each (stage, micro-batch) forward is a subgraph of
+its own, as is each backward, which recomputes its stage's forward from the stage's input (GPipe's
+re-materialisation) and hands the gradient of that input to the stage before it; the optimizer steps once on the
+micro-batches' gradients weighted by their sizes: the same mathematics as one worker. Ready subgraphs go to idle
+workers, so stage s of micro-batch m+1 runs while stage s+1 works on micro-batch m."""
+from .data_parallel import tensor_split
+
+
+class Pipeline:
+    def __init__(self, stages, micro_batches=1):
+        if stages == "auto":
+            raise NotImplementedError("Pipeline(stages='auto') is not implemented: choosing the number of stages "
+                                      "from the workers' advertised memory is not built; give a number")
+        if type(stages) is not int or stages < 1:
+            raise ValueError(f"stages must be a positive int, not {stages!r}")
+        if type(micro_batches) is not int or micro_batches < 1:
+            raise ValueError(f"micro_batches must be a positive int, not {micro_batches!r}")
+        self.stages, self.micro_batches = stages, micro_batches
+
+    def cut(self, costs):
+        """(start, stop) of each stage over layers of `costs`: contiguous, the largest stage cost the least
+        possible (ties: earlier cuts)."""
+        n = len(costs)
+        if n < self.stages:
+            raise ValueError(f"{n} layers cannot make {self.stages} stages: use at most {n}")
+        prefix = [0]
+        for c in costs:
+            prefix.append(prefix[-1] + c)
+        best = {}   # (first layer, stages left) -> (largest stage cost, cuts)
+
+        def solve(start, left):
+            if left == 1:
+                return prefix[n] - prefix[start], [(start, n)]
+            if (start, left) not in best:
+                options = []
+                for stop in range(start + 1, n - left + 2):
+                    rest, cuts = solve(stop, left - 1)
+                    options.append((max(prefix[stop] - prefix[start], rest), [(start, stop)] + cuts))
+                best[start, left] = min(options, key=lambda option: option[0])
+            return best[start, left]
+        return solve(0, self.stages)[1]
+
+    def micro_slices(self, rows):
+        """(start, stop) of each micro-batch of a batch of `rows` rows."""
+        return tensor_split(rows, self.micro_batches, "micro-batches")
+
+    def __repr__(self):
+        return f"Pipeline(stages={self.stages}, micro_batches={self.micro_batches})"

@@ -1,0 +1,24 @@
+"""What `import ravop as R` offers a requester: sessions, graph recording, the generated `R.<op>` functions,
+`R.model`, gradients, losses and federated statistics. ravop/__init__.py loads it on first use of one of its
+names, so that a worker, which needs only the registry, the op kernels, the store and the wire format, never does.
+"""
+from . import op_functions, ops  # noqa: F401  (importing ops fills the registry)
+from . import parallel  # noqa: F401  (R.parallel.LocalSGD, ...)
+from .api import build as _build
+from .autodiff import NotDifferentiableError, grad
+from .constants import Scalar, Tensor, epsilon, inf, minus_one, one, pi, t
+from .errors import (ConnectionFailed, DeviceUnavailable, GraphFailedError, GraphStateError, NotComputedError,
+                     RavopError, ShapeError, StoreLimitError, UnknownPersistName)
+from .federated.api import (federated_count, federated_max, federated_mean, federated_min,
+                            federated_standard_deviation, federated_variance)
+from .graph import Graph, Op, current_graph
+from .session import (activate, execute, fetch_persisting_op, flush, get_my_graphs, initialize,
+                      track_progress)
+from .torchscript_import import model
+from .training_losses import Losses, fetch_losses
+
+_functions = _build(op_functions.__dict__)
+globals().update({name: getattr(op_functions, name) for name in dir(op_functions) if not name.startswith("_")})
+
+# The names ravop/__init__.py takes over: the imported API and the generated op functions.
+PUBLIC = {name: value for name, value in globals().items() if not name.startswith("_") and name != "PUBLIC"}

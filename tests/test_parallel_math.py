@@ -1,0 +1,257 @@
+"""R.parallel's strategies (ravdl/v2/parallel_fit.py) compute what eager PyTorch computes for the same algorithm
+on a small MLP: LocalSGD (replicas on shards, averaged every sync_every steps), DataParallel (the losses of
+one-worker training), Gossip (seeded pairs, dpwa's interpolations). Run in-process (ravop.interpreter); the
+engine runs of tests/test_parallel_engine.py check the same plans across worker processes."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import ravop as R
+from ravdl.v2 import NeuralNetwork
+from ravdl.v2.layers import Activation, Dense
+from ravdl.v2.optimizers import Adam
+from ravop.interpreter import evaluate_persisted
+from ravop.loop import Batches, Loop
+
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(48, 5)).astype(np.float32)
+Y = np.eye(3, dtype=np.float32)[RNG.integers(0, 3, 48)]
+LR = 0.02
+
+
+def torch_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def ravdl_net(net):
+    """The same MLP in ravdl, from `net`'s initial weights."""
+    model = NeuralNetwork(Adam(lr=LR), loss="SquareLoss")
+    first, last = net[0], net[2]
+    model.add(Dense(8, initial_W=first.weight.detach().numpy(), initial_w0=first.bias.detach().numpy(),
+                    input_shape=(5,)))
+    model.add(Activation("tanh"))
+    model.add(Dense(3, initial_W=last.weight.detach().numpy(), initial_w0=last.bias.detach().numpy()))
+    return model
+
+
+def fit(strategy, n_epochs, batch_size, shuffle=False, seed=3):
+    """(loss by name, final prediction on X) of `strategy`'s fit, computed in-process."""
+    graph = R.Graph(name="parallel", seed=11)
+    model = ravdl_net(torch_net())
+    names = model.fit(X, Y, n_epochs=n_epochs, batch_size=batch_size, shuffle=shuffle, seed=seed, strategy=strategy)
+    model.predict(X).persist_op("prediction")
+    values = evaluate_persisted(graph)
+    return {name: values[name] for name in names}, values["prediction"], list(names)
+
+
+def batches_of(n_rows, batch_size, n_epochs, shuffle, seed):
+    """Row indices of each batch, as ravop.loop.Batches visits them."""
+    rng = np.random.default_rng(seed)
+    for _ in range(n_epochs):
+        order = rng.permutation(n_rows) if shuffle else np.arange(n_rows)
+        for start in range(0, n_rows, batch_size):
+            yield torch.as_tensor(order[start:start + batch_size])
+
+
+def adam_step(net, opt, X_batch, y_batch):
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(net(X_batch), y_batch)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def average_(modules):
+    with torch.no_grad():
+        for tensors in zip(*(m.parameters() for m in modules)):
+            mean = tensors[0] + tensors[1] if len(tensors) == 2 else torch.stack(tensors).sum(0)
+            mean = mean * (1.0 / len(tensors))
+            for t in tensors:
+                t.copy_(mean)
+
+
+def average_adam_(opts):
+    for states in zip(*(list(o.state.values()) for o in opts)):
+        for key in ("exp_avg", "exp_avg_sq"):
+            mean = (states[0][key] + states[1][key]) * 0.5
+            for state in states:
+                state[key].copy_(mean)
+
+
+def local_sgd_reference(replicas, sync_every, n_epochs, batch_size, shuffle, seed, average_optim):
+    net = torch_net()
+    nets = [copy.deepcopy(net) for _ in range(replicas)]
+    opts = [torch.optim.Adam(n.parameters(), lr=LR) for n in nets]
+    size = len(X) // replicas
+    shards = [(torch.as_tensor(X[r * size:(r + 1) * size]), torch.as_tensor(Y[r * size:(r + 1) * size]))
+              for r in range(replicas)]
+    plans = [list(batches_of(size, batch_size, n_epochs, shuffle, seed + r)) for r in range(replicas)]
+    losses = [[] for _ in range(replicas)]
+    for k in range(len(plans[0])):
+        for r, (Xs, ys) in enumerate(shards):
+            losses[r].append(adam_step(nets[r], opts[r], Xs[plans[r][k]], ys[plans[r][k]]))
+        if (k + 1) % sync_every == 0 or k + 1 == len(plans[0]):
+            average_(nets)
+            if average_optim:
+                average_adam_(opts)
+    return losses, nets[0](torch.as_tensor(X)).detach()
+
+
+@pytest.mark.parametrize("average_optim", [False, True])
+def test_local_sgd_equals_eager_pytorch_of_the_same_algorithm(average_optim):
+    epochs, batch, every = 2, 5, 3   # shards of 24 rows: 4 batches of 5 and one of 4 per epoch
+    got, prediction, names = fit(R.parallel.LocalSGD(replicas=2, sync_every=every, average_optim=average_optim),
+                                 epochs, batch, shuffle=True)
+    losses, want_prediction = local_sgd_reference(2, every, epochs, batch, True, 3, average_optim)
+    per_epoch = len(losses[0]) // epochs
+    for r in range(2):
+        for k, loss in enumerate(losses[r]):
+            e, b = divmod(k, per_epoch)
+            assert torch.allclose(got[f"training_loss_epoch_{e + 1}_batch_{b * 2 + r + 1}"], loss, atol=1e-6)
+    assert len(names) == 2 * len(losses[0])
+    assert torch.allclose(prediction, want_prediction, atol=1e-6)
+
+
+def test_data_parallel_losses_equal_one_worker_training():
+    epochs, batch = 2, 10   # 48 rows: 4 batches of 10 and one of 8, cut 5/5 and 4/4
+    got, prediction, names = fit(R.parallel.DataParallel(replicas=2), epochs, batch, shuffle=True)
+    net = torch_net()
+    opt = torch.optim.Adam(net.parameters(), lr=LR)
+    want = [adam_step(net, opt, torch.as_tensor(X)[rows], torch.as_tensor(Y)[rows])
+            for rows in batches_of(len(X), batch, epochs, True, 3)]
+    assert names == [f"training_loss_epoch_{e}_batch_{b}" for e in (1, 2) for b in range(1, 6)]
+    assert torch.allclose(torch.stack([got[n] for n in names]), torch.stack(want), atol=1e-4)
+    assert torch.allclose(prediction, net(torch.as_tensor(X)).detach(), atol=1e-4)
+
+
+def test_data_parallel_of_three_replicas_cuts_uneven_batches():
+    got, _, names = fit(R.parallel.DataParallel(replicas=3), 1, 16)   # 16 rows: 6/5/5
+    net = torch_net()
+    opt = torch.optim.Adam(net.parameters(), lr=LR)
+    want = [adam_step(net, opt, torch.as_tensor(X)[rows], torch.as_tensor(Y)[rows])
+            for rows in batches_of(len(X), 16, 1, False, 0)]
+    assert torch.allclose(torch.stack([got[n] for n in names]), torch.stack(want), atol=1e-5)
+
+
+def test_pipeline_losses_equal_one_worker_training():
+    epochs, batch = 2, 10   # batches of 10 in 3 micro-batches (4/3/3), the short one of 8 in 3/3/2
+    got, prediction, names = fit(R.parallel.Pipeline(stages=2, micro_batches=3), epochs, batch, shuffle=True)
+    net = torch_net()
+    opt = torch.optim.Adam(net.parameters(), lr=LR)
+    want = [adam_step(net, opt, torch.as_tensor(X)[rows], torch.as_tensor(Y)[rows])
+            for rows in batches_of(len(X), batch, epochs, True, 3)]
+    assert torch.allclose(torch.stack([got[n] for n in names]), torch.stack(want), atol=1e-5)
+    assert torch.allclose(prediction, net(torch.as_tensor(X)).detach(), atol=1e-5)
+
+
+def test_pipeline_stages_balance_their_cost():
+    assert R.parallel.Pipeline(stages=2).cut([48, 1, 27]) == [(0, 1), (1, 3)]
+    assert R.parallel.Pipeline(stages=3).cut([5, 5, 5, 5, 10]) == [(0, 2), (2, 4), (4, 5)]
+
+
+def gossip_reference(strategy, n_epochs, batch_size, graph_seed, seed=3):
+    net = torch_net()
+    replicas = strategy.replicas
+    nets = [copy.deepcopy(net) for _ in range(replicas)]
+    opts = [torch.optim.Adam(n.parameters(), lr=LR) for n in nets]
+    size = len(X) // replicas
+    shards = [(torch.as_tensor(X[r * size:(r + 1) * size]), torch.as_tensor(Y[r * size:(r + 1) * size]))
+              for r in range(replicas)]
+    plan = list(batches_of(size, batch_size, n_epochs, False, seed))
+    losses = [[] for _ in range(replicas)]
+    for k, rows in enumerate(plan):
+        last = [adam_step(nets[r], opts[r], Xs[rows], ys[rows]) for r, (Xs, ys) in enumerate(shards)]
+        for r in range(replicas):
+            losses[r].append(last[r])
+        before = [[p.detach().clone() for p in n.parameters()] for n in nets]
+        for i, j in strategy.pairs(k + 1, graph_seed):
+            for me, peer in ((i, j), (j, i)):
+                if strategy.interpolation == "loss":
+                    a = last[me] / (last[me] + last[peer])
+                else:
+                    a = strategy.factor if strategy.interpolation == "constant" else 0.5
+                if strategy.divergence_threshold > 0:
+                    a = float(last[me] >= strategy.divergence_threshold) * a
+                with torch.no_grad():
+                    for p, own, other in zip(nets[me].parameters(), before[me], before[peer]):
+                        p.copy_(own + (other - own) * a)
+    return losses
+
+
+@pytest.mark.parametrize("interpolation, factor, threshold", [("constant", 0.3, 0.0), ("clock", 0.5, 0.0),
+                                                              ("loss", 0.5, 0.9)])
+def test_gossip_equals_eager_pytorch_with_seeded_pairs(interpolation, factor, threshold):
+    strategy = R.parallel.Gossip(replicas=4, interpolation=interpolation, factor=factor,
+                                 divergence_threshold=threshold)
+    got, _, _ = fit(strategy, 1, 4, shuffle=False)
+    losses = gossip_reference(strategy, 1, 4, graph_seed=11)
+    for r in range(4):
+        for b, loss in enumerate(losses[r]):
+            assert torch.allclose(got[f"training_loss_epoch_1_batch_{b * 4 + r + 1}"], loss, atol=1e-5)
+
+
+def test_gossip_pairs_are_seeded():
+    strategy = R.parallel.Gossip(replicas=4)
+    assert strategy.pairs(3, 11) == strategy.pairs(3, 11)
+    assert len({tuple(strategy.pairs(k, 11)) for k in range(20)}) > 1
+    assert sorted(i for pair in strategy.pairs(3, 11) for i in pair) == [0, 1, 2, 3]
+
+
+def test_bad_strategies_are_refused_by_name(engine):
+    with pytest.raises(ValueError, match="sync_every"):
+        R.parallel.LocalSGD(replicas=2, sync_every=0)
+    with pytest.raises(ValueError, match="replicas"):
+        R.parallel.DataParallel(replicas=0)
+    with pytest.raises(ValueError, match="interpolation"):
+        R.parallel.Gossip(replicas=2, interpolation="random")
+    with pytest.raises(ValueError, match="factor applies"):
+        R.parallel.Gossip(replicas=2, interpolation="loss", factor=0.2)
+    with pytest.raises(NotImplementedError, match="stages='auto'"):
+        R.parallel.Pipeline(stages="auto", micro_batches=4)
+    with pytest.raises(ValueError, match="3 layers cannot make 4 stages"):
+        R.parallel.Pipeline(stages=4).cut([1, 1, 1])
+    with pytest.raises(TypeError, match="one of R.parallel's strategies"):
+        R.Graph(name="bad", strategy="LocalSGD")
+    R.Graph(name="shards")
+    with pytest.raises(ValueError, match="equal shards"):
+        ravdl_net(torch_net()).fit(X[:47], Y[:47], 1, 5, strategy=R.parallel.LocalSGD(2, 2))
+    R.Graph(name="no fit", strategy=R.parallel.LocalSGD(2, 2))
+    R.t([1.0]).persist_op("x")
+    with pytest.raises(NotImplementedError, match="no fit used it"):
+        R.activate()
+
+
+def test_sync_every_shows_in_the_compiled_estimate_of_transfers():
+    from compiler import compile_graph
+
+    def handoff(every):
+        graph = R.Graph(name=f"every {every}")
+        ravdl_net(torch_net()).fit(X, Y, 2, 4, strategy=R.parallel.LocalSGD(2, every))
+        return compile_graph(graph).summary["estimated_handoff_seconds"]
+
+    assert handoff(2) > 2 * handoff(8) > 0
+
+
+def test_a_segment_runs_its_steps_of_the_schedule_with_their_batches_and_random_streams():
+    """Loop.run(segment=(first, n)): the steps [first, first + n) of the whole loop, the same bits."""
+    def record(segment, names):
+        data = R.t(torch.arange(12.0).reshape(6, 2))
+        loop = Loop([R.t(torch.zeros(2))], Batches(6, 2, shuffle=True, seed=4))
+        with loop.step() as step:
+            noisy = step.rows(data, 2).sum(0) + R.dropout(R.t(torch.ones(2)), p=0.5, training=True)
+            step.persist(noisy, names)
+            step.carry([step.carried[0] + noisy])
+        return loop.run([(0, 3)], rounds=2, segment=segment)
+
+    graph = R.Graph(name="whole", seed=2)
+    record(None, [f"s{k}" for k in range(6)])[0].persist_op("end")
+    whole = evaluate_persisted(graph)
+    graph = R.Graph(name="segment", seed=2)
+    record((2, 3), [f"s{k}" for k in range(2, 5)])
+    part = evaluate_persisted(graph)
+    assert all(torch.equal(part[f"s{k}"], whole[f"s{k}"]) for k in range(2, 5))
+    with pytest.raises(ValueError, match="not within the loop's 6 steps"):
+        record((4, 3), ["a", "b", "c"])

@@ -1,0 +1,62 @@
+"""The cost model's figures for this worker, measured at start (about 0.1 s), advertised with its
+capabilities (`ravop.store.worker_info`) and read by the compiler (`compiler.cost.calibrated`) instead of the
+round numbers of one machine: per-op dispatch, matmul FLOP/s, elementwise memory bytes/s, and the bytes/s of
+handing a tensor to another worker through Redis (the store's own write and read)."""
+import time
+
+import torch
+
+from ravop import registry
+from ravop.interpreter import run_op
+from ravop.store import tensors as stored
+from ravop.store.keys import graph_prefix
+from ravop.store.worker_info import COST_FIELDS
+
+
+def _best_seconds(fn, device, repeats):
+    """The fastest of `repeats` calls (the least disturbed by other processes), after one warm-up call."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _handoff_seconds(client, name, tensor, chunk):
+    """One store and fetch of `tensor` by the store's own code (in chunks where the server caps one value)."""
+    # A key of the tensor pattern that a worker's ACL user may write and delete; no graph has this id.
+    key = graph_prefix("_", f"calibrate-{name}") + "t:0"
+    try:
+        start = time.perf_counter()
+        pipe = client.pipeline(transaction=False)
+        stored.write(pipe, key, tensor, chunk)
+        pipe.execute()
+        stored.read(client, key)
+        return time.perf_counter() - start
+    finally:
+        client.delete(*stored.keys_of(key))
+
+
+def measure(device, client, name):
+    """{field: value} of `COST_FIELDS` for `device`, one significant digit each: the partitioner needs the order of
+    magnitude, and the same worker should not advertise a different plan-changing figure at every start."""
+    small = torch.ones(4, device=device)
+    side = 512 if device.type == "cpu" else 2048
+    a = torch.ones(side, side, device=device)
+    big = torch.ones(2**22, device=device)   # 48 MiB read and written: more than a CPU's caches hold
+    add, calls = registry.get("add"), 100
+    one_add = _best_seconds(lambda: [run_op(add, [small, small], {}, device=device) for _ in range(calls)],
+                            device, 3) / calls
+    op_s = one_add / 4   # the model's fixed part plus 3 tensors' part, each taken equal (compiler/cost.py)
+    flops_per_s = 2 * side**3 / _best_seconds(lambda: torch.mm(a, a), device, 3)
+    bytes_per_s = 3 * big.nbytes / _best_seconds(lambda: torch.add(big, big), device, 3)
+    payload, chunk = torch.ones(2**16), stored.fit_to_server(client)  # 256 KiB: room on any server that runs graphs
+    handoff_bytes_per_s = payload.nbytes / min(_handoff_seconds(client, name, payload, chunk) for _ in range(3))
+    values = (op_s, flops_per_s, bytes_per_s, handoff_bytes_per_s)
+    return {field: float(f"{value:.0e}") for field, value in zip(COST_FIELDS, values)}
