@@ -139,7 +139,7 @@ PLAN_KINDS = {
     "corrupt input tensor": lambda rng: {"plan": valid_bytes(), "input": _corrupt_tensor(rng)},
 }
 
-_NAMES = ["../../etc", "", "a" * 5000, "\x00", "тест", "*", "ravop:_:dead", "good-name"]
+_NAMES = ["../../etc", "", "a" * 5000, "\x00", "тест", "*", DEAD_LETTER, "good-name"]
 
 
 def _raw_fields(rng):

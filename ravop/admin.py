@@ -1,15 +1,17 @@
 """`ravop admin`: the Redis users of requesters (tokens) and workers on a shared server, each confined by the
 ACL rules of `ravop.store.access`. Creating one returns its connection URL; only a digest of its secret is
-given to the server, so the URL printed once is the only copy."""
+given to the server, so the URL printed once is the only copy. On a cluster, users are made on every node."""
 import hashlib
 import secrets
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
+from redis.cluster import RedisCluster
 
 from .errors import RavopError
 from .store.access import kind_of, requester_rules, worker_rules
 from .store.keys import check_name
+from .store.scripts import is_cluster
 
 KINDS = ("token", "worker")
 
@@ -25,9 +27,14 @@ _NOT_ADMIN = ("the --redis URL's user may not manage users (it needs the ACL com
               "user)")
 
 
-def _acl(client, *args):
+def _everywhere(client):
+    """Where a user change goes: every server has its own users, so on a cluster every node (replicas too)."""
+    return {"target_nodes": RedisCluster.ALL_NODES} if is_cluster(client) else {}
+
+
+def _acl(client, *args, **where):
     try:
-        return client.execute_command("ACL", *args)
+        return client.execute_command("ACL", *args, **where)
     except redis.exceptions.NoPermissionError:
         raise RavopError(_NOT_ADMIN) from None
 
@@ -46,7 +53,7 @@ def _persist(client):
     for command, where in ((("ACL", "SAVE"), "the server's ACL file"), (("CONFIG", "REWRITE"),
                                                                           "the server's config file")):
         try:
-            client.execute_command(*command)
+            client.execute_command(*command, **_everywhere(client))
             return where
         except redis.ResponseError:
             continue
@@ -64,7 +71,8 @@ def create(client, admin_url, kind, name):
         raise RavopError(f"a Redis user {name!r} exists already: revoke it first or pick another name")
     secret = secrets.token_urlsafe(32)
     rules = requester_rules(name) if kind == "token" else worker_rules()
-    _acl(client, "SETUSER", name, "reset", "on", "#" + hashlib.sha256(secret.encode()).hexdigest(), *rules)
+    _acl(client, "SETUSER", name, "reset", "on", "#" + hashlib.sha256(secret.encode()).hexdigest(), *rules,
+         **_everywhere(client))
     return user_url(admin_url, name, secret), _persist(client)
 
 
@@ -74,7 +82,7 @@ def revoke(client, kind, name):
     user = _user(client, name)
     if user is None or kind_of(name, user) != kind:
         raise RavopError(f"there is no {kind} user {name!r} on this server (see `ravop admin {kind} list`)")
-    _acl(client, "DELUSER", name)
+    _acl(client, "DELUSER", name, **_everywhere(client))
     return _persist(client)
 
 

@@ -20,6 +20,7 @@ from .fetched import fetched
 from .graph import current_graph, set_current
 from .store import GraphKeys, Scripts, TokenKeys, connect, ensure_queues, token_namespace
 from .store.connect import Outage, redact, url_user
+from .store.handoff import Handoff
 from .store import graphs as store_graphs
 from .store import tensors as stored
 from .store.federated import FederatedKeys
@@ -39,7 +40,7 @@ WAIT_SECONDS = 0.05   # how often fetch_persisting_op(wait=True) looks for the v
 class Session:
     def __init__(self, client, url, token, embedded=None):
         self.client, self.url, self.token, self.embedded = client, url, token, embedded
-        self.scripts = Scripts(client)
+        self.handoff = Handoff(client, Scripts(client))
         current = client.get(TokenKeys(token).current)
         self.graph_id = current.decode() if current else None
         # persist name -> node id of the graph this session activated: fetching one of its values then
@@ -246,7 +247,7 @@ def execute(timeout=None, participants=None):
         raise GraphStateError(f"graph {graph.name!r} is not activated: call R.activate() first")
     keys = session.keys()
     try:
-        session.scripts.start(keys)
+        session.handoff.start(keys)
     except redis.ResponseError as exc:
         if "NOGRAPH" in str(exc):
             raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)") from None

@@ -1,5 +1,6 @@
 """The worker loop: take a subgraph from the stream of this worker's device kind, run it, store its outputs,
-then complete it (ack, count progress, enqueue the successors that became ready) in the same round trip.
+then complete it (ack, count progress, enqueue the successors that became ready) in the same round trip; on a
+cluster, the ack and the enqueueing are a second round trip to the work streams' shard (ravop.store.handoff).
 
 Delivery is at-least-once. A message is acked only by the completion or failure scripts, after the outputs
 are stored; a message held by a worker that died is taken over once its heartbeat has been silent for
@@ -22,6 +23,7 @@ from ravop.errors import PlanError, StoreLimitError, WireFormatError
 from ravop.loop_run import StepError
 from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, ensure_queues, queue
 from ravop.store.connect import Outage
+from ravop.store.handoff import Handoff
 from ravop.store import federated as federated_store
 from ravop.store import tensors as stored
 from ravop.store import workers as liveness
@@ -79,7 +81,9 @@ class Worker:
         devices.use_full_precision(self.device)
         self.kind = self.device.type
         self.stream = queue(self.kind)  # a CPU worker never reads the GPU stream, and vice versa
-        self.takeover = Takeover(client, self.stream, name, dead_after, reclaim_idle)
+        self.scripts = Scripts(client)
+        self.handoff = Handoff(client, self.scripts)
+        self.takeover = Takeover(client, self.stream, name, dead_after, reclaim_idle, self.handoff)
         self.max_attempts = max_attempts
         self.cache = TensorCache(cache_bytes)
         # What a subgraph may declare, and what the process may hold beyond its start (worker/memory.py):
@@ -93,7 +97,6 @@ class Worker:
             raise ValueError(f"need checkpoint_steps >= 0 and checkpoint_seconds > 0, not {checkpoint_steps} and "
                              f"{checkpoint_seconds}")
         self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
-        self.scripts = Scripts(client)
         self.stopping = threading.Event()
         self.provider = provider  # a worker.federated.Provider if this worker offers data (--data)
         self.heartbeat = Heartbeat(client, name, self.kind, self.stream, self.takeover.every, dead_after,
@@ -196,6 +199,8 @@ class Worker:
                           "Redis", "no such graph", fail_graph=False)
             return
         if reply[0] != b"run":  # the graph failed or is done, or this subgraph already finished
+            if reply[0] == b"finished":  # by a worker that may have died before delivering what it made ready
+                self.handoff.drain(keys)
             self._ack(message_id)
             return
         seed, data, copies = int(reply[1]), reply[2], int(reply[3])
@@ -290,7 +295,8 @@ class Worker:
         total = sum(t.nbytes for t in host.values())
         # Big outputs are checked against the server's limits first, so that a full server is reported
         # in numbers rather than as a refused transaction.
-        chunk = stored.fit_to_server(self.client, total, f"the outputs of subgraph {subgraph_id}") \
+        chunk = stored.fit_to_server(self.client, total, f"the outputs of subgraph {subgraph_id}",
+                                    keys.meta) \
             if total > self.value_bytes else self.value_bytes
         chunks = self.client.pipeline(transaction=False)
         pipe = self.client.pipeline(transaction=True)
@@ -299,9 +305,10 @@ class Worker:
         chunks.execute()  # no-op without big outputs; their chunks are invisible until their headers are set
         self.scripts.complete_in(pipe, keys, subgraph_id, self.name, self.stream, message_id)
         try:
-            status = pipe.execute()[-1]
+            status, handed = pipe.execute()[-1]
         except redis.exceptions.NoScriptError:  # the server restarted and lost its scripts; the writes went in
-            status = self.scripts.complete(keys, subgraph_id, self.name, self.stream, message_id)
+            status, handed = self.scripts.complete(keys, subgraph_id, self.name, self.stream, message_id)
+        self.handoff.completed(keys, handed, self.stream, message_id)
         if status == -1:  # the graph was flushed while this subgraph ran: take back what was written
             self.client.delete(*[key for i in outputs for key in stored.keys_of(keys.tensor(i))])
             return

@@ -132,7 +132,7 @@ class _Writer:
         if carried is not None and done != self.saved:
             host = [devices.to_host(value) for value in carried]
             total = sum(t.nbytes for t in host)
-            size = stored.fit_to_server(client, total, "a loop checkpoint") \
+            size = stored.fit_to_server(client, total, "a loop checkpoint", keys.meta) \
                 if total > stored.chunk_bytes() else None
             chunks = client.pipeline(transaction=False)   # big tensors' chunks, before the transaction
             for k, value in enumerate(host):

@@ -8,6 +8,9 @@ its message's idle time fresh. As a fallback, a message idle for `stale_after` i
 (a worker that lost the server mid-subgraph and went on with other work, or one restarted under the same name).
 
 Several idle workers may race for one message; XCLAIM's minimum idle time lets only the first one have it.
+
+On a cluster the same look also delivers what requesters that died while starting a graph left in its outbox
+(ravop.store.handoff).
 """
 import time
 
@@ -16,8 +19,8 @@ from ravop.store import workers as liveness
 
 
 class Takeover:
-    def __init__(self, client, stream, name, dead_after, stale_after):
-        self.client, self.stream, self.name = client, stream, name
+    def __init__(self, client, stream, name, dead_after, stale_after, handoff):
+        self.client, self.stream, self.name, self.handoff = client, stream, name, handoff
         self.dead_after_ms = int(dead_after * 1000)
         self.stale_after_ms = int(stale_after * 1000)
         self.every = min(dead_after, stale_after) / 3
@@ -30,6 +33,7 @@ class Takeover:
         if now < self._due:
             return None
         self._due = now + self.every
+        self.handoff.reclaim_starts()
         found = self._from_dead_workers() or self._stale()
         if found is not None:
             self._due = now

@@ -66,7 +66,7 @@ def activate(session, graph, compile_options):
                       columns=list(rules.columns), max_clients=rules.max_clients, eligible_providers=len(eligible))
     keys = GraphKeys(session.token, graph.id)
     now = time.time()
-    pipe = session.client.pipeline(transaction=True)
+    pipe = session.client.pipeline(transaction=True)  # the graph's keys: one slot (ravop.store.keys)
     pipe.hset(store.FederatedKeys(keys).stats, mapping=statistics)
     # A provider is one "subgraph" and one "op", so that progress, listing and completion work as for a plan.
     pipe.hset(keys.meta, mapping={
@@ -74,7 +74,9 @@ def activate(session, graph, compile_options):
         "max_clients": rules.max_clients, "state": "activated", "seed": graph.seed, "devices": "", "roots": "",
         "n_subgraphs": rules.max_clients, "done_subgraphs": 0, "n_ops": rules.max_clients, "ops_done": 0,
         "created": now, "summary": json.dumps(summary)})
+    pipe.execute()
     token_keys = TokenKeys(session.token)
+    pipe = session.client.pipeline(transaction=False)
     pipe.zadd(token_keys.graphs, {graph.id: now})
     pipe.set(token_keys.current, graph.id)
     pipe.execute()

@@ -11,15 +11,18 @@ a worker running modified code is held to these rules, not to what our code happ
   It cannot delete, flush or list graphs, nor clear its own name from a token's banned set.
 """
 from .federated import OPEN, PROVIDERS, provider_key
-from .keys import (ANY, banned_pattern, checkpoints_pattern, graphs_pattern, queue, shared_pattern,
+from .keys import (ANY, STARTING, banned_pattern, checkpoints_pattern, graphs_pattern, queue, shared_pattern,
                    tensors_pattern, token_pattern, worker_key, workers_set)
 from .worker_info import info_key
 
 # Commands without keys that our clients send: connection setup (redis-py's AUTH, SELECT; not CLIENT SETINFO,
 # which Redis 7.0 does not know and redis-py does without) and the scripts (loaded by SHA, EVAL as the
 # fallback). `info` gives maxmemory and used memory, checked before big writes (ravop.store.tensors); CONFIG
-# is not granted: CONFIG GET reveals passwords. Granted after _DATA, since INFO is in @dangerous.
+# is not granted: CONFIG GET reveals passwords. Granted after _DATA, since INFO is in @dangerous. On a cluster,
+# redis-py asks any node for the slot map (CLUSTER SLOTS, or CLUSTER SHARDS) and where commands name their keys
+# (COMMAND: the server's command table, nothing of its data).
 _KEYLESS = ["+ping", "+hello", "+auth", "+select", "+echo", "+quit", "+reset",
+            "+cluster|slots", "+cluster|shards", "+command",
             "+client|setname", "+client|getname", "+client|id", "+info",
             "+multi", "+exec", "+discard", "+watch", "+unwatch",
             "+eval", "+evalsha", "+script|load", "+script|exists", "+time"]
@@ -30,7 +33,8 @@ def requester_rules(namespace):
     """ACL SETUSER arguments (after the name) that confine a requester to token `namespace`."""
     return ["resetkeys", "resetchannels", "-@all", *_DATA, *_KEYLESS,
             f"~{token_pattern(namespace)}",
-            f"%RW~{queue(ANY)}", f"%RW~{OPEN}",          # start a graph; open a federated one to providers
+            f"%RW~{queue(ANY)}", f"%RW~{STARTING}",      # start a graph (ravop.store.handoff)
+            f"%RW~{OPEN}",                               # open a federated one to providers
             f"%R~{worker_key(ANY)}", f"%R~{workers_set(ANY)}", f"%R~{info_key(ANY)}",
             f"%R~{PROVIDERS}", f"%R~{provider_key(ANY)}"]
 

@@ -4,6 +4,10 @@ trying (saying so) through a longer outage such as a restart.
 Credentials and TLS come with the URL: `redis://USER:SECRET@host:6379/0` (what `ravop admin ... create`
 prints), `rediss://...` for TLS, with redis-py's options as query parameters
 (`?ssl_ca_certs=/path/ca.pem` for a private CA, `ssl_certfile`/`ssl_keyfile` for a client certificate).
+
+The same URL names a standalone server or any node of a Redis/Valkey Cluster: a node that says
+`cluster_enabled:1` (INFO cluster) gets redis-py's `RedisCluster` client, which finds the other nodes and sends
+each command to the shard of its keys (the key schema keeps each graph in one slot: ravop.store.keys).
 """
 import time
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -11,6 +15,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import redis
 from redis.connection import Encoder, PythonRespSerializer
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from ..errors import ConnectionFailed
@@ -42,8 +48,8 @@ def url_user(url):
 
 
 def connect(url, timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT):
-    """A client for `url` (redis://, rediss://, unix://) after a successful PING; `ConnectionFailed` naming
-    the URL within about `timeout` seconds otherwise."""
+    """A client for `url` (redis://, rediss://, unix://) after a successful PING: a `RedisCluster` if the
+    server is a cluster node; `ConnectionFailed` naming the URL within about `timeout` seconds otherwise."""
     try:
         # No retries for the first PING: redis-py's default (10 retries with backoff) turns an unreachable
         # server into a minute-long hang.
@@ -54,11 +60,41 @@ def connect(url, timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT):
         raise ConnectionFailed(f"invalid Redis URL {redact(url)!r}: {exc}") from None
     try:
         client.ping()
+        in_cluster = client.info("cluster").get("cluster_enabled") == 1
     except (redis.RedisError, OSError) as exc:
         client.close()
         raise ConnectionFailed(f"cannot reach Redis at {redact(url)}: {exc}") from None
-    client.set_retry(Retry(ExponentialBackoff(cap=1.0, base=0.05), 3))
+    if in_cluster:
+        client.close()
+        return _cluster_client(url, timeout, socket_timeout)
+    client.set_retry(_RETRY)
     return client
+
+
+_RETRY = Retry(ExponentialBackoff(cap=1.0, base=0.05), 3)
+
+
+def _cluster_client(url, timeout, socket_timeout):
+    try:
+        client = RedisCluster.from_url(url, socket_connect_timeout=timeout, socket_timeout=socket_timeout,
+                                       retry=_RETRY)
+    except (redis.RedisError, RedisClusterException, OSError) as exc:
+        raise ConnectionFailed(f"cannot reach the Redis Cluster of {redact(url)}: {exc}") from None
+    # The zero-copy packer for the connections to every node, known and found later (RedisCluster does not
+    # pass it on itself).
+    client.nodes_manager.connection_kwargs["command_packer"] = _ZERO_COPY_PACKER
+    for node in client.get_nodes():
+        node.redis_connection.connection_pool.connection_kwargs["command_packer"] = _ZERO_COPY_PACKER
+    return client
+
+
+def node_client(client, key=None):
+    """The client of the server that holds `key` (of any node without one): `client` itself unless it is a
+    cluster's. For what must go to one server: INFO and CONFIG, and tensor reads straight from a socket."""
+    if not isinstance(client, RedisCluster):
+        return client
+    node = client.get_default_node() if key is None else client.get_node_from_key(key)
+    return client.get_redis_connection(node)
 
 
 def ensure_queues(client):

@@ -7,7 +7,7 @@ Shared by all tokens:
   provider:{name}       string  JSON {"columns": [...]}: the numeric columns a live provider holds; expires
                                 with the worker's heartbeat, which renews it
   providers             set     names of workers that advertised data (dead ones pruned on read)
-Per graph, under `ravop:{token}:g:{gid}:`:
+Per graph, under its prefix (ravop.store.keys):
   stats                 hash    persist name -> statistic (mean, variance, ...)
   clients               hash    provider -> "joined" | "done"
   partials              hash    provider -> JSON {column: {count, mean, m2, min, max} | {"withheld": k}}
@@ -58,19 +58,21 @@ def live_providers(client):
     return {name: json.loads(value)["columns"] for name, value in zip(names, values) if value is not None}
 
 
-# KEYS: meta, clients, open set.  ARGV: provider, job ref.
-# A provider joins a running federated graph if it is not full; the graph leaves the open set once it is.
+# KEYS: meta, clients.  ARGV: provider.
+# A provider joins a running federated graph if it is not full. Returns {outcome, 1 if the graph should leave
+# the open set (full, or not running)}: the caller removes it there (another slot on a cluster), so a graph
+# whose provider dies in between stays listed, and the next provider's JOIN says so again.
 JOIN = """
 local meta = redis.call('HMGET', KEYS[1], 'state', 'max_clients')
-if not meta[1] or not meta[2] then redis.call('SREM', KEYS[3], ARGV[2]) return 'gone' end
-if meta[1] ~= 'running' then redis.call('SREM', KEYS[3], ARGV[2]) return meta[1] end
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 'member' end
+if not meta[1] or not meta[2] then return {'gone', 1} end
+if meta[1] ~= 'running' then return {meta[1], 1} end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {'member', 0} end
 local joined = redis.call('HLEN', KEYS[2])
 local wanted = tonumber(meta[2])
-if joined >= wanted then redis.call('SREM', KEYS[3], ARGV[2]) return 'full' end
+if joined >= wanted then return {'full', 1} end
 redis.call('HSET', KEYS[2], ARGV[1], 'joined')
-if joined + 1 >= wanted then redis.call('SREM', KEYS[3], ARGV[2]) end
-return 'joined'
+if joined + 1 >= wanted then return {'joined', 1} end
+return {'joined', 0}
 """
 
 # KEYS: meta, clients, partials, events.  ARGV: provider, partial JSON.
@@ -92,13 +94,16 @@ return 1
 
 class FederatedScripts:
     def __init__(self, client):
+        self.client = client
         self._join = client.register_script(JOIN)
         self._contribute = client.register_script(CONTRIBUTE)
 
     def join(self, keys, provider):
         """'joined', 'member', 'full', or the graph's state ('done', 'failed', 'gone', ...)."""
-        reply = self._join(keys=[keys.meta, FederatedKeys(keys).clients, OPEN], args=[provider, job_ref(keys)])
-        return reply.decode()
+        outcome, close = self._join(keys=[keys.meta, FederatedKeys(keys).clients], args=[provider])
+        if close:
+            self.client.srem(OPEN, job_ref(keys))
+        return outcome.decode()
 
     def contribute(self, keys, provider, partials):
         """1 if stored, 0 if the graph no longer runs or this provider had not joined it."""

@@ -37,7 +37,8 @@ def upload(client, token, plan, constants, meta, bundles=None):
     algorithm, approach, summary, ...); `bundles`: name -> (kind, spec, {key: persist name})."""
     keys = GraphKeys(token, plan.graph_id)
     # Checked before anything is written: a graph that cannot fit fails here, not halfway through.
-    chunk = tensors.fit_to_server(client, sum(t.nbytes for t in constants.values()), "the graph's constants")
+    chunk = tensors.fit_to_server(client, sum(t.nbytes for t in constants.values()), "the graph's constants",
+                                  keys.meta)
     persisted = set(plan.persisted.values())
     readers = Counter()
     roots, devices, n_ops = [], set(), 0

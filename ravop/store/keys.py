@@ -5,42 +5,50 @@ Per token (one requester), under `ravop:{token}:`:
   current             string  the graph id that R.track_progress and R.fetch_persisting_op use
   banned              set     workers whose outputs disagreed with the majority (R.Graph(verify=k)): they
                               take no more of this token's work
-  g:{gid}:meta        hash    name, algorithm, approach, devices, seed, verify, roots, state (activated, running,
+Per graph, under `ravop:{token}:{{token}.{gid}}:`: the braces are a Redis Cluster hash tag, so every key of
+one graph lives in one hash slot (its Lua scripts and MULTIs are atomic on a cluster too) while different
+graphs spread over the shards:
+  meta                hash    name, algorithm, approach, devices, seed, verify, roots, state (activated, running,
                               done, failed), n_subgraphs, done_subgraphs, n_ops, ops_done, created,
                               started, finished, summary; a failed graph also has error, error_op,
                               error_source, error_worker, error_subgraph
-  g:{gid}:subgraphs   hash    subgraph id -> Subgraph protobuf bytes
-  g:{gid}:info        hash    subgraph id -> "device;n_ops;successor,...;input to release,..." (for Lua)
-  g:{gid}:deps        hash    subgraph id -> predecessors not finished yet
-  g:{gid}:done        set     finished subgraph ids: completion runs once however often a subgraph is retried
-  g:{gid}:refs        hash    node id -> subgraphs that still read it; the value is deleted at zero
+  subgraphs           hash    subgraph id -> Subgraph protobuf bytes
+  info                hash    subgraph id -> "device;n_ops;successor,...;input to release,..." (for Lua)
+  deps                hash    subgraph id -> predecessors not finished yet
+  done                set     finished subgraph ids: completion runs once however often a subgraph is retried
+  refs                hash    node id -> subgraphs that still read it; the value is deleted at zero
                               (persisted values are never counted, so never deleted)
-  g:{gid}:persist     hash    persist name -> node id
-  g:{gid}:bundles     hash    bundle name -> JSON {kind, spec, keys}
-  g:{gid}:taken       hash    subgraph id -> the worker that last started it
-  g:{gid}:ran         hash    subgraph id -> the worker that finished it
-  g:{gid}:events      stream  one entry when the graph ends (done or failed), for trackers to block on
-  g:{gid}:steps       hash    loop subgraph id -> its steps done (written as the loop runs)
-  g:{gid}:ckpt:{sid}  hash    a running loop's checkpoint: step (steps done), c0, c1, ... (carried tensors)
-  g:{gid}:votes:{sid} hash    R.Graph(verify=k): worker -> digest of its outputs of the subgraph
-  g:{gid}:t:{node}    string  a tensor (ravop.wire.codec)
-  g:{gid}:t:{node}:c  hash    chunk index -> raw data of a tensor too big for one value (ravop.store.tensors)
-Shared by all tokens, under `ravop:_:` (a token starts with a letter or a digit, so it cannot collide):
-  queue:{cpu|cuda}    stream  ready subgraphs {token, graph, subgraph}; consumer group "workers"
-  dead                stream  messages and subgraphs given up on: reason, error, op, source, worker
+  persist             hash    persist name -> node id
+  bundles             hash    bundle name -> JSON {kind, spec, keys}
+  taken               hash    subgraph id -> the worker that last started it
+  ran                 hash    subgraph id -> the worker that finished it
+  events              stream  one entry when the graph ends (done or failed), for trackers to block on
+  outbox              hash    on a cluster, subgraph id -> device of subgraphs that became ready and were
+                              not claimed yet (ravop.store.handoff)
+  steps               hash    loop subgraph id -> its steps done (written as the loop runs)
+  ckpt:{sid}          hash    a running loop's checkpoint: step (steps done), c0, c1, ... (carried tensors)
+  votes:{sid}         hash    R.Graph(verify=k): worker -> digest of its outputs of the subgraph
+  t:{node}            string  a tensor (ravop.wire.codec)
+  t:{node}:c          hash    chunk index -> raw data of a tensor too big for one value (ravop.store.tensors)
+Shared by all tokens, under `ravop:_:` (a token starts with a letter or a digit, so it cannot collide); the
+work streams, the dead letters and the starting marks share the hash tag `{work}`, so that acking a message and
+dead-lettering it, or delivering a graph's first subgraphs and clearing its mark, is atomic on a cluster too:
+  {work}:queue:{cpu|cuda}  stream  ready subgraphs {token, graph, subgraph}; consumer group "workers"
+  {work}:dead         stream  messages and subgraphs given up on: reason, error, op, source, worker
+  {work}:starting     zset    on a cluster, "token/graph id" of graphs being started -> when (ravop.store.handoff)
   worker:{name}       string  a live worker's device kind; expires unless the worker's heartbeat renews it
   workers:{cpu|cuda}  set     names of workers that registered for a device kind (dead ones pruned on read)
 Federated graphs add a few keys of their own: see `ravop.store.federated`.
-Scripts build keys from ARGV (tensor keys, the queue of a successor's device), so this schema needs a
-standalone server, not Redis Cluster.
 """
 import hashlib
 import re
 
 GROUP = "workers"
 DEVICE_KINDS = ("cpu", "cuda")
-DEAD_LETTER = "ravop:_:dead"
-NO_GRAPH = "ravop:_:no-graph"  # stands in for the keys of a message that names no valid graph
+SHARED = "ravop:_:"
+WORK = SHARED + "{work}:"  # one slot on a cluster (see above)
+DEAD_LETTER = WORK + "dead"
+STARTING = WORK + "starting"
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
@@ -76,18 +84,19 @@ def device_kind(device):
 
 
 def queue(kind):
-    return f"ravop:_:queue:{kind}"
+    return f"{WORK}queue:{kind}"
 
 
 def worker_key(name):
-    return f"ravop:_:worker:{name}"
+    return f"{SHARED}worker:{name}"
 
 
 def workers_set(kind):
-    return f"ravop:_:workers:{kind}"
+    return f"{SHARED}workers:{kind}"
 
 
 BANNED = "banned"
+ANY = "*"
 
 
 def token_prefix(namespace):
@@ -95,7 +104,9 @@ def token_prefix(namespace):
 
 
 def graph_prefix(namespace, graph_id):
-    return f"{token_prefix(namespace)}g:{graph_id}:"
+    """`ravop:{namespace}:{{namespace}.{graph_id}}:` (with ANY for both: a pattern of every graph's keys)."""
+    tag = ANY if namespace == ANY and graph_id == ANY else f"{namespace}.{graph_id}"
+    return f"{token_prefix(namespace)}{{{tag}}}:"
 
 
 class TokenKeys:
@@ -112,7 +123,7 @@ class TokenKeys:
 class GraphKeys:
     """The keys of one graph of one token."""
     __slots__ = ("token", "graph_id", "prefix", "meta", "subgraphs", "info", "deps", "done", "refs", "persist",
-                 "bundles", "taken", "ran", "events", "steps", "tensor_prefix")
+                 "bundles", "taken", "ran", "events", "outbox", "steps", "tensor_prefix")
 
     def __init__(self, token, graph_id):
         self.token = check_name(token)
@@ -121,6 +132,7 @@ class GraphKeys:
         self.meta, self.subgraphs, self.info, self.deps = p + "meta", p + "subgraphs", p + "info", p + "deps"
         self.done, self.refs, self.persist, self.bundles = p + "done", p + "refs", p + "persist", p + "bundles"
         self.taken, self.ran, self.events, self.steps = p + "taken", p + "ran", p + "events", p + "steps"
+        self.outbox = p + "outbox"
         self.tensor_prefix = p + "t:"
 
     def tensor(self, node_id):
@@ -135,8 +147,6 @@ class GraphKeys:
 
 # Key patterns of the ACL users that `ravop admin` provisions (ravop.store.access), built from the same
 # prefixes as the keys themselves so that the two cannot drift apart.
-ANY = "*"
-
 
 def token_pattern(namespace):
     """Every key of one requester."""
@@ -164,4 +174,4 @@ def banned_pattern():
 
 def shared_pattern():
     """Every key shared by all tokens: queues, dead letters, worker liveness, federated providers."""
-    return token_prefix("_") + ANY
+    return SHARED + ANY

@@ -1,24 +1,30 @@
 """The Lua scripts that move a graph along, each atomic on the server, so that concurrent workers and retries
 never enqueue a subgraph twice or lose one.
 
-- start:    activated -> running; enqueue the subgraphs that wait for nothing.
+- start:    activated -> running; hand off the subgraphs that wait for nothing.
 - claim:    a worker takes a subgraph: skip it unless its graph is running and it is not finished yet;
             record who took it; return the graph seed, the subgraph bytes and the graph's `verify`.
 - vote:     R.Graph(verify=k): record a digest of one worker's outputs of a subgraph; the k-th vote returns
             them all (start and complete enqueue each ready subgraph k times).
-- complete: ack the message; once per subgraph (a `done` set makes retries harmless), count progress,
-            decrement the successors' dependency counts, enqueue exactly those that reached zero on the
-            stream of their device, delete input values (and their chunks, `ravop.store.tensors`) no other
-            subgraph will read, end the graph after
+- complete: once per subgraph (a `done` set makes retries harmless), count progress, decrement the
+            successors' dependency counts, hand off exactly those that reached zero, delete input values
+            (and their chunks, `ravop.store.tensors`) no other subgraph will read, end the graph after
             its last subgraph.
-- fail:     ack the message, log it to the dead-letter stream, and fail its graph with the op, error,
-            source line and worker (only the first failure is kept: later ones are its consequences).
-- cancel:   fail a graph on its requester's word, without a dead letter.
+- dead:     ack a message and log it to the dead-letter stream.
+- cancel:   fail a graph with the op, error, source line and worker (only the first failure is kept: later
+            ones are its consequences): a worker's failure (after `dead`), or a requester's word.
+
+"Hand off" (`ravop.store.handoff`): on a standalone server the scripts also get the work streams as keys,
+and put a ready subgraph on the stream of its device and ack the completed message themselves, as one step.
+On a cluster the streams live in another slot than the graph, so a script pushes the subgraph to the graph's
+outbox and returns it, and the caller moves it to the stream.
 
 A subgraph's routing lives in its `info` entry, "device;n_ops;successor,...;input to release,...", written
 at upload, so what a completion enqueues is defined by the uploaded plan, not by the worker.
 """
-from .keys import DEAD_LETTER, GROUP, NO_GRAPH, queue
+from redis.cluster import RedisCluster
+
+from .keys import DEAD_LETTER, GROUP, queue
 
 _COMMON = """
 local function parse(info)
@@ -30,36 +36,54 @@ local function now()
 end
 """
 
-# KEYS: meta, info, events, queue:cpu, queue:cuda.  ARGV: token, graph id.
-START = _COMMON + """
+# After the graph's own keys, a script that hands off gets the work streams cpu and cuda (standalone: XADD
+# there), or not (cluster: the outbox gets subgraph id -> device, and the script returns
+# "device;subgraph id;copies" for the caller to deliver). KEYS[queues] is the index of the cpu stream.
+_HAND_OFF = """
+local handed = {}
+local function hand_off(meta, info, outbox, queues, token, graph, sid)
+  local device = parse(redis.call('HGET', info, sid))
+  local copies = redis.call('HGET', meta, 'verify') or '1'
+  if #KEYS < queues then
+    redis.call('HSET', outbox, sid, device)
+    table.insert(handed, device .. ';' .. sid .. ';' .. copies)
+    return
+  end
+  local stream = KEYS[queues]
+  if device == 'cuda' then stream = KEYS[queues + 1] end
+  for _ = 1, tonumber(copies) do
+    redis.call('XADD', stream, '*', 'token', token, 'graph', graph, 'subgraph', sid)
+  end
+end
+"""
+
+# KEYS: meta, info, events, outbox[, queue:cpu, queue:cuda].  ARGV: token, graph id.
+# Returns {1 if it started now else 0, entries handed to the outbox}.
+START = _COMMON + _HAND_OFF + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return redis.error_reply('NOGRAPH graph ' .. ARGV[2] .. ' is not in Redis') end
-if state ~= 'activated' then return 0 end
+if state ~= 'activated' then return {0, handed} end
 redis.call('HSET', KEYS[1], 'state', 'running', 'started', now())
 if tonumber(redis.call('HGET', KEYS[1], 'n_subgraphs')) == 0 then
   redis.call('HSET', KEYS[1], 'state', 'done', 'finished', now())
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', 16, '*', 'state', 'done')
-  return 1
+  return {1, handed}
 end
-local copies = tonumber(redis.call('HGET', KEYS[1], 'verify') or '1')
 for sid in string.gmatch(redis.call('HGET', KEYS[1], 'roots'), '[^,]+') do
-  local device = parse(redis.call('HGET', KEYS[2], sid))
-  local stream = KEYS[4]
-  if device == 'cuda' then stream = KEYS[5] end
-  for _ = 1, copies do
-    redis.call('XADD', stream, '*', 'token', ARGV[1], 'graph', ARGV[2], 'subgraph', sid)
-  end
+  hand_off(KEYS[1], KEYS[2], KEYS[4], 5, ARGV[1], ARGV[2], sid)
 end
-return 1
+return {1, handed}
 """
 
-# KEYS: meta, done, subgraphs, taken, deps.  ARGV: subgraph id, worker.
+# KEYS: meta, done, subgraphs, taken, deps, outbox.  ARGV: subgraph id, worker.
 # Anyone who may enqueue (every requester) can put a message naming another token's graph on a stream, so
 # a message is only acted on if the plan has its subgraph and that subgraph is ready: a forged one is
-# 'unknown' or 'waiting' and cannot fail or disturb the graph it names.
+# 'unknown' or 'waiting' and cannot fail or disturb the graph it names. A message for the subgraph is on a
+# stream, so its outbox entry (a cluster's hand-off) is delivered: dropped.
 CLAIM = """
 local meta = redis.call('HMGET', KEYS[1], 'state', 'seed', 'verify')
 if not meta[1] then return {'gone'} end
+redis.call('HDEL', KEYS[6], ARGV[1])
 if meta[1] ~= 'running' then return {meta[1]} end
 if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {'finished'} end
 local data = redis.call('HGET', KEYS[3], ARGV[1])
@@ -77,32 +101,27 @@ if redis.call('HLEN', KEYS[1]) < tonumber(ARGV[3]) then return {} end
 return redis.call('HGETALL', KEYS[1])
 """
 
-# KEYS: meta, done, info, deps, ran, refs, events, queue:cpu, queue:cuda, the message's stream.
+# KEYS: meta, done, info, deps, ran, refs, events, outbox[, queue:cpu, queue:cuda, the message's stream].
 # ARGV: subgraph id, worker, token, graph id, message id, group, tensor key prefix.
-# Returns 1 (completed), 0 (already completed, or the graph is no longer running), -1 (the graph is gone).
-COMPLETE = _COMMON + """
-if ARGV[5] ~= '' then
-  redis.call('XACK', KEYS[10], ARGV[6], ARGV[5])
-  redis.call('XDEL', KEYS[10], ARGV[5])
+# Returns {status, entries handed to the outbox}; status 1 (completed), 0 (already completed, or the graph
+# is no longer running), -1 (the graph is gone). With the streams given, it also acks the message.
+COMPLETE = _COMMON + _HAND_OFF + """
+if #KEYS > 8 and ARGV[5] ~= '' then
+  redis.call('XACK', KEYS[11], ARGV[6], ARGV[5])
+  redis.call('XDEL', KEYS[11], ARGV[5])
 end
 local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return -1 end
-if state ~= 'running' then return 0 end
+if not state then return {-1, handed} end
+if state ~= 'running' then return {0, handed} end
 local info = redis.call('HGET', KEYS[3], ARGV[1])
 if not info then return redis.error_reply('NOSUBGRAPH subgraph ' .. ARGV[1] .. ' is not in the plan') end
-if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end
+if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return {0, handed} end
 local _, n_ops, successors, release = parse(info)
 redis.call('HSET', KEYS[5], ARGV[1], ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'ops_done', n_ops)
-local copies = tonumber(redis.call('HGET', KEYS[1], 'verify') or '1')
 for sid in string.gmatch(successors, '[^,]+') do
   if redis.call('HINCRBY', KEYS[4], sid, -1) == 0 then
-    local device = parse(redis.call('HGET', KEYS[3], sid))
-    local stream = KEYS[8]
-    if device == 'cuda' then stream = KEYS[9] end
-    for _ = 1, copies do
-      redis.call('XADD', stream, '*', 'token', ARGV[3], 'graph', ARGV[4], 'subgraph', sid)
-    end
+    hand_off(KEYS[1], KEYS[3], KEYS[8], 9, ARGV[3], ARGV[4], sid)
   end
 end
 for id in string.gmatch(release, '[^,]+') do
@@ -115,61 +134,70 @@ if redis.call('HINCRBY', KEYS[1], 'done_subgraphs', 1) == tonumber(redis.call('H
   redis.call('HSET', KEYS[1], 'state', 'done', 'finished', now())
   redis.call('XADD', KEYS[7], 'MAXLEN', '~', 16, '*', 'state', 'done')
 end
-return 1
+return {1, handed}
 """
 
-_FAIL_GRAPH = """
+# KEYS: meta, events.  ARGV: subgraph id, worker, op, source, error.
+# Fails an activated or running graph (1), else 0: a worker's failure, or its requester's word (`ravop cancel`).
+CANCEL = _COMMON + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'running' and state ~= 'activated' then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'failed', 'finished', now(), 'error', ARGV[9], 'error_op', ARGV[7],
-           'error_source', ARGV[8], 'error_worker', ARGV[6], 'error_subgraph', ARGV[5])
+redis.call('HSET', KEYS[1], 'state', 'failed', 'finished', now(), 'error', ARGV[5], 'error_op', ARGV[3],
+           'error_source', ARGV[4], 'error_worker', ARGV[2], 'error_subgraph', ARGV[1])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', 16, '*', 'state', 'failed')
 return 1
 """
 
-# KEYS: meta, events, dead letters, the message's stream.
+# KEYS: dead letters, the message's stream (one slot: ravop.store.keys).
 # ARGV: message id, group, token, graph id, subgraph id, worker, op, source, error, reason, message.
-FAIL = _COMMON + """
+# The dead-letter stream holds every token's failures: it is the workers' (a requester cannot write it).
+DEAD = """
 if ARGV[1] ~= '' then
-  redis.call('XACK', KEYS[4], ARGV[2], ARGV[1])
-  redis.call('XDEL', KEYS[4], ARGV[1])
+  redis.call('XACK', KEYS[2], ARGV[2], ARGV[1])
+  redis.call('XDEL', KEYS[2], ARGV[1])
 end
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'token', ARGV[3], 'graph', ARGV[4], 'subgraph', ARGV[5],
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', 10000, '*', 'token', ARGV[3], 'graph', ARGV[4], 'subgraph', ARGV[5],
            'worker', ARGV[6], 'op', ARGV[7], 'source', ARGV[8], 'error', ARGV[9], 'reason', ARGV[10],
            'message', ARGV[11])
-""" + _FAIL_GRAPH
+"""
 
-# KEYS: meta, events.  ARGV: as FAIL's. Ends the graph without a dead letter: what a requester may do to its
-# own graph (`ravop cancel`); the dead-letter stream, which holds every token's failures, is the workers'.
-CANCEL = _COMMON + _FAIL_GRAPH
+
+def is_cluster(client):
+    """Whether `client` is a Redis Cluster client (ravop.store.connect picks it for a cluster's URL)."""
+    return isinstance(client, RedisCluster)
 
 
 class Scripts:
-    """The scripts registered once on a client (redis-py loads each on first use and after a server restart)."""
+    """The scripts registered once on a client (redis-py loads each on first use and after a server restart).
+    On a standalone server they are given the work streams, and hand off by themselves (`direct`)."""
 
     def __init__(self, client):
+        self.direct = not is_cluster(client)
         self._start = client.register_script(START)
         self._claim = client.register_script(CLAIM)
         self._complete = client.register_script(COMPLETE)
-        self._fail = client.register_script(FAIL)
+        self._dead = client.register_script(DEAD)
         self._vote = client.register_script(VOTE)
         self._cancel = client.register_script(CANCEL)
 
+    def _streams(self, *more):
+        return [queue("cpu"), queue("cuda"), *more] if self.direct else []
+
     def start(self, keys):
-        """1 if the graph started now, 0 if it had already started; ResponseError NOGRAPH if it is gone."""
-        return self._start(keys=[keys.meta, keys.info, keys.events, queue("cpu"), queue("cuda")],
-                           args=[keys.token, keys.graph_id])
+        """(1 if the graph started now else 0, outbox entries to deliver); ResponseError NOGRAPH if it is gone."""
+        started, handed = self._start(keys=[keys.meta, keys.info, keys.events, keys.outbox, *self._streams()],
+                                      args=[keys.token, keys.graph_id])
+        return started, handed
 
     def claim(self, keys, subgraph_id, worker):
         """[b'run', seed, subgraph bytes, verify copies] if `worker` may run it now; else [why]: b'gone', a graph state,
         b'finished', b'unknown' (not in the plan), b'waiting' (not ready)."""
-        return self._claim(keys=[keys.meta, keys.done, keys.subgraphs, keys.taken, keys.deps],
+        return self._claim(keys=[keys.meta, keys.done, keys.subgraphs, keys.taken, keys.deps, keys.outbox],
                            args=[subgraph_id, worker])
 
-    def cancel(self, keys, error):
+    def cancel(self, keys, error, subgraph_id="", worker="", op="", source=""):
         """Fail an activated or running graph with `error`; 1 if it was, 0 if it had already ended."""
-        return self._cancel(keys=[keys.meta, keys.events], args=["", "", keys.token, keys.graph_id, "", "", "", "",
-                                                                 error])
+        return self._cancel(keys=[keys.meta, keys.events], args=[subgraph_id, worker, op, source, error])
 
     def vote(self, keys, subgraph_id, worker, digest, copies):
         """{worker: digest} once `copies` workers have voted on the subgraph's outputs, else {}."""
@@ -177,27 +205,32 @@ class Scripts:
         return {reply[i].decode(): reply[i + 1].decode() for i in range(0, len(reply), 2)}
 
     def _complete_call(self, keys, subgraph_id, worker, stream, message_id):
-        return ([keys.meta, keys.done, keys.info, keys.deps, keys.ran, keys.refs, keys.events, queue("cpu"),
-                 queue("cuda"), stream],
+        return ([keys.meta, keys.done, keys.info, keys.deps, keys.ran, keys.refs, keys.events, keys.outbox,
+                 *self._streams(stream)],
                 [subgraph_id, worker, keys.token, keys.graph_id, message_id, GROUP, keys.tensor_prefix])
 
     def complete(self, keys, subgraph_id, worker, stream, message_id):
+        """(status, outbox entries to deliver): see COMPLETE. Acks the message itself only if `direct`."""
         call_keys, args = self._complete_call(keys, subgraph_id, worker, stream, message_id)
-        return self._complete(keys=call_keys, args=args)
+        status, handed = self._complete(keys=call_keys, args=args)
+        return status, handed
 
     def complete_in(self, pipe, keys, subgraph_id, worker, stream, message_id):
-        """Queue the completion in `pipe` after the output writes, so the whole finish is one round trip.
-        EVALSHA directly: redis-py would otherwise check SCRIPT EXISTS first, a second round trip; the caller
-        falls back to `complete` on NoScriptError (only after a server restart)."""
+        """Queue the completion in `pipe` after the output writes, so the whole finish is one round trip; its
+        reply is COMPLETE's. EVALSHA directly: redis-py would otherwise check SCRIPT EXISTS first, a second round
+        trip; the caller falls back to `complete` on NoScriptError (only after a server restart). Through
+        execute_command: a cluster pipeline refuses `pipe.evalsha`, though the server runs it in a MULTI of one
+        slot as anywhere."""
         call_keys, args = self._complete_call(keys, subgraph_id, worker, stream, message_id)
-        pipe.evalsha(self._complete.sha, len(call_keys), *call_keys, *args)
+        pipe.execute_command("EVALSHA", self._complete.sha, len(call_keys), *call_keys, *args)
 
     def fail(self, keys, stream, message_id, subgraph_id="", worker="", op="", source="", error="", reason="",
              message="", fail_graph=True):
-        """Dead-letter a message and fail its graph. `keys` is None for a message that names no valid graph;
-        with `fail_graph=False` the message is logged as about that graph but the graph is left alone."""
-        meta, events = (keys.meta, keys.events) if keys is not None and fail_graph else (NO_GRAPH, NO_GRAPH)
+        """Fail the message's graph (unless `keys` is None, for a message that names no valid graph, or
+        `fail_graph` is False: logged as about that graph, which is left alone), then dead-letter and ack
+        the message: a crash in between leaves it pending, and whoever takes it over fails it again."""
+        if keys is not None and fail_graph:
+            self.cancel(keys, error, subgraph_id, worker, op, source)
         token, graph_id = (keys.token, keys.graph_id) if keys is not None else ("", "")
-        return self._fail(keys=[meta, events, DEAD_LETTER, stream],
-                          args=[message_id, GROUP, token, graph_id, subgraph_id, worker, op, source, error,
-                                reason, message])
+        self._dead(keys=[DEAD_LETTER, stream], args=[message_id, GROUP, token, graph_id, subgraph_id, worker, op,
+                                                     source, error, reason, message])

@@ -15,6 +15,7 @@ import torch
 
 from ..errors import StoreLimitError, WireFormatError
 from ..wire.codec import decode_chunked, decode_tensor, encode_chunked, encode_tensor, is_chunked
+from .connect import node_client
 
 DEFAULT_CHUNK_BYTES = 4 * 2**20  # measured: 1-8 MiB move 100 MB fastest over the embedded unix socket
 HEADER_BYTES = 6 + 8 * 32 + 12   # the longest tensor header (ravop.wire.codec)
@@ -39,9 +40,11 @@ def _config(client, name):
         return 0
 
 
-def fit_to_server(client, total_bytes=0, what="values"):
+def fit_to_server(client, total_bytes=0, what="values", key=None):
     """The chunk size to write with on this server (at most its proto-max-bulk-len), after checking that
-    `total_bytes` more fit under its maxmemory; `StoreLimitError` naming the numbers otherwise."""
+    `total_bytes` more fit under its maxmemory; `StoreLimitError` naming the numbers otherwise. On a cluster:
+    the server that holds `key` (a key of the graph written to)."""
+    client = node_client(client, key)
     size = chunk_bytes()
     max_bulk = _config(client, "proto-max-bulk-len")
     if max_bulk:
@@ -90,6 +93,7 @@ def decode(client, key, data):
     if not is_chunked(data):
         return decode_tensor(data)
     head = decode_chunked(data)
+    client = node_client(client, key)  # its chunks are read from the socket of the server that holds them
     hash_key = chunks_key(key)
     # Check every chunk's size before allocating what the header declares: a hostile or stale header
     # must not make the reader allocate gigabytes.
