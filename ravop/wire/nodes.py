@@ -57,18 +57,24 @@ def unpack_nodes(nodes):
     rows, a, b = [], 0, 0
     for k, node_id in enumerate(ids):
         c, r = n_inputs[k], ranks[k]
-        row = Node(node_id, ops[k], inputs[a:a + c], None, params[k], tuple(shapes[b:b + r]), None, sources[k])
         blob, name = params[k], dtypes[k]
-        row.params = params_of.get(blob)
-        if row.params is None:
-            try:
-                row.params = params_of[blob] = decode_params(blob)
-            except ValueError as exc:
-                raise PlanError(f"op {row.op!r}: {exc}", row) from None
-        row.dtype = dtype_of.get(name, name)
-        if row.dtype is name:
-            raise PlanError(f"op {row.op!r} declares unknown dtype {name!r}", row)
-        rows.append(row)
+        decoded, dtype = params_of.get(blob), dtype_of.get(name, name)
+        if decoded is None or dtype is name:
+            decoded, dtype = _checked(Node(node_id, ops[k], source=sources[k]), blob, name, params_of, dtype_of)
+        rows.append(Node(node_id, ops[k], inputs[a:a + c], decoded, blob, tuple(shapes[b:b + r]), dtype, sources[k]))
         a += c
         b += r
     return rows
+
+
+def _checked(node, blob, name, params_of, dtype_of):
+    """(params, dtype) of a node whose params blob is new or whose dtype name is not known: `PlanError`
+    naming `node` if either is bad."""
+    if blob not in params_of:
+        try:
+            params_of[blob] = decode_params(blob)
+        except ValueError as exc:
+            raise PlanError(f"op {node.op!r}: {exc}", node) from None
+    if name not in dtype_of:
+        raise PlanError(f"op {node.op!r} declares unknown dtype {name!r}", node)
+    return params_of[blob], dtype_of[name]
