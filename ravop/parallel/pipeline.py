@@ -8,19 +8,33 @@ from .data_parallel import tensor_split
 
 
 class Pipeline:
+    """`stages`: a number, or 'auto': the fewest stages of which each fits the smallest subgraph memory limit
+    the live workers advertise (`fit` resolves it when it records, see `fewest_stages`)."""
+
     def __init__(self, stages, micro_batches=1):
-        if stages == "auto":
-            raise NotImplementedError("Pipeline(stages='auto') is not implemented: choosing the number of stages "
-                                      "from the workers' advertised memory is not built; give a number")
-        if type(stages) is not int or stages < 1:
-            raise ValueError(f"stages must be a positive int, not {stages!r}")
+        if stages != "auto" and (type(stages) is not int or stages < 1):
+            raise ValueError(f"stages must be a positive int or 'auto', not {stages!r}")
         if type(micro_batches) is not int or micro_batches < 1:
             raise ValueError(f"micro_batches must be a positive int, not {micro_batches!r}")
         self.stages, self.micro_batches = stages, micro_batches
 
+    def fewest_stages(self, costs, limit):
+        """This pipeline with the fewest stages whose largest stage cost (`costs` per layer, in bytes) is at most
+        `limit`; ValueError when even one layer per stage is over it."""
+        for stages in range(1, len(costs) + 1):
+            candidate = Pipeline(stages, self.micro_batches)
+            if max(sum(costs[start:stop]) for start, stop in candidate.cut(costs)) <= limit:
+                return candidate
+        raise ValueError(f"Pipeline(stages='auto'): a layer needs about {max(costs):,} bytes, over the smallest "
+                         f"subgraph memory limit of the live workers ({limit:,} bytes); give workers more memory "
+                         f"(ravop-worker --max-memory)")
+
     def cut(self, costs):
         """(start, stop) of each stage over layers of `costs`: contiguous, the largest stage cost the least
         possible (ties: earlier cuts)."""
+        if self.stages == "auto":
+            raise ValueError("Pipeline(stages='auto') has no cut until its number of stages is chosen "
+                             "(fewest_stages)")
         n = len(costs)
         if n < self.stages:
             raise ValueError(f"{n} layers cannot make {self.stages} stages: use at most {n}")
