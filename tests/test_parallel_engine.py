@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import ravop as R
-from helpers import on_one_thread
+from helpers import on_one_thread, wait_for
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
@@ -15,7 +15,7 @@ from ravop.interpreter import evaluate_persisted
 from ravop.store import GraphKeys
 from ravop.store import graphs as store_graphs
 from ravop.store import worker_info
-from test_loop_workers import checkpoint_of, wait_for
+from test_loop_workers import checkpoint_of
 
 RNG = np.random.default_rng(4)
 X = RNG.normal(size=(48, 6)).astype(np.float32)
