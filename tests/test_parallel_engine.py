@@ -92,6 +92,15 @@ def test_pipeline_stages_run_on_both_workers_with_the_in_process_bits(engine, wo
     assert_saved_model_predicts()
 
 
+def test_replicated_pipeline_runs_on_both_workers_with_the_in_process_bits(engine, workers, client):
+    names = workers.start(2)
+    strategy = R.parallel.Pipeline(stages=2, micro_batches=2, replicas=2)
+    graph, persisted = record(strategy, epochs=1, batch_size=12, name="clusters")
+    assert "replica 1 stage 1 on" in str(R.activate())
+    run_on_both(engine, client, graph, names)
+    assert_same_as_in_process(graph, persisted)
+
+
 def test_auto_stages_are_sized_by_the_live_workers_memory(engine, workers, client):
     with pytest.raises(R.GraphStateError, match="no live worker advertises"):
         record(R.parallel.Pipeline(stages="auto", micro_batches=2), epochs=1, batch_size=12, name="auto")

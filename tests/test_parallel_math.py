@@ -147,6 +147,21 @@ def test_pipeline_losses_equal_one_worker_training():
     assert torch.allclose(prediction, net(torch.as_tensor(X)).detach(), atol=1e-5)
 
 
+def test_replicated_pipeline_losses_equal_one_worker_training():
+    epochs, batch = 1, 10   # batches of 10: replica slices 5/5, each in micro-batches 3/2; the short one 4/4
+    strategy = R.parallel.Pipeline(stages=2, micro_batches=2, replicas=2)
+    assert strategy.micro_slices(10) == [(0, 3), (3, 5), (5, 8), (8, 10)]
+    got, prediction, names = fit(strategy, epochs, batch)
+    net = torch_net()
+    opt = torch.optim.Adam(net.parameters(), lr=LR)
+    want = [adam_step(net, opt, torch.as_tensor(X)[rows], torch.as_tensor(Y)[rows])
+            for rows in batches_of(len(X), batch, epochs, False, 0)]
+    assert torch.allclose(torch.stack([got[n] for n in names]), torch.stack(want), atol=1e-5)
+    assert torch.allclose(prediction, net(torch.as_tensor(X)).detach(), atol=1e-5)
+    assert list(R.parallel.placement(strategy, [{"name": "a"}, {"name": "b"}])) == [
+        "replica 0 stage 0", "replica 0 stage 1", "replica 1 stage 0", "replica 1 stage 1"]
+
+
 def test_pipeline_stages_balance_their_cost():
     assert R.parallel.Pipeline(stages=2).cut([48, 1, 27]) == [(0, 1), (1, 3)]
     assert R.parallel.Pipeline(stages=3).cut([5, 5, 5, 5, 10]) == [(0, 2), (2, 4), (4, 5)]
