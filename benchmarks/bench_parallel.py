@@ -20,7 +20,6 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as TF
 from torch import nn
@@ -28,20 +27,13 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ravop as R  # noqa: E402
-from bench_ravdl import Workers  # noqa: E402
+from bench_ravdl import Workers, mnist_data  # noqa: E402
 from ravdl.v2 import NeuralNetwork  # noqa: E402
 from ravdl.v2.layers import Activation, Dense  # noqa: E402
 from ravdl.v2.optimizers import Adam  # noqa: E402
 from ravop.embedded import LocalServer  # noqa: E402
 
 BATCH, WIDTH, SEED = 256, 1024, 0
-
-
-def data(rows):
-    rng = np.random.default_rng(1)
-    X = rng.random((rows, 784), dtype=np.float32)
-    y = (X[:, :10] * np.arange(1, 11, dtype=np.float32)).argmax(1).astype(np.int64)
-    return X, y
 
 
 def torch_mlp():
@@ -79,7 +71,7 @@ def eager(X, y, steps):
 
 def _eager_seconds(args):
     torch.set_num_threads(args[1])
-    return eager(*data(args[0] * BATCH), args[0])[0]
+    return eager(*mnist_data(args[0] * BATCH), args[0])[0]
 
 
 def machine_ceiling(steps, threads):
@@ -115,7 +107,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=2, help="best of this many runs per row")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    X, y = data(args.steps * BATCH)
+    X, y = mnist_data(args.steps * BATCH)
     eager_s, eager_losses = eager(X, y, args.steps)
     ceiling = machine_ceiling(args.steps, args.threads)
     server = LocalServer()

@@ -159,6 +159,11 @@ def _client():
     return _require().client
 
 
+def live_workers():
+    """The live workers' advertisements on this session's server (`ravop.store.worker_info.read_all`)."""
+    return worker_info.read_all(_client())
+
+
 def _current_keys():
     return _require().keys()
 

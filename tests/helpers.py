@@ -60,3 +60,12 @@ def on_one_thread(function, *args):
         return function(*args)
     finally:
         torch.set_num_threads(threads)
+
+
+def wait_for(condition, what, timeout=120):
+    """`condition()`'s first truthy value, polled every 10 ms; fails the test after `timeout` s naming `what`."""
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+    return found

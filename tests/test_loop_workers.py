@@ -3,14 +3,13 @@ chunked tensor store and resume from there, a worker told to stop checkpoints an
 templates' declared sizes meet the worker's memory limit, and their creation and random ops run on the
 worker's device."""
 import re
-import time
 
 import numpy as np
 import pytest
 import torch
 
 import ravop as R
-from helpers import on_one_thread
+from helpers import on_one_thread, wait_for
 from pretend_device import on_device, pretend_device
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense, Dropout
@@ -38,14 +37,6 @@ def record_fit(name, epochs):
     names = list(m.fit(X, Y, n_epochs=epochs, batch_size=8, shuffle=True))
     m.predict(X).persist_op("prediction")
     return graph, names + ["prediction"]
-
-
-def wait_for(condition, what, timeout=120):
-    deadline = time.monotonic() + timeout
-    while not (found := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-    return found
 
 
 def checkpoint_of(client, keys):

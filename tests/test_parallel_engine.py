@@ -3,10 +3,11 @@ interval run on distinct workers, the numbers are the in-process numbers bit for
 a replica whose worker dies resumes from its loop checkpoint with the same bits, the saved model is the
 replicas' average, and R.activate()'s summary shows the placement from the workers' advertised capabilities."""
 import numpy as np
+import pytest
 import torch
 
 import ravop as R
-from helpers import on_one_thread
+from helpers import on_one_thread, wait_for
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
@@ -14,7 +15,7 @@ from ravop.interpreter import evaluate_persisted
 from ravop.store import GraphKeys
 from ravop.store import graphs as store_graphs
 from ravop.store import worker_info
-from test_loop_workers import checkpoint_of, wait_for
+from test_loop_workers import checkpoint_of
 
 RNG = np.random.default_rng(4)
 X = RNG.normal(size=(48, 6)).astype(np.float32)
@@ -89,6 +90,29 @@ def test_pipeline_stages_run_on_both_workers_with_the_in_process_bits(engine, wo
     run_on_both(engine, client, graph, names)
     assert_same_as_in_process(graph, persisted)
     assert_saved_model_predicts()
+
+
+def test_replicated_pipeline_runs_on_both_workers_with_the_in_process_bits(engine, workers, client):
+    names = workers.start(2)
+    strategy = R.parallel.Pipeline(stages=2, micro_batches=2, replicas=2)
+    graph, persisted = record(strategy, epochs=1, batch_size=12, name="clusters")
+    assert "replica 1 stage 1 on" in str(R.activate())
+    run_on_both(engine, client, graph, names)
+    assert_same_as_in_process(graph, persisted)
+
+
+def test_auto_stages_are_sized_by_the_live_workers_memory(engine, workers, client):
+    with pytest.raises(R.GraphStateError, match="no live worker advertises"):
+        record(R.parallel.Pipeline(stages="auto", micro_batches=2), epochs=1, batch_size=12, name="auto")
+    names = workers.start(2)
+    graph, persisted = record(R.parallel.Pipeline(stages="auto", micro_batches=2), epochs=1, batch_size=12,
+                              name="auto")
+    summary = R.activate()
+    assert "Pipeline(stages=1, micro_batches=2)" in str(summary)   # the MLP fits a default worker's limit
+    R.execute()
+    R.track_progress(timeout=300, progress_bar=False)
+    assert_same_as_in_process(graph, persisted)
+    assert {w["name"] for w in worker_info.read_all(client)} >= set(names)
 
 
 def test_a_replica_whose_worker_dies_resumes_from_its_checkpoint_with_the_same_bits(engine, workers, client):

@@ -147,6 +147,21 @@ def test_pipeline_losses_equal_one_worker_training():
     assert torch.allclose(prediction, net(torch.as_tensor(X)).detach(), atol=1e-5)
 
 
+def test_replicated_pipeline_losses_equal_one_worker_training():
+    epochs, batch = 1, 10   # batches of 10: replica slices 5/5, each in micro-batches 3/2; the short one 4/4
+    strategy = R.parallel.Pipeline(stages=2, micro_batches=2, replicas=2)
+    assert strategy.micro_slices(10) == [(0, 3), (3, 5), (5, 8), (8, 10)]
+    got, prediction, names = fit(strategy, epochs, batch)
+    net = torch_net()
+    opt = torch.optim.Adam(net.parameters(), lr=LR)
+    want = [adam_step(net, opt, torch.as_tensor(X)[rows], torch.as_tensor(Y)[rows])
+            for rows in batches_of(len(X), batch, epochs, False, 0)]
+    assert torch.allclose(torch.stack([got[n] for n in names]), torch.stack(want), atol=1e-5)
+    assert torch.allclose(prediction, net(torch.as_tensor(X)).detach(), atol=1e-5)
+    assert list(R.parallel.placement(strategy, [{"name": "a"}, {"name": "b"}])) == [
+        "replica 0 stage 0", "replica 0 stage 1", "replica 1 stage 0", "replica 1 stage 1"]
+
+
 def test_pipeline_stages_balance_their_cost():
     assert R.parallel.Pipeline(stages=2).cut([48, 1, 27]) == [(0, 1), (1, 3)]
     assert R.parallel.Pipeline(stages=3).cut([5, 5, 5, 5, 10]) == [(0, 2), (2, 4), (4, 5)]
@@ -209,8 +224,8 @@ def test_bad_strategies_are_refused_by_name(engine):
         R.parallel.Gossip(replicas=2, interpolation="random")
     with pytest.raises(ValueError, match="factor applies"):
         R.parallel.Gossip(replicas=2, interpolation="loss", factor=0.2)
-    with pytest.raises(NotImplementedError, match="stages='auto'"):
-        R.parallel.Pipeline(stages="auto", micro_batches=4)
+    with pytest.raises(ValueError, match="positive int or 'auto'"):
+        R.parallel.Pipeline(stages="two", micro_batches=4)
     with pytest.raises(ValueError, match="3 layers cannot make 4 stages"):
         R.parallel.Pipeline(stages=4).cut([1, 1, 1])
     with pytest.raises(TypeError, match="one of R.parallel's strategies"):
@@ -255,3 +270,17 @@ def test_a_segment_runs_its_steps_of_the_schedule_with_their_batches_and_random_
     assert all(torch.equal(part[f"s{k}"], whole[f"s{k}"]) for k in range(2, 5))
     with pytest.raises(ValueError, match="not within the loop's 6 steps"):
         record((4, 3), ["a", "b", "c"])
+
+
+def test_auto_stages_are_the_fewest_that_fit_the_smallest_worker_limit():
+    auto = R.parallel.Pipeline(stages="auto", micro_batches=3)
+    costs = [400, 100, 300, 300, 200]
+    assert auto.fewest_stages(costs, 1300).stages == 1
+    chosen = auto.fewest_stages(costs, 700)     # any two stages have one of at least 800
+    assert (chosen.stages, chosen.micro_batches) == (3, 3)
+    assert chosen.cut(costs) == [(0, 1), (1, 3), (3, 5)]
+    assert auto.fewest_stages(costs, 400).stages == 4   # [400] [100, 300] [300] [200]
+    with pytest.raises(ValueError, match="a layer needs about 400 bytes"):
+        auto.fewest_stages(costs, 399)
+    with pytest.raises(ValueError, match="no cut until"):
+        auto.cut(costs)

@@ -18,7 +18,7 @@ from redis.crc import key_slot
 import ravop as R
 from ravop import admin
 from conftest import Workers
-from helpers import on_one_thread
+from helpers import on_one_thread, wait_for
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
@@ -145,14 +145,6 @@ def only(pool, count, **options):
     for name in [n for n in pool.procs if pool.alive(n)]:
         pool.terminate(name)
     return pool.start(count, **options)
-
-
-def wait_for(condition, what, timeout=120):
-    deadline = time.monotonic() + timeout
-    while not (found := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-    return found
 
 
 def test_a_worker_sigkilled_mid_subgraph_leaves_exact_results(cluster, cluster_workers, requester,

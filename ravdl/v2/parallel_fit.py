@@ -11,7 +11,9 @@ import numpy as np
 import torch
 
 import ravop as R
+from ravop.errors import GraphStateError
 from ravop.graph import Op, current_graph
+from ravop.session import live_workers
 from ravop.loop import Batches, Loop
 from ravop.parallel import DataParallel, Gossip, LocalSGD, Pipeline, check_strategy
 from ravop.parallel.replicas import average, weighted_sum
@@ -186,6 +188,23 @@ def _forward(layers, X):
     return X
 
 
+def _stage_bytes(top, rows):
+    """What a layer adds to a stage subgraph's memory: its parameters, their gradients and the optimizer's two
+    moments, and its output for a batch of `rows` (a micro-batch is smaller, so this errs on the safe side)."""
+    params = sum(p.numel() * p.dtype.itemsize for _, leaf in leaf_layers(top) for p in leaf.params.values())
+    return 4 * params + rows * int(np.prod(top.last_output_shape)) * 4
+
+
+def _smallest_limit():
+    """The smallest subgraph memory limit the live workers advertise (Pipeline(stages='auto') sizes its stages
+    by it)."""
+    limits = [w["memory_limit"] for w in live_workers() if w.get("memory_limit")]
+    if not limits:
+        raise GraphStateError("Pipeline(stages='auto') sizes its stages by the workers' advertised memory, and no "
+                              "live worker advertises any: start the workers first, or give a number of stages")
+    return min(limits)
+
+
 def _pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
     """Per step: each stage's forward of each micro-batch, then each stage's backward (its forward recomputed)
     from the last stage to the first, one-step segments all; then one optimizer step on the micro-batches'
@@ -203,6 +222,9 @@ def _pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
                                   "draw another mask")
     model._carried_slots()   # its checks: an optimizer, no gradients waiting for a step
     tops = [layer for _, layer in model.named_layers()]
+    if strategy.stages == "auto":
+        strategy = strategy.fewest_stages([_stage_bytes(top, batch_size) for top in tops], _smallest_limit())
+        current_graph().parallel_fits[-1] = strategy   # the summary's placement names the stages chosen
     costs = [1 + sum(p.numel() for _, leaf in leaf_layers(top) for p in leaf.params.values()) for top in tops]
     stages = [tops[start:stop] for start, stop in strategy.cut(costs)]
     keys = [[(leaf, key) for top in stage for _, leaf in leaf_layers(top) for key in leaf.params] for stage in stages]

@@ -12,10 +12,15 @@ def _rank(worker):
 
 
 def placement(strategy, workers):
-    """{'replica r' or 'stage s': worker name} for `strategy` over `workers` (ravop.store.worker_info.read_all's
+    """{'replica r', 'stage s' or 'replica r stage s': worker name} for `strategy` over `workers` (ravop.store.worker_info.read_all's
     dicts); an empty dict without workers."""
     ranked = sorted(workers, key=_rank)
     stages = getattr(strategy, "stages", None)
-    roles = [f"stage {s}" for s in range(stages)] if stages else [f"replica {r}" for r in range(strategy.replicas)]
+    if not stages:
+        roles = [f"replica {r}" for r in range(strategy.replicas)]
+    elif strategy.replicas == 1:
+        roles = [f"stage {s}" for s in range(stages)]
+    else:
+        roles = [f"replica {r} stage {s}" for r in range(strategy.replicas) for s in range(stages)]
     return {role: ranked[k % len(ranked)]["name"] for k, role in enumerate(roles)} if ranked else {}
 
