@@ -27,7 +27,8 @@ import torch
 from ravop.embedded import LocalServer, start_worker
 from ravop.store import Scripts, connect, graphs
 from ravop.store.keys import worker_key
-from ravop.wire import NodeRow, pack_nodes, plan_pb2
+from ravop.node import Node
+from ravop.wire import pack_nodes, plan_pb2
 
 TOKEN = "bench-failover"
 N = 512
@@ -45,9 +46,9 @@ def chain_plan(n_subgraphs, steps):
         rows = []
         for _ in range(steps):
             product, next_id = next_id, next_id + 1
-            rows.append(NodeRow(product, "matmul", [value, 1], shape=[N, N], dtype="float32"))
+            rows.append(Node(product, "matmul", [value, 1], shape=[N, N], dtype=torch.float32))
             value, next_id = next_id, next_id + 1
-            rows.append(NodeRow(value, "tanh", [product], shape=[N, N], dtype="float32"))
+            rows.append(Node(value, "tanh", [product], shape=[N, N], dtype=torch.float32))
         pack_nodes(rows, sub.nodes)
         sub.outputs.append(value)
     plan.persisted["out"] = value

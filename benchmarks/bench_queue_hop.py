@@ -22,7 +22,8 @@ import torch
 from ravop.embedded import LocalServer, start_worker
 from ravop.store import Scripts, connect, ensure_queues, graphs
 from ravop.store.keys import worker_key
-from ravop.wire import NodeRow, pack_nodes, plan_pb2
+from ravop.node import Node
+from ravop.wire import pack_nodes, plan_pb2
 
 TOKEN = "bench-hop"
 
@@ -36,7 +37,7 @@ def tiny_plan(n_subgraphs, with_op):
         if s + 1 < n_subgraphs:
             sub.successors.append(s + 1)
         if with_op:
-            pack_nodes([NodeRow(s + 1, "neg", [s], shape=[1], dtype="float32")], sub.nodes)
+            pack_nodes([Node(s + 1, "neg", [s], shape=[1], dtype=torch.float32)], sub.nodes)
             sub.inputs.append(s)
             sub.outputs.append(s + 1)
     return plan, ({0: torch.ones(1)} if with_op else {})

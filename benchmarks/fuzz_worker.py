@@ -27,7 +27,8 @@ import ravop as R
 from ravop.embedded import LocalServer, start_worker
 from ravop.store import DEAD_LETTER, GraphKeys, Scripts, connect, graphs, queue, worker_info
 from ravop.store.keys import worker_key
-from ravop.wire import NodeRow, encode_tensor, pack_nodes, plan_pb2
+from ravop.node import Node
+from ravop.wire import encode_tensor, pack_nodes, plan_pb2
 
 TOKEN = "fuzz"
 INPUT = 1   # the id of the subgraph's one stored input
@@ -37,10 +38,10 @@ INPUT = 1   # the id of the subgraph's one stored input
 
 def base_rows():
     """neg, add, matmul, sum over a 4x4 float32 input: every mutation starts from this valid subgraph."""
-    return [NodeRow(2, "neg", [INPUT], shape=[4, 4], dtype="float32", source="fuzz.py:1"),
-            NodeRow(3, "add", [2, INPUT], shape=[4, 4], dtype="float32", source="fuzz.py:2"),
-            NodeRow(4, "matmul", [3, INPUT], shape=[4, 4], dtype="float32", source="fuzz.py:3"),
-            NodeRow(5, "sum", [4], params=b'{"dim":null,"keepdim":false}', shape=[], dtype="float32",
+    return [Node(2, "neg", [INPUT], shape=[4, 4], dtype=torch.float32, source="fuzz.py:1"),
+            Node(3, "add", [2, INPUT], shape=[4, 4], dtype=torch.float32, source="fuzz.py:2"),
+            Node(4, "matmul", [3, INPUT], shape=[4, 4], dtype=torch.float32, source="fuzz.py:3"),
+            Node(5, "sum", [4], pkey=b'{"dim":null,"keepdim":false}', shape=[], dtype=torch.float32,
                     source="fuzz.py:4")]
 
 
@@ -93,7 +94,7 @@ def _bit_flips(rng, data, flips):
 
 
 def _garbage_loop(rng):
-    sub = subgraph([NodeRow(5, "loop", [INPUT], shape=[], dtype="float32")])
+    sub = subgraph([Node(5, "loop", [INPUT], shape=[], dtype=torch.float32)])
     loop = sub.loop
     loop.rounds = rng.choice([0, 1, 10**9, 2**32 - 1])
     loop.n_carried = rng.choice([0, 1, 5, 2**32 - 1])
@@ -197,9 +198,9 @@ def _decoy(client):
     the target of forged messages."""
     plan = plan_pb2.Plan(graph_id="fuzz-decoy")
     first = plan.subgraphs.add(id=0, device="cuda", outputs=[2], successors=[1])
-    pack_nodes([NodeRow(2, "zeros", params=b'{"shape":[2]}', shape=[2], dtype="float32")], first.nodes)
+    pack_nodes([Node(2, "zeros", pkey=b'{"shape":[2]}', shape=[2], dtype=torch.float32)], first.nodes)
     second = plan.subgraphs.add(id=1, device="cpu", inputs=[2], outputs=[3], n_predecessors=1)
-    pack_nodes([NodeRow(3, "neg", [2], shape=[2], dtype="float32")], second.nodes)
+    pack_nodes([Node(3, "neg", [2], shape=[2], dtype=torch.float32)], second.nodes)
     keys = graphs.upload(client, TOKEN, plan, {}, {"name": "decoy"})
     Scripts(client).start(keys)
     return keys

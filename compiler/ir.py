@@ -6,37 +6,8 @@ mutate a node or an IR: they build new ones and share what they did not change, 
 every intermediate IR stay valid.
 """
 from ravop.errors import GraphStateError
-from ravop.registry import INPUT, op_of_kind
+from ravop.node import NO_PARAMS, Node
 from ravop.wire.codec import encode_params
-
-_NO_PARAMS = {}
-
-
-class Node:
-    __slots__ = ("id", "op", "inputs", "params", "pkey", "shape", "dtype", "source")
-
-    def __init__(self, id, op, inputs, params, pkey, shape, dtype, source):
-        self.id = id
-        self.op = op            # registry name
-        self.inputs = inputs    # tuple of node ids
-        self.params = params    # dict of canonical params
-        self.pkey = pkey        # params as wire JSON: hashable, exact (1, 1.0, True differ), reused by the plan
-        self.shape = shape      # tuple; a tuple of shapes for a multi-output node
-        self.dtype = dtype      # torch.dtype; a tuple of dtypes for a multi-output node
-        self.source = source    # the user's "file:line"
-
-    def with_inputs(self, inputs):
-        return Node(self.id, self.op, inputs, self.params, self.pkey, self.shape, self.dtype, self.source)
-
-    def as_constant(self):
-        return Node(self.id, op_of_kind(INPUT), (), _NO_PARAMS, b"", self.shape, self.dtype, self.source)
-
-    @property
-    def multi_output(self):
-        return type(self.dtype) is tuple
-
-    def __repr__(self):
-        return f"<Node {self.id} {self.op} {self.inputs}>"
 
 
 class IR:
@@ -75,7 +46,7 @@ def from_graph(graph):
     for op in graph.nodes:
         if op.id in steps:
             continue   # ops of a loop step: the loop's template carries them
-        params = op.params or _NO_PARAMS
+        params = op.params or NO_PARAMS
         pkey = b""
         if params:
             text = repr(params)

@@ -5,9 +5,8 @@ outputs and constants, in first-read order); `outputs`, the ids it writes there 
 or persisted); `successors`, the subgraphs that read one of its outputs; `n_predecessors`, how many
 subgraphs must finish before it is ready; for a loop op's subgraph, `loop`, its step templates.
 """
-from ravop.dtypes import NAMES
 from ravop.registry import LOOPS
-from ravop.wire import NodeRow, pack_nodes, plan_pb2
+from ravop.wire import pack_nodes, plan_pb2
 
 
 def emit_plan(ir, windows, costs):
@@ -42,10 +41,7 @@ def emit_plan(ir, windows, costs):
                         if i not in emitted:
                             emitted.add(i)
                             outputs[src].append(i)
-            if node.multi_output:   # its tuple_get readers declare the parts
-                rows.append(NodeRow(v, node.op, node.inputs, node.pkey, source=node.source))
-            else:
-                rows.append(NodeRow(v, node.op, node.inputs, node.pkey, node.shape, NAMES[node.dtype], node.source))
+            rows.append(node)
             sg_flops += flops[v]
             sg_bytes += moved[v]
         pack_nodes(rows, sub.nodes)

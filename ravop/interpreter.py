@@ -10,6 +10,7 @@ import torch
 
 from . import registry
 from .errors import RavopError
+from .node import Node
 
 _MASK = (1 << 64) - 1
 
@@ -87,12 +88,9 @@ def run_nodes(nodes, env, graph_seed=0, device="cpu", last_use=None, check=None)
     return env
 
 
-class _Row:
-    __slots__ = ("id", "op", "inputs", "params", "source")
-
-    def __init__(self, node):
-        self.id, self.op, self.params, self.source = node.id, node.op, node.params, node.source
-        self.inputs = [i.id for i in node.inputs]
+def _node_of(op):
+    """The `Node` the interpreter runs for a recorded `Op` (params not encoded: nothing goes on the wire)."""
+    return Node(op.id, op.op, [i.id for i in op.inputs], op.params, b"", op.shape, op.dtype, op.source)
 
 
 def evaluate(outputs, graph_seed=None, device="cpu"):
@@ -135,7 +133,7 @@ def _evaluate(graph, outputs, loops, graph_seed, device="cpu", step_values=None)
             stack.extend(node.inputs)
     inputs = registry.INPUTS
     env = {i: graph.constants[i].to(device) for i in needed if graph.nodes[i].op in inputs}
-    rows = [_Row(graph.nodes[i]) for i in sorted(needed) if graph.nodes[i].op not in inputs]
+    rows = [_node_of(graph.nodes[i]) for i in sorted(needed) if graph.nodes[i].op not in inputs]
     last_use = {i: index for index, row in enumerate(rows) for i in row.inputs}  # free values as a worker does
     for o in roots:
         last_use.pop(o.id, None)

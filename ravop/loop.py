@@ -27,12 +27,12 @@ backward redraws the forward's mask) follows that op's seed from run to run.
 from contextlib import contextmanager
 
 from . import registry
-from .dtypes import NAMES
 from .errors import GraphStateError
 from .graph import Op, current_graph
 from .interpreter import op_seed
 from .source import user_source
-from .wire import NodeRow, decode_params, encode_params, pack_nodes, plan_pb2
+from .node import Node
+from .wire import encode_params, pack_nodes, plan_pb2
 
 COUNTED_PARAM = "step"   # the param of optimizer step ops that counts training steps (1-based)
 
@@ -171,11 +171,11 @@ def seed_params(rows, graph_seed):
     its own dropout. In a loop they must follow that stream from run to run."""
     found, streams = [], None
     for row in rows:
-        if b'"seed"' not in row.params:
+        if b'"seed"' not in row.pkey:
             continue
         if streams is None:
             streams = {op_seed(graph_seed, other.id): other.id for other in rows}
-        seed = decode_params(row.params).get("seed")
+        seed = row.params.get("seed")
         if type(seed) is int and seed in streams:
             found.append((row.id, streams[seed]))
     return found
@@ -261,10 +261,8 @@ class Step:
             value = (node.params or {}).get(COUNTED_PARAM)
             if self.counts and type(value) is int and counts_steps(node.op):
                 counters.append(node.id)
-            multi = isinstance(node.dtype, tuple)
-            rows.append(NodeRow(node.id, node.op, [i.id for i in node.inputs],
-                                encode_params(node.params) if node.params else b"",
-                                () if multi else node.shape, "" if multi else NAMES[node.dtype], node.source))
+            rows.append(Node(node.id, node.op, [i.id for i in node.inputs], node.params,
+                             encode_params(node.params) if node.params else b"", node.shape, node.dtype, node.source))
         for value in self.next + [op for op, _ in self.outputs]:
             if value.id not in inside:
                 if value.op != "const" and (value.id >= self.start or value.id in loop.step_ids):

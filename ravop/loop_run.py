@@ -14,7 +14,7 @@ from . import registry
 from .errors import PlanError
 from .interpreter import op_seed, run_op
 from .ops.optim import IN_PLACE
-from .wire import decode_params, unpack_nodes
+from .wire import unpack_nodes
 
 NOT_KERNELS = ("const", "loop", "loop_hole")
 
@@ -79,7 +79,6 @@ class StepFunction:
             raise PlanError(f"a loop step seeds values {unknown[:5]}, which are not its ops")
         counted = set(template.counter_nodes)
         self.ops, self.nodes = [], rows
-        params_of = {}
         for row in rows:
             opdef = registry.REGISTRY.get(row.op)
             if opdef is None or row.op in NOT_KERNELS:
@@ -88,12 +87,7 @@ class StepFunction:
             if missing:
                 raise PlanError(f"op {row.op!r} (node {row.id}) of a loop step reads values {missing}, which are "
                                 "neither holes, inputs of the loop nor computed before it", row)
-            params = params_of.get(row.params)
-            if params is None:
-                try:
-                    params = params_of[row.params] = decode_params(row.params)
-                except ValueError as exc:
-                    raise PlanError(f"op {row.op!r}: {exc}", row) from None
+            params = row.params
             counter = None
             if row.id in counted:
                 counter = params.get("step")

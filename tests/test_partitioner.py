@@ -10,14 +10,7 @@ import compiler.partition as partition_module
 from compiler import compile_graph
 from compiler.cost import DEVICES, DeviceModel
 from ravop.interpreter import evaluate, run_nodes
-from ravop.wire import decode_params, plan_pb2, unpack_nodes
-
-
-class _Row:
-    __slots__ = ("id", "op", "inputs", "params")
-
-    def __init__(self, node):
-        self.id, self.op, self.inputs, self.params = node.id, node.op, list(node.inputs), decode_params(node.params)
+from ravop.wire import plan_pb2, unpack_nodes
 
 
 
@@ -38,8 +31,7 @@ def run_plan(compiled):
     with torch.no_grad():
         while ready:
             sub = subgraphs[ready.pop()]
-            rows = [_Row(n) for n in unpack_nodes(sub.nodes)]
-            env = run_nodes(rows, {i: store[i] for i in sub.inputs}, plan.seed)
+            env = run_nodes(unpack_nodes(sub.nodes), {i: store[i] for i in sub.inputs}, plan.seed)
             store.update({i: env[i] for i in sub.outputs})
             ran += 1
             for s in sub.successors:
@@ -70,7 +62,7 @@ def check_plan(plan):
                 assert i in defined or i in sub.inputs, f"node {node.id} reads {i}, not defined in its subgraph"
             if node.op == "tuple_get":
                 assert node.inputs[0] in defined, "a tuple_get is apart from its multi-output node"
-            if node.dtype == "":
+            if node.dtype is None:
                 multi.add(node.id)
             defined.add(node.id)
         for i in sub.inputs:

@@ -14,7 +14,8 @@ import ravop as R
 from ravop.torchscript_import import BLOB_KEY, load_module
 from ravop.ops import torchscript
 from ravop.ops.torchscript_safety import UnsafeModelError, load
-from ravop.wire import NodeRow, encode_params
+from ravop.node import Node
+from ravop.wire import encode_params
 
 from helpers import upload_subgraph, wait_until_finished
 
@@ -215,7 +216,7 @@ def test_a_hostile_blob_in_a_graph_fails_it_on_a_real_worker(engine, workers, cl
     params = {"model_hash": hashlib.sha256(data).hexdigest(), "param_slots": [], "buffer_slots": [], "n_args": 1,
               "kwarg_names": [], "training": False, "seed": 0}
     keys = upload_subgraph(client, engine.token, "hostile-model",
-                           [NodeRow(id=3, op="torchscript_forward", inputs=[1, 2], params=encode_params(params),
+                           [Node(id=3, op="torchscript_forward", inputs=[1, 2], pkey=encode_params(params),
                                     source="evil.py:1")],
                            inputs=[1, 2], outputs=[3],
                            constants={1: torch.frombuffer(bytearray(data), dtype=torch.uint8), 2: torch.ones(2)})

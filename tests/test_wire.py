@@ -13,7 +13,8 @@ from google.protobuf.message import DecodeError
 
 from ravop.dtypes import DTYPES
 from ravop.errors import PlanError, WireFormatError
-from ravop.wire import (NodeRow, decode_params, decode_tensor, encode_params, encode_tensor, pack_nodes, plan_pb2,
+from ravop.node import Node
+from ravop.wire import (decode_params, decode_tensor, encode_params, encode_tensor, pack_nodes, plan_pb2,
                         unpack_nodes)
 from ravop.wire.codec import MAGIC
 
@@ -104,19 +105,21 @@ def test_plan_round_trip():
     plan.persisted["loss"] = 7
     plan.constants.extend([0, 1])
     sub = plan.subgraphs.add(id=0, inputs=[0, 1], outputs=[7], successors=[1], device="cuda", flops=1e9, bytes=64)
-    pack_nodes([NodeRow(2, "split", [0], encode_params({"numOrSizeSplits": 2}), source="a.py:3"),
-                NodeRow(3, "tuple_get", [2], encode_params({"index": 0}), [2, -1], "float32", "a.py:3"),
-                NodeRow(4, "add", [3, 1], shape=[], dtype="int64")], sub.nodes)
+    pack_nodes([Node(2, "split", [0], pkey=encode_params({"numOrSizeSplits": 2}), source="a.py:3"),
+                Node(3, "tuple_get", [2], pkey=encode_params({"index": 0}), shape=[2, -1], dtype=torch.float32,
+                     source="a.py:3"),
+                Node(4, "add", [3, 1], shape=[], dtype=torch.int64)], sub.nodes)
     plan.subgraphs.add(id=1, n_predecessors=1)
     back = plan_pb2.Plan.FromString(plan.SerializeToString())
     assert back == plan
     assert back.seed == 2 ** 63 + 5 and dict(back.persisted) == {"loss": 7}
     split, get, add = unpack_nodes(back.subgraphs[0].nodes)
-    assert (split.id, split.op, split.inputs, split.shape, split.dtype, split.source) == (2, "split", [0], (), "",
+    assert (split.id, split.op, split.inputs, split.shape, split.dtype, split.source) == (2, "split", [0], (), None,
                                                                                           "a.py:3")
-    assert (get.inputs, get.shape, get.dtype) == ([2], (2, -1), "float32")
-    assert decode_params(get.params) == {"index": 0}
-    assert (add.inputs, add.shape, add.dtype, add.params, add.source) == ([3, 1], (), "int64", b"", "")
+    assert (get.inputs, get.shape, get.dtype, get.params) == ([2], (2, -1), torch.float32, {"index": 0})
+    assert get.pkey == encode_params({"index": 0})
+    assert (add.inputs, add.shape, add.dtype, add.params, add.pkey, add.source) == ([3, 1], (), torch.int64, {}, b"",
+                                                                                    "")
     assert unpack_nodes(back.subgraphs[1].nodes) == []
 
 
@@ -129,7 +132,7 @@ def test_plan_round_trip():
 ])
 def test_node_columns_that_do_not_fit_together_are_refused(damage, message):
     sub = plan_pb2.Subgraph()
-    pack_nodes([NodeRow(2, "neg", [1], shape=[4], dtype="float32"), NodeRow(3, "neg", [2])], sub.nodes)
+    pack_nodes([Node(2, "neg", [1], shape=[4], dtype=torch.float32), Node(3, "neg", [2])], sub.nodes)
     damage(sub.nodes)
     with pytest.raises(PlanError, match=re.escape(message)):
         unpack_nodes(plan_pb2.Subgraph.FromString(sub.SerializeToString()).nodes)

@@ -9,7 +9,8 @@ import torch
 import ravop as R
 from ravop.interpreter import OpError, evaluate
 from ravop.store import DEAD_LETTER, GROUP, Scripts, queue
-from ravop.wire import NodeRow, plan_pb2
+from ravop.node import Node
+from ravop.wire import plan_pb2
 
 from helpers import assert_a_valid_graph_runs, upload_subgraph
 
@@ -58,21 +59,21 @@ def test_hostile_messages_and_plans_do_not_kill_the_worker(engine, workers, clie
     uneven.nodes.op.append("neg")
     uneven.nodes.n_inputs.extend([1, 10**9])
     hostile = {
-        "unknown-op": dict(nodes=[NodeRow(id=2, op="os.system", inputs=[1])], inputs=[1], outputs=[2],
+        "unknown-op": dict(nodes=[Node(id=2, op="os.system", inputs=[1])], inputs=[1], outputs=[2],
                            constants=ones),
-        "huge-shape": dict(nodes=[NodeRow(id=2, op="zeros", shape=[10**12, 10**6], dtype="float32",
-                                          params=b'{"shape":[1000000000000,1000000]}')], outputs=[2]),
-        "lying-shape": dict(nodes=[NodeRow(id=2, op="zeros", shape=[1], dtype="float32",
-                                           params=b'{"shape":[1000000000000,1000000]}')], outputs=[2]),
-        "undefined-input": dict(nodes=[NodeRow(id=3, op="add", inputs=[1, 2])], inputs=[1], outputs=[3],
+        "huge-shape": dict(nodes=[Node(id=2, op="zeros", shape=[10**12, 10**6], dtype=torch.float32,
+                                          pkey=b'{"shape":[1000000000000,1000000]}')], outputs=[2]),
+        "lying-shape": dict(nodes=[Node(id=2, op="zeros", shape=[1], dtype=torch.float32,
+                                           pkey=b'{"shape":[1000000000000,1000000]}')], outputs=[2]),
+        "undefined-input": dict(nodes=[Node(id=3, op="add", inputs=[1, 2])], inputs=[1], outputs=[3],
                                 constants=ones),
-        "bad-params": dict(nodes=[NodeRow(id=2, op="neg", inputs=[1], params=b"{not json")], inputs=[1],
+        "bad-params": dict(nodes=[Node(id=2, op="neg", inputs=[1], pkey=b"{not json")], inputs=[1],
                            outputs=[2], constants=ones),
-        "deep-params": dict(nodes=[NodeRow(id=2, op="neg", inputs=[1], params=b'{"a":' + b"[" * 5000 + b"]" * 5000
+        "deep-params": dict(nodes=[Node(id=2, op="neg", inputs=[1], pkey=b'{"a":' + b"[" * 5000 + b"]" * 5000
                                            + b"}")], inputs=[1], outputs=[2], constants=ones),
-        "huge-params": dict(nodes=[NodeRow(id=2, op="neg", inputs=[1], params=b'{"a":"' + b"x" * (17 << 20) + b'"}')],
+        "huge-params": dict(nodes=[Node(id=2, op="neg", inputs=[1], pkey=b'{"a":"' + b"x" * (17 << 20) + b'"}')],
                             inputs=[1], outputs=[2], constants=ones),
-        "odd-params": dict(nodes=[NodeRow(id=2, op="index", inputs=[1], params=b'{"spec":[["t"]]}', source="odd.py:3")],
+        "odd-params": dict(nodes=[Node(id=2, op="index", inputs=[1], pkey=b'{"spec":[["t"]]}', source="odd.py:3")],
                            inputs=[1], outputs=[2], constants=ones),
         "garbage-plan": dict(nodes=[], outputs=[], stored=b"\x00garbage protobuf\xff"),
         "uneven-columns": dict(nodes=[], outputs=[], stored=uneven.SerializeToString()),

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import ravop as R
-from ravop.wire import NodeRow, encode_params, plan_pb2, pack_nodes
+from ravop.node import Node
+from ravop.wire import encode_params, plan_pb2, pack_nodes
 from worker import memory
 from worker.run import KernelError, run
 from worker.validate import check
@@ -25,12 +26,12 @@ def program_of(nodes, outputs):
 
 
 def zeros(node_id, shape, declared, source="user.py:7"):
-    return NodeRow(id=node_id, op="zeros", params=encode_params({"shape": shape}), shape=declared, dtype="float32",
+    return Node(id=node_id, op="zeros", pkey=encode_params({"shape": shape}), shape=declared, dtype=torch.float32,
                    source=source)
 
 
 def test_an_output_larger_than_declared_fails_at_its_op():
-    program = program_of([zeros(1, (64, 64), (1,)), NodeRow(2, "neg", [1], shape=[1], dtype="float32")], [2])
+    program = program_of([zeros(1, (64, 64), (1,)), Node(2, "neg", [1], shape=[1], dtype=torch.float32)], [2])
     with pytest.raises(KernelError, match=r"produced \(64, 64\) float32 \(0.0 MiB\) but declared \(1,\)") as info:
         run(program, {}, 0, "cpu", budget=MIB)
     assert info.value.node.id == 1 and info.value.reason == "over memory budget"
@@ -38,20 +39,21 @@ def test_an_output_larger_than_declared_fails_at_its_op():
 
 def test_a_data_dependent_output_is_bounded_by_the_budget_only():
     found = [zeros(1, (300, 300), (300, 300)), zeros(2, (1,), (1,)),
-             NodeRow(3, "find_indices", [1, 2], shape=[1, -1], dtype="int64")]
+             Node(3, "find_indices", [1, 2], shape=[1, -1], dtype=torch.int64)]
     assert run(program_of(found, [3]), {}, 0, "cpu", budget=10 * MIB)[3].shape == (1, 90000)
     with pytest.raises(KernelError, match=r"produced \(1, 90000\) int64 \(0.7 MiB\).*budget is 0.5 MiB"):
         run(program_of(found, [3]), {}, 0, "cpu", budget=MIB // 2)
 
 
 def test_a_failed_allocation_names_the_op_and_the_sizes():
-    step = program_of([zeros(1, (4,), (4,))], [1]).steps[0]
+    program = program_of([zeros(1, (4,), (4,))], [1])
+    step, declared = program.steps[0], program.declared[1]
     error = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
                          "you tried to allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)")
-    assert memory.allocation_failure(step, error, BUDGET) == (
+    assert memory.allocation_failure(step, declared, error, BUDGET) == (
         "tried to allocate 1,024.0 MiB, over this worker's memory budget of 300.0 MiB (its declared output is (4,) "
         "float32, 0.0 MiB)")
-    assert memory.allocation_failure(step, ValueError("bad"), BUDGET) is None
+    assert memory.allocation_failure(step, declared, ValueError("bad"), BUDGET) is None
 
 
 def peak_rss(pid):

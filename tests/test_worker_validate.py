@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from ravop.errors import PlanError
-from ravop.wire import NodeRow, encode_params, pack_nodes, plan_pb2
+from ravop.node import Node
+from ravop.wire import encode_params, pack_nodes, plan_pb2
 from worker.cache import TensorCache
 from worker.run import KernelError, run
 from worker.validate import check
@@ -18,7 +19,7 @@ def subgraph(nodes, inputs=(), outputs=()):
 
 
 def neg(id, x, n=MIB // 4):
-    return NodeRow(id=id, op="neg", inputs=[x], shape=[n], dtype="float32", source=f"user.py:{id}")
+    return Node(id=id, op="neg", inputs=[x], shape=[n], dtype=torch.float32, source=f"user.py:{id}")
 
 
 def test_peak_memory_counts_values_alive_at_once():
@@ -38,26 +39,32 @@ def test_a_plan_over_the_limit_is_refused_at_the_op_that_crosses_it():
 
 
 @pytest.mark.parametrize("nodes, inputs, outputs, message", [
-    ([NodeRow(id=2, op="eval", inputs=[1])], [1], [2], "unknown op 'eval'"),
-    ([NodeRow(id=2, op="const")], [], [2], "unknown op 'const'"),
+    ([Node(id=2, op="eval", inputs=[1])], [1], [2], "unknown op 'eval'"),
+    ([Node(id=2, op="const")], [], [2], "unknown op 'const'"),
     ([neg(2, 7)], [1], [2], r"reads values \[7\]"),
     ([neg(2, 1), neg(2, 1)], [1], [2], "defined twice"),
     ([neg(2, 1)], [1], [5], r"outputs \[5\] are not computed"),
-    ([NodeRow(id=2, op="neg", inputs=[1], shape=[-5], dtype="float32")], [1], [2], "negative dimension"),
-    ([NodeRow(id=2, op="neg", inputs=[1], shape=[1], dtype="float128")], [1], [2], "unknown dtype"),
-    ([NodeRow(id=2, op="neg", inputs=[1], params=b"[1, 2]")], [1], [2], "must be a JSON object"),
+    ([Node(id=2, op="neg", inputs=[1], shape=[-5], dtype=torch.float32)], [1], [2], "negative dimension"),
+    ([Node(id=2, op="neg", inputs=[1], pkey=b"[1, 2]")], [1], [2], "must be a JSON object"),
 ])
 def test_malformed_plans_are_refused(nodes, inputs, outputs, message):
     with pytest.raises(PlanError, match=message):
         check(subgraph(nodes, inputs, outputs), max_bytes=MIB)
 
 
+def test_an_unknown_dtype_name_is_refused():
+    sub = subgraph([neg(2, 1)], [1], [2])
+    sub.nodes.dtype[0] = "float128"
+    with pytest.raises(PlanError, match="op 'neg' declares unknown dtype 'float128'"):
+        check(sub, max_bytes=MIB)
+
+
 def test_run_frees_intermediates_keeps_outputs_and_names_a_failing_op():
-    nodes = [neg(2, 1, n=3), NodeRow(id=3, op="add", inputs=[2, 2], shape=[3], dtype="float32"),
+    nodes = [neg(2, 1, n=3), Node(id=3, op="add", inputs=[2, 2], shape=[3], dtype=torch.float32),
              neg(4, 3, n=3)]
     program = check(subgraph(nodes, inputs=[1], outputs=[4]), max_bytes=MIB)
     assert torch.equal(run(program, {1: torch.ones(3)}, 0, "cpu", MIB)[4], torch.full((3,), 2.0))
-    bad = NodeRow(id=2, op="reshape", inputs=[1], params=encode_params({"shape": (7,)}), source="u.py:9")
+    bad = Node(id=2, op="reshape", inputs=[1], pkey=encode_params({"shape": (7,)}), source="u.py:9")
     program = check(subgraph([bad], inputs=[1], outputs=[2]), max_bytes=MIB)
     with pytest.raises(KernelError, match="RuntimeError") as info:
         run(program, {1: torch.ones(3)}, 0, "cpu", MIB)

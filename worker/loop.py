@@ -74,12 +74,13 @@ class _Watcher:
     def __init__(self, template, defined, max_bytes, budget):
         subgraph = plan_pb2.Subgraph(inputs=defined, outputs=[*template.carry_next, *template.output_nodes])
         subgraph.nodes.CopyFrom(template.nodes)
-        self.steps = check(subgraph, max_bytes).steps   # PlanError naming the op past the limit
-        self.limits = [step.bytes for step in self.steps]
+        program = check(subgraph, max_bytes)   # PlanError naming the op past the limit
+        self.steps = program.steps
+        self.limits = [program.declared[step.id] for step in self.steps]
         self.budget = budget
 
     def problem(self, index, value):
-        return memory.oversized(self.steps[index], value, self.budget)
+        return memory.oversized(self.steps[index], self.limits[index], value, self.budget)
 
 
 def check_loop_program(program):

@@ -18,6 +18,8 @@ import re
 
 import torch
 
+from ravop.dtypes import NAMES
+
 
 log = logging.getLogger("ravop.worker")
 
@@ -63,7 +65,7 @@ def _data_bytes():
     return int(found.group(1)) * 1024 if found else 0
 
 
-def allocation_failure(step, exc, budget):
+def allocation_failure(step, declared, exc, budget):
     """The message for `exc`, raised by the kernel of `step`, if it says an allocation failed; else None."""
     if not (isinstance(exc, (MemoryError, torch.OutOfMemoryError))
             or (isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))):
@@ -75,20 +77,26 @@ def allocation_failure(step, exc, budget):
         amount = found.group(1)
         what = "tried to allocate " + (mib(int(amount.split()[0])) if amount.endswith("bytes") else amount)
     return (f"{what}, over this worker's memory budget of {mib(budget)} (its declared output is "
-            f"{tuple(step.shape)} {step.dtype or '?'}, {mib(step.bytes)})")
+            f"{tuple(step.shape)} {dtype_name(step)}, {mib(declared)})")
 
 
-def oversized(step, value, budget):
-    """Why `value`, the output of `step` (a worker.validate.Step), is refused: larger than the step declared
+def oversized(step, declared, value, budget):
+    """Why `value`, the output of `step` (a `ravop.node.Node` declaring `declared` bytes), is refused: larger than
+    the step declared
     (unless a dimension is data-dependent) or than the budget; None if it is not."""
     if not isinstance(value, torch.Tensor):
         return None  # a multi-output op's tuple: the tuple_get steps that read it are checked
     size = value.nbytes
-    if size > budget or (size > step.bytes and step.dtype and -1 not in step.shape):
+    if size > budget or (size > declared and step.dtype is not None and -1 not in step.shape):
         return (f"produced {tuple(value.shape)} {_dtype_name(value)} ({mib(size)}) but declared "
-                f"{tuple(step.shape)} {step.dtype or '?'} ({mib(step.bytes)}); this worker's memory budget is "
+                f"{tuple(step.shape)} {dtype_name(step)} ({mib(declared)}); this worker's memory budget is "
                 f"{mib(budget)}")
     return None
+
+
+def dtype_name(step):
+    """The declared dtype of a step by its wire name, for messages."""
+    return NAMES.get(step.dtype, "?")
 
 
 def _dtype_name(tensor):

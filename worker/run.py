@@ -16,7 +16,7 @@ OVER_BUDGET = "over memory budget"  # the dead-letter reason of a value or alloc
 
 class KernelError(Exception):
     """An op's kernel raised, returned something other than a tensor, or produced more than it declared or the
-    worker's budget allows; `node` is its `worker.validate.Step` (op, source line)."""
+    worker's budget allows; `node` is its `ravop.node.Node` (op, source line)."""
 
     def __init__(self, node, message, reason="kernel error"):
         super().__init__(message)
@@ -34,11 +34,12 @@ def run(program, inputs, seed, device, budget):
     """{output id: tensor} of a `worker.validate.Program`; `inputs` maps input ids to tensors on `device`;
     `budget`: the bytes one value may take (see worker/memory.py)."""
     env = dict(inputs)
+    declared = program.declared
 
     def check(step, value):
         # The common case in one comparison (about 0.2 us an op); the full check only past the declared size.
-        if isinstance(value, Tensor) and value.nbytes > step.bytes:
-            problem = memory.oversized(step, value, budget)
+        if isinstance(value, Tensor) and value.nbytes > declared[step.id]:
+            problem = memory.oversized(step, declared[step.id], value, budget)
             if problem is not None:
                 raise KernelError(step, problem, OVER_BUDGET)
 
@@ -47,7 +48,7 @@ def run(program, inputs, seed, device, budget):
             run_nodes(program.steps, env, seed, device, program.last_use, check)
     except OpError as exc:  # whatever the kernel raised is the user's error: report it, with their line
         step = exc.node
-        problem = memory.allocation_failure(step, exc.__cause__, budget)
+        problem = memory.allocation_failure(step, declared[step.id], exc.__cause__, budget)
         if problem is not None:  # the inputs are still in env: the failing op had not consumed them
             message = f"out of memory on {device} at op {step.op!r} ({_input_sizes(step, env)}): {problem}"
             env.clear()  # the traceback keeps this frame: let the worker free the intermediates now

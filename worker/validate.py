@@ -3,47 +3,42 @@ malformed or hostile: every op must be in the registry, every input defined befo
 memory its declared output shapes need at once must fit the worker's limit, so an absurd shape is refused
 here instead of being allocated."""
 from ravop import registry
-from ravop.dtypes import DTYPES
 from ravop.errors import PlanError
 from ravop.sizes import nbytes_estimate
-from ravop.wire import NodeRow, decode_params, unpack_nodes
+from ravop.wire import unpack_nodes
 
-
-class Step(NodeRow):
-    """One op of a checked subgraph: a plan row whose `params` are decoded (what
-    `ravop.interpreter.run_nodes` reads), with `bytes`, the size of its declared output."""
-    __slots__ = ("bytes",)
+from .memory import dtype_name
 
 
 class Program:
-    """A checked subgraph: its steps, the index of each value's last reader (outputs excluded, so they are
-    kept), its outputs, and the peak bytes its declared shapes need."""
-    __slots__ = ("steps", "last_use", "outputs", "peak_bytes")
+    """A checked subgraph: its steps (`ravop.node.Node`s, what `ravop.interpreter.run_nodes` reads), the size
+    of each step's declared output (`declared`, by node id), the index of each value's last reader (outputs
+    excluded, so they are kept), its outputs, and the peak bytes its declared shapes need."""
+    __slots__ = ("steps", "declared", "last_use", "outputs", "peak_bytes")
 
-    def __init__(self, steps, last_use, outputs, peak_bytes):
-        self.steps, self.last_use, self.outputs, self.peak_bytes = steps, last_use, outputs, peak_bytes
+    def __init__(self, steps, declared, last_use, outputs, peak_bytes):
+        self.steps, self.declared, self.last_use = steps, declared, last_use
+        self.outputs, self.peak_bytes = outputs, peak_bytes
 
 
 def declared_bytes(node):
     """Bytes of a step's declared output; 0 for a multi-output op (its tuple_get readers declare the parts)."""
-    if not node.dtype:
+    if node.dtype is None:
         return 0
-    if node.dtype not in DTYPES:
-        raise PlanError(f"op {node.op!r} declares unknown dtype {node.dtype!r}", node)
     for d in node.shape:
         if d < -1:   # -1: a data-dependent size, not known before the run
             raise PlanError(f"op {node.op!r} declares a negative dimension in {tuple(node.shape)}", node)
-    return nbytes_estimate(node.shape, DTYPES[node.dtype])
+    return nbytes_estimate(node.shape, node.dtype)
 
 
 def check(subgraph, max_bytes):
     """The `Program` of a plan_pb2.Subgraph; `PlanError` (with the node at fault) if it cannot be run."""
-    steps = unpack_nodes(subgraph.nodes, Step)
+    steps = unpack_nodes(subgraph.nodes)
     outputs = list(subgraph.outputs)
     keep = set(outputs)
     defined = set(subgraph.inputs)
     last_use = {}
-    params_of = {}   # most ops share a few params blobs (often empty): decode each once
+    declared = {}
     known = registry.REGISTRY
     for index, step in enumerate(steps):
         node_id, op, reads = step.id, step.op, step.inputs
@@ -56,35 +51,28 @@ def check(subgraph, max_bytes):
         if node_id in defined:
             raise PlanError(f"node {node_id} is defined twice", step)
         defined.add(node_id)
-        blob = step.params
-        step.params = params_of.get(blob)
-        if step.params is None:
-            try:
-                step.params = params_of[blob] = decode_params(blob)
-            except ValueError as exc:
-                raise PlanError(f"op {op!r}: {exc}", step) from None
-        step.bytes = declared_bytes(step)
+        declared[node_id] = declared_bytes(step)
         for i in reads:
             if i not in keep:
                 last_use[i] = index
     undefined = [o for o in outputs if o not in defined]
     if undefined:
         raise PlanError(f"outputs {undefined} are not computed by the subgraph")
-    return Program(steps, last_use, outputs, _peak_bytes(steps, last_use, max_bytes))
+    return Program(steps, declared, last_use, outputs, _peak_bytes(steps, declared, last_use, max_bytes))
 
 
-def _peak_bytes(steps, last_use, max_bytes):
+def _peak_bytes(steps, declared, last_use, max_bytes):
     """Most bytes alive at once, freeing each value after its last reader as the interpreter does."""
     live = peak = 0
     sizes = {}
     for index, step in enumerate(steps):
-        size = sizes[step.id] = step.bytes
+        size = sizes[step.id] = declared[step.id]
         live += size
         if live > peak:
             peak = live
             if peak > max_bytes:
                 raise PlanError(f"the subgraph needs about {peak / 2**20:,.0f} MiB at op {step.op!r} (declared "
-                                f"output {tuple(step.shape)} {step.dtype}), over this worker's limit "
+                                f"output {tuple(step.shape)} {dtype_name(step)}), over this worker's limit "
                                 f"of {max_bytes / 2**20:,.0f} MiB (--max-subgraph-bytes)", step)
         for i in step.inputs:
             if last_use.get(i) == index:

@@ -26,13 +26,11 @@ import re
 from collections import Counter, defaultdict
 from itertools import count
 
-from ravop.dtypes import NAMES
 from ravop.interpreter import op_seed
 from ravop.loop import COUNTED_PARAM, LoopRecord, counts_steps
+from ravop.node import Node
 from ravop.registry import REGISTRY
-from ravop.wire import NodeRow, encode_params, pack_nodes, plan_pb2
-
-from ..ir import Node
+from ravop.wire import encode_params, pack_nodes, plan_pb2
 
 MIN_STEPS = 2           # fewer repeats are no loop
 CANDIDATE_PERIODS = 8   # the most frequent distances between ops of one kind, tried as the step's length
@@ -403,9 +401,7 @@ def _build(ir, context, fold, loop_index, alias):
                 value = alias.get(ref[1], ref[1])
                 outer.setdefault(value, value)
                 inputs.append(value)
-        multi = node.multi_output
-        rows.append(NodeRow(id, node.op, inputs, node.pkey, () if multi else node.shape,
-                            "" if multi else NAMES[node.dtype], node.source))
+        rows.append(Node(id, node.op, inputs, node.params, node.pkey, node.shape, node.dtype, node.source))
     initial = [alias.get(fold.initial[p], fold.initial[p]) for p in carried]
     inputs = initial + list(outer.values())
     free = sorted(id for id in order[start:start + steps * period] if id > max(inputs))

@@ -1,37 +1,34 @@
-"""A subgraph's ops as rows (`NodeRow`) and as the columns plan.proto's `Nodes` carries them.
+"""A subgraph's ops as `Node`s and as the columns plan.proto's `Nodes` carries them.
 
 Columns because of the reader's cost: a worker reads every op of every subgraph it runs, and with a
 message per op each field read builds a Python object (several microseconds per op, more than a small
 kernel takes); a column converts to a list in one call. `unpack_nodes` checks that the columns agree with each
 other, since a plan comes from the network.
 """
+from ..dtypes import DTYPES, NAMES
 from ..errors import PlanError
-
-
-class NodeRow:
-    """One op of a plan: id, op name, input ids, params (JSON bytes), declared shape and dtype, source line."""
-    __slots__ = ("id", "op", "inputs", "params", "shape", "dtype", "source")
-
-    def __init__(self, id, op, inputs=(), params=b"", shape=(), dtype="", source=""):
-        self.id, self.op, self.inputs, self.params = id, op, list(inputs), params
-        self.shape, self.dtype, self.source = tuple(shape), dtype, source
-
-    def __repr__(self):
-        return f"NodeRow({self.id}, {self.op!r}, inputs={self.inputs}, shape={self.shape}, dtype={self.dtype!r})"
+from ..node import NO_PARAMS, Node
+from .codec import decode_params
 
 
 def pack_nodes(rows, nodes):
-    """Append `rows` (NodeRow-like: .id .op .inputs .params .shape .dtype .source) to a plan_pb2.Nodes."""
+    """Append `rows` (`Node`s) to a plan_pb2.Nodes: params as their wire JSON (`pkey`), dtypes by name. A
+    multi-output node declares no shape or dtype: its tuple_get readers declare the parts."""
     ids, ops, n_inputs, inputs, params, ranks, shapes, dtypes, sources = [], [], [], [], [], [], [], [], []
     for row in rows:
         ids.append(row.id)
         ops.append(row.op)
         n_inputs.append(len(row.inputs))
         inputs.extend(row.inputs)
-        params.append(row.params)
-        ranks.append(len(row.shape))
-        shapes.extend(row.shape)
-        dtypes.append(row.dtype)
+        params.append(row.pkey)
+        dtype = row.dtype
+        if dtype is None or type(dtype) is tuple:
+            ranks.append(0)
+            dtypes.append("")
+        else:
+            ranks.append(len(row.shape))
+            shapes.extend(row.shape)
+            dtypes.append(NAMES[dtype])
         sources.append(row.source)
     for column, values in ((nodes.id, ids), (nodes.op, ops), (nodes.n_inputs, n_inputs), (nodes.inputs, inputs),
                            (nodes.params, params), (nodes.rank, ranks), (nodes.shape, shapes),
@@ -39,9 +36,9 @@ def pack_nodes(rows, nodes):
         column.extend(values)
 
 
-def unpack_nodes(nodes, row=NodeRow):
-    """The rows of a plan_pb2.Nodes, each `row(id, op, inputs, params, shape, dtype, source)` (a NodeRow or
-    a subclass); `PlanError` if the columns do not fit together."""
+def unpack_nodes(nodes):
+    """The `Node`s of a plan_pb2.Nodes, params decoded (`pkey`: their wire bytes) and dtypes as torch dtypes;
+    `PlanError` if the columns do not fit together, a params blob is not valid JSON or a dtype is unknown."""
     ids, ops, n_inputs, params = list(nodes.id), list(nodes.op), list(nodes.n_inputs), list(nodes.params)
     ranks, dtypes, sources = list(nodes.rank), list(nodes.dtype), list(nodes.source)
     inputs, shapes = list(nodes.inputs), list(nodes.shape)
@@ -55,10 +52,29 @@ def unpack_nodes(nodes, row=NodeRow):
         raise PlanError(f"the plan's nodes declare {sum(n_inputs)} inputs in all but list {len(inputs)}")
     if sum(ranks) != len(shapes):
         raise PlanError(f"the plan's nodes declare {sum(ranks)} shape dimensions in all but list {len(shapes)}")
+    params_of = {b"": NO_PARAMS}   # most ops share a few params blobs (often empty): decode each once
+    dtype_of = dict(DTYPES, **{"": None})
     rows, a, b = [], 0, 0
     for k, node_id in enumerate(ids):
         c, r = n_inputs[k], ranks[k]
-        rows.append(row(node_id, ops[k], inputs[a:a + c], params[k], shapes[b:b + r], dtypes[k], sources[k]))
+        blob, name = params[k], dtypes[k]
+        decoded, dtype = params_of.get(blob), dtype_of.get(name, name)
+        if decoded is None or dtype is name:
+            decoded, dtype = _checked(Node(node_id, ops[k], source=sources[k]), blob, name, params_of, dtype_of)
+        rows.append(Node(node_id, ops[k], inputs[a:a + c], decoded, blob, tuple(shapes[b:b + r]), dtype, sources[k]))
         a += c
         b += r
     return rows
+
+
+def _checked(node, blob, name, params_of, dtype_of):
+    """(params, dtype) of a node whose params blob is new or whose dtype name is not known: `PlanError`
+    naming `node` if either is bad."""
+    if blob not in params_of:
+        try:
+            params_of[blob] = decode_params(blob)
+        except ValueError as exc:
+            raise PlanError(f"op {node.op!r}: {exc}", node) from None
+    if name not in dtype_of:
+        raise PlanError(f"op {node.op!r} declares unknown dtype {name!r}", node)
+    return params_of[blob], dtype_of[name]
