@@ -70,20 +70,29 @@ _PARAMS = [b"[1, 2]", b'"dim"', b"null", b"42", b'{"dim": "x"}', b'{"dim": [1, [
            b'{"dim": NaN}', b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", b'{"a": "' + b"y" * (17 << 20) + b'"}']
 
 
-def _mutate_rows(rng, field):
+def _pack_mutated(rng, field, nodes):
+    """The valid rows packed into `nodes` with `field` of one row made hostile, as a requester could write the
+    wire columns (a dtype is a name there, params are bytes)."""
     rows = base_rows()
-    row = rng.choice(rows)
+    k = rng.randrange(len(rows))
+    row = rows[k]
     if field == "op":
         row.op = rng.choice(_OP_NAMES + ["".join(rng.choice("abcdefghij_.") for _ in range(rng.randint(1, 20)))])
     elif field == "shape":
         row.shape = tuple(rng.choice(_SHAPES))
-    elif field == "dtype":
-        row.dtype = rng.choice(_DTYPES)
     elif field == "params":
-        row.params = rng.choice(_PARAMS)
+        row.pkey = rng.choice(_PARAMS)
     elif field == "inputs":
         row.inputs = rng.choice([[999], [row.id], [INPUT] * 7, [], [2**32 - 1], [5, 4]])
-    return rows
+    pack_nodes(rows, nodes)
+    if field == "dtype":
+        nodes.dtype[k] = rng.choice(_DTYPES)
+
+
+def _mutated(rng, field):
+    sub = subgraph([])
+    _pack_mutated(rng, field, sub.nodes)
+    return sub.SerializeToString()
 
 
 def _bit_flips(rng, data, flips):
@@ -105,7 +114,7 @@ def _garbage_loop(rng):
     loop.outer_ids.extend(rng.choice([[], [INPUT], [INPUT, 999]]))
     if rng.random() < 0.7:
         template = loop.templates.add()
-        pack_nodes(_mutate_rows(rng, rng.choice(["op", "shape", "inputs", "dtype"])), template.nodes)
+        _pack_mutated(rng, rng.choice(["op", "shape", "inputs", "dtype"]), template.nodes)
         template.carry_holes.extend(rng.choice([[], [2], [INPUT, 9]]))
         template.carry_next.extend(rng.choice([[], [5], [3, 3, 3]]))
         template.rows = rng.choice([0, 2**40])
@@ -129,11 +138,11 @@ PLAN_KINDS = {
     "random plan bytes": lambda rng: {"plan": rng.randbytes(rng.randint(0, 300))},
     "truncated plan": lambda rng: {"plan": valid_bytes()[:rng.randint(1, len(valid_bytes()) - 1)]},
     "bit-flipped plan": lambda rng: {"plan": _bit_flips(rng, valid_bytes(), rng.randint(1, 8))},
-    "unknown op": lambda rng: {"plan": subgraph(_mutate_rows(rng, "op")).SerializeToString()},
-    "absurd shape": lambda rng: {"plan": subgraph(_mutate_rows(rng, "shape")).SerializeToString()},
-    "wrong dtype": lambda rng: {"plan": subgraph(_mutate_rows(rng, "dtype")).SerializeToString()},
-    "bad params": lambda rng: {"plan": subgraph(_mutate_rows(rng, "params")).SerializeToString()},
-    "bad inputs": lambda rng: {"plan": subgraph(_mutate_rows(rng, "inputs")).SerializeToString()},
+    "unknown op": lambda rng: {"plan": _mutated(rng, "op")},
+    "absurd shape": lambda rng: {"plan": _mutated(rng, "shape")},
+    "wrong dtype": lambda rng: {"plan": _mutated(rng, "dtype")},
+    "bad params": lambda rng: {"plan": _mutated(rng, "params")},
+    "bad inputs": lambda rng: {"plan": _mutated(rng, "inputs")},
     "uneven columns": lambda rng: {"plan": _uneven(rng)},
     "garbage loop": lambda rng: {"plan": _garbage_loop(rng)},
     "missing input tensor": lambda rng: {"plan": valid_bytes(), "input": None},
