@@ -115,49 +115,38 @@ def test_local_sgd_equals_eager_pytorch_of_the_same_algorithm(average_optim):
     assert torch.allclose(prediction, want_prediction, atol=1e-6)
 
 
-def test_data_parallel_losses_equal_one_worker_training():
-    epochs, batch = 2, 10   # 48 rows: 4 batches of 10 and one of 8, cut 5/5 and 4/4
-    got, prediction, names = fit(R.parallel.DataParallel(replicas=2), epochs, batch, shuffle=True)
+def assert_one_worker_mathematics(strategy, epochs, batch, shuffle=False, atol=1e-5):
+    """`strategy`'s fit gives one-worker eager Adam's losses and final prediction; returns the loss names."""
+    got, prediction, names = fit(strategy, epochs, batch, shuffle=shuffle)
     net = torch_net()
     opt = torch.optim.Adam(net.parameters(), lr=LR)
     want = [adam_step(net, opt, torch.as_tensor(X)[rows], torch.as_tensor(Y)[rows])
-            for rows in batches_of(len(X), batch, epochs, True, 3)]
+            for rows in batches_of(len(X), batch, epochs, shuffle, 3)]
+    assert torch.allclose(torch.stack([got[n] for n in names]), torch.stack(want), atol=atol)
+    assert torch.allclose(prediction, net(torch.as_tensor(X)).detach(), atol=atol)
+    return names
+
+
+def test_data_parallel_losses_equal_one_worker_training():
+    # 48 rows: 4 batches of 10 and one of 8, cut 5/5 and 4/4
+    names = assert_one_worker_mathematics(R.parallel.DataParallel(replicas=2), 2, 10, shuffle=True, atol=1e-4)
     assert names == [f"training_loss_epoch_{e}_batch_{b}" for e in (1, 2) for b in range(1, 6)]
-    assert torch.allclose(torch.stack([got[n] for n in names]), torch.stack(want), atol=1e-4)
-    assert torch.allclose(prediction, net(torch.as_tensor(X)).detach(), atol=1e-4)
 
 
 def test_data_parallel_of_three_replicas_cuts_uneven_batches():
-    got, _, names = fit(R.parallel.DataParallel(replicas=3), 1, 16)   # 16 rows: 6/5/5
-    net = torch_net()
-    opt = torch.optim.Adam(net.parameters(), lr=LR)
-    want = [adam_step(net, opt, torch.as_tensor(X)[rows], torch.as_tensor(Y)[rows])
-            for rows in batches_of(len(X), 16, 1, False, 0)]
-    assert torch.allclose(torch.stack([got[n] for n in names]), torch.stack(want), atol=1e-5)
+    assert_one_worker_mathematics(R.parallel.DataParallel(replicas=3), 1, 16)   # 16 rows: 6/5/5
 
 
 def test_pipeline_losses_equal_one_worker_training():
-    epochs, batch = 2, 10   # batches of 10 in 3 micro-batches (4/3/3), the short one of 8 in 3/3/2
-    got, prediction, names = fit(R.parallel.Pipeline(stages=2, micro_batches=3), epochs, batch, shuffle=True)
-    net = torch_net()
-    opt = torch.optim.Adam(net.parameters(), lr=LR)
-    want = [adam_step(net, opt, torch.as_tensor(X)[rows], torch.as_tensor(Y)[rows])
-            for rows in batches_of(len(X), batch, epochs, True, 3)]
-    assert torch.allclose(torch.stack([got[n] for n in names]), torch.stack(want), atol=1e-5)
-    assert torch.allclose(prediction, net(torch.as_tensor(X)).detach(), atol=1e-5)
+    # batches of 10 in 3 micro-batches (4/3/3), the short one of 8 in 3/3/2
+    assert_one_worker_mathematics(R.parallel.Pipeline(stages=2, micro_batches=3), 2, 10, shuffle=True)
 
 
 def test_replicated_pipeline_losses_equal_one_worker_training():
-    epochs, batch = 1, 10   # batches of 10: replica slices 5/5, each in micro-batches 3/2; the short one 4/4
+    # batches of 10: replica slices 5/5, each in micro-batches 3/2; the short one of 8: 4/4, each 2/2
     strategy = R.parallel.Pipeline(stages=2, micro_batches=2, replicas=2)
     assert strategy.micro_slices(10) == [(0, 3), (3, 5), (5, 8), (8, 10)]
-    got, prediction, names = fit(strategy, epochs, batch)
-    net = torch_net()
-    opt = torch.optim.Adam(net.parameters(), lr=LR)
-    want = [adam_step(net, opt, torch.as_tensor(X)[rows], torch.as_tensor(Y)[rows])
-            for rows in batches_of(len(X), batch, epochs, False, 0)]
-    assert torch.allclose(torch.stack([got[n] for n in names]), torch.stack(want), atol=1e-5)
-    assert torch.allclose(prediction, net(torch.as_tensor(X)).detach(), atol=1e-5)
+    assert_one_worker_mathematics(strategy, 1, 10)
     assert list(R.parallel.placement(strategy, [{"name": "a"}, {"name": "b"}])) == [
         "replica 0 stage 0", "replica 0 stage 1", "replica 1 stage 0", "replica 1 stage 1"]
 
