@@ -57,7 +57,8 @@ def _internal_jit():
     re-saving an archive, loading a saved model's code): torch deprecates TorchScript, but a user who
     passed an nn.Module or fetched a model did not ask for it, so the warnings are not theirs to see."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=DeprecationWarning)
+        for category in (DeprecationWarning, FutureWarning):   # torch 2.14 warns with FutureWarning
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=category)
         yield
 
 
