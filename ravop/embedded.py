@@ -146,18 +146,24 @@ class LocalServer:
         raise ConnectionFailed(f"the embedded server did not answer within {timeout} s: {_tail(self.log)}")
 
     def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                # Saving the snapshot takes about a second per GB.
-                self.process.wait(timeout=120 if self.data_lock else 5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_processes([self.process], timeout=120 if self.data_lock else 5)  # a snapshot takes ~1 s per GB
         if self.data_lock is not None:
             self.data_lock.close()
             self.data_lock = None
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def stop_processes(processes, timeout=10):
+    """SIGTERM every process still running, then wait for each; one that outlasts `timeout` s is killed."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def start_worker(url, name, device="cpu", threads=None, log_path=None, parent_pid=None, extra_args=()):
@@ -256,15 +262,7 @@ class EmbeddedCluster:
                 time.sleep(0.05)
 
     def stop(self):
-        for _, _, process in self.workers:
-            if process.poll() is None:
-                process.terminate()
-        for _, _, process in self.workers:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_processes([process for _, _, process in self.workers])
         self.workers = []
         self.server.stop()
         atexit.unregister(self.stop)

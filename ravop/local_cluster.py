@@ -16,7 +16,7 @@ import time
 
 import redis
 
-from .embedded import _LAUNCHER, _tail, server_binary
+from .embedded import _LAUNCHER, _tail, server_binary, stop_processes
 from .errors import ConnectionFailed
 
 SLOTS = 16384
@@ -116,15 +116,7 @@ class LocalCluster:
         return info["cluster_state"] == "ok" and int(info["cluster_known_nodes"]) == len(self.ports)
 
     def stop(self):
-        for process in self.processes:
-            if process.poll() is None:
-                process.terminate()
-        for process in self.processes:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_processes(self.processes)
         self.processes = []
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -145,8 +137,7 @@ def main(argv=None):
                 time.sleep(3600)
         except KeyboardInterrupt:
             pass
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

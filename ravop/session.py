@@ -216,12 +216,13 @@ def activate(**compile_options):
                                   "strategy are not implemented")
     from compiler import compile_graph  # ravop depends on the compiler only here (docs/architecture.md)
     from compiler.cost import calibrated
-    compile_options.setdefault("devices", calibrated(worker_info.read_all(session.client)))
+    workers = worker_info.read_all(session.client)   # their measured cost figures, and placement below
+    compile_options.setdefault("devices", calibrated(workers))
     with progress.busy(f"compiling {graph.name!r} ({len(graph.nodes):,} ops)"):
         compiled = compile_graph(graph, **compile_options)
     summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
     if graph.parallel_fits:
-        live = [w for w in worker_info.read_all(session.client) if w.get("kind") != "gpu" or graph.gpu_required]
+        live = [w for w in workers if w.get("kind") != "gpu" or graph.gpu_required]
         summary["placement"] = {repr(s): parallel.placement(s, live) for s in graph.parallel_fits}
     if graph.verify > 1 and compiled.plan.n_steps:
         raise GraphStateError(f"graph {graph.name!r} has training loops, which verify={graph.verify} does not "
