@@ -4,6 +4,6 @@
     compiled = compile_graph(graph)   # .plan (protobuf), .constants (id -> tensor), .summary (dict)
 """
 from .compile import CompiledGraph, compile_graph
-from .pipeline import InvariantError
+from .pass_manager import InvariantError
 
 __all__ = ["compile_graph", "CompiledGraph", "InvariantError"]

@@ -5,7 +5,7 @@ from contextlib import contextmanager
 from . import cost, ir as ir_module
 from .partition import coarse_graph, max_parallel_width, partition
 from .passes import fuse_linear_chains
-from .pipeline import PIPELINE, UNFOLDED_PIPELINE, run_pipeline
+from .pass_manager import PIPELINE, UNFOLDED_PIPELINE, run_pipeline
 from .plan import emit_plan
 
 MIN_SUBGRAPH_SECONDS = 0.004  # ~20x a Redis round trip (0.1-0.3 ms), so a hop costs at most ~5%

@@ -15,10 +15,9 @@ from the largest tensor it touches (elementwise ops and reductions). Unknown (-1
 import statistics
 
 from ravop import registry
-from ravop.dtypes import DTYPES
 from ravop.registry import FREE, LOOPS
 from ravop.sizes import nbytes_estimate, numel_estimate
-from ravop.store.worker_info import COST_FIELDS
+from ravop.cost_fields import COST_FIELDS
 
 
 class DeviceModel:
@@ -93,24 +92,24 @@ class Costs:
         self.handoff_bytes_per_s = handoff_bytes_per_s
 
 
-def loop_cost(record, model):
-    """(seconds, FLOPs) of a whole loop, roughly: its steps' ops by their declared outputs (a template does not
-    carry its inputs' shapes), times the runs of each step."""
-    message = record.message
-    pairs = list(message.schedule)
+def loop_cost(record, loop_node, nodes, model):
+    """(seconds, FLOPs) of a whole loop: each step template's ops priced as any subgraph's are, reading its holes
+    and the loop op's inputs (`nodes`: id -> Node of the graph), times the runs of the step."""
+    spec = record.spec
+    outer = {name: nodes[i] for name, i in zip(spec.outer_ids, loop_node.inputs)}
     seconds = flops = 0.0
-    for t, template in enumerate(message.templates):
-        runs = message.rounds * sum(times for u, times in zip(pairs[::2], pairs[1::2]) if u == t)
-        nodes = template.nodes
+    for t, template in enumerate(spec.templates):
+        known = {**outer, **template.holes}
         step_seconds = step_flops = 0.0
-        dims = iter(nodes.shape)
-        for op, rank, n_inputs, dtype in zip(nodes.op, nodes.rank, nodes.n_inputs, nodes.dtype):
-            shape = [next(dims) for _ in range(rank)]
-            if op in FREE or not dtype:
+        for node in template.nodes:
+            known[node.id] = node
+            if node.op in FREE:
                 continue
-            size = numel_estimate(shape)
-            step_flops += size
-            step_seconds += model.seconds(n_inputs + 1, size, nbytes_estimate(shape, DTYPES[dtype]) * (n_inputs + 1))
+            f = node_flops(node, known)
+            moved = _out_bytes(node) + sum(_out_bytes(known[i]) for i in node.inputs)
+            step_seconds += model.seconds(len(node.inputs) + (len(node.shape) if node.multi_output else 1), f, moved)
+            step_flops += f
+        runs = spec.runs(t)
         seconds += runs * step_seconds
         flops += runs * step_flops
     return seconds, flops
@@ -130,7 +129,7 @@ def estimate(ir, devices=DEVICES):
         if node.op in FREE:
             continue
         if node.op in LOOPS:
-            seconds[id], flops[id] = loop_cost(ir.loops[id], model)
+            seconds[id], flops[id] = loop_cost(ir.loops[id], node, nodes, model)
             continue
         for i in node.inputs:
             b += out_bytes[i]

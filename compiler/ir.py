@@ -12,8 +12,8 @@ from ravop.wire.codec import encode_params
 
 class IR:
     """`nodes`: id -> Node in ascending id order; `outputs`: persist name -> id; `constants`: id -> tensor for
-    every const node; `loops`: loop node id -> its `ravop.loop.LoopRecord` (the ops of its steps are not in
-    `nodes`: they travel as templates)."""
+    every const node; `loops`: loop node id -> its `ravop.loop_template.LoopRecord` (the ops of its steps are not
+    in `nodes`: they are its templates' `Node`s)."""
     __slots__ = ("nodes", "outputs", "constants", "seed", "graph_id", "device", "n_recorded", "loops")
 
     def __init__(self, nodes, outputs, constants, seed, graph_id, device, n_recorded, loops=None):
@@ -61,7 +61,7 @@ def from_graph(graph):
     outputs = {name: op.id for name, op in graph.persisted.items()}
     if graph.recording_step is not None:
         raise GraphStateError("a loop step is still being recorded: finish it and run the loop first")
-    run = {i for record in graph.loops.values() for template in record.message.templates
+    run = {i for record in graph.loops.values() for template in record.spec.templates
            for i in template.output_nodes}
     unrun = {op.id: op for op in graph.step_outputs.values() if op.id not in run}
     if unrun:

@@ -23,7 +23,7 @@ the same or a later window. Every edge of the quotient graph therefore goes from
 higher one, and no cycle can exist. (`coarse_graph` checks it anyway.)
 
 A loop op (with its tuple_get readers) is always a window of its own: a worker runs it as one loop, keeping
-its carried values in memory (`worker.loop`).
+its carried values in memory (`worker.loop_subgraph`).
 
 All ops of a graph share one device (`ir.device`, from the graph's `gpu_required`), so no window mixes
 devices.
@@ -32,7 +32,7 @@ import networkx as nx
 
 from ravop.registry import INPUTS, LOOPS, PROJECTIONS
 
-from .pipeline import InvariantError
+from .pass_manager import InvariantError
 
 HANDOFF_SHARE = 0.2         # a cut's transfer may cost at most this share of the window's estimated work
 

@@ -5,8 +5,10 @@ outputs and constants, in first-read order); `outputs`, the ids it writes there 
 or persisted); `successors`, the subgraphs that read one of its outputs; `n_predecessors`, how many
 subgraphs must finish before it is ready; for a loop op's subgraph, `loop`, its step templates.
 """
+from dataclasses import replace
+
 from ravop.registry import LOOPS
-from ravop.wire import pack_nodes, plan_pb2
+from ravop.wire import pack_loop, pack_nodes, plan_pb2
 
 
 def emit_plan(ir, windows, costs):
@@ -63,13 +65,18 @@ def emit_plan(ir, windows, costs):
 
 
 def _emit_loop(plan, message, record, next_id):
-    """Fill a loop subgraph's `loop` from its record: each value a step persists gets one tensor id per run,
-    from `next_id` on, and its names go into the plan's persisted map. Returns the next free id."""
-    message.CopyFrom(record.message)
-    for template, names in zip(message.templates, record.names):
+    """Pack a loop subgraph's `loop` from its record, the one place a template becomes protobuf: each value a
+    step persists gets one tensor id per run, from `next_id` on, and its names go into the plan's persisted
+    map. Returns the next free id."""
+    spec = record.spec
+    templates = []
+    for template, names in zip(spec.templates, record.names):
+        first_ids = []
         for per_run in names:
-            template.output_first_ids.append(next_id)
+            first_ids.append(next_id)
             plan.persisted.update(zip(per_run, range(next_id, next_id + len(per_run))))
             next_id += len(per_run)
-    plan.n_steps += message.n_steps
+        templates.append(replace(template, output_first_ids=first_ids))
+    pack_loop(replace(spec, templates=templates), message)
+    plan.n_steps += spec.n_steps
     return next_id

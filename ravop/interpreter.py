@@ -1,99 +1,27 @@
-"""Run ops with their registry kernels: the one interpreter loop, used by workers, constant folding and
-in-process evaluation (`evaluate`, for tests and debugging).
-
-Random ops draw from a host `torch.Generator` seeded by `op_seed(graph_seed, node_id)`, so a value is the
-same whichever worker (CPU or GPU) computes it and however often it is retried. A kernel that raises is
-reported as an `OpError` naming its node (as torch.fx's Interpreter does), the same on a worker and in
-`evaluate`.
+"""In-process evaluation (`evaluate`, `evaluate_persisted`: a reference for tests and debugging) of recorded ops,
+loops included, with the one runner workers use (`ravop.runner`, re-exported here: `run_op`, `run_nodes`,
+`op_seed`, `OpError`), so the numbers are a worker's.
 """
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Sequence
+
 import torch
 
 from . import registry
-from .errors import RavopError
+from .loop_run import LoopRun
 from .node import Node
+from .runner import OpError, describe, op_seed, run_nodes, run_op
 
-_MASK = (1 << 64) - 1
-
-
-class OpError(RavopError, RuntimeError):
-    """An op's kernel raised: `node` is the op (`.op`, `.source`: the user's line), `detail` the kernel's error
-    in one line; the kernel's exception is the `__cause__`."""
-
-    def __init__(self, node, detail):
-        source = getattr(node, "source", "")
-        super().__init__(f"op {node.op!r}{f' (recorded at {source})' if source else ''}: {detail}")
-        self.node, self.detail = node, detail
+__all__ = ["evaluate", "evaluate_persisted", "OpError", "describe", "op_seed", "run_nodes", "run_op"]
 
 
-def describe(exc, node):
-    """`exc` in one line; one that carries no message (a bare StopIteration from odd params) says so."""
-    text = str(exc).strip()
-    if text:
-        return f"{type(exc).__name__}: {text}"
-    params = ", ".join(f"{k}={v!r}" for k, v in node.params.items()) or "no params"
-    return f"{type(exc).__name__} with no message, raised by the kernel with {params[:300]}"
-
-
-def op_seed(graph_seed, node_id):
-    """A 63-bit seed for one op (splitmix64 of the graph seed and the node id: stable across processes)."""
-    z = (int(graph_seed) * 0x9E3779B97F4A7C15 + int(node_id) + 1) & _MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return (z ^ (z >> 31)) >> 1
-
-
-def run_op(opdef, args, params, graph_seed=0, node_id=0, device="cpu"):
-    """Apply one op's kernel to tensors (`args`, on `device`) with its params; the result is on `device`.
-
-    The device comes from here for every op (ravop/registry.py, "Devices"): an op that makes tensors from
-    params alone runs with `device` as torch's default device; a random op draws on a host generator, so a
-    CPU and a GPU worker draw the same numbers, and its result is moved. Other kernels follow their inputs,
-    so they run without torch's device mode, which would add Python work to every torch call they make."""
-    if opdef.random:
-        generator = torch.Generator().manual_seed(op_seed(graph_seed, node_id))
-        out = opdef.kernel(*args, generator=generator, **params)
-        return out if device == "cpu" else _to(out, device)
-    if opdef.creates and device != "cpu":
-        with torch.device(device):
-            return opdef.kernel(*args, **params)
-    return opdef.kernel(*args, **params)
-
-
-def _to(out, device):
-    if isinstance(out, (tuple, list)):
-        return type(out)(_to(o, device) for o in out)
-    return out.to(device)
-
-
-def run_nodes(nodes, env, graph_seed=0, device="cpu", last_use=None, check=None):
-    """Run `nodes` (objects with .id .op .inputs(ids) .params .source) in order on `device` (its inputs in `env`
-    are there already); `env` maps node id -> value and must hold every input from outside. With `last_use`
-    (id -> index of its last reader), values are dropped from `env` after their last use, except ids not in
-    `last_use` (the outputs). `check(node, value)`, if given, sees each value as it is made and may raise.
-    A kernel that raises becomes an `OpError` naming its node; the failing op's inputs are still in `env`."""
-    device = str(device)
-    for index, node in enumerate(nodes):
-        opdef = registry.REGISTRY[node.op]
-        try:
-            value = run_op(opdef, [env[i] for i in node.inputs], node.params, graph_seed, node.id, device)
-        except Exception as exc:  # the user's error (bad params, data): name their op and line
-            raise OpError(node, describe(exc, node)) from exc
-        env[node.id] = value
-        if check is not None:
-            check(node, value)
-        if last_use is not None:
-            for i in node.inputs:
-                if last_use.get(i) == index:
-                    env.pop(i, None)  # pop: an op may read one value twice (x @ x)
-    return env
-
-
-def _node_of(op):
+def _node_of(op: Any) -> Node:
     """The `Node` the interpreter runs for a recorded `Op` (params not encoded: nothing goes on the wire)."""
     return Node(op.id, op.op, [i.id for i in op.inputs], op.params, b"", op.shape, op.dtype, op.source)
 
 
-def evaluate(outputs, graph_seed=None, device="cpu"):
+def evaluate(outputs: Any, graph_seed: Optional[int] = None, device: str = "cpu") -> Any:
     """Compute recorded ops in this process (no Redis, no compiler) on `device`: a reference for tests.
 
     Returns one tensor per op in `outputs` (a single tensor if `outputs` is one Op)."""
@@ -103,7 +31,8 @@ def evaluate(outputs, graph_seed=None, device="cpu"):
     return values[0] if single else values
 
 
-def evaluate_persisted(graph, names=None, graph_seed=None):
+def evaluate_persisted(graph: Any, names: Optional[Iterable[str]] = None,
+                       graph_seed: Optional[int] = None) -> dict[str, torch.Tensor]:
     """{name: tensor} of the values persisted in `graph` (all, or `names`), the values loop steps persist
     included: what a worker would store, computed in this process."""
     names = list(graph.persisted) + list(graph.step_outputs) if names is None else list(names)
@@ -121,8 +50,8 @@ def evaluate_persisted(graph, names=None, graph_seed=None):
     return result
 
 
-def _evaluate(graph, outputs, loops, graph_seed, device="cpu", step_values=None):
-    from .loop_run import LoopRun  # it runs steps with this module's op_seed
+def _evaluate(graph: Any, outputs: Sequence[Any], loops: Iterable[int], graph_seed: Optional[int],
+              device: str = "cpu", step_values: Optional[dict[str, Any]] = None) -> list[Any]:
     seed = graph.seed if graph_seed is None else graph_seed
     roots = list(outputs) + [graph.nodes[i] for i in loops]
     needed, stack = set(), list(roots)
@@ -142,19 +71,17 @@ def _evaluate(graph, outputs, loops, graph_seed, device="cpu", step_values=None)
         for index, row in enumerate(rows + [None]):
             if row is not None and row.op not in registry.LOOPS:
                 continue
-            run_nodes(rows[start:index], env, seed, device, _shifted(last_use, start))
+            segment = rows[start:index]   # kept: what a later row or the caller reads
+            run_nodes(segment, env, seed, device, [r.id for r in segment if last_use.get(r.id, index) >= index])
             if row is None:
                 break
             record = graph.loops[row.id]
 
-            def keep(done, template, run, values, carried, record=record):
+            def keep(done: int, template: int, run: int, values: list[Any], carried: list[Any],
+                     record: Any = record) -> None:
                 if step_values is not None:
                     for names, value in zip(record.names[template], values):
                         step_values[names[run]] = value
-            env[row.id] = tuple(LoopRun(record.message, [env[i] for i in row.inputs], seed, device).run(on_step=keep))
+            env[row.id] = tuple(LoopRun(record.spec, [env[i] for i in row.inputs], seed, device).run(on_step=keep))
             start = index + 1
     return [env[o.id] for o in outputs]
-
-
-def _shifted(last_use, start):
-    return {i: index - start for i, index in last_use.items() if index >= start}

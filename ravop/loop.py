@@ -18,30 +18,44 @@ validation set: uploaded once, read by every step) and its own ops. Constants it
 it (they are the same at every run). A value recorded inside a step exists once per run, so nothing recorded
 after the loop may read it: the compiler says so with the reader's source line.
 
-Optimizer step ops (those with an int `step` param) count training steps as torch does: at the k-th
-training step of the loop (steps recorded with `counts=True`) their `step` is the recorded one plus k.
+Ops that declare a step `counter` (optimizer steps) count training steps as torch does: at the k-th training
+step of the loop (steps recorded with `counts=True`) their counter is the recorded one plus k.
 Random ops draw at each run from a seed of the graph seed, the op and the run's index, so a run is
-reproducible, on any worker, from any checkpoint; an op whose `seed` param is a random op's seed (dropout's
-backward redraws the forward's mask) follows that op's seed from run to run.
+reproducible, on any worker, from any checkpoint; an op that declares a `seed_param` holding another op's seed
+(dropout's backward redraws the forward's mask) follows that op's seed from run to run.
 """
+from __future__ import annotations
+
 from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from . import registry
 from .errors import GraphStateError
 from .graph import Op, current_graph
-from .interpreter import op_seed
-from .source import user_source
+from .loop_template import LoopRecord, LoopSpec, StepTemplate
 from .node import Node
-from .wire import encode_params, pack_nodes, plan_pb2
+from .registry import HOLE, INPUTS, LOOP, op_of_kind
+from .runner import op_seed
+from .source import user_source
+from .wire import encode_params
 
-COUNTED_PARAM = "step"   # the param of optimizer step ops that counts training steps (1-based)
+
+def counter_of(node: Any) -> Optional[int]:
+    """The recorded step count of an op that declares a step `counter`, if it is an int; else None."""
+    opdef = registry.REGISTRY.get(node.op)
+    if opdef is None or opdef.counter is None:
+        return None
+    value = (node.params or {}).get(opdef.counter)
+    return value if type(value) is int else None
 
 
-def counts_steps(op):
-    """Whether `op` is an optimizer step op, whose required int `step` param counts training steps (an
-    `arange` has a `step` param too, with a default)."""
-    opdef = registry.REGISTRY.get(op)
-    return opdef is not None and opdef.params.get(COUNTED_PARAM) is registry.REQUIRED
+def seed_of(node: Any) -> Optional[int]:
+    """The int seed an op that declares a `seed_param` holds; else None."""
+    opdef = registry.REGISTRY.get(node.op)
+    if opdef is None or opdef.seed_param is None:
+        return None
+    value = (node.params or {}).get(opdef.seed_param)
+    return value if type(value) is int else None
 
 
 class Batches:
@@ -58,15 +72,6 @@ class Batches:
         self.n_rows, self.batch_size, self.shuffle, self.seed = int(n_rows), int(batch_size), bool(shuffle), int(seed)
 
 
-class LoopRecord:
-    """What the graph keeps of a loop: its `plan_pb2.Loop` (without tensor ids for the persisted values) and,
-    per template, the persist names of each of its outputs (one per run)."""
-    __slots__ = ("message", "names")
-
-    def __init__(self, message, names):
-        self.message, self.names = message, names
-
-
 class Loop:
     def __init__(self, initial, batches=None):
         graph = current_graph()
@@ -80,7 +85,7 @@ class Loop:
                                       f"{op!r}")
         self.graph = graph
         self.batches = batches
-        self.templates = []   # plan_pb2.LoopTemplate
+        self.templates: list[StepTemplate] = []
         self.names = []       # per template: a list of names per output
         self.rows_per_step = []
         self.outer = {}       # id -> Op recorded before the loop that a step reads, in first-read order
@@ -131,19 +136,16 @@ class Loop:
         graph = self.graph
         self.closed = True
         inputs = tuple(self.initial) + tuple(self.outer.values())
-        message = plan_pb2.Loop(n_carried=len(self.initial), outer_ids=[op.id for op in inputs], rounds=rounds,
-                                n_steps=n_steps, first_step=first)
-        message.templates.extend(self.templates)
-        for pair in schedule:
-            message.schedule.extend(pair)
+        spec = LoopSpec(list(self.templates), len(self.initial), [op.id for op in inputs], schedule, rounds, n_steps,
+                        first)
         if self.batches is not None:
-            message.n_rows, message.batch_size = self.batches.n_rows, self.batches.batch_size
-            message.shuffle, message.shuffle_seed = self.batches.shuffle, self.batches.seed
+            spec.n_rows, spec.batch_size = self.batches.n_rows, self.batches.batch_size
+            spec.shuffle, spec.shuffle_seed = self.batches.shuffle, self.batches.seed
         source = user_source()
         shapes = tuple(op.shape for op in self.initial)
         dtypes = tuple(op.dtype for op in self.initial)
-        node = graph.add_node("loop", inputs, {"loop": len(graph.loops)}, shapes, dtypes, source)
-        graph.loops[node.id] = LoopRecord(message, self.names)
+        node = graph.add_node(op_of_kind(LOOP), inputs, {"loop": len(graph.loops)}, shapes, dtypes, source)
+        graph.loops[node.id] = LoopRecord(spec, self.names)
         return graph.add_outputs(node, zip(shapes, dtypes), source)
 
     def _check_batches(self, schedule):
@@ -165,18 +167,19 @@ class Loop:
             raise ValueError(f"one round of the loop reads {position} rows of {n}")
 
 
-def seed_params(rows, graph_seed):
-    """(node id, source id) of the rows whose int `seed` param is the seed of another row's stream
+def seed_params(rows: Sequence[Node], graph_seed: int) -> list[tuple[int, int]]:
+    """(node id, source id) of the rows whose `seed_param` holds the seed of another row's stream
     (`op_seed(graph_seed, source id)`): dropout_backward redraws its forward's mask, a TorchScript forward seeds
     its own dropout. In a loop they must follow that stream from run to run."""
-    found, streams = [], None
+    found: list[tuple[int, int]] = []
+    streams: Optional[dict[int, int]] = None
     for row in rows:
-        if b'"seed"' not in row.pkey:
+        seed = seed_of(row)
+        if seed is None:
             continue
         if streams is None:
             streams = {op_seed(graph_seed, other.id): other.id for other in rows}
-        seed = row.params.get("seed")
-        if type(seed) is int and seed in streams:
+        if seed in streams:
             found.append((row.id, streams[seed]))
     return found
 
@@ -189,7 +192,7 @@ class Step:
         graph = loop.graph
         self.start = len(graph.nodes)
         source = user_source()
-        self.carried = tuple(graph.add_node("loop_hole", (), {"hole": k}, op.shape, op.dtype, source)
+        self.carried = tuple(graph.add_node(op_of_kind(HOLE), (), {"hole": k}, op.shape, op.dtype, source)
                              for k, op in enumerate(loop.initial))
         self.row_holes = []   # (hole Op, data Op)
         self.next = None
@@ -203,7 +206,7 @@ class Step:
                                   f"not {data!r}")
         if self.row_holes and self.row_holes[0][0].shape[0] != n_rows:
             raise ValueError("every rows() of one step takes the same number of rows")
-        hole = graph.add_node("loop_hole", (), {"hole": len(self.carried) + len(self.row_holes)},
+        hole = graph.add_node(op_of_kind(HOLE), (), {"hole": len(self.carried) + len(self.row_holes)},
                               (int(n_rows),) + tuple(data.shape[1:]), data.dtype, user_source())
         self.row_holes.append((hole, data))
         return hole
@@ -243,14 +246,14 @@ class Step:
         rows = []
         counters = []
         for node in graph.nodes[self.start:]:
-            if node.op in ("const", "loop_hole"):
+            if node.op in INPUTS or node.op in registry.HOLES:
                 continue   # constants are hoisted: the same at every run
-            if node.op == "loop":
+            if node.op in registry.LOOPS:
                 raise GraphStateError(f"a loop cannot run inside the step of another loop (at {node.source})")
             for i in node.inputs:
                 if i.id in inside:
                     continue
-                if i.op == "const":   # hoisted: a loop input like the values recorded before it
+                if i.op in INPUTS:   # hoisted: a loop input like the values recorded before it
                     loop.outer.setdefault(i.id, i)
                     continue
                 if i.id >= self.start or i.id in loop.step_ids:
@@ -258,32 +261,32 @@ class Step:
                                           "step of the loop; a step reads its holes and what came before the loop")
                 loop.outer.setdefault(i.id, i)
             inside.add(node.id)
-            value = (node.params or {}).get(COUNTED_PARAM)
-            if self.counts and type(value) is int and counts_steps(node.op):
+            if self.counts and counter_of(node) is not None:
                 counters.append(node.id)
-            rows.append(Node(node.id, node.op, [i.id for i in node.inputs], node.params,
-                             encode_params(node.params) if node.params else b"", node.shape, node.dtype, node.source))
+            rows.append(_node_of(node))
         for value in self.next + [op for op, _ in self.outputs]:
             if value.id not in inside:
-                if value.op != "const" and (value.id >= self.start or value.id in loop.step_ids):
+                if value.op not in INPUTS and (value.id >= self.start or value.id in loop.step_ids):
                     raise GraphStateError("a carried or persisted value of the step was recorded in another step")
                 loop.outer.setdefault(value.id, value)
         for _, data in self.row_holes:
             loop.outer.setdefault(data.id, data)
         n_rows = self.row_holes[0][0].shape[0] if self.row_holes else 0
-        template = plan_pb2.LoopTemplate(counts=self.counts, rows=n_rows)
-        pack_nodes(rows, template.nodes)
-        template.carry_holes.extend(op.id for op in self.carried)
-        template.carry_next.extend(op.id for op in self.next)
-        template.row_holes.extend(hole.id for hole, _ in self.row_holes)
-        template.row_data.extend(data.id for _, data in self.row_holes)
-        template.counter_nodes.extend(counters)
+        template = StepTemplate(rows, [op.id for op in self.carried], [op.id for op in self.next], self.counts, n_rows,
+                                [hole.id for hole, _ in self.row_holes], [data.id for _, data in self.row_holes],
+                                counters, [op.id for op, _ in self.outputs],
+                                holes={op.id: _node_of(op) for op in (*self.carried, *(h for h, _ in self.row_holes))})
         for node_id, source in seed_params(rows, graph.seed):
             template.seed_param_nodes.append(node_id)
             template.seed_param_sources.append(source)
-        template.output_nodes.extend(op.id for op, _ in self.outputs)
         loop.step_ids |= inside
         graph.step_ids |= inside
         loop.templates.append(template)
         loop.names.append([names for _, names in self.outputs])
         loop.rows_per_step.append(n_rows)
+
+
+def _node_of(op: Op) -> Node:
+    """The `Node` of a recorded `Op` (its params as wire JSON too: the plan packs them)."""
+    return Node(op.id, op.op, [i.id for i in op.inputs], op.params, encode_params(op.params) if op.params else b"",
+                op.shape, op.dtype, op.source)

@@ -8,7 +8,7 @@ from compiler.cost import node_seconds
 from compiler.ir import from_graph
 from compiler.passes import (eliminate_common_subexpressions, eliminate_dead_code, fold_constants,
                              fuse_linear_chains)
-from compiler.pipeline import PIPELINE, check_invariants, run_pipeline
+from compiler.pass_manager import PIPELINE, check_invariants, run_pipeline
 from ravop.interpreter import evaluate
 
 

@@ -1,4 +1,4 @@
-"""A loop on the workers follows the rules of any subgraph (worker/loop.py): checkpoints go through the
+"""A loop on the workers follows the rules of any subgraph (worker/loop_subgraph.py): checkpoints go through the
 chunked tensor store and resume from there, a worker told to stop checkpoints and hands the loop back, the
 templates' declared sizes meet the worker's memory limit, and their creation and random ops run on the
 worker's device."""

@@ -1,4 +1,4 @@
-"""Training loops as step templates (ravop.loop, ravdl.v2.fit, worker.loop): one step recorded, compiled and
+"""Training loops as step templates (ravop.loop, ravdl.v2.fit, worker.loop_subgraph): one step recorded, compiled and
 shipped once, the same numbers as the unrolled steps, checkpoints and resuming after a worker is killed."""
 import time
 

@@ -33,7 +33,7 @@ from ravop.store.scripts import Scripts
 from ravop.store.tensors import chunks_key
 from test_integration_cluster import chain
 from worker.consumer import Worker
-from worker.loop import checkpoint_tensor_key
+from worker.loop_subgraph import checkpoint_tensor_key
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,10 +7,14 @@ import pytest
 import torch
 
 import ravop as R
+from ravop import registry
+from ravop.loop_run import LoopRun
+from ravop.loop_template import LoopSpec, StepTemplate
 from ravop.node import Node
-from ravop.wire import encode_params, plan_pb2, pack_nodes
+from ravop.runner import OpError
+from ravop.wire import encode_params, pack_loop, pack_nodes, plan_pb2, unpack_loop
 from worker import memory
-from worker.run import KernelError, run
+from worker.run import KernelError, kernel_error, run
 from worker.validate import check
 
 from helpers import assert_a_valid_graph_runs, upload_subgraph, wait_until_finished
@@ -107,3 +111,67 @@ def test_lying_plans_fail_and_values_over_one_server_value_are_stored_while_the_
     assert_a_valid_graph_runs()
     assert workers.alive(name)
     assert peak_rss(pid) - start_peak < BUDGET
+
+
+# ------------------------------------------------------------------------------------------ inside a loop step
+
+def tile(node_id, reads, reps, declared, source):
+    return Node(node_id, "tile", [reads], {"reps": reps}, encode_params({"reps": reps}), declared, torch.float32,
+                source)
+
+
+def loop_subgraph(step_op):
+    """A loop subgraph carrying one float (const 0) through 3 runs of a step made of `step_op` (node 11, reading
+    the carried hole 10): the loop op 1 and its result 2."""
+    spec = LoopSpec([StepTemplate([step_op], carry_holes=[10], carry_next=[11])], n_carried=1, outer_ids=[5],
+                    schedule=[(0, 3)], n_steps=3)
+    sub = plan_pb2.Subgraph(id=0, device="cpu", inputs=[0], outputs=[2])
+    pack_nodes([Node(1, "loop", [0], {"loop": 0}, encode_params({"loop": 0}), ((1,),), (torch.float32,)),
+                Node(2, "tuple_get", [1], {"index": 0}, encode_params({"index": 0}), (1,), torch.float32)], sub.nodes)
+    pack_loop(spec, sub.loop)
+    return sub
+
+
+def test_an_allocation_failing_in_a_loop_step_names_the_op_its_sizes_the_device_and_the_step(monkeypatch):
+    """The runner reports a loop step's kernel error as a subgraph's (`kernel_error`): here torch's CUDA
+    out-of-memory error, forced in the tile kernel."""
+    def out_of_memory(x, reps):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(registry.REGISTRY["tile"], "kernel", out_of_memory)
+    sub = loop_subgraph(tile(11, 10, (4,), (1,), "user.py:3"))
+    runner = LoopRun(unpack_loop(sub.loop), [torch.ones(1)], graph_seed=0)
+    with pytest.raises(OpError) as info:
+        runner.run()
+    error = kernel_error(info.value, "cuda:0", BUDGET)
+    assert error.reason == "over memory budget" and error.node.source == "user.py:3"
+    assert str(error) == ("out of memory on cuda:0 at op 'tile' (inputs (1,) float32): tried to allocate 2.00 GiB, "
+                          "over this worker's memory budget of 300.0 MiB (its declared output is (1,) float32, "
+                          "0.0 MiB) (loop step 1)")
+
+
+def test_lying_loop_steps_fail_with_the_op_sizes_and_device_and_the_worker_goes_on(engine, workers, client):
+    """A loop step whose op allocates past the budget fails as a plain subgraph's op does (op, sizes, device, the
+    user's line, and the loop step), and so does one producing more than it declared; the worker clears what it
+    holds and goes on serving."""
+    [name] = workers.start(1, extra=("--max-memory-bytes", str(BUDGET), "--cache-mib", "16"))
+    lying = {  # both declare one float; the first allocates 1 GiB, the second 64 MiB
+        "loop-over-budget": tile(11, 10, (256 * 2**20,), (1,), "liar.py:1"),
+        "loop-under-budget": tile(11, 10, (16 * 2**20,), (1,), "liar.py:2"),
+    }
+    keys = {}
+    for graph_id, op in lying.items():
+        keys[graph_id] = upload_subgraph(client, engine.token, graph_id, [], inputs=[0], outputs=[2],
+                                         constants={0: torch.ones(1)},
+                                         stored=loop_subgraph(op).SerializeToString())
+    for graph_id, k in keys.items():
+        assert wait_until_finished(client, k, timeout=60) == b"failed", graph_id
+        assert client.hget(k.meta, "error_op") == b"tile"
+        assert client.hget(k.meta, "error_source") == lying[graph_id].source.encode()
+    assert client.hget(keys["loop-over-budget"].meta, "error").decode() == (
+        "out of memory on cpu at op 'tile' (inputs (1,) float32): tried to allocate 1,024.0 MiB, over this worker's "
+        "memory budget of 300.0 MiB (its declared output is (1,) float32, 0.0 MiB) (loop step 1)")
+    assert client.hget(keys["loop-under-budget"].meta, "error").decode() == (
+        "produced (16777216,) float32 (64.0 MiB) but declared (1,) float32 (0.0 MiB); this worker's memory budget "
+        "is 300.0 MiB (loop step 1)")
+    assert_a_valid_graph_runs()
+    assert workers.alive(name)

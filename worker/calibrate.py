@@ -10,7 +10,7 @@ from ravop import registry
 from ravop.interpreter import run_op
 from ravop.store import tensors as stored
 from ravop.store.keys import graph_prefix
-from ravop.store.worker_info import COST_FIELDS
+from ravop.cost_fields import COST_FIELDS
 
 
 def _best_seconds(fn, device, repeats):

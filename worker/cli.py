@@ -16,7 +16,7 @@ from . import memory
 from .consumer import Worker
 from .data import ProviderData
 from .federated import Provider
-from .loop import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
+from .loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
 
 
 def parse_args(argv=None):

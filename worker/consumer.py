@@ -20,7 +20,6 @@ import torch
 from google.protobuf.message import DecodeError
 
 from ravop.errors import PlanError, StoreLimitError, WireFormatError
-from ravop.loop_run import StepError
 from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, ensure_queues, queue
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
@@ -33,7 +32,8 @@ from . import device as devices
 from . import calibrate, memory, verify
 from .cache import TensorCache
 from .heartbeat import Heartbeat
-from .loop import CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, LoopHandedBack, drop_checkpoint, run_loop
+from .loop_subgraph import (CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, LoopHandedBack, drop_checkpoint,
+                            run_loop)
 from .run import OVER_BUDGET, KernelError, run
 from .takeover import Takeover
 from .validate import check
@@ -183,52 +183,69 @@ class Worker:
             self._give_up(keys, message_id, subgraph_id, f"{type(exc).__name__}: {exc}", "worker error")
 
     def _run_message(self, keys, subgraph_id, message_id, deliveries, fields):
+        """Claim the subgraph, check its plan, run it and deliver what it made (or why it failed)."""
+        claimed = self._claim(keys, subgraph_id, message_id, deliveries, fields)
+        if claimed is None:
+            return
+        seed, data, copies = claimed
+        max_bytes = devices.budget(self.device, self.limit)
+        checked = self._checked(keys, subgraph_id, message_id, data, max_bytes)
+        if checked is None:
+            return
+        subgraph, program = checked
+        self.heartbeat.watch(message_id, keys.graph_id, subgraph_id)
+        try:
+            self._execute(keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes)
+        finally:
+            self.heartbeat.unwatch()
+
+    def _claim(self, keys, subgraph_id, message_id, deliveries, fields):
+        """(graph seed, the subgraph's plan bytes, copies to run) if this worker is to run the subgraph now; else
+        None, the message having been given up on, passed on or acked as the claim says."""
         if deliveries > self.max_attempts:
             self._give_up_retries(keys, subgraph_id, message_id, deliveries)
-            return
+            return None
         if self._banned(keys.token):
             self._pass_on(message_id, fields)
-            return
+            return None
         reply = self.scripts.claim(keys, subgraph_id, self.name)
         if reply[0] in _FORGED:
             self._give_up(keys, message_id, subgraph_id, _FORGED[reply[0]].format(subgraph_id), "forged message",
                           fail_graph=False)
-            return
+            return None
         if reply[0] == b"gone":  # flushed since it was queued, or never there: logged, for an operator
             self._give_up(keys, message_id, subgraph_id, f"graph {keys.graph_id} of token {keys.token} is not in "
                           "Redis", "no such graph", fail_graph=False)
-            return
+            return None
         if reply[0] != b"run":  # the graph failed or is done, or this subgraph already finished
             if reply[0] == b"finished":  # by a worker that may have died before delivering what it made ready
                 self.handoff.drain(keys)
             self._ack(message_id)
-            return
+            return None
         seed, data, copies = int(reply[1]), reply[2], int(reply[3])
-        max_bytes = devices.budget(self.device, self.limit)
         if copies > 1:
             votes = self.client.hgetall(keys.votes(subgraph_id))
             if (self.name.encode() in votes and len(votes) < copies) or self._banned(keys.token, fresh=True):
                 self._pass_on(message_id, fields)  # this worker ran it already (another one must), or is banned
-                return
+                return None
+        return seed, data, copies
+
+    def _checked(self, keys, subgraph_id, message_id, data, max_bytes):
+        """(plan_pb2.Subgraph, worker.validate.Program) of a claimed subgraph's plan; None if it was refused."""
         try:
             subgraph = plan_pb2.Subgraph.FromString(data)
-            program = check(subgraph, max_bytes)
+            return subgraph, check(subgraph, max_bytes)
         except DecodeError as exc:
             self._give_up(keys, message_id, subgraph_id, f"subgraph {subgraph_id} is not a valid plan: {exc}",
                           "rejected plan")
-            return
         except PlanError as exc:
             self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
-            return
-        self.heartbeat.watch(message_id, keys.graph_id, subgraph_id)
+        return None
+
+    def _execute(self, keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes):
+        """Run a checked subgraph and store its outputs; a failure gives the message up with its reason."""
         try:
-            inputs = self._inputs(keys, subgraph)
-            if subgraph.HasField("loop"):
-                outputs = run_loop(self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
-                                   self.checkpoint_steps, self.checkpoint_seconds, max_bytes, self.memory_budget,
-                                   self.stopping)
-            else:
-                outputs = run(program, inputs, seed, self.device, self.memory_budget)
+            outputs = self._compute(keys, subgraph_id, subgraph, program, seed, max_bytes)
             if self.wrong_outputs:
                 outputs = verify.perturb(outputs)
             if copies > 1 and not self._verified(keys, subgraph_id, message_id, outputs, copies, program):
@@ -241,17 +258,11 @@ class Worker:
                 self.cache.clear()
                 devices.release_cached(self.device)
             self._give_up(keys, message_id, subgraph_id, str(exc), exc.reason, exc.node)
-        except StepError as exc:
-            if exc.over_budget:
-                self.cache.clear()
-                devices.release_cached(self.device)
-            self._give_up(keys, message_id, subgraph_id, f"{exc} (loop step {exc.step + 1})",
-                          OVER_BUDGET if exc.over_budget else "kernel error", exc.node)
         except LoopHandedBack as exc:
             self._hand_back(keys, subgraph_id, message_id)
             log.info("worker %s: stopping; loop subgraph %s of graph %s handed back after %d steps", self.name,
                      subgraph_id, keys.graph_id, exc.steps)
-        except PlanError as exc:   # a loop's templates are checked when the loop is built
+        except PlanError as exc:   # a loop's templates, and the runner's ops, are checked when they are built
             self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
         except LoopAbandoned:
             self._ack(message_id)
@@ -265,8 +276,15 @@ class Worker:
             self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}", "bad input")
         except StoreLimitError as exc:
             self._give_up(keys, message_id, subgraph_id, str(exc), "server full")
-        finally:
-            self.heartbeat.unwatch()
+
+    def _compute(self, keys, subgraph_id, subgraph, program, seed, max_bytes):
+        """{output id: tensor} of a checked subgraph: a loop's (with its checkpoints) or a plain one's."""
+        inputs = self._inputs(keys, subgraph)
+        if subgraph.HasField("loop"):
+            return run_loop(self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
+                            self.checkpoint_steps, self.checkpoint_seconds, max_bytes, self.memory_budget,
+                            self.stopping)
+        return run(program, inputs, seed, self.device, self.memory_budget)
 
     def _inputs(self, keys, subgraph):
         """Input tensors on this worker's device: from the local cache, the rest in one MGET."""

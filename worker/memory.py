@@ -9,7 +9,8 @@ declares (a plan is data from the network and may lie about its sizes).
   RLIMIT_DATA).
 - `allocation_failure`: a kernel whose allocation failed is reported with the sizes involved.
 - `oversized`: each value a kernel returns is checked against its declared size and the budget, so an op
-  that declares one element and returns a gigabyte fails at that op.
+  that declares one element and returns a gigabyte fails at that op; a `Watcher` asks it for the runner
+  (`ravop.runner.Runner`), the same for a subgraph's ops and a loop step's.
 Each check returns a message naming the sizes; the caller fails the subgraph with it, naming the op and the
 user's line (worker/run.py, worker/consumer.py), frees the values and goes on.
 """
@@ -92,6 +93,21 @@ def oversized(step, declared, value, budget):
                 f"{tuple(step.shape)} {dtype_name(step)} ({mib(declared)}); this worker's memory budget is "
                 f"{mib(budget)}")
     return None
+
+
+class Watcher:
+    """The memory rules of a checked program's ops (`worker.validate.Program`), for `ravop.runner.Runner`:
+    `limits`, per op, its declared output bytes (the common case is one comparison, about 0.2 us an op); past
+    that, `problem` says why the output is refused, or None."""
+    __slots__ = ("steps", "limits", "budget")
+
+    def __init__(self, program, budget):
+        self.steps = program.steps
+        self.limits = [program.declared[step.id] for step in self.steps]
+        self.budget = budget
+
+    def problem(self, index, value):
+        return oversized(self.steps[index], self.limits[index], value, self.budget)
 
 
 def dtype_name(step):

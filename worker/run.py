@@ -1,14 +1,21 @@
-"""Run a checked subgraph with the shared interpreter loop, under torch.no_grad(), freeing each intermediate
-after its last reader; each output is checked against its declared size and the worker's memory budget as
-it is produced (worker/memory.py); a kernel error names the op that raised it, and running out of memory also
-names the device and the sizes involved."""
+"""Run a checked subgraph with the one runner (`ravop.runner.Runner`), under torch.no_grad(), freeing each
+intermediate after its last reader; each output is checked against its declared size and the worker's memory
+budget as it is produced (worker/memory.py). `kernel_error` turns the runner's `OpError` into what the worker
+reports, the same for a subgraph's op and a loop step's: the op and the user's line, and for running out of
+memory the device and the sizes involved."""
+from __future__ import annotations
+
+from typing import Any
+
 import torch
 from torch import Tensor
 
+import ravop.ops  # noqa: F401  (defines every op: the registry the runner dispatches on)
 from ravop.dtypes import NAMES
-from ravop.interpreter import OpError, run_nodes
+from ravop.runner import OpError, Runner
 
 from . import memory
+from .validate import Program, declared_bytes
 
 
 OVER_BUDGET = "over memory budget"  # the dead-letter reason of a value or allocation past the budget
@@ -18,43 +25,45 @@ class KernelError(Exception):
     """An op's kernel raised, returned something other than a tensor, or produced more than it declared or the
     worker's budget allows; `node` is its `ravop.node.Node` (op, source line)."""
 
-    def __init__(self, node, message, reason="kernel error"):
+    def __init__(self, node: Any, message: str, reason: str = "kernel error") -> None:
         super().__init__(message)
         self.node = node
         self.reason = reason  # for the dead-letter stream
 
 
-def _input_sizes(step, env):
-    shown = ", ".join(f"{tuple(t.shape)} {NAMES.get(t.dtype, t.dtype)}" if isinstance(t, Tensor) else "?"
-                      for t in (env.get(i) for i in step.inputs))
+def _input_sizes(shapes: list[Any]) -> str:
+    shown = ", ".join("?" if s is None else f"{s[0]} {NAMES.get(s[1], s[1])}" for s in shapes)
     return f"inputs {shown or 'none'}"
 
 
-def run(program, inputs, seed, device, budget):
+def kernel_error(exc: OpError, device: Any, budget: int) -> KernelError:
+    """What the worker reports for `exc`: an allocation that failed names the device and the sizes, and is
+    over the budget like an output past it (the caller drops what it holds for reuse)."""
+    step = exc.node
+    where = "" if exc.step is None else f" (loop step {exc.step + 1})"
+    if exc.over_budget:
+        return KernelError(step, exc.detail + where, OVER_BUDGET)
+    problem = memory.allocation_failure(step, declared_bytes(step), exc.__cause__, budget)
+    if problem is not None:
+        return KernelError(step, f"out of memory on {device} at op {step.op!r} ({_input_sizes(exc.input_shapes)}): "
+                                 f"{problem}{where}", OVER_BUDGET)
+    return KernelError(step, exc.detail + where)
+
+
+def run(program: Program, inputs: dict[int, Tensor], seed: int, device: Any, budget: int) -> dict[int, Tensor]:
     """{output id: tensor} of a `worker.validate.Program`; `inputs` maps input ids to tensors on `device`;
     `budget`: the bytes one value may take (see worker/memory.py)."""
-    env = dict(inputs)
-    declared = program.declared
-
-    def check(step, value):
-        # The common case in one comparison (about 0.2 us an op); the full check only past the declared size.
-        if isinstance(value, Tensor) and value.nbytes > declared[step.id]:
-            problem = memory.oversized(step, declared[step.id], value, budget)
-            if problem is not None:
-                raise KernelError(step, problem, OVER_BUDGET)
-
+    runner = Runner(program.steps, inputs, program.outputs, str(device), seed, memory.Watcher(program, budget))
+    values = runner.values
+    for s, value in enumerate(inputs.values()):
+        values[s] = value
     try:
         with torch.no_grad():
-            run_nodes(program.steps, env, seed, device, program.last_use, check)
+            values = runner.run()
     except OpError as exc:  # whatever the kernel raised is the user's error: report it, with their line
-        step = exc.node
-        problem = memory.allocation_failure(step, declared[step.id], exc.__cause__, budget)
-        if problem is not None:  # the inputs are still in env: the failing op had not consumed them
-            message = f"out of memory on {device} at op {step.op!r} ({_input_sizes(step, env)}): {problem}"
-            env.clear()  # the traceback keeps this frame: let the worker free the intermediates now
-            raise KernelError(step, message, OVER_BUDGET) from exc.__cause__
-        raise KernelError(step, exc.detail) from exc.__cause__
-    outputs = {o: env[o] for o in program.outputs}
+        raise kernel_error(exc, device, budget) from exc.__cause__
+    slot = runner.slot
+    outputs = {o: values[slot[o]] for o in program.outputs}
     for o, value in outputs.items():
         if not isinstance(value, torch.Tensor):
             node = next(step for step in program.steps if step.id == o)

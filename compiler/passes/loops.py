@@ -6,39 +6,36 @@ replaces them with a loop op whose template is the step, as `ravop.loop` records
 "Training loops"): the plan holds the step once, one worker runs it N times with the carried values in memory,
 and the numbers are the unrolled steps' bit for bit.
 
-Finding a repeat. Every op but the constants gets a kind: op, params (an int `step` or `seed` masked), shapes,
+Finding a repeat. Every op but the constants gets a kind: op, params (an op's step `counter` or `seed_param`
+masked, the flags ravop/registry.py declares), shapes,
 dtypes, which inputs are constants, and how many names persist it. A repeated step of P ops is a stretch where
 the kinds repeat with period P; the candidate periods are the most frequent distances between two ops of one
 kind. Each stretch is then checked step by step with the step's references as holes: an input of step k is
 one of its own ops (by position), the op at position p of step k-1 (a carried value: parameters, optimizer
 moments, BatchNorm stats; at step 0, one value from before the loop per position), a value from before the
 loop (the same at every step), or a constant (the same at every step after content addressing, or one per
-step: the batch, a learning rate set per epoch). Optimizer `step` counters must advance by one per step,
-random ops' ids by a fixed stride (each run draws the unrolled op's own stream) and `seed` params must be
-their op's seed. A step that differs (a short last batch, a branch on the epoch, a changed hyperparameter in
+step: the batch, a learning rate set per epoch). Step counters must advance by one per step, random ops' ids
+by a fixed stride (each run draws the unrolled op's own stream) and seed params must be their op's seed. A step that differs (a short last batch, a branch on the epoch, a changed hyperparameter in
 the params) ends the stretch: it stays as recorded, and the steps around it fold on their own.
 
 After the loop only its results may be read: the carried values after the last folded step. If something
 later reads another value of a folded step, the loop stops one step earlier (that step stays unrolled), or
 the stretch is not folded.
 """
-import re
 from collections import Counter, defaultdict
 from itertools import count
 
-from ravop.interpreter import op_seed
-from ravop.loop import COUNTED_PARAM, LoopRecord, counts_steps
+from ravop.loop import counter_of, seed_of
+from ravop.loop_template import LoopRecord, LoopSpec, StepTemplate, hole_node
 from ravop.node import Node
-from ravop.registry import REGISTRY
-from ravop.wire import encode_params, pack_nodes, plan_pb2
+from ravop.registry import HOLE, INPUTS, LOOP, LOOPS, NOT_KERNELS, PROJECTION, REGISTRY, op_of_kind
+from ravop.runner import op_seed
+from ravop.wire import encode_params
 
 MIN_STEPS = 2           # fewer repeats are no loop
 CANDIDATE_PERIODS = 8   # the most frequent distances between ops of one kind, tried as the step's length
 MAX_CONSTANT_DEPTH = 2  # ops computed from constants alone that count as values (_constant_expressions)
-SEED_PARAM = "seed"
-CONST = ("const",)      # the reference to a constant input (which one is recorded per step)
-NOT_FOLDED = ("const", "loop", "loop_hole")
-_STEP, _SEED = re.compile(rb'"step":-?\d+'), re.compile(rb'"seed":-?\d+')   # int params, in the params' JSON
+CONST = ("constant",)   # the reference to a constant input (which one is recorded per step)
 
 
 def fold_repeated_steps(ir):
@@ -103,9 +100,9 @@ def _constant_expressions(nodes):
     epoch's steps look different. Deeper ones are the program itself (a raw-op loop on constant tensors)."""
     depth = {}
     for id, node in nodes.items():
-        if node.op == "const":
+        if node.op in INPUTS:
             depth[id] = 0
-        elif not node.multi_output and REGISTRY[node.op].deterministic and node.op not in NOT_FOLDED \
+        elif not node.multi_output and REGISTRY[node.op].deterministic and node.op not in NOT_KERNELS \
                 and all(i in depth for i in node.inputs):
             deepest = 1 + max((depth[i] for i in node.inputs), default=0)
             if deepest <= MAX_CONSTANT_DEPTH:
@@ -118,18 +115,22 @@ def _kinds(nodes, order, names, constant):
     table, kinds = {}, []
     for id in order:
         node = nodes[id]
-        if node.op in NOT_FOLDED or any(nodes[i].op == "loop" for i in node.inputs):
+        if node.op in NOT_KERNELS or any(nodes[i].op in LOOPS for i in node.inputs):
             key = ("unique", id)   # a loop (of `fit`) and its results are never part of a folded step
         else:
-            pkey = node.pkey
-            if b'"seed":' in pkey:
-                pkey = _SEED.sub(b'"seed":_', pkey)
-            if b'"step":' in pkey and counts_steps(node.op):
-                pkey = _STEP.sub(b'"step":_', pkey)
-            key = (node.op, pkey, node.shape, node.dtype, tuple([i in constant for i in node.inputs]),
+            key = (node.op, _masked_pkey(node), node.shape, node.dtype, tuple([i in constant for i in node.inputs]),
                    len(names[id]) if id in names else 0)
         kinds.append(table.setdefault(key, len(table)))
     return kinds
+
+
+def _masked_pkey(node):
+    """The node's params as wire JSON with its step counter and followed seed (which change from step to step)
+    masked."""
+    opdef = REGISTRY[node.op]
+    masked = {name: "_" for name, value in ((opdef.counter, counter_of(node)), (opdef.seed_param, seed_of(node)))
+              if value is not None}
+    return encode_params({**node.params, **masked}) if masked else node.pkey
 
 
 def _periods(kinds):
@@ -258,14 +259,13 @@ def _verify_from(context, start, period, steps):
         node0, node1 = nodes[id0], nodes[id1]
         if REGISTRY[node0.op].random:
             strided.add(q)
-        step0 = node0.params.get(COUNTED_PARAM)
-        if type(step0) is int and counts_steps(node0.op):
-            delta = node1.params[COUNTED_PARAM] - step0
-            if delta not in (0, 1):
+        step0, step1 = counter_of(node0), counter_of(node1)
+        if step0 is not None:
+            if step1 is None or step1 - step0 not in (0, 1):
                 return None
-            counters[q] = delta
-        seed0 = node0.params.get(SEED_PARAM)
-        if type(seed0) is int:
+            counters[q] = step1 - step0
+        seed0 = seed_of(node0)
+        if seed0 is not None:
             if streams is None:
                 streams = {op_seed(ir.seed, id): q for q, id in enumerate(ids[0])}
             source = streams.get(seed0)
@@ -298,14 +298,14 @@ def _same_params(nodes, order, start, period, k, counters, strides, seed_params,
     """Whether step k's counters, strided ids and seed params continue step 0's."""
     s = start + k * period
     for q, delta in counters.items():
-        if nodes[order[s + q]].params[COUNTED_PARAM] != nodes[order[start + q]].params[COUNTED_PARAM] + k * delta:
+        if counter_of(nodes[order[s + q]]) != counter_of(nodes[order[start + q]]) + k * delta:
             return False
     for q, stride in strides.items():
         if order[s + q] != order[start + q] + k * stride:
             return False
     for q, source in seed_params.items():
-        seed = nodes[order[s + q]].params[SEED_PARAM]
-        want = nodes[order[start + q]].params[SEED_PARAM] if source is None else op_seed(graph_seed, order[s + source])
+        seed = seed_of(nodes[order[s + q]])
+        want = seed_of(nodes[order[start + q]]) if source is None else op_seed(graph_seed, order[s + source])
         if seed != want:
             return False
     return True
@@ -407,14 +407,14 @@ def _build(ir, context, fold, loop_index, alias):
     free = sorted(id for id in order[start:start + steps * period] if id > max(inputs))
     if len(free) < len(carried) + 1:
         return None
-    template = plan_pb2.LoopTemplate(counts=True)
-    pack_nodes(rows, template.nodes)
-    template.carry_holes.extend(holes[p] for p in carried)
-    template.carry_next.extend(step0[p] for p in carried)
-    template.counter_nodes.extend(step0[q] for q, delta in sorted(fold.counters.items()) if delta == 1)
-    template.run_holes.extend(run_holes.values())
+    hole_op = op_of_kind(HOLE)
+    template = StepTemplate(rows, [holes[p] for p in carried], [step0[p] for p in carried], counts=True)
+    template.holes = {holes[p]: hole_node(holes[p], nodes[step0[p]], hole_op) for p in carried}
+    template.counter_nodes = [step0[q] for q, delta in sorted(fold.counters.items()) if delta == 1]
+    template.run_holes = list(run_holes.values())
+    template.holes.update((hole, hole_node(hole, nodes[sequence[0]], hole_op)) for sequence, hole in run_holes.items())
     sequences = list(run_holes)
-    template.run_values.extend(sequence[r] for r in range(steps) for sequence in sequences)
+    template.run_values = [sequence[r] for r in range(steps) for sequence in sequences]
     for q, stride in sorted(fold.strides.items()):
         template.seeded_nodes.append(step0[q])
         template.seed_strides.append(stride)
@@ -427,18 +427,16 @@ def _build(ir, context, fold, loop_index, alias):
         for j in range(len(context.names.get(id, ()))):
             template.output_nodes.append(id)
             names.append([sorted(context.names[order[start + k * period + q]])[j] for k in range(steps)])
-    message = plan_pb2.Loop(n_carried=len(carried), outer_ids=initial_names + list(outer), rounds=1, n_steps=steps,
-                            schedule=[0, steps])
-    message.templates.append(template)
+    spec = LoopSpec([template], len(carried), initial_names + list(outer), [(0, steps)], rounds=1, n_steps=steps)
     source = nodes[step0[0]].source
     shapes = tuple(nodes[step0[p]].shape for p in carried)
     dtypes = tuple(nodes[step0[p]].dtype for p in carried)
     params = {"loop": loop_index}
-    loop_node = Node(free[0], "loop", tuple(inputs), params, encode_params(params), shapes, dtypes, source)
+    loop_node = Node(free[0], op_of_kind(LOOP), tuple(inputs), params, encode_params(params), shapes, dtypes, source)
     results = []
     for k, (shape, dtype) in enumerate(zip(shapes, dtypes)):
         params = {"index": k}
-        results.append(Node(free[k + 1], "tuple_get", (loop_node.id,), params, encode_params(params), shape, dtype,
+        results.append(Node(free[k + 1], op_of_kind(PROJECTION), (loop_node.id,), params, encode_params(params), shape, dtype,
                             source))
     moved = [name for per_output in names for name in per_output]
-    return loop_node, results, LoopRecord(message, [names]), moved
+    return loop_node, results, LoopRecord(spec, [names]), moved

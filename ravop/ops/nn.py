@@ -452,7 +452,7 @@ def dropout(x, p=0.5, training=True, generator=None):
 
 
 @register("dropout_backward", inputs=("g",), params={"p": REQUIRED, "seed": REQUIRED},
-          shape=lambda g, p, seed: _dropout_shape(g, p), method=False)
+          shape=lambda g, p, seed: _dropout_shape(g, p), method=False, seed_param="seed")
 def dropout_backward(g, p, seed):
     """Gradient of dropout: g times the forward's mask, redrawn from the forward op's seed."""
     if p == 1:

@@ -8,7 +8,7 @@ Optimizer steps are not differentiable.
 """
 import torch
 
-from ..registry import REQUIRED, register
+from ..registry import REQUIRED, InPlace, register
 
 
 def _step_shapes(param, grad, *state):
@@ -43,7 +43,7 @@ def _rmsprop_shapes(param, grad, square_avg, momentum_buffer, grad_avg, lr=0.01,
 def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, amsgrad,
           maximize, decoupled, in_place=False):
     """torch.optim.adam._single_tensor_adam for one tensor (decoupled=True is AdamW); `in_place` updates
-    param, exp_avg and exp_avg_sq themselves instead of copies (see IN_PLACE)."""
+    param, exp_avg and exp_avg_sq themselves instead of copies (the op's `in_place`)."""
     if not in_place:
         param, exp_avg, exp_avg_sq = param.clone(), exp_avg.clone(), exp_avg_sq.clone()
     grad = grad if not maximize else -grad
@@ -68,28 +68,6 @@ def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, bet
     return param, exp_avg, exp_avg_sq, max_exp_avg_sq
 
 
-ADAM_INPUTS = ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
-ADAM_PARAMS = {"step": REQUIRED, "lr": 0.001, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0,
-               "amsgrad": False, "maximize": False}
-
-
-@register("adam_step", inputs=ADAM_INPUTS, params=ADAM_PARAMS, shape=_adam_shapes, method=False)
-def adam_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8,
-              weight_decay=0.0, amsgrad=False, maximize=False):
-    """One torch.optim.Adam step (`step` counts from 1) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq')."""
-    return _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
-                 amsgrad, maximize, decoupled=False)
-
-
-@register("adamw_step", inputs=ADAM_INPUTS, params={**ADAM_PARAMS, "weight_decay": 0.01}, shape=_adam_shapes,
-          method=False)
-def adamw_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8,
-               weight_decay=0.01, amsgrad=False, maximize=False):
-    """One torch.optim.AdamW step (decoupled weight decay) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq')."""
-    return _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
-                 amsgrad, maximize, decoupled=True)
-
-
 def _adam_in_place(decoupled):
     def kernel(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8,
                weight_decay=0.0, amsgrad=False, maximize=False):
@@ -98,10 +76,31 @@ def _adam_in_place(decoupled):
     return kernel
 
 
-# The same updates without the copies, for a training loop that owns the values it steps (ravop.loop_run:
-# they are its carried values, read by nothing after the step): op -> (kernel, the input positions it
-# overwrites). The copies are a fifth of a small model's step.
-IN_PLACE = {"adam_step": (_adam_in_place(False), (0, 2, 3)), "adamw_step": (_adam_in_place(True), (0, 2, 3))}
+# The in-place updates are for a training loop that owns the values it steps (ravop.loop_run: they are its carried
+# values, read by nothing after the step): param, exp_avg and exp_avg_sq. The copies are a fifth of a small
+# model's step.
+ADAM_OVERWRITES = (0, 2, 3)
+ADAM_INPUTS = ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+ADAM_PARAMS = {"step": REQUIRED, "lr": 0.001, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0,
+               "amsgrad": False, "maximize": False}
+
+
+@register("adam_step", inputs=ADAM_INPUTS, params=ADAM_PARAMS, shape=_adam_shapes, method=False, counter="step",
+          in_place=InPlace(_adam_in_place(False), ADAM_OVERWRITES))
+def adam_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8,
+              weight_decay=0.0, amsgrad=False, maximize=False):
+    """One torch.optim.Adam step (`step` counts from 1) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq')."""
+    return _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
+                 amsgrad, maximize, decoupled=False)
+
+
+@register("adamw_step", inputs=ADAM_INPUTS, params={**ADAM_PARAMS, "weight_decay": 0.01}, shape=_adam_shapes,
+          method=False, counter="step", in_place=InPlace(_adam_in_place(True), ADAM_OVERWRITES))
+def adamw_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8,
+               weight_decay=0.01, amsgrad=False, maximize=False):
+    """One torch.optim.AdamW step (decoupled weight decay) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq')."""
+    return _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
+                 amsgrad, maximize, decoupled=True)
 
 
 @register("rmsprop_step", inputs=("param", "grad", "square_avg", "momentum_buffer", "grad_avg"),

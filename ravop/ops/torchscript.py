@@ -263,7 +263,7 @@ def _forward_flops(shape, input_shapes, params, n_grads=0):
 
 
 @register("torchscript_forward", inputs=("*xs",), params=FORWARD_PARAMS, shape=_forward_shape,
-          vjp=_forward_vjp, method=False, flops=_forward_flops)
+          vjp=_forward_vjp, method=False, flops=_forward_flops, seed_param="seed")
 def torchscript_forward(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed):
     """xs = (blob, *params, *buffers, *args, *kwargs): the model's outputs, then, when training, its buffers
     after the call."""
@@ -306,7 +306,7 @@ def _vjp_flops(shape, input_shapes, params):
 
 
 @register("torchscript_vjp", inputs=("*xs",), params={**FORWARD_PARAMS, "mask": REQUIRED, "grad_mask": REQUIRED},
-          shape=_vjp_shape, method=False, flops=_vjp_flops)
+          shape=_vjp_shape, method=False, flops=_vjp_flops, seed_param="seed")
 def torchscript_vjp(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed, mask, grad_mask):
     """xs = (forward inputs..., one gradient per output with grad_mask True): the gradients of the forward
     w.r.t. its inputs with mask True, by torch.autograd through the same module (the forward is recomputed

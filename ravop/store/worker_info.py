@@ -3,6 +3,7 @@ threads, what it runs now, when it last beat. One short-lived hash per worker be
 (`ravop.store.workers`), so a dead worker's entry expires with it."""
 import time
 
+from ..cost_fields import COST_FIELDS
 from .keys import DEVICE_KINDS, workers_set
 
 _PREFIX = "ravop:_:winfo:"
@@ -22,9 +23,6 @@ def advertise(pipe, name, info, ttl):
     pipe.pexpire(key, int(ttl * 1000))  # ttl may be fractional seconds
 
 
-# The cost model's figures a worker measures at start (worker/calibrate.py; compiler.cost.calibrated reads them):
-# seconds per op, matmul FLOP/s, memory bytes/s, bytes/s of a tensor handed through Redis.
-COST_FIELDS = ("op_s", "flops_per_s", "bytes_per_s", "handoff_bytes_per_s")
 _NUMBERS = ("pid", "threads", "memory_limit", "rss", "completed", "subgraph")
 _FLOATS = ("heartbeat", "started", "since", *COST_FIELDS)
 

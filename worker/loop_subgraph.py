@@ -1,5 +1,7 @@
 """Run a loop subgraph (a `loop` op and its tuple_get readers): the steps run here, one after another, with
-the carried values (parameters, optimizer state) kept in this worker's memory (`ravop.loop_run`).
+the carried values (parameters, optimizer state) kept in this worker's memory (`ravop.loop_run`). Its templates
+are decoded once, checked as any subgraph's nodes are, and run by the same runner: a kernel error or an
+allocation that fails in a step is reported as on any subgraph, with the step's number.
 
 While it runs, the worker writes what the steps persist (the batch losses) every `FLUSH_SECONDS`, with the
 number of steps done (what `R.track_progress` shows), and a checkpoint of the carried values every
@@ -20,14 +22,16 @@ sizes must fit the worker's limit, and each output is checked against its declar
 import time
 
 from ravop.errors import PlanError
-from ravop.interpreter import run_nodes
 from ravop.loop_run import LoopRun
+from ravop.registry import LOOPS, PROJECTIONS
+from ravop.runner import OpError, run_nodes
 from ravop.store import tensors as stored
-from ravop.wire import encode_tensor, plan_pb2
+from ravop.wire import encode_tensor, unpack_loop
 
 from . import device as devices
 from . import memory
-from .validate import check
+from .run import kernel_error
+from .validate import check_nodes
 
 FLUSH_SECONDS = 0.25
 CHECKPOINT_SECONDS = 10.0
@@ -67,29 +71,21 @@ def drop_checkpoint(client, keys, subgraph_id):
     client.delete(*doomed)
 
 
-class _Watcher:
-    """A template's memory rules (see StepFunction): its declared sizes checked as a subgraph's are, at build
-    time, and each output against its declared size and the budget as it is made."""
-
-    def __init__(self, template, defined, max_bytes, budget):
-        subgraph = plan_pb2.Subgraph(inputs=defined, outputs=[*template.carry_next, *template.output_nodes])
-        subgraph.nodes.CopyFrom(template.nodes)
-        program = check(subgraph, max_bytes)   # PlanError naming the op past the limit
-        self.steps = program.steps
-        self.limits = [program.declared[step.id] for step in self.steps]
-        self.budget = budget
-
-    def problem(self, index, value):
-        return memory.oversized(self.steps[index], self.limits[index], value, self.budget)
+def _watcher(spec, template, max_bytes, budget):
+    """A template's memory rules: its declared sizes checked as a subgraph's are (`PlanError` naming the op past
+    the limit), and each output against its declared size and the budget as it is made."""
+    defined = [*spec.outer_ids, *template.hole_ids()]
+    program = check_nodes(template.nodes, defined, [*template.carry_next, *template.output_nodes], max_bytes)
+    return memory.Watcher(program, budget)
 
 
 def check_loop_program(program):
     """The loop step of a checked subgraph; `PlanError` unless it is one loop op and tuple_gets of it."""
     steps = program.steps
-    if not steps or steps[0].op != "loop":
+    if not steps or steps[0].op not in LOOPS:
         raise PlanError("a loop subgraph must start with its loop op")
     for step in steps[1:]:
-        if step.op != "tuple_get" or list(step.inputs) != [steps[0].id]:
+        if step.op not in PROJECTIONS or list(step.inputs) != [steps[0].id]:
             raise PlanError(f"a loop subgraph holds only its loop op and tuple_gets of it, not {step.op!r}", step)
     if steps[0].id in program.outputs:
         raise PlanError("a loop subgraph's outputs are tuple_gets of its loop op, not the loop op itself", steps[0])
@@ -177,16 +173,19 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
     `max_bytes`, `budget`: the worker's memory rules for the templates; `stop`: a threading.Event set when
     the worker is stopping (then LoopHandedBack after a checkpoint)."""
     loop_step = check_loop_program(program)
-    watch = None if max_bytes is None else (lambda t, defined: _Watcher(t, defined, max_bytes, budget))
-    runner = LoopRun(subgraph.loop, [inputs[i] for i in loop_step.inputs], seed, device, watch)
-    start, carried = _resume(client, keys, subgraph_id, subgraph.loop.n_carried, device)
-    first_ids = [list(t.output_first_ids) for t in subgraph.loop.templates]
-    if any(len(ids) != len(t.output_nodes) for ids, t in zip(first_ids, subgraph.loop.templates)):
+    spec = unpack_loop(subgraph.loop)   # decoded once: the templates' nodes serve the checks and the runner
+    watch = None if max_bytes is None else (lambda template: _watcher(spec, template, max_bytes, budget))
+    start, carried = _resume(client, keys, subgraph_id, spec.n_carried, device)
+    first_ids = [t.output_first_ids for t in spec.templates]
+    if any(len(ids) != len(t.output_nodes) for ids, t in zip(first_ids, spec.templates)):
         raise PlanError("a loop step's persisted values and their tensor ids do not pair up")
-    writer = _Writer(client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds,
-                     subgraph.loop.n_steps, start, stop)
-    carried = runner.run(carried, start or 0, writer.on_step)
-    writer.write(subgraph.loop.n_steps)
-    env = {loop_step.id: tuple(carried)}
-    run_nodes(program.steps[1:], env)
+    writer = _Writer(client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds, spec.n_steps, start,
+                     stop)
+    try:
+        runner = LoopRun(spec, [inputs[i] for i in loop_step.inputs], seed, device, watch)
+        carried = runner.run(carried, start or 0, writer.on_step)
+        writer.write(spec.n_steps)
+        env = run_nodes(program.steps[1:], {loop_step.id: tuple(carried)}, outputs=program.outputs)
+    except OpError as exc:   # reported as on any subgraph: the op, its sizes, the device, and the step
+        raise kernel_error(exc, device, budget or 0) from exc.__cause__
     return {o: env[o].contiguous() for o in program.outputs}

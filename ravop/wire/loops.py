@@ -1,0 +1,50 @@
+"""A loop's `LoopSpec` as plan.proto's `Loop`, and back. Packed once, by the plan writer (compiler/plan.py);
+unpacked once, by the worker that runs it. `unpack_loop` checks that the parallel lists pair up, since a plan
+comes from the network; what the ids mean is checked when the loop is built (`ravop.loop_run`)."""
+from __future__ import annotations
+
+from ..errors import PlanError
+from ..loop_template import LoopSpec, StepTemplate
+from . import plan_pb2
+from .nodes import pack_nodes, unpack_nodes
+
+_LISTS = ("carry_holes", "carry_next", "row_holes", "row_data", "counter_nodes", "output_nodes", "output_first_ids",
+          "run_holes", "run_values", "seeded_nodes", "seed_strides", "seed_param_nodes", "seed_param_sources")
+# Lists that name one thing per element of another: (list, its partner, what they are).
+_PAIRS = (("row_holes", "row_data", "row holes and their data"),
+          ("seeded_nodes", "seed_strides", "seeded ops and their strides"),
+          ("seed_param_nodes", "seed_param_sources", "seed params and their sources"))
+
+
+def pack_loop(spec: LoopSpec, message: plan_pb2.Loop) -> None:
+    """Fill `message` (a plan_pb2.Loop) from `spec`."""
+    for template in spec.templates:
+        packed = message.templates.add(counts=template.counts, rows=template.rows)
+        pack_nodes(template.nodes, packed.nodes)
+        for name in _LISTS:
+            getattr(packed, name).extend(getattr(template, name))
+    message.n_carried, message.rounds = spec.n_carried, spec.rounds
+    message.outer_ids.extend(spec.outer_ids)
+    for pair in spec.schedule:
+        message.schedule.extend(pair)
+    message.n_steps, message.first_step = spec.n_steps, spec.first_step
+    message.n_rows, message.batch_size = spec.n_rows, spec.batch_size
+    message.shuffle, message.shuffle_seed = spec.shuffle, spec.shuffle_seed
+
+
+def unpack_loop(message: plan_pb2.Loop) -> LoopSpec:
+    """The `LoopSpec` of a plan_pb2.Loop, each template's nodes decoded (`unpack_nodes`); `PlanError` if its
+    lists do not pair up."""
+    pairs = list(message.schedule)
+    if len(pairs) % 2:
+        raise PlanError("a loop schedule is (template, times) pairs")
+    templates = []
+    for packed in message.templates:
+        lists = {name: list(getattr(packed, name)) for name in _LISTS}
+        for a, b, what in _PAIRS:
+            if len(lists[a]) != len(lists[b]):
+                raise PlanError(f"a loop step's {what} do not pair up")
+        templates.append(StepTemplate(unpack_nodes(packed.nodes), counts=packed.counts, rows=packed.rows, **lists))
+    return LoopSpec(templates, message.n_carried, list(message.outer_ids), list(zip(pairs[::2], pairs[1::2])),
+                    message.rounds, message.n_steps, message.first_step, message.n_rows, message.batch_size,
+                    message.shuffle, message.shuffle_seed)
