@@ -28,7 +28,8 @@ class InvariantError(RavopError, RuntimeError):
 def check_invariants(ir):
     """Raise `ValueError` describing the first broken invariant: ids ascending with every input defined
     earlier (a topological order, hence acyclic), every const node holding a value, every tuple_get reading
-    a multi-output node, every persisted output kept and not multi-output."""
+    a multi-output node, every persisted output kept and not multi-output, and in every loop template each
+    value read or named defined before."""
     nodes = ir.nodes
     previous = -1
     for id, node in nodes.items():
@@ -48,6 +49,25 @@ def check_invariants(ir):
             raise ValueError(f"persisted output {name!r} (node {id}) was removed")
         if nodes[id].multi_output:
             raise ValueError(f"persisted output {name!r} (node {id}) is a multi-output node")
+    for id, record in ir.loops.items():
+        for t, template in enumerate(record.spec.templates):
+            _check_template(template, record.spec.outer_ids, f"loop {id}, step {t}")
+
+
+def _check_template(template, outer_ids, where):
+    """Every op of a loop template reads its holes, the loop's inputs or an op before it, and its results and
+    per-op lists name its ops."""
+    defined = set(outer_ids) | set(template.hole_ids())
+    for node in template.nodes:
+        for i in node.inputs:
+            if i not in defined:
+                raise ValueError(f"{where}: node {node.id} ({node.op}) reads {i}, which is not defined before it")
+        defined.add(node.id)
+    for name in ("carry_next", "output_nodes", "counter_nodes", "seeded_nodes", "seed_param_nodes",
+                 "seed_param_sources"):
+        missing = [i for i in getattr(template, name) if i not in defined]
+        if missing:
+            raise ValueError(f"{where}: its {name} {missing[:5]} are not defined")
 
 
 def run_pipeline(ir, passes=PIPELINE):

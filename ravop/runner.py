@@ -157,8 +157,10 @@ Call = tuple[registry.Kernel, tuple[int, ...], dict[str, Any], int, tuple[int, .
 
 class Runner:
     """`nodes` (in order) built into calls over slots: first one slot per id of `inputs` (the values a run is
-    given), then one per node. Values are freed after their last reader, except `outputs` and, unless
-    `free_inputs`, the inputs (a loop step's outer values serve every run). `per_run`: node id -> its PerRun
+    given), then one per node. Values are freed after their last reader (`freed`: slot -> index of that
+    reader), except `outputs` and, unless `free_inputs`, the inputs (a loop step's outer values serve every
+    run). Building it checks the nodes as a plan from the network needs: `PlanError` for an op that is no
+    kernel, a value read before it is defined, or one defined twice. `per_run`: node id -> its PerRun
     where a loop step sets it; random ops not in it draw from their own id's stream. `watcher`: a worker's
     memory rules, or None."""
 
@@ -171,35 +173,49 @@ class Runner:
         for i in inputs:
             self.define(i)
         n_inputs = len(self.slot)
-        kept = set(outputs)
-        last_read: dict[int, int] = {}
+        slot, table, not_kernels = self.slot, registry.REGISTRY, registry.NOT_KERNELS
+        bound: dict[str, tuple[OpDef, registry.Kernel]] = {}   # op -> (OpDef, its kernel on the device)
+        kernels, arguments, varying = [], [], []
+        last_read: dict[int, int] = {}   # slot -> index of its last reader
+        per_run = per_run or {}
+        n = n_inputs
         for index, node in enumerate(self.nodes):
-            for i in node.inputs:
-                last_read[i] = index
-        frees: list[list[int]] = [[] for _ in self.nodes]
-        table = registry.REGISTRY
-        calls: list[Call] = []
-        for index, node in enumerate(self.nodes):
-            opdef = table.get(node.op)
-            if opdef is None or node.op in registry.NOT_KERNELS:
-                raise PlanError(f"unknown op {node.op!r}", node)
-            missing = [i for i in node.inputs if i not in self.slot]
-            if missing:
-                raise PlanError(f"op {node.op!r} (node {node.id}) reads values {missing}, which are neither "
-                                "inputs nor computed before it", node)
-            varies = None if per_run is None else per_run.get(node.id)
+            op = node.op
+            found = bound.get(op)
+            if found is None:
+                opdef = table.get(op)
+                if opdef is None or op in not_kernels:
+                    raise PlanError(f"unknown op {op!r}", node)
+                found = bound[op] = (opdef, opdef.kernel if opdef.random else on_device(opdef, device))
+            opdef, kernel = found
+            try:
+                args = tuple(map(slot.__getitem__, node.inputs))   # map: no frame per op, as a comprehension has
+            except KeyError:
+                missing = [i for i in node.inputs if i not in slot]
+                raise PlanError(f"op {op!r} (node {node.id}) reads values {missing}, which are neither inputs nor "
+                                "computed before it", node) from None
+            for a in args:
+                last_read[a] = index
+            varies = per_run.get(node.id)
             if varies is None and opdef.random:
                 varies = PerRun(opdef, graph_seed, device, node.id)
-            calls.append((opdef.kernel if opdef.random else on_device(opdef, device),
-                          tuple(self.slot[i] for i in node.inputs), node.params, self.define(node.id, node), (),
-                          varies))
-        for i, index in last_read.items():
-            s = self.slot[i]
-            if i not in kept and (free_inputs or s >= n_inputs):
-                frees[index].append(s)
-        self.calls = [call[:4] + (tuple(frees[k]),) + call[5:] for k, call in enumerate(calls)]
-        self.values: list[Any] = [None] * len(self.slot)
-        self.n_inputs, self.device, self.watcher = n_inputs, device, watcher
+            kernels.append(kernel)
+            arguments.append(args)
+            varying.append(varies)
+            if node.id in slot:
+                raise PlanError(f"value {node.id} is defined twice", node)
+            slot[node.id] = n
+            n += 1
+        kept = {slot[i] for i in outputs if i in slot}
+        self.freed = {s: index for s, index in last_read.items() if s not in kept and (free_inputs or s >= n_inputs)}
+        frees: dict[int, list[int]] = {}
+        for s, index in self.freed.items():
+            frees.setdefault(index, []).append(s)
+        self.calls: list[Call] = [
+            (kernel, args, node.params, n_inputs + index, tuple(frees.get(index, ())), varies)
+            for index, (kernel, args, node, varies) in enumerate(zip(kernels, arguments, self.nodes, varying))]
+        self.values: list[Any] = [None] * len(slot)
+        self.n_inputs, self.device, self.graph_seed, self.watcher = n_inputs, device, graph_seed, watcher
         if watcher is not None and len(watcher.limits) != len(self.nodes):
             raise ValueError(f"a watcher of {len(watcher.limits)} ops for {len(self.nodes)} nodes")
 
@@ -217,15 +233,16 @@ class Runner:
     def run(self, at: Optional[At] = None) -> list[Any]:
         """Run every call over `self.values` (the inputs' slots filled by the caller); returns the values."""
         values = self.values
+        read = values.__getitem__
         watcher = self.watcher
         limits = None if watcher is None else watcher.limits
         index = 0
         try:
             for index, (kernel, args, params, out, frees, varies) in enumerate(self.calls):
                 if varies is None:
-                    value = kernel(*[values[a] for a in args], **params)
+                    value = kernel(*map(read, args), **params)
                 else:
-                    value = varies(kernel, [values[a] for a in args], params, at)
+                    value = varies(kernel, list(map(read, args)), params, at)
                 values[out] = value
                 if limits is not None and isinstance(value, Tensor) and value.nbytes > limits[index]:
                     problem = watcher.problem(index, value)   # type: ignore[union-attr]

@@ -15,8 +15,10 @@ from ravdl.v2.utils import batch_iterator
 from ravop.errors import GraphStateError
 from ravop.interpreter import evaluate, evaluate_persisted
 from ravop.loop import Batches, Loop
+from ravop.loop_run import LoopRun
 from ravop.store import GraphKeys
 from ravop.store import graphs as store_graphs
+from ravop.wire import unpack_loop, unpack_nodes
 from compiler import compile_graph
 from helpers import on_one_thread
 
@@ -293,3 +295,26 @@ def test_a_worker_killed_mid_fit_is_replaced_from_its_checkpoint_with_the_same_b
     assert torch.equal(early, want["training_loss_epoch_1_batch_1"])
     for name in fit_names(epochs, 6) + ["prediction"]:
         assert torch.equal(R.fetch_persisting_op(name), want[name]), name
+
+
+def test_dead_ops_and_repeated_ops_are_removed_inside_a_step_template():
+    """A template is Nodes through the compiler's passes: an op read by nothing is culled, an op recorded twice
+    is computed once, and the plan's template runs to the same numbers as the recorded one."""
+    graph = R.Graph(name="template-passes", seed=3)
+    x = R.t(torch.arange(4.0))
+    loop = Loop([R.t(torch.ones(4))])
+    with loop.step() as step:
+        (w,) = step.carried
+        R.exp(w)   # read by nothing
+        step.carry([w * x + w * x])
+    [final] = loop.run([(0, 3)])
+    final.persist_op("w")
+    compiled = compile_graph(graph)
+    [sub] = [s for s in compiled.plan.subgraphs if s.HasField("loop")]
+    assert list(sub.loop.templates[0].nodes.op) == ["mul", "add"]
+    assert compiled.summary["cse_merged"] >= 1 and compiled.summary["dead_code_removed"] >= 1
+    loop_node = unpack_nodes(sub.nodes)[0]
+    inputs = [compiled.constants[i] for i in loop_node.inputs]
+    [after] = LoopRun(unpack_loop(sub.loop), inputs, compiled.plan.seed).run()
+    assert torch.equal(after, 8 * torch.arange(4.0) ** 3)
+    assert torch.equal(after, evaluate(final))

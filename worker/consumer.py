@@ -189,7 +189,7 @@ class Worker:
             return
         seed, data, copies = claimed
         max_bytes = devices.budget(self.device, self.limit)
-        checked = self._checked(keys, subgraph_id, message_id, data, max_bytes)
+        checked = self._checked(keys, subgraph_id, message_id, data, max_bytes, seed)
         if checked is None:
             return
         subgraph, program = checked
@@ -230,11 +230,12 @@ class Worker:
                 return None
         return seed, data, copies
 
-    def _checked(self, keys, subgraph_id, message_id, data, max_bytes):
-        """(plan_pb2.Subgraph, worker.validate.Program) of a claimed subgraph's plan; None if it was refused."""
+    def _checked(self, keys, subgraph_id, message_id, data, max_bytes, seed):
+        """(plan_pb2.Subgraph, worker.validate.Program, its runner built) of a claimed subgraph's plan; None if it
+        was refused."""
         try:
             subgraph = plan_pb2.Subgraph.FromString(data)
-            return subgraph, check(subgraph, max_bytes)
+            return subgraph, check(subgraph, max_bytes, str(self.device), seed)
         except DecodeError as exc:
             self._give_up(keys, message_id, subgraph_id, f"subgraph {subgraph_id} is not a valid plan: {exc}",
                           "rejected plan")

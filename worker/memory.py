@@ -102,9 +102,7 @@ class Watcher:
     __slots__ = ("steps", "limits", "budget")
 
     def __init__(self, program, budget):
-        self.steps = program.steps
-        self.limits = [program.declared[step.id] for step in self.steps]
-        self.budget = budget
+        self.steps, self.limits, self.budget = program.steps, program.limits, budget
 
     def problem(self, index, value):
         return oversized(self.steps[index], self.limits[index], value, self.budget)

@@ -53,16 +53,18 @@ def kernel_error(exc: OpError, device: Any, budget: int) -> KernelError:
 def run(program: Program, inputs: dict[int, Tensor], seed: int, device: Any, budget: int) -> dict[int, Tensor]:
     """{output id: tensor} of a `worker.validate.Program`; `inputs` maps input ids to tensors on `device`;
     `budget`: the bytes one value may take (see worker/memory.py)."""
-    runner = Runner(program.steps, inputs, program.outputs, str(device), seed, memory.Watcher(program, budget))
-    values = runner.values
-    for s, value in enumerate(inputs.values()):
-        values[s] = value
+    runner = program.runner
+    if runner is None or runner.device != str(device) or runner.graph_seed != seed:   # checked for another
+        runner = Runner(program.steps, inputs, program.outputs, str(device), seed)  # device or seed (tests)
+    runner.watcher = memory.Watcher(program, budget)
+    values, slot = runner.values, runner.slot
+    for i, value in inputs.items():
+        values[slot[i]] = value
     try:
         with torch.no_grad():
             values = runner.run()
     except OpError as exc:  # whatever the kernel raised is the user's error: report it, with their line
         raise kernel_error(exc, device, budget) from exc.__cause__
-    slot = runner.slot
     outputs = {o: values[slot[o]] for o in program.outputs}
     for o, value in outputs.items():
         if not isinstance(value, torch.Tensor):

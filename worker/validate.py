@@ -1,14 +1,16 @@
 """Check a subgraph read from Redis before running any of it. A plan is data from the network, possibly
 malformed or hostile: every op must be in the registry, every input defined before it is read, and the
 memory its declared output shapes need at once must fit the worker's limit, so an absurd shape is refused
-here instead of being allocated."""
+here instead of being allocated. A plain subgraph's structure is checked by building its runner
+(`ravop.runner.Runner`), which the worker then runs: one pass over the ops builds and checks it."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 from ravop import registry
 from ravop.errors import PlanError
 from ravop.node import Node
+from ravop.runner import Runner
 from ravop.sizes import nbytes_estimate
 from ravop.wire import plan_pb2, unpack_nodes
 
@@ -16,15 +18,27 @@ from .memory import dtype_name
 
 
 class Program:
-    """A checked subgraph: its steps (`ravop.node.Node`s, what `ravop.runner.Runner` runs), the size
-    of each step's declared output (`declared`, by node id), the index of each value's last reader (outputs
-    excluded, so they are kept), its outputs, and the peak bytes its declared shapes need."""
-    __slots__ = ("steps", "declared", "last_use", "outputs", "peak_bytes")
+    """A checked subgraph: its steps (`ravop.node.Node`s), the size of each step's declared output
+    (`declared`, by node id; `limits`, in step order), the index of each value's last reader (outputs excluded,
+    so they are kept), its outputs, the peak bytes its declared shapes need, and for a plain subgraph its
+    `runner` (None for a loop subgraph, which worker/loop_subgraph.py runs)."""
+    __slots__ = ("steps", "limits", "_last_use", "outputs", "peak_bytes", "runner")
 
-    def __init__(self, steps: list[Node], declared: dict[int, int], last_use: dict[int, int], outputs: list[int],
-                 peak_bytes: int) -> None:
-        self.steps, self.declared, self.last_use = steps, declared, last_use
-        self.outputs, self.peak_bytes = outputs, peak_bytes
+    def __init__(self, steps: list[Node], limits: list[int], last_use: Optional[dict[int, int]], outputs: list[int],
+                 peak_bytes: int, runner: Optional[Runner] = None) -> None:
+        self.steps, self.limits, self._last_use = steps, limits, last_use
+        self.outputs, self.peak_bytes, self.runner = outputs, peak_bytes, runner
+
+    @property
+    def declared(self) -> dict[int, int]:
+        return dict(zip([step.id for step in self.steps], self.limits))
+
+    @property
+    def last_use(self) -> dict[int, int]:
+        if self._last_use is None and self.runner is not None:
+            ids = list(self.runner.slot)   # in slot order
+            self._last_use = {ids[s]: index for s, index in self.runner.freed.items()}
+        return self._last_use or {}
 
 
 def declared_bytes(node: Node) -> int:
@@ -37,20 +51,37 @@ def declared_bytes(node: Node) -> int:
     return nbytes_estimate(node.shape, node.dtype)
 
 
-def check(subgraph: plan_pb2.Subgraph, max_bytes: int) -> Program:
-    """The `Program` of a plan_pb2.Subgraph; `PlanError` (with the node at fault) if it cannot be run."""
-    return check_nodes(unpack_nodes(subgraph.nodes), subgraph.inputs, subgraph.outputs, max_bytes)
+def check(subgraph: plan_pb2.Subgraph, max_bytes: int, device: str = "cpu", graph_seed: int = 0) -> Program:
+    """The `Program` of a plan_pb2.Subgraph, a plain one's runner built for `device` and `graph_seed`;
+    `PlanError` (with the node at fault) if it cannot be run."""
+    steps = unpack_nodes(subgraph.nodes)
+    if subgraph.HasField("loop"):
+        return check_nodes(steps, subgraph.inputs, subgraph.outputs, max_bytes)
+    outputs = list(subgraph.outputs)
+    runner = Runner(steps, subgraph.inputs, outputs, device, graph_seed)
+    undefined = [o for o in outputs if o not in runner.slot]
+    if undefined:
+        raise PlanError(f"outputs {undefined} are not computed by the subgraph")
+    known: dict[tuple, int] = {}   # (shape, dtype) -> bytes: most ops of a subgraph share a few sizes
+    limits = []
+    for step in steps:
+        key = (step.shape, step.dtype)
+        size = known.get(key)
+        if size is None:
+            size = known[key] = declared_bytes(step)
+        limits.append(size)
+    return Program(steps, limits, None, outputs, _runner_peak(runner, limits, max_bytes), runner)
 
 
 def check_nodes(steps: list[Node], inputs: Iterable[int], outputs: Iterable[int], max_bytes: int) -> Program:
-    """The `Program` of `steps` (decoded plan nodes) reading `inputs` and keeping `outputs`: a subgraph's, or a
-    loop step's (its holes and the loop's inputs as `inputs`); `PlanError` (with the node at fault) if it
-    cannot be run."""
+    """The `Program` of `steps` (decoded plan nodes) reading `inputs` and keeping `outputs`, without a runner: a
+    loop subgraph's (its loop op and tuple_gets), or a loop step's (its holes and the loop's inputs as
+    `inputs`); `PlanError` (with the node at fault) if it cannot be run."""
     outputs = list(outputs)
     keep = set(outputs)
     defined = set(inputs)
     last_use: dict[int, int] = {}
-    declared: dict[int, int] = {}
+    limits: list[int] = []
     known = registry.REGISTRY
     for index, step in enumerate(steps):
         node_id, op, reads = step.id, step.op, step.inputs
@@ -63,29 +94,48 @@ def check_nodes(steps: list[Node], inputs: Iterable[int], outputs: Iterable[int]
         if node_id in defined:
             raise PlanError(f"node {node_id} is defined twice", step)
         defined.add(node_id)
-        declared[node_id] = declared_bytes(step)
+        limits.append(declared_bytes(step))
         for i in reads:
             if i not in keep:
                 last_use[i] = index
     undefined = [o for o in outputs if o not in defined]
     if undefined:
         raise PlanError(f"outputs {undefined} are not computed by the subgraph")
-    return Program(steps, declared, last_use, outputs, _peak_bytes(steps, declared, last_use, max_bytes))
+    return Program(steps, limits, last_use, outputs, _peak_bytes(steps, limits, last_use, max_bytes))
 
 
-def _peak_bytes(steps: list[Node], declared: dict[int, int], last_use: dict[int, int], max_bytes: int) -> int:
-    """Most bytes alive at once, freeing each value after its last reader as the interpreter does."""
+def _runner_peak(runner: Runner, limits: list[int], max_bytes: int) -> int:
+    """`_peak_bytes` read from the runner's frees: the same count, without a dictionary per value."""
+    live = peak = 0
+    sizes = [0] * runner.n_inputs + limits
+    for index, call in enumerate(runner.calls):
+        live += limits[index]
+        if live > peak:
+            peak = live
+            if peak > max_bytes:
+                _too_big(runner.nodes[index], peak, max_bytes)
+        for s in call[4]:
+            live -= sizes[s]
+    return peak
+
+
+def _too_big(step: Node, peak: int, max_bytes: int) -> None:
+    raise PlanError(f"the subgraph needs about {peak / 2**20:,.0f} MiB at op {step.op!r} (declared output "
+                    f"{tuple(step.shape)} {dtype_name(step)}), over this worker's limit of {max_bytes / 2**20:,.0f} "
+                    "MiB (--max-subgraph-bytes)", step)
+
+
+def _peak_bytes(steps: list[Node], limits: list[int], last_use: dict[int, int], max_bytes: int) -> int:
+    """Most bytes alive at once, freeing each value after its last reader as the runner does."""
     live = peak = 0
     sizes = {}
     for index, step in enumerate(steps):
-        size = sizes[step.id] = declared[step.id]
+        size = sizes[step.id] = limits[index]
         live += size
         if live > peak:
             peak = live
             if peak > max_bytes:
-                raise PlanError(f"the subgraph needs about {peak / 2**20:,.0f} MiB at op {step.op!r} (declared "
-                                f"output {tuple(step.shape)} {dtype_name(step)}), over this worker's limit "
-                                f"of {max_bytes / 2**20:,.0f} MiB (--max-subgraph-bytes)", step)
+                _too_big(step, peak, max_bytes)
         for i in step.inputs:
             if last_use.get(i) == index:
                 live -= sizes.pop(i, 0)   # pop: an op may read one value twice

@@ -2,13 +2,17 @@
 params is computed once; readers of the copy read the first one. Random ops are never merged (each draws
 its own stream, seeded by its node id). Constants are content-addressed: two with the same dtype, shape and
 bytes are one value, so a user loop that records `R.t(X_batch)` again every epoch uploads each batch once.
-Only constants that share a dtype and shape with another are hashed."""
+Only constants that share a dtype and shape with another are hashed. Inside a loop template the same merging
+applies, except to ops that change per run (step counters, seeds) and to the step's carried results (two
+carried values must never share a tensor: a loop may update them in place)."""
 import hashlib
 from collections import Counter
 
 import torch
 
 from ravop import registry
+
+from .templates import keep_only, rewrite_templates
 
 
 def _constant_keys(constants):
@@ -44,8 +48,29 @@ def eliminate_common_subexpressions(ir):
             nodes[id] = node
         else:
             alias[id] = survivor
-    if not alias:
+    loops, merged = rewrite_templates(ir.loops, lambda template: _merge_in_template(template, random_ops))
+    if not alias and not merged:
         return ir, 0
     outputs = {name: alias.get(id, id) for name, id in ir.outputs.items()}
     constants = {id: value for id, value in ir.constants.items() if id not in alias}
-    return ir.replace(nodes=nodes, outputs=outputs, constants=constants), len(alias)
+    return ir.replace(nodes=nodes, outputs=outputs, constants=constants, loops=loops), len(alias) + merged
+
+
+def _merge_in_template(template, random_ops):
+    """(template, ops merged into an earlier identical op)."""
+    unmerged = {*template.counter_nodes, *template.seed_param_nodes, *template.carry_next}
+    first, alias, nodes = {}, {}, []
+    for node in template.nodes:
+        if alias and any(i in alias for i in node.inputs):
+            node = node.with_inputs(tuple([alias.get(i, i) for i in node.inputs]))
+        if node.op in random_ops or node.id in unmerged:
+            nodes.append(node)
+            continue
+        survivor = first.setdefault((node.op, tuple(node.inputs), node.pkey), node.id)
+        if survivor == node.id:
+            nodes.append(node)
+        else:
+            alias[node.id] = survivor
+    if not alias:
+        return template, 0
+    return keep_only(template, nodes, alias), len(alias)

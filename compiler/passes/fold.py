@@ -11,7 +11,7 @@ the op's source line, exactly as it would without folding."""
 import torch
 
 from ravop import registry
-from ravop.interpreter import run_op
+from ravop.runner import run_op
 from ravop.sizes import numel
 
 from ..cost import node_seconds

@@ -1,0 +1,40 @@
+"""Passes inside loop templates: a template is a list of `Node`s like the graph's, so dead-code and
+common-subexpression elimination apply to it too (compiler/passes/dce.py, cse.py). `rewrite_templates` hands
+each template to a rewrite and builds new loop records where it changed one; the recorded graph's records are
+never modified."""
+from dataclasses import replace
+
+from ravop.loop_template import LoopRecord
+
+
+def rewrite_templates(loops, rewrite):
+    """(loops with every template `rewrite(template) -> (template, count)` changed, total count)."""
+    result, total = {}, 0
+    for id, record in loops.items():
+        templates, changed = [], 0
+        for template in record.spec.templates:
+            new, count = rewrite(template)
+            templates.append(new)
+            changed += count
+        result[id] = LoopRecord(replace(record.spec, templates=templates), record.names) if changed else record
+        total += changed
+    return result, total
+
+
+def followed_streams(template):
+    """{op id: the op whose stream its seed param follows}."""
+    return dict(zip(template.seed_param_nodes, template.seed_param_sources))
+
+
+def keep_only(template, nodes, alias=None):
+    """`template` with `nodes` (a subset of its nodes, in order) and, with `alias` (merged id -> survivor), its
+    results renamed; the per-op lists drop the ops that are gone."""
+    alias = alias or {}
+    ids = {node.id for node in nodes}
+    seeded = [(n, s) for n, s in zip(template.seeded_nodes, template.seed_strides) if n in ids]
+    followed = [(n, s) for n, s in zip(template.seed_param_nodes, template.seed_param_sources) if n in ids]
+    return replace(template, nodes=nodes, carry_next=[alias.get(i, i) for i in template.carry_next],
+                   output_nodes=[alias.get(i, i) for i in template.output_nodes],
+                   counter_nodes=[n for n in template.counter_nodes if n in ids],
+                   seeded_nodes=[n for n, _ in seeded], seed_strides=[s for _, s in seeded],
+                   seed_param_nodes=[n for n, _ in followed], seed_param_sources=[s for _, s in followed])
