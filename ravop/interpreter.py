@@ -43,7 +43,7 @@ def evaluate_persisted(graph: Any, names: Optional[Iterable[str]] = None,
     wanted = {n for n in names if n in graph.step_outputs}
     loops = [node_id for node_id, record in graph.loops.items()
              if any(n in wanted for per_template in record.names for per_output in per_template for n in per_output)]
-    found = {}
+    found: dict[str, Any] = {}
     values = _evaluate(graph, ops, loops, graph_seed, step_values=found)
     result = dict(zip([n for n in names if n in graph.persisted], values))
     result.update((n, found[n]) for n in names if n in wanted)
@@ -54,7 +54,8 @@ def _evaluate(graph: Any, outputs: Sequence[Any], loops: Iterable[int], graph_se
               device: str = "cpu", step_values: Optional[dict[str, Any]] = None) -> list[Any]:
     seed = graph.seed if graph_seed is None else graph_seed
     roots = list(outputs) + [graph.nodes[i] for i in loops]
-    needed, stack = set(), list(roots)
+    needed: set[int] = set()
+    stack = list(roots)
     while stack:
         node = stack.pop()
         if node.id not in needed:

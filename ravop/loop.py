@@ -64,7 +64,7 @@ class Batches:
     order, one permutation per round drawn from one generator (as `ravdl.v2.utils.batch_iterator` does)."""
     __slots__ = ("n_rows", "batch_size", "shuffle", "seed")
 
-    def __init__(self, n_rows, batch_size, shuffle=False, seed=0):
+    def __init__(self, n_rows: int, batch_size: int, shuffle: bool = False, seed: int = 0) -> None:
         if n_rows < 1 or batch_size < 1:
             raise ValueError(f"need n_rows >= 1 and batch_size >= 1, not {n_rows} and {batch_size}")
         if shuffle and int(seed) < 0:
@@ -73,7 +73,7 @@ class Batches:
 
 
 class Loop:
-    def __init__(self, initial, batches=None):
+    def __init__(self, initial: Iterable[Op], batches: Optional[Batches] = None) -> None:
         graph = current_graph()
         graph.check_open()
         if graph.recording_step is not None:
@@ -86,14 +86,14 @@ class Loop:
         self.graph = graph
         self.batches = batches
         self.templates: list[StepTemplate] = []
-        self.names = []       # per template: a list of names per output
-        self.rows_per_step = []
-        self.outer = {}       # id -> Op recorded before the loop that a step reads, in first-read order
-        self.step_ids = set()
+        self.names: list[list[list[str]]] = []   # per template: a list of names per output
+        self.rows_per_step: list[int] = []
+        self.outer: dict[int, Op] = {}   # id -> Op recorded before the loop that a step reads, in first-read order
+        self.step_ids: set[int] = set()
         self.closed = False
 
     @contextmanager
-    def step(self, counts=True):
+    def step(self, counts: bool = True) -> Iterator[Step]:
         """Record one step template (see the module docstring); `counts`: a training step, which advances the
         optimizer step count and, if it reads rows, the batch."""
         if self.closed:
@@ -108,7 +108,8 @@ class Loop:
             self.graph.recording_step = None
         step.finish()
 
-    def run(self, schedule, rounds=1, segment=None):
+    def run(self, schedule: Iterable[tuple[int, int]], rounds: int = 1,
+            segment: Optional[tuple[int, int]] = None) -> Any:
         """Record the loop op: `rounds` times, each template of `schedule` ((template index, times) pairs) run
         that many times in turn; with `segment=(first, n)` only the steps [first, first + n) of those rounds
         (one replica's steps between two synchronisations, ravop.parallel). Returns the Ops of the carried
@@ -148,7 +149,7 @@ class Loop:
         graph.loops[node.id] = LoopRecord(spec, self.names)
         return graph.add_outputs(node, zip(shapes, dtypes), source)
 
-    def _check_batches(self, schedule):
+    def _check_batches(self, schedule: list[tuple[int, int]]) -> None:
         """Steps that read rows must cover the data once per round, in batches of batch_size (the last short)."""
         if not any(self.rows_per_step):
             return
@@ -187,18 +188,18 @@ def seed_params(rows: Sequence[Node], graph_seed: int) -> list[tuple[int, int]]:
 class Step:
     """One step template being recorded (`Loop.step`)."""
 
-    def __init__(self, loop, counts):
+    def __init__(self, loop: Loop, counts: bool) -> None:
         self.loop, self.counts = loop, bool(counts)
         graph = loop.graph
         self.start = len(graph.nodes)
         source = user_source()
         self.carried = tuple(graph.add_node(op_of_kind(HOLE), (), {"hole": k}, op.shape, op.dtype, source)
                              for k, op in enumerate(loop.initial))
-        self.row_holes = []   # (hole Op, data Op)
-        self.next = None
-        self.outputs = []     # (Op, names)
+        self.row_holes: list[tuple[Op, Op]] = []   # (hole Op, data Op)
+        self.next: Optional[list[Op]] = None
+        self.outputs: list[tuple[Op, list[str]]] = []
 
-    def rows(self, data, n_rows):
+    def rows(self, data: Op, n_rows: int) -> Op:
         """An Op for this step's batch of `n_rows` rows of `data` (an Op recorded before the loop)."""
         graph = self.loop.graph
         if not isinstance(data, Op) or data.graph is not graph or data.id >= self.start or not data.shape:
@@ -211,7 +212,7 @@ class Step:
         self.row_holes.append((hole, data))
         return hole
 
-    def carry(self, values):
+    def carry(self, values: Iterable[Op]) -> None:
         """The carried values after this step, in the order of the loop's initial values."""
         values = list(values)
         initial = self.loop.initial
@@ -225,7 +226,7 @@ class Step:
                                  f"{tuple(value.shape)} {value.dtype} after it: a step must keep its shape")
         self.next = values
 
-    def persist(self, op, names):
+    def persist(self, op: Op, names: Iterable[str]) -> None:
         """Persist `op` at every run of this step, as names[k] at the k-th run."""
         names = list(names)
         graph = self.loop.graph
@@ -237,7 +238,7 @@ class Step:
             graph.step_outputs[name] = op
         self.outputs.append((op, names))
 
-    def finish(self):
+    def finish(self) -> None:
         loop, graph = self.loop, self.loop.graph
         if self.next is None:
             raise GraphStateError("the step did not say what it carries: call step.carry(values)")

@@ -61,7 +61,7 @@ class Watcher(Protocol):
 class At(NamedTuple):
     """Where a loop step's run stands: training steps run before it, the step's index in the loop, and the
     runs of its template before it."""
-    count: int
+    trained: int
     step_index: int
     run: int
 
@@ -140,7 +140,7 @@ class PerRun:
     def __call__(self, kernel: registry.Kernel, args: list[Any], params: dict[str, Any], at: Optional[At]) -> Any:
         if at is not None:
             if self.counted is not None:
-                params = {**params, str(self.counter): self.counted + at.count}
+                params = {**params, str(self.counter): self.counted + at.trained}
             if self.seed_from is not None:
                 source, stride = self.seed_from
                 params = {**params, str(self.opdef.seed_param): op_seed(self.graph_seed,

@@ -5,14 +5,14 @@ here instead of being allocated. A plain subgraph's structure is checked by buil
 (`ravop.runner.Runner`), which the worker then runs: one pass over the ops builds and checks it."""
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from ravop import registry
 from ravop.errors import PlanError
 from ravop.node import Node
 from ravop.runner import Runner
 from ravop.sizes import nbytes_estimate
-from ravop.wire import plan_pb2, unpack_nodes
+from ravop.wire import unpack_nodes
 
 from .memory import dtype_name
 
@@ -51,8 +51,8 @@ def declared_bytes(node: Node) -> int:
     return nbytes_estimate(node.shape, node.dtype)
 
 
-def check(subgraph: plan_pb2.Subgraph, max_bytes: int, device: str = "cpu", graph_seed: int = 0) -> Program:
-    """The `Program` of a plan_pb2.Subgraph, a plain one's runner built for `device` and `graph_seed`;
+def check(subgraph: Any, max_bytes: int, device: str = "cpu", graph_seed: int = 0) -> Program:
+    """The `Program` of a plan_pb2.Subgraph (typed Any: generated code), a plain one's runner built for `device` and `graph_seed`;
     `PlanError` (with the node at fault) if it cannot be run."""
     steps = unpack_nodes(subgraph.nodes)
     if subgraph.HasField("loop"):

@@ -6,8 +6,11 @@ chunk size (u64) and the number of chunks (u32), and its raw data in chunks (`ra
 Every decode checks the header against the payload, so a hostile or truncated value raises
 `WireFormatError` instead of allocating what it declares.
 """
+from __future__ import annotations
+
 import json
 import struct
+from typing import Any
 
 import torch
 
@@ -27,15 +30,16 @@ class Chunked:
     and how many chunks hold its `nbytes` of data."""
     __slots__ = ("dtype", "shape", "nbytes", "chunk_bytes", "n_chunks")
 
-    def __init__(self, dtype, shape, nbytes, chunk_bytes, n_chunks):
+    def __init__(self, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int, chunk_bytes: int,
+                 n_chunks: int) -> None:
         self.dtype, self.shape, self.nbytes = dtype, shape, nbytes
         self.chunk_bytes, self.n_chunks = chunk_bytes, n_chunks
 
-    def chunk_size(self, index):
+    def chunk_size(self, index: int) -> int:
         return min(self.chunk_bytes, self.nbytes - index * self.chunk_bytes)
 
 
-def _header(magic, tensor):
+def _header(magic: bytes, tensor: torch.Tensor) -> bytes:
     if tensor.dtype not in _CODES:
         raise WireFormatError(f"cannot encode tensors of dtype {tensor.dtype}")
     if tensor.dim() > MAX_NDIM:
@@ -43,7 +47,7 @@ def _header(magic, tensor):
     return magic + struct.pack(f"<BB{tensor.dim()}Q", _CODES[tensor.dtype], tensor.dim(), *tensor.shape)
 
 
-def raw_bytes(tensor):
+def raw_bytes(tensor: torch.Tensor) -> memoryview:
     """The tensor's data as a read-only memoryview of its own memory (a copy only for a GPU tensor or a
     non-contiguous one)."""
     tensor = tensor.detach()
@@ -54,12 +58,12 @@ def raw_bytes(tensor):
     return memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy()).toreadonly()
 
 
-def encode_tensor(tensor):
+def encode_tensor(tensor: torch.Tensor) -> bytes:
     """Header and data in one bytes object (one copy of the data)."""
     return b"".join((_header(MAGIC, tensor), raw_bytes(tensor)))
 
 
-def encode_chunked(tensor, chunk_bytes):
+def encode_chunked(tensor: torch.Tensor, chunk_bytes: int) -> tuple[bytes, list[memoryview]]:
     """(header, chunks) of a tensor stored in pieces of at most `chunk_bytes`: the chunks are views of the
     tensor's memory, so writing them copies nothing here."""
     header = _header(CHUNKED_MAGIC, tensor)
@@ -68,7 +72,7 @@ def encode_chunked(tensor, chunk_bytes):
     return header + struct.pack("<QI", chunk_bytes, len(chunks)), chunks
 
 
-def _parse_header(data):
+def _parse_header(data: Any) -> tuple[torch.dtype, tuple[int, ...], int, int]:
     """(dtype, shape, byte size of the data, offset of what follows the header) of either layout."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise WireFormatError(f"expected tensor bytes, got {type(data).__name__}")
@@ -88,11 +92,11 @@ def _parse_header(data):
     return dtype, shape, numel * dtype.itemsize, start
 
 
-def is_chunked(data):
+def is_chunked(data: Any) -> bool:
     return isinstance(data, (bytes, bytearray, memoryview)) and data[:4] == CHUNKED_MAGIC
 
 
-def decode_chunked(data):
+def decode_chunked(data: Any) -> Chunked:
     """The `Chunked` header `encode_chunked` wrote, checked for consistency; `WireFormatError` otherwise."""
     dtype, shape, nbytes, start = _parse_header(data)
     if data[:4] != CHUNKED_MAGIC or len(data) != start + 12:
@@ -104,7 +108,7 @@ def decode_chunked(data):
     return Chunked(dtype, shape, nbytes, chunk_bytes, n_chunks)
 
 
-def decode_tensor(data):
+def decode_tensor(data: Any) -> torch.Tensor:
     """The tensor `encode_tensor` wrote (its own writable memory: one copy of the data); `WireFormatError`
     for anything else."""
     dtype, shape, nbytes, start = _parse_header(data)
@@ -126,7 +130,7 @@ MAX_PARAMS_BYTES = 16 << 20
 MAX_PARAMS_DEPTH = 32
 
 
-def _from_json(value, depth=1):
+def _from_json(value: Any, depth: int = 1) -> Any:
     if depth > MAX_PARAMS_DEPTH:
         raise WireFormatError(f"op params nest deeper than {MAX_PARAMS_DEPTH} levels")
     if isinstance(value, list):
@@ -141,14 +145,14 @@ def _from_json(value, depth=1):
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
-def encode_params(params):
+def encode_params(params: dict[str, Any]) -> bytes:
     """JSON of an op's canonical params (tuples are written as lists and read back as tuples)."""
     if not params:
         return b""
     return _ENCODER.encode(params).encode()
 
 
-def decode_params(data):
+def decode_params(data: bytes) -> dict[str, Any]:
     if not data:
         return {}
     if len(data) > MAX_PARAMS_BYTES:

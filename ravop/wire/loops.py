@@ -1,11 +1,12 @@
-"""A loop's `LoopSpec` as plan.proto's `Loop`, and back. Packed once, by the plan writer (compiler/plan.py);
+"""A loop's `LoopSpec` as plan.proto's `Loop` (a `plan_pb2.Loop`, typed Any: generated code), and back. Packed once, by the plan writer (compiler/plan.py);
 unpacked once, by the worker that runs it. `unpack_loop` checks that the parallel lists pair up, since a plan
 comes from the network; what the ids mean is checked when the loop is built (`ravop.loop_run`)."""
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import PlanError
 from ..loop_template import LoopSpec, StepTemplate
-from . import plan_pb2
 from .nodes import pack_nodes, unpack_nodes
 
 _LISTS = ("carry_holes", "carry_next", "row_holes", "row_data", "counter_nodes", "output_nodes", "output_first_ids",
@@ -16,7 +17,7 @@ _PAIRS = (("row_holes", "row_data", "row holes and their data"),
           ("seed_param_nodes", "seed_param_sources", "seed params and their sources"))
 
 
-def pack_loop(spec: LoopSpec, message: plan_pb2.Loop) -> None:
+def pack_loop(spec: LoopSpec, message: Any) -> None:
     """Fill `message` (a plan_pb2.Loop) from `spec`."""
     for template in spec.templates:
         packed = message.templates.add(counts=template.counts, rows=template.rows)
@@ -32,7 +33,7 @@ def pack_loop(spec: LoopSpec, message: plan_pb2.Loop) -> None:
     message.shuffle, message.shuffle_seed = spec.shuffle, spec.shuffle_seed
 
 
-def unpack_loop(message: plan_pb2.Loop) -> LoopSpec:
+def unpack_loop(message: Any) -> LoopSpec:
     """The `LoopSpec` of a plan_pb2.Loop, each template's nodes decoded (`unpack_nodes`); `PlanError` if its
     lists do not pair up."""
     pairs = list(message.schedule)
@@ -44,7 +45,11 @@ def unpack_loop(message: plan_pb2.Loop) -> LoopSpec:
         for a, b, what in _PAIRS:
             if len(lists[a]) != len(lists[b]):
                 raise PlanError(f"a loop step's {what} do not pair up")
-        templates.append(StepTemplate(unpack_nodes(packed.nodes), counts=packed.counts, rows=packed.rows, **lists))
+        template = StepTemplate(unpack_nodes(packed.nodes), lists["carry_holes"], lists["carry_next"],
+                                packed.counts, packed.rows)
+        for name, values in lists.items():
+            setattr(template, name, values)
+        templates.append(template)
     return LoopSpec(templates, message.n_carried, list(message.outer_ids), list(zip(pairs[::2], pairs[1::2])),
                     message.rounds, message.n_steps, message.first_step, message.n_rows, message.batch_size,
                     message.shuffle, message.shuffle_seed)

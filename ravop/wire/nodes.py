@@ -5,16 +5,28 @@ message per op each field read builds a Python object (several microseconds per 
 kernel takes); a column converts to a list in one call. `unpack_nodes` checks that the columns agree with each
 other, since a plan comes from the network.
 """
+from __future__ import annotations
+
+from typing import Any, Iterable
+
 from ..dtypes import DTYPES, NAMES
 from ..errors import PlanError
 from ..node import NO_PARAMS, Node
 from .codec import decode_params
 
 
-def pack_nodes(rows, nodes):
+def pack_nodes(rows: Iterable[Node], nodes: Any) -> None:
     """Append `rows` (`Node`s) to a plan_pb2.Nodes: params as their wire JSON (`pkey`), dtypes by name. A
     multi-output node declares no shape or dtype: its tuple_get readers declare the parts."""
-    ids, ops, n_inputs, inputs, params, ranks, shapes, dtypes, sources = [], [], [], [], [], [], [], [], []
+    ids: list[int] = []
+    ops: list[str] = []
+    n_inputs: list[int] = []
+    inputs: list[int] = []
+    params: list[bytes] = []
+    ranks: list[int] = []
+    shapes: list[int] = []
+    dtypes: list[str] = []
+    sources: list[str] = []
     for row in rows:
         ids.append(row.id)
         ops.append(row.op)
@@ -36,7 +48,7 @@ def pack_nodes(rows, nodes):
         column.extend(values)
 
 
-def unpack_nodes(nodes):
+def unpack_nodes(nodes: Any) -> list[Node]:
     """The `Node`s of a plan_pb2.Nodes, params decoded (`pkey`: their wire bytes) and dtypes as torch dtypes;
     `PlanError` if the columns do not fit together, a params blob is not valid JSON or a dtype is unknown."""
     ids, ops, n_inputs, params = list(nodes.id), list(nodes.op), list(nodes.n_inputs), list(nodes.params)
@@ -67,7 +79,8 @@ def unpack_nodes(nodes):
     return rows
 
 
-def _checked(node, blob, name, params_of, dtype_of):
+def _checked(node: Node, blob: bytes, name: str, params_of: dict[bytes, dict[str, Any]],
+             dtype_of: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     """(params, dtype) of a node whose params blob is new or whose dtype name is not known: `PlanError`
     naming `node` if either is bad."""
     if blob not in params_of:

@@ -1,0 +1,27 @@
+"""The core interfaces the loop path runs through are annotated and mypy accepts them: the registry and its
+OpDef, Node, the runner and the loop runner, loop recording and its templates, the wire's pack/unpack, and the
+worker's checks and runs. Every function there has annotations (--disallow-untyped-defs), and their bodies are
+checked (--check-untyped-defs)."""
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CORE = ["ravop/registry.py", "ravop/node.py", "ravop/runner.py", "ravop/loop_run.py", "ravop/loop_template.py",
+        "ravop/loop.py", "ravop/interpreter.py", "ravop/wire/codec.py", "ravop/wire/nodes.py", "ravop/wire/loops.py",
+        "worker/run.py", "worker/validate.py"]
+
+
+def test_mypy_accepts_the_annotated_core(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path), "--no-error-summary",
+                           "--disallow-untyped-defs", "--check-untyped-defs", *CORE],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mypy_rejects_a_wrong_call_of_the_runner(tmp_path):
+    script = tmp_path / "wrong.py"
+    script.write_text("from ravop.runner import Runner\nRunner([], [0], [0], device=3)\n")
+    done = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache"), "--no-error-summary",
+                           str(script)], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1 and 'Argument "device" to "Runner" has incompatible type "int"' in done.stdout
