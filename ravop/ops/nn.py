@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .. import op_functions as R
 from ..dtypes import is_floating
-from ..interpreter import op_seed
+from ..runner import op_seed
 from ..registry import REQUIRED, register
 from ..sizes import numel
 from . import flops, scriptable
@@ -434,7 +434,7 @@ def _dropout_vjp(node, g, wants):
     p, training = node.params["p"], node.params["training"]
     if not training or p == 0:
         return (g,)
-    # Every executor seeds a random op's generator with op_seed(graph seed, node id) (ravop.interpreter), so
+    # Every executor seeds a random op's generator with op_seed(graph seed, node id) (ravop.runner), so
     # the backward op redraws the forward's mask from that seed: R.dropout keeps one output, and no mask
     # tensor is stored or shipped between workers.
     return (R.dropout_backward(g, p=p, seed=op_seed(node.graph.seed, node.id)),)
