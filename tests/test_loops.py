@@ -318,3 +318,24 @@ def test_dead_ops_and_repeated_ops_are_removed_inside_a_step_template():
     [after] = LoopRun(unpack_loop(sub.loop), inputs, compiled.plan.seed).run()
     assert torch.equal(after, 8 * torch.arange(4.0) ** 3)
     assert torch.equal(after, evaluate(final))
+
+
+def test_an_op_of_constants_inside_a_step_is_computed_once_by_the_compiler():
+    """An op of a step that reads only constants gives the same value at every run: constant folding computes it
+    at compile time and the step reads it as an input of the loop, with the same numbers."""
+    graph = R.Graph(name="template-fold", seed=3)
+    x = R.t(torch.arange(4.0))
+    loop = Loop([R.t(torch.ones(4))])
+    with loop.step() as step:
+        (w,) = step.carried
+        step.carry([w * (x + x)])
+    [final] = loop.run([(0, 3)])
+    final.persist_op("w")
+    compiled = compile_graph(graph)
+    [sub] = [s for s in compiled.plan.subgraphs if s.HasField("loop")]
+    assert list(sub.loop.templates[0].nodes.op) == ["mul"]
+    loop_node = unpack_nodes(sub.nodes)[0]
+    inputs = [compiled.constants[i] for i in loop_node.inputs]
+    assert len(inputs) == len(sub.loop.outer_ids) and any(torch.equal(v, 2 * torch.arange(4.0)) for v in inputs)
+    [after] = LoopRun(unpack_loop(sub.loop), inputs, compiled.plan.seed).run()
+    assert torch.equal(after, 8 * torch.arange(4.0) ** 3) and torch.equal(after, evaluate(final))

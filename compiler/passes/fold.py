@@ -7,14 +7,21 @@ the results must be small (they are uploaded instead of their inputs) and the wo
 is bounded by the cost model's estimate; what does not fit is left to the workers, in id order, so the
 plan does not depend on the machine. Data-dependent shapes (-1) are left to the workers, and so is any op
 whose kernel raises or returns something other than what was declared: the worker reports that error with
-the op's source line, exactly as it would without folding."""
+the op's source line, exactly as it would without folding.
+
+Inside a loop template the same rule applies to an op that reads only constants: it computes the same value at
+every run, so it is computed once, here, and the step reads it as an input of the loop."""
+from dataclasses import replace
+
 import torch
 
 from ravop import registry
+from ravop.loop_template import LoopRecord
 from ravop.runner import run_op
 from ravop.sizes import numel
 
 from ..cost import node_seconds
+from .templates import keep_only
 
 MAX_ELEMENTS = 4096
 BUDGET_SECONDS = 0.002  # estimated work folded per compile: a fraction of one subgraph's minimum
@@ -44,12 +51,64 @@ def fold_constants(ir, max_elements=MAX_ELEMENTS, budget_seconds=BUDGET_SECONDS)
             values[id] = value
             if not node.multi_output:  # a multi-output node stays; its tuple_get readers fold
                 folded[id] = value
-    if not folded:
+    loops, hoisted, inputs_of = dict(ir.loops), {}, {}
+    for loop_id, record in ir.loops.items():
+        if loop_id not in nodes:
+            continue
+        templates, added = [], []
+        outer = dict(zip(record.spec.outer_ids, nodes[loop_id].inputs))   # name in the templates -> graph id
+        for template in record.spec.templates:
+            template, made, budget_seconds = _fold_in_template(template, outer, values, nodes, loop_id, ir.seed,
+                                                               max_elements, budget_seconds)
+            templates.append(template)
+            added += made
+            hoisted.update(made)
+        if added:
+            loops[loop_id] = LoopRecord(replace(record.spec, templates=templates,
+                                                outer_ids=[*record.spec.outer_ids, *added]), record.names)
+            inputs_of[loop_id] = (*nodes[loop_id].inputs, *added)
+    if not folded and not hoisted:
         return ir, 0
-    new_nodes = {id: (node.as_constant() if id in folded else node)
+    new_nodes = {id: (node.as_constant() if id in folded else
+                      node.with_inputs(inputs_of[id]) if id in inputs_of else node)
                  for id, node in nodes.items()}
-    constants = {**ir.constants, **folded}
-    return ir.replace(nodes=new_nodes, constants=constants), len(folded)
+    if hoisted:   # a template's op becomes a constant under its own id, which is free in the graph
+        new_nodes.update((id, node.as_constant()) for id, (node, _) in hoisted.items())
+        new_nodes = dict(sorted(new_nodes.items()))
+    constants = {**ir.constants, **folded, **{id: value for id, (_, value) in hoisted.items()}}
+    return ir.replace(nodes=new_nodes, constants=constants, loops=loops), len(folded) + len(hoisted)
+
+
+def _fold_in_template(template, outer, values, nodes, loop_id, seed, max_elements, budget_seconds):
+    """(template, {id: Node} of its ops computed now, budget left): an op of a loop step that reads only
+    constants (through the loop's inputs) computes the same value at every run, so it is folded as a graph op
+    would be, and the step reads it as one more input of the loop. Ops that change per run (step counters,
+    seeds) stay, and so does an op whose id the graph uses (a folded loop reuses its steps' ids)."""
+    per_run = {*template.counter_nodes, *template.seed_param_nodes, *template.seed_param_sources,
+               *template.seeded_nodes}
+    known = {name: values[i] for name, i in outer.items() if i in values}
+    shaped = {**{name: nodes[i] for name, i in outer.items()}, **template.holes}
+    made = {}
+    for node in template.nodes:
+        shaped[node.id] = node
+        if node.id in per_run or node.id in nodes or node.id >= loop_id or node.op in registry.INPUTS:
+            continue
+        if not all(i in known for i in node.inputs) or not _small_and_deterministic(node, max_elements):
+            continue
+        seconds = node_seconds(node, shaped)
+        if seconds > budget_seconds:
+            continue
+        value = _evaluate(node, known, seed)
+        if value is None:
+            continue
+        budget_seconds -= seconds
+        known[node.id] = value
+        if not node.multi_output:   # a multi-output op stays; its tuple_gets fold
+            made[node.id] = (node, value)
+    if not made:
+        return template, {}, budget_seconds
+    kept = [node for node in template.nodes if node.id not in made]
+    return keep_only(template, kept), made, budget_seconds
 
 
 def _outputs(node):
