@@ -21,7 +21,7 @@ memory is free again when the error is handled.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Protocol, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Optional, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -171,7 +171,9 @@ class Runner:
         self.nodes = list(nodes)
         self.slot: dict[int, int] = {}
         for i in inputs:
-            self.define(i)
+            if i in self.slot:
+                raise PlanError(f"value {i} is given twice")
+            self.slot[i] = len(self.slot)
         n_inputs = len(self.slot)
         slot, table, not_kernels = self.slot, registry.REGISTRY, registry.NOT_KERNELS
         bound: dict[str, tuple[OpDef, registry.Kernel]] = {}   # op -> (OpDef, its kernel on the device)
@@ -218,12 +220,6 @@ class Runner:
         self.n_inputs, self.device, self.graph_seed, self.watcher = n_inputs, device, graph_seed, watcher
         if watcher is not None and len(watcher.limits) != len(self.nodes):
             raise ValueError(f"a watcher of {len(watcher.limits)} ops for {len(self.nodes)} nodes")
-
-    def define(self, node_id: int, node: Optional[Node] = None) -> int:
-        if node_id in self.slot:
-            raise PlanError(f"value {node_id} is defined twice", node)
-        self.slot[node_id] = len(self.slot)
-        return self.slot[node_id]
 
     def replace(self, index: int, kernel: registry.Kernel) -> None:
         """Run op `index` with `kernel` (an in-place variant) instead."""

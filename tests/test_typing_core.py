@@ -8,8 +8,8 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CORE = ["ravop/registry.py", "ravop/node.py", "ravop/runner.py", "ravop/loop_run.py", "ravop/loop_template.py",
-        "ravop/loop.py", "ravop/interpreter.py", "ravop/wire/codec.py", "ravop/wire/nodes.py", "ravop/wire/loop_message.py",
-        "worker/run.py", "worker/validate.py"]
+        "ravop/loop.py", "ravop/interpreter.py", "ravop/wire/codec.py", "ravop/wire/nodes.py",
+        "ravop/wire/loop_message.py", "worker/run.py", "worker/validate.py"]
 
 
 def test_mypy_accepts_the_annotated_core(tmp_path):

@@ -52,8 +52,8 @@ def declared_bytes(node: Node) -> int:
 
 
 def check(subgraph: Any, max_bytes: int, device: str = "cpu", graph_seed: int = 0) -> Program:
-    """The `Program` of a plan_pb2.Subgraph (typed Any: generated code), a plain one's runner built for `device` and `graph_seed`;
-    `PlanError` (with the node at fault) if it cannot be run."""
+    """The `Program` of a plan_pb2.Subgraph (typed Any: generated code), a plain one's runner built for
+    `device` and `graph_seed`; `PlanError` (with the node at fault) if it cannot be run."""
     steps = unpack_nodes(subgraph.nodes)
     if subgraph.HasField("loop"):
         return check_nodes(steps, subgraph.inputs, subgraph.outputs, max_bytes)

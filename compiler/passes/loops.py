@@ -15,8 +15,9 @@ one of its own ops (by position), the op at position p of step k-1 (a carried va
 moments, BatchNorm stats; at step 0, one value from before the loop per position), a value from before the
 loop (the same at every step), or a constant (the same at every step after content addressing, or one per
 step: the batch, a learning rate set per epoch). Step counters must advance by one per step, random ops' ids
-by a fixed stride (each run draws the unrolled op's own stream) and seed params must be their op's seed. A step that differs (a short last batch, a branch on the epoch, a changed hyperparameter in
-the params) ends the stretch: it stays as recorded, and the steps around it fold on their own.
+by a fixed stride (each run draws the unrolled op's own stream) and seed params must be their op's seed. A step
+that differs (a short last batch, a branch on the epoch, a changed hyperparameter in the params) ends the
+stretch: it stays as recorded, and the steps around it fold on their own.
 
 After the loop only its results may be read: the carried values after the last folded step. If something
 later reads another value of a folded step, the loop stops one step earlier (that step stays unrolled), or
@@ -374,7 +375,7 @@ def _build(ir, context, fold, loop_index, alias):
     holes = {p: next(fresh) for p in carried}
     initial_names = [next(fresh) for _ in carried]
     outer = {}   # template name -> the loop input's id
-    run_holes, per_run = {}, {}   # sequence of constant ids -> hole id
+    run_holes = {}   # sequence of constant ids -> hole id
     rows, const_slot = [], 0
     for q, (id, refs) in enumerate(zip(step0, fold.refs)):
         node = nodes[id]
@@ -436,7 +437,7 @@ def _build(ir, context, fold, loop_index, alias):
     results = []
     for k, (shape, dtype) in enumerate(zip(shapes, dtypes)):
         params = {"index": k}
-        results.append(Node(free[k + 1], op_of_kind(PROJECTION), (loop_node.id,), params, encode_params(params), shape, dtype,
-                            source))
+        results.append(Node(free[k + 1], op_of_kind(PROJECTION), (loop_node.id,), params, encode_params(params),
+                            shape, dtype, source))
     moved = [name for per_output in names for name in per_output]
     return loop_node, results, LoopRecord(spec, [names]), moved

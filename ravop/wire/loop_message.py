@@ -1,5 +1,5 @@
-"""A loop's `LoopSpec` as plan.proto's `Loop` (a `plan_pb2.Loop`, typed Any: generated code), and back. Packed once, by the plan writer (compiler/plan.py);
-unpacked once, by the worker that runs it. `unpack_loop` checks that the parallel lists pair up, since a plan
+"""A loop's `LoopSpec` as plan.proto's `Loop` (a `plan_pb2.Loop`, typed Any: generated code), and back. Packed
+once, by the plan writer (compiler/plan.py); unpacked once, by the worker that runs it. `unpack_loop` checks that the parallel lists pair up, since a plan
 comes from the network; what the ids mean is checked when the loop is built (`ravop.loop_run`)."""
 from __future__ import annotations
 
