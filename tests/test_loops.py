@@ -340,3 +340,17 @@ def test_an_op_of_constants_inside_a_step_is_computed_once_by_the_compiler():
     assert torch.equal(inputs[1], 2 * torch.arange(4.0)) and x.id not in compiled.constants
     [after] = LoopRun(unpack_loop(sub.loop), inputs, compiled.plan.seed).run()
     assert torch.equal(after, 8 * torch.arange(4.0) ** 3) and torch.equal(after, evaluate(final))
+
+
+def test_ops_declare_what_a_loop_step_changes_per_run():
+    """The facts a loop reads are the op's declarations (no op names, no params' text): optimizer steps name
+    their step counter and their in-place variant, dropout's backward the seed param following its forward's
+    stream; a declaration naming a param the op does not have is refused when the op is registered."""
+    from ravop import registry
+    adam = registry.REGISTRY["adam_step"]
+    assert adam.counter == "step" and adam.in_place.overwritten == (0, 2, 3)
+    assert registry.REGISTRY["dropout_backward"].seed_param == "seed"
+    assert registry.REGISTRY["arange"].counter is None   # its `step` param is a stride, not a count
+    with pytest.raises(ValueError, match="counter='step', which is not one of its params"):
+        registry.register("not_registered_twice", params={"lr": 0.1}, counter="step")(lambda x, lr: x)
+    assert "not_registered_twice" not in registry.REGISTRY
