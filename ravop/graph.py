@@ -11,7 +11,7 @@ import torch
 
 from . import registry
 from .errors import GraphStateError, ShapeError
-from .federated.rules import parse_rules
+from .federated.column_rules import parse_rules
 from .parallel import check_strategy
 from .sizes import numel
 from .source import user_source

@@ -10,10 +10,8 @@ a worker running modified code is held to these rules, not to what our code happ
   It may delete only what its protocol deletes: released tensors, its checkpoints, its own liveness keys.
   It cannot delete, flush or list graphs, nor clear its own name from a token's banned set.
 """
-from .federated import OPEN, PROVIDERS, provider_key
-from .keys import (ANY, STARTING, banned_pattern, checkpoints_pattern, graphs_pattern, queue, shared_pattern,
-                   tensors_pattern, token_pattern, worker_key, workers_set)
-from .worker_info import info_key
+from .keys import (ANY, FEDERATED_OPEN, PROVIDERS, STARTING, banned_pattern, checkpoints_pattern, graphs_pattern,
+                   info_key, provider_key, queue, shared_pattern, tensors_pattern, token_pattern, worker_key, workers_set)
 
 # Commands without keys that our clients send: connection setup (redis-py's AUTH, SELECT; not CLIENT SETINFO,
 # which Redis 7.0 does not know and redis-py does without) and the scripts (loaded by SHA, EVAL as the
@@ -34,7 +32,7 @@ def requester_rules(namespace):
     return ["resetkeys", "resetchannels", "-@all", *_DATA, *_KEYLESS,
             f"~{token_pattern(namespace)}",
             f"%RW~{queue(ANY)}", f"%RW~{STARTING}",      # start a graph (ravop.store.handoff)
-            f"%RW~{OPEN}",                               # open a federated one to providers
+            f"%RW~{FEDERATED_OPEN}",                     # open a federated one to providers
             f"%R~{worker_key(ANY)}", f"%R~{workers_set(ANY)}", f"%R~{info_key(ANY)}",
             f"%R~{PROVIDERS}", f"%R~{provider_key(ANY)}"]
 

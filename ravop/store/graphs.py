@@ -3,7 +3,7 @@ import json
 import time
 from collections import Counter
 
-from .. import progress
+from .. import graph_states, progress
 from . import tensors
 from .keys import GraphKeys, TokenKeys, device_kind
 
@@ -72,7 +72,7 @@ def upload(client, token, plan, constants, meta, bundles=None):
             uploaded.update(tensor.nbytes)
     now = time.time()
     batch.pipe.hset(keys.meta, mapping={
-        **meta, "state": "activated", "seed": plan.seed, "devices": ",".join(sorted(devices)),
+        **meta, "state": graph_states.ACTIVATED, "seed": plan.seed, "devices": ",".join(sorted(devices)),
         "roots": ",".join(map(str, roots)), "n_subgraphs": len(plan.subgraphs), "done_subgraphs": 0,
         "n_ops": n_ops, "ops_done": 0, "n_steps": plan.n_steps, "created": now})
     token_keys = TokenKeys(token)
@@ -150,7 +150,7 @@ def list_graphs(client, token):
         n_steps = int(values[9] or 0)
         if n_steps:  # a training graph's time is its loop steps: count those
             ops_done, n_ops = sum(int(v) for v in steps), n_steps
-        progress = 100.0 if state == "done" else round(100.0 * ops_done / n_ops, 1) if n_ops else 0.0
+        progress = 100.0 if state == graph_states.DONE else round(100.0 * ops_done / n_ops, 1) if n_ops else 0.0
         graphs.append({"id": gid, "name": name, "algorithm": algorithm, "approach": approach,
                        "rules": json.loads(rules) if rules else None, "state": state, "progress": progress,
                        "ops": n_ops, "subgraphs": int(n_subgraphs), "created": float(created),

@@ -38,7 +38,17 @@ dead-lettering it, or delivering a graph's first subgraphs and clearing its mark
   {work}:starting     zset    on a cluster, "token/graph id" of graphs being started -> when (ravop.store.handoff)
   worker:{name}       string  a live worker's device kind; expires unless the worker's heartbeat renews it
   workers:{cpu|cuda}  set     names of workers that registered for a device kind (dead ones pruned on read)
-Federated graphs add a few keys of their own: see `ravop.store.federated`.
+  winfo:{name}        hash    a live worker's advertisement: device, memory, threads, cost figures, what it runs
+Federated graphs (ravop.store.federated_schema) add, shared by all tokens:
+  federated:open      set     "token/graph id" of started federated graphs that still need providers
+  provider:{name}     string  JSON {"columns": [...]}: the numeric columns a live provider holds; expires
+                              with the worker's heartbeat, which renews it
+  providers           set     names of workers that advertised data (dead ones pruned on read)
+and per graph, under its prefix:
+  stats               hash    persist name -> statistic (mean, variance, ...)
+  clients             hash    provider -> "joined" | "done"
+  partials            hash    provider -> JSON {column: {count, mean, m2, min, max} | {"withheld": k}}
+Every key name is spelled in this module only; the other modules of both sides ask it.
 """
 import hashlib
 import re
@@ -95,6 +105,30 @@ def workers_set(kind):
     return f"{SHARED}workers:{kind}"
 
 
+def info_key(name):
+    """What a live worker advertises with each heartbeat (ravop.store.worker_info)."""
+    return f"{SHARED}winfo:{name}"
+
+
+def calibration_key(worker_name):
+    """The tensor a starting worker writes and reads back to time a hand-off through Redis (worker.calibrate):
+    a key of the tensor pattern a worker's ACL user may write and delete, of a graph no token can have."""
+    return graph_prefix("_", f"calibrate-{worker_name}") + "t:0"
+
+
+FEDERATED_OPEN = SHARED + "federated:open"
+PROVIDERS = SHARED + "providers"
+
+
+def provider_key(name):
+    return f"{SHARED}provider:{name}"
+
+
+def federated_job_ref(keys):
+    """How the open set names a federated graph: "token/graph id"."""
+    return f"{keys.token}/{keys.graph_id}"
+
+
 BANNED = "banned"
 ANY = "*"
 
@@ -143,6 +177,14 @@ class GraphKeys:
 
     def votes(self, subgraph_id):
         return f"{self.prefix}votes:{subgraph_id}"
+
+
+class FederatedKeys:
+    """The keys a federated graph adds to its GraphKeys."""
+    __slots__ = ("stats", "clients", "partials")
+
+    def __init__(self, keys):
+        self.stats, self.clients, self.partials = (keys.prefix + k for k in ("stats", "clients", "partials"))
 
 
 # Key patterns of the ACL users that `ravop admin` provisions (ravop.store.access), built from the same

@@ -3,14 +3,7 @@ threads, what it runs now, when it last beat. One short-lived hash per worker be
 (`ravop.store.workers`), so a dead worker's entry expires with it."""
 import time
 
-from .keys import DEVICE_KINDS, workers_set
-
-_PREFIX = "ravop:_:winfo:"
-
-
-def info_key(name):
-    return _PREFIX + name
-
+from .keys import DEVICE_KINDS, info_key, workers_set
 
 def advertise(pipe, name, info, ttl):
     """Queue the worker's current `info` (str/int/float values; None leaves a field out) on `pipe`."""

@@ -1,41 +1,14 @@
-"""The Redis schema of federated graphs (approach='federated'): providers advertise the columns they hold,
-join an open graph up to its `max_clients`, and each writes one partial per rule column; nothing else of
-their data is ever written.
-
-Shared by all tokens:
-  federated:open        set     "token/graph id" of started federated graphs that still need providers
-  provider:{name}       string  JSON {"columns": [...]}: the numeric columns a live provider holds; expires
-                                with the worker's heartbeat, which renews it
-  providers             set     names of workers that advertised data (dead ones pruned on read)
-Per graph, under its prefix (ravop.store.keys):
-  stats                 hash    persist name -> statistic (mean, variance, ...)
-  clients               hash    provider -> "joined" | "done"
-  partials              hash    provider -> JSON {column: {count, mean, m2, min, max} | {"withheld": k}}
-The graph's meta also holds `rules` (canonical JSON), and counts providers as its subgraphs and ops, so that
-R.track_progress and R.get_my_graphs work unchanged.
+"""The Redis scripts and operations of federated graphs (approach='federated'): providers advertise the columns
+they hold, join an open graph up to its `max_clients`, and each writes one partial per rule column; nothing else
+of their data is ever written. The key names are in `ravop.store.keys` (FEDERATED_OPEN, PROVIDERS,
+provider_key, FederatedKeys). The graph's meta also holds `rules` (canonical JSON), and counts providers as its
+subgraphs and ops, so that R.track_progress and R.get_my_graphs work unchanged.
 """
 import json
 
+from .keys import FEDERATED_OPEN, PROVIDERS, FederatedKeys, federated_job_ref, provider_key
 from .scripts import _COMMON
 from .workers import TTL, forget
-
-OPEN = "ravop:_:federated:open"
-PROVIDERS = "ravop:_:providers"
-
-
-def provider_key(name):
-    return f"ravop:_:provider:{name}"
-
-
-def job_ref(keys):
-    return f"{keys.token}/{keys.graph_id}"
-
-
-class FederatedKeys:
-    __slots__ = ("stats", "clients", "partials")
-
-    def __init__(self, keys):
-        self.stats, self.clients, self.partials = (keys.prefix + k for k in ("stats", "clients", "partials"))
 
 
 def advertise(pipe, name, columns, ttl=TTL):
@@ -102,7 +75,7 @@ class FederatedScripts:
         """'joined', 'member', 'full', or the graph's state ('done', 'failed', 'gone', ...)."""
         outcome, close = self._join(keys=[keys.meta, FederatedKeys(keys).clients], args=[provider])
         if close:
-            self.client.srem(OPEN, job_ref(keys))
+            self.client.srem(FEDERATED_OPEN, federated_job_ref(keys))
         return outcome.decode()
 
     def contribute(self, keys, provider, partials):
