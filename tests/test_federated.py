@@ -20,7 +20,7 @@ from ravop.errors import GraphStateError
 from ravop.federated.column_rules import parse_rules
 from ravop.federated.partials import merge, partial, statistic
 from ravop.store import GraphKeys, connect
-from ravop.store.keys import FEDERATED_OPEN, FederatedKeys, federated_job_ref
+from ravop.store.keys import FEDERATED_OPEN, FederatedKeys, graph_ref
 from worker.data import DataError, ProviderData
 
 from conftest import Workers
@@ -291,7 +291,7 @@ def test_hostile_open_graphs_fail_without_stopping_a_provider(engine, providers,
     keys = GraphKeys(engine.token, "hostile")
     client.hset(keys.meta, mapping={"name": "hostile", "state": "running", "max_clients": 1, "rules": "{not json",
                                     "n_ops": 1, "ops_done": 0})
-    refs = ["no-slash-here", "bad token!/x", b"\xff/\xfe", federated_job_ref(keys)]
+    refs = ["no-slash-here", "bad token!/x", b"\xff/\xfe", graph_ref(keys)]
     client.sadd(FEDERATED_OPEN, *refs)
     deadline = time.monotonic() + 60
     while client.hget(keys.meta, "state") != b"failed" or client.scard(FEDERATED_OPEN):

@@ -12,7 +12,7 @@ from ravop.federated.column_rules import parse_rules
 from ravop.federated.partials import partial
 from ravop.store import GraphKeys, Scripts, queue
 from ravop.store.federated_schema import FederatedScripts
-from ravop.store.keys import FEDERATED_OPEN, federated_job_ref
+from ravop.store.keys import FEDERATED_OPEN, graph_ref
 
 log = logging.getLogger("ravop.worker")
 POLL_SECONDS = 0.25   # how often an idle provider looks for open federated graphs (at most)
@@ -53,7 +53,7 @@ class Provider:
     def _serve(self, keys):
         rules_json = self.client.hget(keys.meta, "rules")
         if rules_json is None:   # flushed, or not a federated graph
-            self.client.srem(FEDERATED_OPEN, federated_job_ref(keys))
+            self.client.srem(FEDERATED_OPEN, graph_ref(keys))
             return
         rules = parse_rules(rules_json)
         if not set(rules.columns) <= set(self.data.columns):

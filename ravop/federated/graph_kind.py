@@ -18,7 +18,7 @@ from ..ops.federated_stats import PREFIX
 from ..registry import get
 from ..store import federated_schema as store
 from ..store import graphs as store_graphs
-from ..store.keys import FEDERATED_OPEN, FederatedKeys, GraphKeys, TokenKeys, federated_job_ref, worker_key
+from ..store.keys import FEDERATED_OPEN, FederatedKeys, GraphKeys, TokenKeys, graph_ref, worker_key
 from ..stored_values import not_ready
 from .column_rules import parse_rules
 from .partials import check_partial, merge, statistic
@@ -97,7 +97,7 @@ class FederatedGraphs:
 
     def start(self, client, keys):
         """Open the started graph to providers."""
-        client.sadd(FEDERATED_OPEN, federated_job_ref(keys))
+        client.sadd(FEDERATED_OPEN, graph_ref(keys))
 
     def waiting(self, client, keys, meta):
         """What a running federated graph waits for, as a sentence; "" if the providers it needs are connected."""

@@ -10,6 +10,8 @@ a worker running modified code is held to these rules, not to what our code happ
   It may delete only what its protocol deletes: released tensors, its checkpoints, its own liveness keys.
   It cannot delete, flush or list graphs, nor clear its own name from a token's banned set.
 """
+from typing import Any, List, Mapping, Optional
+
 from .keys import (ANY, FEDERATED_OPEN, PROVIDERS, STARTING, banned_pattern, checkpoints_pattern, graphs_pattern,
                    info_key, provider_key, queue, shared_pattern, tensors_pattern, token_pattern, worker_key, workers_set)
 
@@ -27,7 +29,7 @@ _KEYLESS = ["+ping", "+hello", "+auth", "+select", "+echo", "+quit", "+reset",
 _DATA = ["+@read", "+@write", "-@dangerous", "-@admin", "-function", "-keys", "-randomkey", "-move", "-copy"]
 
 
-def requester_rules(namespace):
+def requester_rules(namespace: str) -> List[str]:
     """ACL SETUSER arguments (after the name) that confine a requester to token `namespace`."""
     return ["resetkeys", "resetchannels", "-@all", *_DATA, *_KEYLESS,
             f"~{token_pattern(namespace)}",
@@ -37,7 +39,7 @@ def requester_rules(namespace):
             f"%R~{PROVIDERS}", f"%R~{provider_key(ANY)}"]
 
 
-def worker_rules():
+def worker_rules() -> List[str]:
     """ACL SETUSER arguments (after the name) of a worker."""
     deletable = [tensors_pattern(), checkpoints_pattern(), worker_key(ANY), info_key(ANY), provider_key(ANY)]
     return ["resetkeys", "resetchannels", "-@all", *_DATA, *_KEYLESS,
@@ -47,7 +49,7 @@ def worker_rules():
             f"(+sadd ~{banned_pattern()})"]   # a worker marks a disagreeing one; it cannot unmark itself
 
 
-def kind_of(name, user):
+def kind_of(name: str, user: Mapping[str, Any]) -> Optional[str]:
     """'token', 'worker' or None (any other user) from redis-py's `acl_getuser(name)`, by the keys granted."""
     patterns = user.get("keys") or []
     if f"~{graphs_pattern()}" in patterns:

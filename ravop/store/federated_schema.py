@@ -5,23 +5,25 @@ provider_key, FederatedKeys). The graph's meta also holds `rules` (canonical JSO
 subgraphs and ops, so that R.track_progress and R.get_my_graphs work unchanged.
 """
 import json
+from typing import Dict, Iterable, List
 
-from .keys import FEDERATED_OPEN, PROVIDERS, FederatedKeys, federated_job_ref, provider_key
+from .client_types import Client, Pipeline
+from .keys import FEDERATED_OPEN, PROVIDERS, FederatedKeys, GraphKeys, graph_ref, provider_key
 from .scripts import _COMMON
 from .workers import TTL, forget
 
 
-def advertise(pipe, name, columns, ttl=TTL):
+def advertise(pipe: Pipeline, name: str, columns: Iterable[str], ttl: float = TTL) -> None:
     pipe.set(provider_key(name), json.dumps({"columns": list(columns)}), px=int(ttl * 1000))  # ttl may be fractional
     pipe.sadd(PROVIDERS, name)
 
 
-def withdraw(pipe, name):
+def withdraw(pipe: Pipeline, name: str) -> None:
     pipe.delete(provider_key(name))
     pipe.srem(PROVIDERS, name)
 
 
-def live_providers(client):
+def live_providers(client: Client) -> Dict[str, List[str]]:
     """{name: [columns]} of the providers whose advertisement has not expired (forgetting the others)."""
     names = sorted(n.decode() for n in client.smembers(PROVIDERS))
     if not names:
@@ -66,19 +68,19 @@ return 1
 
 
 class FederatedScripts:
-    def __init__(self, client):
+    def __init__(self, client: Client) -> None:
         self.client = client
         self._join = client.register_script(JOIN)
         self._contribute = client.register_script(CONTRIBUTE)
 
-    def join(self, keys, provider):
+    def join(self, keys: GraphKeys, provider: str) -> str:
         """'joined', 'member', 'full', or the graph's state ('done', 'failed', 'gone', ...)."""
         outcome, close = self._join(keys=[keys.meta, FederatedKeys(keys).clients], args=[provider])
         if close:
-            self.client.srem(FEDERATED_OPEN, federated_job_ref(keys))
+            self.client.srem(FEDERATED_OPEN, graph_ref(keys))
         return outcome.decode()
 
-    def contribute(self, keys, provider, partials):
+    def contribute(self, keys: GraphKeys, provider: str, partials: Dict[str, dict]) -> int:
         """1 if stored, 0 if the graph no longer runs or this provider had not joined it."""
         fed = FederatedKeys(keys)
         return self._contribute(keys=[keys.meta, fed.clients, fed.partials, keys.events],

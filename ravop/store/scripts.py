@@ -22,9 +22,12 @@ outbox and returns it, and the caller moves it to the stream.
 A subgraph's routing lives in its `info` entry, "device;n_ops;successor,...;input to release,...", written
 at upload, so what a completion enqueues is defined by the uploaded plan, not by the worker.
 """
+from typing import Any, Dict, List, Optional, Tuple, Union
+
 from redis.cluster import RedisCluster
 
-from .keys import DEAD_LETTER, GROUP, queue
+from .client_types import Client, Pipeline
+from .keys import DEAD_LETTER, GROUP, GraphKeys, queue
 
 _COMMON = """
 local function parse(info)
@@ -162,7 +165,7 @@ redis.call('XADD', KEYS[1], 'MAXLEN', '~', 10000, '*', 'token', ARGV[3], 'graph'
 """
 
 
-def is_cluster(client):
+def is_cluster(client: Client) -> bool:
     """Whether `client` is a Redis Cluster client (ravop.store.connect picks it for a cluster's URL)."""
     return isinstance(client, RedisCluster)
 
@@ -171,7 +174,7 @@ class Scripts:
     """The scripts registered once on a client (redis-py loads each on first use and after a server restart).
     On a standalone server they are given the work streams, and hand off by themselves (`direct`)."""
 
-    def __init__(self, client):
+    def __init__(self, client: Client) -> None:
         self.direct = not is_cluster(client)
         self._start = client.register_script(START)
         self._claim = client.register_script(CLAIM)
@@ -180,42 +183,47 @@ class Scripts:
         self._vote = client.register_script(VOTE)
         self._cancel = client.register_script(CANCEL)
 
-    def _streams(self, *more):
+    def _streams(self, *more: str) -> List[str]:
         return [queue("cpu"), queue("cuda"), *more] if self.direct else []
 
-    def start(self, keys):
+    def start(self, keys: GraphKeys) -> Tuple[int, List[bytes]]:
         """(1 if the graph started now else 0, outbox entries to deliver); ResponseError NOGRAPH if it is gone."""
         started, handed = self._start(keys=[keys.meta, keys.info, keys.events, keys.outbox, *self._streams()],
                                       args=[keys.token, keys.graph_id])
         return started, handed
 
-    def claim(self, keys, subgraph_id, worker):
+    def claim(self, keys: GraphKeys, subgraph_id: Union[int, str], worker: str) -> List[Any]:
         """[b'run', seed, subgraph bytes, verify copies] if `worker` may run it now; else [why]: b'gone', a graph state,
         b'finished', b'unknown' (not in the plan), b'waiting' (not ready)."""
         return self._claim(keys=[keys.meta, keys.done, keys.subgraphs, keys.taken, keys.deps, keys.outbox],
                            args=[subgraph_id, worker])
 
-    def cancel(self, keys, error, subgraph_id="", worker="", op="", source=""):
+    def cancel(self, keys: GraphKeys, error: str, subgraph_id: Union[int, str] = "", worker: str = "", op: str = "",
+               source: str = "") -> int:
         """Fail an activated or running graph with `error`; 1 if it was, 0 if it had already ended."""
         return self._cancel(keys=[keys.meta, keys.events], args=[subgraph_id, worker, op, source, error])
 
-    def vote(self, keys, subgraph_id, worker, digest, copies):
+    def vote(self, keys: GraphKeys, subgraph_id: Union[int, str], worker: str, digest: str,
+             copies: int) -> Dict[str, str]:
         """{worker: digest} once `copies` workers have voted on the subgraph's outputs, else {}."""
         reply = self._vote(keys=[keys.votes(subgraph_id)], args=[worker, digest, copies])
         return {reply[i].decode(): reply[i + 1].decode() for i in range(0, len(reply), 2)}
 
-    def _complete_call(self, keys, subgraph_id, worker, stream, message_id):
+    def _complete_call(self, keys: GraphKeys, subgraph_id: Union[int, str], worker: str, stream: str,
+                       message_id: str) -> Tuple[List[str], List[Any]]:
         return ([keys.meta, keys.done, keys.info, keys.deps, keys.ran, keys.refs, keys.events, keys.outbox,
                  *self._streams(stream)],
                 [subgraph_id, worker, keys.token, keys.graph_id, message_id, GROUP, keys.tensor_prefix])
 
-    def complete(self, keys, subgraph_id, worker, stream, message_id):
+    def complete(self, keys: GraphKeys, subgraph_id: Union[int, str], worker: str, stream: str,
+                 message_id: str) -> Tuple[Any, List[bytes]]:
         """(status, outbox entries to deliver): see COMPLETE. Acks the message itself only if `direct`."""
         call_keys, args = self._complete_call(keys, subgraph_id, worker, stream, message_id)
         status, handed = self._complete(keys=call_keys, args=args)
         return status, handed
 
-    def complete_in(self, pipe, keys, subgraph_id, worker, stream, message_id):
+    def complete_in(self, pipe: Pipeline, keys: GraphKeys, subgraph_id: Union[int, str], worker: str, stream: str,
+                    message_id: str) -> None:
         """Queue the completion in `pipe` after the output writes, so the whole finish is one round trip; its
         reply is COMPLETE's. EVALSHA directly: redis-py would otherwise check SCRIPT EXISTS first, a second round
         trip; the caller falls back to `complete` on NoScriptError (only after a server restart). Through
@@ -224,8 +232,9 @@ class Scripts:
         call_keys, args = self._complete_call(keys, subgraph_id, worker, stream, message_id)
         pipe.execute_command("EVALSHA", self._complete.sha, len(call_keys), *call_keys, *args)
 
-    def fail(self, keys, stream, message_id, subgraph_id="", worker="", op="", source="", error="", reason="",
-             message="", fail_graph=True):
+    def fail(self, keys: Optional[GraphKeys], stream: str, message_id: str, subgraph_id: Union[int, str] = "",
+             worker: str = "", op: str = "", source: str = "", error: str = "", reason: str = "", message: str = "",
+             fail_graph: bool = True) -> None:
         """Fail the message's graph (unless `keys` is None, for a message that names no valid graph, or
         `fail_graph` is False: logged as about that graph, which is left alone), then dead-letter and ack
         the message: a crash in between leaves it pending, and whoever takes it over fails it again."""
