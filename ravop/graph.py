@@ -136,7 +136,7 @@ class Graph:
         self.algorithm = algorithm
         self.approach = approach
         self.gpu_required = gpu_required in ("yes", True)
-        self.rules = rules        # ravop.federated.rules.Rules of a federated graph
+        self.rules = rules        # ravop.federated.column_rules.Rules of a federated graph
         self.seed = int(seed)
         self.verify = verify      # run each subgraph on this many distinct workers and compare their outputs
         self.strategy = strategy  # ravop.parallel strategy of the fits recorded in it (NeuralNetwork.fit)

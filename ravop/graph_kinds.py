@@ -9,37 +9,40 @@ A kind has four steps:
   fetch(session, keys, name, wait, deadline)  the value persisted as `name`
 """
 import json
-from typing import Any, Dict, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol, Tuple, Union
 
 from . import parallel, progress
 from .errors import GraphStateError, UnknownPersistName
 from .federated.graph_kind import APPROACH as FEDERATED, FederatedGraphs
 from .fetched import fetched
+from .store import GraphKeys
 from .store import graphs as store_graphs
+from .store.client_types import Client
 from .store import worker_info
 from .stored_values import LOADERS, fetch_tensor, read_meta
+
+if TYPE_CHECKING:
+    from .graph import Graph
+    from .session import Session
 
 PLANNED = "distributed"   # the original's name for a graph that workers compute
 
 
 class GraphKind(Protocol):
-    def activate(self, session: Any, graph: Any, compile_options: Dict[str, Any]) -> Tuple[dict, Dict[str, int]]:
-        ...
+    def activate(self, session: "Session", graph: "Graph",
+                 compile_options: Dict[str, Any]) -> Tuple[dict, Dict[str, int]]: ...
 
-    def start(self, client: Any, keys: Any) -> None:
-        ...
+    def start(self, client: Client, keys: GraphKeys) -> None: ...
 
-    def waiting(self, client: Any, keys: Any, meta: Dict[str, str]) -> str:
-        ...
+    def waiting(self, client: Client, keys: GraphKeys, meta: Dict[str, str]) -> str: ...
 
-    def fetch(self, session: Any, keys: Any, name: str, wait: bool, deadline: Any) -> Any:
-        ...
+    def fetch(self, session: "Session", keys: GraphKeys, name: str, wait: bool, deadline: Optional[float]) -> Any: ...
 
 
 class Summary(dict):
     """What R.activate() returns: the compiler's counts, printed as one line."""
 
-    def __str__(self):
+    def __str__(self) -> str:
         return (f"graph {self['name']!r} ({self['graph_id']}): {self['recorded_ops']} ops recorded, "
                 f"{self['compiled_ops']} to run in {self['subgraphs']} subgraphs, ~{self['flops']:.3g} FLOPs, "
                 f"up to {self['max_parallel_width']} subgraphs at once"
@@ -54,7 +57,8 @@ class Summary(dict):
 class PlannedGraphs:
     """A graph compiled to a plan of subgraphs, uploaded with its constants, run by the workers."""
 
-    def activate(self, session, graph, compile_options):
+    def activate(self, session: "Session", graph: "Graph",
+                 compile_options: Dict[str, Any]) -> Tuple[dict, Dict[str, int]]:
         if not graph.persisted and not graph.step_outputs:
             raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                                   "op.persist_op(name) on the values to fetch, then R.activate()")
@@ -81,13 +85,13 @@ class PlannedGraphs:
         names = {name: node_id for name, node_id in compiled.plan.persisted.items() if name not in graph.bundles}
         return summary, names
 
-    def start(self, client, keys):
+    def start(self, client: Client, keys: GraphKeys) -> None:
         """Its first subgraphs are enqueued by the start itself (`ravop.store.handoff`)."""
 
-    def waiting(self, client, keys, meta):
+    def waiting(self, client: Client, keys: GraphKeys, meta: Dict[str, str]) -> str:
         return ""   # the workers it waits for are named by the tracker, for every kind
 
-    def fetch(self, session, keys, name, wait, deadline):
+    def fetch(self, session: "Session", keys: GraphKeys, name: str, wait: bool, deadline: Optional[float]) -> Any:
         """A persisted tensor, or the object a saved bundle's loader builds."""
         pipe = session.client.pipeline(transaction=False)
         pipe.hget(keys.persist, name)
@@ -115,7 +119,7 @@ class PlannedGraphs:
 KINDS: Dict[str, GraphKind] = {PLANNED: PlannedGraphs(), FEDERATED: FederatedGraphs()}
 
 
-def kind_of(approach) -> GraphKind:
+def kind_of(approach: Union[None, str, bytes]) -> GraphKind:
     """The kind of a graph of `approach` (a Graph's, or its meta's as str or bytes; a graph without one is
     planned)."""
     if isinstance(approach, bytes):

@@ -8,6 +8,7 @@ R.initialize(same token, same URL) finds the token's current graph and can track
 """
 import gc
 import os
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 import redis
 
@@ -19,30 +20,36 @@ from .store.connect import redact, url_user
 from .store.handoff import Handoff
 from .store import graphs as store_graphs
 from .store import worker_info
+from .store.client_types import Client
 from .stored_values import LOADERS  # noqa: F401  (where ravdl and R.model register their loaders)
+
+if TYPE_CHECKING:
+    from .dashboard import Dashboard
+    from .embedded import EmbeddedCluster
 
 DEFAULT_TOKEN = "local"
 DEFAULT_WORKERS = 2
 
+
 class Session:
-    def __init__(self, client, url, token, embedded=None):
+    def __init__(self, client: Client, url: str, token: str, embedded: "Optional[EmbeddedCluster]" = None) -> None:
         self.client, self.url, self.token, self.embedded = client, url, token, embedded
         self.handoff = Handoff(client, Scripts(client))
         current = client.get(TokenKeys(token).current)
-        self.graph_id = current.decode() if current else None
+        self.graph_id: Optional[str] = current.decode() if current else None
         # persist name -> node id of the graph this session activated: fetching one of its values then
         # skips the name lookup in Redis (one round trip instead of two; fetching each batch loss of a
         # training run adds up). Saved objects (bundles) still go through Redis.
-        self.activated_names = {}
-        self.dashboard = None  # a ravop.dashboard.Dashboard serving this session, with dashboard=True
+        self.activated_names: Dict[str, int] = {}
+        self.dashboard: "Optional[Dashboard]" = None  # a ravop.dashboard.Dashboard serving this session, with dashboard=True
 
-    def keys(self):
+    def keys(self) -> GraphKeys:
         if self.graph_id is None:
             raise GraphStateError(f"no graph has been activated under token {self.token!r}: record ops, "
                                   "persist_op() the values to fetch, then R.activate()")
         return GraphKeys(self.token, self.graph_id)
 
-    def close(self):
+    def close(self) -> None:
         if self.dashboard is not None:
             self.dashboard.stop()
         self.client.close()
@@ -50,11 +57,12 @@ class Session:
             self.embedded.stop()
 
 
-_session = None
+_session: Optional[Session] = None
 
 
-def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5.0, data=None, dashboard=False,
-               ravenverse_token=None):
+def initialize(token: Optional[str] = None, redis_url: Optional[str] = None, workers: Optional[int] = None,
+               device: str = "cpu", timeout: float = 5.0, data: Union[None, str, Sequence[Any]] = None,
+               dashboard: Union[bool, int] = False, ravenverse_token: Optional[str] = None) -> Session:
     """Connect to Redis at `redis_url` (or $RAVOP_REDIS_URL); with neither, start the embedded default: a
     private server and `workers` local worker processes on `device` (default $RAVOP_WORKERS or 2).
 
@@ -123,7 +131,7 @@ def initialize(token=None, redis_url=None, workers=None, device="cpu", timeout=5
     return _session
 
 
-def _provider_data(data):
+def _provider_data(data: Union[None, str, Sequence[Any]]) -> List[List[str]]:
     """[[path, ...] per provider] from data= or $RAVOP_DATA; missing files are named here, not by a worker."""
     if not data:
         return []
@@ -136,27 +144,27 @@ def _provider_data(data):
     return providers
 
 
-def require():
+def require() -> Session:
     """The current session; GraphStateError before R.initialize()."""
     if _session is None:
         raise GraphStateError("no session: call R.initialize() first (no arguments starts a local engine)")
     return _session
 
 
-def _client():
+def _client() -> Client:
     return require().client
 
 
-def live_workers():
+def live_workers() -> List[Dict[str, Any]]:
     """The live workers' advertisements on this session's server (`ravop.store.worker_info.read_all`)."""
     return worker_info.read_all(_client())
 
 
-def _current_keys():
+def _current_keys() -> GraphKeys:
     return require().keys()
 
 
-def flush():
+def flush() -> None:
     """Delete this token's graphs, tensors and persisted values (idempotent; other tokens are untouched), and
     start recording a fresh graph."""
     session = require()

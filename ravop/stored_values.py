@@ -1,20 +1,27 @@
 """What the session's steps share to read a graph back from Redis: its state (`read_meta`), the error of a failed
 graph, a stored tensor (waiting for it if asked), and why a value cannot be fetched yet."""
 import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Union
+
+import torch
 
 from . import graph_states, progress
 from .errors import GraphFailedError, GraphStateError, NotComputedError, UnknownPersistName
+from .store import GraphKeys
 from .store import graphs as store_graphs
 from .store import tensors as stored
 
+if TYPE_CHECKING:
+    from .session import Session
+
 # How a persisted bundle (a trained model) is rebuilt at fetch: kind -> fn(spec, {key: tensor}) -> object.
 # Packages that save bundles (ravdl) register their kinds here.
-LOADERS = {}
+LOADERS: Dict[str, Callable[[Any, Dict[str, torch.Tensor]], Any]] = {}
 
 WAIT_SECONDS = 0.05   # how often fetch_persisting_op(wait=True) looks for the value
 
 
-def read_meta(session, keys):
+def read_meta(session: "Session", keys: GraphKeys) -> Dict[str, str]:
     """The graph's state fields (`ravop.store.graphs.STATE_FIELDS`); GraphStateError if it is gone."""
     meta = store_graphs.read_state(session.client, keys)
     if not meta:
@@ -22,7 +29,7 @@ def read_meta(session, keys):
     return meta
 
 
-def failure(meta):
+def failure(meta: Dict[str, str]) -> GraphFailedError:
     """The GraphFailedError of a failed graph, carrying its op, error, worker, source line and subgraph."""
     error = GraphFailedError(store_graphs.describe_failure(meta))
     error.op, error.error, error.worker = meta.get("error_op"), meta.get("error"), meta.get("error_worker")
@@ -30,7 +37,8 @@ def failure(meta):
     return error
 
 
-def fetch_tensor(session, keys, name, node_id, wait, deadline):
+def fetch_tensor(session: "Session", keys: GraphKeys, name: str, node_id: Union[None, int, bytes], wait: bool,
+                 deadline: Optional[float]) -> torch.Tensor:
     """The tensor of node `node_id`, persisted as `name`, once computed."""
     if node_id is None:
         raise UnknownPersistName(f"persist name {name!r} is missing from graph {keys.graph_id}")
@@ -57,7 +65,8 @@ def fetch_tensor(session, keys, name, node_id, wait, deadline):
         not_ready(session, keys, name, meta, wait, deadline)
 
 
-def not_ready(session, keys, name, meta, wait, deadline):
+def not_ready(session: "Session", keys: GraphKeys, name: str, meta: Dict[str, str], wait: bool,
+              deadline: Optional[float]) -> None:
     """Raise why `name` cannot be fetched yet, or (wait=True) pause before looking again."""
     if not meta:
         raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")

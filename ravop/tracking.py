@@ -3,6 +3,7 @@ list the token's graphs."""
 import json
 import sys
 import time
+from typing import Any, Callable, Dict, List, Optional
 
 import redis
 
@@ -10,7 +11,8 @@ from . import graph_states
 from .errors import ConnectionFailed, GraphStateError
 from .graph import current_graph
 from .graph_kinds import kind_of
-from .session import require
+from .session import Session, require
+from .store import GraphKeys
 from .store import graphs as store_graphs
 from .store import workers as liveness
 from .store.connect import Outage, redact
@@ -19,7 +21,7 @@ from .stored_values import failure, read_meta
 POLL_SECONDS = 0.2    # how often a tracker refreshes the progress bar
 
 
-def execute(timeout=None, participants=None):
+def execute(timeout: Optional[float] = None, participants: Optional[int] = None) -> None:
     """Start the activated graph: enqueue its subgraphs that wait for nothing. Idempotent. With `timeout`,
     also wait until the graph is done, as `track_progress(progress_bar=False, timeout=timeout)` does:
     `GraphFailedError` if it failed, `TimeoutError` (naming a kind of worker nobody runs) after `timeout` s.
@@ -63,17 +65,17 @@ def execute(timeout=None, participants=None):
         track_progress(progress_bar=False, timeout=timeout)
 
 
-def _missing_workers(session, meta):
+def _missing_workers(session: Session, meta: Dict[str, str]) -> List[str]:
     """Device kinds this graph needs that no live worker serves."""
     kinds = [k for k in meta.get("devices", "").split(",") if k]
     return [kind for kind in kinds if not liveness.alive(session.client, kind)]
 
 
-def _waiting_text(kinds):
+def _waiting_text(kinds: List[str]) -> str:
     return ", ".join(f"waiting for a {'GPU' if kind == 'cuda' else 'CPU'} worker" for kind in kinds)
 
 
-def track_progress(progress_bar=True, timeout=None):
+def track_progress(progress_bar: bool = True, timeout: Optional[float] = None) -> None:
     """Show a progress bar (ops run; for a graph with training loops, loop steps run, with their rate) until
     the graph is done. Raises `GraphFailedError` (op, error, worker,
     source line) if it failed, `TimeoutError` after `timeout` seconds. While work waits for a kind of worker
@@ -98,29 +100,29 @@ def track_progress(progress_bar=True, timeout=None):
         # does: Python only does that for the exact class), marked so that uncaught it prints one line
         # instead of a traceback from inside the Redis client.
         interrupted = KeyboardInterrupt(_interrupted_text(session, keys))
-        interrupted.brief = True
+        setattr(interrupted, "brief", True)
         print_interrupts_briefly()
         raise interrupted from None
 
 
-def print_interrupts_briefly():
+def print_interrupts_briefly() -> None:
     """Make an uncaught KeyboardInterrupt marked `brief` print only its message; everything else goes to the
     sys.excepthook that was there. Idempotent."""
     previous = sys.excepthook
     if getattr(previous, "brief_interrupts", False):
         return
 
-    def hook(kind, value, traceback):
+    def hook(kind: Any, value: BaseException, traceback: Any) -> None:
         if isinstance(value, KeyboardInterrupt) and getattr(value, "brief", False):
             print(value, file=sys.stderr)
         else:
             previous(kind, value, traceback)
 
-    hook.brief_interrupts = True
+    setattr(hook, "brief_interrupts", True)
     sys.excepthook = hook
 
 
-def _interrupted_text(session, keys):
+def _interrupted_text(session: Session, keys: GraphKeys) -> str:
     """One line for a Ctrl-C in track_progress: what was interrupted, what happens to the graph, how to
     resume."""
     try:
@@ -137,7 +139,8 @@ def _interrupted_text(session, keys):
     return f"interrupted R.track_progress() of graph {where}: {fate}"
 
 
-def _track_through_outages(session, keys, meta, progress_bar, timeout, tqdm):
+def _track_through_outages(session: Session, keys: GraphKeys, meta: Dict[str, str], progress_bar: bool,
+                           timeout: Optional[float], tqdm: Callable[..., Any]) -> None:
     """`_track`, again after a lost connection (a server restart: the graph is in Redis), with backoff and one
     line when the server is lost and when it answers again. A refused login (a revoked user) ends it."""
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -159,9 +162,10 @@ def _track_through_outages(session, keys, meta, progress_bar, timeout, tqdm):
             time.sleep(outage.lost(exc))
 
 
-def _track(session, keys, meta, progress_bar, timeout, tqdm):
+def _track(session: Session, keys: GraphKeys, meta: Dict[str, str], progress_bar: bool, timeout: Optional[float],
+           tqdm: Callable[..., Any]) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
-    last_event, warned, next_check = "0-0", set(), 0.0
+    last_event, warned, next_check = "0-0", set[str](), 0.0
     kind = kind_of(meta.get("approach"))
     n_steps = int(meta.get("n_steps") or 0)
     # initial=: work done before the bar appeared is not counted in its rate (it would read millions of ops/s).
@@ -209,7 +213,7 @@ def _track(session, keys, meta, progress_bar, timeout, tqdm):
                 last_event = entries[-1][0]
 
 
-def get_my_graphs(show=True):
+def get_my_graphs(show: bool = True) -> List[Dict[str, Any]]:
     """This token's graphs, oldest first: dicts with id, name, algorithm, approach, rules, state, progress
     (percent of ops run), ops, subgraphs and created (Unix time). With `show`, also prints them as the
     original's table (Id, Name, Approach, Algorithm, Rules, Status)."""
@@ -220,7 +224,7 @@ def get_my_graphs(show=True):
     return graphs
 
 
-def graphs_table(graphs):
+def graphs_table(graphs: List[Dict[str, Any]]) -> str:
     header = ("Id", "Name", "Approach", "Algorithm", "Rules", "Status")
     rows = [(g["id"], g["name"], g["approach"], g["algorithm"], "" if g["rules"] is None else json.dumps(g["rules"]),
              f"{g['state']} ({g['progress']:g}%)") for g in graphs]

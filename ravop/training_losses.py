@@ -1,12 +1,15 @@
 """The persisted losses of a training graph as arrays (`Losses`), read in one round trip: what R.fetch_losses
 (`ravop.fetching`), History and the dashboard return. Their names are spelled in `ravop.loss_names`."""
 from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from . import graph_states
 from .errors import GraphStateError, RavopError
 from .loss_names import TRAINING_BATCH, TRAINING_STEP, VALIDATION
+from .store import GraphKeys
+from .store.client_types import Client
 from .store.loss_reads import read_losses
 from .wire import decode_tensor
 
@@ -22,20 +25,20 @@ class Losses:
     epoch: np.ndarray
     validation: np.ndarray
 
-    def per_epoch(self):
+    def per_epoch(self) -> np.ndarray:
         """The mean batch loss of each epoch (as Keras reports `loss`); NaN for an epoch not fully computed."""
         epochs = np.unique(self.epoch[self.epoch > 0])
         return np.array([self.batch[self.epoch == e].mean() for e in epochs])
 
-    def to_json(self):
+    def to_json(self) -> Dict[str, Any]:
         """Plain lists for a JSON reply; a value not computed yet is None."""
-        def values(array):
+        def values(array: np.ndarray) -> List[Optional[float]]:
             return [None if np.isnan(v) else float(v) for v in array]
         return {"graph": self.graph_id, "state": self.state, "batch": values(self.batch),
                 "epoch": self.epoch.tolist(), "validation": values(self.validation)}
 
 
-def _scalar(name, data):
+def _scalar(name: str, data: Optional[bytes]) -> float:
     if data is None:
         return np.nan
     tensor = decode_tensor(data)
@@ -44,7 +47,7 @@ def _scalar(name, data):
     return float(tensor)
 
 
-def read(client, keys):
+def read(client: Client, keys: GraphKeys) -> Losses:
     """`Losses` of the graph at `keys`, in one round trip."""
     state, stored = read_losses(client, keys)
     if state is None:

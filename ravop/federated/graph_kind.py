@@ -11,17 +11,23 @@ import json
 import sys
 import time
 import warnings
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple, Union
 
 from .. import graph_states
 from ..errors import GraphStateError, UnknownPersistName
 from ..ops.federated_stats import PREFIX
 from ..registry import get
 from ..store import federated_schema as store
+from ..store.client_types import Client
 from ..store import graphs as store_graphs
 from ..store.keys import FEDERATED_OPEN, FederatedKeys, GraphKeys, TokenKeys, graph_ref, worker_key
 from ..stored_values import not_ready
 from .column_rules import parse_rules
-from .partials import check_partial, merge, statistic
+from .partials import Partial, check_partial, merge, statistic
+
+if TYPE_CHECKING:
+    from ..graph import Graph
+    from ..session import Session
 
 APPROACH = "federated"
 
@@ -29,7 +35,7 @@ APPROACH = "federated"
 class Summary(dict):
     """What R.activate() returns for a federated graph, printed as one line."""
 
-    def __str__(self):
+    def __str__(self) -> str:
         return (f"graph {self['name']!r} ({self['graph_id']}): federated {', '.join(self['statistics'])} of "
                 f"{', '.join(self['columns'])} on {self['max_clients']} provider(s); "
                 f"{self['eligible_providers']} connected provider(s) hold these columns")
@@ -38,7 +44,7 @@ class Summary(dict):
 class FederatedResult(dict):
     """column -> value of one statistic; `withheld` maps the columns not released to the reason."""
 
-    def __init__(self, values, withheld):
+    def __init__(self, values: Dict[str, float], withheld: Dict[str, str]) -> None:
         super().__init__(values)
         self.withheld = withheld
 
@@ -46,7 +52,8 @@ class FederatedResult(dict):
 class FederatedGraphs:
     """Statistics of data that stays on the providers."""
 
-    def activate(self, session, graph, compile_options):
+    def activate(self, session: "Session", graph: "Graph",
+                 compile_options: Dict[str, Any]) -> Tuple[dict, Dict[str, int]]:
         """Check that the graph holds only federated statistics and that its columns exist, then upload it.
         Returns (the summary, {}: a statistic is always looked up in Redis at fetch)."""
         if compile_options:
@@ -95,11 +102,11 @@ class FederatedGraphs:
         pipe.execute()
         return summary, {}
 
-    def start(self, client, keys):
+    def start(self, client: Client, keys: GraphKeys) -> None:
         """Open the started graph to providers."""
         client.sadd(FEDERATED_OPEN, graph_ref(keys))
 
-    def waiting(self, client, keys, meta):
+    def waiting(self, client: Client, keys: GraphKeys, meta: Dict[str, str]) -> str:
         """What a running federated graph waits for, as a sentence; "" if the providers it needs are connected."""
         rules = parse_rules(client.hget(keys.meta, "rules"))
         clients = {name.decode(): state.decode()
@@ -116,7 +123,8 @@ class FederatedGraphs:
         return (f"waiting for {needed - len(available)} more provider(s) holding {rules.describe_columns()} "
                 f"({len(clients)} of {rules.max_clients} joined)")
 
-    def fetch(self, session, keys, name, wait, deadline):
+    def fetch(self, session: "Session", keys: GraphKeys, name: str, wait: bool,
+              deadline: Optional[float]) -> "FederatedResult":
         """The statistic persisted as `name`, {column: float}, merged from the providers' partials once all are
         in."""
         statistic_name = session.client.hget(FederatedKeys(keys).stats, name)
@@ -136,13 +144,13 @@ class FederatedGraphs:
             not_ready(session, keys, name, meta, wait, deadline)
 
 
-def release(name, stat, rules, raw_partials):
+def release(name: str, stat: str, rules_json: Union[str, bytes], raw_partials: Mapping[bytes, bytes]) -> FederatedResult:
     """The statistic `stat` of every rule column, merged over the providers' partials (in name order)."""
-    rules = parse_rules(rules)
+    rules = parse_rules(rules_json)
     partials = {provider.decode(): json.loads(data) for provider, data in sorted(raw_partials.items())}
     values, withheld = {}, {}
     for column in rules.columns:
-        merged = {"count": 0}
+        merged: Partial = {"count": 0}
         for provider, columns in partials.items():
             part = columns.get(column)
             if part is not None and "withheld" in part:

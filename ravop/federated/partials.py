@@ -11,7 +11,7 @@ one place; the `federated_<statistic>` op releases one statistic of it. Partials
 dicts and are merged in the providers' name order: the same providers give the same bits.
 """
 import math
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
@@ -21,7 +21,7 @@ from ..registry import get
 Partial = dict   # {"count": int} or {"count", "mean", "m2", "min", "max"}
 
 
-def partial(values, low: Optional[float] = None, high: Optional[float] = None) -> Partial:
+def partial(values: Any, low: Optional[float] = None, high: Optional[float] = None) -> Partial:
     """The partial of the values in [low, high] (None: unbounded), missing values (NaN) dropped, as the JSON
     dict a provider writes."""
     row = federated_partial(torch.as_tensor(values, dtype=torch.float64), low=low, high=high).tolist()

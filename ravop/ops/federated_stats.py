@@ -5,11 +5,13 @@ own data: the count, mean, M2 (sum of squared deviations from the mean), min and
 
 `R.federated_mean()` and its siblings record a statistic op on the current federated graph with no input: its
 partials come from the providers, never from a value of the graph (`ravop.federated.graph_kind`)."""
+from typing import Callable, Optional, Tuple
+
 import torch
 
 from ..api import FRONTENDS
 from ..errors import GraphStateError
-from ..graph import current_graph
+from ..graph import Op, current_graph
 from ..registry import register
 from ..source import user_source
 
@@ -18,13 +20,13 @@ STATISTICS = ("mean", "variance", "standard_deviation", "min", "max", "count")
 PREFIX = "federated_"
 
 
-def _partial_shape(values, low=None, high=None):
+def _partial_shape(values: Op, low: Optional[float] = None, high: Optional[float] = None) -> Tuple[Tuple[int], torch.dtype]:
     return (len(PARTIAL_FIELDS),), torch.float64
 
 
 @register("federated_partial", inputs=("values",), params={"low": None, "high": None}, shape=_partial_shape,
           method=False)
-def federated_partial(values, low=None, high=None):
+def federated_partial(values: torch.Tensor, low: Optional[float] = None, high: Optional[float] = None) -> torch.Tensor:
     """The partial (count, mean, M2, min, max) of the values in [low, high] (None: unbounded), missing values
     (NaN) dropped; with no value kept, count is 0 and the other fields are NaN."""
     values = values.to(torch.float64).flatten()
@@ -44,15 +46,15 @@ def federated_partial(values, low=None, high=None):
                        torch.nan)
 
 
-def _statistic_shape(partials):
+def _statistic_shape(partials: Op) -> Tuple[Tuple[int], torch.dtype]:
     if len(partials.shape) != 2 or partials.shape[1] != len(PARTIAL_FIELDS):
         raise ValueError(f"partials must be (columns, {len(PARTIAL_FIELDS)}): count, mean, M2, min and max per "
                          f"column, not {partials.shape}")
     return (partials.shape[0],), torch.float64
 
 
-def _release(statistic):
-    def kernel(partials):
+def _release(statistic: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    def kernel(partials: torch.Tensor) -> torch.Tensor:
         count, mean, m2, low, high = partials.to(torch.float64).unbind(-1)
         if statistic == "count":
             return count
@@ -67,10 +69,10 @@ def _release(statistic):
     return kernel
 
 
-def _recorder(name, doc):
+def _recorder(name: str, doc: Optional[str]) -> Callable[[], Op]:
     """`R.federated_<statistic>()`: one statistic of every rule column of the current federated graph, an `Op`
     of shape (columns,) that can be persisted."""
-    def record():
+    def record() -> Op:
         graph = current_graph()
         graph.check_open()
         if graph.approach != "federated":
