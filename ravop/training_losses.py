@@ -1,7 +1,7 @@
 """The persisted losses of a training graph as arrays (`Losses`), read in one round trip: what R.fetch_losses
 (`ravop.fetching`), History and the dashboard return. Their names are spelled in `ravop.loss_names`."""
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 

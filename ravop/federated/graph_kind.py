@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple, Union
 
 from .. import graph_states
 from ..errors import GraphStateError, UnknownPersistName
-from ..ops.federated_stats import PREFIX
-from ..registry import get
+from ..ops.federated_stats import PREFIX, STATISTIC_OPS
 from ..store import federated_schema as store
 from ..store.client_types import Client
 from ..store import graphs as store_graphs
@@ -59,7 +58,7 @@ class FederatedGraphs:
         if compile_options:
             raise TypeError(f"a federated graph is not compiled: R.activate() takes no {', '.join(compile_options)}")
         for node in graph.nodes:
-            if not node.op.startswith(PREFIX) or get(node.op).inputs != ("partials",):
+            if node.op not in STATISTIC_OPS:
                 raise GraphStateError(f"graph {graph.name!r} is federated: it may hold only R.federated_* "
                                       f"statistics, but op {node.op!r} was recorded at {node.source}")
         if not graph.persisted:

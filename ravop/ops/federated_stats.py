@@ -18,6 +18,7 @@ from ..source import user_source
 PARTIAL_FIELDS = ("count", "mean", "m2", "min", "max")   # the columns of a partial, in order
 STATISTICS = ("mean", "variance", "standard_deviation", "min", "max", "count")
 PREFIX = "federated_"
+STATISTIC_OPS = frozenset(PREFIX + statistic for statistic in STATISTICS)   # what a federated graph may hold
 
 
 def _partial_shape(values: Op, low: Optional[float] = None, high: Optional[float] = None) -> Tuple[Tuple[int], torch.dtype]:

@@ -9,7 +9,7 @@ from typing import Dict, Iterable, List
 
 from .client_types import Client, Pipeline
 from .keys import FEDERATED_OPEN, PROVIDERS, FederatedKeys, GraphKeys, graph_ref, provider_key
-from .scripts import _COMMON
+from .scripts import _COMMON, with_states
 from .workers import TTL, forget
 
 
@@ -37,10 +37,10 @@ def live_providers(client: Client) -> Dict[str, List[str]]:
 # A provider joins a running federated graph if it is not full. Returns {outcome, 1 if the graph should leave
 # the open set (full, or not running)}: the caller removes it there (another slot on a cluster), so a graph
 # whose provider dies in between stays listed, and the next provider's JOIN says so again.
-JOIN = """
+JOIN = with_states("""
 local meta = redis.call('HMGET', KEYS[1], 'state', 'max_clients')
 if not meta[1] or not meta[2] then return {'gone', 1} end
-if meta[1] ~= 'running' then return {meta[1], 1} end
+if meta[1] ~= '@RUNNING@' then return {meta[1], 1} end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {'member', 0} end
 local joined = redis.call('HLEN', KEYS[2])
 local wanted = tonumber(meta[2])
@@ -48,23 +48,23 @@ if joined >= wanted then return {'full', 1} end
 redis.call('HSET', KEYS[2], ARGV[1], 'joined')
 if joined + 1 >= wanted then return {'joined', 1} end
 return {'joined', 0}
-"""
+""")
 
 # KEYS: meta, clients, partials, events.  ARGV: provider, partial JSON.
 # Stores a joined provider's partial; the last one ends the graph.
-CONTRIBUTE = _COMMON + """
-if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
+CONTRIBUTE = with_states(_COMMON + """
+if redis.call('HGET', KEYS[1], 'state') ~= '@RUNNING@' then return 0 end
 if redis.call('HGET', KEYS[2], ARGV[1]) ~= 'joined' then return 0 end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], 'done')
 redis.call('HINCRBY', KEYS[1], 'ops_done', 1)
 redis.call('HINCRBY', KEYS[1], 'done_subgraphs', 1)
 if redis.call('HLEN', KEYS[3]) >= tonumber(redis.call('HGET', KEYS[1], 'max_clients')) then
-  redis.call('HSET', KEYS[1], 'state', 'done', 'finished', now())
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', 16, '*', 'state', 'done')
+  redis.call('HSET', KEYS[1], 'state', '@DONE@', 'finished', now())
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', 16, '*', 'state', '@DONE@')
 end
 return 1
-"""
+""")
 
 
 class FederatedScripts:

@@ -26,8 +26,17 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from redis.cluster import RedisCluster
 
+from .. import graph_states
 from .client_types import Client, Pipeline
 from .keys import DEAD_LETTER, GROUP, GraphKeys, queue
+
+def with_states(lua: str) -> str:
+    """`lua` with the graph states it names as @ACTIVATED@, @RUNNING@, @DONE@ and @FAILED@ spelled by
+    ravop.graph_states, so that the scripts and the Python side cannot disagree on a state's name."""
+    for name in ("ACTIVATED", "RUNNING", "DONE", "FAILED"):
+        lua = lua.replace(f"@{name}@", getattr(graph_states, name))
+    return lua
+
 
 _COMMON = """
 local function parse(info)
@@ -62,39 +71,39 @@ end
 
 # KEYS: meta, info, events, outbox[, queue:cpu, queue:cuda].  ARGV: token, graph id.
 # Returns {1 if it started now else 0, entries handed to the outbox}.
-START = _COMMON + _HAND_OFF + """
+START = with_states(_COMMON + _HAND_OFF + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return redis.error_reply('NOGRAPH graph ' .. ARGV[2] .. ' is not in Redis') end
-if state ~= 'activated' then return {0, handed} end
-redis.call('HSET', KEYS[1], 'state', 'running', 'started', now())
+if state ~= '@ACTIVATED@' then return {0, handed} end
+redis.call('HSET', KEYS[1], 'state', '@RUNNING@', 'started', now())
 if tonumber(redis.call('HGET', KEYS[1], 'n_subgraphs')) == 0 then
-  redis.call('HSET', KEYS[1], 'state', 'done', 'finished', now())
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', 16, '*', 'state', 'done')
+  redis.call('HSET', KEYS[1], 'state', '@DONE@', 'finished', now())
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', 16, '*', 'state', '@DONE@')
   return {1, handed}
 end
 for sid in string.gmatch(redis.call('HGET', KEYS[1], 'roots'), '[^,]+') do
   hand_off(KEYS[1], KEYS[2], KEYS[4], 5, ARGV[1], ARGV[2], sid)
 end
 return {1, handed}
-"""
+""")
 
 # KEYS: meta, done, subgraphs, taken, deps, outbox.  ARGV: subgraph id, worker.
 # Anyone who may enqueue (every requester) can put a message naming another token's graph on a stream, so
 # a message is only acted on if the plan has its subgraph and that subgraph is ready: a forged one is
 # 'unknown' or 'waiting' and cannot fail or disturb the graph it names. A message for the subgraph is on a
 # stream, so its outbox entry (a cluster's hand-off) is delivered: dropped.
-CLAIM = """
+CLAIM = with_states("""
 local meta = redis.call('HMGET', KEYS[1], 'state', 'seed', 'verify')
 if not meta[1] then return {'gone'} end
 redis.call('HDEL', KEYS[6], ARGV[1])
-if meta[1] ~= 'running' then return {meta[1]} end
+if meta[1] ~= '@RUNNING@' then return {meta[1]} end
 if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {'finished'} end
 local data = redis.call('HGET', KEYS[3], ARGV[1])
 if not data then return {'unknown'} end
 if tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0') > 0 then return {'waiting'} end
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
 return {'run', meta[2] or '0', data, meta[3] or '1'}
-"""
+""")
 
 # KEYS: the subgraph's votes.  ARGV: worker, digest of its outputs, copies wanted.
 # The votes once `copies` workers have voted (to the voter that completed them, and to any later one), else {}.
@@ -108,14 +117,14 @@ return redis.call('HGETALL', KEYS[1])
 # ARGV: subgraph id, worker, token, graph id, message id, group, tensor key prefix.
 # Returns {status, entries handed to the outbox}; status 1 (completed), 0 (already completed, or the graph
 # is no longer running), -1 (the graph is gone). With the streams given, it also acks the message.
-COMPLETE = _COMMON + _HAND_OFF + """
+COMPLETE = with_states(_COMMON + _HAND_OFF + """
 if #KEYS > 8 and ARGV[5] ~= '' then
   redis.call('XACK', KEYS[11], ARGV[6], ARGV[5])
   redis.call('XDEL', KEYS[11], ARGV[5])
 end
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {-1, handed} end
-if state ~= 'running' then return {0, handed} end
+if state ~= '@RUNNING@' then return {0, handed} end
 local info = redis.call('HGET', KEYS[3], ARGV[1])
 if not info then return redis.error_reply('NOSUBGRAPH subgraph ' .. ARGV[1] .. ' is not in the plan') end
 if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return {0, handed} end
@@ -134,22 +143,22 @@ for id in string.gmatch(release, '[^,]+') do
   end
 end
 if redis.call('HINCRBY', KEYS[1], 'done_subgraphs', 1) == tonumber(redis.call('HGET', KEYS[1], 'n_subgraphs')) then
-  redis.call('HSET', KEYS[1], 'state', 'done', 'finished', now())
-  redis.call('XADD', KEYS[7], 'MAXLEN', '~', 16, '*', 'state', 'done')
+  redis.call('HSET', KEYS[1], 'state', '@DONE@', 'finished', now())
+  redis.call('XADD', KEYS[7], 'MAXLEN', '~', 16, '*', 'state', '@DONE@')
 end
 return {1, handed}
-"""
+""")
 
 # KEYS: meta, events.  ARGV: subgraph id, worker, op, source, error.
 # Fails an activated or running graph (1), else 0: a worker's failure, or its requester's word (`ravop cancel`).
-CANCEL = _COMMON + """
+CANCEL = with_states(_COMMON + """
 local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'running' and state ~= 'activated' then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'failed', 'finished', now(), 'error', ARGV[5], 'error_op', ARGV[3],
+if state ~= '@RUNNING@' and state ~= '@ACTIVATED@' then return 0 end
+redis.call('HSET', KEYS[1], 'state', '@FAILED@', 'finished', now(), 'error', ARGV[5], 'error_op', ARGV[3],
            'error_source', ARGV[4], 'error_worker', ARGV[2], 'error_subgraph', ARGV[1])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', 16, '*', 'state', 'failed')
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', 16, '*', 'state', '@FAILED@')
 return 1
-"""
+""")
 
 # KEYS: dead letters, the message's stream (one slot: ravop.store.keys).
 # ARGV: message id, group, token, graph id, subgraph id, worker, op, source, error, reason, message.
