@@ -1,7 +1,8 @@
 """The layering rules of docs/architecture.md, checked over every import statement in ravop, compiler, worker and
 ravdl at any depth: at module level and inside functions and methods, since a deferred import is still a
 dependency (it only hides a cycle until the function runs). Imports under `if TYPE_CHECKING:` never run and are
-left out.
+left out. As in grimp, `import a.b.c` is an edge to a.b.c, not to the packages a and a.b whose `__init__` runs
+first; `test_importing_the_compiler_loads_no_redis` checks what an import loads at run time.
 
 An AST walk rather than import-linter: networkx is a dependency already, the rules here (cycles reported module by
 module, "imports X by name") are a few lines over a plain graph, and the walk needs no install."""
