@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from . import parallel as parallel
+from .activation import activate as activate
 from .autodiff import NotDifferentiableError as NotDifferentiableError
 from .autodiff import grad as grad
 from .constants import Scalar as Scalar
@@ -25,24 +26,17 @@ from .errors import RavopError as RavopError
 from .errors import ShapeError as ShapeError
 from .errors import StoreLimitError as StoreLimitError
 from .errors import UnknownPersistName as UnknownPersistName
-from .federated.api import federated_count as federated_count
-from .federated.api import federated_max as federated_max
-from .federated.api import federated_mean as federated_mean
-from .federated.api import federated_min as federated_min
-from .federated.api import federated_standard_deviation as federated_standard_deviation
-from .federated.api import federated_variance as federated_variance
+from .fetching import fetch_losses as fetch_losses
+from .fetching import fetch_persisting_op as fetch_persisting_op
 from .graph import Graph as Graph
 from .graph import current_graph as current_graph
-from .session import activate as activate
-from .session import execute as execute
-from .session import fetch_persisting_op as fetch_persisting_op
 from .session import flush as flush
-from .session import get_my_graphs as get_my_graphs
 from .session import initialize as initialize
-from .session import track_progress as track_progress
 from .torchscript_import import model as model
+from .tracking import execute as execute
+from .tracking import get_my_graphs as get_my_graphs
+from .tracking import track_progress as track_progress
 from .training_losses import Losses as Losses
-from .training_losses import fetch_losses as fetch_losses
 
 TensorLike = Op | torch.Tensor | np.ndarray | Sequence[Any] | bool | int | float | complex
 
@@ -2778,6 +2772,35 @@ def cast(x: Any, dtype: Any) -> Op:
 def astype(x: Any, dtype: Any) -> Op:
     """`x` converted to `dtype` (a name such as 'float32', a torch dtype or a numpy dtype); floats to
     integers truncate toward zero, as numpy's astype."""
+
+
+def federated_partial(values: TensorLike, low: Any = ..., high: Any = ...) -> Op:
+    """The partial (count, mean, M2, min, max) of the values in [low, high] (None: unbounded), missing values
+    (NaN) dropped; with no value kept, count is 0 and the other fields are NaN."""
+
+
+def federated_mean() -> Op:
+    """The mean of each rule column over the data of the graph's providers, filtered by the rules; fetched as {column: float}."""
+
+
+def federated_variance() -> Op:
+    """The variance of each rule column over the data of the graph's providers, filtered by the rules; fetched as {column: float}."""
+
+
+def federated_standard_deviation() -> Op:
+    """The standard deviation of each rule column over the data of the graph's providers, filtered by the rules; fetched as {column: float}."""
+
+
+def federated_min() -> Op:
+    """The min of each rule column over the data of the graph's providers, filtered by the rules; fetched as {column: float}."""
+
+
+def federated_max() -> Op:
+    """The max of each rule column over the data of the graph's providers, filtered by the rules; fetched as {column: float}."""
+
+
+def federated_count() -> Op:
+    """The count of each rule column over the data of the graph's providers, filtered by the rules; fetched as {column: float}."""
 
 
 def torchscript_forward(xs: Sequence[TensorLike], model_hash: Any, param_slots: Any = ..., buffer_slots: Any = ..., n_args: int = ..., kwarg_names: Any = ..., training: bool = ..., seed: int = ...) -> Op:

@@ -78,7 +78,7 @@ def make_function(opdef):
         return record(opdef, tensors, params)
 
     fn.__name__ = fn.__qualname__ = name
-    fn.__module__ = "ravop.op_functions"  # where `build` puts it: pickle finds a model's loss function there
+    fn.__module__ = "ravop"  # pickle finds a model's loss function as `R.<name>`, which loads the API
     fn.__doc__ = opdef.doc
     return fn
 

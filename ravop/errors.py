@@ -15,6 +15,12 @@ class GraphStateError(RavopError, RuntimeError):
 
 class GraphFailedError(RavopError, RuntimeError):
     """A subgraph failed on a worker; the message names the op, its error, the worker and the source line."""
+    # The same, one field each, where the failure recorded them (ravop.stored_values.failure).
+    op: "str | None" = None
+    error: "str | None" = None
+    worker: "str | None" = None
+    source: "str | None" = None
+    subgraph: "str | None" = None
 
 
 class DeviceUnavailable(RavopError, RuntimeError):

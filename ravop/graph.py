@@ -11,7 +11,7 @@ import torch
 
 from . import registry
 from .errors import GraphStateError, ShapeError
-from .federated.rules import parse_rules
+from .federated.column_rules import parse_rules
 from .parallel import check_strategy
 from .sizes import numel
 from .source import user_source
@@ -136,7 +136,7 @@ class Graph:
         self.algorithm = algorithm
         self.approach = approach
         self.gpu_required = gpu_required in ("yes", True)
-        self.rules = rules        # ravop.federated.rules.Rules of a federated graph
+        self.rules = rules        # ravop.federated.column_rules.Rules of a federated graph
         self.seed = int(seed)
         self.verify = verify      # run each subgraph on this many distinct workers and compare their outputs
         self.strategy = strategy  # ravop.parallel strategy of the fits recorded in it (NeuralNetwork.fit)

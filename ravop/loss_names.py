@@ -4,6 +4,8 @@ hand-written loop may persist `training_loss_step_{s}`. `R.fetch_losses`, Histor
 import re
 from typing import Final
 
+TRAINING_PREFIX: Final = "training_loss_"     # every training loss name starts so (a Lua script filters by it)
+VALIDATION_PREFIX: Final = "validation_loss_"
 TRAINING_BATCH: Final = re.compile(r"training_loss_epoch_(\d+)_batch_(\d+)\Z")
 TRAINING_STEP: Final = re.compile(r"training_loss_step_(\d+)\Z")
 VALIDATION: Final = re.compile(r"validation_loss_epoch_(\d+)\Z")

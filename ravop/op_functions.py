@@ -1,15 +1,7 @@
-"""Namespace of the generated op functions (`R.add`, `R.sum`, ...), filled by `ravop.api.build`.
+"""Namespace of the generated op functions (`R.add`, `R.sum`, ...), filled by `ravop.api.build` when
+`import ravop as R` loads its API (`ravop.requester`).
 
 VJP rules record their backward ops through it (ops code imports it as `R`, and `F` is torch.nn.functional);
-`import ravop as R` re-exports the same functions.
+`import ravop as R` re-exports the same functions. It imports nothing, so that the ops modules can import it
+without a cycle; a pickled function names `ravop` as its module (`ravop.api.make_function`), which loads the API.
 """
-
-
-def __getattr__(name):
-    # A name looked up before `import ravop as R` loaded its API (`pickle.load` of a model in a fresh process finds
-    # its loss function here): loading the API fills this namespace.
-    if not name.startswith("__"):
-        from . import requester  # noqa: F401
-        if name in globals():
-            return globals()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,7 +31,7 @@ Conventions an op definition follows:
   forward code is exported as calls of these (`ravdl.v2.export`; helpers in `ravop.ops.scriptable`).
 - `torch_module` (optional): the name of the `torch.nn` module computing the op, whose constructor takes the
   op's params (the softmax family's `axis` as `dim`): the ops RavDL's `Activation` layer offers.
-- `kind` marks the few ops the graph machinery makes itself (ravop/ops/core.py), which are not `R.<op>`
+- `kind` marks the few ops the graph machinery makes itself (ravop/ops/graph_machinery.py), which are not `R.<op>`
   functions: INPUT (a value from the tensor store, not a kernel: constants), PROJECTION (output i of a
   multi-output node; `Op.output(i)`), LOOP (a training loop run as a whole, `ravop.loop`) and HOLE (a value a
   loop's step reads). Code asks an OpDef's flags (`is_input`, `is_projection`, `free`, ...) or, in hot loops,

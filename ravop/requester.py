@@ -5,17 +5,17 @@ names, so that a worker, which needs only the registry, the op kernels, the stor
 from . import op_functions, ops  # noqa: F401  (importing ops fills the registry)
 from . import parallel  # noqa: F401  (R.parallel.LocalSGD, ...)
 from .api import build as _build
+from .activation import activate
 from .autodiff import NotDifferentiableError, grad
 from .constants import Scalar, Tensor, epsilon, inf, minus_one, one, pi, t
 from .errors import (ConnectionFailed, DeviceUnavailable, GraphFailedError, GraphStateError, NotComputedError,
                      RavopError, ShapeError, StoreLimitError, UnknownPersistName)
-from .federated.api import (federated_count, federated_max, federated_mean, federated_min,
-                            federated_standard_deviation, federated_variance)
+from .fetching import fetch_losses, fetch_persisting_op
 from .graph import Graph, Op, current_graph
-from .session import (activate, execute, fetch_persisting_op, flush, get_my_graphs, initialize,
-                      track_progress)
+from .session import flush, initialize
 from .torchscript_import import model
-from .training_losses import Losses, fetch_losses
+from .tracking import execute, get_my_graphs, track_progress
+from .training_losses import Losses
 
 _functions = _build(op_functions.__dict__)
 globals().update({name: getattr(op_functions, name) for name in dir(op_functions) if not name.startswith("_")})

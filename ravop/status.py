@@ -6,6 +6,7 @@ import time
 import networkx as nx
 import redis
 
+from . import graph_states
 from .store import DEAD_LETTER, Scripts
 from .store import graphs as store_graphs
 from .store import worker_info
@@ -29,7 +30,7 @@ def graphs(client, token, now=None):
 
 
 def _eta(graph):
-    if graph["state"] != "running" or not graph["progress"] or graph["elapsed"] is None:
+    if graph["state"] != graph_states.RUNNING or not graph["progress"] or graph["elapsed"] is None:
         return None
     return graph["elapsed"] * (100.0 - graph["progress"]) / graph["progress"]
 
@@ -79,9 +80,9 @@ def subgraph_dag(client, keys):
             state = "done"
         elif sid == failed:
             state = "failed"
-        elif sid in taken and meta["state"] == "running":
+        elif sid in taken and meta["state"] == graph_states.RUNNING:
             state = "running"
-        elif meta["state"] == "running" and waiting_on.get(sid, 0) <= 0:
+        elif meta["state"] == graph_states.RUNNING and waiting_on.get(sid, 0) <= 0:
             state = "queued"
         else:
             state = "waiting"
@@ -105,7 +106,7 @@ def failures(client, keys):
             found.append({"time": seconds, **{k: fields.get(k, "") for k in
                                               ("subgraph", "reason", "op", "source", "worker", "error")}})
     meta = store_graphs.read_state(client, keys)
-    if meta.get("state") == "failed" and not any(f["error"] == meta.get("error") for f in found):
+    if meta.get("state") == graph_states.FAILED and not any(f["error"] == meta.get("error") for f in found):
         finished = client.hget(keys.meta, "finished")
         found.append({"time": float(finished) if finished else None, "subgraph": meta.get("error_subgraph", ""),
                       "reason": "cancelled" if meta.get("error") == CANCELLED else "graph failed",
@@ -121,6 +122,6 @@ def cancel(client, keys):
     """Fail a graph that is activated or running, so that no worker starts another of its subgraphs (the
     ones running finish and are dropped) and trackers raise `GraphFailedError`. True if it was cancelled,
     False if it had already ended."""
-    if store_graphs.read_state(client, keys).get("state") not in ("activated", "running"):
+    if store_graphs.read_state(client, keys).get("state") not in graph_states.LIVE:
         return False  # done, failed or gone: nothing to stop, and nothing to log as cancelled
     return bool(Scripts(client).cancel(keys, CANCELLED))

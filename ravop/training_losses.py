@@ -1,24 +1,17 @@
-"""R.fetch_losses: the persisted losses of a training graph as arrays, read in one round trip.
-
-Names follow what `NeuralNetwork.fit` persists: `training_loss_epoch_{e}_batch_{b}` per step and
-`validation_loss_epoch_{e}` per epoch (both 1-based); a hand-written loop may persist `training_loss_step_{s}`.
-"""
-import re
+"""The persisted losses of a training graph as arrays (`Losses`), read in one round trip: what R.fetch_losses
+(`ravop.fetching`), History and the dashboard return. Their names are spelled in `ravop.loss_names`."""
 from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from . import graph_states
 from .errors import GraphStateError, RavopError
-from .graph import Graph
-from .session import _require
+from .loss_names import TRAINING_BATCH, TRAINING_STEP, VALIDATION
 from .store import GraphKeys
-from .store.lookup import find_graph
-from .store.losses import read_losses
+from .store.client_types import Client
+from .store.loss_reads import read_losses
 from .wire import decode_tensor
-
-_EPOCH_BATCH = re.compile(r"training_loss_epoch_(\d+)_batch_(\d+)\Z")
-_STEP = re.compile(r"training_loss_step_(\d+)\Z")
-_VALIDATION = re.compile(r"validation_loss_epoch_(\d+)\Z")
 
 
 @dataclass
@@ -32,20 +25,20 @@ class Losses:
     epoch: np.ndarray
     validation: np.ndarray
 
-    def per_epoch(self):
+    def per_epoch(self) -> np.ndarray:
         """The mean batch loss of each epoch (as Keras reports `loss`); NaN for an epoch not fully computed."""
         epochs = np.unique(self.epoch[self.epoch > 0])
         return np.array([self.batch[self.epoch == e].mean() for e in epochs])
 
-    def to_json(self):
+    def to_json(self) -> Dict[str, Any]:
         """Plain lists for a JSON reply; a value not computed yet is None."""
-        def values(array):
+        def values(array: np.ndarray) -> List[Optional[float]]:
             return [None if np.isnan(v) else float(v) for v in array]
         return {"graph": self.graph_id, "state": self.state, "batch": values(self.batch),
                 "epoch": self.epoch.tolist(), "validation": values(self.validation)}
 
 
-def _scalar(name, data):
+def _scalar(name: str, data: Optional[bytes]) -> float:
     if data is None:
         return np.nan
     tensor = decode_tensor(data)
@@ -54,24 +47,24 @@ def _scalar(name, data):
     return float(tensor)
 
 
-def read(client, keys):
+def read(client: Client, keys: GraphKeys) -> Losses:
     """`Losses` of the graph at `keys`, in one round trip."""
     state, stored = read_losses(client, keys)
     if state is None:
         raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")
-    if state == "activated":  # as R.fetch_persisting_op: no value before the start, whatever folding computed
+    if state == graph_states.ACTIVATED:  # as R.fetch_persisting_op: no value before the start, whatever folding computed
         stored = dict.fromkeys(stored)
     steps, validation = [], {}
     for name, data in stored.items():
-        match = _EPOCH_BATCH.match(name)
+        match = TRAINING_BATCH.match(name)
         if match:
             steps.append(((int(match[1]), int(match[2])), name, data))
             continue
-        match = _STEP.match(name)
+        match = TRAINING_STEP.match(name)
         if match:
             steps.append(((0, int(match[1])), name, data))
             continue
-        match = _VALIDATION.match(name)
+        match = VALIDATION.match(name)
         if match:
             validation[int(match[1])] = _scalar(name, data)
     steps.sort(key=lambda step: step[0])
@@ -80,21 +73,3 @@ def read(client, keys):
                   batch=np.array([_scalar(name, data) for _, name, data in steps], dtype=np.float64),
                   epoch=np.array([order[0] for order, _, _ in steps], dtype=np.int64),
                   validation=np.array([validation.get(e, np.nan) for e in range(1, n_epochs + 1)]))
-
-
-def graph_keys(session, graph):
-    """GraphKeys of `graph` for this session: None (the current graph), a `Graph`, or a graph id or name."""
-    if graph is None:
-        return session.keys()
-    if isinstance(graph, Graph):
-        return GraphKeys(session.token, graph.id)
-    if isinstance(graph, str):
-        return find_graph(session.client, session.token, graph)
-    raise TypeError(f"graph must be None, a ravop Graph, or a graph id or name, not {type(graph).__name__}")
-
-
-def fetch_losses(graph=None):
-    """The persisted losses of `graph` (default: the current one; or a `Graph`, a graph id or a name) as a
-    `Losses` (arrays), in one round trip, whether the graph is still training or done."""
-    session = _require()
-    return read(session.client, graph_keys(session, graph))

@@ -17,10 +17,10 @@ import pytest
 
 import ravop as R
 from ravop.errors import GraphStateError
-from ravop.federated.rules import parse_rules
-from ravop.federated.stats import merge, partial, statistic
+from ravop.federated.column_rules import parse_rules
+from ravop.federated.partials import merge, partial, statistic
 from ravop.store import GraphKeys, connect
-from ravop.store.federated import OPEN, FederatedKeys, job_ref
+from ravop.store.keys import FEDERATED_OPEN, FederatedKeys, graph_ref
 from worker.data import DataError, ProviderData
 
 from conftest import Workers
@@ -291,10 +291,10 @@ def test_hostile_open_graphs_fail_without_stopping_a_provider(engine, providers,
     keys = GraphKeys(engine.token, "hostile")
     client.hset(keys.meta, mapping={"name": "hostile", "state": "running", "max_clients": 1, "rules": "{not json",
                                     "n_ops": 1, "ops_done": 0})
-    refs = ["no-slash-here", "bad token!/x", b"\xff/\xfe", job_ref(keys)]
-    client.sadd(OPEN, *refs)
+    refs = ["no-slash-here", "bad token!/x", b"\xff/\xfe", graph_ref(keys)]
+    client.sadd(FEDERATED_OPEN, *refs)
     deadline = time.monotonic() + 60
-    while client.hget(keys.meta, "state") != b"failed" or client.scard(OPEN):
+    while client.hget(keys.meta, "state") != b"failed" or client.scard(FEDERATED_OPEN):
         assert time.monotonic() < deadline, client.hgetall(keys.meta)
         time.sleep(0.05)
     assert b"rules is not valid JSON" in client.hget(keys.meta, "error")

@@ -26,7 +26,7 @@ from ravop.interpreter import evaluate, evaluate_persisted
 from ravop.local_cluster import LocalCluster
 from ravop.store import GraphKeys, connect
 from ravop.store import graphs as store_graphs
-from ravop.store.federated import FederatedKeys
+from ravop.store.keys import FederatedKeys
 from ravop.store.handoff import Handoff
 from ravop.store.keys import DEAD_LETTER, STARTING, TokenKeys, queue
 from ravop.store.scripts import Scripts

@@ -7,6 +7,11 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The public API: ravop's stub, ravdl.v2, the compiler's entry point, and a user's script.
 PUBLIC = ["ravop/__init__.pyi", "ravdl/v2/__init__.py", "compiler/__init__.py", "tests/typing/uses_the_api.py"]
+# The core interfaces, annotated throughout (every function, public or not): the Redis schema both sides share,
+# the requester's session steps and the graph kinds they ask, federated statistics, the schema's names.
+ANNOTATED = ["ravop/store", "ravop/session.py", "ravop/activation.py", "ravop/tracking.py", "ravop/fetching.py",
+             "ravop/graph_kinds.py", "ravop/stored_values.py", "ravop/training_losses.py", "ravop/loss_names.py",
+             "ravop/graph_states.py", "ravop/federated", "ravop/ops/federated_stats.py"]
 
 
 def mypy(*paths, cache):
@@ -32,6 +37,11 @@ def test_every_public_name_of_ravop_is_in_the_stub():
 
 def test_mypy_accepts_the_public_api(tmp_path):
     done = mypy(*PUBLIC, cache=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mypy_accepts_the_annotated_core_interfaces(tmp_path):
+    done = mypy("--disallow-untyped-defs", "--disallow-incomplete-defs", *ANNOTATED, cache=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
 
 

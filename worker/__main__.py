@@ -1,3 +1,3 @@
-from .cli import main
+from .worker_cli import main
 
 raise SystemExit(main())

@@ -9,7 +9,7 @@ import torch
 from ravop import registry
 from ravop.interpreter import run_op
 from ravop.store import tensors as stored
-from ravop.store.keys import graph_prefix
+from ravop.store.keys import calibration_key
 from ravop.cost_fields import COST_FIELDS
 
 
@@ -31,7 +31,7 @@ def _best_seconds(fn, device, repeats):
 def _handoff_seconds(client, name, tensor, chunk):
     """One store and fetch of `tensor` by the store's own code (in chunks where the server caps one value)."""
     # A key of the tensor pattern that a worker's ACL user may write and delete; no graph has this id.
-    key = graph_prefix("_", f"calibrate-{name}") + "t:0"
+    key = calibration_key(name)
     try:
         start = time.perf_counter()
         pipe = client.pipeline(transaction=False)

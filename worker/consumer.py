@@ -23,7 +23,7 @@ from ravop.errors import PlanError, StoreLimitError, WireFormatError
 from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, ensure_queues, queue
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
-from ravop.store import federated as federated_store
+from ravop.store import federated_schema as federated_store
 from ravop.store import tensors as stored
 from ravop.store import workers as liveness
 from ravop.wire import plan_pb2, unpack_nodes
@@ -98,7 +98,7 @@ class Worker:
                              f"{checkpoint_seconds}")
         self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
         self.stopping = threading.Event()
-        self.provider = provider  # a worker.federated.Provider if this worker offers data (--data)
+        self.provider = provider  # a worker.data_provider.Provider if this worker offers data (--data)
         self.heartbeat = Heartbeat(client, name, self.kind, self.stream, self.takeover.every, dead_after,
                                    self.stopping, parent_pid, provider.data.names() if provider is not None else None,
                                    info={**self._advertised(), **calibrate.measure(self.device, client, name)})

@@ -1,5 +1,5 @@
 """A provider's data (`ravop-worker --data PATH ...`): the numeric columns of its CSV and Parquet files, read
-once at start. It stays in this process: only the partial statistics of `worker.federated` are ever written
+once at start. It stays in this process: only the partial statistics of `worker.data_provider` are ever written
 to Redis.
 
 A CSV file has a header row; a column is numeric if every non-empty cell parses as a number. A Parquet file

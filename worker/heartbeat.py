@@ -12,7 +12,7 @@ import time
 import redis
 
 from ravop.store import GROUP
-from ravop.store import federated as federated_store
+from ravop.store import federated_schema as federated_store
 from ravop.store import worker_info
 from ravop.store import workers as liveness
 

@@ -9,6 +9,7 @@ BatchNorm's batch count); NeuralNetwork, Functional and Pytorch_Model do.
 from functools import partial
 
 from ravop.loop import Batches, Loop
+from ravop.loss_names import training_loss_name, validation_loss_name
 
 from .layers.base import as_input
 
@@ -38,8 +39,8 @@ def optimizer_slots(optimizer, params):
 
 def record_fit(model, train_step, X, y, n_epochs, batch_size, shuffle=False, seed=0, validation=None):
     """Record `n_epochs` of `train_step(X_batch, y_batch) -> loss` over (X, y) in batches of `batch_size`;
-    persists each loss as `training_loss_epoch_{e}_batch_{b}` and, with `validation() -> loss` (recorded
-    in eval mode after each epoch), `validation_loss_epoch_{e}` (1-based). Returns the training loss names
+    persists each loss as `ravop.loss_names.training_loss_name(e, b)` and, with `validation() -> loss` (recorded
+    in eval mode after each epoch), `validation_loss_name(e)` (1-based). Returns the training loss names
     in order."""
     if int(n_epochs) < 1:
         raise ValueError(f"n_epochs must be >= 1, not {n_epochs}")
@@ -66,7 +67,7 @@ def record_fit(model, train_step, X, y, n_epochs, batch_size, shuffle=False, see
             _bind(slots, step.carried)
             loss = train_step(step.rows(X, rows), step.rows(y, rows))
             step.carry([slot.get() for slot in slots])
-            step.persist(loss, [f"training_loss_epoch_{e}_batch_{b}" for e in epochs for b in batches])
+            step.persist(loss, [training_loss_name(e, b) for e in epochs for b in batches])
         moved = [counter.get() - start for counter, start in zip(counters, starts)]
         if advance is not None and moved != advance:
             raise ValueError("the short last batch's step advances the model's counters differently")
@@ -76,13 +77,13 @@ def record_fit(model, train_step, X, y, n_epochs, batch_size, shuffle=False, see
     if validation is not None:
         with loop.step(counts=False) as step:
             _bind(slots, step.carried)
-            step.persist(validation(), [f"validation_loss_epoch_{e}" for e in epochs])
+            step.persist(validation(), [validation_loss_name(e) for e in epochs])
             step.carry([slot.get() for slot in slots])
         schedule.append((len(schedule), 1))
     _bind(slots, loop.run(schedule, rounds=n_epochs))
     for counter, start, moved in zip(counters, starts, advance):
         counter.set(start + moved * steps_per_epoch * n_epochs)
-    return [f"training_loss_epoch_{e}_batch_{b}" for e in epochs for b in range(1, n_full + (short > 0) + 1)]
+    return [training_loss_name(e, b) for e in epochs for b in range(1, n_full + (short > 0) + 1)]
 
 
 def _bind(slots, values):

@@ -11,6 +11,7 @@ are fetched lazily, the first time they are read once the graph has run, all in 
 It is also the list of the training loss names in order, as `fit` returned before it returned a History.
 """
 import ravop as R
+from ravop import graph_states
 from ravop.errors import GraphFailedError, NotComputedError
 
 
@@ -28,10 +29,10 @@ class History(list):
                 raise NotComputedError(f"graph {self.graph.name!r} has not run: R.activate(), R.execute() and "
                                        "R.track_progress() first")
             losses = R.fetch_losses(self.graph)
-            if losses.state == "failed":
+            if losses.state == graph_states.FAILED:
                 raise GraphFailedError(f"graph {self.graph.name!r} failed, so its losses are incomplete: "
                                        "R.track_progress() or `ravop logs` say why")
-            if losses.state != "done":
+            if losses.state != graph_states.DONE:
                 raise NotComputedError(f"graph {self.graph.name!r} is {losses.state}: the history is read once "
                                        "it has run (R.track_progress() waits for it; R.fetch_losses() reads the "
                                        "losses computed so far)")

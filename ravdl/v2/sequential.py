@@ -58,7 +58,8 @@ class NeuralNetwork(Model):
     def fit(self, X, y, n_epochs, batch_size, shuffle=False, seed=None, save_model=False, persist_weights=False,
             strategy=None):
         """Record `n_epochs` of training as one loop (ravdl.v2.fit): each batch loss is persisted as
-        `training_loss_epoch_{e}_batch_{b}` (1-based) and, with validation_data, `validation_loss_epoch_{e}`.
+        `training_loss_epoch_{e}_batch_{b}` (1-based; `ravop.loss_names`) and, with validation_data,
+        `validation_loss_epoch_{e}`.
         Shuffled batches draw their order from `seed` (default: the graph seed), so a run is reproducible.
         Returns a `History`: the training loss names in order, and `history.history['loss']`,
         `history.batch_losses` once the graph has run.

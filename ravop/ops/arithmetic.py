@@ -5,7 +5,7 @@ import torch
 from .. import op_functions as R
 from ..registry import register
 from . import rules, scriptable
-from .core import unbroadcast
+from .graph_machinery import unbroadcast
 
 
 def _add_vjp(node, g, wants):

@@ -11,7 +11,7 @@ from ..dtypes import result_dtype
 from ..graph import record
 from ..registry import get, register
 from . import rules
-from .core import unbroadcast
+from .graph_machinery import unbroadcast
 
 for _name, _kernel in (("greater", torch.gt), ("greater_equal", torch.ge), ("less", torch.lt),
                        ("less_equal", torch.le), ("equal", torch.eq), ("not_equal", torch.ne),

@@ -7,7 +7,7 @@ from ..dtypes import is_floating
 from ..registry import REQUIRED, register
 from ..sizes import numel
 from . import rules
-from .core import unbroadcast
+from .graph_machinery import unbroadcast
 
 
 def _check_int(indices, what):

@@ -14,7 +14,7 @@ from ..graph import record
 from ..registry import REQUIRED, get, register
 from ..sizes import numel
 from . import rules
-from .core import unbroadcast
+from .graph_machinery import unbroadcast
 from .index_spec import canonical_index
 
 # --------------------------------------------------------------------------------------- shape of x[...]

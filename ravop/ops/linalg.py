@@ -5,7 +5,7 @@ from .. import op_functions as R
 from ..dtypes import result_dtype
 from ..registry import register
 from . import flops, rules, scriptable
-from .core import unbroadcast
+from .graph_machinery import unbroadcast
 
 
 def _promoted(x, y):

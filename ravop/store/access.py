@@ -10,10 +10,10 @@ a worker running modified code is held to these rules, not to what our code happ
   It may delete only what its protocol deletes: released tensors, its checkpoints, its own liveness keys.
   It cannot delete, flush or list graphs, nor clear its own name from a token's banned set.
 """
-from .federated import OPEN, PROVIDERS, provider_key
-from .keys import (ANY, STARTING, banned_pattern, checkpoints_pattern, graphs_pattern, queue, shared_pattern,
-                   tensors_pattern, token_pattern, worker_key, workers_set)
-from .worker_info import info_key
+from typing import Any, List, Mapping, Optional
+
+from .keys import (ANY, FEDERATED_OPEN, PROVIDERS, STARTING, banned_pattern, checkpoints_pattern, graphs_pattern,
+                   info_key, provider_key, queue, shared_pattern, tensors_pattern, token_pattern, worker_key, workers_set)
 
 # Commands without keys that our clients send: connection setup (redis-py's AUTH, SELECT; not CLIENT SETINFO,
 # which Redis 7.0 does not know and redis-py does without) and the scripts (loaded by SHA, EVAL as the
@@ -29,17 +29,17 @@ _KEYLESS = ["+ping", "+hello", "+auth", "+select", "+echo", "+quit", "+reset",
 _DATA = ["+@read", "+@write", "-@dangerous", "-@admin", "-function", "-keys", "-randomkey", "-move", "-copy"]
 
 
-def requester_rules(namespace):
+def requester_rules(namespace: str) -> List[str]:
     """ACL SETUSER arguments (after the name) that confine a requester to token `namespace`."""
     return ["resetkeys", "resetchannels", "-@all", *_DATA, *_KEYLESS,
             f"~{token_pattern(namespace)}",
             f"%RW~{queue(ANY)}", f"%RW~{STARTING}",      # start a graph (ravop.store.handoff)
-            f"%RW~{OPEN}",                               # open a federated one to providers
+            f"%RW~{FEDERATED_OPEN}",                     # open a federated one to providers
             f"%R~{worker_key(ANY)}", f"%R~{workers_set(ANY)}", f"%R~{info_key(ANY)}",
             f"%R~{PROVIDERS}", f"%R~{provider_key(ANY)}"]
 
 
-def worker_rules():
+def worker_rules() -> List[str]:
     """ACL SETUSER arguments (after the name) of a worker."""
     deletable = [tensors_pattern(), checkpoints_pattern(), worker_key(ANY), info_key(ANY), provider_key(ANY)]
     return ["resetkeys", "resetchannels", "-@all", *_DATA, *_KEYLESS,
@@ -49,7 +49,7 @@ def worker_rules():
             f"(+sadd ~{banned_pattern()})"]   # a worker marks a disagreeing one; it cannot unmark itself
 
 
-def kind_of(name, user):
+def kind_of(name: str, user: Mapping[str, Any]) -> Optional[str]:
     """'token', 'worker' or None (any other user) from redis-py's `acl_getuser(name)`, by the keys granted."""
     patterns = user.get("keys") or []
     if f"~{graphs_pattern()}" in patterns:

@@ -10,6 +10,7 @@ The same URL names a standalone server or any node of a Redis/Valkey Cluster: a 
 each command to the shard of its keys (the key schema keeps each graph in one slot: ravop.store.keys).
 """
 import time
+from typing import Callable, Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
@@ -20,6 +21,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from ..errors import ConnectionFailed
+from .client_types import Client
 from .keys import DEVICE_KINDS, GROUP, queue
 
 CONNECT_TIMEOUT = 5.0
@@ -31,7 +33,7 @@ SOCKET_TIMEOUT = 60.0  # longer than any blocking read we issue (at most a few s
 _ZERO_COPY_PACKER = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
 
 
-def redact(url):
+def redact(url: str) -> str:
     """The URL without its password, for messages."""
     parts = urlsplit(url)
     if parts.password is None:
@@ -40,14 +42,14 @@ def redact(url):
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def url_user(url):
+def url_user(url: str) -> Optional[str]:
     """The user named in `url`'s credentials, unless it is the server's `default` user: with `ravop admin`
     users it is also the token, so R.initialize(redis_url=URL) needs nothing else."""
     user = urlsplit(url).username
     return unquote(user) if user and unquote(user) != "default" else None
 
 
-def connect(url, timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT):
+def connect(url: str, timeout: float = CONNECT_TIMEOUT, socket_timeout: float = SOCKET_TIMEOUT) -> Client:
     """A client for `url` (redis://, rediss://, unix://) after a successful PING: a `RedisCluster` if the
     server is a cluster node; `ConnectionFailed` naming the URL within about `timeout` seconds otherwise."""
     try:
@@ -74,7 +76,7 @@ def connect(url, timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT):
 _RETRY = Retry(ExponentialBackoff(cap=1.0, base=0.05), 3)
 
 
-def _cluster_client(url, timeout, socket_timeout):
+def _cluster_client(url: str, timeout: float, socket_timeout: float) -> RedisCluster:
     try:
         client = RedisCluster.from_url(url, socket_connect_timeout=timeout, socket_timeout=socket_timeout,
                                        retry=_RETRY)
@@ -88,7 +90,7 @@ def _cluster_client(url, timeout, socket_timeout):
     return client
 
 
-def node_client(client, key=None):
+def node_client(client: Client, key: Optional[str] = None) -> redis.Redis:
     """The client of the server that holds `key` (of any node without one): `client` itself unless it is a
     cluster's. For what must go to one server: INFO and CONFIG, and tensor reads straight from a socket."""
     if not isinstance(client, RedisCluster):
@@ -97,7 +99,7 @@ def node_client(client, key=None):
     return client.get_redis_connection(node)
 
 
-def ensure_queues(client):
+def ensure_queues(client: Client) -> None:
     """Create each device stream and its consumer group (idempotent; also after a server lost its data)."""
     for kind in DEVICE_KINDS:
         try:
@@ -111,12 +113,12 @@ class Outage:
     """A loop's view of a lost server: how long to wait before trying again (doubling from `first` to
     `cap` seconds) and one line through `say` when the server is lost and when it answers again."""
 
-    def __init__(self, say, first=0.1, cap=5.0):
+    def __init__(self, say: Callable[[str], None], first: float = 0.1, cap: float = 5.0) -> None:
         self.say, self.first, self.cap = say, first, cap
-        self.since = None
+        self.since: Optional[float] = None
         self.delay = first
 
-    def lost(self, exc):
+    def lost(self, exc: BaseException) -> float:
         """Seconds to wait before the next try."""
         if self.since is None:
             self.since = time.monotonic()
@@ -124,11 +126,11 @@ class Outage:
         delay, self.delay = self.delay, min(self.delay * 2, self.cap)
         return delay
 
-    def seconds(self):
+    def seconds(self) -> float:
         """How long the server has been unreachable (0 while it answers)."""
         return 0.0 if self.since is None else time.monotonic() - self.since
 
-    def ok(self):
+    def ok(self) -> bool:
         """The server answered; True if it had been lost (and says so)."""
         if self.since is None:
             return False

@@ -2,9 +2,13 @@
 import json
 import time
 from collections import Counter
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .. import progress
+import torch
+
+from .. import graph_states, progress
 from . import tensors
+from .client_types import Client
 from .keys import GraphKeys, TokenKeys, device_kind
 
 BATCH_BYTES = 32 * 2**20  # one pipeline carries about this much, so a big model is neither one huge
@@ -14,22 +18,23 @@ BATCH_FIELDS = 10_000     # request nor a round trip per tensor
 class _Batcher:
     """A pipeline that sends itself once it holds about BATCH_BYTES or BATCH_FIELDS."""
 
-    def __init__(self, client):
+    def __init__(self, client: Client) -> None:
         self.pipe = client.pipeline(transaction=False)
         self.bytes = self.fields = 0
 
-    def add(self, size, fields=1):
+    def add(self, size: int, fields: int = 1) -> None:
         self.bytes += size
         self.fields += fields
         if self.bytes >= BATCH_BYTES or self.fields >= BATCH_FIELDS:
             self.send()
 
-    def send(self):
+    def send(self) -> None:
         self.pipe.execute()
         self.bytes = self.fields = 0
 
 
-def upload(client, token, plan, constants, meta, bundles=None):
+def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.Tensor], meta: Mapping[str, Any],
+           bundles: Optional[Mapping[str, Tuple[str, Any, Mapping[str, str]]]] = None) -> GraphKeys:
     """Write an activated graph: subgraphs, routing, dependency and reader counts, persist names, bundles,
     constants, and its meta last (workers and trackers only look at a graph that has a meta).
 
@@ -40,7 +45,7 @@ def upload(client, token, plan, constants, meta, bundles=None):
     chunk = tensors.fit_to_server(client, sum(t.nbytes for t in constants.values()), "the graph's constants",
                                   keys.meta)
     persisted = set(plan.persisted.values())
-    readers = Counter()
+    readers: Counter[int] = Counter()
     roots, devices, n_ops = [], set(), 0
     batch = _Batcher(client)
     for sub in plan.subgraphs:
@@ -72,7 +77,7 @@ def upload(client, token, plan, constants, meta, bundles=None):
             uploaded.update(tensor.nbytes)
     now = time.time()
     batch.pipe.hset(keys.meta, mapping={
-        **meta, "state": "activated", "seed": plan.seed, "devices": ",".join(sorted(devices)),
+        **meta, "state": graph_states.ACTIVATED, "seed": plan.seed, "devices": ",".join(sorted(devices)),
         "roots": ",".join(map(str, roots)), "n_subgraphs": len(plan.subgraphs), "done_subgraphs": 0,
         "n_ops": n_ops, "ops_done": 0, "n_steps": plan.n_steps, "created": now})
     token_keys = TokenKeys(token)
@@ -87,24 +92,24 @@ STATE_FIELDS = ("name", "state", "ops_done", "n_ops", "devices", "error", "error
                 "error_worker", "error_subgraph", "approach", "n_steps")
 
 
-def read_state(client, keys):
+def read_state(client: Client, keys: GraphKeys) -> Dict[str, str]:
     """The graph's STATE_FIELDS as a str dict (one HMGET; queue it on a pipeline and pass the reply to
     `decode_state` to combine it with other reads); {} if the graph is not in Redis."""
     return decode_state(client.hmget(keys.meta, STATE_FIELDS))
 
 
-def decode_state(values):
+def decode_state(values: Sequence[Optional[bytes]]) -> Dict[str, str]:
     if values[1] is None:
         return {}
     return {field: value.decode() for field, value in zip(STATE_FIELDS, values) if value is not None}
 
 
-def steps_done(client, keys):
+def steps_done(client: Client, keys: GraphKeys) -> int:
     """Loop steps run so far, over all the graph's loops."""
     return sum(int(v) for v in client.hvals(keys.steps))
 
 
-def describe_failure(meta):
+def describe_failure(meta: Mapping[str, str]) -> str:
     """One line naming the op, its source line, the worker and the error of a failed graph."""
     op = f"op {meta['error_op']!r}" if meta.get("error_op") else f"subgraph {meta.get('error_subgraph', '?')}"
     where = f" (recorded at {meta['error_source']})" if meta.get("error_source") else ""
@@ -112,7 +117,7 @@ def describe_failure(meta):
     return f"graph {meta.get('name', '?')!r} failed: {op}{where}{worker}: {meta.get('error', 'unknown error')}"
 
 
-def delete_token(client, token, batch=1000):
+def delete_token(client: Client, token: str, batch: int = 1000) -> None:
     """Delete every key of a token (idempotent). Streams shared by all tokens are left alone: a worker that
     later reads a queued message of a deleted graph finds no meta and drops it."""
     pattern = TokenKeys(token).pattern
@@ -126,7 +131,7 @@ def delete_token(client, token, batch=1000):
         client.unlink(*found)
 
 
-def list_graphs(client, token):
+def list_graphs(client: Client, token: str) -> List[Dict[str, Any]]:
     """The token's graphs, oldest first: id, name, algorithm, state, progress (percent of ops run, or of loop
     steps for a graph with training loops), ops, subgraphs, and the Unix times created, started and finished
     (None until then)."""
@@ -150,7 +155,7 @@ def list_graphs(client, token):
         n_steps = int(values[9] or 0)
         if n_steps:  # a training graph's time is its loop steps: count those
             ops_done, n_ops = sum(int(v) for v in steps), n_steps
-        progress = 100.0 if state == "done" else round(100.0 * ops_done / n_ops, 1) if n_ops else 0.0
+        progress = 100.0 if state == graph_states.DONE else round(100.0 * ops_done / n_ops, 1) if n_ops else 0.0
         graphs.append({"id": gid, "name": name, "algorithm": algorithm, "approach": approach,
                        "rules": json.loads(rules) if rules else None, "state": state, "progress": progress,
                        "ops": n_ops, "subgraphs": int(n_subgraphs), "created": float(created),

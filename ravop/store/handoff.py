@@ -18,33 +18,32 @@ delivered. A crash between the two steps loses nothing:
   graph's `done` set make harmless, as for any retry.
 """
 import time
+from typing import Iterable, Optional, Tuple
 
-from .keys import GROUP, STARTING, GraphKeys, device_kind, queue
+from .client_types import Client
+from .keys import GROUP, STARTING, GraphKeys, device_kind, graph_ref, queue
+from .scripts import Scripts
 
 STALE_START = 10.0  # seconds after which a graph still marked starting is taken to have lost its requester
 RECLAIM_BATCH = 16
 
 
-def graph_ref(keys):
-    return f"{keys.token}/{keys.graph_id}"
-
-
-def _parse(entry):
+def _parse(entry: bytes) -> Optional[Tuple[str, str, int]]:
     """(device kind, subgraph id, copies) of an outbox entry, or None for one no script wrote (a requester may
     write to its graphs' keys): dropped, so that it cannot name another stream or stop a worker that drains it."""
     try:
         device, subgraph_id, copies = entry.decode().split(";")
-        device, subgraph_id, copies = device_kind(device), str(int(subgraph_id)), int(copies)
+        parsed = device_kind(device), str(int(subgraph_id)), int(copies)
     except (UnicodeDecodeError, ValueError):
         return None
-    return (device, subgraph_id, copies) if copies >= 1 else None
+    return parsed if parsed[2] >= 1 else None
 
 
 class Handoff:
-    def __init__(self, client, scripts):
+    def __init__(self, client: Client, scripts: Scripts) -> None:
         self.client, self.scripts = client, scripts
 
-    def start(self, keys):
+    def start(self, keys: GraphKeys) -> int:
         """Start the graph (START) and get its first subgraphs onto the work streams; 1 if it started now, 0
         if it had already started; ResponseError NOGRAPH if it is gone."""
         if self.scripts.direct:
@@ -55,19 +54,20 @@ class Handoff:
         self.deliver(keys, handed, unmark=ref)
         return started
 
-    def completed(self, keys, handed, stream, message_id):
+    def completed(self, keys: GraphKeys, handed: Iterable[bytes], stream: str, message_id: str) -> None:
         """After COMPLETE: deliver what it handed off and ack the message (a standalone server's script did)."""
         if not self.scripts.direct:
             self.deliver(keys, handed, stream, message_id)
 
-    def deliver(self, keys, entries, stream=None, message_id="", unmark=None):
+    def deliver(self, keys: GraphKeys, entries: Iterable[bytes], stream: Optional[str] = None, message_id: str = "",
+                unmark: Optional[str] = None) -> None:
         """Put outbox `entries` ("device;subgraph id;copies") of the graph on their work streams, ack
         `message_id` of `stream` and clear the starting mark `unmark`, in one transaction."""
         pipe = self.client.pipeline(transaction=True)
         for device, subgraph_id, copies in filter(None, map(_parse, entries)):
             for _ in range(copies):
                 pipe.xadd(queue(device), {"token": keys.token, "graph": keys.graph_id, "subgraph": subgraph_id})
-        if message_id:
+        if message_id and stream is not None:
             pipe.xack(stream, GROUP, message_id)
             pipe.xdel(stream, message_id)
         if unmark is not None:
@@ -75,7 +75,7 @@ class Handoff:
         if len(pipe):
             pipe.execute()
 
-    def drain(self, keys, unmark=None):
+    def drain(self, keys: GraphKeys, unmark: Optional[str] = None) -> None:
         """Deliver whatever the graph's outbox holds (left by someone who died before delivering it, or not
         claimed yet), dropping entries no script wrote."""
         if self.scripts.direct:
@@ -90,7 +90,7 @@ class Handoff:
             self.client.hdel(keys.outbox, *forged)
         self.deliver(keys, entries, unmark=unmark)
 
-    def reclaim_starts(self, older_than=STALE_START):
+    def reclaim_starts(self, older_than: float = STALE_START) -> int:
         """Drain the outboxes of graphs marked starting more than `older_than` seconds ago; how many."""
         if self.scripts.direct:
             return 0

@@ -38,10 +38,21 @@ dead-lettering it, or delivering a graph's first subgraphs and clearing its mark
   {work}:starting     zset    on a cluster, "token/graph id" of graphs being started -> when (ravop.store.handoff)
   worker:{name}       string  a live worker's device kind; expires unless the worker's heartbeat renews it
   workers:{cpu|cuda}  set     names of workers that registered for a device kind (dead ones pruned on read)
-Federated graphs add a few keys of their own: see `ravop.store.federated`.
+  winfo:{name}        hash    a live worker's advertisement: device, memory, threads, cost figures, what it runs
+Federated graphs (ravop.store.federated_schema) add, shared by all tokens:
+  federated:open      set     "token/graph id" of started federated graphs that still need providers
+  provider:{name}     string  JSON {"columns": [...]}: the numeric columns a live provider holds; expires
+                              with the worker's heartbeat, which renews it
+  providers           set     names of workers that advertised data (dead ones pruned on read)
+and per graph, under its prefix:
+  stats               hash    persist name -> statistic (mean, variance, ...)
+  clients             hash    provider -> "joined" | "done"
+  partials            hash    provider -> JSON {column: {count, mean, m2, min, max} | {"withheld": k}}
+Every key name is spelled in this module only; the other modules of both sides ask it.
 """
 import hashlib
 import re
+from typing import Union
 
 GROUP = "workers"
 DEVICE_KINDS = ("cpu", "cuda")
@@ -53,7 +64,7 @@ STARTING = WORK + "starting"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 
-def check_name(value, what="token"):
+def check_name(value: object, what: str = "token") -> str:
     """A token or graph id: 1-64 letters, digits, '_', '.', '-', starting with a letter or digit (so it is
     safe in key names and in SCAN patterns)."""
     if not isinstance(value, str) or not _NAME.match(value):
@@ -64,7 +75,7 @@ def check_name(value, what="token"):
     return value
 
 
-def token_namespace(token):
+def token_namespace(token: str) -> str:
     """The name a requester's keys live under. A token that is already a name ("local", "team-a") is used
     as it is; any other (a JWT of 150 characters, one with other characters) is a secret of any length, so
     only a digest of it goes into key names, where every worker and Redis user can read them."""
@@ -75,7 +86,7 @@ def token_namespace(token):
     return "t" + hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
-def device_kind(device):
+def device_kind(device: object) -> str:
     """'cuda:1' -> 'cuda'; the queue a device reads."""
     kind = str(device).split(":", 1)[0]
     if kind not in DEVICE_KINDS:
@@ -83,27 +94,46 @@ def device_kind(device):
     return kind
 
 
-def queue(kind):
+def queue(kind: str) -> str:
     return f"{WORK}queue:{kind}"
 
 
-def worker_key(name):
+def worker_key(name: str) -> str:
     return f"{SHARED}worker:{name}"
 
 
-def workers_set(kind):
+def workers_set(kind: str) -> str:
     return f"{SHARED}workers:{kind}"
+
+
+def info_key(name: str) -> str:
+    """What a live worker advertises with each heartbeat (ravop.store.worker_info)."""
+    return f"{SHARED}winfo:{name}"
+
+
+def calibration_key(worker_name: str) -> str:
+    """The tensor a starting worker writes and reads back to time a hand-off through Redis (worker.calibrate):
+    a key of the tensor pattern a worker's ACL user may write and delete, of a graph no token can have."""
+    return graph_prefix("_", f"calibrate-{worker_name}") + "t:0"
+
+
+FEDERATED_OPEN = SHARED + "federated:open"
+PROVIDERS = SHARED + "providers"
+
+
+def provider_key(name: str) -> str:
+    return f"{SHARED}provider:{name}"
 
 
 BANNED = "banned"
 ANY = "*"
 
 
-def token_prefix(namespace):
+def token_prefix(namespace: str) -> str:
     return f"ravop:{namespace}:"
 
 
-def graph_prefix(namespace, graph_id):
+def graph_prefix(namespace: str, graph_id: str) -> str:
     """`ravop:{namespace}:{{namespace}.{graph_id}}:` (with ANY for both: a pattern of every graph's keys)."""
     tag = ANY if namespace == ANY and graph_id == ANY else f"{namespace}.{graph_id}"
     return f"{token_prefix(namespace)}{{{tag}}}:"
@@ -112,7 +142,7 @@ def graph_prefix(namespace, graph_id):
 class TokenKeys:
     __slots__ = ("graphs", "current", "banned", "pattern")
 
-    def __init__(self, token):
+    def __init__(self, token: str) -> None:
         base = token_prefix(check_name(token))
         self.graphs = base + "graphs"
         self.current = base + "current"
@@ -125,7 +155,7 @@ class GraphKeys:
     __slots__ = ("token", "graph_id", "prefix", "meta", "subgraphs", "info", "deps", "done", "refs", "persist",
                  "bundles", "taken", "ran", "events", "outbox", "steps", "tensor_prefix")
 
-    def __init__(self, token, graph_id):
+    def __init__(self, token: str, graph_id: str) -> None:
         self.token = check_name(token)
         self.graph_id = check_name(graph_id, "graph id")
         self.prefix = p = graph_prefix(token, graph_id)
@@ -135,43 +165,56 @@ class GraphKeys:
         self.outbox = p + "outbox"
         self.tensor_prefix = p + "t:"
 
-    def tensor(self, node_id):
+    def tensor(self, node_id: Union[int, str]) -> str:
         return f"{self.tensor_prefix}{node_id}"
 
-    def checkpoint(self, subgraph_id):
+    def checkpoint(self, subgraph_id: Union[int, str]) -> str:
         return f"{self.prefix}ckpt:{subgraph_id}"
 
-    def votes(self, subgraph_id):
+    def votes(self, subgraph_id: Union[int, str]) -> str:
         return f"{self.prefix}votes:{subgraph_id}"
+
+
+def graph_ref(keys: GraphKeys) -> str:
+    """How the sets of graphs shared by all tokens (STARTING, FEDERATED_OPEN) name a graph: "token/graph id"."""
+    return f"{keys.token}/{keys.graph_id}"
+
+
+class FederatedKeys:
+    """The keys a federated graph adds to its GraphKeys."""
+    __slots__ = ("stats", "clients", "partials")
+
+    def __init__(self, keys: GraphKeys) -> None:
+        self.stats, self.clients, self.partials = (keys.prefix + k for k in ("stats", "clients", "partials"))
 
 
 # Key patterns of the ACL users that `ravop admin` provisions (ravop.store.access), built from the same
 # prefixes as the keys themselves so that the two cannot drift apart.
 
-def token_pattern(namespace):
+def token_pattern(namespace: str) -> str:
     """Every key of one requester."""
     return token_prefix(namespace) + ANY
 
 
-def graphs_pattern():
+def graphs_pattern() -> str:
     """Every key of every graph of every token (what workers read and write)."""
     return graph_prefix(ANY, ANY) + ANY
 
 
-def tensors_pattern():
+def tensors_pattern() -> str:
     """Every stored tensor and its chunks: the graph keys a worker may delete (releasing inputs)."""
     return graph_prefix(ANY, ANY) + "t:" + ANY
 
 
-def checkpoints_pattern():
+def checkpoints_pattern() -> str:
     return graph_prefix(ANY, ANY) + "ckpt:" + ANY
 
 
-def banned_pattern():
+def banned_pattern() -> str:
     """The banned-workers set of every token."""
     return token_prefix(ANY) + BANNED
 
 
-def shared_pattern():
+def shared_pattern() -> str:
     """Every key shared by all tokens: queues, dead letters, worker liveness, federated providers."""
     return SHARED + ANY

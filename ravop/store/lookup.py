@@ -1,5 +1,6 @@
 """Find a graph of a token by what a user types: its id, or its name (the newest graph of that name)."""
 from ..errors import RavopError
+from .client_types import Client
 from .keys import GraphKeys, TokenKeys
 
 
@@ -7,7 +8,7 @@ class GraphNotFound(RavopError, LookupError):
     pass
 
 
-def find_graph(client, token, ref):
+def find_graph(client: Client, token: str, ref: str) -> GraphKeys:
     """GraphKeys of the token's graph whose id is `ref`, else of the newest one named `ref`."""
     ids = [gid.decode() for gid in client.zrevrange(TokenKeys(token).graphs, 0, -1)]
     if ref in ids:

@@ -22,9 +22,21 @@ outbox and returns it, and the caller moves it to the stream.
 A subgraph's routing lives in its `info` entry, "device;n_ops;successor,...;input to release,...", written
 at upload, so what a completion enqueues is defined by the uploaded plan, not by the worker.
 """
+from typing import Any, Dict, List, Optional, Tuple, Union
+
 from redis.cluster import RedisCluster
 
-from .keys import DEAD_LETTER, GROUP, queue
+from .. import graph_states
+from .client_types import Client, Pipeline
+from .keys import DEAD_LETTER, GROUP, GraphKeys, queue
+
+def with_states(lua: str) -> str:
+    """`lua` with the graph states it names as @ACTIVATED@, @RUNNING@, @DONE@ and @FAILED@ spelled by
+    ravop.graph_states, so that the scripts and the Python side cannot disagree on a state's name."""
+    for name in ("ACTIVATED", "RUNNING", "DONE", "FAILED"):
+        lua = lua.replace(f"@{name}@", getattr(graph_states, name))
+    return lua
+
 
 _COMMON = """
 local function parse(info)
@@ -59,39 +71,39 @@ end
 
 # KEYS: meta, info, events, outbox[, queue:cpu, queue:cuda].  ARGV: token, graph id.
 # Returns {1 if it started now else 0, entries handed to the outbox}.
-START = _COMMON + _HAND_OFF + """
+START = with_states(_COMMON + _HAND_OFF + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return redis.error_reply('NOGRAPH graph ' .. ARGV[2] .. ' is not in Redis') end
-if state ~= 'activated' then return {0, handed} end
-redis.call('HSET', KEYS[1], 'state', 'running', 'started', now())
+if state ~= '@ACTIVATED@' then return {0, handed} end
+redis.call('HSET', KEYS[1], 'state', '@RUNNING@', 'started', now())
 if tonumber(redis.call('HGET', KEYS[1], 'n_subgraphs')) == 0 then
-  redis.call('HSET', KEYS[1], 'state', 'done', 'finished', now())
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', 16, '*', 'state', 'done')
+  redis.call('HSET', KEYS[1], 'state', '@DONE@', 'finished', now())
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', 16, '*', 'state', '@DONE@')
   return {1, handed}
 end
 for sid in string.gmatch(redis.call('HGET', KEYS[1], 'roots'), '[^,]+') do
   hand_off(KEYS[1], KEYS[2], KEYS[4], 5, ARGV[1], ARGV[2], sid)
 end
 return {1, handed}
-"""
+""")
 
 # KEYS: meta, done, subgraphs, taken, deps, outbox.  ARGV: subgraph id, worker.
 # Anyone who may enqueue (every requester) can put a message naming another token's graph on a stream, so
 # a message is only acted on if the plan has its subgraph and that subgraph is ready: a forged one is
 # 'unknown' or 'waiting' and cannot fail or disturb the graph it names. A message for the subgraph is on a
 # stream, so its outbox entry (a cluster's hand-off) is delivered: dropped.
-CLAIM = """
+CLAIM = with_states("""
 local meta = redis.call('HMGET', KEYS[1], 'state', 'seed', 'verify')
 if not meta[1] then return {'gone'} end
 redis.call('HDEL', KEYS[6], ARGV[1])
-if meta[1] ~= 'running' then return {meta[1]} end
+if meta[1] ~= '@RUNNING@' then return {meta[1]} end
 if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {'finished'} end
 local data = redis.call('HGET', KEYS[3], ARGV[1])
 if not data then return {'unknown'} end
 if tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0') > 0 then return {'waiting'} end
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
 return {'run', meta[2] or '0', data, meta[3] or '1'}
-"""
+""")
 
 # KEYS: the subgraph's votes.  ARGV: worker, digest of its outputs, copies wanted.
 # The votes once `copies` workers have voted (to the voter that completed them, and to any later one), else {}.
@@ -105,14 +117,14 @@ return redis.call('HGETALL', KEYS[1])
 # ARGV: subgraph id, worker, token, graph id, message id, group, tensor key prefix.
 # Returns {status, entries handed to the outbox}; status 1 (completed), 0 (already completed, or the graph
 # is no longer running), -1 (the graph is gone). With the streams given, it also acks the message.
-COMPLETE = _COMMON + _HAND_OFF + """
+COMPLETE = with_states(_COMMON + _HAND_OFF + """
 if #KEYS > 8 and ARGV[5] ~= '' then
   redis.call('XACK', KEYS[11], ARGV[6], ARGV[5])
   redis.call('XDEL', KEYS[11], ARGV[5])
 end
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {-1, handed} end
-if state ~= 'running' then return {0, handed} end
+if state ~= '@RUNNING@' then return {0, handed} end
 local info = redis.call('HGET', KEYS[3], ARGV[1])
 if not info then return redis.error_reply('NOSUBGRAPH subgraph ' .. ARGV[1] .. ' is not in the plan') end
 if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return {0, handed} end
@@ -131,22 +143,22 @@ for id in string.gmatch(release, '[^,]+') do
   end
 end
 if redis.call('HINCRBY', KEYS[1], 'done_subgraphs', 1) == tonumber(redis.call('HGET', KEYS[1], 'n_subgraphs')) then
-  redis.call('HSET', KEYS[1], 'state', 'done', 'finished', now())
-  redis.call('XADD', KEYS[7], 'MAXLEN', '~', 16, '*', 'state', 'done')
+  redis.call('HSET', KEYS[1], 'state', '@DONE@', 'finished', now())
+  redis.call('XADD', KEYS[7], 'MAXLEN', '~', 16, '*', 'state', '@DONE@')
 end
 return {1, handed}
-"""
+""")
 
 # KEYS: meta, events.  ARGV: subgraph id, worker, op, source, error.
 # Fails an activated or running graph (1), else 0: a worker's failure, or its requester's word (`ravop cancel`).
-CANCEL = _COMMON + """
+CANCEL = with_states(_COMMON + """
 local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'running' and state ~= 'activated' then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'failed', 'finished', now(), 'error', ARGV[5], 'error_op', ARGV[3],
+if state ~= '@RUNNING@' and state ~= '@ACTIVATED@' then return 0 end
+redis.call('HSET', KEYS[1], 'state', '@FAILED@', 'finished', now(), 'error', ARGV[5], 'error_op', ARGV[3],
            'error_source', ARGV[4], 'error_worker', ARGV[2], 'error_subgraph', ARGV[1])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', 16, '*', 'state', 'failed')
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', 16, '*', 'state', '@FAILED@')
 return 1
-"""
+""")
 
 # KEYS: dead letters, the message's stream (one slot: ravop.store.keys).
 # ARGV: message id, group, token, graph id, subgraph id, worker, op, source, error, reason, message.
@@ -162,7 +174,7 @@ redis.call('XADD', KEYS[1], 'MAXLEN', '~', 10000, '*', 'token', ARGV[3], 'graph'
 """
 
 
-def is_cluster(client):
+def is_cluster(client: Client) -> bool:
     """Whether `client` is a Redis Cluster client (ravop.store.connect picks it for a cluster's URL)."""
     return isinstance(client, RedisCluster)
 
@@ -171,7 +183,7 @@ class Scripts:
     """The scripts registered once on a client (redis-py loads each on first use and after a server restart).
     On a standalone server they are given the work streams, and hand off by themselves (`direct`)."""
 
-    def __init__(self, client):
+    def __init__(self, client: Client) -> None:
         self.direct = not is_cluster(client)
         self._start = client.register_script(START)
         self._claim = client.register_script(CLAIM)
@@ -180,42 +192,47 @@ class Scripts:
         self._vote = client.register_script(VOTE)
         self._cancel = client.register_script(CANCEL)
 
-    def _streams(self, *more):
+    def _streams(self, *more: str) -> List[str]:
         return [queue("cpu"), queue("cuda"), *more] if self.direct else []
 
-    def start(self, keys):
+    def start(self, keys: GraphKeys) -> Tuple[int, List[bytes]]:
         """(1 if the graph started now else 0, outbox entries to deliver); ResponseError NOGRAPH if it is gone."""
         started, handed = self._start(keys=[keys.meta, keys.info, keys.events, keys.outbox, *self._streams()],
                                       args=[keys.token, keys.graph_id])
         return started, handed
 
-    def claim(self, keys, subgraph_id, worker):
+    def claim(self, keys: GraphKeys, subgraph_id: Union[int, str], worker: str) -> List[Any]:
         """[b'run', seed, subgraph bytes, verify copies] if `worker` may run it now; else [why]: b'gone', a graph state,
         b'finished', b'unknown' (not in the plan), b'waiting' (not ready)."""
         return self._claim(keys=[keys.meta, keys.done, keys.subgraphs, keys.taken, keys.deps, keys.outbox],
                            args=[subgraph_id, worker])
 
-    def cancel(self, keys, error, subgraph_id="", worker="", op="", source=""):
+    def cancel(self, keys: GraphKeys, error: str, subgraph_id: Union[int, str] = "", worker: str = "", op: str = "",
+               source: str = "") -> int:
         """Fail an activated or running graph with `error`; 1 if it was, 0 if it had already ended."""
         return self._cancel(keys=[keys.meta, keys.events], args=[subgraph_id, worker, op, source, error])
 
-    def vote(self, keys, subgraph_id, worker, digest, copies):
+    def vote(self, keys: GraphKeys, subgraph_id: Union[int, str], worker: str, digest: str,
+             copies: int) -> Dict[str, str]:
         """{worker: digest} once `copies` workers have voted on the subgraph's outputs, else {}."""
         reply = self._vote(keys=[keys.votes(subgraph_id)], args=[worker, digest, copies])
         return {reply[i].decode(): reply[i + 1].decode() for i in range(0, len(reply), 2)}
 
-    def _complete_call(self, keys, subgraph_id, worker, stream, message_id):
+    def _complete_call(self, keys: GraphKeys, subgraph_id: Union[int, str], worker: str, stream: str,
+                       message_id: str) -> Tuple[List[str], List[Any]]:
         return ([keys.meta, keys.done, keys.info, keys.deps, keys.ran, keys.refs, keys.events, keys.outbox,
                  *self._streams(stream)],
                 [subgraph_id, worker, keys.token, keys.graph_id, message_id, GROUP, keys.tensor_prefix])
 
-    def complete(self, keys, subgraph_id, worker, stream, message_id):
+    def complete(self, keys: GraphKeys, subgraph_id: Union[int, str], worker: str, stream: str,
+                 message_id: str) -> Tuple[Any, List[bytes]]:
         """(status, outbox entries to deliver): see COMPLETE. Acks the message itself only if `direct`."""
         call_keys, args = self._complete_call(keys, subgraph_id, worker, stream, message_id)
         status, handed = self._complete(keys=call_keys, args=args)
         return status, handed
 
-    def complete_in(self, pipe, keys, subgraph_id, worker, stream, message_id):
+    def complete_in(self, pipe: Pipeline, keys: GraphKeys, subgraph_id: Union[int, str], worker: str, stream: str,
+                    message_id: str) -> None:
         """Queue the completion in `pipe` after the output writes, so the whole finish is one round trip; its
         reply is COMPLETE's. EVALSHA directly: redis-py would otherwise check SCRIPT EXISTS first, a second round
         trip; the caller falls back to `complete` on NoScriptError (only after a server restart). Through
@@ -224,8 +241,9 @@ class Scripts:
         call_keys, args = self._complete_call(keys, subgraph_id, worker, stream, message_id)
         pipe.execute_command("EVALSHA", self._complete.sha, len(call_keys), *call_keys, *args)
 
-    def fail(self, keys, stream, message_id, subgraph_id="", worker="", op="", source="", error="", reason="",
-             message="", fail_graph=True):
+    def fail(self, keys: Optional[GraphKeys], stream: str, message_id: str, subgraph_id: Union[int, str] = "",
+             worker: str = "", op: str = "", source: str = "", error: str = "", reason: str = "", message: str = "",
+             fail_graph: bool = True) -> None:
         """Fail the message's graph (unless `keys` is None, for a message that names no valid graph, or
         `fail_graph` is False: logged as about that graph, which is left alone), then dead-letter and ack
         the message: a crash in between leaves it pending, and whoever takes it over fails it again."""

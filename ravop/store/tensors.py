@@ -9,19 +9,22 @@ receives every chunk from the socket straight into it, and returns a view of tha
 dtype and shape: no copy of the data besides the one the kernel makes.
 """
 import os
+import socket
+from typing import Any, List, Optional, Tuple
 
 import redis
 import torch
 
 from ..errors import StoreLimitError, WireFormatError
 from ..wire.codec import decode_chunked, decode_tensor, encode_chunked, encode_tensor, is_chunked
+from .client_types import Client, Pipeline
 from .connect import node_client
 
 DEFAULT_CHUNK_BYTES = 4 * 2**20  # measured: 1-8 MiB move 100 MB fastest over the embedded unix socket
 HEADER_BYTES = 6 + 8 * 32 + 12   # the longest tensor header (ravop.wire.codec)
 
 
-def chunk_bytes():
+def chunk_bytes() -> int:
     """Largest value written in one piece ($RAVOP_CHUNK_BYTES, default 4 MiB)."""
     value = int(os.environ.get("RAVOP_CHUNK_BYTES", DEFAULT_CHUNK_BYTES))
     if value < 1:
@@ -29,18 +32,18 @@ def chunk_bytes():
     return value
 
 
-def chunks_key(key):
+def chunks_key(key: str) -> str:
     return key + ":c"
 
 
-def _config(client, name):
+def _config(client: Client, name: str) -> int:
     try:
         return int(client.config_get(name).get(name, 0))
     except redis.ResponseError:  # CONFIG disabled (some managed services): the server's own errors remain
         return 0
 
 
-def fit_to_server(client, total_bytes=0, what="values", key=None):
+def fit_to_server(client: Client, total_bytes: int = 0, what: str = "values", key: Optional[str] = None) -> int:
     """The chunk size to write with on this server (at most its proto-max-bulk-len), after checking that
     `total_bytes` more fit under its maxmemory; `StoreLimitError` naming the numbers otherwise. On a cluster:
     the server that holds `key` (a key of the graph written to)."""
@@ -61,7 +64,8 @@ def fit_to_server(client, total_bytes=0, what="values", key=None):
     return size
 
 
-def write(pipe, key, tensor, size=None, chunks_pipe=None):
+def write(pipe: Pipeline, key: str, tensor: torch.Tensor, size: Optional[int] = None,
+          chunks_pipe: Optional[Pipeline] = None) -> int:
     """Queue the writes of `tensor` under `key` on `pipe` (a redis-py pipeline), in values of at most
     `size` bytes (default `chunk_bytes()`; see `fit_to_server`). Returns the bytes queued.
 
@@ -82,12 +86,12 @@ def write(pipe, key, tensor, size=None, chunks_pipe=None):
     return tensor.nbytes + len(header)
 
 
-def keys_of(key):
+def keys_of(key: str) -> Tuple[str, str]:
     """Every Redis key a stored tensor may occupy (to delete it)."""
     return key, chunks_key(key)
 
 
-def decode(client, key, data):
+def decode(client: Client, key: str, data: bytes) -> Optional[torch.Tensor]:
     """The tensor whose stored value under `key` is `data` (reading its chunks if it has any); None if the
     chunks are gone (deleted meanwhile); `WireFormatError` for a value that is not a tensor."""
     if not is_chunked(data):
@@ -108,15 +112,16 @@ def decode(client, key, data):
         raise WireFormatError(f"chunked tensor {key}: chunk sizes {sizes[:4]}... do not match its header "
                               f"({head.n_chunks} chunks of {head.chunk_bytes} bytes, {head.nbytes} in all)")
     # torch.empty, not bytearray: a bytearray is zero-filled first, which costs as much as the read itself.
-    data = torch.empty(head.nbytes, dtype=torch.uint8)
+    raw = torch.empty(head.nbytes, dtype=torch.uint8)
     offsets = [index * head.chunk_bytes for index in range(head.n_chunks)]
     if not _read_replies_into(client, [("HGET", hash_key, i) for i in range(head.n_chunks)],
-                              memoryview(data.numpy()), offsets, expected):
+                              memoryview(raw.numpy()), offsets, expected):
         return None  # deleted (or replaced) while being read
-    return data.view(head.dtype).reshape(head.shape)
+    return raw.view(head.dtype).reshape(head.shape)
 
 
-def _read_replies_into(client, commands, view, offsets, sizes):
+def _read_replies_into(client: Client, commands: List[Tuple[Any, ...]], view: memoryview, offsets: List[int],
+                       sizes: List[int]) -> bool:
     """Send `commands` in one pipeline and read their bulk replies straight from the socket into
     `view[offset:offset + size]`. True, or False if a reply is not a bulk of the expected size (a
     chunk deleted meanwhile).
@@ -159,20 +164,20 @@ def _read_replies_into(client, commands, view, offsets, sizes):
         pool.release(connection)
 
 
-def _recv(sock):
+def _recv(sock: socket.socket) -> bytes:
     data = sock.recv(65536)
     if not data:
         raise redis.ConnectionError("connection closed while reading a tensor")
     return data
 
 
-def _receive_line(sock, pending):
+def _receive_line(sock: socket.socket, pending: bytearray) -> bytearray:
     while b"\r\n" not in pending:
         pending += _recv(sock)
     return pending
 
 
-def read(client, key):
+def read(client: Client, key: str) -> Optional[torch.Tensor]:
     """The tensor stored under `key`, or None if there is none."""
     data = client.get(key)
     return None if data is None else decode(client, key, data)

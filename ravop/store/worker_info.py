@@ -2,18 +2,13 @@
 threads, what it runs now, when it last beat. One short-lived hash per worker beside its liveness key
 (`ravop.store.workers`), so a dead worker's entry expires with it."""
 import time
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 from ..cost_fields import COST_FIELDS
-from .keys import DEVICE_KINDS, workers_set
+from .client_types import Client, Pipeline
+from .keys import DEVICE_KINDS, info_key, workers_set
 
-_PREFIX = "ravop:_:winfo:"
-
-
-def info_key(name):
-    return _PREFIX + name
-
-
-def advertise(pipe, name, info, ttl):
+def advertise(pipe: Pipeline, name: str, info: Mapping[str, Optional[Union[str, int, float]]], ttl: float) -> None:
     """Queue the worker's current `info` (str/int/float values; None leaves a field out) on `pipe`."""
     fields = {k: v for k, v in info.items() if v is not None}
     fields["heartbeat"] = time.time()
@@ -27,7 +22,7 @@ _NUMBERS = ("pid", "threads", "memory_limit", "rss", "completed", "subgraph")
 _FLOATS = ("heartbeat", "started", "since", *COST_FIELDS)
 
 
-def read_all(client):
+def read_all(client: Client) -> List[Dict[str, Any]]:
     """Every registered worker whose advertisement has not expired, by name: dicts with name, device, state
     ('running' or 'idle'), and what else the worker sent (numbers and times as numbers)."""
     pipe = client.pipeline(transaction=False)

@@ -1,4 +1,4 @@
-"""Samples for square_loss and cross_entropy_loss (ravop/ops/losses.py) and their backward ops.
+"""Samples for square_loss and cross_entropy_loss (ravop/ops/loss_functions.py) and their backward ops.
 
 References are torch.nn.functional.mse_loss / cross_entropy with the original ravop's argument handling
 (y_pred.view(reshape_target), y_true.view(reshape_label)), and torch.autograd through them."""

@@ -10,6 +10,9 @@ to the providers through Redis, so the providers parse them with the same functi
 """
 import json
 import math
+from typing import Any, Dict, Optional, Tuple, Union
+
+Bound = Optional[float]
 
 KEYS = ("rules", "max_clients", "min_group_size")
 BOUNDS = ("min", "max")
@@ -18,21 +21,21 @@ BOUNDS = ("min", "max")
 class Rules:
     __slots__ = ("columns", "max_clients", "min_group_size")
 
-    def __init__(self, columns, max_clients=1, min_group_size=1):
+    def __init__(self, columns: Dict[str, Tuple[Bound, Bound]], max_clients: int = 1, min_group_size: int = 1) -> None:
         self.columns = columns                  # column -> (low or None, high or None), in the given order
         self.max_clients = max_clients
         self.min_group_size = min_group_size
 
-    def to_json(self):
+    def to_json(self) -> str:
         rules = {name: {bound: value for bound, value in zip(BOUNDS, limits) if value is not None}
                  for name, limits in self.columns.items()}
         return json.dumps({"rules": rules, "max_clients": self.max_clients, "min_group_size": self.min_group_size})
 
-    def describe_columns(self):
+    def describe_columns(self) -> str:
         return ", ".join(self.columns)
 
 
-def parse_rules(rules):
+def parse_rules(rules: Union[str, bytes, Dict[str, Any]]) -> Rules:
     """A `Rules` from a JSON string (or the dict it encodes); ValueError naming what is wrong."""
     if isinstance(rules, (str, bytes)):
         try:
@@ -69,7 +72,7 @@ def parse_rules(rules):
     return Rules(parsed, max_clients, min_group_size)
 
 
-def _bound(column, key, value):
+def _bound(column: str, key: str, value: Any) -> Bound:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -77,7 +80,7 @@ def _bound(column, key, value):
     return value
 
 
-def _count(value, key):
+def _count(value: Any, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{key} must be an integer >= 1, not {value!r}")
     return value

@@ -2,8 +2,14 @@
 persist names and returns the stored value of each loss (nothing where it is not computed yet), so a
 dashboard polling a training run or a History reading 10,000 batch losses costs one request, not one per
 loss."""
+from typing import Dict, Optional, Tuple
 
-# KEYS: meta, persist.  ARGV: tensor key prefix.
+from redis import Redis
+
+from ..loss_names import TRAINING_PREFIX, VALIDATION_PREFIX
+from .keys import GraphKeys
+
+# KEYS: meta, persist.  ARGV: tensor key prefix, training loss prefix, validation loss prefix.
 # Returns {} for a graph that is gone, else {state, name, value or false, name, value or false, ...}.
 READ_LOSSES = """
 local state = redis.call('HGET', KEYS[1], 'state')
@@ -12,7 +18,7 @@ local out = {state}
 local persist = redis.call('HGETALL', KEYS[2])
 for i = 1, #persist, 2 do
   local name = persist[i]
-  if string.sub(name, 1, 14) == 'training_loss_' or string.sub(name, 1, 16) == 'validation_loss_' then
+  if string.sub(name, 1, #ARGV[2]) == ARGV[2] or string.sub(name, 1, #ARGV[3]) == ARGV[3] then
     out[#out + 1] = name
     out[#out + 1] = redis.call('GET', ARGV[1] .. persist[i + 1])
   end
@@ -21,9 +27,9 @@ return out
 """
 
 
-def read_losses(client, keys):
+def read_losses(client: Redis, keys: GraphKeys) -> Tuple[Optional[str], Dict[str, Optional[bytes]]]:
     """(state, {persist name: encoded tensor or None}) of the graph's loss values; (None, {}) if it is gone."""
-    reply = client.register_script(READ_LOSSES)(keys=[keys.meta, keys.persist], args=[keys.tensor_prefix])
+    reply = client.register_script(READ_LOSSES)(keys=[keys.meta, keys.persist], args=[keys.tensor_prefix, TRAINING_PREFIX, VALIDATION_PREFIX])
     if not reply:
         return None, {}
     return reply[0].decode(), {reply[i].decode(): reply[i + 1] for i in range(1, len(reply), 2)}

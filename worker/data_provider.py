@@ -1,6 +1,6 @@
 """A data provider's part in federated graphs: join the open ones whose rule columns it holds (up to their
 `max_clients`), reduce each rule column of its own data to a partial (count, mean, M2, min, max of the values
-the rule keeps) and write only that. A column with fewer than k values in range (k: the larger of
+the rule keeps: the `federated_partial` op's kernel) and write only that. A column with fewer than k values in range (k: the larger of
 `--min-group-size` and the rules' `min_group_size`) is withheld, so no statistic describes fewer than k people.
 """
 import logging
@@ -8,10 +8,11 @@ import time
 
 import redis
 
-from ravop.federated.rules import parse_rules
-from ravop.federated.stats import partial
+from ravop.federated.column_rules import parse_rules
+from ravop.federated.partials import partial
 from ravop.store import GraphKeys, Scripts, queue
-from ravop.store.federated import OPEN, FederatedScripts, job_ref
+from ravop.store.federated_schema import FederatedScripts
+from ravop.store.keys import FEDERATED_OPEN, graph_ref
 
 log = logging.getLogger("ravop.worker")
 POLL_SECONDS = 0.25   # how often an idle provider looks for open federated graphs (at most)
@@ -32,12 +33,12 @@ class Provider:
         if now < self._next_poll:
             return
         self._next_poll = now + POLL_SECONDS
-        for ref in self.client.smembers(OPEN):
+        for ref in self.client.smembers(FEDERATED_OPEN):
             try:
                 token, graph_id = ref.decode().split("/", 1)
                 keys = GraphKeys(token, graph_id)
             except (UnicodeDecodeError, ValueError):
-                self.client.srem(OPEN, ref)   # not a graph reference: nobody can serve it
+                self.client.srem(FEDERATED_OPEN, ref)   # not a graph reference: nobody can serve it
                 continue
             try:
                 self._serve(keys)
@@ -47,12 +48,12 @@ class Provider:
                 log.exception("provider %s: federated graph %s", self.name, graph_id)
                 self.graph_scripts.fail(keys, queue("cpu"), "", worker=self.name, reason="federated graph",
                                         error=f"{type(exc).__name__}: {exc}")
-                self.client.srem(OPEN, ref)
+                self.client.srem(FEDERATED_OPEN, ref)
 
     def _serve(self, keys):
         rules_json = self.client.hget(keys.meta, "rules")
         if rules_json is None:   # flushed, or not a federated graph
-            self.client.srem(OPEN, job_ref(keys))
+            self.client.srem(FEDERATED_OPEN, graph_ref(keys))
             return
         rules = parse_rules(rules_json)
         if not set(rules.columns) <= set(self.data.columns):

@@ -1,54 +1,29 @@
-"""The Redis schema of federated graphs (approach='federated'): providers advertise the columns they hold,
-join an open graph up to its `max_clients`, and each writes one partial per rule column; nothing else of
-their data is ever written.
-
-Shared by all tokens:
-  federated:open        set     "token/graph id" of started federated graphs that still need providers
-  provider:{name}       string  JSON {"columns": [...]}: the numeric columns a live provider holds; expires
-                                with the worker's heartbeat, which renews it
-  providers             set     names of workers that advertised data (dead ones pruned on read)
-Per graph, under its prefix (ravop.store.keys):
-  stats                 hash    persist name -> statistic (mean, variance, ...)
-  clients               hash    provider -> "joined" | "done"
-  partials              hash    provider -> JSON {column: {count, mean, m2, min, max} | {"withheld": k}}
-The graph's meta also holds `rules` (canonical JSON), and counts providers as its subgraphs and ops, so that
-R.track_progress and R.get_my_graphs work unchanged.
+"""The Redis scripts and operations of federated graphs (approach='federated'): providers advertise the columns
+they hold, join an open graph up to its `max_clients`, and each writes one partial per rule column; nothing else
+of their data is ever written. The key names are in `ravop.store.keys` (FEDERATED_OPEN, PROVIDERS,
+provider_key, FederatedKeys). The graph's meta also holds `rules` (canonical JSON), and counts providers as its
+subgraphs and ops, so that R.track_progress and R.get_my_graphs work unchanged.
 """
 import json
+from typing import Dict, Iterable, List
 
-from .scripts import _COMMON
+from .client_types import Client, Pipeline
+from .keys import FEDERATED_OPEN, PROVIDERS, FederatedKeys, GraphKeys, graph_ref, provider_key
+from .scripts import _COMMON, with_states
 from .workers import TTL, forget
 
-OPEN = "ravop:_:federated:open"
-PROVIDERS = "ravop:_:providers"
 
-
-def provider_key(name):
-    return f"ravop:_:provider:{name}"
-
-
-def job_ref(keys):
-    return f"{keys.token}/{keys.graph_id}"
-
-
-class FederatedKeys:
-    __slots__ = ("stats", "clients", "partials")
-
-    def __init__(self, keys):
-        self.stats, self.clients, self.partials = (keys.prefix + k for k in ("stats", "clients", "partials"))
-
-
-def advertise(pipe, name, columns, ttl=TTL):
+def advertise(pipe: Pipeline, name: str, columns: Iterable[str], ttl: float = TTL) -> None:
     pipe.set(provider_key(name), json.dumps({"columns": list(columns)}), px=int(ttl * 1000))  # ttl may be fractional
     pipe.sadd(PROVIDERS, name)
 
 
-def withdraw(pipe, name):
+def withdraw(pipe: Pipeline, name: str) -> None:
     pipe.delete(provider_key(name))
     pipe.srem(PROVIDERS, name)
 
 
-def live_providers(client):
+def live_providers(client: Client) -> Dict[str, List[str]]:
     """{name: [columns]} of the providers whose advertisement has not expired (forgetting the others)."""
     names = sorted(n.decode() for n in client.smembers(PROVIDERS))
     if not names:
@@ -62,10 +37,10 @@ def live_providers(client):
 # A provider joins a running federated graph if it is not full. Returns {outcome, 1 if the graph should leave
 # the open set (full, or not running)}: the caller removes it there (another slot on a cluster), so a graph
 # whose provider dies in between stays listed, and the next provider's JOIN says so again.
-JOIN = """
+JOIN = with_states("""
 local meta = redis.call('HMGET', KEYS[1], 'state', 'max_clients')
 if not meta[1] or not meta[2] then return {'gone', 1} end
-if meta[1] ~= 'running' then return {meta[1], 1} end
+if meta[1] ~= '@RUNNING@' then return {meta[1], 1} end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {'member', 0} end
 local joined = redis.call('HLEN', KEYS[2])
 local wanted = tonumber(meta[2])
@@ -73,39 +48,39 @@ if joined >= wanted then return {'full', 1} end
 redis.call('HSET', KEYS[2], ARGV[1], 'joined')
 if joined + 1 >= wanted then return {'joined', 1} end
 return {'joined', 0}
-"""
+""")
 
 # KEYS: meta, clients, partials, events.  ARGV: provider, partial JSON.
 # Stores a joined provider's partial; the last one ends the graph.
-CONTRIBUTE = _COMMON + """
-if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
+CONTRIBUTE = with_states(_COMMON + """
+if redis.call('HGET', KEYS[1], 'state') ~= '@RUNNING@' then return 0 end
 if redis.call('HGET', KEYS[2], ARGV[1]) ~= 'joined' then return 0 end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], 'done')
 redis.call('HINCRBY', KEYS[1], 'ops_done', 1)
 redis.call('HINCRBY', KEYS[1], 'done_subgraphs', 1)
 if redis.call('HLEN', KEYS[3]) >= tonumber(redis.call('HGET', KEYS[1], 'max_clients')) then
-  redis.call('HSET', KEYS[1], 'state', 'done', 'finished', now())
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', 16, '*', 'state', 'done')
+  redis.call('HSET', KEYS[1], 'state', '@DONE@', 'finished', now())
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', 16, '*', 'state', '@DONE@')
 end
 return 1
-"""
+""")
 
 
 class FederatedScripts:
-    def __init__(self, client):
+    def __init__(self, client: Client) -> None:
         self.client = client
         self._join = client.register_script(JOIN)
         self._contribute = client.register_script(CONTRIBUTE)
 
-    def join(self, keys, provider):
+    def join(self, keys: GraphKeys, provider: str) -> str:
         """'joined', 'member', 'full', or the graph's state ('done', 'failed', 'gone', ...)."""
         outcome, close = self._join(keys=[keys.meta, FederatedKeys(keys).clients], args=[provider])
         if close:
-            self.client.srem(OPEN, job_ref(keys))
+            self.client.srem(FEDERATED_OPEN, graph_ref(keys))
         return outcome.decode()
 
-    def contribute(self, keys, provider, partials):
+    def contribute(self, keys: GraphKeys, provider: str, partials: Dict[str, dict]) -> int:
         """1 if stored, 0 if the graph no longer runs or this provider had not joined it."""
         fed = FederatedKeys(keys)
         return self._contribute(keys=[keys.meta, fed.clients, fed.partials, keys.events],

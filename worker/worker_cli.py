@@ -15,7 +15,7 @@ from ravop.store import workers as liveness
 from . import memory
 from .consumer import Worker
 from .data import ProviderData
-from .federated import Provider
+from .data_provider import Provider
 from .loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
 
 

@@ -1,0 +1,168 @@
+"""The federated kind of graph (approach='federated'), as the session sees it (`ravop.graph_kinds`): activate
+checks the ops and the providers and uploads the rules; start opens the graph to providers; `waiting` says what
+it waits for; `fetch` releases a statistic.
+
+There is no plan: each provider that joins computes one partial per rule column over its own data
+(`worker.data_provider`, the `federated_partial` op), and the statistics are merged here, from the partials,
+when they are fetched (the `federated_<statistic>` ops). Only partials are in Redis, never a value of a row, so
+merging on the requester shows it nothing more.
+"""
+import json
+import sys
+import time
+import warnings
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple, Union
+
+from .. import graph_states
+from ..errors import GraphStateError, UnknownPersistName
+from ..ops.federated_stats import PREFIX, STATISTIC_OPS
+from ..store import federated_schema as store
+from ..store.client_types import Client
+from ..store import graphs as store_graphs
+from ..store.keys import FEDERATED_OPEN, FederatedKeys, GraphKeys, TokenKeys, graph_ref, worker_key
+from ..stored_values import not_ready
+from .column_rules import parse_rules
+from .partials import Partial, check_partial, merge, statistic
+
+if TYPE_CHECKING:
+    from ..graph import Graph
+    from ..session import Session
+
+APPROACH = "federated"
+
+
+class Summary(dict):
+    """What R.activate() returns for a federated graph, printed as one line."""
+
+    def __str__(self) -> str:
+        return (f"graph {self['name']!r} ({self['graph_id']}): federated {', '.join(self['statistics'])} of "
+                f"{', '.join(self['columns'])} on {self['max_clients']} provider(s); "
+                f"{self['eligible_providers']} connected provider(s) hold these columns")
+
+
+class FederatedResult(dict):
+    """column -> value of one statistic; `withheld` maps the columns not released to the reason."""
+
+    def __init__(self, values: Dict[str, float], withheld: Dict[str, str]) -> None:
+        super().__init__(values)
+        self.withheld = withheld
+
+
+class FederatedGraphs:
+    """Statistics of data that stays on the providers."""
+
+    def activate(self, session: "Session", graph: "Graph",
+                 compile_options: Dict[str, Any]) -> Tuple[dict, Dict[str, int]]:
+        """Check that the graph holds only federated statistics and that its columns exist, then upload it.
+        Returns (the summary, {}: a statistic is always looked up in Redis at fetch)."""
+        if compile_options:
+            raise TypeError(f"a federated graph is not compiled: R.activate() takes no {', '.join(compile_options)}")
+        for node in graph.nodes:
+            if node.op not in STATISTIC_OPS:
+                raise GraphStateError(f"graph {graph.name!r} is federated: it may hold only R.federated_* "
+                                      f"statistics, but op {node.op!r} was recorded at {node.source}")
+        if not graph.persisted:
+            raise GraphStateError(f"graph {graph.name!r} persists no statistic: call e.g. "
+                                  "R.federated_mean().persist_op('mean'), then R.activate()")
+        rules = graph.rules
+        if session.embedded is not None:
+            session.embedded.wait_ready(session.client)  # its providers advertise their columns once started
+        providers = store.live_providers(session.client)
+        held = set().union(*providers.values()) if providers else set()
+        unknown = [column for column in rules.columns if column not in held]
+        if providers and unknown:
+            raise ValueError(f"graph {graph.name!r}: no provider holds column(s) {', '.join(map(repr, unknown))}; "
+                             f"the {len(providers)} connected provider(s) hold: "
+                             f"{', '.join(sorted(held)) or 'no columns'}")
+        eligible = [name for name, columns in providers.items() if set(rules.columns) <= set(columns)]
+        if len(eligible) < rules.max_clients:
+            print(f"graph {graph.name!r}: max_clients is {rules.max_clients} but {len(eligible)} connected "
+                  f"provider(s) hold {rules.describe_columns()}; R.track_progress() waits for more (timeout= gives "
+                  "up)", file=sys.stderr)
+        statistics = {name: op.op[len(PREFIX):] for name, op in graph.persisted.items()}
+        summary = Summary(name=graph.name, graph_id=graph.id, statistics=sorted(set(statistics.values())),
+                          columns=list(rules.columns), max_clients=rules.max_clients,
+                          eligible_providers=len(eligible))
+        keys = GraphKeys(session.token, graph.id)
+        now = time.time()
+        pipe = session.client.pipeline(transaction=True)  # the graph's keys: one slot (ravop.store.keys)
+        pipe.hset(FederatedKeys(keys).stats, mapping=statistics)
+        # A provider is one "subgraph" and one "op", so that progress, listing and completion work as for a plan.
+        pipe.hset(keys.meta, mapping={
+            "name": graph.name, "algorithm": graph.algorithm, "approach": APPROACH, "rules": rules.to_json(),
+            "max_clients": rules.max_clients, "state": graph_states.ACTIVATED, "seed": graph.seed, "devices": "",
+            "roots": "", "n_subgraphs": rules.max_clients, "done_subgraphs": 0, "n_ops": rules.max_clients,
+            "ops_done": 0, "created": now, "summary": json.dumps(summary)})
+        pipe.execute()
+        token_keys = TokenKeys(session.token)
+        pipe = session.client.pipeline(transaction=False)
+        pipe.zadd(token_keys.graphs, {graph.id: now})
+        pipe.set(token_keys.current, graph.id)
+        pipe.execute()
+        return summary, {}
+
+    def start(self, client: Client, keys: GraphKeys) -> None:
+        """Open the started graph to providers."""
+        client.sadd(FEDERATED_OPEN, graph_ref(keys))
+
+    def waiting(self, client: Client, keys: GraphKeys, meta: Dict[str, str]) -> str:
+        """What a running federated graph waits for, as a sentence; "" if the providers it needs are connected."""
+        rules = parse_rules(client.hget(keys.meta, "rules"))
+        clients = {name.decode(): state.decode()
+                   for name, state in client.hgetall(FederatedKeys(keys).clients).items()}
+        gone = [name for name, state in clients.items() if state == "joined" and not client.exists(worker_key(name))]
+        if gone:
+            return (f"provider(s) {', '.join(sorted(gone))} joined graph {meta['name']!r} and stopped before "
+                    "sending their statistics")
+        needed = rules.max_clients - len(clients)
+        available = [name for name, columns in store.live_providers(client).items()
+                     if name not in clients and set(rules.columns) <= set(columns)]
+        if needed <= len(available):
+            return ""
+        return (f"waiting for {needed - len(available)} more provider(s) holding {rules.describe_columns()} "
+                f"({len(clients)} of {rules.max_clients} joined)")
+
+    def fetch(self, session: "Session", keys: GraphKeys, name: str, wait: bool,
+              deadline: Optional[float]) -> "FederatedResult":
+        """The statistic persisted as `name`, {column: float}, merged from the providers' partials once all are
+        in."""
+        statistic_name = session.client.hget(FederatedKeys(keys).stats, name)
+        if statistic_name is None:
+            names = sorted(n.decode() for n in session.client.hkeys(FederatedKeys(keys).stats))
+            raise UnknownPersistName(f"no statistic was persisted as {name!r} in federated graph {keys.graph_id}; "
+                                     f"persisted names: {', '.join(names) or 'none'}")
+        while True:
+            pipe = session.client.pipeline(transaction=False)
+            pipe.hgetall(FederatedKeys(keys).partials)
+            pipe.hmget(keys.meta, store_graphs.STATE_FIELDS)
+            pipe.hget(keys.meta, "rules")
+            partials, meta, rules = pipe.execute()
+            meta = store_graphs.decode_state(meta)
+            if meta.get("state") == graph_states.DONE:
+                return release(name, statistic_name.decode(), rules, partials)
+            not_ready(session, keys, name, meta, wait, deadline)
+
+
+def release(name: str, stat: str, rules_json: Union[str, bytes], raw_partials: Mapping[bytes, bytes]) -> FederatedResult:
+    """The statistic `stat` of every rule column, merged over the providers' partials (in name order)."""
+    rules = parse_rules(rules_json)
+    partials = {provider.decode(): json.loads(data) for provider, data in sorted(raw_partials.items())}
+    values, withheld = {}, {}
+    for column in rules.columns:
+        merged: Partial = {"count": 0}
+        for provider, columns in partials.items():
+            part = columns.get(column)
+            if part is not None and "withheld" in part:
+                withheld[column] = (f"provider {provider} holds fewer than k={part['withheld']} values of it in "
+                                    "range (minimum group size)")
+                break
+            merged = merge(merged, check_partial(part))
+        else:
+            if merged["count"] < rules.min_group_size or not merged["count"]:
+                withheld[column] = f"fewer than k={rules.min_group_size} values in range (minimum group size)"
+            else:
+                values[column] = statistic(merged, stat)
+    if withheld:
+        warnings.warn(f"{name!r} ({stat}) does not release " +
+                      "; ".join(f"{column!r}: {why}" for column, why in withheld.items()), stacklevel=4)
+    return FederatedResult(values, withheld)

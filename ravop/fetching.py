@@ -1,0 +1,46 @@
+"""R.fetch_persisting_op and R.fetch_losses: a graph's persisted values, read back from Redis (by the graph's
+kind: a tensor or saved model of a planned graph, a statistic of a federated one)."""
+import time
+from typing import Any, Optional, Union
+
+from .fetched import fetched
+from .graph import Graph
+from .graph_kinds import kind_of
+from .session import Session, require
+from .store import GraphKeys
+from .store.lookup import find_graph
+from .stored_values import fetch_tensor
+from .training_losses import Losses, read
+
+
+def fetch_persisting_op(op_name: str, wait: bool = False, timeout: Optional[float] = None) -> Any:
+    """The value persisted under `op_name`, as a torch.Tensor that also answers the original's
+    `['result']` (`ravop.fetched`; for a saved model, the object its loader builds). A value not computed
+    yet raises `NotComputedError`, or with `wait=True` is waited for (up to
+    `timeout` seconds); an unknown name raises `UnknownPersistName`; a failed graph `GraphFailedError`."""
+    session = require()
+    keys = session.keys()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    node_id = session.activated_names.get(op_name)
+    if node_id is not None:   # a value of the graph this session activated: no lookup in Redis
+        return fetched(fetch_tensor(session, keys, op_name, node_id, wait, deadline))
+    kind = kind_of(session.client.hget(keys.meta, "approach"))
+    return kind.fetch(session, keys, op_name, wait, deadline)
+
+
+def graph_keys(session: Session, graph: Union[None, Graph, str]) -> GraphKeys:
+    """GraphKeys of `graph` for this session: None (the current graph), a `Graph`, or a graph id or name."""
+    if graph is None:
+        return session.keys()
+    if isinstance(graph, Graph):
+        return GraphKeys(session.token, graph.id)
+    if isinstance(graph, str):
+        return find_graph(session.client, session.token, graph)
+    raise TypeError(f"graph must be None, a ravop Graph, or a graph id or name, not {type(graph).__name__}")
+
+
+def fetch_losses(graph: Union[None, Graph, str] = None) -> Losses:
+    """The persisted losses of `graph` (default: the current one; or a `Graph`, a graph id or a name) as a
+    `Losses` (arrays), in one round trip, whether the graph is still training or done."""
+    session = require()
+    return read(session.client, graph_keys(session, graph))

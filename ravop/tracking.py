@@ -1,0 +1,235 @@
+"""R.execute, R.track_progress and R.get_my_graphs: start the activated graph, follow it until it ends, and
+list the token's graphs."""
+import json
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import redis
+
+from . import graph_states
+from .errors import ConnectionFailed, GraphStateError
+from .graph import current_graph
+from .graph_kinds import kind_of
+from .session import Session, require
+from .store import GraphKeys
+from .store import graphs as store_graphs
+from .store import workers as liveness
+from .store.connect import Outage, redact
+from .stored_values import failure, read_meta
+
+POLL_SECONDS = 0.2    # how often a tracker refreshes the progress bar
+
+
+def execute(timeout: Optional[float] = None, participants: Optional[int] = None) -> None:
+    """Start the activated graph: enqueue its subgraphs that wait for nothing. Idempotent. With `timeout`,
+    also wait until the graph is done, as `track_progress(progress_bar=False, timeout=timeout)` does:
+    `GraphFailedError` if it failed, `TimeoutError` (naming a kind of worker nobody runs) after `timeout` s.
+
+    `participants` is the original's number of providers to compute the graph: here the graph runs on the
+    workers that are connected, as many as it has parallel work for; if fewer than `participants` are
+    connected, execute() says so."""
+    if participants is not None and (type(participants) is not int or participants < 1):
+        raise ValueError(f"participants must be a positive int, not {participants!r}")
+    session = require()
+    graph = current_graph()
+    if graph.nodes and not graph.activated:
+        raise GraphStateError(f"graph {graph.name!r} is not activated: call R.activate() first")
+    keys = session.keys()
+    try:
+        session.handoff.start(keys)
+    except redis.ResponseError as exc:
+        if "NOGRAPH" in str(exc):
+            raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)") from None
+        raise
+    kind_of(session.client.hget(keys.meta, "approach")).start(session.client, keys)
+    copies = int(session.client.hget(keys.meta, "verify") or 1)
+    if copies > 1:
+        if session.embedded is not None:
+            session.embedded.wait_ready(session.client)
+        meta = read_meta(session, keys)
+        connected = sum(len(liveness.alive(session.client, k)) for k in meta.get("devices", "").split(",") if k)
+        if connected < copies:
+            print(f"graph {meta['name']!r}: verify={copies} runs each subgraph on {copies} different workers, but "
+                  f"{connected} are connected; it waits for more", file=sys.stderr)
+    if participants is not None:
+        if session.embedded is not None:
+            session.embedded.wait_ready(session.client)
+        meta = read_meta(session, keys)
+        kinds = [k for k in meta.get("devices", "").split(",") if k]
+        connected = sum(len(liveness.alive(session.client, kind)) for kind in kinds)
+        if connected < participants:
+            print(f"graph {meta['name']!r}: {connected} worker(s) connected, fewer than participants="
+                  f"{participants}; it runs on those, and on any that connect later", file=sys.stderr)
+    if timeout is not None:
+        track_progress(progress_bar=False, timeout=timeout)
+
+
+def _missing_workers(session: Session, meta: Dict[str, str]) -> List[str]:
+    """Device kinds this graph needs that no live worker serves."""
+    kinds = [k for k in meta.get("devices", "").split(",") if k]
+    return [kind for kind in kinds if not liveness.alive(session.client, kind)]
+
+
+def _waiting_text(kinds: List[str]) -> str:
+    return ", ".join(f"waiting for a {'GPU' if kind == 'cuda' else 'CPU'} worker" for kind in kinds)
+
+
+def track_progress(progress_bar: bool = True, timeout: Optional[float] = None) -> None:
+    """Show a progress bar (ops run; for a graph with training loops, loop steps run, with their rate) until
+    the graph is done. Raises `GraphFailedError` (op, error, worker,
+    source line) if it failed, `TimeoutError` after `timeout` seconds. While work waits for a kind of worker
+    that nobody runs, says so ("waiting for a GPU worker") instead of waiting silently."""
+    from tqdm import tqdm
+    session = require()
+    keys = session.keys()
+    meta = read_meta(session, keys)
+    if meta["state"] == graph_states.ACTIVATED:
+        raise GraphStateError(f"graph {meta['name']!r} has not been started: call R.execute()")
+    if int(meta["n_ops"]) == 0:  # constant folding computed everything at activate: no bar to show
+        if progress_bar:
+            print(f"graph {meta['name']!r}: computed entirely by R.activate() (constant folding); nothing ran "
+                  "on workers", file=sys.stderr)
+        return
+    try:
+        if session.embedded is not None:
+            session.embedded.wait_ready(session.client)
+        _track_through_outages(session, keys, meta, progress_bar, timeout, tqdm)
+    except KeyboardInterrupt:
+        # A plain KeyboardInterrupt (`except KeyboardInterrupt` still works, and uncaught it exits as Ctrl-C
+        # does: Python only does that for the exact class), marked so that uncaught it prints one line
+        # instead of a traceback from inside the Redis client.
+        interrupted = KeyboardInterrupt(_interrupted_text(session, keys))
+        setattr(interrupted, "brief", True)
+        print_interrupts_briefly()
+        raise interrupted from None
+
+
+def print_interrupts_briefly() -> None:
+    """Make an uncaught KeyboardInterrupt marked `brief` print only its message; everything else goes to the
+    sys.excepthook that was there. Idempotent."""
+    previous = sys.excepthook
+    if getattr(previous, "brief_interrupts", False):
+        return
+
+    def hook(kind: Any, value: BaseException, traceback: Any) -> None:
+        if isinstance(value, KeyboardInterrupt) and getattr(value, "brief", False):
+            print(value, file=sys.stderr)
+        else:
+            previous(kind, value, traceback)
+
+    setattr(hook, "brief_interrupts", True)
+    sys.excepthook = hook
+
+
+def _interrupted_text(session: Session, keys: GraphKeys) -> str:
+    """One line for a Ctrl-C in track_progress: what was interrupted, what happens to the graph, how to
+    resume."""
+    try:
+        meta = store_graphs.read_state(session.client, keys)
+        where = f"{meta['name']!r} ({meta['ops_done']} of {meta['n_ops']} ops run)"
+    except (redis.RedisError, KeyError):  # the interrupt may have broken the connection: say less
+        where = keys.graph_id
+    if session.embedded is not None:
+        fate = "it stops with this process, since the embedded default's server and workers do; run the script " \
+               "again to start over"
+    else:
+        fate = (f"it keeps running on the workers of {redact(session.url)}; R.initialize(token={session.token!r}, "
+                f"redis_url=...) then R.track_progress() or R.fetch_persisting_op(name) resumes")
+    return f"interrupted R.track_progress() of graph {where}: {fate}"
+
+
+def _track_through_outages(session: Session, keys: GraphKeys, meta: Dict[str, str], progress_bar: bool,
+                           timeout: Optional[float], tqdm: Callable[..., Any]) -> None:
+    """`_track`, again after a lost connection (a server restart: the graph is in Redis), with backoff and one
+    line when the server is lost and when it answers again. A refused login (a revoked user) ends it."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    outage = Outage(lambda text: print(f"graph {meta['name']!r}: {text}", file=sys.stderr))
+    while True:
+        try:
+            if outage.since is not None:
+                session.client.ping()
+                outage.ok()
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return _track(session, keys, meta, progress_bar, left, tqdm)
+        except redis.AuthenticationError:
+            raise ConnectionFailed(f"Redis at {redact(session.url)} refused this session's credentials (the "
+                                   "user was revoked?)") from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: Redis at "
+                                   f"{redact(session.url)} is unreachable ({exc})") from None
+            time.sleep(outage.lost(exc))
+
+
+def _track(session: Session, keys: GraphKeys, meta: Dict[str, str], progress_bar: bool, timeout: Optional[float],
+           tqdm: Callable[..., Any]) -> None:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last_event, warned, next_check = "0-0", set[str](), 0.0
+    kind = kind_of(meta.get("approach"))
+    n_steps = int(meta.get("n_steps") or 0)
+    # initial=: work done before the bar appeared is not counted in its rate (it would read millions of ops/s).
+    with tqdm(total=n_steps or int(meta["n_ops"]),
+              initial=store_graphs.steps_done(session.client, keys) if n_steps else int(meta["ops_done"]),
+              unit="step" if n_steps else "op", desc=meta["name"],
+              disable=not progress_bar, file=sys.stderr) as bar:
+        while True:
+            meta = read_meta(session, keys)
+            bar.update((store_graphs.steps_done(session.client, keys) if n_steps else int(meta["ops_done"]))
+                       - bar.n)
+            if meta["state"] == graph_states.DONE:
+                return
+            if meta["state"] == graph_states.FAILED:
+                raise failure(meta)
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + 1.0
+                if session.embedded is not None:
+                    session.embedded.check()
+                missing = _missing_workers(session, meta)
+                if set(missing) - warned:
+                    warned |= set(missing)
+                    print(f"graph {meta['name']!r}: {_waiting_text(missing)} (none is connected to "
+                          f"{redact(session.url)})", file=sys.stderr)
+                bar.set_postfix_str(_waiting_text(missing))
+                besides = kind.waiting(session.client, keys, meta)
+                if besides and besides not in warned:
+                    warned.add(besides)
+                    print(f"graph {meta['name']!r}: {besides}", file=sys.stderr)
+                if besides:
+                    bar.set_postfix_str(besides)
+            if deadline is not None and now >= deadline:
+                missing = _missing_workers(session, meta)
+                why = "; " + ", ".join(f"no {'GPU' if k == 'cuda' else 'CPU'} worker is running" for k in missing) \
+                    if missing else ""
+                besides = kind.waiting(session.client, keys, meta)
+                if besides:
+                    why += "; " + besides
+                raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: {meta['ops_done']} of "
+                                   f"{meta['n_ops']} ops run{why}")
+            wait = POLL_SECONDS if deadline is None else max(0.001, min(POLL_SECONDS, deadline - now))
+            # Blocks until the graph ends (its events stream gets an entry) or the next refresh is due.
+            for _, entries in session.client.xread({keys.events: last_event}, block=int(wait * 1000)) or ():
+                last_event = entries[-1][0]
+
+
+def get_my_graphs(show: bool = True) -> List[Dict[str, Any]]:
+    """This token's graphs, oldest first: dicts with id, name, algorithm, approach, rules, state, progress
+    (percent of ops run), ops, subgraphs and created (Unix time). With `show`, also prints them as the
+    original's table (Id, Name, Approach, Algorithm, Rules, Status)."""
+    session = require()
+    graphs = store_graphs.list_graphs(session.client, session.token)
+    if show:
+        print(graphs_table(graphs))
+    return graphs
+
+
+def graphs_table(graphs: List[Dict[str, Any]]) -> str:
+    header = ("Id", "Name", "Approach", "Algorithm", "Rules", "Status")
+    rows = [(g["id"], g["name"], g["approach"], g["algorithm"], "" if g["rules"] is None else json.dumps(g["rules"]),
+             f"{g['state']} ({g['progress']:g}%)") for g in graphs]
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    text = [line, "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |", line]
+    text += ["| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
+    return "\n".join(text + ([line] if rows else []) + ([] if rows else ["(no graphs)"]))

@@ -1,0 +1,175 @@
+"""The layering rules of docs/architecture.md, checked over every import statement in ravop, compiler, worker and
+ravdl at any depth: at module level and inside functions and methods, since a deferred import is still a
+dependency (it only hides a cycle until the function runs). Imports under `if TYPE_CHECKING:` never run and are
+left out. As in grimp, `import a.b.c` is an edge to a.b.c, not to the packages a and a.b whose `__init__` runs
+first; `test_importing_the_compiler_loads_no_redis` checks what an import loads at run time.
+
+An AST walk rather than import-linter: networkx is a dependency already, the rules here (cycles reported module by
+module, "imports X by name") are a few lines over a plain graph, and the walk needs no install."""
+import ast
+import pathlib
+import subprocess
+import sys
+
+import networkx as nx
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = ("ravop", "compiler", "worker", "ravdl")
+
+
+def _module_name(path):
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _source_files():
+    for package in PACKAGES:
+        yield from sorted((ROOT / package).rglob("*.py"))
+
+
+def _is_type_checking_block(node):
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
+            or isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree):
+    """Every Import/ImportFrom in `tree`, at any depth, except those under `if TYPE_CHECKING:`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if _is_type_checking_block(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def import_graph():
+    """A DiGraph of module -> imported module: our modules by full dotted name, third-party ones by top-level
+    name. An edge's `lines` attribute lists the importing lines, for messages."""
+    files = {_module_name(path): path for path in _source_files()}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(files)
+
+    def resolve(name):
+        """The module `name` is, or the nearest enclosing one of ours; third-party names by their top level."""
+        if name.split(".")[0] not in PACKAGES:
+            return name.split(".")[0]
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name
+
+    for module, path in files.items():
+        is_package = path.name == "__init__.py"
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:   # relative: from the package holding this module, `level - 1` further up
+                    anchor = module.split(".") if is_package else module.split(".")[:-1]
+                    anchor = anchor[:len(anchor) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                # `from package import name` imports the submodule when `name` is one, else the package itself
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base
+                           for alias in node.names]
+            for target in {resolve(t) for t in targets}:
+                if target and target != module:
+                    graph.add_edge(module, target)
+                    graph.edges[module, target].setdefault("lines", []).append(f"{path.relative_to(ROOT)}:"
+                                                                                f"{node.lineno}")
+    return graph
+
+
+GRAPH = import_graph()
+
+
+def ours(module):
+    return module.split(".")[0] in PACKAGES
+
+
+def under(module, prefix):
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def import_cycles(graph):
+    """Each import cycle as a list of modules: one per strongly connected component of our modules (a component
+    of more than one module holds at least one cycle; its modules are listed, with one cycle through them)."""
+    internal = graph.subgraph([m for m in graph if ours(m)])
+    cycles = []
+    for component in nx.strongly_connected_components(internal):
+        if len(component) > 1:
+            one = [edge[0] for edge in nx.find_cycle(internal.subgraph(component))]
+            cycles.append((sorted(component), one + [one[0]]))
+    return sorted(cycles)
+
+
+def reached(graph, sources, is_forbidden):
+    """{forbidden module: an import chain to it} over everything the modules in `sources` import, transitively."""
+    found = {}
+    for source in sources:
+        paths = nx.single_source_shortest_path(graph, source)
+        for target, path in paths.items():
+            if is_forbidden(target) and target not in found:
+                found[target] = path
+    return found
+
+
+def describe(chains):
+    return "\n".join(f"  {target}: {' -> '.join(path)}" for target, path in sorted(chains.items()))
+
+
+def modules_of(package):
+    return [m for m in GRAPH if under(m, package)]
+
+
+def test_there_are_no_import_cycles():
+    cycles = import_cycles(GRAPH)
+    assert not cycles, f"{len(cycles)} import cycle(s), imports inside functions counted:\n" + "\n".join(
+        f"  {' -> '.join(cycle)}  (modules in the cycle: {', '.join(modules)})" for modules, cycle in cycles)
+
+
+def test_the_compiler_never_reaches_redis_the_store_or_the_session():
+    chains = reached(GRAPH, modules_of("compiler"), lambda m: m in ("redis", "hiredis")
+                     or under(m, "ravop.store") or under(m, "ravop.session"))
+    assert not chains, "compiler reaches:\n" + describe(chains)
+
+
+def test_the_worker_never_reaches_the_compiler_ravdl_or_the_requester_session():
+    chains = reached(GRAPH, modules_of("worker"), lambda m: under(m, "compiler") or under(m, "ravdl")
+                     or under(m, "ravop.session"))
+    assert not chains, "worker reaches:\n" + describe(chains)
+
+
+def test_the_worker_imports_the_op_registry_by_name():
+    """Its dispatch table is the registry ravop.ops fills; importing it by name, not through a module that happens
+    to import it, keeps the table full whatever else changes."""
+    importers = [m for m in modules_of("worker") if GRAPH.has_edge(m, "ravop.ops")]
+    assert importers, "no module of worker imports ravop.ops"
+
+
+def test_ravdl_imports_no_worker_compiler_or_redis_directly():
+    direct = {(m, t): GRAPH.edges[m, t]["lines"] for m in modules_of("ravdl") for t in GRAPH.successors(m)
+              if under(t, "worker") or under(t, "compiler") or t in ("redis", "hiredis")}
+    assert not direct, f"ravdl imports: {direct}"
+
+
+def test_importing_the_compiler_loads_no_redis():
+    done = subprocess.run([sys.executable, "-c", "import compiler, sys; print('redis' in sys.modules)"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+def test_the_walk_sees_imports_inside_functions_and_relative_ones():
+    """The graph the rules read is right on what it is meant to see: a deferred import in a function and a
+    relative import are edges; a TYPE_CHECKING-only one is not."""
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\n"
+                     "def f():\n    import b\n    class C:\n        def g(self):\n            from c import d\n")
+    assert sorted(n.names[0].name if isinstance(n, ast.Import) else n.module for n in _imports(tree)) == \
+        ["b", "c", "typing"]
+    assert GRAPH.has_edge("ravop.ops", "ravop.ops.arithmetic")   # ravop/ops/__init__.py: `from . import ...`
