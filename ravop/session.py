@@ -222,8 +222,8 @@ def activate(**compile_options):
         compiled = compile_graph(graph, **compile_options)
     summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
     if graph.parallel_fits:
-        live = [w for w in workers if w.get("kind") != "gpu" or graph.gpu_required]
-        summary["placement"] = {repr(s): parallel.placement(s, live) for s in graph.parallel_fits}
+        kind = "cuda" if graph.gpu_required else "cpu"   # the stream a worker of that kind reads
+        summary["placement"] = {repr(s): parallel.forecast(s, workers, kind) for s in graph.parallel_fits}
     if graph.verify > 1 and compiled.plan.n_steps:
         raise GraphStateError(f"graph {graph.name!r} has training loops, which verify={graph.verify} does not "
                               "cover yet (a loop runs as a whole on one worker): leave verify= out")
