@@ -30,9 +30,10 @@ def eager_send(x, residual, kind):
 
 
 def diloco_reference(replicas, inner_steps, n_epochs, batch_size, shuffle, seed, outer_lr, outer_momentum, nesterov,
-                     compression=None, overlap=False):
-    """(per-replica losses, global parameters after fit, its prediction on X) of DiLoCo in eager PyTorch."""
-    net = torch_net()
+                     compression=None, overlap=False, make_net=torch_net):
+    """(per-replica losses, global parameters after fit, its eval-mode prediction on X) of DiLoCo in eager
+    PyTorch; float buffers (BatchNorm statistics) are averaged at every outer step."""
+    net = make_net()
     nets = [copy.deepcopy(net) for _ in range(replicas)]
     opts = [torch.optim.Adam(n.parameters(), lr=LR) for n in nets]
     glob = copy.deepcopy(net)
@@ -64,12 +65,18 @@ def diloco_reference(replicas, inner_steps, n_epochs, batch_size, shuffle, seed,
                 for i, p in enumerate(glob.parameters()):
                     received, down[i] = eager_send(p - before[i], down[i], compression)
                     p.copy_(before[i] + received)
+        buffers_before = [b.clone() for b in glob.buffers()]
+        for b, *replica_buffers in zip(glob.buffers(), *(m.buffers() for m in nets)):
+            # counters (num_batches_tracked) advance alike in every replica: the first one's
+            b.copy_(torch.stack(replica_buffers).mean(0) if b.is_floating_point() else replica_buffers[0])
         start = before if overlap else [p.detach().clone() for p in glob.parameters()]
+        start_buffers = buffers_before if overlap else [b.clone() for b in glob.buffers()]
         with torch.no_grad():
             for m in nets:
-                for p, s in zip(m.parameters(), start):
-                    p.copy_(s)
-    return losses, [p.detach() for p in glob.parameters()], glob(torch.as_tensor(X)).detach()
+                for p, s in zip([*m.parameters(), *m.buffers()], start + start_buffers):
+                    if p.is_floating_point():
+                        p.copy_(s)
+    return losses, [p.detach() for p in glob.parameters()], glob.eval()(torch.as_tensor(X)).detach()
 
 
 def fit_diloco(strategy, n_epochs, batch_size, shuffle=True, seed=3):

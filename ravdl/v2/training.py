@@ -19,4 +19,4 @@ def fit_model(model, X, y, n_epochs, batch_size, loss, strategy, shuffle, seed):
         names = record_fit(model, model.train_step, X, y, n_epochs, batch_size, shuffle, seed)
     else:
         names = record_parallel_fit(model, X, y, n_epochs, batch_size, shuffle, seed, strategy)
-    return History(names, graph, n_epochs)
+    return History(names, graph, n_epochs, validation=False)

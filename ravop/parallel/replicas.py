@@ -38,8 +38,11 @@ def weighted_sum(values, weights):
 
 
 def average(values):
-    """The mean of `values` (Ops of one shape), as torch.stack(values).mean(0) computes it for two."""
-    return values[0] if len(values) == 1 else weighted_sum(values, [1.0] * len(values)) * (1.0 / len(values))
+    """The mean of `values` (Ops of one shape), as torch.stack(values).mean(0) computes it for two. Integer
+    values are counters the replicas advance alike (BatchNorm's num_batches_tracked): the first one's."""
+    if len(values) == 1 or not values[0].dtype.is_floating_point:
+        return values[0]
+    return weighted_sum(values, [1.0] * len(values)) * (1.0 / len(values))
 
 
 def average_into(states, indices):
