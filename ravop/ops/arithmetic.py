@@ -54,7 +54,10 @@ register("abs", shape=rules.same, vjp=lambda node, g, wants: (R.mul(g, R.sign(no
 register("sign", shape=rules.same, vjp=lambda node, g, wants: (None,))(torch.sign)
 # round (half to even, as torch.round): flat wherever it is differentiable, like sign. int8 compression of
 # pseudo-gradients rounds (ravop/parallel/compression.py).
-register("round", shape=rules.same, vjp=lambda node, g, wants: (None,))(torch.round)
+@register("round", shape=rules.same, vjp=lambda node, g, wants: (None,))
+def round_(x):
+    """x rounded to the nearest integer, ties to even (torch.round); its gradient is zero, as torch's."""
+    return torch.round(x)
 register("exp", shape=rules.same_float, vjp=lambda node, g, wants: (R.mul(g, node),),
          torch_function=(torch.exp, SAME))(torch.exp)
 register("natlog", shape=rules.same_float, vjp=lambda node, g, wants: (R.div(g, node.inputs[0]),),
