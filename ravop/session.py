@@ -212,8 +212,8 @@ def activate(**compile_options):
                               "op.persist_op(name) on the values to fetch, then R.activate()")
     if graph.strategy is not None and not graph.parallel_fits:
         raise NotImplementedError(f"graph {graph.name!r} has strategy={graph.strategy!r} but no fit used it: a "
-                                  "strategy applies to NeuralNetwork.fit; hand-written training loops under a "
-                                  "strategy are not implemented")
+                                  "strategy applies to fit (NeuralNetwork, Functional, Pytorch_Model); hand-written "
+                                  "training loops under a strategy are not implemented")
     from compiler import compile_graph  # ravop depends on the compiler only here (docs/architecture.md)
     from compiler.cost import calibrated
     workers = worker_info.read_all(session.client)   # their measured cost figures, and placement below
