@@ -31,7 +31,8 @@ class Slot:
 class TrainState:
     """What a training step reads and replaces, as a model hands it to a fit loop or a strategy:
     - `params`: the trained parameters (what gradients are taken with respect to, what an optimizer steps);
-    - `buffers`: every other model value a step carries (BatchNorm statistics, frozen parameters);
+    - `buffers`: every other model value a step replaces (BatchNorm statistics; frozen parameters are only read,
+      so nothing carries them);
     - `optimizer`: the optimizer's state of `params` (moments), which stays with whoever runs the steps;
     - `counters`: the Python counters a step advances (optimizer step counts, BatchNorm batch counts).
     All but `counters` are `Slot`s holding Ops; `carried` is their concatenation, in that order."""
@@ -43,11 +44,6 @@ class TrainState:
     @property
     def carried(self):
         return self.params + self.buffers + self.optimizer
-
-    @property
-    def model_values(self):
-        """The parameters and buffers: what a saved model holds."""
-        return self.params + self.buffers
 
 
 def optimizer_slots(optimizer, params):
