@@ -168,3 +168,14 @@ def test_pytorch_model_diloco_on_two_workers_saves_the_global_model(engine, work
     for got, want in zip(saved.parameters(), params):
         assert torch.allclose(got, want, atol=1e-5)
     assert np.isfinite(R.fetch_persisting_op("prediction").numpy()).all()
+
+
+@pytest.mark.parametrize("make_model", MODELS)
+def test_the_graphs_strategy_applies_to_their_fit(make_model):
+    strategy = R.parallel.DiLoCo(replicas=2, inner_steps=3)
+    R.Graph(name="explicit", seed=11)
+    explicit, _, _ = fit(make_model(), strategy, 1, 6)
+    graph = R.Graph(name="graph's", seed=11, strategy=strategy)
+    default, _, _ = fit(make_model(), None, 1, 6)
+    assert graph.parallel_fits == [strategy]
+    assert explicit.keys() == default.keys() and all(torch.equal(explicit[n], default[n]) for n in explicit)
