@@ -179,3 +179,23 @@ def test_the_graphs_strategy_applies_to_their_fit(make_model):
     default, _, _ = fit(make_model(), None, 1, 6)
     assert graph.parallel_fits == [strategy]
     assert explicit.keys() == default.keys() and all(torch.equal(explicit[n], default[n]) for n in explicit)
+
+
+@pytest.mark.parametrize("strategy", [R.parallel.LocalSGD(replicas=2, sync_every=3), R.parallel.Gossip(replicas=2)],
+                         ids=["LocalSGD", "Gossip"])
+def test_replicas_share_float_buffers_and_keep_integer_counters(strategy):
+    """A Pytorch_Model's BatchNorm has a float running mean and an int64 batch count: the replicas average (or
+    interpolate) the first and keep the second, which every replica advances alike."""
+    R.Graph(name="counters", seed=11)
+    model = pytorch_model(bn_net)
+    fit(model, strategy, 2, 6)
+    running_mean, _, batches = evaluate_persisted_values(model.buffers)
+    assert batches.dtype == torch.int64 and int(batches) == 2 * 4   # 24 rows a shard in batches of 6, 2 epochs
+    assert torch.isfinite(running_mean).all() and running_mean.abs().sum() > 0
+
+
+def evaluate_persisted_values(ops):
+    for k, op in enumerate(ops):
+        op.persist_op(f"value {k}")
+    values = evaluate_persisted(R.current_graph())
+    return [values[f"value {k}"] for k in range(len(ops))]

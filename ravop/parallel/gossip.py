@@ -68,7 +68,8 @@ class Gossip:
             a = self.factor if self.interpolation == "constant" else 0.5
         if self.divergence_threshold > 0:
             a = loss[0].greater_equal(self.divergence_threshold).cast("float32") * a
-        return [p + (q - p) * a for p, q in zip(own, peer)]
+        # integer buffers are counters (num_batches_tracked) that every replica advances alike
+        return [p + (q - p) * a if p.dtype.is_floating_point else p for p, q in zip(own, peer)]
 
     def __repr__(self):
         return (f"Gossip(replicas={self.replicas}, interpolation={self.interpolation!r}, factor={self.factor}, "
