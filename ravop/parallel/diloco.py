@@ -24,12 +24,10 @@ pseudo-gradient. The model after fit has every round's outer step applied (the l
 In the graph, round k+1's segments do not read outer step k, so workers run them at the same time.
 """
 from .compression import check_compression, send
-from .replicas import average, check_replicas
+from .replicas import OnShards, average, check_replicas, every
 
 
-class DiLoCo:
-    needs_loss = False
-
+class DiLoCo(OnShards):
     def __init__(self, replicas, inner_steps, outer_lr=0.7, outer_momentum=0.9, nesterov=True, compression=None,
                  overlap=False):
         self.replicas = check_replicas(replicas)
@@ -47,18 +45,12 @@ class DiLoCo:
         self.inner_steps, self.outer_lr, self.outer_momentum = inner_steps, float(outer_lr), float(outer_momentum)
         self.nesterov, self.compression, self.overlap = nesterov, check_compression(compression), overlap
 
-    def record_fit(self, fit):
-        return fit.replicated(self)
-
     def segments(self, n_steps):
         """(first step, steps) of each round."""
-        return [(first, min(self.inner_steps, n_steps - first)) for first in range(0, n_steps, self.inner_steps)]
+        return every(n_steps, self.inner_steps)
 
     def synchronizer(self, initial, layout, graph_seed):
         return _OuterSteps(self, initial, layout)
-
-    def roles(self):
-        return [f"replica {r}" for r in range(self.replicas)]
 
     def __repr__(self):
         return (f"DiLoCo(replicas={self.replicas}, inner_steps={self.inner_steps}, outer_lr={self.outer_lr}, "

@@ -10,12 +10,12 @@ With `divergence_threshold` > 0 (dpwa's "diverge models when the loss reaches it
 below the threshold keeps its own parameters. With an odd number of replicas one sits each step out."""
 import numpy as np
 
-from .replicas import Averaging, check_replicas
+from .replicas import Averaging, OnShards, check_replicas
 
 INTERPOLATIONS = ("constant", "clock", "loss")
 
 
-class Gossip:
+class Gossip(OnShards):
     def __init__(self, replicas, interpolation="constant", factor=0.5, divergence_threshold=0.0):
         self.replicas = check_replicas(replicas)
         if interpolation not in INTERPOLATIONS:
@@ -34,17 +34,11 @@ class Gossip:
         """Whether the exchange reads the replicas' last losses."""
         return self.interpolation == "loss" or self.divergence_threshold > 0
 
-    def record_fit(self, fit):
-        return fit.replicated(self)
-
     def segments(self, n_steps):
         return [(first, 1) for first in range(n_steps)]
 
     def synchronizer(self, initial, layout, graph_seed):
         return _GossipSync(self, layout, graph_seed)
-
-    def roles(self):
-        return [f"replica {r}" for r in range(self.replicas)]
 
     def pairs(self, step, seed):
         """The (replica, peer) pairs after `step` steps: a permutation drawn from (seed, step), taken two by two."""

@@ -2,12 +2,10 @@
 the data (replica r on rows [r * n / replicas, (r + 1) * n / replicas), shuffled within the shard with
 `shuffle`, from seed + r); every `sync_every` steps, and after the last one, their parameters (and buffers, and with
 `average_optim` the optimizer's moments) are replaced by the replicas' mean."""
-from .replicas import Averaging, check_replicas
+from .replicas import Averaging, OnShards, check_replicas, every
 
 
-class LocalSGD:
-    needs_loss = False
-
+class LocalSGD(OnShards):
     def __init__(self, replicas, sync_every, average_optim=False):
         self.replicas = check_replicas(replicas)
         if type(sync_every) is not int or sync_every < 1:
@@ -16,18 +14,12 @@ class LocalSGD:
             raise TypeError(f"average_optim takes True or False, not {average_optim!r}")
         self.sync_every, self.average_optim = sync_every, average_optim
 
-    def record_fit(self, fit):
-        return fit.replicated(self)
-
     def segments(self, n_steps):
         """(first step, steps) of each replica's run between two averagings."""
-        return [(first, min(self.sync_every, n_steps - first)) for first in range(0, n_steps, self.sync_every)]
+        return every(n_steps, self.sync_every)
 
     def synchronizer(self, initial, layout, graph_seed):
         return Averaging(layout.all if self.average_optim else layout.model, layout)
-
-    def roles(self):
-        return [f"replica {r}" for r in range(self.replicas)]
 
     def __repr__(self):
         return f"LocalSGD(replicas={self.replicas}, sync_every={self.sync_every}, average_optim={self.average_optim})"

@@ -2,6 +2,23 @@
 values, and averaging recorded as ops."""
 
 
+class OnShards:
+    """The hooks of strategies whose replicas train on shards of the data between synchronisations (LocalSGD,
+    Gossip, DiLoCo): the trainer's `replicated` recording, one role per replica."""
+    needs_loss = False   # whether a segment carries its last loss for the exchange
+
+    def record_fit(self, fit):
+        return fit.replicated(self)
+
+    def roles(self):
+        return [f"replica {r}" for r in range(self.replicas)]
+
+
+def every(n_steps, interval):
+    """(first step, steps) of runs of `interval` steps over `n_steps` (the last one may be shorter)."""
+    return [(first, min(interval, n_steps - first)) for first in range(0, n_steps, interval)]
+
+
 def check_replicas(replicas):
     if type(replicas) is not int or replicas < 1:
         raise ValueError(f"replicas must be a positive int, not {replicas!r}")
