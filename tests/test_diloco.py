@@ -12,7 +12,7 @@ import ravop as R
 from ravop.interpreter import evaluate_persisted
 from ravop.parallel.compression import check_compression, send
 from test_parallel_engine import assert_same_as_in_process, run_on_both
-from test_parallel_math import LR, X, Y, adam_step, batches_of, ravdl_net, torch_net
+from test_parallel_math import LR, X, Y, batches_of, ravdl_net, torch_net
 
 PARAM_NAMES = ["Dense_1.weight", "Dense_1.bias", "Dense_2.weight", "Dense_2.bias"]
 
@@ -29,10 +29,32 @@ def eager_send(x, residual, kind):
     return received, true - received
 
 
+def updates_of(n_rows, batch_size, n_epochs, shuffle, seed, update_frequency):
+    """Per optimizer update, the row indices of its batches: `update_frequency` consecutive batches of an epoch
+    (its last update takes those left)."""
+    batches = list(batches_of(n_rows, batch_size, n_epochs, shuffle, seed))
+    per_epoch = len(batches) // n_epochs
+    return [batches[e * per_epoch:(e + 1) * per_epoch][first:first + update_frequency]
+            for e in range(n_epochs) for first in range(0, per_epoch, update_frequency)]
+
+
+def accumulated_step(net, opt, batches):
+    """One optimizer step on the summed gradients of `batches` ((X, y) pairs), as torch sums .grad; the losses."""
+    opt.zero_grad()
+    losses = []
+    for X_batch, y_batch in batches:
+        loss = torch.nn.functional.mse_loss(net(X_batch), y_batch)
+        loss.backward()
+        losses.append(loss.detach())
+    opt.step()
+    return losses
+
+
 def diloco_reference(replicas, inner_steps, n_epochs, batch_size, shuffle, seed, outer_lr, outer_momentum, nesterov,
-                     compression=None, overlap=False, make_net=torch_net):
+                     compression=None, overlap=False, make_net=torch_net, update_frequency=1):
     """(per-replica losses, global parameters after fit, its eval-mode prediction on X) of DiLoCo in eager
-    PyTorch; float buffers (BatchNorm statistics) are averaged at every outer step."""
+    PyTorch; float buffers (BatchNorm statistics) are averaged at every outer step; with `update_frequency` an
+    inner step sums the gradients of that many batches."""
     net = make_net()
     nets = [copy.deepcopy(net) for _ in range(replicas)]
     opts = [torch.optim.Adam(n.parameters(), lr=LR) for n in nets]
@@ -44,12 +66,12 @@ def diloco_reference(replicas, inner_steps, n_epochs, batch_size, shuffle, seed,
     size = len(X) // replicas
     shards = [(torch.as_tensor(X[r * size:(r + 1) * size]), torch.as_tensor(Y[r * size:(r + 1) * size]))
               for r in range(replicas)]
-    plans = [list(batches_of(size, batch_size, n_epochs, shuffle, seed + r)) for r in range(replicas)]
+    plans = [updates_of(size, batch_size, n_epochs, shuffle, seed + r, update_frequency) for r in range(replicas)]
     losses = [[] for _ in range(replicas)]
     n = len(plans[0])
     for k in range(n):
         for r, (Xs, ys) in enumerate(shards):
-            losses[r].append(adam_step(nets[r], opts[r], Xs[plans[r][k]], ys[plans[r][k]]))
+            losses[r] += accumulated_step(nets[r], opts[r], [(Xs[rows], ys[rows]) for rows in plans[r][k]])
         if (k + 1) % inner_steps and k + 1 != n:
             continue
         before = [p.detach().clone() for p in glob.parameters()]
@@ -95,7 +117,8 @@ def assert_matches_reference(strategy, n_epochs=2, batch_size=5, atol=1e-5):
     got, values, prediction = fit_diloco(strategy, n_epochs, batch_size)
     losses, params, want_prediction = diloco_reference(
         strategy.replicas, strategy.inner_steps, n_epochs, batch_size, True, 3, strategy.outer_lr,
-        strategy.outer_momentum, strategy.nesterov, strategy.compression, strategy.overlap)
+        strategy.outer_momentum, strategy.nesterov, strategy.compression, strategy.overlap,
+        update_frequency=strategy.update_frequency)
     per_epoch = len(losses[0]) // n_epochs
     replicas = strategy.replicas
     for r in range(replicas):
@@ -173,6 +196,25 @@ def _ancestors(graph, node):
     return seen
 
 
+def test_update_frequency_sums_the_gradients_of_that_many_batches_per_inner_step():
+    # shards of 24 rows in batches of 5: per epoch updates of batches (1, 2), (3, 4), (5); rounds of 2 updates
+    assert_matches_reference(R.parallel.DiLoCo(2, 2, update_frequency=2))
+    assert_matches_reference(R.parallel.DiLoCo(2, 1, update_frequency=3), n_epochs=1, batch_size=4)
+
+
+def test_local_sgd_with_update_frequency_averages_every_sync_every_updates():
+    got, values, prediction = fit_diloco(R.parallel.LocalSGD(2, 2, update_frequency=2), 2, 5)
+    losses, params, want_prediction = diloco_reference(2, 2, 2, 5, True, 3, 1.0, 0.0, False, update_frequency=2)
+    assert len(got) == 2 * len(losses[0])
+    per_epoch = len(losses[0]) // 2
+    for r in range(2):
+        for k, loss in enumerate(losses[r]):
+            e, b = divmod(k, per_epoch)
+            assert torch.allclose(got[f"training_loss_epoch_{e + 1}_batch_{b * 2 + r + 1}"], loss, atol=1e-6)
+    assert torch.allclose(prediction, want_prediction, atol=1e-6)
+    assert "update_frequency=2" in repr(R.parallel.LocalSGD(2, 2, update_frequency=2))
+
+
 def test_error_feedback_loses_nothing_over_rounds():
     """What the receiver got over rounds plus the last residual is exactly what was sent, in ravop and eager."""
     rng = torch.Generator().manual_seed(0)
@@ -218,8 +260,10 @@ def test_bad_knobs_are_refused_by_name():
         R.parallel.DiLoCo(2, 4, compression="int4")
     with pytest.raises(TypeError, match="overlap"):
         R.parallel.DiLoCo(2, 4, overlap="yes")
+    with pytest.raises(ValueError, match="update_frequency"):
+        R.parallel.DiLoCo(2, 4, update_frequency=0)
     with pytest.raises(TypeError):
-        R.parallel.DiLoCo(2, 4, update_frequency=2)   # not a knob DiLoCo has
+        R.parallel.DiLoCo(2, 4, lr_scheduler="cosine")   # not a knob DiLoCo has
     assert check_compression(True) == "fp16" and check_compression(False) is None
     assert "compression='int8'" in repr(R.parallel.DiLoCo(2, 4, compression="int8"))
 

@@ -132,48 +132,66 @@ class ParallelFit:
         slots, counters = state.carried, state.counters
         layout = Carried(len(state.params), len(state.buffers), len(state.optimizer))
         starts = [counter.get() for counter in counters]
-        steps = _Steps(size, self.batch_size, self.n_epochs)
+        per_update = strategy.update_frequency   # batches whose gradients one optimizer step sums
+        steps = _Steps(size, self.batch_size * per_update, self.n_epochs)
         initial = [slot.get() for slot in slots]
         sync = strategy.synchronizer(initial, layout, current_graph().seed)
         states = [list(initial) for _ in range(replicas)]
         losses = [None] * replicas
         names = {}
-        moved = None
+        moved = {}   # template -> how far its step moves each counter
         with_loss = strategy.needs_loss   # then a segment carries its last loss
         loss_slot = [R.zeros(shape=(), dtype="float32")] * with_loss
 
         def train(r, X_shard, y_shard):
             def record_step(step, rows, runs):
-                nonlocal moved
                 for counter, start in zip(counters, starts):
                     counter.set(start)
                 for slot, value in zip(slots, step.carried):
                     slot.set(value)
-                loss = model.train_step(step.rows(X_shard, rows), step.rows(y_shard, rows))
-                step.carry([slot.get() for slot in slots] + [loss] * with_loss)
-                run_names = [_loss_name(e, b * replicas + r) for e, b in runs]
-                step.persist(loss, run_names)
-                names.update((name, (e, b * replicas + r)) for (e, b), name in zip(runs, run_names))
-                moved = [counter.get() - start for counter, start in zip(counters, starts)]
+                X_rows, y_rows = step.rows(X_shard, rows), step.rows(y_shard, rows)
+                batch_losses = self._accumulated_step(X_rows, y_rows, rows, state) if per_update > 1 else \
+                    [model.train_step(X_rows, y_rows)]
+                step.carry([slot.get() for slot in slots] + batch_losses[-1:] * with_loss)
+                for j, loss in enumerate(batch_losses):   # batch j of the step's: batch b * per_update + j
+                    where = [(e, (b * per_update + j) * replicas + r) for e, b in runs]
+                    run_names = [_loss_name(e, b) for e, b in where]
+                    step.persist(loss, run_names)
+                    names.update(zip(run_names, where))
+                moved[steps.rows.index(rows)] = [counter.get() - start for counter, start in zip(counters, starts)]
             return record_step
 
         n_steps = len(steps.order)
         for first, n in strategy.segments(n_steps):
             for r, (X_shard, y_shard) in enumerate(shards):
-                batches = Batches(size, self.batch_size, self.shuffle, self.seed + r)
+                batches = Batches(size, self.batch_size * per_update, self.shuffle, self.seed + r)
                 after = _record_segment(states[r] + loss_slot, batches, steps, (first, n), train(r, X_shard, y_shard))
                 states[r], losses[r] = list(after[:len(slots)]), after[len(slots):]
             sync.exchange(states, losses, first + n)
         for slot, value in zip(slots, sync.finish(states)):
             slot.set(value)
-        for counter, start, step_moved in zip(counters, starts, moved):
-            counter.set(start + step_moved * n_steps)
+        for k, (counter, start) in enumerate(zip(counters, starts)):
+            counter.set(start + sum(moved[t][k] for t, _, _ in steps.order))
         return sorted(names, key=names.get)
+
+    def _accumulated_step(self, X, y, rows, state):
+        """One optimizer step on the summed gradients of the step's batches (`update_frequency` of them, fewer in
+        an epoch's last step), as torch sums `.grad` over backward calls; returns the batches' losses."""
+        params = [slot.get() for slot in state.params]
+        losses, summed = [], None
+        for start in range(0, rows, self.batch_size):
+            stop = min(start + self.batch_size, rows)
+            losses.append(self.model.training_loss(X[start:stop], y[start:stop]))
+            grads = R.grad(losses[-1], params)
+            summed = grads if summed is None else [total + g for total, g in zip(summed, grads)]
+        self.model.apply_gradients(summed)
+        return losses
 
     def pipeline(self, strategy):
         """GPipe over the model's `sequential_layers()` cut into the strategy's stages (Pipeline)."""
         return _pipeline(self.model, self.model.sequential_layers(), self.X, self.y, self.n_epochs, self.batch_size,
                          self.shuffle, self.seed, strategy)
+
 
 def _one_step(initial, record_step):
     """A loop op of one step that reads no rows: its own subgraph, so a worker runs it apart from the others."""

@@ -12,6 +12,9 @@ be shorter); after it:
   with its own error feedback, and every replica and the global model apply what was received;
 - buffers (BatchNorm statistics) become the replicas' mean;
 - every replica starts the next round from the global model (parameters and buffers).
+`update_frequency=k` (Ravnest's): an inner step is one optimizer update on the gradients of k batches summed, as
+LocalSGD's; `inner_steps` counts such updates.
+
 `outer_lr=1, outer_momentum=0` is LocalSGD's averaging (up to rounding). The model after fit (`save_model`,
 `predict`) is the global model; its optimizer state is the replicas' mean.
 
@@ -24,13 +27,14 @@ pseudo-gradient. The model after fit has every round's outer step applied (the l
 In the graph, round k+1's segments do not read outer step k, so workers run them at the same time.
 """
 from .compression import check_compression, send
-from .replicas import OnShards, average, check_replicas, every
+from .replicas import OnShards, average, check_replicas, check_update_frequency, every
 
 
 class DiLoCo(OnShards):
     def __init__(self, replicas, inner_steps, outer_lr=0.7, outer_momentum=0.9, nesterov=True, compression=None,
-                 overlap=False):
+                 overlap=False, update_frequency=1):
         self.replicas = check_replicas(replicas)
+        self.update_frequency = check_update_frequency(update_frequency)
         if type(inner_steps) is not int or inner_steps < 1:
             raise ValueError(f"inner_steps must be a positive int (steps between outer steps), not {inner_steps!r}")
         if isinstance(outer_lr, bool) or not isinstance(outer_lr, (int, float)) or outer_lr <= 0:
@@ -55,7 +59,8 @@ class DiLoCo(OnShards):
     def __repr__(self):
         return (f"DiLoCo(replicas={self.replicas}, inner_steps={self.inner_steps}, outer_lr={self.outer_lr}, "
                 f"outer_momentum={self.outer_momentum}, nesterov={self.nesterov}, compression={self.compression!r}, "
-                f"overlap={self.overlap})")
+                f"overlap={self.overlap}"
+                + (f", update_frequency={self.update_frequency})" if self.update_frequency > 1 else ")"))
 
 
 class _OuterSteps:

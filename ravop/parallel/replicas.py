@@ -6,12 +6,20 @@ class OnShards:
     """The hooks of strategies whose replicas train on shards of the data between synchronisations (LocalSGD,
     Gossip, DiLoCo): the trainer's `replicated` recording, one role per replica."""
     needs_loss = False   # whether a segment carries its last loss for the exchange
+    update_frequency = 1  # batches whose gradients are summed into one optimizer step (Ravnest's knob)
 
     def record_fit(self, fit):
         return fit.replicated(self)
 
     def roles(self):
         return [f"replica {r}" for r in range(self.replicas)]
+
+
+def check_update_frequency(update_frequency):
+    if type(update_frequency) is not int or update_frequency < 1:
+        raise ValueError(f"update_frequency must be a positive int (batches per optimizer step), not "
+                         f"{update_frequency!r}")
+    return update_frequency
 
 
 def every(n_steps, interval):
