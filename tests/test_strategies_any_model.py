@@ -100,12 +100,15 @@ def test_gossip(make_model):
 
 
 @pytest.mark.parametrize("make_model", MODELS)
-@pytest.mark.parametrize("compression, overlap", [(None, False), ("int8", True)])
-def test_diloco_of_any_model(make_model, compression, overlap):
-    strategy = R.parallel.DiLoCo(replicas=2, inner_steps=3, compression=compression, overlap=overlap)
+@pytest.mark.parametrize("compression, overlap, update_frequency", [(None, False, 1), ("int8", True, 1),
+                                                                     (None, False, 2)])
+def test_diloco_of_any_model(make_model, compression, overlap, update_frequency):
+    strategy = R.parallel.DiLoCo(replicas=2, inner_steps=3, compression=compression, overlap=overlap,
+                                 update_frequency=update_frequency)
     R.Graph(name="any model", seed=11)
     got, _, prediction = fit(make_model(), strategy, 2, 5)
-    losses, _, want_prediction = diloco_reference(2, 3, 2, 5, True, 3, 0.7, 0.9, True, compression, overlap)
+    losses, _, want_prediction = diloco_reference(2, 3, 2, 5, True, 3, 0.7, 0.9, True, compression, overlap,
+                                                  update_frequency=update_frequency)
     assert_replica_losses(got, losses, 2, 2, 1e-5)
     assert torch.allclose(prediction, want_prediction, atol=1e-5)
 
