@@ -1,7 +1,9 @@
 """One model trained by several workers (R.parallel): a digits MLP (64 - 128 - relu - 10, Adam, cross entropy,
 batches of 32) trained with LocalSGD (two replicas on the two halves of the data, averaged every 8 steps),
-DataParallel (two replicas per batch, the same numbers as one worker) and Gossip (four replicas averaging in
-seeded pairs), each on the embedded engine's two workers; prints each run's placement and test accuracy.
+DataParallel (two replicas per batch, the same numbers as one worker), Gossip (four replicas averaging in
+seeded pairs) and DiLoCo (four replicas meeting every 8 steps, where an outer Nesterov SGD steps the global model
+with their int8-compressed pseudo-gradients), each on the embedded engine's two workers; prints each run's
+forecast of which worker takes which replica, and its test accuracy.
 
     python examples/parallel_training.py [epochs]      (or RAVDL_EPOCHS; default 20)
 """
@@ -14,7 +16,8 @@ from example_data import accuracy, digits_data, epochs_from_command_line
 
 STRATEGIES = {"LocalSGD": R.parallel.LocalSGD(replicas=2, sync_every=8),
               "DataParallel": R.parallel.DataParallel(replicas=2),
-              "Gossip": R.parallel.Gossip(replicas=4, interpolation="loss")}
+              "Gossip": R.parallel.Gossip(replicas=4, interpolation="loss"),
+              "DiLoCo": R.parallel.DiLoCo(replicas=4, inner_steps=8, compression="int8")}
 
 
 def train(name, strategy, epochs, X_train, X_test, y_train):

@@ -620,6 +620,9 @@ class Op:
             >>> torch.sign(a)
             tensor([ 1., -1.,  0.,  1.])"""
 
+    def round(self) -> Op:
+        """x rounded to the nearest integer, ties to even (torch.round); its gradient is zero, as torch's."""
+
     def exp(self) -> Op:
         """exp(input, *, out=None) -> Tensor
 
@@ -1838,6 +1841,10 @@ def sign(x: TensorLike) -> Op:
         tensor([ 0.7000, -1.2000,  0.0000,  2.3000])
         >>> torch.sign(a)
         tensor([ 1., -1.,  0.,  1.])"""
+
+
+def round(x: TensorLike) -> Op:
+    """x rounded to the nearest integer, ties to even (torch.round); its gradient is zero, as torch's."""
 
 
 def exp(x: TensorLike) -> Op:

@@ -64,8 +64,8 @@ class PlannedGraphs:
                                   "op.persist_op(name) on the values to fetch, then R.activate()")
         if graph.strategy is not None and not graph.parallel_fits:
             raise NotImplementedError(f"graph {graph.name!r} has strategy={graph.strategy!r} but no fit used it: a "
-                                      "strategy applies to NeuralNetwork.fit; hand-written training loops under a "
-                                      "strategy are not implemented")
+                                      "strategy applies to fit (NeuralNetwork, Functional, Pytorch_Model); "
+                                      "hand-written training loops under a strategy are not implemented")
         from compiler import compile_graph  # ravop depends on the compiler only here (docs/architecture.md)
         from compiler.cost import calibrated
         workers = worker_info.read_all(session.client)   # their measured cost figures, and placement below
@@ -74,8 +74,8 @@ class PlannedGraphs:
             compiled = compile_graph(graph, **compile_options)
         summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
         if graph.parallel_fits:
-            live = [w for w in workers if w.get("kind") != "gpu" or graph.gpu_required]
-            summary["placement"] = {repr(s): parallel.placement(s, live) for s in graph.parallel_fits}
+            kind = "cuda" if graph.gpu_required else "cpu"   # the stream a worker of that kind reads
+            summary["placement"] = {repr(s): parallel.forecast(s, workers, kind) for s in graph.parallel_fits}
         if graph.verify > 1 and compiled.plan.n_steps:
             raise GraphStateError(f"graph {graph.name!r} has training loops, which verify={graph.verify} does not "
                                   "cover yet (a loop runs as a whole on one worker): leave verify= out")

@@ -17,7 +17,7 @@ EXAMPLES = {
     "digits_cnn_sequential.py": (10, "test accuracy", 0.95),
     "digits_cnn_functional.py": (10, "test accuracy", 0.95),
     "gpt_sort.py": (100, "held-out sequences sorted", 0.9),
-    "parallel_training.py": (3, "Gossip test accuracy", 0.8),   # after LocalSGD's and DataParallel's
+    "parallel_training.py": (3, "DiLoCo test accuracy", 0.8),   # after LocalSGD's, DataParallel's and Gossip's
 }
 
 

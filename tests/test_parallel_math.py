@@ -147,7 +147,7 @@ def test_replicated_pipeline_losses_equal_one_worker_training():
     strategy = R.parallel.Pipeline(stages=2, micro_batches=2, replicas=2)
     assert strategy.micro_slices(10) == [(0, 3), (3, 5), (5, 8), (8, 10)]
     assert_one_worker_mathematics(strategy, 1, 10)
-    assert list(R.parallel.placement(strategy, [{"name": "a"}, {"name": "b"}])) == [
+    assert list(R.parallel.forecast(strategy, [{"name": "a", "kind": "cpu"}, {"name": "b", "kind": "cpu"}], "cpu")) == [
         "replica 0 stage 0", "replica 0 stage 1", "replica 1 stage 0", "replica 1 stage 1"]
 
 
@@ -273,3 +273,15 @@ def test_auto_stages_are_the_fewest_that_fit_the_smallest_worker_limit():
         auto.fewest_stages(costs, 399)
     with pytest.raises(ValueError, match="no cut until"):
         auto.cut(costs)
+
+
+def test_the_forecast_deals_roles_to_workers_of_the_graphs_device_kind_only():
+    workers = [{"name": "gpu", "kind": "cuda", "handoff_bytes_per_s": 1e12},
+               {"name": "slow", "kind": "cpu", "handoff_bytes_per_s": 1e6},
+               {"name": "fast", "kind": "cpu", "handoff_bytes_per_s": 2e6}]
+    strategy = R.parallel.LocalSGD(replicas=3, sync_every=2)
+    assert R.parallel.forecast(strategy, workers, "cpu") == {"replica 0": "fast", "replica 1": "slow",
+                                                             "replica 2": "fast"}
+    assert set(R.parallel.forecast(strategy, workers, "cuda").values()) == {"gpu"}
+    assert R.parallel.forecast(strategy, workers[:1], "cpu") == {}
+    assert list(R.parallel.forecast(R.parallel.Pipeline(stages=2), workers, "cpu")) == ["stage 0", "stage 1"]

@@ -2,9 +2,9 @@
 validation step), the data goes up once and each step slices its batch on the worker, so recording,
 compiling and uploading a fit cost the same for 1 epoch or 100, and the worker keeps the model in memory.
 
-A model trained this way says what the loop carries (`_carried_slots`: parameters, buffers, optimizer
-state) and which Python counters a training step advances (`_step_counters`: optimizer step counts,
-BatchNorm's batch count); NeuralNetwork, Functional and Pytorch_Model do.
+A model trained this way gives its `TrainState` (`model.train_state(X)`: what a step carries and which Python
+counters it advances) and records one step with `model.train_step(X, y)`; NeuralNetwork, Functional and
+Pytorch_Model do, and R.parallel's strategies use the same interface (ravdl/v2/parallel_fit.py).
 """
 from functools import partial
 
@@ -29,6 +29,24 @@ class Slot:
         self.container()[self.key] = value
 
 
+class TrainState:
+    """What a training step reads and replaces, as a model hands it to a fit loop or a strategy:
+    - `params`: the trained parameters (what gradients are taken with respect to, what an optimizer steps);
+    - `buffers`: every other model value a step replaces (BatchNorm statistics; frozen parameters are only read,
+      so nothing carries them);
+    - `optimizer`: the optimizer's state of `params` (moments), which stays with whoever runs the steps;
+    - `counters`: the Python counters a step advances (optimizer step counts, BatchNorm batch counts).
+    All but `counters` are `Slot`s holding Ops; `carried` is their concatenation, in that order."""
+    __slots__ = ("params", "buffers", "optimizer", "counters")
+
+    def __init__(self, params, buffers, optimizer, counters):
+        self.params, self.buffers, self.optimizer, self.counters = params, buffers, optimizer, counters
+
+    @property
+    def carried(self):
+        return self.params + self.buffers + self.optimizer
+
+
 def optimizer_slots(optimizer, params):
     """(state slots, step count slots) of `optimizer` for `params`, (optimizer key, parameter Op) pairs; the
     state is made (zeros, step 0) for a parameter not stepped yet."""
@@ -51,8 +69,8 @@ def record_fit(model, train_step, X, y, n_epochs, batch_size, shuffle=False, see
     n_rows, batch_size, n_epochs = X.shape[0], int(batch_size), int(n_epochs)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, not {batch_size}")
-    model._ensure_built(X)
-    slots, counters = model._carried_slots(), model._step_counters()
+    state = model.train_state(X)
+    slots, counters = state.carried, state.counters
     starts = [counter.get() for counter in counters]
     loop = Loop([slot.get() for slot in slots], Batches(n_rows, batch_size, shuffle, seed))
     n_full, short = divmod(n_rows, batch_size)

@@ -1,6 +1,7 @@
 """Functional: a model class the user writes, composing layers in its own forward code."""
 from .layers.base import as_input, child_layers, name_layers
 from .model_base import Model
+from .training import fit_model
 
 
 class Functional(Model):
@@ -35,6 +36,13 @@ class Functional(Model):
         if inputs:
             self._note_input(inputs[0])
         return self._forward_pass_call(*inputs, training=training, **kwargs)
+
+    def fit(self, X, y, n_epochs, batch_size, loss="SquareLoss", strategy=None, shuffle=False, seed=None):
+        """Train on (X, y) as NeuralNetwork.fit does (one loop, losses persisted as
+        `training_loss_epoch_{e}_batch_{b}`, 1-based), the forward being `_forward_pass_call(X)`: `loss` is
+        'SquareLoss', 'CrossEntropy' or a ravop loss `loss(y_true, y_pred)`; `strategy` (default: the graph's)
+        one of R.parallel's. Returns a `History`."""
+        return fit_model(self, X, y, n_epochs, batch_size, loss, strategy, shuffle, seed)
 
     def _forward_pass_call(self, input, training=True):
         raise NotImplementedError(f"{type(self).__name__} must implement _forward_pass_call(self, input, "

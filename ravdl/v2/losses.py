@@ -5,7 +5,10 @@ LOSSES = {"SquareLoss": R.square_loss, "CrossEntropy": R.cross_entropy_loss}
 
 
 def get(name):
-    """loss(y_true, y_pred) -> scalar Op for a loss name."""
+    """loss(y_true, y_pred) -> scalar Op for a loss name; a callable (a ravop loss such as R.square_loss, or
+    the user's own of that signature) is its own loss."""
+    if callable(name):
+        return name
     try:
         return LOSSES[name]
     except KeyError:

@@ -12,13 +12,14 @@ import torch
 import ravop as R
 
 from . import export, gradients, onnx_export
-from .fit import Slot, optimizer_slots
-from .layers.base import CustomLayer, leaf_layers
+from .fit import Slot, TrainState, optimizer_slots
+from .layers.base import CustomLayer, as_input, leaf_layers
 
 
 class Model:
     def __init__(self, optimizer=None):
         self.optimizer = optimizer
+        self.loss_function = None  # loss(y_true, y_pred) -> Op: NeuralNetwork's, or the one given to fit
         self._pending_grads = {}   # (layer, parameter name) -> gradient Op summed since the last step
         self.input_spec = None     # (shape without the batch dimension, dtype) of the first input seen
         self.saved_as = None       # the name save_model persisted the model under
@@ -53,34 +54,56 @@ class Model:
             raise ValueError("the model has no built parameters: run a forward pass before the backward pass")
         gradients.backward(loss, slots, self._pending_grads, self.optimizer, step)
 
-    # ------------------------------------------------------------------ what a fit loop carries (fit.py)
+    # ------------------------------------------------------------------ the train-state interface (fit.py)
 
-    def _ensure_built(self, X):
-        """Build the layers not built yet from one row of `X` (an Op): a loop step must read parameters that
-        exist before it. The eval-mode pass recorded for that is read by nothing, so it is never run."""
+    def train_state(self, X):
+        """The `TrainState` of training on data like `X` (an Op). Layers not built yet are built first from one
+        row of `X`: a loop step must read parameters that exist before it (the eval-mode pass recorded for that
+        is read by nothing, so it is never run)."""
         if not all(layer.built for _, layer in self.leaf_layers()):
             self._forward_pass(X[0:1], training=False)
-
-    def _trained_slots(self):
-        return [((layer, name), layer.params[name]) for _, layer in self.leaf_layers() if layer.built
-                for name in layer.params]
-
-    def _carried_slots(self):
-        """Every value a training step reads and replaces: parameters, buffers, optimizer state."""
         if self.optimizer is None:
             raise ValueError(f"{type(self).__name__} has no optimizer to train with")
         if self._pending_grads:
             raise ValueError("gradients summed by _backward_pass(loss, step=False) are waiting for a step: "
                              "finish them with a step=True backward pass before fit")
-        slots = [Slot(partial(getattr, layer, attr), name) for _, layer in self.leaf_layers()
-                 for attr in ("params", "buffers") for name in getattr(layer, attr)]
-        return slots + optimizer_slots(self.optimizer, self._trained_slots())[0]
+        trained = self._trained()
+        optimizer, steps = optimizer_slots(self.optimizer, trained)
+        return TrainState(
+            params=[Slot(partial(getattr, layer, "params"), name) for (layer, name), _ in trained],
+            buffers=[Slot(partial(getattr, layer, "buffers"), name) for _, layer in self.leaf_layers()
+                     for name in layer.buffers],
+            optimizer=optimizer,
+            counters=steps + [Slot(partial(vars, layer), "batches_tracked") for _, layer in self.leaf_layers()
+                              if hasattr(layer, "batches_tracked")])
 
-    def _step_counters(self):
-        """The Python counters a training step advances: optimizer step counts, BatchNorm batch counts."""
-        counters = optimizer_slots(self.optimizer, self._trained_slots())[1]
-        return counters + [Slot(partial(vars, layer), "batches_tracked") for _, layer in self.leaf_layers()
-                           if hasattr(layer, "batches_tracked")]
+    def training_loss(self, X, y):
+        """The loss of a training-mode forward pass of `X` against `y`, as an Op."""
+        if self.loss_function is None:
+            raise ValueError(f"{type(self).__name__} has no loss: give fit(..., loss='SquareLoss' | "
+                             "'CrossEntropy' | a ravop loss)")
+        return self.loss_function(as_input(y), self._forward_pass(X, training=True))
+
+    def train_step(self, X, y):
+        """Record one training step on a batch; returns the loss Op (computed before the step)."""
+        loss = self.training_loss(X, y)
+        self._backward_pass(loss)
+        return loss
+
+    def apply_gradients(self, grads):
+        """Record one optimizer step per trained parameter (`train_state(...).params` order) with `grads`."""
+        for ((layer, name), param), grad in zip(self._trained(), grads):
+            layer.params[name] = self.optimizer.update((layer, name), param, grad)
+
+    def sequential_layers(self):
+        """The top-level layers in the order the forward pass runs them, for Pipeline's stages."""
+        raise NotImplementedError(f"Pipeline cuts a model into stages of its top-level layers in order, which a "
+                                  f"{type(self).__name__} does not declare (its forward is its own code): use "
+                                  "NeuralNetwork, or another strategy")
+
+    def _trained(self):
+        return [((layer, name), layer.params[name]) for _, layer in self.leaf_layers() if layer.built
+                for name in layer.params]
 
     def parameter_count(self):
         """Trainable parameters, counted as torch's `sum(p.numel() for p in model.parameters())`."""

@@ -1,11 +1,17 @@
-"""`fit(..., strategy=...)` (ravop.parallel): the training recorded as loop segments, one per replica between two
-synchronisations, and the averaging between them as ordinary ops. A segment is a loop op (`Loop.run(...,
-segment=...)`): its own subgraph, run with the replica's state in memory, checkpointed and resumed like any loop,
-so the replicas of one synchronisation interval are independent subgraphs that idle workers run at once.
+"""`fit(..., strategy=...)` (ravop.parallel): the trainer the strategies' hooks drive. It records the training
+as loop segments, one per replica between two synchronisations, and whatever the strategy records between them
+as ordinary ops. A segment is a loop op (`Loop.run(..., segment=...)`): its own subgraph, run with the replica's
+state in memory, checkpointed and resumed like any loop, so the replicas of one synchronisation interval are
+independent subgraphs that idle workers run at once.
 
-The losses are persisted under the names `fit` uses (`training_loss_epoch_{e}_batch_{b}`): DataParallel one per
-step (the batch's loss, as one worker computes it); LocalSGD and Gossip one per replica and step, replica r's
-j-th batch of an epoch being batch `j * replicas + r + 1`.
+The strategy picks the recording (`strategy.record_fit(fit)` calls one of `ParallelFit.replicated`,
+`gradient_replicas`, `pipeline`); the trainer reads and writes the model only through its train-state interface
+(`train_state`, `train_step`, `training_loss`, `apply_gradients`, and `sequential_layers` for Pipeline), which
+NeuralNetwork, Functional and Pytorch_Model provide.
+
+The losses are persisted under the names `fit` uses (`training_loss_epoch_{e}_batch_{b}`): DataParallel and
+Pipeline one per step (the batch's loss, as one worker computes it); replicas on shards (LocalSGD, Gossip,
+DiLoCo) one per replica and step, replica r's j-th batch of an epoch being batch `j * replicas + r + 1`.
 """
 import numpy as np
 import torch
@@ -13,12 +19,12 @@ import torch
 import ravop as R
 from ravop.errors import GraphStateError
 from ravop.graph import Op, current_graph
-from ravop.session import live_workers
+from ravop.loss_names import training_loss_name
 from ravop.loop import Batches, Loop
-from ravop.parallel import DataParallel, Gossip, LocalSGD, Pipeline, check_strategy
-from ravop.parallel.replicas import average, weighted_sum
+from ravop.parallel import check_strategy
+from ravop.parallel.replicas import Carried, weighted_sum
+from ravop.session import live_workers
 
-from .fit import optimizer_slots
 from .layers.base import as_input, leaf_layers
 from .layers.core import Dropout
 
@@ -29,11 +35,7 @@ def record_parallel_fit(model, X, y, n_epochs, batch_size, shuffle, seed, strate
     if n_epochs < 1 or batch_size < 1:
         raise ValueError(f"n_epochs and batch_size must be >= 1, not {n_epochs} and {batch_size}")
     current_graph().parallel_fits.append(check_strategy(strategy))   # compile_graph leaves it unfolded
-    if isinstance(strategy, DataParallel):
-        return _data_parallel(model, as_input(X), as_input(y), n_epochs, batch_size, shuffle, seed, strategy)
-    if isinstance(strategy, Pipeline):
-        return _pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy)
-    return _replicated(model, X, y, n_epochs, batch_size, shuffle, seed, strategy)
+    return strategy.record_fit(ParallelFit(model, X, y, n_epochs, batch_size, shuffle, seed))
 
 
 class _Steps:
@@ -63,45 +65,7 @@ def _record_segment(initial, batches, steps, segment, record_step):
 
 
 def _loss_name(epoch, batch):
-    return f"training_loss_epoch_{epoch + 1}_batch_{batch + 1}"
-
-
-def _data_parallel(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
-    """Per step: each replica's gradient of its slice in a one-step segment, then one optimizer step on
-    their mean weighted by slice sizes (`DataParallel`)."""
-    if not X.shape or not y.shape or X.shape[0] != y.shape[0]:
-        raise ValueError(f"X and y must have the same number of rows, not shapes {tuple(X.shape)} and "
-                         f"{tuple(y.shape)}")
-    model._ensure_built(X)
-    if any(layer.buffers for _, layer in model.leaf_layers()):
-        raise NotImplementedError("DataParallel of a model with buffers (BatchNorm) is not implemented: each "
-                                  "replica would see only its slice's batch statistics")
-    model._carried_slots()   # its checks: an optimizer, no gradients waiting for a step
-    steps = _Steps(X.shape[0], batch_size, n_epochs)
-    batches = Batches(X.shape[0], batch_size, shuffle, seed)
-    names = []
-    loss_shape = R.zeros(shape=(), dtype="float32")
-    for index, (t, epoch, batch) in enumerate(steps.order):
-        slots = model._trained_slots()
-        params = [param for _, param in slots]
-        bounds = strategy.slices(steps.rows[t])
-        replica_grads, replica_losses = [], []
-        for start, stop in bounds:
-            def gradient(step, rows, runs, start=start, stop=stop):
-                X_slice, y_slice = step.rows(X, rows)[start:stop], step.rows(y, rows)[start:stop]
-                loss = model.loss_function(y_slice, model._forward_pass(X_slice, training=True))
-                step.carry([*R.grad(loss, params), loss])
-
-            # the segment carries the gradients and the loss: the parameters stand for their shapes at the start
-            *grads, loss = _record_segment([*params, loss_shape], batches, steps, (index, 1), gradient)
-            replica_grads.append(grads)
-            replica_losses.append(loss)
-        weights = [(stop - start) / steps.rows[t] for start, stop in bounds]
-        weighted_sum(replica_losses, weights).persist_op(_loss_name(epoch, batch))
-        names.append(_loss_name(epoch, batch))
-        for ((layer, key), param), *grads in zip(slots, *replica_grads):
-            layer.params[key] = model.optimizer.update((layer, key), param, weighted_sum(grads, weights))
-    return names
+    return training_loss_name(epoch + 1, batch + 1)
 
 
 def _shard(data, start, stop):
@@ -110,68 +74,123 @@ def _shard(data, start, stop):
     return as_input(torch.as_tensor(np.asarray(data) if not isinstance(data, torch.Tensor) else data)[start:stop])
 
 
-def _replicated(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
-    """Replicas training on disjoint shards, from one initial model, their states averaged at the strategy's
-    synchronisations (LocalSGD: every `sync_every` steps; Gossip: pairs after every step)."""
-    n_rows = as_input(X).shape[0] if isinstance(X, Op) else len(X)
-    replicas = strategy.replicas
-    if n_rows % replicas:
-        raise ValueError(f"{n_rows} rows do not split into {replicas} equal shards: replicas that run different "
-                         "numbers of steps could not synchronise; give a multiple of the number of replicas")
-    size = n_rows // replicas
-    shards = [(_shard(X, r * size, (r + 1) * size), _shard(y, r * size, (r + 1) * size)) for r in range(replicas)]
-    model._ensure_built(shards[0][0])
-    slots, counters = model._carried_slots(), model._step_counters()
-    n_state = len(optimizer_slots(model.optimizer, model._trained_slots())[0])
-    starts = [counter.get() for counter in counters]
-    steps = _Steps(size, batch_size, n_epochs)
-    states = [[slot.get() for slot in slots] for _ in range(replicas)]
-    losses = [None] * replicas
-    names = {}
-    moved = None
-    with_loss = isinstance(strategy, Gossip) and strategy.needs_loss   # then a segment carries its last loss
-    loss_slot = [R.zeros(shape=(), dtype="float32")] * with_loss
+class ParallelFit:
+    """One fit under a strategy: the model, the data and the schedule, and the recordings a strategy picks."""
 
-    def train(r, X_shard, y_shard):
-        def record_step(step, rows, runs):
-            nonlocal moved
-            for counter, start in zip(counters, starts):
-                counter.set(start)
-            for slot, value in zip(slots, step.carried):
-                slot.set(value)
-            loss = model.train_on_batch(step.rows(X_shard, rows), step.rows(y_shard, rows))
-            step.carry([slot.get() for slot in slots] + [loss] * with_loss)
-            run_names = [_loss_name(e, b * replicas + r) for e, b in runs]
-            step.persist(loss, run_names)
-            names.update((name, (e, b * replicas + r)) for (e, b), name in zip(runs, run_names))
-            moved = [counter.get() - start for counter, start in zip(counters, starts)]
-        return record_step
+    def __init__(self, model, X, y, n_epochs, batch_size, shuffle, seed):
+        self.model, self.X, self.y = model, X, y
+        self.n_epochs, self.batch_size, self.shuffle, self.seed = n_epochs, batch_size, shuffle, seed
 
-    n_steps = len(steps.order)
-    for first, n in strategy.segments(n_steps):
-        for r, (X_shard, y_shard) in enumerate(shards):
-            batches = Batches(size, batch_size, shuffle, seed + r)
-            after = _record_segment(states[r] + loss_slot, batches, steps, (first, n), train(r, X_shard, y_shard))
-            states[r], losses[r] = list(after[:len(slots)]), after[len(slots):]
-        if isinstance(strategy, LocalSGD):
-            _average_into(states, range(len(slots) - (0 if strategy.average_optim else n_state)))
-        else:
-            strategy.exchange(states, losses, first + n, current_graph().seed, len(slots) - n_state)
-    _average_into(states, range(len(slots)))   # the model after fit: the replicas' mean
-    for slot, value in zip(slots, states[0]):
-        slot.set(value)
-    for counter, start, step_moved in zip(counters, starts, moved):
-        counter.set(start + step_moved * n_steps)
-    return sorted(names, key=names.get)
+    def gradient_replicas(self, strategy):
+        """Per step: each replica's gradient of its slice (`strategy.slices(rows)`) in a one-step segment, then
+        one optimizer step on their mean weighted by slice sizes (DataParallel)."""
+        model, X, y = self.model, as_input(self.X), as_input(self.y)
+        if not X.shape or not y.shape or X.shape[0] != y.shape[0]:
+            raise ValueError(f"X and y must have the same number of rows, not shapes {tuple(X.shape)} and "
+                             f"{tuple(y.shape)}")
+        state = model.train_state(X)
+        if state.buffers:
+            raise NotImplementedError("DataParallel of a model with buffers (BatchNorm) is not implemented: each "
+                                      "replica would see only its slice's batch statistics")
+        steps = _Steps(X.shape[0], self.batch_size, self.n_epochs)
+        batches = Batches(X.shape[0], self.batch_size, self.shuffle, self.seed)
+        names = []
+        loss_shape = R.zeros(shape=(), dtype="float32")
+        for index, (t, epoch, batch) in enumerate(steps.order):
+            params = [slot.get() for slot in state.params]
+            bounds = strategy.slices(steps.rows[t])
+            replica_grads, replica_losses = [], []
+            for start, stop in bounds:
+                def gradient(step, rows, runs, start=start, stop=stop):
+                    loss = model.training_loss(step.rows(X, rows)[start:stop], step.rows(y, rows)[start:stop])
+                    step.carry([*R.grad(loss, params), loss])
 
+                # the segment carries the gradients and the loss: the parameters stand for their shapes at the start
+                *grads, loss = _record_segment([*params, loss_shape], batches, steps, (index, 1), gradient)
+                replica_grads.append(grads)
+                replica_losses.append(loss)
+            weights = [(stop - start) / steps.rows[t] for start, stop in bounds]
+            weighted_sum(replica_losses, weights).persist_op(_loss_name(epoch, batch))
+            names.append(_loss_name(epoch, batch))
+            model.apply_gradients([weighted_sum(grads, weights) for grads in zip(*replica_grads)])
+        return names
 
-def _average_into(states, indices):
-    for k in indices:
-        if all(state[k] is states[0][k] for state in states):
-            continue   # averaged at the last synchronisation already
-        mean = average([state[k] for state in states])
-        for state in states:
-            state[k] = mean
+    def replicated(self, strategy):
+        """Replicas training on disjoint shards from one initial model, each for the strategy's `segments`,
+        synchronised after each by `strategy.synchronizer(initial, layout, graph_seed).exchange(...)`; the model
+        after fit is its `finish(states)` (LocalSGD, Gossip, DiLoCo)."""
+        X, y, model = self.X, self.y, self.model
+        n_rows = as_input(X).shape[0] if isinstance(X, Op) else len(X)
+        replicas = strategy.replicas
+        if n_rows % replicas:
+            raise ValueError(f"{n_rows} rows do not split into {replicas} equal shards: replicas that run different "
+                             "numbers of steps could not synchronise; give a multiple of the number of replicas")
+        size = n_rows // replicas
+        shards = [(_shard(X, r * size, (r + 1) * size), _shard(y, r * size, (r + 1) * size))
+                  for r in range(replicas)]
+        state = model.train_state(shards[0][0])
+        slots, counters = state.carried, state.counters
+        layout = Carried(len(state.params), len(state.buffers), len(state.optimizer))
+        starts = [counter.get() for counter in counters]
+        per_update = strategy.update_frequency   # batches whose gradients one optimizer step sums
+        steps = _Steps(size, self.batch_size * per_update, self.n_epochs)
+        initial = [slot.get() for slot in slots]
+        sync = strategy.synchronizer(initial, layout, current_graph().seed)
+        states = [list(initial) for _ in range(replicas)]
+        losses = [None] * replicas
+        names = {}
+        moved = {}   # template -> how far its step moves each counter
+        with_loss = strategy.needs_loss   # then a segment carries its last loss
+        loss_slot = [R.zeros(shape=(), dtype="float32")] * with_loss
+
+        def train(r, X_shard, y_shard):
+            def record_step(step, rows, runs):
+                for counter, start in zip(counters, starts):
+                    counter.set(start)
+                for slot, value in zip(slots, step.carried):
+                    slot.set(value)
+                X_rows, y_rows = step.rows(X_shard, rows), step.rows(y_shard, rows)
+                batch_losses = self._accumulated_step(X_rows, y_rows, rows, state) if per_update > 1 else \
+                    [model.train_step(X_rows, y_rows)]
+                step.carry([slot.get() for slot in slots] + batch_losses[-1:] * with_loss)
+                for j, loss in enumerate(batch_losses):   # batch j of the step's: batch b * per_update + j
+                    where = [(e, (b * per_update + j) * replicas + r) for e, b in runs]
+                    run_names = [_loss_name(e, b) for e, b in where]
+                    step.persist(loss, run_names)
+                    names.update(zip(run_names, where))
+                moved[steps.rows.index(rows)] = [counter.get() - start for counter, start in zip(counters, starts)]
+            return record_step
+
+        n_steps = len(steps.order)
+        for first, n in strategy.segments(n_steps):
+            for r, (X_shard, y_shard) in enumerate(shards):
+                batches = Batches(size, self.batch_size * per_update, self.shuffle, self.seed + r)
+                after = _record_segment(states[r] + loss_slot, batches, steps, (first, n), train(r, X_shard, y_shard))
+                states[r], losses[r] = list(after[:len(slots)]), after[len(slots):]
+            sync.exchange(states, losses, first + n)
+        for slot, value in zip(slots, sync.finish(states)):
+            slot.set(value)
+        for k, (counter, start) in enumerate(zip(counters, starts)):
+            counter.set(start + sum(moved[t][k] for t, _, _ in steps.order))
+        return sorted(names, key=names.get)
+
+    def _accumulated_step(self, X, y, rows, state):
+        """One optimizer step on the summed gradients of the step's batches (`update_frequency` of them, fewer in
+        an epoch's last step), as torch sums `.grad` over backward calls; returns the batches' losses."""
+        params = [slot.get() for slot in state.params]
+        losses, summed = [], None
+        for start in range(0, rows, self.batch_size):
+            stop = min(start + self.batch_size, rows)
+            losses.append(self.model.training_loss(X[start:stop], y[start:stop]))
+            grads = R.grad(losses[-1], params)
+            summed = grads if summed is None else [total + g for total, g in zip(summed, grads)]
+        self.model.apply_gradients(summed)
+        return losses
+
+    def pipeline(self, strategy):
+        """GPipe over the model's `sequential_layers()` cut into the strategy's stages (Pipeline)."""
+        return _pipeline(self.model, self.model.sequential_layers(), self.X, self.y, self.n_epochs, self.batch_size,
+                         self.shuffle, self.seed, strategy)
 
 
 def _one_step(initial, record_step):
@@ -205,7 +224,7 @@ def _smallest_limit():
     return min(limits)
 
 
-def _pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
+def _pipeline(model, tops, X, y, n_epochs, batch_size, shuffle, seed, strategy):
     """Per step: each stage's forward of each micro-batch, then each stage's backward (its forward recomputed)
     from the last stage to the first, one-step segments all; then one optimizer step on the micro-batches'
     gradients weighted by their sizes (`Pipeline`)."""
@@ -214,17 +233,15 @@ def _pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
     X, y = np.asarray(X), np.asarray(y)
     if X.ndim < 1 or y.ndim < 1 or len(X) != len(y):
         raise ValueError(f"X and y must have the same number of rows, not shapes {X.shape} and {y.shape}")
-    model._ensure_built(as_input(X[:1]))
+    model.train_state(as_input(X[:1]))   # builds the layers; its checks: an optimizer, no gradients waiting
     leaves = [layer for _, layer in model.leaf_layers()]
     if any(layer.buffers for layer in leaves) or any(isinstance(layer, Dropout) for layer in leaves):
         raise NotImplementedError("Pipeline of a model with buffers (BatchNorm) or Dropout is not implemented: a "
                                   "stage's backward recomputes its forward, which would update the statistics or "
                                   "draw another mask")
-    model._carried_slots()   # its checks: an optimizer, no gradients waiting for a step
-    tops = [layer for _, layer in model.named_layers()]
     if strategy.stages == "auto":
         strategy = strategy.fewest_stages([_stage_bytes(top, batch_size) for top in tops], _smallest_limit())
-        current_graph().parallel_fits[-1] = strategy   # the summary's placement names the stages chosen
+        current_graph().parallel_fits[-1] = strategy   # the summary's forecast names the stages chosen
     costs = [1 + sum(p.numel() for _, leaf in leaf_layers(top) for p in leaf.params.values()) for top in tops]
     stages = [tops[start:stop] for start, stop in strategy.cut(costs)]
     keys = [[(leaf, key) for top in stage for _, leaf in leaf_layers(top) for key in leaf.params] for stage in stages]

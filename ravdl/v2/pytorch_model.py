@@ -20,8 +20,9 @@ from ravop.graph import current_graph
 from ravop.torchscript_import import BLOB_KEY, BUNDLE_KIND, Model
 
 from . import gradients
-from .fit import Slot, optimizer_slots
+from .fit import Slot, TrainState, optimizer_slots
 from .layers.base import as_input
+from .training import fit_model
 
 
 class Pytorch_Model:
@@ -31,6 +32,7 @@ class Pytorch_Model:
                             f"{type(model_op).__name__}")
         self.model = model_op
         self.optimizer = None
+        self.loss_function = None  # loss(y_true, y_pred) -> Op, from fit(loss=...)
         self.graph = None        # where the current values live, from the first forward pass
         self.params = []         # current parameter values (Ops), in the model's named_parameters() order
         self.buffers = []        # current buffer values (Ops), in named_buffers() order
@@ -74,27 +76,56 @@ class Pytorch_Model:
             raise ValueError("the model has no parameter with requires_grad=True")
         gradients.backward(loss, [(self, i) for i in trainable], self._pending_grads, self.optimizer, step)
 
-    # ------------------------------------------------------------------ what a fit loop carries (fit.py)
+    # ------------------------------------------------------------------ the train-state interface (fit.py)
 
-    def _ensure_built(self, X):
+    def train_state(self, X):
+        """The `TrainState` of training: the trainable parameters (frozen ones are read, never replaced, so
+        nothing carries them), the buffers and the optimizer's state."""
         self._values_in_current_graph()
-
-    def _trained(self):
-        return [((self, i), self.params[i]) for i, wanted in enumerate(self.model.requires_grad) if wanted]
-
-    def _carried_slots(self):
-        """Parameters, buffers and optimizer state: every value a training step reads and replaces."""
         if self.optimizer is None:
             raise ValueError("Pytorch_Model has no optimizer: call initialize(optimizer) first")
         if self._pending_grads:
             raise ValueError("gradients summed by _backward_pass(loss, step=False) are waiting for a step: "
                              "finish them with a step=True backward pass before fit")
         self.params, self.buffers = list(self.params), list(self.buffers)
-        return [Slot(partial(getattr, self, attr), i) for attr in ("params", "buffers")
-                for i in range(len(getattr(self, attr)))] + optimizer_slots(self.optimizer, self._trained())[0]
+        trained = self._trained()
+        optimizer, steps = optimizer_slots(self.optimizer, trained)
+        return TrainState(params=[Slot(partial(getattr, self, "params"), i) for (_, i), _ in trained],
+                          buffers=[Slot(partial(getattr, self, "buffers"), i) for i in range(len(self.buffers))],
+                          optimizer=optimizer, counters=steps)
 
-    def _step_counters(self):
-        return optimizer_slots(self.optimizer, self._trained())[1]
+    def training_loss(self, X, y):
+        """The loss (the one given to fit) of a training-mode forward pass of `X` against `y`."""
+        if self.loss_function is None:
+            raise ValueError("Pytorch_Model has no loss: give fit(..., loss='CrossEntropy' | 'SquareLoss' | "
+                             "a ravop loss)")
+        return self.loss_function(as_input(y), self._forward_pass(X, training=True))
+
+    def train_step(self, X, y):
+        """Record one training step on a batch; returns the loss Op (computed before the step)."""
+        loss = self.training_loss(X, y)
+        self._backward_pass(loss)
+        return loss
+
+    def apply_gradients(self, grads):
+        """Record one optimizer step per trainable parameter (`train_state(...).params` order) with `grads`."""
+        for (key, param), grad in zip(self._trained(), grads):
+            self.params[key[1]] = self.optimizer.update(key, param, grad)
+
+    def sequential_layers(self):
+        raise NotImplementedError("Pipeline cuts a model into stages of its top-level layers; a Pytorch_Model runs "
+                                  "as one TorchScript op, which is not cut yet: use DataParallel, LocalSGD, Gossip "
+                                  "or DiLoCo")
+
+    def _trained(self):
+        return [((self, i), self.params[i]) for i, wanted in enumerate(self.model.requires_grad) if wanted]
+
+    def fit(self, X, y, n_epochs, batch_size, loss="CrossEntropy", strategy=None, shuffle=False, seed=None):
+        """Train the model on (X, y) for `n_epochs` in batches of `batch_size`, as NeuralNetwork.fit does
+        (one loop, losses persisted as `training_loss_epoch_{e}_batch_{b}`, 1-based): `loss` is
+        'CrossEntropy' (class indices, or one-hot rows), 'SquareLoss', or a ravop loss `loss(y_true, y_pred)`;
+        `strategy` (default: the graph's) one of R.parallel's. Returns a `History`."""
+        return fit_model(self, X, y, n_epochs, batch_size, loss, strategy, shuffle, seed)
 
     def save_model(self, name):
         """Persist the model under `name`: its code and current parameter and buffer values."""

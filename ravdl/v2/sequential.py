@@ -44,9 +44,10 @@ class NeuralNetwork(Model):
 
     def train_on_batch(self, X, y):
         """Record one training step on a batch; returns the loss Op (computed before the step)."""
-        loss = self.loss_function(as_input(y), self._forward_pass(X, training=True))
-        self._backward_pass(loss)
-        return loss
+        return self.train_step(X, y)
+
+    def sequential_layers(self):
+        return list(self.layers)
 
     def predict(self, X):
         """The model's output for `X` in eval mode, as an Op (persist it to fetch it)."""

@@ -1,4 +1,4 @@
-"""Elementwise arithmetic: add sub mul div pow neg pos abs sign exp natlog square cube square_root cube_root
+"""Elementwise arithmetic: add sub mul div pow neg pos abs sign round exp natlog square cube square_root cube_root
 clip."""
 import torch
 
@@ -52,6 +52,12 @@ register("pos", shape=rules.same, vjp=lambda node, g, wants: (g,))(torch.positiv
 register("abs", shape=rules.same, vjp=lambda node, g, wants: (R.mul(g, R.sign(node.inputs[0])),))(torch.abs)
 # sign is flat wherever it is differentiable: its gradient is zero (None: no contribution), as torch's.
 register("sign", shape=rules.same, vjp=lambda node, g, wants: (None,))(torch.sign)
+# round (half to even, as torch.round): flat wherever it is differentiable, like sign. int8 compression of
+# pseudo-gradients rounds (ravop/parallel/compression.py).
+@register("round", shape=rules.same, vjp=lambda node, g, wants: (None,))
+def round_(x):
+    """x rounded to the nearest integer, ties to even (torch.round); its gradient is zero, as torch's."""
+    return torch.round(x)
 register("exp", shape=rules.same_float, vjp=lambda node, g, wants: (R.mul(g, node),),
          torch_function=(torch.exp, SAME))(torch.exp)
 register("natlog", shape=rules.same_float, vjp=lambda node, g, wants: (R.div(g, node.inputs[0]),),

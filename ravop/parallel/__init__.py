@@ -6,20 +6,30 @@
 They are not runtimes: each one records the training as loop segments (`ravop.loop`, a replica's steps between
 two synchronisations) and the averaging between them as ordinary ops, so the partitioner makes the replicas'
 segments independent subgraphs that idle workers run at once, and a dead worker's segment resumes from its loop
-checkpoint like any loop (ravdl/v2/parallel_fit.py records them for a model).
+checkpoint like any loop.
+
+A strategy owns its mechanism through hooks the trainer (ravdl/v2/parallel_fit.py) calls: `record_fit(fit)`
+picks the recording (replicas on shards synchronised between segments, replicas of each step's gradient, or
+pipeline stages) and, for replicas on shards, `segments(n_steps)` says when they synchronise and
+`synchronizer(...)` what a synchronisation records; `roles()` names its replicas or stages for the summary's
+forecast (`forecast`). The trainer reads and writes the model only through its train-state interface
+(ravdl.v2.fit.TrainState).
 """
 from .data_parallel import DataParallel
+from .diloco import DiLoCo
+from .forecast import forecast
 from .gossip import Gossip
 from .local_sgd import LocalSGD
 from .pipeline import Pipeline
-from .placement import placement
 
-__all__ = ["DataParallel", "Gossip", "LocalSGD", "Pipeline", "placement"]
+__all__ = ["DataParallel", "DiLoCo", "Gossip", "LocalSGD", "Pipeline", "forecast"]
+
+HOOKS = ("record_fit", "roles")
 
 
 def check_strategy(strategy):
-    """`strategy` if it is one of the strategies a fit records, else TypeError naming it."""
-    if not isinstance(strategy, (DataParallel, LocalSGD, Gossip, Pipeline)):
+    """`strategy` if it has a strategy's hooks (`record_fit`, `roles`), else TypeError naming it."""
+    if isinstance(strategy, type) or not all(callable(getattr(strategy, hook, None)) for hook in HOOKS):
         raise TypeError(f"strategy must be one of R.parallel's strategies (DataParallel, LocalSGD, Gossip, "
-                        f"Pipeline), not {strategy!r}")
+                        f"DiLoCo, Pipeline), not {strategy!r}")
     return strategy

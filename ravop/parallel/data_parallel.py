@@ -8,6 +8,12 @@ class DataParallel:
     def __init__(self, replicas):
         self.replicas = check_replicas(replicas)
 
+    def record_fit(self, fit):
+        return fit.gradient_replicas(self)
+
+    def roles(self):
+        return [f"replica {r}" for r in range(self.replicas)]
+
     def slices(self, rows):
         """(start, stop) of each replica's rows of a batch of `rows` rows."""
         return tensor_split(rows, self.replicas, "replica slices")

@@ -10,14 +10,12 @@ With `divergence_threshold` > 0 (dpwa's "diverge models when the loss reaches it
 below the threshold keeps its own parameters. With an odd number of replicas one sits each step out."""
 import numpy as np
 
-import ravop as R
-
-from .replicas import check_replicas
+from .replicas import Averaging, OnShards, check_replicas
 
 INTERPOLATIONS = ("constant", "clock", "loss")
 
 
-class Gossip:
+class Gossip(OnShards):
     def __init__(self, replicas, interpolation="constant", factor=0.5, divergence_threshold=0.0):
         self.replicas = check_replicas(replicas)
         if interpolation not in INTERPOLATIONS:
@@ -39,19 +37,23 @@ class Gossip:
     def segments(self, n_steps):
         return [(first, 1) for first in range(n_steps)]
 
+    def synchronizer(self, initial, layout, graph_seed):
+        return _GossipSync(self, layout, graph_seed)
+
     def pairs(self, step, seed):
         """The (replica, peer) pairs after `step` steps: a permutation drawn from (seed, step), taken two by two."""
         order = np.random.default_rng([int(seed), int(step)]).permutation(self.replicas).tolist()
         return [(order[k], order[k + 1]) for k in range(0, self.replicas - 1, 2)]
 
-    def exchange(self, states, losses, step, seed, n_shared):
-        """Record the pair-wise interpolation after `step` steps of the first `n_shared` values of each replica's
-        state (parameters and buffers; each keeps its optimizer state, as in dpwa), replaced in `states[r]`;
-        `losses[r]`: [replica r's last loss Op] when `needs_loss`."""
+    def exchange(self, states, losses, step, seed, shared):
+        """Record the pair-wise interpolation after `step` steps of the values `shared` (a range: parameters and
+        buffers; each replica keeps its optimizer state, as in dpwa) of each replica's state, replaced in
+        `states[r]`; `losses[r]`: [replica r's last loss Op] when `needs_loss`."""
+        at = slice(shared.start, shared.stop)
         for i, j in self.pairs(step, seed):
-            old_i, old_j = states[i][:n_shared], states[j][:n_shared]
-            states[i][:n_shared] = self._towards(old_i, old_j, losses[i], losses[j])
-            states[j][:n_shared] = self._towards(old_j, old_i, losses[j], losses[i])
+            old_i, old_j = states[i][at], states[j][at]
+            states[i][at] = self._towards(old_i, old_j, losses[i], losses[j])
+            states[j][at] = self._towards(old_j, old_i, losses[j], losses[i])
 
     def _towards(self, own, peer, loss, peer_loss):
         if self.interpolation == "loss":
@@ -59,9 +61,21 @@ class Gossip:
         else:
             a = self.factor if self.interpolation == "constant" else 0.5
         if self.divergence_threshold > 0:
-            a = R.cast(R.greater_equal(loss[0], self.divergence_threshold), "float32") * a
-        return [p + (q - p) * a for p, q in zip(own, peer)]
+            a = loss[0].greater_equal(self.divergence_threshold).cast("float32") * a
+        # integer buffers are counters (num_batches_tracked) that every replica advances alike
+        return [p + (q - p) * a if p.dtype.is_floating_point else p for p, q in zip(own, peer)]
 
     def __repr__(self):
         return (f"Gossip(replicas={self.replicas}, interpolation={self.interpolation!r}, factor={self.factor}, "
                 f"divergence_threshold={self.divergence_threshold})")
+
+
+class _GossipSync(Averaging):
+    """Gossip's exchanges for one fit; the model after it is the replicas' mean."""
+
+    def __init__(self, gossip, layout, graph_seed):
+        super().__init__(layout.model, layout)
+        self.gossip, self.graph_seed = gossip, graph_seed
+
+    def exchange(self, states, losses, step):
+        self.gossip.exchange(states, losses, step, self.graph_seed, self.layout.model)

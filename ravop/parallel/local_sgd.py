@@ -1,13 +1,18 @@
 """LocalSGD (Ravnest's clusters averaged every `reduce_factor` updates): each replica trains on its own shard of
 the data (replica r on rows [r * n / replicas, (r + 1) * n / replicas), shuffled within the shard with
 `shuffle`, from seed + r); every `sync_every` steps, and after the last one, their parameters (and buffers, and with
-`average_optim` the optimizer's moments) are replaced by the replicas' mean."""
-from .replicas import check_replicas
+`average_optim` the optimizer's moments) are replaced by the replicas' mean.
+
+`update_frequency=k` (Ravnest's): a step is one optimizer update on the gradients of k batches summed, as torch
+sums `.grad` over k backward calls; an epoch's last step takes the batches left (fewer than k). `sync_every`
+counts such steps, as Ravnest's `reduce_factor` counts updates."""
+from .replicas import Averaging, OnShards, check_replicas, check_update_frequency, every
 
 
-class LocalSGD:
-    def __init__(self, replicas, sync_every, average_optim=False):
+class LocalSGD(OnShards):
+    def __init__(self, replicas, sync_every, average_optim=False, update_frequency=1):
         self.replicas = check_replicas(replicas)
+        self.update_frequency = check_update_frequency(update_frequency)
         if type(sync_every) is not int or sync_every < 1:
             raise ValueError(f"sync_every must be a positive int (steps between averagings), not {sync_every!r}")
         if not isinstance(average_optim, bool):
@@ -16,7 +21,12 @@ class LocalSGD:
 
     def segments(self, n_steps):
         """(first step, steps) of each replica's run between two averagings."""
-        return [(first, min(self.sync_every, n_steps - first)) for first in range(0, n_steps, self.sync_every)]
+        return every(n_steps, self.sync_every)
+
+    def synchronizer(self, initial, layout, graph_seed):
+        return Averaging(layout.all if self.average_optim else layout.model, layout)
 
     def __repr__(self):
-        return f"LocalSGD(replicas={self.replicas}, sync_every={self.sync_every}, average_optim={self.average_optim})"
+        frequency = f", update_frequency={self.update_frequency}" if self.update_frequency > 1 else ""
+        return (f"LocalSGD(replicas={self.replicas}, sync_every={self.sync_every}, average_optim={self.average_optim}"
+                f"{frequency})")

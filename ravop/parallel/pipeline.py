@@ -24,6 +24,17 @@ class Pipeline:
             raise ValueError(f"micro_batches must be a positive int, not {micro_batches!r}")
         self.stages, self.micro_batches, self.replicas = stages, micro_batches, check_replicas(replicas)
 
+    def record_fit(self, fit):
+        return fit.pipeline(self)
+
+    def roles(self):
+        """'stage s', or 'replica r stage s' with replicas; before 'auto' is resolved, its replicas."""
+        if self.stages == "auto":
+            return [f"replica {r}" for r in range(self.replicas)]
+        if self.replicas == 1:
+            return [f"stage {s}" for s in range(self.stages)]
+        return [f"replica {r} stage {s}" for r in range(self.replicas) for s in range(self.stages)]
+
     def fewest_stages(self, costs, limit):
         """This pipeline with the fewest stages whose largest stage cost (`costs` per layer, in bytes) is at most
         `limit`; ValueError when even one layer per stage is over it."""

@@ -1,10 +1,56 @@
-"""What every replicated strategy shares: the replica count, its check, and averaging recorded as ops."""
+"""What every replicated strategy shares: the replica count, its check, the layout of a replica's carried
+values, and averaging recorded as ops."""
+
+
+class OnShards:
+    """The hooks of strategies whose replicas train on shards of the data between synchronisations (LocalSGD,
+    Gossip, DiLoCo): the trainer's `replicated` recording, one role per replica."""
+    needs_loss = False   # whether a segment carries its last loss for the exchange
+    update_frequency = 1  # batches whose gradients are summed into one optimizer step (Ravnest's knob)
+
+    def record_fit(self, fit):
+        return fit.replicated(self)
+
+    def roles(self):
+        return [f"replica {r}" for r in range(self.replicas)]
+
+
+def check_update_frequency(update_frequency):
+    if type(update_frequency) is not int or update_frequency < 1:
+        raise ValueError(f"update_frequency must be a positive int (batches per optimizer step), not "
+                         f"{update_frequency!r}")
+    return update_frequency
+
+
+def every(n_steps, interval):
+    """(first step, steps) of runs of `interval` steps over `n_steps` (the last one may be shorter)."""
+    return [(first, min(interval, n_steps - first)) for first in range(0, n_steps, interval)]
 
 
 def check_replicas(replicas):
     if type(replicas) is not int or replicas < 1:
         raise ValueError(f"replicas must be a positive int, not {replicas!r}")
     return replicas
+
+
+class Carried:
+    """Where each kind of value sits in a replica's carried values (the model's `TrainState.carried` order):
+    trained parameters, then buffers, then optimizer state."""
+    __slots__ = ("params", "buffers", "optimizer")
+
+    def __init__(self, n_params, n_buffers, n_optimizer):
+        self.params = range(n_params)
+        self.buffers = range(n_params, n_params + n_buffers)
+        self.optimizer = range(n_params + n_buffers, n_params + n_buffers + n_optimizer)
+
+    @property
+    def model(self):
+        """Parameters and buffers: what a synchronisation shares (optimizer state stays with its replica)."""
+        return range(self.params.start, self.buffers.stop)
+
+    @property
+    def all(self):
+        return range(self.params.start, self.optimizer.stop)
 
 
 def weighted_sum(values, weights):
@@ -17,5 +63,33 @@ def weighted_sum(values, weights):
 
 
 def average(values):
-    """The mean of `values` (Ops of one shape), as torch.stack(values).mean(0) computes it for two."""
-    return values[0] if len(values) == 1 else weighted_sum(values, [1.0] * len(values)) * (1.0 / len(values))
+    """The mean of `values` (Ops of one shape), as torch.stack(values).mean(0) computes it for two. Integer
+    values are counters the replicas advance alike (BatchNorm's num_batches_tracked): the first one's."""
+    if len(values) == 1 or not values[0].dtype.is_floating_point:
+        return values[0]
+    return weighted_sum(values, [1.0] * len(values)) * (1.0 / len(values))
+
+
+def average_into(states, indices):
+    """Replace value k of every replica's state by the replicas' mean, for k in `indices`."""
+    for k in indices:
+        if all(state[k] is states[0][k] for state in states):
+            continue   # averaged at the last synchronisation already
+        mean = average([state[k] for state in states])
+        for state in states:
+            state[k] = mean
+
+
+class Averaging:
+    """The synchronisation of LocalSGD-like strategies (one per fit, `strategy.synchronizer(...)`): `exchange`
+    after each segment, and `finish`: the model after fit, the replicas' mean of every carried value."""
+
+    def __init__(self, indices, layout):
+        self.indices, self.layout = indices, layout
+
+    def exchange(self, states, losses, step):
+        average_into(states, self.indices)
+
+    def finish(self, states):
+        average_into(states, self.layout.all)
+        return states[0]

@@ -1,0 +1,22 @@
+"""`fit` for the models that bring their own forward code (Functional, Pytorch_Model): the loss is given to
+fit, then the training is recorded as NeuralNetwork.fit records it, one loop (ravdl.v2.fit) or a strategy's
+segments (ravdl.v2.parallel_fit)."""
+from ravop.graph import current_graph
+
+from . import losses
+from .fit import record_fit
+from .history import History
+from .parallel_fit import record_parallel_fit
+
+
+def fit_model(model, X, y, n_epochs, batch_size, loss, strategy, shuffle, seed):
+    """Record the training of `model` (the train-state interface of ravdl.v2.fit) with `loss`; returns a History."""
+    model.loss_function = losses.get(loss)
+    graph = current_graph()
+    seed = seed if seed is not None else graph.seed
+    strategy = strategy if strategy is not None else graph.strategy
+    if strategy is None:
+        names = record_fit(model, model.train_step, X, y, n_epochs, batch_size, shuffle, seed)
+    else:
+        names = record_parallel_fit(model, X, y, n_epochs, batch_size, shuffle, seed, strategy)
+    return History(names, graph, n_epochs, validation=False)

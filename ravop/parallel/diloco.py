@@ -1,0 +1,113 @@
+"""DiLoCo (arXiv 2311.08105): replicas train on shards with their own inner optimizer and meet every
+`inner_steps` steps, where an outer optimizer steps the global model with their averaged pseudo-gradient.
+
+Replica r trains on shard r (as LocalSGD's shards) with its own copy of the model's optimizer, whose state
+(moments, step count) stays with the replica across rounds. A round is `inner_steps` steps (the last one may
+be shorter); after it:
+- each replica's pseudo-gradient is `start - its parameters`, `start` being the parameters the round started
+  from; with `compression` it is sent compressed with error feedback kept per replica (ravop.parallel.compression);
+- their mean is the gradient of `torch.optim.SGD(lr=outer_lr, momentum=outer_momentum, nesterov=nesterov)` over
+  the global model (momentum buffer as torch keeps it: the first step's is the gradient itself);
+  with `compression` the outer step's change of the global parameters is sent back compressed the same way,
+  with its own error feedback, and every replica and the global model apply what was received;
+- buffers (BatchNorm statistics) become the replicas' mean;
+- every replica starts the next round from the global model (parameters and buffers).
+`update_frequency=k` (Ravnest's): an inner step is one optimizer update on the gradients of k batches summed, as
+LocalSGD's; `inner_steps` counts such updates.
+
+`outer_lr=1, outer_momentum=0` is LocalSGD's averaging (up to rounding). The model after fit (`save_model`,
+`predict`) is the global model; its optimizer state is the replicas' mean.
+
+`overlap=True` (Streaming DiLoCo's overlapped sync, one round of delay): round k+1 does not wait for round k's
+outer step: it starts from the global model as it was before that step (so rounds 0 and 1 both start from the
+initial model, round k >= 1 from the global model after k - 1 outer steps), while outer step k runs beside it
+and lands when round k+1 ends. Pseudo-gradients are taken against each round's own start, and applied to the
+latest global model: outer step k maps the global model after k steps to the one after k + 1 with round k's
+pseudo-gradient. The model after fit has every round's outer step applied (the last one is not overlapped).
+In the graph, round k+1's segments do not read outer step k, so workers run them at the same time.
+"""
+from .compression import check_compression, send
+from .replicas import OnShards, average, check_replicas, check_update_frequency, every
+
+
+class DiLoCo(OnShards):
+    def __init__(self, replicas, inner_steps, outer_lr=0.7, outer_momentum=0.9, nesterov=True, compression=None,
+                 overlap=False, update_frequency=1):
+        self.replicas = check_replicas(replicas)
+        self.update_frequency = check_update_frequency(update_frequency)
+        if type(inner_steps) is not int or inner_steps < 1:
+            raise ValueError(f"inner_steps must be a positive int (steps between outer steps), not {inner_steps!r}")
+        if isinstance(outer_lr, bool) or not isinstance(outer_lr, (int, float)) or outer_lr <= 0:
+            raise ValueError(f"outer_lr must be a number > 0, not {outer_lr!r}")
+        if isinstance(outer_momentum, bool) or not isinstance(outer_momentum, (int, float)) or \
+                not 0 <= outer_momentum < 1:
+            raise ValueError(f"outer_momentum must be within [0, 1), not {outer_momentum!r}")
+        if not isinstance(nesterov, bool) or not isinstance(overlap, bool):
+            raise TypeError(f"nesterov and overlap take True or False, not {nesterov!r} and {overlap!r}")
+        if nesterov and outer_momentum == 0:
+            raise ValueError("nesterov=True needs outer_momentum > 0 (as torch.optim.SGD): give nesterov=False")
+        self.inner_steps, self.outer_lr, self.outer_momentum = inner_steps, float(outer_lr), float(outer_momentum)
+        self.nesterov, self.compression, self.overlap = nesterov, check_compression(compression), overlap
+
+    def segments(self, n_steps):
+        """(first step, steps) of each round."""
+        return every(n_steps, self.inner_steps)
+
+    def synchronizer(self, initial, layout, graph_seed):
+        return _OuterSteps(self, initial, layout)
+
+    def __repr__(self):
+        return (f"DiLoCo(replicas={self.replicas}, inner_steps={self.inner_steps}, outer_lr={self.outer_lr}, "
+                f"outer_momentum={self.outer_momentum}, nesterov={self.nesterov}, compression={self.compression!r}, "
+                f"overlap={self.overlap}"
+                + (f", update_frequency={self.update_frequency})" if self.update_frequency > 1 else ")"))
+
+
+class _OuterSteps:
+    """One fit's outer optimizer: the global model, the rounds' start, the momentum buffers and the error
+    feedback residuals, all graph values (Ops) carried from round to round."""
+
+    def __init__(self, diloco, initial, layout):
+        self.diloco, self.layout = diloco, layout
+        self.global_ = list(initial[layout.params.start:layout.buffers.stop])   # parameters, then buffers
+        self.start = list(self.global_)       # what the current round started from
+        self.momentum = [None] * len(layout.params)
+        self.up = [[None] * len(layout.params) for _ in range(diloco.replicas)]   # per replica residuals
+        self.down = [None] * len(layout.params)                                    # the update's residuals
+
+    def exchange(self, states, losses, step):
+        d = self.diloco
+        new_global = []
+        for k in self.layout.params:
+            pseudo = [self.start[k] - state[k] for state in states]
+            if d.compression:
+                sent = [send(g, self.up[r][k], d.compression) for r, g in enumerate(pseudo)]
+                pseudo = [received for received, _ in sent]
+                for r, (_, residual) in enumerate(sent):
+                    self.up[r][k] = residual
+            new_global.append(self.global_[k] + self._update(k, average(pseudo)))
+        for k in self.layout.buffers:
+            new_global.append(average([state[k] for state in states]))
+        self.start = self.global_ if d.overlap else new_global
+        self.global_ = new_global
+        for state in states:
+            state[self.layout.params.start:self.layout.buffers.stop] = self.start
+
+    def _update(self, k, grad):
+        """The change torch.optim.SGD makes to parameter k with `grad`, as it is received."""
+        d = self.diloco
+        if d.outer_momentum:
+            buf = grad if self.momentum[k] is None else self.momentum[k] * d.outer_momentum + grad
+            self.momentum[k] = buf
+            grad = grad + buf * d.outer_momentum if d.nesterov else buf
+        update = grad * -d.outer_lr
+        if d.compression:
+            update, self.down[k] = send(update, self.down[k], d.compression)
+        return update
+
+    def finish(self, states):
+        """The global model, with the replicas' mean optimizer state."""
+        final = list(self.global_)
+        for k in self.layout.optimizer:
+            final.append(average([state[k] for state in states]))
+        return final
