@@ -20,7 +20,7 @@ import torch
 from google.protobuf.message import DecodeError
 
 from ravop.errors import PlanError, StoreLimitError, WireFormatError
-from ravop.metrics.worker import WorkerMetrics, loop_record
+from ravop.metrics.worker_metrics import WorkerMetrics, loop_record
 from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, ensure_queues, queue
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff

@@ -13,6 +13,7 @@ It is also the list of the training loss names in order, as `fit` returned befor
 import ravop as R
 from ravop import graph_states
 from ravop.errors import GraphFailedError, NotComputedError
+from ravop.training_losses import Losses
 
 
 class History(list):
@@ -22,6 +23,13 @@ class History(list):
         self.epoch = list(range(epochs))  # as Keras: the epoch indices, from 0
         self.params = {"epochs": epochs, "steps": len(loss_names), "validation": validation}
         self._losses = None
+        self.stopped_after = None   # the last epoch (1-based) run when a callback stopped the training early
+        self.stop_reason = None
+
+    def stopped(self, epoch, reason):
+        """A fit callback stopped the training after `epoch` (1-based): the history ends there."""
+        self.stopped_after, self.stop_reason = epoch, reason
+        self.epoch = list(range(epoch))
 
     def _fetched(self):
         if self._losses is None:
@@ -29,6 +37,9 @@ class History(list):
                 raise NotComputedError(f"graph {self.graph.name!r} has not run: R.activate(), R.execute() and "
                                        "R.track_progress() first")
             losses = R.fetch_losses(self.graph)
+            if losses.state == graph_states.FAILED and self.stopped_after is not None:
+                self._losses = _truncated(losses, self.stopped_after, len(self) // self.params["epochs"])
+                return self._losses
             if losses.state == graph_states.FAILED:
                 raise GraphFailedError(f"graph {self.graph.name!r} failed, so its losses are incomplete: "
                                        "R.track_progress() or `ravop logs` say why")
@@ -64,7 +75,7 @@ class History(list):
         losses = self._fetched()
         if ax is None:
             ax = plt.figure().gca()
-        steps_per_epoch = len(losses.batch) / max(self.params["epochs"], 1)
+        steps_per_epoch = len(losses.batch) / max(len(self.epoch), 1)
         ax.plot([(i + 1) / steps_per_epoch for i in range(len(losses.batch))], losses.batch, lw=0.8, alpha=0.5,
                 label="batch loss")
         epochs = [e + 1 for e in self.epoch]
@@ -75,3 +86,10 @@ class History(list):
         ax.set_ylabel("loss")
         ax.legend()
         return ax
+
+
+def _truncated(losses, epochs, steps_per_epoch):
+    """The losses of the first `epochs` epochs (a stopped training: later ones may be partly computed)."""
+    steps = epochs * steps_per_epoch
+    return Losses(losses.graph_id, losses.state, losses.batch[:steps], losses.epoch[:steps],
+                  losses.validation[:epochs])
