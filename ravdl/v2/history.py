@@ -10,10 +10,14 @@ are fetched lazily, the first time they are read once the graph has run, all in 
 
 It is also the list of the training loss names in order, as `fit` returned before it returned a History.
 """
+import html
+
 import ravop as R
 from ravop import graph_states
 from ravop.errors import GraphFailedError, NotComputedError
 from ravop.training_losses import Losses
+
+from .notebook import html_table
 
 
 class History(list):
@@ -64,6 +68,19 @@ class History(list):
         if self.params["validation"]:
             result["val_loss"] = losses.validation.tolist()
         return result
+
+    def _repr_html_(self):
+        """In a notebook: the losses per epoch once the graph has run, else what the fit recorded."""
+        try:
+            history = self.history
+        except (NotComputedError, GraphFailedError) as exc:
+            return f"<p>History of {len(self):,} steps over {self.params['epochs']} epochs: {html.escape(str(exc))}</p>"
+        columns = ["loss"] + (["val_loss"] if "val_loss" in history else [])
+        rows = [[e + 1] + [f"{history[c][e]:.6g}" for c in columns] for e in self.epoch]
+        caption = f"graph {self.graph.name!r}, {len(self):,} steps"
+        if self.stopped_after is not None:
+            caption += f"; {self.stop_reason}"
+        return html_table(["epoch"] + columns, rows, caption)
 
     def plot(self, ax=None):
         """Plot the batch losses, the epoch means and the validation losses against epochs; returns the
