@@ -1,6 +1,9 @@
 """Prometheus metrics during a real training run: a worker process's own `/metrics` (`ravop-worker
 --metrics-port`) and the dashboard's, both parsed with prometheus_client's text parser, scraped twice while the
 loop runs: the counters and gauges must move."""
+import json
+import pathlib
+import re
 import socket
 import urllib.request
 
@@ -16,6 +19,9 @@ from ravop.dashboard import Dashboard
 from ravop.metrics import WorkerMetrics
 
 from helpers import wait_for
+
+
+DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 
 
 def free_port():
@@ -103,6 +109,12 @@ def test_metrics_move_during_a_training_run(engine, workers):
     assert value(board_done, "ravop_graph_loss", kind="validation", **labels) < \
         value(board_first, "ravop_graph_loss", kind="training", **labels)
     assert value(board_done, "ravop_worker_running", worker=name, device="cpu") in (0, 1)
+    # every metric served is documented, and the example Grafana dashboard queries only those
+    documented = set(re.findall(r"^\| `(ravop_\w+)`", (DOCS / "operations.md").read_text(), re.M))
+    served = {sample for sample, _ in {**done, **board_done}} - {s for s, _ in done if s.endswith("_created")}
+    assert served <= documented, served - documented
+    queried = set(re.findall(r"ravop_\w+", json.dumps(json.loads((DOCS / "grafana-dashboard.json").read_text()))))
+    assert queried <= documented and len(queried) >= 10, queried - documented
 
 
 def test_a_worker_counts_failures_by_reason_and_its_busy_time():
