@@ -15,6 +15,7 @@ from ravdl.v2.callbacks import Callback, CSVLogger, EarlyStopping, MLflow, Tenso
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop import graph_states
+from ravop.errors import GraphFailedError
 from ravop.store import graphs as store_graphs
 
 ROWS, BATCH = 60, 20    # 3 steps an epoch
@@ -104,6 +105,7 @@ def test_early_stopping_ends_a_long_run_early(engine, module_workers):
     # min_delta no loss improves by: the second epoch does not improve, so it stops after epoch 2
     stopper = EarlyStopping(monitor="val_loss", patience=0, min_delta=1e9)
     history = net.fit(X, y, n_epochs=epochs, batch_size=BATCH, callbacks=[stopper, recorder])
+    net.predict(X).persist_op("prediction")
     run()    # returns: the stop was asked for
     meta = store_graphs.read_state(engine.client, engine.keys())
     assert meta["state"] == graph_states.FAILED and "stopped early after epoch 2" in meta["error"]
@@ -115,6 +117,9 @@ def test_early_stopping_ends_a_long_run_early(engine, module_workers):
     assert recorder.events[-1] == ("end", None, {"state": graph_states.FAILED, "stopped_after": 2})
     assert len(history.history["loss"]) == 2 and len(history.history["val_loss"]) == 2
     assert len(history.batch_losses) == 6 and not np.isnan(history.batch_losses).any()
+    # the parameters are not kept: what was recorded after fit is not computed, and says why
+    with pytest.raises(GraphFailedError, match="stopped early after epoch 2"):
+        R.fetch_persisting_op("prediction")
 
 
 def test_early_stopping_refuses_val_loss_without_validation_data(engine):

@@ -18,9 +18,10 @@ A callback stops the training by setting `self.model.stop_training = True` in `o
 `stop_reason` on itself to say why): the graph is cancelled through the same path as `ravop cancel`. The worker
 notices at its next flush (within about a second), so it may have run into a later epoch by then; no event after
 the stopping epoch reaches the callbacks, `History` reports the epochs up to it, and `R.track_progress()`
-returns. What the user does NOT get: the trained parameters. A loop's outputs are stored only when it finishes, so
-after a stop the graph is failed ("stopped early ..."), and what was recorded after `fit` (predictions,
-`save_model`) is not computed: fetching it raises GraphFailedError naming the stop.
+returns (a graph that had already finished when the stop landed keeps every epoch). What the user does NOT get:
+the trained parameters. A loop's outputs are stored only when it finishes, so after a stop the graph is failed
+("stopped early ..."), and what was recorded after `fit` (predictions, `save_model`) is not computed: fetching it
+raises GraphFailedError naming the stop.
 """
 import csv
 import math
@@ -257,9 +258,7 @@ class FitFollower:
         logs = {"state": state, "stopped_after": self.history.stopped_after}
         for callback in self.callbacks:
             callback.on_train_end(logs)
-        if self.stopped:
-            return self.history.stop_reason
-        return None
+        return self.history.stop_reason   # None unless this fit's callbacks cancelled the graph
 
     def _begin(self):
         self.started = True
@@ -296,9 +295,10 @@ class FitFollower:
     def _stop(self, client, keys, epoch):
         why = next((c.stop_reason for c in self.callbacks if c.stop_reason), "a callback set stop_training")
         reason = f"stopped early after epoch {epoch + 1} by a fit callback ({why})"
-        self.stopped = True
-        self.history.stopped(epoch + 1, reason)
-        status.cancel(client, keys, reason)
+        self.stopped = True   # no event after this epoch, whatever the worker still runs
+        if status.cancel(client, keys, reason):
+            self.history.stopped(epoch + 1, reason)
+        # else the graph had ended before the stop landed: it trained to the end, and History has every epoch
 
 
 def checked(callbacks, validation):

@@ -8,7 +8,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .. import graph_states, status, training_losses
-from ..errors import GraphStateError
+from ..errors import RavopError
 from ..store import GraphKeys
 from ..store import graphs as store_graphs
 
@@ -83,7 +83,7 @@ class GraphCollector(Collector):
                 rate.add_metric(labels, done / graph["elapsed"])
             try:
                 losses = training_losses.read(self.client, keys)
-            except GraphStateError:   # deleted since it was listed
+            except RavopError:   # deleted since it was listed, or a "loss" that is not one value: no loss metrics
                 continue
             computed = losses.batch[~np.isnan(losses.batch)]
             if len(computed):
