@@ -127,7 +127,7 @@ def test_a_worker_counts_failures_by_reason_and_its_busy_time():
     assert busy > 0 and idle >= 0
     samples = {(s.name, frozenset(s.labels.items())): s.value for family in metrics.registry.collect()
                for s in family.samples}
-    assert samples[("ravop_worker_failures_total", frozenset({"worker": "w-unit", "reason": "rejected plan"}.items()))] == 2
+    assert value(samples, "ravop_worker_failures_total", worker="w-unit", reason="rejected plan") == 2
 
 
 def test_a_taken_metrics_port_is_refused(engine, workers):
