@@ -137,3 +137,13 @@ def test_a_taken_metrics_port_is_refused(engine, workers):
         port = taken.getsockname()[1]
         with pytest.raises(AssertionError, match="cannot serve metrics"):
             workers.start(1, extra=["--metrics-port", str(port)])
+
+
+def test_the_dashboard_of_initialize_serves_metrics(server):
+    session = R.initialize(token="metrics-initialize", redis_url=server.url, dashboard=True)
+    try:
+        samples = scrape(session.dashboard.url + "metrics")
+        assert value(samples, "ravop_up") == 1 and value(samples, "ravop_workers") >= 0
+    finally:
+        session.dashboard.stop()
+        session.dashboard = None
