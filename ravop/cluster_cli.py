@@ -210,7 +210,8 @@ def _admin(args, client, url):
 def _serve_dashboard(args, client, token):
     dashboard = Dashboard(client, token, args.host, args.port, args.admin_token)
     access = "admin token required to cancel" if args.admin_token else "read-only"
-    print(f"ravop dashboard on {dashboard.url} (token {token!r}, {access}); Ctrl-C stops it", flush=True)
+    print(f"ravop dashboard on {dashboard.url} (token {token!r}, {access}; Prometheus metrics at "
+          f"{dashboard.url}metrics); Ctrl-C stops it", flush=True)
     try:
         dashboard.serve_forever()
     except KeyboardInterrupt:

@@ -5,7 +5,7 @@ import threading
 import time
 from contextlib import contextmanager
 
-from tqdm import tqdm
+from tqdm.auto import tqdm   # a widget in Jupyter, text on a terminal
 
 DELAY = 1.0      # seconds before a bar appears
 REFRESH = 0.25   # how often the watcher looks at the `busy` blocks and redraws their clocks

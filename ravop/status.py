@@ -118,10 +118,10 @@ def failures(client, keys):
 CANCELLED = "cancelled by the user"
 
 
-def cancel(client, keys):
+def cancel(client, keys, reason=CANCELLED):
     """Fail a graph that is activated or running, so that no worker starts another of its subgraphs (the
     ones running finish and are dropped) and trackers raise `GraphFailedError`. True if it was cancelled,
     False if it had already ended."""
     if store_graphs.read_state(client, keys).get("state") not in graph_states.LIVE:
         return False  # done, failed or gone: nothing to stop, and nothing to log as cancelled
-    return bool(Scripts(client).cancel(keys, CANCELLED))
+    return bool(Scripts(client).cancel(keys, reason))

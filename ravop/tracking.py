@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import redis
 
-from . import graph_states
+from . import graph_states, watching
 from .errors import ConnectionFailed, GraphStateError
 from .graph import current_graph
 from .graph_kinds import kind_of
@@ -80,7 +80,7 @@ def track_progress(progress_bar: bool = True, timeout: Optional[float] = None) -
     the graph is done. Raises `GraphFailedError` (op, error, worker,
     source line) if it failed, `TimeoutError` after `timeout` seconds. While work waits for a kind of worker
     that nobody runs, says so ("waiting for a GPU worker") instead of waiting silently."""
-    from tqdm import tqdm
+    from tqdm.auto import tqdm   # a widget in Jupyter, text on a terminal
     session = require()
     keys = session.keys()
     meta = read_meta(session, keys)
@@ -169,6 +169,7 @@ def _track(session: Session, keys: GraphKeys, meta: Dict[str, str], progress_bar
     kind = kind_of(meta.get("approach"))
     n_steps = int(meta.get("n_steps") or 0)
     # initial=: work done before the bar appeared is not counted in its rate (it would read millions of ops/s).
+    watchers = watching.of(keys.graph_id)   # fit callbacks (ravdl.v2.callbacks), fed at each refresh
     with tqdm(total=n_steps or int(meta["n_ops"]),
               initial=store_graphs.steps_done(session.client, keys) if n_steps else int(meta["ops_done"]),
               unit="step" if n_steps else "op", desc=meta["name"],
@@ -177,9 +178,16 @@ def _track(session: Session, keys: GraphKeys, meta: Dict[str, str], progress_bar
             meta = read_meta(session, keys)
             bar.update((store_graphs.steps_done(session.client, keys) if n_steps else int(meta["ops_done"]))
                        - bar.n)
-            if meta["state"] == graph_states.DONE:
-                return
-            if meta["state"] == graph_states.FAILED:
+            for watcher in watchers:
+                watcher.poll(session.client, keys, meta["state"])
+            if meta["state"] in (graph_states.DONE, graph_states.FAILED):
+                stopped = [why for why in (w.ended(session.client, keys, meta["state"]) for w in watchers) if why]
+                watching.forget(keys.graph_id)
+                if meta["state"] == graph_states.DONE:
+                    return
+                if stopped:   # a callback ended the training on purpose (EarlyStopping): not an error
+                    print(f"graph {meta['name']!r}: {stopped[0]}", file=sys.stderr)
+                    return
                 raise failure(meta)
             now = time.monotonic()
             if now >= next_check:

@@ -20,6 +20,7 @@ import torch
 from google.protobuf.message import DecodeError
 
 from ravop.errors import PlanError, StoreLimitError, WireFormatError
+from ravop.metrics.worker_metrics import WorkerMetrics, loop_record
 from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, ensure_queues, queue
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
@@ -103,6 +104,7 @@ class Worker:
                                    self.stopping, parent_pid, provider.data.names() if provider is not None else None,
                                    info={**self._advertised(), **calibrate.measure(self.device, client, name)})
         self.completed = 0
+        self.metrics = WorkerMetrics(name, self.device)  # served by `ravop-worker --metrics-port`
         self._bans = {}  # token -> (when to look again, whether it banned this worker)
         self.wrong_outputs = wrong_outputs  # tests only: perturb every output (worker/verify.py)
 
@@ -156,7 +158,10 @@ class Worker:
         """(message id, fields, deliveries): after a lost connection, what this worker held when it was lost;
         then work held by a dead or silent worker, then new work."""
         found = self.takeover.own() if resume_own else None
-        found = found or self.takeover.next()
+        if found is None:
+            found = self.takeover.next()
+            if found is not None:
+                self.metrics.took_over()
         if found is not None:
             return found
         reply = self.client.xreadgroup(GROUP, self.name, {self.stream: ">"}, count=1, block=BLOCK_MS)
@@ -194,10 +199,12 @@ class Worker:
             return
         subgraph, program = checked
         self.heartbeat.watch(message_id, keys.graph_id, subgraph_id)
+        self.metrics.running(True)
         try:
             self._execute(keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes)
         finally:
             self.heartbeat.unwatch()
+            self.metrics.running(False)
 
     def _claim(self, keys, subgraph_id, message_id, deliveries, fields):
         """(graph seed, the subgraph's plan bytes, copies to run) if this worker is to run the subgraph now; else
@@ -282,9 +289,13 @@ class Worker:
         """{output id: tensor} of a checked subgraph: a loop's (with its checkpoints) or a plain one's."""
         inputs = self._inputs(keys, subgraph)
         if subgraph.HasField("loop"):
-            return run_loop(self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
-                            self.checkpoint_steps, self.checkpoint_seconds, max_bytes, self.memory_budget,
-                            self.stopping)
+            self.metrics.loop_started(loop_record(self.client, keys, subgraph_id))
+            try:
+                return run_loop(self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
+                                self.checkpoint_steps, self.checkpoint_seconds, max_bytes, self.memory_budget,
+                                self.stopping)
+            finally:
+                self.metrics.loop_ended()
         return run(program, inputs, seed, self.device, self.memory_budget)
 
     def _inputs(self, keys, subgraph):
@@ -301,6 +312,7 @@ class Worker:
                 tensor = None if data is None else stored.decode(self.client, keys.tensor(i), data)
                 if tensor is None:
                     raise _MissingInput(i)
+                self.metrics.read_bytes(tensor.nbytes)
                 tensor = devices.to_device(tensor, self.device)
                 self.cache.put(keys.tensor(i), tensor)
                 env[i] = tensor
@@ -312,6 +324,7 @@ class Worker:
         memory), the completion does not run."""
         host = {i: devices.to_host(tensor) for i, tensor in outputs.items()}
         total = sum(t.nbytes for t in host.values())
+        self.metrics.written_bytes(total)
         # Big outputs are checked against the server's limits first, so that a full server is reported
         # in numbers rather than as a refused transaction.
         chunk = stored.fit_to_server(self.client, total, f"the outputs of subgraph {subgraph_id}",
@@ -336,6 +349,7 @@ class Worker:
             # strided view (a transpose), and the next subgraph's result must not depend on who runs it.
             self.cache.put(keys.tensor(i), tensor.contiguous())
         self.completed += 1
+        self.metrics.subgraph_done()
 
     # ------------------------------------------------------------------------------------------ verification
 
@@ -390,6 +404,7 @@ class Worker:
         """Ack the message, log it to the dead-letter stream and fail its graph (if it names one, unless
         `fail_graph` is False), naming `worker` (default: this one)."""
         log.warning("worker %s gives up on %s: %s: %s", self.name, message_id, reason, error)
+        self.metrics.failed(reason)
         self.scripts.fail(keys, self.stream, message_id, subgraph_id=str(subgraph_id), worker=worker or self.name,
                           op=node.op if node is not None else "", source=node.source if node is not None else "",
                           error=error, reason=reason, message=message, fail_graph=fail_graph)

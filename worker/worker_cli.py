@@ -59,6 +59,11 @@ def parse_args(argv=None):
     parser.add_argument("--min-group-size", type=int, default=os.environ.get("RAVOP_MIN_GROUP_SIZE", "5"),
                         metavar="K", help="withhold a statistic over fewer than K values of this provider "
                                           "(default: $RAVOP_MIN_GROUP_SIZE or 5)")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve this worker's Prometheus metrics at http://HOST:PORT/metrics (0 picks a free "
+                             "port, logged; default: not served)")
+    parser.add_argument("--metrics-host", default="127.0.0.1",
+                        help="address the metrics are served on (default: 127.0.0.1)")
     parser.add_argument("--test-wrong-outputs", action="store_true", help=argparse.SUPPRESS)  # tests of verify=k
     parser.add_argument("-v", "--verbose", action="store_true", help="log every start and stop")
     return parser.parse_args(argv)
@@ -101,6 +106,15 @@ def main(argv=None):
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop())
+    if args.metrics_port is not None:
+        try:
+            port = worker.metrics.serve(args.metrics_port, args.metrics_host)
+        except OSError as exc:
+            print(f"ravop-worker: cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}",
+                  file=sys.stderr)
+            return 1
+        print(f"ravop-worker {args.name}: metrics on http://{args.metrics_host}:{port}/metrics", file=sys.stderr,
+              flush=True)
     memory.enforce(worker.device, worker.memory_budget)
     gc.freeze()   # what is loaded by now lives as long as the process: the cyclic GC need not rescan it
     return worker.run()

@@ -10,9 +10,14 @@ are fetched lazily, the first time they are read once the graph has run, all in 
 
 It is also the list of the training loss names in order, as `fit` returned before it returned a History.
 """
+import html
+
 import ravop as R
 from ravop import graph_states
 from ravop.errors import GraphFailedError, NotComputedError
+from ravop.training_losses import Losses
+
+from .notebook import html_table
 
 
 class History(list):
@@ -22,6 +27,13 @@ class History(list):
         self.epoch = list(range(epochs))  # as Keras: the epoch indices, from 0
         self.params = {"epochs": epochs, "steps": len(loss_names), "validation": validation}
         self._losses = None
+        self.stopped_after = None   # the last epoch (1-based) run when a callback stopped the training early
+        self.stop_reason = None
+
+    def stopped(self, epoch, reason):
+        """A fit callback stopped the training after `epoch` (1-based): the history ends there."""
+        self.stopped_after, self.stop_reason = epoch, reason
+        self.epoch = list(range(epoch))
 
     def _fetched(self):
         if self._losses is None:
@@ -29,6 +41,9 @@ class History(list):
                 raise NotComputedError(f"graph {self.graph.name!r} has not run: R.activate(), R.execute() and "
                                        "R.track_progress() first")
             losses = R.fetch_losses(self.graph)
+            if losses.state == graph_states.FAILED and self.stopped_after is not None:
+                self._losses = _truncated(losses, self.stopped_after, len(self) // self.params["epochs"])
+                return self._losses
             if losses.state == graph_states.FAILED:
                 raise GraphFailedError(f"graph {self.graph.name!r} failed, so its losses are incomplete: "
                                        "R.track_progress() or `ravop logs` say why")
@@ -54,6 +69,19 @@ class History(list):
             result["val_loss"] = losses.validation.tolist()
         return result
 
+    def _repr_html_(self):
+        """In a notebook: the losses per epoch once the graph has run, else what the fit recorded."""
+        try:
+            history = self.history
+        except (NotComputedError, GraphFailedError) as exc:
+            return f"<p>History of {len(self):,} steps over {self.params['epochs']} epochs: {html.escape(str(exc))}</p>"
+        columns = ["loss"] + (["val_loss"] if "val_loss" in history else [])
+        rows = [[e + 1] + [f"{history[c][e]:.6g}" for c in columns] for e in self.epoch]
+        caption = f"graph {self.graph.name!r}, {len(self):,} steps"
+        if self.stopped_after is not None:
+            caption += f"; {self.stop_reason}"
+        return html_table(["epoch"] + columns, rows, caption)
+
     def plot(self, ax=None):
         """Plot the batch losses, the epoch means and the validation losses against epochs; returns the
         matplotlib Axes (a new figure's unless `ax` is given)."""
@@ -64,7 +92,7 @@ class History(list):
         losses = self._fetched()
         if ax is None:
             ax = plt.figure().gca()
-        steps_per_epoch = len(losses.batch) / max(self.params["epochs"], 1)
+        steps_per_epoch = len(losses.batch) / max(len(self.epoch), 1)
         ax.plot([(i + 1) / steps_per_epoch for i in range(len(losses.batch))], losses.batch, lw=0.8, alpha=0.5,
                 label="batch loss")
         epochs = [e + 1 for e in self.epoch]
@@ -75,3 +103,10 @@ class History(list):
         ax.set_ylabel("loss")
         ax.legend()
         return ax
+
+
+def _truncated(losses, epochs, steps_per_epoch):
+    """The losses of the first `epochs` epochs (a stopped training: later ones may be partly computed)."""
+    steps = epochs * steps_per_epoch
+    return Losses(losses.graph_id, losses.state, losses.batch[:steps], losses.epoch[:steps],
+                  losses.validation[:epochs])

@@ -14,6 +14,7 @@ import ravop as R
 from . import export, gradients, onnx_export
 from .fit import Slot, TrainState, optimizer_slots
 from .layers.base import CustomLayer, as_input, leaf_layers
+from .notebook import Summary, in_notebook
 
 
 class Model:
@@ -110,16 +111,20 @@ class Model:
         return sum(count for _, _, _, count in self._summary_rows())
 
     def summary(self):
-        """Print a table of the layers: name, type, output shape (None is the batch dimension), parameters."""
+        """Show a table of the layers: name, type, output shape (None is the batch dimension), parameters; printed
+        as text, or displayed as an HTML table in a Jupyter notebook (`Summary`)."""
+        table = self.summary_table()
+        if in_notebook():
+            from IPython.display import display
+            display(table)
+        else:
+            print(table)
+
+    def summary_table(self):
+        """The `Summary` that summary() shows."""
         rows = [(name, kind, "(None" + "".join(f", {d}" for d in shape) + ")", f"{count:,}")
                 for name, kind, shape, count in self._summary_rows()]
-        header = ("Layer", "Type", "Output shape", "Params")
-        widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(4)]
-        line = "-" * (sum(widths) + 6)
-        text = [line, "  ".join(h.ljust(w) for h, w in zip(header, widths)), line]
-        text += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
-        text += [line, f"Total params: {self.parameter_count():,}", line]
-        print("\n".join(text))
+        return Summary(rows, self.parameter_count())
 
     def _summary_rows(self):
         """(name, type, output shape, parameter count) per built-in layer; a layer's input shape is its own

@@ -120,12 +120,14 @@ class Pytorch_Model:
     def _trained(self):
         return [((self, i), self.params[i]) for i, wanted in enumerate(self.model.requires_grad) if wanted]
 
-    def fit(self, X, y, n_epochs, batch_size, loss="CrossEntropy", strategy=None, shuffle=False, seed=None):
+    def fit(self, X, y=None, n_epochs=1, batch_size=None, loss="CrossEntropy", strategy=None, shuffle=False,
+            seed=None, callbacks=None):
         """Train the model on (X, y) for `n_epochs` in batches of `batch_size`, as NeuralNetwork.fit does
         (one loop, losses persisted as `training_loss_epoch_{e}_batch_{b}`, 1-based): `loss` is
         'CrossEntropy' (class indices, or one-hot rows), 'SquareLoss', or a ravop loss `loss(y_true, y_pred)`;
-        `strategy` (default: the graph's) one of R.parallel's. Returns a `History`."""
-        return fit_model(self, X, y, n_epochs, batch_size, loss, strategy, shuffle, seed)
+        `strategy` (default: the graph's) one of R.parallel's. X may be a torch Dataset or DataLoader, and
+        `callbacks` ravdl.v2.callbacks, as for NeuralNetwork.fit. Returns a `History`."""
+        return fit_model(self, X, y, n_epochs, batch_size, loss, strategy, shuffle, seed, callbacks)
 
     def save_model(self, name):
         """Persist the model under `name`: its code and current parameter and buffer values."""

@@ -4,7 +4,9 @@ from collections import Counter
 from ravop.graph import current_graph
 
 from . import losses
+from .callbacks import checked, follow
 from .fit import record_fit
+from .fit_data import training_data
 from .history import History
 from .layers.base import as_input, name_layers
 from .model_base import Model
@@ -56,8 +58,8 @@ class NeuralNetwork(Model):
     def test_on_batch(self, X):
         return self.predict(X)
 
-    def fit(self, X, y, n_epochs, batch_size, shuffle=False, seed=None, save_model=False, persist_weights=False,
-            strategy=None):
+    def fit(self, X, y=None, n_epochs=1, batch_size=None, shuffle=False, seed=None, save_model=False,
+            persist_weights=False, strategy=None, callbacks=None):
         """Record `n_epochs` of training as one loop (ravdl.v2.fit): each batch loss is persisted as
         `training_loss_epoch_{e}_batch_{b}` (1-based; `ravop.loss_names`) and, with validation_data,
         `validation_loss_epoch_{e}`.
@@ -69,9 +71,16 @@ class NeuralNetwork(Model):
         `persist_weights=True` persists each layer's values (`persist_weights`), as the original's keywords.
 
         `strategy` (default: the graph's, `R.Graph(strategy=...)`): one of `R.parallel`'s, to train on several
-        workers (ravdl.v2.parallel_fit)."""
+        workers (ravdl.v2.parallel_fit).
+
+        X, y: numpy arrays or torch tensors; or X a map-style torch Dataset of (x, y) items, or a DataLoader over
+        one (its batch size and shuffling are used), read once and uploaded with the graph (ravdl.v2.fit_data).
+        `callbacks`: ravdl.v2.callbacks (TensorBoard, CSVLogger, EarlyStopping, ...), fed while
+        R.track_progress() follows the training."""
         if not isinstance(save_model, (bool, str)) or not isinstance(persist_weights, bool):
             raise TypeError("save_model takes True, False or a name; persist_weights True or False")
+        callbacks = checked(callbacks, validation=self.validation_data is not None)
+        X, y, batch_size, shuffle = training_data(X, y, batch_size, shuffle)
         validation = None
         if self.validation_data is not None:
             X_val, y_val = as_input(self.validation_data[0]), as_input(self.validation_data[1])
@@ -90,4 +99,6 @@ class NeuralNetwork(Model):
             self.save_model(*(() if save_model is True else (save_model,)))
         if persist_weights:
             self.persist_weights()
-        return History(names, current_graph(), n_epochs, validation=validation is not None)
+        history = History(names, current_graph(), n_epochs, validation=validation is not None)
+        follow(callbacks, self, history)
+        return history

@@ -4,13 +4,18 @@ segments (ravdl.v2.parallel_fit)."""
 from ravop.graph import current_graph
 
 from . import losses
+from .callbacks import checked, follow
 from .fit import record_fit
+from .fit_data import training_data
 from .history import History
 from .parallel_fit import record_parallel_fit
 
 
-def fit_model(model, X, y, n_epochs, batch_size, loss, strategy, shuffle, seed):
-    """Record the training of `model` (the train-state interface of ravdl.v2.fit) with `loss`; returns a History."""
+def fit_model(model, X, y, n_epochs, batch_size, loss, strategy, shuffle, seed, callbacks=None):
+    """Record the training of `model` (the train-state interface of ravdl.v2.fit) with `loss` on data
+    `ravdl.v2.fit_data` takes; returns a History, which `callbacks` follow as it trains."""
+    callbacks = checked(callbacks, validation=False)
+    X, y, batch_size, shuffle = training_data(X, y, batch_size, shuffle)
     model.loss_function = losses.get(loss)
     graph = current_graph()
     seed = seed if seed is not None else graph.seed
@@ -19,4 +24,6 @@ def fit_model(model, X, y, n_epochs, batch_size, loss, strategy, shuffle, seed):
         names = record_fit(model, model.train_step, X, y, n_epochs, batch_size, shuffle, seed)
     else:
         names = record_parallel_fit(model, X, y, n_epochs, batch_size, shuffle, seed, strategy)
-    return History(names, graph, n_epochs, validation=False)
+    history = History(names, graph, n_epochs, validation=False)
+    follow(callbacks, model, history)
+    return history

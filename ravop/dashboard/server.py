@@ -4,6 +4,7 @@ It binds to 127.0.0.1 unless told otherwise.
 
 GET  /                               the page (static/index.html)
 GET  /static/NAME                    its script and style sheet
+GET  /metrics                        Prometheus metrics of the token's graphs and the live workers (ravop.metrics)
 GET  /api/status                     `ravop status --json`, plus admin: whether cancelling is enabled
 GET  /api/graphs/REF/dag             subgraphs and edges with their states (`ravop.status.subgraph_dag`)
 GET  /api/graphs/REF/losses          training and validation losses (`ravop.training_losses.Losses`)
@@ -21,8 +22,10 @@ from importlib import resources
 from urllib.parse import unquote, urlsplit
 
 import redis
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import status, training_losses
+from ..metrics import GraphCollector
 from ..errors import RavopError
 from ..store.lookup import GraphNotFound, find_graph
 
@@ -47,6 +50,7 @@ class Dashboard:
     def __init__(self, client, token, host="127.0.0.1", port=0, admin_token=None):
         self.client, self.token, self.admin_token = client, token, admin_token
         self.static = _static_files()
+        self.metrics = GraphCollector(client, token).registry()
         self.httpd = ThreadingHTTPServer((host, port), _handler(self))
         self.httpd.daemon_threads = True
         self._thread = None
@@ -117,6 +121,12 @@ def _handler(dashboard):
             path = urlsplit(self.path).path
             if path == "/":
                 path = "/static/index.html"
+            if path == "/metrics":
+                try:
+                    self._send(HTTPStatus.OK, CONTENT_TYPE_LATEST, generate_latest(dashboard.metrics))
+                except (RavopError, redis.RedisError) as exc:
+                    self._send(HTTPStatus.SERVICE_UNAVAILABLE, "text/plain", str(exc).encode())
+                return
             if path.startswith("/static/"):
                 found = dashboard.static.get(path[len("/static/"):])
                 if found is None:

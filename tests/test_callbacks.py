@@ -1,0 +1,144 @@
+"""fit(callbacks=...) during real training runs on worker processes: the events in order, fed from the losses
+the worker persists while R.track_progress() follows the graph; TensorBoard's event file read back with
+tensorboard's own reader (one scalar per step), CSVLogger's rows, EarlyStopping ending a long run early through
+the cancel path; the optional loggers' missing extras named."""
+import csv
+import sys
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import ravop as R
+from ravdl.v2 import NeuralNetwork
+from ravdl.v2.callbacks import Callback, CSVLogger, EarlyStopping, MLflow, TensorBoard, WandB
+from ravdl.v2.layers import Activation, Dense
+from ravdl.v2.optimizers import Adam
+from ravop import graph_states
+from ravop.errors import GraphFailedError
+from ravop.store import graphs as store_graphs
+
+ROWS, BATCH = 60, 20    # 3 steps an epoch
+
+
+class Recorder(Callback):
+    """Every event, in order."""
+
+    def __init__(self):
+        self.events = []
+
+    def on_train_begin(self, logs=None):
+        self.events.append(("begin", None, logs))
+
+    def on_batch_end(self, batch, logs=None):
+        self.events.append(("batch", batch, logs))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.events.append(("epoch", epoch, logs))
+
+    def on_train_end(self, logs=None):
+        self.events.append(("end", None, logs))
+
+    def of(self, kind):
+        return [(index, logs) for event, index, logs in self.events if event == kind]
+
+
+def model(validation=True):
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(ROWS, 8)).astype(np.float32)
+    y = X[:, :1] * 0.5 - X[:, 1:2]
+    net = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss", validation_data=(X[:20], y[:20]) if validation else None)
+    net.add(Dense(16, input_shape=(8,)))
+    net.add(Activation("tanh"))
+    net.add(Dense(1))
+    return net, X, y
+
+
+def run():
+    R.activate()
+    R.execute()
+    R.track_progress(progress_bar=False)
+
+
+def test_tensorboard_csv_and_a_callback_see_every_step_and_epoch(engine, module_workers, tmp_path):
+    epochs = 6
+    R.Graph(name="callbacks")
+    net, X, y = model()
+    recorder = Recorder()
+    history = net.fit(X, y, n_epochs=epochs, batch_size=BATCH, callbacks=[
+        recorder, TensorBoard(tmp_path / "tb"), CSVLogger(tmp_path / "log.csv")])
+    run()
+    steps = epochs * ROWS // BATCH
+    batch_losses, per_epoch, val = history.batch_losses, history.history["loss"], history.history["val_loss"]
+    # the events: begin, then each step's batch_end before its epoch's epoch_end, then end
+    kinds = [event for event, _, _ in recorder.events]
+    assert kinds[0] == "begin" and kinds[-1] == "end" and kinds.count("batch") == steps
+    assert kinds[1:-1] == (["batch"] * 3 + ["epoch"]) * epochs
+    assert [(b, logs["step"]) for b, logs in recorder.of("batch")] == [(s % 3, s + 1) for s in range(steps)]
+    assert np.array_equal([logs["loss"] for _, logs in recorder.of("batch")], batch_losses)
+    assert [e for e, _ in recorder.of("epoch")] == list(range(epochs))
+    assert [logs["loss"] for _, logs in recorder.of("epoch")] == pytest.approx(per_epoch, rel=1e-12)
+    assert [logs["val_loss"] for _, logs in recorder.of("epoch")] == val
+    assert recorder.events[-1][2] == {"state": graph_states.DONE, "stopped_after": None}
+    # TensorBoard: one scalar per step and per epoch, read back with tensorboard's event reader
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {"batch/loss", "epoch/loss", "epoch/val_loss"}
+    scalars = events.Scalars("batch/loss")
+    assert [s.step for s in scalars] == list(range(1, steps + 1))
+    assert np.array_equal(np.array([s.value for s in scalars], np.float32), batch_losses.astype(np.float32))
+    assert [s.step for s in events.Scalars("epoch/val_loss")] == list(range(1, epochs + 1))
+    assert np.array_equal([s.value for s in events.Scalars("epoch/val_loss")], np.float32(val))
+    # CSVLogger: a header and one row per epoch
+    with open(tmp_path / "log.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["epoch"]) for r in rows] == list(range(epochs))
+    assert [float(r["loss"]) for r in rows] == pytest.approx(per_epoch, rel=1e-12)
+    assert [float(r["val_loss"]) for r in rows] == pytest.approx(val, rel=1e-12)
+
+
+def test_early_stopping_ends_a_long_run_early(engine, module_workers):
+    epochs = 5000                      # 20,000 steps: it would run for many seconds
+    R.Graph(name="early-stop")
+    net, X, y = model()
+    recorder = Recorder()
+    # min_delta no loss improves by: the second epoch does not improve, so it stops after epoch 2
+    stopper = EarlyStopping(monitor="val_loss", patience=0, min_delta=1e9)
+    history = net.fit(X, y, n_epochs=epochs, batch_size=BATCH, callbacks=[stopper, recorder])
+    net.predict(X).persist_op("prediction")
+    run()    # returns: the stop was asked for
+    meta = store_graphs.read_state(engine.client, engine.keys())
+    assert meta["state"] == graph_states.FAILED and "stopped early after epoch 2" in meta["error"]
+    assert "EarlyStopping: val_loss did not improve for 1 epochs" in meta["error"]
+    assert store_graphs.steps_done(engine.client, engine.keys()) < epochs * 4   # the loop did not finish
+    assert stopper.stopped_epoch == 1 and history.stopped_after == 2
+    assert [e for e, _ in recorder.of("epoch")] == [0, 1]          # nothing after the stopping epoch
+    assert len(recorder.of("batch")) == 6
+    assert recorder.events[-1] == ("end", None, {"state": graph_states.FAILED, "stopped_after": 2})
+    assert len(history.history["loss"]) == 2 and len(history.history["val_loss"]) == 2
+    assert len(history.batch_losses) == 6 and not np.isnan(history.batch_losses).any()
+    # the parameters are not kept: what was recorded after fit is not computed, and says why
+    with pytest.raises(GraphFailedError, match="stopped early after epoch 2"):
+        R.fetch_persisting_op("prediction")
+
+
+def test_early_stopping_refuses_val_loss_without_validation_data(engine):
+    R.Graph(name="no-validation")
+    net, X, y = model(validation=False)
+    with pytest.raises(ValueError, match="needs validation losses"):
+        net.fit(X, y, n_epochs=2, batch_size=BATCH, callbacks=[EarlyStopping("val_loss")])
+    with pytest.raises(TypeError, match="Callback instances"):
+        net.fit(X, y, n_epochs=2, batch_size=BATCH, callbacks=[print])
+
+
+@pytest.mark.parametrize("callback, extra", [(MLflow, "mlflow"), (WandB, "wandb")])
+def test_a_missing_logger_names_its_extra(monkeypatch, callback, extra):
+    monkeypatch.setitem(sys.modules, extra, None)   # what an environment without the package gives
+    with pytest.raises(ImportError, match=rf"pip install 'ravop-engine\[{extra}\]'"):
+        callback()
+
+
+def test_a_missing_tensorboard_names_its_extra(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    with pytest.raises(ImportError, match=r"pip install 'ravop-engine\[tensorboard\]'"):
+        TensorBoard(tmp_path)
