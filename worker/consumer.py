@@ -30,7 +30,7 @@ from ravop.store import workers as liveness
 from ravop.wire import plan_pb2, unpack_nodes
 
 from . import device as devices
-from . import calibrate, memory, verify
+from . import calibrate, emulated_device, memory, verify
 from .cache import TensorCache
 from .heartbeat import Heartbeat
 from .loop import CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, LoopHandedBack, drop_checkpoint, run_loop
@@ -228,7 +228,8 @@ class Worker:
                                    self.checkpoint_steps, self.checkpoint_seconds, max_bytes, self.memory_budget,
                                    self.stopping)
             else:
-                outputs = run(program, inputs, seed, self.device, self.memory_budget)
+                with emulated_device.paced(subgraph, inputs):
+                    outputs = run(program, inputs, seed, self.device, self.memory_budget)
             if self.wrong_outputs:
                 outputs = verify.perturb(outputs)
             if copies > 1 and not self._verified(keys, subgraph_id, message_id, outputs, copies, program):

@@ -26,7 +26,7 @@ from ravop.store import tensors as stored
 from ravop.wire import encode_tensor, plan_pb2
 
 from . import device as devices
-from . import memory
+from . import emulated_device, memory
 from .validate import check
 
 FLUSH_SECONDS = 0.25
@@ -185,7 +185,8 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
         raise PlanError("a loop step's persisted values and their tensor ids do not pair up")
     writer = _Writer(client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds,
                      subgraph.loop.n_steps, start, stop)
-    carried = runner.run(carried, start or 0, writer.on_step)
+    on_step = emulated_device.paced_steps(writer.on_step, subgraph.loop, [inputs[i] for i in loop_step.inputs])
+    carried = runner.run(carried, start or 0, on_step)
     writer.write(subgraph.loop.n_steps)
     env = {loop_step.id: tuple(carried)}
     run_nodes(program.steps[1:], env)

@@ -1,0 +1,47 @@
+"""The WAN lab's table: one row per run (real and emulated rows marked as such) and, with `--detail`, one per
+provider; churn runs add goodput and recovery times."""
+
+
+def _mb(n):
+    return f"{n / 1e6:.2f}"
+
+
+HEADER = (f"{'strategy':<34}{'compute':>9}{'N':>3} {'profile':<11}{'wall s':>8}{'comp s':>8}{'wait s':>8}"
+          f"{'util':>6}{'MB/sync':>9}{'MB up':>8}{'MB dn':>8}{'smp/s':>8}{'loss':>7}{'acc':>6}{'1w acc':>7}")
+
+
+def row(result):
+    return (f"{result['strategy']:<34}{result['compute']:>9}{result['providers']:>3} "
+            f"{result['profile_name'] or '-':<11}{result['wall_s']:>8.2f}{result['compute_s']:>8.2f}"
+            f"{result['network_wait_s']:>8.2f}{result['utilization']:>6.0%}{_mb(result['bytes_per_sync']):>9}"
+            f"{_mb(result['bytes_up']):>8}{_mb(result['bytes_down']):>8}{result['samples_per_s']:>8.0f}"
+            f"{result['final_loss']:>7.3f}{result['test_accuracy']:>6.3f}{result['one_worker']['test_accuracy']:>7.3f}")
+
+
+def provider_rows(result):
+    for p in result["providers_detail"]:
+        yield (f"  {p['provider']:<14} compute {p['compute_s']:.2f} s (real {p['real_compute_s']:.2f} s), network "
+               f"wait {p['network_wait_s']:.2f} s, utilization {p['utilization']:.0%}, up {_mb(p['bytes_up'])} MB "
+               f"({_mb(p['bytes_up_per_sync'])}/sync), down {_mb(p['bytes_down'])} MB "
+               f"({_mb(p['bytes_down_per_sync'])}/sync), retransmits {p['retransmits']}")
+
+
+def table(results, detail=False):
+    lines = [HEADER]
+    for result in results:
+        lines.append(row(result))
+        if detail:
+            lines.extend(provider_rows(result))
+            lines.append(f"  link process CPU: {result['link_cpu_s']:.2f} s ({result['link_cpu_share']:.1%} of the "
+                         f"run's wall time); dilation {result['dilation']:g}; synchronisations "
+                         f"{result['synchronisations']}; load average {result['machine_load'][0]:.2f}")
+        if result.get("churn"):
+            churn = result["churn"]
+            lines.append(f"  churn: a provider killed every {churn['every_s']:g} s, restarted after "
+                         f"{churn['restart_after_s']:g} s; goodput {_fmt(churn.get('goodput'))}, recoveries "
+                         f"{', '.join(f'{r:.1f} s' for r in churn.get('recoveries_s', [])) or '-'}")
+    return "\n".join(lines)
+
+
+def _fmt(value):
+    return "-" if value is None else f"{value:.0%}"
