@@ -113,7 +113,7 @@ def one_worker_baseline(X, y, X_test, y_test, hidden, batch, epochs):
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
     return {"final_loss": float(np.mean(losses)), "test_accuracy": accuracy(net, X_test, y_test)}
 
 
@@ -203,7 +203,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
         model.persist_weights()
         summary = R.activate()
 
-        links_before = lab.link_stats(fresh=True)
+        links_before, store_before = lab.link_stats(fresh=True), lab.store_link_bytes()
         busy_before = {name: lab.busy(name) or {"busy_s": 0.0, "real_s": 0.0, "flops": 0.0} for name in names}
         start = time.monotonic()
         churn = None
@@ -218,7 +218,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
             if churn is not None:
                 churn.stop()
         wall = time.monotonic() - start
-        links_after = lab.link_stats(fresh=True)
+        links_after, store_after = lab.link_stats(fresh=True), lab.store_link_bytes()
         busy_after = {name: lab.busy(name) or busy_before[name] for name in names}
         losses = R.fetch_losses()
         weights = {name: R.fetch_persisting_op(name) for name in
@@ -256,6 +256,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
         "bytes_up": sum(p["bytes_up"] for p in per_provider), "bytes_down": sum(p["bytes_down"] for p in per_provider),
         "bytes_per_sync": sum(p["bytes_up"] + p["bytes_down"] for p in per_provider) / syncs,
         "link_cpu_s": links_after["cpu_s"] - links_before["cpu_s"],
+        "store_bytes_in": store_after[0] - store_before[0], "store_bytes_out": store_after[1] - store_before[1],
         "final_loss": float(np.nanmean(last_epoch)) if len(last_epoch) else None,
         "test_accuracy": accuracy(trained, X_test, y_test),
         "one_worker": one_worker_baseline(X, y, X_test, y_test, hidden, batch, epochs),

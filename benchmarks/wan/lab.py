@@ -132,6 +132,12 @@ class Lab:
                 return stats
             time.sleep(0.05)
 
+    def store_link_bytes(self):
+        """(bytes in, bytes out) the store counted on the links' connections (those from 127.0.0.1; the requester
+        uses the unix socket): the other end of what the links count, for checking them."""
+        clients = [c for c in self.client.client_list() if c["addr"].startswith("127.0.0.1:")]
+        return sum(int(c["tot-net-in"]) for c in clients), sum(int(c["tot-net-out"]) for c in clients)
+
     # ------------------------------------------------------------------------------------------ providers
 
     def start_worker(self, name, port, extra=()):

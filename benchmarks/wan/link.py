@@ -44,7 +44,7 @@ class Direction:
         self.bytes_per_s = None if rate_bps is None else rate_bps / 8
         self.delay, self.jitter, self.loss = delay_s, jitter_s, loss
         self.burst, self.rto_min = burst_bytes, rto_min_s
-        self.free_at = 0.0
+        self.free_at = float("-inf")   # idle since forever: a full bucket
         self.random = random.Random(seed)
         self.bytes = self.chunks = self.retransmits = 0
 
