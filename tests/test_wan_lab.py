@@ -5,6 +5,7 @@ import glob
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,12 +72,15 @@ def test_strategies_are_built_by_name_from_an_allow_list():
 
 
 def test_the_emulated_clock_sleeps_out_the_flops(tmp_path):
+    with pytest.raises(ValueError, match="must be > 0"):
+        emulated_device.DeviceClock(flops_per_s=0)
     clock = emulated_device.DeviceClock(flops_per_s=1e9, busy_file=str(tmp_path / "busy.json"))
-    import time
     started = time.monotonic()
     clock.account(started, 5e7)                       # 50 ms at 1 GFLOP/s
     assert time.monotonic() - started >= 0.05 and clock.busy == pytest.approx(0.05)
     assert '"units": 1' in (tmp_path / "busy.json").read_text()
+    restarted = emulated_device.DeviceClock(flops_per_s=1e9, busy_file=str(tmp_path / "busy.json"))
+    assert restarted.busy == clock.busy and restarted.units == 1   # a provider restarted by churn goes on counting
     assert emulated_device.op_flops("linear", (128, 256), [(128, 784), (256, 784), (256,)], {}) == \
         2 * 128 * 256 * 784
 

@@ -30,6 +30,10 @@ class DeviceClock:
         self.flops_per_s, self.busy_file = flops_per_s, busy_file
         self.busy = self.real = self.flops = 0.0   # seconds the device computed, of them really; FLOPs
         self.units = 0
+        if busy_file and os.path.exists(busy_file):   # a provider restarted under the same file goes on counting
+            with open(busy_file) as f:
+                before = json.load(f)
+            self.busy, self.real, self.flops, self.units = (before[k] for k in ("busy_s", "real_s", "flops", "units"))
 
     def account(self, started, flops):
         """A unit of `flops` that began at `started` (time.monotonic) has just been computed: sleep out the rest
