@@ -1,17 +1,21 @@
 """The WAN lab's table: one row per run (real and emulated rows marked as such) and, with `--detail`, one per
 provider; churn runs add goodput and recovery times."""
+import re
+
+# Arguments left at their defaults, dropped from the table's strategy column.
+_DEFAULTS = re.compile(r", (average_optim=False|interpolation='constant'|factor=0\.5|divergence_threshold=0\.0|replicas=1)(?=[,)])")
 
 
 def _mb(n):
     return f"{n / 1e6:.2f}"
 
 
-HEADER = (f"{'strategy':<34}{'compute':>9}{'N':>3} {'profile':<11}{'wall s':>8}{'comp s':>8}{'wait s':>8}"
+HEADER = (f"{'strategy':<36}{'compute':>9}{'N':>3} {'profile':<11}{'wall s':>8}{'comp s':>8}{'wait s':>8}"
           f"{'util':>6}{'MB/sync':>9}{'MB up':>8}{'MB dn':>8}{'smp/s':>8}{'loss':>7}{'acc':>6}{'1w acc':>7}")
 
 
 def row(result):
-    return (f"{result['strategy']:<34}{result['compute']:>9}{result['providers']:>3} "
+    return (f"{_DEFAULTS.sub('', result['strategy']):<36}{result['compute']:>9}{result['providers']:>3} "
             f"{result['profile_name'] or '-':<11}{result['wall_s']:>8.2f}{result['compute_s']:>8.2f}"
             f"{result['network_wait_s']:>8.2f}{result['utilization']:>6.0%}{_mb(result['bytes_per_sync']):>9}"
             f"{_mb(result['bytes_up']):>8}{_mb(result['bytes_down']):>8}{result['samples_per_s']:>8.0f}"
@@ -45,3 +49,23 @@ def table(results, detail=False):
 
 def _fmt(value):
     return "-" if value is None else f"{value:.0%}"
+
+
+def main(argv=None):
+    """`python -m benchmarks.wan.report RESULTS.json...`: the table of runs written with --json."""
+    import argparse
+    import json
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.wan.report", description=main.__doc__)
+    parser.add_argument("files", nargs="+")
+    parser.add_argument("--detail", action="store_true")
+    args = parser.parse_args(argv)
+    results = []
+    for path in args.files:
+        with open(path) as f:
+            loaded = json.load(f)
+        results.extend(loaded if isinstance(loaded, list) else [loaded["real"], loaded["emulated"]])
+    print(table(results, detail=args.detail))
+
+
+if __name__ == "__main__":
+    main()
