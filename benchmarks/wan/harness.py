@@ -191,8 +191,9 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
         for name in names:
             start_provider(name)
         lab.wait_registered(names)
-        progress(f"{providers} providers up ({strategy!r}, {profile.describe() if profile else 'unshaped'}"
-                 f"{f', emulated at {device_flops:.3g} FLOP/s, dilation {dilation:g}' if emulate else ', real compute'})")
+        compute = f"emulated at {device_flops:.3g} FLOP/s, dilation {dilation:g}" if emulate else "real compute"
+        progress(f"{providers} providers up ({strategy!r}, {profile.describe() if profile else 'unshaped'}, "
+                 f"{compute})")
 
         token = f"wan-{uuid.uuid4().hex[:6]}"
         R.initialize(token=token, redis_url=f"unix://{lab.socket}")

@@ -143,8 +143,10 @@ class Lab:
     def start_worker(self, name, port, extra=()):
         """A provider reaching the store at 127.0.0.1:`port` (its link)."""
         log = self.dir / f"{name}.log"
+        # Churn kills providers mid-subgraph: allow more deliveries than the default before giving up.
         process = start_worker(f"redis://127.0.0.1:{port}/0", name, threads=1, log_path=str(log),
-                               parent_pid=os.getpid(), extra_args=["--reclaim-idle", "5", *extra])
+                               parent_pid=os.getpid(),
+                               extra_args=["--reclaim-idle", "5", "--max-attempts", "10", *extra])
         self.workers[name] = process
         self.processes.append(process)
         return process

@@ -3,7 +3,8 @@ provider; churn runs add goodput and recovery times."""
 import re
 
 # Arguments left at their defaults, dropped from the table's strategy column.
-_DEFAULTS = re.compile(r", (average_optim=False|interpolation='constant'|factor=0\.5|divergence_threshold=0\.0|replicas=1)(?=[,)])")
+_DEFAULTS = re.compile(r", (average_optim=False|interpolation='constant'|factor=0\.5|divergence_threshold=0\.0"
+                       r"|replicas=1)(?=[,)])")
 
 
 def _mb(n):

@@ -10,8 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
-import time
 
 from .lab import Lab, free_port
 
