@@ -45,20 +45,28 @@ def parse_args(argv=None):
 
 
 def churn_figures(undisturbed, churned):
-    """Goodput (useful samples/s with churn over without) and, per kill, the seconds until progress is back
-    where it was when the provider was killed."""
+    """Goodput (useful samples/s with churn over without), the seconds lost per kill (the churned run's extra
+    wall time over the kills), and per kill the stall: the longest time without progress (loop steps done) in
+    the 30 s after it (the surviving providers keep going; the killed one's work is taken over once idle for
+    the workers' --reclaim-idle, 5 s here)."""
     churn = churned["churn"]
     churn["goodput"] = churned["samples_per_s"] / undisturbed["samples_per_s"]
-    progress = churn["progress_over_time"]
-    recoveries = []
-    for event in churn["events"]:
-        before = [p for t, p in progress if t <= event["killed_s"]]
-        level = before[-1] if before else 0.0
-        after = [t for t, p in progress if t > event["killed_s"] and p > level]
-        if after:
-            recoveries.append(after[0] - event["killed_s"])
-    churn["recoveries_s"] = recoveries
     churn["undisturbed_samples_per_s"] = undisturbed["samples_per_s"]
+    kills = len(churn["events"])
+    churn["lost_s_per_kill"] = (churned["wall_s"] - undisturbed["wall_s"]) / kills if kills else None
+    progress = churn["progress_over_time"]
+    stalls = []
+    for event in churn["events"]:
+        window = [(t, p) for t, p in progress if event["killed_s"] <= t <= event["killed_s"] + 30]
+        longest = 0.0
+        if window:
+            changed_at, level = window[0]
+            for t, p in window:
+                if p != level:
+                    changed_at, level = t, p
+                longest = max(longest, t - changed_at)
+        stalls.append(longest)
+    churn["stalls_s"] = stalls
 
 
 def main(argv=None):

@@ -25,7 +25,9 @@ def row(result):
 
 def provider_rows(result):
     for p in result["providers_detail"]:
-        yield (f"  {p['provider']:<14} compute {p['compute_s']:.2f} s (real {p['real_compute_s']:.2f} s), network "
+        real = "" if result["compute"] == "real" else \
+            f" (kernels took {p['real_compute_s']:.2f} s of its {p['compute_s'] * result['dilation']:.2f} s dilated)"
+        yield (f"  {p['provider']:<14} compute {p['compute_s']:.2f} s{real}, network "
                f"wait {p['network_wait_s']:.2f} s, utilization {p['utilization']:.0%}, up {_mb(p['bytes_up'])} MB "
                f"({_mb(p['bytes_up_per_sync'])}/sync), down {_mb(p['bytes_down'])} MB "
                f"({_mb(p['bytes_down_per_sync'])}/sync), retransmits {p['retransmits']}")
@@ -43,9 +45,15 @@ def table(results, detail=False):
         if result.get("churn"):
             churn = result["churn"]
             lines.append(f"  churn: a provider killed every {churn['every_s']:g} s, restarted after "
-                         f"{churn['restart_after_s']:g} s; goodput {_fmt(churn.get('goodput'))}, recoveries "
-                         f"{', '.join(f'{r:.1f} s' for r in churn.get('recoveries_s', [])) or '-'}")
+                         f"{churn['restart_after_s']:g} s: {len(churn['events'])} kills; goodput "
+                         f"{_fmt(churn.get('goodput'))} of the undisturbed run's samples/s; "
+                         f"{_seconds(churn.get('lost_s_per_kill'))} lost per kill; longest stall after a kill "
+                         f"{', '.join(f'{r:.1f} s' for r in churn.get('stalls_s', [])) or '-'}")
     return "\n".join(lines)
+
+
+def _seconds(value):
+    return "-" if value is None else f"{value:.1f} s"
 
 
 def _fmt(value):
