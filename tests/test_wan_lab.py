@@ -117,3 +117,16 @@ def test_a_lab_cleans_up_after_an_error():
             lab.add_namespace("err")
             raise RuntimeError("boom")
     assert leftovers() == ([], [], [])
+
+
+def test_emulated_providers_compute_at_the_emulated_rate():
+    # 154 MFLOP a step at 2e10 / 2 FLOP/s: 15 ms of dilated time, more than a step really takes on one core.
+    result = harness.run("LocalSGD", {"sync_every": 8}, providers=2, profile=profiles.profile("internet"),
+                         emulate=True, device_flops=2e10, dilation=2.0, rows=2048, batch=128,
+                         progress=lambda text: None)
+    for p in result["providers_detail"]:
+        assert p["flops"] > 8 * 1e8                                   # 8 steps of the MLP were counted
+        assert p["compute_s"] >= p["flops"] / 2e10 * (1 - 1e-9)      # never faster than the emulated device
+        assert 0 < p["utilization"] < 1
+    assert result["dilation"] == 2.0 and result["compute"] == "emulated"
+    assert leftovers() == ([], [], [])
