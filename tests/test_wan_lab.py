@@ -17,8 +17,22 @@ from benchmarks.wan.lab import PREFIX, Lab, namespaces  # noqa: E402
 from worker import emulated_device  # noqa: E402
 
 
+def alive(pids):
+    """Those of `pids` still running (not zombies)."""
+    running = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    running.append(pid)
+        except OSError:
+            pass
+    return running
+
+
 def leftovers():
-    """Processes, namespaces and temp dirs of this process's WAN labs that still exist."""
+    """Processes, namespaces and temp dirs of this process's WAN labs that still exist (the store renames its
+    process, so the runs' own pids are checked too: `alive`)."""
     mark = f"{PREFIX}-{os.getpid()}-"
     processes = []
     for path in glob.glob("/proc/[0-9]*/cmdline"):
@@ -106,6 +120,7 @@ def test_two_providers_over_shaped_links_are_measured():
         assert p["compute_s"] > 0 and 0 < p["utilization"] < 1
         assert p["compute_s"] + p["network_wait_s"] == pytest.approx(result["wall_s"])
     assert result["synchronisations"] == 1 and result["test_accuracy"] > 0
+    assert len(result["pids"]) == 4 and alive(result["pids"]) == []   # the store, the links, 2 providers
     assert leftovers() == ([], [], [])
     assert subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
 
@@ -129,4 +144,4 @@ def test_emulated_providers_compute_at_the_emulated_rate():
         assert p["compute_s"] >= p["flops"] / 2e10 * (1 - 1e-9)      # never faster than the emulated device
         assert 0 < p["utilization"] < 1
     assert result["dilation"] == 2.0 and result["compute"] == "emulated"
-    assert leftovers() == ([], [], [])
+    assert alive(result["pids"]) == [] and leftovers() == ([], [], [])

@@ -142,9 +142,11 @@ class Churn(threading.Thread):
 
     def run(self):
         k = 0
-        while not self.stopped.wait(self.every):
-            name = self.names[k % len(self.names)]
-            k += 1
+        while True:
+            k += 1   # the k-th kill at k * every s from the start, whatever the restarts took
+            if self.stopped.wait(max(0.0, self.start_time + k * self.every - time.monotonic())):
+                return
+            name = self.names[(k - 1) % len(self.names)]
             process = self.lab.workers[name]
             killed = time.monotonic() - self.start_time
             process.send_signal(signal.SIGKILL)
@@ -221,6 +223,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
         wall = time.monotonic() - start
         links_after, store_after = lab.link_stats(fresh=True), lab.store_link_bytes()
         busy_after = {name: lab.busy(name) or busy_before[name] for name in names}
+        started_pids = [process.pid for process in lab.processes]   # for checking that none outlives the lab
         losses = R.fetch_losses()
         weights = {name: R.fetch_persisting_op(name) for name in
                    ("Dense_1.weight", "Dense_1.bias", "Dense_2.weight", "Dense_2.bias")}
@@ -266,7 +269,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
                                              "events": [{k: (v / dilation if isinstance(v, float) else v)
                                                          for k, v in e.items()} for e in churn.events],
                                              "progress_over_time": [(t / dilation, n) for t, n in progress_seen]},
-        "machine_load": os.getloadavg(),
+        "machine_load": os.getloadavg(), "pids": started_pids,
     }
     result["link_cpu_share"] = result["link_cpu_s"] / (wall)
     return result
