@@ -81,6 +81,8 @@ def test_strategies_are_built_by_name_from_an_allow_list():
     assert harness.build_strategy("Pipeline", {}, 2).stages == 2
     with pytest.raises(ValueError, match="unknown strategy"):
         harness.build_strategy("__import__", {}, 2)
+    with pytest.raises(ValueError, match="needs sync_every"):
+        harness.build_strategy("LocalSGD", {}, 2)
     with pytest.raises(ValueError, match="takes no"):
         harness.build_strategy("LocalSGD", {"sync_every": 4, "speed": 2}, 2)
 

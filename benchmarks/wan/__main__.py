@@ -88,4 +88,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ValueError as exc:   # bad flags: say which, without a traceback
+        sys.exit(f"python -m benchmarks.wan: {exc}")

@@ -50,6 +50,9 @@ def build_strategy(name, args, providers):
     unknown = set(args) - set(accepted)
     if unknown:
         raise ValueError(f"{name} takes no {', '.join(sorted(unknown))} (it takes {', '.join(accepted)})")
+    missing = [p.name for p in accepted.values() if p.default is inspect.Parameter.empty and p.name not in args]
+    if missing:
+        raise ValueError(f"{name} needs {', '.join(missing)}: give --strategy-arg {missing[0]}=VALUE")
     return cls(**args)
 
 

@@ -16,7 +16,8 @@ from .profiles import profile
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.wan.validate", description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="LocalSGD", choices=harness.STRATEGIES)
-    parser.add_argument("--strategy-arg", action="append", default=[])
+    parser.add_argument("--strategy-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="a keyword argument of the strategy (LocalSGD needs sync_every=...)")
     parser.add_argument("--profile", default="internet")
     parser.add_argument("--dilation", type=float, default=4.0)
     parser.add_argument("--rows", type=int, default=16384)
@@ -44,4 +45,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ValueError as exc:   # bad flags: say which, without a traceback
+        sys.exit(f"python -m benchmarks.wan.validate: {exc}")
