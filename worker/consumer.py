@@ -30,7 +30,7 @@ from ravop.store import workers as liveness
 from ravop.wire import plan_pb2, unpack_nodes
 
 from . import device as devices
-from . import calibrate, memory, verify
+from . import calibrate, emulated_device, memory, verify
 from .cache import TensorCache
 from .heartbeat import Heartbeat
 from .loop_subgraph import (CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, LoopHandedBack, drop_checkpoint,
@@ -296,7 +296,8 @@ class Worker:
                                 self.stopping)
             finally:
                 self.metrics.loop_ended()
-        return run(program, inputs, seed, self.device, self.memory_budget)
+        with emulated_device.paced(subgraph, inputs):   # benchmarks only (benchmarks/wan)
+            return run(program, inputs, seed, self.device, self.memory_budget)
 
     def _inputs(self, keys, subgraph):
         """Input tensors on this worker's device: from the local cache, the rest in one MGET."""

@@ -29,7 +29,7 @@ from ravop.store import tensors as stored
 from ravop.wire import encode_tensor, unpack_loop
 
 from . import device as devices
-from . import memory
+from . import emulated_device, memory
 from .run import kernel_error
 from .validate import check_nodes
 
@@ -182,8 +182,10 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
     writer = _Writer(client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds, spec.n_steps, start,
                      stop)
     try:
-        runner = LoopRun(spec, [inputs[i] for i in loop_step.inputs], seed, device, watch)
-        carried = runner.run(carried, start or 0, writer.on_step)
+        loop_inputs = [inputs[i] for i in loop_step.inputs]
+        runner = LoopRun(spec, loop_inputs, seed, device, watch)
+        on_step = emulated_device.paced_steps(writer.on_step, subgraph.loop, loop_inputs)   # benchmarks only
+        carried = runner.run(carried, start or 0, on_step)
         writer.write(spec.n_steps)
         env = run_nodes(program.steps[1:], {loop_step.id: tuple(carried)}, outputs=program.outputs)
     except OpError as exc:   # reported as on any subgraph: the op, its sizes, the device, and the step

@@ -12,7 +12,7 @@ from ravop.errors import ConnectionFailed
 from ravop.store import connect
 from ravop.store import workers as liveness
 
-from . import memory
+from . import emulated_device, memory
 from .consumer import Worker
 from .data import ProviderData
 from .data_provider import Provider
@@ -64,6 +64,11 @@ def parse_args(argv=None):
                              "port, logged; default: not served)")
     parser.add_argument("--metrics-host", default="127.0.0.1",
                         help="address the metrics are served on (default: 127.0.0.1)")
+    parser.add_argument("--emulate-device-flops", type=float, default=None, metavar="F",
+                        help="for benchmarks only (benchmarks/wan): act as a device of F FLOP/s, sleeping after each "
+                             "loop step or subgraph until its FLOPs / F seconds have passed")
+    parser.add_argument("--benchmark-busy-file", default=None, metavar="PATH",
+                        help="for benchmarks only: write the seconds spent computing to PATH (JSON)")
     parser.add_argument("--test-wrong-outputs", action="store_true", help=argparse.SUPPRESS)  # tests of verify=k
     parser.add_argument("-v", "--verbose", action="store_true", help="log every start and stop")
     return parser.parse_args(argv)
@@ -91,6 +96,7 @@ def main(argv=None):
         import torch
         torch.set_num_threads(args.threads)
     try:
+        emulated_device.enable(args.emulate_device_flops, args.benchmark_busy_file)
         data = ProviderData.load(args.data) if args.data else None
         client = connect(args.redis)
         provider = Provider(client, args.name, data, args.min_group_size) if data is not None else None

@@ -1,0 +1,294 @@
+"""One WAN-lab run: the store, N providers each behind its own emulated link, and the requester (direct, on the
+store's unix socket) training an MLP with one of R.parallel's strategies; then the figures the field reports.
+
+Time dilation (`dilation` D > 1, with `emulate`): each provider acts as a device of `device_flops` / D FLOP/s
+(worker/emulated_device.py) and every link runs at its rates / D with its delays x D, so the whole run is the
+real one slowed D times; the harness divides every measured time by D (bytes are unchanged). This lets 8
+providers share 2 cores: the emulated compute time must exceed what the shared cores really take.
+"""
+import contextlib
+import inspect
+import io
+import json
+import math
+import os
+import signal
+import threading
+import time
+import uuid
+
+import numpy as np
+import torch
+import torch.nn.functional as TF
+from torch import nn
+
+import ravop as R
+from ravdl.v2 import NeuralNetwork
+from ravdl.v2.layers import Activation, Dense
+from ravdl.v2.optimizers import Adam
+from ravop.graph_states import DONE, FAILED
+from ravop.store.graphs import list_graphs
+
+from .lab import Lab, remove_stale
+
+# Strategies the harness builds by name (getattr on R.parallel, never eval); DiLoCo comes with its own issue.
+STRATEGIES = ("DataParallel", "LocalSGD", "Gossip", "Pipeline", "DiLoCo")
+SEED = 0
+
+
+def build_strategy(name, args, providers):
+    """R.parallel.<name>(**args), with `replicas` (or a pipeline's `stages`) = providers unless given."""
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}: one of {', '.join(STRATEGIES)}")
+    cls = getattr(R.parallel, name, None)
+    if cls is None:
+        raise ValueError(f"R.parallel has no {name} in this checkout (it comes with its own issue)")
+    args = dict(args)
+    accepted = inspect.signature(cls).parameters
+    size = "stages" if "stages" in accepted else "replicas"
+    args.setdefault(size, providers)
+    unknown = set(args) - set(accepted)
+    if unknown:
+        raise ValueError(f"{name} takes no {', '.join(sorted(unknown))} (it takes {', '.join(accepted)})")
+    missing = [p.name for p in accepted.values() if p.default is inspect.Parameter.empty and p.name not in args]
+    if missing:
+        raise ValueError(f"{name} needs {', '.join(missing)}: give --strategy-arg {missing[0]}=VALUE")
+    return cls(**args)
+
+
+def parse_strategy_args(pairs):
+    """{key: value} of `key=value` strings; values are JSON (16, 0.5, true, "text") or else plain strings."""
+    parsed = {}
+    for pair in pairs or ():
+        key, sep, text = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"--strategy-arg takes key=value, not {pair!r}")
+        try:
+            parsed[key] = json.loads(text)
+        except ValueError:
+            parsed[key] = text
+    return parsed
+
+
+# ------------------------------------------------------------------------------ the task: an MLP on MNIST-shaped data
+
+def task_data(rows, test_rows=2048, features=784):
+    """Synthetic MNIST-shaped data (as benchmarks/bench_ravdl.py's): features in [0, 1], labels a linear rule
+    can learn; `rows` training rows and `test_rows` held out."""
+    rng = np.random.default_rng(1)
+    X = rng.random((rows + test_rows, features), dtype=np.float32)
+    y = (X[:, :10] * np.arange(1, 11, dtype=np.float32)).argmax(1).astype(np.int64)
+    return X[:rows], y[:rows], X[rows:], y[rows:]
+
+
+def torch_mlp(hidden):
+    torch.manual_seed(SEED)
+    return nn.Sequential(nn.Linear(784, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+
+def ravdl_mlp(net):
+    model = NeuralNetwork(optimizer=Adam(lr=0.001), loss="CrossEntropy")
+    first, second = net[0], net[2]
+    model.add(Dense(first.out_features, input_shape=(784,), initial_W=first.weight.detach().numpy(),
+                    initial_w0=first.bias.detach().numpy()))
+    model.add(Activation("relu"))
+    model.add(Dense(second.out_features, initial_W=second.weight.detach().numpy(),
+                    initial_w0=second.bias.detach().numpy()))
+    return model
+
+
+def accuracy(net, X, y):
+    with torch.no_grad():
+        return float((net(torch.from_numpy(X)).argmax(1) == torch.from_numpy(y)).float().mean())
+
+
+def one_worker_baseline(X, y, X_test, y_test, hidden, batch, epochs):
+    """Final loss (mean of the last epoch's batches) and test accuracy of plain one-process training on the same
+    samples, in order."""
+    net = torch_mlp(hidden)
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.001)
+    Xt, yt = torch.from_numpy(X), torch.from_numpy(y)
+    losses = []
+    for _ in range(epochs):
+        losses = []
+        for start in range(0, len(X), batch):
+            loss = TF.cross_entropy(net(Xt[start:start + batch]), yt[start:start + batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return {"final_loss": float(np.mean(losses)), "test_accuracy": accuracy(net, X_test, y_test)}
+
+
+def synchronisations(strategy, rows, batch, epochs):
+    """How many times the replicas exchange state: LocalSGD-like strategies at each segment's end
+    (`segments`), the others every step."""
+    replicated = hasattr(strategy, "replicas") and not hasattr(strategy, "stages") and \
+        type(strategy).__name__ != "DataParallel"
+    steps = math.ceil((rows // strategy.replicas if replicated else rows) / batch) * epochs
+    segments = getattr(strategy, "segments", None)
+    return len(segments(steps)) if segments is not None else steps
+
+
+# ------------------------------------------------------------------------------ churn
+
+class Churn(threading.Thread):
+    """Every `every` s SIGKILL the next provider (round robin), and start it again (same name, same link)
+    `restart_after` s later; records (killed at, restarted at) per kill, in seconds since `start`."""
+
+    def __init__(self, lab, names, start_worker, every, restart_after, start):
+        super().__init__(daemon=True)
+        self.lab, self.names, self.start_worker = lab, names, start_worker
+        self.every, self.restart_after, self.start_time = every, restart_after, start
+        self.events = []
+        self.stopped = threading.Event()
+
+    def run(self):
+        k = 0
+        while True:
+            k += 1   # the k-th kill at k * every s from the start, whatever the restarts took
+            if self.stopped.wait(max(0.0, self.start_time + k * self.every - time.monotonic())):
+                return
+            name = self.names[(k - 1) % len(self.names)]
+            process = self.lab.workers[name]
+            killed = time.monotonic() - self.start_time
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            if self.stopped.wait(self.restart_after):
+                self.events.append({"provider": name, "killed_s": killed, "restarted_s": None})
+                return
+            self.start_worker(name)
+            self.events.append({"provider": name, "killed_s": killed,
+                                "restarted_s": time.monotonic() - self.start_time})
+
+    def stop(self):
+        self.stopped.set()
+        self.join()
+
+
+# ------------------------------------------------------------------------------ one run
+
+def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=False, device_flops=None,
+        dilation=1.0, rows=4096, batch=128, epochs=1, hidden=256, churn_every=None, churn_restart=10.0,
+        timeout=1800, progress=print):
+    """The figures of one run (a dict, see report.py). `profile`: a benchmarks.wan.profiles.Profile (None: no
+    shaping, the proxies only count); `emulate`: providers act as devices of `device_flops` FLOP/s (required
+    then), in a run dilated `dilation` times; churn: kill a provider every `churn_every` s of (undilated) time."""
+    if emulate and not device_flops:
+        raise ValueError("emulated providers need device_flops (the FLOP/s of the device they stand for)")
+    if not emulate and dilation != 1.0:
+        raise ValueError("time dilation needs emulated compute (real compute cannot be slowed down)")
+    strategy = build_strategy(strategy_name, strategy_args or {}, providers)
+    X, y, X_test, y_test = task_data(rows)
+    remove_stale()
+    with Lab() as lab:
+        lab.start_store()
+        names = [f"provider-{k}" for k in range(providers)]
+        link = (profile.dilated(dilation).link_config(rto_min_s=0.2 * dilation) if profile is not None
+                else {"up": {"rate_bps": None, "delay_s": 0.0}, "down": {"rate_bps": None, "delay_s": 0.0}})
+        ports = lab.start_links({name: link for name in names})
+
+        def start_provider(name):
+            extra = ["--benchmark-busy-file", lab.busy_file(name)]
+            if emulate:
+                extra += ["--emulate-device-flops", repr(device_flops / dilation)]
+            lab.start_worker(name, ports[name], extra)
+        for name in names:
+            start_provider(name)
+        lab.wait_registered(names)
+        compute = f"emulated at {device_flops:.3g} FLOP/s, dilation {dilation:g}" if emulate else "real compute"
+        progress(f"{providers} providers up ({strategy!r}, {profile.describe() if profile else 'unshaped'}, "
+                 f"{compute})")
+
+        token = f"wan-{uuid.uuid4().hex[:6]}"
+        R.initialize(token=token, redis_url=f"unix://{lab.socket}")
+        R.Graph(name=f"wan {strategy!r}", seed=SEED)
+        model = ravdl_mlp(torch_mlp(hidden))
+        with contextlib.redirect_stdout(io.StringIO()):
+            loss_names = model.fit(X, y, n_epochs=epochs, batch_size=batch, strategy=strategy)
+        model.persist_weights()
+        summary = R.activate()
+
+        links_before, store_before = lab.link_stats(fresh=True), lab.store_link_bytes()
+        busy_before = {name: lab.busy(name) or {"busy_s": 0.0, "real_s": 0.0, "flops": 0.0} for name in names}
+        start = time.monotonic()
+        churn = None
+        if churn_every:
+            churn = Churn(lab, names, start_provider, churn_every * dilation, churn_restart * dilation, start)
+            churn.start()
+        progress_seen = []
+        try:
+            R.execute()
+            watch_progress(lab, token, start, timeout * dilation, progress_seen)
+        finally:
+            if churn is not None:
+                churn.stop()
+        wall = time.monotonic() - start
+        links_after, store_after = lab.link_stats(fresh=True), lab.store_link_bytes()
+        busy_after = {name: lab.busy(name) or busy_before[name] for name in names}
+        started_pids = [process.pid for process in lab.processes]   # for checking that none outlives the lab
+        losses = R.fetch_losses()
+        weights = {name: R.fetch_persisting_op(name) for name in
+                   ("Dense_1.weight", "Dense_1.bias", "Dense_2.weight", "Dense_2.bias")}
+    trained = torch_mlp(hidden)
+    with torch.no_grad():
+        for param, key in zip(trained.parameters(), weights):
+            param.copy_(torch.as_tensor(np.asarray(weights[key])))
+    syncs = synchronisations(strategy, rows, batch, epochs)
+    per_provider = []
+    for name in names:
+        up = links_after["links"][name]["up"]["bytes"] - links_before["links"][name]["up"]["bytes"]
+        down = links_after["links"][name]["down"]["bytes"] - links_before["links"][name]["down"]["bytes"]
+        busy = busy_after[name]["busy_s"] - busy_before[name]["busy_s"]
+        real = busy_after[name]["real_s"] - busy_before[name]["real_s"]
+        per_provider.append({"provider": name, "compute_s": busy / dilation, "real_compute_s": real,
+                             "network_wait_s": (wall - busy) / dilation, "utilization": busy / wall,
+                             "bytes_up": up, "bytes_down": down, "bytes_up_per_sync": up / syncs,
+                             "bytes_down_per_sync": down / syncs,
+                             "retransmits": links_after["links"][name]["up"]["retransmits"] +
+                             links_after["links"][name]["down"]["retransmits"],
+                             "flops": busy_after[name]["flops"] - busy_before[name]["flops"]})
+    last_epoch = losses.batch[losses.epoch == losses.epoch.max()] if len(losses.batch) else losses.batch
+    samples = rows * epochs
+    result = {
+        "strategy": repr(strategy), "strategy_name": strategy_name, "providers": providers,
+        "profile": profile.describe() if profile else "unshaped", "profile_name": profile.name if profile else None,
+        "compute": "emulated" if emulate else "real", "device_flops": device_flops, "dilation": dilation,
+        "rows": rows, "batch": batch, "epochs": epochs, "hidden": hidden, "synchronisations": syncs,
+        "subgraphs": summary.get("subgraphs"),
+        "wall_s": wall / dilation, "samples_per_s": samples / (wall / dilation),
+        "compute_s": sum(p["compute_s"] for p in per_provider) / providers,
+        "network_wait_s": sum(p["network_wait_s"] for p in per_provider) / providers,
+        "utilization": sum(p["utilization"] for p in per_provider) / providers,
+        "bytes_up": sum(p["bytes_up"] for p in per_provider), "bytes_down": sum(p["bytes_down"] for p in per_provider),
+        "bytes_per_sync": sum(p["bytes_up"] + p["bytes_down"] for p in per_provider) / syncs,
+        "link_cpu_s": links_after["cpu_s"] - links_before["cpu_s"],
+        "store_bytes_in": store_after[0] - store_before[0], "store_bytes_out": store_after[1] - store_before[1],
+        "final_loss": float(np.nanmean(last_epoch)) if len(last_epoch) else None,
+        "test_accuracy": accuracy(trained, X_test, y_test),
+        "one_worker": one_worker_baseline(X, y, X_test, y_test, hidden, batch, epochs),
+        "loss_names": len(loss_names), "providers_detail": per_provider,
+        "churn": None if churn is None else {"every_s": churn_every, "restart_after_s": churn_restart,
+                                             "events": [{k: (v / dilation if isinstance(v, float) else v)
+                                                         for k, v in e.items()} for e in churn.events],
+                                             "progress_over_time": [(t / dilation, n) for t, n in progress_seen]},
+        "machine_load": os.getloadavg(), "pids": started_pids,
+    }
+    result["link_cpu_share"] = result["link_cpu_s"] / (wall)
+    return result
+
+
+def watch_progress(lab, token, start, timeout, seen):
+    """Wait until the graph is done, noting (seconds since start, loop steps done) every 0.25 s: how fast useful
+    work lands (the churn report's recovery times come from it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        graph = list_graphs(lab.client, token)[-1]
+        seen.append((time.monotonic() - start, graph["progress"]))
+        if graph["state"] == DONE:
+            return
+        if graph["state"] == FAILED:
+            raise RuntimeError(f"the graph failed: {graph}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the graph did not finish within {timeout:.0f} s: {graph}")
+        time.sleep(0.25)

@@ -1,0 +1,132 @@
+"""For benchmarks only (benchmarks/wan): a worker's device clock. `ravop-worker --emulate-device-flops F` makes the
+worker behave as a device of F FLOP/s: each unit of work (a loop step, or a whole plain subgraph) is still
+computed for real, then the worker sleeps until FLOPs / F seconds have passed since the unit began, so N
+emulated providers can share 2 cores and still each look like a device of their own. `--benchmark-busy-file
+PATH` writes the seconds this worker spent computing (emulated or real) to PATH as JSON after each unit, for the
+harness to compute utilization (compute time over wall time); the rest of a worker's time is spent on the
+network (fetching inputs, writing outputs and checkpoints, waiting for work).
+
+FLOPs are the registry's per-op estimates (`OpDef.flops`, else the largest tensor the op touches: the rules the
+compiler's cost model uses), over the shapes the unit actually reads: its inputs' real shapes and its ops'
+declared ones. A step's FLOPs are counted once per template. Without either flag nothing here runs."""
+import contextlib
+import json
+import os
+import time
+
+from ravop import registry
+from ravop.sizes import numel_estimate
+from ravop.wire import unpack_nodes
+
+CLOCK = None   # the DeviceClock of this process, when a benchmark asked for one
+
+
+class DeviceClock:
+    """Paces units of work to `flops_per_s` (None: real compute, only timed) and keeps the totals."""
+
+    def __init__(self, flops_per_s=None, busy_file=None):
+        if flops_per_s is not None and not flops_per_s > 0:
+            raise ValueError(f"--emulate-device-flops must be > 0, not {flops_per_s!r}")
+        self.flops_per_s, self.busy_file = flops_per_s, busy_file
+        self.busy = self.real = self.flops = 0.0   # seconds the device computed, of them really; FLOPs
+        self.units = 0
+        if busy_file and os.path.exists(busy_file):   # a provider restarted under the same file goes on counting
+            with open(busy_file) as f:
+                before = json.load(f)
+            self.busy, self.real, self.flops, self.units = (before[k] for k in ("busy_s", "real_s", "flops", "units"))
+
+    def account(self, started, flops):
+        """A unit of `flops` that began at `started` (time.monotonic) has just been computed: sleep out the rest
+        of its emulated time, if any, and count it."""
+        real = time.monotonic() - started
+        busy = real
+        if self.flops_per_s is not None:
+            target = flops / self.flops_per_s
+            if target > real:
+                time.sleep(target - real)
+                busy = target
+        self.busy += busy
+        self.real += real
+        self.flops += flops
+        self.units += 1
+        if self.busy_file:
+            self._write()
+
+    def _write(self):
+        temporary = f"{self.busy_file}.{os.getpid()}"
+        with open(temporary, "w") as f:
+            json.dump({"busy_s": self.busy, "real_s": self.real, "flops": self.flops, "units": self.units,
+                       "emulated_flops_per_s": self.flops_per_s, "pid": os.getpid()}, f)
+        os.replace(temporary, self.busy_file)   # the harness never reads half a file
+
+
+def enable(flops_per_s=None, busy_file=None):
+    """Install this process's clock (worker/cli.py), when either benchmark flag was given."""
+    global CLOCK
+    if flops_per_s is not None or busy_file:
+        CLOCK = DeviceClock(flops_per_s, busy_file)
+
+
+def op_flops(op, shape, input_shapes, params):
+    """The registry's FLOP estimate of one op (as compiler/cost.py's node_flops, on known shapes)."""
+    opdef = registry.REGISTRY[op]
+    if opdef.free:
+        return 0.0
+    if opdef.flops is not None:
+        flops = opdef.flops(shape, input_shapes, params)
+        if flops is not None:
+            return float(flops)
+    return float(max([numel_estimate(shape), *map(numel_estimate, input_shapes)]))
+
+
+def nodes_flops(nodes, shapes):
+    """FLOPs of unpacked `nodes` in order; `shapes` maps the ids they read from outside to real shapes (it is
+    extended with their declared ones)."""
+    total = 0.0
+    for node in nodes:
+        shape = tuple(node.shape or ())
+        shapes[node.id] = shape
+        total += op_flops(node.op, shape, [shapes.get(i, ()) for i in node.inputs], node.params)
+    return total
+
+
+@contextlib.contextmanager
+def paced(subgraph, inputs):
+    """Around running a plain subgraph (`inputs`: its input tensors by id): paced as one unit."""
+    if CLOCK is None:
+        yield
+        return
+    started = time.monotonic()
+    yield
+    CLOCK.account(started, nodes_flops(unpack_nodes(subgraph.nodes), {i: tuple(t.shape) for i, t in inputs.items()}))
+
+
+def paced_steps(on_step, loop, loop_inputs):
+    """`on_step` of `ravop.loop_run.LoopRun.run`, with each loop step paced as one unit first; `loop`: the
+    plan_pb2.Loop, `loop_inputs`: the loop op's input tensors (carried initial values, then the outer ones)."""
+    if CLOCK is None:
+        return on_step
+    outer = {i: tuple(t.shape) for i, t in zip(loop.outer_ids, loop_inputs)}
+    step_flops = {}
+    started = time.monotonic()
+
+    def on_paced_step(done, template, run, outputs, carried):
+        nonlocal started
+        if template not in step_flops:
+            step_flops[template] = _template_flops(loop.templates[template], loop_inputs, outer)
+        CLOCK.account(started, step_flops[template])
+        on_step(done, template, run, outputs, carried)
+        started = time.monotonic()   # what on_step wrote (losses, checkpoints) was network time, not compute
+    return on_paced_step
+
+
+def _template_flops(template, loop_inputs, outer):
+    shapes = dict(outer)
+    for k, hole in enumerate(template.carry_holes):
+        shapes[hole] = tuple(loop_inputs[k].shape)
+    for hole, data in zip(template.row_holes, template.row_data):
+        shapes[hole] = (int(template.rows), *outer.get(data, (0,))[1:])
+    holes = list(template.run_holes)
+    for h, hole in enumerate(holes):
+        shapes[hole] = outer.get(template.run_values[h], ()) if len(template.run_values) > h else ()
+    return nodes_flops(unpack_nodes(template.nodes), shapes)
