@@ -2,17 +2,22 @@
 `max_clients`), reduce each rule column of its own data to a partial (count, mean, M2, min, max of the values
 the rule keeps: the `federated_partial` op's kernel) and write only that. A column with fewer than k values in range (k: the larger of
 `--min-group-size` and the rules' `min_group_size`) is withheld, so no statistic describes fewer than k people.
+A graph that asks quantiles also gets a KLL sketch of each column (`ravop.federated.sketches`), one that asks
+histograms the bin counts (`ravop.federated.histograms`, bins of fewer than k values suppressed).
 """
 import logging
 import time
 
+import numpy as np
 import redis
 
+from ravop.federated import histograms, sketches
 from ravop.federated.column_rules import parse_rules
 from ravop.federated.partials import partial
+from ravop.federated.queries import parse_queries
 from ravop.store import GraphKeys, Scripts, queue
 from ravop.store.federated_schema import FederatedScripts
-from ravop.store.keys import FEDERATED_OPEN, graph_ref
+from ravop.store.keys import FEDERATED_OPEN, FederatedKeys, graph_ref
 
 log = logging.getLogger("ravop.worker")
 POLL_SECONDS = 0.25   # how often an idle provider looks for open federated graphs (at most)
@@ -58,16 +63,40 @@ class Provider:
         rules = parse_rules(rules_json)
         if not set(rules.columns) <= set(self.data.columns):
             return
+        queries = parse_queries(self.client.hgetall(FederatedKeys(keys).stats))
         if self.scripts.join(keys, self.name) != "joined":
             return
-        self.scripts.contribute(keys, self.name, self.partials(rules))
+        self.scripts.contribute(keys, self.name, self.partials(rules, queries.values()))
         log.info("provider %s: sent partials of %s to graph %s", self.name, rules.describe_columns(), keys.graph_id)
 
-    def partials(self, rules):
-        """{column: partial or {"withheld": k}} of this provider's data under `rules`."""
+    def partials(self, rules, queries=()):
+        """{column: partial or {"withheld": k}} of this provider's data under `rules`; a partial also holds a
+        "sketch" if a query asks quantiles and "histograms" {histogram key: counts} if some ask histograms."""
         k = max(self.min_group_size, rules.min_group_size)
+        wants_sketch = any(query.statistic == "quantile" for query in queries)
+        wanted_histograms = [query for query in queries if query.statistic == "histogram"]
         partials = {}
         for column, (low, high) in rules.columns.items():
             part = partial(self.data.columns[column], low, high)
-            partials[column] = part if part["count"] >= k else {"withheld": k}
+            if part["count"] < k:
+                partials[column] = {"withheld": k}
+                continue
+            values = _kept(self.data.columns[column], low, high)
+            if wants_sketch:
+                part["sketch"] = sketches.sketch(values)
+            if wanted_histograms:
+                part["histograms"] = {
+                    query.histogram_key(): histograms.counts(values, histograms.edges(query, column, (low, high)), k)
+                    for query in wanted_histograms}
+            partials[column] = part
         return partials
+
+
+def _kept(values, low, high):
+    """The values a rule keeps: not missing, within [low, high] (the `federated_partial` op's filter)."""
+    keep = ~np.isnan(values)
+    if low is not None:
+        keep &= values >= low
+    if high is not None:
+        keep &= values <= high
+    return values[keep]

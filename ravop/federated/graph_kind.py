@@ -22,7 +22,10 @@ from ..store import graphs as store_graphs
 from ..store.keys import FEDERATED_OPEN, FederatedKeys, GraphKeys, TokenKeys, graph_ref, worker_key
 from ..stored_values import not_ready
 from .column_rules import parse_rules
+from .histograms import edges as histogram_edges
 from .partials import Partial, check_partial, merge, statistic
+from .queries import Query, parse_query
+from .release import release_extra
 
 if TYPE_CHECKING:
     from ..graph import Graph
@@ -79,8 +82,14 @@ class FederatedGraphs:
             print(f"graph {graph.name!r}: max_clients is {rules.max_clients} but {len(eligible)} connected "
                   f"provider(s) hold {rules.describe_columns()}; R.track_progress() waits for more (timeout= gives "
                   "up)", file=sys.stderr)
-        statistics = {name: op.op[len(PREFIX):] for name, op in graph.persisted.items()}
-        summary = Summary(name=graph.name, graph_id=graph.id, statistics=sorted(set(statistics.values())),
+        queries = {name: query_of(op) for name, op in graph.persisted.items()}
+        for query in queries.values():
+            if query.statistic == "histogram" and query.range is None:
+                for column, limits in rules.columns.items():
+                    histogram_edges(query, column, limits)   # raises at activate if a rule has no range
+        statistics = {name: query.to_json() for name, query in queries.items()}
+        summary = Summary(name=graph.name, graph_id=graph.id,
+                          statistics=sorted({query.statistic for query in queries.values()}),
                           columns=list(rules.columns), max_clients=rules.max_clients,
                           eligible_providers=len(eligible))
         keys = GraphKeys(session.token, graph.id)
@@ -139,12 +148,24 @@ class FederatedGraphs:
             partials, meta, rules = pipe.execute()
             meta = store_graphs.decode_state(meta)
             if meta.get("state") == graph_states.DONE:
-                return release(name, statistic_name.decode(), rules, partials)
+                return release(name, parse_query(statistic_name), rules, partials)
             not_ready(session, keys, name, meta, wait, deadline)
 
 
-def release(name: str, stat: str, rules_json: Union[str, bytes], raw_partials: Mapping[bytes, bytes]) -> FederatedResult:
-    """The statistic `stat` of every rule column, merged over the providers' partials (in name order)."""
+def query_of(op: Any) -> Query:
+    """The query a recorded statistic op asks of the providers."""
+    stat = op.op[len(PREFIX):]
+    if stat == "quantile":
+        return Query("quantile", q=op.params["q"], scalar=op.params["scalar"])
+    if stat == "histogram":
+        return Query("histogram", bins=op.params["bins"], range=op.params["range"])
+    return Query(stat)
+
+
+def release(name: str, query: Query, rules_json: Union[str, bytes],
+            raw_partials: Mapping[bytes, bytes]) -> FederatedResult:
+    """The statistic `query` asks of every rule column, merged over the providers' partials (in name order)."""
+    stat = query.statistic
     rules = parse_rules(rules_json)
     partials = {provider.decode(): json.loads(data) for provider, data in sorted(raw_partials.items())}
     values, withheld = {}, {}
@@ -160,6 +181,9 @@ def release(name: str, stat: str, rules_json: Union[str, bytes], raw_partials: M
         else:
             if merged["count"] < rules.min_group_size or not merged["count"]:
                 withheld[column] = f"fewer than k={rules.min_group_size} values in range (minimum group size)"
+            elif stat in ("quantile", "histogram"):
+                values[column] = release_extra(query, column, rules.columns[column], rules.min_group_size,
+                                               [columns[column] for columns in partials.values()])
             else:
                 values[column] = statistic(merged, stat)
     if withheld:

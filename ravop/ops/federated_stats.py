@@ -4,8 +4,10 @@ own data: the count, mean, M2 (sum of squared deviations from the mean), min and
 (`ravop.federated.partials.merge`), one row per column.
 
 `R.federated_mean()` and its siblings record a statistic op on the current federated graph with no input: its
-partials come from the providers, never from a value of the graph (`ravop.federated.graph_kind`)."""
-from typing import Callable, Optional, Tuple
+partials come from the providers, never from a value of the graph (`ravop.federated.graph_kind`).
+`R.federated_quantile(q)` and `R.federated_histogram(bins, range)` take parameters, which travel to the
+providers as a query (`ravop.federated.queries`); their kernels release from merged sketches and bin counts."""
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -18,7 +20,8 @@ from ..source import user_source
 PARTIAL_FIELDS = ("count", "mean", "m2", "min", "max")   # the columns of a partial, in order
 STATISTICS = ("mean", "variance", "standard_deviation", "min", "max", "count")
 PREFIX = "federated_"
-STATISTIC_OPS = frozenset(PREFIX + statistic for statistic in STATISTICS)   # what a federated graph may hold
+PARAMETERISED = ("quantile", "histogram")
+STATISTIC_OPS = frozenset(PREFIX + statistic for statistic in STATISTICS + PARAMETERISED)  # a federated graph's
 
 
 def _partial_shape(values: Op, low: Optional[float] = None, high: Optional[float] = None) -> Tuple[Tuple[int], torch.dtype]:
@@ -90,3 +93,78 @@ for _statistic in STATISTICS:
     _kernel = _release(_statistic)
     register(PREFIX + _statistic, inputs=("partials",), shape=_statistic_shape, method=False)(_kernel)
     FRONTENDS[PREFIX + _statistic] = _recorder(PREFIX + _statistic, _kernel.__doc__)
+
+
+def _quantile_shape(items: Op, weights: Op, q: Sequence[float] = (0.5,)) -> Tuple[Tuple[int], torch.dtype]:
+    return (len(q),), torch.float64
+
+
+@register("federated_quantile", inputs=("items", "weights"), params={"q": (0.5,)}, shape=_quantile_shape,
+          method=False)
+def federated_quantile(items: torch.Tensor, weights: torch.Tensor, q: Sequence[float] = (0.5,)) -> torch.Tensor:
+    """The q-quantiles of a merged sketch's retained items (ascending) of the given weights: for each q the
+    smallest item whose cumulative weight reaches q of the total (the inclusive rank of DataSketches)."""
+    cumulative = torch.cumsum(weights.to(torch.float64), 0)
+    wanted = torch.as_tensor(q, dtype=torch.float64) * cumulative[-1]
+    index = torch.searchsorted(cumulative, wanted).clamp(max=items.numel() - 1)
+    return items.to(torch.float64)[index]
+
+
+@register("federated_median", inputs=("items", "weights"), shape=lambda items, weights: ((1,), torch.float64),
+          method=False)
+def federated_median(items: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The median of a merged sketch: its 0.5-quantile (`R.federated_median()` records a `federated_quantile`)."""
+    return federated_quantile(items, weights, (0.5,))
+
+
+def _histogram_shape(counts: Op, k: int = 1) -> Tuple[Tuple[int], torch.dtype]:
+    return (counts.shape[-1],), torch.float64
+
+
+@register("federated_histogram", inputs=("counts",), params={"k": 1}, shape=_histogram_shape, method=False)
+def federated_histogram(counts: torch.Tensor, k: int = 1) -> torch.Tensor:
+    """The bin counts of all providers (one row each, NaN where a provider suppressed a bin) summed; a bin is
+    NaN (suppressed) if a provider suppressed it or it holds fewer than k values, but more than none."""
+    total = counts.to(torch.float64).sum(0)
+    return torch.where((total > 0) & (total < k), torch.nan, total)
+
+
+def _parameterised_recorder(name: str, doc: str, params: Callable[..., Tuple[dict, int]]) -> Callable[..., Op]:
+    def record(*args, **kwargs) -> Op:
+        graph = current_graph()
+        graph.check_open()
+        if graph.approach != "federated":
+            raise GraphStateError(f"R.{name}() needs a federated graph: R.Graph(..., approach='federated', "
+                                  f"rules=...), not the {graph.approach} graph {graph.name!r} (at {user_source()})")
+        values, width = params(*args, **kwargs)
+        op = PREFIX + ("histogram" if name.endswith("histogram") else "quantile")
+        return graph.add_node(op, (), values, (len(graph.rules.columns), width), torch.float64, user_source())
+
+    record.__name__ = record.__qualname__ = name
+    record.__doc__ = doc
+    return record
+
+
+def _quantile_params(q) -> Tuple[dict, int]:
+    from ..federated.queries import check_q
+    values, scalar = check_q(q)
+    return {"q": values, "scalar": scalar}, len(values)
+
+
+def _histogram_params(bins: int = 10, range: Optional[Tuple[float, float]] = None) -> Tuple[dict, int]:
+    from ..federated.queries import check_histogram
+    bins, range = check_histogram(bins, range)
+    return {"bins": bins, "range": range}, bins
+
+
+FRONTENDS[PREFIX + "quantile"] = _parameterised_recorder(
+    PREFIX + "quantile", "`R.federated_quantile(q)`: the q-quantile(s) (q in [0, 1], or a list) of each rule column "
+    "over the providers' data, from merged KLL sketches; fetched as {column: float} (or {column: [floats]}).",
+    _quantile_params)
+FRONTENDS[PREFIX + "median"] = _parameterised_recorder(
+    PREFIX + "median", "`R.federated_median()`: R.federated_quantile(0.5).", lambda: _quantile_params(0.5))
+FRONTENDS[PREFIX + "histogram"] = _parameterised_recorder(
+    PREFIX + "histogram", "`R.federated_histogram(bins=10, range=None)`: per rule column, counts of the providers' "
+    "values in `bins` equal bins over `range` (None: the rule's own [min, max]); bins of fewer than k values are "
+    "suppressed. Fetched as {column: {'edges': [...], 'counts': [... None where suppressed]}}.",
+    _histogram_params)
