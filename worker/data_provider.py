@@ -4,6 +4,10 @@ the rule keeps: the `federated_partial` op's kernel) and write only that. A colu
 `--min-group-size` and the rules' `min_group_size`) is withheld, so no statistic describes fewer than k people.
 A graph that asks quantiles also gets a KLL sketch of each column (`ravop.federated.sketches`), one that asks
 histograms the bin counts (`ravop.federated.histograms`, bins of fewer than k values suppressed).
+
+With `"privacy"` in the rules the provider releases noisy counts, sums, sums of squares and bin counts instead
+(`ravop.federated.privacy`), charged first to its ledger (`worker.privacy_ledger`); a provider given an
+epsilon budget answers only such queries, since any other would release its data exactly.
 """
 import logging
 import time
@@ -11,7 +15,7 @@ import time
 import numpy as np
 import redis
 
-from ravop.federated import histograms, sketches
+from ravop.federated import histograms, privacy, sketches
 from ravop.federated.column_rules import parse_rules
 from ravop.federated.partials import partial
 from ravop.federated.queries import parse_queries
@@ -23,11 +27,15 @@ log = logging.getLogger("ravop.worker")
 POLL_SECONDS = 0.25   # how often an idle provider looks for open federated graphs (at most)
 
 
+MOMENTS = {"mean": 2, "variance": 3, "standard_deviation": 3, "count": 1}   # how many of count, sum, squares
+
+
 class Provider:
-    def __init__(self, client, name, data, min_group_size):
+    def __init__(self, client, name, data, min_group_size, ledger=None):
         if min_group_size < 1:
             raise ValueError(f"the minimum group size must be >= 1, not {min_group_size}")
         self.client, self.name, self.data, self.min_group_size = client, name, data, min_group_size
+        self.ledger = ledger   # a PrivacyLedger if the owner set an epsilon budget
         self.scripts = FederatedScripts(client)
         self.graph_scripts = Scripts(client)
         self._next_poll = 0.0
@@ -64,14 +72,34 @@ class Provider:
         if not set(rules.columns) <= set(self.data.columns):
             return
         queries = parse_queries(self.client.hgetall(FederatedKeys(keys).stats))
+        self._check_privacy(rules, queries.values())
         if self.scripts.join(keys, self.name) != "joined":
             return
-        self.scripts.contribute(keys, self.name, self.partials(rules, queries.values()))
+        self.scripts.contribute(keys, self.name, self.partials(rules, queries.values(), graph_ref(keys)))
         log.info("provider %s: sent partials of %s to graph %s", self.name, rules.describe_columns(), keys.graph_id)
 
-    def partials(self, rules, queries=()):
+    def _check_privacy(self, rules, queries):
+        """Refuse, before joining, a query this provider will not answer (the graph fails with the reason)."""
+        if rules.privacy is None:
+            if self.ledger is not None:
+                raise ValueError(f"provider {self.name} has an epsilon budget, so it answers only queries with "
+                                 f"\"privacy\" in their rules ({self.ledger.remaining:g} of {self.ledger.budget:g} "
+                                 "remains)")
+            return
+        if self.ledger is None:
+            raise ValueError(f"provider {self.name} set no --epsilon-budget, so it answers no query with \"privacy\"")
+        refused = sorted({q.statistic for q in queries} - set(MOMENTS) - {"histogram"})
+        if refused:
+            raise ValueError(f"{', '.join(refused)} cannot be released under \"privacy\" (each is one person's "
+                             "value, or a summary made of them); ask mean, variance, standard_deviation, count or "
+                             "histogram")
+        self.ledger.check(rules.privacy[0])
+
+    def partials(self, rules, queries=(), graph=""):
         """{column: partial or {"withheld": k}} of this provider's data under `rules`; a partial also holds a
         "sketch" if a query asks quantiles and "histograms" {histogram key: counts} if some ask histograms."""
+        if rules.privacy is not None:
+            return self._private_partials(rules, list(queries), graph)
         k = max(self.min_group_size, rules.min_group_size)
         wants_sketch = any(query.statistic == "quantile" for query in queries)
         wanted_histograms = [query for query in queries if query.statistic == "histogram"]
@@ -88,6 +116,40 @@ class Provider:
                 part["histograms"] = {
                     query.histogram_key(): histograms.counts(values, histograms.edges(query, column, (low, high)), k)
                     for query in wanted_histograms}
+            partials[column] = part
+        return partials
+
+    def _private_partials(self, rules, queries, graph):
+        """Partials from noisy releases; the ledger is charged before any is computed."""
+        k = max(self.min_group_size, rules.min_group_size)
+        moments = max([MOMENTS.get(query.statistic, 1) for query in queries] + [1])
+        wanted_histograms = [query for query in queries if query.statistic == "histogram"]
+        releases, layout = [], []
+        for column, (low, high) in rules.columns.items():
+            values = _kept(self.data.columns[column], low, high)
+            sum_sensitivity, squares_sensitivity = privacy.sensitivities(low, high)
+            exact = [([float(values.size)], 1.0), ([float(values.sum())], sum_sensitivity),
+                     ([float(np.square(values).sum())], squares_sensitivity)][:moments]
+            for query in wanted_histograms:
+                found, _ = np.histogram(values, histograms.edges(query, column, (low, high)))
+                exact.append((found.astype(float).tolist(), 1.0))
+            releases += exact
+            layout.append((column, low, high, len(exact)))
+        epsilon, delta = rules.privacy
+        self.ledger.charge(epsilon, delta, graph)
+        noisy = iter(privacy.release(releases, epsilon, delta))
+        partials = {}
+        for column, low, high, n in layout:
+            mine = [next(noisy) for _ in range(n)]
+            moment = [values[0] for values in mine[:moments]] + [np.nan] * (3 - moments)
+            part = privacy.noisy_partial(*moment, low, high)
+            if part["count"] < k:
+                partials[column] = {"withheld": k}
+                continue
+            if wanted_histograms:
+                part["histograms"] = {
+                    query.histogram_key(): [None if 0 < c < k else c for c in (max(int(round(v)), 0) for v in counts)]
+                    for query, counts in zip(wanted_histograms, mine[moments:])}
             partials[column] = part
         return partials
 

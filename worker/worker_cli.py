@@ -16,6 +16,7 @@ from . import memory
 from .consumer import Worker
 from .data import ProviderData
 from .data_provider import Provider
+from .privacy_ledger import PrivacyLedger
 from .loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
 
 
@@ -59,6 +60,9 @@ def parse_args(argv=None):
     parser.add_argument("--min-group-size", type=int, default=os.environ.get("RAVOP_MIN_GROUP_SIZE", "5"),
                         metavar="K", help="withhold a statistic over fewer than K values of this provider "
                                           "(default: $RAVOP_MIN_GROUP_SIZE or 5)")
+    parser.add_argument("--epsilon-budget", type=float, default=None, metavar="EPSILON",
+                        help="answer only differentially private federated queries, until they have spent this "
+                             "much epsilon of the --data files (ledger: <first file>.privacy-ledger.json)")
     parser.add_argument("--test-wrong-outputs", action="store_true", help=argparse.SUPPRESS)  # tests of verify=k
     parser.add_argument("-v", "--verbose", action="store_true", help="log every start and stop")
     return parser.parse_args(argv)
@@ -88,7 +92,10 @@ def main(argv=None):
     try:
         data = ProviderData.load(args.data) if args.data else None
         client = connect(args.redis)
-        provider = Provider(client, args.name, data, args.min_group_size) if data is not None else None
+        if args.epsilon_budget is not None and data is None:
+            raise ValueError("--epsilon-budget applies to the data of --data, and none was given")
+        ledger = PrivacyLedger.beside(args.data, args.epsilon_budget) if args.epsilon_budget is not None else None
+        provider = Provider(client, args.name, data, args.min_group_size, ledger) if data is not None else None
         worker = Worker(client, args.name, device=args.device, reclaim_idle=args.reclaim_idle,
                         max_attempts=args.max_attempts, cache_bytes=args.cache_mib * 2**20,
                         max_subgraph_bytes=args.max_subgraph_bytes, parent_pid=args.parent_pid,

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ..session import Session
 
 APPROACH = "federated"
+UNSUMMABLE = ("min", "max", "quantile")   # what neither "privacy" nor "secure" releases
 
 
 class Summary(dict):
@@ -83,6 +84,13 @@ class FederatedGraphs:
                   f"provider(s) hold {rules.describe_columns()}; R.track_progress() waits for more (timeout= gives "
                   "up)", file=sys.stderr)
         queries = {name: query_of(op) for name, op in graph.persisted.items()}
+        for name, query in queries.items():
+            mode = "privacy" if rules.privacy else "secure" if rules.secure else None
+            if mode and query.statistic in UNSUMMABLE:
+                raise GraphStateError(f"graph {graph.name!r} has \"{mode}\" in its rules, under which "
+                                      f"{query.statistic} (persisted as {name!r}) is not released: it is one "
+                                      "person's value, or a summary made of them; ask mean, variance, "
+                                      "standard_deviation, count or histogram")
         for query in queries.values():
             if query.statistic == "histogram" and query.range is None:
                 for column, limits in rules.columns.items():
