@@ -15,7 +15,7 @@ from test_federated import kept, write_csv
 
 RULES = {"age": {"min": 0, "max": 100}, "score": {"min": 0, "max": 10}}
 ROWS = (6000, 4000)
-BUDGET = 3.0
+BUDGET = 3.5
 
 
 def make_table(seed, rows):
@@ -96,18 +96,31 @@ def test_private_statistics_are_near_numpy_and_charge_the_ledger(engine, setup):
         assert (saved["budget"], saved["spent"]) == (BUDGET, 1.0) and saved["dataset"] == [str(path.resolve())]
 
 
+def test_private_and_secure_together(engine, setup):
+    """Each provider adds its noise, then masks: the requester reads only the noisy sum."""
+    pool, tables, paths, names = setup
+    run({"rules": RULES, "max_clients": 2, "privacy": {"epsilon": 0.5}, "secure": True},
+        lambda: {"mean": R.federated_mean(), "hist": R.federated_histogram(bins=4)})
+    for column, rule in RULES.items():
+        values = kept(np.concatenate([t[column] for t in tables]), rule)
+        assert R.fetch_persisting_op("mean")[column] == pytest.approx(values.mean(), abs=0.03 * rule["max"])
+        want, _ = np.histogram(values, np.linspace(rule["min"], rule["max"], 5))
+        assert all(abs(c - w) < 300 for c, w in zip(R.fetch_persisting_op("hist")[column]["counts"], want))
+    assert all(ledger(path)["spent"] == 1.5 for path in paths)
+
+
 def test_a_spent_budget_refuses_queries_across_a_restart(engine, setup):
     pool, tables, paths, names = setup
     record = lambda: {"mean": R.federated_mean()}   # noqa: E731
     run({"rules": RULES, "max_clients": 2, "privacy": {"epsilon": 1.5, "delta": 1e-6}}, record)
-    assert all(ledger(path)["spent"] == 2.5 for path in paths)
+    assert all(ledger(path)["spent"] == 3.0 for path in paths)
     pool.terminate(names[0])
     names[0], = pool.start(1, extra=["--data", str(paths[0]), "--epsilon-budget", str(BUDGET)], prefix="dp0")
-    with pytest.raises(GraphFailedError, match="asks epsilon 1 and 0.5 of 3 remains"):
+    with pytest.raises(GraphFailedError, match="asks epsilon 1 and 0.5 of 3.5 remains"):
         run({"rules": RULES, "max_clients": 2, "privacy": {"epsilon": 1.0}}, record)
-    assert ledger(paths[0])["spent"] == 2.5   # a refused query spends nothing
+    assert ledger(paths[0])["spent"] == 3.0   # a refused query spends nothing
     run({"rules": RULES, "max_clients": 2, "privacy": {"epsilon": 0.5}}, record)
-    assert all(ledger(path)["spent"] == 3.0 for path in paths)
+    assert all(ledger(path)["spent"] == 3.5 for path in paths)
 
 
 def test_a_provider_with_a_budget_answers_no_plain_query(engine, setup):

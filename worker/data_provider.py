@@ -8,6 +8,9 @@ histograms the bin counts (`ravop.federated.histograms`, bins of fewer than k va
 With `"privacy"` in the rules the provider releases noisy counts, sums, sums of squares and bin counts instead
 (`ravop.federated.privacy`), charged first to its ledger (`worker.privacy_ledger`); a provider given an
 epsilon budget answers only such queries, since any other would release its data exactly.
+
+With `"secure": true` it computes its sums at join, publishes a public key, and writes its masked sums once every
+provider's key is in (`ravop.federated.secure`); until then the graph waits among its pending ones.
 """
 import logging
 import time
@@ -15,11 +18,12 @@ import time
 import numpy as np
 import redis
 
-from ravop.federated import histograms, privacy, sketches
+from ravop.federated import histograms, privacy, secure, sketches
 from ravop.federated.column_rules import parse_rules
 from ravop.federated.partials import partial
 from ravop.federated.queries import parse_queries
 from ravop.store import GraphKeys, Scripts, queue
+from ravop.store import federated_schema
 from ravop.store.federated_schema import FederatedScripts
 from ravop.store.keys import FEDERATED_OPEN, FederatedKeys, graph_ref
 
@@ -39,6 +43,7 @@ class Provider:
         self.scripts = FederatedScripts(client)
         self.graph_scripts = Scripts(client)
         self._next_poll = 0.0
+        self._pending = {}   # graph ref -> (keys, rules, residues, contribution, MaskingKey) of secure graphs
 
     def poll(self):
         """Serve every open federated graph this provider can join (throttled to one look per POLL_SECONDS)."""
@@ -46,6 +51,8 @@ class Provider:
         if now < self._next_poll:
             return
         self._next_poll = now + POLL_SECONDS
+        for ref in list(self._pending):
+            self._finish_secure(ref)
         for ref in self.client.smembers(FEDERATED_OPEN):
             try:
                 token, graph_id = ref.decode().split("/", 1)
@@ -74,6 +81,9 @@ class Provider:
         queries = parse_queries(self.client.hgetall(FederatedKeys(keys).stats))
         self._check_privacy(rules, queries.values())
         if self.scripts.join(keys, self.name) != "joined":
+            return
+        if rules.secure:
+            self._start_secure(keys, rules, list(queries.values()))
             return
         self.scripts.contribute(keys, self.name, self.partials(rules, queries.values(), graph_ref(keys)))
         log.info("provider %s: sent partials of %s to graph %s", self.name, rules.describe_columns(), keys.graph_id)
@@ -152,6 +162,57 @@ class Provider:
                     for query, counts in zip(wanted_histograms, mine[moments:])}
             partials[column] = part
         return partials
+
+    def _start_secure(self, keys, rules, queries):
+        """Fix this provider's sums now (charging the ledger if private), publish a key, and wait for the others'."""
+        ref = graph_ref(keys)
+        residues, contribution = self.secure_sums(rules, queries, ref)
+        key = secure.MaskingKey()
+        self._pending[ref] = (keys, rules, residues, contribution, key)
+        self.scripts.publish_key(keys, self.name, key.public())
+        self._finish_secure(ref)
+
+    def _finish_secure(self, ref):
+        keys, rules, residues, contribution, key = self._pending[ref]
+        if self.client.hget(keys.meta, "state") != b"running":
+            del self._pending[ref]   # ended, failed or deleted: nothing more to send
+            return
+        publics = federated_schema.public_keys(self.client, keys)
+        if len(publics) < rules.max_clients:
+            return
+        del self._pending[ref]
+        masked = key.mask(residues, self.name, publics, ref)
+        self.scripts.contribute(keys, self.name, {**contribution, "secure": secure.pack(masked)})
+        log.info("provider %s: sent masked sums of %s to graph %s", self.name, rules.describe_columns(), keys.graph_id)
+
+    def secure_sums(self, rules, queries, graph=""):
+        """(the residues of this provider's sums, its clear part: {"withheld": {column: k}, "k": k})."""
+        k = max(self.min_group_size, rules.min_group_size)
+        wanted_histograms = [query for query in queries if query.statistic == "histogram"]
+        releases, withheld = [], {}
+        for column, (low, high) in rules.columns.items():
+            values = _kept(self.data.columns[column], low, high)
+            shifted = values - secure.centre(low, high)
+            half = (high - low) / 2 if low is not None and high is not None else None
+            releases += [([float(values.size)], 1.0), ([float(shifted.sum())], half),
+                         ([float(np.square(shifted).sum())], half * half if half is not None else None)]
+            releases += [(np.histogram(values, histograms.edges(query, column, (low, high)))[0].astype(float).tolist(),
+                          1.0) for query in wanted_histograms]
+        if rules.privacy is not None:
+            epsilon, delta = rules.privacy
+            self.ledger.charge(epsilon, delta, graph)
+            sums = privacy.release(releases, epsilon, delta)
+        else:
+            sums = [values for values, _ in releases]
+        per_column = 3 + len(wanted_histograms)
+        vector = []
+        for i, column in enumerate(rules.columns):
+            mine = [v for values in sums[i * per_column:(i + 1) * per_column] for v in values]
+            if mine[0] < k:   # under privacy, the noisy count decides: post-processing
+                withheld[column] = k
+                mine = [0.0] * len(mine)
+            vector += mine
+        return secure.encode(vector), {"withheld": withheld, "k": k}
 
 
 def _kept(values, low, high):

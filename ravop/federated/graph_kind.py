@@ -11,7 +11,7 @@ import json
 import sys
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 from .. import graph_states
 from ..errors import GraphStateError, UnknownPersistName
@@ -24,8 +24,8 @@ from ..stored_values import not_ready
 from .column_rules import parse_rules
 from .histograms import edges as histogram_edges
 from .partials import Partial, check_partial, merge, statistic
-from .queries import Query, parse_query
-from .release import release_extra
+from .queries import Query, parse_queries, parse_query
+from .release import histogram, release_extra, unmask
 
 if TYPE_CHECKING:
     from ..graph import Graph
@@ -153,10 +153,11 @@ class FederatedGraphs:
             pipe.hgetall(FederatedKeys(keys).partials)
             pipe.hmget(keys.meta, store_graphs.STATE_FIELDS)
             pipe.hget(keys.meta, "rules")
-            partials, meta, rules = pipe.execute()
+            pipe.hgetall(FederatedKeys(keys).stats)
+            partials, meta, rules, stats = pipe.execute()
             meta = store_graphs.decode_state(meta)
             if meta.get("state") == graph_states.DONE:
-                return release(name, parse_query(statistic_name), rules, partials)
+                return release(name, parse_query(statistic_name), rules, partials, parse_queries(stats).values())
             not_ready(session, keys, name, meta, wait, deadline)
 
 
@@ -170,14 +171,23 @@ def query_of(op: Any) -> Query:
     return Query(stat)
 
 
-def release(name: str, query: Query, rules_json: Union[str, bytes],
-            raw_partials: Mapping[bytes, bytes]) -> FederatedResult:
-    """The statistic `query` asks of every rule column, merged over the providers' partials (in name order)."""
+def release(name: str, query: Query, rules_json: Union[str, bytes], raw_partials: Mapping[bytes, bytes],
+            queries: Iterable[Query] = ()) -> FederatedResult:
+    """The statistic `query` asks of every rule column, merged over the providers' partials (in name order);
+    `queries`: all of the graph's, which lay out a secure graph's sums."""
     stat = query.statistic
     rules = parse_rules(rules_json)
     partials = {provider.decode(): json.loads(data) for provider, data in sorted(raw_partials.items())}
     values, withheld = {}, {}
-    for column in rules.columns:
+    if rules.secure:
+        merged_columns, withheld, k = unmask(rules, list(queries), partials)
+        for column, merged in merged_columns.items():
+            if stat == "histogram":
+                values[column] = histogram(query, column, rules.columns[column], k,
+                                           [merged["histograms"][query.histogram_key()]])
+            else:
+                values[column] = statistic(merged, stat)
+    for column in rules.columns if not rules.secure else ():
         merged: Partial = {"count": 0}
         for provider, columns in partials.items():
             part = columns.get(column)

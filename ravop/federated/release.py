@@ -1,12 +1,14 @@
 """Releasing a quantile or a histogram of one column from the providers' partials (all of them in range and
-not withheld), through the `federated_quantile` and `federated_histogram` ops' kernels."""
+not withheld), through the `federated_quantile` and `federated_histogram` ops' kernels; and the merged partials of
+a secure graph, from the sum of its providers' masked sums."""
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ..ops.federated_stats import federated_histogram, federated_quantile
-from . import sketches
+from . import secure, sketches
+from .column_rules import Rules
 from .histograms import edges
 from .queries import Query
 
@@ -39,3 +41,41 @@ def histogram(query: Query, column: str, limits: Tuple[Optional[float], Optional
     merged = federated_histogram(torch.tensor(rows, dtype=torch.float64), k=k).tolist()
     return {"edges": edges(query, column, limits).tolist(),
             "counts": [None if math.isnan(c) else int(c) for c in merged]}
+
+
+def unmask(rules: Rules, queries: List[Query], partials: Dict[str, Any]) -> Tuple[Dict[str, dict], Dict[str, str], int]:
+    """({column: merged partial (count, mean, M2; min and max NaN) with "histograms"}, {column: why withheld},
+    the largest k of any provider) from the masked sums of all providers of a secure graph."""
+    histograms = [query for query in queries if query.statistic == "histogram"]
+    per_column = 3 + sum(query.bins for query in histograms)
+    vectors, withheld, k = [], {}, rules.min_group_size
+    for provider, contribution in partials.items():
+        if not isinstance(contribution, dict) or not isinstance(contribution.get("withheld"), dict):
+            raise ValueError(f"provider {provider}'s contribution to a secure graph is not a masked partial")
+        vectors.append(secure.unpack(contribution.get("secure"), per_column * len(rules.columns)))
+        provider_k = contribution.get("k")
+        k = max(k, provider_k if isinstance(provider_k, int) else k)
+        for column in contribution["withheld"]:
+            if column in rules.columns:
+                withheld[column] = f"provider {provider} holds fewer than k={k} values of it in range (minimum group size)"
+    sums = secure.decode(secure.add(vectors))
+    merged = {}
+    for i, (column, (low, high)) in enumerate(rules.columns.items()):
+        count, shifted, squares, *bins = sums[i * per_column:(i + 1) * per_column]
+        count = max(int(round(count)), 0)
+        if column in withheld:
+            continue
+        if count < k or not count:
+            withheld[column] = f"fewer than k={k} values in range (minimum group size)"
+            continue
+        mean = shifted / count
+        centre = secure.centre(low, high)
+        if low is not None and high is not None:   # noise (under privacy) can push it out of the rule's range
+            mean = min(max(mean, low - centre), high - centre)
+        part = {"count": count, "mean": centre + mean, "m2": max(squares - count * mean * mean, 0.0),
+                "min": math.nan, "max": math.nan, "histograms": {}}
+        for query in histograms:
+            part["histograms"][query.histogram_key()] = [max(int(round(b)), 0) for b in bins[:query.bins]]
+            bins = bins[query.bins:]
+        merged[column] = part
+    return merged, withheld, k
