@@ -14,7 +14,7 @@ from ravop.federated.queries import Query
 from ravop.errors import GraphStateError
 from ravop.store import connect
 from ravop.store.federated_schema import FederatedScripts
-from ravop.store.federated_schema import public_keys
+from ravop.store.federated_schema import public_keys, public_keys_key
 from ravop.store.keys import FederatedKeys
 from worker.data import ProviderData
 from worker.data_provider import Provider
@@ -68,18 +68,21 @@ def record_all():
 
 def test_masks_cancel_only_in_the_sum_over_all_providers():
     names = ["a", "b", "c"]
+    layout = secure.kinds(2, [3])   # 2 columns: count, sum, squares, 3 bins
     keys = {name: secure.MaskingKey() for name in names}
     publics = {name: key.public() for name, key in keys.items()}
-    plain = {name: secure.encode(np.random.default_rng(i).normal(0, 1e6, 50)) for i, name in enumerate(names)}
-    masked = {name: keys[name].mask(plain[name], name, publics, "graph") for name in names}
-    assert secure.add(masked.values()) == secure.add(plain.values())
-    assert secure.add([masked["a"], masked["b"]]) != secure.add([plain["a"], plain["b"]])
+    plain = {name: secure.encode(np.random.default_rng(i).integers(-10**6, 10**6, len(layout)), layout)
+             for i, name in enumerate(names)}
+    masked = {name: keys[name].mask(plain[name], layout, name, publics, "graph") for name in names}
+    assert secure.add(masked.values(), layout) == secure.add(plain.values(), layout)
+    assert secure.add([masked["a"], masked["b"]], layout) != secure.add([plain["a"], plain["b"]], layout)
     assert all(m != p for name in names for m, p in zip(masked[name], plain[name]))
-    assert secure.decode(secure.encode([-2.5, 1e9, 0.25])) == [-2.5, 1e9, 0.25]
+    assert secure.unpack(secure.pack(masked["a"], layout), layout) == masked["a"]
+    assert secure.decode(secure.encode([-2, 1e9, -0.25], "nww"), "nww") == [-2, 1e9, -0.25]
     with pytest.raises(ValueError, match="not an X25519 key"):
-        keys["a"].mask(plain["a"], "a", {"b": "bm90IGEga2V5"}, "graph")
-    with pytest.raises(ValueError, match="holds 16 bytes, not 32"):
-        secure.unpack(secure.pack([1]), 2)
+        keys["a"].mask(plain["a"], layout, "a", {"b": "bm90IGEga2V5"}, "graph")
+    with pytest.raises(ValueError, match="holds 16 bytes, not 24"):
+        secure.unpack(secure.pack([1], "w"), "nw")
 
 
 @pytest.mark.parametrize("rules, message", [({"rules": RULES, "secure": 1}, "true or false"),
@@ -122,16 +125,32 @@ def test_secure_statistics_equal_numpy_and_no_partial_is_in_the_clear(engine, se
     # each provider's own sums, as it computes them, and what reached the server
     rules = parse_rules({"rules": RULES, "max_clients": 3, "secure": True})
     queries = [Query("histogram", bins=6, range=(0.0, 120.0))]
-    own = {name: Provider(client, name, ProviderData.load([path]), K).secure_sums(rules, queries)[0]
+    own = {name: Provider(client, name, ProviderData.load([path]), K).secure_sums(rules, queries)
            for name, (_, path) in setup.items()}
+    layout = next(iter(own.values()))[1]["layout"]
+    own = {name: residues for name, (residues, _) in own.items()}
     sent = {arg: json.loads(arg) for command in seen if "EVALSHA" in command.upper()   # a NOSCRIPT retry repeats
             for arg in _json_args(command) if '"secure": "' in arg}.values()
     assert len(sent) == 3 and not any("mean" in part or "age" in part.get("withheld", {}) for part in sent)
-    vectors = [secure.unpack(part["secure"], len(next(iter(own.values())))) for part in sent]
-    assert secure.add(vectors) == secure.add(own.values())   # the sum, and only the sum, is in the store
+    vectors = [secure.unpack(part["secure"], layout) for part in sent]
+    assert secure.add(vectors, layout) == secure.add(own.values(), layout)   # the sum, and only the sum, is stored
     for vector in vectors:
         for plain in own.values():
             assert not any(v == p for v, p in zip(vector, plain))
+
+
+def stored_bytes(client, keys):
+    """What the providers wrote for one graph: their partials and public keys."""
+    written = sum(client.hstrlen(FederatedKeys(keys).partials, p) for p in client.hkeys(FederatedKeys(keys).partials))
+    return written + sum(len(k) + len(v) for k, v in client.hgetall(public_keys_key(keys)).items())
+
+
+def test_secure_costs_at_most_twice_the_plain_bytes(engine, setup, client):
+    run({"rules": RULES, "max_clients": 3}, record_all)
+    plain = stored_bytes(client, engine.keys())
+    run({"rules": RULES, "max_clients": 3, "secure": True}, record_all)
+    masked = stored_bytes(client, engine.keys())
+    assert masked <= 2 * plain, (plain, masked)   # measured: 981 bytes against 1055
 
 
 def _json_args(command):

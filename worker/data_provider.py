@@ -168,7 +168,7 @@ class Provider:
         ref = graph_ref(keys)
         residues, contribution = self.secure_sums(rules, queries, ref)
         key = secure.MaskingKey()
-        self._pending[ref] = (keys, rules, residues, contribution, key)
+        self._pending[ref] = (keys, rules, residues, contribution, key)   # contribution holds the layout
         self.scripts.publish_key(keys, self.name, key.public())
         self._finish_secure(ref)
 
@@ -181,12 +181,14 @@ class Provider:
         if len(publics) < rules.max_clients:
             return
         del self._pending[ref]
-        masked = key.mask(residues, self.name, publics, ref)
-        self.scripts.contribute(keys, self.name, {**contribution, "secure": secure.pack(masked)})
+        layout = contribution.pop("layout")
+        masked = key.mask(residues, layout, self.name, publics, ref)
+        self.scripts.contribute(keys, self.name, {**contribution, "secure": secure.pack(masked, layout)})
         log.info("provider %s: sent masked sums of %s to graph %s", self.name, rules.describe_columns(), keys.graph_id)
 
     def secure_sums(self, rules, queries, graph=""):
-        """(the residues of this provider's sums, its clear part: {"withheld": {column: k}, "k": k})."""
+        """(the residues of this provider's sums, its clear part: {"withheld": {column: k}, "k": k} and the
+        vector's "layout", which stays here)."""
         k = max(self.min_group_size, rules.min_group_size)
         wanted_histograms = [query for query in queries if query.statistic == "histogram"]
         releases, withheld = [], {}
@@ -212,7 +214,8 @@ class Provider:
                 withheld[column] = k
                 mine = [0.0] * len(mine)
             vector += mine
-        return secure.encode(vector), {"withheld": withheld, "k": k}
+        layout = secure.kinds(len(rules.columns), [query.bins for query in wanted_histograms])
+        return secure.encode(vector, layout), {"withheld": withheld, "k": k, "layout": layout}
 
 
 def _kept(values, low, high):

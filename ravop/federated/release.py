@@ -48,17 +48,18 @@ def unmask(rules: Rules, queries: List[Query], partials: Dict[str, Any]) -> Tupl
     the largest k of any provider) from the masked sums of all providers of a secure graph."""
     histograms = [query for query in queries if query.statistic == "histogram"]
     per_column = 3 + sum(query.bins for query in histograms)
+    layout = secure.kinds(len(rules.columns), [query.bins for query in histograms])
     vectors, withheld, k = [], {}, rules.min_group_size
     for provider, contribution in partials.items():
         if not isinstance(contribution, dict) or not isinstance(contribution.get("withheld"), dict):
             raise ValueError(f"provider {provider}'s contribution to a secure graph is not a masked partial")
-        vectors.append(secure.unpack(contribution.get("secure"), per_column * len(rules.columns)))
+        vectors.append(secure.unpack(contribution.get("secure"), layout))
         provider_k = contribution.get("k")
         k = max(k, provider_k if isinstance(provider_k, int) else k)
         for column in contribution["withheld"]:
             if column in rules.columns:
                 withheld[column] = f"provider {provider} holds fewer than k={k} values of it in range (minimum group size)"
-    sums = secure.decode(secure.add(vectors))
+    sums = secure.decode(secure.add(vectors, layout), layout)
     merged = {}
     for i, (column, (low, high)) in enumerate(rules.columns.items()):
         count, shifted, squares, *bins = sums[i * per_column:(i + 1) * per_column]

@@ -44,11 +44,14 @@ def decode(encoded: object) -> kll_doubles_sketch:
 
 
 def merged_items(encoded: Iterable[object]) -> Tuple[np.ndarray, np.ndarray]:
-    """(items, weights) retained by the merge of the sketches, items ascending."""
+    """(items, weights) retained by the merge of the sketches, items ascending. The weights are read off the
+    sketch's own inclusive CDF at its items (its Python iterator reports weight 1 for every item of a merged
+    sketch in datasketches 5.2), so the kernel reproduces the sketch's ranks."""
     merged = kll_doubles_sketch(K)
     for one in encoded:
         merged.merge(decode(one))
-    pairs = sorted(merged) if not merged.is_empty() else []
-    items = np.array([item for item, _ in pairs], dtype=np.float64)
-    weights = np.array([weight for _, weight in pairs], dtype=np.float64)
-    return items, weights
+    if merged.is_empty():
+        return np.empty(0), np.empty(0)
+    items = np.unique(np.array([item for item, _ in merged], dtype=np.float64))
+    ranks = np.array(merged.get_cdf(items.tolist(), True)[:-1], dtype=np.float64)
+    return items, np.diff(ranks, prepend=0.0) * merged.n
