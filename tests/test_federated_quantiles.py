@@ -1,6 +1,7 @@
 """Federated quantiles (merged KLL sketches) and histograms (bin counts, small bins suppressed) on three real
 `ravop-worker --data` provider processes, against numpy on the pooled filtered data."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from ravop.federated.queries import parse_query
 from ravop.ops.federated_stats import federated_histogram, federated_quantile
 
 from conftest import Workers
+from test_examples import run_example
 from test_federated import kept, write_csv
 
 RULES = {"age": {"min": 18, "max": 80}, "fund": {}}
@@ -139,3 +141,14 @@ def test_a_histogram_of_an_unbounded_rule_needs_a_range(engine, providers):
     R.federated_histogram(bins=4).persist_op("h")
     with pytest.raises(ValueError, match="column 'fund' to give both min and max"):
         R.activate()
+
+
+def test_the_private_example_matches_numpy():
+    out = run_example("federated_analytics_private.py", 1)
+    assert float(re.search(r"^max rank error = ([0-9.]+)$", out, re.MULTILINE).group(1)) <= sketches.rank_error()
+    mean, std, want_mean, want_std = map(float, re.search(
+        r"^secure mean age ([0-9.]+), std ([0-9.]+) \(numpy ([0-9.]+), ([0-9.]+)\)$", out, re.MULTILINE).groups())
+    assert (mean, std) == (want_mean, want_std)
+    got, want = map(float, re.search(r"^private mean visits ([0-9.]+) \(numpy ([0-9.]+)", out, re.MULTILINE).groups())
+    assert got == pytest.approx(want, abs=0.2)
+    assert re.search(r"^refused: .*asks epsilon 0.6 and 0.4 of 1 remains$", out, re.MULTILINE)

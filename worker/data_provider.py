@@ -27,8 +27,14 @@ from ravop.store import federated_schema
 from ravop.store.federated_schema import FederatedScripts
 from ravop.store.keys import FEDERATED_OPEN, FederatedKeys, graph_ref
 
+from .privacy_ledger import BudgetExhausted
+
 log = logging.getLogger("ravop.worker")
 POLL_SECONDS = 0.25   # how often an idle provider looks for open federated graphs (at most)
+
+
+class QueryRefused(ValueError):
+    """A query this provider will not answer (its privacy settings); the graph fails with this reason."""
 
 
 MOMENTS = {"mean": 2, "variance": 3, "standard_deviation": 3, "count": 1}   # how many of count, sum, squares
@@ -64,6 +70,11 @@ class Provider:
                 self._serve(keys)
             except redis.RedisError:
                 raise
+            except QueryRefused as exc:   # this provider's choice, not a fault: no traceback
+                log.warning("provider %s refuses federated graph %s: %s", self.name, graph_id, exc)
+                self.graph_scripts.fail(keys, queue("cpu"), "", worker=self.name, reason="federated graph",
+                                        error=f"{type(exc).__name__}: {exc}")
+                self.client.srem(FEDERATED_OPEN, ref)
             except Exception as exc:  # a malformed graph fails, and this provider goes on serving
                 log.exception("provider %s: federated graph %s", self.name, graph_id)
                 self.graph_scripts.fail(keys, queue("cpu"), "", worker=self.name, reason="federated graph",
@@ -92,18 +103,21 @@ class Provider:
         """Refuse, before joining, a query this provider will not answer (the graph fails with the reason)."""
         if rules.privacy is None:
             if self.ledger is not None:
-                raise ValueError(f"provider {self.name} has an epsilon budget, so it answers only queries with "
+                raise QueryRefused(f"provider {self.name} has an epsilon budget, so it answers only queries with "
                                  f"\"privacy\" in their rules ({self.ledger.remaining:g} of {self.ledger.budget:g} "
                                  "remains)")
             return
         if self.ledger is None:
-            raise ValueError(f"provider {self.name} set no --epsilon-budget, so it answers no query with \"privacy\"")
+            raise QueryRefused(f"provider {self.name} set no --epsilon-budget, so it answers no query with \"privacy\"")
         refused = sorted({q.statistic for q in queries} - set(MOMENTS) - {"histogram"})
         if refused:
-            raise ValueError(f"{', '.join(refused)} cannot be released under \"privacy\" (each is one person's "
+            raise QueryRefused(f"{', '.join(refused)} cannot be released under \"privacy\" (each is one person's "
                              "value, or a summary made of them); ask mean, variance, standard_deviation, count or "
                              "histogram")
-        self.ledger.check(rules.privacy[0])
+        try:
+            self.ledger.check(rules.privacy[0])
+        except BudgetExhausted as exc:
+            raise QueryRefused(str(exc)) from None
 
     def partials(self, rules, queries=(), graph=""):
         """{column: partial or {"withheld": k}} of this provider's data under `rules`; a partial also holds a
