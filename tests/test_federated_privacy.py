@@ -10,6 +10,8 @@ from ravop.errors import GraphFailedError, GraphStateError
 from ravop.federated.column_rules import parse_rules
 from ravop.federated.privacy import release
 
+from worker.privacy_ledger import BudgetExhausted, PrivacyLedger
+
 from conftest import Workers
 from test_federated import kept, write_csv
 
@@ -134,3 +136,19 @@ def test_extremes_and_quantiles_are_not_released_under_privacy(engine, setup):
         record().persist_op("x")
         with pytest.raises(GraphStateError, match="under which (min|quantile) .* is not released"):
             R.activate()
+
+
+def test_the_ledger_persists_refuses_and_is_never_silently_replaced(tmp_path):
+    data = tmp_path / "d.csv"
+    data.write_text("x\n1\n")
+    book = PrivacyLedger.beside([data], 2)
+    book.charge(1.5, 0.0, "g1")
+    with pytest.raises(BudgetExhausted, match="asks epsilon 1 and 0.5 of 2 remains"):
+        book.charge(1.0, 0.0, "g2")
+    again = PrivacyLedger.beside([data], 4)   # a new total; what was spent stays spent
+    assert (again.spent, again.remaining, [q["graph"] for q in again.queries]) == (1.5, 2.5, ["g1"])
+    book.path.write_text("{broken")
+    with pytest.raises(ValueError, match="not a privacy ledger.*move it away"):
+        PrivacyLedger.beside([data], 2)
+    with pytest.raises(ValueError, match="budget must be > 0"):
+        PrivacyLedger.beside([data], 0)
