@@ -64,7 +64,8 @@ def main():
     salaries = np.concatenate([o["salary"] for o in offices])
 
     deciles = [i / 10 for i in range(1, 10)]
-    got = run("quantiles", {"rules": {"age": {"min": 18, "max": 80}, "salary": {"min": 0, "max": 10}}, "max_clients": 3},
+    rules = {"rules": {"age": {"min": 18, "max": 80}, "salary": {"min": 0, "max": 10}}, "max_clients": 3}
+    got = run("quantiles", rules,
               lambda: {"median": R.federated_median(), "deciles": R.federated_quantile(deciles),
                        "salary": R.federated_histogram(bins=10)})
     # ages are whole years: a value's rank is the interval [share below it, share up to it]

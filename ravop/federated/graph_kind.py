@@ -4,14 +4,15 @@ it waits for; `fetch` releases a statistic.
 
 There is no plan: each provider that joins computes one partial per rule column over its own data
 (`worker.data_provider`, the `federated_partial` op), and the statistics are merged here, from the partials,
-when they are fetched (the `federated_<statistic>` ops). Only partials are in Redis, never a value of a row, so
-merging on the requester shows it nothing more.
+when they are fetched (the `federated_<statistic>` ops). Only partials are in Redis, so merging on the requester
+shows it nothing more; a quantile's partial is a sketch, which holds some values as they are (as min and max
+do), and a "secure" graph's partials are masked sums that only add up to the merged ones (`release.unmask`).
 """
 import json
 import sys
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from .. import graph_states
 from ..errors import GraphStateError, UnknownPersistName
@@ -21,11 +22,11 @@ from ..store.client_types import Client
 from ..store import graphs as store_graphs
 from ..store.keys import FEDERATED_OPEN, FederatedKeys, GraphKeys, TokenKeys, graph_ref, worker_key
 from ..stored_values import not_ready
-from .column_rules import parse_rules
+from .column_rules import Rules, parse_rules
 from .histograms import edges as histogram_edges
 from .partials import Partial, check_partial, merge, statistic
 from .queries import Query, parse_queries, parse_query
-from .release import histogram, release_extra, unmask
+from .release import Released, histogram, release_extra, unmask
 
 if TYPE_CHECKING:
     from ..graph import Graph
@@ -45,9 +46,10 @@ class Summary(dict):
 
 
 class FederatedResult(dict):
-    """column -> value of one statistic; `withheld` maps the columns not released to the reason."""
+    """column -> value of one statistic (a float; a list of floats for several quantiles; {"edges", "counts"}
+    for a histogram); `withheld` maps the columns not released to the reason."""
 
-    def __init__(self, values: Dict[str, float], withheld: Dict[str, str]) -> None:
+    def __init__(self, values: Dict[str, Any], withheld: Dict[str, str]) -> None:
         super().__init__(values)
         self.withheld = withheld
 
@@ -175,19 +177,36 @@ def release(name: str, query: Query, rules_json: Union[str, bytes], raw_partials
             queries: Iterable[Query] = ()) -> FederatedResult:
     """The statistic `query` asks of every rule column, merged over the providers' partials (in name order);
     `queries`: all of the graph's, which lay out a secure graph's sums."""
-    stat = query.statistic
     rules = parse_rules(rules_json)
     partials = {provider.decode(): json.loads(data) for provider, data in sorted(raw_partials.items())}
-    values, withheld = {}, {}
     if rules.secure:
-        merged_columns, withheld, k = unmask(rules, list(queries), partials)
-        for column, merged in merged_columns.items():
-            if stat == "histogram":
-                values[column] = histogram(query, column, rules.columns[column], k,
-                                           [merged["histograms"][query.histogram_key()]])
-            else:
-                values[column] = statistic(merged, stat)
-    for column in rules.columns if not rules.secure else ():
+        values, withheld = _release_secure(query, rules, partials, list(queries))
+    else:
+        values, withheld = _release_plain(query, rules, partials)
+    if withheld:
+        warnings.warn(f"{name!r} ({query.statistic}) does not release " +
+                      "; ".join(f"{column!r}: {why}" for column, why in withheld.items()), stacklevel=4)
+    return FederatedResult(values, withheld)
+
+
+def _release_secure(query: Query, rules: Rules, partials: Dict[str, Any],
+                    queries: List[Query]) -> Tuple[Dict[str, Released], Dict[str, str]]:
+    merged_columns, withheld, k = unmask(rules, queries, partials)
+    values: Dict[str, Released] = {}
+    for column, merged in merged_columns.items():
+        if query.statistic == "histogram":
+            values[column] = histogram(query, column, rules.columns[column], k,
+                                       [merged["histograms"][query.histogram_key()]])
+        else:
+            values[column] = statistic(merged, query.statistic)
+    return values, withheld
+
+
+def _release_plain(query: Query, rules: Rules,
+                   partials: Dict[str, Any]) -> Tuple[Dict[str, Released], Dict[str, str]]:
+    values: Dict[str, Released] = {}
+    withheld: Dict[str, str] = {}
+    for column in rules.columns:
         merged: Partial = {"count": 0}
         for provider, columns in partials.items():
             part = columns.get(column)
@@ -199,12 +218,9 @@ def release(name: str, query: Query, rules_json: Union[str, bytes], raw_partials
         else:
             if merged["count"] < rules.min_group_size or not merged["count"]:
                 withheld[column] = f"fewer than k={rules.min_group_size} values in range (minimum group size)"
-            elif stat in ("quantile", "histogram"):
+            elif query.statistic in ("quantile", "histogram"):
                 values[column] = release_extra(query, column, rules.columns[column], rules.min_group_size,
                                                [columns[column] for columns in partials.values()])
             else:
-                values[column] = statistic(merged, stat)
-    if withheld:
-        warnings.warn(f"{name!r} ({stat}) does not release " +
-                      "; ".join(f"{column!r}: {why}" for column, why in withheld.items()), stacklevel=4)
-    return FederatedResult(values, withheld)
+                values[column] = statistic(merged, query.statistic)
+    return values, withheld

@@ -12,19 +12,19 @@ Everything the provider derives from the noisy values afterwards (mean, M2, with
 post-processing and costs nothing more.
 """
 import math
-from typing import List, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple
 
 Releases = Sequence[Tuple[Sequence[float], float]]   # (values, sensitivity) of each release of one query
 
 
-def _measurement(sensitivity: float, epsilon: float, delta: float):
+def _measurement(sensitivity: float, epsilon: float, delta: float) -> Any:
     import opendp.prelude as dp   # only a provider that answers private queries needs it
     dp.enable_features("contrib")
     domain = dp.vector_domain(dp.atom_domain(T=float, nan=False))
     if delta == 0:
         return dp.m.make_laplace(domain, dp.l1_distance(T=float), scale=sensitivity / epsilon)
 
-    def gaussian(scale):
+    def gaussian(scale: float) -> Any:
         noise = dp.m.make_gaussian(domain, dp.l2_distance(T=float), scale=scale)
         return dp.c.make_fix_delta(dp.c.make_zCDP_to_approxDP(noise), delta)
 

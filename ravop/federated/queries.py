@@ -9,11 +9,9 @@ A quantile needs each provider's KLL sketch of a column (`ravop.federated.sketch
 bin counts over the histogram's edges (`ravop.federated.histograms`).
 """
 import json
-import math
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
-PARAMETERISED = ("quantile", "histogram")
-MAX_BINS = 4096   # what a provider computes and writes for one histogram of one column, at most
+from ..ops.federated_stats import PARAMETERISED, check_histogram, check_q
 
 
 class Query:
@@ -34,31 +32,6 @@ class Query:
     def histogram_key(self) -> str:
         """The name of this histogram's counts in a provider's partial (two queries with the same bins share)."""
         return json.dumps([self.bins, list(self.range) if self.range else None])
-
-
-def check_q(q: Any) -> Tuple[Tuple[float, ...], bool]:
-    """(the probabilities, whether q was one number); ValueError unless each is a number in [0, 1]."""
-    scalar = not isinstance(q, (list, tuple))
-    values = [q] if scalar else list(q)
-    if not values:
-        raise ValueError("q must be a probability in [0, 1] or a non-empty list of them, not []")
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-            raise ValueError(f"q must be a probability in [0, 1] or a list of them, not {value!r}")
-    return tuple(float(v) for v in values), scalar
-
-
-def check_histogram(bins: Any, range: Any) -> Tuple[int, Optional[Tuple[float, float]]]:
-    if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= MAX_BINS:
-        raise ValueError(f"bins must be an integer in [1, {MAX_BINS}], not {bins!r}")
-    if range is None:
-        return bins, None
-    if (not isinstance(range, (list, tuple)) or len(range) != 2
-            or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in range)
-            or not range[0] < range[1]):
-        raise ValueError(f"range must be (low, high) with finite low < high, or None for each rule's own "
-                         f"[min, max], not {range!r}")
-    return bins, (float(range[0]), float(range[1]))
 
 
 def parse_query(stored: Union[str, bytes]) -> Query:

@@ -12,9 +12,11 @@ from .column_rules import Rules
 from .histograms import edges
 from .queries import Query
 
+Released = Union[float, List[float], Dict[str, list]]   # one column's value of a statistic
+
 
 def release_extra(query: Query, column: str, limits: Tuple[Optional[float], Optional[float]], k: int,
-                  partials: Sequence[Dict[str, Any]]) -> Union[float, List[float], Dict[str, list]]:
+                  partials: Sequence[Dict[str, Any]]) -> Released:
     if query.statistic == "quantile":
         return quantiles(query, [part.get("sketch") for part in partials])
     return histogram(query, column, limits, k, [part.get("histograms", {}).get(query.histogram_key())
@@ -58,7 +60,8 @@ def unmask(rules: Rules, queries: List[Query], partials: Dict[str, Any]) -> Tupl
         k = max(k, provider_k if isinstance(provider_k, int) else k)
         for column in contribution["withheld"]:
             if column in rules.columns:
-                withheld[column] = f"provider {provider} holds fewer than k={k} values of it in range (minimum group size)"
+                withheld[column] = (f"provider {provider} holds fewer than k={k} values of it in range "
+                                    "(minimum group size)")
     sums = secure.decode(secure.add(vectors, layout), layout)
     merged = {}
     for i, (column, (low, high)) in enumerate(rules.columns.items()):
@@ -73,10 +76,10 @@ def unmask(rules: Rules, queries: List[Query], partials: Dict[str, Any]) -> Tupl
         centre = secure.centre(low, high)
         if low is not None and high is not None:   # noise (under privacy) can push it out of the rule's range
             mean = min(max(mean, low - centre), high - centre)
-        part = {"count": count, "mean": centre + mean, "m2": max(squares - count * mean * mean, 0.0),
-                "min": math.nan, "max": math.nan, "histograms": {}}
+        counts: Dict[str, List[int]] = {}
         for query in histograms:
-            part["histograms"][query.histogram_key()] = [max(int(round(b)), 0) for b in bins[:query.bins]]
+            counts[query.histogram_key()] = [max(int(round(b)), 0) for b in bins[:query.bins]]
             bins = bins[query.bins:]
-        merged[column] = part
+        merged[column] = {"count": count, "mean": centre + mean, "m2": max(squares - count * mean * mean, 0.0),
+                          "min": math.nan, "max": math.nan, "histograms": counts}
     return merged, withheld, k

@@ -20,7 +20,7 @@ store: one that rewrote them could read the partials).
 import base64
 import binascii
 import hashlib
-from typing import List, Mapping, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -120,6 +120,6 @@ def _mask_stream(shared: bytes, context: str, me: str, other: str, layout: str) 
     return _split(cipher.update(bytes(sum(WIDTH[kind] for kind in layout))), layout)
 
 
-def centre(low, high) -> float:
+def centre(low: Optional[float], high: Optional[float]) -> float:
     """The reference point of a column's sums: the middle of its rule's range, or 0 if a bound is open."""
     return (low + high) / 2 if low is not None and high is not None else 0.0
