@@ -1,6 +1,8 @@
 """Differentially private federated statistics on real `ravop-worker --data --epsilon-budget` providers: noisy
 releases near numpy, a ledger beside the data that survives a restart, and queries refused once it is spent."""
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -152,3 +154,13 @@ def test_the_ledger_persists_refuses_and_is_never_silently_replaced(tmp_path):
         PrivacyLedger.beside([data], 2)
     with pytest.raises(ValueError, match="budget must be > 0"):
         PrivacyLedger.beside([data], 0)
+
+
+def test_a_worker_with_a_corrupt_ledger_or_no_data_exits_with_a_clear_message(server, tmp_path):
+    data = tmp_path / "d.csv"
+    data.write_text("x\n1\n")
+    data.with_name("d.csv.privacy-ledger.json").write_text("{broken")
+    for extra, message in ((["--data", str(data)], "not a privacy ledger"), ([], "none was given")):
+        done = subprocess.run([sys.executable, "-m", "worker", "--redis", server.url, "--epsilon-budget", "2", *extra],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and message in done.stderr, done.stderr

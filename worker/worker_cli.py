@@ -91,10 +91,10 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     try:
         data = ProviderData.load(args.data) if args.data else None
-        client = connect(args.redis)
         if args.epsilon_budget is not None and data is None:
             raise ValueError("--epsilon-budget applies to the data of --data, and none was given")
         ledger = PrivacyLedger.beside(args.data, args.epsilon_budget) if args.epsilon_budget is not None else None
+        client = connect(args.redis)
         provider = Provider(client, args.name, data, args.min_group_size, ledger) if data is not None else None
         worker = Worker(client, args.name, device=args.device, reclaim_idle=args.reclaim_idle,
                         max_attempts=args.max_attempts, cache_bytes=args.cache_mib * 2**20,
