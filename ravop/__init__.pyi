@@ -2810,6 +2810,23 @@ def federated_count() -> Op:
     """The count of each rule column over the data of the graph's providers, filtered by the rules; fetched as {column: float}."""
 
 
+def federated_quantile(q: Any) -> Op:
+    """The q-quantile(s) of each rule column over the providers' data, from merged KLL sketches. As a kernel: for
+    each q the smallest of the sketch's items (ascending) whose cumulative weight reaches q of the total (the
+    inclusive rank of DataSketches)."""
+
+
+def federated_median() -> Op:
+    """The median of each rule column over the providers' data: the 0.5-quantile of their merged sketches
+    (`R.federated_median()` records a `federated_quantile`)."""
+
+
+def federated_histogram(bins: Any = ..., range: Any = ...) -> Op:
+    """A histogram of each rule column over the providers' data. As a kernel: the bin counts of all providers
+    (one row each, NaN where a provider suppressed a bin) summed; a bin is NaN (suppressed) if a provider
+    suppressed it or it holds fewer than k values, but more than none."""
+
+
 def torchscript_forward(xs: Sequence[TensorLike], model_hash: Any, param_slots: Any = ..., buffer_slots: Any = ..., n_args: int = ..., kwarg_names: Any = ..., training: bool = ..., seed: int = ...) -> Op:
     """xs = (blob, *params, *buffers, *args, *kwargs): the model's outputs, then, when training, its buffers
     after the call."""

@@ -16,6 +16,7 @@ from . import emulated_device, memory
 from .consumer import Worker
 from .data import ProviderData
 from .data_provider import Provider
+from .privacy_ledger import PrivacyLedger
 from .loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
 
 
@@ -69,6 +70,9 @@ def parse_args(argv=None):
                              "loop step or subgraph until its FLOPs / F seconds have passed")
     parser.add_argument("--benchmark-busy-file", default=None, metavar="PATH",
                         help="for benchmarks only: write the seconds spent computing to PATH (JSON)")
+    parser.add_argument("--epsilon-budget", type=float, default=None, metavar="EPSILON",
+                        help="answer only differentially private federated queries, until they have spent this "
+                             "much epsilon of the --data files (ledger: <first file>.privacy-ledger.json)")
     parser.add_argument("--test-wrong-outputs", action="store_true", help=argparse.SUPPRESS)  # tests of verify=k
     parser.add_argument("-v", "--verbose", action="store_true", help="log every start and stop")
     return parser.parse_args(argv)
@@ -98,8 +102,11 @@ def main(argv=None):
     try:
         emulated_device.enable(args.emulate_device_flops, args.benchmark_busy_file)
         data = ProviderData.load(args.data) if args.data else None
+        if args.epsilon_budget is not None and data is None:
+            raise ValueError("--epsilon-budget applies to the data of --data, and none was given")
+        ledger = PrivacyLedger.beside(args.data, args.epsilon_budget) if args.epsilon_budget is not None else None
         client = connect(args.redis)
-        provider = Provider(client, args.name, data, args.min_group_size) if data is not None else None
+        provider = Provider(client, args.name, data, args.min_group_size, ledger) if data is not None else None
         worker = Worker(client, args.name, device=args.device, reclaim_idle=args.reclaim_idle,
                         max_attempts=args.max_attempts, cache_bytes=args.cache_mib * 2**20,
                         max_subgraph_bytes=args.max_subgraph_bytes, parent_pid=args.parent_pid,

@@ -3,6 +3,14 @@ many providers take part, and the smallest group a statistic may describe.
 
     {"rules": {"age": {"min": 18, "max": 80}, "fund": {}}, "max_clients": 2, "min_group_size": 10}
 
+Two modes protect the providers further (docs/federated.md says what each reveals to whom):
+
+    "privacy": {"epsilon": 0.5, "delta": 0}   each provider adds calibrated noise to what it releases and
+                                              spends epsilon of its budget (`ravop.federated.privacy`); every
+                                              rule then needs both min and max, the sensitivity's bounds
+    "secure": true                            providers mask their partials so that only their sum can be read
+                                              (`ravop.federated.secure`); needs max_clients >= 2
+
 A rule keeps the values v of its column with min <= v <= max (either bound may be left out; `{}` keeps every
 value). `max_clients` (default 1) is the number of providers whose data is merged. `min_group_size` asks for
 a larger k than the providers' own (`ravop-worker --min-group-size`); it can only raise theirs. The rules travel
@@ -14,22 +22,31 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 Bound = Optional[float]
 
-KEYS = ("rules", "max_clients", "min_group_size")
+KEYS = ("rules", "max_clients", "min_group_size", "privacy", "secure")
+PRIVACY_KEYS = ("epsilon", "delta")
 BOUNDS = ("min", "max")
 
 
 class Rules:
-    __slots__ = ("columns", "max_clients", "min_group_size")
+    __slots__ = ("columns", "max_clients", "min_group_size", "privacy", "secure")
 
-    def __init__(self, columns: Dict[str, Tuple[Bound, Bound]], max_clients: int = 1, min_group_size: int = 1) -> None:
+    def __init__(self, columns: Dict[str, Tuple[Bound, Bound]], max_clients: int = 1, min_group_size: int = 1,
+                 privacy: Optional[Tuple[float, float]] = None, secure: bool = False) -> None:
         self.columns = columns                  # column -> (low or None, high or None), in the given order
         self.max_clients = max_clients
         self.min_group_size = min_group_size
+        self.privacy = privacy                  # (epsilon, delta) of this query, or None
+        self.secure = secure
 
     def to_json(self) -> str:
         rules = {name: {bound: value for bound, value in zip(BOUNDS, limits) if value is not None}
                  for name, limits in self.columns.items()}
-        return json.dumps({"rules": rules, "max_clients": self.max_clients, "min_group_size": self.min_group_size})
+        spec = {"rules": rules, "max_clients": self.max_clients, "min_group_size": self.min_group_size}
+        if self.privacy:
+            spec["privacy"] = dict(zip(PRIVACY_KEYS, self.privacy))
+        if self.secure:
+            spec["secure"] = True
+        return json.dumps(spec)
 
     def describe_columns(self) -> str:
         return ", ".join(self.columns)
@@ -69,7 +86,34 @@ def parse_rules(rules: Union[str, bytes, Dict[str, Any]]) -> Rules:
         parsed[name] = (low, high)
     max_clients = _count(rules.get("max_clients", 1), "max_clients")
     min_group_size = _count(rules.get("min_group_size", 1), "min_group_size")
-    return Rules(parsed, max_clients, min_group_size)
+    privacy = _privacy(rules.get("privacy"))
+    if privacy:
+        unbounded = [name for name, (low, high) in parsed.items() if low is None or high is None]
+        if unbounded:
+            raise ValueError(f"\"privacy\" needs both min and max in every rule (they bound what one person can "
+                             f"change, so calibrate the noise); column(s) {', '.join(map(repr, unbounded))} lack one")
+    secure = rules.get("secure", False)
+    if not isinstance(secure, bool):
+        raise ValueError(f"secure must be true or false, not {secure!r}")
+    if secure and max_clients < 2:
+        raise ValueError("\"secure\": true needs max_clients >= 2: the sum over one provider is its own partial")
+    return Rules(parsed, max_clients, min_group_size, privacy, secure)
+
+
+def _privacy(spec: Any) -> Optional[Tuple[float, float]]:
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or set(spec) - set(PRIVACY_KEYS) or "epsilon" not in spec:
+        raise ValueError(f"privacy must be an object {{\"epsilon\": e, \"delta\": d}} (delta optional), not {spec!r}")
+    epsilon, delta = spec["epsilon"], spec.get("delta", 0)
+    for key, value in (("epsilon", epsilon), ("delta", delta)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"privacy {key} must be a finite number, not {value!r}")
+    if epsilon <= 0:
+        raise ValueError(f"privacy epsilon must be > 0, not {epsilon!r}")
+    if not 0 <= delta < 1:
+        raise ValueError(f"privacy delta must be in [0, 1), not {delta!r}")
+    return float(epsilon), float(delta)
 
 
 def _bound(column: str, key: str, value: Any) -> Bound:

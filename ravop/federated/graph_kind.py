@@ -4,14 +4,15 @@ it waits for; `fetch` releases a statistic.
 
 There is no plan: each provider that joins computes one partial per rule column over its own data
 (`worker.data_provider`, the `federated_partial` op), and the statistics are merged here, from the partials,
-when they are fetched (the `federated_<statistic>` ops). Only partials are in Redis, never a value of a row, so
-merging on the requester shows it nothing more.
+when they are fetched (the `federated_<statistic>` ops). Only partials are in Redis, so merging on the requester
+shows it nothing more; a quantile's partial is a sketch, which holds some values as they are (as min and max
+do), and a "secure" graph's partials are masked sums that only add up to the merged ones (`release.unmask`).
 """
 import json
 import sys
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from .. import graph_states
 from ..errors import GraphStateError, UnknownPersistName
@@ -21,14 +22,18 @@ from ..store.client_types import Client
 from ..store import graphs as store_graphs
 from ..store.keys import FEDERATED_OPEN, FederatedKeys, GraphKeys, TokenKeys, graph_ref, worker_key
 from ..stored_values import not_ready
-from .column_rules import parse_rules
+from .column_rules import Rules, parse_rules
+from .histograms import edges as histogram_edges
 from .partials import Partial, check_partial, merge, statistic
+from .queries import Query, parse_queries, parse_query
+from .release import Released, histogram, release_extra, unmask
 
 if TYPE_CHECKING:
     from ..graph import Graph
     from ..session import Session
 
 APPROACH = "federated"
+UNSUMMABLE = ("min", "max", "quantile")   # what neither "privacy" nor "secure" releases
 
 
 class Summary(dict):
@@ -41,9 +46,10 @@ class Summary(dict):
 
 
 class FederatedResult(dict):
-    """column -> value of one statistic; `withheld` maps the columns not released to the reason."""
+    """column -> value of one statistic (a float; a list of floats for several quantiles; {"edges", "counts"}
+    for a histogram); `withheld` maps the columns not released to the reason."""
 
-    def __init__(self, values: Dict[str, float], withheld: Dict[str, str]) -> None:
+    def __init__(self, values: Dict[str, Any], withheld: Dict[str, str]) -> None:
         super().__init__(values)
         self.withheld = withheld
 
@@ -79,8 +85,21 @@ class FederatedGraphs:
             print(f"graph {graph.name!r}: max_clients is {rules.max_clients} but {len(eligible)} connected "
                   f"provider(s) hold {rules.describe_columns()}; R.track_progress() waits for more (timeout= gives "
                   "up)", file=sys.stderr)
-        statistics = {name: op.op[len(PREFIX):] for name, op in graph.persisted.items()}
-        summary = Summary(name=graph.name, graph_id=graph.id, statistics=sorted(set(statistics.values())),
+        queries = {name: query_of(op) for name, op in graph.persisted.items()}
+        for name, query in queries.items():
+            mode = "privacy" if rules.privacy else "secure" if rules.secure else None
+            if mode and query.statistic in UNSUMMABLE:
+                raise GraphStateError(f"graph {graph.name!r} has \"{mode}\" in its rules, under which "
+                                      f"{query.statistic} (persisted as {name!r}) is not released: it is one "
+                                      "person's value, or a summary made of them; ask mean, variance, "
+                                      "standard_deviation, count or histogram")
+        for query in queries.values():
+            if query.statistic == "histogram" and query.range is None:
+                for column, limits in rules.columns.items():
+                    histogram_edges(query, column, limits)   # raises at activate if a rule has no range
+        statistics = {name: query.to_json() for name, query in queries.items()}
+        summary = Summary(name=graph.name, graph_id=graph.id,
+                          statistics=sorted({query.statistic for query in queries.values()}),
                           columns=list(rules.columns), max_clients=rules.max_clients,
                           eligible_providers=len(eligible))
         keys = GraphKeys(session.token, graph.id)
@@ -136,18 +155,57 @@ class FederatedGraphs:
             pipe.hgetall(FederatedKeys(keys).partials)
             pipe.hmget(keys.meta, store_graphs.STATE_FIELDS)
             pipe.hget(keys.meta, "rules")
-            partials, meta, rules = pipe.execute()
+            pipe.hgetall(FederatedKeys(keys).stats)
+            partials, meta, rules, stats = pipe.execute()
             meta = store_graphs.decode_state(meta)
             if meta.get("state") == graph_states.DONE:
-                return release(name, statistic_name.decode(), rules, partials)
+                return release(name, parse_query(statistic_name), rules, partials, parse_queries(stats).values())
             not_ready(session, keys, name, meta, wait, deadline)
 
 
-def release(name: str, stat: str, rules_json: Union[str, bytes], raw_partials: Mapping[bytes, bytes]) -> FederatedResult:
-    """The statistic `stat` of every rule column, merged over the providers' partials (in name order)."""
+def query_of(op: Any) -> Query:
+    """The query a recorded statistic op asks of the providers."""
+    stat = op.op[len(PREFIX):]
+    if stat == "quantile":
+        return Query("quantile", q=op.params["q"], scalar=op.params["scalar"])
+    if stat == "histogram":
+        return Query("histogram", bins=op.params["bins"], range=op.params["range"])
+    return Query(stat)
+
+
+def release(name: str, query: Query, rules_json: Union[str, bytes], raw_partials: Mapping[bytes, bytes],
+            queries: Iterable[Query] = ()) -> FederatedResult:
+    """The statistic `query` asks of every rule column, merged over the providers' partials (in name order);
+    `queries`: all of the graph's, which lay out a secure graph's sums."""
     rules = parse_rules(rules_json)
     partials = {provider.decode(): json.loads(data) for provider, data in sorted(raw_partials.items())}
-    values, withheld = {}, {}
+    if rules.secure:
+        values, withheld = _release_secure(query, rules, partials, list(queries))
+    else:
+        values, withheld = _release_plain(query, rules, partials)
+    if withheld:
+        warnings.warn(f"{name!r} ({query.statistic}) does not release " +
+                      "; ".join(f"{column!r}: {why}" for column, why in withheld.items()), stacklevel=4)
+    return FederatedResult(values, withheld)
+
+
+def _release_secure(query: Query, rules: Rules, partials: Dict[str, Any],
+                    queries: List[Query]) -> Tuple[Dict[str, Released], Dict[str, str]]:
+    merged_columns, withheld, k = unmask(rules, queries, partials)
+    values: Dict[str, Released] = {}
+    for column, merged in merged_columns.items():
+        if query.statistic == "histogram":
+            values[column] = histogram(query, column, rules.columns[column], k,
+                                       [merged["histograms"][query.histogram_key()]])
+        else:
+            values[column] = statistic(merged, query.statistic)
+    return values, withheld
+
+
+def _release_plain(query: Query, rules: Rules,
+                   partials: Dict[str, Any]) -> Tuple[Dict[str, Released], Dict[str, str]]:
+    values: Dict[str, Released] = {}
+    withheld: Dict[str, str] = {}
     for column in rules.columns:
         merged: Partial = {"count": 0}
         for provider, columns in partials.items():
@@ -160,9 +218,9 @@ def release(name: str, stat: str, rules_json: Union[str, bytes], raw_partials: M
         else:
             if merged["count"] < rules.min_group_size or not merged["count"]:
                 withheld[column] = f"fewer than k={rules.min_group_size} values in range (minimum group size)"
+            elif query.statistic in ("quantile", "histogram"):
+                values[column] = release_extra(query, column, rules.columns[column], rules.min_group_size,
+                                               [columns[column] for columns in partials.values()])
             else:
-                values[column] = statistic(merged, stat)
-    if withheld:
-        warnings.warn(f"{name!r} ({stat}) does not release " +
-                      "; ".join(f"{column!r}: {why}" for column, why in withheld.items()), stacklevel=4)
-    return FederatedResult(values, withheld)
+                values[column] = statistic(merged, query.statistic)
+    return values, withheld

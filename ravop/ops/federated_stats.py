@@ -4,8 +4,11 @@ own data: the count, mean, M2 (sum of squared deviations from the mean), min and
 (`ravop.federated.partials.merge`), one row per column.
 
 `R.federated_mean()` and its siblings record a statistic op on the current federated graph with no input: its
-partials come from the providers, never from a value of the graph (`ravop.federated.graph_kind`)."""
-from typing import Callable, Optional, Tuple
+partials come from the providers, never from a value of the graph (`ravop.federated.graph_kind`).
+`R.federated_quantile(q)` and `R.federated_histogram(bins, range)` take parameters, which travel to the
+providers as a query (`ravop.federated.queries`); their kernels release from merged sketches and bin counts."""
+import math
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -18,7 +21,9 @@ from ..source import user_source
 PARTIAL_FIELDS = ("count", "mean", "m2", "min", "max")   # the columns of a partial, in order
 STATISTICS = ("mean", "variance", "standard_deviation", "min", "max", "count")
 PREFIX = "federated_"
-STATISTIC_OPS = frozenset(PREFIX + statistic for statistic in STATISTICS)   # what a federated graph may hold
+PARAMETERISED = ("quantile", "histogram")
+MAX_BINS = 4096   # what a provider computes and writes for one histogram of one column, at most
+STATISTIC_OPS = frozenset(PREFIX + statistic for statistic in STATISTICS + PARAMETERISED)  # a federated graph's
 
 
 def _partial_shape(values: Op, low: Optional[float] = None, high: Optional[float] = None) -> Tuple[Tuple[int], torch.dtype]:
@@ -90,3 +95,102 @@ for _statistic in STATISTICS:
     _kernel = _release(_statistic)
     register(PREFIX + _statistic, inputs=("partials",), shape=_statistic_shape, method=False)(_kernel)
     FRONTENDS[PREFIX + _statistic] = _recorder(PREFIX + _statistic, _kernel.__doc__)
+
+
+def _quantile_shape(items: Op, weights: Op, q: Sequence[float] = (0.5,)) -> Tuple[Tuple[int], torch.dtype]:
+    return (len(q),), torch.float64
+
+
+@register("federated_quantile", inputs=("items", "weights"), params={"q": (0.5,)}, shape=_quantile_shape,
+          method=False)
+def federated_quantile(items: torch.Tensor, weights: torch.Tensor, q: Sequence[float] = (0.5,)) -> torch.Tensor:
+    """The q-quantile(s) of each rule column over the providers' data, from merged KLL sketches. As a kernel: for
+    each q the smallest of the sketch's items (ascending) whose cumulative weight reaches q of the total (the
+    inclusive rank of DataSketches)."""
+    cumulative = torch.cumsum(weights.to(torch.float64), 0)
+    wanted = torch.as_tensor(q, dtype=torch.float64) * cumulative[-1]
+    index = torch.searchsorted(cumulative, wanted).clamp(max=items.numel() - 1)
+    return items.to(torch.float64)[index]
+
+
+@register("federated_median", inputs=("items", "weights"), shape=lambda items, weights: ((1,), torch.float64),
+          method=False)
+def federated_median(items: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The median of each rule column over the providers' data: the 0.5-quantile of their merged sketches
+    (`R.federated_median()` records a `federated_quantile`)."""
+    return federated_quantile(items, weights, (0.5,))
+
+
+def _histogram_shape(counts: Op, k: int = 1) -> Tuple[Tuple[int], torch.dtype]:
+    return (counts.shape[-1],), torch.float64
+
+
+@register("federated_histogram", inputs=("counts",), params={"k": 1}, shape=_histogram_shape, method=False)
+def federated_histogram(counts: torch.Tensor, k: int = 1) -> torch.Tensor:
+    """A histogram of each rule column over the providers' data. As a kernel: the bin counts of all providers
+    (one row each, NaN where a provider suppressed a bin) summed; a bin is NaN (suppressed) if a provider
+    suppressed it or it holds fewer than k values, but more than none."""
+    total = counts.to(torch.float64).sum(0)
+    return torch.where((total > 0) & (total < k), torch.nan, total)
+
+
+def check_q(q: Any) -> Tuple[Tuple[float, ...], bool]:
+    """(the probabilities, whether q was one number); ValueError unless each is a number in [0, 1]."""
+    scalar = not isinstance(q, (list, tuple))
+    values = [q] if scalar else list(q)
+    if not values:
+        raise ValueError("q must be a probability in [0, 1] or a non-empty list of them, not []")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise ValueError(f"q must be a probability in [0, 1] or a list of them, not {value!r}")
+    return tuple(float(v) for v in values), scalar
+
+
+def check_histogram(bins: Any, range: Any) -> Tuple[int, Optional[Tuple[float, float]]]:
+    """(bins, (low, high) or None); ValueError naming what is wrong."""
+    if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= MAX_BINS:
+        raise ValueError(f"bins must be an integer in [1, {MAX_BINS}], not {bins!r}")
+    if range is None:
+        return bins, None
+    if (not isinstance(range, (list, tuple)) or len(range) != 2
+            or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in range)
+            or not range[0] < range[1]):
+        raise ValueError(f"range must be (low, high) with finite low < high, or None for each rule's own "
+                         f"[min, max], not {range!r}")
+    return bins, (float(range[0]), float(range[1]))
+
+
+def _record_parameterised(name: str, op: str, params: Dict[str, Any], width: int) -> Op:
+    graph = current_graph()
+    graph.check_open()
+    if graph.approach != "federated":
+        raise GraphStateError(f"R.{name}() needs a federated graph: R.Graph(..., approach='federated', "
+                              f"rules=...), not the {graph.approach} graph {graph.name!r} (at {user_source()})")
+    return graph.add_node(op, (), params, (len(graph.rules.columns), width), torch.float64, user_source())
+
+
+def record_quantile(q: Any) -> Op:
+    """`R.federated_quantile(q)`: the q-quantile (q in [0, 1], or a list of them) of each rule column over the
+    providers' data, from their merged KLL sketches (rank error ~0.7%); fetched as {column: float}, or
+    {column: [float, ...]} for a list."""
+    values, scalar = check_q(q)
+    return _record_parameterised(PREFIX + "quantile", PREFIX + "quantile", {"q": values, "scalar": scalar},
+                                 len(values))
+
+
+def record_median() -> Op:
+    """`R.federated_median()`: R.federated_quantile(0.5)."""
+    return _record_parameterised(PREFIX + "median", PREFIX + "quantile", {"q": (0.5,), "scalar": True}, 1)
+
+
+def record_histogram(bins: int = 10, range: Optional[Tuple[float, float]] = None) -> Op:
+    """`R.federated_histogram(bins=10, range=None)`: per rule column, the providers' counts in `bins` equal bins
+    over `range` (None: the rule's own [min, max]); a bin of fewer than k values is suppressed (None). Fetched as
+    {column: {"edges": [...], "counts": [...]}}."""
+    bins, limits = check_histogram(bins, range)
+    return _record_parameterised(PREFIX + "histogram", PREFIX + "histogram", {"bins": bins, "range": limits}, bins)
+
+
+FRONTENDS[PREFIX + "quantile"] = record_quantile
+FRONTENDS[PREFIX + "median"] = record_median
+FRONTENDS[PREFIX + "histogram"] = record_histogram

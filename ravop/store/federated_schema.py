@@ -1,6 +1,8 @@
 """The Redis scripts and operations of federated graphs (approach='federated'): providers advertise the columns
 they hold, join an open graph up to its `max_clients`, and each writes one partial per rule column; nothing else
-of their data is ever written. The key names are in `ravop.store.keys` (FEDERATED_OPEN, PROVIDERS,
+of their data is ever written. Under `"secure": true` each joined provider also writes an X25519 public key to
+the graph's `public_keys` hash (`public_keys_key`), and its partial is masked (`ravop.federated.secure`).
+The key names are in `ravop.store.keys` (FEDERATED_OPEN, PROVIDERS,
 provider_key, FederatedKeys). The graph's meta also holds `rules` (canonical JSON), and counts providers as its
 subgraphs and ops, so that R.track_progress and R.get_my_graphs work unchanged.
 """
@@ -67,11 +69,38 @@ return 1
 """)
 
 
+# KEYS: meta, clients, public_keys.  ARGV: provider, public key.
+# A joined provider of a running graph publishes its key; returns how many keys the graph holds (0 if refused).
+PUBLISH_KEY = with_states("""
+if redis.call('HGET', KEYS[1], 'state') ~= '@RUNNING@' then return 0 end
+if redis.call('HGET', KEYS[2], ARGV[1]) ~= 'joined' then return 0 end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+return redis.call('HLEN', KEYS[3])
+""")
+
+
+def public_keys_key(keys: GraphKeys) -> str:
+    """The hash of a secure graph's providers' public keys (provider -> base64 X25519 key); under the graph's
+    prefix, so it goes with the graph."""
+    return keys.prefix + "public_keys"
+
+
+def public_keys(client: Client, keys: GraphKeys) -> Dict[str, str]:
+    return {name.decode(): key.decode() for name, key in client.hgetall(public_keys_key(keys)).items()}
+
+
 class FederatedScripts:
     def __init__(self, client: Client) -> None:
         self.client = client
         self._join = client.register_script(JOIN)
         self._contribute = client.register_script(CONTRIBUTE)
+        self._publish_key = client.register_script(PUBLISH_KEY)
+
+    def publish_key(self, keys: GraphKeys, provider: str, public: str) -> int:
+        """How many public keys the graph holds once this provider's is in; 0 if it no longer runs or the
+        provider had not joined it."""
+        fed = FederatedKeys(keys)
+        return self._publish_key(keys=[keys.meta, fed.clients, public_keys_key(keys)], args=[provider, public])
 
     def join(self, keys: GraphKeys, provider: str) -> str:
         """'joined', 'member', 'full', or the graph's state ('done', 'failed', 'gone', ...)."""

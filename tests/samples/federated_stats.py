@@ -34,7 +34,33 @@ def _released(name):
     return reference
 
 
+# A merged sketch's retained items (ascending) and their weights; per-provider bin counts (NaN: suppressed).
+ITEMS = np.array([1.0, 2.0, 3.5, 4.0, 9.0])
+WEIGHTS = np.array([1.0, 1.0, 2.0, 4.0, 8.0])
+COUNTS = np.array([[5.0, np.nan, 0.0, 1.0, 6.0], [4.0, 7.0, 0.0, 1.0, 0.0]])
+
+
+def _inclusive_quantile(items, weights, q=(0.5,)):
+    cumulative = np.cumsum(np.asarray(weights, dtype=np.float64))
+    items = np.asarray(items, dtype=np.float64)
+    return torch.tensor([items[np.argmax(cumulative >= p * cumulative[-1])] for p in q], dtype=torch.float64)
+
+
+def _merged_bins(counts, k=1):
+    total = np.asarray(counts, dtype=np.float64).sum(0)
+    return torch.tensor(np.where((total > 0) & (total < k), np.nan, total), dtype=torch.float64)
+
+
 SAMPLES = {
+    "federated_quantile": [
+        Sample((ITEMS, WEIGHTS), {"q": (0.0, 0.0625, 0.07, 0.5, 1.0)}, reference=_inclusive_quantile,
+               note="the inclusive rank: q 0.0625 is reached by the first item's weight"),
+    ],
+    "federated_median": [Sample((ITEMS, WEIGHTS), reference=_inclusive_quantile)],
+    "federated_histogram": [
+        Sample((COUNTS,), {"k": 3}, reference=_merged_bins, note="a provider's suppressed bin and a small sum"),
+        Sample((COUNTS[1:],), reference=_merged_bins, note="one provider, k 1"),
+    ],
     "federated_partial": [
         Sample((COLUMN,), reference=_numpy_partial, note="missing values dropped"),
         Sample((COLUMN,), {"low": 10, "high": 50}, reference=_numpy_partial, note="a rule's range"),

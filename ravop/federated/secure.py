@@ -1,0 +1,125 @@
+"""Secure aggregation (`"secure": true` in the rules): providers mask their partials with pairwise masks, so
+that the store and the requester can read only their sum (Bonawitz et al. 2017, arXiv 1611.04482, without its
+dropout recovery).
+
+A partial becomes a vector of sums that add up over providers: per rule column its count, the sum and the sum of
+squares of (v - c) (c: the middle of the rule's range, or 0, which keeps the squares small), and each histogram's
+bin counts. Each sum is fixed-point (2^-32 units) modulo 2^128, each count an integer modulo 2^64 (under
+privacy, the noisy count rounded). Every provider that joined draws an X25519 key
+pair and writes its public key to the graph; once all `max_clients` keys are there, provider i agrees a secret
+with each other provider j, expands it (HKDF-SHA256 bound to the graph and the pair, then a ChaCha20 stream) to a
+mask m_ij of the vector's length, and writes x_i + sum_{j > i} m_ij - sum_{j < i} m_ij. The masks cancel in the
+sum over all providers and nowhere else: a single masked vector is uniformly random to whoever lacks the
+secrets.
+
+A provider that stops after the keys are exchanged leaves masks that nothing cancels: the query cannot be
+answered, and R.track_progress names the provider (the graph waits for it; its timeout= gives up). There is no
+recovery through secret shares. The public keys are trusted as the store gives them (an honest-but-curious
+store: one that rewrote them could read the partials).
+"""
+import base64
+import binascii
+import hashlib
+from typing import List, Mapping, Optional, Sequence
+
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+WIDE, NARROW = "w", "n"     # the kinds of element: a fixed-point sum, or a count
+WIDTH = {WIDE: 16, NARROW: 8}        # bytes: sums modulo 2^128, counts modulo 2^64 (exact integers)
+MODULUS = {kind: 1 << (8 * width) for kind, width in WIDTH.items()}
+SCALE = {WIDE: 1 << 32, NARROW: 1}   # a sum is written in units of 2^-32, a count in units
+
+
+def kinds(n_columns: int, histogram_bins: Sequence[int]) -> str:
+    """The kind of each element of a vector: per column its count, sum and sum of squares, then each
+    histogram's bins."""
+    return (NARROW + WIDE + WIDE + NARROW * sum(histogram_bins)) * n_columns
+
+
+def encode(values: Sequence[float], layout: str) -> List[int]:
+    """Fixed-point residues of the sums and counts (negative ones wrap around)."""
+    return [round(float(v) * SCALE[kind]) % MODULUS[kind] for v, kind in zip(values, layout, strict=True)]
+
+
+def decode(residues: Sequence[int], layout: str) -> List[float]:
+    """Sums of residues added modulo their ring, back to floats (the upper half of a ring is negative)."""
+    return [(r - MODULUS[kind] if r >= MODULUS[kind] // 2 else r) / SCALE[kind]
+            for r, kind in zip(residues, layout, strict=True)]
+
+
+def pack(residues: Sequence[int], layout: str) -> str:
+    return base64.b64encode(b"".join(r.to_bytes(WIDTH[kind], "little")
+                                     for r, kind in zip(residues, layout, strict=True))).decode()
+
+
+def unpack(encoded: object, layout: str) -> List[int]:
+    """A masked vector laid out as `layout`; ValueError if it is not one."""
+    if not isinstance(encoded, str):
+        raise ValueError(f"a masked partial must be a base64 string, not {type(encoded).__name__}")
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except binascii.Error:
+        raise ValueError("a masked partial is not base64") from None
+    size = sum(WIDTH[kind] for kind in layout)
+    if len(raw) != size:
+        raise ValueError(f"a masked partial holds {len(raw)} bytes, not {size}")
+    return _split(raw, layout)
+
+
+def _split(raw: bytes, layout: str) -> List[int]:
+    values, at = [], 0
+    for kind in layout:
+        values.append(int.from_bytes(raw[at:at + WIDTH[kind]], "little"))
+        at += WIDTH[kind]
+    return values
+
+
+def add(vectors: Sequence[Sequence[int]], layout: str) -> List[int]:
+    return [sum(column) % MODULUS[kind] for column, kind in zip(zip(*vectors), layout)]
+
+
+class MaskingKey:
+    """One provider's X25519 key pair for one graph."""
+
+    def __init__(self) -> None:
+        self._private = X25519PrivateKey.generate()
+
+    def public(self) -> str:
+        raw = self._private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return base64.b64encode(raw).decode()
+
+    def mask(self, residues: Sequence[int], layout: str, me: str, publics: Mapping[str, str],
+             context: str) -> List[int]:
+        """`residues` plus this provider's masks with every other provider in `publics` (name -> public key)."""
+        masked = list(residues)
+        for other, public in sorted(publics.items()):
+            if other == me:
+                continue
+            stream = _mask_stream(self._private.exchange(_public_key(other, public)), context, me, other, layout)
+            sign = 1 if me < other else -1
+            masked = [(m + sign * s) % MODULUS[kind] for m, s, kind in zip(masked, stream, layout)]
+        return masked
+
+
+def _public_key(name: str, encoded: str) -> X25519PublicKey:
+    try:
+        return X25519PublicKey.from_public_bytes(base64.b64decode(encoded, validate=True))
+    except (binascii.Error, ValueError):
+        raise ValueError(f"provider {name}'s public key is not an X25519 key") from None
+
+
+def _mask_stream(shared: bytes, context: str, me: str, other: str, layout: str) -> List[int]:
+    """The pair's mask: the same for both ends (the names are ordered), another for every graph."""
+    first, second = sorted((me, other))
+    info = hashlib.sha256("\0".join(("ravop-secure-aggregation", context, first, second)).encode()).digest()
+    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
+    cipher = Cipher(algorithms.ChaCha20(key, b"\0" * 16), mode=None).encryptor()
+    return _split(cipher.update(bytes(sum(WIDTH[kind] for kind in layout))), layout)
+
+
+def centre(low: Optional[float], high: Optional[float]) -> float:
+    """The reference point of a column's sums: the middle of its rule's range, or 0 if a bound is open."""
+    return (low + high) / 2 if low is not None and high is not None else 0.0
