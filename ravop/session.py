@@ -11,6 +11,7 @@ import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 import redis
+import torch
 
 from . import last_session
 from .errors import ConnectionFailed, GraphStateError
@@ -104,6 +105,10 @@ def initialize(token: Optional[str] = None, redis_url: Optional[str] = None, wor
         if count < len(data):
             raise ValueError(f"data= names {len(data)} providers but workers={count}: each provider is a worker")
         embedded = EmbeddedCluster(count, device, data=data, data_dir=default_data_dir())
+        if count and torch.get_num_threads() > embedded.threads:
+            # This process would compete with its own workers for the cores; on as many threads as one of
+            # them, the user's eager PyTorch here also sums in the workers' order and reproduces their numbers.
+            torch.set_num_threads(embedded.threads)
         url = embedded.url
         try:
             client = connect(url, timeout)
