@@ -22,7 +22,7 @@ from .store.handoff import Handoff
 from .store import graphs as store_graphs
 from .store import worker_info
 from .store.client_types import Client
-from .stored_values import LOADERS  # noqa: F401  (where ravdl and R.model register their loaders)
+from .stored_values import LOADERS, DoneValues  # noqa: F401  (LOADERS: where ravdl and R.model register loaders)
 
 if TYPE_CHECKING:
     from .dashboard import Dashboard
@@ -42,6 +42,7 @@ class Session:
         # skips the name lookup in Redis (one round trip instead of two; fetching each batch loss of a
         # training run adds up). Saved objects (bundles) still go through Redis.
         self.activated_names: Dict[str, int] = {}
+        self.done_values: Optional[DoneValues] = None   # small values of the finished graph last fetched from
         self.dashboard: "Optional[Dashboard]" = None  # a ravop.dashboard.Dashboard serving this session, with dashboard=True
 
     def keys(self) -> GraphKeys:
@@ -176,4 +177,5 @@ def flush() -> None:
     store_graphs.delete_token(session.client, session.token)
     session.graph_id = None
     session.activated_names = {}
+    session.done_values = None
     set_current(None)
