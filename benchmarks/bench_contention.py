@@ -8,7 +8,8 @@ on a user's laptop or a provider's shared machine.
 Each fit is what a user waits for: record, R.activate, R.execute + track_progress, and every batch loss
 fetched by name (`R.fetch_persisting_op('training_loss_epoch_1_batch_1')`, ...) as the RavDL guide writes it.
 Eager runs in this process on one torch thread. Also printed: the time from R.initialize() to the first result
-of a trivial graph that a worker computes (workers starting), and the machine's load average before each part (other jobs count).
+of a trivial graph that a worker computes (workers starting), and the machine's load average before each part
+(other jobs count).
 Targets (issue 29): <= 0.8x eager quiet, <= 1.5x with the busy processes.
 """
 import argparse

@@ -1,7 +1,8 @@
 """Fetching a finished graph's values one name at a time, as the RavDL guide loops over its losses, reads
 all its small values in one round trip and answers the rest from that copy: the values are the stored ones,
-each fetch gets its own tensor, a fit's losses are those R.fetch_losses reads, a large value is still read on its own, and a new graph (activated or
-flushed) is never answered from the old one's copy. Real server and workers."""
+each fetch gets its own tensor, a fit's losses are those R.fetch_losses reads, a large value is still read on
+its own, and a new graph (activated or flushed) is never answered from the old one's copy. Real server and
+workers."""
 import pytest
 import torch
 
