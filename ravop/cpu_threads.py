@@ -9,6 +9,7 @@ a loop of small matmuls on 2 threads beside one busy process took 2.14 s spinnin
 same on a quiet machine (0.42 / 0.39 s); see docs/performance.md.
 """
 import os
+from typing import MutableMapping
 
 WAIT_POLICY = "OMP_WAIT_POLICY"
 PASSIVE = "PASSIVE"
@@ -27,7 +28,7 @@ def per_worker(workers: int, cores: int = 0) -> int:
     return max(1, (cores or machine_cores()) // max(1, workers))
 
 
-def passive_waiting(env: dict) -> dict:
+def passive_waiting(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
     """`env` with OpenMP told to wait passively, unless it already says how to wait."""
     env.setdefault(WAIT_POLICY, PASSIVE)
     return env
