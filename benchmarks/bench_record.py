@@ -5,6 +5,7 @@ user's source line, with no network call.
 
     python benchmarks/bench_record.py            # 100k ops per row, best of 3
     python benchmarks/bench_record.py --quick    # 20k ops per row, best of 1
+    python benchmarks/bench_record.py --embedded # with the embedded default up (R.initialize(), workers idle)
 """
 import argparse
 import gc
@@ -43,7 +44,12 @@ def record(step, n_ops):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="20k ops per row, one repeat")
+    parser.add_argument("--embedded", action="store_true",
+                        help="start the embedded default first (R.initialize()) and record once its workers are up")
     args = parser.parse_args()
+    if args.embedded:
+        session = R.initialize(token="bench-record")
+        session.embedded.wait_ready(session.client)
     n_ops, repeats = (20_000, 1) if args.quick else (100_000, 3)
     print(f"{'case':<26} {'ops':>8} {'us/op':>7}")
     worst = 0.0

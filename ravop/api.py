@@ -1,4 +1,6 @@
 """Generate the user-facing `R.<name>` functions and `Op` methods/dunders from the op registry."""
+from types import FunctionType
+
 import numpy as np
 
 from . import registry
@@ -35,8 +37,15 @@ def make_function(opdef):
     variadic = opdef.variadic
     name = opdef.name
     flags = {k for k, v in defaults.items() if isinstance(v, bool)}
+    fast = not variadic and not required
 
     def fn(*args, **kwargs):
+        if fast and not kwargs and len(args) == n_inputs:   # the common call: its tensors, nothing else
+            for t in args:
+                if t is None:
+                    break   # the full binding below names the missing input
+            else:
+                return record(opdef, args, dict(defaults) if defaults else NO_PARAMS)
         if variadic:
             if args and type(args[0]) is Op:  # tensors one by one, as the original's a.concat(b)
                 count = next((i for i, a in enumerate(args) if type(a) is not Op), len(args))
@@ -125,8 +134,8 @@ def build(namespace):
         if opdef.internal:
             continue  # R.t makes constants, multi-output ops return their outputs, ravop.loop makes loops
         namespace[key] = fn
-        if opdef.method and key not in _OP_ATTRIBUTES:
-            setattr(Op, key, _method(fn))
+        if opdef.method and key not in _OP_ATTRIBUTES:   # a plain function binds as a method itself
+            setattr(Op, key, fn if isinstance(fn, FunctionType) else _method(fn))
     for dunder, name in DUNDERS.items():
         if name in functions:
             opdef = registry.get(name)

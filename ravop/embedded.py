@@ -25,6 +25,7 @@ from pathlib import Path
 import redis
 import torch
 
+from .cpu_threads import passive_waiting, per_worker
 from .errors import ConnectionFailed, DeviceUnavailable, RavopError
 from .store import workers as liveness
 
@@ -173,7 +174,7 @@ def start_worker(url, name, device="cpu", threads=None, log_path=None, parent_pi
         command += ["--threads", str(threads)]
     if parent_pid is not None:
         command += ["--parent-pid", str(parent_pid), "--exit-when-server-gone", "5"]
-    env = dict(os.environ)
+    env = passive_waiting(dict(os.environ))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     try:
@@ -216,9 +217,11 @@ class EmbeddedCluster:
         self.url = self.server.url
         self.device = device
         self.data = list(data)
-        # torch's default thread count unless told otherwise, as in the requester's own process: some
-        # training steps amplify rounding noise (Adam on a bias followed by BatchNorm), and a different
+        # The workers split the machine's cores: more threads than cores stall small kernels many times over
+        # as soon as anything else runs. R.initialize() gives the requester no more threads than one worker:
+        # some training steps amplify rounding noise (Adam on a bias followed by BatchNorm), and a different
         # thread count sums in a different order, so only the same setting reproduces eager PyTorch there.
+        self.threads = threads or per_worker(workers)
         self.workers = []  # (name, log path, process)
         atexit.register(self.stop)
         _running.add(self)
@@ -227,7 +230,8 @@ class EmbeddedCluster:
             name = f"embedded-{os.getpid()}-{i}"
             log = os.path.join(self.server.dir, f"{name}.log")
             files = ["--data", *self.data[i]] if i < len(self.data) else []
-            self.workers.append((name, log, start_worker(self.url, name, device, threads, log, os.getpid(), files)))
+            process = start_worker(self.url, name, device, self.threads, log, os.getpid(), files)
+            self.workers.append((name, log, process))
         self._ready = not self.workers
 
     def check_runs(self, graph):

@@ -9,7 +9,7 @@ from .graph_kinds import kind_of
 from .session import Session, require
 from .store import GraphKeys
 from .store.lookup import find_graph
-from .stored_values import fetch_tensor
+from .stored_values import done_value, fetch_tensor
 from .training_losses import Losses, read
 
 
@@ -23,7 +23,10 @@ def fetch_persisting_op(op_name: str, wait: bool = False, timeout: Optional[floa
     deadline = None if timeout is None else time.monotonic() + timeout
     node_id = session.activated_names.get(op_name)
     if node_id is not None:   # a value of the graph this session activated: no lookup in Redis
-        return fetched(fetch_tensor(session, keys, op_name, node_id, wait, deadline))
+        value = done_value(session, keys, op_name)
+        if value is None:
+            value = fetch_tensor(session, keys, op_name, node_id, wait, deadline)
+        return fetched(value)
     kind = kind_of(session.client.hget(keys.meta, "approach"))
     return kind.fetch(session, keys, op_name, wait, deadline)
 

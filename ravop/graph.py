@@ -37,7 +37,8 @@ class Op:
         self.op = op              # registry name
         self.inputs = inputs      # tuple of Op
         self.params = params      # dict of canonical params (tuples, numbers, strings, None)
-        self.shape = Shape(shape)  # tuple of ints; a tuple of shapes for a multi-output node
+        # tuple of ints; a tuple of shapes for a multi-output node (a unary op's rule hands on its input's Shape)
+        self.shape = shape if type(shape) is Shape else Shape(shape)
         self.dtype = dtype        # torch.dtype; a tuple of dtypes for a multi-output node
         self.source = source      # "file:line" of the user's code that recorded it
 

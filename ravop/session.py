@@ -11,6 +11,7 @@ import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 import redis
+import torch
 
 from . import last_session
 from .errors import ConnectionFailed, GraphStateError
@@ -21,7 +22,7 @@ from .store.handoff import Handoff
 from .store import graphs as store_graphs
 from .store import worker_info
 from .store.client_types import Client
-from .stored_values import LOADERS  # noqa: F401  (where ravdl and R.model register their loaders)
+from .stored_values import LOADERS, DoneValues  # noqa: F401  (LOADERS: where ravdl and R.model register loaders)
 
 if TYPE_CHECKING:
     from .dashboard import Dashboard
@@ -41,6 +42,7 @@ class Session:
         # skips the name lookup in Redis (one round trip instead of two; fetching each batch loss of a
         # training run adds up). Saved objects (bundles) still go through Redis.
         self.activated_names: Dict[str, int] = {}
+        self.done_values: Optional[DoneValues] = None   # small values of the finished graph last fetched from
         self.dashboard: "Optional[Dashboard]" = None  # a ravop.dashboard.Dashboard serving this session, with dashboard=True
 
     def keys(self) -> GraphKeys:
@@ -104,6 +106,10 @@ def initialize(token: Optional[str] = None, redis_url: Optional[str] = None, wor
         if count < len(data):
             raise ValueError(f"data= names {len(data)} providers but workers={count}: each provider is a worker")
         embedded = EmbeddedCluster(count, device, data=data, data_dir=default_data_dir())
+        if count and torch.get_num_threads() > embedded.threads:
+            # This process would compete with its own workers for the cores; on as many threads as one of
+            # them, the user's eager PyTorch here also sums in the workers' order and reproduces their numbers.
+            torch.set_num_threads(embedded.threads)
         url = embedded.url
         try:
             client = connect(url, timeout)
@@ -171,4 +177,5 @@ def flush() -> None:
     store_graphs.delete_token(session.client, session.token)
     session.graph_id = None
     session.activated_names = {}
+    session.done_values = None
     set_current(None)

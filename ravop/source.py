@@ -21,8 +21,12 @@ def _library(filename):
 def user_source():
     """Return "file:line" of the innermost frame outside the library (cheap: a short frame walk)."""
     frame = sys._getframe(1)
-    while frame is not None and (_is_library.get(frame.f_code.co_filename) or _library(frame.f_code.co_filename)):
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        library = _is_library.get(filename)
+        if library is None:
+            library = _library(filename)
+        if not library:
+            return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
-    if frame is None:
-        return "<unknown>"
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    return "<unknown>"

@@ -10,6 +10,8 @@ from .errors import GraphFailedError, GraphStateError, NotComputedError, Unknown
 from .store import GraphKeys
 from .store import graphs as store_graphs
 from .store import tensors as stored
+from .store.small_values import read_small_values
+from .wire.codec import decode_tensor, is_chunked
 
 if TYPE_CHECKING:
     from .session import Session
@@ -19,6 +21,40 @@ if TYPE_CHECKING:
 LOADERS: Dict[str, Callable[[Any, Dict[str, torch.Tensor]], Any]] = {}
 
 WAIT_SECONDS = 0.05   # how often fetch_persisting_op(wait=True) looks for the value
+SMALL_BYTES = 4096    # persisted values up to this size are read all at once when a graph is done
+
+
+class DoneValues:
+    """The small persisted values of one finished graph, read in one round trip the first time one of them is
+    fetched: a finished graph's values no longer change, and a loop over its losses by name
+    (`fetch_persisting_op('training_loss_epoch_1_batch_1')`, ...) then costs no request per loss. Decoded on
+    first use; each fetch gets its own copy. A new graph (activated or flushed) replaces it."""
+
+    def __init__(self, graph_id: str, stored: Dict[str, bytes]) -> None:
+        self.graph_id = graph_id
+        self.stored = {name: data for name, data in stored.items() if not is_chunked(data)}
+        self.decoded: Dict[str, torch.Tensor] = {}
+
+    def get(self, name: str) -> Optional[torch.Tensor]:
+        tensor = self.decoded.get(name)
+        if tensor is None:
+            data = self.stored.get(name)
+            if data is None:
+                return None   # a large value, or none: read it on its own
+            tensor = self.decoded[name] = decode_tensor(data)
+        return tensor.clone()
+
+
+def done_value(session: "Session", keys: GraphKeys, name: str) -> Optional[torch.Tensor]:
+    """The value persisted as `name` if the graph at `keys` is done and it is small (from `session.done_values`,
+    read for all of them on the first call); None otherwise (the caller fetches it on its own)."""
+    done = session.done_values
+    if done is None or done.graph_id != keys.graph_id:
+        state, stored_values = read_small_values(session.client, keys, SMALL_BYTES)
+        if state != graph_states.DONE:
+            return None
+        done = session.done_values = DoneValues(keys.graph_id, stored_values)
+    return done.get(name)
 
 
 def read_meta(session: "Session", keys: GraphKeys) -> Dict[str, str]:

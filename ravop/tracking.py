@@ -3,11 +3,12 @@ list the token's graphs."""
 import json
 import sys
 import time
+from contextlib import nullcontext
 from typing import Any, Callable, Dict, List, Optional
 
 import redis
 
-from . import graph_states, watching
+from . import graph_states, progress, watching
 from .errors import ConnectionFailed, GraphStateError
 from .graph import current_graph
 from .graph_kinds import kind_of
@@ -93,7 +94,9 @@ def track_progress(progress_bar: bool = True, timeout: Optional[float] = None) -
         return
     try:
         if session.embedded is not None:
-            session.embedded.wait_ready(session.client)
+            # The first graph after R.initialize() waits for the local workers to import torch and register.
+            with progress.busy(f"{meta['name']}: local workers starting") if progress_bar else nullcontext():
+                session.embedded.wait_ready(session.client)
         _track_through_outages(session, keys, meta, progress_bar, timeout, tqdm)
     except KeyboardInterrupt:
         # A plain KeyboardInterrupt (`except KeyboardInterrupt` still works, and uncaught it exits as Ctrl-C

@@ -1,5 +1,13 @@
 """ravop-worker: takes subgraphs from the Redis stream of its device kind, runs them with the registry's
 torch kernels, and stores their outputs. `python -m worker --help`."""
-from .consumer import Worker
+import os
+
+from ravop.cpu_threads import passive_waiting
+
+# Before torch loads OpenMP, which reads it once: a worker's idle threads sleep instead of spinning on cores
+# that others share (ravop.cpu_threads). The embedded default sets it too; this covers `ravop-worker`.
+passive_waiting(os.environ)
+
+from .consumer import Worker  # noqa: E402
 
 __all__ = ["Worker"]

@@ -8,6 +8,9 @@ import signal
 import socket
 import sys
 
+import torch
+
+from ravop.cpu_threads import machine_cores
 from ravop.errors import ConnectionFailed
 from ravop.store import connect
 from ravop.store import workers as liveness
@@ -49,7 +52,9 @@ def parse_args(argv=None):
                              f"only; default: {CHECKPOINT_STEPS})")
     parser.add_argument("--checkpoint-seconds", type=float, default=CHECKPOINT_SECONDS,
                         help=f"... and at least every this many seconds (default: {CHECKPOINT_SECONDS:g})")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: the cores this process may use); give each of N "
+                             "workers on one machine cores / N")
     parser.add_argument("--exit-when-server-gone", type=float, default=None, metavar="SECONDS",
                         help="exit when Redis stays unreachable this long (default: keep retrying)")
     parser.add_argument("--parent-pid", type=int, default=None,
@@ -96,9 +101,11 @@ def main(argv=None):
         return 2
     if args.parent_pid is not None and not _die_with_parent(args.parent_pid):
         return 0
-    if args.threads:
-        import torch
-        torch.set_num_threads(args.threads)
+    if args.threads is not None and args.threads < 1:
+        print(f"ravop-worker: --threads must be at least 1, not {args.threads}", file=sys.stderr)
+        return 2
+    threads = args.threads or machine_cores()
+    torch.set_num_threads(threads)
     try:
         emulated_device.enable(args.emulate_device_flops, args.benchmark_busy_file)
         data = ProviderData.load(args.data) if args.data else None
@@ -129,5 +136,8 @@ def main(argv=None):
         print(f"ravop-worker {args.name}: metrics on http://{args.metrics_host}:{port}/metrics", file=sys.stderr,
               flush=True)
     memory.enforce(worker.device, worker.memory_budget)
+    print(f"ravop-worker {args.name}: serving {worker.device} with {threads} torch thread{'s' * (threads > 1)} "
+          f"(of {machine_cores()} cores{'' if args.threads else '; --threads to change'}; "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')})", flush=True)
     gc.freeze()   # what is loaded by now lives as long as the process: the cyclic GC need not rescan it
     return worker.run()

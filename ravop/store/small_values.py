@@ -1,0 +1,40 @@
+"""Every small persisted value of a finished graph in one round trip: a Lua script returns nothing but the
+state while the graph is not done, and once it is, walks the persist names and returns each stored value of
+at most `max_bytes` (a loss, a metric, a small weight), so that fetching a training run's losses one name at a
+time, as the RavDL guide writes it, costs one request for all of them (`ravop.stored_values.DoneValues`)."""
+from typing import Dict, Optional, Tuple
+
+from ..graph_states import DONE
+from .client_types import Client
+from .keys import GraphKeys
+
+# KEYS: meta, persist.  ARGV: tensor key prefix, largest value in bytes, the done state.
+# Returns {} for a graph that is gone, {state} for one not done, else {state, name, value, name, value, ...}.
+READ_SMALL = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return {} end
+if state ~= ARGV[3] then return {state} end
+local out = {state}
+local limit = tonumber(ARGV[2])
+local persist = redis.call('HGETALL', KEYS[2])
+for i = 1, #persist, 2 do
+  local key = ARGV[1] .. persist[i + 1]
+  local size = redis.call('STRLEN', key)
+  if size > 0 and size <= limit then
+    out[#out + 1] = persist[i]
+    out[#out + 1] = redis.call('GET', key)
+  end
+end
+return out
+"""
+
+
+def read_small_values(client: Client, keys: GraphKeys,
+                      max_bytes: int) -> Tuple[Optional[str], Dict[str, bytes]]:
+    """(state, {persist name: stored bytes}) of the graph's persisted values of at most `max_bytes`, read only
+    once it is done (else {}); (None, {}) if the graph is gone."""
+    reply = client.register_script(READ_SMALL)(keys=[keys.meta, keys.persist],
+                                               args=[keys.tensor_prefix, max_bytes, DONE])
+    if not reply:
+        return None, {}
+    return reply[0].decode(), {reply[i].decode(): reply[i + 1] for i in range(1, len(reply), 2)}
