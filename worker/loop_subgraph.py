@@ -30,6 +30,7 @@ from ravop.wire import encode_tensor, unpack_loop
 
 from . import device as devices
 from . import memory
+from .exchange import StoreExchange
 from .run import kernel_error
 from .validate import check_nodes
 
@@ -75,7 +76,7 @@ def _watcher(spec, template, max_bytes, budget):
     """A template's memory rules: its declared sizes checked as a subgraph's are (`PlanError` naming the op past
     the limit), and each output against its declared size and the budget as it is made."""
     defined = [*spec.outer_ids, *template.hole_ids()]
-    program = check_nodes(template.nodes, defined, [*template.carry_next, *template.output_nodes], max_bytes)
+    program = check_nodes(template.nodes, defined, template.results(), max_bytes)
     return memory.Watcher(program, budget)
 
 
@@ -106,8 +107,21 @@ class _Writer:
         self.last_flush = self.last_checkpoint = now
         self.checkpointed = resumed_at or 0
         self.saved = resumed_at   # the step of the checkpoint in Redis (None: none)
+        self.last = None          # (steps done, carried values) after the last step run here
+
+    def on_wait(self, state):
+        """Called while the loop waits for a value another loop sends: stop if the graph stopped running, hand
+        the loop back (after a checkpoint of what it has) if the worker is stopping."""
+        if state != b"running":
+            raise LoopAbandoned(state)
+        if self.stop is not None and self.stop.is_set():
+            if self.last is None:
+                raise LoopHandedBack(self.saved or 0)
+            self.write(*self.last)
+            raise LoopHandedBack(self.last[0])
 
     def on_step(self, done, template, run, outputs, carried):
+        self.last = (done, carried)
         for first, value in zip(self.first_ids[template], outputs):
             self.pending[first + run] = value
         now = time.monotonic()
@@ -183,7 +197,8 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
                      stop)
     try:
         runner = LoopRun(spec, [inputs[i] for i in loop_step.inputs], seed, device, watch)
-        carried = runner.run(carried, start or 0, writer.on_step)
+        exchange = StoreExchange(client, keys, device, writer.on_wait) if runner.exchanges() else None
+        carried = runner.run(carried, start or 0, writer.on_step, exchange)
         writer.write(spec.n_steps)
         env = run_nodes(program.steps[1:], {loop_step.id: tuple(carried)}, outputs=program.outputs)
     except OpError as exc:   # reported as on any subgraph: the op, its sizes, the device, and the step

@@ -64,6 +64,47 @@ def _record_segment(initial, batches, steps, segment, record_step):
     return loop.run(steps.schedule, rounds=steps.n_epochs, segment=segment)
 
 
+def _record_replica(state, resident, r, batches, steps, record_step, sync_every):
+    """Replica r's loop over every step of the fit, its sync templates (`resident.sync_steps`) after every
+    `sync_every` steps and the last one; returns all its carried values after the loop (its train state first)."""
+    extra = resident.extra(r)
+    loop = Loop(list(state) + extra, batches)
+    n_state = len(state)
+    for t, rows in enumerate(steps.rows):
+        runs = [(e, b) for tt, e, b in steps.order if tt == t]
+        with loop.step() as step:
+            record_step(_StatePart(step, n_state), rows, runs)
+    sync = resident.sync_steps(loop, r, n_state)
+    return list(loop.run(steps.schedule, rounds=steps.n_epochs, sync=sync, sync_every=sync_every))
+
+
+class _StatePart:
+    """A loop step seen by a training step that knows only the train state: the loop carries more values
+    (a resident replica's global model and residuals), which the training step passes through."""
+
+    def __init__(self, step, n_state):
+        self.step, self.n_state = step, n_state
+        self.carried = step.carried[:n_state]
+
+    def carry(self, values):
+        self.step.carry(list(values) + list(self.step.carried[self.n_state:]))
+
+    def rows(self, data, n_rows):
+        return self.step.rows(data, n_rows)
+
+    def persist(self, op, names):
+        self.step.persist(op, names)
+
+
+def _enough_workers(replicas):
+    """Whether the session's live workers can run every replica at once (resident replicas wait for each other
+    at every round; with fewer workers the replicas run as segments, with the same bits)."""
+    try:
+        return len(live_workers()) >= replicas
+    except GraphStateError:
+        return False
+
+
 def _loss_name(epoch, batch):
     return training_loss_name(epoch + 1, batch + 1)
 
@@ -135,7 +176,9 @@ class ParallelFit:
         per_update = strategy.update_frequency   # batches whose gradients one optimizer step sums
         steps = _Steps(size, self.batch_size * per_update, self.n_epochs)
         initial = [slot.get() for slot in slots]
-        sync = strategy.synchronizer(initial, layout, current_graph().seed)
+        resident = strategy.resident(initial, layout) if _enough_workers(replicas) and \
+            hasattr(strategy, "resident") else None
+        sync = resident or strategy.synchronizer(initial, layout, current_graph().seed)
         states = [list(initial) for _ in range(replicas)]
         losses = [None] * replicas
         names = {}
@@ -162,7 +205,12 @@ class ParallelFit:
             return record_step
 
         n_steps = len(steps.order)
-        for first, n in strategy.segments(n_steps):
+        if resident is not None:   # one loop per replica for the whole fit, its state kept where it runs
+            for r, (X_shard, y_shard) in enumerate(shards):
+                batches = Batches(size, self.batch_size * per_update, self.shuffle, self.seed + r)
+                states[r] = _record_replica(states[r], resident, r, batches, steps, train(r, X_shard, y_shard),
+                                            strategy.inner_steps)
+        for first, n in strategy.segments(n_steps) if resident is None else ():
             for r, (X_shard, y_shard) in enumerate(shards):
                 batches = Batches(size, self.batch_size * per_update, self.shuffle, self.seed + r)
                 after = _record_segment(states[r] + loss_slot, batches, steps, (first, n), train(r, X_shard, y_shard))

@@ -27,6 +27,7 @@ pseudo-gradient. The model after fit has every round's outer step applied (the l
 In the graph, round k+1's segments do not read outer step k, so workers run them at the same time.
 """
 from .compression import check_compression, send
+from .resident import ResidentDiLoCo
 from .replicas import OnShards, average, check_replicas, check_update_frequency, every
 
 
@@ -55,6 +56,11 @@ class DiLoCo(OnShards):
 
     def synchronizer(self, initial, layout, graph_seed):
         return _OuterSteps(self, initial, layout)
+
+    def resident(self, initial, layout):
+        """Resident replicas (ravop.parallel.resident): one loop per replica for the whole fit, exchanging only
+        pseudo-gradients and updates; None with `overlap` (its rounds run as segments)."""
+        return None if self.overlap else ResidentDiLoCo(self, initial, layout)
 
     def __repr__(self):
         return (f"DiLoCo(replicas={self.replicas}, inner_steps={self.inner_steps}, outer_lr={self.outer_lr}, "
