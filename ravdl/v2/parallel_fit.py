@@ -176,8 +176,9 @@ class ParallelFit:
         per_update = strategy.update_frequency   # batches whose gradients one optimizer step sums
         steps = _Steps(size, self.batch_size * per_update, self.n_epochs)
         initial = [slot.get() for slot in slots]
-        resident = strategy.resident(initial, layout) if _enough_workers(replicas) and \
-            hasattr(strategy, "resident") else None
+        mode = getattr(strategy, "resident", False)   # None: when the live workers can hold every replica
+        resident = strategy.resident_sync(initial, layout) if (
+            _enough_workers(replicas) if mode is None else mode) else None
         sync = resident or strategy.synchronizer(initial, layout, current_graph().seed)
         states = [list(initial) for _ in range(replicas)]
         losses = [None] * replicas
