@@ -3,6 +3,8 @@
 on a real server with worker processes, move only a bounded number of bytes per round (measured by the server's
 own network counters), survive a provider killed mid-round with the same bits, and their plan does not grow with
 the number of rounds."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -152,7 +154,8 @@ def test_a_provider_killed_mid_round_is_resumed_elsewhere_with_the_same_bits(eng
     R.activate()
     R.execute()
     keys = GraphKeys(engine.token, graph.id)
-    checkpointed = wait_for(lambda: [k for k in client.keys(keys.prefix + "ckpt:*") if client.hexists(k, "step")],
+    checkpointed = wait_for(lambda: [key for key in client.keys(keys.prefix + "ckpt:*")
+                                     if re.fullmatch(rb".*ckpt:\d+", key) and client.hexists(key, "step")],
                             "a replica's checkpoint")
     loop_id = checkpointed[0].decode().rsplit(":", 1)[1]
     holder = client.hget(keys.taken, loop_id).decode()
