@@ -176,9 +176,7 @@ class ParallelFit:
         per_update = strategy.update_frequency   # batches whose gradients one optimizer step sums
         steps = _Steps(size, self.batch_size * per_update, self.n_epochs)
         initial = [slot.get() for slot in slots]
-        mode = getattr(strategy, "resident", False)   # None: when the live workers can hold every replica
-        resident = strategy.resident_sync(initial, layout) if (
-            _enough_workers(replicas) if mode is None else mode) else None
+        resident = strategy.resident_sync(initial, layout, lambda: _enough_workers(replicas))
         sync = resident or strategy.synchronizer(initial, layout, current_graph().seed)
         states = [list(initial) for _ in range(replicas)]
         losses = [None] * replicas

@@ -60,7 +60,7 @@ class DiLoCo(OnShards):
         if resident and overlap:
             raise NotImplementedError("resident replicas with overlap=True are not implemented: give resident=None "
                                       "or False (overlapped rounds run as segments)")
-        self.resident = None if overlap else resident
+        self.resident = resident
 
     def segments(self, n_steps):
         """(first step, steps) of each round."""
@@ -69,8 +69,11 @@ class DiLoCo(OnShards):
     def synchronizer(self, initial, layout, graph_seed):
         return _OuterSteps(self, initial, layout)
 
-    def resident_sync(self, initial, layout):
-        """The sync templates of resident replicas (ravop.parallel.resident)."""
+    def resident_sync(self, initial, layout, workers_hold_all):
+        """The sync templates of resident replicas (ravop.parallel.resident), or None to record segments;
+        `workers_hold_all()`: whether the live workers can run every replica at once."""
+        if self.overlap or self.resident is False or (self.resident is None and not workers_hold_all()):
+            return None
         return ResidentDiLoCo(self, initial, layout)
 
     def __repr__(self):
