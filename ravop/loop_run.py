@@ -313,9 +313,9 @@ class LoopRun:
                             order = torch.from_numpy(permutation).to(self.device)
                         rows = order[position:position + n]
                 step = self.steps[t]
-                received = exchange.receive(step.recv_channels, run) if step.recv_slots else ()
+                received = exchange.receive(step.recv_channels, run) if step.recv_slots and exchange is not None else ()
                 carried, outputs = step(carried, rows, count, index, run, received)
-                if step.send_slots:
+                if step.send_slots and exchange is not None:
                     exchange.send(step.send_channels, run, step.sent())
                 if on_step is not None:
                     on_step(index + 1 - first, t, run - first_runs[t], outputs, carried)
