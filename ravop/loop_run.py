@@ -38,8 +38,8 @@ class StepFunction:
         for data in template.row_data:
             if data not in outer:
                 raise PlanError(f"a loop step slices rows of {data}, which is not an input of the loop")
-        self.runner = Runner(template.nodes, [*outer, *template.hole_ids()], template.results(), device, graph_seed, watcher,
-                             free_inputs=False, per_run=self._per_run(template, graph_seed, device))
+        self.runner = Runner(template.nodes, [*outer, *template.hole_ids()], template.results(), device, graph_seed,
+                             watcher, free_inputs=False, per_run=self._per_run(template, graph_seed, device))
         slot, values = self.runner.slot, self.runner.values
         for node_id, value in outer.items():
             values[slot[node_id]] = value
@@ -218,8 +218,10 @@ class LoopRun:
         if any(t >= len(self.steps) for t, _ in self.schedule):
             raise PlanError("a loop schedule names a template the loop does not have")
         self.syncs = list(loop.sync_templates)
-        if any(t >= len(self.steps) or loop.templates[t].counts or loop.templates[t].row_holes
-               or any(t == s for s, _ in self.schedule) for t in self.syncs) or (bool(self.syncs) != bool(loop.sync_every)):
+        scheduled = {t for t, _ in self.schedule}
+        if bool(self.syncs) != bool(loop.sync_every) or any(
+                t >= len(self.steps) or loop.templates[t].counts or loop.templates[t].row_holes or t in scheduled
+                for t in self.syncs):
             raise PlanError("a loop's sync templates must be templates outside its schedule that neither count nor "
                             "read rows, and come with their interval")
         self.row_counts = [int(t.rows) if t.row_holes else 0 for t in loop.templates]

@@ -162,5 +162,5 @@ def test_a_provider_killed_mid_round_is_resumed_elsewhere_with_the_same_bits(eng
     assert not client.sismember(keys.done, loop_id), "the replica ended before the kill: make the fit longer"
     workers.kill(holder)
     R.track_progress(timeout=600, progress_bar=False)
-    assert client.hget(keys.ran, loop_id).decode() not in (holder, None)
+    assert client.hget(keys.ran, loop_id).decode() in set(names) - {holder}   # a spare took the replica over
     assert_same_as_in_process(graph, persisted)
