@@ -164,3 +164,19 @@ def test_a_provider_killed_mid_round_is_resumed_elsewhere_with_the_same_bits(eng
     R.track_progress(timeout=600, progress_bar=False)
     assert client.hget(keys.ran, loop_id).decode() in set(names) - {holder}   # a spare took the replica over
     assert_same_as_in_process(graph, persisted)
+
+
+def test_replicas_outnumbering_workers_take_turns_and_a_joining_worker_takes_one(engine, workers, client):
+    first = workers.start(1)
+    graph, persisted = record_small("resident queue", 30)
+    R.activate()
+    R.execute()
+    keys = GraphKeys(engine.token, graph.id)
+    # one worker: a replica waiting for the other hands its loop back (with a checkpoint) and takes the other
+    wait_for(lambda: [key for key in client.keys(keys.prefix + "ckpt:*") if re.fullmatch(rb".*ckpt:\d+", key)],
+             "a replica handed back with a checkpoint")
+    joined = workers.start(1, prefix="late")
+    R.track_progress(timeout=600, progress_bar=False)
+    ran = {client.hget(keys.ran, s).decode() for s in client.hkeys(keys.ran)}
+    assert ran <= set(first + joined) and joined[0] in ran   # the joining worker finished some of the work
+    assert_same_as_in_process(graph, persisted)

@@ -108,13 +108,15 @@ class _Writer:
         self.checkpointed = resumed_at or 0
         self.saved = resumed_at   # the step of the checkpoint in Redis (None: none)
         self.last = None          # (steps done, carried values) after the last step run here
+        self.work_waiting = None  # () -> whether work is queued that no worker has read yet
 
     def on_wait(self, state):
         """Called while the loop waits for a value another loop sends: stop if the graph stopped running, hand
-        the loop back (after a checkpoint of what it has) if the worker is stopping."""
+        the loop back (after a checkpoint of what it has) if the worker is stopping or other work is queued (the
+        replica it waits for may be queued behind it: replicas outnumbering workers take turns)."""
         if state != b"running":
             raise LoopAbandoned(state)
-        if self.stop is not None and self.stop.is_set():
+        if (self.stop is not None and self.stop.is_set()) or (self.work_waiting is not None and self.work_waiting()):
             if self.last is None:
                 raise LoopHandedBack(self.saved or 0)
             self.write(*self.last)
@@ -182,10 +184,11 @@ def _resume(client, keys, subgraph_id, n_carried, device):
 
 def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
              checkpoint_steps=CHECKPOINT_STEPS, checkpoint_seconds=CHECKPOINT_SECONDS, max_bytes=None, budget=None,
-             stop=None):
+             stop=None, work_waiting=None):
     """{output id: tensor} of a loop subgraph; resumes from its checkpoint if an earlier run left one.
     `max_bytes`, `budget`: the worker's memory rules for the templates; `stop`: a threading.Event set when
-    the worker is stopping (then LoopHandedBack after a checkpoint)."""
+    the worker is stopping (then LoopHandedBack after a checkpoint); `work_waiting()`: whether unread work is
+    queued (a loop waiting for another loop's values hands itself back then)."""
     loop_step = check_loop_program(program)
     spec = unpack_loop(subgraph.loop)   # decoded once: the templates' nodes serve the checks and the runner
     watch = None if max_bytes is None else (lambda template: _watcher(spec, template, max_bytes, budget))
@@ -197,6 +200,7 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
                      stop)
     try:
         runner = LoopRun(spec, [inputs[i] for i in loop_step.inputs], seed, device, watch)
+        writer.work_waiting = work_waiting
         exchange = StoreExchange(client, keys, device, writer.on_wait) if runner.exchanges() else None
         carried = runner.run(carried, start or 0, writer.on_step, exchange)
         writer.write(spec.n_steps)
