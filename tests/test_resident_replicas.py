@@ -180,3 +180,22 @@ def test_replicas_outnumbering_workers_take_turns_and_a_joining_worker_takes_one
     ran = {client.hget(keys.ran, s).decode() for s in client.hkeys(keys.ran)}
     assert ran <= set(first + joined) and joined[0] in ran   # the joining worker finished some of the work
     assert_same_as_in_process(graph, persisted)
+
+
+def test_the_survivor_takes_over_a_killed_workers_replica_without_a_spare(engine, workers, client):
+    names = workers.start(2, reclaim_idle=1.0, extra=("--checkpoint-steps", "40", "--dead-after", "2"))
+    graph, persisted = record_small("resident kill no spare", 40)
+    R.activate()
+    R.execute()
+    keys = GraphKeys(engine.token, graph.id)
+    checkpointed = wait_for(lambda: [key for key in client.keys(keys.prefix + "ckpt:*")
+                                     if re.fullmatch(rb".*ckpt:\d+", key) and client.hexists(key, "step")],
+                            "a replica's checkpoint")
+    loop_id = checkpointed[0].decode().rsplit(":", 1)[1]
+    holder = client.hget(keys.taken, loop_id).decode()
+    assert not client.sismember(keys.done, loop_id), "the replica ended before the kill: make the fit longer"
+    workers.kill(holder)
+    R.track_progress(timeout=600, progress_bar=False)
+    survivor = next(n for n in names if n != holder)
+    assert client.hget(keys.ran, loop_id).decode() == survivor   # it took turns with its own replica
+    assert_same_as_in_process(graph, persisted)

@@ -413,13 +413,13 @@ class Worker:
                       "too many deliveries", node)
 
     def _work_waiting(self):
-        """Whether the work stream holds messages no worker has read yet (a resident replica waiting for the
-        others hands its loop back then: the replica it waits for may be one of them)."""
+        """Whether the work stream holds messages no worker has read yet, or one a dead worker held (a resident
+        replica waiting for the others hands its loop back then: the replica it waits for may be one of them)."""
         group = next((g for g in self.client.xinfo_groups(self.stream) if g["name"] in (GROUP, GROUP.encode())), None)
-        if group is None:
-            return False
         last = self.client.xinfo_stream(self.stream)["last-generated-id"]
-        return group["last-delivered-id"] != last
+        if group is not None and group["last-delivered-id"] != last:
+            return True
+        return self.takeover.claimable()
 
     def _hand_back(self, keys, subgraph_id, message_id):
         """Queue the subgraph again as a new message and drop this one, in one transaction: an idle worker
