@@ -118,6 +118,7 @@ class _Exchanging:
                     result["carried"] = loop.run(on_step=locked_keep, exchange=self.exchange)
                 except BaseException as exc:   # re-raised in the caller's thread by join
                     result["error"] = exc
+                    self.exchange.fail(exc)
         thread = threading.Thread(target=target, daemon=True)
         thread.start()
         self.pending[loop_id] = (thread, result)
@@ -144,11 +145,15 @@ class _Exchanging:
         return now
 
     def join(self, env: dict[int, Any], seed: int, device: str) -> None:
+        errors = []
         for loop_id, (thread, result) in list(self.pending.items()):
             thread.join()
             del self.pending[loop_id]
             if "error" in result:
-                raise result["error"]
-            env[loop_id] = tuple(result["carried"])
+                errors.append(result["error"])
+            else:
+                env[loop_id] = tuple(result["carried"])
+        if errors:   # the first loop's own error, not the others' "a loop failed"
+            raise next((e for e in errors if not str(e).startswith("a loop this one")), errors[0])
         run_nodes(self.deferred, env, seed, device, [row.id for row in self.deferred])
         self.deferred = []

@@ -181,6 +181,12 @@ class MemoryExchange:
         self.values: dict[tuple[str, int], Any] = {}
         self.changed = threading.Condition()
         self.timeout = timeout
+        self.failed: Optional[BaseException] = None   # a loop's error: the others stop waiting for it
+
+    def fail(self, error: BaseException) -> None:
+        with self.changed:
+            self.failed = error
+            self.changed.notify_all()
 
     def send(self, channels: Sequence[str], run: int, values: Sequence[Any]) -> None:
         with self.changed:
@@ -191,9 +197,11 @@ class MemoryExchange:
     def receive(self, channels: Sequence[str], run: int) -> list[Any]:
         keys = [(channel, run) for channel in channels]
         with self.changed:
-            if not self.changed.wait_for(lambda: all(k in self.values for k in keys), self.timeout):
+            if not self.changed.wait_for(lambda: self.failed or all(k in self.values for k in keys), self.timeout):
                 missing = [k for k in keys if k not in self.values]
                 raise PlanError(f"no loop of the graph sent {missing[:3]} within {self.timeout} s")
+            if self.failed is not None:
+                raise PlanError(f"a loop this one exchanges values with failed: {self.failed}")
             return [self.values[k] for k in keys]
 
 

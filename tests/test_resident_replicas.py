@@ -199,3 +199,20 @@ def test_the_survivor_takes_over_a_killed_workers_replica_without_a_spare(engine
     survivor = next(n for n in names if n != holder)
     assert client.hget(keys.ran, loop_id).decode() == survivor   # it took turns with its own replica
     assert_same_as_in_process(graph, persisted)
+
+
+def test_in_process_a_failing_replica_stops_the_others_with_its_error(monkeypatch):
+    from ravop.loop_run import StepFunction
+    graph = R.Graph(name="failing replica", seed=11)
+    model = ravdl_net(torch_net())
+    model.fit(X, Y, n_epochs=2, batch_size=6, strategy=R.parallel.DiLoCo(2, 2, resident=True))
+    model.persist_weights()
+    real = StepFunction.sent
+
+    def broken(self):
+        if any(channel.startswith("down.") for channel in self.send_channels):
+            raise RuntimeError("replica 0 broke")
+        return real(self)
+    monkeypatch.setattr(StepFunction, "sent", broken)
+    with pytest.raises(RuntimeError, match="replica 0 broke"):
+        evaluate_persisted(graph)

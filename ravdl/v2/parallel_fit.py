@@ -1,8 +1,10 @@
 """`fit(..., strategy=...)` (ravop.parallel): the trainer the strategies' hooks drive. It records the training
 as loop segments, one per replica between two synchronisations, and whatever the strategy records between them
-as ordinary ops. A segment is a loop op (`Loop.run(..., segment=...)`): its own subgraph, run with the replica's
-state in memory, checkpointed and resumed like any loop, so the replicas of one synchronisation interval are
-independent subgraphs that idle workers run at once.
+as ordinary ops; or, for a strategy that gives `resident_sync` (DiLoCo), one loop per replica for the whole fit
+whose sync templates exchange values with the others (ravop.parallel.resident). A segment is a loop op
+(`Loop.run(..., segment=...)`): its own subgraph, run with the replica's state in memory, checkpointed and resumed
+like any loop, so the replicas of one synchronisation interval are independent subgraphs that idle workers run at
+once.
 
 The strategy picks the recording (`strategy.record_fit(fit)` calls one of `ParallelFit.replicated`,
 `gradient_replicas`, `pipeline`); the trainer reads and writes the model only through its train-state interface
@@ -209,7 +211,7 @@ class ParallelFit:
                 batches = Batches(size, self.batch_size * per_update, self.shuffle, self.seed + r)
                 states[r] = _record_replica(states[r], resident, r, batches, steps, train(r, X_shard, y_shard),
                                             strategy.inner_steps)
-        for first, n in strategy.segments(n_steps) if resident is None else ():
+        for first, n in [] if resident is not None else strategy.segments(n_steps):
             for r, (X_shard, y_shard) in enumerate(shards):
                 batches = Batches(size, self.batch_size * per_update, self.shuffle, self.seed + r)
                 after = _record_segment(states[r] + loss_slot, batches, steps, (first, n), train(r, X_shard, y_shard))
