@@ -63,7 +63,7 @@ def _check_template(template, outer_ids, where):
             if i not in defined:
                 raise ValueError(f"{where}: node {node.id} ({node.op}) reads {i}, which is not defined before it")
         defined.add(node.id)
-    for name in ("carry_next", "output_nodes", "counter_nodes", "seeded_nodes", "seed_param_nodes",
+    for name in ("carry_next", "output_nodes", "send_nodes", "counter_nodes", "seeded_nodes", "seed_param_nodes",
                  "seed_param_sources"):
         missing = [i for i in getattr(template, name) if i not in defined]
         if missing:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional, Sequence
 
+import threading
+
 import torch
 
 from . import registry
-from .loop_run import LoopRun
+from .loop_run import LoopRun, MemoryExchange
 from .node import Node
 from .runner import OpError, describe, op_seed, run_nodes, run_op
 
@@ -68,11 +70,12 @@ def _evaluate(graph: Any, outputs: Sequence[Any], loops: Iterable[int], graph_se
     for o in roots:
         last_use.pop(o.id, None)
     start = 0
+    exchanging = _Exchanging()
     with torch.no_grad():
         for index, row in enumerate(rows + [None]):
             if row is not None and row.op not in registry.LOOPS:
                 continue
-            segment = rows[start:index]   # kept: what a later row or the caller reads
+            segment = exchanging.defer(rows[start:index], row is None, env, seed, device)
             run_nodes(segment, env, seed, device, [r.id for r in segment if last_use.get(r.id, index) >= index])
             if row is None:
                 break
@@ -83,6 +86,74 @@ def _evaluate(graph: Any, outputs: Sequence[Any], loops: Iterable[int], graph_se
                 if step_values is not None:
                     for names, value in zip(record.names[template], values):
                         step_values[names[run]] = value
-            env[row.id] = tuple(LoopRun(record.spec, [env[i] for i in row.inputs], seed, device).run(on_step=keep))
+            loop = LoopRun(record.spec, [env[i] for i in row.inputs], seed, device)
+            if loop.exchanges():   # resident replicas: run at once, each waits for what the others send
+                exchanging.start(row.id, loop, keep)
+            else:
+                env[row.id] = tuple(loop.run(on_step=keep))
             start = index + 1
     return [env[o.id] for o in outputs]
+
+
+class _Exchanging:
+    """Loops that exchange values (resident replicas), each run by a thread, joined before their results are
+    read."""
+
+    def __init__(self) -> None:
+        self.exchange = MemoryExchange()
+        self.pending: dict[int, Any] = {}
+        self.deferred: list[Node] = []   # projections of running loops
+        self.lock = threading.Lock()   # keep() writes the shared step values
+
+    def start(self, loop_id: int, loop: LoopRun, keep: Any) -> None:
+        result: dict[str, Any] = {}
+
+        def locked_keep(*args: Any) -> None:
+            with self.lock:
+                keep(*args)
+
+        def target() -> None:
+            with torch.no_grad():
+                try:
+                    result["carried"] = loop.run(on_step=locked_keep, exchange=self.exchange)
+                except BaseException as exc:   # re-raised in the caller's thread by join
+                    result["error"] = exc
+                    self.exchange.fail(exc)
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        self.pending[loop_id] = (thread, result)
+
+    def defer(self, segment: list[Node], last: bool, env: dict[int, Any], seed: int, device: str) -> list[Node]:
+        """The rows of `segment` to run now: the projections of running loops wait for them (the next replica's
+        loop must start first); a row that reads a running loop's result, or the end, joins them."""
+        if not self.pending:
+            return segment
+        waiting = set(self.pending) | {row.id for row in self.deferred}
+        now = []
+        for row in segment:
+            if row.op in registry.PROJECTIONS and row.inputs[0] in self.pending:
+                self.deferred.append(row)
+                waiting.add(row.id)
+            elif any(i in waiting for i in row.inputs):
+                self.join(env, seed, device)
+                waiting = set()
+                now.append(row)
+            else:
+                now.append(row)
+        if last:
+            self.join(env, seed, device)
+        return now
+
+    def join(self, env: dict[int, Any], seed: int, device: str) -> None:
+        errors = []
+        for loop_id, (thread, result) in list(self.pending.items()):
+            thread.join()
+            del self.pending[loop_id]
+            if "error" in result:
+                errors.append(result["error"])
+            else:
+                env[loop_id] = tuple(result["carried"])
+        if errors:   # the first loop's own error, not the others' "a loop failed"
+            raise next((e for e in errors if not str(e).startswith("a loop this one")), errors[0])
+        run_nodes(self.deferred, env, seed, device, [row.id for row in self.deferred])
+        self.deferred = []

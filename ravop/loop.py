@@ -109,11 +109,13 @@ class Loop:
         step.finish()
 
     def run(self, schedule: Iterable[tuple[int, int]], rounds: int = 1,
-            segment: Optional[tuple[int, int]] = None) -> Any:
+            segment: Optional[tuple[int, int]] = None, sync: Sequence[int] = (), sync_every: int = 0) -> Any:
         """Record the loop op: `rounds` times, each template of `schedule` ((template index, times) pairs) run
         that many times in turn; with `segment=(first, n)` only the steps [first, first + n) of those rounds
-        (one replica's steps between two synchronisations, ravop.parallel). Returns the Ops of the carried
-        values after the last step."""
+        (one replica's steps between two synchronisations, ravop.parallel). The templates `sync` (steps recorded
+        with counts=False that read no rows, not in the schedule) run in turn after every `sync_every` training
+        steps and after the last one: a resident replica's exchange with the others (`Step.send`,
+        `Step.receive`). Returns the Ops of the carried values after the last step."""
         if self.closed:
             raise GraphStateError("this loop has already been run")
         if not self.templates:
@@ -122,7 +124,11 @@ class Loop:
         if rounds < 1 or any(not 0 <= t < len(self.templates) or times < 0 for t, times in schedule):
             raise ValueError(f"bad loop schedule {schedule} x {rounds} for {len(self.templates)} templates")
         self._check_batches(schedule)
+        sync, sync_every = [int(t) for t in sync], int(sync_every)
+        self._check_sync(schedule, sync, sync_every, segment)
         order = [t for _ in range(rounds) for t, times in schedule for _ in range(times)]
+        if sync:
+            order = _with_syncs(order, [self.templates[t].counts for t in order], sync, sync_every)
         first, n_steps = (0, len(order)) if segment is None else (int(segment[0]), int(segment[1]))
         if first < 0 or n_steps < 1 or first + n_steps > len(order):
             raise ValueError(f"segment {segment} is not within the loop's {len(order)} steps")
@@ -138,7 +144,7 @@ class Loop:
         self.closed = True
         inputs = tuple(self.initial) + tuple(self.outer.values())
         spec = LoopSpec(list(self.templates), len(self.initial), [op.id for op in inputs], schedule, rounds, n_steps,
-                        first)
+                        first, sync_templates=sync, sync_every=sync_every)
         if self.batches is not None:
             spec.n_rows, spec.batch_size = self.batches.n_rows, self.batches.batch_size
             spec.shuffle, spec.shuffle_seed = self.batches.shuffle, self.batches.seed
@@ -148,6 +154,19 @@ class Loop:
         node = graph.add_node(op_of_kind(LOOP), inputs, {"loop": len(graph.loops)}, shapes, dtypes, source)
         graph.loops[node.id] = LoopRecord(spec, self.names)
         return graph.add_outputs(node, zip(shapes, dtypes), source)
+
+    def _check_sync(self, schedule: list[tuple[int, int]], sync: list[int], every: int,
+                    segment: Optional[tuple[int, int]]) -> None:
+        if not sync and not every:
+            return
+        if not sync or every < 1 or segment is not None:
+            raise ValueError(f"sync templates {sync} need sync_every >= 1 (not {every}) and a loop of all its steps")
+        scheduled = {t for t, _ in schedule}
+        for t in sync:
+            if not 0 <= t < len(self.templates) or t in scheduled:
+                raise ValueError(f"sync template {t} is not a recorded step outside the schedule {schedule}")
+            if self.templates[t].counts or self.rows_per_step[t]:
+                raise ValueError(f"sync template {t} must be recorded with counts=False and read no rows")
 
     def _check_batches(self, schedule: list[tuple[int, int]]) -> None:
         """Steps that read rows must cover the data once per round, in batches of batch_size (the last short)."""
@@ -166,6 +185,20 @@ class Loop:
                 position += rows
         if position != n:
             raise ValueError(f"one round of the loop reads {position} rows of {n}")
+
+
+def _with_syncs(order: list[int], counts: list[bool], sync: list[int], every: int) -> list[int]:
+    """`order` with the sync templates after every `every` training steps and after the last one (as
+    `ravop.loop_run.LoopRun.positions` runs them)."""
+    out, count = [], 0
+    for t, counted in zip(order, counts):
+        out.append(t)
+        count += counted
+        if counted and count % every == 0:
+            out += sync
+    if count % every:
+        out += sync
+    return out
 
 
 def seed_params(rows: Sequence[Node], graph_seed: int) -> list[tuple[int, int]]:
@@ -198,6 +231,8 @@ class Step:
         self.row_holes: list[tuple[Op, Op]] = []   # (hole Op, data Op)
         self.next: Optional[list[Op]] = None
         self.outputs: list[tuple[Op, list[str]]] = []
+        self.received: list[tuple[Op, str]] = []   # (hole Op, channel)
+        self.sent: list[tuple[Op, str]] = []       # (value, channel)
 
     def rows(self, data: Op, n_rows: int) -> Op:
         """An Op for this step's batch of `n_rows` rows of `data` (an Op recorded before the loop)."""
@@ -211,6 +246,24 @@ class Step:
                               (int(n_rows),) + tuple(data.shape[1:]), data.dtype, user_source())
         self.row_holes.append((hole, data))
         return hole
+
+    def receive(self, channel: str, like: Op) -> Op:
+        """An Op for the value another loop of the graph sends on `channel` at this step's run (shaped like
+        `like`); the worker waits for it (a resident replica's exchange, ravop.parallel)."""
+        graph = self.loop.graph
+        hole = graph.add_node(op_of_kind(HOLE), (), {"hole": len(self.carried) + len(self.row_holes) +
+                                                      len(self.received)},
+                              tuple(like.shape), like.dtype, user_source())
+        self.received.append((hole, str(channel)))
+        return hole
+
+    def send(self, op: Op, channel: str) -> None:
+        """Send `op` on `channel` at every run of this step, for another loop's `receive`."""
+        if not isinstance(op, Op) or op.graph is not self.loop.graph or isinstance(op.dtype, tuple):
+            raise GraphStateError(f"a loop step sends a single-output Op of its graph, not {op!r}")
+        if any(channel == sent for _, sent in self.sent):
+            raise ValueError(f"the step sends twice on channel {channel!r}")
+        self.sent.append((op, str(channel)))
 
     def carry(self, values: Iterable[Op]) -> None:
         """The carried values after this step, in the order of the loop's initial values."""
@@ -242,7 +295,7 @@ class Step:
         loop, graph = self.loop, self.loop.graph
         if self.next is None:
             raise GraphStateError("the step did not say what it carries: call step.carry(values)")
-        holes = {op.id for op in self.carried} | {hole.id for hole, _ in self.row_holes}
+        holes = {op.id for op in self.carried} | {hole.id for hole, _ in (*self.row_holes, *self.received)}
         inside = set(holes)
         rows = []
         counters = []
@@ -265,7 +318,7 @@ class Step:
             if self.counts and counter_of(node) is not None:
                 counters.append(node.id)
             rows.append(_node_of(node))
-        for value in self.next + [op for op, _ in self.outputs]:
+        for value in self.next + [op for op, _ in (*self.outputs, *self.sent)]:
             if value.id not in inside:
                 if value.op not in INPUTS and (value.id >= self.start or value.id in loop.step_ids):
                     raise GraphStateError("a carried or persisted value of the step was recorded in another step")
@@ -276,7 +329,12 @@ class Step:
         template = StepTemplate(rows, [op.id for op in self.carried], [op.id for op in self.next], self.counts, n_rows,
                                 [hole.id for hole, _ in self.row_holes], [data.id for _, data in self.row_holes],
                                 counters, [op.id for op, _ in self.outputs],
-                                holes={op.id: _node_of(op) for op in (*self.carried, *(h for h, _ in self.row_holes))})
+                                holes={op.id: _node_of(op) for op in (*self.carried, *(h for h, _ in self.row_holes),
+                                                                      *(h for h, _ in self.received))},
+                                recv_holes=[hole.id for hole, _ in self.received],
+                                recv_channels=[channel for _, channel in self.received],
+                                send_nodes=[op.id for op, _ in self.sent],
+                                send_channels=[channel for _, channel in self.sent])
         for node_id, source in seed_params(rows, graph.seed):
             template.seed_param_nodes.append(node_id)
             template.seed_param_sources.append(source)

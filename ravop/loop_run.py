@@ -10,7 +10,9 @@ watcher refuses, is an `OpError` naming the op and the loop step, as on any subg
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
+
+import threading
 
 import numpy as np
 import torch
@@ -36,9 +38,8 @@ class StepFunction:
         for data in template.row_data:
             if data not in outer:
                 raise PlanError(f"a loop step slices rows of {data}, which is not an input of the loop")
-        self.runner = Runner(template.nodes, [*outer, *template.hole_ids()],
-                             [*template.carry_next, *template.output_nodes], device, graph_seed, watcher,
-                             free_inputs=False, per_run=self._per_run(template, graph_seed, device))
+        self.runner = Runner(template.nodes, [*outer, *template.hole_ids()], template.results(), device, graph_seed,
+                             watcher, free_inputs=False, per_run=self._per_run(template, graph_seed, device))
         slot, values = self.runner.slot, self.runner.values
         for node_id, value in outer.items():
             values[slot[node_id]] = value
@@ -49,7 +50,19 @@ class StepFunction:
             if i not in slot:
                 raise PlanError(f"a loop step names value {i} as a result but does not define it")
         self.next_slots = [slot[i] for i in template.carry_next]
+        # a value carried on in two slots (a resident replica restarts from the global model it keeps) is copied
+        # into the later ones, so that an optimizer step updating one in place leaves the other alone
+        self.copied = [k for k, i in enumerate(template.carry_next) if i in template.carry_next[:k]]
         self.output_slots = [slot[i] for i in template.output_nodes]
+        if len(template.recv_holes) != len(template.recv_channels) or \
+                len(template.send_nodes) != len(template.send_channels):
+            raise PlanError("a loop step's exchanged values and their channels do not pair up")
+        for i in template.send_nodes:
+            if i not in slot:
+                raise PlanError(f"a loop step sends value {i} but does not define it")
+        self.recv_slots = [slot[i] for i in template.recv_holes]
+        self.send_slots = [slot[i] for i in template.send_nodes]
+        self.recv_channels, self.send_channels = list(template.recv_channels), list(template.send_channels)
         self._update_in_place({self.carry_slots[k] for k in owned}, device)
 
     @staticmethod
@@ -108,7 +121,7 @@ class StepFunction:
         they overwrite is an owned carried value (see `LoopRun`) that nothing reads after them and the step does
         not hand on."""
         runner = self.runner
-        kept = set(self.next_slots) | set(self.output_slots)
+        kept = set(self.next_slots) | set(self.output_slots) | set(self.send_slots)
         last_read = {}
         for index, (_, args, *_) in enumerate(runner.calls):
             for a in args:
@@ -127,19 +140,69 @@ class StepFunction:
                 runner.replace(index, on_device(opdef, device, opdef.in_place.kernel))
 
     def __call__(self, carried: Sequence[Any], rows: Any, count: int, step_index: int,
-                 run: int = 0) -> tuple[list[Any], list[Any]]:
+                 run: int = 0, received: Sequence[Any] = ()) -> tuple[list[Any], list[Any]]:
         """(carried values after the step, persisted values) of one run; `rows`: the batch's row indices (a
         slice or an index tensor), `count`: training steps run before this one, `run`: the runs of this
-        template before this one."""
+        template before this one, `received`: the values of its `recv_holes` (what it sends is `sent()`)."""
         values = self.runner.values
         for s, value in zip(self.carry_slots, carried):
+            values[s] = value
+        for s, value in zip(self.recv_slots, received):
             values[s] = value
         for s, data in self.rows:
             values[s] = data[rows] if type(rows) is slice else data.index_select(0, rows)
         for s, per_run in self.run_holes:
             values[s] = per_run[run]
         values = self.runner.run(At(count, step_index, run))
-        return [values[s] for s in self.next_slots], [values[s] for s in self.output_slots]
+        after = [values[s] for s in self.next_slots]
+        for k in self.copied:
+            after[k] = after[k].clone()
+        return after, [values[s] for s in self.output_slots]
+
+    def sent(self) -> list[Any]:
+        """The values the last run sends (`send_nodes`)."""
+        return [self.runner.values[s] for s in self.send_slots]
+
+
+class Exchange(Protocol):
+    """How a loop's steps reach the other loops of its graph: values are sent on named channels, one per run of
+    the sending step; receiving waits until the value of that run is there. Writes are idempotent (a replica
+    resumed from its checkpoint sends the same bits again)."""
+
+    def send(self, channels: Sequence[str], run: int, values: Sequence[Any]) -> None: ...
+
+    def receive(self, channels: Sequence[str], run: int) -> list[Any]: ...
+
+
+class MemoryExchange:
+    """An `Exchange` between loops run by threads of one process (`ravop.interpreter`)."""
+
+    def __init__(self, timeout: float = 600.0) -> None:
+        self.values: dict[tuple[str, int], Any] = {}
+        self.changed = threading.Condition()
+        self.timeout = timeout
+        self.failed: Optional[BaseException] = None   # a loop's error: the others stop waiting for it
+
+    def fail(self, error: BaseException) -> None:
+        with self.changed:
+            self.failed = error
+            self.changed.notify_all()
+
+    def send(self, channels: Sequence[str], run: int, values: Sequence[Any]) -> None:
+        with self.changed:
+            for channel, value in zip(channels, values):
+                self.values.setdefault((channel, run), value.clone())
+            self.changed.notify_all()
+
+    def receive(self, channels: Sequence[str], run: int) -> list[Any]:
+        keys = [(channel, run) for channel in channels]
+        with self.changed:
+            if not self.changed.wait_for(lambda: self.failed or all(k in self.values for k in keys), self.timeout):
+                missing = [k for k in keys if k not in self.values]
+                raise PlanError(f"no loop of the graph sent {missing[:3]} within {self.timeout} s")
+            if self.failed is not None:
+                raise PlanError(f"a loop this one exchanges values with failed: {self.failed}")
+            return [self.values[k] for k in keys]
 
 
 class LoopRun:
@@ -162,11 +225,18 @@ class LoopRun:
         self.schedule = list(loop.schedule)
         if any(t >= len(self.steps) for t, _ in self.schedule):
             raise PlanError("a loop schedule names a template the loop does not have")
+        self.syncs = list(loop.sync_templates)
+        scheduled = {t for t, _ in self.schedule}
+        if bool(self.syncs) != bool(loop.sync_every) or any(
+                t >= len(self.steps) or loop.templates[t].counts or loop.templates[t].row_holes or t in scheduled
+                for t in self.syncs):
+            raise PlanError("a loop's sync templates must be templates outside its schedule that neither count nor "
+                            "read rows, and come with their interval")
         self.row_counts = [int(t.rows) if t.row_holes else 0 for t in loop.templates]
-        per_round = sum(times for _, times in self.schedule)
-        if loop.first_step + loop.n_steps > per_round * loop.rounds:
+        total = sum(times for _, times in self.schedule) * loop.rounds + loop.n_syncs() * len(self.syncs)
+        if loop.first_step + loop.n_steps > total:
             raise PlanError(f"the loop declares steps {loop.first_step}..{loop.first_step + loop.n_steps} but its "
-                            f"schedule runs {per_round * loop.rounds}")
+                            f"schedule runs {total}")
         if any(self.row_counts) and (loop.batch_size < 1 or loop.n_rows < 1):
             raise PlanError("a loop step slices rows but the loop has no batches")
         for t, step in enumerate(self.steps):
@@ -181,8 +251,10 @@ class LoopRun:
         runs = [0] * len(self.steps)
         count, index, end = 0, 0, self.loop.first_step + self.loop.n_steps
         counts = [t.counts for t in self.loop.templates]
+        every = self.loop.sync_every
         if not end:
             return  # no step at all, however many rounds a (hostile) plan declares
+        r = 0
         for r in range(self.loop.rounds):
             position = 0
             for t, times in self.schedule:
@@ -194,12 +266,35 @@ class LoopRun:
                     position += self.row_counts[t]
                     count += counts[t]
                     index += 1
+                    if every and counts[t] and count % every == 0:
+                        for s in self.syncs:
+                            if index == end:
+                                return
+                            yield s, r, position, count, runs[s]
+                            runs[s] += 1
+                            index += 1
+        if every and count % every:   # the last round's sync, after a short last interval
+            for s in self.syncs:
+                if index == end:
+                    return
+                yield s, r, 0, count, runs[s]
+                runs[s] += 1
+                index += 1
+
+    def exchanges(self) -> bool:
+        """Whether a step sends or receives values (then the loop runs only where an `Exchange` is given)."""
+        return any(step.recv_slots or step.send_slots for step in self.steps)
 
     def run(self, carried: Optional[Sequence[Any]] = None, start: int = 0,
-            on_step: Optional[Callable[[int, int, int, list[Any], list[Any]], None]] = None) -> list[Any]:
+            on_step: Optional[Callable[[int, int, int, list[Any], list[Any]], None]] = None,
+            exchange: Optional[Exchange] = None) -> list[Any]:
         """Run the loop's steps from its `start`-th with `carried` (the initial values by default); after each
         step `on_step(steps done, template, run index, persisted values, carried values)`, counted from the
-        loop's first step (a segment's `first_step`). Returns the carried values after the last step."""
+        loop's first step (a segment's `first_step`). `exchange`: how steps that send or receive values reach the
+        other loops (`Exchange`). Returns the carried values after the last step."""
+        if exchange is None and self.exchanges():
+            raise PlanError("this loop exchanges values with other loops of its graph (resident replicas): it runs "
+                            "on workers, whose loops reach each other through the store, not in one process")
         carried = list(self.initial if carried is None else carried)
         for k in self.owned:   # the loop updates these in place: never the caller's tensors
             carried[k] = carried[k].clone()
@@ -227,7 +322,11 @@ class LoopRun:
                         if order is None:
                             order = torch.from_numpy(permutation).to(self.device)
                         rows = order[position:position + n]
-                carried, outputs = self.steps[t](carried, rows, count, index, run)
+                step = self.steps[t]
+                received = exchange.receive(step.recv_channels, run) if step.recv_slots and exchange is not None else ()
+                carried, outputs = step(carried, rows, count, index, run, received)
+                if step.send_slots and exchange is not None:
+                    exchange.send(step.send_channels, run, step.sent())
                 if on_step is not None:
                     on_step(index + 1 - first, t, run - first_runs[t], outputs, carried)
         return carried

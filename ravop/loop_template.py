@@ -30,16 +30,26 @@ class StepTemplate:
     seed_strides: list[int] = field(default_factory=list)
     seed_param_nodes: list[int] = field(default_factory=list)
     seed_param_sources: list[int] = field(default_factory=list)
+    recv_holes: list[int] = field(default_factory=list)
+    recv_channels: list[str] = field(default_factory=list)
+    send_nodes: list[int] = field(default_factory=list)
+    send_channels: list[str] = field(default_factory=list)
     holes: dict[int, Node] = field(default_factory=dict)
 
     def hole_ids(self) -> list[int]:
-        return [*self.carry_holes, *self.row_holes, *self.run_holes]
+        return [*self.carry_holes, *self.row_holes, *self.run_holes, *self.recv_holes]
+
+    def results(self) -> list[int]:
+        """The ids the step hands out: its next carried values, persisted values and values sent."""
+        return [*self.carry_next, *self.output_nodes, *self.send_nodes]
 
 
 @dataclass
 class LoopSpec:
     """`rounds` times the `schedule`'s (template index, times) pairs; the loop op's inputs are named
-    `outer_ids` in the templates, its first `n_carried` the carried values' initial values."""
+    `outer_ids` in the templates, its first `n_carried` the carried values' initial values. With `sync_every`,
+    the `sync_templates` run in turn after every `sync_every` training steps and after the last one (a resident
+    replica's exchange with the others, ravop.parallel); they are not in the schedule."""
     templates: list[StepTemplate]
     n_carried: int
     outer_ids: list[int]
@@ -51,10 +61,21 @@ class LoopSpec:
     batch_size: int = 0
     shuffle: bool = False
     shuffle_seed: int = 0
+    sync_templates: list[int] = field(default_factory=list)
+    sync_every: int = 0
 
     def runs(self, template: int) -> int:
-        """How often template `template` runs in all rounds of the schedule."""
+        """How often template `template` runs in all rounds of the schedule (a sync template: at every sync)."""
+        if template in self.sync_templates:
+            return self.n_syncs()
         return self.rounds * sum(times for t, times in self.schedule if t == template)
+
+    def n_syncs(self) -> int:
+        """How often the sync templates run: after every `sync_every` training steps and after the last."""
+        if not self.sync_every:
+            return 0
+        trained = self.rounds * sum(times for t, times in self.schedule if self.templates[t].counts)
+        return -(-trained // self.sync_every)
 
 
 class LoopRecord:

@@ -268,8 +268,8 @@ class Worker:
             self._give_up(keys, message_id, subgraph_id, str(exc), exc.reason, exc.node)
         except LoopHandedBack as exc:
             self._hand_back(keys, subgraph_id, message_id)
-            log.info("worker %s: stopping; loop subgraph %s of graph %s handed back after %d steps", self.name,
-                     subgraph_id, keys.graph_id, exc.steps)
+            log.info("worker %s: loop subgraph %s of graph %s handed back after %d steps (%s)", self.name,
+                     subgraph_id, keys.graph_id, exc.steps, "stopping" if self.stopping.is_set() else "waiting")
         except PlanError as exc:   # a loop's templates, and the runner's ops, are checked when they are built
             self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
         except LoopAbandoned:
@@ -293,7 +293,7 @@ class Worker:
             try:
                 return run_loop(self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
                                 self.checkpoint_steps, self.checkpoint_seconds, max_bytes, self.memory_budget,
-                                self.stopping)
+                                self.stopping, self._work_waiting)
             finally:
                 self.metrics.loop_ended()
         with emulated_device.paced(subgraph, inputs):   # benchmarks only (benchmarks/wan)
@@ -427,6 +427,15 @@ class Worker:
                       f"subgraph {subgraph_id}{ops} was delivered {deliveries} times and never finished: the "
                       f"workers running it stopped responding (the last was {(taken or b'?').decode()})",
                       "too many deliveries", node)
+
+    def _work_waiting(self):
+        """Whether the work stream holds messages no worker has read yet, or one a dead worker held (a resident
+        replica waiting for the others hands its loop back then: the replica it waits for may be one of them)."""
+        group = next((g for g in self.client.xinfo_groups(self.stream) if g["name"] in (GROUP, GROUP.encode())), None)
+        last = self.client.xinfo_stream(self.stream)["last-generated-id"]
+        if group is not None and group["last-delivered-id"] != last:
+            return True
+        return self.takeover.claimable()
 
     def _hand_back(self, keys, subgraph_id, message_id):
         """Queue the subgraph again as a new message and drop this one, in one transaction: an idle worker

@@ -18,6 +18,7 @@ import time
 import numpy as np
 import redis
 
+from ravop import graph_states
 from ravop.federated import histograms, privacy, secure, sketches
 from ravop.federated.column_rules import parse_rules
 from ravop.federated.partials import partial
@@ -188,7 +189,7 @@ class Provider:
 
     def _finish_secure(self, ref):
         keys, rules, residues, contribution, key = self._pending[ref]
-        if self.client.hget(keys.meta, "state") != b"running":
+        if self.client.hget(keys.meta, "state") != graph_states.RUNNING.encode():
             del self._pending[ref]   # ended, failed or deleted: nothing more to send
             return
         publics = federated_schema.public_keys(self.client, keys)

@@ -101,23 +101,49 @@ def paced(subgraph, inputs):
     CLOCK.account(started, nodes_flops(unpack_nodes(subgraph.nodes), {i: tuple(t.shape) for i, t in inputs.items()}))
 
 
-def paced_steps(on_step, loop, loop_inputs):
-    """`on_step` of `ravop.loop_run.LoopRun.run`, with each loop step paced as one unit first; `loop`: the
-    plan_pb2.Loop, `loop_inputs`: the loop op's input tensors (carried initial values, then the outer ones)."""
+def paced_steps(on_step, loop, loop_inputs, exchange=None):
+    """(on_step, exchange) for `ravop.loop_run.LoopRun.run`, with each loop step paced as one unit first; `loop`:
+    the plan_pb2.Loop, `loop_inputs`: the loop op's input tensors (carried initial values, then the outer ones),
+    `exchange`: the loop's exchange with other loops (resident replicas), or None. The time a step spends in the
+    exchange is network time: it is taken out of the step's compute time."""
     if CLOCK is None:
-        return on_step
-    outer = {i: tuple(t.shape) for i, t in zip(loop.outer_ids, loop_inputs)}
-    step_flops = {}
-    started = time.monotonic()
+        return on_step, exchange
+    paced = _PacedSteps(on_step, loop, loop_inputs)
+    return paced, (None if exchange is None else _TimedExchange(exchange, paced))
 
-    def on_paced_step(done, template, run, outputs, carried):
-        nonlocal started
-        if template not in step_flops:
-            step_flops[template] = _template_flops(loop.templates[template], loop_inputs, outer)
-        CLOCK.account(started, step_flops[template])
-        on_step(done, template, run, outputs, carried)
-        started = time.monotonic()   # what on_step wrote (losses, checkpoints) was network time, not compute
-    return on_paced_step
+
+class _PacedSteps:
+    def __init__(self, on_step, loop, loop_inputs):
+        self.on_step, self.loop, self.loop_inputs = on_step, loop, loop_inputs
+        self.outer = {i: tuple(t.shape) for i, t in zip(loop.outer_ids, loop_inputs)}
+        self.step_flops = {}
+        self.started = time.monotonic()
+
+    def __call__(self, done, template, run, outputs, carried):
+        if template not in self.step_flops:
+            self.step_flops[template] = _template_flops(self.loop.templates[template], self.loop_inputs, self.outer)
+        CLOCK.account(self.started, self.step_flops[template])
+        self.on_step(done, template, run, outputs, carried)
+        self.started = time.monotonic()   # what on_step wrote (losses, checkpoints) was network time, not compute
+
+
+class _TimedExchange:
+    """An exchange whose sends and receives move the current step's start forward by the time they took."""
+
+    def __init__(self, exchange, paced):
+        self.exchange, self.paced = exchange, paced
+
+    def send(self, channels, run, values):
+        began = time.monotonic()
+        self.exchange.send(channels, run, values)
+        self.paced.started += time.monotonic() - began
+
+    def receive(self, channels, run):
+        began = time.monotonic()
+        try:
+            return self.exchange.receive(channels, run)
+        finally:
+            self.paced.started += time.monotonic() - began
 
 
 def _template_flops(template, loop_inputs, outer):

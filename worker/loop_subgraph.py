@@ -21,6 +21,7 @@ sizes must fit the worker's limit, and each output is checked against its declar
 """
 import time
 
+from ravop import graph_states
 from ravop.errors import PlanError
 from ravop.loop_run import LoopRun
 from ravop.registry import LOOPS, PROJECTIONS
@@ -30,6 +31,7 @@ from ravop.wire import encode_tensor, unpack_loop
 
 from . import device as devices
 from . import emulated_device, memory
+from .exchange import StoreExchange
 from .run import kernel_error
 from .validate import check_nodes
 
@@ -75,7 +77,7 @@ def _watcher(spec, template, max_bytes, budget):
     """A template's memory rules: its declared sizes checked as a subgraph's are (`PlanError` naming the op past
     the limit), and each output against its declared size and the budget as it is made."""
     defined = [*spec.outer_ids, *template.hole_ids()]
-    program = check_nodes(template.nodes, defined, [*template.carry_next, *template.output_nodes], max_bytes)
+    program = check_nodes(template.nodes, defined, template.results(), max_bytes)
     return memory.Watcher(program, budget)
 
 
@@ -106,8 +108,23 @@ class _Writer:
         self.last_flush = self.last_checkpoint = now
         self.checkpointed = resumed_at or 0
         self.saved = resumed_at   # the step of the checkpoint in Redis (None: none)
+        self.last = None          # (steps done, carried values) after the last step run here
+        self.work_waiting = None  # () -> whether work is queued that no worker has read yet
+
+    def on_wait(self, state):
+        """Called while the loop waits for a value another loop sends: stop if the graph stopped running, hand
+        the loop back (after a checkpoint of what it has) if the worker is stopping or other work is queued (the
+        replica it waits for may be queued behind it: replicas outnumbering workers take turns)."""
+        if state != graph_states.RUNNING.encode():
+            raise LoopAbandoned(state)
+        if (self.stop is not None and self.stop.is_set()) or (self.work_waiting is not None and self.work_waiting()):
+            if self.last is None:
+                raise LoopHandedBack(self.saved or 0)
+            self.write(*self.last)
+            raise LoopHandedBack(self.last[0])
 
     def on_step(self, done, template, run, outputs, carried):
+        self.last = (done, carried)
         for first, value in zip(self.first_ids[template], outputs):
             self.pending[first + run] = value
         now = time.monotonic()
@@ -144,7 +161,7 @@ class _Writer:
             self.saved, self.checkpointed, self.last_checkpoint = done, done, time.monotonic()
         self.pending = {}
         self.last_flush = time.monotonic()
-        if state != b"running":
+        if state != graph_states.RUNNING.encode():
             raise LoopAbandoned(state)
 
 
@@ -168,10 +185,11 @@ def _resume(client, keys, subgraph_id, n_carried, device):
 
 def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
              checkpoint_steps=CHECKPOINT_STEPS, checkpoint_seconds=CHECKPOINT_SECONDS, max_bytes=None, budget=None,
-             stop=None):
+             stop=None, work_waiting=None):
     """{output id: tensor} of a loop subgraph; resumes from its checkpoint if an earlier run left one.
     `max_bytes`, `budget`: the worker's memory rules for the templates; `stop`: a threading.Event set when
-    the worker is stopping (then LoopHandedBack after a checkpoint)."""
+    the worker is stopping (then LoopHandedBack after a checkpoint); `work_waiting()`: whether unread work is
+    queued (a loop waiting for another loop's values hands itself back then)."""
     loop_step = check_loop_program(program)
     spec = unpack_loop(subgraph.loop)   # decoded once: the templates' nodes serve the checks and the runner
     watch = None if max_bytes is None else (lambda template: _watcher(spec, template, max_bytes, budget))
@@ -184,8 +202,10 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
     try:
         loop_inputs = [inputs[i] for i in loop_step.inputs]
         runner = LoopRun(spec, loop_inputs, seed, device, watch)
-        on_step = emulated_device.paced_steps(writer.on_step, subgraph.loop, loop_inputs)   # benchmarks only
-        carried = runner.run(carried, start or 0, on_step)
+        writer.work_waiting = work_waiting
+        exchange = StoreExchange(client, keys, device, writer.on_wait) if runner.exchanges() else None
+        on_step, exchange = emulated_device.paced_steps(writer.on_step, subgraph.loop, loop_inputs, exchange)
+        carried = runner.run(carried, start or 0, on_step, exchange)
         writer.write(spec.n_steps)
         env = run_nodes(program.steps[1:], {loop_step.id: tuple(carried)}, outputs=program.outputs)
     except OpError as exc:   # reported as on any subgraph: the op, its sizes, the device, and the step

@@ -44,15 +44,23 @@ class Takeover:
         entries = self.client.xpending_range(self.stream, GROUP, "-", "+", 1, consumername=self.name)
         return self._claim(entries[0], 0) if entries else None
 
-    def _from_dead_workers(self):
+    def claimable(self):
+        """Whether a dead worker holds a message this worker could take over (without taking it)."""
+        return any(True for _ in self._dead_workers_entries())
+
+    def _dead_workers_entries(self):
         holders = [c["name"].decode() for c in self.client.xpending(self.stream, GROUP)["consumers"]]
         for name in liveness.silent(self.client, [n for n in holders if n != self.name]):
             entries = self.client.xpending_range(self.stream, GROUP, "-", "+", 1, consumername=name,
                                                  idle=self.dead_after_ms)
             if entries:
-                found = self._claim(entries[0], self.dead_after_ms)
-                if found is not None:
-                    return found
+                yield entries[0]
+
+    def _from_dead_workers(self):
+        for entry in self._dead_workers_entries():
+            found = self._claim(entry, self.dead_after_ms)
+            if found is not None:
+                return found
         return None
 
     def _stale(self):

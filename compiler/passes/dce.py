@@ -33,7 +33,7 @@ def _drop_unread_loop_inputs(nodes, loops):
         for template in spec.templates:
             for node in template.nodes:
                 read.update(node.inputs)
-            read.update((*template.row_data, *template.run_values, *template.carry_next, *template.output_nodes))
+            read.update((*template.row_data, *template.run_values, *template.results()))
         keep = [k for k, name in enumerate(spec.outer_ids) if k < spec.n_carried or name in read]
         if len(keep) == len(spec.outer_ids) or loop_id not in nodes:
             continue
@@ -53,7 +53,7 @@ def _drop_unread_loop_inputs(nodes, loops):
 def _cull_template(template):
     """(template, ops removed): an op whose seed param follows another op's stream keeps that op, which the
     runner needs to name the stream."""
-    live = set(template.carry_next) | set(template.output_nodes)
+    live = set(template.results())
     follows = followed_streams(template)
     for node in reversed(template.nodes):
         if node.id in live:

@@ -35,6 +35,7 @@ def keep_only(template, nodes, alias=None):
     followed = [(n, s) for n, s in zip(template.seed_param_nodes, template.seed_param_sources) if n in ids]
     return replace(template, nodes=nodes, carry_next=[alias.get(i, i) for i in template.carry_next],
                    output_nodes=[alias.get(i, i) for i in template.output_nodes],
+                   send_nodes=[alias.get(i, i) for i in template.send_nodes],
                    counter_nodes=[n for n in template.counter_nodes if n in ids],
                    seeded_nodes=[n for n, _ in seeded], seed_strides=[s for _, s in seeded],
                    seed_param_nodes=[n for n, _ in followed], seed_param_sources=[s for _, s in followed])

@@ -1,8 +1,10 @@
 """`fit(..., strategy=...)` (ravop.parallel): the trainer the strategies' hooks drive. It records the training
 as loop segments, one per replica between two synchronisations, and whatever the strategy records between them
-as ordinary ops. A segment is a loop op (`Loop.run(..., segment=...)`): its own subgraph, run with the replica's
-state in memory, checkpointed and resumed like any loop, so the replicas of one synchronisation interval are
-independent subgraphs that idle workers run at once.
+as ordinary ops; or, for a strategy that gives `resident_sync` (DiLoCo), one loop per replica for the whole fit
+whose sync templates exchange values with the others (ravop.parallel.resident). A segment is a loop op
+(`Loop.run(..., segment=...)`): its own subgraph, run with the replica's state in memory, checkpointed and resumed
+like any loop, so the replicas of one synchronisation interval are independent subgraphs that idle workers run at
+once.
 
 The strategy picks the recording (`strategy.record_fit(fit)` calls one of `ParallelFit.replicated`,
 `gradient_replicas`, `pipeline`); the trainer reads and writes the model only through its train-state interface
@@ -62,6 +64,47 @@ def _record_segment(initial, batches, steps, segment, record_step):
         with loop.step() as step:
             record_step(step, rows, runs)
     return loop.run(steps.schedule, rounds=steps.n_epochs, segment=segment)
+
+
+def _record_replica(state, resident, r, batches, steps, record_step, sync_every):
+    """Replica r's loop over every step of the fit, its sync templates (`resident.sync_steps`) after every
+    `sync_every` steps and the last one; returns all its carried values after the loop (its train state first)."""
+    extra = resident.extra(r)
+    loop = Loop(list(state) + extra, batches)
+    n_state = len(state)
+    for t, rows in enumerate(steps.rows):
+        runs = [(e, b) for tt, e, b in steps.order if tt == t]
+        with loop.step() as step:
+            record_step(_StatePart(step, n_state), rows, runs)
+    sync = resident.sync_steps(loop, r, n_state)
+    return list(loop.run(steps.schedule, rounds=steps.n_epochs, sync=sync, sync_every=sync_every))
+
+
+class _StatePart:
+    """A loop step seen by a training step that knows only the train state: the loop carries more values
+    (a resident replica's global model and residuals), which the training step passes through."""
+
+    def __init__(self, step, n_state):
+        self.step, self.n_state = step, n_state
+        self.carried = step.carried[:n_state]
+
+    def carry(self, values):
+        self.step.carry(list(values) + list(self.step.carried[self.n_state:]))
+
+    def rows(self, data, n_rows):
+        return self.step.rows(data, n_rows)
+
+    def persist(self, op, names):
+        self.step.persist(op, names)
+
+
+def _enough_workers(replicas):
+    """Whether the session's live workers can run every replica at once (resident replicas wait for each other
+    at every round; with fewer workers the replicas run as segments, with the same bits)."""
+    try:
+        return len(live_workers()) >= replicas
+    except GraphStateError:
+        return False
 
 
 def _loss_name(epoch, batch):
@@ -135,7 +178,8 @@ class ParallelFit:
         per_update = strategy.update_frequency   # batches whose gradients one optimizer step sums
         steps = _Steps(size, self.batch_size * per_update, self.n_epochs)
         initial = [slot.get() for slot in slots]
-        sync = strategy.synchronizer(initial, layout, current_graph().seed)
+        resident = strategy.resident_sync(initial, layout, lambda: _enough_workers(replicas))
+        sync = resident or strategy.synchronizer(initial, layout, current_graph().seed)
         states = [list(initial) for _ in range(replicas)]
         losses = [None] * replicas
         names = {}
@@ -162,7 +206,12 @@ class ParallelFit:
             return record_step
 
         n_steps = len(steps.order)
-        for first, n in strategy.segments(n_steps):
+        if resident is not None:   # one loop per replica for the whole fit, its state kept where it runs
+            for r, (X_shard, y_shard) in enumerate(shards):
+                batches = Batches(size, self.batch_size * per_update, self.shuffle, self.seed + r)
+                states[r] = _record_replica(states[r], resident, r, batches, steps, train(r, X_shard, y_shard),
+                                            strategy.inner_steps)
+        for first, n in [] if resident is not None else strategy.segments(n_steps):
             for r, (X_shard, y_shard) in enumerate(shards):
                 batches = Batches(size, self.batch_size * per_update, self.shuffle, self.seed + r)
                 after = _record_segment(states[r] + loss_slot, batches, steps, (first, n), train(r, X_shard, y_shard))

@@ -11,9 +11,10 @@ checkpoint like any loop.
 A strategy owns its mechanism through hooks the trainer (ravdl/v2/parallel_fit.py) calls: `record_fit(fit)`
 picks the recording (replicas on shards synchronised between segments, replicas of each step's gradient, or
 pipeline stages) and, for replicas on shards, `segments(n_steps)` says when they synchronise and
-`synchronizer(...)` what a synchronisation records; `roles()` names its replicas or stages for the summary's
-forecast (`forecast`). The trainer reads and writes the model only through its train-state interface
-(ravdl.v2.fit.TrainState).
+`synchronizer(...)` what a synchronisation records, or `resident_sync(...)` the sync templates of replicas that
+each run as one loop for the whole fit (DiLoCo's resident replicas); `roles()` names its replicas or stages for
+the summary's forecast (`forecast`). The trainer reads and writes the model only through its train-state
+interface (ravdl.v2.fit.TrainState).
 """
 from .data_parallel import DataParallel
 from .diloco import DiLoCo

@@ -25,14 +25,20 @@ and lands when round k+1 ends. Pseudo-gradients are taken against each round's o
 latest global model: outer step k maps the global model after k steps to the one after k + 1 with round k's
 pseudo-gradient. The model after fit has every round's outer step applied (the last one is not overlapped).
 In the graph, round k+1's segments do not read outer step k, so workers run them at the same time.
+
+`resident` (None: when the session's live workers can hold every replica at once; True; False): each replica is
+one loop op for the whole fit whose state stays where it runs, and only (compressed) pseudo-gradients and
+updates cross the store (ravop.parallel.resident); otherwise each round of each replica is a loop segment whose
+carried values go through the store. Both give the same bits. Not with `overlap` (its rounds run as segments).
 """
 from .compression import check_compression, send
+from .resident import ResidentDiLoCo
 from .replicas import OnShards, average, check_replicas, check_update_frequency, every
 
 
 class DiLoCo(OnShards):
     def __init__(self, replicas, inner_steps, outer_lr=0.7, outer_momentum=0.9, nesterov=True, compression=None,
-                 overlap=False, update_frequency=1):
+                 overlap=False, update_frequency=1, resident=None):
         self.replicas = check_replicas(replicas)
         self.update_frequency = check_update_frequency(update_frequency)
         if type(inner_steps) is not int or inner_steps < 1:
@@ -48,6 +54,13 @@ class DiLoCo(OnShards):
             raise ValueError("nesterov=True needs outer_momentum > 0 (as torch.optim.SGD): give nesterov=False")
         self.inner_steps, self.outer_lr, self.outer_momentum = inner_steps, float(outer_lr), float(outer_momentum)
         self.nesterov, self.compression, self.overlap = nesterov, check_compression(compression), overlap
+        if resident not in (None, True, False):
+            raise TypeError(f"resident takes None (when the workers can hold every replica), True or False, not "
+                            f"{resident!r}")
+        if resident and overlap:
+            raise NotImplementedError("resident replicas with overlap=True are not implemented: give resident=None "
+                                      "or False (overlapped rounds run as segments)")
+        self.resident = resident
 
     def segments(self, n_steps):
         """(first step, steps) of each round."""
@@ -56,11 +69,19 @@ class DiLoCo(OnShards):
     def synchronizer(self, initial, layout, graph_seed):
         return _OuterSteps(self, initial, layout)
 
+    def resident_sync(self, initial, layout, workers_hold_all):
+        """The sync templates of resident replicas (ravop.parallel.resident), or None to record segments;
+        `workers_hold_all()`: whether the live workers can run every replica at once."""
+        if self.overlap or self.resident is False or (self.resident is None and not workers_hold_all()):
+            return None
+        return ResidentDiLoCo(self, initial, layout)
+
     def __repr__(self):
         return (f"DiLoCo(replicas={self.replicas}, inner_steps={self.inner_steps}, outer_lr={self.outer_lr}, "
                 f"outer_momentum={self.outer_momentum}, nesterov={self.nesterov}, compression={self.compression!r}, "
                 f"overlap={self.overlap}"
-                + (f", update_frequency={self.update_frequency})" if self.update_frequency > 1 else ")"))
+                + (f", update_frequency={self.update_frequency}" if self.update_frequency > 1 else "")
+                + (f", resident={self.resident})" if self.resident is not None else ")"))
 
 
 class _OuterSteps:

@@ -14,6 +14,11 @@ class OnShards:
     def roles(self):
         return [f"replica {r}" for r in range(self.replicas)]
 
+    def resident_sync(self, initial, layout, workers_hold_all):
+        """The sync templates of resident replicas (one loop per replica for the whole fit, DiLoCo's), or None:
+        the replicas run as segments synchronised by `synchronizer`."""
+        return None
+
 
 def check_update_frequency(update_frequency):
     if type(update_frequency) is not int or update_frequency < 1:

@@ -171,6 +171,10 @@ class GraphKeys:
     def checkpoint(self, subgraph_id: Union[int, str]) -> str:
         return f"{self.prefix}ckpt:{subgraph_id}"
 
+    def exchange(self, channel: str, run: int) -> str:
+        """A value a resident replica's loop sends on `channel` at its `run`-th sync (worker/exchange.py)."""
+        return f"{self.prefix}x:{channel}:{run}"
+
     def votes(self, subgraph_id: Union[int, str]) -> str:
         return f"{self.prefix}votes:{subgraph_id}"
 

@@ -10,11 +10,14 @@ from ..loop_template import LoopSpec, StepTemplate
 from .nodes import pack_nodes, unpack_nodes
 
 _LISTS = ("carry_holes", "carry_next", "row_holes", "row_data", "counter_nodes", "output_nodes", "output_first_ids",
-          "run_holes", "run_values", "seeded_nodes", "seed_strides", "seed_param_nodes", "seed_param_sources")
+          "run_holes", "run_values", "seeded_nodes", "seed_strides", "seed_param_nodes", "seed_param_sources",
+          "recv_holes", "recv_channels", "send_nodes", "send_channels")
 # Lists that name one thing per element of another: (list, its partner, what they are).
 _PAIRS = (("row_holes", "row_data", "row holes and their data"),
           ("seeded_nodes", "seed_strides", "seeded ops and their strides"),
-          ("seed_param_nodes", "seed_param_sources", "seed params and their sources"))
+          ("seed_param_nodes", "seed_param_sources", "seed params and their sources"),
+          ("recv_holes", "recv_channels", "received values and their channels"),
+          ("send_nodes", "send_channels", "sent values and their channels"))
 
 
 def pack_loop(spec: LoopSpec, message: Any) -> None:
@@ -31,6 +34,8 @@ def pack_loop(spec: LoopSpec, message: Any) -> None:
     message.n_steps, message.first_step = spec.n_steps, spec.first_step
     message.n_rows, message.batch_size = spec.n_rows, spec.batch_size
     message.shuffle, message.shuffle_seed = spec.shuffle, spec.shuffle_seed
+    message.sync_templates.extend(spec.sync_templates)
+    message.sync_every = spec.sync_every
 
 
 def unpack_loop(message: Any) -> LoopSpec:
@@ -52,4 +57,4 @@ def unpack_loop(message: Any) -> LoopSpec:
         templates.append(template)
     return LoopSpec(templates, message.n_carried, list(message.outer_ids), list(zip(pairs[::2], pairs[1::2])),
                     message.rounds, message.n_steps, message.first_step, message.n_rows, message.batch_size,
-                    message.shuffle, message.shuffle_seed)
+                    message.shuffle, message.shuffle_seed, list(message.sync_templates), message.sync_every)

@@ -1,0 +1,171 @@
+"""DiLoCo's rounds as resident replicas: one loop op per replica for the whole fit, whose parameters, optimizer
+state, error-feedback residuals and data shard stay in the memory of the worker that runs it (and in its loop
+checkpoint), so that only what the algorithm exchanges crosses the store each round.
+
+Replica r's loop carries its train state, the global model (parameters, then buffers) and, with compression,
+its residual per parameter; replica 0 also carries the outer optimizer (momentum buffers, the update's
+residuals). After every `inner_steps` training steps and after the last one, its sync templates run:
+- replica r > 0: `up` sends its pseudo-gradient `global - parameters` (compressed with error feedback when
+  `compression` is set) and its float buffers; `down` receives the outer step's update (compressed) and the
+  mean buffers, and restarts from the new global model;
+- replica 0: `outer` receives the others' pseudo-gradients and buffers, takes its own, steps the outer
+  optimizer as `DiLoCo`'s in-graph synchronizer does (the same ops in the same order: the same bits), sends the
+  update and the mean buffers, and restarts from the new global model.
+So per round a replica r > 0 sends one (compressed) pseudo-gradient and receives one (compressed) update; the
+channels are named `{kind}.{replica}.{k}` per value k (worker/exchange.py stores them)."""
+import torch
+
+import ravop as R
+
+from .compression import compress, decompress
+from .replicas import average
+
+
+def _zeros_like(op):
+    return R.zeros(shape=tuple(op.shape), dtype=str(op.dtype).replace("torch.", ""))
+
+
+class ResidentDiLoCo:
+    """The extra carried values and the sync templates of one fit's replicas (see the module docstring)."""
+
+    def __init__(self, diloco, initial, layout):
+        self.diloco, self.layout = diloco, layout
+        self.model = list(initial[layout.model.start:layout.model.stop])   # global parameters, then buffers
+        params = self.model[:len(layout.params)]
+        self.floats = [k for k in layout.buffers if initial[k].dtype.is_floating_point]
+        self.residuals = [_zeros_like(p) for p in params] if diloco.compression else []
+        self.outer = ([_zeros_like(p) for p in params] if diloco.outer_momentum else []) + \
+            ([_zeros_like(p) for p in params] if diloco.compression else [])
+
+    def extra(self, r):
+        """The values replica r's loop carries besides its train state, initially."""
+        return self.model + self.residuals + (self.outer if r == 0 else [])
+
+    def sync_steps(self, loop, r, n_state):
+        """Record replica r's sync templates on `loop` (whose carried values are its train state of `n_state`
+        values, then `extra(r)`); returns their template indices."""
+        first = len(loop.templates)
+        if r == 0:
+            with loop.step(counts=False) as step:
+                step.carry(self._outer(step, n_state))
+            return [first]
+        with loop.step(counts=False) as step:
+            step.carry(self._up(step, r, n_state))
+        with loop.step(counts=False) as step:
+            step.carry(self._down(step, n_state))
+        return [first, first + 1]
+
+    def _split(self, step, n_state):
+        carried = list(step.carried)
+        n_model, n_res = len(self.model), len(self.residuals)
+        state, rest = carried[:n_state], carried[n_state:]
+        return state, rest[:n_model], rest[n_model:n_model + n_res], rest[n_model + n_res:]
+
+    def _pseudo(self, state, model, residuals, k):
+        """(what is sent of parameter k's pseudo-gradient: the values and the int8 scale or None, what the
+        receiver reads, the residual kept)."""
+        pseudo = model[k] - state[k]
+        kind = self.diloco.compression
+        if not kind:
+            return (pseudo, None), pseudo, None
+        true = pseudo + residuals[k]
+        sent = compress(true, kind)
+        received = decompress(*sent)
+        return sent, received, true - received
+
+    def _up(self, step, r, n_state):
+        state, model, residuals, _ = self._split(step, n_state)
+        residuals = list(residuals)
+        for k in self.layout.params:
+            (values, scale), _, residual = self._pseudo(state, model, residuals, k)
+            step.send(values, f"up.{r}.{k}")
+            if scale is not None:
+                step.send(scale, f"upscale.{r}.{k}")
+            if residual is not None:
+                residuals[k] = residual
+        for k in self.floats:
+            step.send(state[k], f"buffer.{r}.{k}")
+        return state + model + residuals
+
+    def _received_update(self, step, k, like):
+        values = step.receive(f"down.{k}", like if not self.diloco.compression else _narrow(like, self.diloco))
+        scale = step.receive(f"downscale.{k}", _scalar(like)) if self.diloco.compression == "int8" else None
+        return decompress(values, scale) if self.diloco.compression else values
+
+    def _down(self, step, n_state):
+        state, model, residuals, _ = self._split(step, n_state)
+        new_model = [model[k] + self._received_update(step, k, model[k]) for k in self.layout.params]
+        for k in self.layout.buffers:
+            new_model.append(step.receive(f"buffermean.{k}", state[k]) if k in self.floats else state[k])
+        return self._restart(state, new_model) + new_model + residuals
+
+    def _restart(self, state, new_model):
+        state = list(state)
+        state[self.layout.model.start:self.layout.model.stop] = new_model
+        return state
+
+    def _outer(self, step, n_state):
+        d = self.diloco
+        state, model, residuals, outer = self._split(step, n_state)
+        residuals = list(residuals)
+        n = len(self.layout.params)
+        momentum = list(outer[:n]) if d.outer_momentum else []
+        down = list(outer[len(momentum):])
+        new_model = []
+        for k in self.layout.params:
+            _, own, residual = self._pseudo(state, model, residuals, k)
+            if residual is not None:
+                residuals[k] = residual
+            pseudo = [own]
+            for r in range(1, d.replicas):
+                like = state[k] if not d.compression else _narrow(state[k], d)
+                values = step.receive(f"up.{r}.{k}", like)
+                scale = step.receive(f"upscale.{r}.{k}", _scalar(state[k])) if d.compression == "int8" else None
+                pseudo.append(decompress(values, scale) if d.compression else values)
+            grad = average(pseudo)
+            if d.outer_momentum:   # torch.optim.SGD's buffer; the first round's is 0 * momentum + grad = grad
+                momentum[k] = momentum[k] * d.outer_momentum + grad
+                grad = grad + momentum[k] * d.outer_momentum if d.nesterov else momentum[k]
+            update = grad * -d.outer_lr
+            if d.compression:
+                true = update + down[k]
+                values, scale = compress(true, d.compression)
+                update = decompress(values, scale)
+                down[k] = true - update
+                step.send(values, f"down.{k}")
+                if scale is not None:
+                    step.send(scale, f"downscale.{k}")
+            else:
+                step.send(update, f"down.{k}")
+            new_model.append(model[k] + update)
+        for k in self.layout.buffers:
+            if k in self.floats:
+                mean = average([state[k]] + [step.receive(f"buffer.{r}.{k}", state[k]) for r in range(1, d.replicas)])
+                step.send(mean, f"buffermean.{k}")
+                new_model.append(mean)
+            else:
+                new_model.append(state[k])
+        return self._restart(state, new_model) + new_model + residuals + momentum + down
+
+    def finish(self, finals):
+        """The model after fit from the replicas' carried values after their loops: the global model (replica
+        0's) and the replicas' mean optimizer state."""
+        final = list(finals[0][self.layout.model.start:self.layout.model.stop])
+        for k in self.layout.optimizer:
+            final.append(average([carried[k] for carried in finals]))
+        return final
+
+
+class _Like:
+    """A shape and dtype for `Step.receive`."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = shape, dtype
+
+
+def _narrow(like, diloco):
+    return _Like(tuple(like.shape), torch.float16 if diloco.compression == "fp16" else torch.int8)
+
+
+def _scalar(like):
+    return _Like((), torch.float32)

@@ -1,0 +1,218 @@
+"""Resident DiLoCo replicas (ravop/parallel/resident.py): one loop per replica for the whole fit, exchanging only
+(compressed) pseudo-gradients and updates. They give the bits of the segment recording in-process (threads) and
+on a real server with worker processes, move only a bounded number of bytes per round (measured by the server's
+own network counters), survive a provider killed mid-round with the same bits, and their plan does not grow with
+the number of rounds."""
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import ravop as R
+from compiler.compile import compile_graph
+from helpers import on_one_thread, wait_for
+from ravdl.v2 import NeuralNetwork
+from ravdl.v2.layers import Activation, Dense
+from ravdl.v2.optimizers import Adam
+from ravop.interpreter import evaluate_persisted
+from ravop.store import GraphKeys
+from test_diloco import PARAM_NAMES, assert_matches_reference, fit_diloco
+from test_parallel_math import X, Y, ravdl_net, torch_net
+
+
+def knobs(compression, **more):
+    return dict(replicas=2, inner_steps=3, compression=compression, **more)
+
+
+@pytest.mark.parametrize("compression", [None, "fp16", "int8"])
+def test_resident_replicas_give_the_bits_of_segments_and_match_eager_pytorch(compression):
+    resident = fit_diloco(R.parallel.DiLoCo(**knobs(compression, resident=True)), 2, 5)
+    segments = fit_diloco(R.parallel.DiLoCo(**knobs(compression, resident=False)), 2, 5)
+    assert resident[0].keys() == segments[0].keys()
+    for name in resident[0]:
+        assert torch.equal(resident[0][name], segments[0][name]), name
+    for name in PARAM_NAMES + ["prediction"]:
+        assert torch.equal(resident[1][name], segments[1][name]), name
+    assert_matches_reference(R.parallel.DiLoCo(**knobs(compression, resident=True, outer_momentum=0.8)))
+
+
+def test_resident_knob_is_checked():
+    with pytest.raises(TypeError, match="resident"):
+        R.parallel.DiLoCo(2, 3, resident="yes")
+    with pytest.raises(NotImplementedError, match="overlap"):
+        R.parallel.DiLoCo(2, 3, overlap=True, resident=True)
+    assert "resident=True" in repr(R.parallel.DiLoCo(2, 3, resident=True))
+
+
+def plan_of(inner_steps, resident):
+    graph = R.Graph(name=f"rounds {inner_steps}", seed=11)
+    model = ravdl_net(torch_net())
+    model.fit(X, Y, n_epochs=4, batch_size=6, strategy=R.parallel.DiLoCo(2, inner_steps, resident=resident))
+    model.persist_weights()
+    plan = compile_graph(graph).plan
+    nodes = sum(len(s.nodes.id) + sum(len(t.nodes.id) for t in s.loop.templates) for s in plan.subgraphs)
+    plan.ClearField("persisted")   # the loss names: one per step, whatever the number of rounds
+    return nodes, plan.ByteSize()
+
+
+def test_rounds_are_folded_the_plan_does_not_grow_with_their_number():
+    # 24 rows per replica in batches of 6: 16 steps; 2 rounds of 8 steps, or 16 rounds of 1
+    few, many = plan_of(8, True), plan_of(1, True)
+    assert few[0] == many[0]
+    assert abs(few[1] - many[1]) <= 16   # varints only
+    unfolded_few, unfolded_many = plan_of(8, False), plan_of(1, False)
+    assert unfolded_many[0] > 4 * unfolded_few[0]   # the segment recording grows with the rounds
+
+
+def test_an_exchanging_loop_refuses_to_run_without_an_exchange():
+    from ravop.errors import PlanError
+    from ravop.loop_run import LoopRun
+    graph = R.Graph(name="no exchange", seed=1)
+    model = ravdl_net(torch_net())
+    model.fit(X, Y, n_epochs=1, batch_size=6, strategy=R.parallel.DiLoCo(2, 2, resident=True))
+    loop_id, record = next(iter(graph.loops.items()))
+    inputs = [graph.constants[i.id] if i.id in graph.constants else None for i in graph.nodes[loop_id].inputs]
+    with pytest.raises(PlanError, match="exchanges values with other loops"):
+        LoopRun(record.spec, [torch.zeros(()) if v is None else v for v in inputs], 1).run()
+
+
+def server_bytes(client):
+    stats = client.info("stats")
+    return int(stats["total_net_input_bytes"]) + int(stats["total_net_output_bytes"])
+
+
+def mlp_fit(name, rows, n_epochs, compression):
+    """A DiLoCo(2, inner_steps=16) fit of an MLP 784-256-10 on `rows` random rows, run on the workers; returns
+    the number of parameters."""
+    rng = np.random.default_rng(0)
+    X_big = rng.normal(size=(rows, 784)).astype(np.float32)
+    Y_big = np.eye(10, dtype=np.float32)[rng.integers(0, 10, rows)]
+    R.Graph(name=name, seed=3)
+    model = NeuralNetwork(Adam(lr=0.001), loss="CrossEntropy")
+    model.add(Dense(256, input_shape=(784,)))
+    model.add(Activation("relu"))
+    model.add(Dense(10))
+    model.fit(X_big, Y_big, n_epochs=n_epochs, batch_size=32,
+              strategy=R.parallel.DiLoCo(2, inner_steps=16, compression=compression, resident=True))
+    model.persist_weights()
+    R.activate()
+    R.execute()
+    R.track_progress(timeout=600, progress_bar=False)
+    return 784 * 256 + 256 + 256 * 10 + 10
+
+
+@pytest.mark.parametrize("compression, bound", [("int8", 2.5), (None, 2.5 * 4)])
+def test_bytes_per_round_per_replica_are_within_a_bound_of_the_parameter_size(engine, workers, client,
+                                                                               compression, bound):
+    # checkpoints off: this measures what the algorithm exchanges (a checkpoint is the fallback, priced apart)
+    workers.start(2, extra=("--checkpoint-steps", "1000000", "--checkpoint-seconds", "100000"))
+    rows = 2 * 32 * 32   # per replica 32 steps of 32 rows an epoch: 2 rounds of 16 steps an epoch
+    totals = []
+    for n_epochs in (1, 4):
+        before = server_bytes(client)
+        n_params = mlp_fit(f"bytes {compression} {n_epochs}", rows, n_epochs, compression)
+        totals.append(server_bytes(client) - before)
+    per_round_per_replica = (totals[1] - totals[0]) / ((4 - 1) * 2) / 2
+    print(f"{compression}: {per_round_per_replica:.0f} bytes per round per replica, "
+          f"{per_round_per_replica / n_params:.2f}x the int8 parameters ({n_params} bytes); run totals {totals}")
+    assert per_round_per_replica <= bound * n_params
+
+
+def record_small(name, epochs, compression="int8"):
+    graph = R.Graph(name=name, seed=11)
+    model = ravdl_net(torch_net())
+    persisted = list(model.fit(X, Y, n_epochs=epochs, batch_size=6, shuffle=True, seed=3,
+                               strategy=R.parallel.DiLoCo(2, 4, compression=compression, resident=True)))
+    model.persist_weights()
+    model.predict(X).persist_op("prediction")
+    return graph, persisted + PARAM_NAMES + ["prediction"]
+
+
+def assert_same_as_in_process(graph, names):
+    want = on_one_thread(evaluate_persisted, graph, names)
+    for name in names:
+        assert torch.equal(R.fetch_persisting_op(name), want[name]), name
+
+
+def test_replicas_run_on_distinct_workers_with_the_in_process_bits(engine, workers, client):
+    names = workers.start(2)
+    graph, persisted = record_small("resident engine", 3)
+    R.activate()
+    R.execute()
+    R.track_progress(timeout=300, progress_bar=False)
+    keys = GraphKeys(engine.token, graph.id)
+    loops = [int(s) for s in client.hkeys(keys.ran) if client.hget(keys.ran, s)]
+    assert {client.hget(keys.ran, s).decode() for s in loops} == set(names)
+    assert client.exists(keys.exchange("up.1.0", 0)) and client.exists(keys.exchange("down.0", 0))
+    assert_same_as_in_process(graph, persisted)
+
+
+def test_a_provider_killed_mid_round_is_resumed_elsewhere_with_the_same_bits(engine, workers, client):
+    names = workers.start(3, reclaim_idle=1.0, extra=("--checkpoint-steps", "40"))
+    graph, persisted = record_small("resident kill", 150)
+    R.activate()
+    R.execute()
+    keys = GraphKeys(engine.token, graph.id)
+    checkpointed = wait_for(lambda: [key for key in client.keys(keys.prefix + "ckpt:*")
+                                     if re.fullmatch(rb".*ckpt:\d+", key) and client.hexists(key, "step")],
+                            "a replica's checkpoint")
+    loop_id = checkpointed[0].decode().rsplit(":", 1)[1]
+    holder = client.hget(keys.taken, loop_id).decode()
+    assert not client.sismember(keys.done, loop_id), "the replica ended before the kill: make the fit longer"
+    workers.kill(holder)
+    R.track_progress(timeout=600, progress_bar=False)
+    assert client.hget(keys.ran, loop_id).decode() in set(names) - {holder}   # a spare took the replica over
+    assert_same_as_in_process(graph, persisted)
+
+
+def test_replicas_outnumbering_workers_take_turns_and_a_joining_worker_takes_one(engine, workers, client):
+    first = workers.start(1)
+    graph, persisted = record_small("resident queue", 30)
+    R.activate()
+    R.execute()
+    keys = GraphKeys(engine.token, graph.id)
+    # one worker: a replica waiting for the other hands its loop back (with a checkpoint) and takes the other
+    wait_for(lambda: [key for key in client.keys(keys.prefix + "ckpt:*") if re.fullmatch(rb".*ckpt:\d+", key)],
+             "a replica handed back with a checkpoint")
+    joined = workers.start(1, prefix="late")
+    R.track_progress(timeout=600, progress_bar=False)
+    ran = {client.hget(keys.ran, s).decode() for s in client.hkeys(keys.ran)}
+    assert ran <= set(first + joined) and joined[0] in ran   # the joining worker finished some of the work
+    assert_same_as_in_process(graph, persisted)
+
+
+def test_the_survivor_takes_over_a_killed_workers_replica_without_a_spare(engine, workers, client):
+    names = workers.start(2, reclaim_idle=1.0, extra=("--checkpoint-steps", "40", "--dead-after", "2"))
+    graph, persisted = record_small("resident kill no spare", 40)
+    R.activate()
+    R.execute()
+    keys = GraphKeys(engine.token, graph.id)
+    checkpointed = wait_for(lambda: [key for key in client.keys(keys.prefix + "ckpt:*")
+                                     if re.fullmatch(rb".*ckpt:\d+", key) and client.hexists(key, "step")],
+                            "a replica's checkpoint")
+    loop_id = checkpointed[0].decode().rsplit(":", 1)[1]
+    holder = client.hget(keys.taken, loop_id).decode()
+    assert not client.sismember(keys.done, loop_id), "the replica ended before the kill: make the fit longer"
+    workers.kill(holder)
+    R.track_progress(timeout=600, progress_bar=False)
+    survivor = next(n for n in names if n != holder)
+    assert client.hget(keys.ran, loop_id).decode() == survivor   # it took turns with its own replica
+    assert_same_as_in_process(graph, persisted)
+
+
+def test_in_process_a_failing_replica_stops_the_others_with_its_error(monkeypatch):
+    from ravop.loop_run import StepFunction
+    graph = R.Graph(name="failing replica", seed=11)
+    model = ravdl_net(torch_net())
+    model.fit(X, Y, n_epochs=2, batch_size=6, strategy=R.parallel.DiLoCo(2, 2, resident=True))
+    model.persist_weights()
+    real = StepFunction.sent
+
+    def broken(self):
+        if any(channel.startswith("down.") for channel in self.send_channels):
+            raise RuntimeError("replica 0 broke")
+        return real(self)
+    monkeypatch.setattr(StepFunction, "sent", broken)
+    with pytest.raises(RuntimeError, match="replica 0 broke"):
+        evaluate_persisted(graph)
