@@ -108,7 +108,7 @@ def federated_quantile(items: torch.Tensor, weights: torch.Tensor, q: Sequence[f
     each q the smallest of the sketch's items (ascending) whose cumulative weight reaches q of the total (the
     inclusive rank of DataSketches)."""
     cumulative = torch.cumsum(weights.to(torch.float64), 0)
-    wanted = torch.as_tensor(q, dtype=torch.float64) * cumulative[-1]
+    wanted = torch.as_tensor(q, dtype=torch.float64, device=cumulative.device) * cumulative[-1]
     index = torch.searchsorted(cumulative, wanted).clamp(max=items.numel() - 1)
     return items.to(torch.float64)[index]
 
