@@ -28,6 +28,7 @@ from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop.graph_states import DONE, FAILED
 from ravop.store.graphs import list_graphs
+from worker.loop_subgraph import CHECKPOINT_SECONDS
 
 from .lab import Lab, remove_stale
 
@@ -192,6 +193,8 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
             extra = ["--benchmark-busy-file", lab.busy_file(name)]
             if emulate:
                 extra += ["--emulate-device-flops", repr(device_flops / dilation)]
+            if dilation != 1:   # the loop's checkpoint clock is dilated like every other time
+                extra += ["--checkpoint-seconds", repr(CHECKPOINT_SECONDS * dilation)]
             lab.start_worker(name, ports[name], extra)
         for name in names:
             start_provider(name)
