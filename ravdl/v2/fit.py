@@ -47,6 +47,24 @@ class TrainState:
         return self.params + self.buffers + self.optimizer
 
 
+class LossTraining:
+    """The training step every model kind records the same way, from its `loss_function`, `_forward_pass` and
+    `_backward_pass` (part of the train-state interface the strategies use, docs/strategies.md)."""
+
+    def training_loss(self, X, y):
+        """The loss (the one given to fit) of a training-mode forward pass of `X` against `y`, as an Op."""
+        if self.loss_function is None:
+            raise ValueError(f"{type(self).__name__} has no loss: give fit(..., loss='SquareLoss' | "
+                             "'CrossEntropy' | a ravop loss)")
+        return self.loss_function(as_input(y), self._forward_pass(X, training=True))
+
+    def train_step(self, X, y):
+        """Record one training step on a batch; returns the loss Op (computed before the step)."""
+        loss = self.training_loss(X, y)
+        self._backward_pass(loss)
+        return loss
+
+
 def optimizer_slots(optimizer, params):
     """(state slots, step count slots) of `optimizer` for `params`, (optimizer key, parameter Op) pairs; the
     state is made (zeros, step 0) for a parameter not stepped yet."""

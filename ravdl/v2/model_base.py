@@ -12,12 +12,12 @@ import torch
 import ravop as R
 
 from . import export, gradients, onnx_export
-from .fit import Slot, TrainState, optimizer_slots
-from .layers.base import CustomLayer, as_input, leaf_layers
+from .fit import LossTraining, Slot, TrainState, optimizer_slots
+from .layers.base import CustomLayer, leaf_layers
 from .notebook import Summary, in_notebook
 
 
-class Model:
+class Model(LossTraining):
     def __init__(self, optimizer=None):
         self.optimizer = optimizer
         self.loss_function = None  # loss(y_true, y_pred) -> Op: NeuralNetwork's, or the one given to fit
@@ -77,19 +77,6 @@ class Model:
             optimizer=optimizer,
             counters=steps + [Slot(partial(vars, layer), "batches_tracked") for _, layer in self.leaf_layers()
                               if hasattr(layer, "batches_tracked")])
-
-    def training_loss(self, X, y):
-        """The loss of a training-mode forward pass of `X` against `y`, as an Op."""
-        if self.loss_function is None:
-            raise ValueError(f"{type(self).__name__} has no loss: give fit(..., loss='SquareLoss' | "
-                             "'CrossEntropy' | a ravop loss)")
-        return self.loss_function(as_input(y), self._forward_pass(X, training=True))
-
-    def train_step(self, X, y):
-        """Record one training step on a batch; returns the loss Op (computed before the step)."""
-        loss = self.training_loss(X, y)
-        self._backward_pass(loss)
-        return loss
 
     def apply_gradients(self, grads):
         """Record one optimizer step per trained parameter (`train_state(...).params` order) with `grads`."""

@@ -20,12 +20,12 @@ from ravop.graph import current_graph
 from ravop.torchscript_import import BLOB_KEY, BUNDLE_KIND, Model
 
 from . import gradients
-from .fit import Slot, TrainState, optimizer_slots
+from .fit import LossTraining, Slot, TrainState, optimizer_slots
 from .layers.base import as_input
 from .training import fit_model
 
 
-class Pytorch_Model:
+class Pytorch_Model(LossTraining):
     def __init__(self, model_op):
         if not isinstance(model_op, Model):
             raise TypeError(f"Pytorch_Model takes the model R.model(path_or_module) returns, not "
@@ -93,19 +93,6 @@ class Pytorch_Model:
         return TrainState(params=[Slot(partial(getattr, self, "params"), i) for (_, i), _ in trained],
                           buffers=[Slot(partial(getattr, self, "buffers"), i) for i in range(len(self.buffers))],
                           optimizer=optimizer, counters=steps)
-
-    def training_loss(self, X, y):
-        """The loss (the one given to fit) of a training-mode forward pass of `X` against `y`."""
-        if self.loss_function is None:
-            raise ValueError("Pytorch_Model has no loss: give fit(..., loss='CrossEntropy' | 'SquareLoss' | "
-                             "a ravop loss)")
-        return self.loss_function(as_input(y), self._forward_pass(X, training=True))
-
-    def train_step(self, X, y):
-        """Record one training step on a batch; returns the loss Op (computed before the step)."""
-        loss = self.training_loss(X, y)
-        self._backward_pass(loss)
-        return loss
 
     def apply_gradients(self, grads):
         """Record one optimizer step per trainable parameter (`train_state(...).params` order) with `grads`."""
