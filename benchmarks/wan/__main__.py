@@ -13,6 +13,8 @@ import argparse
 import json
 import sys
 
+from worker.loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
+
 from . import harness, report
 from .profiles import PROFILES, profile
 
@@ -39,6 +41,10 @@ def parse_args(argv=None):
     parser.add_argument("--hidden", type=int, default=256, help="the MLP's hidden width (784-H-10)")
     parser.add_argument("--churn-every", type=float, help="SIGKILL a provider every this many seconds")
     parser.add_argument("--churn-restart", type=float, default=10.0, help="... and restart it this much later")
+    parser.add_argument("--checkpoint-seconds", type=float, default=CHECKPOINT_SECONDS,
+                        help="the providers' loops checkpoint every this many (undilated) seconds ...")
+    parser.add_argument("--checkpoint-steps", type=int, default=CHECKPOINT_STEPS,
+                        help="... or this many steps, whichever comes first (0: never by steps)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--detail", action="store_true", help="a line per provider")
     return parser.parse_args(argv)
@@ -76,6 +82,7 @@ def main(argv=None):
     common = dict(strategy_name=args.strategy, strategy_args=harness.parse_strategy_args(args.strategy_arg),
                   providers=args.providers, profile=link, emulate=args.emulate, device_flops=args.device_flops,
                   dilation=args.dilation, rows=args.rows, batch=args.batch, epochs=args.epochs, hidden=args.hidden,
+                  checkpoint_seconds=args.checkpoint_seconds, checkpoint_steps=args.checkpoint_steps,
                   progress=lambda text: print(text, file=sys.stderr, flush=True))
     results = [harness.run(**common)]
     if args.churn_every:

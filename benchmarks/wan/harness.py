@@ -28,7 +28,7 @@ from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop.graph_states import DONE, FAILED
 from ravop.store.graphs import list_graphs
-from worker.loop_subgraph import CHECKPOINT_SECONDS
+from worker.loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
 
 from .lab import Lab, remove_stale
 
@@ -171,10 +171,12 @@ class Churn(threading.Thread):
 
 def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=False, device_flops=None,
         dilation=1.0, rows=4096, batch=128, epochs=1, hidden=256, churn_every=None, churn_restart=10.0,
-        timeout=1800, progress=print):
+        checkpoint_seconds=CHECKPOINT_SECONDS, checkpoint_steps=CHECKPOINT_STEPS, timeout=1800, progress=print):
     """The figures of one run (a dict, see report.py). `profile`: a benchmarks.wan.profiles.Profile (None: no
     shaping, the proxies only count); `emulate`: providers act as devices of `device_flops` FLOP/s (required
-    then), in a run dilated `dilation` times; churn: kill a provider every `churn_every` s of (undilated) time."""
+    then), in a run dilated `dilation` times; churn: kill a provider every `churn_every` s of (undilated) time;
+    the providers' loops checkpoint every `checkpoint_seconds` (undilated) or `checkpoint_steps` steps (0: never by
+    steps), the workers' defaults unless given."""
     if emulate and not device_flops:
         raise ValueError("emulated providers need device_flops (the FLOP/s of the device they stand for)")
     if not emulate and dilation != 1.0:
@@ -193,8 +195,9 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
             extra = ["--benchmark-busy-file", lab.busy_file(name)]
             if emulate:
                 extra += ["--emulate-device-flops", repr(device_flops / dilation)]
-            if dilation != 1:   # the loop's checkpoint clock is dilated like every other time
-                extra += ["--checkpoint-seconds", repr(CHECKPOINT_SECONDS * dilation)]
+            # the loops' checkpoint clock is dilated like every other time
+            extra += ["--checkpoint-seconds", repr(checkpoint_seconds * dilation),
+                      "--checkpoint-steps", str(checkpoint_steps)]
             lab.start_worker(name, ports[name], extra)
         for name in names:
             start_provider(name)
@@ -257,6 +260,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
         "strategy": repr(strategy), "strategy_name": strategy_name, "providers": providers,
         "profile": profile.describe() if profile else "unshaped", "profile_name": profile.name if profile else None,
         "compute": "emulated" if emulate else "real", "device_flops": device_flops, "dilation": dilation,
+        "checkpoint_seconds": checkpoint_seconds, "checkpoint_steps": checkpoint_steps,
         "rows": rows, "batch": batch, "epochs": epochs, "hidden": hidden, "synchronisations": syncs,
         "subgraphs": summary.get("subgraphs"),
         "wall_s": wall / dilation, "samples_per_s": samples / (wall / dilation),
