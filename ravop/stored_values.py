@@ -3,12 +3,14 @@ graph, a stored tensor (waiting for it if asked), and why a value cannot be fetc
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Union
 
+import redis
 import torch
 
 from . import graph_states, progress
 from .errors import GraphFailedError, GraphStateError, NotComputedError, UnknownPersistName
 from .store import GraphKeys
 from .store import graphs as store_graphs
+from .store import server_replies
 from .store import tensors as stored
 from .store.small_values import read_small_values
 from .wire.codec import decode_tensor, is_chunked
@@ -59,9 +61,16 @@ def done_value(session: "Session", keys: GraphKeys, name: str) -> Optional[torch
 
 def read_meta(session: "Session", keys: GraphKeys) -> Dict[str, str]:
     """The graph's state fields (`ravop.store.graphs.STATE_FIELDS`); GraphStateError if it is gone."""
-    meta = store_graphs.read_state(session.client, keys)
+    try:
+        meta = store_graphs.read_state(session.client, keys)
+    except redis.ResponseError as exc:
+        if server_replies.kind_of(exc) != "damaged":
+            raise
+        raise GraphStateError(f"graph {keys.graph_id} of token {session.token!r} cannot be read: the server "
+                              f"answered {server_replies.first_line(exc)!r} (its keys were damaged)") from None
     if not meta:
-        raise GraphStateError(f"graph {keys.graph_id} of token {session.token!r} is no longer in Redis (flushed?)")
+        raise GraphStateError(f"graph {keys.graph_id} of token {session.token!r} is no longer in Redis (flushed, "
+                              "or its keys deleted)")
     return meta
 
 

@@ -16,6 +16,7 @@ from .session import Session, require
 from .store import GraphKeys
 from .store import graphs as store_graphs
 from .store import workers as liveness
+from .store import server_replies
 from .store.connect import Outage, redact
 from .stored_values import failure, read_meta
 
@@ -158,6 +159,15 @@ def _track_through_outages(session: Session, keys: GraphKeys, meta: Dict[str, st
         except redis.AuthenticationError:
             raise ConnectionFailed(f"Redis at {redact(session.url)} refused this session's credentials (the "
                                    "user was revoked?)") from None
+        except redis.ResponseError as exc:   # BUSY, LOADING, a failover: as an outage; a damaged key: say so
+            if server_replies.kind_of(exc) != "transient":
+                raise GraphStateError(f"graph {meta['name']!r} ({keys.graph_id}) cannot be followed: the server "
+                                      f"answered {server_replies.first_line(exc)!r} (its keys were damaged or "
+                                      "deleted)") from None
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: Redis at "
+                                   f"{redact(session.url)} answers {server_replies.first_line(exc)!r}") from None
+            time.sleep(outage.lost(exc))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: Redis at "

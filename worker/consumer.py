@@ -21,9 +21,11 @@ from google.protobuf.message import DecodeError
 
 from ravop.errors import PlanError, StoreLimitError, WireFormatError
 from ravop.metrics.worker_metrics import WorkerMetrics, loop_record
-from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, ensure_queues, queue
+from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, queue
+from redis.exceptions import RedisClusterException
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
+from ravop.store.server_replies import kind_of as server_error_kind
 from ravop.store import federated_schema as federated_store
 from ravop.store import tensors as stored
 from ravop.store import workers as liveness
@@ -36,6 +38,7 @@ from .heartbeat import Heartbeat
 from .loop_subgraph import (CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, LoopHandedBack, drop_checkpoint,
                             run_loop)
 from .run import OVER_BUDGET, KernelError, run
+from .server_errors import ServerErrors
 from .takeover import Takeover
 from .validate import check
 
@@ -119,7 +122,8 @@ class Worker:
 
     def run(self):
         """Serve until `stop()`. Returns 0, or 1 if the server stayed unreachable for `server_gone_after` s."""
-        ensure_queues(self.client)
+        errors = ServerErrors(self.client, self.name)
+        errors.repair()
         self.heartbeat.beat()
         self.heartbeat.start()
         log.info("worker %s serving %s on %s", self.name, self.stream, self.device)
@@ -129,8 +133,9 @@ class Worker:
                 try:
                     if self.provider is not None:
                         self.provider.poll()
-                    message = self._next(resume_own=outage.since is not None)
+                    message = self._next(resume_own=outage.since is not None or errors.since is not None)
                     outage.ok()
+                    errors.ok()
                     if message is not None:
                         self._handle(*message)
                 except redis.AuthenticationError as exc:  # revoked (`ravop admin worker revoke`): stop
@@ -144,13 +149,13 @@ class Worker:
                                   self.server_gone_after, exc)
                         return 1
                     self.stopping.wait(wait)
-                except redis.ResponseError as exc:
-                    if "NOGROUP" not in str(exc):
-                        raise
-                    ensure_queues(self.client)  # the server lost its data (restart, FLUSHALL)
+                except (redis.RedisError, RedisClusterException) as exc:  # BUSY, WRONGTYPE, CLUSTERDOWN...
+                    self.stopping.wait(errors.met(exc))                      # worker/server_errors.py
         finally:
             self.heartbeat.stop()
             self._leave()
+        if self.heartbeat.revoked:
+            return 1
         log.info("worker %s stopped after %d subgraphs", self.name, self.completed)
         return 0
 
@@ -183,6 +188,11 @@ class Worker:
             self._run_message(keys, subgraph_id, message_id, deliveries, fields)
         except (redis.ConnectionError, redis.TimeoutError):
             raise
+        except (redis.RedisError, RedisClusterException) as exc:
+            if server_error_kind(exc) == "transient":   # the server's state, not the graph's: retried by run()
+                raise
+            log.exception("worker %s: subgraph %s of graph %s", self.name, subgraph_id, keys.graph_id)
+            self._give_up(keys, message_id, subgraph_id, f"the server refused: {exc}", "server error")
         except Exception as exc:  # unforeseen (a bug, or a hostile value): give up on this message, keep serving
             log.exception("worker %s: subgraph %s of graph %s", self.name, subgraph_id, keys.graph_id)
             self._give_up(keys, message_id, subgraph_id, f"{type(exc).__name__}: {exc}", "worker error")

@@ -3,7 +3,8 @@
 "waiting for a GPU worker"), and re-claims the message being run so that its idle time stays low: a subgraph
 that runs for minutes is not mistaken for one held by a dead worker. It
 also notices when the process that started an embedded worker has gone, and asks the worker to stop.
-Torch kernels release the GIL, so the thread runs while a long kernel does."""
+Torch kernels release the GIL, so the thread runs while a long kernel does; it is also how a worker whose user
+was revoked learns it within an interval while it computes."""
 import logging
 import os
 import threading
@@ -30,6 +31,7 @@ class Heartbeat(threading.Thread):
         self.parent_pid = parent_pid
         self.data_columns = data_columns  # a data provider's columns, advertised with its liveness
         self.message_id = None        # the message being run, if any
+        self.revoked = False          # the server refused this worker's login: its user was revoked
         self._end = threading.Event()
 
     def watch(self, message_id, graph_id=None, subgraph_id=None):
@@ -59,6 +61,12 @@ class Heartbeat(threading.Thread):
                 self.stopping.set()
             try:
                 self.beat()
+            except redis.AuthenticationError as exc:   # `ravop admin worker revoke`: felt within an interval
+                log.error("worker %s: Redis refused its credentials (%s); stopping after the subgraph it runs",
+                          self.name, exc)
+                self.revoked = True
+                self.stopping.set()
+                return
             except redis.RedisError as exc:  # the worker loop deals with a lost server; keep beating
                 log.debug("heartbeat of %s failed: %s", self.name, exc)
 

@@ -22,7 +22,7 @@ from redis.retry import Retry
 
 from ..errors import ConnectionFailed
 from .client_types import Client
-from .keys import DEVICE_KINDS, GROUP, queue
+from .repair import work_streams
 
 CONNECT_TIMEOUT = 5.0
 SOCKET_TIMEOUT = 60.0  # longer than any blocking read we issue (at most a few seconds)
@@ -100,13 +100,9 @@ def node_client(client: Client, key: Optional[str] = None) -> redis.Redis:
 
 
 def ensure_queues(client: Client) -> None:
-    """Create each device stream and its consumer group (idempotent; also after a server lost its data)."""
-    for kind in DEVICE_KINDS:
-        try:
-            client.xgroup_create(queue(kind), GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+    """Create each device stream and its consumer group (idempotent; also after a server lost its data or a
+    stream was damaged: ravop.store.repair)."""
+    work_streams(client)
 
 
 class Outage:
