@@ -8,12 +8,16 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import redis
 from redis.cluster import RedisCluster
 
+from . import graph_states, status
 from .errors import RavopError
 from .store.access import kind_of, requester_rules, worker_rules
+from .store import GraphKeys
+from .store import graphs as store_graphs
 from .store.keys import check_name
 from .store.scripts import is_cluster
 
 KINDS = ("token", "worker")
+REVOKED = "cancelled: the token's Redis user was revoked (`ravop admin token revoke`)"
 
 
 def user_url(admin_url, name, secret):
@@ -77,13 +81,20 @@ def create(client, admin_url, kind, name):
 
 
 def revoke(client, kind, name):
-    """Delete user `name` (of `kind`): the server closes its connections at once. Returns where it was
-    saved (as `create`)."""
+    """Delete user `name` (of `kind`): the server closes its connections at once, so its trackers and workers
+    learn it at their next round trip (a worker's heartbeat: within a second). A token's graphs still running
+    are cancelled, naming the revocation, so that no worker spends more time on them. Returns (where it was
+    saved, as `create`; the ids of the graphs cancelled)."""
     user = _user(client, name)
     if user is None or kind_of(name, user) != kind:
         raise RavopError(f"there is no {kind} user {name!r} on this server (see `ravop admin {kind} list`)")
     _acl(client, "DELUSER", name, **_everywhere(client))
-    return _persist(client)
+    cancelled = []
+    if kind == "token":
+        for graph in store_graphs.list_graphs(client, name):
+            if graph["state"] in graph_states.LIVE and status.cancel(client, GraphKeys(name, graph["id"]), REVOKED):
+                cancelled.append(graph["id"])
+    return _persist(client), cancelled
 
 
 def users(client, kind):

@@ -27,9 +27,10 @@ import numpy as np
 import torch
 
 from . import admin, last_session, status
+from .cli_errors import one_line
 from .dashboard import Dashboard
 from .errors import RavopError
-from .store import connect, token_namespace
+from .store import connect, repair, token_namespace
 from .store.connect import redact, url_user
 from .store.lookup import find_graph
 
@@ -199,9 +200,10 @@ def _admin(args, client, url):
         return {"kind": args.kind, "users": found}, _table(("name", "enabled"), [(u["name"], u["enabled"])
                                                                               for u in found])
     if args.action == "revoke":
-        saved = admin.revoke(client, args.kind, args.name)
-        return ({"kind": args.kind, "revoked": args.name, "saved": saved},
-                f"revoked {args.kind} user {args.name!r}" + (f" (saved to {saved})" if saved else saved_note))
+        saved, cancelled = admin.revoke(client, args.kind, args.name)
+        return ({"kind": args.kind, "revoked": args.name, "saved": saved, "cancelled": cancelled},
+                f"revoked {args.kind} user {args.name!r}" + (f" (saved to {saved})" if saved else saved_note)
+                + (f"; cancelled its running graphs {', '.join(cancelled)}" if cancelled else ""))
     user_url, saved = admin.create(client, url, args.kind, args.name)
     note = f"created {args.kind} user {args.name!r}" + (f" (saved to {saved})" if saved else saved_note)
     return {"kind": args.kind, "name": args.name, "url": user_url, "saved": saved}, f"{note}\n{user_url}"
@@ -227,6 +229,9 @@ def run(args):
         else:
             report, text = (_admin(args, client, url) if args.command == "admin"
                             else _command(args, client, url, token))
+            if args.command == "admin":   # the admin's rights also mend damaged shared streams
+                for line in repair.work_streams(client):
+                    print(f"ravop admin: repaired {line}", file=sys.stderr)
             print(json.dumps(report) if args.json else text)
     finally:
         client.close()
@@ -237,6 +242,9 @@ def main(argv=None):
     args = _parser().parse_args(argv)
     try:
         return run(args)
-    except RavopError as exc:
-        print(f"ravop {args.command}: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - every failure is one line (ravop.cli_errors)
+        print(f"ravop {args.command}: {one_line(exc, args.redis or os.environ.get('RAVOP_REDIS_URL'))}",
+              file=sys.stderr)
         return EXIT_ERROR

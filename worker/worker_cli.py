@@ -11,7 +11,7 @@ import sys
 import torch
 
 from ravop.cpu_threads import machine_cores
-from ravop.errors import ConnectionFailed
+from ravop.cli_errors import one_line
 from ravop.store import connect
 from ravop.store import workers as liveness
 
@@ -121,8 +121,8 @@ def main(argv=None):
                         max_memory_bytes=args.max_memory_bytes, provider=provider,
                         checkpoint_steps=args.checkpoint_steps, checkpoint_seconds=args.checkpoint_seconds,
                         wrong_outputs=args.test_wrong_outputs)
-    except (ConnectionFailed, ValueError) as exc:
-        print(f"ravop-worker: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - a bad flag, an unreachable or refusing server: one line
+        print(f"ravop-worker: {one_line(exc, args.redis)}", file=sys.stderr)
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop())

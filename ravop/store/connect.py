@@ -10,8 +10,8 @@ The same URL names a standalone server or any node of a Redis/Valkey Cluster: a 
 each command to the shard of its keys (the key schema keeps each graph in one slot: ravop.store.keys).
 """
 import time
-from typing import Callable, Optional
-from urllib.parse import unquote, urlsplit, urlunsplit
+from typing import Callable, List, Optional
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import redis
 from redis.connection import Encoder, PythonRespSerializer
@@ -22,7 +22,7 @@ from redis.retry import Retry
 
 from ..errors import ConnectionFailed
 from .client_types import Client
-from .repair import work_streams
+from .keys import DEVICE_KINDS, GROUP, queue
 
 CONNECT_TIMEOUT = 5.0
 SOCKET_TIMEOUT = 60.0  # longer than any blocking read we issue (at most a few seconds)
@@ -33,13 +33,24 @@ SOCKET_TIMEOUT = 60.0  # longer than any blocking read we issue (at most a few s
 _ZERO_COPY_PACKER = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
 
 
+_SECRET_PARAMETERS = ("pass", "secret", "token", "key")   # ?password=, ?ssl_password=, ?ssl_keyfile_password=...
+
+
 def redact(url: str) -> str:
-    """The URL without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    """The URL without its password, in the user part or in a query parameter (`?password=`), for messages."""
+    base, mark, rest = url.partition("?")
+    try:
+        parts = urlsplit(base)
+        password = parts.password
+    except ValueError:   # not a URL urllib can split: show nothing of it that could be a secret
+        return "<an unreadable URL>"
+    if password is not None:
+        netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+        base = base.replace(parts.netloc, netloc, 1)
+    query, hash_mark, fragment = rest.partition("#")
+    hidden = [(name, "***" if any(word in name.lower() for word in _SECRET_PARAMETERS) else value)
+              for name, value in parse_qsl(query, keep_blank_values=True)]
+    return base + mark + urlencode(hidden, safe="*/:") + hash_mark + fragment
 
 
 def url_user(url: str) -> Optional[str]:
@@ -63,6 +74,10 @@ def connect(url: str, timeout: float = CONNECT_TIMEOUT, socket_timeout: float = 
     try:
         client.ping()
         in_cluster = client.info("cluster").get("cluster_enabled") == 1
+    except redis.AuthenticationError as exc:
+        client.close()
+        raise ConnectionFailed(f"Redis at {redact(url)} refused the credentials (a wrong password, or the user was "
+                               f"revoked): {exc}") from None
     except (redis.RedisError, OSError) as exc:
         client.close()
         raise ConnectionFailed(f"cannot reach Redis at {redact(url)}: {exc}") from None
@@ -99,10 +114,19 @@ def node_client(client: Client, key: Optional[str] = None) -> redis.Redis:
     return client.get_redis_connection(node)
 
 
-def ensure_queues(client: Client) -> None:
-    """Create each device stream and its consumer group (idempotent; also after a server lost its data or a
-    stream was damaged: ravop.store.repair)."""
-    work_streams(client)
+def ensure_queues(client: Client) -> List[str]:
+    """Create each device stream and its consumer group (idempotent; also after a server lost its data).
+    Returns the streams whose group was made now. A stream damaged by someone (another type in its place) is
+    left to ravop.store.repair, which a worker or an admin runs."""
+    made = []
+    for kind in DEVICE_KINDS:
+        try:
+            client.xgroup_create(queue(kind), GROUP, id="0", mkstream=True)
+            made.append(queue(kind))
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc) and "WRONGTYPE" not in str(exc):
+                raise
+    return made
 
 
 class Outage:

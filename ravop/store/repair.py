@@ -9,30 +9,21 @@ delivered again (a claimed subgraph runs once, ravop.store.scripts) and acked on
 """
 from typing import List
 
-import redis
-
 from .client_types import Client
+from .connect import ensure_queues
 from .keys import DEAD_LETTER, DEVICE_KINDS, GROUP, queue
 
 
 def work_streams(client: Client) -> List[str]:
     """Repair the work and dead-letter streams; returns a line per repair (none when all were sound). The
     server's refusal (NoPermissionError for a user without the rights) is raised."""
-    repaired = []
+    repaired, found = [], {}
     for key in [queue(kind) for kind in DEVICE_KINDS] + [DEAD_LETTER]:
-        found = client.type(key)
-        found = found.decode() if isinstance(found, bytes) else found
-        if found not in ("stream", "none"):
+        kind = client.type(key)
+        found[key] = kind.decode() if isinstance(kind, bytes) else kind
+        if found[key] not in ("stream", "none"):
             client.delete(key)
-            repaired.append(f"{key} was a {found}, not a stream: made an empty stream again")
-        if key == DEAD_LETTER:
-            continue
-        try:
-            client.xgroup_create(key, GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-        else:
-            if found == "stream":
-                repaired.append(f"{key} had lost its consumer group {GROUP!r}: made again")
+            repaired.append(f"{key} was a {found[key]}, not a stream: made an empty stream again")
+    repaired += [f"{key} had lost its consumer group {GROUP!r}: made again" for key in ensure_queues(client)
+                 if found[key] == "stream"]
     return repaired
