@@ -230,7 +230,8 @@ class EmbeddedCluster:
             name = f"embedded-{os.getpid()}-{i}"
             log = os.path.join(self.server.dir, f"{name}.log")
             files = ["--data", *self.data[i]] if i < len(self.data) else []
-            process = start_worker(self.url, name, device, self.threads, log, os.getpid(), files)
+            share = ["--workers-on-machine", str(workers)]   # each takes its share of the memory
+            process = start_worker(self.url, name, device, self.threads, log, os.getpid(), files + share)
             self.workers.append((name, log, process))
         self._ready = not self.workers
 

@@ -19,6 +19,7 @@ import redis
 import torch
 from google.protobuf.message import DecodeError
 
+from ravop import plan_limits
 from ravop.errors import PlanError, StoreLimitError, WireFormatError
 from ravop.metrics.worker_metrics import WorkerMetrics, loop_record
 from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, queue
@@ -75,7 +76,7 @@ class Worker:
     def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
                  max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
                  max_memory_bytes=None, provider=None, checkpoint_steps=CHECKPOINT_STEPS,
-                 checkpoint_seconds=CHECKPOINT_SECONDS, wrong_outputs=False):
+                 checkpoint_seconds=CHECKPOINT_SECONDS, wrong_outputs=False, workers_on_machine=None):
         if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
                              f"{dead_after} and {max_attempts}")
@@ -91,9 +92,9 @@ class Worker:
         self.max_attempts = max_attempts
         self.cache = TensorCache(cache_bytes)
         # What a subgraph may declare, and what the process may hold beyond its start (worker/memory.py):
-        # given one, the other follows.
-        self.limit = max_subgraph_bytes or (max_memory_bytes * 2 // 3 if max_memory_bytes
-                                            else devices.default_limit(self.device))
+        # given one, the other follows; given neither, this worker's share of the machine's memory.
+        self.limit = max_subgraph_bytes or (max_memory_bytes * 2 // 3 if max_memory_bytes else devices.default_limit(
+            self.device, workers_on_machine or memory.workers_on_machine(client, name)))
         self.memory_budget = max_memory_bytes or memory.default_budget(self.limit)
         self.value_bytes = stored.fit_to_server(client)  # the largest value written in one piece on this server
         self.server_gone_after = server_gone_after
@@ -251,7 +252,9 @@ class Worker:
         """(plan_pb2.Subgraph, worker.validate.Program, its runner built) of a claimed subgraph's plan; None if it
         was refused."""
         try:
+            plan_limits.check_bytes(subgraph_id, len(data))      # before decoding: ravop.plan_limits
             subgraph = plan_pb2.Subgraph.FromString(data)
+            plan_limits.check_nodes(subgraph_id, len(subgraph.nodes.id))
             return subgraph, check(subgraph, max_bytes, str(self.device), seed)
         except DecodeError as exc:
             self._give_up(keys, message_id, subgraph_id, f"subgraph {subgraph_id} is not a valid plan: {exc}",
@@ -262,6 +265,7 @@ class Worker:
 
     def _execute(self, keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes):
         """Run a checked subgraph and store its outputs; a failure gives the message up with its reason."""
+        failed = False
         try:
             outputs = self._compute(keys, subgraph_id, subgraph, program, seed, max_bytes)
             if self.wrong_outputs:
@@ -276,6 +280,7 @@ class Worker:
                 self.cache.clear()
                 devices.release_cached(self.device)
             self._give_up(keys, message_id, subgraph_id, str(exc), exc.reason, exc.node)
+            failed = True
         except LoopHandedBack as exc:
             self._hand_back(keys, subgraph_id, message_id)
             log.info("worker %s: loop subgraph %s of graph %s handed back after %d steps (%s)", self.name,
@@ -294,6 +299,15 @@ class Worker:
             self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}", "bad input")
         except StoreLimitError as exc:
             self._give_up(keys, message_id, subgraph_id, str(exc), "server full")
+        if failed:   # out of the except block: the error's traceback no longer holds the kernel's values
+            self._return_memory()
+
+    def _return_memory(self):
+        """Give what a failed kernel allocated back to the OS (worker/memory.py), logging the RSS it saved."""
+        rss = memory.return_to_os()
+        if rss is not None:
+            log.info("worker %s: RSS %s after a failed subgraph, %s once its values were collected, %s after "
+                     "returning freed memory to the OS", self.name, *map(memory.mib, rss))
 
     def _compute(self, keys, subgraph_id, subgraph, program, seed, max_bytes):
         """{output id: tensor} of a checked subgraph: a loop's (with its checkpoints) or a plain one's."""
@@ -320,7 +334,8 @@ class Worker:
                 env[i] = tensor
         if missing:
             for i, data in zip(missing, self.client.mget([keys.tensor(i) for i in missing])):
-                tensor = None if data is None else stored.decode(self.client, keys.tensor(i), data)
+                tensor = None if data is None else stored.decode(self.client, keys.tensor(i), data,
+                                                                 self.memory_budget)
                 if tensor is None:
                     raise _MissingInput(i)
                 self.metrics.read_bytes(tensor.nbytes)

@@ -32,14 +32,16 @@ def use_full_precision(device):
         torch.backends.cudnn.benchmark = False
 
 
-def default_limit(device):
-    """Half the device's memory: a subgraph declaring more fails clearly instead of being OOM-killed."""
+def default_limit(device, workers_on_machine=1):
+    """Half the device's memory: a subgraph declaring more fails clearly instead of being OOM-killed. On a CPU,
+    half of this worker's share of the machine's memory: the workers on one machine share it."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory // 2
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):  # not a POSIX system
-        return 8 * 2**30
+        total = 16 * 2**30
+    return total // max(1, workers_on_machine) // 2
 
 
 def budget(device, limit):

@@ -17,6 +17,8 @@ from ravop.store import federated_schema as federated_store
 from ravop.store import worker_info
 from ravop.store import workers as liveness
 
+from . import memory
+
 log = logging.getLogger("ravop.worker")
 
 
@@ -45,7 +47,7 @@ class Heartbeat(threading.Thread):
     def beat(self):
         pipe = self.client.pipeline(transaction=False)
         liveness.beat(pipe, self.name, self.kind, ttl=self.ttl)
-        worker_info.advertise(pipe, self.name, {**self.info, "rss": _resident_bytes()}, self.ttl)
+        worker_info.advertise(pipe, self.name, {**self.info, "rss": memory.resident_bytes()}, self.ttl)
         if self.data_columns is not None:
             federated_store.advertise(pipe, self.name, self.data_columns, ttl=self.ttl)
         message_id = self.message_id
@@ -74,11 +76,3 @@ class Heartbeat(threading.Thread):
         self._end.set()
         self.join()
 
-
-def _resident_bytes():
-    """This process's resident memory (Linux; None elsewhere)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None

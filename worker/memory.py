@@ -13,13 +13,23 @@ declares (a plan is data from the network and may lie about its sizes).
   (`ravop.runner.Runner`), the same for a subgraph's ops and a loop step's.
 Each check returns a message naming the sizes; the caller fails the subgraph with it, naming the op and the
 user's line (worker/run.py, worker/consumer.py), frees the values and goes on.
+- `return_to_os`: after a failed subgraph, the memory its values held is given back to the operating system
+  (glibc keeps freed blocks under its mmap threshold, up to 32 MiB each, in the heap: without it a worker stays
+  at its peak for good).
+- `default_budget` divides the machine's memory among the workers started on it.
 """
+import ctypes
+import ctypes.util
+import gc
 import logging
+import os
 import re
+import socket
 
 import torch
 
 from ravop.dtypes import NAMES
+from ravop.store import worker_info
 
 
 log = logging.getLogger("ravop.worker")
@@ -36,6 +46,47 @@ def default_budget(subgraph_limit):
     """The subgraph limit plus half again (kernels' workspaces, the tensor cache and encoding outputs), and never
     less than MIN_BUDGET: a small subgraph limit must not starve the worker itself."""
     return max(subgraph_limit * 3 // 2, MIN_BUDGET)
+
+
+def _malloc_trim():
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS, Windows)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_trim = _malloc_trim()
+
+
+def return_to_os():
+    """Give the heap's free memory back to the operating system; (RSS before, after freeing cycles, after
+    malloc_trim) in bytes, or None where this cannot be done or measured."""
+    before = resident_bytes()
+    if _trim is None or before is None:
+        return None
+    # A failed kernel's values may be held by a cycle (an exception, its traceback, the frame naming it): the
+    # cyclic collector frees them first (cheap: what the worker loaded at start is frozen, worker/worker_cli.py).
+    gc.collect()
+    collected = resident_bytes()
+    _trim(0)
+    return before, collected, resident_bytes()
+
+
+def resident_bytes():
+    """This process's resident memory (Linux; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def workers_on_machine(client, name):
+    """This worker and the live ones the server lists on this host (by host name): how many share its memory
+    when nobody said (`ravop-worker --workers-on-machine`)."""
+    here = socket.gethostname()
+    return 1 + sum(1 for info in worker_info.read_all(client) if info.get("host") == here and info["name"] != name)
 
 
 def enforce(device, budget):

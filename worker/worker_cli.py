@@ -42,11 +42,15 @@ def parse_args(argv=None):
     parser.add_argument("--cache-mib", type=int, default=256,
                         help="local cache of tensors this worker produced or fetched (default: 256 MiB)")
     parser.add_argument("--max-subgraph-bytes", type=int, default=None,
-                        help="largest memory a subgraph may declare (default: half the device's memory)")
+                        help="largest memory a subgraph may declare (default: half the device's memory; on a CPU, "
+                             "half this worker's share of the machine's: see --workers-on-machine)")
     parser.add_argument("--max-memory-bytes", type=int, default=None,
                         help="memory this worker may take beyond what it holds at start, enforced by the operating "
                              "system on CPU and by torch's allocator on a GPU (default: 1.5 x --max-subgraph-bytes; "
                              "--max-subgraph-bytes defaults to 2/3 of this when only this is given)")
+    parser.add_argument("--workers-on-machine", type=int, default=None, metavar="N",
+                        help="the default memory budget is this worker's share, 1/N, of the machine's memory "
+                             "(default: this one plus the live workers the server lists on this host)")
     parser.add_argument("--checkpoint-steps", type=int, default=CHECKPOINT_STEPS,
                         help="a training loop checkpoints its state to Redis every this many steps (0: by time "
                              f"only; default: {CHECKPOINT_STEPS})")
@@ -104,6 +108,9 @@ def main(argv=None):
     if args.threads is not None and args.threads < 1:
         print(f"ravop-worker: --threads must be at least 1, not {args.threads}", file=sys.stderr)
         return 2
+    if args.workers_on_machine is not None and args.workers_on_machine < 1:
+        print(f"ravop-worker: --workers-on-machine must be at least 1, not {args.workers_on_machine}", file=sys.stderr)
+        return 2
     threads = args.threads or machine_cores()
     torch.set_num_threads(threads)
     try:
@@ -120,7 +127,7 @@ def main(argv=None):
                         server_gone_after=args.exit_when_server_gone, dead_after=args.dead_after,
                         max_memory_bytes=args.max_memory_bytes, provider=provider,
                         checkpoint_steps=args.checkpoint_steps, checkpoint_seconds=args.checkpoint_seconds,
-                        wrong_outputs=args.test_wrong_outputs)
+                        wrong_outputs=args.test_wrong_outputs, workers_on_machine=args.workers_on_machine)
     except Exception as exc:  # noqa: BLE001 - a bad flag, an unreachable or refusing server: one line
         print(f"ravop-worker: {one_line(exc, args.redis)}", file=sys.stderr)
         return 1

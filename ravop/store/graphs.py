@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from .. import graph_states, progress
+from .. import graph_states, plan_limits, progress
 from . import tensors
 from .client_types import Client
 from .keys import GraphKeys, TokenKeys, device_kind
@@ -42,6 +42,7 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.
     algorithm, approach, summary, ...); `bundles`: name -> (kind, spec, {key: persist name})."""
     keys = GraphKeys(token, plan.graph_id)
     # Checked before anything is written: a graph that cannot fit fails here, not halfway through.
+    plan_limits.check_plan(plan)
     chunk = tensors.fit_to_server(client, sum(t.nbytes for t in constants.values()), "the graph's constants",
                                   keys.meta)
     persisted = set(plan.persisted.values())

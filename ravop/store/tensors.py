@@ -91,20 +91,36 @@ def keys_of(key: str) -> Tuple[str, str]:
     return key, chunks_key(key)
 
 
-def decode(client: Client, key: str, data: bytes) -> Optional[torch.Tensor]:
+SIZES_PER_ROUND_TRIP = 4096   # HSTRLENs pipelined at once: a header of a million chunks costs no big reply
+
+
+def decode(client: Client, key: str, data: bytes, max_bytes: Optional[int] = None) -> Optional[torch.Tensor]:
     """The tensor whose stored value under `key` is `data` (reading its chunks if it has any); None if the
-    chunks are gone (deleted meanwhile); `WireFormatError` for a value that is not a tensor."""
+    chunks are gone (deleted meanwhile); `WireFormatError` for a value that is not a tensor, or a chunked one
+    whose header declares more than `max_bytes` (a reader's memory budget) or other chunks than are stored."""
     if not is_chunked(data):
         return decode_tensor(data)
     head = decode_chunked(data)
+    # A hostile or stale header must not make the reader allocate, or even ask about, what it declares: its
+    # size against the budget, then its chunk count against the hash's (one HLEN), before any chunk is read.
+    if max_bytes is not None and head.nbytes > max_bytes:
+        raise WireFormatError(f"chunked tensor {key}: its header declares {tuple(head.shape)} "
+                              f"{str(head.dtype).removeprefix('torch.')} ({head.nbytes / 2**20:,.1f} MiB), over "
+                              f"this reader's memory budget of {max_bytes / 2**20:,.1f} MiB")
     client = node_client(client, key)  # its chunks are read from the socket of the server that holds them
     hash_key = chunks_key(key)
-    # Check every chunk's size before allocating what the header declares: a hostile or stale header
-    # must not make the reader allocate gigabytes.
-    pipe = client.pipeline(transaction=False)
-    for index in range(head.n_chunks):
-        pipe.hstrlen(hash_key, index)
-    sizes = pipe.execute()
+    stored_chunks = client.hlen(hash_key)
+    if head.n_chunks and not stored_chunks:
+        return None
+    if stored_chunks != head.n_chunks:
+        raise WireFormatError(f"chunked tensor {key}: its header declares {head.n_chunks} chunks of "
+                              f"{head.chunk_bytes} bytes ({head.nbytes} in all) but {stored_chunks} are stored")
+    sizes = []
+    for first in range(0, head.n_chunks, SIZES_PER_ROUND_TRIP):
+        pipe = client.pipeline(transaction=False)
+        for index in range(first, min(first + SIZES_PER_ROUND_TRIP, head.n_chunks)):
+            pipe.hstrlen(hash_key, index)
+        sizes += pipe.execute()
     if head.n_chunks and not any(sizes):
         return None
     expected = [head.chunk_size(i) for i in range(head.n_chunks)]
