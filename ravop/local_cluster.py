@@ -4,7 +4,9 @@ the tests and the benchmark, and to try a cluster on one machine (`python -m rav
 Each shard is one server process in cluster mode with the settings this project needs of any server:
 append-only persistence (a restarted node keeps its graphs) and `noeviction` (a full server refuses writes
 instead of silently dropping a graph's tensors). The 16384 slots are split evenly (CLUSTER ADDSLOTSRANGE)
-and the nodes introduced to each other (CLUSTER MEET); no replicas.
+and the nodes introduced to each other (CLUSTER MEET). With `replicas`, each primary gets that many replicas
+(CLUSTER REPLICATE), as `redis-cli --cluster create --cluster-replicas N` makes them: a primary that dies is
+replaced by one of its replicas after `node_timeout_ms` (the server's cluster-node-timeout).
 """
 import os
 import shutil
@@ -15,6 +17,7 @@ import tempfile
 import time
 
 import redis
+from redis.cluster import RedisCluster
 
 from .embedded import _LAUNCHER, _tail, server_binary, stop_processes
 from .errors import ConnectionFailed
@@ -66,11 +69,14 @@ class LocalCluster:
     """`shards` server processes forming one cluster; `urls` has one redis:// URL per node (any of them
     reaches the whole cluster). Stopped by `stop()` (or `with`), and by the kernel if this process dies."""
 
-    def __init__(self, shards=3, timeout=30.0):
+    def __init__(self, shards=3, timeout=30.0, replicas=0, node_timeout_ms=15000):
         if type(shards) is not int or shards < 1:
             raise ValueError(f"a cluster needs at least one shard, not {shards!r}")
+        if type(replicas) is not int or replicas < 0:
+            raise ValueError(f"replicas must be a non-negative int, not {replicas!r}")
+        self.shards, self.node_timeout_ms = shards, node_timeout_ms
         self.dir = tempfile.mkdtemp(prefix="ravop-cluster-")
-        self.ports = free_ports(shards)
+        self.ports = free_ports(shards * (1 + replicas))   # the primaries first, then their replicas
         self.urls = [f"redis://127.0.0.1:{port}/0" for port in self.ports]
         self.processes = []
         try:
@@ -87,6 +93,7 @@ class LocalCluster:
         command = [server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", node_dir,
                    "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                    "--appendonly", "yes", "--save", "", "--maxmemory-policy", "noeviction",
+                   "--cluster-node-timeout", str(self.node_timeout_ms),
                    "--logfile", os.path.join(node_dir, "server.log")]
         return subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(os.getpid()), *command],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -96,14 +103,20 @@ class LocalCluster:
         clients = [wait_until_answers(port, process, deadline, os.path.join(self.dir, str(port)))
                    for port, process in zip(self.ports, self.processes)]
         try:
-            per_shard = SLOTS // len(clients)
-            for index, client in enumerate(clients):
-                last = SLOTS - 1 if index == len(clients) - 1 else (index + 1) * per_shard - 1
+            per_shard = SLOTS // self.shards
+            for index, client in enumerate(clients[:self.shards]):
+                last = SLOTS - 1 if index == self.shards - 1 else (index + 1) * per_shard - 1
                 client.execute_command("CLUSTER ADDSLOTSRANGE", index * per_shard, last)
             for port in self.ports[1:]:
                 clients[0].execute_command("CLUSTER MEET", "127.0.0.1", port)
+            replicating = False
             while time.monotonic() < deadline:
-                if all(self._ready(client) for client in clients):
+                if not replicating and all(self._known(client) for client in clients):
+                    for index, client in enumerate(clients[self.shards:]):   # replica i follows primary i % shards
+                        primary = clients[index % self.shards].execute_command("CLUSTER MYID")
+                        client.execute_command("CLUSTER REPLICATE", primary)
+                    replicating = True
+                if replicating and all(self._ready(client) for client in clients):
                     return
                 time.sleep(0.05)
         finally:
@@ -111,9 +124,21 @@ class LocalCluster:
                 client.close()
         raise ConnectionFailed(f"the local cluster on ports {self.ports} did not form within {timeout} s")
 
+    def _known(self, client):
+        return int(client.cluster("info")["cluster_known_nodes"]) == len(self.ports)
+
     def _ready(self, client):
         info = client.cluster("info")
-        return info["cluster_state"] == "ok" and int(info["cluster_known_nodes"]) == len(self.ports)
+        if info["cluster_state"] != "ok" or not self._known(client):
+            return False
+        replication = client.info("replication")
+        return replication["role"] == "master" or replication.get("master_link_status") == "up"
+
+    def primary_of(self, key):
+        """The index in `ports`/`processes` of the node that serves `key` now."""
+        url = next(url for url, process in zip(self.urls, self.processes) if process.poll() is None)
+        with RedisCluster.from_url(url) as client:
+            return self.ports.index(client.get_node_from_key(key).port)
 
     def stop(self):
         stop_processes(self.processes)

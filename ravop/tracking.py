@@ -7,6 +7,7 @@ from contextlib import nullcontext
 from typing import Any, Callable, Dict, List, Optional
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from . import graph_states, progress, watching
 from .errors import ConnectionFailed, GraphStateError
@@ -16,7 +17,7 @@ from .session import Session, require
 from .store import GraphKeys
 from .store import graphs as store_graphs
 from .store import workers as liveness
-from .store import server_replies
+from .store import cluster_health, server_replies
 from .store.connect import Outage, redact
 from .stored_values import failure, read_meta
 
@@ -85,7 +86,7 @@ def track_progress(progress_bar: bool = True, timeout: Optional[float] = None) -
     from tqdm.auto import tqdm   # a widget in Jupyter, text on a terminal
     session = require()
     keys = session.keys()
-    meta = read_meta(session, keys)
+    meta = _first_meta(session, keys)
     if meta["state"] == graph_states.ACTIVATED:
         raise GraphStateError(f"graph {meta['name']!r} has not been started: call R.execute()")
     if int(meta["n_ops"]) == 0:  # constant folding computed everything at activate: no bar to show
@@ -157,8 +158,7 @@ def _track_through_outages(session: Session, keys: GraphKeys, meta: Dict[str, st
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             return _track(session, keys, meta, progress_bar, left, tqdm)
         except redis.AuthenticationError:
-            raise ConnectionFailed(f"Redis at {redact(session.url)} refused this session's credentials (the "
-                                   "user was revoked?)") from None
+            raise _revoked(session) from None
         except redis.ResponseError as exc:   # BUSY, LOADING, a failover: as an outage; a damaged key: say so
             if server_replies.kind_of(exc) != "transient":
                 raise GraphStateError(f"graph {meta['name']!r} ({keys.graph_id}) cannot be followed: the server "
@@ -167,12 +167,45 @@ def _track_through_outages(session: Session, keys: GraphKeys, meta: Dict[str, st
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: Redis at "
                                    f"{redact(session.url)} answers {server_replies.first_line(exc)!r}") from None
+            _fail_if_a_node_is_lost(session, meta, exc)
             time.sleep(outage.lost(exc))
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
+            _fail_if_a_node_is_lost(session, meta, exc)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: Redis at "
                                    f"{redact(session.url)} is unreachable ({exc})") from None
             time.sleep(outage.lost(exc))
+
+
+def _revoked(session: Session) -> ConnectionFailed:
+    return ConnectionFailed(f"Redis at {redact(session.url)} refused this session's credentials (the user was "
+                            "revoked?)")
+
+
+def _first_meta(session: Session, keys: GraphKeys) -> Dict[str, str]:
+    """The graph's state, read through an outage as `_track_through_outages` follows it."""
+    outage = Outage(lambda text: print(f"graph {keys.graph_id}: {text}", file=sys.stderr))
+    while True:
+        try:
+            meta = read_meta(session, keys)
+            outage.ok()
+            return meta
+        except redis.AuthenticationError:
+            raise _revoked(session) from None
+        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
+            _fail_if_a_node_is_lost(session, {"name": keys.graph_id}, exc)
+            time.sleep(outage.lost(exc))
+
+
+def _fail_if_a_node_is_lost(session: Session, meta: Dict[str, str], exc: BaseException) -> None:
+    """ConnectionFailed naming the nodes a Redis Cluster lost with no replica to replace them (a blip, or a
+    primary a replica is taking over from, is waited out as an outage)."""
+    lost = cluster_health.lost_primaries(session.client)
+    if lost:
+        raise ConnectionFailed(f"graph {meta['name']!r} cannot go on: the Redis Cluster of {redact(session.url)} "
+                               f"lost {', '.join(lost)}, and no replica took its place ({server_replies.first_line(exc)}"
+                               "); restart that node (its append-only file keeps the graphs) and call "
+                               "R.track_progress() again") from None
 
 
 def _track(session: Session, keys: GraphKeys, meta: Dict[str, str], progress_bar: bool, timeout: Optional[float],

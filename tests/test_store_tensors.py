@@ -67,6 +67,11 @@ def test_hostile_chunk_header_is_refused_before_allocating(client, small_chunks)
     huge = header[:-20] + struct.pack("<Q", 2**40) + struct.pack("<QI", 2**30, 4096)  # a 4 TiB float tensor
     client.set("test:hostile", huge)
     client.hset(tensors.chunks_key("test:hostile"), 0, b"x")
+    with pytest.raises(WireFormatError, match="declares 4096 chunks of 1073741824 bytes .* but 1 are stored"):
+        tensors.read(client, "test:hostile")   # one HLEN, before any HSTRLEN or allocation
+    with pytest.raises(WireFormatError, match=r"\(4,194,304.0 MiB\), over this reader's memory budget of 1.0 MiB"):
+        tensors.decode(client, "test:hostile", client.get("test:hostile"), max_bytes=2**20)
+    client.hset(tensors.chunks_key("test:hostile"), mapping={i: b"x" for i in range(4096)})
     with pytest.raises(WireFormatError, match="do not match its header"):
         tensors.read(client, "test:hostile")
     with pytest.raises(WireFormatError, match="declares"):

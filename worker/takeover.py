@@ -40,9 +40,16 @@ class Takeover:
         return found
 
     def own(self):
-        """A message this worker holds itself (it lost the server while running it), or None."""
+        """A message this worker holds itself (it lost the server while running it), or None. Resumed as the
+        same delivery (a JUSTID claim counts none): a worker retrying through a long outage must not push the
+        message past max_attempts."""
         entries = self.client.xpending_range(self.stream, GROUP, "-", "+", 1, consumername=self.name)
-        return self._claim(entries[0], 0) if entries else None
+        if not entries:
+            return None
+        message_id = entries[0]["message_id"]
+        self.client.xclaim(self.stream, GROUP, self.name, 0, [message_id], justid=True)   # idle time reset
+        found = self.client.xrange(self.stream, message_id, message_id)
+        return (message_id, found[0][1], entries[0]["times_delivered"]) if found else None
 
     def claimable(self):
         """Whether a dead worker holds a message this worker could take over (without taking it)."""
