@@ -2,11 +2,8 @@
 destroyed (NOGROUP), a long script making the server answer BUSY to everyone. They log, back off and keep
 serving, and the damaged structure is made again. A graph whose keys were destroyed or damaged fails its tracker
 with a clear reason instead of hanging."""
-import threading
-
 import pytest
 import redis
-import torch
 
 import ravop as R
 from ravop.errors import GraphStateError
@@ -14,6 +11,8 @@ from ravop.store import DEAD_LETTER, GROUP, queue, repair
 from ravop.store.server_replies import kind_of
 
 from helpers import assert_a_valid_graph_runs, wait_for
+from test_cli import ravop
+from test_revocation import track_in_thread, waiting_graph
 
 BUSY_SCRIPT = """local start = redis.call('TIME')
 while true do
@@ -86,26 +85,15 @@ def test_workers_survive_a_server_busy_with_a_long_script(server, engine, worker
     assert all("answers normally again" in workers.log(n) for n in busy)
 
 
-def running_graph(name):
-    """A started graph waiting for a GPU worker (none runs in the tests): running until cancelled."""
-    R.Graph(name=name, gpu_required="yes")
-    x = R.t(torch.ones(128, 128))
-    (x @ x).persist_op("p")
-    R.activate()
-    R.execute()
-
-
 def test_a_tracker_of_a_graph_whose_keys_were_destroyed_or_damaged_fails_with_the_reason(engine, client):
-    running_graph("deleted")
+    waiting_graph("deleted")
     keys = engine.keys()
-    failed = {}
-    tracker = threading.Thread(target=lambda: failed.setdefault("error", _track()))
-    tracker.start()
+    tracker, ended = track_in_thread()
     client.delete(keys.meta)
     tracker.join()
-    assert isinstance(failed["error"], GraphStateError) and "no longer in Redis" in str(failed["error"])
+    assert isinstance(ended["error"], GraphStateError) and "no longer in Redis" in str(ended["error"])
 
-    running_graph("damaged")
+    waiting_graph("damaged")
     keys = engine.keys()
     client.delete(keys.meta)
     client.set(keys.meta, "junk")
@@ -113,9 +101,9 @@ def test_a_tracker_of_a_graph_whose_keys_were_destroyed_or_damaged_fails_with_th
         R.track_progress(progress_bar=False)
 
 
-def _track():
-    try:
-        R.track_progress(progress_bar=False)
-    except Exception as exc:  # noqa: BLE001 - handed to the test's thread
-        return exc
-    return None
+def test_an_admin_command_repairs_a_damaged_stream(server, client):
+    client.delete(queue("cpu"))
+    client.set(queue("cpu"), "not a stream")
+    result = ravop("admin", "token", "list", "--redis", server.url)
+    assert f"ravop admin: repaired {queue('cpu')} was a string, not a stream" in result.stderr, result.stderr
+    assert client.type(queue("cpu")) == b"stream" and client.xinfo_groups(queue("cpu"))

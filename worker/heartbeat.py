@@ -16,8 +16,7 @@ from ravop.store import GROUP
 from ravop.store import federated_schema as federated_store
 from ravop.store import worker_info
 from ravop.store import workers as liveness
-
-from . import memory
+from ravop.metrics.worker_metrics import resident_bytes
 
 log = logging.getLogger("ravop.worker")
 
@@ -47,7 +46,7 @@ class Heartbeat(threading.Thread):
     def beat(self):
         pipe = self.client.pipeline(transaction=False)
         liveness.beat(pipe, self.name, self.kind, ttl=self.ttl)
-        worker_info.advertise(pipe, self.name, {**self.info, "rss": memory.resident_bytes()}, self.ttl)
+        worker_info.advertise(pipe, self.name, {**self.info, "rss": resident_bytes()}, self.ttl)
         if self.data_columns is not None:
             federated_store.advertise(pipe, self.name, self.data_columns, ttl=self.ttl)
         message_id = self.message_id

@@ -22,13 +22,13 @@ import ctypes
 import ctypes.util
 import gc
 import logging
-import os
 import re
 import socket
 
 import torch
 
 from ravop.dtypes import NAMES
+from ravop.metrics.worker_metrics import resident_bytes
 from ravop.store import worker_info
 
 
@@ -71,15 +71,6 @@ def return_to_os():
     collected = resident_bytes()
     _trim(0)
     return before, collected, resident_bytes()
-
-
-def resident_bytes():
-    """This process's resident memory (Linux; None elsewhere)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def workers_on_machine(client, name):
