@@ -2,6 +2,8 @@
 destroyed (NOGROUP), a long script making the server answer BUSY to everyone. They log, back off and keep
 serving, and the damaged structure is made again. A graph whose keys were destroyed or damaged fails its tracker
 with a clear reason instead of hanging."""
+import random
+
 import pytest
 import redis
 
@@ -9,6 +11,8 @@ import ravop as R
 from ravop.errors import GraphStateError
 from ravop.store import DEAD_LETTER, GROUP, queue, repair
 from ravop.store.server_replies import kind_of
+
+from worker.server_errors import CAP, FIRST, ServerErrors
 
 from helpers import assert_a_valid_graph_runs, wait_for
 from test_cli import ravop
@@ -30,6 +34,17 @@ def test_errors_are_classified_by_what_a_client_should_do():
     assert kind_of(redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down")) == "transient"
     assert kind_of(redis.TimeoutError("Timeout reading from socket")) == "transient"
     assert kind_of(redis.exceptions.NoPermissionError("NOPERM no permissions")) == "refused"
+
+
+def test_the_backoff_doubles_to_a_cap_with_jitter_and_starts_over_after_a_success(client):
+    errors = ServerErrors(client, "unit", random.Random(0))
+    busy = redis.ResponseError("BUSY Redis is busy running a script.")
+    waits = [errors.met(busy) for _ in range(12)]
+    nominal = [min(FIRST * 2**i, CAP) for i in range(12)]
+    assert all(d / 2 <= w <= d for w, d in zip(waits, nominal)), waits
+    assert len(set(waits)) == len(waits)   # jittered: workers do not come back in step
+    errors.ok()
+    assert FIRST / 2 <= errors.met(busy) <= FIRST
 
 
 def test_repair_makes_the_streams_again_and_says_what_it_did(client):
