@@ -11,7 +11,6 @@ import ravop as R
 from ravop.errors import GraphStateError
 from ravop.store import DEAD_LETTER, GROUP, queue, repair
 from ravop.store.server_replies import kind_of
-
 from worker.server_errors import CAP, FIRST, ServerErrors
 
 from helpers import assert_a_valid_graph_runs, wait_for
