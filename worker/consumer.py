@@ -18,12 +18,12 @@ import time
 import redis
 import torch
 from google.protobuf.message import DecodeError
+from redis.exceptions import RedisClusterException
 
 from ravop import plan_limits
 from ravop.errors import PlanError, StoreLimitError, WireFormatError
 from ravop.metrics.worker_metrics import WorkerMetrics, loop_record
 from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, queue
-from redis.exceptions import RedisClusterException
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
 from ravop.store.server_replies import kind_of as server_error_kind
@@ -122,7 +122,8 @@ class Worker:
         self.stopping.set()
 
     def run(self):
-        """Serve until `stop()`. Returns 0, or 1 if the server stayed unreachable for `server_gone_after` s."""
+        """Serve until `stop()`. Returns 0, or 1 if the server stayed unreachable for `server_gone_after` s or
+        refused this worker's credentials (its user was revoked). Any other server error is ridden out."""
         errors = ServerErrors(self.client, self.name)
         errors.repair()
         self.heartbeat.beat()
