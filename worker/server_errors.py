@@ -31,14 +31,17 @@ class ServerErrors:
         self.since = None
         self.delay = FIRST
         self.count = 0
+        self.last = None   # the error last logged
 
     def met(self, exc):
         """Seconds to wait after `exc`, jittered within [delay/2, delay]."""
-        kind = kind_of(exc)
+        kind, text = kind_of(exc), first_line(exc)
         if self.since is None:
             self.since = time.monotonic()
+        if text != self.last:   # once per episode, and again only if the error changes
             log.warning("worker %s: the server answered %s (%s); retrying with backoff, still serving", self.name,
-                        first_line(exc), kind)
+                        text, kind)
+            self.last = text
         self.count += 1
         if kind == "damaged":
             self.repair()
@@ -61,5 +64,5 @@ class ServerErrors:
             return
         log.warning("worker %s: the server answers normally again after %.1f s (%d errors)", self.name,
                     time.monotonic() - self.since, self.count)
-        self.since, self.delay, self.count = None, FIRST, 0
+        self.since, self.delay, self.count, self.last = None, FIRST, 0, None
 
