@@ -159,6 +159,8 @@ def _track_through_outages(session: Session, keys: GraphKeys, meta: Dict[str, st
             raise ConnectionFailed(f"Redis at {redact(session.url)} refused this session's credentials (the "
                                    "user was revoked?)") from None
         except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if session.embedded is not None:
+                session.embedded.check()   # its server gone for good: say so now, not after a long backoff
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: Redis at "
                                    f"{redact(session.url)} is unreachable ({exc})") from None
