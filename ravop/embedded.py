@@ -25,6 +25,7 @@ from pathlib import Path
 import redis
 import torch
 
+from . import last_session
 from .cpu_threads import passive_waiting, per_worker
 from .errors import ConnectionFailed, DeviceUnavailable, RavopError
 from .store import workers as liveness
@@ -287,6 +288,7 @@ class EmbeddedCluster:
 
     def stop(self):
         self._stopping = True
+        last_session.forget()   # `ravop status` looks for another running session
         stop_processes([process for _, _, process in self.workers])
         self.workers = []
         self.server.stop()
