@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from . import admin, last_session
@@ -166,7 +167,12 @@ def _fetch(url, token, keys, name, output):
     if isinstance(value, torch.nn.Module):
         if suffix != ".pt":
             raise RavopError(f"{name!r} is a saved model: write it to a .pt file, not {output.name!r}")
-        module = value if isinstance(value, torch.jit.ScriptModule) else torch.jit.script(value)
+        with warnings.catch_warnings():
+            # torch's own fx.GraphModule annotates an empty attribute in __init__, which TorchScript warns
+            # about on every script() of one: noise about torch's code, not the user's model.
+            warnings.filterwarnings("ignore", "The TorchScript type system doesn't support instance-level",
+                                    UserWarning)
+            module = value if isinstance(value, torch.jit.ScriptModule) else torch.jit.script(value)
         torch.jit.save(module, str(output))
         return {"kind": "module", "type": type(value).__name__}
     raise RavopError(f"{name!r} holds a {type(value).__name__}, which cannot be written to a file")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import ravop as R
 
-from test_cli import ravop
+from test_cli import ravop, train_small_model
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -56,3 +56,12 @@ def test_an_unreachable_url_is_named_with_where_it_came_from(monkeypatch):
     assert "cannot reach Redis at redis://127.0.0.1:1/0" in flag.stderr and "(the URL is from --redis)" in flag.stderr
     env = ravop("graphs", env={"RAVOP_REDIS_URL": "redis://127.0.0.1:1/0"}, check=False)
     assert env.returncode == 1 and "(the URL is from $RAVOP_REDIS_URL)" in env.stderr
+
+
+def test_fetching_a_saved_model_prints_only_what_it_wrote(server, engine, workers, tmp_path):
+    workers.start(1)
+    train_small_model()
+    path = tmp_path / "net.pt"
+    done = ravop("fetch", "cli-train", "net", "-o", str(path), "--redis", server.url, "--token", engine.token)
+    assert done.stderr == ""   # before: a TorchScript UserWarning about torch's own GraphModule
+    assert done.stdout.startswith("wrote module 'net' of graph") and path.exists()
