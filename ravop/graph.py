@@ -82,6 +82,13 @@ class Op:
     def __float__(self):
         self._no_value("float")
 
+    def __array__(self, dtype=None, copy=None):
+        self._no_value("numpy.asarray")
+
+    # numpy's operators hand an Op back to the Op's own (np.ones(3) + op records an add), instead of
+    # converting the Op to an array, which it cannot be before it runs.
+    __array_ufunc__ = None
+
     def __int__(self):
         self._no_value("int")
 
