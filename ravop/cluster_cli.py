@@ -11,9 +11,9 @@
     ravop admin token|worker revoke NAME  delete it (its connections are closed at once)
     ravop admin token|worker list         the users of that kind
 
-GRAPH is a graph id or name. The server is --redis URL, else $RAVOP_REDIS_URL, else the last embedded session
-this user started (R.initialize() with no URL); the token is --token, else $RAVOP_TOKEN, else that session's
-token, else the user named in the URL (a `ravop admin token` user), else "local".
+GRAPH is a graph id or name. The server is --redis URL, else $RAVOP_REDIS_URL, else the newest embedded session
+of this user still running (R.initialize() with no URL); the token is --token, else $RAVOP_TOKEN, else that
+session's token, else the user named in the URL (a `ravop admin token` user), else "local".
 """
 import argparse
 import importlib

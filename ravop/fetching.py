@@ -3,6 +3,8 @@ kind: a tensor or saved model of a planned graph, a statistic of a federated one
 import time
 from typing import Any, Optional, Union
 
+import redis
+
 from .fetched import fetched
 from .errors import GraphStateError, UnknownPersistName
 from .graph import Graph, Op
@@ -26,16 +28,21 @@ def fetch_persisting_op(op_name: Union[str, Op], wait: bool = False, timeout: Op
         op_name, graph = persisted_name(op_name), op_name.graph if graph is None else graph
     elif not isinstance(op_name, str):
         raise TypeError(f"fetch_persisting_op takes a persist name or a persisted Op, not {type(op_name).__name__}")
-    keys = graph_keys(session, graph)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    node_id = session.activated_names.get(op_name) if keys.graph_id == session.graph_id else None
-    if node_id is not None:   # a value of the graph this session activated: no lookup in Redis
-        value = done_value(session, keys, op_name)
-        if value is None:
-            value = fetch_tensor(session, keys, op_name, node_id, wait, deadline)
-        return fetched(value)
-    kind = kind_of(session.client.hget(keys.meta, "approach"))
-    return kind.fetch(session, keys, op_name, wait, deadline)
+    try:
+        keys = graph_keys(session, graph)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        node_id = session.activated_names.get(op_name) if keys.graph_id == session.graph_id else None
+        if node_id is not None:   # a value of the graph this session activated: no lookup in Redis
+            value = done_value(session, keys, op_name)
+            if value is None:
+                value = fetch_tensor(session, keys, op_name, node_id, wait, deadline)
+            return fetched(value)
+        kind = kind_of(session.client.hget(keys.meta, "approach"))
+        return kind.fetch(session, keys, op_name, wait, deadline)
+    except redis.ConnectionError:
+        if session.embedded is not None:
+            session.embedded.check()   # its server killed: say so, not "Connection refused"
+        raise
 
 
 def persisted_name(op: Op) -> str:

@@ -82,6 +82,10 @@ KILLED_SERVER_REQUESTER = textwrap.dedent("""
         R.track_progress(progress_bar=False)
     except RavopError as exc:
         print("error:", exc, flush=True)
+    try:
+        R.fetch_persisting_op("x")
+    except RavopError as exc:
+        print("fetch error:", exc, flush=True)
     for _ in range(600):   # the workers exit when SIGTERMed; reaped, they leave no /proc entry (no zombie)
         if not any(os.path.exists(f"/proc/{p.pid}") for p in workers):
             print("workers reaped", flush=True)
@@ -111,4 +115,5 @@ def test_the_embedded_server_killed_mid_run_ends_the_tracking_with_a_clear_error
             proc.communicate()
     assert re.search(r"^error: the embedded server \(unix://.*\) killed by SIGKILL: this session's graphs and its "
                      r"local workers are gone", out, re.MULTILINE), out + err
+    assert re.search(r"^fetch error: the embedded server \(unix://.*\) killed by SIGKILL", out, re.MULTILINE), out + err
     assert "workers reaped" in out, out + err
