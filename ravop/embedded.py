@@ -224,6 +224,7 @@ class EmbeddedCluster:
         # thread count sums in a different order, so only the same setting reproduces eager PyTorch there.
         self.threads = threads or per_worker(workers)
         self.workers = []  # (name, log path, process)
+        self._stopping = False
         atexit.register(self.stop)
         _running.add(self)
         _clean_up_on_sigterm()
@@ -234,7 +235,6 @@ class EmbeddedCluster:
             process = start_worker(self.url, name, device, self.threads, log, os.getpid(), files)
             self.workers.append((name, log, process))
         self._ready = not self.workers
-        self._stopping = False
         threading.Thread(target=self._stop_workers_when_the_server_dies, name="ravop-embedded-server-watch",
                          daemon=True).start()
 

@@ -25,7 +25,9 @@ def fetch_persisting_op(op_name: Union[str, Op], wait: bool = False, timeout: Op
     (up to `timeout` seconds); an unknown name raises `UnknownPersistName`; a failed graph `GraphFailedError`."""
     session = require()
     if isinstance(op_name, Op):
-        op_name, graph = persisted_name(op_name), op_name.graph if graph is None else graph
+        op = op_name
+        graph = op.graph if graph is None else graph
+        op_name = persisted_name(op)
     elif not isinstance(op_name, str):
         raise TypeError(f"fetch_persisting_op takes a persist name or a persisted Op, not {type(op_name).__name__}")
     try:
