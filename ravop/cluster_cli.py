@@ -11,9 +11,9 @@
     ravop admin token|worker revoke NAME  delete it (its connections are closed at once)
     ravop admin token|worker list         the users of that kind
 
-GRAPH is a graph id or name. The server is --redis URL, else $RAVOP_REDIS_URL, else the last embedded session
-this user started (R.initialize() with no URL); the token is --token, else $RAVOP_TOKEN, else that session's
-token, else the user named in the URL (a `ravop admin token` user), else "local".
+GRAPH is a graph id or name. The server is --redis URL, else $RAVOP_REDIS_URL, else the newest embedded session
+of this user still running (R.initialize() with no URL); the token is --token, else $RAVOP_TOKEN, else that
+session's token, else the user named in the URL (a `ravop admin token` user), else "local".
 """
 import argparse
 import importlib
@@ -21,15 +21,12 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from . import admin, last_session, status
+from . import admin, last_session
 from .cli_errors import one_line
-from .dashboard import Dashboard
-from .errors import RavopError
+from .errors import ConnectionFailed, RavopError
 from .store import connect, repair, token_namespace
 from .store.connect import redact, url_user
 from .store.lookup import find_graph
@@ -74,15 +71,19 @@ def _parser():
 
 
 def _target(args):
-    """(url, token) from the flags, the environment or the last embedded session."""
+    """(url, token, where the URL came from) from the flags, the environment or the newest running embedded
+    session."""
     url, token = args.redis or os.environ.get("RAVOP_REDIS_URL"), args.token or os.environ.get("RAVOP_TOKEN")
+    source = "--redis" if args.redis else "$RAVOP_REDIS_URL"
     if not url:
         last = last_session.recall()
         if last is None:
-            raise RavopError("no server given: pass --redis URL or set RAVOP_REDIS_URL (no embedded session of "
-                             "this user was found either)")
+            raise RavopError("no server given: pass --redis URL or set RAVOP_REDIS_URL (no running embedded "
+                             "session of this user was found either)")
         url, token = last["url"], token or last["token"]
-    return url, token_namespace(token or url_user(url) or "local")
+        source = f"the embedded session of process {last['pid']}, started " + \
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last.get("started", 0)))
+    return url, token_namespace(token or url_user(url) or "local"), source
 
 
 # ------------------------------------------------------------------------------------------------ output
@@ -146,6 +147,9 @@ def _failures_text(graph_id, failures):
 
 def _fetch(url, token, keys, name, output):
     """Save the value persisted as `name` in the graph at `keys`; returns what was written."""
+    import numpy as np
+    import torch
+
     import ravop as R
     # Saved models are rebuilt by the loader of the package that saved them; ravdl registers its kinds.
     importlib.import_module("ravdl.v2")
@@ -164,7 +168,12 @@ def _fetch(url, token, keys, name, output):
     if isinstance(value, torch.nn.Module):
         if suffix != ".pt":
             raise RavopError(f"{name!r} is a saved model: write it to a .pt file, not {output.name!r}")
-        module = value if isinstance(value, torch.jit.ScriptModule) else torch.jit.script(value)
+        with warnings.catch_warnings():
+            # torch's own fx.GraphModule annotates an empty attribute in __init__, which TorchScript warns
+            # about on every script() of one: noise about torch's code, not the user's model.
+            warnings.filterwarnings("ignore", "The TorchScript type system doesn't support instance-level",
+                                    UserWarning)
+            module = value if isinstance(value, torch.jit.ScriptModule) else torch.jit.script(value)
         torch.jit.save(module, str(output))
         return {"kind": "module", "type": type(value).__name__}
     raise RavopError(f"{name!r} holds a {type(value).__name__}, which cannot be written to a file")
@@ -172,6 +181,7 @@ def _fetch(url, token, keys, name, output):
 
 def _command(args, client, url, token):
     """(JSON object, text) that the command prints."""
+    from . import status   # loads torch: imported here, so that `ravop --help` and bad arguments answer at once
     if args.command == "status":
         report = status.cluster(client, token)
         return report, _status_text(report, url)
@@ -210,6 +220,7 @@ def _admin(args, client, url):
 
 
 def _serve_dashboard(args, client, token):
+    from .dashboard import Dashboard
     dashboard = Dashboard(client, token, args.host, args.port, args.admin_token)
     access = "admin token required to cancel" if args.admin_token else "read-only"
     print(f"ravop dashboard on {dashboard.url} (token {token!r}, {access}; Prometheus metrics at "
@@ -221,8 +232,11 @@ def _serve_dashboard(args, client, token):
 
 
 def run(args):
-    url, token = _target(args)
-    client = connect(url)
+    url, token, source = _target(args)
+    try:
+        client = connect(url)
+    except ConnectionFailed as exc:
+        raise ConnectionFailed(f"{exc} (the URL is from {source})") from None
     try:
         if args.command == "dashboard":
             _serve_dashboard(args, client, token)

@@ -25,6 +25,7 @@ from pathlib import Path
 import redis
 import torch
 
+from . import last_session
 from .cpu_threads import passive_waiting, per_worker
 from .errors import ConnectionFailed, DeviceUnavailable, RavopError
 from .store import workers as liveness
@@ -223,6 +224,7 @@ class EmbeddedCluster:
         # thread count sums in a different order, so only the same setting reproduces eager PyTorch there.
         self.threads = threads or per_worker(workers)
         self.workers = []  # (name, log path, process)
+        self._stopping = False
         atexit.register(self.stop)
         _running.add(self)
         _clean_up_on_sigterm()
@@ -234,6 +236,15 @@ class EmbeddedCluster:
             process = start_worker(self.url, name, device, self.threads, log, os.getpid(), files + share)
             self.workers.append((name, log, process))
         self._ready = not self.workers
+        threading.Thread(target=self._stop_workers_when_the_server_dies, name="ravop-embedded-server-watch",
+                         daemon=True).start()
+
+    def _stop_workers_when_the_server_dies(self):
+        """A server killed under us (SIGKILL, the OOM killer) takes the session with it: stop the workers now
+        and reap them, rather than leave them to notice and exit as zombies of this process."""
+        self.server.process.wait()
+        if not self._stopping:
+            stop_processes([process for _, _, process in self.workers])
 
     def check_runs(self, graph):
         """Raise `DeviceUnavailable` at once if `graph` needs a GPU and no local worker has one: no GPU worker
@@ -247,8 +258,18 @@ class EmbeddedCluster:
         raise DeviceUnavailable(f"graph {graph.name!r} has gpu_required='yes' but the embedded engine's workers "
                                 f"run on {self.device}; {how}; or drop gpu_required")
 
+    def running(self):
+        """False once stopped, or once its server is gone (killed): a new R.initialize() then starts another."""
+        return not self._stopping and self.server.process.poll() is None
+
     def check(self):
-        """Raise if a worker has exited (it should run until `stop`), with the end of its log."""
+        """Raise if the server or a worker has exited (they should run until `stop`), with the end of its log."""
+        code = self.server.process.poll()
+        if code is not None and not self._stopping:
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+            raise RavopError(f"the embedded server ({self.url}) {how}: this session's graphs and its local workers "
+                             f"are gone (graphs are kept only up to the server's last snapshot); run the script "
+                             f"again to start over. Its log ends: {_tail(self.server.log) or '(empty)'}")
         for name, log, process in self.workers:
             if process.poll() is not None:
                 raise RavopError(f"embedded worker {name} exited with code {process.returncode}:\n{_tail(log)}")
@@ -267,6 +288,8 @@ class EmbeddedCluster:
                 time.sleep(0.05)
 
     def stop(self):
+        self._stopping = True
+        last_session.forget()   # `ravop status` looks for another running session
         stop_processes([process for _, _, process in self.workers])
         self.workers = []
         self.server.stop()

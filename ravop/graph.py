@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from . import registry
+from .dtypes import DTYPES
 from .errors import GraphStateError, ShapeError
 from .federated.column_rules import parse_rules
 from .parallel import check_strategy
@@ -81,6 +82,13 @@ class Op:
 
     def __float__(self):
         self._no_value("float")
+
+    def __array__(self, dtype=None, copy=None):
+        self._no_value("numpy.asarray")
+
+    # numpy's operators hand an Op back to the Op's own (np.ones(3) + op records an add), instead of
+    # converting the Op to an array, which it cannot be before it runs.
+    __array_ufunc__ = None
 
     def __int__(self):
         self._no_value("int")
@@ -268,9 +276,19 @@ def to_tensor(value):
     if array.dtype.kind not in "biufc":
         raise TypeError(f"cannot make a tensor from {_short(value)}: it holds {array.dtype} values, not numbers")
     if isinstance(value, np.ndarray) or isinstance(value, np.generic):
-        return torch.from_numpy(array.copy(order="C"))
+        return _from_numpy(array)
     # Lists follow torch's defaults (float32 for floats, int64 for ints), as torch.tensor(list) does.
     return torch.tensor(array.tolist() if array.dtype.kind == "f" else array)
+
+
+def _from_numpy(array):
+    """A tensor on the array's own memory where torch can use it as it is (C-contiguous, native byte order,
+    writable, a dtype the wire carries), as for a torch tensor: R.t of a 500 MB array costs no second 500 MB.
+    The graph then reads the array when R.activate() uploads it, so a change made to it before that counts.
+    Anything else is copied."""
+    if array.flags.c_contiguous and array.flags.writeable and array.dtype.isnative and array.dtype.name in DTYPES:
+        return torch.from_numpy(array)
+    return torch.from_numpy(array.astype(array.dtype.newbyteorder("="), order="C"))   # a copy, native order
 
 
 def _short(value):

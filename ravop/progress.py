@@ -11,9 +11,10 @@ DELAY = 1.0      # seconds before a bar appears
 REFRESH = 0.25   # how often the watcher looks at the `busy` blocks and redraws their clocks
 
 
-def bar(total, desc, unit="it", unit_scale=False):
+def bar(total, desc, unit="it", unit_scale=False, disable=False):
     """A tqdm bar that appears after DELAY seconds (on its next update); use it as a context manager."""
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, delay=DELAY, leave=False, file=sys.stderr)
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, delay=DELAY, leave=False, file=sys.stderr,
+                disable=disable)
 
 
 class _Busy:

@@ -97,7 +97,8 @@ def initialize(token: Optional[str] = None, redis_url: Optional[str] = None, wor
             raise ValueError("data= (or $RAVOP_DATA) gives the embedded workers data; on a cluster each provider "
                              "runs ravop-worker --data PATH")
         client = connect(url, timeout)
-    elif _session is not None and _session.embedded is not None and _session.embedded.data == data:
+    elif _session is not None and _session.embedded is not None and _session.embedded.data == data \
+            and _session.embedded.running():
         embedded, url, client = _session.embedded, _session.url, _session.client  # keep the running one
     else:
         from .embedded import EmbeddedCluster, default_data_dir

@@ -94,11 +94,12 @@ def fetch_tensor(session: "Session", keys: GraphKeys, name: str, node_id: Union[
         pipe.hmget(keys.meta, store_graphs.STATE_FIELDS)
         with progress.busy(f"fetching {name!r}"):
             data, meta = pipe.execute()
-            meta = store_graphs.decode_state(meta)
-            # Constants (and values folded into constants) are in Redis from R.activate() on, others only once
-            # computed: nothing is returned before the graph starts, so the answer does not depend on folding.
-            started = meta.get("state") != graph_states.ACTIVATED
-            tensor = None if data is None or not started else stored.decode(session.client, key, data)
+        meta = store_graphs.decode_state(meta)
+        # Constants (and values folded into constants) are in Redis from R.activate() on, others only once
+        # computed: nothing is returned before the graph starts, so the answer does not depend on folding.
+        started = meta.get("state") != graph_states.ACTIVATED
+        # A big value shows its download in bytes.
+        tensor = None if data is None or not started else stored.decode(session.client, key, data, f"fetching {name!r}")
         if tensor is not None:
             return tensor
         if meta.get("state") == graph_states.DONE:

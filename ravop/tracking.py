@@ -170,6 +170,8 @@ def _track_through_outages(session: Session, keys: GraphKeys, meta: Dict[str, st
             _fail_if_a_node_is_lost(session, meta, exc)
             time.sleep(outage.lost(exc))
         except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
+            if session.embedded is not None:
+                session.embedded.check()   # its server gone for good: say so now, not after a long backoff
             _fail_if_a_node_is_lost(session, meta, exc)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: Redis at "

@@ -1,5 +1,6 @@
 """The persisted losses of a training graph as arrays (`Losses`), read in one round trip: what R.fetch_losses
 (`ravop.fetching`), History and the dashboard return. Their names are spelled in `ravop.loss_names`."""
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
@@ -11,7 +12,7 @@ from .loss_names import TRAINING_BATCH, TRAINING_STEP, VALIDATION
 from .store import GraphKeys
 from .store.client_types import Client
 from .store.loss_reads import read_losses
-from .wire import decode_tensor
+from .wire.codec import decode_scalar
 
 
 @dataclass
@@ -41,10 +42,10 @@ class Losses:
 def _scalar(name: str, data: Optional[bytes]) -> float:
     if data is None:
         return np.nan
-    tensor = decode_tensor(data)
-    if tensor.numel() != 1:
-        raise RavopError(f"{name!r} holds a tensor of shape {tuple(tensor.shape)}, not a single loss value")
-    return float(tensor)
+    value, shape = decode_scalar(data)
+    if math.prod(shape) != 1:
+        raise RavopError(f"{name!r} holds a tensor of shape {shape}, not a single loss value")
+    return value
 
 
 def read(client: Client, keys: GraphKeys) -> Losses:

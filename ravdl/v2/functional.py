@@ -37,14 +37,17 @@ class Functional(Model):
             self._note_input(inputs[0])
         return self._forward_pass_call(*inputs, training=training, **kwargs)
 
-    def fit(self, X, y=None, n_epochs=1, batch_size=None, loss="SquareLoss", strategy=None, shuffle=False, seed=None,
-            callbacks=None):
+    def fit(self, X, y=None, n_epochs=1, batch_size=None, loss=None, strategy=None, shuffle=False, seed=None,
+            callbacks=None, validation_data=None):
         """Train on (X, y) as NeuralNetwork.fit does (one loop, losses persisted as
         `training_loss_epoch_{e}_batch_{b}`, 1-based), the forward being `_forward_pass_call(X)`: `loss` is
-        'SquareLoss', 'CrossEntropy' or a ravop loss `loss(y_true, y_pred)`; `strategy` (default: the graph's)
+        'SquareLoss' (the default, unless compile() gave one), 'CrossEntropy' or a ravop loss
+        `loss(y_true, y_pred)`; `validation_data=(X_val, y_val)` persists a validation loss per epoch; `strategy`
+        (default: the graph's)
         one of R.parallel's. X may be a torch Dataset or DataLoader, and `callbacks` ravdl.v2.callbacks, as for
         NeuralNetwork.fit. Returns a `History`."""
-        return fit_model(self, X, y, n_epochs, batch_size, loss, strategy, shuffle, seed, callbacks)
+        return fit_model(self, X, y, n_epochs, batch_size, loss or self.compiled_loss or "SquareLoss", strategy,
+                         shuffle, seed, callbacks, validation_data)
 
     def _forward_pass_call(self, input, training=True):
         raise NotImplementedError(f"{type(self).__name__} must implement _forward_pass_call(self, input, "

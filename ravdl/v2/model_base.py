@@ -13,11 +13,12 @@ import ravop as R
 
 from . import export, gradients, onnx_export
 from .fit import LossTraining, Slot, TrainState, optimizer_slots
+from .keras_habits import KerasHabits
 from .layers.base import CustomLayer, leaf_layers
 from .notebook import Summary, in_notebook
 
 
-class Model(LossTraining):
+class Model(KerasHabits, LossTraining):
     def __init__(self, optimizer=None):
         self.optimizer = optimizer
         self.loss_function = None  # loss(y_true, y_pred) -> Op: NeuralNetwork's, or the one given to fit

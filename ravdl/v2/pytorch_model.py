@@ -21,11 +21,12 @@ from ravop.torchscript_import import BLOB_KEY, BUNDLE_KIND, Model
 
 from . import gradients
 from .fit import LossTraining, Slot, TrainState, optimizer_slots
+from .keras_habits import KerasHabits
 from .layers.base import as_input
 from .training import fit_model
 
 
-class Pytorch_Model(LossTraining):
+class Pytorch_Model(KerasHabits, LossTraining):
     def __init__(self, model_op):
         if not isinstance(model_op, Model):
             raise TypeError(f"Pytorch_Model takes the model R.model(path_or_module) returns, not "
@@ -107,14 +108,17 @@ class Pytorch_Model(LossTraining):
     def _trained(self):
         return [((self, i), self.params[i]) for i, wanted in enumerate(self.model.requires_grad) if wanted]
 
-    def fit(self, X, y=None, n_epochs=1, batch_size=None, loss="CrossEntropy", strategy=None, shuffle=False,
-            seed=None, callbacks=None):
+    def fit(self, X, y=None, n_epochs=1, batch_size=None, loss=None, strategy=None, shuffle=False,
+            seed=None, callbacks=None, validation_data=None):
         """Train the model on (X, y) for `n_epochs` in batches of `batch_size`, as NeuralNetwork.fit does
         (one loop, losses persisted as `training_loss_epoch_{e}_batch_{b}`, 1-based): `loss` is
-        'CrossEntropy' (class indices, or one-hot rows), 'SquareLoss', or a ravop loss `loss(y_true, y_pred)`;
+        'CrossEntropy' (class indices, or one-hot rows; the default, unless compile() gave one), 'SquareLoss',
+        or a ravop loss `loss(y_true, y_pred)`; `validation_data=(X_val, y_val)` persists a validation loss per
+        epoch;
         `strategy` (default: the graph's) one of R.parallel's. X may be a torch Dataset or DataLoader, and
         `callbacks` ravdl.v2.callbacks, as for NeuralNetwork.fit. Returns a `History`."""
-        return fit_model(self, X, y, n_epochs, batch_size, loss, strategy, shuffle, seed, callbacks)
+        return fit_model(self, X, y, n_epochs, batch_size, loss or self.compiled_loss or "CrossEntropy", strategy,
+                         shuffle, seed, callbacks, validation_data)
 
     def save_model(self, name):
         """Persist the model under `name`: its code and current parameter and buffer values."""

@@ -8,6 +8,7 @@ from .callbacks import checked, follow
 from .fit import record_fit
 from .fit_data import training_data
 from .history import History
+from .keras_habits import validation_loss
 from .layers.base import as_input, name_layers
 from .model_base import Model
 from .parallel_fit import record_parallel_fit
@@ -59,10 +60,10 @@ class NeuralNetwork(Model):
         return self.predict(X)
 
     def fit(self, X, y=None, n_epochs=1, batch_size=None, shuffle=False, seed=None, save_model=False,
-            persist_weights=False, strategy=None, callbacks=None):
+            persist_weights=False, strategy=None, callbacks=None, validation_data=None):
         """Record `n_epochs` of training as one loop (ravdl.v2.fit): each batch loss is persisted as
-        `training_loss_epoch_{e}_batch_{b}` (1-based; `ravop.loss_names`) and, with validation_data,
-        `validation_loss_epoch_{e}`.
+        `training_loss_epoch_{e}_batch_{b}` (1-based; `ravop.loss_names`) and, with validation_data (X_val, y_val:
+        fit's, as in Keras, else the constructor's), `validation_loss_epoch_{e}`.
         Shuffled batches draw their order from `seed` (default: the graph seed), so a run is reproducible.
         Returns a `History`: the training loss names in order, and `history.history['loss']`,
         `history.batch_losses` once the graph has run.
@@ -79,12 +80,9 @@ class NeuralNetwork(Model):
         R.track_progress() follows the training."""
         if not isinstance(save_model, (bool, str)) or not isinstance(persist_weights, bool):
             raise TypeError("save_model takes True, False or a name; persist_weights True or False")
-        callbacks = checked(callbacks, validation=self.validation_data is not None)
+        validation = validation_loss(self, validation_data if validation_data is not None else self.validation_data)
+        callbacks = checked(callbacks, validation=validation is not None)
         X, y, batch_size, shuffle = training_data(X, y, batch_size, shuffle)
-        validation = None
-        if self.validation_data is not None:
-            X_val, y_val = as_input(self.validation_data[0]), as_input(self.validation_data[1])
-            validation = lambda: self.loss_function(y_val, self.predict(X_val))  # noqa: E731
         graph = current_graph()
         seed = seed if seed is not None else graph.seed
         strategy = strategy if strategy is not None else graph.strategy

@@ -8,22 +8,28 @@ from .callbacks import checked, follow
 from .fit import record_fit
 from .fit_data import training_data
 from .history import History
+from .keras_habits import validation_loss
 from .parallel_fit import record_parallel_fit
 
 
-def fit_model(model, X, y, n_epochs, batch_size, loss, strategy, shuffle, seed, callbacks=None):
+def fit_model(model, X, y, n_epochs, batch_size, loss, strategy, shuffle, seed, callbacks=None, validation_data=None):
     """Record the training of `model` (the train-state interface of ravdl.v2.fit) with `loss` on data
-    `ravdl.v2.fit_data` takes; returns a History, which `callbacks` follow as it trains."""
-    callbacks = checked(callbacks, validation=False)
+    `ravdl.v2.fit_data` takes, with a validation loss per epoch on `validation_data` (X_val, y_val); returns a
+    History, which `callbacks` follow as it trains."""
+    validation = validation_loss(model, validation_data)
+    callbacks = checked(callbacks, validation=validation is not None)
     X, y, batch_size, shuffle = training_data(X, y, batch_size, shuffle)
     model.loss_function = losses.get(loss)
     graph = current_graph()
     seed = seed if seed is not None else graph.seed
     strategy = strategy if strategy is not None else graph.strategy
     if strategy is None:
-        names = record_fit(model, model.train_step, X, y, n_epochs, batch_size, shuffle, seed)
+        names = record_fit(model, model.train_step, X, y, n_epochs, batch_size, shuffle, seed, validation)
+    elif validation is not None:
+        raise NotImplementedError("validation_data with a parallel strategy is not implemented: evaluate the "
+                                  "trained model with evaluate(X_val, y_val) after fit")
     else:
         names = record_parallel_fit(model, X, y, n_epochs, batch_size, shuffle, seed, strategy)
-    history = History(names, graph, n_epochs, validation=False)
+    history = History(names, graph, n_epochs, validation=validation is not None)
     follow(callbacks, model, history)
     return history

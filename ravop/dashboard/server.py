@@ -7,7 +7,7 @@ GET  /static/NAME                    its script and style sheet
 GET  /metrics                        Prometheus metrics of the token's graphs and the live workers (ravop.metrics)
 GET  /api/status                     `ravop status --json`, plus admin: whether cancelling is enabled
 GET  /api/graphs/REF/dag             subgraphs and edges with their states (`ravop.status.subgraph_dag`)
-GET  /api/graphs/REF/losses          training and validation losses (`ravop.training_losses.Losses`)
+GET  /api/graphs/REF/losses          training and validation losses, at most ~1,000 points (`loss_points`)
 GET  /api/graphs/REF/failures        failures, newest first (`ravop.status.failures`)
 POST /api/graphs/REF/cancel          cancel the graph (admin token required)
 REF is a graph id or name of the dashboard's token.
@@ -28,6 +28,7 @@ from .. import status, training_losses
 from ..metrics import GraphCollector
 from ..errors import RavopError
 from ..store.lookup import GraphNotFound, find_graph
+from . import loss_points
 
 log = logging.getLogger("ravop.dashboard")
 _STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -91,7 +92,7 @@ class Dashboard:
             dag = status.subgraph_dag(self.client, keys)
             return (HTTPStatus.OK, dag) if dag else (HTTPStatus.NOT_FOUND, {"error": "graph is gone"})
         if what == "losses":
-            return HTTPStatus.OK, training_losses.read(self.client, keys).to_json()
+            return HTTPStatus.OK, loss_points.curve(training_losses.read(self.client, keys))
         if what == "failures":
             return HTTPStatus.OK, {"failures": status.failures(self.client, keys)}
         return HTTPStatus.NOT_FOUND, {"error": f"no endpoint {path}"}

@@ -81,6 +81,12 @@ class FederatedGraphs:
                              f"the {len(providers)} connected provider(s) hold: "
                              f"{', '.join(sorted(held)) or 'no columns'}")
         eligible = [name for name, columns in providers.items() if set(rules.columns) <= set(columns)]
+        if len(eligible) < rules.max_clients and session.embedded is not None:
+            raise GraphStateError(
+                f"graph {graph.name!r} needs {rules.max_clients} provider(s) holding {rules.describe_columns()}, "
+                f"but the embedded default has {len(eligible)}, and no other can join its private server: give "
+                "each provider's file(s) to R.initialize(data=[...]) (or $RAVOP_DATA), or run providers with "
+                "`ravop-worker --data PATH` against a Redis server and R.initialize(redis_url=...)")
         if len(eligible) < rules.max_clients:
             print(f"graph {graph.name!r}: max_clients is {rules.max_clients} but {len(eligible)} connected "
                   f"provider(s) hold {rules.describe_columns()}; R.track_progress() waits for more (timeout= gives "

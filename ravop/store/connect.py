@@ -65,8 +65,9 @@ def connect(url: str, timeout: float = CONNECT_TIMEOUT, socket_timeout: float = 
     server is a cluster node; `ConnectionFailed` naming the URL within about `timeout` seconds otherwise."""
     try:
         # No retries for the first PING: redis-py's default (10 retries with backoff) turns an unreachable
-        # server into a minute-long hang.
-        client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=socket_timeout,
+        # server into a minute-long hang. Its reply is awaited `timeout` s too, not the socket timeout: a server
+        # that accepts the connection but never answers (a stopped process, the wrong port) fails as promised.
+        client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout,
                                       retry=Retry(NoBackoff(), 0), health_check_interval=30,
                                       command_packer=_ZERO_COPY_PACKER)
     except ValueError as exc:
@@ -81,6 +82,7 @@ def connect(url: str, timeout: float = CONNECT_TIMEOUT, socket_timeout: float = 
     except (redis.RedisError, OSError) as exc:
         client.close()
         raise ConnectionFailed(f"cannot reach Redis at {redact(url)}: {exc}") from None
+    _set_socket_timeout(client, socket_timeout)
     if in_cluster:
         client.close()
         return _cluster_client(url, timeout, socket_timeout)
@@ -89,6 +91,16 @@ def connect(url: str, timeout: float = CONNECT_TIMEOUT, socket_timeout: float = 
 
 
 _RETRY = Retry(ExponentialBackoff(cap=1.0, base=0.05), 3)
+
+
+def _set_socket_timeout(client: redis.Redis, seconds: float) -> None:
+    """The socket timeout of every connection of `client` from now on, the open ones included."""
+    pool = client.connection_pool
+    pool.connection_kwargs["socket_timeout"] = seconds
+    for connection in [*pool._available_connections, *pool._in_use_connections]:
+        connection.socket_timeout = seconds
+        if connection._sock is not None:
+            connection._sock.settimeout(seconds)
 
 
 def _cluster_client(url: str, timeout: float, socket_timeout: float) -> RedisCluster:

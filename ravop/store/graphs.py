@@ -73,9 +73,11 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.
     batch.add(0, len(readers) + len(plan.persisted))
     total = sum(t.nbytes for t in constants.values())
     with progress.bar(total, "uploading constants", unit="B", unit_scale=True) as uploaded:
+        def queued(size: int) -> None:   # sent every BATCH_BYTES, also within one big tensor: the bar moves
+            uploaded.update(size)
+            batch.add(size)
         for node_id, tensor in constants.items():
-            batch.add(tensors.write(batch.pipe, keys.tensor(node_id), tensor, chunk))
-            uploaded.update(tensor.nbytes)
+            tensors.write(batch.pipe, keys.tensor(node_id), tensor, chunk, queued=queued)
     now = time.time()
     batch.pipe.hset(keys.meta, mapping={
         **meta, "state": graph_states.ACTIVATED, "seed": plan.seed, "devices": ",".join(sorted(devices)),

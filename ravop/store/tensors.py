@@ -10,11 +10,12 @@ dtype and shape: no copy of the data besides the one the kernel makes.
 """
 import os
 import socket
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import redis
 import torch
 
+from .. import progress
 from ..errors import StoreLimitError, WireFormatError
 from ..wire.codec import decode_chunked, decode_tensor, encode_chunked, encode_tensor, is_chunked
 from .client_types import Client, Pipeline
@@ -65,25 +66,36 @@ def fit_to_server(client: Client, total_bytes: int = 0, what: str = "values", ke
 
 
 def write(pipe: Pipeline, key: str, tensor: torch.Tensor, size: Optional[int] = None,
-          chunks_pipe: Optional[Pipeline] = None) -> int:
+          chunks_pipe: Optional[Pipeline] = None, queued: Optional[Callable[[int], None]] = None) -> int:
     """Queue the writes of `tensor` under `key` on `pipe` (a redis-py pipeline), in values of at most
     `size` bytes (default `chunk_bytes()`; see `fit_to_server`). Returns the bytes queued.
+
+    `queued(n)` is called after each value of n bytes is queued: a caller may send the pipeline from it (the
+    chunks go in order, the header last), so that a big tensor leaves in pieces it can show progress on.
 
     `chunks_pipe`: where the chunks go instead, sent before `pipe`, for a `pipe` that is a transaction:
     the server counts what a MULTI has queued against the client's query buffer limit (1 GB by default),
     so a big tensor's chunks cannot be part of one; the header, which makes the tensor visible, still is."""
     size = size or chunk_bytes()
+    queued = queued or _ignore
     if tensor.nbytes <= size:
         data = encode_tensor(tensor)
         pipe.set(key, data)
+        queued(len(data))
         return len(data)
     header, chunks = encode_chunked(tensor, size)
     chunks_pipe = pipe if chunks_pipe is None else chunks_pipe
     chunks_pipe.delete(chunks_key(key))  # a rewrite (a retry) replaces the chunks instead of adding to them
     for index, chunk in enumerate(chunks):
         chunks_pipe.hset(chunks_key(key), index, chunk)
+        queued(len(chunk))
     pipe.set(key, header)
+    queued(len(header))
     return tensor.nbytes + len(header)
+
+
+def _ignore(size: int) -> None:
+    pass
 
 
 def keys_of(key: str) -> Tuple[str, str]:
@@ -94,10 +106,12 @@ def keys_of(key: str) -> Tuple[str, str]:
 SIZES_PER_ROUND_TRIP = 4096   # HSTRLENs pipelined at once: a header of a million chunks costs no big reply
 
 
-def decode(client: Client, key: str, data: bytes, max_bytes: Optional[int] = None) -> Optional[torch.Tensor]:
+def decode(client: Client, key: str, data: bytes, max_bytes: Optional[int] = None,
+           desc: Optional[str] = None) -> Optional[torch.Tensor]:
     """The tensor whose stored value under `key` is `data` (reading its chunks if it has any); None if the
     chunks are gone (deleted meanwhile); `WireFormatError` for a value that is not a tensor, or a chunked one
-    whose header declares more than `max_bytes` (a reader's memory budget) or other chunks than are stored."""
+    whose header declares more than `max_bytes` (a reader's memory budget) or other chunks than are stored.
+    With `desc`, a chunked tensor's download shows a progress bar in bytes (once it has taken a second)."""
     if not is_chunked(data):
         return decode_tensor(data)
     head = decode_chunked(data)
@@ -130,17 +144,18 @@ def decode(client: Client, key: str, data: bytes, max_bytes: Optional[int] = Non
     # torch.empty, not bytearray: a bytearray is zero-filled first, which costs as much as the read itself.
     raw = torch.empty(head.nbytes, dtype=torch.uint8)
     offsets = [index * head.chunk_bytes for index in range(head.n_chunks)]
-    if not _read_replies_into(client, [("HGET", hash_key, i) for i in range(head.n_chunks)],
-                              memoryview(raw.numpy()), offsets, expected):
-        return None  # deleted (or replaced) while being read
+    with progress.bar(head.nbytes, desc, unit="B", unit_scale=True, disable=desc is None) as received:
+        if not _read_replies_into(client, [("HGET", hash_key, i) for i in range(head.n_chunks)],
+                                  memoryview(raw.numpy()), offsets, expected, received.update):
+            return None  # deleted (or replaced) while being read
     return raw.view(head.dtype).reshape(head.shape)
 
 
 def _read_replies_into(client: Client, commands: List[Tuple[Any, ...]], view: memoryview, offsets: List[int],
-                       sizes: List[int]) -> bool:
+                       sizes: List[int], on_chunk: Callable[[int], Any] = _ignore) -> bool:
     """Send `commands` in one pipeline and read their bulk replies straight from the socket into
-    `view[offset:offset + size]`. True, or False if a reply is not a bulk of the expected size (a
-    chunk deleted meanwhile).
+    `view[offset:offset + size]`, calling `on_chunk(size)` after each. True, or False if a reply is not a
+    bulk of the expected size (a chunk deleted meanwhile).
 
     Why not redis-py's reply parser: it buffers each reply and hands back a new bytes object (two copies
     of every chunk, and the slower half of a round trip: 100 MB read 3-4x slower than the socket allows).
@@ -172,6 +187,7 @@ def _read_replies_into(client: Client, commands: List[Tuple[Any, ...]], view: me
             if pending[:2] != b"\r\n":
                 return False
             del pending[:2]
+            on_chunk(size)
         healthy = not pending
         return healthy
     finally:

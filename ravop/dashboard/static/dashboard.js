@@ -107,36 +107,34 @@ async function cancel(id) {
 }
 
 function renderLosses(losses) {
+  // The server sends the computed steps thinned to the lowest and highest loss of each bucket (loss_points.py).
   const plot = $("loss-plot");
   plot.replaceChildren();
-  const [width, height, left, right, top, bottom] = [520, 260, 56, 12, 12, 28];
-  const points = [];
-  losses.batch.forEach((v, i) => { if (v !== null) points.push([i, v]); });
-  const validation = [];
-  losses.validation.forEach((v, e) => {
-    if (v === null) return;
-    const last = losses.epoch.lastIndexOf(e + 1);  // drawn at the last step of its epoch
-    if (last >= 0) validation.push([last, v]);
-  });
-  plot.dataset.points = points.length;
-  $("loss-summary").textContent = points.length
-    ? points.length + " of " + losses.batch.length + " steps, last " + points[points.length - 1][1].toPrecision(4)
-    : (losses.batch.length ? "no step computed yet" : "this graph persists no losses");
+  const [width, height, right, top, bottom] = [520, 260, 12, 12, 28];
+  const points = losses.batch, validation = losses.validation;
+  plot.dataset.points = losses.computed;
+  plot.dataset.drawn = points.length;
+  $("loss-summary").textContent = losses.computed
+    ? losses.computed + " of " + losses.steps + " steps, last " + losses.last.toPrecision(4)
+    : (losses.steps ? "no step computed yet" : "this graph persists no losses");
   if (!points.length) return;
   const values = points.concat(validation).map(p => p[1]);
   let [low, high] = [Math.min(...values), Math.max(...values)];
   if (high === low) { high += 1; low -= 1; }
-  const steps = Math.max(losses.batch.length - 1, 1);
+  const labels = [low, (low + high) / 2, high].map(v => [v, v.toPrecision(3)]);
+  // The axis sits right of its widest label (11 px digits are at most ~7 px wide), so no label is cut off.
+  const left = 14 + 7 * Math.max(...labels.map(([, text]) => text.length));
+  const steps = Math.max(losses.steps - 1, 1);
   const x = i => left + (width - left - right) * i / steps;
   const y = v => top + (height - top - bottom) * (high - v) / (high - low);
   svg("line", {x1: left, y1: top, x2: left, y2: height - bottom, stroke: "#9ca3af"}, plot);
   svg("line", {x1: left, y1: height - bottom, x2: width - right, y2: height - bottom, stroke: "#9ca3af"}, plot);
-  for (const v of [low, (low + high) / 2, high]) {
-    svg("text", {x: left - 6, y: y(v) + 4, "text-anchor": "end", "font-size": 11, fill: "#4b5563"}, plot)
-      .textContent = v.toPrecision(3);
+  for (const [v, text] of labels) {
+    svg("text", {class: "axis-label", x: left - 6, y: y(v) + 4, "text-anchor": "end", "font-size": 11,
+                 fill: "#4b5563"}, plot).textContent = text;
   }
   svg("text", {x: width - right, y: height - 8, "text-anchor": "end", "font-size": 11, fill: "#4b5563"}, plot)
-    .textContent = "step " + losses.batch.length;
+    .textContent = "step " + losses.steps;
   svg("polyline", {id: "loss-curve", points: points.map(p => x(p[0]) + "," + y(p[1])).join(" "),
                    fill: "none", stroke: "#2563eb", "stroke-width": 1.5}, plot);
   for (const [i, v] of validation) {
