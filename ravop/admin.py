@@ -8,11 +8,10 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import redis
 from redis.cluster import RedisCluster
 
-from . import graph_states, status
+from . import graph_states
 from .errors import RavopError
 from .store.access import kind_of, requester_rules, worker_rules
 from .store import GraphKeys
-from .store import graphs as store_graphs
 from .store.keys import check_name
 from .store.scripts import is_cluster
 
@@ -91,6 +90,9 @@ def revoke(client, kind, name):
     _acl(client, "DELUSER", name, **_everywhere(client))
     cancelled = []
     if kind == "token":
+        # Imported here: they load torch, and `ravop --help` (which imports this module) must answer at once.
+        from . import status
+        from .store import graphs as store_graphs
         for graph in store_graphs.list_graphs(client, name):
             if graph["state"] in graph_states.LIVE and status.cancel(client, GraphKeys(name, graph["id"]), REVOKED):
                 cancelled.append(graph["id"])
