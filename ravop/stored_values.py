@@ -99,7 +99,7 @@ def fetch_tensor(session: "Session", keys: GraphKeys, name: str, node_id: Union[
         # computed: nothing is returned before the graph starts, so the answer does not depend on folding.
         started = meta.get("state") != graph_states.ACTIVATED
         # A big value shows its download in bytes.
-        tensor = None if data is None or not started else stored.decode(session.client, key, data, f"fetching {name!r}")
+        tensor = None if data is None or not started else stored.decode(session.client, key, data, desc=f"fetching {name!r}")
         if tensor is not None:
             return tensor
         if meta.get("state") == graph_states.DONE:
