@@ -63,17 +63,18 @@ def test_a_wheel_ships_py_typed_and_the_stub_and_mypy_reads_them_installed(tmp_p
     (wheel,) = (tmp_path / "wheel").glob("*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-        assert {"ravop/py.typed", "ravop/__init__.pyi"} <= names
+        assert {"ravop/py.typed", "ravop/__init__.pyi", "ravdl/py.typed", "compiler/py.typed"} <= names
         archive.extractall(tmp_path / "site")
     user = tmp_path / "user"
     user.mkdir()
-    (user / "script.py").write_text("import ravop as R\nx = R.t([1.0, 2.0])\nreveal_type(x.reshape)\n"
-                                    "R.exp(x, 3, 4)\n")
+    (user / "script.py").write_text("import ravop as R\nfrom ravdl.v2 import NeuralNetwork\n"
+                                    "from compiler import compile_graph\nx = R.t([1.0, 2.0])\n"
+                                    "reveal_type(x.reshape)\nR.exp(x, 3, 4)\n")
     env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(tmp_path / "site")   # mypy searches PYTHONPATH as installed packages (PEP 561)
     done = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--no-error-summary", "script.py"],
                           cwd=user, env=env, capture_output=True, text=True)
-    assert "py.typed" not in done.stdout, done.stdout
+    assert "py.typed" not in done.stdout and "import-untyped" not in done.stdout, done.stdout
     assert 'Revealed type is "def (shape: Any) -> ravop.Op"' in done.stdout, done.stdout
     assert 'Too many arguments for "exp"' in done.stdout, done.stdout
 
