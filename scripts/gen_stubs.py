@@ -2,7 +2,9 @@
 
 `R.<op>` functions and `Op` methods are made at import from the registry (ravop/api.py), so IDEs and type
 checkers cannot see them; this stub gives each one its signature (tensor inputs, then params with their
-defaults) and the kernel's docstring, and re-exports the hand-written API. tests/test_typing.py fails when
+defaults: ravop/op_signatures.py, which also sets the live functions' `__signature__`) and the kernel's
+docstring, and re-exports the hand-written API (a function annotated `-> Op`, as `R.t`, is written out, so
+that what it returns has the op methods). tests/test_typing.py fails when
 the checked-in stub differs from what this script writes.
 
     python scripts/gen_stubs.py            # rewrite ravop/__init__.pyi

@@ -97,6 +97,23 @@ def test_inspect_signature_shows_an_ops_parameters():
     assert R.sum(*bound.args, **bound.kwargs).shape == (1, 1)
 
 
+def test_every_generated_function_signature_names_its_inputs_and_params():
+    """The signature is made from the registry entry the call binds to, for every op (not only those above)."""
+    import inspect
+
+    import ravop as R
+    from ravop import api, registry
+    checked = 0
+    for name, opdef in registry.REGISTRY.items():
+        if opdef.internal or opdef.name in api.FRONTENDS:
+            continue
+        parameters = list(inspect.signature(getattr(R, name)).parameters)
+        want = list(opdef.inputs[:1] if opdef.variadic else opdef.inputs) + list(opdef.params)
+        assert parameters == want, name
+        checked += 1
+    assert checked > 100
+
+
 def _jedi_script(source, tmp_path):
     import jedi
     project = jedi.Project(str(tmp_path), sys_path=[str(ROOT), *sys.path])
