@@ -1,7 +1,8 @@
 """What the RavDL examples share: their datasets (bundled with scikit-learn, no download), the epoch count
-from the command line, and accuracy."""
+from the command line, the folder they write files into, and accuracy."""
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 from sklearn.datasets import load_digits, load_iris
@@ -11,6 +12,20 @@ from sklearn.model_selection import train_test_split
 def epochs_from_command_line(default):
     """The first argument, else $RAVDL_EPOCHS (the tests run the examples on fewer epochs), else `default`."""
     return int(sys.argv[1]) if len(sys.argv) > 1 else int(os.environ.get("RAVDL_EPOCHS", default))
+
+
+# Where the examples write their files (a model file, a pickle, an ONNX export) unless told otherwise: beside
+# the scripts, ignored by git, so that running an example leaves the checkout and the working directory clean.
+DEFAULT_OUTPUT = Path(__file__).resolve().parent / "output"
+
+
+def output_dir():
+    """The second argument, else $RAVOP_EXAMPLES_OUTPUT, else examples/output/; created, and printed so that
+    the user finds the files."""
+    folder = Path(sys.argv[2] if len(sys.argv) > 2 else os.environ.get("RAVOP_EXAMPLES_OUTPUT", DEFAULT_OUTPUT))
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"writing files to {folder}")
+    return str(folder)
 
 
 def iris_data(dtype=np.float64):

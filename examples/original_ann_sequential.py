@@ -3,11 +3,11 @@ persist_weights=True)`, `predict`, the model pickled (`pickle.dump(model, ...)`)
 `['result']`, then `get_onnx_model` on the unpickled model, as the original's ANN_get_onnx script did in a
 later process. Run unchanged on this engine; compare examples/iris_sequential.py.
 
-    python examples/original_ann_sequential.py [epochs] [dir]   (or RAVDL_EPOCHS; default 100; files in dir)
+    python examples/original_ann_sequential.py [epochs] [dir]   (or RAVDL_EPOCHS; default 100; files in dir, else
+    $RAVOP_EXAMPLES_OUTPUT, else examples/output/)
 """
 import os
 import pickle
-import sys
 
 import numpy as np
 import ravop as R
@@ -15,9 +15,9 @@ from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, BatchNormalization1D, Dense, Dropout
 from ravdl.v2.optimizers import Adam
 
-from example_data import epochs_from_command_line, iris_data
+from example_data import epochs_from_command_line, iris_data, output_dir
 
-out_dir = sys.argv[2] if len(sys.argv) > 2 else "."
+out_dir = output_dir()
 
 R.initialize(ravenverse_token=os.environ.get("TOKEN"))
 R.flush()

@@ -3,10 +3,10 @@ requester script was (`R.model('test_model.pt')`, float32 batches, one-hot targe
 `_backward_pass(loss, step=True)`, `save_model(name='my_net')`, the fetched module evaluated), run unchanged
 on this engine. Compare examples/digits_torchscript.py.
 
-    python examples/original_cnn_torchscript.py [epochs] [dir]   (or RAVDL_EPOCHS; default 15; the .pt in dir)
+    python examples/original_cnn_torchscript.py [epochs] [dir]   (or RAVDL_EPOCHS; default 15; the .pt in dir,
+    else $RAVOP_EXAMPLES_OUTPUT, else examples/output/)
 """
 import os
-import sys
 
 import numpy as np
 import ravop as R
@@ -16,9 +16,9 @@ from ravdl.v2.optimizers import Adam
 from ravdl.v2.utils.data_manipulation import batch_iterator
 
 from digits_torchscript import DigitsCNN
-from example_data import digits_data, epochs_from_command_line
+from example_data import digits_data, epochs_from_command_line, output_dir
 
-model_path = os.path.join(sys.argv[2] if len(sys.argv) > 2 else ".", "test_model.pt")
+model_path = os.path.join(output_dir(), "test_model.pt")
 torch.manual_seed(0)
 torch.jit.save(torch.jit.script(DigitsCNN()), model_path)   # what the original's generate script made
 

@@ -4,11 +4,11 @@ scripted to a .pt file, trained through `Pytorch_Model(model_op=R.model(...))` w
 `R.index(..., indices=str({"indices": "[:,-1,:]"}))`, `R.argmax(..., keepdims="True")` and `R.concat`.
 Run unchanged on this engine; same data, held-out sequences and metric as examples/gpt_sort.py.
 
-    python examples/original_mingpt_sorter.py [epochs] [dir]   (or RAVDL_EPOCHS; default 25; the .pt in dir)
+    python examples/original_mingpt_sorter.py [epochs] [dir]   (or RAVDL_EPOCHS; default 25; the .pt in dir,
+    else $RAVOP_EXAMPLES_OUTPUT, else examples/output/)
 """
 import math
 import os
-import sys
 
 import numpy as np
 import ravop as R
@@ -19,7 +19,7 @@ from ravdl.v2.utils.data_manipulation import batch_iterator
 from torch import nn
 from torch.nn import functional as F
 
-from example_data import epochs_from_command_line
+from example_data import epochs_from_command_line, output_dir
 from gpt_sort import LENGTH, sort_data
 
 # minGPT's dropout is 0.1. On this task's 547 training sequences with a constant lr of 0.003 it makes the
@@ -81,7 +81,7 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-model_path = os.path.join(sys.argv[2] if len(sys.argv) > 2 else ".", "sorter_gpt.pt")
+model_path = os.path.join(output_dir(), "sorter_gpt.pt")
 torch.manual_seed(0)
 torch.jit.save(torch.jit.script(GPT(vocab_size=3, block_size=2 * LENGTH - 1)), model_path)
 

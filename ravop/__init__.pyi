@@ -11,12 +11,6 @@ from .autodiff import NotDifferentiableError as NotDifferentiableError
 from .autodiff import grad as grad
 from .constants import Scalar as Scalar
 from .constants import Tensor as Tensor
-from .constants import epsilon as epsilon
-from .constants import inf as inf
-from .constants import minus_one as minus_one
-from .constants import one as one
-from .constants import pi as pi
-from .constants import t as t
 from .errors import ConnectionFailed as ConnectionFailed
 from .errors import DeviceUnavailable as DeviceUnavailable
 from .errors import GraphFailedError as GraphFailedError
@@ -78,7 +72,7 @@ class Op:
     def __ge__(self, other: TensorLike) -> Op: ...
     def __eq__(self, other: TensorLike) -> Op: ...  # type: ignore[override]
     def __ne__(self, other: TensorLike) -> Op: ...  # type: ignore[override]
-    def __getitem__(self) -> Op: ...
+    def __getitem__(self, key: Any) -> Op: ...
     def __radd__(self, other: TensorLike) -> Op: ...
     def __rsub__(self, other: TensorLike) -> Op: ...
     def __rmul__(self, other: TensorLike) -> Op: ...
@@ -1289,6 +1283,31 @@ class Op:
     def astype(self, dtype: Any) -> Op:
         """`x` converted to `dtype` (a name such as 'float32', a torch dtype or a numpy dtype); floats to
         integers truncate toward zero, as numpy's astype."""
+
+
+def epsilon() -> Op:
+    """1e-07, a constant op (the original's R.epsilon())."""
+
+
+def inf() -> Op:
+    """+inf, a constant op."""
+
+
+def minus_one() -> Op:
+    """-1, a constant op."""
+
+
+def one() -> Op:
+    """1, a constant op."""
+
+
+def pi() -> Op:
+    """pi, a constant op."""
+
+
+def t(value: Any, dtype: Any = ..., name: str | None = None) -> Op:
+    """A constant tensor op from a list, numpy array, number or torch tensor (an Op is returned as it is).
+    `dtype` converts it (a torch/numpy dtype or its name); `name` labels the op (its repr, `op.name`)."""
 
 
 def sum_to(x: TensorLike, shape: Any) -> Op:

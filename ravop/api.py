@@ -5,6 +5,7 @@ import numpy as np
 
 from . import registry
 from .graph import Op, canonical, record
+from .op_signatures import op_signature
 from .registry import REQUIRED
 
 NO_PARAMS = {}  # shared by every op recorded without params; params are never mutated after recording
@@ -89,14 +90,18 @@ def make_function(opdef):
     fn.__name__ = fn.__qualname__ = name
     fn.__module__ = "ravop"  # pickle finds a model's loss function as `R.<name>`, which loads the API
     fn.__doc__ = opdef.doc
+    fn.__signature__ = op_signature(opdef)   # inspect.signature(R.matmul), help() and IDEs: the op's own
     return fn
 
 
-def _method(fn):
+def _method(fn, signature=None):
     def method(self, *args, **kwargs):
         return fn(self, *args, **kwargs)
     method.__name__ = fn.__name__
     method.__doc__ = fn.__doc__
+    method.__wrapped__ = fn   # inspect.signature follows it to the function's parameters
+    if signature is not None:
+        method.__signature__ = signature
     return method
 
 
@@ -135,7 +140,10 @@ def build(namespace):
             continue  # R.t makes constants, multi-output ops return their outputs, ravop.loop makes loops
         namespace[key] = fn
         if opdef.method and key not in _OP_ATTRIBUTES:   # a plain function binds as a method itself
-            setattr(Op, key, fn if isinstance(fn, FunctionType) else _method(fn))
+            if opdef.variadic and fn is not FRONTENDS.get(opdef.name):   # x.concat(y, axis=0): the others
+                setattr(Op, key, _method(fn, op_signature(opdef, method=True)))
+            else:
+                setattr(Op, key, fn if isinstance(fn, FunctionType) else _method(fn))
     for dunder, name in DUNDERS.items():
         if name in functions:
             opdef = registry.get(name)

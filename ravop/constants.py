@@ -1,5 +1,11 @@
-"""`R.t`, `R.Tensor`, `R.Scalar` and the named constants of the original API."""
+"""`R.t`, `R.Tensor`, `R.Scalar` and the named constants of the original API.
+
+A function here annotated `-> Op` is written into ravop/__init__.pyi with its signature (scripts/gen_stubs.py),
+so that a type checker and an IDE know that `R.t(...)` has the op methods (`.reshape`, `.sum`, ...)."""
+from __future__ import annotations
+
 import math
+from typing import Any
 
 from .graph import Op, current_graph, to_tensor
 from .registry import INPUTS
@@ -9,7 +15,7 @@ from .source import user_source
 KEEP_DTYPE = (None, "ndarray")
 
 
-def t(value, dtype=None, name=None):
+def t(value: Any, dtype: Any = None, name: str | None = None) -> Op:
     """A constant tensor op from a list, numpy array, number or torch tensor (an Op is returned as it is).
     `dtype` converts it (a torch/numpy dtype or its name); `name` labels the op (its repr, `op.name`).
     A torch tensor or a C-contiguous numpy array of a supported dtype is used as it is, not copied (as
@@ -54,21 +60,26 @@ class Scalar(metaclass=_ConstantKind):
         return op
 
 
-def epsilon():
+def epsilon() -> Op:
+    """1e-07, a constant op (the original's R.epsilon())."""
     return t(1e-07)
 
 
-def one():
+def one() -> Op:
+    """1, a constant op."""
     return t(1)
 
 
-def minus_one():
+def minus_one() -> Op:
+    """-1, a constant op."""
     return t(-1)
 
 
-def inf():
+def inf() -> Op:
+    """+inf, a constant op."""
     return t(math.inf)
 
 
-def pi():
+def pi() -> Op:
+    """pi, a constant op."""
     return t(math.pi)

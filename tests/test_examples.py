@@ -21,12 +21,22 @@ EXAMPLES = {
 }
 
 
-def run_example(script, epochs):
-    env = {**os.environ, "RAVDL_EPOCHS": str(epochs), "PYTHONPATH": str(ROOT)}
+def untracked():
+    """The files git sees as new and not ignored: what an example must not leave in the checkout."""
+    done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr   # the tests run in a git checkout
+    return {line[3:] for line in done.stdout.splitlines() if line.startswith("??")}
+
+
+def run_example(script, epochs, cwd=ROOT, env=None):
+    env = {**os.environ, "RAVDL_EPOCHS": str(epochs), "PYTHONPATH": str(ROOT), **(env or {})}
     env.pop("RAVOP_REDIS_URL", None)   # the embedded default, as a first-time user runs it
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / script)], cwd=ROOT, env=env,
+    before = untracked()
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / script)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert not untracked() - before, f"{script} left files in the checkout: {sorted(untracked() - before)}"
     return done.stdout
 
 
@@ -50,3 +60,28 @@ def test_linear_regression_example_matches_numpy():
     out = run_example("linear_regression.py", 1)
     difference = float(re.search(r"max \|theta - numpy\| = ([-0-9.e]+)$", out, flags=re.MULTILINE).group(1))
     assert difference < 1e-9
+
+
+@pytest.mark.parametrize("script, files", [("original_ann_sequential.py", {"model.pkl", "test_ann.onnx"}),
+                                           ("original_cnn_torchscript.py", {"test_model.pt"}),
+                                           ("original_mingpt_sorter.py", {"sorter_gpt.pt"})])
+def test_an_example_writes_its_files_into_the_folder_it_prints_not_the_working_directory(script, files, tmp_path):
+    out, cwd = tmp_path / "out", tmp_path / "cwd"
+    cwd.mkdir()
+    stdout = run_example(script, 1, cwd=cwd, env={"RAVOP_EXAMPLES_OUTPUT": str(out)})
+    assert f"writing files to {out}" in stdout.splitlines()
+    assert files <= {path.name for path in out.iterdir()}
+    assert not list(cwd.iterdir())
+
+
+def test_the_examples_default_output_folder_is_ignored_by_git(monkeypatch):
+    """Without a folder argument or $RAVOP_EXAMPLES_OUTPUT, examples/output/: in the checkout, ignored by git."""
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    monkeypatch.setattr(sys, "argv", ["example.py"])
+    monkeypatch.delenv("RAVOP_EXAMPLES_OUTPUT", raising=False)
+    import example_data
+    folder = Path(example_data.output_dir())
+    assert folder == ROOT / "examples" / "output" and folder.is_dir()
+    probe = folder / "probe.pt"
+    done = subprocess.run(["git", "check-ignore", "-q", str(probe)], cwd=ROOT)
+    assert done.returncode == 0, "examples/output/ is not ignored by git"

@@ -2,6 +2,9 @@
 same step again and again compiles into a loop op with one template, runs on the workers with the unrolled
 steps' bits, and steps that differ (a learning-rate schedule, a short last batch, a branch on the epoch)
 are not folded wrongly."""
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +19,7 @@ from ravdl.v2.optimizers import Adam
 from ravdl.v2.utils import batch_iterator
 from ravop.interpreter import evaluate_persisted
 
+ROOT = Path(__file__).resolve().parents[1]
 RNG = np.random.default_rng(1)
 X = RNG.normal(size=(53, 4))
 Y = np.eye(3)[RNG.integers(0, 3, 53)]
@@ -144,7 +148,44 @@ def test_a_raw_op_loop_with_a_learning_rate_per_step_folds_with_the_rate_as_a_va
     assert [float(values[f"loss_{k}"]) for k in range(12)] == pytest.approx(want, rel=1e-6)
 
 
+@pytest.fixture
+def small_gpt_sort(monkeypatch):
+    """examples/gpt_sort.py's `record` (its GPT, data and user loop) at a reduced width and batch: a function
+    steps -> graph. Its step repeats ops inside itself (2 blocks of 3 projections, an Adam update per
+    parameter), which once hid the step's own length from the pass's candidate periods."""
+    spec = importlib.util.spec_from_file_location("gpt_sort_example", ROOT / "examples" / "gpt_sort.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    monkeypatch.setattr(example, "EMBED", 12)
+    monkeypatch.setattr(example, "BATCH", 8)
+    data = example.sort_data()
+
+    def record(steps):
+        graph = R.Graph(name=f"gpt sort {steps}", seed=5)
+        example.record(steps, *data)
+        return graph
+    return record
+
+
+def test_a_hand_written_transformer_loop_folds_into_one_template(small_gpt_sort):
+    sizes = []
+    for steps in (4, 12):
+        compiled = compile_graph(small_gpt_sort(steps))
+        loops = loops_of(compiled)
+        assert len(loops) == 1 and len(loops[0].templates) == 1, compiled.summary
+        assert steps - 2 <= loops[0].n_steps <= steps   # the first step (it makes the Adam moments) stays apart
+        sizes.append(compiled.summary["compiled_ops"])
+    assert sizes[0] == sizes[1]   # the plan does not grow with the steps
+    assert compiled.summary["recorded_ops"] > 6 * sizes[1]   # 12 steps recorded, about two compiled
+
+
 # ------------------------------------------------------------------------------ on the engine
+
+def test_a_folded_transformer_loop_gives_the_unrolled_bits_on_the_workers(small_gpt_sort, engine, workers,
+                                                                            monkeypatch):
+    workers.start(1)
+    assert_folded_equals_unrolled(lambda: small_gpt_sort(4), monkeypatch)
+
 
 @pytest.mark.parametrize("variant", [
     dict(batch_size=8, n_rows=48),                              # one loop (dropout draws the unrolled masks)
