@@ -1307,7 +1307,9 @@ def pi() -> Op:
 
 def t(value: Any, dtype: Any = ..., name: str | None = None) -> Op:
     """A constant tensor op from a list, numpy array, number or torch tensor (an Op is returned as it is).
-    `dtype` converts it (a torch/numpy dtype or its name); `name` labels the op (its repr, `op.name`)."""
+    `dtype` converts it (a torch/numpy dtype or its name); `name` labels the op (its repr, `op.name`).
+    A torch tensor or a C-contiguous numpy array of a supported dtype is used as it is, not copied (as
+    torch.from_numpy): R.activate() uploads what it holds then."""
 
 
 def sum_to(x: TensorLike, shape: Any) -> Op:
