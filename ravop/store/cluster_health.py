@@ -2,7 +2,7 @@
 a majority after cluster-node-timeout, not a blip) that still own slots, so no replica took their place. While
 one is lost, every graph whose keys, or the work streams, live in its slots cannot go on; a requester is told
 which node, instead of waiting on a cluster that cannot answer."""
-from typing import List
+from typing import Any, Dict, Iterable, List
 
 import redis
 from redis.cluster import RedisCluster
@@ -26,7 +26,7 @@ def lost_primaries(client: Client) -> List[str]:
     return []
 
 
-def _lost(info, nodes) -> bool:
+def _lost(info: Dict[str, Any], nodes: Iterable[Dict[str, Any]]) -> bool:
     """Whether the node of `info` (redis-py's parse of a CLUSTER NODES line) is a failed primary holding slots
     that no live replica of it can take over."""
     flags = info["flags"].split(",")
