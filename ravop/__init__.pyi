@@ -19,6 +19,7 @@ from .constants import pi as pi
 from .constants import t as t
 from .errors import ConnectionFailed as ConnectionFailed
 from .errors import DeviceUnavailable as DeviceUnavailable
+from .errors import GraphCancelledError as GraphCancelledError
 from .errors import GraphFailedError as GraphFailedError
 from .errors import GraphStateError as GraphStateError
 from .errors import NotComputedError as NotComputedError

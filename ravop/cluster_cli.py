@@ -134,7 +134,7 @@ def _failures_text(graph_id, failures):
     lines = []
     for f in failures:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f["time"])) if f["time"] else "-"
-        what = f"op {f['op']!r}" if f["op"] else f"subgraph {f['subgraph'] or '?'}"
+        what = f"op {f['op']!r}" if f["op"] else f"by {f['by']}" if f.get("by") else f"subgraph {f['subgraph'] or '?'}"
         where = f" at {f['source']}" if f["source"] else ""
         worker = f" on worker {f['worker']}" if f["worker"] else ""
         lines.append(f"{when}  {f['reason']}: {what}{where}{worker}: {f['error']}")

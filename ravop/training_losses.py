@@ -18,12 +18,16 @@ from .wire import decode_tensor
 class Losses:
     """`batch`: one loss per training step in order, NaN where not computed yet; `epoch`: the epoch of each
     step (0 for losses named by step only); `validation`: one per epoch (index e-1), NaN where not computed;
-    `state`: the graph's state when they were read."""
+    `state`: the graph's state when they were read; `stopped_step`: the training steps run when a stop request ended
+    its training loop (at an epoch boundary), None if none did; `batch_stored`: whether each of `batch` was
+    computed (a loss the training made NaN is a stored NaN)."""
     graph_id: str
     state: str
     batch: np.ndarray
     epoch: np.ndarray
     validation: np.ndarray
+    stopped_step: Optional[int] = None
+    batch_stored: Optional[np.ndarray] = None
 
     def per_epoch(self) -> np.ndarray:
         """The mean batch loss of each epoch (as Keras reports `loss`); NaN for an epoch not fully computed."""
@@ -69,7 +73,12 @@ def read(client: Client, keys: GraphKeys) -> Losses:
             validation[int(match[1])] = _scalar(name, data)
     steps.sort(key=lambda step: step[0])
     n_epochs = max(validation, default=0)
-    return Losses(keys.graph_id, state,
-                  batch=np.array([_scalar(name, data) for _, name, data in steps], dtype=np.float64),
+    batch = np.array([_scalar(name, data) for _, name, data in steps], dtype=np.float64)
+    stored_mask = np.array([data is not None for _, _, data in steps], dtype=bool)
+    stopped = None
+    if state == graph_states.DONE and not stored_mask.all():
+        stopped = client.hget(keys.meta, "stopped_step")   # a done graph lacks losses only if stopped early
+    return Losses(keys.graph_id, state, batch=batch,
                   epoch=np.array([order[0] for order, _, _ in steps], dtype=np.int64),
-                  validation=np.array([validation.get(e, np.nan) for e in range(1, n_epochs + 1)]))
+                  validation=np.array([validation.get(e, np.nan) for e in range(1, n_epochs + 1)]),
+                  stopped_step=None if stopped is None else int(stopped), batch_stored=stored_mask)

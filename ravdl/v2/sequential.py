@@ -3,7 +3,7 @@ from collections import Counter
 
 from ravop.graph import current_graph
 
-from . import losses
+from . import losses, nonfinite
 from .callbacks import checked, follow
 from .fit import record_fit
 from .fit_data import training_data
@@ -81,6 +81,8 @@ class NeuralNetwork(Model):
             raise TypeError("save_model takes True, False or a name; persist_weights True or False")
         callbacks = checked(callbacks, validation=self.validation_data is not None)
         X, y, batch_size, shuffle = training_data(X, y, batch_size, shuffle)
+        nonfinite.check_data(2, X=X, y=y, **({} if self.validation_data is None else
+                                             dict(zip(("validation X", "validation y"), self.validation_data))))
         validation = None
         if self.validation_data is not None:
             X_val, y_val = as_input(self.validation_data[0]), as_input(self.validation_data[1])

@@ -3,7 +3,7 @@ fit, then the training is recorded as NeuralNetwork.fit records it, one loop (ra
 segments (ravdl.v2.parallel_fit)."""
 from ravop.graph import current_graph
 
-from . import losses
+from . import losses, nonfinite
 from .callbacks import checked, follow
 from .fit import record_fit
 from .fit_data import training_data
@@ -16,6 +16,7 @@ def fit_model(model, X, y, n_epochs, batch_size, loss, strategy, shuffle, seed, 
     `ravdl.v2.fit_data` takes; returns a History, which `callbacks` follow as it trains."""
     callbacks = checked(callbacks, validation=False)
     X, y, batch_size, shuffle = training_data(X, y, batch_size, shuffle)
+    nonfinite.check_data(3, X=X, y=y)   # fit_model is called by the model's fit
     model.loss_function = losses.get(loss)
     graph = current_graph()
     seed = seed if seed is not None else graph.seed

@@ -89,7 +89,7 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.
 
 # The meta fields a tracker reads (not the plan-sized ones: roots, summary).
 STATE_FIELDS = ("name", "state", "ops_done", "n_ops", "devices", "error", "error_op", "error_source",
-                "error_worker", "error_subgraph", "approach", "n_steps")
+                "error_worker", "error_subgraph", "approach", "n_steps", "cancelled_by", "stop", "stopped")
 
 
 def read_state(client: Client, keys: GraphKeys) -> Dict[str, str]:
@@ -110,7 +110,11 @@ def steps_done(client: Client, keys: GraphKeys) -> int:
 
 
 def describe_failure(meta: Mapping[str, str]) -> str:
-    """One line naming the op, its source line, the worker and the error of a failed graph."""
+    """One line naming the op, its source line, the worker and the error of a failed graph; who cancelled a
+    cancelled one, and why."""
+    if meta.get("state") == graph_states.CANCELLED:
+        return (f"graph {meta.get('name', '?')!r} was cancelled by {meta.get('cancelled_by') or 'its requester'}: "
+                f"{meta.get('error') or 'no reason given'}")
     op = f"op {meta['error_op']!r}" if meta.get("error_op") else f"subgraph {meta.get('error_subgraph', '?')}"
     where = f" (recorded at {meta['error_source']})" if meta.get("error_source") else ""
     worker = f" on worker {meta['error_worker']}" if meta.get("error_worker") else ""
