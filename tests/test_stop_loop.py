@@ -16,8 +16,12 @@ from ravdl.v2.optimizers import Adam
 from ravop import graph_states, status
 from ravop.cluster_cli import main as cli_main
 from ravop.errors import GraphCancelledError
+from ravop.loop import Loop
+from ravop.loop_run import LoopRun
 from ravop.store import graphs as store_graphs
 from ravop.store import GROUP, queue
+from ravop.wire import unpack_loop, unpack_nodes
+from compiler import compile_graph
 
 from helpers import wait_for
 
@@ -51,7 +55,8 @@ def test_a_stopped_loop_gives_the_values_of_the_shorter_run_bit_for_bit(engine, 
     R.execute()
     keys = engine.keys()
     wait_for(lambda: store_graphs.steps_done(engine.client, keys) >= 3 * ROWS // BATCH, "three epochs run")
-    assert status.request_stop(engine.client, keys, "enough for the test", "test_stop_loop")
+    assert cli_main(["stop", keys.graph_id, "--reason", "enough for the test", "--redis", engine.url, "--token",
+                     engine.token, "--json"]) == 0
     R.track_progress(progress_bar=False)
     meta = engine.client.hgetall(keys.meta)
     assert meta[b"state"] == graph_states.DONE.encode()
@@ -59,7 +64,9 @@ def test_a_stopped_loop_gives_the_values_of_the_shorter_run_bit_for_bit(engine, 
     epochs = int(stopped.split("at epoch ")[1].split(" ")[0])
     assert stopped == f"stopped early at epoch {epochs} of {LONG} (enough for the test)"
     assert 3 <= epochs < LONG and int(meta[b"stopped_step"]) == epochs * ROWS // BATCH
-    assert meta[b"stop_by"].decode().startswith("test_stop_loop (")
+    assert meta[b"stop_by"].decode().startswith("ravop stop (")
+    # once it has ended, a stop asks nothing
+    assert not status.request_stop(engine.client, keys, "too late", "test_stop_loop")
     stopped_weights, stopped_prediction = weights(net), R.fetch_persisting_op("prediction")
     # History holds the epochs run, every loss computed
     assert history.stopped_after == epochs and len(history.history["loss"]) == epochs
@@ -120,3 +127,51 @@ def test_a_cancel_is_felt_inside_a_running_loop(engine, module_workers, capsys):
     R.execute()
     R.track_progress(progress_bar=False)
     assert torch.equal(R.fetch_persisting_op("twice"), torch.tensor([2.0, 4.0]))
+
+
+def compiled_loop(rounds, times):
+    """(LoopRun, reference) of w -> 2 w + 1 carried, `times` steps a round, `rounds` rounds."""
+    graph = R.Graph(name="stoppable", seed=3)
+    loop = Loop([R.t(torch.ones(3))])
+    with loop.step() as step:
+        (w,) = step.carried
+        step.carry([w * 2 + 1])
+    [final] = loop.run([(0, times)], rounds=rounds)
+    final.persist_op("w")
+    compiled = compile_graph(graph)
+    [sub] = [s for s in compiled.plan.subgraphs if s.HasField("loop")]
+    inputs = [compiled.constants[i] for i in unpack_nodes(sub.nodes)[0].inputs]
+    return LoopRun(unpack_loop(sub.loop), inputs, compiled.plan.seed)
+
+
+def asked_at(n):
+    """A stop rule true from its `n`-th question on, counting the questions."""
+    asked = []
+
+    def stop():
+        asked.append(len(asked))
+        return len(asked) >= n
+    return stop, asked
+
+
+def test_a_loop_stops_only_at_an_epoch_boundary_with_the_shorter_loops_values():
+    stop, asked = asked_at(3)                 # asked before rounds 1, 2, 3: stops before the third
+    runner = compiled_loop(rounds=5, times=4)
+    [after] = runner.run(stop=stop)
+    assert runner.stopped_at == (8, 2, 8) and len(asked) == 3
+    [two_rounds] = compiled_loop(rounds=2, times=4).run()
+    assert torch.equal(after, two_rounds) and torch.equal(after, torch.full((3,), 2.0 ** 9 - 1))
+    # resumed from a checkpoint within round 2: the first boundary is round 3's
+    stop, asked = asked_at(1)
+    [resumed] = runner.run([torch.full((3,), 2.0 ** 7 - 1)], start=6, stop=stop)
+    assert runner.stopped_at == (8, 2, 8) and torch.equal(resumed, after)
+    # never asked to stop: every round runs
+    [full] = runner.run(stop=lambda: False)
+    assert runner.stopped_at is None and torch.equal(full, torch.full((3,), 2.0 ** 21 - 1))
+
+
+def test_a_loop_of_one_round_stops_after_any_step():
+    stop, asked = asked_at(4)
+    runner = compiled_loop(rounds=1, times=10)
+    [after] = runner.run(stop=stop)
+    assert runner.stopped_at == (3, 0, 3) and torch.equal(after, torch.full((3,), 2.0 ** 4 - 1))
