@@ -302,7 +302,7 @@ class FitFollower:
             for step in range(self.steps_seen, min(end, computed)):
                 self._batch_end(client, keys, step - epoch * self.per_epoch, float(batch[step]), step + 1, epoch)
             if computed < end or (validation and (len(losses.validation) <= epoch
-                                                  or math.isnan(losses.validation[epoch]))):
+                                                  or not losses.validation_stored[epoch])):
                 return
             logs = {"loss": float(batch[epoch * self.per_epoch:end].mean())}
             if validation:

@@ -110,4 +110,5 @@ class History(list):
 def _truncated(losses, epochs, steps):
     """The losses of the first `steps` steps and `epochs` epochs (a training a stop request ended)."""
     return Losses(losses.graph_id, losses.state, losses.batch[:steps], losses.epoch[:steps],
-                  losses.validation[:epochs], losses.stopped_step, losses.batch_stored[:steps])
+                  losses.validation[:epochs], losses.stopped_step, losses.batch_stored[:steps],
+                  losses.validation_stored[:epochs])
