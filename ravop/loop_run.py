@@ -288,8 +288,7 @@ class LoopRun:
     def stoppable(self) -> bool:
         """Whether the loop can end early at a boundary and equal the same loop recorded shorter: a whole loop
         (not one segment of a replica's) that exchanges nothing with other loops, which would wait for it."""
-        loop = self.loop
-        return not (self.exchanges() or self.syncs or loop.first_step)
+        return not (self.exchanges() or self.syncs or self.loop.first_step)
 
     def run(self, carried: Optional[Sequence[Any]] = None, start: int = 0,
             on_step: Optional[Callable[[int, int, int, list[Any], list[Any]], None]] = None,
@@ -299,8 +298,9 @@ class LoopRun:
         loop's first step (a segment's `first_step`). `exchange`: how steps that send or receive values reach the
         other loops (`Exchange`). `stop()`, asked at each boundary (before a round, an epoch, of a loop of
         several; before each step of a loop of one round), ends the loop there if true: it returns the carried
-        values of that point, the values the loop recorded with that many rounds (or steps) gives, and
-        `stopped_at` says where, as (steps run, rounds run, training steps run). Returns the carried values after the last step."""
+        values of that point, which the loop recorded with that many rounds (or steps) gives, and `stopped_at`
+        says where, as (steps run, rounds run, training steps run). Returns the carried values after the last
+        step."""
         if exchange is None and self.exchanges():
             raise PlanError("this loop exchanges values with other loops of its graph (resident replicas): it runs "
                             "on workers, whose loops reach each other through the store, not in one process")
