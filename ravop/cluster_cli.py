@@ -116,8 +116,8 @@ def _table(headers, rows):
 
 
 def _graph_rows(graphs):
-    return [(g["id"], g["name"], g["state"], f"{g['progress']:.1f}%", _ago(g["eta"]) if g["eta"] is not None else "-",
-             _ago(g["age"])) for g in graphs]
+    return [(g["id"], g["name"], g["state"] + (" (stopped early)" if g.get("stopped") else ""),
+             f"{g['progress']:.1f}%", _ago(g["eta"]) if g["eta"] is not None else "-", _ago(g["age"])) for g in graphs]
 
 
 _GRAPH_HEADERS = ("id", "name", "state", "progress", "eta", "age")

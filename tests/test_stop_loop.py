@@ -49,7 +49,7 @@ def weights(net):
             for name, layer in net.leaf_layers() for key in layer.state()}
 
 
-def test_a_stopped_loop_gives_the_values_of_the_shorter_run_bit_for_bit(engine, module_workers):
+def test_a_stopped_loop_gives_the_values_of_the_shorter_run_bit_for_bit(engine, module_workers, capsys):
     net, history = record(LONG, "stopped")
     R.activate()
     R.execute()
@@ -72,7 +72,9 @@ def test_a_stopped_loop_gives_the_values_of_the_shorter_run_bit_for_bit(engine, 
     assert history.stopped_after == epochs and len(history.history["loss"]) == epochs
     assert len(history.batch_losses) == epochs * ROWS // BATCH and np.isfinite(history.batch_losses).all()
     listed = {g["id"]: g for g in R.get_my_graphs(show=False)}
-    assert listed[keys.graph_id]["state"] == graph_states.DONE
+    assert listed[keys.graph_id]["state"] == graph_states.DONE and listed[keys.graph_id]["stopped"] == stopped
+    assert cli_main(["graphs", "--redis", engine.url, "--token", engine.token]) == 0
+    assert "done (stopped early)" in capsys.readouterr().out
     # the same fit recorded with that many epochs: the same bits
     short, short_history = record(epochs, "short")
     R.activate()

@@ -137,12 +137,12 @@ def delete_token(client: Client, token: str, batch: int = 1000) -> None:
 
 def list_graphs(client: Client, token: str) -> List[Dict[str, Any]]:
     """The token's graphs, oldest first: id, name, algorithm, state, progress (percent of ops run, or of loop
-    steps for a graph with training loops), ops, subgraphs, and the Unix times created, started and finished
-    (None until then)."""
+    steps for a graph with training loops), ops, subgraphs, the Unix times created, started and finished
+    (None until then), and `stopped`: where a stop request ended its training early, in words (else None)."""
     ids = [gid.decode() for gid in client.zrange(TokenKeys(token).graphs, 0, -1)]
     pipe = client.pipeline(transaction=False)
     fields = ("name", "algorithm", "state", "ops_done", "n_ops", "n_subgraphs", "created", "started", "finished",
-              "n_steps", "approach", "rules")
+              "n_steps", "approach", "rules", "stopped")
     for gid in ids:
         keys = GraphKeys(token, gid)
         pipe.hmget(keys.meta, *fields)
@@ -163,5 +163,6 @@ def list_graphs(client: Client, token: str) -> List[Dict[str, Any]]:
         graphs.append({"id": gid, "name": name, "algorithm": algorithm, "approach": approach,
                        "rules": json.loads(rules) if rules else None, "state": state, "progress": progress,
                        "ops": n_ops, "subgraphs": int(n_subgraphs), "created": float(created),
-                       "started": started, "finished": finished})
+                       "started": started, "finished": finished,
+                       "stopped": values[12].decode() if values[12] is not None else None})
     return graphs
