@@ -191,6 +191,10 @@ def _track(session: Session, keys: GraphKeys, meta: Dict[str, str], progress_bar
                     raise failure(meta)
                 if meta.get("stopped"):   # a stop was asked for (EarlyStopping, `ravop stop`): not an error
                     print(f"graph {meta['name']!r}: {meta['stopped']}", file=sys.stderr)
+                elif meta.get("stop"):
+                    print(f"graph {meta['name']!r}: a stop was asked for ({meta['stop']}), but it ended first or its "
+                          "loops cannot stop early (a parallel strategy's replicas): it trained to the end",
+                          file=sys.stderr)
                 return
             now = time.monotonic()
             if now >= next_check:

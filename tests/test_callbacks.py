@@ -174,3 +174,23 @@ def test_a_missing_tensorboard_names_its_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     with pytest.raises(ImportError, match=r"pip install 'ravop-engine\[tensorboard\]'"):
         TensorBoard(tmp_path)
+
+
+def test_fit_warns_of_non_finite_data_naming_each_array_and_its_counts(engine):
+    R.Graph(name="dirty")
+    net, X, y = model()
+    X = torch.from_numpy(X.copy())
+    X[0, :3] = float("nan")
+    X[1, 0], X[2, 0] = float("inf"), -float("inf")
+    with pytest.warns(NonFiniteWarning) as warned:
+        net.fit(X, y, n_epochs=1, batch_size=BATCH)
+    [message] = [str(w.message) for w in warned]
+    assert message.startswith("fit: X holds 3 NaN, 1 +inf, 1 -inf of its 480 values")
+    assert warned[0].filename == __file__    # said at the user's line
+    R.Graph(name="dirty-validation")
+    clean, X, y = model()
+    X_val = np.array(clean.validation_data[0])
+    X_val[4, 4] = np.nan
+    clean.validation_data = (X_val, clean.validation_data[1])
+    with pytest.warns(NonFiniteWarning, match="fit: validation X holds 1 NaN of its 160 values"):
+        clean.fit(X, y, n_epochs=1, batch_size=BATCH)

@@ -70,6 +70,7 @@ def test_a_stopped_loop_gives_the_values_of_the_shorter_run_bit_for_bit(engine, 
     stopped_weights, stopped_prediction = weights(net), R.fetch_persisting_op("prediction")
     # History holds the epochs run, every loss computed
     assert history.stopped_after == epochs and len(history.history["loss"]) == epochs
+    assert history.stop_reason == "enough for the test"
     assert len(history.batch_losses) == epochs * ROWS // BATCH and np.isfinite(history.batch_losses).all()
     listed = {g["id"]: g for g in R.get_my_graphs(show=False)}
     assert listed[keys.graph_id]["state"] == graph_states.DONE and listed[keys.graph_id]["stopped"] == stopped

@@ -276,8 +276,8 @@ class FitFollower:
             self._feed(client, keys)
         if not self.started:
             self._begin()
-        if self.stopped_step is not None:
-            why = next((c.stop_reason for c in self.callbacks if c.stop_reason), "a stop was requested")
+        if self.stopped_step is not None:   # why: the graph's record (a callback's reason, `ravop stop --reason`)
+            why = (client.hget(keys.meta, "stop") or b"a stop was requested").decode(errors="replace")
             self.history.stopped(self.stopped_step // self.per_epoch, why)
         logs = {"state": state, "stopped_after": self.history.stopped_after}
         for callback in self.callbacks:
