@@ -48,6 +48,8 @@ class GraphWatch(threading.Thread):
         return self.stop_reason is not None
 
     def close(self):
+        """Stop looking; waits for a look under way only briefly (in an outage it may hang until its timeout,
+        and the thread, a daemon, ends after it)."""
         self._done.set()
         if self.is_alive():
-            self.join()
+            self.join(timeout=1.0)
