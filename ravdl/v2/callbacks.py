@@ -6,7 +6,7 @@ the requester's process while `R.track_progress()` (or `R.execute(timeout=...)`)
 second it reads the losses the worker has persisted so far (one round trip, `R.fetch_losses`) and feeds the new
 ones to the callbacks in order. Training never waits for them; their events lag the worker by the loop's flush
 interval and the poll (a second or two), and arrive in bursts. The same watcher warns (ravdl.v2.nonfinite) of
-the first NaN or infinite loss, callbacks or not.
+the first NaN or infinite loss, callbacks or not (without callbacks it reads the losses every 10 s).
 
     on_train_begin(logs)          the first time the tracker sees the graph running
     on_batch_end(batch, logs)     per training step: batch index in its epoch (from 0); logs {'loss', 'step'}
@@ -37,6 +37,9 @@ from ravop import graph_states, status, training_losses, watching
 from . import nonfinite
 
 POLL_SECONDS = 1.0   # how often the losses are read while the graph trains (the loop flushes about this often)
+# A fit without callbacks is watched only for non-finite losses: its losses (all of them, one round trip that
+# grows with the steps) are read this much less often.
+QUIET_POLL_SECONDS = 10.0
 
 
 class Callback:
@@ -260,6 +263,7 @@ class FitFollower:
         self.started = self.stop_asked = self.warned = False
         self.steps_seen = self.epochs_seen = 0
         self.next_read = 0.0
+        self.every = POLL_SECONDS if callbacks else QUIET_POLL_SECONDS
         self.stopped_step = None   # where a stop ended the loop, once the graph is done
 
     def poll(self, client, keys, state):
@@ -268,7 +272,7 @@ class FitFollower:
         now = self.clock()
         if now < self.next_read:
             return
-        self.next_read = now + POLL_SECONDS
+        self.next_read = now + self.every
         self._feed(client, keys)
 
     def ended(self, client, keys, state):
