@@ -13,6 +13,7 @@ from .constants import Scalar as Scalar
 from .constants import Tensor as Tensor
 from .errors import ConnectionFailed as ConnectionFailed
 from .errors import DeviceUnavailable as DeviceUnavailable
+from .errors import GraphCancelledError as GraphCancelledError
 from .errors import GraphFailedError as GraphFailedError
 from .errors import GraphStateError as GraphStateError
 from .errors import NotComputedError as NotComputedError

@@ -94,7 +94,8 @@ def revoke(client, kind, name):
         from . import status
         from .store import graphs as store_graphs
         for graph in store_graphs.list_graphs(client, name):
-            if graph["state"] in graph_states.LIVE and status.cancel(client, GraphKeys(name, graph["id"]), REVOKED):
+            keys = GraphKeys(name, graph["id"])
+            if graph["state"] in graph_states.LIVE and status.cancel(client, keys, REVOKED, "ravop admin token revoke"):
                 cancelled.append(graph["id"])
     return _persist(client), cancelled
 

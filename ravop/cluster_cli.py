@@ -3,7 +3,9 @@
     ravop status [--json]                 workers (device, state, what they run, memory, heartbeat) and graphs
     ravop graphs [--json]                 the token's graphs with progress, ETA and age
     ravop fetch GRAPH NAME -o FILE        a persisted tensor to .npy or .pt, a saved model to .pt (TorchScript)
-    ravop cancel GRAPH                    stop a graph: no further subgraph of it starts
+    ravop cancel GRAPH                    end a graph, cancelled: no further subgraph of it starts
+    ravop stop GRAPH [--reason TEXT]      end its training loops at their next epoch boundary, keeping what
+                                          they trained: what follows them runs, the graph ends done
     ravop logs GRAPH [--json]             its failures: op, source line, worker, error
     ravop dashboard [--port N]            the web dashboard (read-only unless --admin-token is given)
     ravop admin token|worker create NAME  a Redis user for a requester or a worker on a shared server;
@@ -50,6 +52,9 @@ def _parser():
     fetch.add_argument("-o", "--output", required=True, type=Path, help="FILE.npy or FILE.pt")
     cancel = commands.add_parser("cancel", parents=[common], help="cancel a graph")
     cancel.add_argument("graph", metavar="GRAPH")
+    stop = commands.add_parser("stop", parents=[common], help="stop a graph's training at the next epoch boundary")
+    stop.add_argument("graph", metavar="GRAPH")
+    stop.add_argument("--reason", default="asked to stop", help="what the graph's record says")
     logs = commands.add_parser("logs", parents=[common], help="a graph's failures")
     logs.add_argument("graph", metavar="GRAPH")
     dashboard = commands.add_parser("dashboard", parents=[common], help="serve the web dashboard")
@@ -113,8 +118,8 @@ def _table(headers, rows):
 
 
 def _graph_rows(graphs):
-    return [(g["id"], g["name"], g["state"], f"{g['progress']:.1f}%", _ago(g["eta"]) if g["eta"] is not None else "-",
-             _ago(g["age"])) for g in graphs]
+    return [(g["id"], g["name"], g["state"] + (" (stopped early)" if g.get("stopped") else ""),
+             f"{g['progress']:.1f}%", _ago(g["eta"]) if g["eta"] is not None else "-", _ago(g["age"])) for g in graphs]
 
 
 _GRAPH_HEADERS = ("id", "name", "state", "progress", "eta", "age")
@@ -136,7 +141,7 @@ def _failures_text(graph_id, failures):
     lines = []
     for f in failures:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f["time"])) if f["time"] else "-"
-        what = f"op {f['op']!r}" if f["op"] else f"subgraph {f['subgraph'] or '?'}"
+        what = f"op {f['op']!r}" if f["op"] else f"by {f['by']}" if f.get("by") else f"subgraph {f['subgraph'] or '?'}"
         where = f" at {f['source']}" if f["source"] else ""
         worker = f" on worker {f['worker']}" if f["worker"] else ""
         lines.append(f"{when}  {f['reason']}: {what}{where}{worker}: {f['error']}")
@@ -193,6 +198,11 @@ def _command(args, client, url, token):
         written = {"graph": keys.graph_id, "name": args.name, "file": str(args.output),
                    **_fetch(url, token, keys, args.name, args.output)}
         return written, f"wrote {written['kind']} {args.name!r} of graph {keys.graph_id} to {args.output}"
+    if args.command == "stop":
+        asked = status.request_stop(client, keys, args.reason, "ravop stop")
+        return ({"graph": keys.graph_id, "stop_requested": asked},
+                f"graph {keys.graph_id}: " + ("its loops stop at their next epoch boundary" if asked else
+                                              "already ended, nothing to stop"))
     if args.command == "cancel":
         cancelled = status.cancel(client, keys)
         return ({"graph": keys.graph_id, "cancelled": cancelled},

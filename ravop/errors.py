@@ -23,6 +23,10 @@ class GraphFailedError(RavopError, RuntimeError):
     subgraph: "str | None" = None
 
 
+class GraphCancelledError(GraphFailedError):
+    """Its requester cancelled the graph (`ravop cancel`, the dashboard); the message names who, and why."""
+
+
 class DeviceUnavailable(RavopError, RuntimeError):
     """A graph or session asks for a device (a GPU) that nothing started by this session can provide."""
 

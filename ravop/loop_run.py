@@ -285,13 +285,22 @@ class LoopRun:
         """Whether a step sends or receives values (then the loop runs only where an `Exchange` is given)."""
         return any(step.recv_slots or step.send_slots for step in self.steps)
 
+    def stoppable(self) -> bool:
+        """Whether the loop can end early at a boundary and equal the same loop recorded shorter: a whole loop
+        (not one segment of a replica's) that exchanges nothing with other loops, which would wait for it."""
+        return not (self.exchanges() or self.syncs or self.loop.first_step)
+
     def run(self, carried: Optional[Sequence[Any]] = None, start: int = 0,
             on_step: Optional[Callable[[int, int, int, list[Any], list[Any]], None]] = None,
-            exchange: Optional[Exchange] = None) -> list[Any]:
+            exchange: Optional[Exchange] = None, stop: Optional[Callable[[], bool]] = None) -> list[Any]:
         """Run the loop's steps from its `start`-th with `carried` (the initial values by default); after each
         step `on_step(steps done, template, run index, persisted values, carried values)`, counted from the
         loop's first step (a segment's `first_step`). `exchange`: how steps that send or receive values reach the
-        other loops (`Exchange`). Returns the carried values after the last step."""
+        other loops (`Exchange`). `stop()`, asked at each boundary (before a round, an epoch, of a loop of
+        several; before each step of a loop of one round), ends the loop there if true: it returns the carried
+        values of that point, which the loop recorded with that many rounds (or steps) gives, and `stopped_at`
+        says where, as (steps run, rounds run, training steps run). Returns the carried values after the last
+        step."""
         if exchange is None and self.exchanges():
             raise PlanError("this loop exchanges values with other loops of its graph (resident replicas): it runs "
                             "on workers, whose loops reach each other through the store, not in one process")
@@ -303,8 +312,16 @@ class LoopRun:
         order, order_round = None, -1
         first = loop.first_step
         first_runs = [0] * len(self.steps)   # each template's runs before the segment
+        self.stopped_at = None
+        every_step, last_round = loop.rounds == 1, -1
+        if stop is not None and not self.stoppable():
+            raise PlanError("this loop cannot stop early: it is a segment of a replica's, or exchanges values")
         with torch.no_grad():
             for index, (t, r, position, count, run) in enumerate(self.positions()):
+                boundary, last_round = every_step or r != last_round, r
+                if stop is not None and boundary and index >= first + start and stop():
+                    self.stopped_at = (index - first, r, count)
+                    break
                 if rng is not None and r != order_round:
                     permutation = rng.permutation(int(loop.n_rows))   # drawn for skipped rounds too
                     order_round = r

@@ -8,8 +8,8 @@ from .api import build as _build
 from .activation import activate
 from .autodiff import NotDifferentiableError, grad
 from .constants import Scalar, Tensor, epsilon, inf, minus_one, one, pi, t
-from .errors import (ConnectionFailed, DeviceUnavailable, GraphFailedError, GraphStateError, NotComputedError,
-                     RavopError, ShapeError, StoreLimitError, UnknownPersistName)
+from .errors import (ConnectionFailed, DeviceUnavailable, GraphCancelledError, GraphFailedError, GraphStateError,
+                     NotComputedError, RavopError, ShapeError, StoreLimitError, UnknownPersistName)
 from .fetching import fetch_losses, fetch_persisting_op
 from .graph import Graph, Op, current_graph
 from .session import flush, initialize

@@ -1,6 +1,9 @@
 """What `ravop status`, `ravop graphs`, `ravop logs` and the dashboard show, as plain JSON-ready dicts read
 from Redis: live workers, a token's graphs with progress and ETA, one graph's subgraphs as a DAG coloured by
-state, its failures, and cancelling it. Read-only except `cancel`."""
+state, its failures, and cancelling or stopping it. Read-only except `cancel` and `request_stop`."""
+import getpass
+import os
+import socket
 import time
 
 import networkx as nx
@@ -106,22 +109,42 @@ def failures(client, keys):
             found.append({"time": seconds, **{k: fields.get(k, "") for k in
                                               ("subgraph", "reason", "op", "source", "worker", "error")}})
     meta = store_graphs.read_state(client, keys)
-    if meta.get("state") == graph_states.FAILED and not any(f["error"] == meta.get("error") for f in found):
+    if meta.get("state") in graph_states.UNFINISHED and not any(f["error"] == meta.get("error") for f in found):
         finished = client.hget(keys.meta, "finished")
         found.append({"time": float(finished) if finished else None, "subgraph": meta.get("error_subgraph", ""),
-                      "reason": "cancelled" if meta.get("error") == CANCELLED else "graph failed",
+                      "reason": "cancelled" if meta["state"] == graph_states.CANCELLED else "graph failed",
                       "op": meta.get("error_op", ""), "source": meta.get("error_source", ""),
-                      "worker": meta.get("error_worker", ""), "error": meta.get("error", "")})
+                      "worker": meta.get("error_worker", ""), "error": meta.get("error", ""),
+                      "by": meta.get("cancelled_by", "")})
     return found
 
 
 CANCELLED = "cancelled by the user"
 
 
-def cancel(client, keys, reason=CANCELLED):
-    """Fail a graph that is activated or running, so that no worker starts another of its subgraphs (the
-    ones running finish and are dropped) and trackers raise `GraphFailedError`. True if it was cancelled,
-    False if it had already ended."""
+def requester(origin):
+    """Who asks, for the graph's record: `origin` (what was used: 'ravop cancel', 'the dashboard', a fit
+    callback), the OS user, the host and the process."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):   # no name for this uid (a container)
+        user = f"uid {os.getuid()}"
+    return f"{origin} ({user}@{socket.gethostname()}, pid {os.getpid()})"
+
+
+def cancel(client, keys, reason=CANCELLED, origin="ravop cancel"):
+    """Cancel a graph that is activated or running, so that no worker starts another of its subgraphs (a loop
+    running stops within a second, worker/graph_watch.py; other running ones finish and are dropped) and
+    trackers raise `GraphCancelledError` naming who cancelled it (`origin`, see `requester`). True if it was
+    cancelled, False if it had already ended."""
     if store_graphs.read_state(client, keys).get("state") not in graph_states.LIVE:
         return False  # done, failed or gone: nothing to stop, and nothing to log as cancelled
-    return bool(Scripts(client).cancel(keys, reason))
+    return bool(Scripts(client).cancel(keys, reason, by=requester(origin)))
+
+
+def request_stop(client, keys, reason, origin):
+    """Ask a live graph's training loops to end at their next epoch boundary, as if recorded with fewer epochs:
+    their outputs (the trained parameters, the optimizer state) are what they had then, what follows them runs,
+    and the graph ends done, with `stopped` saying where each loop stopped (worker/loop_subgraph.py). True if
+    asked, False if the graph had already ended."""
+    return bool(Scripts(client).stop(keys, reason, requester(origin)))

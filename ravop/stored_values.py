@@ -7,7 +7,7 @@ import redis
 import torch
 
 from . import graph_states, progress
-from .errors import GraphFailedError, GraphStateError, NotComputedError, UnknownPersistName
+from .errors import GraphCancelledError, GraphFailedError, GraphStateError, NotComputedError, UnknownPersistName
 from .store import GraphKeys
 from .store import graphs as store_graphs
 from .store import server_replies
@@ -75,8 +75,10 @@ def read_meta(session: "Session", keys: GraphKeys) -> Dict[str, str]:
 
 
 def failure(meta: Dict[str, str]) -> GraphFailedError:
-    """The GraphFailedError of a failed graph, carrying its op, error, worker, source line and subgraph."""
-    error = GraphFailedError(store_graphs.describe_failure(meta))
+    """The GraphFailedError of a failed graph, carrying its op, error, worker, source line and subgraph; a
+    GraphCancelledError (naming who cancelled it) of a cancelled one."""
+    kind = GraphCancelledError if meta.get("state") == graph_states.CANCELLED else GraphFailedError
+    error = kind(store_graphs.describe_failure(meta))
     error.op, error.error, error.worker = meta.get("error_op"), meta.get("error"), meta.get("error_worker")
     error.source, error.subgraph = meta.get("error_source"), meta.get("error_subgraph")
     return error
@@ -116,7 +118,7 @@ def not_ready(session: "Session", keys: GraphKeys, name: str, meta: Dict[str, st
     """Raise why `name` cannot be fetched yet, or (wait=True) pause before looking again."""
     if not meta:
         raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")
-    if meta["state"] == graph_states.FAILED:
+    if meta["state"] in graph_states.UNFINISHED:
         raise failure(meta)
     if not wait:
         raise NotComputedError(f"{name!r} is not computed yet: graph {meta['name']!r} is {meta['state']} "

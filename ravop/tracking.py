@@ -228,15 +228,19 @@ def _track(session: Session, keys: GraphKeys, meta: Dict[str, str], progress_bar
                        - bar.n)
             for watcher in watchers:
                 watcher.poll(session.client, keys, meta["state"])
-            if meta["state"] in (graph_states.DONE, graph_states.FAILED):
-                stopped = [why for why in (w.ended(session.client, keys, meta["state"]) for w in watchers) if why]
+            if meta["state"] in graph_states.ENDED:
+                for watcher in watchers:
+                    watcher.ended(session.client, keys, meta["state"])
                 watching.forget(keys.graph_id)
-                if meta["state"] == graph_states.DONE:
-                    return
-                if stopped:   # a callback ended the training on purpose (EarlyStopping): not an error
-                    print(f"graph {meta['name']!r}: {stopped[0]}", file=sys.stderr)
-                    return
-                raise failure(meta)
+                if meta["state"] != graph_states.DONE:
+                    raise failure(meta)
+                if meta.get("stopped"):   # a stop was asked for (EarlyStopping, `ravop stop`): not an error
+                    print(f"graph {meta['name']!r}: {meta['stopped']}", file=sys.stderr)
+                elif meta.get("stop"):
+                    print(f"graph {meta['name']!r}: a stop was asked for ({meta['stop']}), but it ended first or its "
+                          "loops cannot stop early (a parallel strategy's replicas): it trained to the end",
+                          file=sys.stderr)
+                return
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + 1.0

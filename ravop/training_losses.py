@@ -19,12 +19,17 @@ from .wire.codec import decode_scalar
 class Losses:
     """`batch`: one loss per training step in order, NaN where not computed yet; `epoch`: the epoch of each
     step (0 for losses named by step only); `validation`: one per epoch (index e-1), NaN where not computed;
-    `state`: the graph's state when they were read."""
+    `state`: the graph's state when they were read; `stopped_step`: the training steps run when a stop request ended
+    its training loop (at an epoch boundary), None if none did; `batch_stored`, `validation_stored`: whether each
+    loss was computed (a loss the training made NaN is a stored NaN)."""
     graph_id: str
     state: str
     batch: np.ndarray
     epoch: np.ndarray
     validation: np.ndarray
+    stopped_step: Optional[int] = None
+    batch_stored: Optional[np.ndarray] = None
+    validation_stored: Optional[np.ndarray] = None
 
     def per_epoch(self) -> np.ndarray:
         """The mean batch loss of each epoch (as Keras reports `loss`); NaN for an epoch not fully computed."""
@@ -67,10 +72,16 @@ def read(client: Client, keys: GraphKeys) -> Losses:
             continue
         match = VALIDATION.match(name)
         if match:
-            validation[int(match[1])] = _scalar(name, data)
+            validation[int(match[1])] = (name, data)
     steps.sort(key=lambda step: step[0])
-    n_epochs = max(validation, default=0)
+    epochs = [validation.get(e, ("", None)) for e in range(1, max(validation, default=0) + 1)]
+    batch_stored = np.array([data is not None for _, _, data in steps], dtype=bool)
+    stopped = None
+    if state == graph_states.DONE and not batch_stored.all():
+        stopped = client.hget(keys.meta, "stopped_step")   # a done graph lacks losses only if stopped early
     return Losses(keys.graph_id, state,
                   batch=np.array([_scalar(name, data) for _, name, data in steps], dtype=np.float64),
                   epoch=np.array([order[0] for order, _, _ in steps], dtype=np.int64),
-                  validation=np.array([validation.get(e, np.nan) for e in range(1, n_epochs + 1)]))
+                  validation=np.array([_scalar(name, data) for name, data in epochs]),
+                  stopped_step=None if stopped is None else int(stopped), batch_stored=batch_stored,
+                  validation_stored=np.array([data is not None for _, data in epochs], dtype=bool))

@@ -3,9 +3,9 @@ callbacks register one per fit). The requester is the one who watches: the worke
 which sees what they persisted at each poll.
 
 A watcher has `poll(client, keys, state)`, called at every refresh of the tracker (it decides itself how often
-to read anything), and `ended(client, keys, state) -> Optional[str]`, called once when the graph is done or
-failed; a watcher that failed the graph on purpose (stopped it early) returns why, and the tracker then returns
-instead of raising GraphFailedError."""
+to read anything), and `ended(client, keys, state)`, called once when the graph has ended (done, failed or
+cancelled). A watcher that wants the training to end early asks for a stop (`ravop.status.request_stop`): the
+graph then ends done, its loops having stopped at an epoch boundary."""
 from typing import Any, Dict, List
 
 _watchers: Dict[str, List[Any]] = {}   # graph id -> watchers, in the order they were added

@@ -1,21 +1,23 @@
 """fit(callbacks=...) during real training runs on worker processes: the events in order, fed from the losses
 the worker persists while R.track_progress() follows the graph; TensorBoard's event file read back with
 tensorboard's own reader (one scalar per step), CSVLogger's rows, EarlyStopping ending a long run early through
-the cancel path; the optional loggers' missing extras named."""
+the stop request with the parameters of a run that long, TerminateOnNaN and the non-finite warnings; the
+optional loggers' missing extras named."""
 import csv
 import sys
 
 import numpy as np
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import ravop as R
 from ravdl.v2 import NeuralNetwork
-from ravdl.v2.callbacks import Callback, CSVLogger, EarlyStopping, MLflow, TensorBoard, WandB
+from ravdl.v2.callbacks import Callback, CSVLogger, EarlyStopping, MLflow, TensorBoard, TerminateOnNaN, WandB
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop import graph_states
-from ravop.errors import GraphFailedError
+from ravdl.v2.nonfinite import NonFiniteWarning
 from ravop.store import graphs as store_graphs
 
 ROWS, BATCH = 60, 20    # 3 steps an epoch
@@ -97,29 +99,59 @@ def test_tensorboard_csv_and_a_callback_see_every_step_and_epoch(engine, module_
     assert [float(r["val_loss"]) for r in rows] == pytest.approx(val, rel=1e-12)
 
 
-def test_early_stopping_ends_a_long_run_early(engine, module_workers):
+def test_early_stopping_ends_a_long_run_early_keeping_its_parameters(engine, module_workers):
     epochs = 5000                      # 20,000 steps: it would run for many seconds
     R.Graph(name="early-stop")
     net, X, y = model()
     recorder = Recorder()
-    # min_delta no loss improves by: the second epoch does not improve, so it stops after epoch 2
+    # min_delta no loss improves by: the second epoch does not improve, so it asks to stop after epoch 2
     stopper = EarlyStopping(monitor="val_loss", patience=0, min_delta=1e9)
     history = net.fit(X, y, n_epochs=epochs, batch_size=BATCH, callbacks=[stopper, recorder])
     net.predict(X).persist_op("prediction")
-    run()    # returns: the stop was asked for
+    run()    # returns: the loop stopped at an epoch boundary and the graph is done
     meta = store_graphs.read_state(engine.client, engine.keys())
-    assert meta["state"] == graph_states.FAILED and "stopped early after epoch 2" in meta["error"]
-    assert "EarlyStopping: val_loss did not improve for 1 epochs" in meta["error"]
-    assert store_graphs.steps_done(engine.client, engine.keys()) < epochs * 4   # the loop did not finish
-    assert stopper.stopped_epoch == 1 and history.stopped_after == 2
-    assert [e for e, _ in recorder.of("epoch")] == [0, 1]          # nothing after the stopping epoch
-    assert len(recorder.of("batch")) == 6
-    assert recorder.events[-1] == ("end", None, {"state": graph_states.FAILED, "stopped_after": 2})
-    assert len(history.history["loss"]) == 2 and len(history.history["val_loss"]) == 2
-    assert len(history.batch_losses) == 6 and not np.isnan(history.batch_losses).any()
-    # the parameters are not kept: what was recorded after fit is not computed, and says why
-    with pytest.raises(GraphFailedError, match="stopped early after epoch 2"):
-        R.fetch_persisting_op("prediction")
+    assert meta["state"] == graph_states.DONE
+    # the worker noticed the request within a second or so: the loop may have run a few epochs more
+    stopped = history.stopped_after
+    assert 2 <= stopped < epochs and stopper.stopped_epoch == 1
+    assert meta["stopped"].startswith(f"stopped early at epoch {stopped} of {epochs} (EarlyStopping: val_loss did "
+                                      "not improve for 1 epochs")
+    assert store_graphs.steps_done(engine.client, engine.keys()) == stopped * 4   # 3 training steps + validation
+    assert [e for e, _ in recorder.of("epoch")] == list(range(stopped))          # every epoch run, none after
+    assert len(recorder.of("batch")) == 3 * stopped
+    assert recorder.events[-1] == ("end", None, {"state": graph_states.DONE, "stopped_after": stopped})
+    assert len(history.history["loss"]) == stopped and len(history.history["val_loss"]) == stopped
+    assert len(history.batch_losses) == 3 * stopped and not np.isnan(history.batch_losses).any()
+    # what was recorded after fit is computed from the parameters of the stopping epoch: those of a fit of that
+    # many epochs, bit for bit
+    prediction = R.fetch_persisting_op("prediction")
+    R.Graph(name="as-long")
+    net, X, y = model()
+    shorter = net.fit(X, y, n_epochs=stopped, batch_size=BATCH)
+    net.predict(X).persist_op("prediction")
+    run()
+    assert torch.equal(R.fetch_persisting_op("prediction"), prediction)
+    assert np.array_equal(shorter.batch_losses, history.batch_losses)
+    assert shorter.history["val_loss"] == history.history["val_loss"]
+
+
+def test_terminate_on_nan_stops_a_diverging_run_and_the_warnings_name_what(engine, module_workers):
+    R.Graph(name="nan")
+    net, X, y = model(validation=False)
+    y = y.copy()
+    y[7, 0] = np.inf                   # the first epoch's loss is not finite: the data said it first
+    with pytest.warns(NonFiniteWarning, match=r"fit: y holds 1 \+inf of its 60 values"):
+        history = net.fit(X, y, n_epochs=5000, batch_size=BATCH, callbacks=[TerminateOnNaN()])
+    with pytest.warns(NonFiniteWarning, match=r"training loss is (inf|nan) at epoch 1, batch 1 \(step 1\)"):
+        run()
+    meta = store_graphs.read_state(engine.client, engine.keys())
+    assert meta["state"] == graph_states.DONE and "(TerminateOnNaN: training loss" in meta["stopped"]
+    assert 1 <= history.stopped_after < 5000 and len(history.batch_losses) == 3 * history.stopped_after
+
+
+def test_early_stopping_refuses_restore_best_weights():
+    with pytest.raises(NotImplementedError, match="restore_best_weights=True"):
+        EarlyStopping(monitor="loss", restore_best_weights=True)
 
 
 def test_early_stopping_refuses_val_loss_without_validation_data(engine):
@@ -142,3 +174,23 @@ def test_a_missing_tensorboard_names_its_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     with pytest.raises(ImportError, match=r"pip install 'ravop-engine\[tensorboard\]'"):
         TensorBoard(tmp_path)
+
+
+def test_fit_warns_of_non_finite_data_naming_each_array_and_its_counts(engine):
+    R.Graph(name="dirty")
+    net, X, y = model()
+    X = torch.from_numpy(X.copy())
+    X[0, :3] = float("nan")
+    X[1, 0], X[2, 0] = float("inf"), -float("inf")
+    with pytest.warns(NonFiniteWarning) as warned:
+        net.fit(X, y, n_epochs=1, batch_size=BATCH)
+    [message] = [str(w.message) for w in warned]
+    assert message.startswith("fit: X holds 3 NaN, 1 +inf, 1 -inf of its 480 values")
+    assert warned[0].filename == __file__    # said at the user's line
+    R.Graph(name="dirty-validation")
+    clean, X, y = model()
+    X_val = np.array(clean.validation_data[0])
+    X_val[4, 4] = np.nan
+    clean.validation_data = (X_val, clean.validation_data[1])
+    with pytest.warns(NonFiniteWarning, match="fit: validation X holds 1 NaN of its 160 values"):
+        clean.fit(X, y, n_epochs=1, batch_size=BATCH)

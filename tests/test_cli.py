@@ -105,12 +105,18 @@ def test_cancel_stops_a_graph_and_logs_say_so(server, engine, client):
     R.execute()
     assert ravop_json("cancel", "waits-for-gpu", url=server.url, token=engine.token) == {
         "graph": engine.graph_id, "cancelled": True}
-    with pytest.raises(R.GraphFailedError, match="cancelled by the user"):
+    with pytest.raises(R.GraphCancelledError, match=r"graph 'waits-for-gpu' was cancelled by ravop cancel \(.+@.+, "
+                                                     r"pid \d+\): cancelled by the user"):
         R.track_progress(progress_bar=False, timeout=30)
     again = ravop("cancel", "waits-for-gpu", "--redis", server.url, "--token", engine.token).stdout
     assert "already ended, nothing to cancel" in again
     [failure] = ravop_json("logs", "waits-for-gpu", url=server.url, token=engine.token)["failures"]
     assert failure["reason"] == "cancelled" and failure["error"] == "cancelled by the user"
+    assert failure["by"].startswith("ravop cancel (")
+    assert "cancelled: by ravop cancel (" in ravop("logs", "waits-for-gpu", "--redis", server.url, "--token",
+                                                   engine.token).stdout
+    [graph] = ravop_json("graphs", url=server.url, token=engine.token)["graphs"]
+    assert graph["state"] == "cancelled"
 
 
 def test_logs_name_the_failing_op_and_source_line(server, engine, workers):

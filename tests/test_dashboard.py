@@ -80,9 +80,10 @@ def test_endpoints_are_read_only_without_the_admin_token(server, engine, dashboa
         read_only.stop()
     assert request(dashboard.url + "api/status")[1]["graphs"][0]["state"] == "running"
     assert request(cancel, "POST", token="s3cret") == (200, {"graph": engine.graph_id, "cancelled": True})
-    assert request(dashboard.url + "api/status")[1]["graphs"][0]["state"] == "failed"
+    assert request(dashboard.url + "api/status")[1]["graphs"][0]["state"] == "cancelled"
     code, body = request(dashboard.url + "api/graphs/endpoints/failures")
     assert code == 200 and [f["reason"] for f in body["failures"]] == ["cancelled"]
+    assert body["failures"][0]["by"].startswith("the dashboard (")
 
 
 def drawn(png_path):

@@ -13,7 +13,7 @@ import redis
 import torch
 
 import ravop as R
-from ravop import admin
+from ravop import admin, graph_states
 from ravop.errors import ConnectionFailed, GraphFailedError
 
 from conftest import Workers
@@ -65,7 +65,7 @@ def test_a_revoked_tokens_tracker_raises_and_its_graphs_are_cancelled(server, ad
     assert isinstance(ended["error"], (ConnectionFailed, GraphFailedError)), ended
     assert "revoked" in str(ended["error"])
     assert cancelled == [keys.graph_id]
-    assert admin_client.hget(keys.meta, "state") == b"failed"
+    assert admin_client.hget(keys.meta, "state") == graph_states.CANCELLED.encode()
     assert b"revoked" in admin_client.hget(keys.meta, "error")
 
 

@@ -107,7 +107,7 @@ def test_tokens_see_only_their_own_graphs(server, users, capsys):
     assert admin.hget(waiting.meta, "state") == b"running"
     assert ravop("cancel", waiting.graph_id, "--redis", urls["b"], check=False).returncode != 0
     assert "cancelled" in ravop("cancel", waiting.graph_id, "--redis", urls["a"]).stdout   # only its owner can
-    assert admin.hget(waiting.meta, "state") == b"failed"
+    assert admin.hget(waiting.meta, "state") == b"cancelled"
     admin.close()
     thief.close()
 

@@ -11,6 +11,13 @@ after a crash resumes from the checkpoint; steps are deterministic, so it comput
 writes persisted values with SET NX: a value written before the crash is never written again. A worker told
 to stop (SIGTERM) checkpoints after the step it is running and hands the loop back at once.
 
+A thread beside the loop (worker/graph_watch.py) looks at the graph every quarter second: a cancelled or failed
+graph ends the loop after its current step; a stop request (`ravop.status.request_stop`: EarlyStopping) ends it
+at its next epoch boundary as if it had been recorded with that many epochs: a checkpoint there and the graph's
+`stopped` record ("stopped early at epoch k of n") are written in one transaction, the loop's outputs are its
+carried values of that point, and the graph goes on (what reads them runs) to end done. A worker resuming it
+resumes from that checkpoint and stops there too, so the result is the k-epoch run's, bit for bit.
+
 A checkpoint's tensors go through the tensor store (`ravop.store.tensors`: one value each, or chunks for a
 big one, so state over Redis's 512 MB value limit checkpoints too) under keys named by the step they were
 taken at; the checkpoint hash, written in the transaction that publishes their headers, names that step. The
@@ -32,6 +39,7 @@ from ravop.wire import encode_tensor, unpack_loop
 from . import device as devices
 from . import emulated_device, memory
 from .exchange import StoreExchange
+from .graph_watch import GraphWatch
 from .run import kernel_error
 from .validate import check_nodes
 
@@ -102,11 +110,11 @@ class _Writer:
     """Collects what the steps persist and writes it, with progress and checkpoints, as the loop goes."""
 
     def __init__(self, client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds, n_steps,
-                 resumed_at=None, stop=None):
+                 resumed_at=None, stop=None, graph=None):
         self.client, self.keys, self.subgraph_id = client, keys, subgraph_id
         self.first_ids = first_ids
         self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
-        self.n_steps, self.stop = n_steps, stop
+        self.n_steps, self.stop, self.graph = n_steps, stop, graph   # graph: its GraphWatch, or None
         self.pending = {}
         now = time.monotonic()
         self.last_flush = self.last_checkpoint = now
@@ -129,6 +137,8 @@ class _Writer:
             raise LoopHandedBack(self.last[0])
 
     def on_step(self, done, template, run, outputs, carried):
+        if self.graph is not None and self.graph.ended is not None:   # cancelled or failed: stop now
+            raise LoopAbandoned(self.graph.ended)
         self.last = (done, carried)
         for first, value in zip(self.first_ids[template], outputs):
             self.pending[first + run] = value
@@ -142,7 +152,9 @@ class _Writer:
         elif now - self.last_flush >= self.flush_every:
             self.write(done)
 
-    def write(self, done, carried=None):
+    def write(self, done, carried=None, record=None):
+        """Persisted values, progress, and a checkpoint of `carried` if given, in one transaction; `record`:
+        fields to set on the graph's meta with them."""
         keys, client = self.keys, self.client
         began = time.monotonic()
         pipe = client.pipeline(transaction=True)
@@ -159,6 +171,8 @@ class _Writer:
                 stored.write(pipe, checkpoint_tensor_key(keys, self.subgraph_id, done, k), value, size, chunks)
             chunks.execute()
             pipe.hset(keys.checkpoint(self.subgraph_id), mapping={"step": done, "n": len(host)})
+        if record:
+            pipe.hset(keys.meta, mapping=record)
         pipe.hget(keys.meta, "state")
         state = pipe.execute()[-1]
         if carried is not None and done != self.saved:
@@ -205,17 +219,32 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
     first_ids = [t.output_first_ids for t in spec.templates]
     if any(len(ids) != len(t.output_nodes) for ids, t in zip(first_ids, spec.templates)):
         raise PlanError("a loop step's persisted values and their tensor ids do not pair up")
+    graph = GraphWatch(client, keys)
     writer = _Writer(client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds, spec.n_steps, start,
-                     stop)
+                     stop, graph)
     try:
         loop_inputs = [inputs[i] for i in loop_step.inputs]
         runner = LoopRun(spec, loop_inputs, seed, device, watch)
         writer.work_waiting = work_waiting
         exchange = StoreExchange(client, keys, device, writer.on_wait) if runner.exchanges() else None
         on_step, exchange = emulated_device.paced_steps(writer.on_step, subgraph.loop, loop_inputs, exchange)
-        carried = runner.run(carried, start or 0, on_step, exchange)
-        writer.write(spec.n_steps)
+        graph.start()
+        carried = runner.run(carried, start or 0, on_step, exchange,
+                             graph.stop_requested if runner.stoppable() else None)
+        if runner.stopped_at is None:
+            writer.write(spec.n_steps)
+        else:
+            writer.write(runner.stopped_at[0], carried, stopped_record(spec, *runner.stopped_at, graph.stop_reason))
         env = run_nodes(program.steps[1:], {loop_step.id: tuple(carried)}, outputs=program.outputs)
     except OpError as exc:   # reported as on any subgraph: the op, its sizes, the device, and the step
         raise kernel_error(exc, device, budget or 0) from exc.__cause__
+    finally:
+        graph.close()
     return {o: env[o].contiguous() for o in program.outputs}
+
+
+def stopped_record(spec, steps, rounds, trained, reason):
+    """The graph's meta fields saying where a stop request ended a loop after `steps` steps: `stopped` in words
+    and `stopped_step`, the training steps run (`trained`: a validation step after each epoch is not one)."""
+    where = f"at epoch {rounds} of {spec.rounds}" if spec.rounds > 1 else f"after step {steps} of {spec.n_steps}"
+    return {"stopped": f"stopped early {where} ({reason})", "stopped_step": trained}

@@ -1,27 +1,29 @@
 """Keras-style callbacks for `fit(..., callbacks=[...])`: `Callback` to subclass, and built in `TensorBoard`,
-`CSVLogger`, `EarlyStopping`, `MLflow` and `WandB`.
+`CSVLogger`, `EarlyStopping`, `TerminateOnNaN`, `MLflow` and `WandB`.
 
 `fit` only records the training; the loop runs on a worker once the graph is executed. The callbacks fire in
 the requester's process while `R.track_progress()` (or `R.execute(timeout=...)`) follows the graph: about once a
 second it reads the losses the worker has persisted so far (one round trip, `R.fetch_losses`) and feeds the new
 ones to the callbacks in order. Training never waits for them; their events lag the worker by the loop's flush
-interval and the poll (a second or two), and arrive in bursts.
+interval and the poll (a second or two), and arrive in bursts. The same watcher warns (ravdl.v2.nonfinite) of
+the first NaN or infinite loss, callbacks or not (without callbacks it reads the losses every 10 s).
 
     on_train_begin(logs)          the first time the tracker sees the graph running
     on_batch_end(batch, logs)     per training step: batch index in its epoch (from 0); logs {'loss', 'step'}
     on_epoch_end(epoch, logs)     once an epoch's steps (and validation) are all persisted: epoch from 0;
                                   logs {'loss': mean batch loss, 'val_loss' with validation_data}
-    on_train_end(logs)            when the graph is done, failed or stopped; logs {'state', 'stopped_after' (epochs run
-                                  before a stop, else None)}
+    on_train_end(logs)            when the graph has ended; logs {'state', 'stopped_after' (epochs run when a stop
+                                  ended the training early, else None)}
 
-A callback stops the training by setting `self.model.stop_training = True` in `on_epoch_end` (as in Keras; set
-`stop_reason` on itself to say why): the graph is cancelled through the same path as `ravop cancel`. The worker
-notices at its next flush (within about a second), so it may have run into a later epoch by then; no event after
-the stopping epoch reaches the callbacks, `History` reports the epochs up to it, and `R.track_progress()`
-returns (a graph that had already finished when the stop landed keeps every epoch). What the user does NOT get:
-the trained parameters. A loop's outputs are stored only when it finishes, so after a stop the graph is failed
-("stopped early ..."), and what was recorded after `fit` (predictions, `save_model`) is not computed: fetching it
-raises GraphFailedError naming the stop.
+A callback stops the training by setting `self.model.stop_training = True` (as in Keras; set `stop_reason` on
+itself to say why): the requester asks the graph to stop (`ravop.status.request_stop`), and the worker ends the
+loop at its next epoch boundary, as if the fit had been recorded with that many epochs: the model's parameters
+and optimizer state are those of that epoch, bit for bit, what was recorded after `fit` (predictions,
+`save_model`) is computed from them, and the graph ends done. The worker learns of the request within about a
+second and may have begun a later epoch by then: the training then ends after that one, so `History` (and the
+callbacks' events) may hold an epoch or two after the one the callback stopped at, all of them trained.
+A training that ends before the request lands keeps every epoch. Loops that run in segments or exchange values
+with other loops (the parallel strategies) do not stop early: they train to the end.
 """
 import csv
 import math
@@ -32,7 +34,12 @@ import numpy as np
 
 from ravop import graph_states, status, training_losses, watching
 
+from . import nonfinite
+
 POLL_SECONDS = 1.0   # how often the losses are read while the graph trains (the loop flushes about this often)
+# A fit without callbacks is watched only for non-finite losses: its losses (all of them, one round trip that
+# grows with the steps) are read this much less often.
+QUIET_POLL_SECONDS = 10.0
 
 
 class Callback:
@@ -128,16 +135,20 @@ class CSVLogger(Callback):
 
 class EarlyStopping(Callback):
     """Stop the training when `monitor` ('val_loss' or 'loss') has not improved by more than `min_delta` for
-    `patience` epochs (`mode` 'min', 'max' or 'auto': min for a loss). See the module's docstring for what a stop
-    gives and what it does not (the parameters)."""
+    `patience` epochs (`mode` 'min', 'max' or 'auto': min for a loss). The model keeps the parameters of the
+    epoch where the loop stopped (see the module's docstring); Keras's `restore_best_weights` is refused."""
 
-    def __init__(self, monitor="val_loss", patience=0, min_delta=0.0, mode="auto"):
+    def __init__(self, monitor="val_loss", patience=0, min_delta=0.0, mode="auto", restore_best_weights=False):
         if monitor not in ("loss", "val_loss"):
             raise ValueError(f"EarlyStopping monitors 'loss' or 'val_loss' (what fit persists), not {monitor!r}")
         if int(patience) < 0:
             raise ValueError(f"patience must be >= 0, not {patience}")
         if mode not in ("auto", "min", "max"):
             raise ValueError(f"mode must be 'auto', 'min' or 'max', not {mode!r}")
+        if restore_best_weights:
+            raise NotImplementedError("EarlyStopping(restore_best_weights=True) is not implemented: the loop keeps "
+                                      "no copy of an earlier epoch's parameters; the model keeps those of the epoch "
+                                      "where it stopped (fit with n_epochs=best epoch to get the best one's)")
         self.monitor, self.patience, self.min_delta = monitor, int(patience), abs(float(min_delta))
         self.sign = -1.0 if mode == "max" else 1.0
         self.best, self.best_epoch, self.wait, self.stopped_epoch = math.inf, None, 0, None
@@ -151,6 +162,8 @@ class EarlyStopping(Callback):
         self.best, self.best_epoch, self.wait, self.stopped_epoch = math.inf, None, 0, None
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.stopped_epoch is not None:
+            return   # the stop is asked for; the epochs the loop runs meanwhile change nothing
         current = self.sign * logs[self.monitor]
         if current < self.best - self.min_delta:
             self.best, self.best_epoch, self.wait = current, epoch, 0
@@ -160,6 +173,16 @@ class EarlyStopping(Callback):
             self.stopped_epoch = epoch
             self.stop_reason = (f"EarlyStopping: {self.monitor} did not improve for {self.wait} epochs "
                                 f"(best {self.sign * self.best:.6g} after epoch {self.best_epoch + 1})")
+            self.model.stop_training = True
+
+
+class TerminateOnNaN(Callback):
+    """Stop the training at the first NaN or infinite training loss (as Keras's): the loop ends at its next epoch
+    boundary (see the module's docstring), with the parameters it has then, which may be NaN already."""
+
+    def on_batch_end(self, batch, logs=None):
+        if self.stop_reason is None and not math.isfinite(logs["loss"]):
+            self.stop_reason = f"TerminateOnNaN: training loss {logs['loss']} at step {logs['step']}"
             self.model.stop_training = True
 
 
@@ -225,8 +248,8 @@ class WandB(Callback):
 
 
 class FitFollower:
-    """The watcher (`ravop.watching`) of one fit: reads the persisted losses as the graph trains and turns them
-    into callback events; cancels the graph when a callback asks to stop."""
+    """The watcher (`ravop.watching`) of one fit: reads the persisted losses as the graph trains, turns them into
+    callback events, warns of the first non-finite loss, and asks the graph to stop when a callback wants to."""
 
     def __init__(self, callbacks, model, history, clock):
         self.callbacks, self.model, self.history, self.clock = callbacks, model, history, clock
@@ -237,28 +260,32 @@ class FitFollower:
         for callback in callbacks:
             callback.set_model(model)
             callback.set_params(params)
-        self.started = self.stopped = False
+        self.started = self.stop_asked = self.warned = False
         self.steps_seen = self.epochs_seen = 0
         self.next_read = 0.0
+        self.every = POLL_SECONDS if callbacks else QUIET_POLL_SECONDS
+        self.stopped_step = None   # where a stop ended the loop, once the graph is done
 
     def poll(self, client, keys, state):
-        if state != graph_states.RUNNING or self.stopped:
+        if state != graph_states.RUNNING:
             return
         now = self.clock()
         if now < self.next_read:
             return
-        self.next_read = now + POLL_SECONDS
+        self.next_read = now + self.every
         self._feed(client, keys)
 
     def ended(self, client, keys, state):
-        if not self.stopped and state == graph_states.DONE:
+        if state == graph_states.DONE:
             self._feed(client, keys)
         if not self.started:
             self._begin()
+        if self.stopped_step is not None:   # why: the graph's record (a callback's reason, `ravop stop --reason`)
+            why = (client.hget(keys.meta, "stop") or b"a stop was requested").decode(errors="replace")
+            self.history.stopped(self.stopped_step // self.per_epoch, why)
         logs = {"state": state, "stopped_after": self.history.stopped_after}
         for callback in self.callbacks:
             callback.on_train_end(logs)
-        return self.history.stop_reason   # None unless this fit's callbacks cancelled the graph
 
     def _begin(self):
         self.started = True
@@ -269,19 +296,17 @@ class FitFollower:
         if not self.started:
             self._begin()
         losses = training_losses.read(client, keys)
-        batch = losses.batch
-        missing = np.isnan(batch)
+        self.stopped_step = losses.stopped_step
+        batch, missing = losses.batch, ~losses.batch_stored
         computed = int(missing.argmax()) if missing.any() else len(batch)   # the loop persists them in order
         validation = self.history.params["validation"]
-        while self.epochs_seen < self.history.params["epochs"] and not self.stopped:
+        while self.epochs_seen < self.history.params["epochs"]:
             epoch = self.epochs_seen
             end = (epoch + 1) * self.per_epoch
             for step in range(self.steps_seen, min(end, computed)):
-                for callback in self.callbacks:
-                    callback.on_batch_end(step - epoch * self.per_epoch, {"loss": float(batch[step]), "step": step + 1})
-                self.steps_seen = step + 1
+                self._batch_end(client, keys, step - epoch * self.per_epoch, float(batch[step]), step + 1, epoch)
             if computed < end or (validation and (len(losses.validation) <= epoch
-                                                  or math.isnan(losses.validation[epoch]))):
+                                                  or not losses.validation_stored[epoch])):
                 return
             logs = {"loss": float(batch[epoch * self.per_epoch:end].mean())}
             if validation:
@@ -289,17 +314,23 @@ class FitFollower:
             for callback in self.callbacks:
                 callback.on_epoch_end(epoch, logs)
             self.epochs_seen = epoch + 1
-            if self.model.stop_training:
-                self._stop(client, keys, epoch)
+            self._stop_if_asked(client, keys)
 
-    def _stop(self, client, keys, epoch):
-        why = next((c.stop_reason for c in self.callbacks if c.stop_reason), "a callback set stop_training")
-        reason = f"stopped early after epoch {epoch + 1} by a fit callback ({why})"
-        self.stopped = True   # no event after this epoch, whatever the worker still runs
-        if status.cancel(client, keys, reason):
-            self.history.stopped(epoch + 1, reason)
-        # else the graph had ended before the stop landed: it trained to the end, and History has every epoch
+    def _batch_end(self, client, keys, batch, loss, step, epoch):
+        if not self.warned and not math.isfinite(loss):
+            self.warned = True
+            nonfinite.warn_loss(loss, epoch, batch, step)
+        for callback in self.callbacks:
+            callback.on_batch_end(batch, {"loss": loss, "step": step})
+        self.steps_seen = step
+        self._stop_if_asked(client, keys)
 
+    def _stop_if_asked(self, client, keys):
+        if self.model.stop_training and not self.stop_asked:
+            why = next((c.stop_reason for c in self.callbacks if c.stop_reason), "a callback set stop_training")
+            self.stop_asked = True
+            status.request_stop(client, keys, why, "a fit callback")
+            # a graph that ended before the request landed trained to the end: History has every epoch
 
 def checked(callbacks, validation):
     """The callbacks of a fit as a list, refused before anything is recorded if one cannot follow it."""
@@ -312,6 +343,6 @@ def checked(callbacks, validation):
 
 
 def follow(callbacks, model, history):
-    """Register the (checked) callbacks of a fit that returned `history`, to be fed while the graph is tracked."""
-    if callbacks:
-        watching.watch(history.graph.id, FitFollower(callbacks, model, history, time.monotonic))
+    """Register the watcher of a fit that returned `history`, feeding its (checked) callbacks and warning of
+    non-finite losses while the graph is tracked."""
+    watching.watch(history.graph.id, FitFollower(callbacks, model, history, time.monotonic))

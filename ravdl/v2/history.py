@@ -27,13 +27,13 @@ class History(list):
         self.epoch = list(range(epochs))  # as Keras: the epoch indices, from 0
         self.params = {"epochs": epochs, "steps": len(loss_names), "validation": validation}
         self._losses = None
-        self.stopped_after = None   # the last epoch (1-based) run when a callback stopped the training early
+        self.stopped_after = None   # the epochs run when a stop request ended the training early
         self.stop_reason = None
 
-    def stopped(self, epoch, reason):
-        """A fit callback stopped the training after `epoch` (1-based): the history ends there."""
-        self.stopped_after, self.stop_reason = epoch, reason
-        self.epoch = list(range(epoch))
+    def stopped(self, epochs, reason):
+        """A stop request ended the training after `epochs` epochs: the history ends there."""
+        self.stopped_after, self.stop_reason = epochs, reason
+        self.epoch = list(range(epochs))
 
     def _fetched(self):
         if self._losses is None:
@@ -41,16 +41,18 @@ class History(list):
                 raise NotComputedError(f"graph {self.graph.name!r} has not run: R.activate(), R.execute() and "
                                        "R.track_progress() first")
             losses = R.fetch_losses(self.graph)
-            if losses.state == graph_states.FAILED and self.stopped_after is not None:
-                self._losses = _truncated(losses, self.stopped_after, len(self) // self.params["epochs"])
-                return self._losses
-            if losses.state == graph_states.FAILED:
-                raise GraphFailedError(f"graph {self.graph.name!r} failed, so its losses are incomplete: "
+            if losses.state in graph_states.UNFINISHED:
+                raise GraphFailedError(f"graph {self.graph.name!r} is {losses.state}, so its losses are incomplete: "
                                        "R.track_progress() or `ravop logs` say why")
             if losses.state != graph_states.DONE:
                 raise NotComputedError(f"graph {self.graph.name!r} is {losses.state}: the history is read once "
                                        "it has run (R.track_progress() waits for it; R.fetch_losses() reads the "
                                        "losses computed so far)")
+            if losses.stopped_step is not None:
+                epochs = losses.stopped_step // (len(self) // self.params["epochs"])
+                if self.stopped_after is None:   # no callback of this process asked: `ravop stop`, or another
+                    self.stopped(epochs, "a stop was requested")
+                losses = _truncated(losses, epochs, losses.stopped_step)
             self._losses = losses
         return self._losses
 
@@ -105,8 +107,8 @@ class History(list):
         return ax
 
 
-def _truncated(losses, epochs, steps_per_epoch):
-    """The losses of the first `epochs` epochs (a stopped training: later ones may be partly computed)."""
-    steps = epochs * steps_per_epoch
+def _truncated(losses, epochs, steps):
+    """The losses of the first `steps` steps and `epochs` epochs (a training a stop request ended)."""
     return Losses(losses.graph_id, losses.state, losses.batch[:steps], losses.epoch[:steps],
-                  losses.validation[:epochs])
+                  losses.validation[:epochs], losses.stopped_step, losses.batch_stored[:steps],
+                  losses.validation_stored[:epochs])

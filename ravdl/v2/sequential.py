@@ -3,7 +3,7 @@ from collections import Counter
 
 from ravop.graph import current_graph
 
-from . import losses
+from . import losses, nonfinite
 from .callbacks import checked, follow
 from .fit import record_fit
 from .fit_data import training_data
@@ -80,9 +80,11 @@ class NeuralNetwork(Model):
         R.track_progress() follows the training."""
         if not isinstance(save_model, (bool, str)) or not isinstance(persist_weights, bool):
             raise TypeError("save_model takes True, False or a name; persist_weights True or False")
-        validation = validation_loss(self, validation_data if validation_data is not None else self.validation_data)
+        validation_pair = validation_data if validation_data is not None else self.validation_data
+        validation = validation_loss(self, validation_pair)
         callbacks = checked(callbacks, validation=validation is not None)
         X, y, batch_size, shuffle = training_data(X, y, batch_size, shuffle)
+        nonfinite.check_fit_data(2, X, y, validation_pair)
         graph = current_graph()
         seed = seed if seed is not None else graph.seed
         strategy = strategy if strategy is not None else graph.strategy

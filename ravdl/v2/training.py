@@ -3,7 +3,7 @@ fit, then the training is recorded as NeuralNetwork.fit records it, one loop (ra
 segments (ravdl.v2.parallel_fit)."""
 from ravop.graph import current_graph
 
-from . import losses
+from . import losses, nonfinite
 from .callbacks import checked, follow
 from .fit import record_fit
 from .fit_data import training_data
@@ -19,6 +19,7 @@ def fit_model(model, X, y, n_epochs, batch_size, loss, strategy, shuffle, seed, 
     validation = validation_loss(model, validation_data)
     callbacks = checked(callbacks, validation=validation is not None)
     X, y, batch_size, shuffle = training_data(X, y, batch_size, shuffle)
+    nonfinite.check_fit_data(3, X, y, validation_data)   # fit_model is called by the model's fit
     model.loss_function = losses.get(loss)
     graph = current_graph()
     seed = seed if seed is not None else graph.seed

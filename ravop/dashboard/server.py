@@ -105,7 +105,8 @@ class Dashboard:
             why = "this dashboard is read-only (start it with --admin-token)" if not self.admin_token else \
                 "a valid admin token is required"
             return HTTPStatus.FORBIDDEN, {"error": why}
-        return HTTPStatus.OK, {"graph": keys.graph_id, "cancelled": status.cancel(self.client, keys)}
+        return HTTPStatus.OK, {"graph": keys.graph_id,
+                               "cancelled": status.cancel(self.client, keys, origin="the dashboard")}
 
     def _graph(self, path):
         parts = path.split("/")

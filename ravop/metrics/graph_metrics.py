@@ -12,7 +12,7 @@ from ..errors import RavopError
 from ..store import GraphKeys
 from ..store import graphs as store_graphs
 
-STATES = (graph_states.ACTIVATED, graph_states.RUNNING, graph_states.DONE, graph_states.FAILED)
+STATES = (graph_states.ACTIVATED, graph_states.RUNNING, *graph_states.ENDED)
 
 
 class GraphCollector(Collector):

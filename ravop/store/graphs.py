@@ -92,7 +92,7 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.
 
 # The meta fields a tracker reads (not the plan-sized ones: roots, summary).
 STATE_FIELDS = ("name", "state", "ops_done", "n_ops", "devices", "error", "error_op", "error_source",
-                "error_worker", "error_subgraph", "approach", "n_steps")
+                "error_worker", "error_subgraph", "approach", "n_steps", "cancelled_by", "stop", "stopped")
 
 
 def read_state(client: Client, keys: GraphKeys) -> Dict[str, str]:
@@ -113,7 +113,11 @@ def steps_done(client: Client, keys: GraphKeys) -> int:
 
 
 def describe_failure(meta: Mapping[str, str]) -> str:
-    """One line naming the op, its source line, the worker and the error of a failed graph."""
+    """One line naming the op, its source line, the worker and the error of a failed graph; who cancelled a
+    cancelled one, and why."""
+    if meta.get("state") == graph_states.CANCELLED:
+        return (f"graph {meta.get('name', '?')!r} was cancelled by {meta.get('cancelled_by') or 'its requester'}: "
+                f"{meta.get('error') or 'no reason given'}")
     op = f"op {meta['error_op']!r}" if meta.get("error_op") else f"subgraph {meta.get('error_subgraph', '?')}"
     where = f" (recorded at {meta['error_source']})" if meta.get("error_source") else ""
     worker = f" on worker {meta['error_worker']}" if meta.get("error_worker") else ""
@@ -136,12 +140,12 @@ def delete_token(client: Client, token: str, batch: int = 1000) -> None:
 
 def list_graphs(client: Client, token: str) -> List[Dict[str, Any]]:
     """The token's graphs, oldest first: id, name, algorithm, state, progress (percent of ops run, or of loop
-    steps for a graph with training loops), ops, subgraphs, and the Unix times created, started and finished
-    (None until then)."""
+    steps for a graph with training loops), ops, subgraphs, the Unix times created, started and finished
+    (None until then), and `stopped`: where a stop request ended its training early, in words (else None)."""
     ids = [gid.decode() for gid in client.zrange(TokenKeys(token).graphs, 0, -1)]
     pipe = client.pipeline(transaction=False)
     fields = ("name", "algorithm", "state", "ops_done", "n_ops", "n_subgraphs", "created", "started", "finished",
-              "n_steps", "approach", "rules")
+              "n_steps", "approach", "rules", "stopped")
     for gid in ids:
         keys = GraphKeys(token, gid)
         pipe.hmget(keys.meta, *fields)
@@ -162,5 +166,6 @@ def list_graphs(client: Client, token: str) -> List[Dict[str, Any]]:
         graphs.append({"id": gid, "name": name, "algorithm": algorithm, "approach": approach,
                        "rules": json.loads(rules) if rules else None, "state": state, "progress": progress,
                        "ops": n_ops, "subgraphs": int(n_subgraphs), "created": float(created),
-                       "started": started, "finished": finished})
+                       "started": started, "finished": finished,
+                       "stopped": values[12].decode() if values[12] is not None else None})
     return graphs

@@ -11,8 +11,10 @@ never enqueue a subgraph twice or lose one.
             (and their chunks, `ravop.store.tensors`) no other subgraph will read, end the graph after
             its last subgraph.
 - dead:     ack a message and log it to the dead-letter stream.
-- cancel:   fail a graph with the op, error, source line and worker (only the first failure is kept: later
-            ones are its consequences): a worker's failure (after `dead`), or a requester's word.
+- cancel:   end a graph with the op, error, source line and worker (only the first failure is kept: later
+            ones are its consequences): failed by a worker's failure (after `dead`), cancelled by its requester.
+- stop:     ask a running graph's loops to end at their next epoch boundary (worker/loop_subgraph.py); the
+            graph then completes, done, with what the loops had trained.
 
 "Hand off" (`ravop.store.handoff`): on a standalone server the scripts also get the work streams as keys,
 and put a ready subgraph on the stream of its device and ack the completed message themselves, as one step.
@@ -31,9 +33,9 @@ from .client_types import Client, Pipeline
 from .keys import DEAD_LETTER, GROUP, GraphKeys, queue
 
 def with_states(lua: str) -> str:
-    """`lua` with the graph states it names as @ACTIVATED@, @RUNNING@, @DONE@ and @FAILED@ spelled by
-    ravop.graph_states, so that the scripts and the Python side cannot disagree on a state's name."""
-    for name in ("ACTIVATED", "RUNNING", "DONE", "FAILED"):
+    """`lua` with the graph states it names as @ACTIVATED@, @RUNNING@, @DONE@, @FAILED@ and @CANCELLED@ spelled
+    by ravop.graph_states, so that the scripts and the Python side cannot disagree on a state's name."""
+    for name in ("ACTIVATED", "RUNNING", "DONE", "FAILED", "CANCELLED"):
         lua = lua.replace(f"@{name}@", getattr(graph_states, name))
     return lua
 
@@ -149,14 +151,30 @@ end
 return {1, handed}
 """)
 
-# KEYS: meta, events.  ARGV: subgraph id, worker, op, source, error.
-# Fails an activated or running graph (1), else 0: a worker's failure, or its requester's word (`ravop cancel`).
+# KEYS: meta, events.  ARGV: subgraph id, worker, op, source, error[, who cancelled].
+# Ends an activated or running graph (1), else 0: failed by a worker's failure, or cancelled by its requester
+# (`ravop cancel`), named in `cancelled_by`.
 CANCEL = with_states(_COMMON + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= '@RUNNING@' and state ~= '@ACTIVATED@' then return 0 end
-redis.call('HSET', KEYS[1], 'state', '@FAILED@', 'finished', now(), 'error', ARGV[5], 'error_op', ARGV[3],
+local ended = '@FAILED@'
+if ARGV[6] and ARGV[6] ~= '' then
+  ended = '@CANCELLED@'
+  redis.call('HSET', KEYS[1], 'cancelled_by', ARGV[6])
+end
+redis.call('HSET', KEYS[1], 'state', ended, 'finished', now(), 'error', ARGV[5], 'error_op', ARGV[3],
            'error_source', ARGV[4], 'error_worker', ARGV[2], 'error_subgraph', ARGV[1])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', 16, '*', 'state', '@FAILED@')
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', 16, '*', 'state', ended)
+return 1
+""")
+
+# KEYS: meta.  ARGV: why, who asks.  Asks a running (or activated) graph's loops to stop (1), else 0; the first
+# request is kept.
+STOP = with_states("""
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= '@RUNNING@' and state ~= '@ACTIVATED@' then return 0 end
+redis.call('HSETNX', KEYS[1], 'stop', ARGV[1])
+redis.call('HSETNX', KEYS[1], 'stop_by', ARGV[2])
 return 1
 """)
 
@@ -191,6 +209,7 @@ class Scripts:
         self._dead = client.register_script(DEAD)
         self._vote = client.register_script(VOTE)
         self._cancel = client.register_script(CANCEL)
+        self._stop = client.register_script(STOP)
 
     def _streams(self, *more: str) -> List[str]:
         return [queue("cpu"), queue("cuda"), *more] if self.direct else []
@@ -208,9 +227,14 @@ class Scripts:
                            args=[subgraph_id, worker])
 
     def cancel(self, keys: GraphKeys, error: str, subgraph_id: Union[int, str] = "", worker: str = "", op: str = "",
-               source: str = "") -> int:
-        """Fail an activated or running graph with `error`; 1 if it was, 0 if it had already ended."""
-        return self._cancel(keys=[keys.meta, keys.events], args=[subgraph_id, worker, op, source, error])
+               source: str = "", by: str = "") -> int:
+        """Fail an activated or running graph with `error` (cancelled instead, if `by` names who cancels it); 1 if
+        it was, 0 if it had already ended."""
+        return self._cancel(keys=[keys.meta, keys.events], args=[subgraph_id, worker, op, source, error, by])
+
+    def stop(self, keys: GraphKeys, why: str, by: str) -> int:
+        """Ask a live graph's loops to stop at their next epoch boundary; 1 if asked, 0 if it had already ended."""
+        return self._stop(keys=[keys.meta], args=[why, by])
 
     def vote(self, keys: GraphKeys, subgraph_id: Union[int, str], worker: str, digest: str,
              copies: int) -> Dict[str, str]:

@@ -205,7 +205,7 @@ async function refresh() {
     if (selected !== null) {
       const graph = status.graphs.find(g => g.id === selected);
       const base = "/api/graphs/" + encodeURIComponent(selected);
-      const failed = graph && graph.state === "failed";  // only a failed graph has failures to read
+      const failed = graph && (graph.state === "failed" || graph.state === "cancelled");  // only those have failures
       const [dag, losses, failures] = await Promise.all([getJSON(base + "/dag"), getJSON(base + "/losses"),
         failed ? getJSON(base + "/failures") : {failures: []}]);
       $("detail").hidden = false;
