@@ -93,7 +93,7 @@ def subgraph_dag(client, keys):
 
 def failures(client, keys):
     """What went wrong in a graph, newest first: its dead-letter entries (reason, op, source line, worker,
-    error), and the failure recorded in its meta if no entry holds it any more."""
+    error), its settled spot-check disputes (R.Graph(verify='spot')), and the failure recorded in its meta if no entry holds it any more."""
     found = []
     try:
         entries = client.xrevrange(DEAD_LETTER, count=DEAD_LETTER_SCAN)
@@ -105,6 +105,11 @@ def failures(client, keys):
             seconds = int(entry_id.decode().split("-")[0]) / 1000
             found.append({"time": seconds, **{k: fields.get(k, "") for k in
                                               ("subgraph", "reason", "op", "source", "worker", "error")}})
+    for entry_id, fields in client.xrevrange(keys.disputes, count=DEAD_LETTER_SCAN):   # verify='spot'
+        fields = {k.decode(): v.decode(errors="replace") for k, v in fields.items()}
+        found.append({"time": int(entry_id.decode().split("-")[0]) / 1000,
+                      **{k: fields.get(k, "") for k in ("subgraph", "reason", "op", "source", "worker", "error")}})
+    found.sort(key=lambda f: f["time"], reverse=True)
     meta = store_graphs.read_state(client, keys)
     if meta.get("state") == graph_states.FAILED and not any(f["error"] == meta.get("error") for f in found):
         finished = client.hget(keys.meta, "finished")

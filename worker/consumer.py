@@ -31,6 +31,7 @@ from ravop.wire import plan_pb2, unpack_nodes
 
 from . import device as devices
 from . import calibrate, emulated_device, memory, verify
+from .spot import SpotChecks
 from .cache import TensorCache
 from .heartbeat import Heartbeat
 from .loop_subgraph import (CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, LoopHandedBack, drop_checkpoint,
@@ -72,7 +73,7 @@ class Worker:
     def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
                  max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
                  max_memory_bytes=None, provider=None, checkpoint_steps=CHECKPOINT_STEPS,
-                 checkpoint_seconds=CHECKPOINT_SECONDS, wrong_outputs=False):
+                 checkpoint_seconds=CHECKPOINT_SECONDS, wrong_outputs=None):
         if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
                              f"{dead_after} and {max_attempts}")
@@ -106,7 +107,8 @@ class Worker:
         self.completed = 0
         self.metrics = WorkerMetrics(name, self.device)  # served by `ravop-worker --metrics-port`
         self._bans = {}  # token -> (when to look again, whether it banned this worker)
-        self.wrong_outputs = wrong_outputs  # tests only: perturb every output (worker/verify.py)
+        self.wrong_outputs = wrong_outputs  # tests only: a worker.verify.Liar that perturbs outputs, or None
+        self.spot = SpotChecks(self)        # R.Graph(verify='spot') (worker/spot.py)
 
     def _advertised(self):
         """What `ravop status` shows of this worker besides its state (`ravop.store.worker_info`)."""
@@ -192,7 +194,7 @@ class Worker:
         claimed = self._claim(keys, subgraph_id, message_id, deliveries, fields)
         if claimed is None:
             return
-        seed, data, copies = claimed
+        seed, data, copies, spot = claimed
         max_bytes = devices.budget(self.device, self.limit)
         checked = self._checked(keys, subgraph_id, message_id, data, max_bytes, seed)
         if checked is None:
@@ -201,7 +203,7 @@ class Worker:
         self.heartbeat.watch(message_id, keys.graph_id, subgraph_id)
         self.metrics.running(True)
         try:
-            self._execute(keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes)
+            self._execute(keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes, spot)
         finally:
             self.heartbeat.unwatch()
             self.metrics.running(False)
@@ -229,13 +231,16 @@ class Worker:
                 self.handoff.drain(keys)
             self._ack(message_id)
             return None
-        seed, data, copies = int(reply[1]), reply[2], int(reply[3])
+        seed, data, copies, spot = int(reply[1]), reply[2], int(reply[3]), bool(reply[4])
+        if spot and (not self.spot.may_run(keys, subgraph_id) or self._banned(keys.token, fresh=True)):
+            self._pass_on(message_id, fields)   # a check of this worker's own result must be someone else's
+            return None
         if copies > 1:
             votes = self.client.hgetall(keys.votes(subgraph_id))
             if (self.name.encode() in votes and len(votes) < copies) or self._banned(keys.token, fresh=True):
                 self._pass_on(message_id, fields)  # this worker ran it already (another one must), or is banned
                 return None
-        return seed, data, copies
+        return seed, data, copies, spot
 
     def _checked(self, keys, subgraph_id, message_id, data, max_bytes, seed):
         """(plan_pb2.Subgraph, worker.validate.Program, its runner built) of a claimed subgraph's plan; None if it
@@ -250,13 +255,16 @@ class Worker:
             self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
         return None
 
-    def _execute(self, keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes):
+    def _execute(self, keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes, spot=False):
         """Run a checked subgraph and store its outputs; a failure gives the message up with its reason."""
         try:
             outputs = self._compute(keys, subgraph_id, subgraph, program, seed, max_bytes)
-            if self.wrong_outputs:
+            if self.wrong_outputs is not None and self.wrong_outputs.lies():
                 outputs = verify.perturb(outputs)
             if copies > 1 and not self._verified(keys, subgraph_id, message_id, outputs, copies, program):
+                return
+            if spot and not self.spot.accepted(keys, subgraph_id, message_id, verify.digest(outputs),
+                                               program.steps[0] if program.steps else None):
                 return
             self._finish(keys, subgraph_id, message_id, outputs)
             if subgraph.HasField("loop"):

@@ -30,6 +30,32 @@ def tally(votes):
     return (sorted(w for w, d in votes.items() if d == digest_), sorted(w for w, d in votes.items() if d != digest_))
 
 
+class Liar:
+    """A test worker's dishonesty (`ravop-worker --test-wrong-outputs[=after:N]`): it returns `honest` results
+    as computed, then lies on every result (a subgraph's outputs, a loop segment's carried values) from then on,
+    re-runs included, as a worker with a faulty kernel or a cheater that earned trust first would."""
+
+    def __init__(self, honest=0):
+        if type(honest) is not int or honest < 0:
+            raise ValueError(f"a test liar's honest results must be an int >= 0, not {honest!r}")
+        self.honest, self.results = honest, 0
+
+    @classmethod
+    def parse(cls, text):
+        """'always' or 'after:N'."""
+        if text == "always":
+            return cls(0)
+        kind, _, count = text.partition(":")
+        if kind != "after" or not count.isdigit():
+            raise ValueError(f"--test-wrong-outputs takes 'always' or 'after:N', not {text!r}")
+        return cls(int(count))
+
+    def lies(self):
+        """Whether the result being made now is a lie; counts it."""
+        self.results += 1
+        return self.results > self.honest
+
+
 def perturb(outputs):
     """Outputs with one element changed: what `ravop-worker --test-wrong-outputs` returns, to test
     verification with a worker that computes wrong results."""

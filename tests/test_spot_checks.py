@@ -1,0 +1,76 @@
+"""Adaptive spot checks, `R.Graph(verify='spot')` (docs/verification.md): real server, real worker processes. A
+new worker's results are all checked by another worker until it is trusted; a liar is outvoted by a third run,
+banned for the token and named in `ravop logs`, and the graph ends with the honest bits."""
+import pytest
+import torch
+
+import ravop as R
+from compiler.cost import DEVICES
+from ravop import status
+from ravop.spot_policy import read_trust
+from ravop.store import TokenKeys
+
+
+def branches(name, verify):
+    """Two independent matmul branches (two subgraphs) and their sum (a third)."""
+    R.Graph(name=name, verify=verify)
+    generator = torch.Generator().manual_seed(1)
+    left, right = (R.t(torch.rand(256, 256, generator=generator) / 256) for _ in range(2))
+    for _ in range(3):
+        left, right = R.tanh(left @ left), R.tanh(right @ right)
+    (left @ right).persist_op("out")
+    summary = R.activate(devices=DEVICES)   # fixed cost figures: the branches stay apart
+    assert summary["subgraphs"] >= 2
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=300)
+    return summary, R.fetch_persisting_op("out")
+
+
+def test_spot_checks_on_honest_workers_give_the_unverified_bits_and_build_trust(engine, workers, client):
+    names = workers.start(2)
+    _, plain = branches("plain", 1)
+    summary, checked = branches("spot", R.Verify(rate=0.0, trust_after=50))
+    assert torch.equal(checked, plain)
+    keys = engine.keys()
+    for sid in range(summary["subgraphs"]):   # nobody is trusted yet: every result was checked, and agreed
+        votes = client.hgetall(keys.votes(sid))
+        assert votes[b"#state"] == b"confirmed" and len({v for k, v in votes.items() if not k.startswith(b"#")}) == 1
+    trust = read_trust(client.hgetall(TokenKeys(engine.token).trust))
+    assert sum(t["confirmed"] for t in trust.values()) == 2 * summary["subgraphs"]
+    assert set(trust) == {f"{n}@cpu" for n in names} and all(t["mismatches"] == 0 for t in trust.values())
+
+    summary, trusted = branches("trusted", R.Verify(rate=0.0, trust_after=1))   # both are trusted now
+    assert torch.equal(trusted, plain)
+    keys = engine.keys()
+    assert all(client.hget(keys.votes(sid), "#state") == b"unchecked" for sid in range(summary["subgraphs"]))
+
+
+def test_a_liar_is_outvoted_banned_and_named_and_the_result_is_honest(engine, workers, client):
+    workers.start(2)
+    _, plain = branches("plain", 1)
+    [liar] = workers.start(1, extra=["--test-wrong-outputs"], prefix="liar")
+    workers.start(1)
+    for attempt in range(4):   # until the liar took part in a check (it races three honest workers for work)
+        _, checked = branches(f"spot-{attempt}", "spot")
+        assert torch.equal(checked, plain)
+        if client.sismember(TokenKeys(engine.token).banned, liar):
+            break
+    assert client.smembers(TokenKeys(engine.token).banned) == {liar.encode()}
+    trust = read_trust(client.hgetall(TokenKeys(engine.token).trust))
+    assert trust[f"{liar}@cpu"]["mismatches"] >= 1 and trust[f"{liar}@cpu"]["streak"] == 0
+    disputes = [f for f in status.failures(client, engine.keys()) if f["reason"] == "verification dispute"]
+    assert disputes and all(f["worker"] == f"{liar}@cpu" for f in disputes)
+
+
+def test_verify_spot_is_checked():
+    with pytest.raises(ValueError, match="'spot' or R.Verify"):
+        R.Graph(verify="always")
+    with pytest.raises(ValueError, match="rate=.*from 0 to 1"):
+        R.Verify(rate=1.5)
+    with pytest.raises(ValueError, match="trust_after"):
+        R.Verify(trust_after=-1)
+    with pytest.raises(ValueError, match="copies"):
+        R.Verify(copies=1)
+    with pytest.raises(ValueError, match="does not apply to a federated graph"):
+        R.Graph(approach="federated", rules='{"rules": {"age": {}}, "max_clients": 1}', verify="spot")
+    assert R.Graph(verify="spot").spot == R.Verify()
