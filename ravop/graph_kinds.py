@@ -83,6 +83,10 @@ class PlannedGraphs:
         meta = {"name": graph.name, "algorithm": graph.algorithm, "approach": graph.approach,
                 "rules": json.dumps(graph.rules), "summary": json.dumps(summary), "verify": graph.verify}
         if graph.spot is not None:
+            if graph.parallel_fits:
+                raise GraphStateError(f"graph {graph.name!r} has verify='spot' and fits under a strategy, whose "
+                                      "replicas exchange values as they run, which a segment's re-run on another "
+                                      "worker does not cover yet: leave strategy= or verify= out")
             if is_cluster(session.client):
                 raise GraphStateError(f"graph {graph.name!r} has verify='spot', whose trust records live in the "
                                       "token's keys, another slot than the graph's on a Redis Cluster: use a "

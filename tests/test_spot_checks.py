@@ -1,11 +1,17 @@
 """Adaptive spot checks, `R.Graph(verify='spot')` (docs/verification.md): real server, real worker processes. A
 new worker's results are all checked by another worker until it is trusted; a liar is outvoted by a third run,
 banned for the token and named in `ravop logs`, and the graph ends with the honest bits."""
+import numpy as np
 import pytest
 import torch
 
 import ravop as R
 from compiler.cost import DEVICES
+from helpers import on_one_thread
+from ravdl.v2 import NeuralNetwork
+from ravdl.v2.layers import Activation, Dense
+from ravdl.v2.optimizers import Adam
+from ravop.interpreter import evaluate_persisted
 from ravop import status
 from ravop.spot_policy import read_trust
 from ravop.store import TokenKeys
@@ -74,3 +80,37 @@ def test_verify_spot_is_checked():
     with pytest.raises(ValueError, match="does not apply to a federated graph"):
         R.Graph(approach="federated", rules='{"rules": {"age": {}}, "max_clients": 1}', verify="spot")
     assert R.Graph(verify="spot").spot == R.Verify()
+
+
+X = np.random.default_rng(2).normal(size=(40, 4))
+Y = np.eye(3)[np.random.default_rng(3).integers(0, 3, 40)]
+
+
+def record_fit(name, verify, epochs=6):
+    """A small fit: 5 batches an epoch, so with workers checkpointing every 5 steps one segment an epoch."""
+    graph = R.Graph(name=name, seed=6, verify=verify)
+    m = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss")
+    for layer in (Dense(16, input_shape=(4,)), Activation("relu"), Dense(3)):
+        m.add(layer)
+    names = list(m.fit(X, Y, n_epochs=epochs, batch_size=8, shuffle=True))
+    m.predict(X).persist_op("prediction")
+    return graph, names + ["prediction"]
+
+
+def assert_honest_bits(graph, names):
+    want = on_one_thread(evaluate_persisted, graph, names)
+    for name in names:
+        assert torch.equal(R.fetch_persisting_op(name), want[name]), name
+
+
+def test_a_fit_under_spot_checks_on_honest_workers_gives_the_unverified_bits(engine, workers, client):
+    workers.start(2, extra=("--checkpoint-steps", "5"))
+    graph, names = record_fit("fit", "spot")
+    summary = R.activate()
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=600)
+    assert_honest_bits(graph, names)
+    trust = read_trust(client.hgetall(TokenKeys(engine.token).trust))
+    assert sum(t["confirmed"] for t in trust.values()) >= 2 * 6   # both runs of each of the loop's 6 segments
+    assert all(t["mismatches"] == 0 for t in trust.values())
+    assert not client.keys(engine.keys().prefix + "ckpt:*"), "the segments' checkpoints are dropped at the end"

@@ -32,6 +32,7 @@ from ravop.wire import plan_pb2, unpack_nodes
 from . import device as devices
 from . import calibrate, emulated_device, memory, verify
 from .spot import SpotChecks
+from .spot_loop import LoopSegments, check_segment, drop_segments
 from .cache import TensorCache
 from .heartbeat import Heartbeat
 from .loop_subgraph import (CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, LoopHandedBack, drop_checkpoint,
@@ -191,6 +192,9 @@ class Worker:
 
     def _run_message(self, keys, subgraph_id, message_id, deliveries, fields):
         """Claim the subgraph, check its plan, run it and deliver what it made (or why it failed)."""
+        if b"segment" in fields:   # a re-run of a spot-checked loop's segment (worker/spot_loop.py)
+            check_segment(self, keys, subgraph_id, message_id, deliveries, fields)
+            return
         claimed = self._claim(keys, subgraph_id, message_id, deliveries, fields)
         if claimed is None:
             return
@@ -258,16 +262,19 @@ class Worker:
     def _execute(self, keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes, spot=False):
         """Run a checked subgraph and store its outputs; a failure gives the message up with its reason."""
         try:
-            outputs = self._compute(keys, subgraph_id, subgraph, program, seed, max_bytes)
-            if self.wrong_outputs is not None and self.wrong_outputs.lies():
+            outputs = self._compute(keys, subgraph_id, subgraph, program, seed, max_bytes, spot)
+            is_loop = subgraph.HasField("loop")   # under verify='spot' checked per segment, as it runs
+            if self.wrong_outputs is not None and not (spot and is_loop) and self.wrong_outputs.lies():
                 outputs = verify.perturb(outputs)
             if copies > 1 and not self._verified(keys, subgraph_id, message_id, outputs, copies, program):
                 return
-            if spot and not self.spot.accepted(keys, subgraph_id, message_id, verify.digest(outputs),
+            if spot and not is_loop and not self.spot.accepted(keys, subgraph_id, message_id, verify.digest(outputs),
                                                program.steps[0] if program.steps else None):
                 return
             self._finish(keys, subgraph_id, message_id, outputs)
-            if subgraph.HasField("loop"):
+            if is_loop:
+                if spot:
+                    drop_segments(self.client, keys, subgraph_id)
                 drop_checkpoint(self.client, keys, subgraph_id)
         except KernelError as exc:
             if exc.reason == OVER_BUDGET:  # keep serving: drop what this worker holds for reuse, then report
@@ -293,7 +300,7 @@ class Worker:
         except StoreLimitError as exc:
             self._give_up(keys, message_id, subgraph_id, str(exc), "server full")
 
-    def _compute(self, keys, subgraph_id, subgraph, program, seed, max_bytes):
+    def _compute(self, keys, subgraph_id, subgraph, program, seed, max_bytes, spot=False):
         """{output id: tensor} of a checked subgraph: a loop's (with its checkpoints) or a plain one's."""
         inputs = self._inputs(keys, subgraph)
         if subgraph.HasField("loop"):
@@ -301,7 +308,8 @@ class Worker:
             try:
                 return run_loop(self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
                                 self.checkpoint_steps, self.checkpoint_seconds, max_bytes, self.memory_budget,
-                                self.stopping, self._work_waiting)
+                                self.stopping, self._work_waiting,
+                                LoopSegments(self, keys, subgraph_id) if spot else None)
             finally:
                 self.metrics.loop_ended()
         with emulated_device.paced(subgraph, inputs):   # benchmarks only (benchmarks/wan)

@@ -3,6 +3,7 @@ digest of their outputs; the engine is deterministic (same graph, seed, torch ve
 same bits), so honest workers agree bit for bit. A disagreement fails the graph naming the workers, and a
 worker outvoted by a majority is banned from that requester's work."""
 import hashlib
+import logging
 from collections import Counter
 
 import torch
@@ -10,6 +11,9 @@ import torch
 from ravop.wire import encode_tensor
 
 from . import device as devices
+from .dispute_trace import wrap_calls
+
+log = logging.getLogger("ravop.worker")
 
 
 def digest(outputs):
@@ -54,6 +58,31 @@ class Liar:
         """Whether the result being made now is a lie; counts it."""
         self.results += 1
         return self.results > self.honest
+
+    @property
+    def lying(self):
+        """Whether the next result will be a lie (a loop segment's steps are perturbed while it is made)."""
+        return self.results >= self.honest
+
+    def instrument(self, loop_run):
+        """Perturb, while `lying`, the first floating-point output of every step of `loop_run` (a
+        ravop.loop_run.LoopRun): a faulty kernel. Logs which op it perturbs, once."""
+        told = set()
+
+        def hook(template, index, value):
+            if index == 0:
+                hook.done = False
+            if not self.lying or hook.done or not isinstance(value, torch.Tensor) or not value.is_floating_point() \
+                    or not value.numel():
+                return value
+            hook.done = True
+            node = loop_run.steps[template].runner.nodes[index]
+            if (template, index) not in told:
+                told.add((template, index))
+                log.warning("test liar: perturbing op %r recorded at %s", node.op, node.source)
+            return perturb({0: value})[0]
+        hook.done = False
+        wrap_calls(loop_run, hook)
 
 
 def perturb(outputs):

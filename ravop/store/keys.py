@@ -32,6 +32,8 @@ graphs spread over the shards:
   votes:{sid}         hash    R.Graph(verify=k): worker -> digest of its outputs of the subgraph; under
                               verify='spot', "worker@kind" -> digest, and #state, #runner, #accepted, #losers
   votes:{sid}:{seg}   hash    the same for segment `seg` of a loop subgraph (verify='spot')
+  traces:{sid}:{seg}  hash    a disputed loop segment's re-runs: "worker@kind" -> per-op digests of each step
+                              (worker/dispute_trace.py)
   disputes            stream  settled spot-check disputes: subgraph, segment, worker (the losers), op, source,
                               error (the text `ravop logs` shows)
   segs:{sid}          hash    a spot-checked loop's segments: seg -> "start;end;runner"; confirmed -> the
@@ -187,6 +189,9 @@ class GraphKeys:
 
     def votes(self, subgraph_id: Union[int, str], segment: Union[int, str, None] = None) -> str:
         return f"{self.prefix}votes:{subgraph_id}" + ("" if segment is None else f":{segment}")
+
+    def traces(self, subgraph_id: Union[int, str], segment: str) -> str:
+        return f"{self.prefix}traces:{subgraph_id}:{segment}"
 
     def segments(self, subgraph_id: Union[int, str]) -> str:
         return f"{self.prefix}segs:{subgraph_id}"
