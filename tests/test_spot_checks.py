@@ -1,13 +1,15 @@
 """Adaptive spot checks, `R.Graph(verify='spot')` (docs/verification.md): real server, real worker processes. A
 new worker's results are all checked by another worker until it is trusted; a liar is outvoted by a third run,
 banned for the token and named in `ravop logs`, and the graph ends with the honest bits."""
+import re
+
 import numpy as np
 import pytest
 import torch
 
 import ravop as R
 from compiler.cost import DEVICES
-from helpers import on_one_thread
+from helpers import on_one_thread, wait_for
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
@@ -114,3 +116,33 @@ def test_a_fit_under_spot_checks_on_honest_workers_gives_the_unverified_bits(eng
     assert sum(t["confirmed"] for t in trust.values()) >= 2 * 6   # both runs of each of the loop's 6 segments
     assert all(t["mismatches"] == 0 for t in trust.values())
     assert not client.keys(engine.keys().prefix + "ckpt:*"), "the segments' checkpoints are dropped at the end"
+
+
+def test_a_liar_running_a_fit_is_caught_rewound_banned_and_the_dispute_names_the_op(engine, workers, client):
+    """The liar takes the loop (it is alone when the fit starts), is honest for its first segment, then perturbs
+    a kernel's output at every step: its second segment's check disagrees, a third worker sides with the
+    checker, the liar is banned, the loop rewinds to the confirmed checkpoint and an honest worker finishes it."""
+    [liar] = workers.start(1, extra=("--test-wrong-outputs=after:1", "--checkpoint-steps", "5", "-v"), prefix="liar")
+    graph, names = record_fit("fit", "spot")
+    R.activate()
+    R.execute()
+    keys = engine.keys()
+    wait_for(lambda: client.hget(keys.taken, 0) == liar.encode(), "the liar to take the loop")
+    honest = workers.start(2, extra=("--checkpoint-steps", "5", "-v"))
+    R.track_progress(progress_bar=False, timeout=600)
+    import sys; print(client.hgetall(keys.checkpoint(0)), {k: client.hgetall(k) for k in client.keys(keys.prefix + "votes:*")}, client.hgetall(keys.segments(0)), client.hgetall(keys.taken), client.hgetall(keys.ran), file=sys.stderr)
+    assert_honest_bits(graph, names)
+    assert client.smembers(TokenKeys(engine.token).banned) == {liar.encode()}
+    assert client.hget(keys.ran, 0).decode() in honest   # the loop was finished by an honest worker
+
+    perturbed = re.search(r"perturbing op '(\w+)' recorded at (\S+)", workers.log(liar))
+    assert perturbed, workers.log(liar)
+    lines = [f["error"] for f in status.failures(client, keys)]
+    # it perturbs from the first step of each segment after its first (steps 6-10, 11-15, ...): the settled
+    # disputes (a segment rewound away before its check settled is dropped) name that step and that op
+    pattern = (rf"worker {liar} and ({'|'.join(honest)}) differ first at step (\d+), op '{perturbed.group(1)}' "
+               rf"recorded at {re.escape(perturbed.group(2))}")
+    narrowed = [re.fullmatch(pattern, line) for line in lines if line.startswith(f"worker {liar} and ")]
+    assert narrowed and all(narrowed), lines
+    assert all(int(found.group(2)) in (6, 11, 16, 21, 26) for found in narrowed), lines
+    assert re.search(r"test_spot_checks\.py:\d+$", perturbed.group(2))   # the user's line, as recorded

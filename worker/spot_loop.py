@@ -62,6 +62,8 @@ class LoopSegments:
         pipe.sismember(TokenKeys(self.keys.token).banned, self.worker.name)
         taken, banned = pipe.execute()
         if banned or taken != self.worker.name.encode():
+            log.info("worker %s stops loop subgraph %s of graph %s: %s", self.worker.name, self.subgraph_id,
+                     self.keys.graph_id, "banned" if banned else f"rewound (now {taken})")
             raise LoopAbandoned("rewound by a spot check" if not banned else "banned by a spot check")
 
     def on_checkpoint(self, start, end, carried):
@@ -69,6 +71,8 @@ class LoopSegments:
         if liar is not None:
             liar.lies()
         self.last_end = end
+        log.info("worker %s: loop subgraph %s of graph %s, segment %d-%d done", self.worker.name, self.subgraph_id,
+                 self.keys.graph_id, start, end)
         self.worker.spot.script.submit(self.keys, self.subgraph_id, self.worker.spot.member,
                                        verify.digest(dict(enumerate(carried))), self.worker.kind,
                                        segment_id(start, end, self.worker.spot.member))
@@ -92,13 +96,23 @@ class LoopSegments:
                 raise LoopAbandoned(state)
             if all(v in SETTLED for k, v in segments.items() if k.endswith(b":state")):
                 narrow_by = narrow_by or time.monotonic() + NARROW_WAIT_SECONDS
-                disputed = [s for s in segments.get(b"#disputes", b"").decode().split(",") if s]
-                if time.monotonic() > narrow_by or all(
-                        client.hexists(keys.votes(self.subgraph_id, s), "#narrowed") for s in disputed):
+                if time.monotonic() > narrow_by or not self._unnarrowed(segments):
                     return
             if self.worker.stopping.is_set():
                 raise LoopHandedBack(self.last_end)
             self.worker.stopping.wait(POLL_SECONDS)
+
+
+    def _unnarrowed(self, segments):
+        """The loop's settled disputes whose loser's first difference is not recorded yet (a dispute of a segment
+        rewound away never settles, and is not waited for)."""
+        client, keys = self.worker.client, self.keys
+        disputed = [s for s in segments.get(b"#disputes", b"").decode().split(",") if s]
+        pipe = client.pipeline(transaction=False)
+        for segment in disputed:
+            pipe.hmget(keys.votes(self.subgraph_id, segment), "#state", "#losers", "#narrowed")
+        return [s for s, (state, losers, narrowed) in zip(disputed, pipe.execute())
+                if state == b"confirmed" and losers and not narrowed]
 
 
 def drop_segments(client, keys, subgraph_id):

@@ -60,10 +60,9 @@ end
 local function rewind(losers)
   -- the loop's runner lost: go back to the end of the segments confirmed from step 0 (or accepted unchecked
   -- from a runner that did not lose), forget the later ones, and queue the loop for an honest worker
+  -- (whoever runs the loop now: a worker that took it over resumed from the loser's unconfirmed checkpoint)
   local runner = string.match(ARGV[6], ':(.*)$')
-  if not losers[runner] then return end
-  local name = string.match(runner, '^(.*)@[^@]*$') or runner
-  if redis.call('HGET', KEYS[8], ARGV[5]) ~= name then return end   -- replaced already
+  if not losers[runner] or redis.call('HEXISTS', segs, ARGV[6]) == 0 then return end   -- rewound away already
   local entries = {}
   local all = redis.call('HGETALL', segs)
   for i = 1, #all, 2 do
@@ -75,7 +74,8 @@ local function rewind(losers)
     moved = false
     for _, entry in ipairs(entries) do
       local state = redis.call('HGET', segs, entry[3] .. ':state')
-      if entry[1] == at and entry[2] > at and (state == 'confirmed' or (state == 'unchecked' and not losers[entry[4]])) then
+      if entry[1] == at and entry[2] > at and entry[3] ~= ARGV[6] and
+          (state == 'confirmed' or (state == 'unchecked' and not losers[entry[4]])) then
         at, moved = entry[2], true
         break
       end
