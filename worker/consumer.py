@@ -11,6 +11,7 @@ goes on; a kernel error fails the graph at once (it would fail again on any work
 """
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -390,7 +391,9 @@ class Worker:
         pipe.xack(self.stream, GROUP, message_id)
         pipe.xdel(self.stream, message_id)
         pipe.execute()
-        self.stopping.wait(PASS_ON_SECONDS)
+        # jittered: workers passing on each other's messages in lockstep (one may run only A, the other only B,
+        # and each always reads the other's) would never get theirs
+        self.stopping.wait(PASS_ON_SECONDS * random.uniform(0.5, 1.5))
 
     def _verified(self, keys, subgraph_id, message_id, outputs, copies, program):
         """Vote with these outputs. True if this worker should store them and complete the subgraph (the
