@@ -1,5 +1,5 @@
 """What `ravop status`, `ravop graphs`, `ravop logs` and the dashboard show, as plain JSON-ready dicts read
-from Redis: live workers, a token's graphs with progress and ETA, one graph's subgraphs as a DAG coloured by
+from Redis: live workers, their trust with the token (verify='spot'), a token's graphs with progress and ETA, one graph's subgraphs as a DAG coloured by
 state, its failures, and cancelling it. Read-only except `cancel`."""
 import time
 
@@ -7,7 +7,8 @@ import networkx as nx
 import redis
 
 from . import graph_states
-from .store import DEAD_LETTER, Scripts
+from .spot_policy import TRUST_FIELDS, read_trust
+from .store import DEAD_LETTER, Scripts, TokenKeys
 from .store import graphs as store_graphs
 from .store import worker_info
 
@@ -41,7 +42,28 @@ def cluster(client, token):
     workers = worker_info.read_all(client)
     for worker in workers:
         worker["last_heartbeat_age"] = now - worker["heartbeat"]
-    return {"time": now, "token": token, "workers": workers, "graphs": graphs(client, token, now)}
+    return {"time": now, "token": token, "workers": workers, "graphs": graphs(client, token, now),
+            "trust": trust(client, token)}
+
+
+def trust(client, token):
+    """This token's record of each worker under verify='spot' (ravop.spot_policy), by worker and device type:
+    [{'worker', 'kind', 'streak', 'confirmed', 'mismatches', 'unchecked', 'banned'}], and workers banned
+    without a record (verify=k)."""
+    token_keys = TokenKeys(token)
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(token_keys.trust)
+    pipe.smembers(token_keys.banned)
+    raw, banned = pipe.execute()
+    banned = {b.decode() for b in banned}
+    rows = []
+    for member, counts in sorted(read_trust(raw).items()):
+        worker, _, kind = member.rpartition("@")
+        rows.append({"worker": worker, "kind": kind, **counts, "banned": worker in banned})
+    known = {row["worker"] for row in rows}
+    rows += [{"worker": w, "kind": "", **dict.fromkeys(TRUST_FIELDS, 0), "banned": True}
+             for w in sorted(banned - known)]
+    return rows
 
 
 SUBGRAPH_STATES = ("waiting", "queued", "running", "done", "failed")

@@ -15,16 +15,18 @@ from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop.interpreter import evaluate_persisted
 from ravop import status
+from ravop.cluster_cli import _status_text
 from ravop.spot_policy import read_trust
 from ravop.store import TokenKeys
 
 
 def branches(name, verify):
-    """Two independent matmul branches (two subgraphs) and their sum (a third)."""
+    """Two independent matmul branches (two subgraphs) and their product (a third); plain subgraphs, with loop
+    folding off (the tests' `no_loop_folding`: the branches' repeated steps would fold into a loop)."""
     R.Graph(name=name, verify=verify)
     generator = torch.Generator().manual_seed(1)
-    left, right = (R.t(torch.rand(256, 256, generator=generator) / 256) for _ in range(2))
-    for _ in range(3):
+    left, right = (R.t(torch.rand(384, 384, generator=generator) / 384) for _ in range(2))
+    for _ in range(4):
         left, right = R.tanh(left @ left), R.tanh(right @ right)
     (left @ right).persist_op("out")
     summary = R.activate(devices=DEVICES)   # fixed cost figures: the branches stay apart
@@ -34,7 +36,8 @@ def branches(name, verify):
     return summary, R.fetch_persisting_op("out")
 
 
-def test_spot_checks_on_honest_workers_give_the_unverified_bits_and_build_trust(engine, workers, client):
+def test_spot_checks_on_honest_workers_give_the_unverified_bits_and_build_trust(engine, workers, client,
+                                                                               no_loop_folding):
     names = workers.start(2)
     _, plain = branches("plain", 1)
     summary, checked = branches("spot", R.Verify(rate=0.0, trust_after=50))
@@ -53,7 +56,7 @@ def test_spot_checks_on_honest_workers_give_the_unverified_bits_and_build_trust(
     assert all(client.hget(keys.votes(sid), "#state") == b"unchecked" for sid in range(summary["subgraphs"]))
 
 
-def test_a_liar_is_outvoted_banned_and_named_and_the_result_is_honest(engine, workers, client):
+def test_a_liar_is_outvoted_banned_and_named_and_the_result_is_honest(engine, workers, client, no_loop_folding):
     workers.start(2)
     _, plain = branches("plain", 1)
     [liar] = workers.start(1, extra=["--test-wrong-outputs"], prefix="liar")
@@ -68,6 +71,13 @@ def test_a_liar_is_outvoted_banned_and_named_and_the_result_is_honest(engine, wo
     assert trust[f"{liar}@cpu"]["mismatches"] >= 1 and trust[f"{liar}@cpu"]["streak"] == 0
     disputes = [f for f in status.failures(client, engine.keys()) if f["reason"] == "verification dispute"]
     assert disputes and all(f["worker"] == f"{liar}@cpu" for f in disputes)
+
+    report = status.cluster(client, engine.token)   # what `ravop status` and the dashboard show
+    rows = {row["worker"]: row for row in report["trust"]}
+    assert rows[liar]["banned"] and rows[liar]["mismatches"] >= 1 and rows[liar]["kind"] == "cpu"
+    assert not any(row["banned"] or row["mismatches"] for worker, row in rows.items() if worker != liar)
+    text = _status_text(report, "redis://example")
+    assert "trust (verify='spot')" in text and re.search(rf"{liar}\s+cpu\s+\d+\s+0\s+\d+\s+[1-9]\d*\s+yes", text)
 
 
 def test_verify_spot_is_checked():

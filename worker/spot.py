@@ -5,7 +5,6 @@ have no majority. Who is checked, who won a dispute and who is banned are decide
 import logging
 
 from ravop.spot_policy import trust_member
-from ravop.store import TokenKeys
 from ravop.store.spot_scripts import SpotScript
 
 log = logging.getLogger("ravop.worker")
@@ -27,10 +26,16 @@ class SpotChecks:
         votes = self.worker.client.hmget(keys.votes(subgraph_id, segment), self.member, "#state")
         return votes[0] is None or votes[1] in (b"unchecked", b"confirmed")
 
+    def submit(self, keys, subgraph_id, digest, segment=None):
+        """The SPOT script's reply to this worker's digest of a result (counted in its metrics)."""
+        reply = self.script.submit(keys, subgraph_id, self.member, digest, self.worker.kind, segment)
+        self.worker.metrics.spot_verdict(reply[0])
+        return reply
+
     def accepted(self, keys, subgraph_id, message_id, digest, node=None, segment=None):
         """Whether this worker is to store its result and complete (True); otherwise the message was acked, or
         given up on (the runs have no majority: the graph fails naming them)."""
-        reply = self.script.submit(keys, subgraph_id, self.member, digest, self.worker.kind, segment)
+        reply = self.submit(keys, subgraph_id, digest, segment)
         verdict, named = reply[0], reply[1:]
         what = f"subgraph {subgraph_id}" + ("" if segment is None else f" segment {segment}")
         if verdict in ACCEPTED:
@@ -46,9 +51,6 @@ class SpotChecks:
             return False
         self.worker._ack(message_id)
         return False
-
-    def banned(self, token):
-        return bool(self.worker.client.sismember(TokenKeys(token).banned, self.worker.name))
 
     def record(self, keys, subgraph_id, segment, losers, node, text):
         """Log a settled dispute in the graph's `disputes` stream, which `ravop logs` shows."""

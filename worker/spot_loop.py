@@ -73,9 +73,8 @@ class LoopSegments:
         self.last_end = end
         log.info("worker %s: loop subgraph %s of graph %s, segment %d-%d done", self.worker.name, self.subgraph_id,
                  self.keys.graph_id, start, end)
-        self.worker.spot.script.submit(self.keys, self.subgraph_id, self.worker.spot.member,
-                                       verify.digest(dict(enumerate(carried))), self.worker.kind,
-                                       segment_id(start, end, self.worker.spot.member))
+        self.worker.spot.submit(self.keys, self.subgraph_id, verify.digest(dict(enumerate(carried))),
+                                segment_id(start, end, self.worker.spot.member))
 
     def instrument(self, loop_run):
         if self.worker.wrong_outputs is not None:
@@ -217,8 +216,7 @@ def check_segment(worker, keys, subgraph_id, message_id, deliveries, fields):
     if not trace_for:
         if worker.wrong_outputs is not None:
             worker.wrong_outputs.lies()
-        reply = spot.script.submit(keys, subgraph_id, spot.member, verify.digest(dict(enumerate(carried))),
-                                   worker.kind, segment)
+        reply = spot.submit(keys, subgraph_id, verify.digest(dict(enumerate(carried))), segment)
         if reply[0] == "split":
             worker._give_up(keys, message_id, subgraph_id, f"verification failed: loop segment {segment} gave "
                             f"different results on different workers: no majority among {', '.join(reply[1:])}",
