@@ -4,9 +4,9 @@ they catch cheaters.
     python benchmarks/bench_verify.py [--branches 16] [--repeats 3] [--trials 400] [--honest 10000]
 
 Part 1, overhead (a private Valkey server and two worker processes, one thread each): a graph of `--branches`
-independent branches (each a chain of 256x256 matmuls and tanh, one subgraph each) run without verification and
-under verify=R.Verify(rate=0.1) once both workers are trusted, best of `--repeats`; then a small `fit` (one loop,
-checkpoints every 5 steps) both ways. Rows: wall time, and extra compute (re-runs over results, counted from the
+independent branches (each a chain of 8 512x512 matmuls and tanh) run without verification and
+under verify=R.Verify(rate=0.1) once both workers are trusted, best of `--repeats`; then a `fit` (one loop of 320
+steps of a 64-512-512-8 MLP, checkpoints every 10 steps) both ways. Rows: wall time, and extra compute (re-runs over results, counted from the
 store: every checked result costs `copies - 1` re-runs). Eager PyTorch runs the branches in this process for scale.
 
 Part 2, detection: the engine's own SPOT script (ravop/store/spot_scripts.py) on a private server, driven by a
@@ -20,7 +20,6 @@ workers, and a worker is caught when the script bans it. Nothing of the policy i
   accepted unchecked, honest workers banned.
 """
 import argparse
-import math
 import random
 import sys
 import tempfile
@@ -42,7 +41,8 @@ from ravop.store import GraphKeys, TokenKeys, connect, queue  # noqa: E402
 from ravop.store.keys import worker_key  # noqa: E402
 from ravop.store.spot_scripts import SpotScript  # noqa: E402
 
-N = 256
+N = 512
+CHAIN = 8
 RATES = (0.02, 0.05, 0.1, 0.2)
 CORRUPT = 0.1
 WITHIN = 500
@@ -55,7 +55,7 @@ def record_branches(branches, verify):
     generator = torch.Generator().manual_seed(0)
     for b in range(branches):
         x = R.t(torch.rand(N, N, generator=generator) / N)
-        for _ in range(6):
+        for _ in range(CHAIN):
             x = R.tanh(x @ x)
         x.persist_op(f"out_{b}")
     R.activate(devices=DEVICES)
@@ -66,7 +66,7 @@ def eager_branches(branches):
     began = time.perf_counter()
     for _ in range(branches):
         x = torch.rand(N, N, generator=generator) / N
-        for _ in range(6):
+        for _ in range(CHAIN):
             x = torch.tanh(x @ x)
     return time.perf_counter() - began
 
@@ -76,12 +76,12 @@ def record_fit(verify):
     from ravdl.v2.layers import Activation, Dense
     from ravdl.v2.optimizers import Adam
     rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(512, 32)), np.eye(4)[rng.integers(0, 4, 512)]
+    x, y = rng.normal(size=(2048, 64)), np.eye(8)[rng.integers(0, 8, 2048)]
     R.Graph(name="fit", seed=1, verify=verify)
     model = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss")
-    for layer in (Dense(64, input_shape=(32,)), Activation("relu"), Dense(4)):
+    for layer in (Dense(512, input_shape=(64,)), Activation("relu"), Dense(512), Activation("relu"), Dense(8)):
         model.add(layer)
-    model.fit(x, y, n_epochs=20, batch_size=32)   # 320 steps: 64 segments of 5
+    model.fit(x, y, n_epochs=10, batch_size=64)   # 320 steps: 32 segments of 10
     R.activate()
 
 
@@ -105,7 +105,7 @@ def overhead(args):
     client = connect(server.url)
     logs = Path(tempfile.mkdtemp(prefix="bench-verify-"))
     procs = [start_worker(server.url, f"bench-{k}", "cpu", threads=1, log_path=str(logs / f"{k}.log"),
-                          extra_args=["--checkpoint-steps", "5"]) for k in range(2)]
+                          extra_args=["--checkpoint-steps", "10"]) for k in range(2)]
     try:
         while not all(client.exists(worker_key(f"bench-{k}")) for k in range(2)):
             time.sleep(0.1)
@@ -200,12 +200,12 @@ def time_to_catch(client, rate, trust_after=10, honest_first=(0, 40), limit=WITH
 
 
 def detection(client, args):
-    print(f"\nPart 2a: a trusted cheater corrupting {CORRUPT:.0%} of its results ({args.trials} cheaters at "
-          "rate 0.1, fewer at the others); the formula P = 1 - (1 - f*rate)^n")
+    print(f"\nPart 2a: a trusted cheater corrupting {CORRUPT:.0%} of its results ({args.trials} cheaters "
+          "at each rate); the formula P = 1 - (1 - f*rate)^n")
     print(f"{'rate':>5} {'trials':>7} {f'caught <= {WITHIN}':>13} {'formula':>8} {'mean results':>13} "
           f"{'formula':>8}")
     for rate in RATES:
-        trials = args.trials if rate == 0.1 else max(args.trials // 4, 50)
+        trials = args.trials
         times = [time_to_catch(client, rate) for _ in range(trials)]
         caught = [t for t in times if t is not None]
         formula = 1 - (1 - CORRUPT * rate) ** WITHIN

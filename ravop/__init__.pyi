@@ -29,10 +29,10 @@ from .errors import UnknownPersistName as UnknownPersistName
 from .fetching import fetch_losses as fetch_losses
 from .fetching import fetch_persisting_op as fetch_persisting_op
 from .graph import Graph as Graph
-from .spot_policy import Verify as Verify
 from .graph import current_graph as current_graph
 from .session import flush as flush
 from .session import initialize as initialize
+from .spot_policy import Verify as Verify
 from .torchscript_import import model as model
 from .tracking import execute as execute
 from .tracking import get_my_graphs as get_my_graphs

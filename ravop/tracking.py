@@ -47,15 +47,16 @@ def execute(timeout: Optional[float] = None, participants: Optional[int] = None)
     kind_of(session.client.hget(keys.meta, "approach")).start(session.client, keys)
     copies, spot = session.client.hmget(keys.meta, "verify", "spot")
     copies = int(copies or 1)
-    if spot:   # a check needs `copies` distinct workers, a tie-break one more
-        copies = Verify.decode(spot).copies + 1
+    if spot:   # a check needs `copies` distinct workers (a tie-break one more)
+        copies = Verify.decode(spot).copies
     if copies > 1:
         if session.embedded is not None:
             session.embedded.wait_ready(session.client)
         meta = read_meta(session, keys)
         connected = sum(len(liveness.alive(session.client, k)) for k in meta.get("devices", "").split(",") if k)
         if connected < copies:
-            needs = (f"verify='spot' checks results on other workers ({copies} for a disputed one)" if spot else
+            needs = (f"verify='spot' checks results on {copies} different workers ({copies + 1} for a disputed "
+                     "one)" if spot else
                      f"verify={copies} runs each subgraph on {copies} different workers")
             print(f"graph {meta['name']!r}: {needs}, but {connected} are connected; it waits for more",
                   file=sys.stderr)

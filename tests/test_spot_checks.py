@@ -16,8 +16,9 @@ from ravdl.v2.optimizers import Adam
 from ravop.interpreter import evaluate_persisted
 from ravop import status
 from ravop.cluster_cli import _status_text
-from ravop.spot_policy import read_trust
+from ravop.spot_policy import Verify, read_trust
 from ravop.store import TokenKeys
+from worker.dispute_trace import Tracer, first_difference, unpack
 
 
 def branches(name, verify):
@@ -155,3 +156,25 @@ def test_a_liar_running_a_fit_is_caught_rewound_banned_and_the_dispute_names_the
     assert narrowed and all(narrowed), lines
     assert all(int(found.group(2)) in (6, 11, 16, 21, 26) for found in narrowed), lines
     assert re.search(r"test_spot_checks\.py:\d+$", perturbed.group(2))   # the user's line, as recorded
+
+
+def test_a_trace_names_the_first_differing_step_and_op():
+    def trace(steps):
+        tracer = Tracer()
+        for template, values in steps:
+            for index, value in enumerate(values):
+                tracer._record(template, index, value)
+            tracer.step()
+        return unpack(tracer.bytes())
+    honest = [(0, [torch.ones(3), torch.zeros(2)]), (0, [torch.ones(3), torch.ones(2)])]
+    lied = [(0, [torch.ones(3), torch.zeros(2)]), (0, [torch.ones(3), torch.full((2,), 2.0)])]
+    assert first_difference(trace(honest), trace(honest)) is None
+    assert first_difference(trace(lied), trace(honest)) == (1, 0, 1)
+    assert first_difference(trace(honest[:1]), trace(honest)) == (1, None, None)
+
+
+def test_a_policy_travels_in_the_meta_unchanged():
+    policy = R.Verify(rate=0.25, trust_after=3, copies=3)
+    assert Verify.decode(policy.encode().encode()) == policy
+    with pytest.raises(ValueError, match="malformed spot-check policy"):
+        Verify.decode("0.1;ten;2")
