@@ -8,7 +8,8 @@ a worker running modified code is held to these rules, not to what our code happ
 - A worker claims and acks work, reads any graph's plan and tensors (it is given subgraphs of every token;
   Redis cannot narrow a key pattern to "what you claimed") and writes outputs, progress and dead letters.
   It may delete only what its protocol deletes: released tensors, its checkpoints, its own liveness keys.
-  It cannot delete, flush or list graphs, nor clear its own name from a token's banned set.
+  It cannot delete, flush or list graphs, nor clear its own name from a token's banned set. It writes a token's
+  spot-check trust records (`trust`), through the SPOT script (R.Graph(verify='spot')), which runs under its user.
 """
 from typing import Any, List, Mapping, Optional
 
