@@ -102,12 +102,13 @@ Y = np.eye(3)[np.random.default_rng(3).integers(0, 3, 40)]
 def record_fit(name, verify, epochs=6):
     """A small fit: 5 batches an epoch, so with workers checkpointing every 5 steps one segment an epoch."""
     graph = R.Graph(name=name, seed=6, verify=verify)
-    m = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss")
-    for layer in (Dense(16, input_shape=(4,)), Activation("relu"), Dense(3)):
-        m.add(layer)
-    names = list(m.fit(X, Y, n_epochs=epochs, batch_size=8, shuffle=True))
-    m.predict(X).persist_op("prediction")
-    return graph, names + ["prediction"]
+    model = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss")
+    model.add(Dense(16, input_shape=(4,)))
+    model.add(Activation("relu"))
+    model.add(Dense(3))
+    persisted = [*model.fit(X, Y, n_epochs=epochs, batch_size=8, shuffle=True), "prediction"]
+    model.predict(X).persist_op("prediction")
+    return graph, persisted
 
 
 def assert_honest_bits(graph, names):
