@@ -27,6 +27,7 @@ from .graph import Graph as Graph
 from .graph import current_graph as current_graph
 from .session import flush as flush
 from .session import initialize as initialize
+from .spot_policy import Verify as Verify
 from .torchscript_import import model as model
 from .tracking import execute as execute
 from .tracking import get_my_graphs as get_my_graphs

@@ -134,7 +134,18 @@ def _status_text(report, url):
              f"{w['graph']} subgraph {w['subgraph']}" if w.get("graph") else "-", w.get("threads", "?"),
              f"{_mib(w.get('rss'))} / {_mib(w.get('memory_limit'))}", _ago(w["last_heartbeat_age"]) + " ago")
             for w in workers]),
-        "", f"graphs ({len(report['graphs'])})", _table(_GRAPH_HEADERS, _graph_rows(report["graphs"]))])
+        "", f"graphs ({len(report['graphs'])})", _table(_GRAPH_HEADERS, _graph_rows(report["graphs"])),
+        *_trust_text(report.get("trust", []))])
+
+
+def _trust_text(rows):
+    """The workers' trust with this token (verify='spot'), if any has a record."""
+    if not rows:
+        return []
+    return ["", "trust (verify='spot')", _table(
+        ("worker", "device", "confirmed", "in a row", "unchecked", "mismatches", "banned"),
+        [(r["worker"], r["kind"] or "-", r["confirmed"], r["streak"], r["unchecked"], r["mismatches"],
+          "yes" if r["banned"] else "no") for r in rows])]
 
 
 def _failures_text(graph_id, failures):

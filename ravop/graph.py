@@ -15,6 +15,7 @@ from .errors import GraphStateError, ShapeError
 from .federated.column_rules import parse_rules
 from .parallel import check_strategy
 from .sizes import numel
+from .spot_policy import parse_verify
 from .source import user_source
 
 
@@ -132,9 +133,8 @@ class Graph:
             rules = parse_rules(rules)
         elif rules is not None:
             raise ValueError("rules apply only to approach='federated' graphs")
-        if type(verify) is not int or verify < 1:
-            raise ValueError(f"verify must be a positive int (the workers that run each subgraph), not {verify!r}")
-        if verify > 1 and approach == "federated":
+        verify, spot = parse_verify(verify)
+        if (verify > 1 or spot is not None) and approach == "federated":
             raise ValueError("verify= does not apply to a federated graph: each provider's data is its own")
         if strategy is not None:
             check_strategy(strategy)
@@ -148,6 +148,7 @@ class Graph:
         self.rules = rules        # ravop.federated.column_rules.Rules of a federated graph
         self.seed = int(seed)
         self.verify = verify      # run each subgraph on this many distinct workers and compare their outputs
+        self.spot = spot          # ravop.spot_policy.Verify: adaptive spot checks instead (verify='spot'), or None
         self.strategy = strategy  # ravop.parallel strategy of the fits recorded in it (NeuralNetwork.fit)
         self.parallel_fits = []   # strategies fits recorded with; their segments and averagings are not folded
         self.nodes = []           # append-only op table; node.id is its index

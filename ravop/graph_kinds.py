@@ -18,6 +18,7 @@ from .fetched import fetched
 from .store import GraphKeys
 from .store import graphs as store_graphs
 from .store.client_types import Client
+from .store.scripts import is_cluster
 from .store import worker_info
 from .stored_values import LOADERS, fetch_tensor, read_meta
 
@@ -81,6 +82,16 @@ class PlannedGraphs:
                                   "cover yet (a loop runs as a whole on one worker): leave verify= out")
         meta = {"name": graph.name, "algorithm": graph.algorithm, "approach": graph.approach,
                 "rules": json.dumps(graph.rules), "summary": json.dumps(summary), "verify": graph.verify}
+        if graph.spot is not None:
+            if graph.parallel_fits:
+                raise GraphStateError(f"graph {graph.name!r} has verify='spot' and fits under a strategy, whose "
+                                      "replicas exchange values as they run, which a segment's re-run on another "
+                                      "worker does not cover yet: leave strategy= or verify= out")
+            if is_cluster(session.client):
+                raise GraphStateError(f"graph {graph.name!r} has verify='spot', whose trust records live in the "
+                                      "token's keys, another slot than the graph's on a Redis Cluster: use a "
+                                      "standalone server, or verify=k")
+            meta["spot"] = graph.spot.encode()
         store_graphs.upload(session.client, session.token, compiled.plan, compiled.constants, meta, graph.bundles)
         names = {name: node_id for name, node_id in compiled.plan.persisted.items() if name not in graph.bundles}
         return summary, names

@@ -13,6 +13,7 @@ from .errors import (ConnectionFailed, DeviceUnavailable, GraphCancelledError, G
 from .fetching import fetch_losses, fetch_persisting_op
 from .graph import Graph, Op, current_graph
 from .session import flush, initialize
+from .spot_policy import Verify
 from .torchscript_import import model
 from .tracking import execute, get_my_graphs, track_progress
 from .training_losses import Losses

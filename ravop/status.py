@@ -1,6 +1,7 @@
 """What `ravop status`, `ravop graphs`, `ravop logs` and the dashboard show, as plain JSON-ready dicts read
-from Redis: live workers, a token's graphs with progress and ETA, one graph's subgraphs as a DAG coloured by
-state, its failures, and cancelling or stopping it. Read-only except `cancel` and `request_stop`."""
+from Redis: live workers, their trust with the token (verify='spot'), a token's graphs with progress and ETA,
+one graph's subgraphs as a DAG coloured by state, its failures and disputes, and cancelling or stopping it.
+Read-only except `cancel` and `request_stop`."""
 import getpass
 import os
 import socket
@@ -10,7 +11,8 @@ import networkx as nx
 import redis
 
 from . import graph_states
-from .store import DEAD_LETTER, Scripts
+from .spot_policy import TRUST_FIELDS, read_trust
+from .store import DEAD_LETTER, Scripts, TokenKeys
 from .store import graphs as store_graphs
 from .store import worker_info
 
@@ -44,7 +46,28 @@ def cluster(client, token):
     workers = worker_info.read_all(client)
     for worker in workers:
         worker["last_heartbeat_age"] = now - worker["heartbeat"]
-    return {"time": now, "token": token, "workers": workers, "graphs": graphs(client, token, now)}
+    return {"time": now, "token": token, "workers": workers, "graphs": graphs(client, token, now),
+            "trust": trust(client, token)}
+
+
+def trust(client, token):
+    """This token's record of each worker under verify='spot' (ravop.spot_policy), by worker and device type:
+    [{'worker', 'kind', 'streak', 'confirmed', 'mismatches', 'unchecked', 'banned'}], and workers banned
+    without a record (verify=k)."""
+    token_keys = TokenKeys(token)
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(token_keys.trust)
+    pipe.smembers(token_keys.banned)
+    raw, banned = pipe.execute()
+    banned = {b.decode() for b in banned}
+    rows = []
+    for member, counts in sorted(read_trust(raw).items()):
+        worker, _, kind = member.rpartition("@")
+        rows.append({"worker": worker, "kind": kind, **counts, "banned": worker in banned})
+    known = {row["worker"] for row in rows}
+    rows += [{"worker": w, "kind": "", **dict.fromkeys(TRUST_FIELDS, 0), "banned": True}
+             for w in sorted(banned - known)]
+    return rows
 
 
 SUBGRAPH_STATES = ("waiting", "queued", "running", "done", "failed")
@@ -96,7 +119,7 @@ def subgraph_dag(client, keys):
 
 def failures(client, keys):
     """What went wrong in a graph, newest first: its dead-letter entries (reason, op, source line, worker,
-    error), and the failure recorded in its meta if no entry holds it any more."""
+    error), its settled spot-check disputes (R.Graph(verify='spot')), and the failure recorded in its meta if no entry holds it any more."""
     found = []
     try:
         entries = client.xrevrange(DEAD_LETTER, count=DEAD_LETTER_SCAN)
@@ -108,6 +131,11 @@ def failures(client, keys):
             seconds = int(entry_id.decode().split("-")[0]) / 1000
             found.append({"time": seconds, **{k: fields.get(k, "") for k in
                                               ("subgraph", "reason", "op", "source", "worker", "error")}})
+    for entry_id, fields in client.xrevrange(keys.disputes, count=DEAD_LETTER_SCAN):   # verify='spot'
+        fields = {k.decode(): v.decode(errors="replace") for k, v in fields.items()}
+        found.append({"time": int(entry_id.decode().split("-")[0]) / 1000,
+                      **{k: fields.get(k, "") for k in ("subgraph", "reason", "op", "source", "worker", "error")}})
+    found.sort(key=lambda f: f["time"], reverse=True)
     meta = store_graphs.read_state(client, keys)
     if meta.get("state") in graph_states.UNFINISHED and not any(f["error"] == meta.get("error") for f in found):
         finished = client.hget(keys.meta, "finished")

@@ -14,6 +14,7 @@ from .errors import ConnectionFailed, GraphStateError
 from .graph import current_graph
 from .graph_kinds import kind_of
 from .session import Session, require
+from .spot_policy import Verify
 from .store import GraphKeys
 from .store import graphs as store_graphs
 from .store import workers as liveness
@@ -46,15 +47,21 @@ def execute(timeout: Optional[float] = None, participants: Optional[int] = None)
             raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)") from None
         raise
     kind_of(session.client.hget(keys.meta, "approach")).start(session.client, keys)
-    copies = int(session.client.hget(keys.meta, "verify") or 1)
+    copies, spot = session.client.hmget(keys.meta, "verify", "spot")
+    copies = int(copies or 1)
+    if spot:   # a check needs `copies` distinct workers (a tie-break one more)
+        copies = Verify.decode(spot).copies
     if copies > 1:
         if session.embedded is not None:
             session.embedded.wait_ready(session.client)
         meta = read_meta(session, keys)
         connected = sum(len(liveness.alive(session.client, k)) for k in meta.get("devices", "").split(",") if k)
         if connected < copies:
-            print(f"graph {meta['name']!r}: verify={copies} runs each subgraph on {copies} different workers, but "
-                  f"{connected} are connected; it waits for more", file=sys.stderr)
+            needs = (f"verify='spot' checks results on {copies} different workers ({copies + 1} for a disputed "
+                     "one)" if spot else
+                     f"verify={copies} runs each subgraph on {copies} different workers")
+            print(f"graph {meta['name']!r}: {needs}, but {connected} are connected; it waits for more",
+                  file=sys.stderr)
     if participants is not None:
         if session.embedded is not None:
             session.embedded.wait_ready(session.client)

@@ -11,6 +11,7 @@ goes on; a kernel error fails the graph at once (it would fail again on any work
 """
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -34,6 +35,8 @@ from ravop.wire import plan_pb2, unpack_nodes
 
 from . import device as devices
 from . import calibrate, emulated_device, memory, verify
+from .spot import SpotChecks
+from .spot_loop import LoopSegments, check_segment, drop_segments
 from .cache import TensorCache
 from .heartbeat import Heartbeat
 from .loop_subgraph import (CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, LoopHandedBack, drop_checkpoint,
@@ -76,7 +79,7 @@ class Worker:
     def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
                  max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
                  max_memory_bytes=None, provider=None, checkpoint_steps=CHECKPOINT_STEPS,
-                 checkpoint_seconds=CHECKPOINT_SECONDS, wrong_outputs=False, workers_on_machine=None):
+                 checkpoint_seconds=CHECKPOINT_SECONDS, wrong_outputs=None, workers_on_machine=None):
         if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
                              f"{dead_after} and {max_attempts}")
@@ -110,7 +113,8 @@ class Worker:
         self.completed = 0
         self.metrics = WorkerMetrics(name, self.device)  # served by `ravop-worker --metrics-port`
         self._bans = {}  # token -> (when to look again, whether it banned this worker)
-        self.wrong_outputs = wrong_outputs  # tests only: perturb every output (worker/verify.py)
+        self.wrong_outputs = wrong_outputs  # tests only: a worker.verify.Liar that perturbs outputs, or None
+        self.spot = SpotChecks(self)        # R.Graph(verify='spot') (worker/spot.py)
 
     def _advertised(self):
         """What `ravop status` shows of this worker besides its state (`ravop.store.worker_info`)."""
@@ -201,10 +205,13 @@ class Worker:
 
     def _run_message(self, keys, subgraph_id, message_id, deliveries, fields):
         """Claim the subgraph, check its plan, run it and deliver what it made (or why it failed)."""
+        if b"segment" in fields:   # a re-run of a spot-checked loop's segment (worker/spot_loop.py)
+            check_segment(self, keys, subgraph_id, message_id, deliveries, fields)
+            return
         claimed = self._claim(keys, subgraph_id, message_id, deliveries, fields)
         if claimed is None:
             return
-        seed, data, copies = claimed
+        seed, data, copies, spot = claimed
         max_bytes = devices.budget(self.device, self.limit)
         checked = self._checked(keys, subgraph_id, message_id, data, max_bytes, seed)
         if checked is None:
@@ -213,7 +220,7 @@ class Worker:
         self.heartbeat.watch(message_id, keys.graph_id, subgraph_id)
         self.metrics.running(True)
         try:
-            self._execute(keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes)
+            self._execute(keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes, spot)
         finally:
             self.heartbeat.unwatch()
             self.metrics.running(False)
@@ -241,13 +248,16 @@ class Worker:
                 self.handoff.drain(keys)
             self._ack(message_id)
             return None
-        seed, data, copies = int(reply[1]), reply[2], int(reply[3])
+        seed, data, copies, spot = int(reply[1]), reply[2], int(reply[3]), bool(reply[4])
+        if spot and (not self.spot.may_run(keys, subgraph_id) or self._banned(keys.token, fresh=True)):
+            self._pass_on(message_id, fields)   # a check of this worker's own result must be someone else's
+            return None
         if copies > 1:
             votes = self.client.hgetall(keys.votes(subgraph_id))
             if (self.name.encode() in votes and len(votes) < copies) or self._banned(keys.token, fresh=True):
                 self._pass_on(message_id, fields)  # this worker ran it already (another one must), or is banned
                 return None
-        return seed, data, copies
+        return seed, data, copies, spot
 
     def _checked(self, keys, subgraph_id, message_id, data, max_bytes, seed):
         """(plan_pb2.Subgraph, worker.validate.Program, its runner built) of a claimed subgraph's plan; None if it
@@ -264,17 +274,23 @@ class Worker:
             self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
         return None
 
-    def _execute(self, keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes):
+    def _execute(self, keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes, spot=False):
         """Run a checked subgraph and store its outputs; a failure gives the message up with its reason."""
         failed = False
         try:
-            outputs = self._compute(keys, subgraph_id, subgraph, program, seed, max_bytes)
-            if self.wrong_outputs:
+            outputs = self._compute(keys, subgraph_id, subgraph, program, seed, max_bytes, spot)
+            is_loop = subgraph.HasField("loop")   # under verify='spot' checked per segment, as it runs
+            if self.wrong_outputs is not None and not (spot and is_loop) and self.wrong_outputs.lies():
                 outputs = verify.perturb(outputs)
             if copies > 1 and not self._verified(keys, subgraph_id, message_id, outputs, copies, program):
                 return
+            if spot and not is_loop and not self.spot.accepted(keys, subgraph_id, message_id, verify.digest(outputs),
+                                               program.steps[0] if program.steps else None):
+                return
             self._finish(keys, subgraph_id, message_id, outputs)
-            if subgraph.HasField("loop"):
+            if is_loop:
+                if spot:
+                    drop_segments(self.client, keys, subgraph_id)
                 drop_checkpoint(self.client, keys, subgraph_id)
         except KernelError as exc:
             if exc.reason == OVER_BUDGET:  # keep serving: drop what this worker holds for reuse, then report
@@ -310,7 +326,7 @@ class Worker:
             log.info("worker %s: RSS %s after a failed subgraph, %s once its values were collected, %s after "
                      "returning freed memory to the OS", self.name, *map(memory.mib, rss))
 
-    def _compute(self, keys, subgraph_id, subgraph, program, seed, max_bytes):
+    def _compute(self, keys, subgraph_id, subgraph, program, seed, max_bytes, spot=False):
         """{output id: tensor} of a checked subgraph: a loop's (with its checkpoints) or a plain one's."""
         inputs = self._inputs(keys, subgraph)
         if subgraph.HasField("loop"):
@@ -318,7 +334,8 @@ class Worker:
             try:
                 return run_loop(self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
                                 self.checkpoint_steps, self.checkpoint_seconds, max_bytes, self.memory_budget,
-                                self.stopping, self._work_waiting)
+                                self.stopping, self._work_waiting,
+                                LoopSegments(self, keys, subgraph_id) if spot else None)
             finally:
                 self.metrics.loop_ended()
         with emulated_device.paced(subgraph, inputs):   # benchmarks only (benchmarks/wan)
@@ -400,7 +417,9 @@ class Worker:
         pipe.xack(self.stream, GROUP, message_id)
         pipe.xdel(self.stream, message_id)
         pipe.execute()
-        self.stopping.wait(PASS_ON_SECONDS)
+        # jittered: workers passing on each other's messages in lockstep (one may run only A, the other only B,
+        # and each always reads the other's) would never get theirs
+        self.stopping.wait(PASS_ON_SECONDS * random.uniform(0.5, 1.5))
 
     def _verified(self, keys, subgraph_id, message_id, outputs, copies, program):
         """Vote with these outputs. True if this worker should store them and complete the subgraph (the

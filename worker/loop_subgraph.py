@@ -110,7 +110,7 @@ class _Writer:
     """Collects what the steps persist and writes it, with progress and checkpoints, as the loop goes."""
 
     def __init__(self, client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds, n_steps,
-                 resumed_at=None, stop=None, graph=None):
+                 resumed_at=None, stop=None, graph=None, segments=None):
         self.client, self.keys, self.subgraph_id = client, keys, subgraph_id
         self.first_ids = first_ids
         self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
@@ -123,6 +123,10 @@ class _Writer:
         self.saved = resumed_at   # the step of the checkpoint in Redis (None: none)
         self.last = None          # (steps done, carried values) after the last step run here
         self.work_waiting = None  # () -> whether work is queued that no worker has read yet
+        # verify='spot' (worker/spot_loop.py): each checkpoint ends a segment that may be checked, so checkpoints
+        # stay until the loop completes, persisted values are overwritten (a rewound loop's honest rerun replaces
+        # what a liar wrote) and every write first makes sure this worker still runs the loop
+        self.segments = segments
 
     def on_wait(self, state):
         """Called while the loop waits for a value another loop sends: stop if the graph stopped running, hand
@@ -157,9 +161,11 @@ class _Writer:
         fields to set on the graph's meta with them."""
         keys, client = self.keys, self.client
         began = time.monotonic()
+        if self.segments is not None:
+            self.segments.guard()
         pipe = client.pipeline(transaction=True)
         for tensor_id, value in self.pending.items():
-            pipe.set(keys.tensor(tensor_id), encode_tensor(devices.to_host(value)), nx=True)
+            pipe.set(keys.tensor(tensor_id), encode_tensor(devices.to_host(value)), nx=self.segments is None)
         pipe.hset(keys.steps, self.subgraph_id, done)
         if carried is not None and done != self.saved:
             host = [devices.to_host(value) for value in carried]
@@ -176,7 +182,9 @@ class _Writer:
         pipe.hget(keys.meta, "state")
         state = pipe.execute()[-1]
         if carried is not None and done != self.saved:
-            if self.saved is not None:
+            if self.segments is not None:
+                self.segments.on_checkpoint(self.saved or 0, done, carried)
+            elif self.saved is not None:
                 client.delete(*checkpoint_keys(keys, self.subgraph_id, self.saved, len(carried)))
             self.saved, self.checkpointed, self.last_checkpoint = done, done, time.monotonic()
         self.pending = {}
@@ -207,11 +215,12 @@ def _resume(client, keys, subgraph_id, n_carried, device):
 
 def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
              checkpoint_steps=CHECKPOINT_STEPS, checkpoint_seconds=CHECKPOINT_SECONDS, max_bytes=None, budget=None,
-             stop=None, work_waiting=None):
+             stop=None, work_waiting=None, segments=None):
     """{output id: tensor} of a loop subgraph; resumes from its checkpoint if an earlier run left one.
     `max_bytes`, `budget`: the worker's memory rules for the templates; `stop`: a threading.Event set when
     the worker is stopping (then LoopHandedBack after a checkpoint); `work_waiting()`: whether unread work is
-    queued (a loop waiting for another loop's values hands itself back then)."""
+    queued (a loop waiting for another loop's values hands itself back then); `segments`: verify='spot''s
+    segment checks (worker/spot_loop.py), or None."""
     loop_step = check_loop_program(program)
     spec = unpack_loop(subgraph.loop)   # decoded once: the templates' nodes serve the checks and the runner
     watch = None if max_bytes is None else (lambda template: _watcher(spec, template, max_bytes, budget))
@@ -221,10 +230,12 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
         raise PlanError("a loop step's persisted values and their tensor ids do not pair up")
     graph = GraphWatch(client, keys)
     writer = _Writer(client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds, spec.n_steps, start,
-                     stop, graph)
+                     stop, graph, segments)
     try:
         loop_inputs = [inputs[i] for i in loop_step.inputs]
         runner = LoopRun(spec, loop_inputs, seed, device, watch)
+        if segments is not None:
+            segments.instrument(runner)
         writer.work_waiting = work_waiting
         exchange = StoreExchange(client, keys, device, writer.on_wait) if runner.exchanges() else None
         on_step, exchange = emulated_device.paced_steps(writer.on_step, subgraph.loop, loop_inputs, exchange)
@@ -232,9 +243,11 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
         carried = runner.run(carried, start or 0, on_step, exchange,
                              graph.stop_requested if runner.stoppable() else None)
         if runner.stopped_at is None:
-            writer.write(spec.n_steps)
-        else:
+            writer.write(spec.n_steps, carried if segments is not None else None)
+        else:   # a checkpoint at the stop: under verify='spot' it also ends the last segment to check
             writer.write(runner.stopped_at[0], carried, stopped_record(spec, *runner.stopped_at, graph.stop_reason))
+        if segments is not None:
+            segments.wait_settled()
         env = run_nodes(program.steps[1:], {loop_step.id: tuple(carried)}, outputs=program.outputs)
     except OpError as exc:   # reported as on any subgraph: the op, its sizes, the device, and the step
         raise kernel_error(exc, device, budget or 0) from exc.__cause__

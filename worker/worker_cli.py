@@ -21,6 +21,7 @@ from .data import ProviderData
 from .data_provider import Provider
 from .privacy_ledger import PrivacyLedger
 from .loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
+from .verify import Liar
 
 
 def parse_args(argv=None):
@@ -82,7 +83,8 @@ def parse_args(argv=None):
     parser.add_argument("--epsilon-budget", type=float, default=None, metavar="EPSILON",
                         help="answer only differentially private federated queries, until they have spent this "
                              "much epsilon of the --data files (ledger: <first file>.privacy-ledger.json)")
-    parser.add_argument("--test-wrong-outputs", action="store_true", help=argparse.SUPPRESS)  # tests of verify=k
+    parser.add_argument("--test-wrong-outputs", nargs="?", const="always", default=None,
+                        help=argparse.SUPPRESS)  # tests of verify=: 'always' or 'after:N' (worker/verify.py Liar)
     parser.add_argument("-v", "--verbose", action="store_true", help="log every start and stop")
     return parser.parse_args(argv)
 
@@ -127,7 +129,8 @@ def main(argv=None):
                         server_gone_after=args.exit_when_server_gone, dead_after=args.dead_after,
                         max_memory_bytes=args.max_memory_bytes, provider=provider,
                         checkpoint_steps=args.checkpoint_steps, checkpoint_seconds=args.checkpoint_seconds,
-                        wrong_outputs=args.test_wrong_outputs, workers_on_machine=args.workers_on_machine)
+                        wrong_outputs=Liar.parse(args.test_wrong_outputs) if args.test_wrong_outputs else None,
+                        workers_on_machine=args.workers_on_machine)
     except Exception as exc:  # noqa: BLE001 - a bad flag, an unreachable or refusing server: one line
         print(f"ravop-worker: {one_line(exc, args.redis)}", file=sys.stderr)
         return 1

@@ -110,6 +110,10 @@ class WorkerMetrics:
                                  ["worker", "reason"], registry=self.registry)
         self._takeovers = Counter("ravop_worker_takeovers", "Subgraphs taken over from a dead or silent worker",
                                   **labels).labels(name)
+        self._verdicts = Counter("ravop_worker_spot_verdicts", "Results this worker handed to spot checks "
+                                 "(verify='spot'), by the verdict: unchecked, hold (checked, or a check of "
+                                 "another's), confirmed, complete, again, split", ["worker", "verdict"],
+                                 registry=self.registry)
         self._lock = threading.Lock()
         self._steps = self._checkpoints = 0       # of loops finished or left
         self._loop = None                         # [progress callable, steps at start, checkpoint step last seen]
@@ -131,6 +135,9 @@ class WorkerMetrics:
 
     def failed(self, reason):
         self._failures.labels(self.name, reason or "unknown").inc()
+
+    def spot_verdict(self, verdict):
+        self._verdicts.labels(self.name, verdict).inc()
 
     def took_over(self):
         self._takeovers.inc()

@@ -8,12 +8,14 @@ a worker running modified code is held to these rules, not to what our code happ
 - A worker claims and acks work, reads any graph's plan and tensors (it is given subgraphs of every token;
   Redis cannot narrow a key pattern to "what you claimed") and writes outputs, progress and dead letters.
   It may delete only what its protocol deletes: released tensors, its checkpoints, its own liveness keys.
-  It cannot delete, flush or list graphs, nor clear its own name from a token's banned set.
+  It cannot delete, flush or list graphs, nor clear its own name from a token's banned set. It writes a token's
+  spot-check trust records (`trust`), through the SPOT script (R.Graph(verify='spot')), which runs under its user.
 """
 from typing import Any, List, Mapping, Optional
 
 from .keys import (ANY, FEDERATED_OPEN, PROVIDERS, STARTING, banned_pattern, checkpoints_pattern, graphs_pattern,
-                   info_key, provider_key, queue, shared_pattern, tensors_pattern, token_pattern, worker_key, workers_set)
+                   info_key, provider_key, queue, shared_pattern, tensors_pattern, token_pattern, trust_pattern,
+                   worker_key, workers_set)
 
 # Commands without keys that our clients send: connection setup (redis-py's AUTH, SELECT; not CLIENT SETINFO,
 # which Redis 7.0 does not know and redis-py does without) and the scripts (loaded by SHA, EVAL as the
@@ -45,6 +47,7 @@ def worker_rules() -> List[str]:
     return ["resetkeys", "resetchannels", "-@all", *_DATA, *_KEYLESS,
             "-scan", "-del", "-unlink", "-xtrim", "-xgroup|destroy", "-xgroup|setid",
             f"~{graphs_pattern()}", f"~{shared_pattern()}", f"%R~{banned_pattern()}",
+            f"%RW~{trust_pattern()}",   # the SPOT script's trust records (verify='spot')
             "(+del +unlink " + " ".join(f"~{pattern}" for pattern in deletable) + ")",
             f"(+sadd ~{banned_pattern()})"]   # a worker marks a disagreeing one; it cannot unmark itself
 

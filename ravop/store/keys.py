@@ -5,6 +5,8 @@ Per token (one requester), under `ravop:{token}:`:
   current             string  the graph id that R.track_progress and R.fetch_persisting_op use
   banned              set     workers whose outputs disagreed with the majority (R.Graph(verify=k)): they
                               take no more of this token's work
+  trust               hash    R.Graph(verify='spot'): "worker@kind:streak|confirmed|mismatches|unchecked" ->
+                              count (ravop.spot_policy); written only by the SPOT script
 Per graph, under `ravop:{token}:{{token}.{gid}}:`: the braces are a Redis Cluster hash tag, so every key of
 one graph lives in one hash slot (its Lua scripts and MULTIs are atomic on a cluster too) while different
 graphs spread over the shards:
@@ -27,7 +29,15 @@ graphs spread over the shards:
                               not claimed yet (ravop.store.handoff)
   steps               hash    loop subgraph id -> its steps done (written as the loop runs)
   ckpt:{sid}          hash    a running loop's checkpoint: step (steps done), c0, c1, ... (carried tensors)
-  votes:{sid}         hash    R.Graph(verify=k): worker -> digest of its outputs of the subgraph
+  votes:{sid}         hash    R.Graph(verify=k): worker -> digest of its outputs of the subgraph; under
+                              verify='spot', "worker@kind" -> digest, and #state, #runner, #accepted, #losers
+  votes:{sid}:{seg}   hash    the same for segment `seg` of a loop subgraph (verify='spot')
+  traces:{sid}:{seg}  hash    a disputed loop segment's re-runs: "worker@kind" -> per-op digests of each step
+                              (worker/dispute_trace.py)
+  disputes            stream  settled spot-check disputes: subgraph, segment, worker (the losers), op, source,
+                              error (the text `ravop logs` shows)
+  segs:{sid}          hash    a spot-checked loop's segments: seg -> "start;end;runner"; confirmed -> the
+                              steps its confirmed prefix ends at (worker/spot_loop.py)
   t:{node}            string  a tensor (ravop.wire.codec)
   t:{node}:c          hash    chunk index -> raw data of a tensor too big for one value (ravop.store.tensors)
 Shared by all tokens, under `ravop:_:` (a token starts with a letter or a digit, so it cannot collide); the
@@ -126,6 +136,7 @@ def provider_key(name: str) -> str:
 
 
 BANNED = "banned"
+TRUST = "trust"
 ANY = "*"
 
 
@@ -140,20 +151,21 @@ def graph_prefix(namespace: str, graph_id: str) -> str:
 
 
 class TokenKeys:
-    __slots__ = ("graphs", "current", "banned", "pattern")
+    __slots__ = ("graphs", "current", "banned", "trust", "pattern")
 
     def __init__(self, token: str) -> None:
         base = token_prefix(check_name(token))
         self.graphs = base + "graphs"
         self.current = base + "current"
         self.banned = base + BANNED  # workers whose outputs disagreed with the others' (R.Graph(verify=k))
+        self.trust = base + TRUST    # workers' spot-check records (R.Graph(verify='spot'))
         self.pattern = base + "*"
 
 
 class GraphKeys:
     """The keys of one graph of one token."""
     __slots__ = ("token", "graph_id", "prefix", "meta", "subgraphs", "info", "deps", "done", "refs", "persist",
-                 "bundles", "taken", "ran", "events", "outbox", "steps", "tensor_prefix")
+                 "bundles", "taken", "ran", "events", "outbox", "steps", "disputes", "tensor_prefix")
 
     def __init__(self, token: str, graph_id: str) -> None:
         self.token = check_name(token)
@@ -162,7 +174,7 @@ class GraphKeys:
         self.meta, self.subgraphs, self.info, self.deps = p + "meta", p + "subgraphs", p + "info", p + "deps"
         self.done, self.refs, self.persist, self.bundles = p + "done", p + "refs", p + "persist", p + "bundles"
         self.taken, self.ran, self.events, self.steps = p + "taken", p + "ran", p + "events", p + "steps"
-        self.outbox = p + "outbox"
+        self.outbox, self.disputes = p + "outbox", p + "disputes"
         self.tensor_prefix = p + "t:"
 
     def tensor(self, node_id: Union[int, str]) -> str:
@@ -175,8 +187,14 @@ class GraphKeys:
         """A value a resident replica's loop sends on `channel` at its `run`-th sync (worker/exchange.py)."""
         return f"{self.prefix}x:{channel}:{run}"
 
-    def votes(self, subgraph_id: Union[int, str]) -> str:
-        return f"{self.prefix}votes:{subgraph_id}"
+    def votes(self, subgraph_id: Union[int, str], segment: Union[int, str, None] = None) -> str:
+        return f"{self.prefix}votes:{subgraph_id}" + ("" if segment is None else f":{segment}")
+
+    def traces(self, subgraph_id: Union[int, str], segment: str) -> str:
+        return f"{self.prefix}traces:{subgraph_id}:{segment}"
+
+    def segments(self, subgraph_id: Union[int, str]) -> str:
+        return f"{self.prefix}segs:{subgraph_id}"
 
 
 def graph_ref(keys: GraphKeys) -> str:
@@ -217,6 +235,11 @@ def checkpoints_pattern() -> str:
 def banned_pattern() -> str:
     """The banned-workers set of every token."""
     return token_prefix(ANY) + BANNED
+
+
+def trust_pattern() -> str:
+    """The spot-check trust hash of every token (written by the SPOT script a worker runs)."""
+    return token_prefix(ANY) + TRUST
 
 
 def shared_pattern() -> str:

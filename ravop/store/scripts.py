@@ -3,7 +3,8 @@ never enqueue a subgraph twice or lose one.
 
 - start:    activated -> running; hand off the subgraphs that wait for nothing.
 - claim:    a worker takes a subgraph: skip it unless its graph is running and it is not finished yet;
-            record who took it; return the graph seed, the subgraph bytes and the graph's `verify`.
+            record who took it; return the graph seed, the subgraph bytes, the graph's `verify` and its
+            spot-check policy (`ravop.spot_policy`; '' for none).
 - vote:     R.Graph(verify=k): record a digest of one worker's outputs of a subgraph; the k-th vote returns
             them all (start and complete enqueue each ready subgraph k times).
 - complete: once per subgraph (a `done` set makes retries harmless), count progress, decrement the
@@ -95,7 +96,7 @@ return {1, handed}
 # 'unknown' or 'waiting' and cannot fail or disturb the graph it names. A message for the subgraph is on a
 # stream, so its outbox entry (a cluster's hand-off) is delivered: dropped.
 CLAIM = with_states("""
-local meta = redis.call('HMGET', KEYS[1], 'state', 'seed', 'verify')
+local meta = redis.call('HMGET', KEYS[1], 'state', 'seed', 'verify', 'spot')
 if not meta[1] then return {'gone'} end
 redis.call('HDEL', KEYS[6], ARGV[1])
 if meta[1] ~= '@RUNNING@' then return {meta[1]} end
@@ -104,7 +105,7 @@ local data = redis.call('HGET', KEYS[3], ARGV[1])
 if not data then return {'unknown'} end
 if tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0') > 0 then return {'waiting'} end
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
-return {'run', meta[2] or '0', data, meta[3] or '1'}
+return {'run', meta[2] or '0', data, meta[3] or '1', meta[4] or ''}
 """)
 
 # KEYS: the subgraph's votes.  ARGV: worker, digest of its outputs, copies wanted.
@@ -221,7 +222,7 @@ class Scripts:
         return started, handed
 
     def claim(self, keys: GraphKeys, subgraph_id: Union[int, str], worker: str) -> List[Any]:
-        """[b'run', seed, subgraph bytes, verify copies] if `worker` may run it now; else [why]: b'gone', a graph state,
+        """[b'run', seed, subgraph bytes, verify copies, spot policy or b''] if `worker` may run it now; else [why]: b'gone', a graph state,
         b'finished', b'unknown' (not in the plan), b'waiting' (not ready)."""
         return self._claim(keys=[keys.meta, keys.done, keys.subgraphs, keys.taken, keys.deps, keys.outbox],
                            args=[subgraph_id, worker])

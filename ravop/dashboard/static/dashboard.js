@@ -64,6 +64,23 @@ function renderWorkers(workers) {
   }
 }
 
+function renderTrust(rows) {
+  $("trust-section").hidden = !rows.length;
+  const body = $("trust").tBodies[0];
+  body.replaceChildren();
+  $("trust-count").textContent = "(" + rows.length + ")";
+  for (const r of rows) {
+    const row = body.insertRow();
+    cell(row, r.worker);
+    cell(row, r.kind || "-");
+    cell(row, r.confirmed);
+    cell(row, r.streak);
+    cell(row, r.unchecked);
+    cell(row, r.mismatches);
+    cell(row, r.banned ? "banned" : "", r.banned ? "state-failed" : "");
+  }
+}
+
 function renderGraphs(graphs, admin) {
   const body = $("graphs").tBodies[0];
   body.replaceChildren();
@@ -201,6 +218,7 @@ async function refresh() {
     const status = await getJSON("/api/status");
     $("token").textContent = "token " + status.token;
     renderWorkers(status.workers);
+    renderTrust(status.trust || []);
     renderGraphs(status.graphs, status.admin);
     if (selected !== null) {
       const graph = status.graphs.find(g => g.id === selected);
