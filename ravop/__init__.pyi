@@ -2836,3 +2836,7 @@ def torchscript_vjp(xs: Sequence[TensorLike], model_hash: Any, param_slots: Any 
     """xs = (forward inputs..., one gradient per output with grad_mask True): the gradients of the forward
     w.r.t. its inputs with mask True, by torch.autograd through the same module (the forward is recomputed
     with the same seed)."""
+
+
+def step_row(table: TensorLike, row: Any) -> Op:
+    """table[row]; in a loop step, `row` is the recorded row plus the training steps run before the step."""

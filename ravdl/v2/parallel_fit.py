@@ -1,7 +1,8 @@
 """`fit(..., strategy=...)` (ravop.parallel): the trainer the strategies' hooks drive. It records the training
 as loop segments, one per replica between two synchronisations, and whatever the strategy records between them
-as ordinary ops; or, for a strategy that gives `resident_sync` (DiLoCo), one loop per replica for the whole fit
-whose sync templates exchange values with the others (ravop.parallel.resident). A segment is a loop op
+as ordinary ops; or, when the strategy's `resident_sync` gives sync templates (resident replicas of LocalSGD,
+Gossip, DiLoCo), one loop per replica for the whole fit whose sync templates exchange values with the others
+(ravop.parallel.resident, ravop.parallel.resident_averaging). A segment is a loop op
 (`Loop.run(..., segment=...)`): its own subgraph, run with the replica's state in memory, checkpointed and resumed
 like any loop, so the replicas of one synchronisation interval are independent subgraphs that idle workers run at
 once.
@@ -66,9 +67,10 @@ def _record_segment(initial, batches, steps, segment, record_step):
     return loop.run(steps.schedule, rounds=steps.n_epochs, segment=segment)
 
 
-def _record_replica(state, resident, r, batches, steps, record_step, sync_every):
+def _record_replica(state, resident, r, batches, steps, record_step):
     """Replica r's loop over every step of the fit, its sync templates (`resident.sync_steps`) after every
-    `sync_every` steps and the last one; returns all its carried values after the loop (its train state first)."""
+    `resident.interval` steps and the last one; returns all its carried values after the loop (its train state
+    first)."""
     extra = resident.extra(r)
     loop = Loop(list(state) + extra, batches)
     n_state = len(state)
@@ -77,7 +79,7 @@ def _record_replica(state, resident, r, batches, steps, record_step, sync_every)
         with loop.step() as step:
             record_step(_StatePart(step, n_state), rows, runs)
     sync = resident.sync_steps(loop, r, n_state)
-    return list(loop.run(steps.schedule, rounds=steps.n_epochs, sync=sync, sync_every=sync_every))
+    return list(loop.run(steps.schedule, rounds=steps.n_epochs, sync=sync, sync_every=resident.interval))
 
 
 class _StatePart:
@@ -178,7 +180,9 @@ class ParallelFit:
         per_update = strategy.update_frequency   # batches whose gradients one optimizer step sums
         steps = _Steps(size, self.batch_size * per_update, self.n_epochs)
         initial = [slot.get() for slot in slots]
-        resident = strategy.resident_sync(initial, layout, lambda: _enough_workers(replicas))
+        n_steps = len(steps.order)
+        resident = strategy.resident_sync(initial, layout, lambda: _enough_workers(replicas), n_steps,
+                                          current_graph().seed)
         sync = resident or strategy.synchronizer(initial, layout, current_graph().seed)
         states = [list(initial) for _ in range(replicas)]
         losses = [None] * replicas
@@ -205,12 +209,11 @@ class ParallelFit:
                 moved[steps.rows.index(rows)] = [counter.get() - start for counter, start in zip(counters, starts)]
             return record_step
 
-        n_steps = len(steps.order)
         if resident is not None:   # one loop per replica for the whole fit, its state kept where it runs
             for r, (X_shard, y_shard) in enumerate(shards):
                 batches = Batches(size, self.batch_size * per_update, self.shuffle, self.seed + r)
-                states[r] = _record_replica(states[r], resident, r, batches, steps, train(r, X_shard, y_shard),
-                                            strategy.inner_steps)
+                states[r] = _record_replica(states[r] + loss_slot, resident, r, batches, steps,
+                                            train(r, X_shard, y_shard))
         for first, n in [] if resident is not None else strategy.segments(n_steps):
             for r, (X_shard, y_shard) in enumerate(shards):
                 batches = Batches(size, self.batch_size * per_update, self.shuffle, self.seed + r)

@@ -33,7 +33,7 @@ carried values go through the store. Both give the same bits. Not with `overlap`
 """
 from .compression import check_compression, send
 from .resident import ResidentDiLoCo
-from .replicas import OnShards, average, check_replicas, check_update_frequency, every
+from .replicas import OnShards, average, check_replicas, check_resident, check_update_frequency, every
 
 
 class DiLoCo(OnShards):
@@ -54,13 +54,10 @@ class DiLoCo(OnShards):
             raise ValueError("nesterov=True needs outer_momentum > 0 (as torch.optim.SGD): give nesterov=False")
         self.inner_steps, self.outer_lr, self.outer_momentum = inner_steps, float(outer_lr), float(outer_momentum)
         self.nesterov, self.compression, self.overlap = nesterov, check_compression(compression), overlap
-        if resident not in (None, True, False):
-            raise TypeError(f"resident takes None (when the workers can hold every replica), True or False, not "
-                            f"{resident!r}")
         if resident and overlap:
             raise NotImplementedError("resident replicas with overlap=True are not implemented: give resident=None "
                                       "or False (overlapped rounds run as segments)")
-        self.resident = resident
+        self.resident = check_resident(resident)
 
     def segments(self, n_steps):
         """(first step, steps) of each round."""
@@ -69,11 +66,12 @@ class DiLoCo(OnShards):
     def synchronizer(self, initial, layout, graph_seed):
         return _OuterSteps(self, initial, layout)
 
-    def resident_sync(self, initial, layout, workers_hold_all):
-        """The sync templates of resident replicas (ravop.parallel.resident), or None to record segments;
-        `workers_hold_all()`: whether the live workers can run every replica at once."""
-        if self.overlap or self.resident is False or (self.resident is None and not workers_hold_all()):
+    def resident_sync(self, initial, layout, workers_hold_all, n_steps, graph_seed):
+        if self.overlap:
             return None
+        return super().resident_sync(initial, layout, workers_hold_all, n_steps, graph_seed)
+
+    def resident_templates(self, initial, layout, n_steps, graph_seed):
         return ResidentDiLoCo(self, initial, layout)
 
     def __repr__(self):

@@ -29,7 +29,7 @@ class ResidentDiLoCo:
     """The extra carried values and the sync templates of one fit's replicas (see the module docstring)."""
 
     def __init__(self, diloco, initial, layout):
-        self.diloco, self.layout = diloco, layout
+        self.diloco, self.layout, self.interval = diloco, layout, diloco.inner_steps
         self.model = list(initial[layout.model.start:layout.model.stop])   # global parameters, then buffers
         params = self.model[:len(layout.params)]
         self.floats = [k for k in layout.buffers if initial[k].dtype.is_floating_point]
