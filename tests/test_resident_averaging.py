@@ -11,13 +11,14 @@ import ravop as R
 from compiler.compile import compile_graph
 from helpers import on_one_thread
 from ravdl.v2 import NeuralNetwork
-from ravdl.v2.layers import Activation, BatchNormalization1D, Dense
+from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop.interpreter import evaluate_persisted
 from ravop.store import GraphKeys
 from test_diloco import PARAM_NAMES
 from test_parallel_math import X, Y, gossip_reference, ravdl_net, torch_net
 from test_resident_replicas import server_bytes
+from test_strategies_any_model import bn_net, pytorch_model
 
 
 def fit_values(strategy, n_epochs, batch_size, shuffle=True, model=None):
@@ -64,26 +65,25 @@ def test_resident_gossip_gives_the_bits_of_segments_and_matches_eager_pytorch(re
             assert torch.allclose(values[f"training_loss_epoch_1_batch_{b * replicas + r + 1}"], loss, atol=1e-5)
 
 
-def batch_norm_net():
-    model = NeuralNetwork(Adam(lr=0.02), loss="SquareLoss")
-    model.add(Dense(8, input_shape=(5,)))
-    model.add(BatchNormalization1D())
-    model.add(Activation("tanh"))
-    model.add(Dense(3))
-    return model
-
-
 @pytest.mark.parametrize("make", [lambda resident: R.parallel.LocalSGD(2, 3, resident=resident),
-                                  lambda resident: R.parallel.Gossip(2, resident=resident)])
-def test_buffers_are_averaged_or_interpolated_as_in_segments(make):
+                                  lambda resident: R.parallel.Gossip(2, interpolation="loss", resident=resident),
+                                  lambda resident: R.parallel.DiLoCo(2, 3, compression="int8", overlap=True,
+                                                                     resident=resident)],
+                         ids=["LocalSGD", "Gossip", "DiLoCo-overlap"])
+def test_a_pytorch_models_batch_norm_statistics_and_counters_as_in_segments(make):
     values = []
     for resident in (True, False):
         graph = R.Graph(name="resident batch norm", seed=5)
-        model = batch_norm_net()
-        model.fit(X, Y, n_epochs=2, batch_size=6, shuffle=True, seed=1, strategy=make(resident))
-        model.predict(X).persist_op("prediction")
-        values.append(evaluate_persisted(graph)["prediction"])
-    assert torch.equal(values[0], values[1])
+        model = pytorch_model(bn_net)
+        model.fit(X, Y, 2, 6, loss="SquareLoss", shuffle=True, seed=1, strategy=make(resident))
+        for k, op in enumerate(model.buffers):
+            op.persist_op(f"buffer {k}")
+        model._forward_pass(R.t(X), training=False).persist_op("prediction")
+        got = evaluate_persisted(graph)
+        values.append([got[f"buffer {k}"] for k in range(len(model.buffers))] + [got["prediction"]])
+    assert values[0][-2].dtype == torch.int64 and int(values[0][-2]) == 2 * 4
+    for got, want in zip(*values):
+        assert torch.equal(got, want)
 
 
 def plan_nodes(strategy):

@@ -29,7 +29,7 @@ In the graph, round k+1's segments do not read outer step k, so workers run them
 `resident` (None: when the session's live workers can hold every replica at once; True; False): each replica is
 one loop op for the whole fit whose state stays where it runs, and only (compressed) pseudo-gradients and
 updates cross the store (ravop.parallel.resident); otherwise each round of each replica is a loop segment whose
-carried values go through the store. Both give the same bits. Not with `overlap` (its rounds run as segments).
+carried values go through the store. Both give the same bits, with or without `overlap`.
 """
 from .compression import check_compression, send
 from .resident import ResidentDiLoCo
@@ -54,9 +54,6 @@ class DiLoCo(OnShards):
             raise ValueError("nesterov=True needs outer_momentum > 0 (as torch.optim.SGD): give nesterov=False")
         self.inner_steps, self.outer_lr, self.outer_momentum = inner_steps, float(outer_lr), float(outer_momentum)
         self.nesterov, self.compression, self.overlap = nesterov, check_compression(compression), overlap
-        if resident and overlap:
-            raise NotImplementedError("resident replicas with overlap=True are not implemented: give resident=None "
-                                      "or False (overlapped rounds run as segments)")
         self.resident = check_resident(resident)
 
     def segments(self, n_steps):
@@ -65,11 +62,6 @@ class DiLoCo(OnShards):
 
     def synchronizer(self, initial, layout, graph_seed):
         return _OuterSteps(self, initial, layout)
-
-    def resident_sync(self, initial, layout, workers_hold_all, n_steps, graph_seed):
-        if self.overlap:
-            return None
-        return super().resident_sync(initial, layout, workers_hold_all, n_steps, graph_seed)
 
     def resident_templates(self, initial, layout, n_steps, graph_seed):
         return ResidentDiLoCo(self, initial, layout)
@@ -109,8 +101,10 @@ class _OuterSteps:
             new_global.append(average([state[k] for state in states]))
         self.start = self.global_ if d.overlap else new_global
         self.global_ = new_global
-        for state in states:
-            state[self.layout.params.start:self.layout.buffers.stop] = self.start
+        for state in states:   # integer buffers are counters each replica advances (num_batches_tracked): its own
+            for k in self.layout.model:
+                if self.start[k].dtype.is_floating_point:
+                    state[k] = self.start[k]
 
     def _update(self, k, grad):
         """The change torch.optim.SGD makes to parameter k with `grad`, as it is received."""
