@@ -155,7 +155,8 @@ def test_resident_local_sgd_and_gossip_run_on_distinct_workers_with_the_in_proce
                      R.parallel.Gossip(2, interpolation="loss", resident=True)):
         graph = R.Graph(name=f"resident {strategy!r}"[:60], seed=11)
         model = ravdl_net(torch_net())
-        persisted = list(model.fit(X, Y, n_epochs=3, batch_size=6, shuffle=True, seed=3, strategy=strategy))
+        history = model.fit(X, Y, n_epochs=3, batch_size=6, shuffle=True, seed=3, strategy=strategy)
+        persisted = list(history)
         model.persist_weights()
         model.predict(X).persist_op("prediction")
         persisted += PARAM_NAMES + ["prediction"]
@@ -165,6 +166,9 @@ def test_resident_local_sgd_and_gossip_run_on_distinct_workers_with_the_in_proce
         keys = GraphKeys(engine.token, graph.id)
         loops = [s for s in client.hkeys(keys.ran) if client.hget(keys.ran, s)]
         assert {client.hget(keys.ran, s).decode() for s in loops} == set(names)
+        held = history.placement[repr(strategy)]   # the workers that ran them, as the engine recorded
+        assert sorted(held) == ["replica 0", "replica 1"] and all(len(workers) == 1 for workers in held.values())
+        assert {workers[0] for workers in held.values()} == set(names)
         want = on_one_thread(evaluate_persisted, graph, persisted)
         for name in persisted:
             assert torch.equal(R.fetch_persisting_op(name), want[name]), name

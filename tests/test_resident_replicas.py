@@ -16,6 +16,7 @@ from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop.interpreter import evaluate_persisted
+from ravop.placement import held_by
 from ravop.store import GraphKeys
 from test_diloco import PARAM_NAMES, assert_matches_reference, fit_diloco
 from test_parallel_math import X, Y, ravdl_net, torch_net
@@ -185,6 +186,9 @@ def test_a_provider_killed_mid_round_is_resumed_elsewhere_with_the_same_bits(eng
     workers.kill(holder)
     R.track_progress(timeout=600, progress_bar=False)
     assert client.hget(keys.ran, loop_id).decode() in set(names) - {holder}   # a spare took the replica over
+    (replicas,) = held_by(graph).values()
+    assert client.hget(keys.ran, loop_id).decode() in sum(replicas.values(), [])   # named where it ended
+    assert holder not in sum(replicas.values(), [])
     assert_same_as_in_process(graph, persisted)
 
 

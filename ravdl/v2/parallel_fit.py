@@ -37,8 +37,11 @@ def record_parallel_fit(model, X, y, n_epochs, batch_size, shuffle, seed, strate
     n_epochs, batch_size = int(n_epochs), int(batch_size)
     if n_epochs < 1 or batch_size < 1:
         raise ValueError(f"n_epochs and batch_size must be >= 1, not {n_epochs} and {batch_size}")
-    current_graph().parallel_fits.append(check_strategy(strategy))   # compile_graph leaves it unfolded
-    return strategy.record_fit(ParallelFit(model, X, y, n_epochs, batch_size, shuffle, seed))
+    graph = current_graph()
+    graph.parallel_fits.append(check_strategy(strategy))   # compile_graph leaves it unfolded
+    fit = ParallelFit(model, X, y, n_epochs, batch_size, shuffle, seed)
+    graph.parallel_loops.append(fit.loops)   # ravop.placement names the workers that ran them
+    return strategy.record_fit(fit)
 
 
 class _Steps:
@@ -125,6 +128,11 @@ class ParallelFit:
     def __init__(self, model, X, y, n_epochs, batch_size, shuffle, seed):
         self.model, self.X, self.y = model, X, y
         self.n_epochs, self.batch_size, self.shuffle, self.seed = n_epochs, batch_size, shuffle, seed
+        self.loops = {}   # role ('replica r') -> the loop op ids that run it, as recorded
+
+    def _ran_as(self, role):
+        """Note the loop op recorded last as one that runs `role`."""
+        self.loops.setdefault(role, []).append(list(current_graph().loops)[-1])
 
     def gradient_replicas(self, strategy):
         """Per step: each replica's gradient of its slice (`strategy.slices(rows)`) in a one-step segment, then
@@ -214,10 +222,12 @@ class ParallelFit:
                 batches = Batches(size, self.batch_size * per_update, self.shuffle, self.seed + r)
                 states[r] = _record_replica(states[r] + loss_slot, resident, r, batches, steps,
                                             train(r, X_shard, y_shard))
+                self._ran_as(f"replica {r}")
         for first, n in [] if resident is not None else strategy.segments(n_steps):
             for r, (X_shard, y_shard) in enumerate(shards):
                 batches = Batches(size, self.batch_size * per_update, self.shuffle, self.seed + r)
                 after = _record_segment(states[r] + loss_slot, batches, steps, (first, n), train(r, X_shard, y_shard))
+                self._ran_as(f"replica {r}")
                 states[r], losses[r] = list(after[:len(slots)]), after[len(slots):]
             sync.exchange(states, losses, first + n)
         for slot, value in zip(slots, sync.finish(states)):
