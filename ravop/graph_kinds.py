@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol, Tuple, Union
 
 from . import parallel, progress
 from .errors import GraphStateError, UnknownPersistName
+from .exchange_readers import readers_meta
 from .placement import replica_subgraphs
 from .federated.graph_kind import APPROACH as FEDERATED, FederatedGraphs
 from .fetched import fetched
@@ -82,7 +83,8 @@ class PlannedGraphs:
             raise GraphStateError(f"graph {graph.name!r} has training loops, which verify={graph.verify} does not "
                                   "cover yet (a loop runs as a whole on one worker): leave verify= out")
         meta = {"name": graph.name, "algorithm": graph.algorithm, "approach": graph.approach,
-                "rules": json.dumps(graph.rules), "summary": json.dumps(summary), "verify": graph.verify}
+                "rules": json.dumps(graph.rules), "summary": json.dumps(summary), "verify": graph.verify,
+                **readers_meta(compiled.plan)}
         store_graphs.upload(session.client, session.token, compiled.plan, compiled.constants, meta, graph.bundles)
         names = {name: node_id for name, node_id in compiled.plan.persisted.items() if name not in graph.bundles}
         return summary, names

@@ -115,6 +115,7 @@ class _Writer:
         self.saved = resumed_at   # the step of the checkpoint in Redis (None: none)
         self.last = None          # (steps done, carried values) after the last step run here
         self.work_waiting = None  # () -> whether work is queued that no worker has read yet
+        self.on_checkpoint = None   # () after each checkpoint published (an exchange's release)
 
     def on_wait(self, state):
         """Called while the loop waits for a value another loop sends: stop if the graph stopped running, hand
@@ -165,6 +166,8 @@ class _Writer:
             if self.saved is not None:
                 client.delete(*checkpoint_keys(keys, self.subgraph_id, self.saved, len(carried)))
             self.saved, self.checkpointed, self.last_checkpoint = done, done, time.monotonic()
+            if self.on_checkpoint is not None:
+                self.on_checkpoint()   # exchanged values read before it are no longer needed here
         self.pending = {}
         self.last_flush = time.monotonic()
         if carried is None:
@@ -212,6 +215,7 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
         runner = LoopRun(spec, loop_inputs, seed, device, watch)
         writer.work_waiting = work_waiting
         exchange = StoreExchange(client, keys, device, writer.on_wait) if runner.exchanges() else None
+        writer.on_checkpoint = exchange.release if exchange is not None else None
         on_step, exchange = emulated_device.paced_steps(writer.on_step, subgraph.loop, loop_inputs, exchange)
         carried = runner.run(carried, start or 0, on_step, exchange)
         writer.write(spec.n_steps)
