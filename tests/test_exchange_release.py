@@ -2,6 +2,7 @@
 (worker/exchange.py, ravop/exchange_readers.py): over many rounds of resident replicas on a real server the number
 of exchange keys and their bytes stay flat, and the replicas still give the in-process bits."""
 import pytest
+import redis
 import torch
 
 import ravop as R
@@ -12,6 +13,7 @@ from ravop.interpreter import evaluate_persisted
 from ravop.store import GraphKeys
 from test_diloco import PARAM_NAMES
 from test_parallel_math import X, Y, ravdl_net, torch_net
+from test_security import users  # noqa: F401  (the fixture: token and worker ACL users, one worker running)
 from worker.exchange import _readers
 
 
@@ -62,3 +64,26 @@ def test_store_memory_stays_flat_over_rounds(engine, workers, client):
     per_round = 4 + 4 + 1   # what one round writes: 4 values up (replica 1), 4 means down (4 parameters)
     assert footprints[1][0] <= footprints[0][0] + per_round   # flat: at most the rounds since the last checkpoints
     assert footprints[1][0] < 48 * 8 / 4
+
+
+def test_a_worker_user_may_delete_the_exchanged_values_it_released(server, users):
+    """Under the server's ACL users (`ravop admin`): the workers' deletions of exchanged values are within their
+    rules, and the replicas finish with the in-process bits."""
+    names, urls, pool = users
+    [first] = pool.procs
+    pool.terminate(first)   # idle: it checkpoints at its defaults; these every 3 steps
+    pool.start(2, extra=("--checkpoint-steps", "3"))
+    R.initialize(redis_url=urls["a"])
+    graph, persisted = record("acl release", 6, R.parallel.LocalSGD(2, sync_every=1, resident=True))
+    R.activate()
+    R.execute()
+    R.track_progress(timeout=600, progress_bar=False)
+    want = on_one_thread(evaluate_persisted, graph, persisted)
+    for name in persisted:
+        assert torch.equal(R.fetch_persisting_op(name), want[name]), name
+    for worker in set(pool.procs) - {first}:
+        assert "NOPERM" not in pool.log(worker) and "Error" not in pool.log(worker), pool.log(worker)
+    admin = redis.Redis.from_url(server.url)
+    keys = GraphKeys(R.session.require().token, graph.id)
+    assert exchange_footprint(admin, keys)[0] < 24 * 8 / 4   # released as they went (24 rounds of 8 values)
+    admin.close()

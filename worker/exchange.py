@@ -13,8 +13,11 @@ itself on each value it read since the one before (INCR of `{key}:acks`), and th
 deletes the value. A reader resumed from its checkpoint reads only values after it, which no one deleted. So
 the store holds the rounds since the readers' last checkpoints, not every round of the fit."""
 import json
+import logging
 import re
 import time
+
+from redis.exceptions import NoPermissionError
 
 from ravop.errors import PlanError
 from ravop.wire import decode_tensor, encode_tensor
@@ -22,6 +25,7 @@ from ravop.wire import decode_tensor, encode_tensor
 from . import device as devices
 
 CHANNEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+log = logging.getLogger("ravop.worker")
 POLL_SECONDS = (0.0005, 0.02)   # first and longest pause between two looks at the store
 STATE_SECONDS = 0.5             # how often a waiting loop checks that its graph still runs
 
@@ -54,9 +58,14 @@ class StoreExchange:
         counts = pipe.execute()
         done = [key for (key, channel), count in zip(self.read_keys, counts)
                 if channel in self.readers and count >= self.readers[channel]]
-        if done:
-            self.client.delete(*done, *(f"{key}:acks" for key in done))
         self.read_keys = []
+        if done:
+            try:
+                self.client.delete(*done, *(f"{key}:acks" for key in done))
+            except NoPermissionError:   # a worker user made before exchanges were released: keep them, and go on
+                log.warning("this worker's ACL user may not delete exchanged values (recreate it with `ravop "
+                            "admin worker create`): they stay in the store until the graph is flushed")
+                self.readers = {}
 
     def send(self, channels, run, values):
         check_channels(channels)
