@@ -66,9 +66,10 @@ def test_store_memory_stays_flat_over_rounds(engine, workers, client):
     assert footprints[1][0] < 48 * 8 / 4
 
 
-def test_a_worker_user_may_delete_the_exchanged_values_it_released(server, users):
+def test_a_worker_user_may_delete_the_exchanged_values_it_released(server, engine, users):
     """Under the server's ACL users (`ravop admin`): the workers' deletions of exchanged values are within their
-    rules, and the replicas finish with the in-process bits."""
+    rules, and the replicas finish with the in-process bits. (`engine` puts the session back on the server's
+    default user once `users` has removed the token user.)"""
     names, urls, pool = users
     [first] = pool.procs
     pool.terminate(first)   # idle: it checkpoints at its defaults; these every 3 steps

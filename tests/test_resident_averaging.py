@@ -3,31 +3,27 @@ whole fit, exchanging only what the algorithm averages. They give the bits of th
 eager PyTorch references of test_parallel_math check), in-process and on a real server with worker processes,
 their plan does not grow with the number of synchronisations, and the bytes a round moves are measured on the
 server."""
-import numpy as np
 import pytest
 import torch
 
 import ravop as R
 from compiler.compile import compile_graph
 from helpers import on_one_thread
-from ravdl.v2 import NeuralNetwork
-from ravdl.v2.layers import Activation, Dense
-from ravdl.v2.optimizers import Adam
 from ravop.interpreter import evaluate_persisted
 from ravop.store import GraphKeys
 from test_diloco import PARAM_NAMES
 from test_parallel_math import X, Y, gossip_reference, ravdl_net, torch_net
-from test_resident_replicas import server_bytes
+from test_resident_replicas import mlp_fit, server_bytes
 from test_strategies_any_model import bn_net, pytorch_model
 
 
-def fit_values(strategy, n_epochs, batch_size, shuffle=True, model=None):
+def fit_values(strategy, n_epochs, batch_size, shuffle=True):
     """(graph, names, values by name) of `strategy`'s fit of the test MLP, in-process."""
     graph = R.Graph(name="resident averaging", seed=11)
-    model = model or ravdl_net(torch_net())
+    model = ravdl_net(torch_net())
     names = list(model.fit(X, Y, n_epochs=n_epochs, batch_size=batch_size, shuffle=shuffle, seed=3,
                            strategy=strategy))
-    persisted = names + [name for name in PARAM_NAMES if model is not None] + ["prediction"]
+    persisted = names + PARAM_NAMES + ["prediction"]
     model.persist_weights()
     model.predict(X).persist_op("prediction")
     return graph, persisted, evaluate_persisted(graph)
@@ -109,25 +105,6 @@ def test_resident_knob_is_checked():
     assert "resident=False" in repr(R.parallel.Gossip(2, resident=False))
 
 
-def mlp_fit(name, rows, n_epochs, strategy):
-    """A fit of an MLP 784-256-10 on `rows` random rows under `strategy`, run on the workers; returns the
-    model's float32 bytes."""
-    rng = np.random.default_rng(0)
-    X_big = rng.normal(size=(rows, 784)).astype(np.float32)
-    Y_big = np.eye(10, dtype=np.float32)[rng.integers(0, 10, rows)]
-    R.Graph(name=name, seed=3)
-    model = NeuralNetwork(Adam(lr=0.001), loss="CrossEntropy")
-    model.add(Dense(256, input_shape=(784,)))
-    model.add(Activation("relu"))
-    model.add(Dense(10))
-    model.fit(X_big, Y_big, n_epochs=n_epochs, batch_size=32, strategy=strategy)
-    model.persist_weights()
-    R.activate()
-    R.execute()
-    R.track_progress(timeout=600, progress_bar=False)
-    return 4 * (784 * 256 + 256 + 256 * 10 + 10)
-
-
 @pytest.mark.parametrize("kind", ["LocalSGD", "Gossip"])
 def test_bytes_per_synchronisation_are_one_model_up_and_one_down(engine, workers, client, kind):
     # checkpoints off: this measures what the algorithm exchanges (a checkpoint is the fallback, priced apart)
@@ -139,7 +116,7 @@ def test_bytes_per_synchronisation_are_one_model_up_and_one_down(engine, workers
     totals = []
     for n_epochs in (1, 3):
         before = server_bytes(client)
-        model_bytes = mlp_fit(f"bytes {kind} {n_epochs}", rows, n_epochs, strategy)
+        model_bytes = 4 * mlp_fit(f"bytes {kind} {n_epochs}", rows, n_epochs, strategy)   # float32
         totals.append(server_bytes(client) - before)
     per_sync_per_replica = (totals[1] - totals[0]) / ((3 - 1) * syncs_per_epoch) / 2
     print(f"{kind}: {per_sync_per_replica:.0f} bytes per synchronisation per replica, "

@@ -83,9 +83,9 @@ def server_bytes(client):
     return int(stats["total_net_input_bytes"]) + int(stats["total_net_output_bytes"])
 
 
-def mlp_fit(name, rows, n_epochs, compression):
-    """A DiLoCo(2, inner_steps=16) fit of an MLP 784-256-10 on `rows` random rows, run on the workers; returns
-    the number of parameters."""
+def mlp_fit(name, rows, n_epochs, strategy):
+    """A fit of an MLP 784-256-10 on `rows` random rows under `strategy`, run on the workers; returns the number
+    of parameters."""
     rng = np.random.default_rng(0)
     X_big = rng.normal(size=(rows, 784)).astype(np.float32)
     Y_big = np.eye(10, dtype=np.float32)[rng.integers(0, 10, rows)]
@@ -94,8 +94,7 @@ def mlp_fit(name, rows, n_epochs, compression):
     model.add(Dense(256, input_shape=(784,)))
     model.add(Activation("relu"))
     model.add(Dense(10))
-    model.fit(X_big, Y_big, n_epochs=n_epochs, batch_size=32,
-              strategy=R.parallel.DiLoCo(2, inner_steps=16, compression=compression, resident=True))
+    model.fit(X_big, Y_big, n_epochs=n_epochs, batch_size=32, strategy=strategy)
     model.persist_weights()
     R.activate()
     R.execute()
@@ -112,7 +111,8 @@ def test_bytes_per_round_per_replica_are_within_a_bound_of_the_parameter_size(en
     totals = []
     for n_epochs in (1, 4):
         before = server_bytes(client)
-        n_params = mlp_fit(f"bytes {compression} {n_epochs}", rows, n_epochs, compression)
+        n_params = mlp_fit(f"bytes {compression} {n_epochs}", rows, n_epochs,
+                           R.parallel.DiLoCo(2, inner_steps=16, compression=compression, resident=True))
         totals.append(server_bytes(client) - before)
     per_round_per_replica = (totals[1] - totals[0]) / ((4 - 1) * 2) / 2
     print(f"{compression}: {per_round_per_replica:.0f} bytes per round per replica, "
