@@ -2250,16 +2250,20 @@ def cross_entropy_loss_backward(g: TensorLike, y_true: TensorLike, y_pred: Tenso
     (class indices) or -(log_softmax * target).sum() / (numel / C) (probabilities)."""
 
 
-def adam_step(param: TensorLike, grad: TensorLike, exp_avg: TensorLike, exp_avg_sq: TensorLike, max_exp_avg_sq: TensorLike, step: Any, lr: float = ..., beta1: float = ..., beta2: float = ..., eps: float = ..., weight_decay: float = ..., amsgrad: bool = ..., maximize: bool = ...) -> Op:
-    """One torch.optim.Adam step (`step` counts from 1) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq')."""
+def adam_step(param: TensorLike, grad: TensorLike, exp_avg: TensorLike, exp_avg_sq: TensorLike, max_exp_avg_sq: TensorLike, step: Any, lr: float = ..., beta1: float = ..., beta2: float = ..., eps: float = ..., weight_decay: float = ..., amsgrad: bool = ..., maximize: bool = ..., lr_schedule: Any = ...) -> Op:
+    """One torch.optim.Adam step (`step` counts from 1) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq');
+    `lr_schedule`: the step's learning rate from `lr` and `step`, as a torch.optim.lr_scheduler stepped after
+    every optimizer step (ravop.ops.lr_schedule)."""
 
 
-def adamw_step(param: TensorLike, grad: TensorLike, exp_avg: TensorLike, exp_avg_sq: TensorLike, max_exp_avg_sq: TensorLike, step: Any, lr: float = ..., beta1: float = ..., beta2: float = ..., eps: float = ..., weight_decay: float = ..., amsgrad: bool = ..., maximize: bool = ...) -> Op:
-    """One torch.optim.AdamW step (decoupled weight decay) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq')."""
+def adamw_step(param: TensorLike, grad: TensorLike, exp_avg: TensorLike, exp_avg_sq: TensorLike, max_exp_avg_sq: TensorLike, step: Any, lr: float = ..., beta1: float = ..., beta2: float = ..., eps: float = ..., weight_decay: float = ..., amsgrad: bool = ..., maximize: bool = ..., lr_schedule: Any = ...) -> Op:
+    """One torch.optim.AdamW step (decoupled weight decay) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq');
+    `lr_schedule` as adam_step's."""
 
 
-def rmsprop_step(param: TensorLike, grad: TensorLike, square_avg: TensorLike, momentum_buffer: TensorLike, grad_avg: TensorLike, lr: float = ..., alpha: float = ..., eps: float = ..., weight_decay: float = ..., momentum: float = ..., centered: bool = ..., maximize: bool = ...) -> Op:
-    """One torch.optim.RMSprop step -> (param', square_avg', momentum_buffer', grad_avg')."""
+def rmsprop_step(param: TensorLike, grad: TensorLike, square_avg: TensorLike, momentum_buffer: TensorLike, grad_avg: TensorLike, lr: float = ..., alpha: float = ..., eps: float = ..., weight_decay: float = ..., momentum: float = ..., centered: bool = ..., maximize: bool = ..., step: int = ..., lr_schedule: Any = ...) -> Op:
+    """One torch.optim.RMSprop step -> (param', square_avg', momentum_buffer', grad_avg'); `step` (from 1)
+    counts steps for `lr_schedule` only, as adam_step's."""
 
 
 def kernel_vjp(xs: Sequence[TensorLike], op: Any, params: Any = ...) -> Op:
@@ -2859,3 +2863,7 @@ def torchscript_vjp(xs: Sequence[TensorLike], model_hash: Any, param_slots: Any 
     """xs = (forward inputs..., one gradient per output with grad_mask True): the gradients of the forward
     w.r.t. its inputs with mask True, by torch.autograd through the same module (the forward is recomputed
     with the same seed)."""
+
+
+def step_row(table: TensorLike, row: Any) -> Op:
+    """table[row]; in a loop step, `row` is the recorded row plus the training steps run before the step."""

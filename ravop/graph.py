@@ -151,6 +151,7 @@ class Graph:
         self.spot = spot          # ravop.spot_policy.Verify: adaptive spot checks instead (verify='spot'), or None
         self.strategy = strategy  # ravop.parallel strategy of the fits recorded in it (NeuralNetwork.fit)
         self.parallel_fits = []   # strategies fits recorded with; their segments and averagings are not folded
+        self.parallel_loops = []  # per such fit: role ('replica r') -> its loop op ids (ravop.placement)
         self.nodes = []           # append-only op table; node.id is its index
         self.constants = {}       # node id -> torch.Tensor held by the requester until upload
         self.persisted = {}       # persist name -> Op

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol, Tuple, Union
 
 from . import parallel, progress
 from .errors import GraphStateError, UnknownPersistName
+from .exchange_readers import readers_meta
+from .placement import replica_subgraphs
 from .federated.graph_kind import APPROACH as FEDERATED, FederatedGraphs
 from .fetched import fetched
 from .store import GraphKeys
@@ -77,11 +79,13 @@ class PlannedGraphs:
         if graph.parallel_fits:
             kind = "cuda" if graph.gpu_required else "cpu"   # the stream a worker of that kind reads
             summary["placement"] = {repr(s): parallel.forecast(s, workers, kind) for s in graph.parallel_fits}
+            summary["replica_subgraphs"] = replica_subgraphs(graph, compiled.plan)   # read back by held_by
         if graph.verify > 1 and compiled.plan.n_steps:
             raise GraphStateError(f"graph {graph.name!r} has training loops, which verify={graph.verify} does not "
                                   "cover yet (a loop runs as a whole on one worker): leave verify= out")
         meta = {"name": graph.name, "algorithm": graph.algorithm, "approach": graph.approach,
-                "rules": json.dumps(graph.rules), "summary": json.dumps(summary), "verify": graph.verify}
+                "rules": json.dumps(graph.rules), "summary": json.dumps(summary), "verify": graph.verify,
+                **readers_meta(compiled.plan)}
         if graph.spot is not None:
             if graph.parallel_fits:
                 raise GraphStateError(f"graph {graph.name!r} has verify='spot' and fits under a strategy, whose "

@@ -18,8 +18,9 @@ validation set: uploaded once, read by every step) and its own ops. Constants it
 it (they are the same at every run). A value recorded inside a step exists once per run, so nothing recorded
 after the loop may read it: the compiler says so with the reader's source line.
 
-Ops that declare a step `counter` (optimizer steps) count training steps as torch does: at the k-th training
-step of the loop (steps recorded with `counts=True`) their counter is the recorded one plus k.
+Ops that declare a step `counter` (optimizer steps, `step_row`) count training steps as torch does: at the k-th
+training step of the loop (steps recorded with `counts=True`) their counter is the recorded one plus k; in a step
+that does not count (a sync template), the recorded one plus the training steps run before it.
 Random ops draw at each run from a seed of the graph seed, the op and the run's index, so a run is
 reproducible, on any worker, from any checkpoint; an op that declares a `seed_param` holding another op's seed
 (dropout's backward redraws the forward's mask) follows that op's seed from run to run.
@@ -315,7 +316,7 @@ class Step:
                                           "step of the loop; a step reads its holes and what came before the loop")
                 loop.outer.setdefault(i.id, i)
             inside.add(node.id)
-            if self.counts and counter_of(node) is not None:
+            if counter_of(node) is not None:
                 counters.append(node.id)
             rows.append(_node_of(node))
         for value in self.next + [op for op, _ in (*self.outputs, *self.sent)]:

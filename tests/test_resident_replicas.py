@@ -16,6 +16,7 @@ from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop.interpreter import evaluate_persisted
+from ravop.placement import held_by
 from ravop.store import GraphKeys
 from test_diloco import PARAM_NAMES, assert_matches_reference, fit_diloco
 from test_parallel_math import X, Y, ravdl_net, torch_net
@@ -25,23 +26,23 @@ def knobs(compression, **more):
     return dict(replicas=2, inner_steps=3, compression=compression, **more)
 
 
-@pytest.mark.parametrize("compression", [None, "fp16", "int8"])
-def test_resident_replicas_give_the_bits_of_segments_and_match_eager_pytorch(compression):
-    resident = fit_diloco(R.parallel.DiLoCo(**knobs(compression, resident=True)), 2, 5)
-    segments = fit_diloco(R.parallel.DiLoCo(**knobs(compression, resident=False)), 2, 5)
+@pytest.mark.parametrize("compression, overlap", [(None, False), ("fp16", False), ("int8", False), (None, True),
+                                                  ("int8", True)])
+def test_resident_replicas_give_the_bits_of_segments_and_match_eager_pytorch(compression, overlap):
+    resident = fit_diloco(R.parallel.DiLoCo(**knobs(compression, resident=True, overlap=overlap)), 2, 5)
+    segments = fit_diloco(R.parallel.DiLoCo(**knobs(compression, resident=False, overlap=overlap)), 2, 5)
     assert resident[0].keys() == segments[0].keys()
     for name in resident[0]:
         assert torch.equal(resident[0][name], segments[0][name]), name
     for name in PARAM_NAMES + ["prediction"]:
         assert torch.equal(resident[1][name], segments[1][name]), name
-    assert_matches_reference(R.parallel.DiLoCo(**knobs(compression, resident=True, outer_momentum=0.8)))
+    assert_matches_reference(R.parallel.DiLoCo(**knobs(compression, resident=True, outer_momentum=0.8,
+                                                      overlap=overlap)))
 
 
 def test_resident_knob_is_checked():
     with pytest.raises(TypeError, match="resident"):
         R.parallel.DiLoCo(2, 3, resident="yes")
-    with pytest.raises(NotImplementedError, match="overlap"):
-        R.parallel.DiLoCo(2, 3, overlap=True, resident=True)
     assert "resident=True" in repr(R.parallel.DiLoCo(2, 3, resident=True))
 
 
@@ -82,9 +83,9 @@ def server_bytes(client):
     return int(stats["total_net_input_bytes"]) + int(stats["total_net_output_bytes"])
 
 
-def mlp_fit(name, rows, n_epochs, compression):
-    """A DiLoCo(2, inner_steps=16) fit of an MLP 784-256-10 on `rows` random rows, run on the workers; returns
-    the number of parameters."""
+def mlp_fit(name, rows, n_epochs, strategy):
+    """A fit of an MLP 784-256-10 on `rows` random rows under `strategy`, run on the workers; returns the number
+    of parameters."""
     rng = np.random.default_rng(0)
     X_big = rng.normal(size=(rows, 784)).astype(np.float32)
     Y_big = np.eye(10, dtype=np.float32)[rng.integers(0, 10, rows)]
@@ -93,8 +94,7 @@ def mlp_fit(name, rows, n_epochs, compression):
     model.add(Dense(256, input_shape=(784,)))
     model.add(Activation("relu"))
     model.add(Dense(10))
-    model.fit(X_big, Y_big, n_epochs=n_epochs, batch_size=32,
-              strategy=R.parallel.DiLoCo(2, inner_steps=16, compression=compression, resident=True))
+    model.fit(X_big, Y_big, n_epochs=n_epochs, batch_size=32, strategy=strategy)
     model.persist_weights()
     R.activate()
     R.execute()
@@ -111,7 +111,8 @@ def test_bytes_per_round_per_replica_are_within_a_bound_of_the_parameter_size(en
     totals = []
     for n_epochs in (1, 4):
         before = server_bytes(client)
-        n_params = mlp_fit(f"bytes {compression} {n_epochs}", rows, n_epochs, compression)
+        n_params = mlp_fit(f"bytes {compression} {n_epochs}", rows, n_epochs,
+                           R.parallel.DiLoCo(2, inner_steps=16, compression=compression, resident=True))
         totals.append(server_bytes(client) - before)
     per_round_per_replica = (totals[1] - totals[0]) / ((4 - 1) * 2) / 2
     print(f"{compression}: {per_round_per_replica:.0f} bytes per round per replica, "
@@ -119,11 +120,12 @@ def test_bytes_per_round_per_replica_are_within_a_bound_of_the_parameter_size(en
     assert per_round_per_replica <= bound * n_params
 
 
-def record_small(name, epochs, compression="int8"):
+def record_small(name, epochs, compression="int8", overlap=False, replicas=2):
     graph = R.Graph(name=name, seed=11)
     model = ravdl_net(torch_net())
     persisted = list(model.fit(X, Y, n_epochs=epochs, batch_size=6, shuffle=True, seed=3,
-                               strategy=R.parallel.DiLoCo(2, 4, compression=compression, resident=True)))
+                               strategy=R.parallel.DiLoCo(replicas, 4, compression=compression, resident=True,
+                                                          overlap=overlap)))
     model.persist_weights()
     model.predict(X).persist_op("prediction")
     return graph, persisted + PARAM_NAMES + ["prediction"]
@@ -148,6 +150,27 @@ def test_replicas_run_on_distinct_workers_with_the_in_process_bits(engine, worke
     assert_same_as_in_process(graph, persisted)
 
 
+def test_overlapped_resident_replicas_on_three_workers_give_the_in_process_bits(engine, workers, client):
+    workers.start(3)
+    graph, persisted = record_small("resident overlap", 3, overlap=True, replicas=3)
+    R.activate()
+    R.execute()
+    R.track_progress(timeout=300, progress_bar=False)
+    assert_same_as_in_process(graph, persisted)
+
+
+def test_with_overlap_replica_0_sends_the_last_update_before_waiting_for_the_others():
+    graph = R.Graph(name="overlap templates", seed=11)
+    ravdl_net(torch_net()).fit(X, Y, n_epochs=1, batch_size=6, strategy=R.parallel.DiLoCo(3, 2, resident=True,
+                                                                                          overlap=True))
+    replica_0, replica_1, _ = [record.spec for record in graph.loops.values()]
+    send, outer = [replica_0.templates[t] for t in replica_0.sync_templates]
+    assert not send.recv_holes and {c.split(".")[0] for c in send.send_channels} == {"down"}   # no buffers
+    assert not outer.send_channels and {c.split(".")[0] for c in outer.recv_channels} == {"up"}
+    up, down = [replica_1.templates[t] for t in replica_1.sync_templates]
+    assert {c.split(".")[0] for c in down.recv_channels} == {"down"} and not down.send_channels
+
+
 def test_a_provider_killed_mid_round_is_resumed_elsewhere_with_the_same_bits(engine, workers, client):
     names = workers.start(3, reclaim_idle=1.0, extra=("--checkpoint-steps", "40"))
     graph, persisted = record_small("resident kill", 150)
@@ -163,6 +186,9 @@ def test_a_provider_killed_mid_round_is_resumed_elsewhere_with_the_same_bits(eng
     workers.kill(holder)
     R.track_progress(timeout=600, progress_bar=False)
     assert client.hget(keys.ran, loop_id).decode() in set(names) - {holder}   # a spare took the replica over
+    (replicas,) = held_by(graph).values()
+    assert client.hget(keys.ran, loop_id).decode() in sum(replicas.values(), [])   # named where it ended
+    assert holder not in sum(replicas.values(), [])
     assert_same_as_in_process(graph, persisted)
 
 

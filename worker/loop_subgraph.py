@@ -127,6 +127,7 @@ class _Writer:
         # stay until the loop completes, persisted values are overwritten (a rewound loop's honest rerun replaces
         # what a liar wrote) and every write first makes sure this worker still runs the loop
         self.segments = segments
+        self.on_checkpoint = None   # () after each checkpoint published (an exchange's release)
 
     def on_wait(self, state):
         """Called while the loop waits for a value another loop sends: stop if the graph stopped running, hand
@@ -187,6 +188,8 @@ class _Writer:
             elif self.saved is not None:
                 client.delete(*checkpoint_keys(keys, self.subgraph_id, self.saved, len(carried)))
             self.saved, self.checkpointed, self.last_checkpoint = done, done, time.monotonic()
+            if self.on_checkpoint is not None:
+                self.on_checkpoint()   # exchanged values read before it are no longer needed here
         self.pending = {}
         self.last_flush = time.monotonic()
         if carried is None:
@@ -238,6 +241,7 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
             segments.instrument(runner)
         writer.work_waiting = work_waiting
         exchange = StoreExchange(client, keys, device, writer.on_wait) if runner.exchanges() else None
+        writer.on_checkpoint = exchange.release if exchange is not None else None
         on_step, exchange = emulated_device.paced_steps(writer.on_step, subgraph.loop, loop_inputs, exchange)
         graph.start()
         carried = runner.run(carried, start or 0, on_step, exchange,

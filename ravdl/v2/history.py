@@ -15,6 +15,7 @@ import html
 import ravop as R
 from ravop import graph_states
 from ravop.errors import GraphFailedError, NotComputedError
+from ravop.placement import held_by
 from ravop.training_losses import Losses
 
 from .notebook import html_table
@@ -55,6 +56,12 @@ class History(list):
                 losses = _truncated(losses, epochs, losses.stopped_step)
             self._losses = losses
         return self._losses
+
+    @property
+    def placement(self):
+        """{strategy: {role ('replica r'): [workers]}}: the workers that ran each replica of the graph's fits under
+        a strategy, from the engine's records (ravop.placement.held_by), not the activation's forecast."""
+        return held_by(self.graph)
 
     @property
     def batch_losses(self):

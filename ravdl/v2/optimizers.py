@@ -6,9 +6,12 @@ and its step count (torch counts steps per parameter too); recording a step repl
 op's outputs. Nothing is kept anywhere but in the graph. State the configuration does not use (Adam's
 max_exp_avg_sq without amsgrad, RMSprop's momentum buffer without momentum) passes through the step op
 unchanged, so it stays the initial zeros Op rather than a new output per step: fewer ops to run.
+`lr_schedule` (ravdl.v2.lr_schedules) sets each step's learning rate from the step count, inside the step op.
 """
 import ravop as R
 from ravop.dtypes import NAMES
+
+from .lr_schedules import schedule_spec
 
 
 class Optimizer:
@@ -56,14 +59,15 @@ class Adam(Optimizer):
     state_names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     step_op = "adam_step"
 
-    def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0, amsgrad=False):
+    def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0, amsgrad=False, lr_schedule=None):
         super().__init__()
         _check(lr, eps, weight_decay)
         beta1, beta2 = (float(b) for b in betas)
         if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
             raise ValueError(f"betas must be in [0, 1), got {betas}")
         self.hyper = {"lr": float(lr), "beta1": beta1, "beta2": beta2, "eps": float(eps),
-                      "weight_decay": float(weight_decay), "amsgrad": bool(amsgrad)}
+                      "weight_decay": float(weight_decay), "amsgrad": bool(amsgrad),
+                      "lr_schedule": schedule_spec(lr_schedule)}
 
     def used_state(self):
         return self.state_names if self.hyper["amsgrad"] else self.state_names[:2]
@@ -76,25 +80,26 @@ class AdamW(Adam):
     """torch.optim.AdamW (decoupled weight decay), with the same arguments and defaults."""
     step_op = "adamw_step"
 
-    def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01, amsgrad=False):
-        super().__init__(lr, betas, eps, weight_decay, amsgrad)
+    def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01, amsgrad=False, lr_schedule=None):
+        super().__init__(lr, betas, eps, weight_decay, amsgrad, lr_schedule)
 
 
 class RMSprop(Optimizer):
     """torch.optim.RMSprop (foreach=False), with the same arguments and defaults."""
     state_names = ("square_avg", "momentum_buffer", "grad_avg")
 
-    def __init__(self, lr=0.01, alpha=0.99, eps=1e-08, weight_decay=0, momentum=0, centered=False):
+    def __init__(self, lr=0.01, alpha=0.99, eps=1e-08, weight_decay=0, momentum=0, centered=False, lr_schedule=None):
         super().__init__()
         _check(lr, eps, weight_decay)
         if alpha < 0 or momentum < 0:
             raise ValueError(f"alpha and momentum must be >= 0, got alpha={alpha}, momentum={momentum}")
         self.hyper = {"lr": float(lr), "alpha": float(alpha), "eps": float(eps), "weight_decay": float(weight_decay),
-                      "momentum": float(momentum), "centered": bool(centered)}
+                      "momentum": float(momentum), "centered": bool(centered),
+                      "lr_schedule": schedule_spec(lr_schedule)}
 
     def used_state(self):
         return ("square_avg",) + (("momentum_buffer",) if self.hyper["momentum"] > 0 else ()) + \
             (("grad_avg",) if self.hyper["centered"] else ())
 
     def _step(self, param, grad, state, step):
-        return R.rmsprop_step(param, grad, *state, **self.hyper)
+        return R.rmsprop_step(param, grad, *state, step=step, **self.hyper)

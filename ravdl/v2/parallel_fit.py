@@ -1,7 +1,8 @@
 """`fit(..., strategy=...)` (ravop.parallel): the trainer the strategies' hooks drive. It records the training
 as loop segments, one per replica between two synchronisations, and whatever the strategy records between them
-as ordinary ops; or, for a strategy that gives `resident_sync` (DiLoCo), one loop per replica for the whole fit
-whose sync templates exchange values with the others (ravop.parallel.resident). A segment is a loop op
+as ordinary ops; or, when the strategy's `resident_sync` gives sync templates (resident replicas of LocalSGD,
+Gossip, DiLoCo), one loop per replica for the whole fit whose sync templates exchange values with the others
+(ravop.parallel.resident, ravop.parallel.resident_averaging). A segment is a loop op
 (`Loop.run(..., segment=...)`): its own subgraph, run with the replica's state in memory, checkpointed and resumed
 like any loop, so the replicas of one synchronisation interval are independent subgraphs that idle workers run at
 once.
@@ -36,8 +37,11 @@ def record_parallel_fit(model, X, y, n_epochs, batch_size, shuffle, seed, strate
     n_epochs, batch_size = int(n_epochs), int(batch_size)
     if n_epochs < 1 or batch_size < 1:
         raise ValueError(f"n_epochs and batch_size must be >= 1, not {n_epochs} and {batch_size}")
-    current_graph().parallel_fits.append(check_strategy(strategy))   # compile_graph leaves it unfolded
-    return strategy.record_fit(ParallelFit(model, X, y, n_epochs, batch_size, shuffle, seed))
+    graph = current_graph()
+    graph.parallel_fits.append(check_strategy(strategy))   # compile_graph leaves it unfolded
+    fit = ParallelFit(model, X, y, n_epochs, batch_size, shuffle, seed)
+    graph.parallel_loops.append(fit.loops)   # ravop.placement names the workers that ran them
+    return strategy.record_fit(fit)
 
 
 class _Steps:
@@ -66,9 +70,10 @@ def _record_segment(initial, batches, steps, segment, record_step):
     return loop.run(steps.schedule, rounds=steps.n_epochs, segment=segment)
 
 
-def _record_replica(state, resident, r, batches, steps, record_step, sync_every):
+def _record_replica(state, resident, r, batches, steps, record_step):
     """Replica r's loop over every step of the fit, its sync templates (`resident.sync_steps`) after every
-    `sync_every` steps and the last one; returns all its carried values after the loop (its train state first)."""
+    `resident.interval` steps and the last one; returns all its carried values after the loop (its train state
+    first)."""
     extra = resident.extra(r)
     loop = Loop(list(state) + extra, batches)
     n_state = len(state)
@@ -77,7 +82,7 @@ def _record_replica(state, resident, r, batches, steps, record_step, sync_every)
         with loop.step() as step:
             record_step(_StatePart(step, n_state), rows, runs)
     sync = resident.sync_steps(loop, r, n_state)
-    return list(loop.run(steps.schedule, rounds=steps.n_epochs, sync=sync, sync_every=sync_every))
+    return list(loop.run(steps.schedule, rounds=steps.n_epochs, sync=sync, sync_every=resident.interval))
 
 
 class _StatePart:
@@ -123,6 +128,11 @@ class ParallelFit:
     def __init__(self, model, X, y, n_epochs, batch_size, shuffle, seed):
         self.model, self.X, self.y = model, X, y
         self.n_epochs, self.batch_size, self.shuffle, self.seed = n_epochs, batch_size, shuffle, seed
+        self.loops = {}   # role ('replica r') -> the loop op ids that run it, as recorded
+
+    def _ran_as(self, role):
+        """Note the loop op recorded last as one that runs `role`."""
+        self.loops.setdefault(role, []).append(list(current_graph().loops)[-1])
 
     def gradient_replicas(self, strategy):
         """Per step: each replica's gradient of its slice (`strategy.slices(rows)`) in a one-step segment, then
@@ -178,7 +188,9 @@ class ParallelFit:
         per_update = strategy.update_frequency   # batches whose gradients one optimizer step sums
         steps = _Steps(size, self.batch_size * per_update, self.n_epochs)
         initial = [slot.get() for slot in slots]
-        resident = strategy.resident_sync(initial, layout, lambda: _enough_workers(replicas))
+        n_steps = len(steps.order)
+        resident = strategy.resident_sync(initial, layout, lambda: _enough_workers(replicas), n_steps,
+                                          current_graph().seed)
         sync = resident or strategy.synchronizer(initial, layout, current_graph().seed)
         states = [list(initial) for _ in range(replicas)]
         losses = [None] * replicas
@@ -205,16 +217,17 @@ class ParallelFit:
                 moved[steps.rows.index(rows)] = [counter.get() - start for counter, start in zip(counters, starts)]
             return record_step
 
-        n_steps = len(steps.order)
         if resident is not None:   # one loop per replica for the whole fit, its state kept where it runs
             for r, (X_shard, y_shard) in enumerate(shards):
                 batches = Batches(size, self.batch_size * per_update, self.shuffle, self.seed + r)
-                states[r] = _record_replica(states[r], resident, r, batches, steps, train(r, X_shard, y_shard),
-                                            strategy.inner_steps)
+                states[r] = _record_replica(states[r] + loss_slot, resident, r, batches, steps,
+                                            train(r, X_shard, y_shard))
+                self._ran_as(f"replica {r}")
         for first, n in [] if resident is not None else strategy.segments(n_steps):
             for r, (X_shard, y_shard) in enumerate(shards):
                 batches = Batches(size, self.batch_size * per_update, self.shuffle, self.seed + r)
                 after = _record_segment(states[r] + loss_slot, batches, steps, (first, n), train(r, X_shard, y_shard))
+                self._ran_as(f"replica {r}")
                 states[r], losses[r] = list(after[:len(slots)]), after[len(slots):]
             sync.exchange(states, losses, first + n)
         for slot, value in zip(slots, sync.finish(states)):

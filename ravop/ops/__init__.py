@@ -5,3 +5,4 @@ from . import (kernel_vjp, linalg, shape, reduce, compare, indexing, gather, joi
                stats, random, foreach, cast)  # the original Ravop's non-layer op set
 from . import federated_stats  # noqa: F401  (a provider's partial and the statistics released from partials)
 from . import torchscript  # noqa: F401  (TorchScript models recorded by R.model)
+from . import step_table  # noqa: F401  (per-step values of a loop: Gossip's pairs, learning rate schedules)

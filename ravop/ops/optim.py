@@ -9,6 +9,7 @@ Optimizer steps are not differentiable.
 import torch
 
 from ..registry import REQUIRED, InPlace, register
+from .lr_schedule import check_schedule, scheduled_lr
 
 
 def _step_shapes(param, grad, *state):
@@ -21,8 +22,9 @@ def _step_shapes(param, grad, *state):
 
 
 def _adam_shapes(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step=REQUIRED, lr=0.001, beta1=0.9,
-                 beta2=0.999, eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False):
+                 beta2=0.999, eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False, lr_schedule=None):
     """torch.optim.Adam's argument checks, at record time, plus a 1-based int step."""
+    check_schedule(lr_schedule)
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
         raise ValueError(f"step must be a positive int (1 for the first step), not {step!r}")
     if lr < 0 or eps < 0 or weight_decay < 0 or not 0 <= beta1 < 1 or not 0 <= beta2 < 1:
@@ -32,8 +34,11 @@ def _adam_shapes(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step=REQUIRED
 
 
 def _rmsprop_shapes(param, grad, square_avg, momentum_buffer, grad_avg, lr=0.01, alpha=0.99, eps=1e-8,
-                    weight_decay=0.0, momentum=0.0, centered=False, maximize=False):
+                    weight_decay=0.0, momentum=0.0, centered=False, maximize=False, step=1, lr_schedule=None):
     """torch.optim.RMSprop's argument checks, at record time."""
+    check_schedule(lr_schedule)
+    if type(step) is not int or step < 1:
+        raise ValueError(f"step must be a positive int (1 for the first step), not {step!r}")
     if lr < 0 or eps < 0 or weight_decay < 0 or momentum < 0 or alpha < 0:
         raise ValueError(f"invalid RMSprop settings: lr={lr}, alpha={alpha}, eps={eps}, "
                          f"weight_decay={weight_decay}, momentum={momentum}")
@@ -41,9 +46,11 @@ def _rmsprop_shapes(param, grad, square_avg, momentum_buffer, grad_avg, lr=0.01,
 
 
 def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, amsgrad,
-          maximize, decoupled, in_place=False):
+          maximize, decoupled, in_place=False, lr_schedule=None):
     """torch.optim.adam._single_tensor_adam for one tensor (decoupled=True is AdamW); `in_place` updates
-    param, exp_avg and exp_avg_sq themselves instead of copies (the op's `in_place`)."""
+    param, exp_avg and exp_avg_sq themselves instead of copies (the op's `in_place`); `lr_schedule` sets this
+    step's learning rate from `lr` (ravop.ops.lr_schedule)."""
+    lr = scheduled_lr(lr, lr_schedule, step)
     if not in_place:
         param, exp_avg, exp_avg_sq = param.clone(), exp_avg.clone(), exp_avg_sq.clone()
     grad = grad if not maximize else -grad
@@ -70,9 +77,9 @@ def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, bet
 
 def _adam_in_place(decoupled):
     def kernel(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8,
-               weight_decay=0.0, amsgrad=False, maximize=False):
+               weight_decay=0.0, amsgrad=False, maximize=False, lr_schedule=None):
         return _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
-                     amsgrad, maximize, decoupled, in_place=True)
+                     amsgrad, maximize, decoupled, in_place=True, lr_schedule=lr_schedule)
     return kernel
 
 
@@ -82,33 +89,39 @@ def _adam_in_place(decoupled):
 ADAM_OVERWRITES = (0, 2, 3)
 ADAM_INPUTS = ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 ADAM_PARAMS = {"step": REQUIRED, "lr": 0.001, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0,
-               "amsgrad": False, "maximize": False}
+               "amsgrad": False, "maximize": False, "lr_schedule": None}
 
 
 @register("adam_step", inputs=ADAM_INPUTS, params=ADAM_PARAMS, shape=_adam_shapes, method=False, counter="step",
           in_place=InPlace(_adam_in_place(False), ADAM_OVERWRITES))
 def adam_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8,
-              weight_decay=0.0, amsgrad=False, maximize=False):
-    """One torch.optim.Adam step (`step` counts from 1) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq')."""
+              weight_decay=0.0, amsgrad=False, maximize=False, lr_schedule=None):
+    """One torch.optim.Adam step (`step` counts from 1) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq');
+    `lr_schedule`: the step's learning rate from `lr` and `step`, as a torch.optim.lr_scheduler stepped after
+    every optimizer step (ravop.ops.lr_schedule)."""
     return _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
-                 amsgrad, maximize, decoupled=False)
+                 amsgrad, maximize, decoupled=False, lr_schedule=lr_schedule)
 
 
 @register("adamw_step", inputs=ADAM_INPUTS, params={**ADAM_PARAMS, "weight_decay": 0.01}, shape=_adam_shapes,
           method=False, counter="step", in_place=InPlace(_adam_in_place(True), ADAM_OVERWRITES))
 def adamw_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8,
-               weight_decay=0.01, amsgrad=False, maximize=False):
-    """One torch.optim.AdamW step (decoupled weight decay) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq')."""
+               weight_decay=0.01, amsgrad=False, maximize=False, lr_schedule=None):
+    """One torch.optim.AdamW step (decoupled weight decay) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq');
+    `lr_schedule` as adam_step's."""
     return _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
-                 amsgrad, maximize, decoupled=True)
+                 amsgrad, maximize, decoupled=True, lr_schedule=lr_schedule)
 
 
 @register("rmsprop_step", inputs=("param", "grad", "square_avg", "momentum_buffer", "grad_avg"),
           params={"lr": 0.01, "alpha": 0.99, "eps": 1e-8, "weight_decay": 0.0, "momentum": 0.0, "centered": False,
-                  "maximize": False}, shape=_rmsprop_shapes, method=False)
+                  "maximize": False, "step": 1, "lr_schedule": None}, shape=_rmsprop_shapes, method=False,
+          counter="step")
 def rmsprop_step(param, grad, square_avg, momentum_buffer, grad_avg, lr=0.01, alpha=0.99, eps=1e-8,
-                 weight_decay=0.0, momentum=0.0, centered=False, maximize=False):
-    """One torch.optim.RMSprop step -> (param', square_avg', momentum_buffer', grad_avg')."""
+                 weight_decay=0.0, momentum=0.0, centered=False, maximize=False, step=1, lr_schedule=None):
+    """One torch.optim.RMSprop step -> (param', square_avg', momentum_buffer', grad_avg'); `step` (from 1)
+    counts steps for `lr_schedule` only, as adam_step's."""
+    lr = scheduled_lr(lr, lr_schedule, step)
     param, square_avg = param.clone(), square_avg.clone()
     grad = grad if not maximize else -grad
     if weight_decay != 0:

@@ -29,11 +29,11 @@ In the graph, round k+1's segments do not read outer step k, so workers run them
 `resident` (None: when the session's live workers can hold every replica at once; True; False): each replica is
 one loop op for the whole fit whose state stays where it runs, and only (compressed) pseudo-gradients and
 updates cross the store (ravop.parallel.resident); otherwise each round of each replica is a loop segment whose
-carried values go through the store. Both give the same bits. Not with `overlap` (its rounds run as segments).
+carried values go through the store. Both give the same bits, with or without `overlap`.
 """
 from .compression import check_compression, send
 from .resident import ResidentDiLoCo
-from .replicas import OnShards, average, check_replicas, check_update_frequency, every
+from .replicas import OnShards, average, check_replicas, check_resident, check_update_frequency, every
 
 
 class DiLoCo(OnShards):
@@ -54,13 +54,7 @@ class DiLoCo(OnShards):
             raise ValueError("nesterov=True needs outer_momentum > 0 (as torch.optim.SGD): give nesterov=False")
         self.inner_steps, self.outer_lr, self.outer_momentum = inner_steps, float(outer_lr), float(outer_momentum)
         self.nesterov, self.compression, self.overlap = nesterov, check_compression(compression), overlap
-        if resident not in (None, True, False):
-            raise TypeError(f"resident takes None (when the workers can hold every replica), True or False, not "
-                            f"{resident!r}")
-        if resident and overlap:
-            raise NotImplementedError("resident replicas with overlap=True are not implemented: give resident=None "
-                                      "or False (overlapped rounds run as segments)")
-        self.resident = resident
+        self.resident = check_resident(resident)
 
     def segments(self, n_steps):
         """(first step, steps) of each round."""
@@ -69,11 +63,7 @@ class DiLoCo(OnShards):
     def synchronizer(self, initial, layout, graph_seed):
         return _OuterSteps(self, initial, layout)
 
-    def resident_sync(self, initial, layout, workers_hold_all):
-        """The sync templates of resident replicas (ravop.parallel.resident), or None to record segments;
-        `workers_hold_all()`: whether the live workers can run every replica at once."""
-        if self.overlap or self.resident is False or (self.resident is None and not workers_hold_all()):
-            return None
+    def resident_templates(self, initial, layout, n_steps, graph_seed):
         return ResidentDiLoCo(self, initial, layout)
 
     def __repr__(self):
@@ -111,8 +101,10 @@ class _OuterSteps:
             new_global.append(average([state[k] for state in states]))
         self.start = self.global_ if d.overlap else new_global
         self.global_ = new_global
-        for state in states:
-            state[self.layout.params.start:self.layout.buffers.stop] = self.start
+        for state in states:   # integer buffers are counters each replica advances (num_batches_tracked): its own
+            for k in self.layout.model:
+                if self.start[k].dtype.is_floating_point:
+                    state[k] = self.start[k]
 
     def _update(self, k, grad):
         """The change torch.optim.SGD makes to parameter k with `grad`, as it is received."""

@@ -7,17 +7,23 @@ and the same bits; each replica then moves towards its peer, `p <- p + a * (peer
   together here, so it is 0.5);
 - 'loss': loss / (loss + peer_loss) of the two replicas' last batch losses: the worse replica moves further.
 With `divergence_threshold` > 0 (dpwa's "diverge models when the loss reaches it"), a replica whose last loss is
-below the threshold keeps its own parameters. With an odd number of replicas one sits each step out."""
+below the threshold keeps its own parameters. With an odd number of replicas one sits each step out.
+
+`resident` (None: when the session's live workers can hold every replica at once; True; False): each replica is
+one loop op for the whole fit whose state and shard stay where it runs, exchanging its model after every step
+(ravop.parallel.resident_averaging); otherwise each step of each replica is a loop segment. Both give the same
+bits."""
 import numpy as np
 
-from .replicas import Averaging, OnShards, check_replicas
+from .replicas import Averaging, OnShards, check_replicas, check_resident
+from .resident_averaging import ResidentGossip
 
 INTERPOLATIONS = ("constant", "clock", "loss")
 
 
 class Gossip(OnShards):
-    def __init__(self, replicas, interpolation="constant", factor=0.5, divergence_threshold=0.0):
-        self.replicas = check_replicas(replicas)
+    def __init__(self, replicas, interpolation="constant", factor=0.5, divergence_threshold=0.0, resident=None):
+        self.replicas, self.resident = check_replicas(replicas), check_resident(resident)
         if interpolation not in INTERPOLATIONS:
             raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, not {interpolation!r}")
         if not 0.0 <= float(factor) <= 1.0:
@@ -40,6 +46,9 @@ class Gossip(OnShards):
     def synchronizer(self, initial, layout, graph_seed):
         return _GossipSync(self, layout, graph_seed)
 
+    def resident_templates(self, initial, layout, n_steps, graph_seed):
+        return ResidentGossip(self, initial, layout, n_steps, graph_seed)
+
     def pairs(self, step, seed):
         """The (replica, peer) pairs after `step` steps: a permutation drawn from (seed, step), taken two by two."""
         order = np.random.default_rng([int(seed), int(step)]).permutation(self.replicas).tolist()
@@ -52,10 +61,10 @@ class Gossip(OnShards):
         at = slice(shared.start, shared.stop)
         for i, j in self.pairs(step, seed):
             old_i, old_j = states[i][at], states[j][at]
-            states[i][at] = self._towards(old_i, old_j, losses[i], losses[j])
-            states[j][at] = self._towards(old_j, old_i, losses[j], losses[i])
+            states[i][at] = self.towards(old_i, old_j, losses[i], losses[j])
+            states[j][at] = self.towards(old_j, old_i, losses[j], losses[i])
 
-    def _towards(self, own, peer, loss, peer_loss):
+    def towards(self, own, peer, loss, peer_loss):
         if self.interpolation == "loss":
             a = loss[0] / (loss[0] + peer_loss[0])
         else:
@@ -67,7 +76,8 @@ class Gossip(OnShards):
 
     def __repr__(self):
         return (f"Gossip(replicas={self.replicas}, interpolation={self.interpolation!r}, factor={self.factor}, "
-                f"divergence_threshold={self.divergence_threshold})")
+                f"divergence_threshold={self.divergence_threshold}"
+                + (f", resident={self.resident})" if self.resident is not None else ")"))
 
 
 class _GossipSync(Averaging):

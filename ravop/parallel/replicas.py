@@ -14,10 +14,22 @@ class OnShards:
     def roles(self):
         return [f"replica {r}" for r in range(self.replicas)]
 
-    def resident_sync(self, initial, layout, workers_hold_all):
-        """The sync templates of resident replicas (one loop per replica for the whole fit, DiLoCo's), or None:
-        the replicas run as segments synchronised by `synchronizer`."""
-        return None
+    resident = None       # resident replicas: None (when the workers can hold them all), True or False
+
+    def resident_sync(self, initial, layout, workers_hold_all, n_steps, graph_seed):
+        """The sync templates of resident replicas (one loop per replica for the whole fit: `resident_templates`),
+        or None: the replicas run as segments synchronised by `synchronizer`. `workers_hold_all()`: whether the
+        session's live workers can run every replica at once."""
+        if self.resident is False or (self.resident is None and not workers_hold_all()):
+            return None
+        return self.resident_templates(initial, layout, n_steps, graph_seed)
+
+
+def check_resident(resident):
+    if resident is not None and not isinstance(resident, bool):
+        raise TypeError(f"resident takes None (when the workers can hold every replica), True or False, not "
+                        f"{resident!r}")
+    return resident
 
 
 def check_update_frequency(update_frequency):

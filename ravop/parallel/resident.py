@@ -2,15 +2,21 @@
 state, error-feedback residuals and data shard stay in the memory of the worker that runs it (and in its loop
 checkpoint), so that only what the algorithm exchanges crosses the store each round.
 
-Replica r's loop carries its train state, the global model (parameters, then buffers) and, with compression,
-its residual per parameter; replica 0 also carries the outer optimizer (momentum buffers, the update's
-residuals). After every `inner_steps` training steps and after the last one, its sync templates run:
+Replica r's loop carries its train state, the global model it knows (parameters, then buffers) and, with
+compression, its residual per parameter; replica 0 also carries the outer optimizer (momentum buffers, the
+update's residuals) and, with `overlap`, the round's start and the update it has not sent yet. After every
+`inner_steps` training steps and after the last one, its sync templates run:
 - replica r > 0: `up` sends its pseudo-gradient `global - parameters` (compressed with error feedback when
   `compression` is set) and its float buffers; `down` receives the outer step's update (compressed) and the
-  mean buffers, and restarts from the new global model;
+  mean buffers, adds the update to its global model and restarts from it;
 - replica 0: `outer` receives the others' pseudo-gradients and buffers, takes its own, steps the outer
   optimizer as `DiLoCo`'s in-graph synchronizer does (the same ops in the same order: the same bits), sends the
   update and the mean buffers, and restarts from the new global model.
+With `overlap` (Streaming DiLoCo, DiLoCo's docstring) replica 0 sends outer step k's update at sync k + 1, in a
+`send` template that runs before its `outer` and waits for nothing (at sync 0 a zero update and the initial
+buffers): so at sync k a replica r > 0 receives update k - 1, which was ready a round ago, and restarts from the
+global model before outer step k, without waiting for the others' pseudo-gradients or the outer step; replica 0
+keeps the latest global model (every outer step applied: the model after fit) and the round's start apart.
 So per round a replica r > 0 sends one (compressed) pseudo-gradient and receives one (compressed) update; the
 channels are named `{kind}.{replica}.{k}` per value k (worker/exchange.py stores them)."""
 import torch
@@ -21,34 +27,48 @@ from .compression import compress, decompress
 from .replicas import average
 
 
-def _zeros_like(op):
-    return R.zeros(shape=tuple(op.shape), dtype=str(op.dtype).replace("torch.", ""))
+def _zeros_like(op, dtype=None):
+    return R.zeros(shape=tuple(op.shape), dtype=str(dtype or op.dtype).replace("torch.", ""))
 
 
 class ResidentDiLoCo:
     """The extra carried values and the sync templates of one fit's replicas (see the module docstring)."""
 
     def __init__(self, diloco, initial, layout):
-        self.diloco, self.layout = diloco, layout
+        self.diloco, self.layout, self.interval = diloco, layout, diloco.inner_steps
         self.model = list(initial[layout.model.start:layout.model.stop])   # global parameters, then buffers
         params = self.model[:len(layout.params)]
         self.floats = [k for k in layout.buffers if initial[k].dtype.is_floating_point]
         self.residuals = [_zeros_like(p) for p in params] if diloco.compression else []
-        self.outer = ([_zeros_like(p) for p in params] if diloco.outer_momentum else []) + \
-            ([_zeros_like(p) for p in params] if diloco.compression else [])
+        momentum = [_zeros_like(p) for p in params] if diloco.outer_momentum else []
+        down = [_zeros_like(p) for p in params] if diloco.compression else []
+        start, pending = [], []
+        if diloco.overlap:   # the round's start, and what `send` sends next: a zero update, the initial buffers
+            start = list(self.model)
+            narrow = {"fp16": torch.float16, "int8": torch.int8}.get(diloco.compression)
+            pending = [_zeros_like(p, narrow) for p in params] + \
+                ([R.zeros(shape=(), dtype="float32") for _ in params] if diloco.compression == "int8" else []) + \
+                [initial[k] for k in self.floats]
+        self.outer = {"momentum": momentum, "down": down, "start": start, "pending": pending}
+        self.n_state = None
 
     def extra(self, r):
         """The values replica r's loop carries besides its train state, initially."""
-        return self.model + self.residuals + (self.outer if r == 0 else [])
+        return self.model + self.residuals + ([v for group in self.outer.values() for v in group] if r == 0 else [])
 
     def sync_steps(self, loop, r, n_state):
         """Record replica r's sync templates on `loop` (whose carried values are its train state of `n_state`
         values, then `extra(r)`); returns their template indices."""
+        self.n_state = n_state
         first = len(loop.templates)
         if r == 0:
+            if self.diloco.overlap:
+                with loop.step(counts=False) as step:
+                    self._send_pending(step, n_state)
+                    step.carry(step.carried)
             with loop.step(counts=False) as step:
                 step.carry(self._outer(step, n_state))
-            return [first]
+            return list(range(first, len(loop.templates)))
         with loop.step(counts=False) as step:
             step.carry(self._up(step, r, n_state))
         with loop.step(counts=False) as step:
@@ -56,15 +76,19 @@ class ResidentDiLoCo:
         return [first, first + 1]
 
     def _split(self, step, n_state):
+        """(train state, global model, residuals, replica 0's outer values by group) of the carried values."""
         carried = list(step.carried)
         n_model, n_res = len(self.model), len(self.residuals)
         state, rest = carried[:n_state], carried[n_state:]
-        return state, rest[:n_model], rest[n_model:n_model + n_res], rest[n_model + n_res:]
+        outer, at = {}, n_model + n_res
+        for name, group in self.outer.items():
+            outer[name], at = rest[at:at + len(group)], at + len(group)
+        return state, rest[:n_model], rest[n_model:n_model + n_res], outer
 
-    def _pseudo(self, state, model, residuals, k):
-        """(what is sent of parameter k's pseudo-gradient: the values and the int8 scale or None, what the
-        receiver reads, the residual kept)."""
-        pseudo = model[k] - state[k]
+    def _pseudo(self, state, start, residuals, k):
+        """(what is sent of parameter k's pseudo-gradient against the round's `start`: the values and the int8
+        scale or None, what the receiver reads, the residual kept)."""
+        pseudo = start[k] - state[k]
         kind = self.diloco.compression
         if not kind:
             return (pseudo, None), pseudo, None
@@ -100,20 +124,34 @@ class ResidentDiLoCo:
         return self._restart(state, new_model) + new_model + residuals
 
     def _restart(self, state, new_model):
+        """`state` restarted from `new_model`, but for integer buffers: counters each replica advances
+        (num_batches_tracked), which stay its own."""
         state = list(state)
-        state[self.layout.model.start:self.layout.model.stop] = new_model
+        for k, value in zip(self.layout.model, new_model):
+            if value.dtype.is_floating_point:
+                state[k] = value
         return state
+
+    def _send_pending(self, step, n_state):
+        """Replica 0 with overlap: send the last outer step's update and mean buffers (`pending`)."""
+        pending = self._split(step, n_state)[3]["pending"]
+        n = len(self.layout.params)
+        int8 = self.diloco.compression == "int8"
+        for k in self.layout.params:
+            step.send(pending[k], f"down.{k}")
+            if int8:
+                step.send(pending[n + k], f"downscale.{k}")
+        for k, mean in zip(self.floats, pending[n * (1 + int8):]):
+            step.send(mean, f"buffermean.{k}")
 
     def _outer(self, step, n_state):
         d = self.diloco
         state, model, residuals, outer = self._split(step, n_state)
-        residuals = list(residuals)
-        n = len(self.layout.params)
-        momentum = list(outer[:n]) if d.outer_momentum else []
-        down = list(outer[len(momentum):])
-        new_model = []
+        residuals, momentum, down = list(residuals), list(outer["momentum"]), list(outer["down"])
+        start = outer["start"] or model   # without overlap a round starts from the latest global model
+        new_model, sent, scales, means = [], [], [], []
         for k in self.layout.params:
-            _, own, residual = self._pseudo(state, model, residuals, k)
+            _, own, residual = self._pseudo(state, start, residuals, k)
             if residual is not None:
                 residuals[k] = residual
             pseudo = [own]
@@ -127,30 +165,38 @@ class ResidentDiLoCo:
                 momentum[k] = momentum[k] * d.outer_momentum + grad
                 grad = grad + momentum[k] * d.outer_momentum if d.nesterov else momentum[k]
             update = grad * -d.outer_lr
+            values, scale = update, None
             if d.compression:
                 true = update + down[k]
                 values, scale = compress(true, d.compression)
                 update = decompress(values, scale)
                 down[k] = true - update
-                step.send(values, f"down.{k}")
-                if scale is not None:
-                    step.send(scale, f"downscale.{k}")
-            else:
-                step.send(update, f"down.{k}")
+            sent.append(values)
+            scales += [scale] if scale is not None else []
             new_model.append(model[k] + update)
         for k in self.layout.buffers:
             if k in self.floats:
                 mean = average([state[k]] + [step.receive(f"buffer.{r}.{k}", state[k]) for r in range(1, d.replicas)])
-                step.send(mean, f"buffermean.{k}")
+                means.append(mean)
                 new_model.append(mean)
             else:
                 new_model.append(state[k])
+        if d.overlap:   # sent at the next sync; the replicas restart from the model before this outer step
+            return self._restart(state, model) + new_model + residuals + momentum + down + model + \
+                sent + scales + means
+        for k, values in zip(self.layout.params, sent):
+            step.send(values, f"down.{k}")
+        for k, scale in zip(self.layout.params, scales):
+            step.send(scale, f"downscale.{k}")
+        for k, mean in zip(self.floats, means):
+            step.send(mean, f"buffermean.{k}")
         return self._restart(state, new_model) + new_model + residuals + momentum + down
 
     def finish(self, finals):
         """The model after fit from the replicas' carried values after their loops: the global model (replica
-        0's) and the replicas' mean optimizer state."""
-        final = list(finals[0][self.layout.model.start:self.layout.model.stop])
+        0's, every outer step applied) and the replicas' mean optimizer state."""
+        at = self.n_state
+        final = list(finals[0][at:at + len(self.model)])
         for k in self.layout.optimizer:
             final.append(average([carried[k] for carried in finals]))
         return final

@@ -7,15 +7,16 @@ a worker running modified code is held to these rules, not to what our code happ
   cannot flush or list the database, and cannot touch server settings or other users.
 - A worker claims and acks work, reads any graph's plan and tensors (it is given subgraphs of every token;
   Redis cannot narrow a key pattern to "what you claimed") and writes outputs, progress and dead letters.
-  It may delete only what its protocol deletes: released tensors, its checkpoints, its own liveness keys.
+  It may delete only what its protocol deletes: released tensors, its checkpoints, exchanged values every reader
+  has checkpointed past, its own liveness keys.
   It cannot delete, flush or list graphs, nor clear its own name from a token's banned set. It writes a token's
   spot-check trust records (`trust`), through the SPOT script (R.Graph(verify='spot')), which runs under its user.
 """
 from typing import Any, List, Mapping, Optional
 
-from .keys import (ANY, FEDERATED_OPEN, PROVIDERS, STARTING, banned_pattern, checkpoints_pattern, graphs_pattern,
-                   info_key, provider_key, queue, shared_pattern, tensors_pattern, token_pattern, trust_pattern,
-                   worker_key, workers_set)
+from .keys import (ANY, FEDERATED_OPEN, PROVIDERS, STARTING, banned_pattern, checkpoints_pattern, exchanges_pattern,
+                   graphs_pattern, info_key, provider_key, queue, shared_pattern, tensors_pattern, token_pattern,
+                   trust_pattern, worker_key, workers_set)
 
 # Commands without keys that our clients send: connection setup (redis-py's AUTH, SELECT; not CLIENT SETINFO,
 # which Redis 7.0 does not know and redis-py does without) and the scripts (loaded by SHA, EVAL as the
@@ -43,7 +44,8 @@ def requester_rules(namespace: str) -> List[str]:
 
 def worker_rules() -> List[str]:
     """ACL SETUSER arguments (after the name) of a worker."""
-    deletable = [tensors_pattern(), checkpoints_pattern(), worker_key(ANY), info_key(ANY), provider_key(ANY)]
+    deletable = [tensors_pattern(), checkpoints_pattern(), exchanges_pattern(), worker_key(ANY), info_key(ANY),
+                 provider_key(ANY)]
     return ["resetkeys", "resetchannels", "-@all", *_DATA, *_KEYLESS,
             "-scan", "-del", "-unlink", "-xtrim", "-xgroup|destroy", "-xgroup|setid",
             f"~{graphs_pattern()}", f"~{shared_pattern()}", f"%R~{banned_pattern()}",

@@ -232,6 +232,12 @@ def checkpoints_pattern() -> str:
     return graph_prefix(ANY, ANY) + "ckpt:" + ANY
 
 
+def exchanges_pattern() -> str:
+    """The values resident replicas exchange and their acknowledgements: a worker deletes one once every loop
+    that reads it has checkpointed past it (worker/exchange.py)."""
+    return graph_prefix(ANY, ANY) + "x:" + ANY
+
+
 def banned_pattern() -> str:
     """The banned-workers set of every token."""
     return token_prefix(ANY) + BANNED
