@@ -24,6 +24,7 @@ from ravop.metrics.worker_metrics import WorkerMetrics, loop_record
 from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, ensure_queues, queue
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
+from ravop.store.inbox import Inboxes
 from ravop.store import federated_schema as federated_store
 from ravop.store import tensors as stored
 from ravop.store import workers as liveness
@@ -84,6 +85,7 @@ class Worker:
         self.stream = queue(self.kind)  # a CPU worker never reads the GPU stream, and vice versa
         self.scripts = Scripts(client)
         self.handoff = Handoff(client, self.scripts)
+        self.inboxes = Inboxes(client, self.handoff)  # graphs that token users started (ravop.store.inbox)
         self.takeover = Takeover(client, self.stream, name, dead_after, reclaim_idle, self.handoff)
         self.max_attempts = max_attempts
         self.cache = TensorCache(cache_bytes)
@@ -157,6 +159,7 @@ class Worker:
     def _next(self, resume_own=False):
         """(message id, fields, deliveries): after a lost connection, what this worker held when it was lost;
         then work held by a dead or silent worker, then new work."""
+        self.inboxes.move()
         found = self.takeover.own() if resume_own else None
         if found is None:
             found = self.takeover.next()

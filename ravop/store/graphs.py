@@ -4,6 +4,7 @@ import time
 from collections import Counter
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import redis
 import torch
 
 from .. import graph_states, progress
@@ -161,3 +162,25 @@ def list_graphs(client: Client, token: str) -> List[Dict[str, Any]]:
                        "ops": n_ops, "subgraphs": int(n_subgraphs), "created": float(created),
                        "started": started, "finished": finished})
     return graphs
+
+
+def fail_watched(client: Client, keys: GraphKeys, error: str) -> bool:
+    """The requester's side of the CANCEL script (ravop.store.scripts) for a `ravop admin` token user, who
+    runs no scripts: fail the graph if it is activated or running, as one optimistic transaction on its
+    meta. True if it was failed, False if it had already ended."""
+    with client.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(keys.meta)
+                if pipe.hget(keys.meta, "state") not in {s.encode() for s in graph_states.LIVE}:
+                    return False
+                seconds, micros = pipe.time()
+                pipe.multi()
+                pipe.hset(keys.meta, mapping={"state": graph_states.FAILED, "finished": f"{seconds}.{micros:06d}",
+                                              "error": error, "error_op": "", "error_source": "",
+                                              "error_worker": "", "error_subgraph": ""})
+                pipe.xadd(keys.events, {"state": graph_states.FAILED}, maxlen=16, approximate=True)
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                continue

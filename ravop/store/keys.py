@@ -5,6 +5,8 @@ Per token (one requester), under `ravop:{token}:`:
   current             string  the graph id that R.track_progress and R.fetch_persisting_op use
   banned              set     workers whose outputs disagreed with the majority (R.Graph(verify=k)): they
                               take no more of this token's work
+  inbox               zset    graph id -> when: graphs a `ravop admin` token user started; it may not write
+                              the work streams, so workers start them for it (ravop.store.inbox)
 Per graph, under `ravop:{token}:{{token}.{gid}}:`: the braces are a Redis Cluster hash tag, so every key of
 one graph lives in one hash slot (its Lua scripts and MULTIs are atomic on a cluster too) while different
 graphs spread over the shards:
@@ -39,6 +41,8 @@ dead-lettering it, or delivering a graph's first subgraphs and clearing its mark
   worker:{name}       string  a live worker's device kind; expires unless the worker's heartbeat renews it
   workers:{cpu|cuda}  set     names of workers that registered for a device kind (dead ones pruned on read)
   winfo:{name}        hash    a live worker's advertisement: device, memory, threads, cost figures, what it runs
+  tokens              set     names of the `ravop admin` token users, whose inboxes workers read (only
+                              `ravop admin` writes it)
 Federated graphs (ravop.store.federated_schema) add, shared by all tokens:
   federated:open      set     "token/graph id" of started federated graphs that still need providers
   provider:{name}     string  JSON {"columns": [...]}: the numeric columns a live provider holds; expires
@@ -117,6 +121,7 @@ def calibration_key(worker_name: str) -> str:
     return graph_prefix("_", f"calibrate-{worker_name}") + "t:0"
 
 
+TOKENS = SHARED + "tokens"
 FEDERATED_OPEN = SHARED + "federated:open"
 PROVIDERS = SHARED + "providers"
 
@@ -126,6 +131,7 @@ def provider_key(name: str) -> str:
 
 
 BANNED = "banned"
+INBOX = "inbox"
 ANY = "*"
 
 
@@ -140,13 +146,14 @@ def graph_prefix(namespace: str, graph_id: str) -> str:
 
 
 class TokenKeys:
-    __slots__ = ("graphs", "current", "banned", "pattern")
+    __slots__ = ("graphs", "current", "banned", "inbox", "pattern")
 
     def __init__(self, token: str) -> None:
         base = token_prefix(check_name(token))
         self.graphs = base + "graphs"
         self.current = base + "current"
         self.banned = base + BANNED  # workers whose outputs disagreed with the others' (R.Graph(verify=k))
+        self.inbox = base + INBOX    # graphs started by a token user, for workers to start (ravop.store.inbox)
         self.pattern = base + "*"
 
 
@@ -217,6 +224,11 @@ def checkpoints_pattern() -> str:
 def banned_pattern() -> str:
     """The banned-workers set of every token."""
     return token_prefix(ANY) + BANNED
+
+
+def inbox_pattern() -> str:
+    """The inbox of every token."""
+    return token_prefix(ANY) + INBOX
 
 
 def shared_pattern() -> str:
