@@ -56,6 +56,10 @@ _READ_SET = ("smembers", "sismember", "scard")
 _READ_ZSET = ("zrange", "zrevrange", "zrangebyscore", "zscore", "zcard")
 _READ_STREAM = ("xread", "xrange", "xrevrange", "xlen")
 
+# What only reads (the threat model's table says "read" for these, ravop.store.threat_model).
+READS = frozenset(_READ_STRING + _READ_HASH + _READ_SET + _READ_ZSET + _READ_STREAM +
+                  ("type", "watch", "xpending", "xinfo|stream", "xinfo|groups"))
+
 
 def _registry() -> Tuple[str, ...]:
     """Worker and provider liveness and advertisements (ravop.store.workers, worker_info, federated_schema)."""
