@@ -8,6 +8,7 @@ import redis
 
 from . import graph_states
 from .store import DEAD_LETTER, Scripts
+from .store.unscripted import scripted_or_not
 from .store import graphs as store_graphs
 from .store import worker_info
 
@@ -124,7 +125,5 @@ def cancel(client, keys, reason=CANCELLED):
     False if it had already ended."""
     if store_graphs.read_state(client, keys).get("state") not in graph_states.LIVE:
         return False  # done, failed or gone: nothing to stop, and nothing to log as cancelled
-    try:
-        return bool(Scripts(client).cancel(keys, reason))
-    except redis.exceptions.NoPermissionError:  # a `ravop admin` token user runs no scripts
-        return store_graphs.fail_watched(client, keys, reason)
+    return bool(scripted_or_not(client, lambda: Scripts(client).cancel(keys, reason),
+                                lambda: store_graphs.fail_watched(client, keys, reason)))

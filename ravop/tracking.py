@@ -20,7 +20,7 @@ from .store.connect import Outage, redact
 from .stored_values import failure, read_meta
 
 POLL_SECONDS = 0.2    # how often a tracker refreshes the progress bar
-START_POLL_SECONDS = 0.02  # how often a token user looks whether a worker started its graph
+START_POLL_SECONDS = (0.002, 0.1)  # a token user looks whether a worker started its graph: first, longest pause
 
 
 def execute(timeout: Optional[float] = None, participants: Optional[int] = None) -> None:
@@ -118,11 +118,13 @@ def track_progress(progress_bar: bool = True, timeout: Optional[float] = None) -
 def _wait_for_start(session: Session, keys: GraphKeys, timeout: Optional[float]) -> None:
     """A `ravop admin` token user's graph waits in its inbox until a worker starts it (ravop.store.inbox)."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    pause = START_POLL_SECONDS[0]
     while session.client.zscore(TokenKeys(keys.token).inbox, keys.graph_id) is not None:
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"graph {keys.graph_id} was not started within {timeout} s: no worker took it from "
                                f"token {keys.token!r}'s inbox (are workers connected?)")
-        time.sleep(START_POLL_SECONDS)
+        time.sleep(pause)
+        pause = min(pause * 2, START_POLL_SECONDS[1])
 
 
 def print_interrupts_briefly() -> None:

@@ -17,7 +17,7 @@ from ravop import admin
 from ravop.embedded import LocalServer
 from ravop.errors import RavopError
 from ravop.store import access
-from ravop.store.keys import DEAD_LETTER, GraphKeys, TokenKeys, queue
+from ravop.store.keys import DEAD_LETTER, STARTED, GraphKeys, TokenKeys, queue
 from ravop.store.threat_model import PRINCIPALS, TOKEN_A, TOKEN_B, key_classes, table
 
 from conftest import Workers
@@ -179,7 +179,8 @@ def test_audit_a_token_user_cannot_hang_or_stop_another_s_work(acl_server, users
                    lambda: thief.xadd(stream, {"a": 1}, maxlen=0), lambda: thief.expire(stream, 1),
                    lambda: thief.eval("while true do end", 0), lambda: thief.evalsha("0" * 40, 0),
                    lambda: thief.script_load("return 1"), lambda: thief.execute_command("FUNCTION", "LIST"),
-                   lambda: thief.xadd(DEAD_LETTER, {"forged": 1}), lambda: thief.delete(DEAD_LETTER)):
+                   lambda: thief.xadd(DEAD_LETTER, {"forged": 1}), lambda: thief.delete(DEAD_LETTER),
+                   lambda: thief.publish("ravop:_:other", "x"), lambda: thief.execute_command("SUBSCRIBE", STARTED)):
         with pytest.raises(DENIED):
             attack()
     thief.close()

@@ -24,7 +24,6 @@ from ravop.metrics.worker_metrics import WorkerMetrics, loop_record
 from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, ensure_queues, queue
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
-from ravop.store.inbox import Inboxes
 from ravop.store import federated_schema as federated_store
 from ravop.store import tensors as stored
 from ravop.store import workers as liveness
@@ -34,6 +33,7 @@ from . import device as devices
 from . import calibrate, emulated_device, memory, verify
 from .cache import TensorCache
 from .heartbeat import Heartbeat
+from .inbox_watch import InboxWatch
 from .loop_subgraph import (CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, LoopHandedBack, drop_checkpoint,
                             run_loop)
 from .run import OVER_BUDGET, KernelError, run
@@ -85,7 +85,6 @@ class Worker:
         self.stream = queue(self.kind)  # a CPU worker never reads the GPU stream, and vice versa
         self.scripts = Scripts(client)
         self.handoff = Handoff(client, self.scripts)
-        self.inboxes = Inboxes(client, self.handoff)  # graphs that token users started (ravop.store.inbox)
         self.takeover = Takeover(client, self.stream, name, dead_after, reclaim_idle, self.handoff)
         self.max_attempts = max_attempts
         self.cache = TensorCache(cache_bytes)
@@ -101,6 +100,7 @@ class Worker:
                              f"{checkpoint_seconds}")
         self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
         self.stopping = threading.Event()
+        self.inboxes = InboxWatch(client, self.handoff, name, self.stopping)  # graphs token users start
         self.provider = provider  # a worker.data_provider.Provider if this worker offers data (--data)
         self.heartbeat = Heartbeat(client, name, self.kind, self.stream, self.takeover.every, dead_after,
                                    self.stopping, parent_pid, provider.data.names() if provider is not None else None,
@@ -124,6 +124,7 @@ class Worker:
         ensure_queues(self.client)
         self.heartbeat.beat()
         self.heartbeat.start()
+        self.inboxes.start()
         log.info("worker %s serving %s on %s", self.name, self.stream, self.device)
         outage = Outage(lambda text: log.warning("worker %s: %s", self.name, text))
         try:
@@ -152,6 +153,7 @@ class Worker:
                     ensure_queues(self.client)  # the server lost its data (restart, FLUSHALL)
         finally:
             self.heartbeat.stop()
+            self.inboxes.stop()
             self._leave()
         log.info("worker %s stopped after %d subgraphs", self.name, self.completed)
         return 0
@@ -159,7 +161,6 @@ class Worker:
     def _next(self, resume_own=False):
         """(message id, fields, deliveries): after a lost connection, what this worker held when it was lost;
         then work held by a dead or silent worker, then new work."""
-        self.inboxes.move()
         found = self.takeover.own() if resume_own else None
         if found is None:
             found = self.takeover.next()

@@ -21,7 +21,7 @@ may not), so scripts cannot widen a grant: they only make several granted steps 
 from fnmatch import fnmatchcase
 from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from .keys import (ANY, DEAD_LETTER, FEDERATED_OPEN, PROVIDERS, STARTING, TOKENS, banned_pattern, graph_prefix,
+from .keys import (ANY, DEAD_LETTER, FEDERATED_OPEN, PROVIDERS, STARTED, STARTING, TOKENS, banned_pattern, graph_prefix,
                    inbox_pattern, info_key, provider_key, queue, token_pattern, worker_key, workers_set)
 
 REQUESTER, WORKER = "requester", "worker"
@@ -45,10 +45,12 @@ _CONNECTION = ("ping", "hello", "auth", "select", "echo", "quit", "reset", "clus
 # SCAN: a requester deletes its token's keys by pattern (ravop.store.graphs.delete_token). It lists key
 # names of other tokens too (never values): token names and graph ids are not secrets (a token that is one
 # is only ever stored as a digest, ravop.store.keys.token_namespace).
-REQUESTER_KEYLESS = _CONNECTION + ("scan",)
+# PUBLISH (on the STARTED channel only): a token user rings the workers after posting to its inbox.
+REQUESTER_KEYLESS = _CONNECTION + ("scan", "publish")
 # Workers run the project's scripts (they load them after a server restart). See docs/security.md for
 # what a script may cost the server and how long it may block it.
-WORKER_KEYLESS = _CONNECTION + ("script|load", "script|exists")
+WORKER_KEYLESS = _CONNECTION + ("script|load", "script|exists", "subscribe", "unsubscribe")
+CHANNELS = (STARTED,)  # the only pub/sub channel either role may use
 
 _READ_STRING = ("get", "mget", "strlen", "exists")
 _READ_HASH = ("hget", "hmget", "hgetall", "hkeys", "hvals", "hlen", "hexists", "hstrlen")
@@ -126,7 +128,8 @@ def grants_of(role: str, namespace: str = "") -> Tuple[Tuple[str, ...], List[Gra
 def _rules(keyless: Sequence[str], grants: Sequence[Grant]) -> List[str]:
     selectors = ["(" + " ".join([*(f"+{c}" for c in g.commands), *(f"~{p}" for p in g.patterns)]) + ")"
                  for g in grants]
-    return ["resetkeys", "resetchannels", "-@all", *(f"+{c}" for c in keyless), *selectors]
+    return ["resetkeys", "resetchannels", *(f"&{c}" for c in CHANNELS), "-@all", *(f"+{c}" for c in keyless),
+            *selectors]
 
 
 def requester_rules(namespace: str) -> List[str]:

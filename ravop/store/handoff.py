@@ -27,7 +27,7 @@ from typing import Iterable, Optional, Tuple
 import redis
 
 from .client_types import Client
-from .keys import GROUP, STARTING, GraphKeys, TokenKeys, device_kind, graph_ref, queue
+from .keys import GROUP, STARTED, STARTING, GraphKeys, TokenKeys, device_kind, graph_ref, queue
 from .scripts import Scripts
 
 STALE_START = 10.0  # seconds after which a graph still marked starting is taken to have lost its requester
@@ -62,6 +62,10 @@ class Handoff:
         if not self.client.exists(keys.meta):
             raise redis.ResponseError(f"NOGRAPH graph {keys.graph_id} is not in Redis")
         self.client.zadd(TokenKeys(keys.token).inbox, {keys.graph_id: time.time()})
+        try:
+            self.client.publish(STARTED, keys.token)  # wakes the workers' inbox watchers (worker/inbox_watch.py)
+        except redis.exceptions.NoPermissionError:
+            pass  # a token user made before the channel was granted: workers look every second anyway
         return 1
 
     def _start(self, keys: GraphKeys) -> int:

@@ -5,12 +5,13 @@ with the same START script a requester on the default user runs itself (ravop.st
 posts to the inbox when the token user's script is refused).
 
 Workers learn the token users from the token registry that only `ravop admin` writes (`ravop:_:tokens`), and
-look at every inbox at most every MOVE_SECONDS. Whatever a token user puts in its own inbox (a string key, a
+look at every inbox when a token user rings the STARTED channel, and every FALLBACK_SECONDS anyway (a ring
+may be missed), at most every MOVE_SECONDS (a token user ringing it without end costs each worker that many
+looks a second, one round trip each; worker/inbox_watch.py). Whatever a token user puts in its own inbox (a string key, a
 graph id of another token: its inbox only names its own token's graphs, a graph id that does not exist) is
 dropped or skipped for that token alone: it cannot stop a worker or delay another token."""
 import logging
-import time
-from typing import Callable, Dict, List
+from typing import Dict, List
 
 import redis
 
@@ -20,24 +21,19 @@ from .handoff import Handoff
 from .keys import TOKENS, GraphKeys, TokenKeys
 
 log = logging.getLogger("ravop.inbox")
-MOVE_SECONDS = 0.2  # how often a worker looks at the inboxes (a token user's start waits for it)
+MOVE_SECONDS = 0.01    # the most often a worker looks at the inboxes
+FALLBACK_SECONDS = 1.0  # how often it looks without being rung
 BATCH = 16          # graphs started per inbox per look
 
 
 class Inboxes:
     """A worker's side: start the graphs that token users posted."""
 
-    def __init__(self, client: Client, handoff: Handoff, every: float = MOVE_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.client, self.handoff, self.every, self.clock = client, handoff, every, clock
-        self.due = 0.0
+    def __init__(self, client: Client, handoff: Handoff) -> None:
+        self.client, self.handoff = client, handoff
 
     def move(self) -> int:
-        """Start what the inboxes hold, if it is time to look; how many graphs were started now."""
-        now = self.clock()
-        if now < self.due:
-            return 0
-        self.due = now + self.every
+        """Start what the inboxes hold; how many graphs were started now."""
         try:
             tokens = sorted(t.decode() for t in self.client.smembers(TOKENS))
         except redis.ResponseError as exc:  # a worker user made before token registries, or a damaged key

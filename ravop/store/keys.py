@@ -43,6 +43,8 @@ dead-lettering it, or delivering a graph's first subgraphs and clearing its mark
   winfo:{name}        hash    a live worker's advertisement: device, memory, threads, cost figures, what it runs
   tokens              set     names of the `ravop admin` token users, whose inboxes workers read (only
                               `ravop admin` writes it)
+  started             channel (pub/sub, not a key) rung by a token user after posting to its inbox, so that a
+                              worker looks at the inboxes at once
 Federated graphs (ravop.store.federated_schema) add, shared by all tokens:
   federated:open      set     "token/graph id" of started federated graphs that still need providers
   provider:{name}     string  JSON {"columns": [...]}: the numeric columns a live provider holds; expires
@@ -122,6 +124,7 @@ def calibration_key(worker_name: str) -> str:
 
 
 TOKENS = SHARED + "tokens"
+STARTED = SHARED + "started"  # a pub/sub channel, not a key: a token user rings it after posting to its inbox
 FEDERATED_OPEN = SHARED + "federated:open"
 PROVIDERS = SHARED + "providers"
 

@@ -4,11 +4,11 @@ dashboard polling a training run or a History reading 10,000 batch losses costs 
 loss."""
 from typing import Dict, List, Optional, Tuple
 
-import redis
 from redis import Redis
 
 from ..loss_names import TRAINING_PREFIX, VALIDATION_PREFIX
 from .keys import GraphKeys
+from .unscripted import scripted_or_not
 
 # KEYS: meta, persist.  ARGV: tensor key prefix, training loss prefix, validation loss prefix.
 # Returns {} for a graph that is gone, else {state, name, value or false, name, value or false, ...}.
@@ -30,11 +30,9 @@ return out
 
 def read_losses(client: Redis, keys: GraphKeys) -> Tuple[Optional[str], Dict[str, Optional[bytes]]]:
     """(state, {persist name: encoded tensor or None}) of the graph's loss values; (None, {}) if it is gone."""
-    try:
-        reply = client.register_script(READ_LOSSES)(keys=[keys.meta, keys.persist],
-                                                    args=[keys.tensor_prefix, TRAINING_PREFIX, VALIDATION_PREFIX])
-    except redis.exceptions.NoPermissionError:  # a `ravop admin` token user runs no scripts
-        reply = _read_losses_unscripted(client, keys)
+    reply = scripted_or_not(client, lambda: client.register_script(READ_LOSSES)(
+        keys=[keys.meta, keys.persist], args=[keys.tensor_prefix, TRAINING_PREFIX, VALIDATION_PREFIX]),
+        lambda: _read_losses_unscripted(client, keys))
     if not reply:
         return None, {}
     return reply[0].decode(), {reply[i].decode(): reply[i + 1] for i in range(1, len(reply), 2)}

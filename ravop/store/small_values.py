@@ -4,11 +4,10 @@ at most `max_bytes` (a loss, a metric, a small weight), so that fetching a train
 time, as the RavDL guide writes it, costs one request for all of them (`ravop.stored_values.DoneValues`)."""
 from typing import Dict, List, Optional, Tuple
 
-import redis
-
 from ..graph_states import DONE
 from .client_types import Client
 from .keys import GraphKeys
+from .unscripted import scripted_or_not
 
 # KEYS: meta, persist.  ARGV: tensor key prefix, largest value in bytes, the done state.
 # Returns {} for a graph that is gone, {state} for one not done, else {state, name, value, name, value, ...}.
@@ -35,11 +34,9 @@ def read_small_values(client: Client, keys: GraphKeys,
                       max_bytes: int) -> Tuple[Optional[str], Dict[str, bytes]]:
     """(state, {persist name: stored bytes}) of the graph's persisted values of at most `max_bytes`, read only
     once it is done (else {}); (None, {}) if the graph is gone."""
-    try:
-        reply = client.register_script(READ_SMALL)(keys=[keys.meta, keys.persist],
-                                                   args=[keys.tensor_prefix, max_bytes, DONE])
-    except redis.exceptions.NoPermissionError:  # a `ravop admin` token user runs no scripts
-        reply = _read_small_unscripted(client, keys, max_bytes)
+    reply = scripted_or_not(client, lambda: client.register_script(READ_SMALL)(
+        keys=[keys.meta, keys.persist], args=[keys.tensor_prefix, max_bytes, DONE]),
+        lambda: _read_small_unscripted(client, keys, max_bytes))
     if not reply:
         return None, {}
     return reply[0].decode(), {reply[i].decode(): reply[i + 1] for i in range(1, len(reply), 2)}

@@ -50,7 +50,7 @@ def granted(role: str, namespace: str, key: Optional[str]) -> List[str]:
 def _cell(commands: List[str], keyless: bool) -> str:
     commands = [c.replace("|", " ") for c in commands]  # `xgroup create`: a "|" would split the table's cell
     if keyless:  # connection setup, transactions, INFO, and what is listed beyond those
-        extra = [c for c in commands if c in ("scan", "script load", "script exists")]
+        extra = [c for c in commands if c in ("scan", "publish", "subscribe", "script load", "script exists")]
         return "connection only" + (f"; {', '.join(extra)}" if extra else "")
     commands = [c for c in commands if c not in ("eval", "evalsha")]  # scripts: each command inside as listed
     writes = [c for c in commands if c.replace(" ", "|") not in READS]
