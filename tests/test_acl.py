@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import re
+import time
 
 import pytest
 import redis
@@ -17,7 +18,8 @@ from ravop import admin
 from ravop.embedded import LocalServer
 from ravop.errors import RavopError
 from ravop.store import access
-from ravop.store.keys import DEAD_LETTER, STARTED, GraphKeys, TokenKeys, queue
+from ravop.store import ensure_queues
+from ravop.store.keys import DEAD_LETTER, STARTED, TOKENS, GraphKeys, TokenKeys, queue
 from ravop.store.threat_model import PRINCIPALS, TOKEN_A, TOKEN_B, key_classes, table
 
 from conftest import Workers
@@ -215,8 +217,9 @@ def test_runs_under_acl_users_send_nothing_outside_their_grants(acl_server, user
     the server's ACL LOG (every refused command, inside scripts too) holds nothing of theirs but probes
     refused by design."""
     admin_client = redis.Redis.from_url(acl_server.url)
-    for key in admin_client.scan_iter(match=f"ravop:{TOKEN_A}:*"):   # what the matrix left (a retyped inbox)
-        admin_client.delete(key)
+    admin_client.flushall()   # what the matrix left (keys retyped by the commands each user may send)
+    admin_client.sadd(TOKENS, TOKEN_A, TOKEN_B)
+    ensure_queues(admin_client)
     admin_client.execute_command("ACL", "LOG", "RESET")
     pool = Workers(users["a worker"], tmp_path)
     pool.start(1)
@@ -240,8 +243,28 @@ def test_runs_under_acl_users_send_nothing_outside_their_grants(acl_server, user
         graph_id = R.initialize(redis_url=users["token user A"]).keys().graph_id
         assert "cancelled" in ravop("cancel", graph_id, "--redis", users["token user A"]).stdout
         R.flush()
+        # What token user B puts in its own inbox harms nobody: entries that are no graph of B are dropped,
+        # then an inbox of another type is skipped, and A's graphs still start.
+        other = redis.Redis.from_url(users["token user B"])
+        other.zadd(TokenKeys(TOKEN_B).inbox, {"../x": 0, "no-such-graph": 0, graph_id: 0, "\xff": 0})
+        other.publish(STARTED, TOKEN_B)
+        deadline = time.monotonic() + 30
+        while other.exists(TokenKeys(TOKEN_B).inbox):
+            assert time.monotonic() < deadline, other.zrange(TokenKeys(TOKEN_B).inbox, 0, -1)
+            time.sleep(0.05)
+        other.set(TokenKeys(TOKEN_B).inbox, "not a sorted set")
+        R.initialize(redis_url=users["token user A"])
+        R.Graph(name="after")
+        z = R.t(torch.full((128, 128), 3.0))
+        (z @ z).persist_op("r")
+        R.activate()
+        R.execute()
+        R.track_progress(progress_bar=False, timeout=120)
+        assert torch.equal(R.fetch_persisting_op("r"), torch.full((128, 128), 9.0 * 128))
+        other.close()
         [name] = pool.procs
         assert pool.alive(name) and "Error" not in pool.log(name)
+        assert "inbox of token bob unreadable" in pool.log(name)
     finally:
         pool.stop_all()
     log = admin_client.execute_command("ACL", "LOG")
@@ -251,7 +274,7 @@ def test_runs_under_acl_users_send_nothing_outside_their_grants(acl_server, user
     # Probes whose refusal is the design: the requester's script (then it goes without) and the streams'
     # group (the workers' and `ravop admin`'s to make); CONFIG GET (the size limit then comes from defaults,
     # ravop.store.tensors); redis-py's CLIENT SETINFO (Redis 7.0 does not know it, so it is not granted).
-    probes = {(TOKEN_A, "evalsha"), (TOKEN_A, "xgroup|create")} | {(user, command) for user in (TOKEN_A, "wk")
+    probes = {(TOKEN_A, "evalsha"), (TOKEN_A, "xgroup|create")} | {(user, command) for user in (TOKEN_A, TOKEN_B, "wk")
                                                                     for command in ("config|get", "client|setinfo")}
     assert set(refused) <= probes, refused
     admin_client.close()

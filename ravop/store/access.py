@@ -104,8 +104,12 @@ def worker_grants() -> List[Grant]:
                "xinfo|stream", "xinfo|groups", "xgroup|create", "xgroup|createconsumer", "xgroup|delconsumer")),
         Grant("dead letters", (DEAD_LETTER,), ("xadd",)),
         Grant("starting marks", (STARTING,), ("zadd", "zrem", "zrangebyscore")),
-        Grant("worker registry", _registry(), _READ_STRING + _READ_SET + ("hgetall", "hget", "hmget") +
-              ("set", "del", "hset", "pexpire", "sadd", "srem")),
+        # liveness: each command on the keys of its type only, so that no key is retyped (a string where
+        # requesters read a set would break their status)
+        Grant("worker registry: read", _registry(), _READ_STRING + _READ_SET + ("hgetall", "hget", "hmget")),
+        Grant("worker registry: liveness", (worker_key(ANY), provider_key(ANY)), ("set", "del")),
+        Grant("worker registry: sets", (workers_set(ANY), PROVIDERS), ("sadd", "srem")),
+        Grant("worker registry: advertisements", (info_key(ANY),), ("del", "hset", "pexpire")),
         Grant("banned sets", (banned_pattern(),), ("sismember", "smembers", "sadd")),  # it cannot unban itself
         Grant("token registry", (TOKENS,), ("smembers",)),
         Grant("inboxes", (inbox_pattern(),), ("zrange", "zrem")),

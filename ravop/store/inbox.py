@@ -31,6 +31,7 @@ class Inboxes:
 
     def __init__(self, client: Client, handoff: Handoff) -> None:
         self.client, self.handoff = client, handoff
+        self.unreadable = set()  # tokens whose inbox was of another type at the last look
 
     def move(self) -> int:
         """Start what the inboxes hold; how many graphs were started now."""
@@ -47,8 +48,11 @@ class Inboxes:
         posted: Dict[str, List[bytes]] = {}
         for token, reply in zip(tokens, pipe.execute(raise_on_error=False)):
             if isinstance(reply, redis.ResponseError):  # the user made its inbox another type: its loss
-                log.warning("inbox of token %s unreadable (%s); skipped", token, reply)
+                if token not in self.unreadable:   # said once, not every second
+                    log.warning("inbox of token %s unreadable (%s); skipped", token, reply)
+                    self.unreadable.add(token)
                 continue
+            self.unreadable.discard(token)
             posted[token] = reply
         return sum(self._start(token, graph_id) for token, ids in posted.items() for graph_id in ids)
 
