@@ -212,6 +212,17 @@ def test_audit_a_worker_cannot_destroy_graphs_results_or_shared_structures(acl_s
     worker.close()
 
 
+def _square(name, value):
+    """x @ x of a 128 x 128 constant `value`, run by a worker (not folded at activate)."""
+    R.Graph(name=name)
+    x = R.t(torch.full((128, 128), value))
+    (x @ x).persist_op("p")
+    assert R.activate()["subgraphs"] == 1
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=120)
+    return R.fetch_persisting_op("p")
+
+
 def test_runs_under_acl_users_send_nothing_outside_their_grants(acl_server, users, tmp_path):
     """A graph, a training run, `ravop status/graphs/cancel` and a flush as token user A on a worker user:
     the server's ACL LOG (every refused command, inside scripts too) holds nothing of theirs but probes
@@ -225,13 +236,7 @@ def test_runs_under_acl_users_send_nothing_outside_their_grants(acl_server, user
     pool.start(1)
     try:
         R.initialize(redis_url=users["token user A"])
-        R.Graph(name="plain")
-        x = R.t(torch.full((32, 32), 2.0))
-        (x @ x).persist_op("p")
-        R.activate()
-        R.execute()
-        R.track_progress(progress_bar=False, timeout=120)
-        assert torch.equal(R.fetch_persisting_op("p"), torch.full((32, 32), 128.0))
+        assert torch.equal(_square("plain", 2.0), torch.full((128, 128), 4.0 * 128))
         train_small_model()
         assert json.loads(ravop("status", "--redis", users["token user A"], "--json").stdout)["workers"]
         ravop("graphs", "--redis", users["token user A"])
@@ -254,13 +259,7 @@ def test_runs_under_acl_users_send_nothing_outside_their_grants(acl_server, user
             time.sleep(0.05)
         other.set(TokenKeys(TOKEN_B).inbox, "not a sorted set")
         R.initialize(redis_url=users["token user A"])
-        R.Graph(name="after")
-        z = R.t(torch.full((128, 128), 3.0))
-        (z @ z).persist_op("r")
-        R.activate()
-        R.execute()
-        R.track_progress(progress_bar=False, timeout=120)
-        assert torch.equal(R.fetch_persisting_op("r"), torch.full((128, 128), 9.0 * 128))
+        assert torch.equal(_square("after", 3.0), torch.full((128, 128), 9.0 * 128))
         other.close()
         [name] = pool.procs
         assert pool.alive(name) and "Error" not in pool.log(name)
