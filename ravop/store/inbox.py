@@ -11,7 +11,7 @@ looks a second, one round trip each; worker/inbox_watch.py). Whatever a token us
 graph id of another token: its inbox only names its own token's graphs, a graph id that does not exist) is
 dropped or skipped for that token alone: it cannot stop a worker or delay another token."""
 import logging
-from typing import Dict, List
+from typing import Dict, List, Set
 
 import redis
 
@@ -31,7 +31,7 @@ class Inboxes:
 
     def __init__(self, client: Client, handoff: Handoff) -> None:
         self.client, self.handoff = client, handoff
-        self.unreadable = set()  # tokens whose inbox was of another type at the last look
+        self.unreadable: Set[str] = set()  # tokens whose inbox was of another type at the last look
 
     def move(self) -> int:
         """Start what the inboxes hold; how many graphs were started now."""
