@@ -295,3 +295,31 @@ class _Redis62:
 def test_admin_refuses_a_server_without_acl_selectors():
     with pytest.raises(RavopError, match=r"needs Redis 7\.0 or Valkey 7\.2 or newer .* redis 6\.2\.14"):
         admin.create(_Redis62(), "redis://localhost:6379/0", "token", "alice")
+
+
+def test_a_federated_graph_of_a_token_user_on_a_provider_worker_user(acl_server, users, tmp_path):
+    """Opening a federated graph is a write of a shared set, which a token user may not do: the worker that
+    starts it from the inbox opens it, and a provider running as a worker user joins and contributes."""
+    from test_federated import K, RULES, expected, make_table, write_csv
+    admin_client = redis.Redis.from_url(acl_server.url)
+    admin_client.execute_command("ACL", "LOG", "RESET")
+    table = make_table(3, 200, "ssn")
+    write_csv(tmp_path / "data.csv", table)
+    pool = Workers(users["a worker"], tmp_path)
+    pool.start(1, extra=["--data", str(tmp_path / "data.csv"), "--min-group-size", str(K)], prefix="prov")
+    try:
+        R.initialize(redis_url=users["token user A"])
+        R.Graph(name="office", approach="federated", rules=json.dumps({"rules": RULES, "max_clients": 1}))
+        R.federated_mean().persist_op("mean")
+        R.activate()
+        R.execute()
+        R.track_progress(progress_bar=False, timeout=120)
+        means = R.fetch_persisting_op("mean")
+        for column, rule in RULES.items():
+            assert means[column] == pytest.approx(expected([table], column, rule)["mean"], rel=1e-9)
+    finally:
+        pool.stop_all()
+    refused = {(e[b"username"].decode(), e[b"object"].decode()) for e in admin_client.execute_command("ACL", "LOG")}
+    assert refused <= {(TOKEN_A, "evalsha"), (TOKEN_A, "xgroup|create"), (TOKEN_A, "client|setinfo"),
+                       (TOKEN_A, "config|get"), ("wk", "client|setinfo"), ("wk", "config|get")}, refused
+    admin_client.close()
