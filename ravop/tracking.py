@@ -21,6 +21,7 @@ from .stored_values import failure, read_meta
 
 POLL_SECONDS = 0.2    # how often a tracker refreshes the progress bar
 START_POLL_SECONDS = (0.002, 0.1)  # a token user looks whether a worker started its graph: first, longest pause
+START_WAIT_SECONDS = 10.0  # how long R.execute() waits for that while workers are connected
 
 
 def execute(timeout: Optional[float] = None, participants: Optional[int] = None) -> None:
@@ -47,7 +48,10 @@ def execute(timeout: Optional[float] = None, participants: Optional[int] = None)
     if not session.handoff.confined:  # else the worker that starts it opens it too (ravop.store.inbox)
         kind_of(session.client.hget(keys.meta, "approach")).start(session.client, keys)
     elif any(liveness.alive(session.client, kind) for kind in ("cpu", "cuda")):
-        _wait_for_start(session, keys, None)
+        try:
+            _wait_for_start(session, keys, START_WAIT_SECONDS)
+        except TimeoutError as exc:   # R.track_progress() waits on; say why now rather than hang here
+            print(f"ravop: {exc}", file=sys.stderr)
     copies = int(session.client.hget(keys.meta, "verify") or 1)
     if copies > 1:
         if session.embedded is not None:
