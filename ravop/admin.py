@@ -12,7 +12,8 @@ from . import graph_states
 from .errors import RavopError
 from .store.access import kind_of, requester_rules, worker_rules
 from .store import GraphKeys
-from .store.keys import check_name
+from .store.connect import ensure_queues, node_client
+from .store.keys import TOKENS, check_name
 from .store.scripts import is_cluster
 
 KINDS = ("token", "worker")
@@ -63,19 +64,33 @@ def _persist(client):
     return None
 
 
+def _check_server(client):
+    """The grants are ACL selectors, which Redis 7.0 and Valkey 7.2 introduced: refuse older servers."""
+    info = node_client(client).info("server")
+    version = str(info.get("redis_version", "0"))
+    if int(version.split(".")[0]) < 7:
+        raise RavopError(f"`ravop admin` needs Redis 7.0 or Valkey 7.2 or newer (its users' grants are ACL "
+                         f"selectors); this server is {info.get('server_name', 'redis')} {version}")
+
+
 def create(client, admin_url, kind, name):
-    """(URL of a new user `name` of `kind`, where it was saved or None)."""
+    """(URL of a new user `name` of `kind`, where it was saved or None). Also (re)makes the work streams, and
+    registers a token user for workers to read its inbox (ravop.store.inbox)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
     check_name(name, f"a {kind} name")
     if name == "default":
         raise RavopError("'default' is the server's own user: pick another name")
+    _check_server(client)
     if _user(client, name) is not None:
         raise RavopError(f"a Redis user {name!r} exists already: revoke it first or pick another name")
     secret = secrets.token_urlsafe(32)
     rules = requester_rules(name) if kind == "token" else worker_rules()
     _acl(client, "SETUSER", name, "reset", "on", "#" + hashlib.sha256(secret.encode()).hexdigest(), *rules,
          **_everywhere(client))
+    ensure_queues(client)
+    if kind == "token":
+        client.sadd(TOKENS, name)
     return user_url(admin_url, name, secret), _persist(client)
 
 
@@ -90,6 +105,7 @@ def revoke(client, kind, name):
     _acl(client, "DELUSER", name, **_everywhere(client))
     cancelled = []
     if kind == "token":
+        client.srem(TOKENS, name)
         # Imported here: they load torch, and `ravop --help` (which imports this module) must answer at once.
         from . import status
         from .store import graphs as store_graphs

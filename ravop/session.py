@@ -123,6 +123,9 @@ def initialize(token: Optional[str] = None, redis_url: Optional[str] = None, wor
         _session.dashboard.stop()  # the new session serves its own dashboard, or none
     try:
         ensure_queues(client)
+    except redis.exceptions.NoPermissionError:
+        pass  # a `ravop admin` token user: the streams are the workers' (made by them and by `ravop admin`)
+    try:
         _session = Session(client, url, token, embedded)
     except redis.exceptions.NoPermissionError:
         client.close()

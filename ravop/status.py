@@ -13,6 +13,7 @@ import redis
 from . import graph_states
 from .spot_policy import TRUST_FIELDS, read_trust
 from .store import DEAD_LETTER, Scripts, TokenKeys
+from .store.unscripted import scripted_or_not
 from .store import graphs as store_graphs
 from .store import worker_info
 
@@ -167,7 +168,9 @@ def cancel(client, keys, reason=CANCELLED, origin="ravop cancel"):
     cancelled, False if it had already ended."""
     if store_graphs.read_state(client, keys).get("state") not in graph_states.LIVE:
         return False  # done, failed or gone: nothing to stop, and nothing to log as cancelled
-    return bool(Scripts(client).cancel(keys, reason, by=requester(origin)))
+    by = requester(origin)
+    return bool(scripted_or_not(client, lambda: Scripts(client).cancel(keys, reason, by=by),
+                                lambda: store_graphs.cancel_watched(client, keys, reason, by)))
 
 
 def request_stop(client, keys, reason, origin):
@@ -175,4 +178,6 @@ def request_stop(client, keys, reason, origin):
     their outputs (the trained parameters, the optimizer state) are what they had then, what follows them runs,
     and the graph ends done, with `stopped` saying where each loop stopped (worker/loop_subgraph.py). True if
     asked, False if the graph had already ended."""
-    return bool(Scripts(client).stop(keys, reason, requester(origin)))
+    by = requester(origin)
+    return bool(scripted_or_not(client, lambda: Scripts(client).stop(keys, reason, by),
+                                lambda: store_graphs.stop_watched(client, keys, reason, by)))

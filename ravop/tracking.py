@@ -15,7 +15,7 @@ from .graph import current_graph
 from .graph_kinds import kind_of
 from .session import Session, require
 from .spot_policy import Verify
-from .store import GraphKeys
+from .store import GraphKeys, TokenKeys
 from .store import graphs as store_graphs
 from .store import workers as liveness
 from .store import cluster_health, server_replies
@@ -23,6 +23,8 @@ from .store.connect import Outage, redact
 from .stored_values import failure, read_meta
 
 POLL_SECONDS = 0.2    # how often a tracker refreshes the progress bar
+START_POLL_SECONDS = (0.002, 0.1)  # a token user looks whether a worker started its graph: first, longest pause
+START_WAIT_SECONDS = 10.0  # how long R.execute() waits for that while workers are connected
 
 
 def execute(timeout: Optional[float] = None, participants: Optional[int] = None) -> None:
@@ -46,7 +48,13 @@ def execute(timeout: Optional[float] = None, participants: Optional[int] = None)
         if "NOGRAPH" in str(exc):
             raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)") from None
         raise
-    kind_of(session.client.hget(keys.meta, "approach")).start(session.client, keys)
+    if not session.handoff.confined:  # else the worker that starts it opens it too (ravop.store.inbox)
+        kind_of(session.client.hget(keys.meta, "approach")).start(session.client, keys)
+    elif any(liveness.alive(session.client, kind) for kind in ("cpu", "cuda")):
+        try:
+            _wait_for_start(session, keys, START_WAIT_SECONDS)
+        except TimeoutError as exc:   # R.track_progress() waits on; say why now rather than hang here
+            print(f"ravop: {exc}", file=sys.stderr)
     copies, spot = session.client.hmget(keys.meta, "verify", "spot")
     copies = int(copies or 1)
     if spot:   # a check needs `copies` distinct workers (a tie-break one more)
@@ -94,6 +102,9 @@ def track_progress(progress_bar: bool = True, timeout: Optional[float] = None) -
     session = require()
     keys = session.keys()
     meta = _first_meta(session, keys)
+    if meta["state"] == graph_states.ACTIVATED and session.client.zscore(TokenKeys(keys.token).inbox, keys.graph_id):
+        _wait_for_start(session, keys, timeout)
+        meta = read_meta(session, keys)
     if meta["state"] == graph_states.ACTIVATED:
         raise GraphStateError(f"graph {meta['name']!r} has not been started: call R.execute()")
     if int(meta["n_ops"]) == 0:  # constant folding computed everything at activate: no bar to show
@@ -115,6 +126,18 @@ def track_progress(progress_bar: bool = True, timeout: Optional[float] = None) -
         setattr(interrupted, "brief", True)
         print_interrupts_briefly()
         raise interrupted from None
+
+
+def _wait_for_start(session: Session, keys: GraphKeys, timeout: Optional[float]) -> None:
+    """A `ravop admin` token user's graph waits in its inbox until a worker starts it (ravop.store.inbox)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = START_POLL_SECONDS[0]
+    while session.client.zscore(TokenKeys(keys.token).inbox, keys.graph_id) is not None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"graph {keys.graph_id} was not started within {timeout} s: no worker took it from "
+                               f"token {keys.token!r}'s inbox (are workers connected?)")
+        time.sleep(pause)
+        pause = min(pause * 2, START_POLL_SECONDS[1])
 
 
 def print_interrupts_briefly() -> None:

@@ -244,6 +244,35 @@ def test_a_token_user_made_by_ravop_admin_works_on_every_shard_and_only_for_its_
     assert all(redis.Redis.from_url(node_url).acl_getuser(name) is None for node_url in cluster.urls)
 
 
+def test_a_token_user_s_graph_runs_on_a_worker_user_through_its_inbox(cluster, tmp_path):
+    """On a cluster too, a token user's start goes through its inbox (it may not write the streams or the
+    starting marks), and a worker user starts and runs the graph (ravop.store.inbox)."""
+    admin_client = connect(cluster.urls[0])
+    suffix = os.urandom(3).hex()
+    token_url, _ = admin.create(admin_client, cluster.urls[0], "token", f"tok-{suffix}")
+    worker_url, _ = admin.create(admin_client, cluster.urls[0], "worker", f"wk-{suffix}")
+    pool = Workers(worker_url, tmp_path)
+    try:
+        pool.start(1)
+        session = R.initialize(redis_url=token_url.replace(f":{cluster.ports[0]}/", f":{cluster.ports[1]}/"))
+        x = R.t(torch.arange(128 * 128, dtype=torch.float32).reshape(128, 128) / 16384)
+        y = R.softmax(R.matmul(x, x), axis=1).persist_op("y")
+        assert R.activate()["subgraphs"] >= 1   # run by a worker, not folded at activate
+        R.execute()
+        assert session.handoff.confined
+        R.track_progress(progress_bar=False, timeout=300)
+        assert torch.equal(R.fetch_persisting_op("y"), evaluate([y])[0])
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            session.client.zadd(STARTING, {"x/y": 0})
+        R.flush()
+        [name] = pool.procs
+        assert pool.alive(name)
+    finally:
+        pool.stop_all()
+        admin.revoke(admin_client, "token", f"tok-{suffix}")
+        admin.revoke(admin_client, "worker", f"wk-{suffix}")
+
+
 def record_fit(name, epochs):
     graph = R.Graph(name=name, seed=4)
     rng = np.random.default_rng(1)

@@ -39,6 +39,7 @@ from .spot import SpotChecks
 from .spot_loop import LoopSegments, check_segment, drop_segments
 from .cache import TensorCache
 from .heartbeat import Heartbeat
+from .inbox_watch import InboxWatch
 from .loop_subgraph import (CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, LoopHandedBack, drop_checkpoint,
                             run_loop)
 from .run import OVER_BUDGET, KernelError, run
@@ -106,6 +107,7 @@ class Worker:
                              f"{checkpoint_seconds}")
         self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
         self.stopping = threading.Event()
+        self.inboxes = InboxWatch(client, self.handoff, name, self.stopping)  # graphs token users start
         self.provider = provider  # a worker.data_provider.Provider if this worker offers data (--data)
         self.heartbeat = Heartbeat(client, name, self.kind, self.stream, self.takeover.every, dead_after,
                                    self.stopping, parent_pid, provider.data.names() if provider is not None else None,
@@ -132,6 +134,7 @@ class Worker:
         errors.repair()
         self.heartbeat.beat()
         self.heartbeat.start()
+        self.inboxes.start()
         log.info("worker %s serving %s on %s", self.name, self.stream, self.device)
         outage = Outage(lambda text: log.warning("worker %s: %s", self.name, text))
         try:
@@ -159,6 +162,7 @@ class Worker:
                     self.stopping.wait(errors.met(exc))                      # worker/server_errors.py
         finally:
             self.heartbeat.stop()
+            self.inboxes.stop()
             self._leave()
         if self.heartbeat.revoked:
             return 1

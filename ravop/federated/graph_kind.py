@@ -18,9 +18,10 @@ from .. import graph_states
 from ..errors import GraphStateError, UnknownPersistName
 from ..ops.federated_stats import PREFIX, STATISTIC_OPS
 from ..store import federated_schema as store
+from ..store.federated_schema import APPROACH
 from ..store.client_types import Client
 from ..store import graphs as store_graphs
-from ..store.keys import FEDERATED_OPEN, FederatedKeys, GraphKeys, TokenKeys, graph_ref, worker_key
+from ..store.keys import FederatedKeys, GraphKeys, TokenKeys, worker_key
 from ..stored_values import not_ready
 from .column_rules import Rules, parse_rules
 from .histograms import edges as histogram_edges
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from ..graph import Graph
     from ..session import Session
 
-APPROACH = "federated"
 UNSUMMABLE = ("min", "max", "quantile")   # what neither "privacy" nor "secure" releases
 
 
@@ -128,7 +128,7 @@ class FederatedGraphs:
 
     def start(self, client: Client, keys: GraphKeys) -> None:
         """Open the started graph to providers."""
-        client.sadd(FEDERATED_OPEN, graph_ref(keys))
+        store.open_if_federated(client, keys)
 
     def waiting(self, client: Client, keys: GraphKeys, meta: Dict[str, str]) -> str:
         """What a running federated graph waits for, as a sentence; "" if the providers it needs are connected."""

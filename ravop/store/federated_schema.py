@@ -14,6 +14,15 @@ from .keys import FEDERATED_OPEN, PROVIDERS, FederatedKeys, GraphKeys, graph_ref
 from .scripts import _COMMON, with_states
 from .workers import TTL, forget
 
+APPROACH = "federated"  # a federated graph's meta `approach`
+
+
+def open_if_federated(client: Client, keys: GraphKeys) -> None:
+    """Open a started federated graph to providers (what a requester on the default user does itself, and a
+    worker does for a token user, who may not write the shared set: ravop.store.inbox)."""
+    if client.hget(keys.meta, "approach") == APPROACH.encode():
+        client.sadd(FEDERATED_OPEN, graph_ref(keys))
+
 
 def advertise(pipe: Pipeline, name: str, columns: Iterable[str], ttl: float = TTL) -> None:
     pipe.set(provider_key(name), json.dumps({"columns": list(columns)}), px=int(ttl * 1000))  # ttl may be fractional

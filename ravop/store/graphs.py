@@ -2,8 +2,9 @@
 import json
 import time
 from collections import Counter
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import redis
 import torch
 
 from .. import graph_states, plan_limits, progress
@@ -169,3 +170,42 @@ def list_graphs(client: Client, token: str) -> List[Dict[str, Any]]:
                        "started": started, "finished": finished,
                        "stopped": values[12].decode() if values[12] is not None else None})
     return graphs
+
+
+def _if_live(client: Client, keys: GraphKeys, write: Callable[[Any, str], None], unless: str = "") -> bool:
+    """`write(pipeline, now)` as one optimistic transaction on the graph's meta if the graph is activated or
+    running (and its meta has no field `unless`): the requester's side of the CANCEL and STOP scripts
+    (ravop.store.scripts) for a `ravop admin` token user, who runs no scripts. True if the graph is live, False
+    if it had already ended."""
+    with client.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(keys.meta)
+                state, present = pipe.hmget(keys.meta, "state", unless or "state")
+                if state not in {s.encode() for s in graph_states.LIVE}:
+                    return False
+                if unless and present is not None:
+                    return True
+                seconds, micros = pipe.time()
+                pipe.multi()
+                write(pipe, f"{seconds}.{micros:06d}")
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                continue
+
+
+def cancel_watched(client: Client, keys: GraphKeys, error: str, by: str) -> bool:
+    """Cancel a live graph as the CANCEL script does, naming who cancelled it (`by`)."""
+    def write(pipe: Any, now: str) -> None:
+        pipe.hset(keys.meta, mapping={"state": graph_states.CANCELLED, "finished": now, "error": error,
+                                      "cancelled_by": by, "error_op": "", "error_source": "", "error_worker": "",
+                                      "error_subgraph": ""})
+        pipe.xadd(keys.events, {"state": graph_states.CANCELLED}, maxlen=16, approximate=True)
+    return _if_live(client, keys, write)
+
+
+def stop_watched(client: Client, keys: GraphKeys, why: str, by: str) -> bool:
+    """Ask a live graph's loops to stop as the STOP script does (the first request is kept)."""
+    return _if_live(client, keys, lambda pipe, now: pipe.hset(keys.meta, mapping={"stop": why, "stop_by": by}),
+                    unless="stop")

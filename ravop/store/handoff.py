@@ -16,12 +16,18 @@ delivered. A crash between the two steps loses nothing:
   requester that died in between).
 - A drain between a delivery and the claim delivers the entry again: a duplicate message, which claim and the
   graph's `done` set make harmless, as for any retry.
+
+A `ravop admin` token user may neither run scripts nor write the work streams (ravop.store.access): its
+start is refused with NOPERM, and from then on it names its graphs in its inbox for a worker to start
+(`confined`, ravop.store.inbox).
 """
 import time
 from typing import Iterable, Optional, Tuple
 
+import redis
+
 from .client_types import Client
-from .keys import GROUP, STARTING, GraphKeys, device_kind, graph_ref, queue
+from .keys import GROUP, STARTED, STARTING, GraphKeys, TokenKeys, device_kind, graph_ref, queue
 from .scripts import Scripts
 
 STALE_START = 10.0  # seconds after which a graph still marked starting is taken to have lost its requester
@@ -42,10 +48,27 @@ def _parse(entry: bytes) -> Optional[Tuple[str, str, int]]:
 class Handoff:
     def __init__(self, client: Client, scripts: Scripts) -> None:
         self.client, self.scripts = client, scripts
+        self.confined = False  # a token user's: its starts go through its inbox
 
     def start(self, keys: GraphKeys) -> int:
         """Start the graph (START) and get its first subgraphs onto the work streams; 1 if it started now, 0
-        if it had already started; ResponseError NOGRAPH if it is gone."""
+        if it had already started; ResponseError NOGRAPH if it is gone. A token user's start names the graph
+        in its inbox instead (returns 1; a worker starts it)."""
+        if not self.confined:
+            try:
+                return self._start(keys)
+            except redis.exceptions.NoPermissionError:
+                self.confined = True
+        if not self.client.exists(keys.meta):
+            raise redis.ResponseError(f"NOGRAPH graph {keys.graph_id} is not in Redis")
+        self.client.zadd(TokenKeys(keys.token).inbox, {keys.graph_id: time.time()})
+        try:
+            self.client.publish(STARTED, keys.token)  # wakes the workers' inbox watchers (worker/inbox_watch.py)
+        except redis.exceptions.NoPermissionError:
+            pass  # a token user made before the channel was granted: workers look every second anyway
+        return 1
+
+    def _start(self, keys: GraphKeys) -> int:
         if self.scripts.direct:
             return self.scripts.start(keys)[0]
         ref = graph_ref(keys)

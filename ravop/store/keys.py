@@ -7,6 +7,8 @@ Per token (one requester), under `ravop:{token}:`:
                               take no more of this token's work
   trust               hash    R.Graph(verify='spot'): "worker@kind:streak|confirmed|mismatches|unchecked" ->
                               count (ravop.spot_policy); written only by the SPOT script
+  inbox               zset    graph id -> when: graphs a `ravop admin` token user started; it may not write
+                              the work streams, so workers start them for it (ravop.store.inbox)
 Per graph, under `ravop:{token}:{{token}.{gid}}:`: the braces are a Redis Cluster hash tag, so every key of
 one graph lives in one hash slot (its Lua scripts and MULTIs are atomic on a cluster too) while different
 graphs spread over the shards:
@@ -49,6 +51,10 @@ dead-lettering it, or delivering a graph's first subgraphs and clearing its mark
   worker:{name}       string  a live worker's device kind; expires unless the worker's heartbeat renews it
   workers:{cpu|cuda}  set     names of workers that registered for a device kind (dead ones pruned on read)
   winfo:{name}        hash    a live worker's advertisement: device, memory, threads, cost figures, what it runs
+  tokens              set     names of the `ravop admin` token users, whose inboxes workers read (only
+                              `ravop admin` writes it)
+  started             channel (pub/sub, not a key) rung by a token user after posting to its inbox, so that a
+                              worker looks at the inboxes at once
 Federated graphs (ravop.store.federated_schema) add, shared by all tokens:
   federated:open      set     "token/graph id" of started federated graphs that still need providers
   provider:{name}     string  JSON {"columns": [...]}: the numeric columns a live provider holds; expires
@@ -127,6 +133,8 @@ def calibration_key(worker_name: str) -> str:
     return graph_prefix("_", f"calibrate-{worker_name}") + "t:0"
 
 
+TOKENS = SHARED + "tokens"
+STARTED = SHARED + "started"  # a pub/sub channel, not a key: a token user rings it after posting to its inbox
 FEDERATED_OPEN = SHARED + "federated:open"
 PROVIDERS = SHARED + "providers"
 
@@ -137,6 +145,7 @@ def provider_key(name: str) -> str:
 
 BANNED = "banned"
 TRUST = "trust"
+INBOX = "inbox"
 ANY = "*"
 
 
@@ -151,7 +160,7 @@ def graph_prefix(namespace: str, graph_id: str) -> str:
 
 
 class TokenKeys:
-    __slots__ = ("graphs", "current", "banned", "trust", "pattern")
+    __slots__ = ("graphs", "current", "banned", "trust", "inbox", "pattern")
 
     def __init__(self, token: str) -> None:
         base = token_prefix(check_name(token))
@@ -159,6 +168,7 @@ class TokenKeys:
         self.current = base + "current"
         self.banned = base + BANNED  # workers whose outputs disagreed with the others' (R.Graph(verify=k))
         self.trust = base + TRUST    # workers' spot-check records (R.Graph(verify='spot'))
+        self.inbox = base + INBOX    # graphs started by a token user, for workers to start (ravop.store.inbox)
         self.pattern = base + "*"
 
 
@@ -246,6 +256,11 @@ def banned_pattern() -> str:
 def trust_pattern() -> str:
     """The spot-check trust hash of every token (written by the SPOT script a worker runs)."""
     return token_prefix(ANY) + TRUST
+
+
+def inbox_pattern() -> str:
+    """The inbox of every token."""
+    return token_prefix(ANY) + INBOX
 
 
 def shared_pattern() -> str:

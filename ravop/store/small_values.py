@@ -2,11 +2,12 @@
 state while the graph is not done, and once it is, walks the persist names and returns each stored value of
 at most `max_bytes` (a loss, a metric, a small weight), so that fetching a training run's losses one name at a
 time, as the RavDL guide writes it, costs one request for all of them (`ravop.stored_values.DoneValues`)."""
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..graph_states import DONE
 from .client_types import Client
 from .keys import GraphKeys
+from .unscripted import scripted_or_not
 
 # KEYS: meta, persist.  ARGV: tensor key prefix, largest value in bytes, the done state.
 # Returns {} for a graph that is gone, {state} for one not done, else {state, name, value, name, value, ...}.
@@ -33,8 +34,26 @@ def read_small_values(client: Client, keys: GraphKeys,
                       max_bytes: int) -> Tuple[Optional[str], Dict[str, bytes]]:
     """(state, {persist name: stored bytes}) of the graph's persisted values of at most `max_bytes`, read only
     once it is done (else {}); (None, {}) if the graph is gone."""
-    reply = client.register_script(READ_SMALL)(keys=[keys.meta, keys.persist],
-                                               args=[keys.tensor_prefix, max_bytes, DONE])
+    reply = scripted_or_not(client, lambda: client.register_script(READ_SMALL)(
+        keys=[keys.meta, keys.persist], args=[keys.tensor_prefix, max_bytes, DONE]),
+        lambda: _read_small_unscripted(client, keys, max_bytes))
     if not reply:
         return None, {}
     return reply[0].decode(), {reply[i].decode(): reply[i + 1] for i in range(1, len(reply), 2)}
+
+
+def _read_small_unscripted(client: Client, keys: GraphKeys, max_bytes: int) -> List[bytes]:
+    """READ_SMALL's reply in three round trips, without a script."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hget(keys.meta, "state")
+    pipe.hgetall(keys.persist)
+    state, persist = pipe.execute()
+    if state is None or state != DONE.encode():
+        return [state] if state is not None else []
+    names = list(persist)
+    for name in names:
+        pipe.strlen(keys.tensor_prefix + persist[name].decode())
+    small = [name for name, size in zip(names, pipe.execute()) if 0 < size <= max_bytes]
+    for name in small:
+        pipe.get(keys.tensor_prefix + persist[name].decode())
+    return [state, *(x for name, value in zip(small, pipe.execute()) for x in (name, value))]

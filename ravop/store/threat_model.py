@@ -1,0 +1,76 @@
+"""The threat model's table: what each role may write on each class of keys, derived from the grants of
+ravop.store.access. The README's table is this one (tests/test_acl.py compares them), and the same test
+checks on a real server that every write and administrative command of its COMMAND DOCS is refused or
+allowed exactly as the table says, for token user A, token user B and a worker."""
+from typing import Callable, List, Optional, Tuple
+
+from .access import READS, REQUESTER, WORKER, allows, grants_of
+from .keys import (DEAD_LETTER, FEDERATED_OPEN, STARTING, TOKENS, GraphKeys, TokenKeys, info_key, queue, worker_key,
+                   workers_set)
+
+TOKEN_A, TOKEN_B = "alice", "bob"  # the two token users of the table (any names give the same table)
+PRINCIPALS: Tuple[Tuple[str, str, str], ...] = (("token user A", REQUESTER, TOKEN_A),
+                                                ("token user B", REQUESTER, TOKEN_B), ("a worker", WORKER, ""))
+
+
+def key_classes(a: str = TOKEN_A, graph: str = "g1") -> List[Tuple[str, Optional[str]]]:
+    """(class, a key of it) for every class of keys of the schema (ravop.store.keys), None for the server's
+    own state (settings, users, scripts, the whole keyspace): what keyless commands reach."""
+    ga = GraphKeys(a, graph)
+    return [
+        ("A's token keys (graph list, current graph)", TokenKeys(a).current),
+        ("A's inbox", TokenKeys(a).inbox),
+        ("A's banned workers", TokenKeys(a).banned),
+        ("A's spot-check trust records", TokenKeys(a).trust),
+        ("A's graph: meta", ga.meta),
+        ("A's graph: plan", ga.subgraphs),
+        ("A's graph: persisted results and other tensors", ga.tensor(5)),
+        ("A's graph: finished set", ga.done),
+        ("A's graph: checkpoints", ga.checkpoint(1)),
+        ("A's graph: values resident replicas exchange", ga.exchange("r0", 1)),
+        ("A's graph: votes and spot-checked segments", ga.votes(1)),
+        ("A's graph: settled disputes", ga.disputes),
+        ("A's graph: end events", ga.events),
+        ("work streams", queue("cpu")),
+        ("dead letters", DEAD_LETTER),
+        ("starting marks", STARTING),
+        ("federated open set", FEDERATED_OPEN),
+        ("worker registry", worker_key("w1")),
+        ("worker sets", workers_set("cpu")),
+        ("worker advertisements", info_key("w1")),
+        ("token registry", TOKENS),
+        ("server (config, users, scripts, keyspace)", None),
+    ]
+
+
+def granted(role: str, namespace: str, key: Optional[str]) -> List[str]:
+    """Every command of the grants that `role` may send naming `key` (keyless ones for None)."""
+    keyless, grants = grants_of(role, namespace)
+    if key is None:
+        return sorted(keyless)
+    return sorted({c for g in grants for c in g.commands if allows(role, c, key, namespace)})
+
+
+def _cell(commands: List[str], keyless: bool) -> str:
+    commands = [c.replace("|", " ") for c in commands]  # `xgroup create`: a "|" would split the table's cell
+    if keyless:  # connection setup, transactions, INFO, and what is listed beyond those
+        extra = [c for c in commands if c in ("scan", "publish", "subscribe", "script load", "script exists")]
+        return "connection only" + (f"; {', '.join(extra)}" if extra else "")
+    commands = [c for c in commands if c not in ("eval", "evalsha")]  # scripts: each command inside as listed
+    writes = [c for c in commands if c.replace(" ", "|") not in READS]
+    reads = len(writes) < len(commands)
+    if not commands:
+        return "none"
+    return ("read" if reads else "") + ("; " if reads and writes else "") + ", ".join(writes) + \
+        ("" if writes else " only")
+
+
+def table(classes: Callable[[], List[Tuple[str, Optional[str]]]] = key_classes) -> str:
+    """The markdown table of the README's threat model."""
+    rows = ["| keys | " + " | ".join(name for name, _, _ in PRINCIPALS) + " |",
+            "|---" * (len(PRINCIPALS) + 1) + "|"]
+    for what, key in classes():
+        cells = [_cell(granted(role, ns, key), key is None) for _, role, ns in PRINCIPALS]
+        rows.append(f"| {what} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
