@@ -132,12 +132,19 @@ def _wait_for_start(session: Session, keys: GraphKeys, timeout: Optional[float])
     """A `ravop admin` token user's graph waits in its inbox until a worker starts it (ravop.store.inbox)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = START_POLL_SECONDS[0]
-    while session.client.zscore(TokenKeys(keys.token).inbox, keys.graph_id) is not None:
+    while _in_inbox(session, keys):
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"graph {keys.graph_id} was not started within {timeout} s: no worker took it from "
                                f"token {keys.token!r}'s inbox (are workers connected?)")
         time.sleep(pause)
         pause = min(pause * 2, START_POLL_SECONDS[1])
+
+
+def _in_inbox(session: Session, keys: GraphKeys) -> bool:
+    try:
+        return session.client.zscore(TokenKeys(keys.token).inbox, keys.graph_id) is not None
+    except redis.AuthenticationError:
+        raise _revoked(session) from None
 
 
 def print_interrupts_briefly() -> None:

@@ -88,10 +88,11 @@ def worker_grants() -> List[Grant]:
     streams = (queue(ANY),)
     return [
         Grant("graph keys: read", _graph(ANY), _READ_STRING + _READ_HASH + ("smembers", "sismember", "watch")),
-        # outputs (t:{node}, chunks t:{node}:c) and a resident replica's exchanged values (x:...)
-        Grant("graph keys: tensors", _graph("t:*", "x:*"), ("set",)),
+        # outputs (t:{node}, chunks t:{node}:c), a loop's checkpointed values (ckpt:...) and a resident
+        # replica's exchanged values (x:...)
+        Grant("graph keys: tensors", _graph("t:*", "ckpt:*", "x:*"), ("set",)),
         # a resident replica's count of the loops that read an exchanged value (worker/exchange.py)
-        Grant("graph keys: exchange acknowledgements", _graph("x:*"), ("incr",)),
+        Grant("graph keys: exchange acknowledgements", _graph("x:*"), ("incrby",)),   # redis-py sends INCR as INCRBY
         # released inputs (COMPLETE), checkpoints a loop replaces, outputs of a graph flushed meanwhile,
         # exchanged values every reader has checkpointed past
         Grant("graph keys: deletable", _graph("t:*", "ckpt:*", "x:*"), ("del", "unlink")),
