@@ -1,7 +1,9 @@
 """Nothing a test starts outlives the test run, however it ends: a run interrupted (Ctrl-C, SIGTERM), killed
 (SIGKILL, when no Python code can clean up any more) or timed out (pytest-timeout) leaves no server, worker
-or requester behind, nor the embedded server and workers of a requester it started (tests/process_reaper.py)."""
+or requester behind, nor the embedded server and workers of a requester it started (tests/process_reaper.py).
+The embedded server itself dies with its requester even when it cannot save its snapshot."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,3 +68,17 @@ def test_a_timed_out_test_leaves_no_process(tmp_path):
     requester = [int(line.split()[1]) for line in noted(report) if line.startswith("requester ")]
     assert requester and set(requester) <= started
     assert not [pid for pid in started if process_reaper.alive(pid)]  # gone before pytest exits
+
+
+def test_the_embedded_server_dies_with_its_requester_even_when_it_cannot_save(tmp_path):
+    data = tmp_path / "data"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAVOP_DATA_DIR": str(data)}
+    env.pop("RAVOP_REDIS_URL", None)
+    script = ("import time, ravop as R; session = R.initialize(workers=0); "
+              "print(session.embedded.server.process.pid, flush=True); time.sleep(3600)")
+    requester = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    server = int(requester.stdout.readline())
+    shutil.rmtree(data)  # where it saves its snapshot when it stops: gone, as on a full disk it cannot write
+    requester.kill()
+    requester.wait()
+    assert_all_gone([server], "the embedded server of a SIGKILLed requester")
