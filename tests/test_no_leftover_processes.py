@@ -36,10 +36,12 @@ def assert_all_gone(pids, what):
     return time.monotonic() - started
 
 
-@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
-def test_an_interrupted_or_killed_run_leaves_no_process(tmp_path, how):
+@pytest.mark.parametrize("how, options", [(signal.SIGINT, ()), (signal.SIGTERM, ()), (signal.SIGKILL, ()),
+                                          (signal.SIGINT, ("-n", "2")), (signal.SIGKILL, ("-n", "2"))],
+                         ids=["SIGINT", "SIGTERM", "SIGKILL", "SIGINT-xdist", "SIGKILL-xdist"])
+def test_an_interrupted_or_killed_run_leaves_no_process(tmp_path, how, options):
     report = tmp_path / "report"
-    run = start_run(report)
+    run = start_run(report, *options)
     wait_for(lambda: "ready" in noted(report) or run.poll() is not None, "the sample test to start everything",
              timeout=600)
     assert run.poll() is None, run.communicate()[0]
@@ -53,7 +55,8 @@ def test_an_interrupted_or_killed_run_leaves_no_process(tmp_path, how):
         assert "KeyboardInterrupt" in out, out[-3000:]
     else:
         assert run.returncode == -how, out[-3000:]
-    assert_all_gone(started, f"the processes of a run ended by {how.name}")
+    took = assert_all_gone(started, f"the processes of a run ended by {how.name}")
+    print(f"{len(started)} processes gone {took:.1f} s after pytest exited")  # shown with -s
 
 
 def test_a_timed_out_test_leaves_no_process(tmp_path):
