@@ -26,12 +26,13 @@ _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("lin
 _pytest_pid = os.getpid()
 _started_in_call = []  # Popen objects a test body started, stopped at the end of that test
 _in_call = False
+_SIGTERM = int(signal.SIGTERM)  # a plain int: the child calls prctl between fork and exec, with no conversion
 _spawned = set()  # pids of pytest's own Popen children: their Popen objects collect their exit status
 
 
 def _die_with_pytest():
     """Runs in the child between fork and exec: SIGTERM when pytest dies (also if it already has)."""
-    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    _prctl(PR_SET_PDEATHSIG, _SIGTERM)
     if os.getppid() != _pytest_pid:
         os._exit(1)
 
@@ -104,6 +105,7 @@ def descendants(pid, tree=None):
 
 
 def alive(pid):
+    """Whether `pid` runs (an exited process that nobody has waited for yet, a zombie, does not)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -127,7 +129,8 @@ def stop(pids, grace=GRACE):
 
 def reap_adopted_zombies():
     """Collect the exit status of orphans that died under pytest (no Popen waits for them), never one of
-    pytest's own children: stealing a Popen's status would fake its return code."""
+    pytest's own Popen children: stealing a Popen's status would fake its return code. Only at the end of the
+    run: a multiprocessing child of a running test would lose its status too."""
     for pid, state, parent in _processes():
         if state == "Z" and parent == os.getpid() and pid not in _spawned:
             try:
@@ -137,6 +140,7 @@ def reap_adopted_zombies():
 
 
 def begin_call():
+    """From now on until `end_call`, a process started here belongs to the running test's body."""
     global _in_call
     _in_call = True
 
