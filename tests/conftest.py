@@ -36,7 +36,9 @@ def pytest_runtest_call(item):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     yield
-    process_reaper.stop_test_processes()
+    stopped = process_reaper.stop_test_processes()
+    if stopped:  # a failed or timed-out test, or one that forgot a clean-up: say so, it may be a leak
+        item.warn(pytest.PytestWarning(f"stopped {len(stopped)} process(es) the test left running: {stopped}"))
 
 
 @pytest.hookimpl(trylast=True)
