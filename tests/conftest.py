@@ -14,15 +14,44 @@ from ravop.interpreter import evaluate
 from ravop.store import connect
 from ravop.store.keys import worker_key
 
+import process_reaper
 from helpers import run_ops
 
 START_TIMEOUT = 120  # seconds for a worker to import torch and register, on a busy 2-core machine
 
 
+def pytest_configure(config):
+    process_reaper.install()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    process_reaper.begin_call()  # what the test body starts is its own, stopped after its teardown
+    try:
+        yield
+    finally:
+        process_reaper.end_call()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    stopped = process_reaper.stop_test_processes()
+    if stopped:  # a failed or timed-out test, or one that forgot a clean-up: say so, it may be a leak
+        item.warn(pytest.PytestWarning(f"stopped {len(stopped)} process(es) the test left running: {stopped}"))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    process_reaper.reap_all()  # after every fixture's teardown, also after Ctrl-C: nothing may remain
+
+
 @pytest.fixture(scope="session", autouse=True)
 def embedded_data_dir(tmp_path_factory):
-    """Embedded sessions the tests start keep their snapshot in this run's temp dir, not the user's."""
+    """Embedded sessions the tests start keep their snapshot, and note themselves as the last session
+    (`ravop status`), in this run's temp dir: not the user's, nor another xdist worker's."""
     os.environ["RAVOP_DATA_DIR"] = str(tmp_path_factory.mktemp("ravop-data"))
+    os.environ["XDG_RUNTIME_DIR"] = str(tmp_path_factory.mktemp("runtime"))
 
 
 @pytest.fixture(scope="session")

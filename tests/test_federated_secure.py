@@ -20,6 +20,7 @@ from worker.data import ProviderData
 from worker.data_provider import Provider
 
 from conftest import Workers
+from helpers import wait_for
 from test_federated import kept, write_csv
 
 RULES = {"age": {"min": 18, "max": 80}, "fund": {}}
@@ -171,8 +172,9 @@ def test_a_provider_dropping_out_after_the_key_exchange_fails_the_query_by_name(
     assert scripts.join(keys, "dropout") == "joined"
     assert scripts.publish_key(keys, "dropout", secure.MaskingKey().public()) >= 1
     fed = FederatedKeys(keys)
+    wait_for(lambda: client.hlen(fed.partials) == 3, "the three live providers' masked partials")
     with pytest.raises(TimeoutError, match="provider\\(s\\) dropout joined graph 'secure' and stopped before"):
-        R.track_progress(progress_bar=False, timeout=20)
+        R.track_progress(progress_bar=False, timeout=3)   # it waits for the fourth, naming it
     assert client.hlen(fed.partials) == 3 and len(public_keys(client, keys)) == 4
     with pytest.raises(R.NotComputedError):
         R.fetch_persisting_op("mean")

@@ -12,8 +12,9 @@ import redis
 import torch
 
 import ravop as R
+from ravop import admin
 from ravop.errors import ConnectionFailed
-from ravop.store import DEAD_LETTER, GraphKeys, TokenKeys, queue
+from ravop.store import DEAD_LETTER, GraphKeys, TokenKeys, connect, queue
 
 from conftest import Workers
 from test_cli import ravop, train_small_model
@@ -23,6 +24,12 @@ from tls_proxy import TlsProxy, self_signed_certificate
 def create_user(url, kind, name):
     """The URL printed as the last line of `ravop admin KIND create NAME --redis URL`."""
     return ravop("admin", kind, "create", name, "--redis", url).stdout.strip().splitlines()[-1]
+
+
+def create_user_in_process(url, kind, name):
+    """The same user through `ravop.admin` (what the command runs), without a process importing torch."""
+    with connect(url) as client:
+        return admin.create(client, url, kind, name)[0]
 
 
 def run_graph(name, value):
@@ -40,7 +47,8 @@ def users(server, tmp_path):
     """Two token users, a worker user (with one worker process running as it), all removed afterwards."""
     suffix = uuid.uuid4().hex[:6]
     names = {"a": f"alice-{suffix}", "b": f"bob-{suffix}", "w": f"prov-{suffix}"}
-    urls = {"a": create_user(server.url, "token", names["a"]), "b": create_user(server.url, "token", names["b"]),
+    urls = {"a": create_user_in_process(server.url, "token", names["a"]),
+            "b": create_user_in_process(server.url, "token", names["b"]),
             "w": create_user(server.url, "worker", names["w"])}
     pool = Workers(urls["w"], tmp_path)
     pool.start(1)

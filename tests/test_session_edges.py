@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,8 @@ import torch
 
 import ravop as R
 from ravop.errors import NotComputedError
+
+from helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,14 +42,19 @@ def start_requester(url, tag):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     assert line.startswith("ready"), proc.communicate()[1]
-    time.sleep(1.0)  # well inside track_progress's wait
-    return proc, line.split(" ", 1)[1].strip()
+    # Inside track_progress's wait once it says what it waits for (importing its progress bar can take
+    # seconds under load: a signal sent earlier would land outside it). Returns what it said meanwhile.
+    said = []
+    while not said or "waiting for a CPU worker" not in said[-1]:
+        said.append(proc.stderr.readline())
+        assert said[-1], "".join(said) + proc.communicate()[1]   # it exited
+    return proc, line.split(" ", 1)[1].strip(), "".join(said)
 
 
 def test_ctrl_c_on_a_cluster_prints_one_line_and_how_to_resume(server):
-    proc, _ = start_requester(server.url, "cluster")
+    proc, _, said = start_requester(server.url, "cluster")
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    err = said + proc.communicate(timeout=300)[1]
     lines = [line for line in err.splitlines() if line.strip() and "waiting for a CPU worker" not in line]
     assert proc.returncode in (-signal.SIGINT, 130), err
     assert "Traceback" not in err
@@ -58,10 +64,10 @@ def test_ctrl_c_on_a_cluster_prints_one_line_and_how_to_resume(server):
 
 
 def test_ctrl_c_on_the_embedded_default_says_it_stopped_and_cleans_up():
-    proc, folder = start_requester("", "embedded")
+    proc, folder, said = start_requester("", "embedded")
     assert os.path.isdir(folder)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    err = said + proc.communicate(timeout=300)[1]
     lines = [line for line in err.splitlines() if line.strip() and "waiting for a CPU worker" not in line]
     assert "Traceback" not in err and len(lines) == 1, err
     assert "it stops with this process" in lines[0]
@@ -69,15 +75,15 @@ def test_ctrl_c_on_the_embedded_default_says_it_stopped_and_cleans_up():
 
 
 def test_sigterm_removes_the_embedded_default_folder():
-    proc, folder = start_requester("", "sigterm")
+    proc, folder, _ = start_requester("", "sigterm")
     server_pids = subprocess.run(["pgrep", "-f", folder], capture_output=True, text=True).stdout.split()
     assert server_pids  # the server runs with its socket in that folder
     proc.terminate()
-    proc.communicate(timeout=30)
+    proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGTERM  # still dies of the signal
     assert not os.path.exists(folder)
-    time.sleep(0.5)
-    assert not subprocess.run(["pgrep", "-f", folder], capture_output=True, text=True).stdout.split()
+    wait_for(lambda: not subprocess.run(["pgrep", "-f", folder], capture_output=True, text=True).stdout.split(),
+             "the embedded server to exit")
 
 
 def test_float_of_an_op_says_it_is_lazy_and_how_to_fetch():
