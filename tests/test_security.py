@@ -43,8 +43,10 @@ def run_graph(name, value):
 
 
 @pytest.fixture
-def users(server, tmp_path):
-    """Two token users, a worker user (with one worker process running as it), all removed afterwards."""
+def users(server, engine, tmp_path):
+    """Two token users, a worker user (with one worker process running as it), all removed afterwards (and,
+    through `engine`, the session put back on the server's default user: the next tests' sessions must not
+    be left on a deleted user)."""
     suffix = uuid.uuid4().hex[:6]
     names = {"a": f"alice-{suffix}", "b": f"bob-{suffix}", "w": f"prov-{suffix}"}
     urls = {"a": create_user_in_process(server.url, "token", names["a"]),
