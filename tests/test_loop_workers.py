@@ -78,7 +78,7 @@ def test_a_worker_told_to_stop_checkpoints_and_hands_its_loop_back(engine, worke
     # No takeover: the others would wait 1000 s to call the stopped worker dead, so only a hand-back is quick.
     names = workers.start(2, reclaim_idle=1000.0, extra=("--dead-after", "1000", "--checkpoint-steps", "100000",
                                                          "--checkpoint-seconds", "1000"))
-    graph, persisted = record_fit("sigterm", epochs=400)
+    graph, persisted = record_fit("sigterm", epochs=2000)
     R.activate()
     R.execute()
     keys = GraphKeys(engine.token, graph.id)
@@ -86,7 +86,7 @@ def test_a_worker_told_to_stop_checkpoints_and_hands_its_loop_back(engine, worke
     loop_id = next(int(s) for s in client.hkeys(keys.taken))
     holder = client.hget(keys.taken, loop_id).decode()
     assert workers.terminate(holder) == 0
-    total = 400 * 5
+    total = 2000 * 5
     handed_back_at = checkpoint_of(client, keys)
     assert handed_back_at is not None and handed_back_at[1] < total   # it stopped mid-loop, with a checkpoint
     R.track_progress(timeout=300, progress_bar=False)

@@ -70,6 +70,11 @@ SAMPLES = {
         Sample((normal(3, 2), np.array([[0, 3], [3, 3], [1, 2]])), {"axis": 1, "size": 4},
                reference=numpy(_along_backward_ref)),
     ],
+    "step_row": [
+        Sample((normal(5, 3),), {"row": 3}, reference=numpy(lambda table, row: table[row]), grad=False),
+        Sample((ints(0, 9, 4, 2, 2),), {"row": 0}, reference=numpy(lambda table, row: table[row]), grad=False,
+               note="the first row of a 3-d integer table"),
+    ],
     "one_hot_encoding": [
         Sample((np.array([0, 2, 1, 2]),), {"depth": 3}, reference=numpy(_one_hot)),
         Sample((np.array([[1], [0]]),), {"depth": 4}, reference=numpy(_one_hot), note="(n, 1) labels"),
