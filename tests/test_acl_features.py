@@ -1,0 +1,234 @@
+"""Real runs of the features granted by reading code, as token user A (`ravop admin`) with its workers running as a
+worker user, on a server of their own: spot checks with a liar (a dispute on plain subgraphs and on a fit's
+segments), a stop and a cancel of a running loop by the token user (the CLI with its URL, and the API), resident
+replicas releasing their exchanges, `ravop status` with the trust table and `ravop logs` with the disputes. After
+each, the server's ACL LOG holds nothing but the probes refused by design (tests/test_acl.py)."""
+import json
+import re
+
+import numpy as np
+import redis
+import torch
+
+import ravop as R
+from ravdl.v2.callbacks import EarlyStopping
+from ravop import graph_states, status
+from ravop.spot_policy import read_trust
+from ravop.store import ensure_queues
+from ravop.store import graphs as store_graphs
+from ravop.store.keys import DEAD_LETTER, TOKENS, GraphKeys, TokenKeys
+from ravop.store.threat_model import TOKEN_A, TOKEN_B
+
+from conftest import Workers
+from helpers import on_one_thread, wait_for
+from ravop.interpreter import evaluate_persisted
+from test_acl import acl_server, users  # noqa: F401  (the fixtures: a server of its own, its ACL users)
+from test_cli import ravop
+
+WORKER = "wk"
+# Refusals that are the design (tests/test_acl.py): the requester's script probe (it then goes without) and the
+# streams' group (the workers' to make), CONFIG GET and redis-py's CLIENT SETINFO; and `ravop logs` reading the
+# dead letters (every token's failures: a requester sees its graph's failure in its meta, ravop.status.failures).
+PROBES = {(TOKEN_A, "evalsha"), (TOKEN_A, "xgroup|create"), (TOKEN_A, DEAD_LETTER)} | {
+    (user, command) for user in (TOKEN_A, TOKEN_B, WORKER) for command in ("config|get", "client|setinfo")}
+
+
+def _fresh(server):
+    """An empty store with the tokens registered and the work streams made, the ACL LOG empty; the admin client."""
+    admin = redis.Redis.from_url(server.url)
+    admin.flushall()
+    admin.sadd(TOKENS, TOKEN_A, TOKEN_B)
+    ensure_queues(admin)
+    admin.execute_command("ACL", "LOG", "RESET")
+    return admin
+
+
+def _refusals(admin):
+    """The ACL LOG's refusals outside PROBES, as {(user, command or key, reason, context, the client's last command)}."""
+    entries = [{k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
+                for k, v in (e.items() if isinstance(e, dict) else zip(e[::2], e[1::2]))}
+               for e in admin.execute_command("ACL", "LOG", "128")]
+    found = {(e["username"], e["object"], e["reason"], e["context"],
+              re.search(r"cmd=(\S+)", e.get("client-info", "")).group(1)) for e in entries}
+    return {entry for entry in found if entry[:2] not in PROBES}
+
+
+def _no_errors(pool):
+    for name in pool.procs:
+        log = pool.log(name)
+        assert "NOPERM" not in log and "Traceback" not in log, (name, log)
+
+
+def test_spot_checks_with_a_liar_as_a_token_user_on_worker_users(acl_server, users, tmp_path, no_loop_folding):
+    """Three worker processes of the worker user, one a liar: the spot checks write the token's trust, the
+    graph's votes and the disputes; the liar is banned for the token and named in `ravop status` and `ravop
+    logs` run with the token user's URL."""
+    from test_spot_checks import branches
+    admin = _fresh(acl_server)
+    pool = Workers(users["a worker"], tmp_path)
+    pool.start(2)
+    try:
+        R.initialize(redis_url=users["token user A"])
+        _, plain = branches("plain", 1)
+        [liar] = pool.start(1, extra=["--test-wrong-outputs"], prefix="liar")
+        owner = redis.Redis.from_url(users["token user A"])
+        banned = TokenKeys(TOKEN_A).banned
+        for attempt in range(6):   # until the liar took part in a check (it races two honest workers for work)
+            _, checked = branches(f"spot-{attempt}", "spot")
+            assert torch.equal(checked, plain)
+            if owner.sismember(banned, liar):
+                break
+        assert owner.smembers(banned) == {liar.encode()}
+        graph_id = R.initialize(redis_url=users["token user A"]).keys().graph_id
+        trust = read_trust(owner.hgetall(TokenKeys(TOKEN_A).trust))
+        assert trust[f"{liar}@cpu"]["mismatches"] >= 1
+        owner.close()
+        report = json.loads(ravop("status", "--redis", users["token user A"], "--json").stdout)
+        rows = {row["worker"]: row for row in report["trust"]}
+        assert rows[liar]["banned"] and rows[liar]["mismatches"] >= 1
+        text = ravop("status", "--redis", users["token user A"]).stdout
+        assert "trust (verify='spot')" in text and re.search(rf"{liar}\s+cpu\s+\d+\s+0\s+\d+\s+[1-9]\d*\s+yes", text)
+        logs = ravop("logs", graph_id, "--redis", users["token user A"]).stdout
+        assert "verification dispute" in logs and liar in logs, logs
+        _no_errors(pool)
+    finally:
+        pool.stop_all()
+    assert not _refusals(admin)
+    admin.close()
+
+
+def test_a_liar_in_a_fit_under_spot_checks_as_a_token_user(acl_server, users, tmp_path):
+    """A loop under spot checks: checkpoints every 5 steps (segments, chunked checkpoints), a liar from its second
+    segment on (`--test-wrong-outputs=after:1`), dispute traces narrowed to the op, a rewind, an honest finish."""
+    from test_spot_checks import record_fit
+    admin = _fresh(acl_server)
+    pool = Workers(users["a worker"], tmp_path)
+    [liar] = pool.start(1, extra=("--test-wrong-outputs=after:1", "--checkpoint-steps", "5"), prefix="liar")
+    try:
+        session = R.initialize(redis_url=users["token user A"])
+        graph, names = record_fit("fit", "spot")
+        R.activate()
+        R.execute()
+        keys = session.keys()
+        owner = redis.Redis.from_url(users["token user A"])
+        wait_for(lambda: owner.hget(keys.taken, 0) == liar.encode(), "the liar to take the loop")
+        honest = pool.start(2, extra=("--checkpoint-steps", "5"))
+        R.track_progress(progress_bar=False, timeout=600)
+        want = on_one_thread(evaluate_persisted, graph, names)
+        for name in names:
+            assert torch.equal(R.fetch_persisting_op(name), want[name]), name
+        assert owner.smembers(TokenKeys(TOKEN_A).banned) == {liar.encode()}
+        assert owner.hget(keys.ran, 0).decode() in honest
+        lines = [f["error"] for f in status.failures(owner, keys)]
+        assert any(re.match(rf"worker {liar} and ({'|'.join(honest)}) differ first at step \d+, op '", line)
+                   for line in lines), lines
+        logs = ravop("logs", keys.graph_id, "--redis", users["token user A"]).stdout
+        assert f"worker {liar} and " in logs, logs
+        owner.close()
+        _no_errors(pool)
+    finally:
+        pool.stop_all()
+    assert not _refusals(admin)
+    admin.close()
+
+
+def test_a_token_user_stops_and_cancels_running_loops(acl_server, users, tmp_path, capsys):
+    """`ravop stop` and `ravop cancel` with the token user's URL, then EarlyStopping and `status.cancel` from the API,
+    each on a loop running on a worker user: stopped at an epoch boundary with the bits of the shorter run ('done
+    (stopped early)'), or 'cancelled'."""
+    from test_callbacks import model
+    from test_stop_loop import BATCH, LONG, ROWS, record, weights
+    admin = _fresh(acl_server)
+    pool = Workers(users["a worker"], tmp_path)
+    pool.start(1)
+    url = users["token user A"]
+    try:
+        session = R.initialize(redis_url=url)
+        net, history = record(LONG, "stopped")
+        R.activate()
+        R.execute()
+        keys = session.keys()
+        owner = redis.Redis.from_url(url)
+        wait_for(lambda: store_graphs.steps_done(owner, keys) >= 3 * ROWS // BATCH, "three epochs run")
+        assert "stop at their next epoch boundary" in ravop("stop", keys.graph_id, "--reason", "enough", "--redis",
+                                                          url).stdout
+        R.track_progress(progress_bar=False)
+        meta = owner.hgetall(keys.meta)
+        assert meta[b"state"] == graph_states.DONE.encode()
+        epochs = history.stopped_after
+        assert meta[b"stopped"].decode() == f"stopped early at epoch {epochs} of {LONG} (enough)"
+        assert meta[b"stop_by"].decode().startswith("ravop stop (")
+        assert "done (stopped early)" in ravop("graphs", "--redis", url).stdout
+        stopped_weights, stopped_prediction = weights(net), R.fetch_persisting_op("prediction")
+        short, short_history = record(epochs, "short")
+        R.activate()
+        R.execute()
+        R.track_progress(progress_bar=False)
+        for name, value in weights(short).items():
+            assert torch.equal(value, stopped_weights[name]), name
+        assert torch.equal(R.fetch_persisting_op("prediction"), stopped_prediction)
+        assert np.array_equal(short_history.batch_losses, history.batch_losses)
+
+        # EarlyStopping: the requester's fit callback asks the stop
+        R.Graph(name="early-stop")
+        net, X, y = model()
+        stopper = EarlyStopping(monitor="val_loss", patience=0, min_delta=1e9)
+        early = net.fit(X, y, n_epochs=5000, batch_size=16, callbacks=[stopper])
+        R.activate()
+        R.execute()
+        R.track_progress(progress_bar=False)
+        meta = store_graphs.read_state(owner, session.keys())
+        assert meta["state"] == graph_states.DONE and 2 <= early.stopped_after < 5000
+        assert meta["stopped"].startswith(f"stopped early at epoch {early.stopped_after} of 5000 (EarlyStopping")
+
+        # cancel: the CLI, then the API
+        for how in ("cli", "api"):
+            record(LONG, f"cancelled by {how}")
+            R.activate()
+            R.execute()
+            keys = session.keys()
+            wait_for(lambda: store_graphs.steps_done(owner, keys) >= 8, "the loop running")
+            if how == "cli":
+                assert f"graph {keys.graph_id}: cancelled" in ravop("cancel", keys.graph_id, "--redis", url).stdout
+            else:
+                assert status.cancel(owner, keys, origin="a test")
+            wait_for(lambda: store_graphs.read_state(owner, keys)["state"] == graph_states.CANCELLED, "cancelled")
+            assert store_graphs.steps_done(owner, keys) < LONG * ROWS // BATCH
+            logs = ravop("logs", keys.graph_id, "--redis", url).stdout
+            assert "cancelled: by " in logs, logs
+        owner.close()
+        # the worker takes new work at once
+        R.Graph(name="after")
+        (R.t([1.0, 2.0]) * 2).persist_op("twice")
+        R.activate()
+        R.execute()
+        R.track_progress(progress_bar=False)
+        assert torch.equal(R.fetch_persisting_op("twice"), torch.tensor([2.0, 4.0]))
+        _no_errors(pool)
+    finally:
+        pool.stop_all()
+    assert not _refusals(admin)
+    admin.close()
+
+
+def test_resident_replicas_release_their_exchanges_as_worker_users(acl_server, users, tmp_path):
+    from test_exchange_release import exchange_footprint, record as record_replicas
+    admin = _fresh(acl_server)
+    pool = Workers(users["a worker"], tmp_path)
+    pool.start(2, extra=("--checkpoint-steps", "3"))
+    try:
+        session = R.initialize(redis_url=users["token user A"])
+        graph, persisted = record_replicas("acl release", 6, R.parallel.LocalSGD(2, sync_every=1, resident=True))
+        R.activate()
+        R.execute()
+        R.track_progress(timeout=600, progress_bar=False)
+        want = on_one_thread(evaluate_persisted, graph, persisted)
+        for name in persisted:
+            assert torch.equal(R.fetch_persisting_op(name), want[name]), name
+        assert exchange_footprint(admin, GraphKeys(TOKEN_A, graph.id))[0] < 24 * 8 / 4
+        assert session.token == TOKEN_A
+        _no_errors(pool)
+    finally:
+        pool.stop_all()
+    assert not _refusals(admin)
+    admin.close()
