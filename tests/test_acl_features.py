@@ -97,10 +97,11 @@ def test_spot_checks_with_a_liar_as_a_token_user_on_worker_users(acl_server, use
     admin.close()
 
 
-def test_a_liar_in_a_fit_under_spot_checks_as_a_token_user(acl_server, users, tmp_path):
-    """A loop under spot checks: checkpoints every 5 steps (segments, chunked checkpoints), a liar from its second
+def test_a_liar_in_a_fit_under_spot_checks_as_a_token_user(acl_server, users, tmp_path, monkeypatch):
+    """A loop under spot checks: checkpoints every 5 steps (segments; in chunks of 1 KiB), a liar from its second
     segment on (`--test-wrong-outputs=after:1`), dispute traces narrowed to the op, a rewind, an honest finish."""
     from test_spot_checks import record_fit
+    monkeypatch.setenv("RAVOP_CHUNK_BYTES", "1024")   # the workers inherit it: checkpoints and outputs in chunks
     admin = _fresh(acl_server)
     pool = Workers(users["a worker"], tmp_path)
     [liar] = pool.start(1, extra=("--test-wrong-outputs=after:1", "--checkpoint-steps", "5"), prefix="liar")
@@ -211,6 +212,42 @@ def test_a_token_user_stops_and_cancels_running_loops(acl_server, users, tmp_pat
     admin.close()
 
 
+def test_a_token_user_stops_a_spot_checked_fit(acl_server, users, tmp_path):
+    """A stop asked from the API (ravop.status.request_stop: STOP's fields written without a script by a token
+    user) of a fit under verify='spot' on two workers checkpointing every 5 steps (one segment an epoch): the loop
+    ends at an epoch boundary, its last segment checked, with the prediction of the fit recorded that long."""
+    from test_spot_checks import record_fit
+    admin = _fresh(acl_server)
+    pool = Workers(users["a worker"], tmp_path)
+    pool.start(2, extra=("--checkpoint-steps", "5"))
+    try:
+        session = R.initialize(redis_url=users["token user A"])
+        record_fit("long", "spot", epochs=2000)
+        R.activate()
+        R.execute()
+        keys = session.keys()
+        owner = redis.Redis.from_url(users["token user A"])
+        wait_for(lambda: store_graphs.steps_done(owner, keys) >= 15, "three epochs run")
+        assert status.request_stop(owner, keys, "enough", "a test")
+        R.track_progress(progress_bar=False, timeout=600)
+        meta = store_graphs.read_state(owner, keys)
+        assert meta["state"] == graph_states.DONE, meta
+        epochs = int(meta["stopped"].split("at epoch ")[1].split(" ")[0])
+        assert meta["stopped"] == f"stopped early at epoch {epochs} of 2000 (enough)"
+        assert int(owner.hget(keys.meta, "stopped_step")) == 5 * epochs
+        prediction = R.fetch_persisting_op("prediction")
+        trust = read_trust(owner.hgetall(TokenKeys(TOKEN_A).trust))
+        assert sum(t["confirmed"] for t in trust.values()) >= 2 and all(t["mismatches"] == 0 for t in trust.values())
+        owner.close()
+        short, _ = record_fit("short", "spot", epochs=epochs)
+        assert torch.equal(on_one_thread(evaluate_persisted, short, ["prediction"])["prediction"], prediction)
+        _no_errors(pool)
+    finally:
+        pool.stop_all()
+    assert not _refusals(admin)
+    admin.close()
+
+
 def test_resident_replicas_release_their_exchanges_as_worker_users(acl_server, users, tmp_path):
     from test_exchange_release import exchange_footprint, record as record_replicas
     admin = _fresh(acl_server)
@@ -232,3 +269,87 @@ def test_resident_replicas_release_their_exchanges_as_worker_users(acl_server, u
         pool.stop_all()
     assert not _refusals(admin)
     admin.close()
+
+
+def test_a_scheduled_fit_with_chunked_checkpoints_as_a_token_user(acl_server, users, tmp_path, monkeypatch):
+    """An lr schedule inside the optimizer's step ops, checkpoints every 3 steps written in chunks of 1 KiB (the
+    requester's constants too), on two worker processes: the in-process bits."""
+    from ravdl.v2 import NeuralNetwork
+    from ravdl.v2.layers import Activation, Dense
+    from ravdl.v2.lr_schedules import CosineAnnealingLR, LinearLR, SequentialLR
+    from ravdl.v2.optimizers import Adam
+    monkeypatch.setenv("RAVOP_CHUNK_BYTES", "1024")
+    admin = _fresh(acl_server)
+    pool = Workers(users["a worker"], tmp_path)
+    pool.start(2, extra=("--checkpoint-steps", "3"))
+    try:
+        R.initialize(redis_url=users["token user A"])
+        graph = R.Graph(name="scheduled", seed=4)
+        rng = np.random.default_rng(8)
+        X, y = rng.normal(size=(48, 16)), rng.normal(size=(48, 2))
+        net = NeuralNetwork(Adam(lr=0.01, lr_schedule=SequentialLR([LinearLR(0.2, total_iters=3),
+                                                                    CosineAnnealingLR(T_max=8)], [3])),
+                            loss="SquareLoss")
+        net.add(Dense(32, input_shape=(16,)))
+        net.add(Activation("tanh"))
+        net.add(Dense(2))
+        names = [*net.fit(X, y, n_epochs=8, batch_size=8, shuffle=True), "prediction"]
+        net.predict(X).persist_op("prediction")
+        R.activate()
+        R.execute()
+        R.track_progress(progress_bar=False, timeout=600)
+        want = on_one_thread(evaluate_persisted, graph, names)
+        for name in names:
+            assert torch.equal(R.fetch_persisting_op(name), want[name]), name
+        _no_errors(pool)
+    finally:
+        pool.stop_all()
+    assert not _refusals(admin)
+    admin.close()
+
+
+def test_workers_repair_a_lost_consumer_group_and_leave_a_retyped_stream_to_ravop_admin(acl_server, users,
+                                                                                         tmp_path):
+    """Damaged work streams met by worker-user processes (worker/server_errors.py, ravop.store.repair): a destroyed
+    consumer group is made again by a worker (XGROUP CREATE, granted); a stream replaced by a string cannot be
+    deleted by a worker (DEL on the work streams is refused by design: a worker may not destroy them), the
+    workers ride it out and say so, and `ravop admin` repairs it; the token user's graphs then run."""
+    from ravop.store.keys import GROUP, queue
+    admin = _fresh(acl_server)
+    pool = Workers(users["a worker"], tmp_path)
+    names = pool.start(2)
+    try:
+        R.initialize(redis_url=users["token user A"])
+        admin.xgroup_destroy(queue("cpu"), GROUP)
+        wait_for(lambda: admin.xinfo_groups(queue("cpu")), "a worker to make the consumer group again")
+        assert torch.equal(_square("after a lost group", 2.0), torch.full((128, 128), 4.0 * 128))
+        assert not _refusals(admin)
+
+        admin.delete(queue("cpu"))
+        admin.set(queue("cpu"), "not a stream")
+        wait_for(lambda: any("cannot repair the work streams" in pool.log(n) for n in names), "a worker to say so")
+        assert admin.type(queue("cpu")) == b"string"
+        refused = _refusals(admin)
+        assert refused and all(entry[:4] == (WORKER, queue("cpu"), "key", "toplevel") for entry in refused), refused
+        assert f"repaired {queue('cpu')} was a string" in ravop("admin", "token", "list", "--redis",
+                                                                acl_server.url).stderr
+        admin.execute_command("ACL", "LOG", "RESET")
+        assert torch.equal(_square("after a retyped stream", 3.0), torch.full((128, 128), 9.0 * 128))
+        assert all(pool.alive(n) for n in names)
+        logs = "".join(pool.log(n) for n in names)
+        assert "had lost its consumer group 'workers': made again" in logs, logs
+    finally:
+        pool.stop_all()
+    assert not _refusals(admin)
+    admin.close()
+
+
+def _square(name, value):
+    """x @ x of a 128 x 128 constant `value`, run by a worker (not folded at activate)."""
+    R.Graph(name=name)
+    x = R.t(torch.full((128, 128), value))
+    (x @ x).persist_op("p")
+    assert R.activate()["subgraphs"] == 1
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=120)
+    return R.fetch_persisting_op("p")
