@@ -98,10 +98,10 @@ def test_spot_checks_with_a_liar_as_a_token_user_on_worker_users(acl_server, use
 
 
 def test_a_liar_in_a_fit_under_spot_checks_as_a_token_user(acl_server, users, tmp_path, monkeypatch):
-    """A loop under spot checks: checkpoints every 5 steps (segments; in chunks of 1 KiB), a liar from its second
+    """A loop under spot checks: checkpoints every 5 steps (segments; in chunks of 128 bytes), a liar from its second
     segment on (`--test-wrong-outputs=after:1`), dispute traces narrowed to the op, a rewind, an honest finish."""
     from test_spot_checks import record_fit
-    monkeypatch.setenv("RAVOP_CHUNK_BYTES", "1024")   # the workers inherit it: checkpoints and outputs in chunks
+    monkeypatch.setenv("RAVOP_CHUNK_BYTES", "128")   # the workers inherit it: checkpoints and outputs in chunks
     admin = _fresh(acl_server)
     pool = Workers(users["a worker"], tmp_path)
     [liar] = pool.start(1, extra=("--test-wrong-outputs=after:1", "--checkpoint-steps", "5"), prefix="liar")
@@ -249,6 +249,9 @@ def test_a_token_user_stops_a_spot_checked_fit(acl_server, users, tmp_path):
 
 
 def test_resident_replicas_release_their_exchanges_as_worker_users(acl_server, users, tmp_path):
+    """Resident replicas averaging every step (LocalSGD), checkpointing every 3 steps: their exchanged values are
+    acknowledged (INCRBY) and deleted once every reader checkpointed past them; the in-process bits, the exchange
+    keys released as they went."""
     from test_exchange_release import exchange_footprint, record as record_replicas
     admin = _fresh(acl_server)
     pool = Workers(users["a worker"], tmp_path)
