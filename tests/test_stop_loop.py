@@ -67,7 +67,6 @@ def test_a_stopped_loop_gives_the_values_of_the_shorter_run_bit_for_bit(engine, 
     assert meta[b"stop_by"].decode().startswith("ravop stop (")
     # once it has ended, a stop asks nothing
     assert not status.request_stop(engine.client, keys, "too late", "test_stop_loop")
-    stopped_weights, stopped_prediction = weights(net), R.fetch_persisting_op("prediction")
     # History holds the epochs run, every loss computed
     assert history.stopped_after == epochs and len(history.history["loss"]) == epochs
     assert history.stop_reason == "enough for the test"
@@ -76,12 +75,18 @@ def test_a_stopped_loop_gives_the_values_of_the_shorter_run_bit_for_bit(engine, 
     assert listed[keys.graph_id]["state"] == graph_states.DONE and listed[keys.graph_id]["stopped"] == stopped
     assert cli_main(["graphs", "--redis", engine.url, "--token", engine.token]) == 0
     assert "done (stopped early)" in capsys.readouterr().out
-    # the same fit recorded with that many epochs: the same bits
+    assert_the_bits_of_the_fit_recorded(epochs, net, history)
+    assert engine.client.hget(engine.keys().meta, "stopped") is None
+
+
+def assert_the_bits_of_the_fit_recorded(epochs, net, history):
+    """The stopped fit's weights, prediction and batch losses are those of the same fit recorded `epochs` epochs
+    long (run now, on the workers)."""
+    stopped_weights, stopped_prediction = weights(net), R.fetch_persisting_op("prediction")
     short, short_history = record(epochs, "short")
     R.activate()
     R.execute()
     R.track_progress(progress_bar=False)
-    assert engine.client.hget(engine.keys().meta, "stopped") is None
     for name, value in weights(short).items():
         assert torch.equal(value, stopped_weights[name]), name
     assert torch.equal(R.fetch_persisting_op("prediction"), stopped_prediction)

@@ -94,8 +94,8 @@ def worker_grants() -> List[Grant]:
         # a resident replica's count of the loops that read an exchanged value (worker/exchange.py)
         Grant("graph keys: exchange acknowledgements", _graph("x:*"), ("incrby",)),   # redis-py sends INCR as INCRBY
         # released inputs (COMPLETE), checkpoints a loop replaces, outputs of a graph flushed meanwhile,
-        # exchanged values every reader has checkpointed past
-        Grant("graph keys: deletable", _graph("t:*", "ckpt:*", "x:*"), ("del", "unlink")),
+        # exchanged values every reader has checkpointed past (DEL only: no worker code sends UNLINK)
+        Grant("graph keys: deletable", _graph("t:*", "ckpt:*", "x:*"), ("del",)),
         # completion and failure (meta, taken, ran: the scripts), hand-off (outbox), loops (steps, ckpt:*),
         # R.Graph(verify=k) and verify='spot' (votes:*, a loop's segments segs:*, dispute traces traces:*),
         # federated providers (clients, partials, public_keys)
@@ -106,10 +106,10 @@ def worker_grants() -> List[Grant]:
         Grant("graph keys: consumed entries", _graph("outbox", "refs", "segs:*"), ("hdel",)),
         Grant("graph keys: finished subgraphs", _graph("done"), ("sadd",)),
         Grant("graph keys: end events and settled disputes", _graph("events", "disputes"), ("xadd",)),
+        # (XREADGROUP makes its consumer, XCLAIM reclaims: no XAUTOCLAIM or XGROUP CREATECONSUMER is sent)
         Grant("work streams", streams,
-              ("xreadgroup", "xack", "xdel", "xadd", "xclaim", "xautoclaim", "xpending", "xlen", "xrange",
-               "xinfo|stream", "xinfo|groups", "xgroup|create", "xgroup|createconsumer", "xgroup|delconsumer",
-               "type")),
+              ("xreadgroup", "xack", "xdel", "xadd", "xclaim", "xpending", "xlen", "xrange", "xinfo|stream",
+               "xinfo|groups", "xgroup|create", "xgroup|delconsumer", "type")),
         Grant("dead letters", (DEAD_LETTER,), ("xadd", "type")),   # TYPE: a damaged stream is found and logged
         Grant("starting marks", (STARTING,), ("zadd", "zrem", "zrangebyscore")),
         # liveness: each command on the keys of its type only, so that no key is retyped (a string where
