@@ -3,14 +3,13 @@ worker left and ends at the first epoch boundary from there, with the values of 
 long, bit for bit. Its own module: no other worker may take the loop while the test picks who runs it."""
 import math
 
-import torch
 
 import ravop as R
 from ravop import graph_states, status
 from ravop.store import graphs as store_graphs
 
 from helpers import wait_for
-from test_stop_loop import BATCH, LONG, ROWS, record, weights
+from test_stop_loop import BATCH, LONG, ROWS, assert_the_bits_of_the_fit_recorded, record
 
 STEPS_PER_EPOCH = ROWS // BATCH
 CHECKPOINTS = ("--checkpoint-steps", str(STEPS_PER_EPOCH), "--checkpoint-seconds", "1000")
@@ -36,11 +35,4 @@ def test_a_worker_taking_over_a_loop_stops_where_its_checkpoint_allows_with_the_
     assert meta["state"] == graph_states.DONE
     assert meta["stopped"] == f"stopped early at epoch {epochs} of {LONG} (stop after the takeover)"
     assert history.stopped_after == epochs and len(history.batch_losses) == epochs * STEPS_PER_EPOCH
-    stopped_weights, prediction = weights(net), R.fetch_persisting_op("prediction")
-    short, _ = record(epochs, "short")
-    R.activate()
-    R.execute()
-    R.track_progress(progress_bar=False)
-    for name, value in weights(short).items():
-        assert torch.equal(value, stopped_weights[name]), name
-    assert torch.equal(R.fetch_persisting_op("prediction"), prediction)
+    assert_the_bits_of_the_fit_recorded(epochs, net, history)
