@@ -3,7 +3,6 @@ worker left and ends at the first epoch boundary from there, with the values of 
 long, bit for bit. Its own module: no other worker may take the loop while the test picks who runs it."""
 import math
 
-
 import ravop as R
 from ravop import graph_states, status
 from ravop.store import graphs as store_graphs
