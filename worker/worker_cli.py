@@ -17,9 +17,6 @@ from ravop.store import workers as liveness
 
 from . import emulated_device, memory
 from .consumer import Worker
-from .data import ProviderData
-from .data_provider import Provider
-from .privacy_ledger import PrivacyLedger
 from .loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
 from .verify import Liar
 
@@ -117,6 +114,10 @@ def main(argv=None):
     torch.set_num_threads(threads)
     try:
         emulated_device.enable(args.emulate_device_flops, args.benchmark_busy_file)
+        if args.data:   # imported only here: a worker without data starts sooner (federated, pandas readers)
+            from .data import ProviderData
+            from .data_provider import Provider
+            from .privacy_ledger import PrivacyLedger
         data = ProviderData.load(args.data) if args.data else None
         if args.epsilon_budget is not None and data is None:
             raise ValueError("--epsilon-budget applies to the data of --data, and none was given")
