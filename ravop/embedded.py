@@ -255,20 +255,19 @@ class EmbeddedCluster:
         atexit.register(self.stop)
         _running.add(self)
         _clean_up_on_sigterm()
-        self._start_worker(0)
+        if workers:
+            self._start_worker(0)
         try:
             self.server.wait_ready()
         except BaseException:
             self.stop()
             raise
-        self._ready = not self.workers
+        self._ready = self.count == 0
         threading.Thread(target=self._start_the_others, name="ravop-embedded-start", daemon=True).start()
         threading.Thread(target=self._stop_workers_when_the_server_dies, name="ravop-embedded-server-watch",
                          daemon=True).start()
 
     def _start_worker(self, i):
-        if i >= self.count:
-            return
         name = f"embedded-{os.getpid()}-{i}"
         log = os.path.join(self.server.dir, f"{name}.log")
         files = ["--data", *self.data[i]] if i < len(self.data) else []
@@ -281,9 +280,14 @@ class EmbeddedCluster:
     def _start_the_others(self):
         """Start workers 1.. once worker 0 has registered (or exited, or after FIRST_ALONE_SECONDS): workers
         importing torch side by side share the cores, so the first graph's worker, started alone, is ready
-        sooner on a busy machine (measured in docs/performance.md, Start-up)."""
-        if self.count < 2:
-            return
+        sooner on a busy machine (measured in docs/performance.md, Start-up). Data providers start together:
+        a federated graph waits for all of them."""
+        if self.count > 1 and not self.data:
+            self._wait_for_the_first()
+        for i in range(1, self.count):
+            self._start_worker(i)
+
+    def _wait_for_the_first(self):
         client = redis.Redis(unix_socket_path=self.server.socket, socket_timeout=5)
         name, _, first = self.workers[0] if self.workers else (None, None, None)
         deadline = time.monotonic() + FIRST_ALONE_SECONDS
@@ -292,14 +296,12 @@ class EmbeddedCluster:
                     and time.monotonic() < deadline and not self._stopping:
                 try:
                     if name in liveness.alive(client, self.device.split(":")[0]):
-                        break
+                        return
                 except redis.RedisError:
-                    pass   # the server is stopping or gone: check() says so; the others start and stop
+                    pass   # the server is stopping or gone: check() says so
                 time.sleep(0.02)
         finally:
             client.close()
-        for i in range(1, self.count):
-            self._start_worker(i)
 
     def _stop_workers_when_the_server_dies(self):
         """A server killed under us (SIGKILL, the OOM killer) takes the session with it: stop the workers now

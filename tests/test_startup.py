@@ -1,8 +1,10 @@
 """Start-up (issue 29): the calibration kept per machine, and the embedded workers after the first started once
 it has registered. Timings are in benchmarks/bench_startup.py, not here."""
 import json
+import os
 from contextlib import closing
 
+import pytest
 import torch
 
 import ravop as R
@@ -103,3 +105,26 @@ def test_the_other_embedded_workers_start_once_the_first_has_registered(monkeypa
         session.close()
         sessions._session = None
 
+
+
+def test_an_embedded_worker_waits_for_its_server_and_a_lone_one_does_not(monkeypatch, server):
+    """A worker started beside its server (--parent-pid) tries again until the server listens; any other one
+    reports an unreachable server at once."""
+    from worker import worker_cli
+    tries, real = [], worker_cli.connect
+
+    def connect_after_three_refusals(url):
+        tries.append(url)
+        if len(tries) <= 3:
+            raise R.ConnectionFailed(f"cannot reach Redis at {url}: not listening yet")
+        return real(url)
+    monkeypatch.setattr(worker_cli, "connect", connect_after_three_refusals)
+    client = worker_cli._connect(server.url, os.getppid())
+    try:
+        assert client.ping() and len(tries) == 4
+    finally:
+        client.close()
+    tries.clear()
+    with pytest.raises(R.ConnectionFailed, match="not listening yet"):
+        worker_cli._connect(server.url, None)
+    assert len(tries) == 1
