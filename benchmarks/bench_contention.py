@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import io
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch.nn.functional as TF
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ravop as R  # noqa: E402
 from example_data import digits_data  # noqa: E402
@@ -35,11 +35,10 @@ from ravdl.v2 import NeuralNetwork  # noqa: E402
 from ravdl.v2.layers import (Activation, BatchNormalization2D, Conv2D, Dense, Dropout, Flatten,  # noqa: E402
                              MaxPooling2D)
 from ravdl.v2.optimizers import Adam  # noqa: E402
+from bench_startup import first_result  # noqa: E402
+from busy import busy_processes, load  # noqa: E402
 
 SEED = 0
-BUSY_PYTHON = "while True: sum(i * i for i in range(10_000))"
-BUSY_TORCH = ("import torch\nx = torch.randn(512, 512)\n"
-              "while True: x = torch.tanh(x @ x)")
 
 
 # ------------------------------------------------------------------------------ the models, both sides
@@ -122,26 +121,6 @@ def engine_fit(record, epochs, batch, X, y):
     return end - start, end - mark
 
 
-# ------------------------------------------------------------------------------ load
-
-def load():
-    return "load %.1f %.1f %.1f" % os.getloadavg()
-
-
-@contextlib.contextmanager
-def busy_processes():
-    """Two processes keeping the cores busy while the block runs."""
-    processes = [subprocess.Popen([sys.executable, "-c", code]) for code in (BUSY_PYTHON, BUSY_TORCH)]
-    try:
-        time.sleep(2)   # both running at full speed
-        yield
-    finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait()
-
-
 def compare(args, X, y):
     cases = [("digits MLP", eager_mlp, record_mlp), ("digits CNN", eager_cnn, record_cnn)]
     for label, eager_model, record in cases:
@@ -164,16 +143,8 @@ def main():
     torch.set_num_threads(1)
     X, _, y, _ = digits_data()
     print(f"{os.cpu_count()} cores, torch {torch.__version__}; {load()}", flush=True)
-    start = time.perf_counter()
-    R.initialize(token="bench-contention", workers=args.workers)
-    R.Graph(name="first")
-    ones = R.t(torch.ones(100, 100))
-    (ones @ ones).persist_op("first")   # too big to fold into a constant at R.activate: a worker computes it
-    R.activate()
-    R.execute()
-    R.track_progress(progress_bar=False)
-    R.fetch_persisting_op("first")
-    print(f"R.initialize() to the first result of a trivial graph: {time.perf_counter() - start:.2f} s")
+    seconds = first_result("bench-contention", args.workers)["first"]
+    print(f"R.initialize() to the first result of a trivial graph: {seconds:.2f} s")
     threads = sorted(w["threads"] for w in R.session.live_workers())
     print(f"embedded workers' torch threads: {threads}; this process: {torch.get_num_threads()}")
     print(f"\nas the machine is ({load()}), best of {args.repeats}:", flush=True)

@@ -120,7 +120,7 @@ class LocalServer:
 
     SNAPSHOT = "graphs.rdb"
 
-    def __init__(self, timeout=10.0, data_dir=None):
+    def __init__(self, timeout=10.0, data_dir=None, wait=True):
         self.dir = tempfile.mkdtemp(prefix="ravop-")
         self.socket = os.path.join(self.dir, "redis.sock")
         self.url = f"unix://{self.socket}"
@@ -138,8 +138,14 @@ class LocalServer:
         self.process = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(os.getpid()), *command],
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
+        self.timeout = max(timeout, 120.0) if self.data_lock else timeout  # loading a big snapshot
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self):
+        """Return once the server answers; stop it and raise `ConnectionFailed` if it exits or takes too long."""
         try:
-            self._wait_ready(max(timeout, 120.0) if self.data_lock else timeout)  # loading a big snapshot
+            self._wait_ready(self.timeout)
         except BaseException:
             self.stop()
             raise
@@ -202,6 +208,7 @@ def start_worker(url, name, device="cpu", threads=None, log_path=None, parent_pi
 
 
 _running = set()  # EmbeddedClusters not stopped yet
+FIRST_ALONE_SECONDS = 30.0  # the longest the other embedded workers wait for the first one to register
 
 
 def _stop_all_and_die(signum, frame):
@@ -230,7 +237,9 @@ class EmbeddedCluster:
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise DeviceUnavailable(f"R.initialize(device={device!r}) starts local workers on a GPU, but torch "
                                     f"sees no CUDA device on this machine: {_CLUSTER_HINT}, or use device='cpu'")
-        self.server = LocalServer(data_dir=data_dir)
+        # The first worker starts while the server does (it connects once the server listens): importing
+        # torch takes longer than starting the server.
+        self.server = LocalServer(data_dir=data_dir, wait=False)
         self.url = self.server.url
         self.device = device
         self.data = list(data)
@@ -239,21 +248,60 @@ class EmbeddedCluster:
         # some training steps amplify rounding noise (Adam on a bias followed by BatchNorm), and a different
         # thread count sums in a different order, so only the same setting reproduces eager PyTorch there.
         self.threads = threads or per_worker(workers)
-        self.workers = []  # (name, log path, process)
+        self.workers = []  # (name, log path, process), in the order started
+        self.count = workers
         self._stopping = False
+        self._starting = threading.Lock()  # no worker starts once stop() has begun
         atexit.register(self.stop)
         _running.add(self)
         _clean_up_on_sigterm()
-        for i in range(workers):
-            name = f"embedded-{os.getpid()}-{i}"
-            log = os.path.join(self.server.dir, f"{name}.log")
-            files = ["--data", *self.data[i]] if i < len(self.data) else []
-            share = ["--workers-on-machine", str(workers)]   # each takes its share of the memory
-            process = start_worker(self.url, name, device, self.threads, log, os.getpid(), files + share)
-            self.workers.append((name, log, process))
-        self._ready = not self.workers
+        if workers:
+            self._start_worker(0)
+        try:
+            self.server.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        self._ready = self.count == 0
+        threading.Thread(target=self._start_the_others, name="ravop-embedded-start", daemon=True).start()
         threading.Thread(target=self._stop_workers_when_the_server_dies, name="ravop-embedded-server-watch",
                          daemon=True).start()
+
+    def _start_worker(self, i):
+        name = f"embedded-{os.getpid()}-{i}"
+        log = os.path.join(self.server.dir, f"{name}.log")
+        files = ["--data", *self.data[i]] if i < len(self.data) else []
+        share = ["--workers-on-machine", str(self.count)]   # each takes its share of the memory
+        with self._starting:
+            if not self._stopping and self.server.process.poll() is None:
+                process = start_worker(self.url, name, self.device, self.threads, log, os.getpid(), files + share)
+                self.workers.append((name, log, process))
+
+    def _start_the_others(self):
+        """Start workers 1.. once worker 0 has registered (or exited, or after FIRST_ALONE_SECONDS): workers
+        importing torch side by side share the cores, so the first graph's worker, started alone, is ready
+        sooner on a busy machine (measured in docs/performance.md, Start-up). Data providers start together:
+        a federated graph waits for all of them."""
+        if self.count > 1 and not self.data:
+            self._wait_for_the_first()
+        for i in range(1, self.count):
+            self._start_worker(i)
+
+    def _wait_for_the_first(self):
+        client = redis.Redis(unix_socket_path=self.server.socket, socket_timeout=5)
+        name, _, first = self.workers[0] if self.workers else (None, None, None)
+        deadline = time.monotonic() + FIRST_ALONE_SECONDS
+        try:
+            while first is not None and first.poll() is None and self.server.process.poll() is None \
+                    and time.monotonic() < deadline and not self._stopping:
+                try:
+                    if name in liveness.alive(client, self.device.split(":")[0]):
+                        return
+                except redis.RedisError:
+                    pass   # the server is stopping or gone: check() says so
+                time.sleep(0.02)
+        finally:
+            client.close()
 
     def _stop_workers_when_the_server_dies(self):
         """A server killed under us (SIGKILL, the OOM killer) takes the session with it: stop the workers now
@@ -290,21 +338,25 @@ class EmbeddedCluster:
             if process.poll() is not None:
                 raise RavopError(f"embedded worker {name} exited with code {process.returncode}:\n{_tail(log)}")
 
-    def wait_ready(self, client, timeout=120.0):
-        """Wait until every worker has registered (importing torch takes seconds), so that a tracker does
-        not report missing workers that are only starting."""
+    def wait_ready(self, client, timeout=120.0, first_only=False):
+        """Wait until every worker (with `first_only`, the first one) has registered: importing torch takes
+        seconds, and a tracker should not report missing workers that are only starting."""
         deadline = time.monotonic() + timeout
         while not self._ready:
             self.check()
             live = set(liveness.alive(client, self.device.split(":")[0]))
-            self._ready = all(name in live for name, _, _ in self.workers)
+            registered = [name in live for name, _, _ in self.workers]
+            if first_only and any(registered):
+                return
+            self._ready = (len(registered) == self.count or self._stopping) and all(registered)
             if not self._ready:
                 if time.monotonic() > deadline:
                     raise RavopError(f"embedded workers did not start within {timeout} s")
                 time.sleep(0.05)
 
     def stop(self):
-        self._stopping = True
+        with self._starting:
+            self._stopping = True
         last_session.forget()   # `ravop status` looks for another running session
         stop_processes([process for _, _, process in self.workers])
         self.workers = []

@@ -7,7 +7,6 @@ import os
 import socket
 import time
 
-import networkx as nx
 import redis
 
 from . import graph_states
@@ -92,6 +91,7 @@ def subgraph_dag(client, keys):
     taken = {int(s): w.decode() for s, w in taken.items()}
     waiting_on = {int(s): int(n) for s, n in deps.items()}
     failed = int(meta["error_subgraph"]) if meta.get("error_subgraph", "").isdigit() else None
+    import networkx as nx   # here, not at the top: a worker imports this module (metrics) and never draws DAGs
     dag = nx.DiGraph()
     for sid, routing in info.items():
         device, n_ops, successors, _ = routing.decode().split(";", 3)

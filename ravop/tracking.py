@@ -114,9 +114,10 @@ def track_progress(progress_bar: bool = True, timeout: Optional[float] = None) -
         return
     try:
         if session.embedded is not None:
-            # The first graph after R.initialize() waits for the local workers to import torch and register.
+            # The first graph after R.initialize() waits for a local worker to import torch and register (the
+            # others start after it, and join the graph when they have).
             with progress.busy(f"{meta['name']}: local workers starting") if progress_bar else nullcontext():
-                session.embedded.wait_ready(session.client)
+                session.embedded.wait_ready(session.client, first_only=True)
         _track_through_outages(session, keys, meta, progress_bar, timeout, tqdm)
     except KeyboardInterrupt:
         # A plain KeyboardInterrupt (`except KeyboardInterrupt` still works, and uncaught it exits as Ctrl-C

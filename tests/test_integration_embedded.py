@@ -26,6 +26,7 @@ R.track_progress()
 print('c_output:', R.fetch_persisting_op(op_name='c_output').tolist())
 print('on_a_worker:', float(R.fetch_persisting_op('on_a_worker').sum()))
 cluster = session._session.embedded
+cluster.wait_ready(session._client())   # the second worker starts once the first has registered
 print('ran by:', sorted(set(session._client().hvals(session._current_keys().ran))))
 print('pids:', cluster.server.process.pid, *[p.pid for _, _, p in cluster.workers], flush=True)
 print('dir:', cluster.server.dir, flush=True)

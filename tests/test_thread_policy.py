@@ -36,7 +36,9 @@ def test_openmp_is_told_to_wait_passively_unless_the_user_said_otherwise():
 
 def _advertised(session):
     """The advertisements of the session's embedded workers, once all have registered (a stopped session's
-    may linger in the snapshot the server loaded until their heartbeat's key expires: not counted)."""
+    may linger in the snapshot the server loaded until their heartbeat's key expires: not counted). The workers
+    after the first start once it has registered."""
+    session.embedded.wait_ready(session.client, timeout=START_TIMEOUT)
     names = {name for name, _, _ in session.embedded.workers}
     deadline = time.monotonic() + START_TIMEOUT
     while len(workers := [w for w in live_workers() if w["name"] in names]) < len(names):

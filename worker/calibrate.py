@@ -1,7 +1,8 @@
-"""The cost model's figures for this worker, measured at start (about 0.1 s), advertised with its
-capabilities (`ravop.store.worker_info`) and read by the compiler (`compiler.cost.calibrated`) instead of the
-round numbers of one machine: per-op dispatch, matmul FLOP/s, elementwise memory bytes/s, and the bytes/s of
-handing a tensor to another worker through Redis (the store's own write and read)."""
+"""The cost model's figures for this worker, measured at start (about 0.1 s; the device's own are kept per machine:
+worker/calibration_cache.py), advertised with its capabilities (`ravop.store.worker_info`) and read by the compiler
+(`compiler.cost.calibrated`) instead of the round numbers of one machine: per-op dispatch, matmul FLOP/s,
+elementwise memory bytes/s, and the bytes/s of handing a tensor to another worker through Redis (the store's own
+write and read)."""
 import time
 
 import torch
@@ -11,6 +12,8 @@ from ravop.interpreter import run_op
 from ravop.store import tensors as stored
 from ravop.store.keys import calibration_key
 from ravop.cost_fields import COST_FIELDS
+
+from . import calibration_cache
 
 
 def _best_seconds(fn, device, repeats):
@@ -43,9 +46,28 @@ def _handoff_seconds(client, name, tensor, chunk):
         client.delete(*stored.keys_of(key))
 
 
-def measure(device, client, name):
+def measure(device, client, name, cache_path=None):
     """{field: value} of `COST_FIELDS` for `device`, one significant digit each: the partitioner needs the order of
-    magnitude, and the same worker should not advertise a different plan-changing figure at every start."""
+    magnitude, and the same worker should not advertise a different plan-changing figure at every start. The
+    device's own figures come from `cache_path` (default: `calibration_cache.default_path()`; "": none) where it
+    has them for this machine; the hand-off's, which depend on the server, are measured every time (a few ms)."""
+    cache_path = calibration_cache.default_path() if cache_path is None else cache_path
+    key = calibration_cache.machine_key(device)
+    machine = calibration_cache.load(cache_path, key, COST_FIELDS[:3])
+    if machine is None:
+        machine = _measure_device(device)
+        calibration_cache.store(cache_path, key, machine)
+    payload, chunk = torch.ones(2**16), stored.fit_to_server(client)  # 256 KiB: room on any server that runs graphs
+    handoff_bytes_per_s = payload.nbytes / min(_handoff_seconds(client, name, payload, chunk) for _ in range(3))
+    return {**machine, COST_FIELDS[3]: _rounded(handoff_bytes_per_s)}
+
+
+def _rounded(value):
+    return float(f"{value:.0e}")
+
+
+def _measure_device(device):
+    """{op_s, flops_per_s, bytes_per_s} of `device`, timed now."""
     small = torch.ones(4, device=device)
     side = 512 if device.type == "cpu" else 2048
     a = torch.ones(side, side, device=device)
@@ -56,7 +78,4 @@ def measure(device, client, name):
     op_s = one_add / 4   # the model's fixed part plus 3 tensors' part, each taken equal (compiler/cost.py)
     flops_per_s = 2 * side**3 / _best_seconds(lambda: torch.mm(a, a), device, 3)
     bytes_per_s = 3 * big.nbytes / _best_seconds(lambda: torch.add(big, big), device, 3)
-    payload, chunk = torch.ones(2**16), stored.fit_to_server(client)  # 256 KiB: room on any server that runs graphs
-    handoff_bytes_per_s = payload.nbytes / min(_handoff_seconds(client, name, payload, chunk) for _ in range(3))
-    values = (op_s, flops_per_s, bytes_per_s, handoff_bytes_per_s)
-    return {field: float(f"{value:.0e}") for field, value in zip(COST_FIELDS, values)}
+    return {field: _rounded(value) for field, value in zip(COST_FIELDS, (op_s, flops_per_s, bytes_per_s))}

@@ -7,19 +7,18 @@ import os
 import signal
 import socket
 import sys
+import time
 
 import torch
 
 from ravop.cpu_threads import machine_cores
 from ravop.cli_errors import one_line
+from ravop.errors import ConnectionFailed
 from ravop.store import connect
 from ravop.store import workers as liveness
 
 from . import emulated_device, memory
 from .consumer import Worker
-from .data import ProviderData
-from .data_provider import Provider
-from .privacy_ledger import PrivacyLedger
 from .loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
 from .verify import Liar
 
@@ -98,6 +97,23 @@ def _die_with_parent(parent_pid):
     return os.getppid() == parent_pid
 
 
+STARTING_SERVER_SECONDS = 300.0   # an embedded worker's patience with its server (loading a big snapshot)
+
+
+def _connect(url, parent_pid):
+    """A client of `url`. A worker started beside its embedded server (--parent-pid) may be up before the
+    server listens or has loaded its snapshot: it tries again while its parent lives (which stops it if the
+    server never comes), for at most STARTING_SERVER_SECONDS; any other worker fails at once."""
+    deadline = time.monotonic() + STARTING_SERVER_SECONDS
+    while True:
+        try:
+            return connect(url)
+        except ConnectionFailed:
+            if parent_pid is None or os.getppid() != parent_pid or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -117,11 +133,15 @@ def main(argv=None):
     torch.set_num_threads(threads)
     try:
         emulated_device.enable(args.emulate_device_flops, args.benchmark_busy_file)
+        if args.data:   # imported only here: a worker without data starts sooner (federated, pandas readers)
+            from .data import ProviderData
+            from .data_provider import Provider
+            from .privacy_ledger import PrivacyLedger
         data = ProviderData.load(args.data) if args.data else None
         if args.epsilon_budget is not None and data is None:
             raise ValueError("--epsilon-budget applies to the data of --data, and none was given")
         ledger = PrivacyLedger.beside(args.data, args.epsilon_budget) if args.epsilon_budget is not None else None
-        client = connect(args.redis)
+        client = _connect(args.redis, args.parent_pid)
         provider = Provider(client, args.name, data, args.min_group_size, ledger) if data is not None else None
         worker = Worker(client, args.name, device=args.device, reclaim_idle=args.reclaim_idle,
                         max_attempts=args.max_attempts, cache_bytes=args.cache_mib * 2**20,
