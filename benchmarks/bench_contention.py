@@ -145,6 +145,8 @@ def main():
     print(f"{os.cpu_count()} cores, torch {torch.__version__}; {load()}", flush=True)
     seconds = first_result("bench-contention", args.workers)["first"]
     print(f"R.initialize() to the first result of a trivial graph: {seconds:.2f} s")
+    session = R.session.require()
+    session.embedded.wait_ready(session.client)   # the later embedded workers start once the first is up
     threads = sorted(w["threads"] for w in R.session.live_workers())
     print(f"embedded workers' torch threads: {threads}; this process: {torch.get_num_threads()}")
     print(f"\nas the machine is ({load()}), best of {args.repeats}:", flush=True)
