@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ravop as R  # noqa: E402
+import digits_cnn_sequential  # noqa: E402
 from example_data import digits_data  # noqa: E402
 from ravop.loss_names import training_loss_name  # noqa: E402
 from ravdl.v2 import NeuralNetwork  # noqa: E402
-from ravdl.v2.layers import (Activation, BatchNormalization2D, Conv2D, Dense, Dropout, Flatten,  # noqa: E402
-                             MaxPooling2D)
+from ravdl.v2.layers import Activation, Dense  # noqa: E402
 from ravdl.v2.optimizers import Adam  # noqa: E402
 from bench_startup import first_result  # noqa: E402
 from busy import busy_processes, load  # noqa: E402
@@ -53,23 +53,7 @@ def record_mlp(epochs, batch, X, y):
 
 
 def record_cnn(epochs, batch, X, y):
-    model = NeuralNetwork(optimizer=Adam(lr=0.001), loss="CrossEntropy")
-    model.add(Conv2D(1, 16, 3, padding="same", input_shape=(1, 8, 8)))
-    model.add(Activation("relu"))
-    model.add(MaxPooling2D(2))
-    model.add(Dropout(0.1))
-    model.add(BatchNormalization2D(16))
-    model.add(Conv2D(16, 32, 3, padding="same"))
-    model.add(Activation("relu"))
-    model.add(MaxPooling2D(2))
-    model.add(Dropout(0.1))
-    model.add(BatchNormalization2D(32))
-    model.add(Flatten())
-    model.add(Dense(256))
-    model.add(Activation("relu"))
-    model.add(Dense(10))
-    model.add(Activation("softmax"))
-    model.fit(X, y, n_epochs=epochs, batch_size=batch, shuffle=True)
+    digits_cnn_sequential.untrained_model().fit(X, y, n_epochs=epochs, batch_size=batch, shuffle=True)
 
 
 def eager_mlp():

@@ -18,23 +18,29 @@ from example_data import accuracy, digits_data, epochs_from_command_line
 BATCH_SIZE = 64
 
 
+def untrained_model():
+    """The untrained network (benchmarks/bench_contention.py trains the same one)."""
+    network = NeuralNetwork(optimizer=Adam(lr=0.001), loss="CrossEntropy")
+    network.add(Conv2D(1, 16, 3, padding="same", input_shape=(1, 8, 8)))
+    network.add(Activation("relu"))
+    network.add(MaxPooling2D(2))
+    network.add(Dropout(0.1))
+    network.add(BatchNormalization2D(16))
+    network.add(Conv2D(16, 32, 3, padding="same"))
+    network.add(Activation("relu"))
+    network.add(MaxPooling2D(2))
+    network.add(Dropout(0.1))
+    network.add(BatchNormalization2D(32))
+    network.add(Flatten())
+    network.add(Dense(256))
+    network.add(Activation("relu"))
+    network.add(Dense(10))
+    network.add(Activation("softmax"))
+    return network
+
+
 def record(epochs, X_train, X_test, y_train):
-    model = NeuralNetwork(optimizer=Adam(lr=0.001), loss="CrossEntropy")
-    model.add(Conv2D(1, 16, 3, padding="same", input_shape=(1, 8, 8)))
-    model.add(Activation("relu"))
-    model.add(MaxPooling2D(2))
-    model.add(Dropout(0.1))
-    model.add(BatchNormalization2D(16))
-    model.add(Conv2D(16, 32, 3, padding="same"))
-    model.add(Activation("relu"))
-    model.add(MaxPooling2D(2))
-    model.add(Dropout(0.1))
-    model.add(BatchNormalization2D(32))
-    model.add(Flatten())
-    model.add(Dense(256))
-    model.add(Activation("relu"))
-    model.add(Dense(10))
-    model.add(Activation("softmax"))
+    model = untrained_model()
     model.summary()
     model.fit(X_train, y_train, n_epochs=epochs, batch_size=BATCH_SIZE, shuffle=True)
     model.predict(X_test).persist_op(name="test_prediction")

@@ -1,10 +1,13 @@
 """Plain helpers shared by test modules (fixtures live in conftest.py)."""
+import threading
 import time
+import uuid
+from contextlib import contextmanager
 
 import torch
 
 import ravop as R
-from ravop.store import Scripts, graphs
+from ravop.store import Scripts, connect, graphs
 from ravop.wire import pack_nodes, plan_pb2
 
 
@@ -69,3 +72,25 @@ def wait_for(condition, what, timeout=120):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
     return found
+
+
+@contextmanager
+def commands_seen(url):
+    """The list of every command the server at `url` receives (MONITOR, as text) while the block runs."""
+    seen, started, stop = [], threading.Event(), f"end-of-watch-{uuid.uuid4().hex}"
+
+    def monitor():
+        with connect(url).monitor() as stream:
+            started.set()
+            for command in stream.listen():
+                seen.append(command["command"])
+                if stop in command["command"]:
+                    return
+
+    thread = threading.Thread(target=monitor, daemon=True)
+    thread.start()
+    started.wait(10)
+    yield seen
+    connect(url).echo(stop)
+    thread.join(30)
+    assert not thread.is_alive(), "the MONITOR connection did not see the end of the watched commands"

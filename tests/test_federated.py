@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -19,11 +18,12 @@ import ravop as R
 from ravop.errors import GraphStateError
 from ravop.federated.column_rules import parse_rules
 from ravop.federated.partials import merge, partial, statistic
-from ravop.store import GraphKeys, connect
+from ravop.store import GraphKeys
 from ravop.store.keys import FEDERATED_OPEN, FederatedKeys, graph_ref
 from worker.data import DataError, ProviderData
 
 from conftest import Workers
+from helpers import commands_seen
 from test_examples import ROOT, run_example
 
 RULES = {"age": {"min": 18, "max": 80}, "salary": {"min": 1, "max": 5}, "bonus": {"min": 0, "max": 10},
@@ -219,25 +219,9 @@ def test_no_row_value_and_no_other_column_reaches_redis(engine, providers, clien
             allowed |= {float(values.min()), float(values.max())}
     cells = {float(v) for table in providers.values() for values in table.values() for v in values
              if not np.isnan(v)} - allowed
-    seen, started = [], threading.Event()
-    stop = "end-of-federated-run"
-
-    def monitor():
-        watcher = connect(server.url)
-        with watcher.monitor() as stream:
-            started.set()
-            for command in stream.listen():
-                seen.append(command["command"])
-                if stop in command["command"]:
-                    return
-
-    thread = threading.Thread(target=monitor, daemon=True)
-    thread.start()
-    started.wait(10)
-    run_federated({"rules": RULES, "max_clients": 2})
-    client.echo(stop)
-    thread.join(30)
-    assert not thread.is_alive() and any("federated" in c for c in seen)
+    with commands_seen(server.url) as seen:
+        run_federated({"rules": RULES, "max_clients": 2})
+    assert any("federated" in c for c in seen)
     for key in client.scan_iter("*"):
         kind = client.type(key)
         value = {b"string": client.get, b"hash": client.hgetall, b"set": client.smembers,

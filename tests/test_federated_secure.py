@@ -2,7 +2,6 @@
 yet no provider's own sums reach the store in the clear (every command the server receives is watched), and a
 provider that drops out after the key exchange makes the query fail with its name instead of a wrong answer."""
 import json
-import threading
 
 import numpy as np
 import pytest
@@ -12,7 +11,6 @@ from ravop.federated import secure
 from ravop.federated.column_rules import parse_rules
 from ravop.federated.queries import Query
 from ravop.errors import GraphStateError
-from ravop.store import connect
 from ravop.store.federated_schema import FederatedScripts
 from ravop.store.federated_schema import public_keys, public_keys_key
 from ravop.store.keys import FederatedKeys
@@ -20,7 +18,7 @@ from worker.data import ProviderData
 from worker.data_provider import Provider
 
 from conftest import Workers
-from helpers import wait_for
+from helpers import commands_seen, wait_for
 from test_federated import kept, write_csv
 
 RULES = {"age": {"min": 18, "max": 80}, "fund": {}}
@@ -98,22 +96,8 @@ def test_secure_rules_are_checked(rules, message):
 def test_secure_statistics_equal_numpy_and_no_partial_is_in_the_clear(engine, setup, server, client):
     """Every command the server receives is watched: each provider's masked sums differ from its own sums in
     every element, while all of them add up to the pooled sums."""
-    seen, started, stop = [], threading.Event(), "end-of-secure-run"
-
-    def monitor():
-        with connect(server.url).monitor() as stream:
-            started.set()
-            for command in stream.listen():
-                seen.append(command["command"])
-                if stop in command["command"]:
-                    return
-
-    thread = threading.Thread(target=monitor, daemon=True)
-    thread.start()
-    started.wait(10)
-    run({"rules": RULES, "max_clients": 3, "secure": True}, record_all)
-    client.echo(stop)
-    thread.join(30)
+    with commands_seen(server.url) as seen:
+        run({"rules": RULES, "max_clients": 3, "secure": True}, record_all)
     for column, rule in RULES.items():
         values = kept(np.concatenate([table[column] for table, _ in setup.values()]), rule)
         got = {name: R.fetch_persisting_op(name)[column] for name in STATISTICS}

@@ -171,18 +171,23 @@ def test_with_overlap_replica_0_sends_the_last_update_before_waiting_for_the_oth
     assert {c.split(".")[0] for c in down.recv_channels} == {"down"} and not down.send_channels
 
 
+def checkpointed_replica(client, keys):
+    """(loop subgraph id, worker holding it) of the first replica to publish a checkpoint, still running."""
+    checkpointed = wait_for(lambda: [key for key in client.keys(keys.prefix + "ckpt:*")
+                                     if re.fullmatch(rb".*ckpt:\d+", key) and client.hexists(key, "step")],
+                            "a replica's checkpoint")
+    loop_id = checkpointed[0].decode().rsplit(":", 1)[1]
+    assert not client.sismember(keys.done, loop_id), "the replica ended before the kill: make the fit longer"
+    return loop_id, client.hget(keys.taken, loop_id).decode()
+
+
 def test_a_provider_killed_mid_round_is_resumed_elsewhere_with_the_same_bits(engine, workers, client):
     names = workers.start(3, reclaim_idle=1.0, extra=("--checkpoint-steps", "40"))
     graph, persisted = record_small("resident kill", 150)
     R.activate()
     R.execute()
     keys = GraphKeys(engine.token, graph.id)
-    checkpointed = wait_for(lambda: [key for key in client.keys(keys.prefix + "ckpt:*")
-                                     if re.fullmatch(rb".*ckpt:\d+", key) and client.hexists(key, "step")],
-                            "a replica's checkpoint")
-    loop_id = checkpointed[0].decode().rsplit(":", 1)[1]
-    holder = client.hget(keys.taken, loop_id).decode()
-    assert not client.sismember(keys.done, loop_id), "the replica ended before the kill: make the fit longer"
+    loop_id, holder = checkpointed_replica(client, keys)
     workers.kill(holder)
     R.track_progress(timeout=600, progress_bar=False)
     assert client.hget(keys.ran, loop_id).decode() in set(names) - {holder}   # a spare took the replica over
@@ -214,12 +219,7 @@ def test_the_survivor_takes_over_a_killed_workers_replica_without_a_spare(engine
     R.activate()
     R.execute()
     keys = GraphKeys(engine.token, graph.id)
-    checkpointed = wait_for(lambda: [key for key in client.keys(keys.prefix + "ckpt:*")
-                                     if re.fullmatch(rb".*ckpt:\d+", key) and client.hexists(key, "step")],
-                            "a replica's checkpoint")
-    loop_id = checkpointed[0].decode().rsplit(":", 1)[1]
-    holder = client.hget(keys.taken, loop_id).decode()
-    assert not client.sismember(keys.done, loop_id), "the replica ended before the kill: make the fit longer"
+    loop_id, holder = checkpointed_replica(client, keys)
     workers.kill(holder)
     R.track_progress(timeout=600, progress_bar=False)
     survivor = next(n for n in names if n != holder)
