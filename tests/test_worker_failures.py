@@ -12,11 +12,17 @@ from ravop.store import DEAD_LETTER, GROUP, Scripts, queue
 from ravop.node import Node
 from ravop.wire import plan_pb2
 
-from helpers import assert_a_valid_graph_runs, upload_subgraph
+from helpers import assert_a_valid_graph_runs, upload_subgraph, wait_for
 
 
 def dead_letters(client, graph_id):
     return [fields for _, fields in client.xrange(DEAD_LETTER) if fields[b"graph"] == graph_id.encode()]
+
+
+def dead_letters_after_failure(client, graph_id):
+    """The graph's dead letters once there are any: a worker fails the graph first and dead-letters its message
+    next (ravop.store.scripts `fail`), so a tracker may see the failure a moment before the entry."""
+    return wait_for(lambda: dead_letters(client, graph_id), f"a dead letter of graph {graph_id}")
 
 
 def test_kernel_error_surfaces_with_op_and_source_line(engine, workers, client):
@@ -41,7 +47,7 @@ def test_kernel_error_surfaces_with_op_and_source_line(engine, workers, client):
     assert f"{local.value}" in message.replace(f" on worker {name}", "")
     with pytest.raises(R.GraphFailedError, match="op 'inv'"):
         R.fetch_persisting_op("inverse")
-    [dead] = dead_letters(client, engine.graph_id)  # failed once, not retried
+    [dead] = dead_letters_after_failure(client, engine.graph_id)  # failed once, not retried
     assert dead[b"reason"] == b"kernel error" and dead[b"op"] == b"inv"
     assert workers.alive(name)
 
@@ -120,7 +126,7 @@ def test_gives_up_after_max_attempts_naming_the_last_worker(engine, workers, cli
     with pytest.raises(R.GraphFailedError, match="delivered 4 times") as info:
         R.track_progress(progress_bar=False, timeout=120)
     assert "ghost" in str(info.value) and f"test_worker_failures.py:{line}" in str(info.value)
-    [dead] = dead_letters(client, keys.graph_id)
+    [dead] = dead_letters_after_failure(client, keys.graph_id)
     assert dead[b"reason"] == b"too many deliveries"
     client.xgroup_delconsumer(queue("cpu"), GROUP, "ghost")
 
