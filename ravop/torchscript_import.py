@@ -227,11 +227,12 @@ class Model:
             op = self._blob_ops[graph] = graph.constant(self.blob, user_source())
         return op
 
-    def forward(self, params, buffers, args, kwargs=None, training=False):
+    def forward(self, params, buffers, args, kwargs=None, training=False, seed=None):
         """Record one call `model(*args, **kwargs)` with parameter and buffer values `params`, `buffers`
-        (Ops, in slot order). Returns (output, buffers after the call): the output is one Op, or a tuple
-        when the model returns a tuple; in training mode the buffers are new Ops (updated running stats),
-        else the given ones."""
+        (Ops, in slot order); its dropout draws from `seed` if given (a pipeline stage's forward and its recompute
+        share one), else from the op's own stream. Returns (output, buffers after the call): the output is one
+        Op, or a tuple when the model returns a tuple; in training mode the buffers are new Ops (updated running
+        stats), else the given ones."""
         if len(params) != len(self.params) or len(buffers) != len(self.buffers):
             raise ValueError(f"the model has {len(self.params)} parameters and {len(self.buffers)} buffers; "
                              f"got {len(params)} and {len(buffers)}")
@@ -241,7 +242,7 @@ class Model:
               *(as_op(v, graph) for v in kwargs.values())]
         p = {"model_hash": self.model_hash, "param_slots": self.param_slots, "buffer_slots": self.buffer_slots,
              "n_args": len(args), "kwarg_names": tuple(kwargs), "training": bool(training),
-             "seed": op_seed(graph.seed, len(graph.nodes))}   # the id the forward node is about to get
+             "seed": op_seed(graph.seed, len(graph.nodes)) if seed is None else int(seed)}   # the id it is about to get
         try:
             found = torchscript.probe(xs, p)
         except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:

@@ -1,8 +1,8 @@
 """Every strategy trains any model through the same train-state interface: `Pytorch_Model.fit` over an
 nn.Module and `Functional.fit` give what eager PyTorch computes for the same algorithm (the references of
 tests/test_parallel_math.py and tests/test_diloco.py), a Pytorch_Model with BatchNorm averages its statistics
-under DiLoCo, Pipeline refuses what it cannot cut, and on the engine a DiLoCo fit of a Pytorch_Model gives the
-in-process bits and saves the global model."""
+under DiLoCo, Pipeline cuts a Pytorch_Model and refuses what it cannot cut (a Functional), and on the engine a
+DiLoCo fit of a Pytorch_Model gives the in-process bits and saves the global model."""
 import numpy as np
 import pytest
 import torch
@@ -82,6 +82,21 @@ def test_one_worker_mathematics(make_model, strategy):
     assert torch.allclose(prediction, net(torch.as_tensor(X)).detach(), atol=1e-5)
 
 
+@pytest.mark.parametrize("strategy", [R.parallel.Pipeline(stages=2, micro_batches=2),
+                                      R.parallel.Pipeline(stages=3, micro_batches=3, replicas=2)])
+def test_pytorch_model_pipeline_mathematics_is_one_workers(strategy):
+    """Without BatchNorm and Dropout, GPipe's micro-batches give one worker's gradients
+    (tests/test_pipeline_any_model.py has BatchNorm and Dropout)."""
+    R.Graph(name="any model", seed=11)
+    got, names, prediction = fit(pytorch_model(), strategy, 2, 10)
+    net = torch_net()
+    opt = torch.optim.Adam(net.parameters(), lr=LR)
+    want = [adam_step(net, opt, torch.as_tensor(X)[rows], torch.as_tensor(Y)[rows])
+            for rows in batches_of(len(X), 10, 2, True, 3)]
+    assert torch.allclose(torch.stack([got[n] for n in names]), torch.stack(want), atol=1e-5)
+    assert torch.allclose(prediction, net(torch.as_tensor(X)).detach(), atol=1e-5)
+
+
 @pytest.mark.parametrize("make_model", MODELS)
 def test_local_sgd(make_model):
     R.Graph(name="any model", seed=11)
@@ -146,11 +161,10 @@ def test_a_ravop_loss_is_accepted_and_bad_ones_are_refused():
         pytorch_model().fit(X, Y, 1, 16, loss="Hinge")
 
 
-@pytest.mark.parametrize("make_model", MODELS)
-def test_pipeline_refuses_a_model_it_cannot_cut_by_name(make_model):
+def test_pipeline_refuses_a_model_it_cannot_cut_by_name():
     R.Graph(name="pipeline")
     with pytest.raises(NotImplementedError, match="Pipeline cuts a model into stages"):
-        make_model().fit(X, Y, 1, 8, strategy=R.parallel.Pipeline(stages=2))
+        TwoDense().fit(X, Y, 1, 8, strategy=R.parallel.Pipeline(stages=2))
 
 
 def test_pytorch_model_diloco_on_two_workers_saves_the_global_model(engine, workers, client):

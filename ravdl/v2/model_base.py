@@ -16,6 +16,7 @@ from .fit import LossTraining, Slot, TrainState, optimizer_slots
 from .keras_habits import KerasHabits
 from .layers.base import CustomLayer, leaf_layers
 from .notebook import Summary, in_notebook
+from .pipeline_stages import layer_units
 
 
 class Model(KerasHabits, LossTraining):
@@ -83,6 +84,11 @@ class Model(KerasHabits, LossTraining):
         """Record one optimizer step per trained parameter (`train_state(...).params` order) with `grads`."""
         for ((layer, name), param), grad in zip(self._trained(), grads):
             layer.params[name] = self.optimizer.update((layer, name), param, grad)
+
+    def pipeline_units(self, sample, rows):
+        """The units Pipeline cuts into stages (ravdl/v2/pipeline_stages.py): the top-level layers in forward
+        order, for micro-batches of `rows` rows (`sample`, one of them, is not needed to size layers)."""
+        return layer_units(self, self.sequential_layers(), rows)
 
     def sequential_layers(self):
         """The top-level layers in the order the forward pass runs them, for Pipeline's stages."""

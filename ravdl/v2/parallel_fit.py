@@ -9,7 +9,7 @@ once.
 
 The strategy picks the recording (`strategy.record_fit(fit)` calls one of `ParallelFit.replicated`,
 `gradient_replicas`, `pipeline`); the trainer reads and writes the model only through its train-state interface
-(`train_state`, `train_step`, `training_loss`, `apply_gradients`, and `sequential_layers` for Pipeline), which
+(`train_state`, `train_step`, `training_loss`, `apply_gradients`, and `pipeline_units` for Pipeline), which
 NeuralNetwork, Functional and Pytorch_Model provide.
 
 The losses are persisted under the names `fit` uses (`training_loss_epoch_{e}_batch_{b}`): DataParallel and
@@ -28,8 +28,8 @@ from ravop.parallel import check_strategy
 from ravop.parallel.replicas import Carried, weighted_sum
 from ravop.session import live_workers
 
-from .layers.base import as_input, leaf_layers
-from .layers.core import Dropout
+from .layers.base import as_input
+from .pipeline_fit import record_pipeline
 
 
 def record_parallel_fit(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
@@ -250,102 +250,7 @@ class ParallelFit:
         return losses
 
     def pipeline(self, strategy):
-        """GPipe over the model's `sequential_layers()` cut into the strategy's stages (Pipeline)."""
-        return _pipeline(self.model, self.model.sequential_layers(), self.X, self.y, self.n_epochs, self.batch_size,
-                         self.shuffle, self.seed, strategy)
-
-
-def _one_step(initial, record_step):
-    """A loop op of one step that reads no rows: its own subgraph, so a worker runs it apart from the others."""
-    loop = Loop(initial)
-    with loop.step() as step:
-        record_step(step)
-    return loop.run([(0, 1)])
-
-
-def _forward(layers, X):
-    for layer in layers:
-        X = layer._forward_pass(X, training=True)
-    return X
-
-
-def _stage_bytes(top, rows):
-    """What a layer adds to a stage subgraph's memory: its parameters, their gradients and the optimizer's two
-    moments, and its output for a batch of `rows` (a micro-batch is smaller, so this errs on the safe side)."""
-    params = sum(p.numel() * p.dtype.itemsize for _, leaf in leaf_layers(top) for p in leaf.params.values())
-    return 4 * params + rows * int(np.prod(top.last_output_shape)) * 4
-
-
-def _smallest_limit():
-    """The smallest subgraph memory limit the live workers advertise (Pipeline(stages='auto') sizes its stages
-    by it)."""
-    limits = [w["memory_limit"] for w in live_workers() if w.get("memory_limit")]
-    if not limits:
-        raise GraphStateError("Pipeline(stages='auto') sizes its stages by the workers' advertised memory, and no "
-                              "live worker advertises any: start the workers first, or give a number of stages")
-    return min(limits)
-
-
-def _pipeline(model, tops, X, y, n_epochs, batch_size, shuffle, seed, strategy):
-    """Per step: each stage's forward of each micro-batch, then each stage's backward (its forward recomputed)
-    from the last stage to the first, one-step segments all; then one optimizer step on the micro-batches'
-    gradients weighted by their sizes (`Pipeline`)."""
-    if isinstance(X, Op) or isinstance(y, Op):
-        raise TypeError("Pipeline takes X and y as arrays or tensors (each micro-batch is uploaded as it is cut)")
-    X, y = np.asarray(X), np.asarray(y)
-    if X.ndim < 1 or y.ndim < 1 or len(X) != len(y):
-        raise ValueError(f"X and y must have the same number of rows, not shapes {X.shape} and {y.shape}")
-    model.train_state(as_input(X[:1]))   # builds the layers; its checks: an optimizer, no gradients waiting
-    leaves = [layer for _, layer in model.leaf_layers()]
-    if any(layer.buffers for layer in leaves) or any(isinstance(layer, Dropout) for layer in leaves):
-        raise NotImplementedError("Pipeline of a model with buffers (BatchNorm) or Dropout is not implemented: a "
-                                  "stage's backward recomputes its forward, which would update the statistics or "
-                                  "draw another mask")
-    if strategy.stages == "auto":
-        strategy = strategy.fewest_stages([_stage_bytes(top, batch_size) for top in tops], _smallest_limit())
-        current_graph().parallel_fits[-1] = strategy   # the summary's forecast names the stages chosen
-    costs = [1 + sum(p.numel() for _, leaf in leaf_layers(top) for p in leaf.params.values()) for top in tops]
-    stages = [tops[start:stop] for start, stop in strategy.cut(costs)]
-    keys = [[(leaf, key) for top in stage for _, leaf in leaf_layers(top) for key in leaf.params] for stage in stages]
-    rng = np.random.default_rng(seed)
-    orders = [rng.permutation(len(X)) if shuffle else np.arange(len(X)) for _ in range(n_epochs)]
-    names = []
-    for t, epoch, batch in _Steps(len(X), batch_size, n_epochs).order:
-        rows = orders[epoch][batch * batch_size:(batch + 1) * batch_size]
-        bounds = strategy.micro_slices(len(rows))
-        weights = [(stop - start) / len(rows) for start, stop in bounds]
-        grads = [[] for _ in stages]       # per stage, per micro-batch: its parameters' gradients
-        losses = []
-        for start, stop in bounds:
-            inputs = [as_input(X[rows[start:stop]])]   # each stage's input
-            for stage in stages[:-1]:
-                shape = (stop - start,) + tuple(stage[-1].last_output_shape)
-                inputs += _one_step([R.zeros(shape=shape, dtype="float32")],
-                                    lambda step, stage=stage, a=inputs[-1]: step.carry([_forward(stage, a)]))
-            target, g_out = as_input(y[rows[start:stop]]), None
-            for s in range(len(stages) - 1, -1, -1):
-                params = [leaf.params[key] for leaf, key in keys[s]]
-                wrt = params + inputs[s:s + 1] * (s > 0)
-                last = s == len(stages) - 1
-
-                def backward(step, stage=stages[s], a=inputs[s], wrt=wrt, last=last, g_out=g_out):
-                    out = _forward(stage, a)
-                    if last:
-                        loss = model.loss_function(target, out)
-                        step.carry([*R.grad(loss, wrt), loss])
-                    else:
-                        step.carry(R.grad(out, wrt, grad_output=g_out))
-
-                placeholder = [R.zeros(shape=(), dtype="float32")] * last
-                stage_grads = list(_one_step(wrt + placeholder, backward))
-                if last:
-                    losses.append(stage_grads.pop())
-                g_out = stage_grads.pop() if s > 0 else None
-                grads[s].append(stage_grads)
-        weighted_sum(losses, weights).persist_op(_loss_name(epoch, batch))
-        names.append(_loss_name(epoch, batch))
-        for stage_keys, stage_grads in zip(keys, grads):
-            for k, (leaf, key) in enumerate(stage_keys):
-                g = weighted_sum([per_micro[k] for per_micro in stage_grads], weights)
-                leaf.params[key] = model.optimizer.update((leaf, key), leaf.params[key], g)
-    return names
+        """GPipe over the model's pipeline units (top-level layers or children) cut into the strategy's stages
+        (Pipeline, ravdl/v2/pipeline_fit.py)."""
+        return record_pipeline(self.model, self.X, self.y, self.n_epochs, self.batch_size, self.shuffle, self.seed,
+                               strategy)

@@ -23,6 +23,7 @@ from . import gradients
 from .fit import LossTraining, Slot, TrainState, optimizer_slots
 from .keras_habits import KerasHabits
 from .layers.base import as_input
+from .pipeline_stages import torch_units
 from .training import fit_model
 
 
@@ -100,10 +101,10 @@ class Pytorch_Model(KerasHabits, LossTraining):
         for (key, param), grad in zip(self._trained(), grads):
             self.params[key[1]] = self.optimizer.update(key, param, grad)
 
-    def sequential_layers(self):
-        raise NotImplementedError("Pipeline cuts a model into stages of its top-level layers; a Pytorch_Model runs "
-                                  "as one TorchScript op, which is not cut yet: use DataParallel, LocalSGD, Gossip "
-                                  "or DiLoCo")
+    def pipeline_units(self, sample, rows):
+        """The units Pipeline cuts into stages: the model's top-level children, when its forward is a chain of
+        them (checked), each measured on `sample`, a micro-batch of `rows` rows (ravop.torchscript_stages)."""
+        return torch_units(self, sample)
 
     def _trained(self):
         return [((self, i), self.params[i]) for i, wanted in enumerate(self.model.requires_grad) if wanted]

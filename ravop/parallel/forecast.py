@@ -13,9 +13,14 @@ def _rank(worker):
             -int(worker.get("memory_limit") or 0), worker["name"])
 
 
+def rank_workers(workers):
+    """`workers` in the order the forecast deals roles to them."""
+    return sorted(workers, key=_rank)
+
+
 def forecast(strategy, workers, device_kind):
     """{role ('replica r', 'stage s', 'replica r stage s'): worker name} for `strategy` over the `workers`
     (ravop.store.worker_info.read_all's dicts) of `device_kind` ('cpu' or 'cuda', the graph's: a CUDA worker
     never takes a CPU graph's subgraphs); an empty dict without such workers."""
-    ranked = sorted((w for w in workers if w.get("kind") == device_kind), key=_rank)
+    ranked = rank_workers(w for w in workers if w.get("kind") == device_kind)
     return {role: ranked[k % len(ranked)]["name"] for k, role in enumerate(strategy.roles())} if ranked else {}

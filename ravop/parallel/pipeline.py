@@ -9,8 +9,18 @@ workers, so stage s of micro-batch m+1 runs while stage s+1 works on micro-batch
 cut into R replica slices, each slice into `micro_batches`, and the gradients of all of them are averaged before
 the one optimizer step. Since the micro-batches of one stage never wait for each other, this is the same graph
 as R * micro_batches micro-batches cut that way; what it adds is the placement of R copies of the stages."""
+from ..runner import op_seed
 from .data_parallel import tensor_split
+from .forecast import rank_workers
 from .replicas import check_replicas
+
+_STAGE_STREAMS = 0x5A6E   # keeps the stages' seeds apart from the graph's op streams
+
+
+def stage_seed(graph_seed, step, micro_batch, stage):
+    """The seed of the random ops (dropout) of `stage`'s forward of `micro_batch` at training `step` (0-based):
+    its forward segment and the recompute of its backward segment both draw from it, so they use the same masks."""
+    return op_seed(op_seed(op_seed(op_seed(graph_seed, _STAGE_STREAMS), step), micro_batch), stage)
 
 
 class Pipeline:
@@ -23,6 +33,7 @@ class Pipeline:
         if type(micro_batches) is not int or micro_batches < 1:
             raise ValueError(f"micro_batches must be a positive int, not {micro_batches!r}")
         self.stages, self.micro_batches, self.replicas = stages, micro_batches, check_replicas(replicas)
+        self.planned = None   # the cut fit_to_workers chose, if it chose this pipeline
 
     def record_fit(self, fit):
         return fit.pipeline(self)
@@ -46,9 +57,57 @@ class Pipeline:
                          f"subgraph memory limit of the live workers ({limit:,} bytes); give workers more memory "
                          f"(ravop-worker --max-memory)")
 
+    def fit_to_workers(self, memory, boundary, workers):
+        """This pipeline with the fewest stages that fit `workers` (ravop.store.worker_info dicts advertising
+        "memory_limit"): stage s goes to the worker the summary's forecast deals it (`forecast`'s ranking, by the
+        speed of a tensor hand-off through the store, then threads and memory), and must fit that worker's memory
+        limit (with replicas, the least of the workers its copies go to); `memory` is each unit's measured bytes.
+        Of the cuts that fit, the one whose stage boundaries move the fewest seconds of activations (each
+        boundary's `boundary` bytes, forward and gradient back, at the slower of the two workers' hand-off speed)
+        is taken, ties to the most even memory. ValueError when even one unit per stage does not fit."""
+        ranked = rank_workers(workers)
+        n = len(memory)
+        prefix = [0]
+        for c in memory:
+            prefix.append(prefix[-1] + c)
+        for stages in range(1, n + 1):
+            roles = Pipeline(stages, self.micro_batches, self.replicas)
+            limit = [min(int(ranked[(r * stages + s) % len(ranked)]["memory_limit"]) for r in range(self.replicas))
+                     for s in range(stages)]
+            speed = [min(float(ranked[(r * stages + s) % len(ranked)].get("handoff_bytes_per_s") or 0) or 1.0
+                         for r in range(self.replicas)) for s in range(stages)]
+            best = {}
+
+            def solve(start, s):
+                """(transfer seconds, largest memory over limit) of the best cut of units [start, n) into stages
+                s.., or None when none fits."""
+                if s == stages - 1:
+                    load = (prefix[n] - prefix[start]) / limit[s]
+                    return (0.0, load, [(start, n)]) if load <= 1 else None
+                if (start, s) not in best:
+                    options = []
+                    for stop in range(start + 1, n - (stages - s) + 2):
+                        load = (prefix[stop] - prefix[start]) / limit[s]
+                        rest = solve(stop, s + 1) if load <= 1 else None
+                        if rest is not None:
+                            seconds = 2 * boundary[stop - 1] / min(speed[s], speed[s + 1])
+                            options.append((seconds + rest[0], max(load, rest[1]), [(start, stop)] + rest[2]))
+                    best[start, s] = min(options, key=lambda o: o[:2]) if options else None
+                return best[start, s]
+
+            found = solve(0, 0)
+            if found is not None:
+                roles.planned = found[2]
+                return roles
+        raise ValueError(f"Pipeline(stages='auto'): a unit needs about {max(memory):,} bytes, over the memory "
+                         f"limit of the live workers it could go to ({min(int(w['memory_limit']) for w in workers):,}"
+                         " bytes at the least); give workers more memory (ravop-worker --max-memory)")
+
     def cut(self, costs):
         """(start, stop) of each stage over layers of `costs`: contiguous, the largest stage cost the least
         possible (ties: earlier cuts)."""
+        if self.planned is not None:
+            return self.planned
         if self.stages == "auto":
             raise ValueError("Pipeline(stages='auto') has no cut until its number of stages is chosen "
                              "(fewest_stages)")

@@ -1,0 +1,116 @@
+"""Pipeline (GPipe) training of any model that gives pipeline units (`model.pipeline_units(sample, rows)`:
+NeuralNetwork's top-level layers, a Pytorch_Model's top-level children; ravdl/v2/pipeline_stages.py): per step,
+each stage's forward of each micro-batch, then each stage's backward (its forward recomputed with the forward's
+dropout masks, its BatchNorm statistics updated by the forward only) from the last stage to the first, one-step
+segments all; then one optimizer step on the micro-batches' gradients weighted by their sizes."""
+import numpy as np
+import torch
+
+import ravop as R
+from ravop.errors import GraphStateError
+from ravop.graph import Op, current_graph
+from ravop.loop import Loop
+from ravop.loss_names import training_loss_name
+from ravop.parallel.pipeline import stage_seed
+from ravop.parallel.replicas import weighted_sum
+from ravop.session import live_workers
+
+from .layers.base import as_input
+
+
+def _one_step(initial, record_step):
+    """A loop op of one step that reads no rows: its own subgraph, so a worker runs it apart from the others."""
+    loop = Loop(initial)
+    with loop.step() as step:
+        record_step(step)
+    return loop.run([(0, 1)])
+
+
+def _advertising_workers():
+    """The live workers that advertise a subgraph memory limit (Pipeline(stages='auto') sizes its stages by
+    them)."""
+    workers = [w for w in live_workers() if w.get("memory_limit")]
+    if not workers:
+        raise GraphStateError("Pipeline(stages='auto') sizes its stages by the workers' advertised memory, and no "
+                              "live worker advertises any: start the workers first, or give a number of stages")
+    return workers
+
+
+def _steps(n_rows, batch_size, n_epochs):
+    n_full, short = divmod(n_rows, batch_size)
+    per_epoch = n_full + bool(short)
+    return [(e, b) for e in range(n_epochs) for b in range(per_epoch)]
+
+
+def record_pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
+    """Record the training of `model` under `strategy` (a Pipeline); returns the training loss names in order."""
+    if isinstance(X, Op) or isinstance(y, Op):
+        raise TypeError("Pipeline takes X and y as arrays or tensors (each micro-batch is uploaded as it is cut)")
+    X, y = np.asarray(X), np.asarray(y)
+    if X.ndim < 1 or y.ndim < 1 or len(X) != len(y):
+        raise ValueError(f"X and y must have the same number of rows, not shapes {X.shape} and {y.shape}")
+    model.train_state(as_input(X[:1]))   # builds the layers; its checks: an optimizer, no gradients waiting
+    micro_rows = max(stop - start for start, stop in strategy.micro_slices(min(batch_size, len(X))))
+    units = model.pipeline_units(torch.as_tensor(X[:micro_rows]), micro_rows)
+    if strategy.stages == "auto":
+        strategy = strategy.fit_to_workers(units.memory, units.boundary, _advertising_workers())
+        current_graph().parallel_fits[-1] = strategy   # the summary's forecast names the stages chosen
+    stages = [units.stage(start, stop) for start, stop in strategy.cut(units.memory)]
+    graph_seed = current_graph().seed
+    rng = np.random.default_rng(seed)
+    orders = [rng.permutation(len(X)) if shuffle else np.arange(len(X)) for _ in range(n_epochs)]
+    names = []
+    for index, (epoch, batch) in enumerate(_steps(len(X), batch_size, n_epochs)):
+        rows = orders[epoch][batch * batch_size:(batch + 1) * batch_size]
+        bounds = strategy.micro_slices(len(rows))
+        weights = [(stop - start) / len(rows) for start, stop in bounds]
+        grads = [[] for _ in stages]       # per stage, per micro-batch: its parameters' gradients
+        losses = []
+        for m, (start, stop) in enumerate(bounds):
+            seeds = [stage_seed(graph_seed, index, m, s) for s in range(len(stages))]
+            inputs = [as_input(X[rows[start:stop]])]   # each stage's input
+            read = []                                   # each stage's buffers before its forward
+            for s, stage in enumerate(stages[:-1]):
+                read.append(stage.buffers())
+
+                def forward(step, stage=stage, a=inputs[-1], buffers=read[-1], seed=seeds[s]):
+                    out, after = stage.forward(a, buffers, seed, counts=True)
+                    step.carry([out, *after])
+
+                shape = (stop - start,) + tuple(stage.out_shape)
+                out, *after = _one_step([R.zeros(shape=shape, dtype="float32"), *read[-1]], forward)
+                stage.set_buffers(after)
+                inputs.append(out)
+            read.append(stages[-1].buffers())
+            target, g_out = as_input(y[rows[start:stop]]), None
+            for s in range(len(stages) - 1, -1, -1):
+                stage, last = stages[s], s == len(stages) - 1
+                wrt = stage.params() + inputs[s:s + 1] * (s > 0)
+                if not wrt and not last:   # a first stage without trained parameters: no gradient to take
+                    grads[s].append([])
+                    continue
+
+                def backward(step, stage=stage, a=inputs[s], wrt=wrt, last=last, g_out=g_out, buffers=read[s],
+                             seed=seeds[s]):
+                    out, after = stage.forward(a, buffers, seed, counts=last)
+                    if last:   # the last stage's forward runs here only: its statistics are kept
+                        loss = model.loss_function(target, out)
+                        step.carry([*R.grad(loss, wrt), loss, *after])
+                    else:      # a recompute: its statistics are the forward segment's, already kept
+                        step.carry(R.grad(out, wrt, grad_output=g_out))
+
+                extra = [R.zeros(shape=(), dtype="float32"), *read[s]] if last else []
+                stage_grads = list(_one_step(wrt + extra, backward))
+                if last:
+                    stage.set_buffers(stage_grads[len(wrt) + 1:])
+                    losses.append(stage_grads[len(wrt)])
+                    stage_grads = stage_grads[:len(wrt)]
+                g_out = stage_grads.pop() if s > 0 else None
+                grads[s].append(stage_grads)
+        name = training_loss_name(epoch + 1, batch + 1)
+        weighted_sum(losses, weights).persist_op(name)
+        names.append(name)
+        for stage, stage_grads in zip(stages, grads):
+            for k in range(len(stage_grads[0])):
+                stage.apply(k, weighted_sum([per_micro[k] for per_micro in stage_grads], weights))
+    return names

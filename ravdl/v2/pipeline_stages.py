@@ -1,0 +1,136 @@
+"""A model's pipeline stages (Pipeline, ravdl/v2/pipeline_fit.py): its top-level units in forward order, what each
+needs in memory, and a `Stage` per contiguous run of them that records its forward with the values given.
+
+A stage's forward runs twice per micro-batch: in its forward segment, and again in its backward segment (GPipe's
+re-materialisation). Both must compute the same function, so:
+- BatchNorm normalises with the micro-batch's own statistics in train mode, which the recompute finds again from
+  the same input; the running statistics are updated by the forward segment only (once per micro-batch, in
+  micro-batch order, as torch in train mode), the recompute's are dropped;
+- dropout draws from a seed the recording gives both passes (`ravop.parallel.pipeline.stage_seed`), so the
+  recompute, and its gradient, use the forward's masks.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+import ravop as R
+from ravop.runner import op_seed
+from ravop.torchscript_stages import chain_of, stage_model
+
+from .layers.base import CustomLayer, leaf_layers
+from .layers.core import Dropout
+
+
+@dataclass
+class Units:
+    """A model's top-level units in forward order: `memory` (bytes a stage holding each needs), `boundary` (bytes
+    of each one's output for a micro-batch: what crosses to the next stage), and `stage(start, stop)`."""
+    memory: list
+    boundary: list
+    stage: object
+
+
+class LayerStage:
+    """Contiguous top-level layers of a NeuralNetwork."""
+
+    def __init__(self, model, tops):
+        self.model, self.tops = model, tops
+        self.leaves = [leaf for top in tops for _, leaf in leaf_layers(top)]
+        self.keys = [(leaf, key) for leaf in self.leaves for key in leaf.params]
+        self.buffer_keys = [(leaf, name) for leaf in self.leaves for name in leaf.buffers]
+        self.out_shape = tuple(tops[-1].last_output_shape)
+
+    def params(self):
+        return [leaf.params[key] for leaf, key in self.keys]
+
+    def set_param(self, k, value):
+        leaf, key = self.keys[k]
+        leaf.params[key] = value
+
+    def buffers(self):
+        return [leaf.buffers[name] for leaf, name in self.buffer_keys]
+
+    def set_buffers(self, values):
+        for (leaf, name), value in zip(self.buffer_keys, values):
+            leaf.buffers[name] = value
+
+    def forward(self, X, buffers, seed, counts):
+        """(output, buffers after) of a train-mode forward of `X` from `buffers`, dropout masks drawn from `seed`;
+        the layers keep the buffers they had, and their batch counts unless the pass `counts` (not a recompute)."""
+        before = self.buffers()
+        tracked = [(leaf, leaf.batches_tracked) for leaf in self.leaves if hasattr(leaf, "batches_tracked")]
+        self.set_buffers(buffers)
+        for k, top in enumerate(self.tops):
+            if isinstance(top, Dropout):   # x * mask, the mask redrawn from the seed by the recompute
+                mask = R.dropout_backward(R.zeros(shape=X.shape, dtype=str(X.dtype).replace("torch.", "")) + 1.0,
+                                          p=top.p, seed=op_seed(seed, k))
+                X = X * mask
+            else:
+                X = top._forward_pass(X, training=True)
+        after = self.buffers()
+        self.set_buffers(before)
+        for leaf, count in tracked if not counts else []:
+            leaf.batches_tracked = count
+        return X, after
+
+    def apply(self, k, grad):
+        leaf, key = self.keys[k]
+        leaf.params[key] = self.model.optimizer.update((leaf, key), leaf.params[key], grad)
+
+
+def layer_units(model, tops, rows):
+    """The `Units` of a NeuralNetwork's top-level layers (built), for micro-batches of `rows` rows: parameters
+    with their gradients and two optimizer moments, and the layer's output (an estimate: the ops' own
+    intermediates are not counted)."""
+    for top in tops:
+        nested = [leaf for _, leaf in leaf_layers(top) if isinstance(leaf, Dropout) and leaf is not top]
+        if nested and isinstance(top, CustomLayer):
+            raise NotImplementedError(f"Pipeline of a Dropout inside the custom layer {top.label} is not "
+                                      "implemented: a stage's recompute redraws only top-level Dropout layers' "
+                                      "masks; make the Dropout a top-level layer")
+    params = [4 * sum(p.numel() * p.dtype.itemsize for _, leaf in leaf_layers(top) for p in leaf.params.values())
+              for top in tops]
+    outputs = [rows * int(np.prod(top.last_output_shape)) * 4 for top in tops]
+    return Units([p + o for p, o in zip(params, outputs)], outputs,
+                 lambda start, stop: LayerStage(model, tops[start:stop]))
+
+
+class TorchStage:
+    """Contiguous top-level children of a Pytorch_Model, run as a model of their own (ravop.torchscript_stages)
+    on the full model's values."""
+
+    def __init__(self, model, units):
+        self.model = model
+        self.code, self.param_index, self.buffer_index = stage_model(model.model, units)
+        trained = set(i for i, wanted in enumerate(model.model.requires_grad) if wanted)
+        self.keys = [i for i in self.param_index if i in trained]
+        self.out_shape = units[-1].output_shape
+
+    def params(self):
+        return [self.model.params[i] for i in self.keys]
+
+    def set_param(self, k, value):
+        self.model.params[self.keys[k]] = value
+
+    def buffers(self):
+        return [self.model.buffers[i] for i in self.buffer_index]
+
+    def set_buffers(self, values):
+        for i, value in zip(self.buffer_index, values):
+            self.model.buffers[i] = value
+
+    def forward(self, X, buffers, seed, counts):
+        out, after = self.code.forward([self.model.params[i] for i in self.param_index], list(buffers), [X],
+                                       training=True, seed=seed)
+        return out, after
+
+    def apply(self, k, grad):
+        i = self.keys[k]
+        self.model.params[i] = self.model.optimizer.update((self.model, i), self.model.params[i], grad)
+
+
+def torch_units(model, sample):
+    """The `Units` of a Pytorch_Model's children, measured on `sample` (a micro-batch, a torch tensor)."""
+    units = chain_of(model.model, sample)
+    return Units([unit.memory for unit in units], [unit.output_bytes for unit in units],
+                 lambda start, stop: TorchStage(model, units[start:stop]))

