@@ -15,8 +15,12 @@ from ravdl.v2.layers import Activation, BatchNormalization1D, Dense, Dropout
 from ravdl.v2.optimizers import Adam
 from ravop.interpreter import evaluate_persisted
 from ravop.parallel.data_parallel import tensor_split
+from ravop.ops import torchscript
+from ravop.ops.nn import _dropout_noise
 from ravop.parallel.pipeline import stage_seed
+from ravop.runner import op_seed
 from ravop.torchscript_stages import NotAChain, chain_of
+from helpers import on_one_thread
 from test_parallel_engine import assert_same_as_in_process, run_on_both
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
@@ -59,10 +63,26 @@ def cut_of(net, stages, micro_rows):
     return R.parallel.Pipeline(stages).cut([unit.memory for unit in units])
 
 
-def gpipe_reference(make_net, cuts, n_epochs, batch_size, micro_batches, loss):
+def torch_stage(stage, x, seed):
+    """A Pytorch_Model stage: TorchScript's dropout draws from the default generator, seeded with the stage's seed."""
+    torch.manual_seed(seed)
+    return stage(x)
+
+
+def ravdl_stage(stage, x, seed):
+    """A NeuralNetwork stage: its k-th top-level Dropout multiplies by the mask drawn from `op_seed(seed, k)`."""
+    for k, child in enumerate(stage):
+        if isinstance(child, torch.nn.Dropout):
+            x = x * _dropout_noise(x, child.p, torch.Generator().manual_seed(op_seed(seed, k)))
+        else:
+            x = child(x)
+    return x
+
+
+def gpipe_reference(make_net, cuts, n_epochs, batch_size, micro_batches, loss, run_stage=torch_stage):
     """(losses, net after training) of eager GPipe-equivalent training: per batch, each micro-batch's forward
-    stage by stage (stage s of micro-batch m seeded with `stage_seed`), its loss weighted by its share of the batch
-    backpropagated, then one Adam step."""
+    stage by stage (stage s of micro-batch m drawing its masks from `stage_seed`), its loss weighted by its share of
+    the batch backpropagated, then one Adam step."""
     net = make_net()
     children = list(net.children())
     stages = [torch.nn.Sequential(*children[start:stop]) for start, stop in cuts]
@@ -79,8 +99,7 @@ def gpipe_reference(make_net, cuts, n_epochs, batch_size, micro_batches, loss):
             for m, (a, b) in enumerate(tensor_split(len(rows), micro_batches, "micro-batches")):
                 x = torch.as_tensor(X[rows[a:b]])
                 for s, stage in enumerate(stages):
-                    torch.manual_seed(stage_seed(GRAPH_SEED, index, m, s))
-                    x = stage(x)
+                    x = run_stage(stage, x, stage_seed(GRAPH_SEED, index, m, s))
                 micro_loss = loss(x, rows[a:b]) * ((b - a) / len(rows))
                 micro_loss.backward()
                 total = total + micro_loss.detach()
@@ -147,3 +166,102 @@ def test_a_model_that_is_not_a_chain_of_its_children_is_refused_by_name(module, 
     with pytest.raises(NotAChain, match=f"the model {module.__name__} .* is not a chain of its children: its "
                                         f"forward runs {what}"):
         model.fit(X, Y, 1, 8, loss="SquareLoss", strategy=R.parallel.Pipeline(stages=2))
+
+
+def ravdl_net(p):
+    """bn_dropout_net(p) as a NeuralNetwork, from its initial weights."""
+    linear = [m for m in bn_dropout_net(p) if isinstance(m, torch.nn.Linear)]
+
+    def weights(k):
+        return linear[k].weight.detach().numpy()
+    model = NeuralNetwork(Adam(lr=LR), loss="SquareLoss")
+    for layer in (Dense(8, initial_W=weights(0), use_bias=False, input_shape=(5,)),
+                  BatchNormalization1D(momentum=0.1, epsilon=1e-5), Activation("tanh"), Dropout(p),
+                  Dense(6, initial_W=weights(1), initial_w0=linear[1].bias.detach().numpy()), Activation("relu"),
+                  Dropout(p), Dense(3, initial_W=weights(2), initial_w0=linear[2].bias.detach().numpy())):
+        model.add(layer)
+    return model
+
+
+@pytest.mark.parametrize("p, stages, micro_batches", [(0.3, 8, 2), (0.3, 2, 3), (0.0, 3, 2)])
+def test_neural_network_pipeline_equals_eager_gpipe_with_batchnorm_and_dropout(p, stages, micro_batches):
+    graph = R.Graph(name="pipeline ravdl", seed=GRAPH_SEED)
+    model = ravdl_net(p)
+    strategy = R.parallel.Pipeline(stages=stages, micro_batches=micro_batches)
+    names = list(model.fit(X, Y, 2, 12, shuffle=True, seed=SHUFFLE_SEED, strategy=strategy))
+    model.predict(X).persist_op("prediction")
+    values = evaluate_persisted(graph)
+    units = model.pipeline_units(None, -(-12 // micro_batches))
+    cuts = strategy.cut(units.memory)
+    want, net = gpipe_reference(lambda: bn_dropout_net(p), cuts, 2, 12, micro_batches, square_loss, ravdl_stage)
+    for name, loss in zip(names, want):
+        assert abs(float(values[name]) - float(loss)) < 1e-5, name
+    net.eval()
+    with torch.no_grad():
+        assert torch.allclose(values["prediction"], net(torch.as_tensor(X)), atol=1e-5)
+
+
+def worker(name, memory, speed):
+    return {"name": name, "kind": "cpu", "memory_limit": memory, "handoff_bytes_per_s": speed, "threads": 1}
+
+
+def test_auto_stages_fit_each_workers_memory_and_cut_where_the_least_crosses():
+    auto = R.parallel.Pipeline(stages="auto", micro_batches=2)
+    memory = [10, 10, 10, 10]
+    one_big = auto.fit_to_workers(memory, [1, 1, 1, 1], [worker("a", 40, 1e6), worker("b", 40, 1e6)])
+    assert (one_big.stages, one_big.cut(memory)) == (1, [(0, 4)])
+    # two stages: of the cuts that fit, the one whose boundary moves the fewest bytes, not the most even one
+    narrow = auto.fit_to_workers(memory, [30, 100, 1, 5], [worker("a", 30, 1e6), worker("b", 30, 1e6)])
+    assert narrow.cut(memory) == [(0, 3), (3, 4)] and R.parallel.Pipeline(2).cut(memory) == [(0, 2), (2, 4)]
+    # stage s is sized by the worker the forecast deals it: the fastest hand-off first
+    uneven = auto.fit_to_workers(memory, [1, 1, 1, 1], [worker("slow", 12, 1e5), worker("fast", 35, 1e7)])
+    assert uneven.cut(memory) == [(0, 3), (3, 4)]
+    assert R.parallel.forecast(uneven, [worker("slow", 12, 1e5), worker("fast", 35, 1e7)], "cpu") == \
+        {"stage 0": "fast", "stage 1": "slow"}
+    with pytest.raises(ValueError, match="a unit needs about 50 bytes"):
+        auto.fit_to_workers([50, 10], [1, 1], [worker("a", 40, 1e6)])
+
+
+def test_pytorch_model_stages_run_on_two_workers_with_the_in_process_bits(engine, workers, client):
+    names = workers.start(2)
+    graph, persisted = engine_fit(bn_dropout_net, R.parallel.Pipeline(stages=2, micro_batches=2), 2, 12)
+    # One thread: compiling folds the first micro-batch's stage 0 forward (it reads only constants), whose
+    # BatchNorm statistics a multi-threaded reduction would sum in another order than the reference.
+    assert "stage 1 on" in str(on_one_thread(R.activate))
+    run_on_both(engine, client, graph, names)
+    assert_same_as_in_process(graph, persisted + ["prediction"])
+    saved = R.fetch_persisting_op("trained")
+    with torch.no_grad():   # eval mode: the running statistics the stages updated
+        assert torch.allclose(saved(torch.as_tensor(X)), R.fetch_persisting_op("prediction"), atol=1e-6)
+
+
+def test_auto_stages_cut_a_pytorch_model_that_one_worker_cannot_hold(engine, workers, client):
+    """Workers advertising 25 KB each: the model's parameters with their gradients and Adam's moments (about 39 KB)
+    need two stages, which the workers run with the in-process bits."""
+    def wide_net():
+        torch.manual_seed(2)
+        return torch.nn.Sequential(torch.nn.Linear(5, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
+                                   torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    memory = [unit.memory for unit in chain_of(R.model(wide_net()), torch.as_tensor(X[:6]))]
+    assert max(memory) < 25_000 < sum(memory)
+    names = workers.start(2, extra=("--max-subgraph-bytes", str(25_000)))
+    graph, persisted = engine_fit(wide_net, R.parallel.Pipeline(stages="auto", micro_batches=2), 1, 12)
+    summary = str(on_one_thread(R.activate))
+    assert "Pipeline(stages=2, micro_batches=2)" in summary and "stage 1 on" in summary
+    run_on_both(engine, client, graph, names)
+    assert_same_as_in_process(graph, persisted)
+
+
+def test_a_torchscript_vjp_gives_the_same_bits_at_every_call():
+    """TorchScript's profiling executor rewrites a graph after its first calls, and BatchNorm's backward then rounds
+    otherwise; ravop runs modules unoptimised, so a worker's first call and its hundredth agree (a pipeline stage's
+    recompute on a fresh worker gives the bits its forward's did elsewhere)."""
+    model = R.model(bn_dropout_net(0.0))
+    torchscript._modules.clear()
+    xs = [model.blob, *model.params, *model.buffers, torch.as_tensor(X[:6]), torch.ones(6, 3)]
+    params = dict(model_hash=model.model_hash, param_slots=model.param_slots, buffer_slots=model.buffer_slots,
+                  n_args=1, kwarg_names=(), training=True, seed=0,
+                  mask=(True,) * len(model.params) + (False,) * (len(model.buffers) + 1), grad_mask=(True,))
+    first = torchscript.torchscript_vjp(*xs, **params)
+    for _ in range(4):
+        assert all(torch.equal(a, b) for a, b in zip(first, torchscript.torchscript_vjp(*xs, **params)))

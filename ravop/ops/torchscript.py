@@ -165,7 +165,10 @@ def _run(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, trainin
     with _bound(entry, param_slots + buffer_slots, params + buffers, training, seed, blob.device) as module:
         inputs = params + args + list(kwargs.values())
         versions = _versions(inputs)
-        result = module(*args, **kwargs)
+        # Unoptimised: TorchScript's profiling executor rewrites a graph after its first calls (BatchNorm's
+        # backward then rounds otherwise), so the bits would hang on how often this process ran the module.
+        with torch.jit.optimized_execution(False):
+            result = module(*args, **kwargs)
     if versions != _versions(inputs):
         raise RuntimeError("the model's forward modified a parameter or an input in place; graph values are "
                            "immutable: write x = x + y instead of x += y in the model")
