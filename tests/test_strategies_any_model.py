@@ -1,7 +1,7 @@
 """Every strategy trains any model through the same train-state interface: `Pytorch_Model.fit` over an
 nn.Module and `Functional.fit` give what eager PyTorch computes for the same algorithm (the references of
 tests/test_parallel_math.py and tests/test_diloco.py), a Pytorch_Model with BatchNorm averages its statistics
-under DiLoCo, Pipeline cuts a Pytorch_Model and refuses what it cannot cut (a Functional), and on the engine a
+under DiLoCo, Pipeline cuts a Pytorch_Model or a Functional whose layers form a chain and refuses one that does not, and on the engine a
 DiLoCo fit of a Pytorch_Model gives the in-process bits and saves the global model."""
 import numpy as np
 import pytest
@@ -9,7 +9,7 @@ import torch
 
 import ravop as R
 from ravdl.v2 import Functional, Pytorch_Model
-from ravdl.v2.layers import Dense
+from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop.interpreter import evaluate_persisted
 from test_diloco import diloco_reference
@@ -48,6 +48,19 @@ class TwoDense(Functional):
         return self.last._forward_pass(self.first._forward_pass(input, training=training).tanh(), training=training)
 
 
+class ChainedDense(TwoDense):
+    """TwoDense with its tanh as a layer: a chain of layers, which Pipeline cuts."""
+
+    def __init__(self):
+        super().__init__()
+        self.squash = Activation("tanh")
+        self.initialize_params(Adam(lr=LR))
+
+    def _forward_pass_call(self, input, training=True):
+        hidden = self.squash._forward_pass(self.first._forward_pass(input, training=training), training=training)
+        return self.last._forward_pass(hidden, training=training)
+
+
 def fit(model, strategy, n_epochs, batch_size, shuffle=True, loss="SquareLoss"):
     """(loss by name, loss names, eval-mode prediction on X) of `model.fit(...)`, computed in-process."""
     graph = R.current_graph()
@@ -84,11 +97,13 @@ def test_one_worker_mathematics(make_model, strategy):
 
 @pytest.mark.parametrize("strategy", [R.parallel.Pipeline(stages=2, micro_batches=2),
                                       R.parallel.Pipeline(stages=3, micro_batches=3, replicas=2)])
-def test_pytorch_model_pipeline_mathematics_is_one_workers(strategy):
+@pytest.mark.parametrize("make_model", [pytest.param(pytorch_model, id="Pytorch_Model"),
+                                        pytest.param(ChainedDense, id="Functional")])
+def test_pipeline_mathematics_is_one_workers(make_model, strategy):
     """Without BatchNorm and Dropout, GPipe's micro-batches give one worker's gradients
     (tests/test_pipeline_any_model.py has BatchNorm and Dropout)."""
     R.Graph(name="any model", seed=11)
-    got, names, prediction = fit(pytorch_model(), strategy, 2, 10)
+    got, names, prediction = fit(make_model(), strategy, 2, 10)
     net = torch_net()
     opt = torch.optim.Adam(net.parameters(), lr=LR)
     want = [adam_step(net, opt, torch.as_tensor(X)[rows], torch.as_tensor(Y)[rows])
@@ -161,9 +176,10 @@ def test_a_ravop_loss_is_accepted_and_bad_ones_are_refused():
         pytorch_model().fit(X, Y, 1, 16, loss="Hinge")
 
 
-def test_pipeline_refuses_a_model_it_cannot_cut_by_name():
+def test_pipeline_refuses_a_functional_that_is_not_a_chain_of_its_layers_by_name():
     R.Graph(name="pipeline")
-    with pytest.raises(NotImplementedError, match="Pipeline cuts a model into stages"):
+    with pytest.raises(ValueError, match=r"TwoDense is not a chain of its layers: last reads tanh \(.*"
+                                         r"test_strategies_any_model.py:\d+\), not the output of first"):
         TwoDense().fit(X, Y, 1, 8, strategy=R.parallel.Pipeline(stages=2))
 
 

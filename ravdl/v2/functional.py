@@ -1,6 +1,7 @@
 """Functional: a model class the user writes, composing layers in its own forward code."""
 from .layers.base import as_input, child_layers, name_layers
 from .model_base import Model
+from .pipeline_stages import called_chain, layer_units
 from .training import fit_model
 
 
@@ -48,6 +49,11 @@ class Functional(Model):
         NeuralNetwork.fit. Returns a `History`."""
         return fit_model(self, X, y, n_epochs, batch_size, loss or self.compiled_loss or "SquareLoss", strategy,
                          shuffle, seed, callbacks, validation_data)
+
+    def pipeline_units(self, sample, rows):
+        """The units Pipeline cuts into stages: the layers the forward calls, when they form a chain (checked by
+        recording the forward once), for micro-batches of `rows` rows (ravdl/v2/pipeline_stages.py)."""
+        return layer_units(self, called_chain(self, sample), rows)
 
     def _forward_pass_call(self, input, training=True):
         raise NotImplementedError(f"{type(self).__name__} must implement _forward_pass_call(self, input, "

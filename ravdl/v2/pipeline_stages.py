@@ -17,7 +17,7 @@ import ravop as R
 from ravop.runner import op_seed
 from ravop.torchscript_stages import chain_of, stage_model
 
-from .layers.base import CustomLayer, leaf_layers
+from .layers.base import CustomLayer, as_input, leaf_layers, recording_calls
 from .layers.core import Dropout
 
 
@@ -93,6 +93,39 @@ def layer_units(model, tops, rows):
     outputs = [rows * int(np.prod(top.last_output_shape)) * 4 for top in tops]
     return Units([p + o for p, o in zip(params, outputs)], outputs,
                  lambda start, stop: LayerStage(model, tops[start:stop]))
+
+
+def called_chain(model, sample):
+    """The built-in layers a Functional's forward calls, in order, when they form a chain: the first reads the
+    model's input, each next one the output of the one before, and the forward returns the last one's output;
+    ValueError naming the model and what breaks the chain otherwise. Its forward is recorded once, in eval mode,
+    on one row of `sample` (read by nothing, so never run)."""
+    X = as_input(sample[:1])
+    with recording_calls() as calls:
+        out = model._forward_pass(X, training=False)
+    name = type(model).__name__
+    if not calls:
+        raise ValueError(f"{name}'s forward calls no layer: Pipeline has nothing to cut")
+    layers, previous = [], None
+    for layer, read, written in calls:
+        expected = X if previous is None else previous
+        if read is not expected and not (previous is None and read.inputs and read.inputs[0] is X):
+            what = f"the output of {layers[-1].label}" if layers else "the model's input"
+            raise ValueError(f"{name} is not a chain of its layers: {layer.label} reads {read.op} ({read.source}), "
+                             f"not {what}; Pipeline cuts a forward that only calls its layers one after the other "
+                             "(make that step a layer, e.g. Activation)")
+        if any(layer is seen for seen in layers):
+            raise ValueError(f"{name} calls layer {layer.label} twice; Pipeline cannot put its weights in two stages")
+        layers.append(layer)
+        previous = written
+    if out is not previous:
+        raise ValueError(f"{name} is not a chain of its layers: its forward returns {getattr(out, 'op', out)}, not "
+                         f"the output of its last layer {layers[-1].label}")
+    trained = [leaf for _, leaf in model.leaf_layers() if leaf.params and all(leaf is not l for l in layers)]
+    if trained:
+        raise ValueError(f"{name}'s layers {[leaf.label for leaf in trained]} have parameters but its forward does "
+                         "not call them: Pipeline would not train them")
+    return layers
 
 
 class TorchStage:
