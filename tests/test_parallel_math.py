@@ -261,16 +261,19 @@ def test_a_segment_runs_its_steps_of_the_schedule_with_their_batches_and_random_
         record((4, 3), ["a", "b", "c"])
 
 
-def test_auto_stages_are_the_fewest_that_fit_the_smallest_worker_limit():
+def test_auto_stages_are_the_fewest_that_fit_the_workers_limit():
     auto = R.parallel.Pipeline(stages="auto", micro_batches=3)
     costs = [400, 100, 300, 300, 200]
-    assert auto.fewest_stages(costs, 1300).stages == 1
-    chosen = auto.fewest_stages(costs, 700)     # any two stages have one of at least 800
+
+    def fit_to(limit):   # one worker's limit, every boundary alike: the most even cut of the fewest stages
+        return auto.fit_to_workers(costs, [1] * len(costs), [{"name": "w", "memory_limit": limit}])
+    assert fit_to(1300).stages == 1
+    chosen = fit_to(700)     # any two stages have one of at least 800
     assert (chosen.stages, chosen.micro_batches) == (3, 3)
     assert chosen.cut(costs) == [(0, 1), (1, 3), (3, 5)]
-    assert auto.fewest_stages(costs, 400).stages == 4   # [400] [100, 300] [300] [200]
-    with pytest.raises(ValueError, match="a layer needs about 400 bytes"):
-        auto.fewest_stages(costs, 399)
+    assert fit_to(400).stages == 4   # [400] [100, 300] [300] [200]
+    with pytest.raises(ValueError, match="a unit needs about 400 bytes"):
+        fit_to(399)
     with pytest.raises(ValueError, match="no cut until"):
         auto.cut(costs)
 

@@ -1,8 +1,8 @@
 """Every strategy trains any model through the same train-state interface: `Pytorch_Model.fit` over an
 nn.Module and `Functional.fit` give what eager PyTorch computes for the same algorithm (the references of
 tests/test_parallel_math.py and tests/test_diloco.py), a Pytorch_Model with BatchNorm averages its statistics
-under DiLoCo, Pipeline cuts a Pytorch_Model or a Functional whose layers form a chain and refuses one that does not, and on the engine a
-DiLoCo fit of a Pytorch_Model gives the in-process bits and saves the global model."""
+under DiLoCo, Pipeline cuts a Pytorch_Model or a Functional whose layers form a chain and refuses one that does
+not, and on the engine a DiLoCo fit of a Pytorch_Model gives the in-process bits and saves the global model."""
 import numpy as np
 import pytest
 import torch

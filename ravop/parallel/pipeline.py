@@ -1,6 +1,7 @@
-"""Pipeline (GPipe): the model's layers cut into `stages` contiguous stages of balanced cost, every batch into
-`micro_batches` micro-batches (as torch.tensor_split cuts it). Each (stage, micro-batch) forward is a subgraph of
-its own, as is each backward, which recomputes its stage's forward from the stage's input (GPipe's
+"""Pipeline (GPipe): the model's units (NeuralNetwork's top-level layers, a Functional's chain of layers, a
+Pytorch_Model's top-level children: ravdl/v2/pipeline_stages.py) cut into `stages` contiguous stages of balanced
+memory, every batch into `micro_batches` micro-batches (as torch.tensor_split cuts it). Each (stage, micro-batch)
+forward is a subgraph of its own, as is each backward, which recomputes its stage's forward from the stage's input (GPipe's
 re-materialisation) and hands the gradient of that input to the stage before it; the optimizer steps once on the
 micro-batches' gradients weighted by their sizes: the same mathematics as one worker. Ready subgraphs go to idle
 workers, so stage s of micro-batch m+1 runs while stage s+1 works on micro-batch m.
@@ -24,8 +25,8 @@ def stage_seed(graph_seed, step, micro_batch, stage):
 
 
 class Pipeline:
-    """`stages`: a number, or 'auto': the fewest stages of which each fits the smallest subgraph memory limit
-    the live workers advertise (`fit` resolves it when it records, see `fewest_stages`)."""
+    """`stages`: a number, or 'auto': the fewest stages of which each fits the subgraph memory limit of the live
+    worker it goes to, cut where the least crosses (`fit` resolves it when it records, see `fit_to_workers`)."""
 
     def __init__(self, stages, micro_batches=1, replicas=1):
         if stages != "auto" and (type(stages) is not int or stages < 1):
@@ -45,17 +46,6 @@ class Pipeline:
         if self.replicas == 1:
             return [f"stage {s}" for s in range(self.stages)]
         return [f"replica {r} stage {s}" for r in range(self.replicas) for s in range(self.stages)]
-
-    def fewest_stages(self, costs, limit):
-        """This pipeline with the fewest stages whose largest stage cost (`costs` per layer, in bytes) is at most
-        `limit`; ValueError when even one layer per stage is over it."""
-        for stages in range(1, len(costs) + 1):
-            candidate = Pipeline(stages, self.micro_batches, self.replicas)
-            if max(sum(costs[start:stop]) for start, stop in candidate.cut(costs)) <= limit:
-                return candidate
-        raise ValueError(f"Pipeline(stages='auto'): a layer needs about {max(costs):,} bytes, over the smallest "
-                         f"subgraph memory limit of the live workers ({limit:,} bytes); give workers more memory "
-                         f"(ravop-worker --max-memory)")
 
     def fit_to_workers(self, memory, boundary, workers):
         """This pipeline with the fewest stages that fit `workers` (ravop.store.worker_info dicts advertising
@@ -110,7 +100,7 @@ class Pipeline:
             return self.planned
         if self.stages == "auto":
             raise ValueError("Pipeline(stages='auto') has no cut until its number of stages is chosen "
-                             "(fewest_stages)")
+                             "(fit_to_workers)")
         n = len(costs)
         if n < self.stages:
             raise ValueError(f"{n} layers cannot make {self.stages} stages: use at most {n}")
