@@ -81,26 +81,14 @@ def assert_replica_losses(got, losses, n_epochs, replicas, atol):
             assert torch.allclose(got[f"training_loss_epoch_{e + 1}_batch_{b * replicas + r + 1}"], loss, atol=atol)
 
 
-@pytest.mark.parametrize("make_model", MODELS)
-@pytest.mark.parametrize("strategy", [None, R.parallel.DataParallel(replicas=2)], ids=["one worker", "DataParallel"])
-def test_one_worker_mathematics(make_model, strategy):
-    R.Graph(name="any model", seed=11)
-    got, names, prediction = fit(make_model(), strategy, 2, 10)
-    net = torch_net()
-    opt = torch.optim.Adam(net.parameters(), lr=LR)
-    want = [adam_step(net, opt, torch.as_tensor(X)[rows], torch.as_tensor(Y)[rows])
-            for rows in batches_of(len(X), 10, 2, True, 3)]
-    assert names == [f"training_loss_epoch_{e}_batch_{b}" for e in (1, 2) for b in range(1, 6)]
-    assert torch.allclose(torch.stack([got[n] for n in names]), torch.stack(want), atol=1e-5)
-    assert torch.allclose(prediction, net(torch.as_tensor(X)).detach(), atol=1e-5)
-
-
-@pytest.mark.parametrize("strategy", [R.parallel.Pipeline(stages=2, micro_batches=2),
-                                      R.parallel.Pipeline(stages=3, micro_batches=3, replicas=2)])
 @pytest.mark.parametrize("make_model", [pytest.param(pytorch_model, id="Pytorch_Model"),
                                         pytest.param(ChainedDense, id="Functional")])
-def test_pipeline_mathematics_is_one_workers(make_model, strategy):
-    """Without BatchNorm and Dropout, GPipe's micro-batches give one worker's gradients
+@pytest.mark.parametrize("strategy", [None, R.parallel.DataParallel(replicas=2),
+                                      R.parallel.Pipeline(stages=2, micro_batches=2),
+                                      R.parallel.Pipeline(stages=3, micro_batches=3, replicas=2)],
+                         ids=["one worker", "DataParallel", "Pipeline", "Pipeline with replicas"])
+def test_one_worker_mathematics(make_model, strategy):
+    """GPipe's micro-batches, without BatchNorm and Dropout, give one worker's gradients too
     (tests/test_pipeline_any_model.py has BatchNorm and Dropout)."""
     R.Graph(name="any model", seed=11)
     got, names, prediction = fit(make_model(), strategy, 2, 10)
@@ -108,6 +96,7 @@ def test_pipeline_mathematics_is_one_workers(make_model, strategy):
     opt = torch.optim.Adam(net.parameters(), lr=LR)
     want = [adam_step(net, opt, torch.as_tensor(X)[rows], torch.as_tensor(Y)[rows])
             for rows in batches_of(len(X), 10, 2, True, 3)]
+    assert names == [f"training_loss_epoch_{e}_batch_{b}" for e in (1, 2) for b in range(1, 6)]
     assert torch.allclose(torch.stack([got[n] for n in names]), torch.stack(want), atol=1e-5)
     assert torch.allclose(prediction, net(torch.as_tensor(X)).detach(), atol=1e-5)
 
