@@ -158,8 +158,8 @@ def chain_of(model, sample, seed=0):
     if unowned:
         raise NotAChain(f"{_described(model, module)}: parameters {unowned} are in no child its forward calls")
     if not isinstance(whole, torch.Tensor) or whole.shape != x.shape or not torch.allclose(whole, x, **_TOLERANCE):
-        raise NotAChain(f"{_described(model, module)} is not a chain of its children: its output differs from calling "
-                        f"{', '.join(names)} in turn on the same micro-batch")
+        raise NotAChain(f"{_described(model, module)} is not a chain of its children: its output differs from "
+                        f"calling {', '.join(names)} in turn on the same micro-batch")
     return units
 
 
