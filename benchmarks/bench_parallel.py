@@ -3,7 +3,8 @@
 
     python benchmarks/bench_parallel.py [--steps 64] [--threads 1] [--repeats 2] [--only DiLoCo]
 
-Rows: plain fit on 1 worker; LocalSGD(replicas=2, sync_every=8), DataParallel(2), Pipeline(2, micro_batches=4),
+Rows: plain fit on 1 worker; LocalSGD(replicas=2, sync_every=8), DataParallel(2), Pipeline(2, micro_batches=4)
+(of the NeuralNetwork, and of the nn.Module as a Pytorch_Model, cut into stages of its children),
 DiLoCo(2, inner_steps=8) and DiLoCo(2, 8, compression='int8', overlap=True) on 1 and 2 workers each; eager
 PyTorch (one process, the same model and batches), and for each DiLoCo row the same algorithm in eager PyTorch
 (its replicas one after the other in one process: its "vs eager" ratio and losses compare with that). samples/s counts every sample a replica trains
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ravop as R  # noqa: E402
 from bench_ravdl import Workers, mnist_data  # noqa: E402
-from ravdl.v2 import NeuralNetwork  # noqa: E402
+from ravdl.v2 import NeuralNetwork, Pytorch_Model  # noqa: E402
 from ravdl.v2.layers import Activation, Dense  # noqa: E402
 from ravdl.v2.optimizers import Adam  # noqa: E402
 from ravop.embedded import LocalServer  # noqa: E402
@@ -148,12 +149,21 @@ def machine_ceiling(steps, threads):
     return 2 * alone / both
 
 
-def engine(X, y, strategy):
-    """(execute seconds, losses in name order, summary) of one fit on the running workers."""
+def module_mlp():
+    """The MLP as a Pytorch_Model of the nn.Module itself (Pipeline cuts it into stages of its children)."""
+    model = Pytorch_Model(R.model(torch_mlp()))
+    model.initialize(Adam(lr=0.001))
+    return model
+
+
+def engine(X, y, strategy, as_module=False):
+    """(execute seconds, losses in name order, summary) of one fit on the running workers; `as_module`: the MLP as
+    a Pytorch_Model instead of a NeuralNetwork."""
     R.flush()
     R.Graph(name=f"bench {strategy!r}", seed=SEED)
     with contextlib.redirect_stdout(io.StringIO()):
-        names = ravdl_mlp(torch_mlp()).fit(X, y, n_epochs=1, batch_size=BATCH, strategy=strategy)
+        fit = module_mlp().fit if as_module else ravdl_mlp(torch_mlp()).fit
+        names = fit(X, y, n_epochs=1, batch_size=BATCH, strategy=strategy)
     summary = R.activate()
     start = time.perf_counter()
     R.execute()
@@ -177,6 +187,7 @@ def main():
     strategies = [("fit", None), ("LocalSGD(2, sync_every=8)", R.parallel.LocalSGD(2, 8)),
                   ("DataParallel(2)", R.parallel.DataParallel(2)),
                   ("Pipeline(2, micro_batches=4)", R.parallel.Pipeline(2, 4)),
+                  ("Pipeline(2, micro_batches=4) nn.Module", R.parallel.Pipeline(2, 4)),
                   ("DiLoCo(2, 8)", R.parallel.DiLoCo(2, 8)),
                   ("DiLoCo(2, 8, int8, overlap)", R.parallel.DiLoCo(2, 8, compression="int8", overlap=True))]
     strategies = [(label, strategy) for label, strategy in strategies if args.only in label]
@@ -193,7 +204,7 @@ def main():
                 for label, strategy in strategies:
                     if label == "fit" and n_workers == 2:
                         continue
-                    runs = [engine(X, y, strategy) for _ in range(args.repeats)]
+                    runs = [engine(X, y, strategy, label.endswith("nn.Module")) for _ in range(args.repeats)]
                     seconds, losses, summary = min(runs, key=lambda run: run[0])
                     results[label, n_workers] = seconds
                     rows.append((label, n_workers, seconds, losses, summary))
@@ -205,11 +216,11 @@ def main():
     print(f"MLP 784-{WIDTH}-{WIDTH}-10, batch {BATCH}, {args.steps} batches, --threads {args.threads}; the machine "
           "was shared with other jobs")
     print(f"two eager processes at once: {ceiling:.2f}x one (the most 2 workers can gain on this machine now)")
-    print(f"{'run':<34}{'workers':>8}{'seconds':>9}{'samples/s':>11}{'vs eager':>10}{'speed-up':>10}  "
+    print(f"{'run':<40}{'workers':>8}{'seconds':>9}{'samples/s':>11}{'vs eager':>10}{'speed-up':>10}  "
           f"{'subgraphs':>9}  max |loss - eager|")
-    print(f"{'eager PyTorch':<34}{1:>8}{eager_s:>9.2f}{samples / eager_s:>11.0f}{1.0:>10.2f}{'':>10}")
+    print(f"{'eager PyTorch':<40}{1:>8}{eager_s:>9.2f}{samples / eager_s:>11.0f}{1.0:>10.2f}{'':>10}")
     for label, (seconds, _) in references.items():
-        print(f"{'eager ' + label:<34}{1:>8}{seconds:>9.2f}{samples / seconds:>11.0f}{1.0:>10.2f}{'':>10}")
+        print(f"{'eager ' + label:<40}{1:>8}{seconds:>9.2f}{samples / seconds:>11.0f}{1.0:>10.2f}{'':>10}")
     for label, n_workers, seconds, losses, summary in rows:
         speedup = results[label, 1] / seconds if n_workers == 2 else None
         names = [f"training_loss_epoch_1_batch_{b + 1}" for b in range(args.steps)]
@@ -222,7 +233,7 @@ def main():
             diff = float((got - torch.tensor([want[name] for name in names])).abs().max())
         else:
             diff = float((got - eager_losses).abs().max())
-        print(f"{label:<34}{n_workers:>8}{seconds:>9.2f}{samples / seconds:>11.0f}{base_s / seconds:>10.2f}"
+        print(f"{label:<40}{n_workers:>8}{seconds:>9.2f}{samples / seconds:>11.0f}{base_s / seconds:>10.2f}"
               f"{'' if speedup is None else f'{speedup:.2f}x':>10}  {summary['subgraphs']:>9}  "
               f"{'-' if diff is None else f'{diff:.2e}'}")
 
