@@ -16,7 +16,6 @@ from .fit import LossTraining, Slot, TrainState, optimizer_slots
 from .keras_habits import KerasHabits
 from .layers.base import CustomLayer, leaf_layers
 from .notebook import Summary, in_notebook
-from .pipeline_stages import layer_units
 
 
 class Model(KerasHabits, LossTraining):
@@ -86,15 +85,11 @@ class Model(KerasHabits, LossTraining):
             layer.params[name] = self.optimizer.update((layer, name), param, grad)
 
     def pipeline_units(self, sample, rows):
-        """The units Pipeline cuts into stages (ravdl/v2/pipeline_stages.py): the top-level layers in forward
-        order, for micro-batches of `rows` rows (`sample`, one of them, is not needed to size layers)."""
-        return layer_units(self, self.sequential_layers(), rows)
-
-    def sequential_layers(self):
-        """The top-level layers in the order the forward pass runs them, for Pipeline's stages."""
-        raise NotImplementedError(f"Pipeline cuts a model into stages of its top-level layers in order, which a "
-                                  f"{type(self).__name__} does not declare (its forward is its own code): use "
-                                  "NeuralNetwork, or another strategy")
+        """The units Pipeline cuts into stages, in forward order (ravdl/v2/pipeline_stages.py); NeuralNetwork and
+        Functional give theirs."""
+        raise NotImplementedError(f"Pipeline cuts a model into stages of its layers in forward order, which a "
+                                  f"{type(self).__name__} does not give (pipeline_units): use NeuralNetwork, a "
+                                  "Functional, or another strategy")
 
     def _trained(self):
         return [((layer, name), layer.params[name]) for _, layer in self.leaf_layers() if layer.built

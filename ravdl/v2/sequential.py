@@ -12,6 +12,7 @@ from .keras_habits import validation_loss
 from .layers.base import as_input, name_layers
 from .model_base import Model
 from .parallel_fit import record_parallel_fit
+from .pipeline_stages import layer_units
 
 
 class NeuralNetwork(Model):
@@ -49,8 +50,10 @@ class NeuralNetwork(Model):
         """Record one training step on a batch; returns the loss Op (computed before the step)."""
         return self.train_step(X, y)
 
-    def sequential_layers(self):
-        return list(self.layers)
+    def pipeline_units(self, sample, rows):
+        """The units Pipeline cuts into stages (ravdl/v2/pipeline_stages.py): the layers in order, for
+        micro-batches of `rows` rows (`sample`, one of them, is not needed to size layers)."""
+        return layer_units(self, list(self.layers), rows)
 
     def predict(self, X):
         """The model's output for `X` in eval mode, as an Op (persist it to fetch it)."""
