@@ -3,8 +3,11 @@ children (ravop/torchscript_stages.py) and trained as GPipe (ravdl/v2/pipeline_f
 PyTorch's GPipe-equivalent training (one model, each batch's micro-batches' weighted losses backpropagated in turn,
 one optimizer step), with BatchNorm (running statistics once per micro-batch) and Dropout (the same masks: each
 stage's forward draws from `stage_seed`, which the eager reference seeds too); a model that is not a chain of its
-children is refused by name; `stages='auto'` fits the workers' advertised memory and bandwidth; on a real server
+children (a residual, a functional op between children, a tied parameter, a child called twice) is refused by
+name; a traced module is cut as a scripted one; `stages='auto'` fits the workers' advertised memory and bandwidth; on a real server
 two workers run the stages with the in-process bits."""
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -265,3 +268,42 @@ def test_a_torchscript_vjp_gives_the_same_bits_at_every_call():
     first = torchscript.torchscript_vjp(*xs, **params)
     for _ in range(4):
         assert all(torch.equal(a, b) for a, b in zip(first, torchscript.torchscript_vjp(*xs, **params)))
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(5, 5), torch.nn.Linear(5, 5)
+        self.second.weight = self.first.weight
+
+    def forward(self, x):
+        return self.second(self.first(x))
+
+
+class Twice(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Linear(5, 5)
+
+    def forward(self, x):
+        return self.first(self.first(x))
+
+
+@pytest.mark.parametrize("module, why", [(Tied, "ties parameter first.weight across children first and second"),
+                                         (Twice, r"calls a child twice \(\['first', 'first'\]\)")])
+def test_tied_and_reused_children_are_refused(module, why):
+    with pytest.raises(NotAChain, match=why):
+        chain_of(R.model(module()), torch.as_tensor(X[:4]))
+
+
+def test_a_traced_module_is_a_chain_too():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(bn_dropout_net(0.0).eval(), torch.as_tensor(X[:4]))
+    with pytest.warns(DeprecationWarning, match="deprecates TorchScript"):
+        model = R.model(traced)
+    units = chain_of(model, torch.as_tensor(X[:6]))
+    assert [unit.name for unit in units] == [str(k) for k in range(8)]
+    assert units[0].params == [0] and units[1].buffers == [0, 1, 2] and units[-1].output_shape == (3,)
+    # the first Linear holds its weight four times (value, gradient, two Adam moments); its output is 6 x 8 floats
+    assert units[0].param_bytes == 4 * 8 * 5 * 4 and units[0].output_bytes == 6 * 8 * 4
