@@ -4,8 +4,8 @@ PyTorch's GPipe-equivalent training (one model, each batch's micro-batches' weig
 one optimizer step), with BatchNorm (running statistics once per micro-batch) and Dropout (the same masks: each
 stage's forward draws from `stage_seed`, which the eager reference seeds too); a model that is not a chain of its
 children (a residual, a functional op between children, a tied parameter, a child called twice) is refused by
-name; a traced module is cut as a scripted one; `stages='auto'` fits the workers' advertised memory and bandwidth; on a real server
-two workers run the stages with the in-process bits."""
+name; a traced module is cut as a scripted one; `stages='auto'` fits the workers' advertised memory and bandwidth;
+on a real server two workers run the stages with the in-process bits."""
 import warnings
 
 import numpy as np
