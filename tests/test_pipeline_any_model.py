@@ -307,3 +307,22 @@ def test_a_traced_module_is_a_chain_too():
     assert units[0].params == [0] and units[1].buffers == [0, 1, 2] and units[-1].output_shape == (3,)
     # the first Linear holds its weight four times (value, gradient, two Adam moments); its output is 6 x 8 floats
     assert units[0].param_bytes == 4 * 8 * 5 * 4 and units[0].output_bytes == 6 * 8 * 4
+
+
+def test_frozen_parameters_are_read_by_their_stage_and_never_stepped():
+    def frozen_net():
+        net = bn_dropout_net(0.3)
+        net[0].weight.requires_grad_(False)
+        return net
+    graph = R.Graph(name="frozen", seed=GRAPH_SEED)
+    model = Pytorch_Model(R.model(frozen_net()))
+    model.initialize(Adam(lr=LR))
+    names = list(model.fit(X, Y, 1, 12, loss="SquareLoss", strategy=R.parallel.Pipeline(stages=2, micro_batches=2),
+                           shuffle=True, seed=SHUFFLE_SEED))
+    model.params[0].persist_op("frozen weight")
+    model.params[-1].persist_op("last bias")
+    values = evaluate_persisted(graph)
+    want, net = gpipe_reference(frozen_net, cut_of(frozen_net(), 2, 6), 1, 12, 2, square_loss)
+    assert all(abs(float(values[n]) - float(w)) < 1e-5 for n, w in zip(names, want))
+    assert torch.equal(values["frozen weight"], frozen_net()[0].weight.detach())
+    assert torch.allclose(values["last bias"], net[-1].bias.detach(), atol=1e-5)
