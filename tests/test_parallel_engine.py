@@ -102,7 +102,7 @@ def test_replicated_pipeline_runs_on_both_workers_with_the_in_process_bits(engin
 
 
 def test_auto_stages_are_sized_by_the_live_workers_memory(engine, workers, client):
-    with pytest.raises(R.GraphStateError, match="no live worker advertises"):
+    with pytest.raises(R.GraphStateError, match="advertised memory of the cpu workers, and no live one advertises any"):
         record(R.parallel.Pipeline(stages="auto", micro_batches=2), epochs=1, batch_size=12, name="auto")
     names = workers.start(2)
     graph, persisted = record(R.parallel.Pipeline(stages="auto", micro_batches=2), epochs=1, batch_size=12,

@@ -27,12 +27,14 @@ def _one_step(initial, record_step):
 
 
 def _advertising_workers():
-    """The live workers that advertise a subgraph memory limit (Pipeline(stages='auto') sizes its stages by
-    them)."""
-    workers = [w for w in live_workers() if w.get("memory_limit")]
+    """The live workers of the graph's device kind (the ones the summary's forecast deals stages to) that advertise
+    a subgraph memory limit: Pipeline(stages='auto') sizes its stages by them."""
+    kind = "cuda" if current_graph().gpu_required else "cpu"
+    workers = [w for w in live_workers() if w.get("memory_limit") and w.get("kind", kind) == kind]
     if not workers:
-        raise GraphStateError("Pipeline(stages='auto') sizes its stages by the workers' advertised memory, and no "
-                              "live worker advertises any: start the workers first, or give a number of stages")
+        raise GraphStateError(f"Pipeline(stages='auto') sizes its stages by the advertised memory of the {kind} "
+                              "workers, and no live one advertises any: start the workers first, or give a number "
+                              "of stages")
     return workers
 
 
