@@ -5,6 +5,7 @@ It is hashable by identity; comparison dunders return new Ops (see `ravop.api`).
 """
 import uuid
 import warnings
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -254,6 +255,17 @@ _current = None
 def set_current(graph):
     global _current
     _current = graph
+
+
+@contextmanager
+def scratch_graph(name, seed=0):
+    """A graph to record into apart from the user's (the compiler records a strategy's replicas of a folded loop
+    in one); the graph that was current before is current again after."""
+    previous = _current
+    try:
+        yield Graph(name=name, seed=seed)
+    finally:
+        set_current(previous)
 
 
 def current_graph():

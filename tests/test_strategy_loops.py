@@ -1,0 +1,272 @@
+"""`R.Graph(..., strategy=...)` over a hand-written training loop (compiler/passes/strategy.py,
+docs/strategies.md "Hand-written loops"): the loop the compiler folds becomes the strategy's resident replicas,
+each running the loop's steps dealt to it round-robin; the steps left outside the loop run once. Checked against
+an eager PyTorch implementation of those semantics written here, on a real server with worker processes; the plan
+does not grow with the steps; bad combinations are refused by name."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import ravop as R
+from compiler import compile_graph
+from ravop.errors import GraphStateError
+from ravop.loop import Loop
+
+RNG = np.random.default_rng(7)
+X = RNG.normal(size=(160, 4)).astype(np.float32)
+Y = RNG.normal(size=(160, 2)).astype(np.float32)
+INITIAL = [RNG.normal(size=(4, 8)).astype(np.float32) * 0.5, np.zeros(8, np.float32),
+           RNG.normal(size=(8, 2)).astype(np.float32) * 0.5, np.zeros(2, np.float32)]
+BATCH, LR = 8, 0.05
+NAMES = ["W1", "b1", "W2", "b2"]
+
+
+def batch(s):
+    return X[s * BATCH:(s + 1) * BATCH], Y[s * BATCH:(s + 1) * BATCH]
+
+
+def hand_written_loop(steps, strategy, name="hand-written"):
+    """A user's loop of raw ops: a 4-8-2 MLP, its batch as R.t per step, R.grad and an Adam step per parameter,
+    the loss persisted per step and the parameters after the last step."""
+    graph = R.Graph(name=name, seed=5, strategy=strategy)
+    params = [R.t(torch.tensor(p)) for p in INITIAL]
+    states = [[R.t(torch.zeros(p.shape)) for _ in range(3)] for p in INITIAL]
+    for s in range(steps):
+        X_batch, y_batch = batch(s)
+        W1, b1, W2, b2 = params
+        out = R.matmul(R.relu(R.matmul(R.t(X_batch), W1) + b1), W2) + b2
+        loss = R.mean((out - R.t(y_batch)) ** 2)
+        grads = R.grad(loss, params)
+        for k, (p, g) in enumerate(zip(params, grads)):
+            params[k], *states[k] = R.adam_step(p, g, *states[k], step=s + 1, lr=LR)
+        loss.persist_op(f"loss_{s}")
+    for name, p in zip(NAMES, params):
+        p.persist_op(name)
+    return graph
+
+
+# ------------------------------------------------------------------------------ the semantics in eager PyTorch
+
+def eager_loss(params, s):
+    X_batch, y_batch = (torch.as_tensor(a) for a in batch(s))
+    W1, b1, W2, b2 = params
+    return torch.mean((torch.relu(X_batch @ W1 + b1) @ W2 + b2 - y_batch) ** 2)
+
+
+class Replica:
+    """Parameters and a torch.optim.Adam over them (foreach=False: ravop's adam_step is its single-tensor
+    update)."""
+
+    def __init__(self, params, state=None):
+        self.params = [p.detach().clone().requires_grad_() for p in params]
+        self.opt = torch.optim.Adam(self.params, lr=LR, foreach=False)
+        if state is not None:
+            self.opt.load_state_dict({"state": copy.deepcopy(state), "param_groups": self.opt.state_dict()
+                                      ["param_groups"]})
+
+    def step(self, s):
+        self.opt.zero_grad()
+        loss = eager_loss(self.params, s)
+        loss.backward()
+        self.opt.step()
+        return loss.detach()
+
+    def state(self):
+        return self.opt.state_dict()["state"]
+
+    def set_params(self, values):
+        with torch.no_grad():
+            for p, v in zip(self.params, values):
+                p.copy_(v)
+
+
+def mean_state(replicas, step):
+    """The replicas' mean Adam moments, with the step count `step` (what the loop's last step records)."""
+    states = [r.state() for r in replicas]
+    return {k: {"step": torch.tensor(float(step)),
+                "exp_avg": torch.stack([s[k]["exp_avg"] for s in states]).mean(0),
+                "exp_avg_sq": torch.stack([s[k]["exp_avg_sq"] for s in states]).mean(0)} for k in states[0]}
+
+
+def reference(steps, replicas, interval, sync):
+    """(loss per step, parameters after the last step): step 0 once; the loop's steps 1..steps-2 dealt
+    round-robin to `replicas` copies of the model and its Adam state, `sync(replicas, start)` after every
+    `interval` steps of a replica and after its last (returns the model every replica restarts from, or None to
+    keep them); the last step once, on `final(replicas)`'s model with the replicas' mean Adam state."""
+    losses = {}
+    first = Replica([torch.as_tensor(p) for p in INITIAL])
+    losses[0] = first.step(0)
+    copies = [Replica(first.params, first.state()) for _ in range(replicas)]
+    loop = list(range(1, steps - 1))
+    per_replica = len(loop) // replicas
+    for j in range(per_replica):
+        for r, replica in enumerate(copies):
+            s = loop[j * replicas + r]
+            losses[s] = replica.step(s)
+        if (j + 1) % interval == 0 or j + 1 == per_replica:
+            sync(copies)
+    last = Replica(sync.final(copies), mean_state(copies, steps - 1))
+    losses[steps - 1] = last.step(steps - 1)
+    return losses, [p.detach() for p in last.params]
+
+
+class Averaging:
+    """LocalSGD's synchronisation: every replica takes the mean parameters."""
+
+    def __call__(self, copies):
+        mean = [torch.stack(ps).mean(0) for ps in zip(*(c.params for c in copies))]
+        for c in copies:
+            c.set_params(mean)
+
+    def final(self, copies):
+        return [p.detach() for p in copies[0].params]
+
+
+class OuterSGD:
+    """DiLoCo's synchronisation: the mean pseudo-gradient `start - params` as the gradient of torch.optim.SGD over
+    the global model; every replica restarts from it."""
+
+    def __init__(self, start, lr, momentum, nesterov):
+        self.glob = [torch.as_tensor(p).clone().requires_grad_() for p in start]
+        self.outer = torch.optim.SGD(self.glob, lr=lr, momentum=momentum, nesterov=nesterov)
+
+    def __call__(self, copies):
+        for i, g in enumerate(self.glob):
+            g.grad = torch.stack([g.detach() - c.params[i].detach() for c in copies]).mean(0)
+        self.outer.step()
+        for c in copies:
+            c.set_params([g.detach() for g in self.glob])
+
+    def final(self, copies):
+        return [g.detach() for g in self.glob]
+
+
+# ------------------------------------------------------------------------------ on a real server
+
+def run(graph, steps):
+    R.activate()
+    R.execute()
+    R.track_progress(timeout=300, progress_bar=False)
+    return ({s: R.fetch_persisting_op(f"loss_{s}") for s in range(steps)},
+            [R.fetch_persisting_op(name) for name in NAMES])
+
+
+def assert_matches(got, want, atol=1e-5):
+    (losses, params), (want_losses, want_params) = got, want
+    assert sorted(losses) == sorted(want_losses)
+    for s, loss in want_losses.items():
+        assert torch.allclose(losses[s], loss, atol=atol), (s, float(losses[s]), float(loss))
+    for name, p, w in zip(NAMES, params, want_params):
+        assert (p - w).abs().max() <= atol, name
+
+
+def first_step_model():
+    """The model after step 0, from which every replica starts (what DiLoCo's global model starts as)."""
+    first = Replica([torch.as_tensor(p) for p in INITIAL])
+    first.step(0)
+    return [p.detach() for p in first.params]
+
+
+def test_local_sgd_over_a_folded_hand_written_loop_equals_eager_pytorch(engine, workers):
+    workers.start(2)
+    steps, strategy = 14, R.parallel.LocalSGD(replicas=2, sync_every=2)
+    graph = hand_written_loop(steps, strategy)
+    assert_matches(run(graph, steps), reference(steps, 2, 2, Averaging()))
+
+
+def test_diloco_over_a_folded_hand_written_loop_equals_eager_pytorch(engine, workers):
+    workers.start(2)
+    steps, strategy = 14, R.parallel.DiLoCo(replicas=3, inner_steps=2, outer_lr=0.7, outer_momentum=0.9)
+    graph = hand_written_loop(steps, strategy)
+    want = reference(steps, 3, 2, OuterSGD(first_step_model(), 0.7, 0.9, True))
+    assert_matches(run(graph, steps), want)
+
+
+# ------------------------------------------------------------------------------ the plan, in the compiler
+
+def replica_loops(compiled):
+    return [sub.loop for sub in compiled.plan.subgraphs if sub.HasField("loop")]
+
+
+@pytest.mark.parametrize("strategy", [R.parallel.LocalSGD(2, sync_every=3), R.parallel.DiLoCo(2, inner_steps=3),
+                                      R.parallel.DiLoCo(2, inner_steps=3, compression="int8", overlap=True)])
+def test_the_plan_does_not_grow_with_the_number_of_steps(strategy):
+    plans = []
+    for steps in (8, 20):
+        compiled = compile_graph(hand_written_loop(steps, strategy))
+        loops = replica_loops(compiled)
+        assert len(loops) == strategy.replicas and compiled.summary["loops_replicated"] == 1
+        share = (steps - 2) // 2   # the loop's steps (the first and last run once) dealt to 2 replicas
+        syncs = -(-share // 3)
+        assert [loop.n_steps for loop in loops] == [share + syncs * len(loop.sync_templates) for loop in loops]
+        plans.append((compiled.summary["compiled_ops"], compiled.summary["subgraphs"],
+                      [[len(t.nodes.op) for t in loop.templates] for loop in loops]))
+    assert plans[0] == plans[1]
+
+
+def test_each_replica_reads_only_the_batches_of_its_steps():
+    compiled = compile_graph(hand_written_loop(8, R.parallel.LocalSGD(2, sync_every=2)))
+    loops = replica_loops(compiled)
+    shares = [set(loop.templates[0].run_values) for loop in loops]
+    assert shares[0] and shares[1] and not shares[0] & shares[1]
+    assert all(len(loop.templates[0].run_values) == 3 * len(loop.templates[0].run_holes) for loop in loops)
+
+
+# ------------------------------------------------------------------------------ refused by name
+
+@pytest.mark.parametrize("strategy, words", [
+    (R.parallel.DataParallel(2), "DataParallel"),
+    (R.parallel.Pipeline(2), "Pipeline"),
+    (R.parallel.Gossip(2, interpolation="loss"), "Gossip"),
+    (R.parallel.LocalSGD(2, sync_every=2, update_frequency=2), "update_frequency"),
+    (R.parallel.DiLoCo(2, inner_steps=2, resident=False), "resident=False")])
+def test_strategies_a_hand_written_loop_cannot_take_are_refused_by_name(strategy, words):
+    with pytest.raises((NotImplementedError, ValueError), match=words) as raised:
+        compile_graph(hand_written_loop(8, strategy))
+    if isinstance(raised.value, NotImplementedError):
+        assert "LocalSGD, DiLoCo" in str(raised.value)
+
+
+def test_a_loop_whose_steps_do_not_split_evenly_is_refused():
+    with pytest.raises(ValueError, match="5 alike steps, which do not split evenly among 2 replicas"):
+        compile_graph(hand_written_loop(7, R.parallel.LocalSGD(2, sync_every=2)))
+
+
+def test_a_loop_without_batches_per_step_is_refused():
+    graph = R.Graph(name="no batches", strategy=R.parallel.DiLoCo(2, inner_steps=2))
+    w, data = R.t(torch.tensor([1.0, -2.0])), R.t(torch.tensor(X[:8, :2]))
+    for _ in range(8):
+        loss = R.mean(R.matmul(data, w) ** 2)
+        w = w - 0.1 * R.grad(loss, [w])[0]
+    w.persist_op("w")
+    with pytest.raises(ValueError, match="no batches to share"):
+        compile_graph(graph)
+
+
+def test_a_loop_that_carries_no_parameter_is_refused():
+    graph = R.Graph(name="a count", strategy=R.parallel.LocalSGD(2, sync_every=2))
+    seen = R.t(torch.tensor(0, dtype=torch.int64))
+    for s in range(8):
+        seen = seen + R.argmax(R.abs(R.t(X[s * 8:(s + 1) * 8]) * 2.0 + 1.0))   # an int64 count, no parameter
+    seen.persist_op("seen")
+    with pytest.raises(ValueError, match="carries no parameter"):
+        compile_graph(graph)
+
+
+def test_a_strategy_graph_with_no_fit_and_nothing_folded_is_refused():
+    graph = R.Graph(name="nothing", strategy=R.parallel.LocalSGD(2, sync_every=2))
+    (R.t([1.0, 2.0]) * 2.0).persist_op("twice")
+    with pytest.raises(GraphStateError, match="no fit used it and no hand-written training loop folded"):
+        compile_graph(graph)
+
+
+def test_a_loop_recorded_with_ravop_loop_under_a_strategy_is_refused():
+    graph = R.Graph(name="recorded", strategy=R.parallel.LocalSGD(2, sync_every=2))
+    loop = Loop([R.t(torch.tensor([1.0]))])
+    with loop.step() as step:
+        step.carry([step.carried[0] * 0.5])
+    loop.run([(0, 4)])[0].persist_op("w")
+    with pytest.raises(NotImplementedError, match="ravop.loop.Loop"):
+        compile_graph(graph)
