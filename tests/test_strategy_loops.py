@@ -11,6 +11,10 @@ import torch
 
 import ravop as R
 from compiler import compile_graph
+from ravdl.v2 import Functional
+from ravdl.v2.layers import BatchNormalization1D, Dense, Dropout
+from ravdl.v2.optimizers import Adam
+from ravdl.v2.utils import batch_iterator
 from ravop.errors import GraphStateError
 from ravop.loop import Loop
 
@@ -270,3 +274,65 @@ def test_a_loop_recorded_with_ravop_loop_under_a_strategy_is_refused():
     loop.run([(0, 4)])[0].persist_op("w")
     with pytest.raises(NotImplementedError, match="ravop.loop.Loop"):
         compile_graph(graph)
+
+
+# ------------------------------------------------------------------------------ a ravdl model's loop, on workers
+
+class Net(Functional):
+    """The shape of examples/original_ann_functional.py's model: Dense, BatchNorm, Dropout, Adam."""
+
+    def __init__(self, dropout):
+        super().__init__()
+        self.dense, self.norm, self.out = Dense(8, input_shape=(4,)), BatchNormalization1D(), Dense(2)
+        self.dropout = Dropout(0.2) if dropout else None
+        self.initialize_params(Adam(lr=0.01))
+
+    def _forward_pass_call(self, input, training=True):
+        hidden = R.relu(self.norm._forward_pass(self.dense._forward_pass(input), training=training))
+        if self.dropout is not None:
+            hidden = self.dropout._forward_pass(hidden, training=training)
+        return self.out._forward_pass(hidden)
+
+
+def ravdl_loop(strategy, dropout=False, epochs=2):
+    """A user's loop over batch_iterator around _forward_pass/_backward_pass, as the original scripts wrote it."""
+    graph = R.Graph(name="ravdl loop", seed=9, strategy=strategy)
+    model = Net(dropout)
+    for epoch in range(epochs):
+        for b, (X_batch, y_batch) in enumerate(batch_iterator(X[:64], Y[:64], batch_size=8)):
+            loss = R.square_loss(R.t(y_batch), model._forward_pass(R.t(X_batch)))
+            model._backward_pass(loss)
+            loss.persist_op(f"loss_{epoch}_{b}")
+    model._forward_pass(R.t(X[64:96]), training=False).persist_op("prediction")
+    return graph
+
+
+def run_all(graph):
+    R.activate()
+    R.execute()
+    R.track_progress(timeout=300, progress_bar=False)
+    return {name: R.fetch_persisting_op(name) for name in [*graph.persisted, *graph.step_outputs]}
+
+
+def test_one_replica_gives_the_folded_loops_bits(engine, workers):
+    """LocalSGD of one replica averages nothing: a ravdl model's loop (BatchNorm statistics as buffers, Adam's
+    moments as optimizer state) spliced into a replica's loop gives the bits of the loop compiled without it."""
+    workers.start(1)
+    got = run_all(ravdl_loop(R.parallel.LocalSGD(1, sync_every=3)))
+    want = run_all(ravdl_loop(None))
+    assert set(got) == set(want) and len(want) == 17
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name
+
+
+def test_replicas_of_a_loop_with_dropout_give_the_same_bits_on_one_worker_or_two(engine, workers):
+    """Resident replicas take turns on one worker and run side by side on two: the same numbers (each replica's
+    dropout draws the streams of the steps it runs; BatchNorm statistics are averaged at every outer step)."""
+    strategy = R.parallel.DiLoCo(2, inner_steps=3, compression="int8")
+    names = workers.start(1)
+    one = run_all(ravdl_loop(strategy, dropout=True))
+    workers.start(1)
+    two = run_all(ravdl_loop(strategy, dropout=True))
+    assert names and set(one) == set(two)
+    for name, value in one.items():
+        assert torch.isfinite(value).all() and torch.equal(two[name], value), name
