@@ -17,6 +17,7 @@ from ravdl.v2.optimizers import Adam
 from ravdl.v2.utils import batch_iterator
 from ravop.errors import GraphStateError
 from ravop.loop import Loop
+from test_diloco import eager_send
 
 RNG = np.random.default_rng(7)
 X = RNG.normal(size=(160, 4)).astype(np.float32)
@@ -129,22 +130,56 @@ class Averaging:
 
 
 class OuterSGD:
-    """DiLoCo's synchronisation: the mean pseudo-gradient `start - params` as the gradient of torch.optim.SGD over
-    the global model; every replica restarts from it."""
+    """DiLoCo's synchronisation: the mean pseudo-gradient `start - params` (each sent with `compression` and its
+    replica's error feedback) as the gradient of torch.optim.SGD over the global model, whose change is sent back
+    the same way; every replica restarts from the global model, or with `overlap` from the one before this outer
+    step (as tests/test_diloco.py's reference)."""
 
-    def __init__(self, start, lr, momentum, nesterov):
+    def __init__(self, start, lr, momentum, nesterov, compression=None, overlap=False):
         self.glob = [torch.as_tensor(p).clone().requires_grad_() for p in start]
         self.outer = torch.optim.SGD(self.glob, lr=lr, momentum=momentum, nesterov=nesterov)
+        self.start = [g.detach().clone() for g in self.glob]
+        self.compression, self.overlap = compression, overlap
+        self.up, self.down = {}, {}
 
     def __call__(self, copies):
+        before = [g.detach().clone() for g in self.glob]
         for i, g in enumerate(self.glob):
-            g.grad = torch.stack([g.detach() - c.params[i].detach() for c in copies]).mean(0)
+            pseudo = [self.start[i] - c.params[i].detach() for c in copies]
+            if self.compression:
+                for r in range(len(copies)):
+                    pseudo[r], self.up[r, i] = eager_send(pseudo[r], self.up.get((r, i)), self.compression)
+            g.grad = torch.stack(pseudo).mean(0)
         self.outer.step()
+        if self.compression:
+            with torch.no_grad():
+                for i, g in enumerate(self.glob):
+                    received, self.down[i] = eager_send(g - before[i], self.down.get(i), self.compression)
+                    g.copy_(before[i] + received)
+        self.start = before if self.overlap else [g.detach().clone() for g in self.glob]
         for c in copies:
-            c.set_params([g.detach() for g in self.glob])
+            c.set_params(self.start)
 
     def final(self, copies):
         return [g.detach() for g in self.glob]
+
+
+class Pairing:
+    """Gossip's synchronisation after every step: replicas paired by `gossip.pairs(steps done, graph seed)` each
+    move `factor` of the way to their peer's parameters; the model after training is the replicas' mean."""
+
+    def __init__(self, gossip, seed):
+        self.gossip, self.seed, self.done = gossip, seed, 0
+
+    def __call__(self, copies):
+        self.done += 1
+        before = [[p.detach().clone() for p in c.params] for c in copies]
+        for i, j in self.gossip.pairs(self.done, self.seed):
+            for a, b in ((i, j), (j, i)):
+                copies[a].set_params([p + (q - p) * self.gossip.factor for p, q in zip(before[a], before[b])])
+
+    def final(self, copies):
+        return [torch.stack(ps).mean(0) for ps in zip(*(c.params for c in copies))]
 
 
 # ------------------------------------------------------------------------------ on a real server
@@ -180,12 +215,20 @@ def test_local_sgd_over_a_folded_hand_written_loop_equals_eager_pytorch(engine, 
     assert_matches(run(graph, steps), reference(steps, 2, 2, Averaging()))
 
 
-def test_diloco_over_a_folded_hand_written_loop_equals_eager_pytorch(engine, workers):
+@pytest.mark.parametrize("knobs", [dict(), dict(compression="int8", overlap=True)])
+def test_diloco_over_a_folded_hand_written_loop_equals_eager_pytorch(knobs, engine, workers):
     workers.start(2)
-    steps, strategy = 14, R.parallel.DiLoCo(replicas=3, inner_steps=2, outer_lr=0.7, outer_momentum=0.9)
+    steps, strategy = 14, R.parallel.DiLoCo(replicas=3, inner_steps=2, outer_lr=0.7, outer_momentum=0.9, **knobs)
     graph = hand_written_loop(steps, strategy)
-    want = reference(steps, 3, 2, OuterSGD(first_step_model(), 0.7, 0.9, True))
+    want = reference(steps, 3, 2, OuterSGD(first_step_model(), 0.7, 0.9, True, **knobs))
     assert_matches(run(graph, steps), want)
+
+
+def test_gossip_over_a_folded_hand_written_loop_equals_eager_pytorch(engine, workers):
+    workers.start(2)
+    steps, strategy = 14, R.parallel.Gossip(replicas=3, factor=0.3)
+    graph = hand_written_loop(steps, strategy)
+    assert_matches(run(graph, steps), reference(steps, 3, 1, Pairing(strategy, graph.seed)))
 
 
 # ------------------------------------------------------------------------------ the plan, in the compiler
