@@ -150,7 +150,7 @@ class Graph:
         self.seed = int(seed)
         self.verify = verify      # run each subgraph on this many distinct workers and compare their outputs
         self.spot = spot          # ravop.spot_policy.Verify: adaptive spot checks instead (verify='spot'), or None
-        self.strategy = strategy  # ravop.parallel strategy of the fits recorded in it (NeuralNetwork.fit)
+        self.strategy = strategy  # ravop.parallel strategy of its fits, or of its hand-written loops without one
         self.parallel_fits = []   # strategies fits recorded with; their segments and averagings are not folded
         self.parallel_loops = []  # per such fit: role ('replica r') -> its loop op ids (ravop.placement)
         self.nodes = []           # append-only op table; node.id is its index
