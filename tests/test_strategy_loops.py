@@ -97,9 +97,9 @@ def mean_state(replicas, step):
 
 def reference(steps, replicas, interval, sync):
     """(loss per step, parameters after the last step): step 0 once; the loop's steps 1..steps-2 dealt
-    round-robin to `replicas` copies of the model and its Adam state, `sync(replicas, start)` after every
-    `interval` steps of a replica and after its last (returns the model every replica restarts from, or None to
-    keep them); the last step once, on `final(replicas)`'s model with the replicas' mean Adam state."""
+    round-robin to `replicas` copies of the model and its Adam state, `sync(copies)` after every `interval` steps
+    of a replica and after its last; the loop's steps of no full round and the last step once, as recorded, on
+    `sync.final(copies)`'s model with the replicas' mean Adam state."""
     losses = {}
     first = Replica([torch.as_tensor(p) for p in INITIAL])
     losses[0] = first.step(0)
@@ -112,8 +112,10 @@ def reference(steps, replicas, interval, sync):
             losses[s] = replica.step(s)
         if (j + 1) % interval == 0 or j + 1 == per_replica:
             sync(copies)
-    last = Replica(sync.final(copies), mean_state(copies, steps - 1))
-    losses[steps - 1] = last.step(steps - 1)
+    after = loop[per_replica * replicas:] + [steps - 1]   # the loop's steps of no full round, then the last one
+    last = Replica(sync.final(copies), mean_state(copies, after[0]))
+    for s in after:
+        losses[s] = last.step(s)
     return losses, [p.detach() for p in last.params]
 
 
@@ -208,9 +210,10 @@ def first_step_model():
     return [p.detach() for p in first.params]
 
 
-def test_local_sgd_over_a_folded_hand_written_loop_equals_eager_pytorch(engine, workers):
+@pytest.mark.parametrize("steps", [14, 15])   # a loop of 12 steps, or of 13: its last runs once after the replicas
+def test_local_sgd_over_a_folded_hand_written_loop_equals_eager_pytorch(steps, engine, workers):
     workers.start(2)
-    steps, strategy = 14, R.parallel.LocalSGD(replicas=2, sync_every=2)
+    strategy = R.parallel.LocalSGD(replicas=2, sync_every=2)
     graph = hand_written_loop(steps, strategy)
     assert_matches(run(graph, steps), reference(steps, 2, 2, Averaging()))
 
@@ -276,9 +279,18 @@ def test_strategies_a_hand_written_loop_cannot_take_are_refused_by_name(strategy
         assert "LocalSGD, DiLoCo" in str(raised.value)
 
 
-def test_a_loop_whose_steps_do_not_split_evenly_is_refused():
-    with pytest.raises(ValueError, match="5 alike steps, which do not split evenly among 2 replicas"):
-        compile_graph(hand_written_loop(7, R.parallel.LocalSGD(2, sync_every=2)))
+def test_a_loop_of_fewer_steps_than_replicas_is_refused():
+    with pytest.raises(ValueError, match="folds into 2 alike steps, fewer than LocalSGD.* replicas"):
+        compile_graph(hand_written_loop(4, R.parallel.LocalSGD(3, sync_every=2)))
+
+
+def test_the_steps_of_no_full_round_run_once_after_the_replicas():
+    """A loop of 13 steps under 2 replicas: 6 each, and the 13th in a loop of its own reading their final model."""
+    compiled = compile_graph(hand_written_loop(15, R.parallel.LocalSGD(2, sync_every=2)))
+    loops = replica_loops(compiled)
+    assert [loop.n_steps - len(loop.sync_templates) * 3 for loop in loops] == [6, 6, 1]
+    tail = loops[2].templates[0]
+    assert not loops[2].sync_templates and len(tail.run_values) == len(tail.run_holes)   # one step's batch
 
 
 def test_a_loop_without_batches_per_step_is_refused():

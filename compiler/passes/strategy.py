@@ -9,13 +9,14 @@ not grow with the number of steps (docs/strategies.md, "Hand-written loops").
   buffers. A loop with no parameter is no training loop, and is refused.
 - The loop's steps are dealt round-robin: replica r runs the loop's steps r, r + R, r + 2R, ... (the batches
   recorded for them, persisting their values under their names), each replica a copy of the loop with its own
-  optimizer step counts from the loop's first, its random ops drawing the streams of the steps it runs. The number
-  of steps must split evenly.
+  optimizer step counts from the loop's first, its random ops drawing the streams of the steps it runs. The last
+  `n_steps % R` steps, which make no full round, run once after the replicas, as the steps after the loop do.
 - The strategy's own resident hooks (ravop.parallel.hand_written) give the replicas' extra carried values, their
   sync templates (run after every `interval` steps of a replica and after its last) and the model after training,
   which everything recorded after the loop reads. Steps the folding leaves outside the loop (the first, which
-  makes the optimizer state from constants; the last, whose values are persisted) run once, as recorded: every
-  replica starts from the values before the loop, and what follows reads the strategy's final model.
+  makes the optimizer state from constants; the last, whose values are persisted) run once, as recorded (their
+  step counts, batches and random streams): every replica starts from the values before the loop, and what
+  follows reads the strategy's final model.
 
 The replicas' loops and the strategy's ops get ids after the recorded ones, and what reads the loop's results is
 moved after them (ids ascend in topological order); a random op moved draws the stream of its new id.
@@ -28,7 +29,7 @@ from ravop.loop_template import LoopRecord, LoopSpec
 from ravop.node import Node
 from ravop.parallel.hand_written import check_loop_strategy, record_replica_loops
 from ravop.parallel.replicas import Carried
-from ravop.registry import HOLE, INPUTS, LOOPS, PROJECTIONS, REGISTRY, op_of_kind
+from ravop.registry import HOLE, INPUTS, PROJECTION, PROJECTIONS, REGISTRY, op_of_kind
 from ravop.runner import op_seed
 from ravop.wire import encode_params
 
@@ -71,17 +72,15 @@ def _replicate(ir, loop_id, strategy):
         raise ValueError(f"{where} reads the same values at every step (no batch recorded per step, as "
                          f"R.t(X_batch)), so {strategy!r} has no batches to share among its replicas")
     replicas, n_steps = strategy.replicas, spec.n_steps
-    if n_steps % replicas:
-        raise ValueError(f"{where} folds into {n_steps} alike steps, which do not split evenly among "
-                         f"{replicas} replicas (the steps before and after it run once): record a multiple of "
-                         f"{replicas} steps, or use another number of replicas")
+    if n_steps < replicas:
+        raise ValueError(f"{where} folds into {n_steps} alike steps, fewer than {strategy!r}'s replicas (the steps "
+                         "before and after it run once): record more steps, or use fewer replicas")
     order = [k for kind in (PARAM, BUFFER, OPTIMIZER) for k, found in enumerate(kinds) if found == kind]
     layout = Carried(*(kinds.count(kind) for kind in (PARAM, BUFFER, OPTIMIZER)))
     initial = loop_node.inputs[:spec.n_carried]
     carried = [(ir.nodes[initial[k]].shape, ir.nodes[initial[k]].dtype) for k in order]
-    steps = n_steps // replicas
-    scratch = record_replica_loops(strategy, carried, layout, steps, ir.seed)
-    return _splice(ir, loop_id, scratch, [initial[k] for k in order], order, steps, source)
+    scratch = record_replica_loops(strategy, carried, layout, n_steps // replicas, ir.seed)
+    return _splice(ir, loop_id, scratch, [initial[k] for k in order], order, source)
 
 
 def carried_kinds(template):
@@ -105,8 +104,9 @@ def _is_optimizer_step(op):
     return opdef.counter is not None and opdef.inputs[:2] == ("param", "grad")
 
 
-def _splice(ir, loop_id, scratch, initial, order, steps, source):
-    """`ir` with the folded loop `loop_id` replaced by the scratch recording's replicas and final model."""
+def _splice(ir, loop_id, scratch, initial, order, source):
+    """`ir` with the folded loop `loop_id` replaced by the scratch recording's replicas and final model, and the
+    loop's last steps that make no full round of the replicas (`_tail`) run once on that model."""
     nodes, graph = ir.nodes, scratch.graph
     record = ir.loops[loop_id]
     results = {id: node.params["index"] for id, node in nodes.items()
@@ -123,7 +123,7 @@ def _splice(ir, loop_id, scratch, initial, order, steps, source):
         inputs = tuple(ids[i.id] for i in op.inputs)
         params = op.params or {}
         if op.id in loop_of:
-            replica, outer = _replica_record(record, graph.loops[op.id], loop_of[op.id], len(scratch.loops), steps,
+            replica, outer = _replica_record(record, graph.loops[op.id], loop_of[op.id], len(scratch.loops),
                                              nodes[loop_id].inputs, order)
             loops[next_id] = replica
             inputs += tuple(outer)
@@ -133,7 +133,23 @@ def _splice(ir, loop_id, scratch, initial, order, steps, source):
         added[next_id] = Node(next_id, op.op, inputs, params, encode_params(params) if params else b"", op.shape,
                               op.dtype, source)
         next_id += 1
-    alias = {id: ids[scratch.final[order.index(k)].id] for id, k in results.items()}
+    final = [ids[scratch.final[order.index(k)].id] for k in range(record.spec.n_carried)]
+    tail = _tail(record, nodes[loop_id].inputs, len(scratch.loops))
+    if tail is not None:
+        tail_record, outer = tail
+        loops[next_id] = tail_record
+        params = {"loop": len(loops) - 1}
+        loop_node = nodes[loop_id]
+        added[next_id] = Node(next_id, loop_node.op, (*final, *outer), params, encode_params(params), loop_node.shape,
+                              loop_node.dtype, source)
+        pick = op_of_kind(PROJECTION)
+        for k in range(len(final)):
+            params = {"index": k}
+            added[next_id + 1 + k] = Node(next_id + 1 + k, pick, (next_id,), params, encode_params(params),
+                                          loop_node.shape[k], loop_node.dtype[k], source)
+        final = list(range(next_id + 1, next_id + 1 + len(final)))
+        next_id += 1 + len(final)
+    alias = {id: final[k] for id, k in results.items()}
     moved, seeds = {}, {}
     for id, node in nodes.items():   # what reads the loop's results, after the ops just added
         if id > loop_id and id not in results and any(i in alias or i in moved or i == loop_id
@@ -164,35 +180,66 @@ def _splice(ir, loop_id, scratch, initial, order, steps, source):
                       constants={id: value for id, value in constants.items() if id in merged})
 
 
-def _replica_record(folded, scratch, r, replicas, steps, folded_inputs, order):
+def _replica_record(folded, scratch, r, replicas, folded_inputs, order):
     """(LoopRecord of replica r, the IR ids its training step reads besides the scratch loop's inputs): the
     scratch loop's spec with the folded step, fed replica r's share of the runs, in place of its stand-in step;
     `order`: the folded step's carried values in the order the scratch loop carries them (the layout's)."""
-    spec, template = folded.spec, folded.spec.templates[0]
+    spec = folded.spec
     stand_in = scratch.spec.templates[0]
-    base = 1 + max(_all_ids(template) | set(spec.outer_ids))
+    base = 1 + max(_all_ids(spec.templates[0]) | set(spec.outer_ids))
     shift = {i: base + i for t in scratch.spec.templates for i in _all_ids(t)}
     shift.update((i, base + i) for i in scratch.spec.outer_ids)
     syncs = [_renamed(t, shift) for t in scratch.spec.templates[1:]]
-    n_holes = len(template.run_holes)
-    runs = range(r, r + steps * replicas, replicas)
-    # Random ops draw the streams of the steps this replica runs: node + stride * (j * replicas + r) at its run j.
-    streams = {node: node + stride * r for node, stride in zip(template.seeded_nodes, template.seed_strides)}
-    step = _renamed(template, streams)
-    extra = [shift[h] for h in stand_in.carry_holes[len(template.carry_holes):]]
-    step = replace(step,
-                   carry_holes=[step.carry_holes[k] for k in order] + extra,
+    shares = spec.n_steps // replicas
+    step, outer, names = _step_of_runs(folded, folded_inputs, range(r, shares * replicas, replicas), False)
+    extra = [shift[h] for h in stand_in.carry_holes[len(order):]]
+    step = replace(step, carry_holes=[step.carry_holes[k] for k in order] + extra,
                    carry_next=[step.carry_next[k] for k in order] + extra,
-                   run_values=[v for run in runs for v in template.run_values[run * n_holes:(run + 1) * n_holes]],
-                   seed_strides=[stride * replicas for stride in template.seed_strides],
                    holes={**step.holes, **{h: _hole(h, stand_in.holes[h - base]) for h in extra}})
-    read = {i for node in step.nodes for i in node.inputs} | set(step.run_values)
-    outer = [(name, i) for name, i in zip(spec.outer_ids[spec.n_carried:], folded_inputs[spec.n_carried:])
-             if name in read]
-    names = [[per_run[run] for run in runs] for per_run in folded.names[0]]
     new_spec = replace(scratch.spec, templates=[step, *syncs],
                        outer_ids=[shift[i] for i in scratch.spec.outer_ids] + [name for name, _ in outer])
     return LoopRecord(new_spec, [names, *scratch.names[1:]]), [i for _, i in outer]
+
+
+def _tail(folded, folded_inputs, replicas):
+    """(LoopRecord, the IR ids it reads besides the carried values) of the folded loop's last steps that make no
+    full round of the replicas, run once as recorded (their step counts, batches and random streams), or None."""
+    spec = folded.spec
+    left = spec.n_steps % replicas
+    if not left:
+        return None
+    step, outer, names = _step_of_runs(folded, folded_inputs, range(spec.n_steps - left, spec.n_steps), True)
+    tail = LoopSpec([step], spec.n_carried, spec.outer_ids[:spec.n_carried] + [name for name, _ in outer],
+                    [(0, left)], rounds=1, n_steps=left)
+    return LoopRecord(tail, [names]), [i for _, i in outer]
+
+
+def _step_of_runs(folded, folded_inputs, runs, as_recorded):
+    """(template, [(outer name, IR id)] it reads, persist names per output) of the folded step fed the folded
+    loop's `runs` (evenly spaced): their per-step values and their names; its random ops draw those runs' streams
+    (node + stride * run); `as_recorded`: its step counters those of the runs, else counted from the loop's
+    first (a replica's own optimizer counts)."""
+    spec, template = folded.spec, folded.spec.templates[0]
+    first, every = runs[0], runs.step
+    step = _renamed(template, {node: node + stride * first
+                               for node, stride in zip(template.seeded_nodes, template.seed_strides)})
+    if as_recorded and first:
+        step = replace(step, nodes=[_counted_from(node, first) if node.id in step.counter_nodes else node
+                                    for node in step.nodes])
+    n_holes = len(template.run_holes)
+    step = replace(step, run_values=[v for run in runs for v in template.run_values[run * n_holes:(run + 1) * n_holes]],
+                   seed_strides=[stride * every for stride in template.seed_strides])
+    read = {i for node in step.nodes for i in node.inputs} | set(step.run_values)
+    outer = [(name, i) for name, i in zip(spec.outer_ids[spec.n_carried:], folded_inputs[spec.n_carried:])
+             if name in read]
+    return step, outer, [[per_run[run] for run in runs] for per_run in folded.names[0]]
+
+
+def _counted_from(node, runs):
+    """`node` (an op with a step counter) as recorded `runs` steps later."""
+    counter = REGISTRY[node.op].counter
+    params = {**node.params, counter: node.params[counter] + runs}
+    return Node(node.id, node.op, node.inputs, params, encode_params(params), node.shape, node.dtype, node.source)
 
 
 def _hole(node_id, like):
