@@ -349,11 +349,14 @@ class Net(Functional):
         return self.out._forward_pass(hidden)
 
 
-def ravdl_loop(strategy, dropout=False, epochs=2):
-    """A user's loop over batch_iterator around _forward_pass/_backward_pass, as the original scripts wrote it."""
+def ravdl_loop(strategy, dropout=False, epochs=2, lr_per_epoch=False):
+    """A user's loop over batch_iterator around _forward_pass/_backward_pass, as the original scripts wrote it;
+    `lr_per_epoch`: a learning rate set each epoch, which makes each epoch a loop of its own."""
     graph = R.Graph(name="ravdl loop", seed=9, strategy=strategy)
     model = Net(dropout)
     for epoch in range(epochs):
+        if lr_per_epoch:
+            model.optimizer.hyper["lr"] = 0.01 / (epoch + 1)
         for b, (X_batch, y_batch) in enumerate(batch_iterator(X[:64], Y[:64], batch_size=8)):
             loss = R.square_loss(R.t(y_batch), model._forward_pass(R.t(X_batch)))
             model._backward_pass(loss)
@@ -369,13 +372,17 @@ def run_all(graph):
     return {name: R.fetch_persisting_op(name) for name in [*graph.persisted, *graph.step_outputs]}
 
 
-def test_one_replica_gives_the_folded_loops_bits(engine, workers):
+@pytest.mark.parametrize("lr_per_epoch", [False, True])
+def test_one_replica_gives_the_folded_loops_bits(lr_per_epoch, engine, workers):
     """LocalSGD of one replica averages nothing: a ravdl model's loop (BatchNorm statistics as buffers, Adam's
-    moments as optimizer state) spliced into a replica's loop gives the bits of the loop compiled without it."""
+    moments as optimizer state) spliced into a replica's loop gives the bits of the loop compiled without it; with a
+    learning rate per epoch each epoch's loop is replicated, the next one reading the previous one's model."""
     workers.start(1)
-    got = run_all(ravdl_loop(R.parallel.LocalSGD(1, sync_every=3)))
-    want = run_all(ravdl_loop(None))
-    assert set(got) == set(want) and len(want) == 17
+    graph = ravdl_loop(R.parallel.LocalSGD(1, sync_every=3), epochs=3, lr_per_epoch=lr_per_epoch)
+    assert compile_graph(graph).summary["loops_replicated"] == (3 if lr_per_epoch else 1)
+    got = run_all(graph)
+    want = run_all(ravdl_loop(None, epochs=3, lr_per_epoch=lr_per_epoch))
+    assert set(got) == set(want) and len(want) == 25
     for name, value in want.items():
         assert torch.equal(got[name], value), name
 
