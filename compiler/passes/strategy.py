@@ -46,7 +46,7 @@ def replicate_folded_loops(strategy, recorded_loops):
             raise NotImplementedError(f"{strategy!r} over a loop recorded with ravop.loop.Loop is not implemented: "
                                       "a strategy applies to fit(..., strategy=...) and to hand-written loops the "
                                       "compiler folds")
-        folded = [record for record in ir.loops.values()]
+        folded = list(ir.loops.values())
         if not folded:
             raise GraphStateError(f"the graph has strategy={strategy!r} but no fit used it and no hand-written "
                                   "training loop folded (a loop needs at least two alike steps, each reading its "
@@ -136,28 +136,14 @@ def _splice(ir, loop_id, scratch, initial, order, source):
     final = [ids[scratch.final[order.index(k)].id] for k in range(record.spec.n_carried)]
     tail = _tail(record, nodes[loop_id].inputs, len(scratch.loops))
     if tail is not None:
-        tail_record, outer = tail
-        loops[next_id] = tail_record
-        params = {"loop": len(loops) - 1}
-        loop_node = nodes[loop_id]
-        added[next_id] = Node(next_id, loop_node.op, (*final, *outer), params, encode_params(params), loop_node.shape,
-                              loop_node.dtype, source)
-        pick = op_of_kind(PROJECTION)
-        for k in range(len(final)):
-            params = {"index": k}
-            added[next_id + 1 + k] = Node(next_id + 1 + k, pick, (next_id,), params, encode_params(params),
-                                          loop_node.shape[k], loop_node.dtype[k], source)
-        final = list(range(next_id + 1, next_id + 1 + len(final)))
-        next_id += 1 + len(final)
+        loops[next_id] = tail[0]
+        tail_nodes = _loop_nodes(next_id, nodes[loop_id], (*final, *tail[1]), len(loops) - 1, source)
+        added.update((node.id, node) for node in tail_nodes)
+        final = [node.id for node in tail_nodes[1:]]
+        next_id += len(tail_nodes)
     alias = {id: final[k] for id, k in results.items()}
-    moved, seeds = {}, {}
-    for id, node in nodes.items():   # what reads the loop's results, after the ops just added
-        if id > loop_id and id not in results and any(i in alias or i in moved or i == loop_id
-                                                      for i in node.inputs):
-            moved[id] = next_id
-            if REGISTRY[node.op].random:
-                seeds[op_seed(ir.seed, id)] = op_seed(ir.seed, next_id)
-            next_id += 1
+    moved, seeds = _readers_moved(ir, loop_id, results, next_id)
+    next_id += len(moved)
     kept = {}
     for id, node in nodes.items():
         if id == loop_id or id in results:
@@ -178,6 +164,31 @@ def _splice(ir, loop_id, scratch, initial, order, source):
     outputs = {name: moved.get(id, alias.get(id, id)) for name, id in ir.outputs.items()}
     return ir.replace(nodes=merged, outputs=outputs, loops=loops, n_recorded=next_id,
                       constants={id: value for id, value in constants.items() if id in merged})
+
+
+def _loop_nodes(loop_id, like, inputs, index, source):
+    """A loop node carrying what the loop node `like` carries, and a tuple_get per carried value."""
+    params = {"loop": index}
+    loop = Node(loop_id, like.op, inputs, params, encode_params(params), like.shape, like.dtype, source)
+    picks = []
+    for k, (shape, dtype) in enumerate(zip(like.shape, like.dtype)):
+        params = {"index": k}
+        picks.append(Node(loop_id + 1 + k, op_of_kind(PROJECTION), (loop_id,), params, encode_params(params), shape,
+                          dtype, source))
+    return [loop, *picks]
+
+
+def _readers_moved(ir, loop_id, results, next_id):
+    """({id: new id} of what reads the loop's results, directly or not, given ids from `next_id` on, in order;
+    {old stream seed: new} of the random ops among them, whose stream follows their id)."""
+    moved, seeds = {}, {}
+    for id, node in ir.nodes.items():
+        if id > loop_id and id not in results and any(i in results or i in moved or i == loop_id
+                                                      for i in node.inputs):
+            moved[id] = next_id + len(moved)
+            if REGISTRY[node.op].random:
+                seeds[op_seed(ir.seed, id)] = op_seed(ir.seed, moved[id])
+    return moved, seeds
 
 
 def _replica_record(folded, scratch, r, replicas, folded_inputs, order):
