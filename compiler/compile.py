@@ -63,7 +63,8 @@ def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph
         plan = emit_plan(ir, windows, costs)
     quotient = coarse_graph(windows, [(sub.id, s) for sub in plan.subgraphs for s in sub.successors])
     plan.max_parallel_width = max_parallel_width(quotient)
-    summary = {"recorded_ops": plan.n_recorded_ops, "compiled_ops": plan.n_compiled_ops,
+    # recorded_ops: the user's; replicas of a hand-written loop add ids to the plan's n_recorded_ops
+    summary = {"recorded_ops": len(graph.nodes), "compiled_ops": plan.n_compiled_ops,
                "subgraphs": len(windows), "flops": plan.flops, "max_parallel_width": plan.max_parallel_width,
                "estimated_seconds": sum(costs.seconds), "constants": len(ir.constants), "loop_steps": plan.n_steps,
                "estimated_handoff_seconds": handoff_seconds(plan, costs),
