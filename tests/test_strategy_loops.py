@@ -187,7 +187,9 @@ class Pairing:
 # ------------------------------------------------------------------------------ on a real server
 
 def run(graph, steps):
-    R.activate()
+    summary = R.activate()
+    assert list(summary["placement"]) == [repr(graph.strategy)]   # the forecast names the replicas
+    assert f"replica {graph.strategy.replicas - 1} on" in str(summary)
     R.execute()
     R.track_progress(timeout=300, progress_bar=False)
     return ({s: R.fetch_persisting_op(f"loss_{s}") for s in range(steps)},
