@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import ravop as R
-from compiler import compile_graph
+from compiler import compile_graph, ir as ir_module
+from compiler.pass_manager import PIPELINE, run_pipeline
+from compiler.passes.strategy import carried_kinds
 from ravdl.v2 import Functional
 from ravdl.v2.layers import BatchNormalization1D, Dense, Dropout
 from ravdl.v2.optimizers import Adam
@@ -400,3 +402,23 @@ def test_replicas_of_a_loop_with_dropout_give_the_same_bits_on_one_worker_or_two
     assert names and set(one) == set(two)
     for name, value in one.items():
         assert torch.isfinite(value).all() and torch.equal(two[name], value), name
+
+
+def folded_template(graph):
+    ir, _ = run_pipeline(ir_module.from_graph(graph), PIPELINE[:3])   # dead code, CSE, folding
+    (record,) = ir.loops.values()
+    return record.spec.templates[0]
+
+
+def test_the_replicated_model_is_read_off_the_folded_step():
+    """A ravdl model's Adam: parameters and their two moments; BatchNorm's running statistics: buffers. A raw
+    update `w - lr * g`: a parameter."""
+    kinds = carried_kinds(folded_template(ravdl_loop(None)))
+    assert [kinds.count(kind) for kind in ("parameter", "buffer", "optimizer state")] == [6, 2, 12]
+    graph = R.Graph(name="sgd")
+    w = R.t(torch.tensor([1.0, -2.0]))
+    for s in range(8):
+        loss = R.mean((R.matmul(R.t(X[s * 8:(s + 1) * 8, :2]), w) - R.t(Y[s * 8:(s + 1) * 8, 0])) ** 2)
+        w = w - 0.1 * R.grad(loss, [w])[0]
+    w.persist_op("w")
+    assert carried_kinds(folded_template(graph)) == ["parameter"]
