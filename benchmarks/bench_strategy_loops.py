@@ -13,6 +13,8 @@ without a strategy too (each batch's transpose for W1's gradient, a large consta
 workers), and the strategy adds the same number of ops whatever the steps.
 """
 import argparse
+import contextlib
+import itertools
 import sys
 import time
 import uuid
@@ -83,6 +85,15 @@ def engine(X, y, steps, strategy):
     return seconds, summary
 
 
+@contextlib.contextmanager
+def running_workers(url, count, threads):
+    workers = Workers(url, count, threads)
+    try:
+        yield
+    finally:
+        workers.stop()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=66, help="hand-written steps (the folded loop: 2 fewer)")
@@ -94,22 +105,17 @@ def main():
     eager_s = min(eager(X, y, args.steps) for _ in range(args.repeats))
     strategies = [("loop, no strategy", None), ("LocalSGD(2, sync_every=8)", R.parallel.LocalSGD(2, 8)),
                   ("DiLoCo(2, 8, int8)", R.parallel.DiLoCo(2, 8, compression="int8"))]
-    server = LocalServer()
+    runs = [(label, strategy, n) for n in (1, 2) for label, strategy in strategies
+            if strategy is not None or n == 1]
     rows = [("eager PyTorch", "1 process", eager_s, None)]
+    sizes = []
+    server = LocalServer()
     try:
         R.initialize(token=f"bench-{uuid.uuid4().hex[:6]}", redis_url=server.url)
-        for n_workers in (1, 2):
-            workers = Workers(server.url, n_workers, args.threads)
-            try:
-                for label, strategy in strategies:
-                    if strategy is None and n_workers == 2:
-                        continue
-                    seconds, summary = min((engine(X, y, args.steps, strategy) for _ in range(args.repeats)),
-                                           key=lambda run: run[0])
-                    rows.append((label, n_workers, seconds, summary))
-            finally:
-                workers.stop()
-        sizes = []
+        for n_workers, group in itertools.groupby(runs, key=lambda run: run[2]):
+            with running_workers(server.url, n_workers, args.threads):
+                rows += [(label, n, *min((engine(X, y, args.steps, strategy) for _ in range(args.repeats)),
+                                         key=lambda run: run[0])) for label, strategy, n in group]
         for label, strategy in strategies[1:]:
             for steps in (args.steps, 2 * args.steps):
                 R.flush()
