@@ -19,6 +19,8 @@ from ravdl.v2.optimizers import Adam
 from ravdl.v2.utils import batch_iterator
 from ravop.errors import GraphStateError
 from ravop.loop import Loop
+from ravop.store import GraphKeys
+from test_resident_replicas import checkpointed_replica
 from test_diloco import eager_send
 
 RNG = np.random.default_rng(7)
@@ -31,7 +33,9 @@ NAMES = ["W1", "b1", "W2", "b2"]
 
 
 def batch(s):
-    return X[s * BATCH:(s + 1) * BATCH], Y[s * BATCH:(s + 1) * BATCH]
+    """Step s's batch (after 20 steps the data's batches again)."""
+    first = s % (len(X) // BATCH) * BATCH
+    return X[first:first + BATCH], Y[first:first + BATCH]
 
 
 def hand_written_loop(steps, strategy, name="hand-written"):
@@ -236,6 +240,23 @@ def test_gossip_over_a_folded_hand_written_loop_equals_eager_pytorch(engine, wor
     steps, strategy = 14, R.parallel.Gossip(replicas=3, factor=0.3)
     graph = hand_written_loop(steps, strategy)
     assert_matches(run(graph, steps), reference(steps, 3, 1, Pairing(strategy, graph.seed)))
+
+
+def test_a_replica_whose_worker_is_killed_resumes_elsewhere_with_the_same_numbers(engine, workers, client):
+    """A replica's loop checkpoints and is taken over like any resident replica's: the worker holding one is
+    SIGKILLed after its first checkpoint, a spare resumes it, and the results still equal eager PyTorch's."""
+    names = workers.start(3, reclaim_idle=1.0, extra=("--checkpoint-steps", "20"))
+    steps, strategy = 402, R.parallel.LocalSGD(replicas=2, sync_every=2)
+    graph = hand_written_loop(steps, strategy)
+    R.activate()
+    R.execute()
+    keys = GraphKeys(engine.token, graph.id)
+    loop_id, holder = checkpointed_replica(client, keys)
+    workers.kill(holder)
+    R.track_progress(timeout=600, progress_bar=False)
+    assert client.hget(keys.ran, loop_id).decode() in set(names) - {holder}   # a spare took the replica over
+    got = ({s: R.fetch_persisting_op(f"loss_{s}") for s in range(steps)}, [R.fetch_persisting_op(n) for n in NAMES])
+    assert_matches(got, reference(steps, 2, 2, Averaging()))
 
 
 # ------------------------------------------------------------------------------ the plan, in the compiler
