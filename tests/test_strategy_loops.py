@@ -19,8 +19,7 @@ from ravdl.v2.optimizers import Adam
 from ravdl.v2.utils import batch_iterator
 from ravop.errors import GraphStateError
 from ravop.loop import Loop
-from ravop.store import GraphKeys
-from test_resident_replicas import checkpointed_replica
+from test_resident_replicas import run_killing_a_replica
 from test_diloco import eager_send
 
 RNG = np.random.default_rng(7)
@@ -248,12 +247,7 @@ def test_a_replica_whose_worker_is_killed_resumes_elsewhere_with_the_same_number
     names = workers.start(3, reclaim_idle=1.0, extra=("--checkpoint-steps", "20"))
     steps, strategy = 402, R.parallel.LocalSGD(replicas=2, sync_every=2)
     graph = hand_written_loop(steps, strategy)
-    R.activate()
-    R.execute()
-    keys = GraphKeys(engine.token, graph.id)
-    loop_id, holder = checkpointed_replica(client, keys)
-    workers.kill(holder)
-    R.track_progress(timeout=600, progress_bar=False)
+    keys, loop_id, holder = run_killing_a_replica(engine, workers, client, graph)
     assert client.hget(keys.ran, loop_id).decode() in set(names) - {holder}   # a spare took the replica over
     got = ({s: R.fetch_persisting_op(f"loss_{s}") for s in range(steps)}, [R.fetch_persisting_op(n) for n in NAMES])
     assert_matches(got, reference(steps, 2, 2, Averaging()))
