@@ -5,7 +5,7 @@ from contextlib import contextmanager
 from . import cost, ir as ir_module
 from .partition import coarse_graph, max_parallel_width, partition
 from .passes import fuse_linear_chains
-from .pass_manager import PIPELINE, UNFOLDED_PIPELINE, run_pipeline
+from .pass_manager import PIPELINE, UNFOLDED_PIPELINE, run_pipeline, strategy_pipeline
 from .plan import emit_plan
 
 MIN_SUBGRAPH_SECONDS = 0.004  # ~20x a Redis round trip (0.1-0.3 ms), so a hop costs at most ~5%
@@ -54,6 +54,8 @@ def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph
                          f"{min_subgraph_seconds} and {max_subgraph_seconds}")
     with _cyclic_gc_paused():
         passes = PIPELINE if graph.verify == 1 and not graph.parallel_fits else UNFOLDED_PIPELINE
+        if graph.strategy is not None and not graph.parallel_fits:   # a hand-written loop under a strategy
+            passes = strategy_pipeline(passes, graph.strategy, set(graph.loops))
         ir, counts = run_pipeline(ir_module.from_graph(graph), passes)
         chained, counts["fused_chains"] = fuse_linear_chains(ir)
         costs = cost.estimate(ir, devices)
@@ -61,7 +63,8 @@ def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph
         plan = emit_plan(ir, windows, costs)
     quotient = coarse_graph(windows, [(sub.id, s) for sub in plan.subgraphs for s in sub.successors])
     plan.max_parallel_width = max_parallel_width(quotient)
-    summary = {"recorded_ops": plan.n_recorded_ops, "compiled_ops": plan.n_compiled_ops,
+    # recorded_ops: the user's; replicas of a hand-written loop add ids to the plan's n_recorded_ops
+    summary = {"recorded_ops": len(graph.nodes), "compiled_ops": plan.n_compiled_ops,
                "subgraphs": len(windows), "flops": plan.flops, "max_parallel_width": plan.max_parallel_width,
                "estimated_seconds": sum(costs.seconds), "constants": len(ir.constants), "loop_steps": plan.n_steps,
                "estimated_handoff_seconds": handoff_seconds(plan, costs),

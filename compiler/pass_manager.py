@@ -4,6 +4,7 @@ from ravop.errors import RavopError
 from ravop.registry import INPUTS, PROJECTIONS
 
 from .passes import eliminate_common_subexpressions, eliminate_dead_code, fold_constants, fold_repeated_steps
+from .passes.strategy import replicate_folded_loops
 
 # (summary key, pass). Repeated steps fold after CSE, which content-addresses each step's constants, and before
 # constant folding, which would turn the first step's ops on constants into constants. Folding leaves the
@@ -19,6 +20,15 @@ PIPELINE = (
 # For a graph that runs each subgraph on several workers to compare them (R.Graph(verify=k)): a folded loop
 # would run as a whole on one, so its repeated steps stay unrolled.
 UNFOLDED_PIPELINE = tuple(entry for entry in PIPELINE if entry[1] is not fold_repeated_steps)
+
+
+def strategy_pipeline(passes, strategy, recorded_loops):
+    """`passes` for a graph whose `strategy` no fit used: the loops folded from its hand-written steps become the
+    strategy's replicas right after folding (compiler/passes/strategy.py), which refuses a graph that folds
+    nothing (UNFOLDED_PIPELINE's)."""
+    runs = [run for _, run in passes]
+    at = runs.index(fold_repeated_steps) + 1 if fold_repeated_steps in runs else runs.index(fold_constants)
+    return passes[:at] + (("loops_replicated", replicate_folded_loops(strategy, recorded_loops)),) + passes[at:]
 
 
 class InvariantError(RavopError, RuntimeError):

@@ -5,6 +5,7 @@ It is hashable by identity; comparison dunders return new Ops (see `ravop.api`).
 """
 import uuid
 import warnings
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -149,7 +150,7 @@ class Graph:
         self.seed = int(seed)
         self.verify = verify      # run each subgraph on this many distinct workers and compare their outputs
         self.spot = spot          # ravop.spot_policy.Verify: adaptive spot checks instead (verify='spot'), or None
-        self.strategy = strategy  # ravop.parallel strategy of the fits recorded in it (NeuralNetwork.fit)
+        self.strategy = strategy  # ravop.parallel strategy of its fits, or of its hand-written loops without one
         self.parallel_fits = []   # strategies fits recorded with; their segments and averagings are not folded
         self.parallel_loops = []  # per such fit: role ('replica r') -> its loop op ids (ravop.placement)
         self.nodes = []           # append-only op table; node.id is its index
@@ -254,6 +255,17 @@ _current = None
 def set_current(graph):
     global _current
     _current = graph
+
+
+@contextmanager
+def scratch_graph(name, seed=0):
+    """A graph to record into apart from the user's (the compiler records a strategy's replicas of a folded loop
+    in one); the graph that was current before is current again after."""
+    previous = _current
+    try:
+        yield Graph(name=name, seed=seed)
+    finally:
+        set_current(previous)
 
 
 def current_graph():

@@ -65,10 +65,6 @@ class PlannedGraphs:
         if not graph.persisted and not graph.step_outputs:
             raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                                   "op.persist_op(name) on the values to fetch, then R.activate()")
-        if graph.strategy is not None and not graph.parallel_fits:
-            raise NotImplementedError(f"graph {graph.name!r} has strategy={graph.strategy!r} but no fit used it: a "
-                                      "strategy applies to fit (NeuralNetwork, Functional, Pytorch_Model); "
-                                      "hand-written training loops under a strategy are not implemented")
         from compiler import compile_graph  # ravop depends on the compiler only here (docs/architecture.md)
         from compiler.cost import calibrated
         workers = worker_info.read_all(session.client)   # their measured cost figures, and placement below
@@ -76,9 +72,11 @@ class PlannedGraphs:
         with progress.busy(f"compiling {graph.name!r} ({len(graph.nodes):,} ops)"):
             compiled = compile_graph(graph, **compile_options)
         summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
-        if graph.parallel_fits:
+        strategies = graph.parallel_fits or [graph.strategy] * (graph.strategy is not None)   # or hand-written loops
+        if strategies:
             kind = "cuda" if graph.gpu_required else "cpu"   # the stream a worker of that kind reads
-            summary["placement"] = {repr(s): parallel.forecast(s, workers, kind) for s in graph.parallel_fits}
+            summary["placement"] = {repr(s): parallel.forecast(s, workers, kind) for s in strategies}
+        if graph.parallel_fits:
             summary["replica_subgraphs"] = replica_subgraphs(graph, compiled.plan)   # read back by held_by
         if graph.verify > 1 and compiled.plan.n_steps:
             raise GraphStateError(f"graph {graph.name!r} has training loops, which verify={graph.verify} does not "
@@ -87,8 +85,8 @@ class PlannedGraphs:
                 "rules": json.dumps(graph.rules), "summary": json.dumps(summary), "verify": graph.verify,
                 **readers_meta(compiled.plan)}
         if graph.spot is not None:
-            if graph.parallel_fits:
-                raise GraphStateError(f"graph {graph.name!r} has verify='spot' and fits under a strategy, whose "
+            if strategies:
+                raise GraphStateError(f"graph {graph.name!r} has verify='spot' and training under a strategy, whose "
                                       "replicas exchange values as they run, which a segment's re-run on another "
                                       "worker does not cover yet: leave strategy= or verify= out")
             if is_cluster(session.client):

@@ -12,6 +12,7 @@ import ravop as R
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
+from ravop.errors import GraphStateError
 from ravop.interpreter import evaluate_persisted
 from ravop.loop import Batches, Loop
 
@@ -224,7 +225,7 @@ def test_bad_strategies_are_refused_by_name(engine):
         ravdl_net(torch_net()).fit(X[:47], Y[:47], 1, 5, strategy=R.parallel.LocalSGD(2, 2))
     R.Graph(name="no fit", strategy=R.parallel.LocalSGD(2, 2))
     R.t([1.0]).persist_op("x")
-    with pytest.raises(NotImplementedError, match="no fit used it"):
+    with pytest.raises(GraphStateError, match="no fit used it and no hand-written training loop folded"):
         R.activate()
 
 

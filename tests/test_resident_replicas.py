@@ -181,15 +181,22 @@ def checkpointed_replica(client, keys):
     return loop_id, client.hget(keys.taken, loop_id).decode()
 
 
-def test_a_provider_killed_mid_round_is_resumed_elsewhere_with_the_same_bits(engine, workers, client):
-    names = workers.start(3, reclaim_idle=1.0, extra=("--checkpoint-steps", "40"))
-    graph, persisted = record_small("resident kill", 150)
+def run_killing_a_replica(engine, workers, client, graph):
+    """Run `graph`, SIGKILL the worker holding the first replica to checkpoint, wait until the graph is done;
+    returns (its GraphKeys, that replica's loop subgraph id, the killed worker)."""
     R.activate()
     R.execute()
     keys = GraphKeys(engine.token, graph.id)
     loop_id, holder = checkpointed_replica(client, keys)
     workers.kill(holder)
     R.track_progress(timeout=600, progress_bar=False)
+    return keys, loop_id, holder
+
+
+def test_a_provider_killed_mid_round_is_resumed_elsewhere_with_the_same_bits(engine, workers, client):
+    names = workers.start(3, reclaim_idle=1.0, extra=("--checkpoint-steps", "40"))
+    graph, persisted = record_small("resident kill", 150)
+    keys, loop_id, holder = run_killing_a_replica(engine, workers, client, graph)
     assert client.hget(keys.ran, loop_id).decode() in set(names) - {holder}   # a spare took the replica over
     (replicas,) = held_by(graph).values()
     assert client.hget(keys.ran, loop_id).decode() in sum(replicas.values(), [])   # named where it ended
@@ -216,12 +223,7 @@ def test_replicas_outnumbering_workers_take_turns_and_a_joining_worker_takes_one
 def test_the_survivor_takes_over_a_killed_workers_replica_without_a_spare(engine, workers, client):
     names = workers.start(2, reclaim_idle=1.0, extra=("--checkpoint-steps", "40", "--dead-after", "2"))
     graph, persisted = record_small("resident kill no spare", 40)
-    R.activate()
-    R.execute()
-    keys = GraphKeys(engine.token, graph.id)
-    loop_id, holder = checkpointed_replica(client, keys)
-    workers.kill(holder)
-    R.track_progress(timeout=600, progress_bar=False)
+    keys, loop_id, holder = run_killing_a_replica(engine, workers, client, graph)
     survivor = next(n for n in names if n != holder)
     assert client.hget(keys.ran, loop_id).decode() == survivor   # it took turns with its own replica
     assert_same_as_in_process(graph, persisted)

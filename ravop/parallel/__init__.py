@@ -1,5 +1,6 @@
 """Strategies that train one model on several workers: `NeuralNetwork.fit(..., strategy=...)`, or
-`R.Graph(..., strategy=...)` for every fit recorded in the graph.
+`R.Graph(..., strategy=...)` for every fit recorded in the graph, or for the hand-written loops the compiler folds
+in a graph without a fit (their replicas are recorded by ravop.parallel.hand_written with the same hooks).
 
     model.fit(X, y, n_epochs=2, batch_size=256, strategy=R.parallel.LocalSGD(replicas=2, sync_every=8))
 

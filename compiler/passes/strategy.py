@@ -1,0 +1,282 @@
+"""`R.Graph(..., strategy=...)` over hand-written training loops: each loop the folding pass made
+(compiler/passes/loops.py) becomes the strategy's resident replicas, one loop op per replica, so the plan does
+not grow with the number of steps (docs/strategies.md, "Hand-written loops").
+
+- The replicated model is read off the folded step: a carried value whose next value is output 0 of an optimizer
+  step (an op with a step counter whose inputs start `param, grad`: adam_step, rmsprop_step, ...) or any other
+  floating value the step computes itself (`w - lr * g`) is a parameter; the other outputs of an optimizer step
+  are its state; the other outputs of a multi-output op (batch_norm's running statistics) and integer values are
+  buffers. A loop with no parameter is no training loop, and is refused.
+- The loop's steps are dealt round-robin: replica r runs the loop's steps r, r + R, r + 2R, ... (the batches
+  recorded for them, persisting their values under their names), each replica a copy of the loop with its own
+  optimizer step counts from the loop's first, its random ops drawing the streams of the steps it runs. The last
+  `n_steps % R` steps, which make no full round, run once after the replicas, as the steps after the loop do.
+- The strategy's own resident hooks (ravop.parallel.hand_written) give the replicas' extra carried values, their
+  sync templates (run after every `interval` steps of a replica and after its last) and the model after training,
+  which everything recorded after the loop reads. Steps the folding leaves outside the loop (the first, which
+  makes the optimizer state from constants; the last, whose values are persisted) run once, as recorded (their
+  step counts, batches and random streams): every replica starts from the values before the loop, and what
+  follows reads the strategy's final model.
+
+The replicas' loops and the strategy's ops get ids after the recorded ones, and what reads the loop's results is
+moved after them (ids ascend in topological order); a random op moved draws the stream of its new id.
+"""
+from dataclasses import replace
+
+from ravop.errors import GraphStateError
+from ravop.loop import seed_of
+from ravop.loop_template import LoopRecord, LoopSpec
+from ravop.node import Node
+from ravop.parallel.hand_written import check_loop_strategy, record_replica_loops
+from ravop.parallel.replicas import Carried
+from ravop.registry import HOLE, INPUTS, PROJECTION, PROJECTIONS, REGISTRY, op_of_kind
+from ravop.runner import op_seed
+from ravop.wire import encode_params
+
+PARAM, BUFFER, OPTIMIZER = "parameter", "buffer", "optimizer state"
+
+
+def replicate_folded_loops(strategy, recorded_loops):
+    """The pass for a graph whose strategy no fit used: every loop the folding made (not those in
+    `recorded_loops`, the ids of loops recorded with ravop.loop) becomes the strategy's replicas."""
+    check_loop_strategy(strategy)
+
+    def replicate(ir):
+        if recorded_loops:
+            raise NotImplementedError(f"{strategy!r} over a loop recorded with ravop.loop.Loop is not implemented: "
+                                      "a strategy applies to fit(..., strategy=...) and to hand-written loops the "
+                                      "compiler folds")
+        folded = list(ir.loops.values())
+        if not folded:
+            raise GraphStateError(f"the graph has strategy={strategy!r} but no fit used it and no hand-written "
+                                  "training loop folded (a loop needs at least two alike steps, each reading its "
+                                  "batch as a constant, R.t(X_batch); verify=k graphs do not fold)")
+        for record in folded:
+            loop_id = next(id for id, r in ir.loops.items() if r is record)
+            ir = _replicate(ir, loop_id, strategy)
+        return ir, len(folded)
+    return replicate
+
+
+def _replicate(ir, loop_id, strategy):
+    record = ir.loops[loop_id]
+    spec, loop_node = record.spec, ir.nodes[loop_id]
+    template = spec.templates[0]
+    source = template.nodes[0].source if template.nodes else loop_node.source
+    where = f"the hand-written loop at {source}"
+    kinds = carried_kinds(template)
+    if PARAM not in kinds:
+        raise ValueError(f"{where} carries no parameter (only {', '.join(sorted(set(kinds))) or 'nothing'}), so "
+                         f"it is no training loop that {strategy!r} could replicate")
+    if not template.run_holes:
+        raise ValueError(f"{where} reads the same values at every step (no batch recorded per step, as "
+                         f"R.t(X_batch)), so {strategy!r} has no batches to share among its replicas")
+    replicas, n_steps = strategy.replicas, spec.n_steps
+    if n_steps < replicas:
+        raise ValueError(f"{where} folds into {n_steps} alike steps, fewer than {strategy!r}'s replicas (the steps "
+                         "before and after it run once): record more steps, or use fewer replicas")
+    order = [k for kind in (PARAM, BUFFER, OPTIMIZER) for k, found in enumerate(kinds) if found == kind]
+    layout = Carried(*(kinds.count(kind) for kind in (PARAM, BUFFER, OPTIMIZER)))
+    initial = loop_node.inputs[:spec.n_carried]
+    carried = [(ir.nodes[initial[k]].shape, ir.nodes[initial[k]].dtype) for k in order]
+    scratch = record_replica_loops(strategy, carried, layout, n_steps // replicas, ir.seed)
+    return _splice(ir, loop_id, scratch, [initial[k] for k in order], order, source)
+
+
+def carried_kinds(template):
+    """PARAM, BUFFER or OPTIMIZER for each carried value of a folded step (the module docstring's rule)."""
+    rows = {node.id: node for node in template.nodes}
+    kinds = []
+    for hole, after in zip(template.carry_holes, template.carry_next):
+        node = rows.get(after)
+        producer = rows.get(node.inputs[0]) if node is not None and node.op in PROJECTIONS else None
+        if producer is not None and _is_optimizer_step(producer.op):
+            kinds.append(PARAM if node.params["index"] == 0 else OPTIMIZER)
+        elif producer is not None or not template.holes[hole].dtype.is_floating_point:
+            kinds.append(BUFFER)
+        else:
+            kinds.append(PARAM)
+    return kinds
+
+
+def _is_optimizer_step(op):
+    opdef = REGISTRY[op]
+    return opdef.counter is not None and opdef.inputs[:2] == ("param", "grad")
+
+
+def _splice(ir, loop_id, scratch, initial, order, source):
+    """`ir` with the folded loop `loop_id` replaced by the scratch recording's replicas and final model, and the
+    loop's last steps that make no full round of the replicas (`_tail`) run once on that model."""
+    nodes, graph = ir.nodes, scratch.graph
+    record = ir.loops[loop_id]
+    results = {id: node.params["index"] for id, node in nodes.items()
+               if node.op in PROJECTIONS and node.inputs[0] == loop_id}
+    next_id = ir.n_recorded
+    ids = {op.id: i for op, i in zip(scratch.placeholders, initial)}   # scratch id -> IR id
+    added, loops = {}, {id: r for id, r in ir.loops.items() if id != loop_id}
+    constants = dict(ir.constants)
+    loop_of = {op.id: r for r, op in enumerate(scratch.loops)}
+    for op in graph.nodes:
+        if op.id in ids or op.id in graph.step_ids:
+            continue   # a placeholder of a value the IR holds, or an op of a loop step (its template's)
+        ids[op.id] = next_id
+        inputs = tuple(ids[i.id] for i in op.inputs)
+        params = op.params or {}
+        if op.id in loop_of:
+            replica, outer = _replica_record(record, graph.loops[op.id], loop_of[op.id], len(scratch.loops),
+                                             nodes[loop_id].inputs, order)
+            loops[next_id] = replica
+            inputs += tuple(outer)
+            params = {"loop": len(loops) - 1}
+        elif op.op in INPUTS:
+            constants[next_id] = graph.constants[op.id]
+        added[next_id] = Node(next_id, op.op, inputs, params, encode_params(params) if params else b"", op.shape,
+                              op.dtype, source)
+        next_id += 1
+    final = [ids[scratch.final[order.index(k)].id] for k in range(record.spec.n_carried)]
+    tail = _tail(record, nodes[loop_id].inputs, len(scratch.loops))
+    if tail is not None:
+        loops[next_id] = tail[0]
+        tail_nodes = _loop_nodes(next_id, nodes[loop_id], (*final, *tail[1]), len(loops) - 1, source)
+        added.update((node.id, node) for node in tail_nodes)
+        final = [node.id for node in tail_nodes[1:]]
+        next_id += len(tail_nodes)
+    alias = {id: final[k] for id, k in results.items()}
+    moved, seeds = _readers_moved(ir, loop_id, results, next_id)
+    next_id += len(moved)
+    kept = {}
+    for id, node in nodes.items():
+        if id == loop_id or id in results:
+            continue
+        inputs = tuple(moved.get(i, alias.get(i, i)) for i in node.inputs)
+        new_id = moved.get(id, id)
+        seed = seed_of(node)
+        params = node.params
+        if seed in seeds:   # it follows a moved random op's stream (dropout's backward redraws its mask)
+            params = {**params, REGISTRY[node.op].seed_param: seeds[seed]}
+        if new_id != id or inputs != tuple(node.inputs) or params is not node.params:
+            node = Node(new_id, node.op, inputs, params, encode_params(params) if params else b"", node.shape,
+                        node.dtype, node.source)
+        kept[new_id] = node
+        if id in loops and new_id != id:
+            loops[new_id] = loops.pop(id)
+    merged = dict(sorted({**kept, **added}.items()))
+    outputs = {name: moved.get(id, alias.get(id, id)) for name, id in ir.outputs.items()}
+    return ir.replace(nodes=merged, outputs=outputs, loops=loops, n_recorded=next_id,
+                      constants={id: value for id, value in constants.items() if id in merged})
+
+
+def _loop_nodes(loop_id, like, inputs, index, source):
+    """A loop node carrying what the loop node `like` carries, and a tuple_get per carried value."""
+    params = {"loop": index}
+    loop = Node(loop_id, like.op, inputs, params, encode_params(params), like.shape, like.dtype, source)
+    picks = []
+    for k, (shape, dtype) in enumerate(zip(like.shape, like.dtype)):
+        params = {"index": k}
+        picks.append(Node(loop_id + 1 + k, op_of_kind(PROJECTION), (loop_id,), params, encode_params(params), shape,
+                          dtype, source))
+    return [loop, *picks]
+
+
+def _readers_moved(ir, loop_id, results, next_id):
+    """({id: new id} of what reads the loop's results, directly or not, given ids from `next_id` on, in order;
+    {old stream seed: new} of the random ops among them, whose stream follows their id)."""
+    moved, seeds = {}, {}
+    for id, node in ir.nodes.items():
+        if id > loop_id and id not in results and any(i in results or i in moved or i == loop_id
+                                                      for i in node.inputs):
+            moved[id] = next_id + len(moved)
+            if REGISTRY[node.op].random:
+                seeds[op_seed(ir.seed, id)] = op_seed(ir.seed, moved[id])
+    return moved, seeds
+
+
+def _replica_record(folded, scratch, r, replicas, folded_inputs, order):
+    """(LoopRecord of replica r, the IR ids its training step reads besides the scratch loop's inputs): the
+    scratch loop's spec with the folded step, fed replica r's share of the runs, in place of its stand-in step;
+    `order`: the folded step's carried values in the order the scratch loop carries them (the layout's)."""
+    spec = folded.spec
+    stand_in = scratch.spec.templates[0]
+    base = 1 + max(_all_ids(spec.templates[0]) | set(spec.outer_ids))
+    shift = {i: base + i for t in scratch.spec.templates for i in _all_ids(t)}
+    shift.update((i, base + i) for i in scratch.spec.outer_ids)
+    syncs = [_renamed(t, shift) for t in scratch.spec.templates[1:]]
+    shares = spec.n_steps // replicas
+    step, outer, names = _step_of_runs(folded, folded_inputs, range(r, shares * replicas, replicas), False)
+    extra = [shift[h] for h in stand_in.carry_holes[len(order):]]
+    step = replace(step, carry_holes=[step.carry_holes[k] for k in order] + extra,
+                   carry_next=[step.carry_next[k] for k in order] + extra,
+                   holes={**step.holes, **{h: _hole(h, stand_in.holes[h - base]) for h in extra}})
+    new_spec = replace(scratch.spec, templates=[step, *syncs],
+                       outer_ids=[shift[i] for i in scratch.spec.outer_ids] + [name for name, _ in outer])
+    return LoopRecord(new_spec, [names, *scratch.names[1:]]), [i for _, i in outer]
+
+
+def _tail(folded, folded_inputs, replicas):
+    """(LoopRecord, the IR ids it reads besides the carried values) of the folded loop's last steps that make no
+    full round of the replicas, run once as recorded (their step counts, batches and random streams), or None."""
+    spec = folded.spec
+    left = spec.n_steps % replicas
+    if not left:
+        return None
+    step, outer, names = _step_of_runs(folded, folded_inputs, range(spec.n_steps - left, spec.n_steps), True)
+    tail = LoopSpec([step], spec.n_carried, spec.outer_ids[:spec.n_carried] + [name for name, _ in outer],
+                    [(0, left)], rounds=1, n_steps=left)
+    return LoopRecord(tail, [names]), [i for _, i in outer]
+
+
+def _step_of_runs(folded, folded_inputs, runs, as_recorded):
+    """(template, [(outer name, IR id)] it reads, persist names per output) of the folded step fed the folded
+    loop's `runs` (evenly spaced): their per-step values and their names; its random ops draw those runs' streams
+    (node + stride * run); `as_recorded`: its step counters those of the runs, else counted from the loop's
+    first (a replica's own optimizer counts)."""
+    spec, template = folded.spec, folded.spec.templates[0]
+    first, every = runs[0], runs.step
+    step = _renamed(template, {node: node + stride * first
+                               for node, stride in zip(template.seeded_nodes, template.seed_strides)})
+    if as_recorded and first:
+        step = replace(step, nodes=[_counted_from(node, first) if node.id in step.counter_nodes else node
+                                    for node in step.nodes])
+    n_holes = len(template.run_holes)
+    step = replace(step, run_values=[v for run in runs for v in template.run_values[run * n_holes:(run + 1) * n_holes]],
+                   seed_strides=[stride * every for stride in template.seed_strides])
+    read = {i for node in step.nodes for i in node.inputs} | set(step.run_values)
+    outer = [(name, i) for name, i in zip(spec.outer_ids[spec.n_carried:], folded_inputs[spec.n_carried:])
+             if name in read]
+    return step, outer, [[per_run[run] for run in runs] for per_run in folded.names[0]]
+
+
+def _counted_from(node, runs):
+    """`node` (an op with a step counter) as recorded `runs` steps later."""
+    counter = REGISTRY[node.op].counter
+    params = {**node.params, counter: node.params[counter] + runs}
+    return Node(node.id, node.op, node.inputs, params, encode_params(params), node.shape, node.dtype, node.source)
+
+
+def _hole(node_id, like):
+    return Node(node_id, op_of_kind(HOLE), (), {}, b"", like.shape, like.dtype, like.source)
+
+
+_ID_LISTS = ("carry_holes", "carry_next", "row_holes", "counter_nodes", "output_nodes", "run_holes", "seeded_nodes",
+             "seed_param_nodes", "seed_param_sources", "recv_holes", "send_nodes")
+
+
+def _all_ids(template):
+    """Every id a template names: its ops, their inputs, its holes and the values it lists."""
+    ids = {node.id for node in template.nodes} | {i for node in template.nodes for i in node.inputs}
+    ids |= set(template.holes) | set(template.run_values) | set(template.row_data)
+    for name in _ID_LISTS:
+        ids |= set(getattr(template, name))
+    return ids
+
+
+def _renamed(template, names):
+    """`template` with each id in `names` renamed (ids of its own ops and holes; the loop's inputs keep theirs)."""
+    def rename(i):
+        return names.get(i, i)
+    nodes = [Node(rename(n.id), n.op, [rename(i) for i in n.inputs], n.params, n.pkey, n.shape, n.dtype, n.source)
+             for n in template.nodes]
+    holes = {rename(h): Node(rename(h), n.op, n.inputs, n.params, n.pkey, n.shape, n.dtype, n.source)
+             for h, n in template.holes.items()}
+    lists = {name: [rename(i) for i in getattr(template, name)] for name in _ID_LISTS}
+    return replace(template, nodes=nodes, holes=holes, run_values=[rename(i) for i in template.run_values], **lists)
