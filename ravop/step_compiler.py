@@ -1,0 +1,386 @@
+"""Make a loop's step template cheaper per run, bit for bit: a step compiler over a built `Runner`.
+
+A step template runs hundreds of times with the same ops on the same shapes, so work that eager PyTorch (and
+the plain runner) repeats every step can be done once, and per-op Python work can be merged. Every rewrite here
+computes the same bits as the op it replaces, so the plain and the compiled step are interchangeable at any run:
+a loop may switch between them, a worker that compiles and one that does not give the same numbers, and a
+retry resumes from a checkpoint either way. Rewrites that change the bits (torch's fused Adam kernel,
+Inductor's fusions, which reorder float arithmetic) are not made: whether they are used would depend on which
+worker measured what, and the same graph and seed must give the same numbers on any worker.
+
+The rewrites (each keeps the call list's length and order, and each op's output: the memory watcher, op
+tracing and error messages see the same ops):
+- optimizer steps updating in place (`adam_step`, `adamw_step`: the loop owns their values) with the same
+  settings become one `torch._foreach_*` update of all their tensors, run at the first of them; the others hand
+  out their part. On a CPU the foreach kernels loop over the tensors in C++ with the same per-tensor kernels,
+  as the per-parameter loop does in Python (eager's default on a CPU is that loop).
+- a dropout's backward reuses the mask its forward drew in this run instead of drawing it again from the same
+  seed (autodiff records the redraw so that no mask is stored between workers; inside one step it is kept).
+- 2-d max pooling with indices runs on a channels-last copy of its input (ATen's NCHW kernel is several times
+  slower on small images) and hands back contiguous values and indices: the same maxima and the same
+  (first-in-window) indices.
+- `tuple_get` is bound to `operator.itemgetter`.
+
+Which runs faster is measured, not assumed (`Tuned`): after a warm-up the step alternates between the plain and
+the compiled calls for a few runs each, keeps the faster, and the decision is kept per template digest and
+machine (`Decisions`; a worker keeps them on disk with its calibration figures) so that the next loop of the
+same template starts with the faster one. A template whose compilation fails runs plain, with the reason
+logged. On a CUDA device the compiled step is also captured as one CUDA graph where that applies
+(ravop.step_capture).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import operator
+import os
+import time
+from typing import Any, Callable, Optional, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from . import registry
+from .ops.lr_schedule import scheduled_lr
+from .ops.nn import _dropout_noise, _pool_params
+from .runner import At, PerRun, Runner, op_seed, stream_id
+
+log = logging.getLogger(__name__)
+
+DISABLE_ENV = "RAVOP_STEP_COMPILER"   # "off": every step runs plain (a reference for tests and debugging)
+WARM_UP_RUNS = 2       # runs before timing: first calls allocate and warm caches
+TRIAL_RUNS = 10        # timed runs of each variant, alternating; the fastest of each is compared (the
+                       # least disturbed by other work on the machine)
+MIN_GAIN = 0.03        # the compiled step must be this much faster to be kept (timer noise)
+
+
+def enabled() -> bool:
+    return os.environ.get(DISABLE_ENV, "").strip().lower() not in ("off", "0", "false", "no")
+
+
+# ------------------------------------------------------------------------------------------------ decisions
+
+class Decisions(Protocol):
+    """Where decisions are kept: `load(key)` -> {"compiled": 0 or 1, ...} or None; `store(key, figures)`."""
+
+    def load(self, key: str) -> Optional[dict[str, float]]: ...
+
+    def store(self, key: str, figures: dict[str, float]) -> None: ...
+
+
+class MemoryDecisions:
+    """Decisions kept for the life of the process (in-process evaluation, tests)."""
+
+    def __init__(self) -> None:
+        self.figures: dict[str, dict[str, float]] = {}
+
+    def load(self, key: str) -> Optional[dict[str, float]]:
+        return self.figures.get(key)
+
+    def store(self, key: str, figures: dict[str, float]) -> None:
+        self.figures[key] = dict(figures)
+
+
+IN_PROCESS = MemoryDecisions()
+
+
+def template_digest(nodes: list[Any], inputs: list[int], device: str) -> str:
+    """A digest of a step's ops (op names, params, declared shapes and dtypes, and which op reads which value,
+    by position, not by id) and its device: the same model on the same batch shape gives the same digest in
+    any graph."""
+    position = {i: ("in", k) for k, i in enumerate(inputs)}
+    h = hashlib.sha256(device.encode())
+    for index, node in enumerate(nodes):
+        position[node.id] = ("op", index)
+        params = node.pkey or repr(sorted(node.params.items())).encode()
+        h.update(repr((node.op, [position.get(i) for i in node.inputs], str(node.shape), str(node.dtype))).encode())
+        h.update(params)
+    return h.hexdigest()[:32]
+
+
+# ------------------------------------------------------------------------------------------------ rewrites
+
+class Compiled:
+    """The compiled calls of a runner (same length and order) and what was rewritten."""
+
+    def __init__(self, calls: list[Any], rewrites: dict[str, int]) -> None:
+        self.calls, self.rewrites = calls, rewrites
+
+
+def compile_calls(runner: Runner) -> Compiled:
+    """The rewrites of the module docstring applied to a copy of `runner.calls`."""
+    calls = list(runner.calls)
+    rewrites = {"optimizer_groups": _group_optimizers(runner, calls),
+                "dropout_masks_kept": _keep_dropout_masks(runner, calls),
+                "channels_last_pools": _channels_last_pools(runner, calls),
+                "projections": _bind_projections(runner, calls)}
+    return Compiled(calls, rewrites)
+
+
+def _bind_projections(runner: Runner, calls: list[Any]) -> int:
+    n = 0
+    for index, node in enumerate(runner.nodes):
+        kernel, args, params, out, frees, varies = calls[index]
+        if node.op == "tuple_get" and varies is None and type(params.get("index")) is int and len(params) == 1:
+            calls[index] = (operator.itemgetter(params["index"]), args, {}, out, frees, None)
+            n += 1
+    return n
+
+
+def _channels_last_pools(runner: Runner, calls: list[Any]) -> int:
+    if runner.device != "cpu":
+        return 0
+    n = 0
+    for index, node in enumerate(runner.nodes):
+        kernel, args, params, out, frees, varies = calls[index]
+        if node.op == "max_pool2d" and varies is None and kernel is registry.REGISTRY["max_pool2d"].kernel:
+            calls[index] = (_max_pool2d_channels_last, args, params, out, frees, None)
+            n += 1
+    return n
+
+
+def _max_pool2d_channels_last(x: torch.Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
+                              dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    k, s, p, d = _pool_params(kernel_size, stride, padding, dilation)
+    if x.dim() != 4:
+        return F.max_pool2d(x, k, s, p, d, ceil_mode=ceil_mode, return_indices=return_indices)
+    out = F.max_pool2d(x.contiguous(memory_format=torch.channels_last), k, s, p, d, ceil_mode=ceil_mode,
+                       return_indices=return_indices)
+    if return_indices:
+        return out[0].contiguous(), out[1].contiguous()
+    return out.contiguous()
+
+
+class _KeptNoise(PerRun):
+    """A dropout's draw (as `PerRun` draws it: the same generator seed) that keeps its noise for the backward."""
+    __slots__ = ("box",)
+
+    def __call__(self, kernel: Any, args: list[Any], params: dict[str, Any], at: Optional[At]) -> Any:
+        p, training = params.get("p", 0.5), params.get("training", True)
+        if not training or not 0 < p < 1:
+            self.box[0] = None
+            return PerRun.__call__(self, kernel, args, params, at)
+        generator = torch.Generator().manual_seed(op_seed(self.graph_seed, stream_id(self.stream, self.stride, at)))
+        x = args[0]
+        noise = self.box[0] = _dropout_noise(x, p, generator)
+        out = x * noise
+        return out if self.device == "cpu" else out.to(self.device)
+
+
+def _dropout_backward_kept(box: list[Any], g: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+    noise = box[0]
+    if noise is None or noise.shape != g.shape or noise.dtype != g.dtype:   # the forward did not draw: redraw
+        return registry.REGISTRY["dropout_backward"].kernel(g, p, seed)
+    return g * noise
+
+
+def _keep_dropout_masks(runner: Runner, calls: list[Any]) -> int:
+    """Pair each dropout_backward with the dropout whose stream it follows, in the same run of the step."""
+    index_of = {node.id: index for index, node in enumerate(runner.nodes)}
+    n = 0
+    for index, node in enumerate(runner.nodes):
+        if node.op != "dropout_backward":
+            continue
+        kernel, args, params, out, frees, varies = calls[index]
+        if varies is None or varies.seed_from is None or varies.counted is not None:
+            continue
+        source, stride = varies.seed_from
+        forward = index_of.get(source)
+        if forward is None or forward >= index or runner.nodes[forward].op != "dropout":
+            continue
+        f_kernel, f_args, f_params, f_out, f_frees, f_varies = calls[forward]
+        if type(f_varies) is not PerRun or f_varies.stream != source or f_varies.stride != stride or \
+                f_varies.counted is not None or f_varies.seed_from is not None or \
+                f_params.get("p", 0.5) != params.get("p"):
+            continue
+        box: list[Any] = [None]
+        kept = _KeptNoise(f_varies.opdef, f_varies.graph_seed, f_varies.device, f_varies.stream, f_varies.stride)
+        kept.box = box
+        calls[forward] = (f_kernel, f_args, f_params, f_out, f_frees, kept)
+        # the backward keeps its per-run seed: a forward that did not draw leaves the redraw to it
+        calls[index] = (functools.partial(_dropout_backward_kept, box), args, params, out, frees, varies)
+        n += 1
+    return n
+
+
+# ---- optimizer steps
+
+_ADAM_OPS = {"adam_step": False, "adamw_step": True}   # op -> decoupled weight decay
+
+
+def _foreach_adam(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+                  exp_avg_sqs: list[torch.Tensor], step: int, lr: float, beta1: float, beta2: float, eps: float,
+                  weight_decay: float, maximize: bool, decoupled: bool, lr_schedule: Any) -> None:
+    """ravop.ops.optim._adam (in place, amsgrad off) for many tensors: the same kernels in the same order."""
+    lr = scheduled_lr(lr, lr_schedule, step)
+    if maximize:
+        grads = torch._foreach_neg(grads)
+    if weight_decay != 0:
+        if decoupled:
+            torch._foreach_mul_(params, 1 - lr * weight_decay)
+        else:
+            grads = torch._foreach_add(grads, params, alpha=weight_decay)
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+    step_f = float(step)
+    bias_correction1 = 1 - beta1 ** step_f
+    bias_correction2 = 1 - beta2 ** step_f
+    step_size = lr / bias_correction1
+    denom = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(denom, bias_correction2 ** 0.5)
+    torch._foreach_add_(denom, eps)
+    torch._foreach_addcdiv_(params, exp_avgs, denom, -step_size)
+
+
+class _AdamGroup:
+    """The kernel of the first op of a group: updates every member's tensors, keeps their results in `box`
+    (the members after it hand theirs out), returns its own."""
+    __slots__ = ("box", "decoupled", "n")
+
+    def __init__(self, decoupled: bool, n: int) -> None:
+        self.box: list[Any] = [None] * n
+        self.decoupled, self.n = decoupled, n
+
+    def __call__(self, *args: Any, step: int, lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
+                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, maximize: bool = False,
+                 lr_schedule: Any = None) -> Any:
+        params, grads, exp_avgs, exp_avg_sqs, maxes = (list(args[k::5]) for k in range(5))
+        _foreach_adam(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay, maximize,
+                      self.decoupled, lr_schedule)
+        box = self.box
+        for k in range(self.n):
+            box[k] = (params[k], exp_avgs[k], exp_avg_sqs[k], maxes[k])
+        return box[0]
+
+
+def _settings(opdef: registry.OpDef, params: dict[str, Any]) -> Optional[str]:
+    full = {**opdef.params, **params}
+    if full.get("amsgrad") or any(v is registry.REQUIRED for k, v in full.items() if k != "step"):
+        return None
+    return repr(sorted((k, v) for k, v in full.items() if k != "step"))
+
+
+def _group_optimizers(runner: Runner, calls: list[Any]) -> int:
+    """Group the in-place Adam/AdamW steps with the same settings and step counter into foreach updates."""
+    n_inputs = runner.n_inputs
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for index, node in enumerate(runner.nodes):
+        if node.op not in _ADAM_OPS:
+            continue
+        opdef = registry.REGISTRY[node.op]
+        kernel, args, params, out, frees, varies = calls[index]
+        if opdef.in_place is None or kernel is not opdef.in_place.kernel or len(args) != 5:
+            continue   # copies (the loop does not own these values): left alone
+        settings = _settings(opdef, params)
+        counted = None if varies is None else varies.counted
+        if settings is None or (varies is not None and (type(varies) is not PerRun or varies.seed_from is not None)) \
+                or (varies is None and type(params.get("step")) is not int):
+            continue
+        key = (node.op, settings, counted, None if varies is not None else params.get("step"))
+        groups.setdefault(key, []).append(index)
+    made = 0
+    for members in groups.values():
+        if len(members) < 2 or not _groupable(runner, calls, members, n_inputs):
+            continue
+        first = members[0]
+        group = _AdamGroup(_ADAM_OPS[runner.nodes[first].op], len(members))
+        kernel, args, params, out, frees, varies = calls[first]
+        every = tuple(a for m in members for a in calls[m][1])
+        calls[first] = (group, every, params, out, frees, varies)
+        for k, m in enumerate(members[1:], 1):
+            _, _, _, out_m, frees_m, _ = calls[m]
+            calls[m] = (functools.partial(operator.getitem, group.box, k), (), {}, out_m, frees_m, None)
+        made += 1
+    return made
+
+
+def _groupable(runner: Runner, calls: list[Any], members: list[int], n_inputs: int) -> bool:
+    """Whether running every member at the first one's place changes nothing: each reads only values made
+    before that place, the values they overwrite are distinct and read by nothing else, and nothing between
+    the first and the last member reads them."""
+    first = members[0]
+    overwritten = [calls[m][1][p] for m in members for p in (0, 2, 3)]
+    if len(set(overwritten)) != len(overwritten):
+        return False
+    targets = set(overwritten)
+    for m in members:
+        args = calls[m][1]
+        if any(a >= n_inputs and a - n_inputs >= first for a in args):
+            return False   # made after the first member
+        if any(a in targets for a in (args[1], args[4])):
+            return False
+    chosen = set(members)
+    for index in range(first, members[-1]):
+        if index not in chosen and any(a in targets for a in calls[index][1]):
+            return False
+    return True
+
+
+# ------------------------------------------------------------------------------------------------ the choice
+
+class Tuned:
+    """A step's runner choosing between its plain calls and the compiled ones by timing them in flight (both
+    give the same bits); with a decision already kept for its digest it starts with that one."""
+
+    def __init__(self, runner: Runner, compiled: Compiled, key: str, decisions: Decisions) -> None:
+        self.runner, self.compiled, self.key, self.decisions = runner, compiled, key, decisions
+        self.plain_calls = runner.calls
+        self.times: dict[bool, list[float]] = {False: [], True: []}
+        self.runs = 0
+        kept = decisions.load(key)
+        self.decided: Optional[bool] = None if kept is None else bool(kept.get("compiled"))
+        self._use(self.decided is not False)
+
+    def _use(self, compiled: bool) -> None:
+        self.runner.calls = self.compiled.calls if compiled else self.plain_calls
+
+    def run(self, at: Optional[At]) -> list[Any]:
+        if self.decided is not None:
+            return self.runner.run(at)
+        self.runs += 1
+        if self.runs <= WARM_UP_RUNS:
+            self._use(self.runs % 2 == 1)
+            return self.runner.run(at)
+        compiled = self.runs % 2 == 1
+        self._use(compiled)
+        start = time.perf_counter()
+        values = self.runner.run(at)
+        self.times[compiled].append(time.perf_counter() - start)
+        if len(self.times[True]) >= TRIAL_RUNS and len(self.times[False]) >= TRIAL_RUNS:
+            self._decide()
+        return values
+
+    def _decide(self) -> None:
+        plain, compiled = min(self.times[False]), min(self.times[True])
+        self.decided = compiled < plain * (1 - MIN_GAIN)
+        self._use(self.decided)
+        figures = {"compiled": float(self.decided), "plain_us": plain * 1e6, "compiled_us": compiled * 1e6,
+                   **{k: float(v) for k, v in self.compiled.rewrites.items()}}
+        log.info("step template %s: plain %.0f us, compiled %.0f us per run: %s (%s)", self.key[:12],
+                 plain * 1e6, compiled * 1e6, "compiled" if self.decided else "plain", self.compiled.rewrites)
+        self.decisions.store(self.key, figures)
+
+    def plain(self) -> None:
+        """Run op by op from now on (a traced or instrumented step: hooks wrap the plain calls)."""
+        self.decided = False
+        self._use(False)
+
+
+def tune(runner: Runner, nodes: list[Any], inputs: list[int], decisions: Optional[Decisions],
+         on_compile: Optional[Callable[[Compiled], None]] = None) -> Optional[Tuned]:
+    """A `Tuned` chooser for `runner` (a step template's, built), or None where nothing applies: compiling off
+    (`$RAVOP_STEP_COMPILER=off`, or `decisions` None), no rewrite found, or compiling failed (logged)."""
+    if decisions is None or not enabled():
+        return None
+    try:
+        compiled = compile_calls(runner)
+        if not any(compiled.rewrites.values()):
+            return None
+        if on_compile is not None:
+            on_compile(compiled)
+        return Tuned(runner, compiled, template_digest(nodes, inputs, runner.device), decisions)
+    except Exception as exc:   # a rewrite's bug must never stop a loop: the plain step is always right
+        log.warning("step template not compiled, running op by op: %s: %s", type(exc).__name__, exc)
+        return None
