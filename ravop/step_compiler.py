@@ -16,6 +16,8 @@ tracing and error messages see the same ops):
   as the per-parameter loop does in Python (eager's default on a CPU is that loop).
 - a dropout's backward reuses the mask its forward drew in this run instead of drawing it again from the same
   seed (autodiff records the redraw so that no mask is stored between workers; inside one step it is kept).
+- a batch norm's backward reuses the batch statistics (mean, inverse std) its forward computed in this run
+  instead of computing them again from the same input (ATen computes them with the same kernel either way).
 - 2-d max pooling with indices runs on a channels-last copy of its input (ATen's NCHW kernel is several times
   slower on small images) and hands back contiguous values and indices: the same maxima and the same
   (first-in-window) indices.
@@ -43,10 +45,12 @@ import torch.nn.functional as F
 
 from . import registry
 from .ops.lr_schedule import scheduled_lr
+from .ops.masked import keep_masked
 from .ops.nn import _dropout_noise, _pool_params
 from .runner import At, PerRun, Runner, op_seed, stream_id
 
 log = logging.getLogger(__name__)
+aten = torch.ops.aten
 
 DISABLE_ENV = "RAVOP_STEP_COMPILER"   # "off": every step runs plain (a reference for tests and debugging)
 WARM_UP_RUNS = 2       # runs before timing: first calls allocate and warm caches
@@ -114,6 +118,7 @@ def compile_calls(runner: Runner) -> Compiled:
     rewrites = {"optimizer_groups": _group_optimizers(runner, calls),
                 "dropout_masks_kept": _keep_dropout_masks(runner, calls),
                 "channels_last_pools": _channels_last_pools(runner, calls),
+                "batch_norm_stats_kept": _keep_batch_norm_stats(runner, calls),
                 "projections": _bind_projections(runner, calls)}
     return Compiled(calls, rewrites)
 
@@ -201,6 +206,51 @@ def _keep_dropout_masks(runner: Runner, calls: list[Any]) -> int:
         # the backward keeps its per-run seed: a forward that did not draw leaves the redraw to it
         calls[index] = (functools.partial(_dropout_backward_kept, box), args, params, out, frees, varies)
         n += 1
+    return n
+
+
+def _batch_norm_keeping(box: list[Any], x: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor,
+                        weight: Any = None, bias: Any = None, training: bool = True, momentum: float = 0.1,
+                        eps: float = 1e-5) -> Any:
+    """ravop.ops.nn.batch_norm, keeping (x, mean, inverse std) of a training batch for the backward."""
+    mean, var = running_mean.detach().clone(), running_var.detach().clone()
+    y, save_mean, save_invstd = aten.native_batch_norm(x, weight, bias, mean, var, training, momentum, eps)
+    box[:] = (x, save_mean, save_invstd) if training else (None, None, None)
+    return y, mean, var
+
+
+def _batch_norm_backward_kept(box: list[Any], g: torch.Tensor, x: torch.Tensor, running_mean: Any,
+                              running_var: Any, weight: Any = None, training: bool = True, eps: float = 1e-5,
+                              mask: Any = (True, True, True)) -> Any:
+    if not training or box[0] is not x:   # not this run's forward of this input: as recorded
+        return registry.REGISTRY["batch_norm_backward"].kernel(g, x, running_mean, running_var, weight, training,
+                                                                eps, mask)
+    grads = aten.native_batch_norm_backward(g, x, weight, running_mean, running_var, box[1], box[2], training, eps,
+                                            list(mask))
+    return keep_masked(mask, *grads)
+
+
+def _keep_batch_norm_stats(runner: Runner, calls: list[Any]) -> int:
+    """Pair each batch_norm_backward with the batch_norm that normalised the same value with the same eps."""
+    forward_kernel = registry.REGISTRY["batch_norm"].kernel
+    backward_kernel = registry.REGISTRY["batch_norm_backward"].kernel
+    forwards: dict[int, tuple[int, list[Any]]] = {}   # slot of x -> (index, box)
+    n = 0
+    for index, node in enumerate(runner.nodes):
+        kernel, args, params, out, frees, varies = calls[index]
+        if varies is not None or not args:
+            continue
+        if node.op == "batch_norm" and kernel is forward_kernel and params.get("training", True):
+            box: list[Any] = [None, None, None]
+            forwards[args[0]] = (index, box)
+            calls[index] = (functools.partial(_batch_norm_keeping, box), args, params, out, frees, None)
+        elif node.op == "batch_norm_backward" and kernel is backward_kernel and len(args) >= 2 and \
+                args[1] in forwards and params.get("training", True):
+            forward, box = forwards[args[1]]
+            if calls[forward][2].get("eps", 1e-5) != params.get("eps", 1e-5):
+                continue
+            calls[index] = (functools.partial(_batch_norm_backward_kept, box), args, params, out, frees, None)
+            n += 1
     return n
 
 

@@ -61,7 +61,8 @@ def test_the_compiled_step_gives_the_plain_steps_bits_in_process(monkeypatch):
     compiled = on_one_thread(evaluate_persisted, graph, names)
     rewrites = [tuned.compiled.rewrites for tuned in made]
     assert len(rewrites) == 2 and all(r["optimizer_groups"] == 1 and r["dropout_masks_kept"] == 2 and
-                                       r["channels_last_pools"] == 1 and r["projections"] for r in rewrites), rewrites
+                                       r["channels_last_pools"] == 1 and r["batch_norm_stats_kept"] == 1 and
+                                       r["projections"] for r in rewrites), rewrites
     assert all(tuned.decided for tuned in made)
     for name in names:
         assert torch.equal(compiled[name], plain[name]), name
