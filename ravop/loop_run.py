@@ -66,7 +66,8 @@ class StepFunction:
         self.send_slots = [slot[i] for i in template.send_nodes]
         self.recv_channels, self.send_channels = list(template.recv_channels), list(template.send_channels)
         self._update_in_place({self.carry_slots[k] for k in owned}, device)
-        self.tuned = step_compiler.tune(self.runner, template.nodes, [*outer, *template.hole_ids()], decisions)
+        self.tuned = step_compiler.tune(self.runner, template.nodes, [*outer, *template.hole_ids()], decisions,
+                                        template.hole_ids(), template.results())
         self.run_step = self.runner.run if self.tuned is None else self.tuned.run
 
     def run_plain(self) -> None:

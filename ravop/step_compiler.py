@@ -9,16 +9,17 @@ Inductor's fusions, which reorder float arithmetic) are not made: whether they a
 worker measured what, and the same graph and seed must give the same numbers on any worker.
 
 The rewrites (each keeps the call list's length and order, and each op's output: the memory watcher, op
-tracing and error messages see the same ops):
-- optimizer steps updating in place (`adam_step`, `adamw_step`: the loop owns their values) with the same
+tracing and error messages see the same ops; those whose bits were checked on CPU kernels only are made on a
+CPU only):
+- (CPU) optimizer steps updating in place (`adam_step`, `adamw_step`: the loop owns their values) with the same
   settings become one `torch._foreach_*` update of all their tensors, run at the first of them; the others hand
   out their part. On a CPU the foreach kernels loop over the tensors in C++ with the same per-tensor kernels,
   as the per-parameter loop does in Python (eager's default on a CPU is that loop).
 - a dropout's backward reuses the mask its forward drew in this run instead of drawing it again from the same
   seed (autodiff records the redraw so that no mask is stored between workers; inside one step it is kept).
-- a batch norm's backward reuses the batch statistics (mean, inverse std) its forward computed in this run
+- (CPU) a batch norm's backward reuses the batch statistics (mean, inverse std) its forward computed in this run
   instead of computing them again from the same input (ATen computes them with the same kernel either way).
-- 2-d max pooling with indices runs on a channels-last copy of its input (ATen's NCHW kernel is several times
+- (CPU) 2-d max pooling with indices runs on a channels-last copy of its input (ATen's NCHW kernel is several times
   slower on small images) and hands back contiguous values and indices: the same maxima and the same
   (first-in-window) indices.
 - `tuple_get` is bound to `operator.itemgetter`.
@@ -27,8 +28,8 @@ Which runs faster is measured, not assumed (`Tuned`): after a warm-up the step a
 the compiled calls for a few runs each, keeps the faster, and the decision is kept per template digest and
 machine (`Decisions`; a worker keeps them on disk with its calibration figures) so that the next loop of the
 same template starts with the faster one. A template whose compilation fails runs plain, with the reason
-logged. On a CUDA device the compiled step is also captured as one CUDA graph where that applies
-(ravop.step_capture).
+logged. On a CUDA device a step that nothing changes on the host from run to run is captured as one CUDA graph
+at its first run (ravop/step_capture.py).
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from .ops.lr_schedule import scheduled_lr
 from .ops.masked import keep_masked
 from .ops.nn import _dropout_noise, _pool_params
 from .runner import At, PerRun, Runner, op_seed, stream_id
+from .step_capture import CapturedStep, blockers, cuda_capture
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -115,10 +117,11 @@ class Compiled:
 def compile_calls(runner: Runner) -> Compiled:
     """The rewrites of the module docstring applied to a copy of `runner.calls`."""
     calls = list(runner.calls)
-    rewrites = {"optimizer_groups": _group_optimizers(runner, calls),
+    on_cpu = runner.device == "cpu"   # the same bits checked on CPU kernels only (a GPU's may fuse differently)
+    rewrites = {"optimizer_groups": _group_optimizers(runner, calls) if on_cpu else 0,
                 "dropout_masks_kept": _keep_dropout_masks(runner, calls),
-                "channels_last_pools": _channels_last_pools(runner, calls),
-                "batch_norm_stats_kept": _keep_batch_norm_stats(runner, calls),
+                "channels_last_pools": _channels_last_pools(runner, calls) if on_cpu else 0,
+                "batch_norm_stats_kept": _keep_batch_norm_stats(runner, calls) if on_cpu else 0,
                 "projections": _bind_projections(runner, calls)}
     return Compiled(calls, rewrites)
 
@@ -134,8 +137,6 @@ def _bind_projections(runner: Runner, calls: list[Any]) -> int:
 
 
 def _channels_last_pools(runner: Runner, calls: list[Any]) -> int:
-    if runner.device != "cpu":
-        return 0
     n = 0
     for index, node in enumerate(runner.nodes):
         kernel, args, params, out, frees, varies = calls[index]
@@ -374,8 +375,12 @@ class Tuned:
     """A step's runner choosing between its plain calls and the compiled ones by timing them in flight (both
     give the same bits); with a decision already kept for its digest it starts with that one."""
 
-    def __init__(self, runner: Runner, compiled: Compiled, key: str, decisions: Decisions) -> None:
+    def __init__(self, runner: Runner, compiled: Compiled, key: str, decisions: Decisions,
+                 capture: Optional[tuple[list[int], list[int]]] = None) -> None:
+        """`capture`: (input slots, output slots) of a step to capture as a CUDA graph at its first run."""
         self.runner, self.compiled, self.key, self.decisions = runner, compiled, key, decisions
+        self.capture = capture
+        self.captured: Optional[CapturedStep] = None
         self.plain_calls = runner.calls
         self.times: dict[bool, list[float]] = {False: [], True: []}
         self.runs = 0
@@ -387,6 +392,11 @@ class Tuned:
         self.runner.calls = self.compiled.calls if compiled else self.plain_calls
 
     def run(self, at: Optional[At]) -> list[Any]:
+        if self.capture is not None:   # once, with the first run's inputs, over the chosen calls
+            self.captured = cuda_capture(self.runner, *self.capture)
+            self.capture = None
+        if self.captured is not None:
+            return self.captured.run(at)
         if self.decided is not None:
             return self.runner.run(at)
         self.runs += 1
@@ -415,22 +425,26 @@ class Tuned:
     def plain(self) -> None:
         """Run op by op from now on (a traced or instrumented step: hooks wrap the plain calls)."""
         self.decided = False
+        self.capture = self.captured = None
         self._use(False)
 
 
 def tune(runner: Runner, nodes: list[Any], inputs: list[int], decisions: Optional[Decisions],
-         on_compile: Optional[Callable[[Compiled], None]] = None) -> Optional[Tuned]:
-    """A `Tuned` chooser for `runner` (a step template's, built), or None where nothing applies: compiling off
-    (`$RAVOP_STEP_COMPILER=off`, or `decisions` None), no rewrite found, or compiling failed (logged)."""
+         holes: list[int] = (), results: list[int] = ()) -> Optional[Tuned]:
+    """A `Tuned` chooser for `runner` (a step template's, built; `inputs` the ids of its inputs, of which
+    `holes` change per run, and `results` the ids it hands out), or None where nothing applies: compiling off
+    (`$RAVOP_STEP_COMPILER=off`, or `decisions` None), no rewrite found and no CUDA graph to capture, or
+    compiling failed (logged)."""
     if decisions is None or not enabled():
         return None
     try:
         compiled = compile_calls(runner)
-        if not any(compiled.rewrites.values()):
+        capture = None
+        if runner.device.startswith("cuda") and not blockers(runner):
+            capture = ([runner.slot[i] for i in holes], [runner.slot[i] for i in results])
+        if not any(compiled.rewrites.values()) and capture is None:
             return None
-        if on_compile is not None:
-            on_compile(compiled)
-        return Tuned(runner, compiled, template_digest(nodes, inputs, runner.device), decisions)
+        return Tuned(runner, compiled, template_digest(nodes, inputs, runner.device), decisions, capture)
     except Exception as exc:   # a rewrite's bug must never stop a loop: the plain step is always right
         log.warning("step template not compiled, running op by op: %s: %s", type(exc).__name__, exc)
         return None

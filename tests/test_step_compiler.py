@@ -56,8 +56,8 @@ def test_the_compiled_step_gives_the_plain_steps_bits_in_process(monkeypatch):
     plain = reference(graph, names, monkeypatch)
     made = []
     real_tune = step_compiler.tune
-    monkeypatch.setattr(step_compiler, "tune", lambda runner, nodes, inputs, decisions: made.append(
-        real_tune(runner, nodes, inputs, always(True))) or made[-1])
+    monkeypatch.setattr(step_compiler, "tune", lambda runner, nodes, inputs, decisions, *rest: made.append(
+        real_tune(runner, nodes, inputs, always(True), *rest)) or made[-1])
     compiled = on_one_thread(evaluate_persisted, graph, names)
     rewrites = [tuned.compiled.rewrites for tuned in made]
     assert len(rewrites) == 2 and all(r["optimizer_groups"] == 1 and r["dropout_masks_kept"] == 2 and
@@ -96,8 +96,8 @@ def test_the_decision_is_measured_then_kept_for_the_template(monkeypatch):
     decisions = step_compiler.MemoryDecisions()
     made = []
     real_tune = step_compiler.tune
-    monkeypatch.setattr(step_compiler, "tune", lambda runner, nodes, inputs, _: made.append(
-        real_tune(runner, nodes, inputs, decisions)) or made[-1])
+    monkeypatch.setattr(step_compiler, "tune", lambda runner, nodes, inputs, _, *rest: made.append(
+        real_tune(runner, nodes, inputs, decisions, *rest)) or made[-1])
     graph, names = record_cnn("decided", epochs=8)   # 32 runs of the full batch's template
     on_one_thread(evaluate_persisted, graph, names)
     full = made[0]
