@@ -4,7 +4,9 @@ of one Python call each, for steps whose time is kernel launches.
 A captured graph replays the same kernels on the same memory with the same scalars, so a step can be captured
 only if nothing about it changes on the host from run to run (`blockers` says what does): ops that draw from a
 host generator or read a step counter or seed (`PerRun`: random ops, optimizer steps with their `step`, a
-dropout's backward), a memory watcher (it looks at each output on the host), and a device that is not CUDA.
+dropout's backward), and a device that is not CUDA. A worker's memory watcher looks at the outputs of the plain
+run that the capture is checked against; the graph's replays make outputs of the same shapes in the memory the
+capture allocated once.
 Such a step runs as the step compiler chose. A capturable step is a pure function of its inputs (the in-place
 optimizer updates all count steps), so the captured graph is checked once against the plain step on the same
 inputs, bit for bit, before it is used; a capture that fails or differs is logged and the step runs plain.
@@ -32,8 +34,6 @@ def blockers(runner: Runner) -> list[str]:
     reasons = []
     if not runner.device.startswith("cuda"):
         reasons.append(f"runs on {runner.device}, not a CUDA device")
-    if runner.watcher is not None:
-        reasons.append("a memory watcher looks at its outputs on the host")
     varying = sorted({runner.nodes[index].op for index, call in enumerate(runner.calls) if call[5] is not None})
     if varying:
         reasons.append(f"ops change per run on the host (random draws, step counters, seeds): {', '.join(varying)}")

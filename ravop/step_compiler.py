@@ -39,15 +39,14 @@ import logging
 import operator
 import os
 import time
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Optional, Protocol, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from . import registry
 from .ops.lr_schedule import scheduled_lr
 from .ops.masked import keep_masked
-from .ops.nn import _dropout_noise, _pool_params
+from .ops.nn import _dropout_noise, max_pool2d
 from .runner import At, PerRun, Runner, op_seed, stream_id
 from .step_capture import CapturedStep, blockers, cuda_capture
 
@@ -148,11 +147,10 @@ def _channels_last_pools(runner: Runner, calls: list[Any]) -> int:
 
 def _max_pool2d_channels_last(x: torch.Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
                               dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
-    k, s, p, d = _pool_params(kernel_size, stride, padding, dilation)
     if x.dim() != 4:
-        return F.max_pool2d(x, k, s, p, d, ceil_mode=ceil_mode, return_indices=return_indices)
-    out = F.max_pool2d(x.contiguous(memory_format=torch.channels_last), k, s, p, d, ceil_mode=ceil_mode,
-                       return_indices=return_indices)
+        return max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+    out = max_pool2d(x.contiguous(memory_format=torch.channels_last), kernel_size, stride, padding, dilation,
+                     ceil_mode, return_indices)
     if return_indices:
         return out[0].contiguous(), out[1].contiguous()
     return out.contiguous()
@@ -161,6 +159,7 @@ def _max_pool2d_channels_last(x: torch.Tensor, kernel_size: Any, stride: Any = N
 class _KeptNoise(PerRun):
     """A dropout's draw (as `PerRun` draws it: the same generator seed) that keeps its noise for the backward."""
     __slots__ = ("box",)
+    box: list[Any]
 
     def __call__(self, kernel: Any, args: list[Any], params: dict[str, Any], at: Optional[At]) -> Any:
         p, training = params.get("p", 0.5), params.get("training", True)
@@ -430,7 +429,7 @@ class Tuned:
 
 
 def tune(runner: Runner, nodes: list[Any], inputs: list[int], decisions: Optional[Decisions],
-         holes: list[int] = (), results: list[int] = ()) -> Optional[Tuned]:
+         holes: Sequence[int] = (), results: Sequence[int] = ()) -> Optional[Tuned]:
     """A `Tuned` chooser for `runner` (a step template's, built; `inputs` the ids of its inputs, of which
     `holes` change per run, and `results` the ids it hands out), or None where nothing applies: compiling off
     (`$RAVOP_STEP_COMPILER=off`, or `decisions` None), no rewrite found and no CUDA graph to capture, or
