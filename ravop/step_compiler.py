@@ -11,9 +11,9 @@ worker measured what, and the same graph and seed must give the same numbers on 
 The rewrites (each keeps the call list's length and order, and each op's output: the memory watcher, op
 tracing and error messages see the same ops; those whose bits were checked on CPU kernels only are made on a
 CPU only):
-- (CPU) optimizer steps updating in place (`adam_step`, `adamw_step`: the loop owns their values) with the same
-  settings become one `torch._foreach_*` update of all their tensors, run at the first of them; the others hand
-  out their part. On a CPU the foreach kernels loop over the tensors in C++ with the same per-tensor kernels,
+- (CPU) optimizer steps with the same settings (`adam_step` and `adamw_step` updating in place, where the loop
+  owns their values; `rmsprop_step`) become one `torch._foreach_*` update of all their tensors, run at the first
+  of them; the others hand out their part. On a CPU the foreach kernels loop over the tensors in C++ with the same per-tensor kernels,
   as the per-parameter loop does in Python (eager's default on a CPU is that loop).
 - a dropout's backward reuses the mask its forward drew in this run instead of drawing it again from the same
   seed (autodiff records the redraw so that no mask is stored between workers; inside one step it is kept).
@@ -39,7 +39,7 @@ import logging
 import operator
 import os
 import time
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import torch
 
@@ -256,9 +256,6 @@ def _keep_batch_norm_stats(runner: Runner, calls: list[Any]) -> int:
 
 # ---- optimizer steps
 
-_ADAM_OPS = {"adam_step": False, "adamw_step": True}   # op -> decoupled weight decay
-
-
 def _foreach_adam(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
                   exp_avg_sqs: list[torch.Tensor], step: int, lr: float, beta1: float, beta2: float, eps: float,
                   weight_decay: float, maximize: bool, decoupled: bool, lr_schedule: Any) -> None:
@@ -284,25 +281,74 @@ def _foreach_adam(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avg
     torch._foreach_addcdiv_(params, exp_avgs, denom, -step_size)
 
 
-class _AdamGroup:
+def _foreach_rmsprop(params: list[torch.Tensor], grads: list[torch.Tensor], square_avgs: list[torch.Tensor],
+                     momentum_buffers: list[torch.Tensor], grad_avgs: list[torch.Tensor], step: int, lr: float,
+                     alpha: float, eps: float, weight_decay: float, momentum: float, centered: bool, maximize: bool,
+                     lr_schedule: Any) -> list[tuple[Any, ...]]:
+    """ravop.ops.optim.rmsprop_step (on copies, as the op) for many tensors: the same kernels in the same order."""
+    lr = scheduled_lr(lr, lr_schedule, step)
+    params, square_avgs = [p.clone() for p in params], [s.clone() for s in square_avgs]
+    if maximize:
+        grads = torch._foreach_neg(grads)
+    if weight_decay != 0:
+        grads = torch._foreach_add(grads, params, alpha=weight_decay)
+    torch._foreach_mul_(square_avgs, alpha)
+    torch._foreach_addcmul_(square_avgs, grads, grads, 1 - alpha)
+    if centered:
+        grad_avgs = [g.clone() for g in grad_avgs]
+        torch._foreach_lerp_(grad_avgs, grads, 1 - alpha)
+        avg = torch._foreach_addcmul(square_avgs, grad_avgs, grad_avgs, -1)
+        torch._foreach_sqrt_(avg)
+    else:
+        avg = torch._foreach_sqrt(square_avgs)
+    torch._foreach_add_(avg, eps)
+    if momentum > 0:
+        momentum_buffers = [b.clone() for b in momentum_buffers]
+        torch._foreach_mul_(momentum_buffers, momentum)
+        torch._foreach_addcdiv_(momentum_buffers, grads, avg)
+        torch._foreach_add_(params, momentum_buffers, alpha=-lr)
+    else:
+        torch._foreach_addcdiv_(params, grads, avg, -lr)
+    return list(zip(params, square_avgs, momentum_buffers, grad_avgs))
+
+
+def _adam_group(args: tuple[Any, ...], decoupled: bool, step: int, lr: float = 0.001, beta1: float = 0.9,
+                beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False,
+                maximize: bool = False, lr_schedule: Any = None) -> list[tuple[Any, ...]]:
+    params, grads, exp_avgs, exp_avg_sqs, maxes = (list(args[k::5]) for k in range(5))
+    _foreach_adam(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay, maximize,
+                  decoupled, lr_schedule)
+    return list(zip(params, exp_avgs, exp_avg_sqs, maxes))
+
+
+def _rmsprop_group(args: tuple[Any, ...], decoupled: bool, step: int = 1, lr: float = 0.01, alpha: float = 0.99,
+                   eps: float = 1e-8, weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False,
+                   maximize: bool = False, lr_schedule: Any = None) -> list[tuple[Any, ...]]:
+    params, grads, square_avgs, momentum_buffers, grad_avgs = (list(args[k::5]) for k in range(5))
+    return _foreach_rmsprop(params, grads, square_avgs, momentum_buffers, grad_avgs, step, lr, alpha, eps,
+                            weight_decay, momentum, centered, maximize, lr_schedule)
+
+
+# op -> (the group's update, decoupled weight decay, whether only the in-place variant is grouped, the positions
+# of the arguments it overwrites in place)
+_GROUPED = {"adam_step": (_adam_group, False, True, (0, 2, 3)),
+            "adamw_step": (_adam_group, True, True, (0, 2, 3)),
+            "rmsprop_step": (_rmsprop_group, False, False, ())}
+
+
+class _Group:
     """The kernel of the first op of a group: updates every member's tensors, keeps their results in `box`
     (the members after it hand theirs out), returns its own."""
-    __slots__ = ("box", "decoupled", "n")
+    __slots__ = ("box", "update", "decoupled")
 
-    def __init__(self, decoupled: bool, n: int) -> None:
+    def __init__(self, op: str, n: int) -> None:
+        self.update: Callable[..., list[tuple[Any, ...]]] = _GROUPED[op][0]   # type: ignore[assignment]
+        self.decoupled = bool(_GROUPED[op][1])
         self.box: list[Any] = [None] * n
-        self.decoupled, self.n = decoupled, n
 
-    def __call__(self, *args: Any, step: int, lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
-                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, maximize: bool = False,
-                 lr_schedule: Any = None) -> Any:
-        params, grads, exp_avgs, exp_avg_sqs, maxes = (list(args[k::5]) for k in range(5))
-        _foreach_adam(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay, maximize,
-                      self.decoupled, lr_schedule)
-        box = self.box
-        for k in range(self.n):
-            box[k] = (params[k], exp_avgs[k], exp_avg_sqs[k], maxes[k])
-        return box[0]
+    def __call__(self, *args: Any, **params: Any) -> Any:
+        self.box[:] = self.update(args, self.decoupled, **params)
+        return self.box[0]
 
 
 def _settings(opdef: registry.OpDef, params: dict[str, Any]) -> Optional[str]:
@@ -313,16 +359,20 @@ def _settings(opdef: registry.OpDef, params: dict[str, Any]) -> Optional[str]:
 
 
 def _group_optimizers(runner: Runner, calls: list[Any]) -> int:
-    """Group the in-place Adam/AdamW steps with the same settings and step counter into foreach updates."""
+    """Group the optimizer steps (Adam and AdamW updating in place, RMSprop) with the same settings and step
+    counter into foreach updates."""
     n_inputs = runner.n_inputs
     groups: dict[tuple[Any, ...], list[int]] = {}
     for index, node in enumerate(runner.nodes):
-        if node.op not in _ADAM_OPS:
+        if node.op not in _GROUPED:
             continue
         opdef = registry.REGISTRY[node.op]
+        in_place_only = _GROUPED[node.op][2]
         kernel, args, params, out, frees, varies = calls[index]
-        if opdef.in_place is None or kernel is not opdef.in_place.kernel or len(args) != 5:
-            continue   # copies (the loop does not own these values): left alone
+        wanted = opdef.in_place.kernel if in_place_only and opdef.in_place is not None else \
+            None if in_place_only else opdef.kernel
+        if kernel is not wanted or len(args) != 5:
+            continue   # Adam on copies (the loop does not own these values): left alone
         settings = _settings(opdef, params)
         counted = None if varies is None else varies.counted
         if settings is None or (varies is not None and (type(varies) is not PerRun or varies.seed_from is not None)) \
@@ -332,10 +382,11 @@ def _group_optimizers(runner: Runner, calls: list[Any]) -> int:
         groups.setdefault(key, []).append(index)
     made = 0
     for members in groups.values():
-        if len(members) < 2 or not _groupable(runner, calls, members, n_inputs):
+        op = runner.nodes[members[0]].op
+        if len(members) < 2 or not _groupable(runner, calls, members, n_inputs, _GROUPED[op][3]):
             continue
         first = members[0]
-        group = _AdamGroup(_ADAM_OPS[runner.nodes[first].op], len(members))
+        group = _Group(op, len(members))
         kernel, args, params, out, frees, varies = calls[first]
         every = tuple(a for m in members for a in calls[m][1])
         calls[first] = (group, every, params, out, frees, varies)
@@ -346,12 +397,13 @@ def _group_optimizers(runner: Runner, calls: list[Any]) -> int:
     return made
 
 
-def _groupable(runner: Runner, calls: list[Any], members: list[int], n_inputs: int) -> bool:
+def _groupable(runner: Runner, calls: list[Any], members: list[int], n_inputs: int,
+               overwrites: Sequence[int]) -> bool:
     """Whether running every member at the first one's place changes nothing: each reads only values made
     before that place, the values they overwrite are distinct and read by nothing else, and nothing between
     the first and the last member reads them."""
     first = members[0]
-    overwritten = [calls[m][1][p] for m in members for p in (0, 2, 3)]
+    overwritten = [calls[m][1][p] for m in members for p in overwrites]
     if len(set(overwritten)) != len(overwritten):
         return False
     targets = set(overwritten)
@@ -359,7 +411,7 @@ def _groupable(runner: Runner, calls: list[Any], members: list[int], n_inputs: i
         args = calls[m][1]
         if any(a >= n_inputs and a - n_inputs >= first for a in args):
             return False   # made after the first member
-        if any(a in targets for a in (args[1], args[4])):
+        if any(a in targets for k, a in enumerate(args) if k not in overwrites):
             return False
     chosen = set(members)
     for index in range(first, members[-1]):

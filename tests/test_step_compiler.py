@@ -13,7 +13,7 @@ from helpers import on_one_thread
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import (Activation, BatchNormalization2D, Conv2D, Dense, Dropout, Flatten,
                              MaxPooling2D)
-from ravdl.v2.optimizers import Adam
+from ravdl.v2.optimizers import Adam, AdamW, RMSprop
 from ravop import loop_run, registry, step_compiler
 from ravop.interpreter import evaluate_persisted
 from worker import step_decisions
@@ -68,28 +68,53 @@ def test_the_compiled_step_gives_the_plain_steps_bits_in_process(monkeypatch):
         assert torch.equal(compiled[name], plain[name]), name
 
 
+@pytest.mark.parametrize("optimizer", [AdamW(lr=0.01, weight_decay=0.1),
+                                       RMSprop(lr=0.01, momentum=0.9, centered=True, weight_decay=0.01)])
+def test_other_optimizers_compile_to_the_same_bits(optimizer, monkeypatch):
+    graph = R.Graph(name="optimizers", seed=5)
+    model = NeuralNetwork(optimizer=optimizer, loss="CrossEntropy")
+    for layer in (Dense(32, input_shape=(64,)), Activation("relu"), Dense(10), Activation("softmax")):
+        model.add(layer)
+    names = list(model.fit(IMAGES.reshape(72, 64), LABELS, n_epochs=2, batch_size=16, shuffle=True))
+    model.predict(IMAGES.reshape(72, 64)).persist_op("prediction")
+    names.append("prediction")
+    plain = reference(graph, names, monkeypatch)
+    made = []
+    real_tune = step_compiler.tune
+    monkeypatch.setattr(step_compiler, "tune", lambda runner, nodes, inputs, decisions, *rest: made.append(
+        real_tune(runner, nodes, inputs, always(True), *rest)) or made[-1])
+    compiled = on_one_thread(evaluate_persisted, graph, names)
+    assert all(tuned.compiled.rewrites["optimizer_groups"] == 1 for tuned in made) and made
+    for name in names:
+        assert torch.equal(compiled[name], plain[name]), name
+
+
 @pytest.mark.parametrize("op, settings", [
     ("adam_step", {"lr": 0.01}),
     ("adam_step", {"lr": 0.003, "weight_decay": 0.1, "maximize": True, "beta1": 0.8}),
     ("adamw_step", {"lr": 0.01, "weight_decay": 0.05}),
     ("adam_step", {"lr": 0.01, "lr_schedule": {"kind": "step", "step_size": 2, "gamma": 0.5}}),
+    ("rmsprop_step", {"lr": 0.01}),
+    ("rmsprop_step", {"lr": 0.01, "momentum": 0.9, "centered": True, "weight_decay": 0.01, "maximize": True}),
+    ("rmsprop_step", {"lr": 0.02, "momentum": 0.5, "lr_schedule": {"kind": "exponential", "gamma": 0.9}}),
 ])
 def test_a_foreach_update_is_bitwise_the_per_parameter_loop(op, settings):
-    """The grouped kernel against the op's own in-place kernel, parameter by parameter, over 5 steps."""
+    """The grouped kernel against the op's own kernel (Adam's in-place one), parameter by parameter, 5 steps."""
     torch.manual_seed(0)
     shapes = [(16, 1, 3, 3), (16,), (10, 64), (10,), (3, 5, 7)]
-    state = [[torch.randn(s), torch.zeros(s), torch.zeros(s), torch.zeros(s)] for s in shapes]
+    state = [[torch.randn(s), torch.rand(s) + 1, torch.rand(s), torch.rand(s)] for s in shapes]
     loop, grouped = [[t.clone() for t in one] for one in state], [[t.clone() for t in one] for one in state]
-    in_place = registry.REGISTRY[op].in_place.kernel
-    group = step_compiler._AdamGroup(op == "adamw_step", len(shapes))
+    opdef = registry.REGISTRY[op]
+    kernel = opdef.kernel if opdef.in_place is None else opdef.in_place.kernel
+    group = step_compiler._Group(op, len(shapes))
     for step in range(1, 6):
         grads = [torch.randn(s) for s in shapes]
-        for (p, m, v, mx), g in zip(loop, grads):
-            in_place(p, g, m, v, mx, step, **settings)
-        group(*[t for (p, m, v, mx), g in zip(grouped, grads) for t in (p, g, m, v, mx)], step=step, **settings)
+        loop = [list(kernel(p, g, a, b, c, step=step, **settings)) for (p, a, b, c), g in zip(loop, grads)]
+        group(*[t for (p, a, b, c), g in zip(grouped, grads) for t in (p, g, a, b, c)], step=step, **settings)
+        grouped = [list(result) for result in group.box]
     for a, b in zip(loop, grouped):
         for x, y in zip(a, b):
-            assert torch.equal(x, y)
+            assert torch.equal(x.view(torch.int32), y.view(torch.int32))   # the bits, NaN's included
 
 
 def test_the_decision_is_measured_then_kept_for_the_template(monkeypatch):
