@@ -51,14 +51,19 @@ def always(compiled):
     return decisions
 
 
+def tuned_run(monkeypatch, graph, names, decisions):
+    """(the persisted values computed in this process, the `Tuned` choosers its steps got from `decisions`)."""
+    made = []
+    real_tune = step_compiler.tune
+    monkeypatch.setattr(step_compiler, "tune", lambda runner, nodes, inputs, _, *rest: made.append(
+        real_tune(runner, nodes, inputs, decisions, *rest)) or made[-1])
+    return on_one_thread(evaluate_persisted, graph, names), made
+
+
 def test_the_compiled_step_gives_the_plain_steps_bits_in_process(monkeypatch):
     graph, names = record_cnn("compiled in process")
     plain = reference(graph, names, monkeypatch)
-    made = []
-    real_tune = step_compiler.tune
-    monkeypatch.setattr(step_compiler, "tune", lambda runner, nodes, inputs, decisions, *rest: made.append(
-        real_tune(runner, nodes, inputs, always(True), *rest)) or made[-1])
-    compiled = on_one_thread(evaluate_persisted, graph, names)
+    compiled, made = tuned_run(monkeypatch, graph, names, always(True))
     rewrites = [tuned.compiled.rewrites for tuned in made]
     assert len(rewrites) == 2 and all(r["optimizer_groups"] == 1 and r["dropout_masks_kept"] == 2 and
                                        r["channels_last_pools"] == 1 and r["batch_norm_stats_kept"] == 1 and
@@ -79,11 +84,7 @@ def test_other_optimizers_compile_to_the_same_bits(optimizer, monkeypatch):
     model.predict(IMAGES.reshape(72, 64)).persist_op("prediction")
     names.append("prediction")
     plain = reference(graph, names, monkeypatch)
-    made = []
-    real_tune = step_compiler.tune
-    monkeypatch.setattr(step_compiler, "tune", lambda runner, nodes, inputs, decisions, *rest: made.append(
-        real_tune(runner, nodes, inputs, always(True), *rest)) or made[-1])
-    compiled = on_one_thread(evaluate_persisted, graph, names)
+    compiled, made = tuned_run(monkeypatch, graph, names, always(True))
     assert all(tuned.compiled.rewrites["optimizer_groups"] == 1 for tuned in made) and made
     for name in names:
         assert torch.equal(compiled[name], plain[name]), name
@@ -119,19 +120,14 @@ def test_a_foreach_update_is_bitwise_the_per_parameter_loop(op, settings):
 
 def test_the_decision_is_measured_then_kept_for_the_template(monkeypatch):
     decisions = step_compiler.MemoryDecisions()
-    made = []
-    real_tune = step_compiler.tune
-    monkeypatch.setattr(step_compiler, "tune", lambda runner, nodes, inputs, _, *rest: made.append(
-        real_tune(runner, nodes, inputs, decisions, *rest)) or made[-1])
     graph, names = record_cnn("decided", epochs=8)   # 32 runs of the full batch's template
-    on_one_thread(evaluate_persisted, graph, names)
+    _, made = tuned_run(monkeypatch, graph, names, decisions)
     full = made[0]
     assert full.decided is not None
     kept = decisions.load(full.key)
     assert kept["compiled"] == float(full.decided) and kept["plain_us"] > 0 and kept["compiled_us"] > 0
     assert len(full.times[True]) == len(full.times[False]) == step_compiler.TRIAL_RUNS
-    made.clear()
-    on_one_thread(evaluate_persisted, *record_cnn("again", epochs=1))
+    _, made = tuned_run(monkeypatch, *record_cnn("again", epochs=1), decisions)
     assert made[0].key == full.key and made[0].decided == full.decided and not made[0].times[True]
 
 
