@@ -17,7 +17,7 @@ import threading
 import numpy as np
 import torch
 
-from . import registry
+from . import registry, step_compiler
 from .errors import PlanError
 from .loop_template import LoopSpec, StepTemplate
 from .runner import At, PerRun, Runner, Watcher, on_device
@@ -27,8 +27,10 @@ class StepFunction:
     """One template, bound to the loop's outer values."""
 
     def __init__(self, template: StepTemplate, outer: dict[int, Any], n_carried: int, graph_seed: int, device: str,
-                 owned: set[int] | frozenset[int] = frozenset(), watcher: Optional[Watcher] = None) -> None:
-        """`watcher`: a worker's memory rules for the template's ops (`ravop.runner.Watcher`), or None."""
+                 owned: set[int] | frozenset[int] = frozenset(), watcher: Optional[Watcher] = None,
+                 decisions: Optional[step_compiler.Decisions] = None) -> None:
+        """`watcher`: a worker's memory rules for the template's ops (`ravop.runner.Watcher`), or None;
+        `decisions`: where the step compiler keeps which variant runs faster (None: the step runs op by op)."""
         device = str(device)
         if len(template.carry_holes) != n_carried or len(template.carry_next) != n_carried:
             raise PlanError(f"a loop step names {len(template.carry_holes)} carried holes and "
@@ -64,6 +66,15 @@ class StepFunction:
         self.send_slots = [slot[i] for i in template.send_nodes]
         self.recv_channels, self.send_channels = list(template.recv_channels), list(template.send_channels)
         self._update_in_place({self.carry_slots[k] for k in owned}, device)
+        self.tuned = step_compiler.tune(self.runner, template.nodes, [*outer, *template.hole_ids()], decisions,
+                                        template.hole_ids(), template.results())
+        self.run_step = self.runner.run if self.tuned is None else self.tuned.run
+
+    def run_plain(self) -> None:
+        """Run op by op from now on: hooks that wrap the runner's calls (tracing, tests) see every op."""
+        if self.tuned is not None:
+            self.tuned.plain()
+        self.run_step = self.runner.run
 
     @staticmethod
     def _per_run(template: StepTemplate, graph_seed: int, device: str) -> dict[int, PerRun]:
@@ -153,7 +164,7 @@ class StepFunction:
             values[s] = data[rows] if type(rows) is slice else data.index_select(0, rows)
         for s, per_run in self.run_holes:
             values[s] = per_run[run]
-        values = self.runner.run(At(count, step_index, run))
+        values = self.run_step(At(count, step_index, run))
         after = [values[s] for s in self.next_slots]
         for k in self.copied:
             after[k] = after[k].clone()
@@ -210,8 +221,10 @@ class LoopRun:
     values), on `device`."""
 
     def __init__(self, loop: LoopSpec, inputs: Sequence[Any], graph_seed: int, device: str = "cpu",
-                 watch: Optional[Callable[[StepTemplate], Watcher]] = None) -> None:
-        """`watch(template)`: the memory watcher of a template's ops (see StepFunction), or None."""
+                 watch: Optional[Callable[[StepTemplate], Watcher]] = None,
+                 decisions: Optional[step_compiler.Decisions] = step_compiler.IN_PROCESS) -> None:
+        """`watch(template)`: the memory watcher of a template's ops (see StepFunction), or None;
+        `decisions`: the step compiler's (`ravop.step_compiler`; None: every step runs op by op)."""
         if len(inputs) != len(loop.outer_ids) or loop.n_carried > len(inputs):
             raise PlanError(f"the loop op has {len(inputs)} inputs but its plan names {len(loop.outer_ids)} "
                             f"({loop.n_carried} carried)")
@@ -220,7 +233,7 @@ class LoopRun:
         outer = dict(zip(loop.outer_ids, inputs))
         self.owned = _owned(loop)
         self.steps = [StepFunction(t, outer, loop.n_carried, graph_seed, device, self.owned,
-                                   None if watch is None else watch(t))
+                                   None if watch is None else watch(t), decisions)
                       for t in loop.templates]
         self.schedule = list(loop.schedule)
         if any(t >= len(self.steps) for t, _ in self.schedule):

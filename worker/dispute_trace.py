@@ -32,6 +32,7 @@ def wrap_calls(loop_run, hook):
     """Have every op of every template of `loop_run` (a ravop.loop_run.LoopRun) hand its output to
     `hook(template, op index, value)`, which returns the value the step goes on with."""
     for t, step in enumerate(loop_run.steps):
+        step.run_plain()   # the hooks wrap the op-by-op calls (the step compiler's give the same outputs)
         runner = step.runner
         for index, (kernel, args, params, out, frees, varies) in enumerate(runner.calls):
             if varies is None:

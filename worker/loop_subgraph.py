@@ -37,7 +37,7 @@ from ravop.store import tensors as stored
 from ravop.wire import encode_tensor, unpack_loop
 
 from . import device as devices
-from . import emulated_device, memory
+from . import emulated_device, memory, step_decisions
 from .exchange import StoreExchange
 from .graph_watch import GraphWatch
 from .run import kernel_error
@@ -236,7 +236,7 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
                      stop, graph, segments)
     try:
         loop_inputs = [inputs[i] for i in loop_step.inputs]
-        runner = LoopRun(spec, loop_inputs, seed, device, watch)
+        runner = LoopRun(spec, loop_inputs, seed, device, watch, step_decisions.for_device(device))
         if segments is not None:
             segments.instrument(runner)
         writer.work_waiting = work_waiting

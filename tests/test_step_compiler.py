@@ -1,0 +1,233 @@
+"""The step compiler (ravop/step_compiler.py): a compiled step template gives the plain step's bits (on the
+workers too), its decision is measured and kept per template and machine, and a template that fails to compile
+runs op by op with the reason logged."""
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import ravop as R
+from helpers import on_one_thread
+from ravdl.v2 import NeuralNetwork
+from ravdl.v2.layers import (Activation, BatchNormalization2D, Conv2D, Dense, Dropout, Flatten,
+                             MaxPooling2D)
+from ravdl.v2.optimizers import Adam, AdamW, RMSprop
+from ravop import loop_run, registry, step_compiler
+from ravop.interpreter import evaluate_persisted
+from worker import step_decisions
+
+RNG = np.random.default_rng(4)
+IMAGES = RNG.normal(size=(72, 1, 8, 8)).astype(np.float32)
+LABELS = RNG.integers(0, 10, 72)
+
+
+def record_cnn(name, epochs=3):
+    """A small CNN with every rewrite's op: conv, relu (ties at 0 in max pooling), max pooling, dropout, batch
+    norm, Adam; 72 rows in batches of 16: two templates (full batches and the last, of 8)."""
+    graph = R.Graph(name=name, seed=3)
+    model = NeuralNetwork(optimizer=Adam(lr=0.01), loss="CrossEntropy")
+    for layer in (Conv2D(1, 4, 3, padding="same", input_shape=(1, 8, 8)), Activation("relu"), MaxPooling2D(2),
+                  Dropout(0.2), BatchNormalization2D(4), Flatten(), Dense(16), Activation("relu"), Dropout(0.3),
+                  Dense(10), Activation("softmax")):
+        model.add(layer)
+    names = list(model.fit(IMAGES, LABELS, n_epochs=epochs, batch_size=16, shuffle=True))
+    model.predict(IMAGES).persist_op("prediction")
+    return graph, names + ["prediction"]
+
+
+def reference(graph, names, monkeypatch):
+    """The persisted values of `graph` computed op by op in this process."""
+    with monkeypatch.context() as patch:
+        patch.setenv(step_compiler.DISABLE_ENV, "off")
+        return on_one_thread(evaluate_persisted, graph, names)
+
+
+def always(compiled):
+    """Decisions that say `compiled` for every template (no trial runs)."""
+    decisions = step_compiler.MemoryDecisions()
+    decisions.load = lambda key: {"compiled": float(compiled)}
+    return decisions
+
+
+def tuned_run(monkeypatch, graph, names, decisions):
+    """(the persisted values computed in this process, the `Tuned` choosers its steps got from `decisions`)."""
+    made = []
+    real_tune = step_compiler.tune
+    monkeypatch.setattr(step_compiler, "tune", lambda runner, nodes, inputs, _, *rest: made.append(
+        real_tune(runner, nodes, inputs, decisions, *rest)) or made[-1])
+    return on_one_thread(evaluate_persisted, graph, names), made
+
+
+def test_the_compiled_step_gives_the_plain_steps_bits_in_process(monkeypatch):
+    graph, names = record_cnn("compiled in process")
+    plain = reference(graph, names, monkeypatch)
+    compiled, made = tuned_run(monkeypatch, graph, names, always(True))
+    rewrites = [tuned.compiled.rewrites for tuned in made]
+    assert len(rewrites) == 2 and all(r["optimizer_groups"] == 1 and r["dropout_masks_kept"] == 2 and
+                                       r["channels_last_pools"] == 1 and r["batch_norm_stats_kept"] == 1 and
+                                       r["projections"] for r in rewrites), rewrites
+    assert all(tuned.decided for tuned in made)
+    for name in names:
+        assert torch.equal(compiled[name], plain[name]), name
+
+
+@pytest.mark.parametrize("optimizer", [AdamW(lr=0.01, weight_decay=0.1),
+                                       RMSprop(lr=0.01, momentum=0.9, centered=True, weight_decay=0.01)])
+def test_other_optimizers_compile_to_the_same_bits(optimizer, monkeypatch):
+    graph = R.Graph(name="optimizers", seed=5)
+    model = NeuralNetwork(optimizer=optimizer, loss="CrossEntropy")
+    for layer in (Dense(32, input_shape=(64,)), Activation("relu"), Dense(10), Activation("softmax")):
+        model.add(layer)
+    names = list(model.fit(IMAGES.reshape(72, 64), LABELS, n_epochs=2, batch_size=16, shuffle=True))
+    model.predict(IMAGES.reshape(72, 64)).persist_op("prediction")
+    names.append("prediction")
+    plain = reference(graph, names, monkeypatch)
+    compiled, made = tuned_run(monkeypatch, graph, names, always(True))
+    assert all(tuned.compiled.rewrites["optimizer_groups"] == 1 for tuned in made) and made
+    for name in names:
+        assert torch.equal(compiled[name], plain[name]), name
+
+
+@pytest.mark.parametrize("op, settings", [
+    ("adam_step", {"lr": 0.01}),
+    ("adam_step", {"lr": 0.003, "weight_decay": 0.1, "maximize": True, "beta1": 0.8}),
+    ("adamw_step", {"lr": 0.01, "weight_decay": 0.05}),
+    ("adam_step", {"lr": 0.01, "lr_schedule": {"kind": "step", "step_size": 2, "gamma": 0.5}}),
+    ("rmsprop_step", {"lr": 0.01}),
+    ("rmsprop_step", {"lr": 0.01, "momentum": 0.9, "centered": True, "weight_decay": 0.01, "maximize": True}),
+    ("rmsprop_step", {"lr": 0.02, "momentum": 0.5, "lr_schedule": {"kind": "exponential", "gamma": 0.9}}),
+])
+def test_a_foreach_update_is_bitwise_the_per_parameter_loop(op, settings):
+    """The grouped kernel against the op's own kernel (Adam's in-place one), parameter by parameter, 5 steps."""
+    torch.manual_seed(0)
+    shapes = [(16, 1, 3, 3), (16,), (10, 64), (10,), (3, 5, 7)]
+    state = [[torch.randn(s), torch.rand(s) + 1, torch.rand(s), torch.rand(s)] for s in shapes]
+    loop, grouped = [[t.clone() for t in one] for one in state], [[t.clone() for t in one] for one in state]
+    opdef = registry.REGISTRY[op]
+    kernel = opdef.kernel if opdef.in_place is None else opdef.in_place.kernel
+    group = step_compiler._Group(op, len(shapes))
+    for step in range(1, 6):
+        grads = [torch.randn(s) for s in shapes]
+        loop = [list(kernel(p, g, a, b, c, step=step, **settings)) for (p, a, b, c), g in zip(loop, grads)]
+        group(*[t for (p, a, b, c), g in zip(grouped, grads) for t in (p, g, a, b, c)], step=step, **settings)
+        grouped = [list(result) for result in group.box]
+    for a, b in zip(loop, grouped):
+        for x, y in zip(a, b):
+            assert torch.equal(x.view(torch.int32), y.view(torch.int32))   # the bits, NaN's included
+
+
+def test_the_decision_is_measured_then_kept_for_the_template(monkeypatch):
+    decisions = step_compiler.MemoryDecisions()
+    graph, names = record_cnn("decided", epochs=8)   # 32 runs of the full batch's template
+    _, made = tuned_run(monkeypatch, graph, names, decisions)
+    full = made[0]
+    assert full.decided is not None
+    kept = decisions.load(full.key)
+    assert kept["compiled"] == float(full.decided) and kept["plain_us"] > 0 and kept["compiled_us"] > 0
+    assert len(full.times[True]) == len(full.times[False]) == step_compiler.TRIAL_RUNS
+    _, made = tuned_run(monkeypatch, *record_cnn("again", epochs=1), decisions)
+    assert made[0].key == full.key and made[0].decided == full.decided and not made[0].times[True]
+
+
+def test_a_template_that_fails_to_compile_runs_op_by_op_and_says_why(monkeypatch, caplog):
+    graph, names = record_cnn("broken rewrite", epochs=1)
+    plain = reference(graph, names, monkeypatch)
+
+    def broken(runner, calls):
+        raise RuntimeError("a rewrite that cannot handle this template")
+    monkeypatch.setattr(step_compiler, "_keep_dropout_masks", broken)
+    with caplog.at_level(logging.WARNING, logger="ravop.step_compiler"):
+        got = on_one_thread(evaluate_persisted, graph, names)
+    assert "not compiled, running op by op: RuntimeError: a rewrite that cannot handle this template" in caplog.text
+    for name in names:
+        assert torch.equal(got[name], plain[name]), name
+
+
+def test_off_in_the_environment_runs_every_step_plain(monkeypatch):
+    made = []
+    real_tune = step_compiler.tune
+    monkeypatch.setattr(step_compiler, "tune", lambda *a: made.append(real_tune(*a)) or made[-1])
+    monkeypatch.setenv(step_compiler.DISABLE_ENV, "off")
+    graph, names = record_cnn("off", epochs=1)
+    on_one_thread(evaluate_persisted, graph, names[:1])
+    assert made == [None, None]
+
+
+def test_the_digest_names_the_model_not_the_ids():
+    graph_a, _ = record_cnn("a", epochs=1)
+    graph_b, _ = record_cnn("b", epochs=1)
+    (record_a,), (record_b,) = graph_a.loops.values(), graph_b.loops.values()
+    digests = []
+    for record in (record_a, record_b):
+        template = record.spec.templates[0]
+        digests.append(step_compiler.template_digest(template.nodes, [*record.spec.outer_ids,
+                                                                      *template.hole_ids()], "cpu"))
+    assert digests[0] == digests[1]
+    other = record_a.spec.templates[1]   # the last batch: other shapes
+    assert step_compiler.template_digest(other.nodes, [*record_a.spec.outer_ids, *other.hole_ids()],
+                                         "cpu") != digests[0]
+
+
+def test_a_workers_decisions_are_kept_in_its_calibration_cache(tmp_path):
+    path = tmp_path / "calibration.json"
+    kept = step_decisions.CachedDecisions("cpu", str(path))
+    assert kept.load("abc") is None
+    kept.store("abc", {"compiled": 1.0, "plain_us": 200.0, "compiled_us": 150.0})
+    again = step_decisions.CachedDecisions("cpu", str(path))
+    assert again.load("abc") == {"compiled": 1.0}
+    entries = json.loads(path.read_text())
+    (key,) = entries
+    assert json.loads(key)["step"] == "abc" and json.loads(key)["machine"]["device"] == "cpu"
+
+
+def test_workers_compiled_or_not_give_the_same_bits_and_keep_their_decision(engine, workers, monkeypatch,
+                                                                             tmp_path):
+    cache = tmp_path / "calibration.json"
+    monkeypatch.setenv("RAVOP_CALIBRATION_CACHE", str(cache))   # the workers inherit it
+    graph, names = record_cnn("compiled on a worker", epochs=8)
+    want = reference(graph, names, monkeypatch)
+    results = {}
+    for setting in ("off", "on"):
+        monkeypatch.setenv(step_compiler.DISABLE_ENV, setting)
+        (name,) = workers.start(1)
+        R.flush()
+        graph, names = record_cnn(f"compiled {setting}", epochs=8)
+        R.activate()
+        R.execute()
+        R.track_progress(timeout=300, progress_bar=False)
+        results[setting] = {n: R.fetch_persisting_op(n) for n in names}
+        workers.terminate(name)
+    for setting, got in results.items():
+        for n in names:
+            assert torch.equal(got[n], want[n]), (setting, n)
+    steps = [json.loads(key) for key in json.loads(cache.read_text()) if "step" in json.loads(key)]
+    assert steps, "the compiling worker kept no decision"
+    figures = json.loads(cache.read_text())
+    for key, value in figures.items():
+        if "step" in json.loads(key):
+            assert value["compiled"] in (0.0, 1.0) and value["plain_us"] > 0 and value["optimizer_groups"] == 1
+
+
+def test_a_traced_step_runs_op_by_op(monkeypatch):
+    """Hooks that wrap a step's calls (dispute traces, the test liar) see the plain calls."""
+    from worker.dispute_trace import wrap_calls
+    graph, names = record_cnn("traced", epochs=1)
+    (record,) = graph.loops.values()
+    captured = []
+    real_init = loop_run.LoopRun.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        captured.append(self)
+    monkeypatch.setattr(loop_run.LoopRun, "__init__", init)
+    on_one_thread(evaluate_persisted, graph, names[:1])
+    run = captured[0]
+    seen = []
+    wrap_calls(run, lambda t, i, value: seen.append((t, i)) or value)
+    with torch.no_grad():
+        run.run()
+    assert all(step.tuned is not None and step.tuned.decided is False for step in run.steps)
+    runs = [record.spec.runs(t) for t in range(len(run.steps))]
+    assert len(seen) == sum(n * len(step.runner.calls) for n, step in zip(runs, run.steps))

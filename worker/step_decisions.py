@@ -1,0 +1,42 @@
+"""Where a worker keeps the step compiler's decisions (`ravop.step_compiler`: whether a step template runs
+faster compiled or op by op on this machine): beside its calibration figures (worker/calibration_cache.py),
+keyed by the template's digest and the machine's key, so that a loop of a template measured before starts with
+the faster variant, in this worker and the next one started on the machine. Without a cache file
+($RAVOP_CALIBRATION_CACHE set empty) they are kept for the life of the process."""
+import json
+
+import torch
+
+from ravop.step_compiler import MemoryDecisions
+
+from . import calibration_cache
+
+FIELDS = ("compiled",)
+
+
+class CachedDecisions:
+    def __init__(self, device, path=None):
+        self.path = calibration_cache.default_path() if path is None else path
+        self.machine = calibration_cache.machine_key(torch.device(device))
+        self.memory = MemoryDecisions()
+
+    def _key(self, digest):
+        return json.dumps({"step": digest, "machine": json.loads(self.machine)}, sort_keys=True)
+
+    def load(self, digest):
+        return self.memory.load(digest) or calibration_cache.load(self.path, self._key(digest), FIELDS)
+
+    def store(self, digest, figures):
+        self.memory.store(digest, figures)
+        calibration_cache.store(self.path, self._key(digest), figures)
+
+
+_by_device = {}
+
+
+def for_device(device):
+    """The decisions of this process's loops on `device` (one object, so that the file is read once per key)."""
+    device = str(device)
+    if device not in _by_device:
+        _by_device[device] = CachedDecisions(device)
+    return _by_device[device]
