@@ -7,26 +7,31 @@ _ROOT = os.path.dirname(_HERE)
 # Frames whose file lies in one of these packages are library frames, not the user's.
 LIBRARY_DIRS = tuple(os.path.join(_ROOT, pkg) + os.sep for pkg in ("ravop", "ravdl", "compiler", "worker"))
 
-
-_is_library = {}  # co_filename -> bool, so the walk costs one dict lookup per frame
-
-
-def _library(filename):
-    hit = _is_library.get(filename)
-    if hit is None:
-        hit = _is_library[filename] = filename.startswith(LIBRARY_DIRS)
-    return hit
+# co_filename -> None for a library file, else that user file's {line: "file:line"}: the walk costs one
+# dict lookup per frame, and a line recording many ops (a loop) shares one string instead of formatting it
+# for each op. Both stay as small as the code that runs.
+_lines_of = {}
 
 
-def user_source():
-    """Return "file:line" of the innermost frame outside the library (cheap: a short frame walk)."""
-    frame = sys._getframe(1)
+def _classify(filename):
+    lines = _lines_of[filename] = None if filename.startswith(LIBRARY_DIRS) else {}
+    return lines
+
+
+def user_source(depth=1):
+    """Return "file:line" of the innermost frame outside the library (cheap: a short frame walk), starting
+    `depth` frames up (1: the caller's frame; a caller that knows it is library code may skip itself)."""
+    frame = sys._getframe(depth)
     while frame is not None:
         filename = frame.f_code.co_filename
-        library = _is_library.get(filename)
-        if library is None:
-            library = _library(filename)
-        if not library:
-            return f"{filename}:{frame.f_lineno}"
+        lines = _lines_of.get(filename, _classify)
+        if lines is _classify:
+            lines = _classify(filename)
+        if lines is not None:
+            line = frame.f_lineno
+            text = lines.get(line)
+            if text is None:
+                text = lines[line] = f"{filename}:{line}"
+            return text
         frame = frame.f_back
     return "<unknown>"
