@@ -131,14 +131,19 @@ def _returns_op(value):
     return isinstance(value, types.FunctionType) and inspect.signature(value).return_annotation == "Op"
 
 
+def _hand_written_doc(name, value):
+    """The docstring of a hand-written function or class as stub text (its later lines indented one level)."""
+    doc = inspect.cleandoc(value.__doc__ or f"R.{name}").replace('"""', "'''").replace("\\", "\\\\")
+    return "\n".join(("    " + line if line and i else line) for i, line in enumerate(doc.splitlines()))
+
+
 def _recording_functions():
     """`def t(value: Any, ...) -> Op` for the hand-written functions that return an Op: a re-export would send
     IDEs to the module that defines them, whose Op has no op methods (ravop/api.py attaches them at import)."""
     out = []
     for name, value in sorted(ravop.requester.PUBLIC.items()):
         if not name.startswith("_") and name not in registry.REGISTRY and _returns_op(value):
-            doc = inspect.cleandoc(value.__doc__ or f"R.{name}").replace('"""', "'''").replace("\\", "\\\\")
-            doc = "\n".join(("    " + line if line and i else line) for i, line in enumerate(doc.splitlines()))
+            doc = _hand_written_doc(name, value)
             out.append(f"\n\ndef {name}({', '.join(_render(inspect.signature(value)))}) -> Op:\n    \"\"\"{doc}\"\"\"\n")
     return "".join(out)
 
@@ -156,8 +161,7 @@ def _constructors():
     out = []
     for name, value in sorted(ravop.requester.PUBLIC.items()):
         if not name.startswith("_") and name not in registry.REGISTRY and _makes_op(value):
-            doc = inspect.cleandoc(value.__doc__ or f"R.{name}").replace('"""', "'''").replace("\\", "\\\\")
-            doc = "\n".join(("    " + line if line and i else line) for i, line in enumerate(doc.splitlines()))
+            doc = _hand_written_doc(name, value)
             args = ", ".join(_render(inspect.signature(value.__new__)))
             out.append(f'\n\nclass {name}:\n    """{doc}"""\n    def __new__({args}) -> Op: ...  # type: ignore[misc]\n')
     return "".join(out)
