@@ -315,8 +315,11 @@ def _as_ops(values, graph):
     scalars = graph._scalars
     ops = []
     for v in values:
-        if type(v) in _SCALAR_DTYPES:
-            op = scalars.get((type(v), v))
+        kind = type(v)
+        if kind is Op and v.graph is graph:
+            ops.append(v)
+        elif kind in _SCALAR_DTYPES:
+            op = scalars.get((kind, v))
             ops.append(op if op is not None else graph.scalar(v))
         else:
             ops.append(as_op(v, graph))

@@ -66,6 +66,19 @@ def test_every_recorded_op_names_the_users_line_and_python_numbers_share_one_con
     assert (R.t(np.ones((3, 1))) * x).shape == (3, 4)
 
 
+def test_ops_recorded_at_a_scripts_top_level_name_their_own_lines():
+    """A recording site's line is worked out once per code object and instruction: lines of one code object
+    (a script's top level) stay apart, and the same site in a new code object (a notebook cell run again, with
+    other lines above it) gets its own line."""
+    x = R.t([1.0, 2.0])
+    for filler in (500, 20, 500):
+        script = "\n".join(f"v{i} = {i}" for i in range(1, filler)) + "\na = x * 2.0\nb = x + 1.0; c = R.exp(x)\n"
+        names = {"x": x, "R": R}
+        exec(compile(script, "script.py", "exec"), names)   # this test's own code
+        assert names["a"].source == f"script.py:{filler}"
+        assert names["b"].source == names["c"].source == f"script.py:{filler + 1}"
+
+
 def test_result_dtypes_follow_numpy_and_torch():
     ints = R.t(np.arange(6).reshape(2, 3))
     assert R.mean(ints).dtype == torch.float32
