@@ -9,8 +9,6 @@ from . import parallel as parallel
 from .activation import activate as activate
 from .autodiff import NotDifferentiableError as NotDifferentiableError
 from .autodiff import grad as grad
-from .constants import Scalar as Scalar
-from .constants import Tensor as Tensor
 from .errors import ConnectionFailed as ConnectionFailed
 from .errors import DeviceUnavailable as DeviceUnavailable
 from .errors import GraphCancelledError as GraphCancelledError
@@ -1312,6 +1310,17 @@ def t(value: Any, dtype: Any = ..., name: str | None = None) -> Op:
     `dtype` converts it (a torch/numpy dtype or its name); `name` labels the op (its repr, `op.name`).
     A torch tensor or a C-contiguous numpy array of a supported dtype is used as it is, not copied (as
     torch.from_numpy): R.activate() uploads what it holds then."""
+
+
+class Scalar:
+    """`R.Scalar(number, dtype=None, name=None)`: a 0-d constant Op (`isinstance(x, R.Scalar)` tells one)."""
+    def __new__(cls, value: Any, dtype: Any = ..., name: str | None = None) -> Op: ...  # type: ignore[misc]
+
+
+class Tensor:
+    """`R.Tensor(value, dtype=None, name=None)`: the same as `R.t`, a constant Op (a class only so that
+    `isinstance(x, R.Tensor)` tells a constant, as the original's Tensor class did)."""
+    def __new__(cls, value: Any, dtype: Any = ..., name: str | None = None) -> Op: ...  # type: ignore[misc]
 
 
 def sum_to(x: TensorLike, shape: Any) -> Op:

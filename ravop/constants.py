@@ -1,7 +1,8 @@
 """`R.t`, `R.Tensor`, `R.Scalar` and the named constants of the original API.
 
-A function here annotated `-> Op` is written into ravop/__init__.pyi with its signature (scripts/gen_stubs.py),
-so that a type checker and an IDE know that `R.t(...)` has the op methods (`.reshape`, `.sum`, ...)."""
+A function here annotated `-> Op`, and a class whose `__new__` is, are written into ravop/__init__.pyi with their
+signatures (scripts/gen_stubs.py), so that a type checker and an IDE know that `R.t(...)` and `R.Tensor(...)` have
+the op methods (`.reshape`, `.sum`, ...)."""
 from __future__ import annotations
 
 import math
@@ -42,18 +43,19 @@ class _ConstantKind(type):
 
 
 class Tensor(metaclass=_ConstantKind):
-    """`R.Tensor(value, dtype=None, name=None)`: the same as `R.t`."""
+    """`R.Tensor(value, dtype=None, name=None)`: the same as `R.t`, a constant Op (a class only so that
+    `isinstance(x, R.Tensor)` tells a constant, as the original's Tensor class did)."""
     scalar = False
 
-    def __new__(cls, value, dtype=None, name=None):
+    def __new__(cls, value: Any, dtype: Any = None, name: str | None = None) -> Op:   # type: ignore[misc]
         return t(value, dtype, name)
 
 
 class Scalar(metaclass=_ConstantKind):
-    """`R.Scalar(number)`: a 0-d constant."""
+    """`R.Scalar(number, dtype=None, name=None)`: a 0-d constant Op (`isinstance(x, R.Scalar)` tells one)."""
     scalar = True
 
-    def __new__(cls, value, dtype=None, name=None):
+    def __new__(cls, value: Any, dtype: Any = None, name: str | None = None) -> Op:   # type: ignore[misc]
         op = t(value, dtype, name)
         if op.shape != ():
             raise ValueError(f"R.Scalar takes one number, not a value of shape {tuple(op.shape)}")

@@ -322,6 +322,22 @@ def as_op(value, graph):
     return graph.constant(to_tensor(value))
 
 
+def _as_ops(values, graph):
+    """`as_op` of each input; a Python number (`x * 0.5`) takes the short way to its shared constant."""
+    scalars = graph._scalars
+    ops = []
+    for v in values:
+        kind = type(v)
+        if kind is Op and v.graph is graph:
+            ops.append(v)
+        elif kind in _SCALAR_DTYPES:
+            op = scalars.get((kind, v))
+            ops.append(op if op is not None else graph.scalar(v))
+        else:
+            ops.append(as_op(v, graph))
+    return tuple(ops)
+
+
 def canonical(value):
     """Params are stored hashable and JSON-friendly: tuples for sequences, plain Python numbers."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -346,21 +362,23 @@ def record(opdef, inputs, params):
         graph.check_open()
     for v in inputs:
         if type(v) is not Op or v.graph is not graph:
-            inputs = tuple(as_op(v, graph) for v in inputs)
+            inputs = _as_ops(inputs, graph)
             break
+    rule = opdef.shape
     try:
-        if opdef.shape is not None:
-            out = opdef.shape(*inputs, **params)
+        if rule is not None:
+            out = rule(*inputs, **params) if params else rule(*inputs)
         else:
             out = registry.meta_shape(opdef, inputs, params)
     except (ValueError, TypeError, IndexError, RuntimeError) as exc:
         shapes = ", ".join(str(tuple(i.shape)) for i in inputs)
         raise ShapeError(f"{opdef.name}: {exc} (input shapes: {shapes}) at {user_source()}") from None
-    source = user_source()
+    source = user_source(2)   # from record's caller: this frame is the library's
     if type(out) is list:
         node = graph.add_node(opdef.name, inputs, params, tuple(s for s, _ in out), tuple(d for _, d in out),
                               source)
         return graph.add_outputs(node, out, source)
-    node = Op(graph, len(graph.nodes), opdef.name, inputs, params, out[0], out[1], source)
-    graph.nodes.append(node)
+    nodes = graph.nodes
+    node = Op(graph, len(nodes), opdef.name, inputs, params, out[0], out[1], source)
+    nodes.append(node)
     return node

@@ -131,15 +131,39 @@ def _returns_op(value):
     return isinstance(value, types.FunctionType) and inspect.signature(value).return_annotation == "Op"
 
 
+def _hand_written_doc(name, value):
+    """The docstring of a hand-written function or class as stub text (its later lines indented one level)."""
+    doc = inspect.cleandoc(value.__doc__ or f"R.{name}").replace('"""', "'''").replace("\\", "\\\\")
+    return "\n".join(("    " + line if line and i else line) for i, line in enumerate(doc.splitlines()))
+
+
 def _recording_functions():
     """`def t(value: Any, ...) -> Op` for the hand-written functions that return an Op: a re-export would send
     IDEs to the module that defines them, whose Op has no op methods (ravop/api.py attaches them at import)."""
     out = []
     for name, value in sorted(ravop.requester.PUBLIC.items()):
         if not name.startswith("_") and name not in registry.REGISTRY and _returns_op(value):
-            doc = inspect.cleandoc(value.__doc__ or f"R.{name}").replace('"""', "'''").replace("\\", "\\\\")
-            doc = "\n".join(("    " + line if line and i else line) for i, line in enumerate(doc.splitlines()))
+            doc = _hand_written_doc(name, value)
             out.append(f"\n\ndef {name}({', '.join(_render(inspect.signature(value)))}) -> Op:\n    \"\"\"{doc}\"\"\"\n")
+    return "".join(out)
+
+
+def _makes_op(value):
+    """A hand-written class whose call returns an Op (its `__new__` annotated `-> Op`): R.Tensor, R.Scalar, classes
+    only so that `isinstance(x, R.Tensor)` works as the original's did."""
+    return isinstance(value, type) and isinstance(value.__dict__.get("__new__"), staticmethod) and \
+        _returns_op(value.__new__)
+
+
+def _constructors():
+    """`class Tensor: def __new__(cls, value: Any, ...) -> Op` for those classes: a re-export would type what the
+    call returns as the class, which has none of the op methods."""
+    out = []
+    for name, value in sorted(ravop.requester.PUBLIC.items()):
+        if not name.startswith("_") and name not in registry.REGISTRY and _makes_op(value):
+            doc = _hand_written_doc(name, value)
+            args = ", ".join(_render(inspect.signature(value.__new__)))
+            out.append(f'\n\nclass {name}:\n    """{doc}"""\n    def __new__({args}) -> Op: ...  # type: ignore[misc]\n')
     return "".join(out)
 
 
@@ -149,7 +173,7 @@ def _reexports():
     lines, values = [f"from . import {module} as {module}\n" for module in PUBLIC_MODULES], []
     for name, value in sorted(ravop.requester.PUBLIC.items()):
         if (name.startswith("_") or name in ops or isinstance(value, types.ModuleType) or name == "Op"
-                or _returns_op(value)):
+                or _returns_op(value) or _makes_op(value)):
             continue
         module = getattr(value, "__module__", None)
         if module and module.startswith("ravop.") and getattr(sys.modules[module], name, None) is value:
@@ -175,7 +199,8 @@ def render():
     functions = "".join("\n\n" + _function(name, registry.get(name)) for name in _op_names()
                         if not keyword.iskeyword(name))
     return (HEADER + _reexports() + "\n" + TENSOR_LIKE + OP_CLASS + "".join(dunders)
-            + "".join("\n" + m for m in methods.values()) + _recording_functions() + functions)
+            + "".join("\n" + m for m in methods.values()) + _recording_functions() + _constructors()
+            + functions)
 
 
 def main():

@@ -49,6 +49,36 @@ def test_shape_error_names_op_shapes_and_the_user_line():
     assert text.startswith("matmul:") and "(3, 4), (3, 2)" in text and f"{__file__}:{line}" in text
 
 
+def test_every_recorded_op_names_the_users_line_and_python_numbers_share_one_constant():
+    """Recording's shortcuts (one source string per line, Python numbers straight to the graph's shared
+    constant, an input's Shape shared by the result) keep what each op must say."""
+    x = R.t(torch.arange(12.0).reshape(3, 4))
+    first = test_every_recorded_op_names_the_users_line_and_python_numbers_share_one_constant.__code__.co_firstlineno
+    ops = []
+    for _ in range(3):
+        ops += [x * 0.5, R.exp(x), x.abs(), 2 - x]   # one line: every op of it names it
+    assert {op.source for op in ops} == {f"{__file__}:{first + 7}"}
+    assert len({op.inputs[1] for op in ops[0::4]}) == 1 and ops[0].inputs[1].shape == ()   # x * 0.5: one constant
+    assert ops[3].inputs[0].dtype == torch.int64 and ops[3].dtype == torch.float32        # 2 - x promotes
+    assert ops[0].shape == (3, 4) and ops[0].dtype == torch.float32
+    assert (x + R.t(np.ones(4))).shape == (3, 4) and (x + R.t(np.ones(4))).dtype == torch.float64
+    assert (x + x).dtype == torch.float32 and (R.t([True]) + R.t([False])).dtype == torch.bool
+    assert (R.t(np.ones((3, 1))) * x).shape == (3, 4)
+
+
+def test_ops_recorded_at_a_scripts_top_level_name_their_own_lines():
+    """A recording site's line is worked out once per code object and instruction: lines of one code object
+    (a script's top level) stay apart, and the same site in a new code object (a notebook cell run again, with
+    other lines above it) gets its own line."""
+    x = R.t([1.0, 2.0])
+    for filler in (500, 20, 500):
+        script = "\n".join(f"v{i} = {i}" for i in range(1, filler)) + "\na = x * 2.0\nb = x + 1.0; c = R.exp(x)\n"
+        names = {"x": x, "R": R}
+        exec(compile(script, "script.py", "exec"), names)   # this test's own code
+        assert names["a"].source == f"script.py:{filler}"
+        assert names["b"].source == names["c"].source == f"script.py:{filler + 1}"
+
+
 def test_result_dtypes_follow_numpy_and_torch():
     ints = R.t(np.arange(6).reshape(2, 3))
     assert R.mean(ints).dtype == torch.float32

@@ -11,9 +11,9 @@ from ..dtypes import is_floating, result_dtype
 
 def broadcast(a, b):
     if a == b or not b:  # equal shapes and tensor-with-scalar are the common cases
-        return tuple(a)
+        return a if isinstance(a, tuple) else tuple(a)   # an input's own Shape: the new op shares it
     if not a:
-        return tuple(b)
+        return b if isinstance(b, tuple) else tuple(b)
     n = max(len(a), len(b))
     a = (1,) * (n - len(a)) + tuple(a)
     b = (1,) * (n - len(b)) + tuple(b)
@@ -37,7 +37,12 @@ def broadcast_all(*shapes):
 
 def binary(x, y, **_):
     """Elementwise op of two tensors: broadcast shapes, torch's type promotion."""
-    return broadcast(x.shape, y.shape), result_dtype(x.dtype, len(x.shape), y.dtype, len(y.shape))
+    a, b = x.shape, y.shape
+    shape = a if a == b or not b else broadcast(a, b)   # broadcast's common cases, without its call
+    dtype = x.dtype
+    if dtype is not y.dtype:   # equal dtypes promote to themselves
+        dtype = result_dtype(dtype, len(a), y.dtype, len(b))
+    return shape, dtype
 
 
 def binary_float(x, y, **_):

@@ -60,6 +60,14 @@ def url_user(url: str) -> Optional[str]:
     return unquote(user) if user and unquote(user) != "default" else None
 
 
+def client_user(client: Client) -> Optional[str]:
+    """The ACL user `client` connects as, unless it is the server's `default` user (None then)."""
+    pool_kwargs = (client.nodes_manager.connection_kwargs if isinstance(client, RedisCluster)
+                   else client.connection_pool.connection_kwargs)
+    user = pool_kwargs.get("username")
+    return user if user and user != "default" else None
+
+
 def connect(url: str, timeout: float = CONNECT_TIMEOUT, socket_timeout: float = SOCKET_TIMEOUT) -> Client:
     """A client for `url` (redis://, rediss://, unix://) after a successful PING: a `RedisCluster` if the
     server is a cluster node; `ConnectionFailed` naming the URL within about `timeout` seconds otherwise."""

@@ -19,6 +19,8 @@ parts = R.concat([a, b], axis=0)
 first = a[0]
 loss = R.mean(R.square(a - b))
 (gradient,) = R.grad(loss, [a])
+e = R.Tensor([[1.0, 2.0]], name="e").reshape((2,)) * R.Scalar(2.0).exp()   # the original's classes make Ops
+constant = isinstance(e, R.Tensor) or isinstance(e, R.Scalar)
 c.persist_op(name="c")
 summary = R.activate()
 R.execute()
