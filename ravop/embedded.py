@@ -224,10 +224,14 @@ def start_worker(url, name, device="cpu", threads=None, log_path=None, parent_pi
             out.close()  # the child holds its own copy
 
 
-def start_fork_server(log_path):
-    """A `ForkServer` (`python -m worker.forkserver`) that dies with this process, its output appended to `log_path`."""
+def start_fork_server(log_path, threads=None):
+    """A `ForkServer` that dies with this process, its output appended to `log_path`: forked from this process
+    where that is safe for workers of `threads` intra-op threads (`fork_server.can_fork_here`), else a fresh
+    `python -m worker.forkserver`."""
+    if fork_server.can_fork_here(threads):
+        return ForkServer.forked_here(worker_environment(), log_path, _ROOT)
     command = [sys.executable, "-m", "worker.forkserver", "--parent-pid", str(os.getpid())]
-    return ForkServer(command, worker_environment(), log_path)
+    return ForkServer.spawned(command, worker_environment(), log_path)
 
 
 def _exit_status(code):
@@ -275,9 +279,11 @@ class EmbeddedCluster:
         # torch takes longer than starting the server.
         self.server = LocalServer(data_dir=data_dir, wait=False)
         self.url = self.server.url
-        # Workers are forked from one process that imports torch once (worker/forkserver.py), started now too:
-        # the second and later workers cost no import, and none competes with the first graph for the cores.
-        self.forks = start_fork_server(os.path.join(self.server.dir, "fork-server.log")) \
+        self.threads = threads or per_worker(workers)   # why: below
+        # Workers are forked from one fork server (ravop/fork_server.py), started now too: forked from this
+        # process where that is safe, so that no worker waits for `import torch`; else a fresh process that
+        # imports it once, so that the second and later workers cost no import.
+        self.forks = start_fork_server(os.path.join(self.server.dir, "fork-server.log"), self.threads) \
             if workers and fork_server.available() else None
         self.device = device
         self.data = list(data)
@@ -285,7 +291,6 @@ class EmbeddedCluster:
         # as soon as anything else runs. R.initialize() gives the requester no more threads than one worker:
         # some training steps amplify rounding noise (Adam on a bias followed by BatchNorm), and a different
         # thread count sums in a different order, so only the same setting reproduces eager PyTorch there.
-        self.threads = threads or per_worker(workers)
         self.workers = []  # (name, log path, process), in the order started
         self.count = workers
         self._stopping = False

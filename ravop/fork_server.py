@@ -6,21 +6,39 @@ A worker is the fork server's child, not ours: its exit status comes through the
 goes through the server too, which signals only a worker it has not reaped (so never a reused pid). If the fork
 server dies, its workers die with it (PR_SET_PDEATHSIG) and every one not reported yet counts as exited.
 
-Off with RAVOP_FORK_SERVER=0, and where there is no os.fork (Windows): each worker is then its own process."""
+The fork server is normally this process's own child, forked from it: the requester imported torch already,
+so no worker waits for that import (2-3 s beside busy processes). Only where that is safe (`can_fork_here`):
+the workers run one intra-op thread each (a fork loses OpenMP's thread pool if this process ever ran a parallel
+region, and OpenMP read its wait policy from this process's environment), and no other thread runs here.
+Elsewhere it is a fresh `python -m worker.forkserver`, which imports torch once for all the workers.
+
+RAVOP_FORK_SERVER=spawn always starts a fresh one; =0 (and no os.fork, as on Windows) starts each worker as its
+own process."""
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
+import traceback
 
 FORK_SERVER_ENV = "RAVOP_FORK_SERVER"
 LOST = -255   # the exit code of a worker whose fork server died before reporting it
 
 
+def _mode():
+    return os.environ.get(FORK_SERVER_ENV, "auto").strip().lower()
+
+
 def available():
     """Whether embedded workers are forked from a fork server here (os.fork exists and the user did not say 0)."""
-    return hasattr(os, "fork") and os.environ.get(FORK_SERVER_ENV, "1").strip().lower() not in ("0", "no", "false",
-                                                                                                  "off")
+    return hasattr(os, "fork") and _mode() not in ("0", "no", "false", "off")
+
+
+def can_fork_here(threads):
+    """Whether the fork server may be forked from this process, for workers of `threads` intra-op threads."""
+    return (available() and _mode() != "spawn" and sys.platform.startswith("linux") and threads == 1
+            and threading.active_count() == 1)
 
 
 class ForkedWorker:
@@ -70,14 +88,82 @@ class ForkedWorker:
         self._exited.set()
 
 
-class ForkServer:
-    """`command` (which runs `python -m worker.forkserver`) started with `env`, its own output appended to `log`."""
+class _ChildHere:
+    """The Popen interface (that ForkServer uses) of a child this process forked itself: its pipes, and its exit
+    status from os.waitpid."""
 
-    def __init__(self, command, env, log):
-        self.log = log
+    def __init__(self, pid, commands_fd, events_fd):
+        self.pid = pid
+        self.stdin, self.stdout = os.fdopen(commands_fd, "wb"), os.fdopen(events_fd, "rb")
+        self.returncode = None
+        self._reaping = threading.Lock()
+
+    def poll(self):
+        with self._reaping:
+            if self.returncode is None:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(["fork server", str(self.pid)], timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def kill(self):
+        if self.poll() is None:   # not reaped: the pid is still its own
+            os.kill(self.pid, 9)
+
+
+class ForkServer:
+    """A fork server (`worker/forkserver.py`) that `process` runs, its own output appended to `log`: `spawned`
+    or `forked_here`."""
+
+    @classmethod
+    def spawned(cls, command, env, log):
+        """`command` (which runs `python -m worker.forkserver`) started with `env`."""
         with open(log, "ab") as out:
-            self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=out)
+            process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=out)
+        return cls(process, log)
+
+    @classmethod
+    def forked_here(cls, env, log, root):
+        """Forked from this process, then running with `env` as its environment and `root` first on its path
+        (the checkout whose `worker` package this `ravop` goes with)."""
+        commands_read, commands_write = os.pipe()
+        events_read, events_write = os.pipe()
+        log_fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        for stream in (sys.stdout, sys.stderr):   # nothing buffered here may be written twice
+            try:
+                stream.flush()
+            except (AttributeError, OSError, ValueError):
+                pass
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:   # the fork server: whatever happens, this child never returns into the requester's code
+            try:
+                os.environ.clear()
+                os.environ.update(env)
+                sys.path.insert(0, root)
+                os.close(commands_write)
+                os.close(events_read)
+                from worker.forkserver import serve_forked
+                serve_forked(commands_read, events_write, log_fd, parent)
+            except BaseException:   # noqa: BLE001 - said in its log; the requester reports it exited
+                os.write(log_fd, traceback.format_exc().encode())
+            finally:
+                os._exit(1)
+        for fd in (commands_read, events_write, log_fd):
+            os.close(fd)
+        return cls(_ChildHere(pid, commands_write, events_read), log)
+
+    def __init__(self, process, log):
+        self.process = process
+        self.log = log
         self.pid = self.process.pid
         self.ready_at = None   # time.monotonic() when it had imported torch and the worker, if it has
         self._workers = {}   # ident -> ForkedWorker

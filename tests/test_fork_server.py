@@ -14,6 +14,7 @@ import torch
 import ravop as R
 from ravop import embedded, fork_server
 from ravop import session as sessions
+from ravop.cpu_threads import per_worker
 from ravop.errors import RavopError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,19 +38,24 @@ def _wait_gone(pids, timeout=60):
     return left
 
 
-def _ours(requester_pid):
-    """Every live fork server or forked worker of `requester_pid`, from the process list (they all run the
-    fork server's command line, which names the requester)."""
+def _children(parents):
+    """(pid, comm) of the live processes whose parent is one of `parents`, from the process list."""
     found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
-            continue
-        if b"worker.forkserver" in args and str(requester_pid).encode() in args and _stat(int(entry)):
-            found.append(int(entry))
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        state = _stat(int(entry))
+        if state and state[1] in parents:
+            try:
+                with open(f"/proc/{entry}/comm") as f:
+                    found.append((int(entry), f.read().strip()))
+            except FileNotFoundError:
+                pass
     return found
+
+
+def _ours(requester_pid, fork_server_pid):
+    """The live fork server and workers of a requester (an orphaned worker comes back to pytest, a subreaper)."""
+    return sorted(pid for pid, comm in _children({requester_pid, fork_server_pid, os.getpid()})
+                  if comm in ("ravop-forks", "ravop-worker"))
 
 
 @pytest.fixture
@@ -76,32 +82,38 @@ def _first_result(name):
     return R.fetch_persisting_op(name)
 
 
-def test_embedded_workers_are_forked_from_one_fork_server_run_graphs_and_stop_with_the_session(fresh_session):
+@pytest.mark.parametrize("mode", ["auto", "spawn"])
+def test_embedded_workers_are_forked_from_one_fork_server_run_graphs_and_stop_with_the_session(fresh_session,
+                                                                                              monkeypatch, mode):
+    """auto: forked from this process where that is safe (one thread per worker: 2 workers on 2 cores), else a
+    fresh `python -m worker.forkserver`; spawn: always the latter."""
+    monkeypatch.setenv(fork_server.FORK_SERVER_ENV, mode)
     assert fork_server.available()
-    session = R.initialize(token="fork-server", workers=2)
+    here = mode == "auto" and fork_server.can_fork_here(per_worker(2))   # before this session's own threads
+    session = R.initialize(token=f"fork-server-{mode}", workers=2)
     cluster = session.embedded
-    assert cluster.forks is not None
+    assert isinstance(cluster.forks.process, subprocess.Popen) is not here
     assert torch.equal(_first_result("forked"), torch.full((100, 100), 100.0))
     cluster.wait_ready(session.client, timeout=START_TIMEOUT)
     workers = [process.pid for _, _, process in cluster.workers]
     assert len(workers) == 2 and None not in workers
     assert _stat(cluster.forks.pid)[1] == os.getpid()
+    with open(f"/proc/{cluster.forks.pid}/comm") as f:
+        assert f.read().strip() == "ravop-forks"
     for pid in workers:
         assert _stat(pid)[1] == cluster.forks.pid   # forked by it, not started by the requester
         with open(f"/proc/{pid}/comm") as f:
             assert f.read().strip() == "ravop-worker"
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            assert b"OMP_WAIT_POLICY=PASSIVE" in f.read().split(b"\0")
     ran_by = set(session.client.hvals(sessions._current_keys().ran))
-    assert ran_by <= {name.encode() for name, _, _ in cluster.workers} and ran_by
+    assert ran_by and ran_by <= {name.encode() for name, _, _ in cluster.workers}
     server = cluster.server.process.pid
-    assert sorted(_ours(os.getpid())) == sorted([cluster.forks.pid, *workers])
+    assert _ours(os.getpid(), cluster.forks.pid) == sorted([cluster.forks.pid, *workers])
 
     session.close()
     sessions._session = None
     assert not _wait_gone([server, cluster.forks.pid, *workers])
-    assert not _ours(os.getpid())
-    assert all(process.poll() is not None for process in (cluster.forks.process,))
+    assert not _ours(os.getpid(), cluster.forks.pid)
+    assert cluster.forks.process.poll() == 0   # it stopped its workers and exited
 
 
 def test_a_worker_killed_on_the_fork_server_path_is_reported_by_name(fresh_session):
@@ -176,11 +188,12 @@ def test_without_the_fork_server_each_worker_is_its_own_process(fresh_session, m
 
 
 KILLED_SCRIPT = """
-import ravop as R
-session = R.initialize(token="killed", workers=2)
-cluster = session.embedded
-cluster.wait_ready(session.client)
+import redis
+from ravop.embedded import EmbeddedCluster
+cluster = EmbeddedCluster(workers=2, threads=1)   # one thread per worker: forked from this process
+cluster.wait_ready(redis.Redis(unix_socket_path=cluster.server.socket))
 print(cluster.server.process.pid, cluster.forks.pid, *[p.pid for _, _, p in cluster.workers], flush=True)
+print(type(cluster.forks.process).__name__, flush=True)
 import time; time.sleep(3600)
 """
 
@@ -192,8 +205,9 @@ def test_a_sigkilled_requester_leaves_no_fork_server_and_no_worker():
     try:
         pids = [int(pid) for pid in requester.stdout.readline().split()]
         assert len(pids) == 4, pids
+        assert requester.stdout.readline().strip() == "_ChildHere"   # the fork server was forked from it
     finally:
         requester.kill()
         requester.wait()
     assert not _wait_gone(pids)
-    assert not _ours(requester.pid)
+    assert not _ours(requester.pid, pids[1])

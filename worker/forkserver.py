@@ -22,6 +22,7 @@ import sys
 import time
 import traceback
 
+_KEPT = []      # the requester's standard streams, in a fork server forked from it
 GRACE = 10.0   # seconds a worker may take to finish its subgraph after SIGTERM before it is killed
 
 
@@ -116,9 +117,7 @@ class ForkServer:
             os.dup2(out, 1)
             os.dup2(out, 2)
             os.close(out)
-            if sys.platform.startswith("linux"):   # `ps -o comm`, top: a worker, not another fork server
-                import ctypes
-                ctypes.CDLL(None).prctl(15, b"ravop-worker")   # 15 = PR_SET_NAME
+            _name_this_process(b"ravop-worker")
             from .worker_cli import main
             code = main([*argv, "--parent-pid", str(os.getppid())])
         except SystemExit as exc:
@@ -161,6 +160,13 @@ class ForkServer:
                 self.emit(exited=ident, code=os.waitstatus_to_exitcode(status))
 
 
+def _name_this_process(name):
+    """What `ps -o comm` and top show (Linux): a worker or the fork server, not a copy of its parent's command."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        ctypes.CDLL(None).prctl(15, name)   # 15 = PR_SET_NAME
+
+
 def _die_with(parent_pid):
     """SIGTERM from the kernel when `parent_pid` (our owner) dies, as the embedded launcher gives its server
     (Linux); False if it is gone already. Elsewhere the end of stdin says so."""
@@ -170,12 +176,53 @@ def _die_with(parent_pid):
     return os.getppid() == parent_pid
 
 
+def serve_forked(commands_fd, events_fd, log_fd, parent_pid):
+    """Become the fork server in a child just forked from the requester, which had imported torch already (the
+    import this saves): what the requester set up for itself is undone (its signal handlers, its logging, its
+    descriptors, all closed but the pipes; its atexit handlers never run: this always leaves through os._exit).
+    The requester forks here only when no other thread of its own runs and workers run one intra-op thread, so
+    neither a lock held by a thread that the fork left behind nor OpenMP's thread pool matters."""
+    code = 1
+    try:
+        _KEPT.extend([sys.stdin, sys.stdout, sys.stderr])   # never finalized here (they would close fds)
+        gc.freeze()   # nor anything else of the requester's: the cyclic GC leaves it alone
+        for signum in signal.valid_signals():
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)
+        if not _die_with(parent_pid):
+            os._exit(0)
+        _name_this_process(b"ravop-forks")
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        keep = sorted({0, 1, 2, commands_fd, events_fd})
+        for low, high in zip(keep, keep[1:] + [os.sysconf("SC_OPEN_MAX")]):
+            os.closerange(low + 1, high)
+        sys.stdin = open(0, closefd=False)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        import faulthandler
+        import logging
+        faulthandler.disable()
+        for logger in [logging.root, *logging.Logger.manager.loggerDict.values()]:
+            if isinstance(logger, logging.Logger):
+                logger.handlers = []   # not closed: their descriptors are gone already
+        from . import worker_cli   # noqa: F401 - the worker's own modules, once
+        code = ForkServer(commands_fd, events_fd).serve()
+    except BaseException:   # noqa: BLE001 - in its log, which the requester shows
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m worker.forkserver", description=__doc__.splitlines()[0])
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process exits")
     args = parser.parse_args(argv)
     if args.parent_pid is not None and not _die_with(args.parent_pid):
         return 0
+    _name_this_process(b"ravop-forks")
     # The protocol gets private descriptors: whatever an import prints goes to the log (stderr), not into it.
     commands_fd, events_fd = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDONLY)
