@@ -224,11 +224,11 @@ def start_worker(url, name, device="cpu", threads=None, log_path=None, parent_pi
             out.close()  # the child holds its own copy
 
 
-def start_fork_server(log_path, threads=None):
+def start_fork_server(log_path, threads=None, device="cpu"):
     """A `ForkServer` that dies with this process, its output appended to `log_path`: forked from this process
-    where that is safe for workers of `threads` intra-op threads (`fork_server.can_fork_here`), else a fresh
-    `python -m worker.forkserver`."""
-    if fork_server.can_fork_here(threads):
+    where that is safe for workers of `threads` intra-op threads on `device` (`fork_server.can_fork_here`), else
+    a fresh `python -m worker.forkserver`."""
+    if fork_server.can_fork_here(threads, device):
         return ForkServer.forked_here(worker_environment(), log_path, _ROOT)
     command = [sys.executable, "-m", "worker.forkserver", "--parent-pid", str(os.getpid())]
     return ForkServer.spawned(command, worker_environment(), log_path)
@@ -283,8 +283,12 @@ class EmbeddedCluster:
         # Workers are forked from one fork server (ravop/fork_server.py), started now too: forked from this
         # process where that is safe, so that no worker waits for `import torch`; else a fresh process that
         # imports it once, so that the second and later workers cost no import.
-        self.forks = start_fork_server(os.path.join(self.server.dir, "fork-server.log"), self.threads) \
-            if workers and fork_server.available() else None
+        try:
+            self.forks = start_fork_server(os.path.join(self.server.dir, "fork-server.log"), self.threads,
+                                           device) if workers and fork_server.available() else None
+        except BaseException:   # out of memory or processes: the server started already
+            self.server.stop()
+            raise
         self.device = device
         self.data = list(data)
         # The workers split the machine's cores: more threads than cores stall small kernels many times over

@@ -8,7 +8,7 @@ server dies, its workers die with it (PR_SET_PDEATHSIG) and every one not report
 
 The fork server is normally this process's own child, forked from it: the requester imported torch already,
 so no worker waits for that import (2-3 s beside busy processes). Only where that is safe (`can_fork_here`):
-the workers run one intra-op thread each (a fork loses OpenMP's thread pool if this process ever ran a parallel
+CPU workers running one intra-op thread each (a fork loses OpenMP's thread pool if this process ever ran a parallel
 region, and OpenMP read its wait policy from this process's environment), and no other thread runs here.
 Elsewhere it is a fresh `python -m worker.forkserver`, which imports torch once for all the workers.
 
@@ -16,6 +16,7 @@ RAVOP_FORK_SERVER=spawn always starts a fresh one; =0 (and no os.fork, as on Win
 own process."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -35,10 +36,11 @@ def available():
     return hasattr(os, "fork") and _mode() not in ("0", "no", "false", "off")
 
 
-def can_fork_here(threads):
-    """Whether the fork server may be forked from this process, for workers of `threads` intra-op threads."""
+def can_fork_here(threads, device="cpu"):
+    """Whether the fork server may be forked from this process, for workers of `threads` intra-op threads on
+    `device` (CPU only: CUDA, if this process has used it, cannot be used in a forked child)."""
     return (available() and _mode() != "spawn" and sys.platform.startswith("linux") and threads == 1
-            and threading.active_count() == 1)
+            and device == "cpu" and threading.active_count() == 1)
 
 
 class ForkedWorker:
@@ -72,10 +74,10 @@ class ForkedWorker:
             self.server.send({"signal": self.ident, "signum": int(signum)})
 
     def terminate(self):
-        self.send_signal(15)
+        self.send_signal(signal.SIGTERM)
 
     def kill(self):
-        self.send_signal(9)
+        self.send_signal(signal.SIGKILL)
 
     def _on_start(self, pid):
         self._pid = pid
@@ -116,7 +118,7 @@ class _ChildHere:
 
     def kill(self):
         if self.poll() is None:   # not reaped: the pid is still its own
-            os.kill(self.pid, 9)
+            os.kill(self.pid, signal.SIGKILL)
 
 
 class ForkServer:

@@ -211,3 +211,27 @@ def test_a_sigkilled_requester_leaves_no_fork_server_and_no_worker():
         requester.wait()
     assert not _wait_gone(pids)
     assert not _ours(requester.pid, pids[1])
+
+
+def test_the_fork_server_is_forked_from_the_requester_only_where_that_is_safe(monkeypatch):
+    """One intra-op thread per CPU worker (OpenMP's pool would not survive the fork), no other thread here (it
+    might hold a lock the child needs), and not told otherwise."""
+    import threading
+    monkeypatch.setenv(fork_server.FORK_SERVER_ENV, "auto")
+    other = threading.Event()
+    helper = threading.Thread(target=other.wait)
+    alone = threading.active_count() == 1
+    assert fork_server.can_fork_here(1) is alone
+    assert not fork_server.can_fork_here(2)
+    assert not fork_server.can_fork_here(1, "cuda")
+    helper.start()
+    try:
+        assert not fork_server.can_fork_here(1)
+    finally:
+        other.set()
+        helper.join()
+    monkeypatch.setenv(fork_server.FORK_SERVER_ENV, "spawn")
+    assert fork_server.available() and not fork_server.can_fork_here(1)
+    for off in ("0", "off"):
+        monkeypatch.setenv(fork_server.FORK_SERVER_ENV, off)
+        assert not fork_server.available() and not fork_server.can_fork_here(1)
