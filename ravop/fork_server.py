@@ -103,9 +103,12 @@ class _ChildHere:
     def poll(self):
         with self._reaping:
             if self.returncode is None:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:   # collected by someone else (a subreaper's sweep): gone, status unknown
+                    pid, status = self.pid, None
                 if pid:
-                    self.returncode = os.waitstatus_to_exitcode(status)
+                    self.returncode = LOST if status is None else os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def wait(self, timeout=None):

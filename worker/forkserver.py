@@ -27,6 +27,9 @@ GRACE = 10.0   # seconds a worker may take to finish its subgraph after SIGTERM 
 
 
 class ForkServer:
+    """Forks workers on the commands read from `commands_fd` and reports on `events_fd` (the protocol above),
+    in one thread: SIGCHLD and SIGTERM only wake its select()."""
+
     def __init__(self, commands_fd, events_fd):
         self.commands_fd, self.events_fd = commands_fd, events_fd
         self.running = {}   # pid -> command id, until reaped
@@ -118,6 +121,8 @@ class ForkServer:
             os.dup2(out, 2)
             os.close(out)
             _name_this_process(b"ravop-worker")
+            import torch
+            torch.default_generator.seed()   # its own random default, as a fresh process has (not its siblings')
             from .worker_cli import main
             code = main([*argv, "--parent-pid", str(os.getppid())])
         except SystemExit as exc:
@@ -154,7 +159,10 @@ class ForkServer:
         for pid in self.running:
             os.kill(pid, signal.SIGKILL)
         while self.running:
-            pid, status = os.waitpid(-1, 0)
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:   # none left to wait for
+                return
             ident = self.running.pop(pid, None)
             if ident is not None:
                 self.emit(exited=ident, code=os.waitstatus_to_exitcode(status))
