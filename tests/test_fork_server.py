@@ -188,24 +188,32 @@ def test_without_the_fork_server_each_worker_is_its_own_process(fresh_session, m
 
 
 KILLED_SCRIPT = """
-import redis
-from ravop.embedded import EmbeddedCluster
-cluster = EmbeddedCluster(workers=2, threads=1)   # one thread per worker: forked from this process
-cluster.wait_ready(redis.Redis(unix_socket_path=cluster.server.socket))
+import os
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])   # a 2-core share: 2 workers of one thread each
+import torch, ravop as R
+session = R.initialize(token="killed", workers=2)
+cluster = session.embedded
+R.Graph(name="killed")
+ones = R.t(torch.ones(100, 100))
+(ones @ ones).persist_op("product")
+R.activate()
+R.execute()
+R.track_progress(progress_bar=False)
+cluster.wait_ready(session.client)
 print(cluster.server.process.pid, cluster.forks.pid, *[p.pid for _, _, p in cluster.workers], flush=True)
-print(type(cluster.forks.process).__name__, flush=True)
+print(type(cluster.forks.process).__name__, float(R.fetch_persisting_op("product").sum()), flush=True)
 import time; time.sleep(3600)
 """
 
 
-def test_a_sigkilled_requester_leaves_no_fork_server_and_no_worker():
+def test_workers_forked_from_the_requester_run_graphs_and_a_sigkilled_requester_leaves_none_of_them():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("RAVOP_REDIS_URL", None)
     requester = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT], env=env, stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(pid) for pid in requester.stdout.readline().split()]
         assert len(pids) == 4, pids
-        assert requester.stdout.readline().strip() == "_ChildHere"   # the fork server was forked from it
+        assert requester.stdout.readline().split() == ["_ChildHere", "1000000.0"]   # forked from it; computed
     finally:
         requester.kill()
         requester.wait()
