@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 FORK_SERVER_ENV = "RAVOP_FORK_SERVER"
 LOST = -255   # the exit code of a worker whose fork server died before reporting it
@@ -148,7 +149,9 @@ class ForkServer:
             except (AttributeError, OSError, ValueError):
                 pass
         parent = os.getpid()
-        pid = os.fork()
+        with warnings.catch_warnings():   # Python 3.12+ warns of any other OS thread: here only native pools
+            warnings.simplefilter("ignore", DeprecationWarning)   # (BLAS, OpenMP), safe as can_fork_here says
+            pid = os.fork()
         if pid == 0:   # the fork server: whatever happens, this child never returns into the requester's code
             try:
                 os.environ.clear()

@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 
 _KEPT = []      # the requester's standard streams, in a fork server forked from it
 GRACE = 10.0   # seconds a worker may take to finish its subgraph after SIGTERM before it is killed
@@ -101,7 +102,9 @@ class ForkServer:
     def _fork(self, argv, log):
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        with warnings.catch_warnings():   # Python 3.12+ warns of any other OS thread: the only ones here are
+            warnings.simplefilter("ignore", DeprecationWarning)   # the BLAS pool's, which handles fork itself
+            pid = os.fork()
         if pid == 0:
             self._become_worker(argv, log)   # never returns
         return pid
