@@ -200,7 +200,7 @@ def worker_environment():
 
 
 def worker_arguments(url, name, device="cpu", threads=None, extra_args=()):
-    """`ravop-worker` arguments of an embedded worker, but for --parent-pid (its parent's, added by whoever starts it)."""
+    """`ravop-worker` arguments of an embedded worker but --parent-pid (its parent's, added by what starts it)."""
     return ["--redis", url, "--device", device, "--name", name, *extra_args, "--exit-when-server-gone", "5",
             *(["--threads", str(threads)] if threads else [])]
 

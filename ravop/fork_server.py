@@ -8,8 +8,8 @@ server dies, its workers die with it (PR_SET_PDEATHSIG) and every one not report
 
 The fork server is normally this process's own child, forked from it: the requester imported torch already,
 so no worker waits for that import (2-3 s beside busy processes). Only where that is safe (`can_fork_here`):
-CPU workers running one intra-op thread each (a fork loses OpenMP's thread pool if this process ever ran a parallel
-region, and OpenMP read its wait policy from this process's environment), and no other thread runs here.
+CPU workers running one intra-op thread each (a fork loses OpenMP's thread pool if this process ever ran a
+parallel region, and OpenMP read its wait policy from this process's environment), no other thread here.
 Elsewhere it is a fresh `python -m worker.forkserver`, which imports torch once for all the workers.
 
 RAVOP_FORK_SERVER=spawn always starts a fresh one; =0 (and no os.fork, as on Windows) starts each worker as its
