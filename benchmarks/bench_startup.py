@@ -4,7 +4,11 @@ process, on the machine as it is and then with two busy processes sharing its co
 bench_contention.py). Also printed per run: when R.initialize() returned and when each worker had registered.
 Target (issue 29): <= 3 s.
 
-    python benchmarks/bench_startup.py [--runs 5] [--workers 2]
+Each run is repeated for each way of starting the workers ($RAVOP_FORK_SERVER, ravop/fork_server.py), the ways
+interleaved run by run: 0 = each worker its own process (as before the fork server), spawn = a fresh fork
+server that imports torch once, auto = the default (forked from the requester where that is safe).
+
+    python benchmarks/bench_startup.py [--runs 5] [--workers 2] [--modes 0,spawn,auto]
 
 The requester's own `import ravop` (and torch) is not counted: it happens before R.initialize() is called.
 """
@@ -53,9 +57,10 @@ def _child(workers):
     print(json.dumps({**run, "registered": sorted(registered.values())}))
 
 
-def one_run(workers):
-    """{initialize, first, registered} of a fresh requester process."""
-    env = dict(os.environ, RAVOP_DATA_DIR=os.path.join(os.environ.get("TMPDIR", "/tmp"), "ravop-bench-startup"))
+def one_run(workers, mode):
+    """{initialize, first, registered} of a fresh requester process, its workers started the `mode` way."""
+    env = dict(os.environ, RAVOP_DATA_DIR=os.path.join(os.environ.get("TMPDIR", "/tmp"), "ravop-bench-startup"),
+               RAVOP_FORK_SERVER=mode)
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps(workers)], env=env, capture_output=True,
                          text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -74,16 +79,29 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--workers", type=int, default=None, help="embedded workers (default: R.initialize's)")
+    parser.add_argument("--modes", default="0,spawn,auto", help="$RAVOP_FORK_SERVER values to compare")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)   # one run, in a fresh process
     args = parser.parse_args()
     if args.child is not None:
         return _child(json.loads(args.child))
+    modes = args.modes.split(",")
     print(f"{os.cpu_count()} cores, torch {torch.__version__}", flush=True)
+
+    def rounds(label):
+        runs = {mode: [] for mode in modes}
+        for _ in range(args.runs):
+            for mode in modes:
+                runs[mode].append(one_run(args.workers, mode))
+        for mode in modes:
+            report(f"  {label}, RAVOP_FORK_SERVER={mode}", runs[mode])
+
     print(f"as the machine is ({load()})", flush=True)
-    report("  quiet", [one_run(args.workers) for _ in range(args.runs)])
+    rounds("quiet")
+    print(f"  ({load()} at the end)", flush=True)
     with busy_processes():
         print(f"with two busy processes ({load()})", flush=True)
-        report("  busy", [one_run(args.workers) for _ in range(args.runs)])
+        rounds("busy")
+        print(f"  ({load()} at the end)", flush=True)
 
 
 if __name__ == "__main__":

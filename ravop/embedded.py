@@ -1,5 +1,6 @@
 """The embedded default: a private Redis-compatible server on a unix socket in a temp dir, plus local worker
-processes. It is the same queue and worker code as a cluster; only the URL differs.
+processes, forked from a fork server that imports torch once (ravop/fork_server.py; RAVOP_FORK_SERVER=0 starts
+each on its own). It is the same queue and worker code as a cluster; only the URL differs.
 
 Its data outlives the process, so a later script of the same user finds its graphs (R.get_my_graphs,
 R.fetch_persisting_op), as with a hosted server: the server loads and, when it stops, saves a snapshot in
@@ -27,9 +28,10 @@ from pathlib import Path
 import redis
 import torch
 
-from . import last_session
+from . import fork_server, last_session
 from .cpu_threads import passive_waiting, per_worker
 from .errors import ConnectionFailed, DeviceUnavailable, RavopError
+from .fork_server import LOST, ForkServer
 from .store import workers as liveness
 
 _ROOT = str(Path(__file__).resolve().parent.parent)  # holds the ravop and worker packages
@@ -190,21 +192,57 @@ def stop_processes(processes, timeout=10):
             process.wait()
 
 
-def start_worker(url, name, device="cpu", threads=None, log_path=None, parent_pid=None, extra_args=()):
-    """A `python -m worker` process (the same program as `ravop-worker`), its output appended to `log_path`."""
+def worker_environment():
+    """The environment of an embedded worker: OpenMP waiting passively, and this checkout's packages importable."""
+    env = passive_waiting(dict(os.environ))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def worker_arguments(url, name, device="cpu", threads=None, extra_args=()):
+    """`ravop-worker` arguments of an embedded worker but --parent-pid (its parent's, added by what starts it)."""
+    return ["--redis", url, "--device", device, "--name", name, *extra_args, "--exit-when-server-gone", "5",
+            *(["--threads", str(threads)] if threads else [])]
+
+
+def start_worker(url, name, device="cpu", threads=None, log_path=None, parent_pid=None, extra_args=(), forks=None):
+    """A `python -m worker` process (the same program as `ravop-worker`), its output appended to `log_path`; with
+    `forks` (a `ForkServer`), forked from it instead (a `ForkedWorker`, dying with the fork server)."""
+    if forks is not None:
+        return forks.fork(worker_arguments(url, name, device, threads, extra_args), log_path)
     command = [sys.executable, "-m", "worker", "--redis", url, "--device", device, "--name", name, *extra_args]
     if threads:
         command += ["--threads", str(threads)]
     if parent_pid is not None:
         command += ["--parent-pid", str(parent_pid), "--exit-when-server-gone", "5"]
-    env = passive_waiting(dict(os.environ))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     try:
-        return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(command, env=worker_environment(), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT)
     finally:
         if log_path:
             out.close()  # the child holds its own copy
+
+
+def start_fork_server(log_path, threads=None, device="cpu"):
+    """A `ForkServer` that dies with this process, its output appended to `log_path`: forked from this process
+    where that is safe for workers of `threads` intra-op threads on `device` (`fork_server.can_fork_here`), else
+    a fresh `python -m worker.forkserver`."""
+    if fork_server.can_fork_here(threads, device):
+        return ForkServer.forked_here(worker_environment(), log_path, _ROOT)
+    command = [sys.executable, "-m", "worker.forkserver", "--parent-pid", str(os.getpid())]
+    return ForkServer.spawned(command, worker_environment(), log_path)
+
+
+def _exit_status(code):
+    if code == LOST:
+        return "died with the embedded fork server"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
 
 
 _running = set()  # EmbeddedClusters not stopped yet
@@ -241,13 +279,22 @@ class EmbeddedCluster:
         # torch takes longer than starting the server.
         self.server = LocalServer(data_dir=data_dir, wait=False)
         self.url = self.server.url
+        self.threads = threads or per_worker(workers)   # why: below
+        # Workers are forked from one fork server (ravop/fork_server.py), started now too: forked from this
+        # process where that is safe, so that no worker waits for `import torch`; else a fresh process that
+        # imports it once, so that the second and later workers cost no import.
+        try:
+            self.forks = start_fork_server(os.path.join(self.server.dir, "fork-server.log"), self.threads,
+                                           device) if workers and fork_server.available() else None
+        except BaseException:   # out of memory or processes: the server started already
+            self.server.stop()
+            raise
         self.device = device
         self.data = list(data)
         # The workers split the machine's cores: more threads than cores stall small kernels many times over
         # as soon as anything else runs. R.initialize() gives the requester no more threads than one worker:
         # some training steps amplify rounding noise (Adam on a bias followed by BatchNorm), and a different
         # thread count sums in a different order, so only the same setting reproduces eager PyTorch there.
-        self.threads = threads or per_worker(workers)
         self.workers = []  # (name, log path, process), in the order started
         self.count = workers
         self._stopping = False
@@ -274,7 +321,8 @@ class EmbeddedCluster:
         share = ["--workers-on-machine", str(self.count)]   # each takes its share of the memory
         with self._starting:
             if not self._stopping and self.server.process.poll() is None:
-                process = start_worker(self.url, name, self.device, self.threads, log, os.getpid(), files + share)
+                process = start_worker(self.url, name, self.device, self.threads, log, os.getpid(), files + share,
+                                       forks=self.forks)
                 self.workers.append((name, log, process))
 
     def _start_the_others(self):
@@ -334,9 +382,14 @@ class EmbeddedCluster:
             raise RavopError(f"the embedded server ({self.url}) {how}: this session's graphs and its local workers "
                              f"are gone (graphs are kept only up to the server's last snapshot); run the script "
                              f"again to start over. Its log ends: {_tail(self.server.log) or '(empty)'}")
+        if self.forks is not None and self.forks.process.poll() is not None and not self._stopping:
+            raise RavopError(f"the embedded workers' fork server (worker/forkserver.py) "
+                             f"{_exit_status(self.forks.process.returncode)}, and its workers with it "
+                             f"(RAVOP_FORK_SERVER=0 starts each worker on its own). Its log ends: "
+                             f"{_tail(self.forks.log) or '(empty)'}")
         for name, log, process in self.workers:
             if process.poll() is not None:
-                raise RavopError(f"embedded worker {name} exited with code {process.returncode}:\n{_tail(log)}")
+                raise RavopError(f"embedded worker {name} {_exit_status(process.returncode)}:\n{_tail(log)}")
 
     def wait_ready(self, client, timeout=120.0, first_only=False):
         """Wait until every worker (with `first_only`, the first one) has registered: importing torch takes
@@ -360,6 +413,8 @@ class EmbeddedCluster:
         last_session.forget()   # `ravop status` looks for another running session
         stop_processes([process for _, _, process in self.workers])
         self.workers = []
+        if self.forks is not None:
+            self.forks.stop()
         self.server.stop()
         atexit.unregister(self.stop)
         _running.discard(self)
