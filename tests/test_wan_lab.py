@@ -97,6 +97,13 @@ def test_the_emulated_clock_sleeps_out_the_flops(tmp_path):
     assert '"units": 1' in (tmp_path / "busy.json").read_text()
     restarted = emulated_device.DeviceClock(flops_per_s=1e9, busy_file=str(tmp_path / "busy.json"))
     assert restarted.busy == clock.busy and restarted.units == 1   # a provider restarted by churn goes on counting
+    assert clock.first <= clock.last and clock.last - clock.first >= 0.05   # wall clock: the first unit's start
+    clock.waited("exchange_s", 0.25)
+    clock.account(time.monotonic(), 0)
+    assert '"exchange_s": 0.25' in (tmp_path / "busy.json").read_text()
+    profile = harness.time_profile({}, {"first": 10.0, "last": 30.0, "exchange_s": 4.0, "writes_s": 2.0},
+                                   started_at=8.0, ended_at=31.0, dilation=2.0)
+    assert profile == {"before_first_s": 1.0, "after_last_s": 0.5, "exchange_s": 2.0, "writes_s": 1.0}
     assert emulated_device.op_flops("linear", (128, 256), [(128, 784), (256, 784), (256,)], {}) == \
         2 * 128 * 256 * 784
 
@@ -121,6 +128,9 @@ def test_two_providers_over_shaped_links_are_measured():
     for p in result["providers_detail"]:
         assert p["compute_s"] > 0 and 0 < p["utilization"] < 1
         assert p["compute_s"] + p["network_wait_s"] == pytest.approx(result["wall_s"])
+        # where the wait went: each part measured apart, together no more than it
+        parts = [p[k] for k in ("before_first_s", "after_last_s", "exchange_s", "writes_s")]
+        assert all(part >= 0 for part in parts) and sum(parts) <= p["network_wait_s"] * 1.01 + 0.01
     assert result["synchronisations"] == 1 and result["test_accuracy"] > 0
     assert len(result["pids"]) == 4 and alive(result["pids"]) == []   # the store, the links, 2 providers
     assert leftovers() == ([], [], [])

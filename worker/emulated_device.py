@@ -4,7 +4,10 @@ computed for real, then the worker sleeps until FLOPs / F seconds have passed si
 emulated providers can share 2 cores and still each look like a device of their own. `--benchmark-busy-file
 PATH` writes the seconds this worker spent computing (emulated or real) to PATH as JSON after each unit, for the
 harness to compute utilization (compute time over wall time); the rest of a worker's time is spent on the
-network (fetching inputs, writing outputs and checkpoints, waiting for work).
+network (fetching inputs, writing outputs and checkpoints, waiting for work). The file also says when the first
+unit began and the last one ended (wall clock), and how long loop steps waited on a resident replica's exchange
+(`exchange_s`) and on the loop's writes (`writes_s`: flushed losses, checkpoints), which is where a provider's
+time goes (the harness's profile).
 
 FLOPs are the registry's per-op estimates (`OpDef.flops`, else the largest tensor the op touches: the rules the
 compiler's cost model uses), over the shapes the unit actually reads: its inputs' real shapes and its ops'
@@ -30,15 +33,21 @@ class DeviceClock:
         self.flops_per_s, self.busy_file = flops_per_s, busy_file
         self.busy = self.real = self.flops = 0.0   # seconds the device computed, of them really; FLOPs
         self.units = 0
+        self.first = self.last = None               # wall clock: the first unit's start, the last one's end
+        self.waits = {"exchange_s": 0.0, "writes_s": 0.0}
         if busy_file and os.path.exists(busy_file):   # a provider restarted under the same file goes on counting
             with open(busy_file) as f:
                 before = json.load(f)
             self.busy, self.real, self.flops, self.units = (before[k] for k in ("busy_s", "real_s", "flops", "units"))
+            self.first = before.get("first")
+            self.waits = {k: before.get(k, 0.0) for k in self.waits}
 
     def account(self, started, flops):
         """A unit of `flops` that began at `started` (time.monotonic) has just been computed: sleep out the rest
         of its emulated time, if any, and count it."""
         real = time.monotonic() - started
+        if self.first is None:
+            self.first = time.time() - real
         busy = real
         if self.flops_per_s is not None:
             target = flops / self.flops_per_s
@@ -49,13 +58,20 @@ class DeviceClock:
         self.real += real
         self.flops += flops
         self.units += 1
+        self.last = time.time()
         if self.busy_file:
             self._write()
+
+    def waited(self, kind, seconds):
+        """A loop step waited `seconds` on its exchange or its writes (`kind`: "exchange_s" or "writes_s"); counted
+        at the next unit's write."""
+        self.waits[kind] += seconds
 
     def _write(self):
         temporary = f"{self.busy_file}.{os.getpid()}"
         with open(temporary, "w") as f:
             json.dump({"busy_s": self.busy, "real_s": self.real, "flops": self.flops, "units": self.units,
+                       "first": self.first, "last": self.last, **self.waits,
                        "emulated_flops_per_s": self.flops_per_s, "pid": os.getpid()}, f)
         os.replace(temporary, self.busy_file)   # the harness never reads half a file
 
@@ -123,8 +139,10 @@ class _PacedSteps:
         if template not in self.step_flops:
             self.step_flops[template] = _template_flops(self.loop.templates[template], self.loop_inputs, self.outer)
         CLOCK.account(self.started, self.step_flops[template])
+        began = time.monotonic()
         self.on_step(done, template, run, outputs, carried)
-        self.started = time.monotonic()   # what on_step wrote (losses, checkpoints) was network time, not compute
+        self.started = time.monotonic()
+        CLOCK.waited("writes_s", self.started - began)   # what on_step wrote (losses, checkpoints) was network time, not compute
 
 
 class _TimedExchange:
@@ -137,6 +155,7 @@ class _TimedExchange:
         began = time.monotonic()
         self.exchange.send(channels, run, values)
         self.paced.started += time.monotonic() - began
+        CLOCK.waited("exchange_s", time.monotonic() - began)
 
     def receive(self, channels, run):
         began = time.monotonic()
@@ -144,6 +163,7 @@ class _TimedExchange:
             return self.exchange.receive(channels, run)
         finally:
             self.paced.started += time.monotonic() - began
+            CLOCK.waited("exchange_s", time.monotonic() - began)
 
 
 def _template_flops(template, loop_inputs, outer):

@@ -4,6 +4,13 @@ replica resumed from its checkpoint sends the same bits again, and the first wri
 until every value of the run is there. Only these values cross the network per round: the replica's
 parameters, optimizer state and data shard stay in the worker's memory (and its loop checkpoint).
 
+Over a slow link every round trip counts (a provider 50 ms from the store), so the loop waits on none it can
+avoid: a send is written by a thread beside the loop (in order; the loop goes on computing, and waits for the
+writes only before a checkpoint, which must never name a step whose values are not in the store, and at its
+end); a receive reads the values with one MGET (again only those still missing, while it waits), and once a
+template has received run r, run r + 1 of the same channels is fetched in the background as soon as its values
+appear (a round's update is there before the replica needs it: then receiving costs nothing).
+
 While it waits, the loop checks the graph is still running (else `LoopAbandoned`) and whether the worker is
 stopping (then it checkpoints what it has and hands the loop back).
 
@@ -14,7 +21,9 @@ deletes the value. A reader resumed from its checkpoint reads only values after 
 the store holds the rounds since the readers' last checkpoints, not every round of the fit."""
 import json
 import logging
+import queue
 import re
+import threading
 import time
 
 from redis.exceptions import NoPermissionError
@@ -39,13 +48,15 @@ def check_channels(channels):
 
 class StoreExchange:
     """The exchange of one loop run by this worker. `on_wait(state)` is called while waiting: it raises to stop
-    the wait (the graph stopped running, or the worker is stopping)."""
+    the wait (the graph stopped running, or the worker is stopping). `close()` when the loop ends."""
 
     def __init__(self, client, keys, device, on_wait):
         self.client, self.keys, self.device, self.on_wait = client, keys, device, on_wait
         self.sent_bytes = self.received_bytes = 0
         self.readers = _readers(client.hget(keys.meta, "exchange_readers"))
         self.read_keys = []   # keys read since the last checkpoint, with their channel
+        self.sends = _Sender(client)
+        self.prefetched = {}  # (channels, run) -> the _Fetch running ahead for it
 
     def release(self):
         """After a checkpoint: count this loop on every value it read before it, deleting those every reader
@@ -68,30 +79,148 @@ class StoreExchange:
                 self.readers = {}
 
     def send(self, channels, run, values):
+        """Queue the values' writes (encoded now: the loop may update the tensors in place afterwards)."""
         check_channels(channels)
-        pipe = self.client.pipeline(transaction=False)
+        items = []
         for channel, value in zip(channels, values):
             data = encode_tensor(devices.to_host(value).contiguous())
             self.sent_bytes += len(data)
-            pipe.set(self.keys.exchange(channel, run), data, nx=True)
-        pipe.execute()
+            items.append((self.keys.exchange(channel, run), data))
+        self.sends.put(items)
+
+    def flush(self):
+        """Wait until every value sent is in the store (before a checkpoint, and at the loop's end)."""
+        self.sends.flush()
 
     def receive(self, channels, run):
         check_channels(channels)
-        names = [self.keys.exchange(channel, run) for channel in channels]
-        pause, checked = POLL_SECONDS[0], time.monotonic()
-        while True:
-            if self.client.exists(*names) == len(names):   # then read them once: they never change
-                found = self.client.mget(names)
-                self.received_bytes += sum(len(data) for data in found)
-                self.read_keys += zip(names, channels)
-                return [devices.to_device(decode_tensor(data), self.device) for data in found]
+        self.sends.check()
+        key = (tuple(channels), run)
+        fetch = self.prefetched.pop(key, None) or _Fetch(self.client, [self.keys.exchange(c, run) for c in channels])
+        checked = time.monotonic()
+        while not fetch.wait(POLL_SECONDS[1] if fetch.background else None):
             now = time.monotonic()
             if now - checked >= STATE_SECONDS:
                 self.on_wait(self.client.hget(self.keys.meta, "state"))
                 checked = now
-            time.sleep(pause)
-            pause = min(pause * 2, POLL_SECONDS[1])
+        found = fetch.values()
+        self.received_bytes += sum(len(data) for data in found)
+        self.read_keys += zip(fetch.names, channels)
+        ahead = (tuple(channels), run + 1)
+        self.prefetched[ahead] = _Fetch(self.client, [self.keys.exchange(c, run + 1) for c in channels],
+                                        background=True)
+        return [devices.to_device(decode_tensor(data), self.device) for data in found]
+
+    def close(self):
+        """Stop fetching ahead and the sender (what was queued is written first, unless a write failed)."""
+        for fetch in self.prefetched.values():
+            fetch.stop()
+        self.prefetched = {}
+        self.sends.close()
+
+
+class _Fetch:
+    """The values of some exchange keys: each MGET asks only for those still missing (a value never changes
+    once written). In the background, a thread polls until all are there; else `wait` polls in the caller's
+    thread for up to `POLL_SECONDS[1]` (the caller checks the graph's state between waits)."""
+
+    def __init__(self, client, names, background=False):
+        self.client, self.names, self.background = client, names, background
+        self.found = [None] * len(names)
+        self.pause = POLL_SECONDS[0]
+        self.done, self.stopped = threading.Event(), threading.Event()
+        self.error = None
+        if background:
+            threading.Thread(target=self._run, daemon=True, name="exchange-fetch").start()
+
+    def _poll(self):
+        missing = [k for k, data in enumerate(self.found) if data is None]
+        for k, data in zip(missing, self.client.mget([self.names[k] for k in missing])):
+            self.found[k] = data
+        if all(data is not None for data in self.found):
+            self.done.set()
+        return self.done.is_set()
+
+    def _run(self):
+        try:
+            while not self.stopped.is_set() and not self._poll():
+                self.stopped.wait(self.pause)
+                self.pause = min(self.pause * 2, POLL_SECONDS[1])
+        except Exception as exc:   # reported to the loop when it receives: it fetches in its own thread then
+            self.error = exc
+            self.done.set()
+
+    def wait(self, timeout):
+        """Whether every value is here (polling once, or waiting up to `timeout` s for the thread)."""
+        if not self.background:
+            if self._poll():
+                return True
+            time.sleep(self.pause)
+            self.pause = min(self.pause * 2, POLL_SECONDS[1])
+            return False
+        if not self.done.wait(timeout):
+            return False
+        if self.error is not None:   # a fetch that failed in the background is done again here
+            self.background, self.error = False, None
+            self.done.clear()
+            return self.wait(timeout)
+        return True
+
+    def values(self):
+        return list(self.found)
+
+    def stop(self):
+        self.stopped.set()
+
+
+class _Sender:
+    """Writes queued exchange values (SET NX: a replica resumed from its checkpoint sends the same bits again,
+    and the first write stands) in order, in a thread beside the loop; a failed write is raised in the loop at
+    its next send, receive or flush."""
+
+    def __init__(self, client):
+        self.client = client
+        self.queue = queue.Queue()
+        self.error = None
+        self.thread = None
+
+    def put(self, items):
+        self.check()
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, daemon=True, name="exchange-send")
+            self.thread.start()
+        self.queue.put(items)
+
+    def _run(self):
+        while True:
+            items = self.queue.get()
+            try:
+                if items is None:
+                    return
+                if self.error is None:
+                    pipe = self.client.pipeline(transaction=False)
+                    for key, data in items:
+                        pipe.set(key, data, nx=True)
+                    pipe.execute()
+            except Exception as exc:   # raised in the loop's thread (check)
+                self.error = exc
+            finally:
+                self.queue.task_done()
+
+    def check(self):
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def flush(self):
+        self.queue.join()
+        self.check()
+
+    def close(self):
+        if self.thread is not None:
+            self.queue.put(None)
+            self.thread.join()
+            self.thread = None
 
 
 def _readers(meta_field):

@@ -128,6 +128,8 @@ class _Writer:
         # what a liar wrote) and every write first makes sure this worker still runs the loop
         self.segments = segments
         self.on_checkpoint = None   # () after each checkpoint published (an exchange's release)
+        self.before_checkpoint = None   # () before: the exchange's sends are in the store (a checkpoint past a
+        #                                 step whose values were lost would never send them again)
 
     def on_wait(self, state):
         """Called while the loop waits for a value another loop sends: stop if the graph stopped running, hand
@@ -164,6 +166,8 @@ class _Writer:
         began = time.monotonic()
         if self.segments is not None:
             self.segments.guard()
+        if carried is not None and done != self.saved and self.before_checkpoint is not None:
+            self.before_checkpoint()
         pipe = client.pipeline(transaction=True)
         for tensor_id, value in self.pending.items():
             pipe.set(keys.tensor(tensor_id), encode_tensor(devices.to_host(value)), nx=self.segments is None)
@@ -232,6 +236,7 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
     if any(len(ids) != len(t.output_nodes) for ids, t in zip(first_ids, spec.templates)):
         raise PlanError("a loop step's persisted values and their tensor ids do not pair up")
     graph = GraphWatch(client, keys)
+    store_exchange = None
     writer = _Writer(client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds, spec.n_steps, start,
                      stop, graph, segments)
     try:
@@ -240,12 +245,15 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
         if segments is not None:
             segments.instrument(runner)
         writer.work_waiting = work_waiting
-        exchange = StoreExchange(client, keys, device, writer.on_wait) if runner.exchanges() else None
-        writer.on_checkpoint = exchange.release if exchange is not None else None
-        on_step, exchange = emulated_device.paced_steps(writer.on_step, subgraph.loop, loop_inputs, exchange)
+        store_exchange = StoreExchange(client, keys, device, writer.on_wait) if runner.exchanges() else None
+        if store_exchange is not None:
+            writer.on_checkpoint, writer.before_checkpoint = store_exchange.release, store_exchange.flush
+        on_step, exchange = emulated_device.paced_steps(writer.on_step, subgraph.loop, loop_inputs, store_exchange)
         graph.start()
         carried = runner.run(carried, start or 0, on_step, exchange,
                              graph.stop_requested if runner.stoppable() else None)
+        if store_exchange is not None:
+            store_exchange.flush()   # every value sent is in the store before the loop is done
         if runner.stopped_at is None:
             writer.write(spec.n_steps, carried if segments is not None else None)
         else:   # a checkpoint at the stop: under verify='spot' it also ends the last segment to check
@@ -257,6 +265,8 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
         raise kernel_error(exc, device, budget or 0) from exc.__cause__
     finally:
         graph.close()
+        if store_exchange is not None:
+            store_exchange.close()
     return {o: env[o].contiguous() for o in program.outputs}
 
 

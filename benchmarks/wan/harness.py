@@ -27,6 +27,7 @@ from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop.graph_states import DONE, FAILED
+from ravop.store import workers
 from ravop.store.graphs import list_graphs
 from worker.loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
 
@@ -35,6 +36,7 @@ from .lab import Lab, remove_stale
 # Strategies the harness builds by name (getattr on R.parallel, never eval); DiLoCo comes with its own issue.
 STRATEGIES = ("DataParallel", "LocalSGD", "Gossip", "Pipeline", "DiLoCo")
 SEED = 0
+RECLAIM_IDLE = 5.0   # seconds (undilated) a message nobody works on waits before another provider takes it
 
 
 def build_strategy(name, args, providers):
@@ -195,9 +197,12 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
             extra = ["--benchmark-busy-file", lab.busy_file(name)]
             if emulate:
                 extra += ["--emulate-device-flops", repr(device_flops / dilation)]
-            # the loops' checkpoint clock is dilated like every other time
+            # the loops' checkpoint clock is dilated like every other time, and so are the workers' liveness
+            # (a heartbeat queued behind a checkpoint on a link 10x slower would miss an undilated TTL: the others
+            # would take its replica over) and the reclaim timeout
             extra += ["--checkpoint-seconds", repr(checkpoint_seconds * dilation),
-                      "--checkpoint-steps", str(checkpoint_steps)]
+                      "--checkpoint-steps", str(checkpoint_steps),
+                      "--dead-after", repr(workers.TTL * dilation), "--reclaim-idle", repr(RECLAIM_IDLE * dilation)]
             lab.start_worker(name, ports[name], extra)
         for name in names:
             start_provider(name)
@@ -217,7 +222,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
 
         links_before, store_before = lab.link_stats(fresh=True), lab.store_link_bytes()
         busy_before = {name: lab.busy(name) or {"busy_s": 0.0, "real_s": 0.0, "flops": 0.0} for name in names}
-        start = time.monotonic()
+        start, started_at = time.monotonic(), time.time()
         churn = None
         if churn_every:
             churn = Churn(lab, names, start_provider, churn_every * dilation, churn_restart * dilation, start)
@@ -229,7 +234,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
         finally:
             if churn is not None:
                 churn.stop()
-        wall = time.monotonic() - start
+        wall, ended_at = time.monotonic() - start, time.time()
         links_after, store_after = lab.link_stats(fresh=True), lab.store_link_bytes()
         busy_after = {name: lab.busy(name) or busy_before[name] for name in names}
         started_pids = [process.pid for process in lab.processes]   # for checking that none outlives the lab
@@ -253,7 +258,8 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
                              "bytes_down_per_sync": down / syncs,
                              "retransmits": links_after["links"][name]["up"]["retransmits"] +
                              links_after["links"][name]["down"]["retransmits"],
-                             "flops": busy_after[name]["flops"] - busy_before[name]["flops"]})
+                             "flops": busy_after[name]["flops"] - busy_before[name]["flops"],
+                             **time_profile(busy_before[name], busy_after[name], started_at, ended_at, dilation)})
     last_epoch = losses.batch[losses.epoch == losses.epoch.max()] if len(losses.batch) else losses.batch
     samples = rows * epochs
     result = {
@@ -283,6 +289,20 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
     }
     result["link_cpu_share"] = result["link_cpu_s"] / (wall)
     return result
+
+
+def time_profile(before, after, started_at, ended_at, dilation):
+    """Where a provider's wall time went besides computing (undilated seconds): until its first unit of work
+    (fetching the plan, its inputs, the data shard), in its loop steps' exchange (resident replicas: sends and
+    waits for the others' values) and writes (flushed losses, checkpoints), and after its last unit (the
+    outputs' writes, the graph's end). The rest of the wall time is queue hops and reads between units."""
+    first, last = after.get("first"), after.get("last")
+    if first is None or last is None:
+        return {}
+    return {"before_first_s": max(0.0, first - started_at) / dilation,
+            "after_last_s": max(0.0, ended_at - last) / dilation,
+            "exchange_s": (after.get("exchange_s", 0.0) - before.get("exchange_s", 0.0)) / dilation,
+            "writes_s": (after.get("writes_s", 0.0) - before.get("writes_s", 0.0)) / dilation}
 
 
 def watch_progress(lab, token, start, timeout, seen):

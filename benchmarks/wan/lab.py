@@ -146,7 +146,7 @@ class Lab:
         # Churn kills providers mid-subgraph: allow more deliveries than the default before giving up.
         process = start_worker(f"redis://127.0.0.1:{port}/0", name, threads=1, log_path=str(log),
                                parent_pid=os.getpid(),
-                               extra_args=["--reclaim-idle", "5", "--max-attempts", "10", *extra])
+                               extra_args=["--max-attempts", "10", *extra])
         self.workers[name] = process
         self.processes.append(process)
         return process

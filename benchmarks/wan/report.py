@@ -31,6 +31,10 @@ def provider_rows(result):
                f"wait {p['network_wait_s']:.2f} s, utilization {p['utilization']:.0%}, up {_mb(p['bytes_up'])} MB "
                f"({_mb(p['bytes_up_per_sync'])}/sync), down {_mb(p['bytes_down'])} MB "
                f"({_mb(p['bytes_down_per_sync'])}/sync), retransmits {p['retransmits']}")
+        if "before_first_s" in p:
+            yield (f"  {'':<14} wait: {p['before_first_s']:.2f} s before its first step, {p['exchange_s']:.2f} s in "
+                   f"exchanges, {p['writes_s']:.2f} s writing (losses, checkpoints), {p['after_last_s']:.2f} s after "
+                   f"its last step")
 
 
 def table(results, detail=False):
