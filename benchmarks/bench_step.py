@@ -81,6 +81,7 @@ def profile(loop_run, label):
     spent, count = defaultdict(float), defaultdict(int)
     for step in loop_run.steps:
         runner = step.runner
+        runner.calls = list(runner.calls)   # a new list: the compiled step runs it as it is, not its folded plan
         for index, (kernel, args, params, out, frees, varies) in enumerate(runner.calls):
             op = runner.nodes[index].op
 

@@ -241,19 +241,27 @@ class Runner:
                     value = varies(kernel, list(map(read, args)), params, at)
                 values[out] = value
                 if limits is not None and isinstance(value, Tensor) and value.nbytes > limits[index]:
-                    problem = watcher.problem(index, value)   # type: ignore[union-attr]
-                    if problem is not None:
-                        raise OpError(self.nodes[index], problem, self._shapes(index), _step(at), True)
+                    self.check(index, value, at)
                 for s in frees:
                     values[s] = None
         except OpError:
             self.drop()
             raise
         except Exception as exc:  # the user's error (bad params, data): name their op and line
-            error = OpError(self.nodes[index], describe(exc, self.nodes[index]), self._shapes(index), _step(at))
-            self.drop()
-            raise error from exc
+            raise self.error(index, exc, at) from exc
         return values
+
+    def check(self, index: int, value: Tensor, at: Optional[At]) -> None:
+        """Raise OpError if the watcher refuses op `index`'s output `value` (one above its byte limit)."""
+        problem = self.watcher.problem(index, value)   # type: ignore[union-attr]
+        if problem is not None:
+            raise OpError(self.nodes[index], problem, self._shapes(index), _step(at), True)
+
+    def error(self, index: int, exc: BaseException, at: Optional[At]) -> OpError:
+        """The OpError naming op `index` (its user's line) for `exc`, raised running it; lets go of every value."""
+        error = OpError(self.nodes[index], describe(exc, self.nodes[index]), self._shapes(index), _step(at))
+        self.drop()
+        return error
 
     def _shapes(self, index: int) -> list[Optional[tuple[Shape, Any]]]:
         values = self.values

@@ -15,7 +15,8 @@ from ravdl.v2.layers import (Activation, BatchNormalization2D, Conv2D, Dense, Dr
                              MaxPooling2D)
 from ravdl.v2.optimizers import Adam, AdamW, RMSprop
 from ravop import loop_run, registry, step_compiler
-from ravop.interpreter import evaluate_persisted
+from ravop.interpreter import evaluate, evaluate_persisted
+from ravop.runner import OpError
 from worker import step_decisions
 
 RNG = np.random.default_rng(4)
@@ -231,3 +232,73 @@ def test_a_traced_step_runs_op_by_op(monkeypatch):
     assert all(step.tuned is not None and step.tuned.decided is False for step in run.steps)
     runs = [record.spec.runs(t) for t in range(len(run.steps))]
     assert len(seen) == sum(n * len(step.runner.calls) for n, step in zip(runs, run.steps))
+
+
+
+def recorded_loop(name):
+    """(spec, evaluated inputs, seed) of `record_cnn`'s one training loop (1 epoch: two templates)."""
+    graph, _ = record_cnn(name, epochs=1)
+    ((loop_id, record),) = graph.loops.items()
+    return record.spec, evaluate(list(graph.nodes[loop_id].inputs)), graph.seed
+
+
+def test_projections_are_folded_into_the_op_that_makes_their_tuple():
+    loop = recorded_loop("folded")
+    run = loop_run.LoopRun(*loop, decisions=always(True))
+    for step in run.steps:
+        plan, calls = step.tuned.compiled.plan, step.runner.calls
+        spread = [r for entry in plan for _, _, r in entry[7]]
+        assert spread and all(step.runner.nodes[r].op == "tuple_get" for r in spread)
+        # every call has one place: its own entry, or its tuple's after the op that makes the tuple
+        assert sorted([entry[6] for entry in plan] + spread) == list(range(len(calls)))
+        assert all(r > entry[6] for entry in plan for _, _, r in entry[7])
+    with torch.no_grad():
+        folded, op_by_op = run.run(), loop_run.LoopRun(*loop, decisions=always(False)).run()
+    assert len(folded) == len(op_by_op) and all(torch.equal(a, b) for a, b in zip(folded, op_by_op))
+
+
+class RefuseOne:
+    """A memory watcher (ravop.runner.Watcher) refusing the output of op `refused` of a template's runner."""
+
+    def __init__(self, n_calls, refused):
+        self.limits = [2**62] * n_calls
+        if refused is not None:
+            self.limits[refused] = 0
+        self.refused = refused
+
+    def problem(self, index, value):
+        return f"refused output of op {index}" if index == self.refused else None
+
+
+def a_folded_projection(loop):
+    """(the first template, the index of the last projection folded into an op of its compiled plan)."""
+    step = loop_run.LoopRun(*loop, decisions=always(True)).steps[0]
+    return loop[0].templates[0], next(e for e in step.tuned.compiled.plan if e[7])[7][-1][2]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_folded_projection_keeps_its_memory_check(compiled):
+    """The watcher's limit of a projection folded into its tuple's op still applies and the error names the
+    projection, as when it runs as its own call."""
+    loop = recorded_loop("refused")
+    first, refused = a_folded_projection(loop)
+    run = loop_run.LoopRun(*loop, watch=lambda t: RefuseOne(len(t.nodes), refused if t is first else None),
+                           decisions=always(compiled))
+    with torch.no_grad(), pytest.raises(OpError) as caught:
+        run.run()
+    assert caught.value.over_budget and caught.value.detail == f"refused output of op {refused}"
+    assert caught.value.node is run.steps[0].runner.nodes[refused]
+    assert caught.value.node.op == "tuple_get"
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_failing_folded_projection_is_named_in_its_error(compiled, monkeypatch):
+    """A projection that raises (here: an index past its tuple) fails naming the projection, folded or not."""
+    loop = recorded_loop("failing")
+    first, failing = a_folded_projection(loop)
+    monkeypatch.setitem(first.nodes[failing].params, "index", 99)   # compiled: operator.itemgetter(99)
+    run = loop_run.LoopRun(*loop, decisions=always(compiled))
+    with torch.no_grad(), pytest.raises(OpError) as caught:
+        run.run()
+    assert caught.value.node is run.steps[0].runner.nodes[failing]
+    assert "IndexError" in caught.value.detail and isinstance(caught.value.__cause__, IndexError)
