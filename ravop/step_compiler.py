@@ -22,7 +22,9 @@ CPU only):
 - (CPU) 2-d max pooling with indices runs on a channels-last copy of its input (ATen's NCHW kernel is several times
   slower on small images) and hands back contiguous values and indices: the same maxima and the same
   (first-in-window) indices.
-- `tuple_get` is bound to `operator.itemgetter`.
+- `tuple_get` is bound to `operator.itemgetter`, and the compiled step runs each such projection right after
+  the op that makes its tuple (`Compiled.plan`: one pass of the runner's loop per op, the same values, frees,
+  memory limits and errors).
 
 Which runs faster is measured, not assumed (`Tuned`): after a warm-up the step alternates between the plain and
 the compiled calls for a few runs each, keeps the faster, and the decision is kept per template digest and
