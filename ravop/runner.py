@@ -21,7 +21,8 @@ memory is free again when the error is handled.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, NamedTuple, Optional, Protocol, Sequence
+from itertools import count, repeat
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -153,6 +154,8 @@ class PerRun:
 
 # One call: (kernel, argument slots, params, result slot, slots freed after it, PerRun or None).
 Call = tuple[registry.Kernel, tuple[int, ...], dict[str, Any], int, tuple[int, ...], Optional[PerRun]]
+# One entry of a plan (`Runner.run`): (call index, the call, (getter, slot, index) of projections folded into it).
+PlanEntry = tuple[int, Call, tuple[tuple[Callable[[Any], Any], int, int], ...]]
 
 
 class Runner:
@@ -226,42 +229,45 @@ class Runner:
         _, *rest = self.calls[index]
         self.calls[index] = (kernel, *rest)   # type: ignore[assignment]
 
-    def run(self, at: Optional[At] = None) -> list[Any]:
-        """Run every call over `self.values` (the inputs' slots filled by the caller); returns the values."""
+    def run(self, at: Optional[At] = None, plan: Optional[Iterable[PlanEntry]] = None) -> list[Any]:
+        """Run every call over `self.values` (the inputs' slots filled by the caller); returns the values.
+        `plan`: the calls to run instead, as (index, call, spread): `spread` holds (getter, slot, index) of
+        projections of the call's tuple that run right after it (ravop.step_compiler folds them in)."""
         values = self.values
         read = values.__getitem__
         watcher = self.watcher
         limits = None if watcher is None else watcher.limits
+        entries = zip(count(), self.calls, repeat(())) if plan is None else plan
         index = 0
         try:
-            for index, (kernel, args, params, out, frees, varies) in enumerate(self.calls):
+            for index, (kernel, args, params, out, frees, varies), spread in entries:
                 if varies is None:
                     value = kernel(*map(read, args), **params)
                 else:
                     value = varies(kernel, list(map(read, args)), params, at)
                 values[out] = value
                 if limits is not None and isinstance(value, Tensor) and value.nbytes > limits[index]:
-                    self.check(index, value, at)
+                    self._check(index, value, at)
+                for getter, slot, index in spread:   # `index` now names the projection: its limit, its errors
+                    item = values[slot] = getter(value)
+                    if limits is not None and isinstance(item, Tensor) and item.nbytes > limits[index]:
+                        self._check(index, item, at)
                 for s in frees:
                     values[s] = None
         except OpError:
             self.drop()
             raise
         except Exception as exc:  # the user's error (bad params, data): name their op and line
-            raise self.error(index, exc, at) from exc
+            error = OpError(self.nodes[index], describe(exc, self.nodes[index]), self._shapes(index), _step(at))
+            self.drop()
+            raise error from exc
         return values
 
-    def check(self, index: int, value: Tensor, at: Optional[At]) -> None:
+    def _check(self, index: int, value: Tensor, at: Optional[At]) -> None:
         """Raise OpError if the watcher refuses op `index`'s output `value` (one above its byte limit)."""
         problem = self.watcher.problem(index, value)   # type: ignore[union-attr]
         if problem is not None:
             raise OpError(self.nodes[index], problem, self._shapes(index), _step(at), True)
-
-    def error(self, index: int, exc: BaseException, at: Optional[At]) -> OpError:
-        """The OpError naming op `index` (its user's line) for `exc`, raised running it; lets go of every value."""
-        error = OpError(self.nodes[index], describe(exc, self.nodes[index]), self._shapes(index), _step(at))
-        self.drop()
-        return error
 
     def _shapes(self, index: int) -> list[Optional[tuple[Shape, Any]]]:
         values = self.values

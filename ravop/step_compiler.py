@@ -49,7 +49,7 @@ from . import registry
 from .ops.lr_schedule import scheduled_lr
 from .ops.masked import keep_masked
 from .ops.nn import _dropout_noise, max_pool2d
-from .runner import At, OpError, PerRun, Runner, op_seed, stream_id
+from .runner import At, PerRun, PlanEntry, Runner, op_seed, stream_id
 from .step_capture import CapturedStep, blockers, cuda_capture
 
 log = logging.getLogger(__name__)
@@ -118,59 +118,38 @@ class Compiled:
         self.plan = _fold_projections(calls)
 
     def run(self, runner: Runner, at: Optional[At]) -> list[Any]:
-        """`Runner.run` over `plan`: the same calls, values, frees, memory checks and errors (naming the same
-        op), without a pass of the runner's loop per projection (a step of a small model has more projections
-        than ops, each about a microsecond of the loop)."""
-        values = runner.values
-        read = values.__getitem__
-        limits = None if runner.watcher is None else runner.watcher.limits
-        index = 0
-        try:
-            for kernel, args, params, out, frees, varies, index, spread in self.plan:
-                if varies is None:
-                    value = kernel(*map(read, args), **params)
-                else:
-                    value = varies(kernel, list(map(read, args)), params, at)
-                values[out] = value
-                if limits is not None and isinstance(value, torch.Tensor) and value.nbytes > limits[index]:
-                    runner.check(index, value, at)
-                for getter, slot, index in spread:   # `index`: the projection, for its limit and its errors
-                    item = values[slot] = getter(value)
-                    if limits is not None and isinstance(item, torch.Tensor) and item.nbytes > limits[index]:
-                        runner.check(index, item, at)
-                for s in frees:
-                    values[s] = None
-        except OpError:
-            runner.drop()
-            raise
-        except Exception as exc:  # the user's error (bad params, data): name their op and line
-            raise runner.error(index, exc, at) from exc
-        return values
+        """A run of `runner` over `plan`: the same calls, values, frees, memory checks and errors (naming the
+        same op), without a pass of the runner's loop per projection (a step of a small model has more
+        projections than ops)."""
+        return runner.run(at, self.plan)
 
 
-def _fold_projections(calls: list[Any]) -> list[tuple[Any, ...]]:
-    """`calls` as (kernel, args, params, out, frees, varies, index, spread): an op whose output only bound
-    projections (`operator.itemgetter`, see `_bind_projections`) read carries them as `spread` ((getter, their
-    slot, their index), in order) and frees what they free; they have no entry of their own. A projection's
-    value is defined once its tuple is (each value has its own slot), and nothing else reads the tuple, so
-    setting it earlier and freeing the tuple with the op changes no value any call sees."""
+def _fold_projections(calls: list[Any]) -> list[PlanEntry]:
+    """`calls` as a plan (`Runner.run`): an op whose output only bound projections (`operator.itemgetter`, see
+    `_bind_projections`) read carries them ((getter, their slot, their index), in order) and frees what they
+    free; they have no entry of their own. A projection's value is defined once its tuple is (each value has
+    its own slot), and nothing else reads the tuple, so setting it earlier and freeing the tuple with the op
+    changes no value any call sees."""
     readers: dict[int, list[int]] = {}
     for index, (_, args, *_) in enumerate(calls):
         for a in args:
             readers.setdefault(a, []).append(index)
     projection = {index for index, (kernel, args, _, _, _, varies) in enumerate(calls)
                   if type(kernel) is operator.itemgetter and varies is None and len(args) == 1}
-    plan, folded = [], set()
-    for index, (kernel, args, params, out, frees, varies) in enumerate(calls):
+    plan: list[PlanEntry] = []
+    folded: set[int] = set()
+    for index, call in enumerate(calls):
         if index in folded:
             continue
-        spread: tuple[tuple[Any, int, int], ...] = ()
+        kernel, args, params, out, frees, varies = call
         read_by = readers.get(out, [])
-        if index not in projection and read_by and all(r in projection and r > index for r in read_by):
-            spread = tuple((calls[r][0], calls[r][3], r) for r in read_by)
-            frees = tuple(frees) + tuple(s for r in read_by for s in calls[r][4])
-            folded.update(read_by)
-        plan.append((kernel, args, params, out, frees, varies, index, spread))
+        if index in projection or not read_by or not all(r in projection and r > index for r in read_by):
+            plan.append((index, call, ()))
+            continue
+        frees = tuple(frees) + tuple(s for r in read_by for s in calls[r][4])
+        plan.append((index, (kernel, args, params, out, frees, varies), tuple((calls[r][0], calls[r][3], r)
+                                                                              for r in read_by)))
+        folded.update(read_by)
     return plan
 
 

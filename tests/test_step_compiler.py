@@ -247,11 +247,11 @@ def test_projections_are_folded_into_the_op_that_makes_their_tuple():
     run = loop_run.LoopRun(*loop, decisions=always(True))
     for step in run.steps:
         plan, calls = step.tuned.compiled.plan, step.runner.calls
-        spread = [r for entry in plan for _, _, r in entry[7]]
+        spread = [r for entry in plan for _, _, r in entry[2]]
         assert spread and all(step.runner.nodes[r].op == "tuple_get" for r in spread)
         # every call has one place: its own entry, or its tuple's after the op that makes the tuple
-        assert sorted([entry[6] for entry in plan] + spread) == list(range(len(calls)))
-        assert all(r > entry[6] for entry in plan for _, _, r in entry[7])
+        assert sorted([entry[0] for entry in plan] + spread) == list(range(len(calls)))
+        assert all(r > entry[0] for entry in plan for _, _, r in entry[2])
     with torch.no_grad():
         folded, op_by_op = run.run(), loop_run.LoopRun(*loop, decisions=always(False)).run()
     assert len(folded) == len(op_by_op) and all(torch.equal(a, b) for a, b in zip(folded, op_by_op))
@@ -273,7 +273,7 @@ class RefuseOne:
 def a_folded_projection(loop):
     """(the first template, the index of the last projection folded into an op of its compiled plan)."""
     step = loop_run.LoopRun(*loop, decisions=always(True)).steps[0]
-    return loop[0].templates[0], next(e for e in step.tuned.compiled.plan if e[7])[7][-1][2]
+    return loop[0].templates[0], next(e for e in step.tuned.compiled.plan if e[2])[2][-1][2]
 
 
 @pytest.mark.parametrize("compiled", [False, True])
