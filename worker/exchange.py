@@ -58,18 +58,23 @@ class StoreExchange:
         self.sends = _Sender(client)
         self.prefetched = {}  # (channels, run) -> the _Fetch running ahead for it
 
-    def release(self):
-        """After a checkpoint: count this loop on every value it read before it, deleting those every reader
-        has counted itself on."""
-        if not self.read_keys:
+    def take_reads(self):
+        """The (key, channel) pairs read since the last call: what a checkpoint taken now read before it."""
+        reads, self.read_keys = self.read_keys, []
+        return reads
+
+    def release(self, reads):
+        """After a checkpoint: count this loop on every value it read before it (`reads`, from `take_reads` when
+        the checkpoint was taken: it may be written beside the loop, which reads on meanwhile), deleting those
+        every reader has counted itself on."""
+        if not reads:
             return
         pipe = self.client.pipeline(transaction=False)
-        for key, _ in self.read_keys:
+        for key, _ in reads:
             pipe.incr(f"{key}:acks")
         counts = pipe.execute()
-        done = [key for (key, channel), count in zip(self.read_keys, counts)
+        done = [key for (key, channel), count in zip(reads, counts)
                 if channel in self.readers and count >= self.readers[channel]]
-        self.read_keys = []
         if done:
             try:
                 self.client.delete(*done, *(f"{key}:acks" for key in done))
