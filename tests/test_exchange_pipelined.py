@@ -46,7 +46,7 @@ def test_sends_land_in_order_and_flush_waits_for_them(client, keys):
 
 def test_a_failed_background_send_is_raised_in_the_loop(client, keys):
     sender = exchange(client, keys)
-    sender.sends.client = redis.Redis(port=1, socket_connect_timeout=0.5)   # nothing listens there
+    sender.client = redis.Redis(port=1, socket_connect_timeout=0.5)   # nothing listens there
     sender.send(["up.1.0"], 0, [torch.ones(3)])
     with pytest.raises(redis.ConnectionError):
         sender.flush()

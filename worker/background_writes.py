@@ -1,8 +1,8 @@
-"""Writes a loop makes to the store (flushed losses and progress, checkpoints) run in one thread beside the loop,
-in the order they were queued: over a slow link each is a round trip or an upload of the whole carried state, and
-the loop need not wait for it to go on computing. A write that fails (or finds the graph stopped) is raised in
-the loop's thread at its next `check`, `put` or `drain`; the writes queued after it are dropped, so a
-checkpoint never lands after a lost write of the steps before it."""
+"""Writes a loop makes to the store (its exchange's sends; flushed losses and progress, checkpoints) run in one
+thread beside the loop, in the order they were queued: over a slow link each is a round trip or an upload of
+the whole carried state, and the loop need not wait for it to go on computing. A write that fails (or finds
+the graph stopped) is raised in the loop's thread at its next `check`, `put` or `drain`; the writes queued
+after it are dropped, so a checkpoint never lands after a lost write of the steps before it."""
 import queue
 import threading
 
@@ -12,18 +12,21 @@ QUEUED = 2
 
 
 class BackgroundWrites:
-    def __init__(self):
-        self.queue = queue.Queue(QUEUED)
+    """One thread's queue of writes (callables), run in order; `queued`: how many may wait (0: no bound)."""
+
+    def __init__(self, queued=QUEUED, name="loop-writes"):
+        self.queue = queue.Queue(queued)
+        self.name = name
         self.error = None     # the failure the loop has not been told of yet
         self.failed = False   # once a write failed, none after it runs (even once the loop was told)
         self.thread = None
         self.running = False
 
     def put(self, write):
-        """Queue `write()` after the writes queued before it (waits while `QUEUED` are waiting already)."""
+        """Queue `write()` after the writes queued before it (waits while `queued` are waiting already)."""
         self.check()
         if self.thread is None:
-            self.thread = threading.Thread(target=self._run, daemon=True, name="loop-writes")
+            self.thread = threading.Thread(target=self._run, daemon=True, name=self.name)
             self.thread.start()
         self.queue.put(write)
 
