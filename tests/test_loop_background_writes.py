@@ -3,24 +3,16 @@ the loop goes on while a checkpoint waits for the exchange's sends and uploads, 
 were made, a checkpoint holds the carried values as they were when it was taken, and after a failed write none
 lands and the loop stops at its next step. On a real server."""
 import threading
-import uuid
 
 import pytest
 import torch
 
-from ravop.graph_states import FAILED, RUNNING
-from ravop.store import GraphKeys
+from ravop.graph_states import FAILED
 from ravop.store import tensors as stored
 from worker.background_writes import BackgroundWrites
 from worker.loop_subgraph import LoopAbandoned, _Writer, checkpoint_tensor_key
 
-
-@pytest.fixture
-def keys(client):
-    keys = GraphKeys(f"t{uuid.uuid4().hex[:6]}", uuid.uuid4().hex[:12])
-    client.hset(keys.meta, "state", RUNNING)
-    yield keys
-    client.delete(*client.keys(keys.prefix + "*"))
+from test_exchange_pipelined import keys  # noqa: F401  (the fixture: a running graph's keys, deleted after)
 
 
 class HeldExchange:
