@@ -9,9 +9,9 @@ number of steps done (what `R.track_progress` shows), and a checkpoint of the ca
 so a checkpoint and the persisted values up to it land together. The writes run in a thread beside the loop, in
 order (worker/background_writes.py: over a slow link a checkpoint is seconds of upload the loop need not wait
 for); a checkpoint holds its step's values, and a failed write stops the loop at its next step with nothing
-after it written. The loop waits for them when it hands itself back and at its end. A worker that takes over the subgraph
-after a crash resumes from the checkpoint; steps are deterministic, so it computes the same bits, and it
-writes persisted values with SET NX: a value written before the crash is never written again. A worker told
+after it written. The loop waits for them when it hands itself back and at its end. A worker that takes over
+the subgraph after a crash resumes from the checkpoint; steps are deterministic, so it computes the same bits,
+and it writes persisted values with SET NX: a value written before the crash is never written again. A worker told
 to stop (SIGTERM) checkpoints after the step it is running and hands the loop back at once.
 
 A thread beside the loop (worker/graph_watch.py) looks at the graph every quarter second: a cancelled or failed
