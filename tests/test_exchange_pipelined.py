@@ -46,7 +46,7 @@ def test_sends_land_in_order_and_flush_waits_for_them(client, keys):
 
 def test_a_failed_background_send_is_raised_in_the_loop(client, keys):
     sender = exchange(client, keys)
-    sender.sends.client = redis.Redis(port=1, socket_connect_timeout=0.5)   # nothing listens there
+    sender.client = redis.Redis(port=1, socket_connect_timeout=0.5)   # nothing listens there
     sender.send(["up.1.0"], 0, [torch.ones(3)])
     with pytest.raises(redis.ConnectionError):
         sender.flush()
@@ -92,8 +92,19 @@ def test_a_receive_stops_waiting_when_the_graph_stops(client, keys):
 def test_a_checkpoint_waits_for_the_sends_before_it_is_published(client, keys):
     writer = _Writer(client, keys, "7", [[]], checkpoint_steps=1, checkpoint_seconds=1e9, n_steps=10)
     published_at_flush = []
-    writer.before_checkpoint = lambda: published_at_flush.append(client.exists(keys.checkpoint("7")))
+
+    class Exchange:
+        def flush(self):
+            published_at_flush.append(client.exists(keys.checkpoint("7")))
+
+        def take_reads(self):
+            return []
+
+        def release(self, reads):
+            pass
+    writer.exchange = Exchange()
     writer.write(3)   # a flush of losses and progress: no checkpoint, no wait
     assert published_at_flush == []
     writer.write(4, [torch.ones(2)])
     assert published_at_flush == [0] and client.hget(keys.checkpoint("7"), "step") == b"4"
+    writer.close()

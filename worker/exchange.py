@@ -19,9 +19,9 @@ requester from the plan) has checkpointed past the step that read it: after each
 itself on each value it read since the one before (INCR of `{key}:acks`), and the reader that completes the count
 deletes the value. A reader resumed from its checkpoint reads only values after it, which no one deleted. So
 the store holds the rounds since the readers' last checkpoints, not every round of the fit."""
+import functools
 import json
 import logging
-import queue
 import re
 import threading
 import time
@@ -32,6 +32,7 @@ from ravop.errors import PlanError
 from ravop.wire import decode_tensor, encode_tensor
 
 from . import device as devices
+from .background_writes import BackgroundWrites
 
 CHANNEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 log = logging.getLogger("ravop.worker")
@@ -55,21 +56,26 @@ class StoreExchange:
         self.sent_bytes = self.received_bytes = 0
         self.readers = _readers(client.hget(keys.meta, "exchange_readers"))
         self.read_keys = []   # keys read since the last checkpoint, with their channel
-        self.sends = _Sender(client)
+        self.sends = BackgroundWrites(queued=0, name="exchange-send")   # in order, beside the loop
         self.prefetched = {}  # (channels, run) -> the _Fetch running ahead for it
 
-    def release(self):
-        """After a checkpoint: count this loop on every value it read before it, deleting those every reader
-        has counted itself on."""
-        if not self.read_keys:
+    def take_reads(self):
+        """The (key, channel) pairs read since the last call: what a checkpoint taken now read before it."""
+        reads, self.read_keys = self.read_keys, []
+        return reads
+
+    def release(self, reads):
+        """After a checkpoint: count this loop on every value it read before it (`reads`, from `take_reads` when
+        the checkpoint was taken: it may be written beside the loop, which reads on meanwhile), deleting those
+        every reader has counted itself on."""
+        if not reads:
             return
         pipe = self.client.pipeline(transaction=False)
-        for key, _ in self.read_keys:
+        for key, _ in reads:
             pipe.incr(f"{key}:acks")
         counts = pipe.execute()
-        done = [key for (key, channel), count in zip(self.read_keys, counts)
+        done = [key for (key, channel), count in zip(reads, counts)
                 if channel in self.readers and count >= self.readers[channel]]
-        self.read_keys = []
         if done:
             try:
                 self.client.delete(*done, *(f"{key}:acks" for key in done))
@@ -86,11 +92,11 @@ class StoreExchange:
             data = encode_tensor(devices.to_host(value).contiguous())
             self.sent_bytes += len(data)
             items.append((self.keys.exchange(channel, run), data))
-        self.sends.put(items)
+        self.sends.put(functools.partial(_write_sent, self.client, items))
 
     def flush(self):
         """Wait until every value sent is in the store (before a checkpoint, and at the loop's end)."""
-        self.sends.flush()
+        self.sends.drain()
 
     def receive(self, channels, run):
         check_channels(channels)
@@ -173,54 +179,13 @@ class _Fetch:
         self.stopped.set()
 
 
-class _Sender:
-    """Writes queued exchange values (SET NX: a replica resumed from its checkpoint sends the same bits again,
-    and the first write stands) in order, in a thread beside the loop; a failed write is raised in the loop at
-    its next send, receive or flush."""
-
-    def __init__(self, client):
-        self.client = client
-        self.queue = queue.Queue()
-        self.error = None
-        self.thread = None
-
-    def put(self, items):
-        self.check()
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._run, daemon=True, name="exchange-send")
-            self.thread.start()
-        self.queue.put(items)
-
-    def _run(self):
-        while True:
-            items = self.queue.get()
-            try:
-                if items is None:
-                    return
-                if self.error is None:
-                    pipe = self.client.pipeline(transaction=False)
-                    for key, data in items:
-                        pipe.set(key, data, nx=True)
-                    pipe.execute()
-            except Exception as exc:   # raised in the loop's thread (check)
-                self.error = exc
-            finally:
-                self.queue.task_done()
-
-    def check(self):
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise error
-
-    def flush(self):
-        self.queue.join()
-        self.check()
-
-    def close(self):
-        if self.thread is not None:
-            self.queue.put(None)
-            self.thread.join()
-            self.thread = None
+def _write_sent(client, items):
+    """One send's values (SET NX: a replica resumed from its checkpoint sends the same bits again, and the first
+    write stands)."""
+    pipe = client.pipeline(transaction=False)
+    for key, data in items:
+        pipe.set(key, data, nx=True)
+    pipe.execute()
 
 
 def _readers(meta_field):

@@ -6,9 +6,12 @@ allocation that fails in a step is reported as on any subgraph, with the step's 
 While it runs, the worker writes what the steps persist (the batch losses) every `FLUSH_SECONDS`, with the
 number of steps done (what `R.track_progress` shows), and a checkpoint of the carried values every
 `checkpoint_steps` steps or `checkpoint_seconds` seconds, whichever comes first. Each write is one MULTI/EXEC,
-so a checkpoint and the persisted values up to it land together. A worker that takes over the subgraph
-after a crash resumes from the checkpoint; steps are deterministic, so it computes the same bits, and it
-writes persisted values with SET NX: a value written before the crash is never written again. A worker told
+so a checkpoint and the persisted values up to it land together. The writes run in a thread beside the loop, in
+order (worker/background_writes.py: over a slow link a checkpoint is seconds of upload the loop need not wait
+for); a checkpoint holds its step's values, and a failed write stops the loop at its next step with nothing
+after it written. The loop waits for them when it hands itself back and at its end. A worker that takes over
+the subgraph after a crash resumes from the checkpoint; steps are deterministic, so it computes the same bits,
+and it writes persisted values with SET NX: a value written before the crash is never written again. A worker told
 to stop (SIGTERM) checkpoints after the step it is running and hands the loop back at once.
 
 A thread beside the loop (worker/graph_watch.py) looks at the graph every quarter second: a cancelled or failed
@@ -26,6 +29,7 @@ previous checkpoint's tensors are deleted once the new one is in.
 The templates follow the rules of ordinary subgraphs (worker/validate.py, worker/memory.py): their declared
 sizes must fit the worker's limit, and each output is checked against its declared size and the budget.
 """
+import functools
 import time
 
 from ravop import graph_states
@@ -38,6 +42,7 @@ from ravop.wire import encode_tensor, unpack_loop
 
 from . import device as devices
 from . import emulated_device, memory, step_decisions
+from .background_writes import BackgroundWrites
 from .exchange import StoreExchange
 from .graph_watch import GraphWatch
 from .run import kernel_error
@@ -127,9 +132,13 @@ class _Writer:
         # stay until the loop completes, persisted values are overwritten (a rewound loop's honest rerun replaces
         # what a liar wrote) and every write first makes sure this worker still runs the loop
         self.segments = segments
-        self.on_checkpoint = None   # () after each checkpoint published (an exchange's release)
-        self.before_checkpoint = None   # () before: the exchange's sends are in the store (a checkpoint past a
-        #                                 step whose values were lost would never send them again)
+        self.exchange = None   # the loop's StoreExchange: its sends are in the store before a checkpoint (one past
+        #                        a step whose values were lost would never send them again), and the values read
+        #                        before a checkpoint are released after it
+        self.taken = resumed_at   # the step of the last checkpoint taken (written, or queued to be)
+        # flushes and checkpoints are written beside the loop, in order (under verify='spot' each write first
+        # checks this worker still runs the loop, so they stay in the loop's thread)
+        self.writes = BackgroundWrites() if segments is None else None
 
     def on_wait(self, state):
         """Called while the loop waits for a value another loop sends: stop if the graph stopped running, hand
@@ -146,6 +155,8 @@ class _Writer:
     def on_step(self, done, template, run, outputs, carried):
         if self.graph is not None and self.graph.ended is not None:   # cancelled or failed: stop now
             raise LoopAbandoned(self.graph.ended)
+        if self.writes is not None:
+            self.writes.check()   # a write that failed beside the loop (or found the graph stopped) stops it
         self.last = (done, carried)
         for first, value in zip(self.first_ids[template], outputs):
             self.pending[first + run] = value
@@ -155,25 +166,45 @@ class _Writer:
             raise LoopHandedBack(done)
         if (self.checkpoint_steps and done - self.checkpointed >= self.checkpoint_steps) or \
                 now - self.last_checkpoint >= self.checkpoint_seconds:
-            self.write(done, carried)
-        elif now - self.last_flush >= self.flush_every:
-            self.write(done)
+            self.write(done, carried, wait=False)
+        elif now - self.last_flush >= self.flush_every and not (self.writes is not None and self.writes.busy()):
+            self.write(done, wait=False)
 
-    def write(self, done, carried=None, record=None):
-        """Persisted values, progress, and a checkpoint of `carried` if given, in one transaction; `record`:
-        fields to set on the graph's meta with them."""
+    def write(self, done, carried=None, record=None, wait=True):
+        """Persisted values, progress, and a checkpoint of `carried` if given, in one transaction, after the writes
+        queued before it; `record`: fields to set on the graph's meta with them. `wait=False`: written beside the
+        loop (what it writes is taken now: the loop may update its tensors in place afterwards)."""
+        if self.writes is None:
+            self._commit(*self._take(done, carried, record, copy=False))
+        elif wait:
+            self.writes.drain()
+            self._commit(*self._take(done, carried, record, copy=False))
+        else:
+            self.writes.put(functools.partial(self._commit, *self._take(done, carried, record, copy=True)))
+
+    def _take(self, done, carried, record, copy):
+        """(done, persisted values, host copies of the carried values or None, record, exchanged keys read so
+        far) for `_commit`; a checkpoint is taken once per step."""
+        pending, self.pending = self.pending, {}
+        host = reads = None
+        if carried is not None and done != self.taken:
+            host = [_host_copy(value) if copy else devices.to_host(value) for value in carried]
+            reads = self.exchange.take_reads() if self.exchange is not None else None
+            self.taken, self.checkpointed, self.last_checkpoint = done, done, time.monotonic()
+        return done, pending, host, record, reads
+
+    def _commit(self, done, pending, host, record, reads):
         keys, client = self.keys, self.client
         began = time.monotonic()
         if self.segments is not None:
             self.segments.guard()
-        if carried is not None and done != self.saved and self.before_checkpoint is not None:
-            self.before_checkpoint()
+        if host is not None and self.exchange is not None:
+            self.exchange.flush()
         pipe = client.pipeline(transaction=True)
-        for tensor_id, value in self.pending.items():
+        for tensor_id, value in pending.items():
             pipe.set(keys.tensor(tensor_id), encode_tensor(devices.to_host(value)), nx=self.segments is None)
         pipe.hset(keys.steps, self.subgraph_id, done)
-        if carried is not None and done != self.saved:
-            host = [devices.to_host(value) for value in carried]
+        if host is not None:
             total = sum(t.nbytes for t in host)
             size = stored.fit_to_server(client, total, "a loop checkpoint", keys.meta) \
                 if total > stored.chunk_bytes() else None
@@ -186,20 +217,29 @@ class _Writer:
             pipe.hset(keys.meta, mapping=record)
         pipe.hget(keys.meta, "state")
         state = pipe.execute()[-1]
-        if carried is not None and done != self.saved:
+        if host is not None:
             if self.segments is not None:
-                self.segments.on_checkpoint(self.saved or 0, done, carried)
+                self.segments.on_checkpoint(self.saved or 0, done, host)
             elif self.saved is not None:
-                client.delete(*checkpoint_keys(keys, self.subgraph_id, self.saved, len(carried)))
-            self.saved, self.checkpointed, self.last_checkpoint = done, done, time.monotonic()
-            if self.on_checkpoint is not None:
-                self.on_checkpoint()   # exchanged values read before it are no longer needed here
-        self.pending = {}
+                client.delete(*checkpoint_keys(keys, self.subgraph_id, self.saved, len(host)))
+            self.saved = done
+            if self.exchange is not None:
+                self.exchange.release(reads)   # exchanged values read before it are no longer needed here
         self.last_flush = time.monotonic()
-        if carried is None:
+        if host is None:
             self.flush_every = max(FLUSH_SECONDS, FLUSH_SPACING * (self.last_flush - began))
         if state != graph_states.RUNNING.encode():
             raise LoopAbandoned(state)
+
+    def close(self):
+        if self.writes is not None:
+            self.writes.close()
+
+
+def _host_copy(value):
+    """A copy on the host that the loop's later steps cannot change."""
+    host = devices.to_host(value)
+    return host.clone() if host is value else host
 
 
 def _resume(client, keys, subgraph_id, n_carried, device):
@@ -247,7 +287,7 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
         writer.work_waiting = work_waiting
         store_exchange = StoreExchange(client, keys, device, writer.on_wait) if runner.exchanges() else None
         if store_exchange is not None:
-            writer.on_checkpoint, writer.before_checkpoint = store_exchange.release, store_exchange.flush
+            writer.exchange = store_exchange
         on_step, exchange = emulated_device.paced_steps(writer.on_step, subgraph.loop, loop_inputs, store_exchange)
         graph.start()
         carried = runner.run(carried, start or 0, on_step, exchange,
@@ -264,6 +304,7 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
     except OpError as exc:   # reported as on any subgraph: the op, its sizes, the device, and the step
         raise kernel_error(exc, device, budget or 0) from exc.__cause__
     finally:
+        writer.close()
         graph.close()
         if store_exchange is not None:
             store_exchange.close()

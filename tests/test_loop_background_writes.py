@@ -1,0 +1,113 @@
+"""A loop's flushes and checkpoints are written beside it (worker/background_writes.py, worker/loop_subgraph.py):
+the loop goes on while a checkpoint waits for the exchange's sends and uploads, the writes land in the order they
+were made, a checkpoint holds the carried values as they were when it was taken, and after a failed write none
+lands and the loop stops at its next step. On a real server."""
+import threading
+
+import pytest
+import torch
+
+from ravop.graph_states import FAILED
+from ravop.store import tensors as stored
+from worker.background_writes import BackgroundWrites
+from worker.loop_subgraph import LoopAbandoned, _Writer, checkpoint_tensor_key
+
+from test_exchange_pipelined import keys  # noqa: F401  (the fixture: a running graph's keys, deleted after)
+
+
+class HeldExchange:
+    """An exchange whose sends are in the store only once `sent` is set; records what each checkpoint released."""
+
+    def __init__(self):
+        self.sent, self.flushing = threading.Event(), threading.Event()
+        self.read_keys, self.released = [], []
+        self.fail = None
+
+    def flush(self):
+        self.flushing.set()
+        self.sent.wait()
+        if self.fail is not None:
+            raise self.fail
+
+    def take_reads(self):
+        reads, self.read_keys = self.read_keys, []
+        return reads
+
+    def release(self, reads):
+        self.released.append(reads)
+
+
+def writer_for(client, keys, **kwargs):
+    # one output per step (tensor id 100 + run), a checkpoint every 2 steps
+    return _Writer(client, keys, "7", [[100]], checkpoint_steps=2, checkpoint_seconds=1e9, n_steps=10, **kwargs)
+
+
+def test_the_loop_goes_on_while_a_checkpoint_waits_and_it_holds_the_values_of_its_step(client, keys):
+    writer, exchange = writer_for(client, keys), HeldExchange()
+    writer.exchange = exchange
+    carried = torch.zeros(3)
+    exchange.read_keys = [("x:0", "down.0")]
+    writer.on_step(1, 0, 0, [torch.tensor(1.0)], [carried])
+    writer.on_step(2, 0, 1, [torch.tensor(2.0)], [carried])   # a checkpoint at step 2, held at the exchange's flush
+    assert exchange.flushing.wait(30)
+    exchange.read_keys = [("x:1", "down.0")]   # read after the checkpoint was taken: not released by it
+    carried += 5   # the loop updates its carried values in place: the checkpoint keeps step 2's
+    writer.on_step(3, 0, 2, [torch.tensor(3.0)], [carried])   # returns although the checkpoint is not written
+    assert not client.exists(keys.checkpoint("7"))
+    exchange.sent.set()
+    writer.writes.drain()
+    assert client.hget(keys.checkpoint("7"), "step") == b"2"
+    assert torch.equal(stored.read(client, checkpoint_tensor_key(keys, "7", 2, 0)), torch.zeros(3))
+    assert client.exists(keys.tensor(100), keys.tensor(101)) == 2
+    assert exchange.released == [[("x:0", "down.0")]]
+    writer.write(4, [carried])   # the loop's last write waits for the ones before it
+    assert client.hget(keys.checkpoint("7"), "step") == b"4"
+    assert client.hget(keys.steps, "7") == b"4" and client.exists(keys.tensor(102))
+    assert not client.exists(checkpoint_tensor_key(keys, "7", 2, 0))   # the previous checkpoint is deleted
+    writer.close()
+
+
+def test_after_a_failed_write_nothing_later_lands_and_the_loop_stops(client, keys):
+    writer, exchange = writer_for(client, keys), HeldExchange()
+    writer.exchange = exchange
+    exchange.fail = ConnectionError("the store went away")
+    writer.on_step(1, 0, 0, [torch.tensor(1.0)], [torch.zeros(1)])
+    writer.on_step(2, 0, 1, [torch.tensor(2.0)], [torch.zeros(1)])   # its checkpoint fails at the flush
+    assert exchange.flushing.wait(30)
+    writer.write(3, wait=False)   # queued behind the failing checkpoint: dropped
+    exchange.sent.set()
+    with pytest.raises(ConnectionError, match="went away"):
+        writer.writes.drain()
+    writer.close()
+    assert not client.exists(keys.checkpoint("7"), keys.tensor(100), keys.tensor(101))
+    assert client.hget(keys.steps, "7") is None
+
+
+def test_a_graph_that_stopped_stops_the_loop_at_its_next_step(client, keys):
+    writer = writer_for(client, keys)
+    client.hset(keys.meta, "state", FAILED)
+    writer.on_step(1, 0, 0, [torch.tensor(1.0)], [torch.zeros(1)])
+    writer.on_step(2, 0, 1, [torch.tensor(2.0)], [torch.zeros(1)])   # a checkpoint: finds the graph failed
+    with pytest.raises(LoopAbandoned):
+        writer.writes.drain()
+        writer.on_step(3, 0, 2, [torch.tensor(3.0)], [torch.zeros(1)])
+    writer.close()
+
+
+def test_background_writes_run_in_order_and_raise_in_the_callers_thread():
+    writes, done = BackgroundWrites(), []
+    for k in range(5):
+        writes.put(lambda k=k: done.append(k))
+    writes.drain()
+    assert done == [0, 1, 2, 3, 4] and not writes.busy()
+
+    def fail():
+        raise ValueError("bad write")
+    writes.put(fail)
+    writes.put(lambda: done.append(5))
+    with pytest.raises(ValueError, match="bad write"):
+        writes.drain()
+    writes.put(lambda: done.append(6))   # after a failure nothing runs, even once the caller was told
+    writes.drain()
+    writes.close()
+    assert done == [0, 1, 2, 3, 4]
