@@ -23,6 +23,8 @@ import time
 import traceback
 import warnings
 
+from .parent_death import die_with_parent
+
 _KEPT = []      # the requester's standard streams, in a fork server forked from it
 GRACE = 10.0   # seconds a worker may take to finish its subgraph after SIGTERM before it is killed
 
@@ -178,15 +180,6 @@ def _name_this_process(name):
         ctypes.CDLL(None).prctl(15, name)   # 15 = PR_SET_NAME
 
 
-def _die_with(parent_pid):
-    """SIGTERM from the kernel when `parent_pid` (our owner) dies, as the embedded launcher gives its server
-    (Linux); False if it is gone already. Elsewhere the end of stdin says so."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)   # 1 = PR_SET_PDEATHSIG
-    return os.getppid() == parent_pid
-
-
 def serve_forked(commands_fd, events_fd, log_fd, parent_pid):
     """Become the fork server in a child just forked from the requester, which had imported torch already (the
     import this saves): what the requester set up for itself is undone (its signal handlers, its logging, its
@@ -200,7 +193,7 @@ def serve_forked(commands_fd, events_fd, log_fd, parent_pid):
         for signum in signal.valid_signals():
             if callable(signal.getsignal(signum)):
                 signal.signal(signum, signal.SIG_DFL)
-        if not _die_with(parent_pid):
+        if not die_with_parent(parent_pid):
             os._exit(0)
         _name_this_process(b"ravop-forks")
         null = os.open(os.devnull, os.O_RDONLY)
@@ -231,7 +224,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m worker.forkserver", description=__doc__.splitlines()[0])
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process exits")
     args = parser.parse_args(argv)
-    if args.parent_pid is not None and not _die_with(args.parent_pid):
+    if args.parent_pid is not None and not die_with_parent(args.parent_pid):
         return 0
     _name_this_process(b"ravop-forks")
     # The protocol gets private descriptors: whatever an import prints goes to the log (stderr), not into it.

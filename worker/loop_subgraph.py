@@ -174,13 +174,12 @@ class _Writer:
         """Persisted values, progress, and a checkpoint of `carried` if given, in one transaction, after the writes
         queued before it; `record`: fields to set on the graph's meta with them. `wait=False`: written beside the
         loop (what it writes is taken now: the loop may update its tensors in place afterwards)."""
-        if self.writes is None:
-            self._commit(*self._take(done, carried, record, copy=False))
-        elif wait:
-            self.writes.drain()
-            self._commit(*self._take(done, carried, record, copy=False))
-        else:
+        if self.writes is not None and not wait:
             self.writes.put(functools.partial(self._commit, *self._take(done, carried, record, copy=True)))
+            return
+        if self.writes is not None:
+            self.writes.drain()
+        self._commit(*self._take(done, carried, record, copy=False))
 
     def _take(self, done, carried, record, copy):
         """(done, persisted values, host copies of the carried values or None, record, exchanged keys read so
@@ -285,9 +284,8 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
         if segments is not None:
             segments.instrument(runner)
         writer.work_waiting = work_waiting
-        store_exchange = StoreExchange(client, keys, device, writer.on_wait) if runner.exchanges() else None
-        if store_exchange is not None:
-            writer.exchange = store_exchange
+        store_exchange = writer.exchange = \
+            StoreExchange(client, keys, device, writer.on_wait) if runner.exchanges() else None
         on_step, exchange = emulated_device.paced_steps(writer.on_step, subgraph.loop, loop_inputs, store_exchange)
         graph.start()
         carried = runner.run(carried, start or 0, on_step, exchange,

@@ -20,6 +20,7 @@ from ravop.store import workers as liveness
 from . import emulated_device, memory
 from .consumer import Worker
 from .loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
+from .parent_death import die_with_parent
 from .verify import Liar
 
 
@@ -88,15 +89,6 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def _die_with_parent(parent_pid):
-    """Have the kernel send SIGTERM when the parent dies, even by SIGKILL (Linux; elsewhere the heartbeat
-    watches the parent's pid). False if the parent is already gone."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    return os.getppid() == parent_pid
-
-
 STARTING_SERVER_SECONDS = 300.0   # an embedded worker's patience with its server (loading a big snapshot)
 
 
@@ -121,7 +113,7 @@ def main(argv=None):
     if not args.redis:
         print("ravop-worker: give --redis URL or set RAVOP_REDIS_URL", file=sys.stderr)
         return 2
-    if args.parent_pid is not None and not _die_with_parent(args.parent_pid):
+    if args.parent_pid is not None and not die_with_parent(args.parent_pid):
         return 0
     if args.threads is not None and args.threads < 1:
         print(f"ravop-worker: --threads must be at least 1, not {args.threads}", file=sys.stderr)
