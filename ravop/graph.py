@@ -365,9 +365,12 @@ def record(opdef, inputs, params):
             inputs = _as_ops(inputs, graph)
             break
     rule = opdef.shape
+    checked = params
+    if opdef.counter is not None and graph.recording_step is not None and params.get(opdef.counter) == 0:
+        checked = graph.recording_step.counted_params(opdef.counter, params)
     try:
         if rule is not None:
-            out = rule(*inputs, **params) if params else rule(*inputs)
+            out = rule(*inputs, **checked) if checked else rule(*inputs)
         else:
             out = registry.meta_shape(opdef, inputs, params)
     except (ValueError, TypeError, IndexError, RuntimeError) as exc:

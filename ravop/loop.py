@@ -20,10 +20,15 @@ after the loop may read it: the compiler says so with the reader's source line.
 
 Ops that declare a step `counter` (optimizer steps, `step_row`) count training steps as torch does: at the k-th
 training step of the loop (steps recorded with `counts=True`) their counter is the recorded one plus k; in a step
-that does not count (a sync template), the recorded one plus the training steps run before it.
+that does not count (a sync template), the recorded one plus the training steps run before it, so there an
+optimizer step belonging to the training step it follows is recorded one lower (0 for a fresh optimizer: accepted
+only in such a step, `Step.counted_params`).
 Random ops draw at each run from a seed of the graph seed, the op and the run's index, so a run is
 reproducible, on any worker, from any checkpoint; an op that declares a `seed_param` holding another op's seed
-(dropout's backward redraws the forward's mask) follows that op's seed from run to run.
+(dropout's backward redraws the forward's mask) follows that op's seed from run to run. A seed given to
+`Step.seed_by_step` names a stream shared by every template of the loop instead: at each run the ops holding it
+draw `op_seed(seed, training steps run before it)` (`ravop.runner.step_seed`), so two sync templates after one training step
+(a pipeline stage's forward and its recompute) draw the same masks.
 """
 from __future__ import annotations
 
@@ -234,6 +239,21 @@ class Step:
         self.outputs: list[tuple[Op, list[str]]] = []
         self.received: list[tuple[Op, str]] = []   # (hole Op, channel)
         self.sent: list[tuple[Op, str]] = []       # (value, channel)
+        self.step_seeds: set[int] = set()          # seeds of shared streams (seed_by_step)
+
+    def seed_by_step(self, seeds: Iterable[int]) -> None:
+        """Make the ops of this step whose `seed_param` holds one of `seeds` draw, at each run, `step_seed(seed,
+        training steps run before it)`: a stream named by the seed, shared by every template that records it (see
+        the module docstring). In the plan such an op is listed as following its own stream."""
+        self.step_seeds |= {int(seed) for seed in seeds}
+
+    def counted_params(self, counter: str, params: dict[str, Any]) -> dict[str, Any]:
+        """The params an op's shape rule checks for one recorded with step counter 0 in this step: a sync template
+        (counts=False) runs after the training step it belongs to, so its counter is the recorded one plus the
+        training steps run by then, at least 1: an optimizer step of the training step's own count is recorded
+        one lower, 0 for a fresh optimizer (resident pipeline stages step in their `update` template). Elsewhere 0
+        stays refused by the rule."""
+        return {**params, counter: 1} if not self.counts else params
 
     def rows(self, data: Op, n_rows: int) -> Op:
         """An Op for this step's batch of `n_rows` rows of `data` (an Op recorded before the loop)."""
@@ -339,6 +359,10 @@ class Step:
         for node_id, source in seed_params(rows, graph.seed):
             template.seed_param_nodes.append(node_id)
             template.seed_param_sources.append(source)
+        for row in rows if self.step_seeds else ():
+            if seed_of(row) in self.step_seeds and row.id not in template.seed_param_nodes:
+                template.seed_param_nodes.append(row.id)
+                template.seed_param_sources.append(row.id)   # its own: the stream its recorded seed names
         loop.step_ids |= inside
         graph.step_ids |= inside
         loop.templates.append(template)

@@ -13,7 +13,8 @@ so a CPU and a GPU worker draw the same numbers, and its result is moved. Other 
 so they run without torch's device mode, which would add Python work to every torch call they make.
 
 Seeding: a random op's stream is its node id, or, in a loop step, one per run (`stream_id`). An op with a
-`seed_param` that follows another op's stream, and an op's step `counter`, are set per run the same way.
+`seed_param` that follows another op's stream, and an op's step `counter`, are set per run the same way; one
+that follows its own stream draws the stream its recorded seed names, per training step (`ravop.loop.step_seed`).
 
 A kernel that raises, or whose output the watcher refuses, is reported as an `OpError` naming its node (as
 torch.fx's Interpreter does), with the sizes of its inputs; the runner's values are dropped first, so that
@@ -84,6 +85,12 @@ def op_seed(graph_seed: int, node_id: int) -> int:
     return (z ^ (z >> 31)) >> 1
 
 
+def step_seed(seed: int, trained: int) -> int:
+    """The seed an op recorded with `seed` under `ravop.loop.Step.seed_by_step` runs with, after `trained` training
+    steps (counting, in a sync template, the one it follows)."""
+    return op_seed(seed, trained)
+
+
 def stream_id(node_id: int, stride: Optional[int], at: Optional[At]) -> int:
     """The id whose `op_seed(graph_seed, id)` an op draws from: its own id outside a loop; in a step, the
     recorded op id plus `run * stride` in a folded user loop (the unrolled op's own stream), else one of the op
@@ -144,8 +151,11 @@ class PerRun:
                 params = {**params, str(self.counter): self.counted + at.trained}
             if self.seed_from is not None:
                 source, stride = self.seed_from
-                params = {**params, str(self.opdef.seed_param): op_seed(self.graph_seed,
-                                                                        stream_id(source, stride, at))}
+                name = str(self.opdef.seed_param)
+                # following its own stream: the one its recorded seed names, per training step (ravop.loop)
+                seed = step_seed(int(params[name]), at.trained) if source == self.stream else \
+                    op_seed(self.graph_seed, stream_id(source, stride, at))
+                params = {**params, name: seed}
         if self.opdef.random:   # drawn as run_op draws: the same numbers on any device
             return run_op(self.opdef, args, params, self.graph_seed, stream_id(self.stream, self.stride, at),
                           self.device)

@@ -21,7 +21,6 @@ from ravop.parallel.data_parallel import tensor_split
 from ravop.ops import torchscript
 from ravop.ops.nn import _dropout_noise
 from ravop.parallel.pipeline import stage_seed
-from ravop.runner import op_seed
 from ravop.torchscript_stages import NotAChain, chain_of
 from helpers import on_one_thread
 from test_parallel_engine import assert_same_as_in_process, run_on_both
@@ -66,17 +65,18 @@ def cut_of(net, stages, micro_rows):
     return R.parallel.Pipeline(stages).cut([unit.memory for unit in units])
 
 
-def torch_stage(stage, x, seed):
-    """A Pytorch_Model stage: TorchScript's dropout draws from the default generator, seeded with the stage's seed."""
-    torch.manual_seed(seed)
+def torch_stage(stage, x, seed_of):
+    """A Pytorch_Model stage: TorchScript's dropout draws from the default generator, seeded with the stage's seed
+    (`seed_of(0)`)."""
+    torch.manual_seed(seed_of(0))
     return stage(x)
 
 
-def ravdl_stage(stage, x, seed):
-    """A NeuralNetwork stage: its k-th top-level Dropout multiplies by the mask drawn from `op_seed(seed, k)`."""
+def ravdl_stage(stage, x, seed_of):
+    """A NeuralNetwork stage: its k-th top-level Dropout multiplies by the mask drawn from `seed_of(k)`."""
     for k, child in enumerate(stage):
         if isinstance(child, torch.nn.Dropout):
-            x = x * _dropout_noise(x, child.p, torch.Generator().manual_seed(op_seed(seed, k)))
+            x = x * _dropout_noise(x, child.p, torch.Generator().manual_seed(seed_of(k)))
         else:
             x = child(x)
     return x
@@ -102,7 +102,7 @@ def gpipe_reference(make_net, cuts, n_epochs, batch_size, micro_batches, loss, r
             for m, (a, b) in enumerate(tensor_split(len(rows), micro_batches, "micro-batches")):
                 x = torch.as_tensor(X[rows[a:b]])
                 for s, stage in enumerate(stages):
-                    x = run_stage(stage, x, stage_seed(GRAPH_SEED, index, m, s))
+                    x = run_stage(stage, x, lambda k, m=m, s=s: stage_seed(GRAPH_SEED, index, m, s, k))
                 micro_loss = loss(x, rows[a:b]) * ((b - a) / len(rows))
                 micro_loss.backward()
                 total = total + micro_loss.detach()

@@ -69,7 +69,7 @@ def record_pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
         grads = [[] for _ in stages]       # per stage, per micro-batch: its parameters' gradients
         losses = []
         for m, (start, stop) in enumerate(bounds):
-            seeds = [stage_seed(graph_seed, index, m, s) for s in range(len(stages))]
+            seeds = [lambda k, m=m, s=s: stage_seed(graph_seed, index, m, s, k) for s in range(len(stages))]
             inputs = [as_input(X[rows[start:stop]])]   # each stage's input
             read = []                                   # each stage's buffers before its forward
             for s, stage in enumerate(stages[:-1]):

@@ -6,15 +6,15 @@ re-materialisation). Both must compute the same function, so:
 - BatchNorm normalises with the micro-batch's own statistics in train mode, which the recompute finds again from
   the same input; the running statistics are updated by the forward segment only (once per micro-batch, in
   micro-batch order, as torch in train mode), the recompute's are dropped;
-- dropout draws from a seed the recording gives both passes (`ravop.parallel.pipeline.stage_seed`), so the
-  recompute, and its gradient, use the forward's masks.
+- dropout draws from seeds the recording gives both passes (`seed_of(k)`, the k-th random stream's:
+  `ravop.parallel.pipeline.stage_seed`, or `stage_stream` in a resident stage's loop), so the recompute, and its
+  gradient, use the forward's masks.
 """
 from dataclasses import dataclass
 
 import numpy as np
 
 import ravop as R
-from ravop.runner import op_seed
 from ravop.torchscript_stages import chain_of, stage_model
 
 from .layers.base import CustomLayer, as_input, leaf_layers, recording_calls
@@ -54,16 +54,25 @@ class LayerStage:
         for (leaf, name), value in zip(self.buffer_keys, values):
             leaf.buffers[name] = value
 
-    def forward(self, X, buffers, seed, counts):
-        """(output, buffers after) of a train-mode forward of `X` from `buffers`, dropout masks drawn from `seed`;
+    def optimizer_slots(self):
+        """The optimizer's keys of `params()`, in order."""
+        return list(self.keys)
+
+    def counters(self):
+        """The layers' Python batch counts (BatchNorm's `num_batches_tracked`), as (layer, count) pairs."""
+        return [(leaf, leaf.batches_tracked) for leaf in self.leaves if hasattr(leaf, "batches_tracked")]
+
+    def forward(self, X, buffers, seed_of, counts):
+        """(output, buffers after) of a train-mode forward of `X` from `buffers`, the k-th top-level layer's dropout
+        mask drawn from `seed_of(k)`;
         the layers keep the buffers they had, and their batch counts unless the pass `counts` (not a recompute)."""
         before = self.buffers()
-        tracked = [(leaf, leaf.batches_tracked) for leaf in self.leaves if hasattr(leaf, "batches_tracked")]
+        tracked = self.counters()
         self.set_buffers(buffers)
         for k, top in enumerate(self.tops):
             if isinstance(top, Dropout):   # x * mask, the mask redrawn from the seed by the recompute
                 mask = R.dropout_backward(R.zeros(shape=X.shape, dtype=str(X.dtype).replace("torch.", "")) + 1.0,
-                                          p=top.p, seed=op_seed(seed, k))
+                                          p=top.p, seed=seed_of(k))
                 X = X * mask
             else:
                 X = top._forward_pass(X, training=True)
@@ -152,9 +161,15 @@ class TorchStage:
         for i, value in zip(self.buffer_index, values):
             self.model.buffers[i] = value
 
-    def forward(self, X, buffers, seed, counts):
+    def optimizer_slots(self):
+        return [(self.model, i) for i in self.keys]
+
+    def counters(self):
+        return []   # a TorchScript model's num_batches_tracked are buffers, carried as the others
+
+    def forward(self, X, buffers, seed_of, counts):
         out, after = self.code.forward([self.model.params[i] for i in self.param_index], list(buffers), [X],
-                                       training=True, seed=seed)
+                                       training=True, seed=seed_of(0))
         return out, after
 
     def apply(self, k, grad):

@@ -45,11 +45,18 @@ def _rmsprop_shapes(param, grad, square_avg, momentum_buffer, grad_avg, lr=0.01,
     return _step_shapes(param, grad, square_avg, momentum_buffer, grad_avg)
 
 
+def _counted(step):
+    """At run time too: a step recorded 0 in a sync template (ravop.loop) counts from 1 once it runs."""
+    if step < 1:
+        raise ValueError(f"step must be a positive int (1 for the first step), not {step!r}")
+
+
 def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, amsgrad,
           maximize, decoupled, in_place=False, lr_schedule=None):
     """torch.optim.adam._single_tensor_adam for one tensor (decoupled=True is AdamW); `in_place` updates
     param, exp_avg and exp_avg_sq themselves instead of copies (the op's `in_place`); `lr_schedule` sets this
     step's learning rate from `lr` (ravop.ops.lr_schedule)."""
+    _counted(step)
     lr = scheduled_lr(lr, lr_schedule, step)
     if not in_place:
         param, exp_avg, exp_avg_sq = param.clone(), exp_avg.clone(), exp_avg_sq.clone()
@@ -121,6 +128,7 @@ def rmsprop_step(param, grad, square_avg, momentum_buffer, grad_avg, lr=0.01, al
                  weight_decay=0.0, momentum=0.0, centered=False, maximize=False, step=1, lr_schedule=None):
     """One torch.optim.RMSprop step -> (param', square_avg', momentum_buffer', grad_avg'); `step` (from 1)
     counts steps for `lr_schedule` only, as adam_step's."""
+    _counted(step)
     lr = scheduled_lr(lr, lr_schedule, step)
     param, square_avg = param.clone(), square_avg.clone()
     grad = grad if not maximize else -grad

@@ -10,7 +10,7 @@ idle workers, so stage s of micro-batch m+1 runs while stage s+1 works on micro-
 cut into R replica slices, each slice into `micro_batches`, and the gradients of all of them are averaged before
 the one optimizer step. Since the micro-batches of one stage never wait for each other, this is the same graph
 as R * micro_batches micro-batches cut that way; what it adds is the placement of R copies of the stages."""
-from ..runner import op_seed
+from ..runner import op_seed, step_seed
 from .data_parallel import tensor_split
 from .forecast import rank_workers
 from .replicas import check_replicas
@@ -18,10 +18,18 @@ from .replicas import check_replicas
 _STAGE_STREAMS = 0x5A6E   # keeps the stages' seeds apart from the graph's op streams
 
 
-def stage_seed(graph_seed, step, micro_batch, stage):
-    """The seed of the random ops (dropout) of `stage`'s forward of `micro_batch` at training `step` (0-based):
-    its forward segment and the recompute of its backward segment both draw from it, so they use the same masks."""
-    return op_seed(op_seed(op_seed(op_seed(graph_seed, _STAGE_STREAMS), step), micro_batch), stage)
+def stage_stream(graph_seed, micro_batch, stage, k=0):
+    """The seed naming the stream of the `k`-th random stream (a ravdl stage's k-th top-level Dropout; a TorchScript
+    stage has one) of `stage`'s forward of `micro_batch`, over the training steps: a resident stage's loop records
+    it under `Step.seed_by_step` (ravop.loop), so its `forward m` and `backward m` templates draw `stage_seed`."""
+    return op_seed(op_seed(op_seed(op_seed(graph_seed, _STAGE_STREAMS), micro_batch), stage), k)
+
+
+def stage_seed(graph_seed, step, micro_batch, stage, k=0):
+    """The seed of that stream at training `step` (0-based): the forward of the micro-batch and the recompute of
+    its backward both draw from it, so they use the same masks (a sync template runs after `step + 1` training
+    steps: `step_seed` of those)."""
+    return step_seed(stage_stream(graph_seed, micro_batch, stage, k), step + 1)
 
 
 class Pipeline:
