@@ -43,8 +43,12 @@ def evaluate_persisted(graph: Any, names: Optional[Iterable[str]] = None,
         raise KeyError(f"not persisted in graph {graph.name!r}: {unknown}")
     ops = [graph.persisted[n] for n in names if n in graph.persisted]
     wanted = {n for n in names if n in graph.step_outputs}
+    # the loops that persist a value asked for, and those that send values to other loops (a resident pipeline
+    # stage without parameters: nothing reads its results, yet the others wait for what it sends), as the compiler
+    # keeps every loop
     loops = [node_id for node_id, record in graph.loops.items()
-             if any(n in wanted for per_template in record.names for per_output in per_template for n in per_output)]
+             if any(n in wanted for per_template in record.names for per_output in per_template for n in per_output)
+             or any(template.send_channels for template in record.spec.templates)]
     found: dict[str, Any] = {}
     values = _evaluate(graph, ops, loops, graph_seed, step_values=found)
     result = dict(zip([n for n in names if n in graph.persisted], values))

@@ -253,4 +253,4 @@ class ParallelFit:
         """GPipe over the model's pipeline units (top-level layers or children) cut into the strategy's stages
         (Pipeline, ravdl/v2/pipeline_fit.py)."""
         return record_pipeline(self.model, self.X, self.y, self.n_epochs, self.batch_size, self.shuffle, self.seed,
-                               strategy)
+                               strategy, self.loops)

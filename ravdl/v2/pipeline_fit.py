@@ -2,7 +2,8 @@
 NeuralNetwork's top-level layers, a Pytorch_Model's top-level children; ravdl/v2/pipeline_stages.py): per step,
 each stage's forward of each micro-batch, then each stage's backward (its forward recomputed with the forward's
 dropout masks, its BatchNorm statistics updated by the forward only) from the last stage to the first, one-step
-segments all; then one optimizer step on the micro-batches' gradients weighted by their sizes."""
+segments all; then one optimizer step on the micro-batches' gradients weighted by their sizes. Resident stages
+(one loop per stage for the whole fit) are recorded by ravdl/v2/pipeline_resident.py."""
 import numpy as np
 import torch
 
@@ -16,6 +17,7 @@ from ravop.parallel.replicas import weighted_sum
 from ravop.session import live_workers
 
 from .layers.base import as_input
+from .pipeline_resident import record_resident_pipeline, resident_reason
 
 
 def _one_step(initial, record_step):
@@ -44,8 +46,29 @@ def _steps(n_rows, batch_size, n_epochs):
     return [(e, b) for e in range(n_epochs) for b in range(per_epoch)]
 
 
-def record_pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
-    """Record the training of `model` under `strategy` (a Pipeline); returns the training loss names in order."""
+def _live_count():
+    try:
+        return len(live_workers())
+    except GraphStateError:
+        return 0
+
+
+def _resident(strategy, n_rows, batch_size):
+    """Whether the stages are resident (`strategy.resident`: None when possible and the live workers can hold
+    every stage at once); True where they cannot be is an error naming why."""
+    if strategy.resident is False:
+        return False
+    reason = resident_reason(strategy, n_rows, batch_size, None if strategy.resident else _live_count())
+    if reason is not None and strategy.resident:
+        error = NotImplementedError if strategy.replicas > 1 else ValueError
+        raise error(f"{strategy!r} cannot keep its stages resident: {reason}; use resident=None or False for "
+                    "segments")
+    return reason is None
+
+
+def record_pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy, loops=None):
+    """Record the training of `model` under `strategy` (a Pipeline); returns the training loss names in order.
+    `loops`: role -> the loop op ids that run it, filled for resident stages (the placement)."""
     if isinstance(X, Op) or isinstance(y, Op):
         raise TypeError("Pipeline takes X and y as arrays or tensors (each micro-batch is uploaded as it is cut)")
     X, y = np.asarray(X), np.asarray(y)
@@ -58,6 +81,11 @@ def record_pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
         strategy = strategy.fit_to_workers(units.memory, units.boundary, _advertising_workers())
         current_graph().parallel_fits[-1] = strategy   # the summary's forecast names the stages chosen
     stages = [units.stage(start, stop) for start, stop in strategy.cut(units.memory)]
+    if _resident(strategy, len(X), batch_size):
+        names = [training_loss_name(epoch + 1, batch + 1) for epoch, batch in _steps(len(X), batch_size, n_epochs)]
+        record_resident_pipeline(model, X, y, stages, strategy, n_epochs, batch_size, shuffle, seed, names,
+                                 {} if loops is None else loops)
+        return names
     graph_seed = current_graph().seed
     rng = np.random.default_rng(seed)
     orders = [rng.permutation(len(X)) if shuffle else np.arange(len(X)) for _ in range(n_epochs)]

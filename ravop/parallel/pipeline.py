@@ -9,11 +9,16 @@ idle workers, so stage s of micro-batch m+1 runs while stage s+1 works on micro-
 `replicas=R` composes it with data parallelism (Ravnest's clusters, averaged every step): every batch is first
 cut into R replica slices, each slice into `micro_batches`, and the gradients of all of them are averaged before
 the one optimizer step. Since the micro-batches of one stage never wait for each other, this is the same graph
-as R * micro_batches micro-batches cut that way; what it adds is the placement of R copies of the stages."""
+as R * micro_batches micro-batches cut that way; what it adds is the placement of R copies of the stages.
+
+`resident` (None: when the batch size divides the rows, there are no replicas and the session's live workers can
+hold every stage at once; True; False): each stage is one loop op for the whole fit, its parameters and optimizer
+state kept by the worker that runs it, only activations and their gradients crossing the store
+(ravdl/v2/pipeline_resident.py); otherwise every (stage, micro-batch) forward and backward is a one-step segment."""
 from ..runner import op_seed, step_seed
 from .data_parallel import tensor_split
 from .forecast import rank_workers
-from .replicas import check_replicas
+from .replicas import check_replicas, check_resident
 
 _STAGE_STREAMS = 0x5A6E   # keeps the stages' seeds apart from the graph's op streams
 
@@ -36,12 +41,13 @@ class Pipeline:
     """`stages`: a number, or 'auto': the fewest stages of which each fits the subgraph memory limit of the live
     worker it goes to, cut where the least crosses (`fit` resolves it when it records, see `fit_to_workers`)."""
 
-    def __init__(self, stages, micro_batches=1, replicas=1):
+    def __init__(self, stages, micro_batches=1, replicas=1, resident=None):
         if stages != "auto" and (type(stages) is not int or stages < 1):
             raise ValueError(f"stages must be a positive int or 'auto', not {stages!r}")
         if type(micro_batches) is not int or micro_batches < 1:
             raise ValueError(f"micro_batches must be a positive int, not {micro_batches!r}")
         self.stages, self.micro_batches, self.replicas = stages, micro_batches, check_replicas(replicas)
+        self.resident = check_resident(resident)
         self.planned = None   # the cut fit_to_workers chose, if it chose this pipeline
 
     def record_fit(self, fit):
@@ -69,7 +75,7 @@ class Pipeline:
         for c in memory:
             prefix.append(prefix[-1] + c)
         for stages in range(1, n + 1):
-            roles = Pipeline(stages, self.micro_batches, self.replicas)
+            roles = Pipeline(stages, self.micro_batches, self.replicas, self.resident)
             limit = [min(int(ranked[(r * stages + s) % len(ranked)]["memory_limit"]) for r in range(self.replicas))
                      for s in range(stages)]
             speed = [min(float(ranked[(r * stages + s) % len(ranked)].get("handoff_bytes_per_s") or 0) or 1.0
@@ -137,4 +143,5 @@ class Pipeline:
 
     def __repr__(self):
         replicas = f", replicas={self.replicas}" if self.replicas > 1 else ""
-        return f"Pipeline(stages={self.stages}, micro_batches={self.micro_batches}{replicas})"
+        resident = f", resident={self.resident}" if self.resident is not None else ""
+        return f"Pipeline(stages={self.stages}, micro_batches={self.micro_batches}{replicas}{resident})"
