@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import ravop as R
+import test_strategies_any_model as any_model
 from compiler.compile import compile_graph
 from helpers import on_one_thread
 from ravdl.v2 import NeuralNetwork
@@ -95,6 +96,29 @@ def test_a_stage_loop_is_one_loop_for_the_whole_fit_with_its_own_templates():
     assert seeds[0] and seeds[0] == seeds[1]
     assert all(n == s for template in (forward, backward)
                for n, s in zip(template.seed_param_nodes, template.seed_param_sources))
+
+
+@pytest.mark.parametrize("make_model", [pytest.param(any_model.pytorch_model, id="Pytorch_Model"),
+                                        pytest.param(any_model.ChainedDense, id="Functional")])
+def test_resident_stages_of_a_functional_and_a_pytorch_model_give_one_workers_mathematics(make_model):
+    """Without BatchNorm and Dropout GPipe's micro-batches give one worker's training (as
+    tests/test_strategies_any_model.py checks the segments)."""
+    R.Graph(name="resident any model", seed=11)
+    n_rows = 40   # batches of 8 divide them
+    X_, Y_ = any_model.X[:n_rows], any_model.Y[:n_rows]
+    model = make_model()
+    graph = R.current_graph()
+    names = list(model.fit(X_, Y_, 2, 8, loss="SquareLoss", strategy=R.parallel.Pipeline(3, 2, resident=True),
+                           shuffle=True, seed=3))
+    model._forward_pass(R.t(X_), training=False).persist_op("prediction")
+    assert len(graph.loops) == 3
+    values = evaluate_persisted(graph)
+    net = any_model.torch_net()
+    opt = torch.optim.Adam(net.parameters(), lr=any_model.LR)
+    want = [any_model.adam_step(net, opt, torch.as_tensor(X_)[rows], torch.as_tensor(Y_)[rows])
+            for rows in any_model.batches_of(n_rows, 8, 2, True, 3)]
+    assert torch.allclose(torch.stack([values[n] for n in names]), torch.stack(want), atol=1e-5)
+    assert torch.allclose(values["prediction"], net(torch.as_tensor(X_)).detach(), atol=1e-5)
 
 
 def plan_size(n_epochs, resident):
