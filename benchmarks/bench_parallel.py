@@ -4,7 +4,8 @@
     python benchmarks/bench_parallel.py [--steps 64] [--threads 1] [--repeats 2] [--only DiLoCo]
 
 Rows: plain fit on 1 worker; LocalSGD(replicas=2, sync_every=8), DataParallel(2), Pipeline(2, micro_batches=4)
-(of the NeuralNetwork, and of the nn.Module as a Pytorch_Model, cut into stages of its children),
+as segments (of the NeuralNetwork, and of the nn.Module as a Pytorch_Model, cut into stages of its children) and
+with resident stages (2 workers only: on one they would take turns),
 DiLoCo(2, inner_steps=8) and DiLoCo(2, 8, compression='int8', overlap=True) on 1 and 2 workers each; eager
 PyTorch (one process, the same model and batches), and for each DiLoCo row the same algorithm in eager PyTorch
 (its replicas one after the other in one process: its "vs eager" ratio and losses compare with that). samples/s counts every sample a replica trains
@@ -186,8 +187,9 @@ def main():
     ceiling = machine_ceiling(args.steps, args.threads)
     strategies = [("fit", None), ("LocalSGD(2, sync_every=8)", R.parallel.LocalSGD(2, 8)),
                   ("DataParallel(2)", R.parallel.DataParallel(2)),
-                  ("Pipeline(2, micro_batches=4)", R.parallel.Pipeline(2, 4)),
-                  ("Pipeline(2, micro_batches=4) nn.Module", R.parallel.Pipeline(2, 4)),
+                  ("Pipeline(2, micro_batches=4)", R.parallel.Pipeline(2, 4, resident=False)),
+                  ("Pipeline(2, micro_batches=4) nn.Module", R.parallel.Pipeline(2, 4, resident=False)),
+                  ("Pipeline(2, micro_batches=4) resident", R.parallel.Pipeline(2, 4, resident=True)),
                   ("DiLoCo(2, 8)", R.parallel.DiLoCo(2, 8)),
                   ("DiLoCo(2, 8, int8, overlap)", R.parallel.DiLoCo(2, 8, compression="int8", overlap=True))]
     strategies = [(label, strategy) for label, strategy in strategies if args.only in label]
@@ -202,8 +204,8 @@ def main():
             workers = Workers(server.url, n_workers, args.threads)
             try:
                 for label, strategy in strategies:
-                    if label == "fit" and n_workers == 2:
-                        continue
+                    if (label == "fit" and n_workers == 2) or (label.endswith("resident") and n_workers == 1):
+                        continue   # resident stages on one worker would take turns, handing back every step
                     runs = [engine(X, y, strategy, label.endswith("nn.Module")) for _ in range(args.repeats)]
                     seconds, losses, summary = min(runs, key=lambda run: run[0])
                     results[label, n_workers] = seconds
@@ -222,7 +224,7 @@ def main():
     for label, (seconds, _) in references.items():
         print(f"{'eager ' + label:<40}{1:>8}{seconds:>9.2f}{samples / seconds:>11.0f}{1.0:>10.2f}{'':>10}")
     for label, n_workers, seconds, losses, summary in rows:
-        speedup = results[label, 1] / seconds if n_workers == 2 else None
+        speedup = results[label, 1] / seconds if n_workers == 2 and (label, 1) in results else None
         names = [f"training_loss_epoch_1_batch_{b + 1}" for b in range(args.steps)]
         got = torch.tensor([losses[name] for name in names])
         base_s = eager_s

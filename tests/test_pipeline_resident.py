@@ -4,7 +4,6 @@ BatchNorm and Dropout) and bit for bit against the segment recording, for Pytorc
 does not grow with the steps; on a real server the stages run on workers with the in-process bits, a stage's worker
 SIGKILLed mid-run is resumed with the same bits, and the bytes per step through the server are measured against
 segments."""
-import numpy as np
 import pytest
 import torch
 
@@ -12,15 +11,12 @@ import ravop as R
 import test_strategies_any_model as any_model
 from compiler.compile import compile_graph
 from helpers import on_one_thread
-from ravdl.v2 import NeuralNetwork
-from ravdl.v2.layers import Activation, Dense
-from ravdl.v2.optimizers import Adam
 from ravop.interpreter import evaluate_persisted
 from ravop.placement import held_by
 from ravop.store import GraphKeys
 from test_pipeline_any_model import (GRAPH_SEED, SHUFFLE_SEED, X, Y, bn_dropout_net, cut_of, engine_fit,
                                      gpipe_reference, ravdl_net, ravdl_stage, square_loss)
-from test_resident_replicas import assert_same_as_in_process, run_killing_a_replica, server_bytes
+from test_resident_replicas import assert_same_as_in_process, mlp_fit, run_killing_a_replica, server_bytes
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
@@ -156,27 +152,8 @@ def test_resident_knob_refusals_and_fallbacks():
     assert len(graph.loops) > 2
 
 
-def mlp_pipeline(name, n_epochs, resident, rows=512, batch_size=32):
-    """An MLP 784-256-10 as a NeuralNetwork in two stages of two micro-batches, run on the workers; returns the
-    number of parameters."""
-    rng = np.random.default_rng(0)
-    X_big = rng.normal(size=(rows, 784)).astype(np.float32)
-    Y_big = np.eye(10, dtype=np.float32)[rng.integers(0, 10, rows)]
-    R.Graph(name=name, seed=3)
-    model = NeuralNetwork(Adam(lr=0.001), loss="CrossEntropy")
-    model.add(Dense(256, input_shape=(784,)))
-    model.add(Activation("relu"))
-    model.add(Dense(10))
-    model.fit(X_big, Y_big, n_epochs=n_epochs, batch_size=batch_size,
-              strategy=R.parallel.Pipeline(2, 2, resident=resident))
-    model.persist_weights()
-    R.activate()
-    R.execute()
-    R.track_progress(timeout=600, progress_bar=False)
-    return 784 * 256 + 256 + 256 * 10 + 10
-
-
 def test_bytes_per_step_resident_against_segments(engine, workers, client):
+    """An MLP 784-256-10 (NeuralNetwork) in two stages of two micro-batches, batch 32, 512 rows."""
     # checkpoints off: this measures what the algorithm moves (a checkpoint is the fallback, priced apart)
     workers.start(2, extra=("--checkpoint-steps", "1000000", "--checkpoint-seconds", "100000"))
     per_step = {}
@@ -184,7 +161,8 @@ def test_bytes_per_step_resident_against_segments(engine, workers, client):
         totals = []
         for n_epochs in (1, 3):
             before = server_bytes(client)
-            n_params = mlp_pipeline(f"pipeline bytes {resident} {n_epochs}", n_epochs, resident)
+            n_params = mlp_fit(f"pipeline bytes {resident} {n_epochs}", 512, n_epochs,
+                               R.parallel.Pipeline(2, 2, resident=resident))
             totals.append(server_bytes(client) - before)
         per_step[resident] = (totals[1] - totals[0]) / ((3 - 1) * 512 // 32)
         print(f"resident={resident}: {per_step[resident]:.0f} bytes per step through the server "
