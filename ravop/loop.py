@@ -27,8 +27,8 @@ Random ops draw at each run from a seed of the graph seed, the op and the run's 
 reproducible, on any worker, from any checkpoint; an op that declares a `seed_param` holding another op's seed
 (dropout's backward redraws the forward's mask) follows that op's seed from run to run. A seed given to
 `Step.seed_by_step` names a stream shared by every template of the loop instead: at each run the ops holding it
-draw `op_seed(seed, training steps run before it)` (`ravop.runner.step_seed`), so two sync templates after one training step
-(a pipeline stage's forward and its recompute) draw the same masks.
+draw `op_seed(seed, training steps run before it)` (`ravop.runner.step_seed`), so two sync templates after one
+training step (a pipeline stage's forward and its recompute) draw the same masks.
 """
 from __future__ import annotations
 
@@ -244,7 +244,9 @@ class Step:
     def seed_by_step(self, seeds: Iterable[int]) -> None:
         """Make the ops of this step whose `seed_param` holds one of `seeds` draw, at each run, `step_seed(seed,
         training steps run before it)`: a stream named by the seed, shared by every template that records it (see
-        the module docstring). In the plan such an op is listed as following its own stream."""
+        the module docstring). In the plan such an op is listed as following its own stream with a seed that is not
+        its own stream's (an op holding its own stream's seed, a TorchScript forward seeding its own dropout, keeps
+        following that stream per run)."""
         self.step_seeds |= {int(seed) for seed in seeds}
 
     def counted_params(self, counter: str, params: dict[str, Any]) -> dict[str, Any]:

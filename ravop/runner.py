@@ -13,8 +13,9 @@ so a CPU and a GPU worker draw the same numbers, and its result is moved. Other 
 so they run without torch's device mode, which would add Python work to every torch call they make.
 
 Seeding: a random op's stream is its node id, or, in a loop step, one per run (`stream_id`). An op with a
-`seed_param` that follows another op's stream, and an op's step `counter`, are set per run the same way; one
-that follows its own stream draws the stream its recorded seed names, per training step (`ravop.loop.step_seed`).
+`seed_param` that follows another op's stream (or its own, its seed being its own stream's), and an op's step
+`counter`, are set per run the same way; one listed as following itself whose recorded seed is not its own
+stream's draws the stream that seed names, per training step (`step_seed`, `ravop.loop.Step.seed_by_step`).
 
 A kernel that raises, or whose output the watcher refuses, is reported as an `OpError` naming its node (as
 torch.fx's Interpreter does), with the sizes of its inputs; the runner's values are dropped first, so that
@@ -152,9 +153,11 @@ class PerRun:
             if self.seed_from is not None:
                 source, stride = self.seed_from
                 name = str(self.opdef.seed_param)
-                # following its own stream: the one its recorded seed names, per training step (ravop.loop)
-                seed = step_seed(int(params[name]), at.trained) if source == self.stream else \
-                    op_seed(self.graph_seed, stream_id(source, stride, at))
+                recorded = params[name]
+                if source == self.stream and recorded != op_seed(self.graph_seed, source):
+                    seed = step_seed(recorded, at.trained)   # a shared stream, named by its seed (ravop.loop)
+                else:   # another op's stream, or its own (a TorchScript forward seeding its own dropout)
+                    seed = op_seed(self.graph_seed, stream_id(source, stride, at))
                 params = {**params, name: seed}
         if self.opdef.random:   # drawn as run_op draws: the same numbers on any device
             return run_op(self.opdef, args, params, self.graph_seed, stream_id(self.stream, self.stride, at),

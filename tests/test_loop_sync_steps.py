@@ -115,3 +115,20 @@ def test_without_seed_by_step_the_seed_param_stays_as_recorded():
     first = values["forward 0"]
     assert all(torch.equal(values[f"{name} {k}"], first) for name in ("forward", "backward")
                for k in range(N_STEPS))
+
+
+def test_an_op_following_its_own_stream_keeps_it_unless_its_seed_names_a_shared_one():
+    """A TorchScript forward seeds its own dropout with its own stream's seed (`op_seed(graph seed, its id)`) and
+    follows that stream per run, as before; an op listed as following itself with any other seed (seed_by_step)
+    draws the stream that seed names, per training step."""
+    from ravop import registry
+    from ravop.runner import At, PerRun, stream_id
+    graph_seed, node_id, at = 7, 40, At(trained=3, step_index=9, run=2)
+    follow = PerRun(registry.REGISTRY["dropout_backward"], graph_seed, "cpu", node_id, None, None, (node_id, None))
+
+    def seed_given(recorded):
+        return follow(lambda g, p, seed: seed, [None], {"p": 0.5, "seed": recorded}, at)
+    own = op_seed(graph_seed, node_id)
+    assert seed_given(own) == op_seed(graph_seed, stream_id(node_id, None, at))
+    assert seed_given(SHARED) == step_seed(SHARED, 3)
+
