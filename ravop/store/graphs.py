@@ -8,7 +8,7 @@ import redis
 import torch
 
 from .. import graph_states, plan_limits, progress
-from . import tensors
+from . import same_host, tensors
 from .client_types import Client
 from .keys import GraphKeys, TokenKeys, device_kind
 
@@ -73,12 +73,16 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.
         batch.pipe.hset(keys.bundles, name, json.dumps({"kind": kind, "spec": spec, "keys": names}))
     batch.add(0, len(readers) + len(plan.persisted))
     total = sum(t.nbytes for t in constants.values())
+    # Big constants (a data set) also go to a file local workers read instead of the chunks (same_host).
+    files = same_host.writer(token) if any(t.nbytes > chunk for t in constants.values()) else None
     with progress.bar(total, "uploading constants", unit="B", unit_scale=True) as uploaded:
         def queued(size: int) -> None:   # sent every BATCH_BYTES, also within one big tensor: the bar moves
             uploaded.update(size)
             batch.add(size)
         for node_id, tensor in constants.items():
             tensors.write(batch.pipe, keys.tensor(node_id), tensor, chunk, queued=queued)
+            if files is not None and tensor.nbytes > chunk:
+                files.write(batch.pipe, keys.tensor(node_id), tensor)
     now = time.time()
     batch.pipe.hset(keys.meta, mapping={
         **meta, "state": graph_states.ACTIVATED, "seed": plan.seed, "devices": ",".join(sorted(devices)),
@@ -127,7 +131,9 @@ def describe_failure(meta: Mapping[str, str]) -> str:
 
 def delete_token(client: Client, token: str, batch: int = 1000) -> None:
     """Delete every key of a token (idempotent). Streams shared by all tokens are left alone: a worker that
-    later reads a queued message of a deleted graph finds no meta and drops it."""
+    later reads a queued message of a deleted graph finds no meta and drops it. This process's same-host files
+    of the token go too."""
+    same_host.remove_files(token)
     pattern = TokenKeys(token).pattern
     found = []
     for key in client.scan_iter(match=pattern, count=batch):
