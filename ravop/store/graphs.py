@@ -74,7 +74,7 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.
     batch.add(0, len(readers) + len(plan.persisted))
     total = sum(t.nbytes for t in constants.values())
     # Big constants (a data set) also go to a file local workers read instead of the chunks (same_host).
-    files = same_host.writer(token) if any(t.nbytes > chunk for t in constants.values()) else None
+    files = same_host.writer(keys.token) if any(t.nbytes > chunk for t in constants.values()) else None
     with progress.bar(total, "uploading constants", unit="B", unit_scale=True) as uploaded:
         def queued(size: int) -> None:   # sent every BATCH_BYTES, also within one big tensor: the bar moves
             uploaded.update(size)
