@@ -1,8 +1,9 @@
-"""The same-host path for big constants (ravop.store.same_host): a worker on the requester's host and user reads
-them from a private file instead of the server's socket, the same bytes; every reference or file it must not
-follow is refused by name, and a worker survives one on its queue. Real server and worker processes."""
+"""The same-host path for big constants (ravop.store.same_host): a worker on the requester's host and user maps
+them from the requester's sealed memory file instead of reading the server's socket, the same bytes; a file it
+must not follow is not opened (the chunks are read), a reference or file it must refuse is refused by name, and
+a worker survives one on its queue. Real server and worker processes."""
+import fcntl
 import os
-import stat
 
 import numpy as np
 import pytest
@@ -11,8 +12,8 @@ import torch
 import ravop as R
 from ravop.errors import GraphFailedError, WireFormatError
 from ravop.store import same_host, tensors
-from ravop.wire.codec import decode_chunked
 from ravop.session import require
+from ravop.wire.codec import decode_chunked
 from tests.helpers import assert_a_valid_graph_runs
 
 TOKEN = "same-host-test"
@@ -20,112 +21,112 @@ KEY = "ravop:same-host-test:{g}:t:1"
 
 
 @pytest.fixture(autouse=True)
-def private_base(tmp_path, monkeypatch):
-    monkeypatch.setenv("RAVOP_SAME_HOST_DIR", str(tmp_path))
+def own_writers(monkeypatch):
     monkeypatch.setattr(same_host, "_writers", {})
-    return tmp_path
 
 
 @pytest.fixture
 def stored(client):
-    """A chunked tensor under KEY with its same-host file: (tensor, its header, the file's path)."""
+    """A chunked tensor under KEY with its same-host file: (tensor, its header)."""
     tensor = torch.rand(512, 1024)   # 2 MiB, in 1 MiB chunks
     pipe = client.pipeline(transaction=False)
     tensors.write(pipe, KEY, tensor, size=2**20)
     files = same_host.writer(TOKEN)
     files.write(pipe, KEY, tensor)
     pipe.execute()
-    head = decode_chunked(client.get(KEY))
-    path = token_dir(TOKEN) / files.names[-1]
-    yield tensor, head, path
+    yield tensor, decode_chunked(client.get(KEY))
     files.remove_all()
     client.delete(*tensors.keys_of(KEY))
 
 
-def token_dir(token):
-    return same_host.base_dir() / f"ravop-{os.getuid()}" / same_host.token_dir_name(token)
-
-
 def reference(client):
-    return client.get(same_host.reference_key(KEY)).decode()
+    """(host, pid, fd, nonce, bytes) of KEY's reference."""
+    return client.get(same_host.reference_key(KEY)).decode().split(":")
 
 
-def test_the_file_holds_the_same_bytes_and_is_read_instead_of_the_chunks(client, stored):
-    tensor, head, path = stored
-    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700 and stat.S_IMODE(path.stat().st_mode) == 0o600
+def refer(client, *parts):
+    client.set(same_host.reference_key(KEY), ":".join(map(str, parts)))
+
+
+def memfd(token, nonce, data, seals=same_host.SEALS):
+    """A memfd of this process named as a writer of `token` names it, holding `data`, with `seals`."""
+    fd = os.memfd_create(same_host.file_name(token, nonce), os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.write(fd, data)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+def test_the_file_holds_the_same_bytes_mapped_and_sealed(client, stored):
+    tensor, head = stored
+    read = same_host.read(client, KEY, head, TOKEN)
+    assert torch.equal(read, tensor)
+    read += 1   # an in-place op on the mapping changes the reader's pages only
     assert torch.equal(same_host.read(client, KEY, head, TOKEN), tensor)
+    _, _, fd, _, _ = reference(client)
+    with pytest.raises(PermissionError):   # sealed: never cut short under a mapping, never rewritten
+        os.ftruncate(int(fd), 10)
     client.delete(tensors.chunks_key(KEY))   # only the file is left: decode with the token still finds it
     assert torch.equal(tensors.decode(client, KEY, client.get(KEY), token=TOKEN), tensor)
 
 
-def test_the_chunks_are_read_where_the_file_cannot_be(client, stored):
-    tensor, head, path = stored
-    host, name, size = reference(client).split(":")
-    client.set(same_host.reference_key(KEY), f"{'0' * 8}-0000-0000-0000-{'0' * 12}:{name}:{size}")
+def test_the_chunks_are_read_where_the_file_cannot_or_must_not_be(client, stored, tmp_path):
+    tensor, head = stored
+    host, pid, fd, nonce, size = reference(client)
+    refer(client, f"{'0' * 8}-0000-0000-0000-{'0' * 12}", pid, fd, nonce, size)
     assert same_host.read(client, KEY, head, TOKEN) is None   # another host's file
-    client.set(same_host.reference_key(KEY), f"{host}:{name}:{size}")
-    assert same_host.read(client, KEY, head, "another-token") is None   # the directory of another token
-    path.unlink()   # the requester exited
+    refer(client, host, pid, fd, nonce, size)
+    assert same_host.read(client, KEY, head, "another-token") is None   # another token's file
+    refer(client, host, pid, fd, "0" * 32, size)
+    assert same_host.read(client, KEY, head, TOKEN) is None   # another nonce
+    other = tmp_path / "other"
+    other.write_bytes(b"\0" * head.nbytes)
+    with open(other, "rb") as unrelated:   # any other file of a process: not opened
+        refer(client, host, os.getpid(), unrelated.fileno(), nonce, size)
+        assert same_host.read(client, KEY, head, TOKEN) is None
+    refer(client, host, 1, fd, nonce, size)   # a process of another user (or not this file)
+    assert same_host.read(client, KEY, head, TOKEN) is None
+    refer(client, host, pid, fd, nonce, size)
+    same_host.remove_files(TOKEN)   # the requester flushed or exited
     assert same_host.read(client, KEY, head, TOKEN) is None
     assert torch.equal(tensors.decode(client, KEY, client.get(KEY), token=TOKEN), tensor)
 
 
-@pytest.mark.parametrize("name, refused", [
-    ("../x", "not a file of the token's directory"),
-    ("/etc/passwd", "not a file of the token's directory"),
-    ("a:b", "malformed"),
-    ("1-" + "0" * 31 + "/", "not a file of the token's directory"),
-    ("..", "not a file of the token's directory"),
-])
-def test_a_reference_outside_the_directory_is_refused(client, stored, name, refused):
-    _, head, _ = stored
-    host, _, size = reference(client).split(":")
-    client.set(same_host.reference_key(KEY), f"{host}:{name}:{size}")
-    with pytest.raises(WireFormatError, match=refused):
+@pytest.mark.parametrize("value", ["../../etc/passwd", "/etc/passwd", "a:b", "1:2:3:4:5"])
+def test_a_malformed_reference_is_refused(client, stored, value):
+    _, head = stored
+    client.set(same_host.reference_key(KEY), value)
+    with pytest.raises(WireFormatError, match="malformed same-host reference"):
         same_host.read(client, KEY, head, TOKEN)
 
 
-def test_a_size_that_does_not_match_or_a_truncated_file_is_refused(client, stored):
-    _, head, path = stored
-    host, name, size = reference(client).split(":")
-    client.set(same_host.reference_key(KEY), f"{host}:{name}:{int(size) - 4}")
+def test_a_size_that_does_not_match_or_an_unsealed_file_is_refused(client, stored):
+    _, head = stored
+    host, pid, fd, nonce, size = reference(client)
+    refer(client, host, pid, fd, nonce, int(size) - 4)
     with pytest.raises(WireFormatError, match="reference declares"):
         same_host.read(client, KEY, head, TOKEN)
-    client.set(same_host.reference_key(KEY), f"{host}:{name}:{size}")
-    os.truncate(path, int(size) // 2)
-    with pytest.raises(WireFormatError, match=f"holds {int(size) // 2} bytes"):
-        same_host.read(client, KEY, head, TOKEN)
+    for data, seals, refused in ((b"\0" * head.nbytes, 0, "not sealed"),
+                                 (b"\0" * (head.nbytes // 2), same_host.SEALS, f"{head.nbytes // 2} bytes")):
+        nonce = "1" * 32
+        fd = memfd(TOKEN, nonce, data, seals)
+        try:
+            refer(client, host, os.getpid(), fd, nonce, size)
+            with pytest.raises(WireFormatError, match=refused):
+                same_host.read(client, KEY, head, TOKEN)
+        finally:
+            os.close(fd)
 
 
-def test_a_symlink_a_fifo_or_a_directory_open_to_others_is_refused(client, stored, tmp_path):
-    _, head, path = stored
-    outside = tmp_path / "outside"
-    outside.write_bytes(b"\0" * head.nbytes)
-    path.unlink()
-    path.symlink_to(outside)
-    with pytest.raises(WireFormatError, match="refused"):
-        same_host.read(client, KEY, head, TOKEN)
-    path.unlink()
-    os.mkfifo(path)
-    with pytest.raises(WireFormatError, match="not a regular file"):
-        same_host.read(client, KEY, head, TOKEN)
-    path.unlink()
-    path.write_bytes(b"\0" * head.nbytes)
-    path.parent.chmod(0o755)
-    with pytest.raises(WireFormatError, match="not a private directory"):
-        same_host.read(client, KEY, head, TOKEN)
-    path.parent.chmod(0o700)
-
-
-def test_a_requester_flush_removes_its_files(engine, monkeypatch):
+def test_a_requester_flush_closes_its_files(engine, monkeypatch):
     monkeypatch.setenv("RAVOP_CHUNK_BYTES", str(2**20))
     R.Graph(name="files")
     (R.t(np.ones((1024, 1024), dtype=np.float32)) * 2).persist_op("y")
     R.activate()
-    directory = token_dir(engine.token)
-    assert len(list(directory.iterdir())) == 1
+    [files] = same_host._writers.values()
+    assert len(files.fds) == 1 and os.readlink(f"/proc/self/fd/{files.fds[0]}").startswith("/memfd:ravop-")
     R.flush()
-    assert list(directory.iterdir()) == []
+    assert files.fds == []
 
 
 def big_graph(monkeypatch):
@@ -152,11 +153,15 @@ def test_a_worker_reads_a_big_constant_from_its_file_with_the_same_result(engine
 def test_a_worker_survives_a_hostile_reference_on_its_queue(engine, workers, monkeypatch):
     [name] = workers.start(1)
     _, key = big_graph(monkeypatch)
-    reference = engine.client.get(same_host.reference_key(key)).decode()
-    host, _, size = reference.split(":")
-    engine.client.set(same_host.reference_key(key), f"{host}:../../../etc/passwd:{size}")
-    R.execute()
-    with pytest.raises(GraphFailedError, match="same-host reference names"):
-        R.track_progress(progress_bar=False, timeout=300)
+    host, _, _, _, size = engine.client.get(same_host.reference_key(key)).decode().split(":")
+    nonce = "2" * 32
+    fd = memfd(engine.token, nonce, b"\0" * int(size), seals=0)   # an unsealed file: it could be cut short
+    try:
+        engine.client.set(same_host.reference_key(key), f"{host}:{os.getpid()}:{fd}:{nonce}:{size}")
+        R.execute()
+        with pytest.raises(GraphFailedError, match="not sealed"):
+            R.track_progress(progress_bar=False, timeout=300)
+    finally:
+        os.close(fd)
     assert workers.alive(name)
     assert_a_valid_graph_runs()
