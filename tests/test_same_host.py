@@ -32,7 +32,7 @@ def stored(client):
     pipe = client.pipeline(transaction=False)
     tensors.write(pipe, KEY, tensor, size=2**20)
     files = same_host.writer(TOKEN)
-    files.write(pipe, KEY, tensor)
+    pipe.set(same_host.reference_key(KEY), files.write(tensor))
     pipe.execute()
     yield tensor, decode_chunked(client.get(KEY))
     files.remove_all()
@@ -165,3 +165,14 @@ def test_a_worker_survives_a_hostile_reference_on_its_queue(engine, workers, mon
         os.close(fd)
     assert workers.alive(name)
     assert_a_valid_graph_runs()
+
+
+def test_with_the_path_off_only_the_chunks_are_written(engine, monkeypatch):
+    monkeypatch.setenv("RAVOP_SAME_HOST", "off")
+    monkeypatch.setenv("RAVOP_CHUNK_BYTES", str(2**20))
+    R.Graph(name="off")
+    (R.t(np.ones((1024, 1024), dtype=np.float32)) * 2).persist_op("y")
+    R.activate()
+    keys = require().keys()
+    assert engine.client.keys(keys.tensor_prefix + "*:c") and not engine.client.keys(keys.tensor_prefix + "*:f")
+    assert same_host._writers == {}

@@ -73,16 +73,18 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.
         batch.pipe.hset(keys.bundles, name, json.dumps({"kind": kind, "spec": spec, "keys": names}))
     batch.add(0, len(readers) + len(plan.persisted))
     total = sum(t.nbytes for t in constants.values())
-    # Big constants (a data set) also go to a file local workers read instead of the chunks (same_host).
-    files = same_host.writer(keys.token) if any(t.nbytes > chunk for t in constants.values()) else None
+    # Big constants (a data set) also go to a file local workers map instead of reading the chunks (same_host),
+    # written beside the upload.
+    references = same_host.start_writing(keys.token, {keys.tensor(i): t for i, t in constants.items()
+                                                      if t.nbytes > chunk})
     with progress.bar(total, "uploading constants", unit="B", unit_scale=True) as uploaded:
         def queued(size: int) -> None:   # sent every BATCH_BYTES, also within one big tensor: the bar moves
             uploaded.update(size)
             batch.add(size)
         for node_id, tensor in constants.items():
             tensors.write(batch.pipe, keys.tensor(node_id), tensor, chunk, queued=queued)
-            if files is not None and tensor.nbytes > chunk:
-                files.write(batch.pipe, keys.tensor(node_id), tensor)
+    for key, reference in references().items():
+        batch.pipe.set(key, reference)
     now = time.time()
     batch.pipe.hset(keys.meta, mapping={
         **meta, "state": graph_states.ACTIVATED, "seed": plan.seed, "devices": ",".join(sorted(devices)),

@@ -28,7 +28,8 @@ import os
 import re
 import secrets
 import stat
-from typing import Dict, List, Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Dict, List, Mapping, Optional
 
 import torch
 
@@ -71,17 +72,21 @@ class Writer:
         self.token, self.host = token, host_id()
         self.fds: List[int] = []
 
-    def write(self, pipe, key: str, tensor: torch.Tensor) -> None:
-        """Write `tensor`'s bytes to a new sealed memfd and queue its reference on `pipe`."""
+    def write(self, tensor: torch.Tensor) -> str:
+        """Write `tensor`'s bytes to a new sealed memfd; its reference (the value of `reference_key`)."""
         nonce = secrets.token_hex(16)
         fd = os.memfd_create(file_name(self.token, nonce), os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            data = raw_bytes(tensor)
+            written = 0
+            while written < len(data):
+                written += os.write(fd, data[written:])
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS | fcntl.F_SEAL_SEAL)
+        except OSError:
+            os.close(fd)
+            raise
         self.fds.append(fd)
-        data = raw_bytes(tensor)
-        written = 0
-        while written < len(data):
-            written += os.write(fd, data[written:])
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS | fcntl.F_SEAL_SEAL)
-        pipe.set(reference_key(key), f"{self.host}:{os.getpid()}:{fd}:{nonce}:{tensor.nbytes}")
+        return f"{self.host}:{os.getpid()}:{fd}:{nonce}:{tensor.nbytes}"
 
     def remove_all(self) -> None:
         for fd in self.fds:
@@ -98,6 +103,29 @@ def writer(token: str) -> Optional[Writer]:
     if not enabled():
         return None
     return _writers.setdefault(token, Writer(token))
+
+
+def start_writing(token: str, big: Mapping[str, torch.Tensor]) -> Callable[[], Dict[str, str]]:
+    """Write the files of `big` (tensor key -> tensor) on a thread while the caller uploads their chunks (both
+    wait on the kernel, not the GIL); the returned function waits for them and gives {reference key:
+    reference} to set ({} where the path is off)."""
+    files = writer(token) if big else None
+    if files is None:
+        return dict
+    pool = ThreadPoolExecutor(1, thread_name_prefix="ravop-same-host")
+    written = pool.submit(_write_all, files, big)
+    pool.shutdown(wait=False)
+    return written.result
+
+
+def _write_all(files: Writer, big: Mapping[str, torch.Tensor]) -> Dict[str, str]:
+    references = {}
+    for key, tensor in big.items():
+        try:
+            references[reference_key(key)] = files.write(tensor)
+        except OSError:   # no memory left for the file (tmpfs limits): the chunks carry this one
+            continue
+    return references
 
 
 def remove_files(token: str) -> None:
