@@ -21,7 +21,6 @@ graph's tensor key, so any token user can put any reference on a queue's graph. 
   changed (the bytes stay those of the chunks); the mapping is private, so an in-place op only copies a page.
 $RAVOP_SAME_HOST=off turns the writing side off.
 """
-import fcntl
 import hashlib
 import mmap
 import os
@@ -36,9 +35,14 @@ import torch
 from ..errors import WireFormatError
 from ..wire.codec import Chunked, raw_bytes
 
+try:
+    import fcntl
+    SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+except (ImportError, AttributeError):   # no file seals on this system (Windows, macOS): the chunks only
+    fcntl, SEALS = None, 0
+
 _REFERENCE = re.compile(rb"^([0-9a-f-]{36}):([0-9]{1,10}):([0-9]{1,10}):([0-9a-f]{32}):([0-9]{1,20})$")
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
-SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 
 
 def reference_key(key: str) -> str:
@@ -61,7 +65,7 @@ def file_name(token: str, nonce: str) -> str:
 
 def enabled() -> bool:
     return (os.environ.get("RAVOP_SAME_HOST", "on").lower() not in ("off", "0", "false", "no")
-            and hasattr(os, "memfd_create") and host_id() is not None)
+            and fcntl is not None and hasattr(os, "memfd_create") and host_id() is not None)
 
 
 class Writer:
@@ -137,6 +141,8 @@ def remove_files(token: str) -> None:
 def read(client, key: str, head: Chunked, token: str) -> Optional[torch.Tensor]:
     """The tensor `head` declares, mapped from the file its reference names; None where the chunks must be read
     (no reference, another host or user, the file gone); `WireFormatError` for a reference or file refused."""
+    if fcntl is None:
+        return None
     reference = client.get(reference_key(key))
     if reference is None:
         return None
