@@ -357,7 +357,7 @@ class Worker:
         if missing:
             for i, data in zip(missing, self.client.mget([keys.tensor(i) for i in missing])):
                 tensor = None if data is None else stored.decode(self.client, keys.tensor(i), data,
-                                                                 self.memory_budget)
+                                                                 self.memory_budget, token=keys.token)
                 if tensor is None:
                     raise _MissingInput(i)
                 self.metrics.read_bytes(tensor.nbytes)

@@ -8,7 +8,7 @@ import redis
 import torch
 
 from .. import graph_states, plan_limits, progress
-from . import tensors
+from . import same_host, tensors
 from .client_types import Client
 from .keys import GraphKeys, TokenKeys, device_kind
 
@@ -73,12 +73,18 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.
         batch.pipe.hset(keys.bundles, name, json.dumps({"kind": kind, "spec": spec, "keys": names}))
     batch.add(0, len(readers) + len(plan.persisted))
     total = sum(t.nbytes for t in constants.values())
+    # Big constants (a data set) also go to a file local workers map instead of reading the chunks (same_host),
+    # written beside the upload.
+    references = same_host.start_writing(keys.token, {keys.tensor(i): t for i, t in constants.items()
+                                                      if t.nbytes > chunk})
     with progress.bar(total, "uploading constants", unit="B", unit_scale=True) as uploaded:
         def queued(size: int) -> None:   # sent every BATCH_BYTES, also within one big tensor: the bar moves
             uploaded.update(size)
             batch.add(size)
         for node_id, tensor in constants.items():
             tensors.write(batch.pipe, keys.tensor(node_id), tensor, chunk, queued=queued)
+    for key, reference in references().items():
+        batch.pipe.set(key, reference)
     now = time.time()
     batch.pipe.hset(keys.meta, mapping={
         **meta, "state": graph_states.ACTIVATED, "seed": plan.seed, "devices": ",".join(sorted(devices)),
@@ -127,7 +133,9 @@ def describe_failure(meta: Mapping[str, str]) -> str:
 
 def delete_token(client: Client, token: str, batch: int = 1000) -> None:
     """Delete every key of a token (idempotent). Streams shared by all tokens are left alone: a worker that
-    later reads a queued message of a deleted graph finds no meta and drops it."""
+    later reads a queued message of a deleted graph finds no meta and drops it. This process's same-host files
+    of the token go too."""
+    same_host.remove_files(token)
     pattern = TokenKeys(token).pattern
     found = []
     for key in client.scan_iter(match=pattern, count=batch):

@@ -42,6 +42,8 @@ graphs spread over the shards:
                               steps its confirmed prefix ends at (worker/spot_loop.py)
   t:{node}            string  a tensor (ravop.wire.codec)
   t:{node}:c          hash    chunk index -> raw data of a tensor too big for one value (ravop.store.tensors)
+  t:{node}:f          string  "boot id:pid:fd:nonce:bytes": a big constant's sealed memfd, which workers of the
+                              requester's host and user map instead of the chunks (ravop.store.same_host)
 Shared by all tokens, under `ravop:_:` (a token starts with a letter or a digit, so it cannot collide); the
 work streams, the dead letters and the starting marks share the hash tag `{work}`, so that acking a message and
 dead-lettering it, or delivering a graph's first subgraphs and clearing its mark, is atomic on a cluster too:

@@ -18,6 +18,7 @@ import torch
 from .. import progress
 from ..errors import StoreLimitError, WireFormatError
 from ..wire.codec import decode_chunked, decode_tensor, encode_chunked, encode_tensor, is_chunked
+from . import same_host
 from .client_types import Client, Pipeline
 from .connect import node_client
 
@@ -98,20 +99,22 @@ def _ignore(size: int) -> None:
     pass
 
 
-def keys_of(key: str) -> Tuple[str, str]:
+def keys_of(key: str) -> Tuple[str, str, str]:
     """Every Redis key a stored tensor may occupy (to delete it)."""
-    return key, chunks_key(key)
+    return key, chunks_key(key), same_host.reference_key(key)
 
 
 SIZES_PER_ROUND_TRIP = 4096   # HSTRLENs pipelined at once: a header of a million chunks costs no big reply
 
 
 def decode(client: Client, key: str, data: bytes, max_bytes: Optional[int] = None,
-           desc: Optional[str] = None) -> Optional[torch.Tensor]:
+           desc: Optional[str] = None, token: Optional[str] = None) -> Optional[torch.Tensor]:
     """The tensor whose stored value under `key` is `data` (reading its chunks if it has any); None if the
     chunks are gone (deleted meanwhile); `WireFormatError` for a value that is not a tensor, or a chunked one
     whose header declares more than `max_bytes` (a reader's memory budget) or other chunks than are stored.
-    With `desc`, a chunked tensor's download shows a progress bar in bytes (once it has taken a second)."""
+    With `desc`, a chunked tensor's download shows a progress bar in bytes (once it has taken a second). With
+    `token` (the graph's), a chunked tensor is read from its same-host file where it has one it may follow
+    (`ravop.store.same_host`)."""
     if not is_chunked(data):
         return decode_tensor(data)
     head = decode_chunked(data)
@@ -122,6 +125,10 @@ def decode(client: Client, key: str, data: bytes, max_bytes: Optional[int] = Non
                               f"{str(head.dtype).removeprefix('torch.')} ({head.nbytes / 2**20:,.1f} MiB), over "
                               f"this reader's memory budget of {max_bytes / 2**20:,.1f} MiB")
     client = node_client(client, key)  # its chunks are read from the socket of the server that holds them
+    if token is not None:
+        local = same_host.read(client, key, head, token)
+        if local is not None:
+            return local
     hash_key = chunks_key(key)
     stored_chunks = client.hlen(hash_key)
     if head.n_chunks and not stored_chunks:
