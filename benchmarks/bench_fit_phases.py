@@ -2,7 +2,9 @@
 (`R.initialize()`: a private server and 2 local workers), each fit split into its phases, against the same
 loop run in this process (compiled, as benchmarks/bench_step.py runs it) and eager PyTorch, interleaved.
 
-    python benchmarks/bench_fit_phases.py [--cases cnn,mlp] [--repeats 5]
+    python benchmarks/bench_fit_phases.py [--cases cnn,mlp] [--repeats 5] [--epochs 5] [--rows N]
+
+`--epochs 1 --rows 32` (one step) leaves almost nothing but the fixed costs.
 
 Phases of one fit, as a user waits for them: recording (`model.fit` on the lazy graph), R.activate (compile
 and upload), R.execute, R.track_progress (the workers: the hop to the first subgraph, the loop's subgraph
@@ -35,7 +37,7 @@ EPOCHS, BATCH = 5, 32
 PHASES = ("record", "activate", "execute", "track", "fetch")
 
 
-def phased_fit(record, n_rows):
+def phased_fit(record, n_rows, epochs=EPOCHS):
     """{phase: seconds} of one fit on the engine, every loss fetched by name."""
     marks = [time.perf_counter()]
     R.flush()
@@ -49,7 +51,7 @@ def phased_fit(record, n_rows):
     marks.append(time.perf_counter())
     R.track_progress(progress_bar=False)
     marks.append(time.perf_counter())
-    for epoch in range(1, EPOCHS + 1):
+    for epoch in range(1, epochs + 1):
         for step in range(1, -(-n_rows // BATCH) + 1):
             R.fetch_persisting_op(training_loss_name(epoch, step))
     marks.append(time.perf_counter())
@@ -60,9 +62,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="cnn,mlp")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=EPOCHS)
+    parser.add_argument("--rows", type=int, default=None, help="the first N training rows (default: all)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     X, _, y, _ = digits_data()
+    X, y = X[:args.rows], y[:args.rows]
     known = {"cnn": ("digits CNN", bench_contention.record_cnn, bench_contention.eager_cnn),
              "mlp": ("digits MLP", bench_contention.record_mlp, bench_contention.eager_mlp)}
     R.initialize()
@@ -73,18 +78,18 @@ def main():
           f"{'eager':>8}{'fit/eager':>11}{'loop/eager':>11}")
     for name in args.cases.split(","):
         label, record, eager_model = known[name]
-        fit_record = (lambda r=record: r(EPOCHS, BATCH, X, y))
+        fit_record = (lambda r=record: r(args.epochs, BATCH, X, y))
         spec, inputs, seed = recorded_loop(fit_record)
         loop = LoopRun(spec, inputs, seed, decisions=step_compiler.MemoryDecisions())
-        phased_fit(fit_record, len(X))   # warm: the workers' step decisions, the first graph's costs
+        phased_fit(fit_record, len(X), args.epochs)   # warm: the workers' step decisions, the first graph's costs
         with torch.no_grad():
             loop.run()
         fits, loops, eagers = [], [], []
         for _ in range(args.repeats):
-            fits.append(phased_fit(fit_record, len(X)))
+            fits.append(phased_fit(fit_record, len(X), args.epochs))
             with torch.no_grad():
                 loops.append(timed(loop.run))
-            eagers.append(bench_contention.eager_fit(eager_model, EPOCHS, BATCH, X, y))
+            eagers.append(bench_contention.eager_fit(eager_model, args.epochs, BATCH, X, y))
         best = min(fits, key=lambda f: sum(f.values()))
         fit, loop_s, eager = sum(best.values()), min(loops), min(eagers)
         print(f"{label:<11}" + "".join(f"{best[p] * 1e3:9.1f}" for p in PHASES) +
