@@ -12,8 +12,9 @@ token where one is: one still running or not ended done (a worker may be writing
 checkpoint), one where a worker took over a subgraph another held (`redelivered`: the one that died may have
 left a checkpoint's tensors under a step no record names), one that still holds a checkpoint, a spot-checked
 one (its segments' checkpoints), one whose loops exchange values (`exchange_readers`: per-run keys), a
-federated one, and one listed by a version that did not record `owned` (in `graphs` but not `owned`)."""
-from typing import List, Optional
+federated one, and one listed by a version that did not record `owned` (in `graphs` but not `owned`) (a
+checkpoint is looked for in the round trip that deletes the named keys; the SCAN then deletes what is left)."""
+from typing import List, Optional, Tuple
 
 from .. import graph_states
 from .client_types import Client
@@ -30,16 +31,23 @@ _BY_NAME = (graph_states.DONE, graph_states.ACTIVATED)   # nothing writes to the
 def delete_token(client: Client, token: str, batch: int = 1000) -> None:
     """Delete every key of a token (idempotent). Streams shared by all tokens are left alone: a worker that
     later reads a queued message of a deleted graph finds no meta and drops it."""
-    named = owned_keys(client, token)
-    if named is None:
+    found = owned_keys(client, token)
+    if found is None:
         return _scan_delete(client, TokenKeys(token).pattern, batch)
+    named, checkpoints = found
+    pipe = client.pipeline(transaction=False)
+    if checkpoints:
+        pipe.exists(*checkpoints)
     for at in range(0, len(named), batch):
-        client.unlink(*named[at:at + batch])
+        pipe.unlink(*named[at:at + batch])
+    replies = pipe.execute()
+    if checkpoints and replies[0]:   # a loop's checkpoint left behind names tensors under steps of its own
+        _scan_delete(client, TokenKeys(token).pattern, batch)
 
 
-def owned_keys(client: Client, token: str) -> Optional[List[str]]:
-    """Every key name the token's records say it may hold, or None if some graph's records may not name all
-    of its keys (see the module docstring)."""
+def owned_keys(client: Client, token: str) -> Optional[Tuple[List[str], List[str]]]:
+    """(every key name the token's records say it may hold, its loops' checkpoint hashes among them), or None if
+    some graph's records may not name all of its keys (see the module docstring)."""
     token_keys = TokenKeys(token)
     pipe = client.pipeline(transaction=False)
     pipe.zrange(token_keys.graphs, 0, -1)
@@ -71,9 +79,7 @@ def owned_keys(client: Client, token: str) -> Optional[List[str]]:
             released = routing.decode().rsplit(";", 1)[-1]
             ids.update(int(i) for i in released.split(",") if i)
         named += [key for i in sorted(ids) for key in keys_of(keys.tensor(i))]
-    if checkpoints and client.exists(*checkpoints):
-        return None   # a loop's checkpoint left behind names tensors under steps of its own
-    return named
+    return named, checkpoints
 
 
 def _scan_delete(client: Client, pattern: str, batch: int) -> None:
