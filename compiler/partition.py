@@ -23,22 +23,46 @@ the same or a later window. Every edge of the quotient graph therefore goes from
 higher one, and no cycle can exist. (`coarse_graph` checks it anyway.)
 
 A loop op (with its tuple_get readers) is always a window of its own: a worker runs it as one loop, keeping
-its carried values in memory (`worker.loop_subgraph`).
+its carried values in memory (`worker.loop_subgraph`). The fills it reads (ops that read nothing, such as
+the zeros an optimizer's moments start from, too big for constant folding) and nothing else reads go into its
+window, ahead of it (`loop_fills`): made where they are used, they cost no subgraph of their own, no queue hop
+and no upload. A fill that several loops read is made in each of their windows.
 
 All ops of a graph share one device (`ir.device`, from the graph's `gpu_required`), so no window mixes
 devices.
 """
 import networkx as nx
 
-from ravop.registry import INPUTS, LOOPS, PROJECTIONS
+from ravop.registry import INPUTS, LOOPS, NOT_KERNELS, PROJECTIONS
 
 from .pass_manager import InvariantError
 
 HANDOFF_SHARE = 0.2         # a cut's transfer may cost at most this share of the window's estimated work
 
 
-def dfs_order(ir):
-    """Non-constant live node ids, inputs before readers, each branch contiguous."""
+def loop_fills(ir):
+    """{loop id: [fill ids]}: the ops that read nothing (zeros, arange, a random draw) that only loop
+    ops read, not persisted, per loop reading them. Such an op computes the same value wherever it runs (a
+    random one draws from the graph seed and its own id), so each loop's worker makes it itself."""
+    nodes = ir.nodes
+    readers = {id: set() for id, node in nodes.items() if not node.inputs and node.op not in NOT_KERNELS}
+    if not readers:
+        return {}
+    for id, node in nodes.items():
+        for i in node.inputs:
+            if i in readers:
+                readers[i].add(id)
+    persisted = set(ir.outputs.values())
+    fills = {}
+    for id, read_by in readers.items():
+        if read_by and id not in persisted and all(nodes[r].op in LOOPS for r in read_by):
+            for r in read_by:
+                fills.setdefault(r, []).append(id)
+    return fills
+
+
+def dfs_order(ir, skip=()):
+    """Non-constant live node ids but `skip`'s, inputs before readers, each branch contiguous."""
     nodes = ir.nodes
     outputs_of = {}  # multi-output node id -> its tuple_get readers, emitted right after it
     for id, node in nodes.items():
@@ -48,6 +72,8 @@ def dfs_order(ir):
     for id, node in nodes.items():
         if node.op in INPUTS:
             state[id] = 2
+    for id in skip:
+        state[id] = 2
     order = []
     emit = order.append
     for root in ir.roots():
@@ -87,7 +113,8 @@ def chain_costs(ir, chained, seconds):
 def partition(ir, costs, chained, min_seconds, max_seconds):
     """Windows of the DFS order: a list of lists of node ids, each list in topological order. `chained` maps
     each node that continues a fused linear chain to its predecessor (`compiler.passes.fuse_linear_chains`)."""
-    order = dfs_order(ir)
+    fills = loop_fills(ir)
+    order = dfs_order(ir, {id for ids in fills.values() for id in ids})   # placed with their loops below
     seconds, out_bytes = costs.seconds, costs.out_bytes
     chain = chain_costs(ir, chained, seconds)
     nodes = ir.nodes
@@ -136,6 +163,8 @@ def partition(ir, costs, chained, min_seconds, max_seconds):
         prev = v
     if current:
         windows.append(current)
+    if fills:
+        windows = [[*fills.get(window[0], ()), *window] for window in windows]
     return windows
 
 

@@ -3,7 +3,8 @@
 Per subgraph: its nodes in order; `inputs`, the ids it reads from the tensor store (other subgraphs'
 outputs and constants, in first-read order); `outputs`, the ids it writes there (read by another subgraph,
 or persisted); `successors`, the subgraphs that read one of its outputs; `n_predecessors`, how many
-subgraphs must finish before it is ready; for a loop op's subgraph, `loop`, its step templates.
+subgraphs must finish before it is ready; for a loop op's subgraph (the fills it reads, the loop op, its
+tuple_gets), `loop`, its step templates.
 """
 from dataclasses import replace
 
@@ -28,6 +29,8 @@ def emit_plan(ir, windows, costs):
     next_id = ir.n_recorded   # values persisted by loop steps get ids after the recorded ops'
     for w, window in enumerate(windows):
         sub = plan.subgraphs.add(id=w, device=ir.device)
+        for v in window:   # a fill several loops read is in each of their windows (compiler/partition.py)
+            where[v] = w
         inputs, seen = [], set()
         sg_flops = sg_bytes = 0.0
         rows = []
@@ -47,8 +50,9 @@ def emit_plan(ir, windows, costs):
             sg_flops += flops[v]
             sg_bytes += moved[v]
         pack_nodes(rows, sub.nodes)
-        if nodes[window[0]].op in LOOPS:
-            next_id = _emit_loop(plan, sub.loop, ir.loops[window[0]], next_id)
+        head = next((v for v in window if nodes[v].inputs), None)   # a loop's window starts with its fills
+        if head is not None and nodes[head].op in LOOPS:
+            next_id = _emit_loop(plan, sub.loop, ir.loops[head], next_id)
         plan.flops += sg_flops
         sub.inputs.extend(inputs)
         sub.n_predecessors = len({where[i] for i in inputs if where[i] >= 0})

@@ -253,6 +253,8 @@ class Worker:
             self._ack(message_id)
             return None
         seed, data, copies, spot = int(reply[1]), reply[2], int(reply[3]), bool(reply[4])
+        if deliveries > 1:   # taken over: the last holder may have left keys no record names (ravop.store.flush)
+            self.client.hset(keys.meta, "redelivered", 1)
         if spot and (not self.spot.may_run(keys, subgraph_id) or self._banned(keys.token, fresh=True)):
             self._pass_on(message_id, fields)   # a check of this worker's own result must be someone else's
             return None

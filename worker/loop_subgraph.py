@@ -99,16 +99,37 @@ def _watcher(spec, template, max_bytes, budget):
 
 
 def check_loop_program(program):
-    """The loop step of a checked subgraph; `PlanError` unless it is one loop op and tuple_gets of it."""
+    """The loop step of a checked subgraph; `PlanError` unless it is fills (ops that read nothing, made here for
+    the loop: compiler/partition.py), one loop op and tuple_gets of it, and its outputs are those tuple_gets."""
     steps = program.steps
-    if not steps or steps[0].op not in LOOPS:
-        raise PlanError("a loop subgraph must start with its loop op")
-    for step in steps[1:]:
-        if step.op not in PROJECTIONS or list(step.inputs) != [steps[0].id]:
+    at = 0
+    while at < len(steps) and not steps[at].inputs and steps[at].op not in LOOPS:
+        at += 1
+    if at == len(steps) or steps[at].op not in LOOPS:
+        raise PlanError("a loop subgraph must start with its loop op (after the fills it reads, ops that read "
+                        "nothing)", steps[at] if at < len(steps) else None)
+    loop_step = steps[at]
+    for step in steps[at + 1:]:
+        if step.op not in PROJECTIONS or list(step.inputs) != [loop_step.id]:
             raise PlanError(f"a loop subgraph holds only its loop op and tuple_gets of it, not {step.op!r}", step)
-    if steps[0].id in program.outputs:
-        raise PlanError("a loop subgraph's outputs are tuple_gets of its loop op, not the loop op itself", steps[0])
-    return steps[0]
+    projected = {step.id for step in steps[at + 1:]}
+    for output in program.outputs:
+        if output not in projected:
+            raise PlanError(f"a loop subgraph's outputs are tuple_gets of its loop op, not node {output}",
+                            next((step for step in steps if step.id == output), None))
+    return loop_step
+
+
+def loop_inputs(program, loop_step, inputs, seed, device, max_bytes=None, budget=None):
+    """The loop op's input values: the subgraph's `inputs`, and the fills ahead of the loop op made here with the
+    runner (the same kernels, seeds and bits as in a subgraph of their own, without its hop and upload), each
+    checked against its declared size and the budget as any subgraph's output is."""
+    fills = program.steps[:program.steps.index(loop_step)]
+    if fills:
+        ids = [step.id for step in fills]
+        watcher = None if max_bytes is None else memory.Watcher(check_nodes(fills, (), ids, max_bytes), budget)
+        inputs = {**inputs, **run_nodes(fills, {}, seed, str(device), ids, watcher)}
+    return [inputs[i] for i in loop_step.inputs]
 
 
 class _Writer:
@@ -279,14 +300,14 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
     writer = _Writer(client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds, spec.n_steps, start,
                      stop, graph, segments)
     try:
-        loop_inputs = [inputs[i] for i in loop_step.inputs]
-        runner = LoopRun(spec, loop_inputs, seed, device, watch, step_decisions.for_device(device))
+        values = loop_inputs(program, loop_step, inputs, seed, device, max_bytes, budget)
+        runner = LoopRun(spec, values, seed, device, watch, step_decisions.for_device(device))
         if segments is not None:
             segments.instrument(runner)
         writer.work_waiting = work_waiting
         store_exchange = writer.exchange = \
             StoreExchange(client, keys, device, writer.on_wait) if runner.exchanges() else None
-        on_step, exchange = emulated_device.paced_steps(writer.on_step, subgraph.loop, loop_inputs, store_exchange)
+        on_step, exchange = emulated_device.paced_steps(writer.on_step, subgraph.loop, values, store_exchange)
         graph.start()
         carried = runner.run(carried, start or 0, on_step, exchange,
                              graph.stop_requested if runner.stoppable() else None)
@@ -298,7 +319,8 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
             writer.write(runner.stopped_at[0], carried, stopped_record(spec, *runner.stopped_at, graph.stop_reason))
         if segments is not None:
             segments.wait_settled()
-        env = run_nodes(program.steps[1:], {loop_step.id: tuple(carried)}, outputs=program.outputs)
+        projections = program.steps[program.steps.index(loop_step) + 1:]
+        env = run_nodes(projections, {loop_step.id: tuple(carried)}, outputs=program.outputs)
     except OpError as exc:   # reported as on any subgraph: the op, its sizes, the device, and the step
         raise kernel_error(exc, device, budget or 0) from exc.__cause__
     finally:

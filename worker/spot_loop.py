@@ -23,7 +23,7 @@ from . import device as devices
 from . import verify
 from .dispute_trace import Tracer, first_difference, unpack
 from .loop_subgraph import (LoopAbandoned, LoopHandedBack, _watcher, check_loop_program, checkpoint_keys,
-                            checkpoint_tensor_key)
+                            checkpoint_tensor_key, loop_inputs)
 from .validate import check
 
 log = logging.getLogger("ravop.worker")
@@ -141,7 +141,8 @@ def run_segment(worker, keys, subgraph_id, subgraph, program, seed, start, end, 
     spec = unpack_loop(subgraph.loop)
     max_bytes = devices.budget(worker.device, worker.limit)
     inputs = worker._inputs(keys, subgraph)
-    runner = LoopRun(spec, [inputs[i] for i in loop_step.inputs], seed, str(worker.device),
+    runner = LoopRun(spec, loop_inputs(program, loop_step, inputs, seed, worker.device, max_bytes,
+                                       worker.memory_budget), seed, str(worker.device),
                      lambda template: _watcher(spec, template, max_bytes, worker.memory_budget))
     carried = None
     if start:

@@ -43,9 +43,9 @@ class Grant(NamedTuple):
 _CONNECTION = ("ping", "hello", "auth", "select", "echo", "quit", "reset", "cluster|slots", "cluster|shards",
                "command", "client|setname", "client|getname", "client|id", "info", "time",
                "multi", "exec", "discard", "unwatch")
-# SCAN: a requester deletes its token's keys by pattern (ravop.store.graphs.delete_token). It lists key
-# names of other tokens too (never values): token names and graph ids are not secrets (a token that is one
-# is only ever stored as a digest, ravop.store.keys.token_namespace).
+# SCAN: a requester deletes its token's keys by pattern where its records may not name them all
+# (ravop.store.flush). It lists key names of other tokens too (never values): token names and graph ids are
+# not secrets (a token that is one is only ever stored as a digest, ravop.store.keys.token_namespace).
 # PUBLISH (on the STARTED channel only): a token user rings the workers after posting to its inbox.
 REQUESTER_KEYLESS = _CONNECTION + ("scan", "publish")
 # Workers run the project's scripts (they load them after a server restart). See docs/security.md for

@@ -10,6 +10,7 @@ import torch
 from .. import graph_states, plan_limits, progress
 from . import same_host, tensors
 from .client_types import Client
+from .flush import delete_token  # noqa: F401  (R.flush's, kept importable from here)
 from .keys import GraphKeys, TokenKeys, device_kind
 
 BATCH_BYTES = 32 * 2**20  # one pipeline carries about this much, so a big model is neither one huge
@@ -46,10 +47,12 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.
     plan_limits.check_plan(plan)
     chunk = tensors.fit_to_server(client, sum(t.nbytes for t in constants.values()), "the graph's constants",
                                   keys.meta)
+    token_keys = TokenKeys(token)
     persisted = set(plan.persisted.values())
     readers: Counter[int] = Counter()
     roots, devices, n_ops = [], set(), 0
     batch = _Batcher(client)
+    batch.pipe.sadd(token_keys.owned, plan.graph_id)   # first: R.flush finds every key after it (ravop.store.flush)
     for sub in plan.subgraphs:
         device = device_kind(sub.device or "cpu")
         devices.add(device)
@@ -90,7 +93,6 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.
         **meta, "state": graph_states.ACTIVATED, "seed": plan.seed, "devices": ",".join(sorted(devices)),
         "roots": ",".join(map(str, roots)), "n_subgraphs": len(plan.subgraphs), "done_subgraphs": 0,
         "n_ops": n_ops, "ops_done": 0, "n_steps": plan.n_steps, "created": now})
-    token_keys = TokenKeys(token)
     batch.pipe.zadd(token_keys.graphs, {plan.graph_id: now})
     batch.pipe.set(token_keys.current, plan.graph_id)
     batch.send()
@@ -129,22 +131,6 @@ def describe_failure(meta: Mapping[str, str]) -> str:
     where = f" (recorded at {meta['error_source']})" if meta.get("error_source") else ""
     worker = f" on worker {meta['error_worker']}" if meta.get("error_worker") else ""
     return f"graph {meta.get('name', '?')!r} failed: {op}{where}{worker}: {meta.get('error', 'unknown error')}"
-
-
-def delete_token(client: Client, token: str, batch: int = 1000) -> None:
-    """Delete every key of a token (idempotent). Streams shared by all tokens are left alone: a worker that
-    later reads a queued message of a deleted graph finds no meta and drops it. This process's same-host files
-    of the token go too."""
-    same_host.remove_files(token)
-    pattern = TokenKeys(token).pattern
-    found = []
-    for key in client.scan_iter(match=pattern, count=batch):
-        found.append(key)
-        if len(found) >= batch:
-            client.unlink(*found)
-            found = []
-    if found:
-        client.unlink(*found)
 
 
 def list_graphs(client: Client, token: str) -> List[Dict[str, Any]]:

@@ -9,13 +9,16 @@ Per token (one requester), under `ravop:{token}:`:
                               count (ravop.spot_policy); written only by the SPOT script
   inbox               zset    graph id -> when: graphs a `ravop admin` token user started; it may not write
                               the work streams, so workers start them for it (ravop.store.inbox)
+  owned               set     ids of the token's graphs whose keys may exist: added before a graph's first key
+                              is written, so that R.flush finds them without a SCAN (ravop.store.flush)
 Per graph, under `ravop:{token}:{{token}.{gid}}:`: the braces are a Redis Cluster hash tag, so every key of
 one graph lives in one hash slot (its Lua scripts and MULTIs are atomic on a cluster too) while different
 graphs spread over the shards:
   meta                hash    name, algorithm, approach, devices, seed, verify, roots, state (activated, running,
                               done, failed), n_subgraphs, done_subgraphs, n_ops, ops_done, created,
                               started, finished, summary; a failed graph also has error, error_op,
-                              error_source, error_worker, error_subgraph
+                              error_source, error_worker, error_subgraph; `redelivered` once a worker took
+                              over a subgraph another one held (keys it may have left: ravop.store.flush)
   subgraphs           hash    subgraph id -> Subgraph protobuf bytes
   info                hash    subgraph id -> "device;n_ops;successor,...;input to release,..." (for Lua)
   deps                hash    subgraph id -> predecessors not finished yet
@@ -162,7 +165,7 @@ def graph_prefix(namespace: str, graph_id: str) -> str:
 
 
 class TokenKeys:
-    __slots__ = ("graphs", "current", "banned", "trust", "inbox", "pattern")
+    __slots__ = ("graphs", "current", "banned", "trust", "inbox", "owned", "pattern")
 
     def __init__(self, token: str) -> None:
         base = token_prefix(check_name(token))
@@ -171,6 +174,7 @@ class TokenKeys:
         self.banned = base + BANNED  # workers whose outputs disagreed with the others' (R.Graph(verify=k))
         self.trust = base + TRUST    # workers' spot-check records (R.Graph(verify='spot'))
         self.inbox = base + INBOX    # graphs started by a token user, for workers to start (ravop.store.inbox)
+        self.owned = base + "owned"  # ids of the graphs whose keys may exist, for R.flush (ravop.store.flush)
         self.pattern = base + "*"
 
 
