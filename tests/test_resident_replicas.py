@@ -108,7 +108,8 @@ def mlp_fit(name, rows, n_epochs, strategy):
 def test_bytes_per_round_per_replica_are_within_a_bound_of_the_parameter_size(engine, workers, client,
                                                                                compression, bound):
     # checkpoints off: this measures what the algorithm exchanges (a checkpoint is the fallback, priced apart)
-    workers.start(2, extra=("--checkpoint-steps", "1000000", "--checkpoint-seconds", "100000"))
+    workers.start(2, extra=("--checkpoint-steps", "1000000", "--checkpoint-seconds", "100000",
+                            "--resident-checkpoint-seconds", "100000"))
     rows = 2 * 32 * 32   # per replica 32 steps of 32 rows an epoch: 2 rounds of 16 steps an epoch
     totals = []
     for n_epochs in (1, 4):
