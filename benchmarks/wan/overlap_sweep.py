@@ -5,13 +5,15 @@ against the eager reference tests/test_diloco.py checks R.parallel.DiLoCo with),
 set beside one-worker training on the same samples (the lab's "1w acc").
 
     python -m benchmarks.wan.overlap_sweep --inner-steps 128 --outer-lr 0.5 --outer-momentum 0.5 --overlap
-    python -m benchmarks.wan.overlap_sweep --grid    # the sweep docs/wan_lab.md reports
+    python -m benchmarks.wan.overlap_sweep --overlap --inner-steps 128 --mode restart local eager
 
 `mode`: 'restart' is R.parallel.DiLoCo's overlap=True (every replica restarts from the global model one outer step
 old); 'eager' is the eager update of arXiv 2502.12996 measured for comparison: at sync k each replica applies, to
 the global model it holds (after k - 1 outer steps), the outer optimizer's step with its own fresh
 pseudo-gradient standing in for its share of the round's mean and the others' pseudo-gradients of the round
 before for theirs, and restarts from that; the global model itself still takes outer step k with round k's mean.
+'local' is overlap_start='local' (each replica restarts from the stale global model minus `mix` times its own
+pseudo-gradient as received; mix=1 is R.parallel.DiLoCo's).
 """
 import argparse
 import copy
