@@ -51,7 +51,7 @@ def accumulated_step(net, opt, batches):
 
 
 def diloco_reference(replicas, inner_steps, n_epochs, batch_size, shuffle, seed, outer_lr, outer_momentum, nesterov,
-                     compression=None, overlap=False, make_net=torch_net, update_frequency=1):
+                     compression=None, overlap=False, make_net=torch_net, update_frequency=1, overlap_start="global"):
     """(per-replica losses, global parameters after fit, its eval-mode prediction on X) of DiLoCo in eager
     PyTorch; float buffers (BatchNorm statistics) are averaged at every outer step; with `update_frequency` an
     inner step sums the gradients of that many batches."""
@@ -61,6 +61,7 @@ def diloco_reference(replicas, inner_steps, n_epochs, batch_size, shuffle, seed,
     glob = copy.deepcopy(net)
     outer = torch.optim.SGD(glob.parameters(), lr=outer_lr, momentum=outer_momentum, nesterov=nesterov)
     start = [p.detach().clone() for p in glob.parameters()]
+    starts = [start] * replicas   # each replica's round start (overlap_start='local': its own)
     up = [[None] * len(start) for _ in range(replicas)]
     down = [None] * len(start)
     size = len(X) // replicas
@@ -75,11 +76,14 @@ def diloco_reference(replicas, inner_steps, n_epochs, batch_size, shuffle, seed,
         if (k + 1) % inner_steps and k + 1 != n:
             continue
         before = [p.detach().clone() for p in glob.parameters()]
+        own = [[] for _ in range(replicas)]   # each replica's pseudo-gradients as received
         for i, p in enumerate(glob.parameters()):
-            pseudo = [start[i] - list(m.parameters())[i].detach() for m in nets]
+            pseudo = [starts[r][i] - list(m.parameters())[i].detach() for r, m in enumerate(nets)]
             if compression:
                 for r in range(replicas):
                     pseudo[r], up[r][i] = eager_send(pseudo[r], up[r][i], compression)
+            for r in range(replicas):
+                own[r].append(pseudo[r])
             p.grad = torch.stack(pseudo).mean(0)
         outer.step()
         if compression:
@@ -93,9 +97,11 @@ def diloco_reference(replicas, inner_steps, n_epochs, batch_size, shuffle, seed,
             b.copy_(torch.stack(replica_buffers).mean(0) if b.is_floating_point() else replica_buffers[0])
         start = before if overlap else [p.detach().clone() for p in glob.parameters()]
         start_buffers = buffers_before if overlap else [b.clone() for b in glob.buffers()]
+        starts = [[s - g for s, g in zip(start, own[r])] for r in range(replicas)] if overlap_start == "local" \
+            else [start] * replicas
         with torch.no_grad():
-            for m in nets:
-                for p, s in zip([*m.parameters(), *m.buffers()], start + start_buffers):
+            for m, replica_start in zip(nets, starts):
+                for p, s in zip([*m.parameters(), *m.buffers()], replica_start + start_buffers):
                     if p.is_floating_point():
                         p.copy_(s)
     return losses, [p.detach() for p in glob.parameters()], glob.eval()(torch.as_tensor(X)).detach()
@@ -118,7 +124,7 @@ def assert_matches_reference(strategy, n_epochs=2, batch_size=5, atol=1e-5):
     losses, params, want_prediction = diloco_reference(
         strategy.replicas, strategy.inner_steps, n_epochs, batch_size, True, 3, strategy.outer_lr,
         strategy.outer_momentum, strategy.nesterov, strategy.compression, strategy.overlap,
-        update_frequency=strategy.update_frequency)
+        update_frequency=strategy.update_frequency, overlap_start=strategy.overlap_start)
     per_epoch = len(losses[0]) // n_epochs
     replicas = strategy.replicas
     for r in range(replicas):
@@ -166,6 +172,14 @@ def test_overlap_applies_each_outer_step_one_round_late_as_the_eager_reference()
     _, plain, _ = diloco_reference(2, 2, 2, 5, True, 3, 0.7, 0.9, True)
     assert any((p - q).abs().max() > 1e-4 for p, q in zip(params, plain))   # the delay changes the result
     assert_matches_reference(R.parallel.DiLoCo(2, 3, compression="int8", overlap=True))
+
+
+@pytest.mark.parametrize("compression", [None, "int8"])
+def test_overlap_with_local_starts_restarts_each_replica_from_its_own_progress_as_the_eager_reference(compression):
+    params = assert_matches_reference(R.parallel.DiLoCo(3, 2, compression=compression, overlap=True,
+                                                        overlap_start="local"))
+    _, stale, _ = diloco_reference(3, 2, 2, 5, True, 3, 0.7, 0.9, True, compression, True)
+    assert any((p - q).abs().max() > 1e-4 for p, q in zip(params, stale))   # not the stale global start
 
 
 def test_overlapped_rounds_do_not_wait_for_the_outer_step():
@@ -262,6 +276,11 @@ def test_bad_knobs_are_refused_by_name():
         R.parallel.DiLoCo(2, 4, overlap="yes")
     with pytest.raises(ValueError, match="update_frequency"):
         R.parallel.DiLoCo(2, 4, update_frequency=0)
+    with pytest.raises(ValueError, match="overlap_start"):
+        R.parallel.DiLoCo(2, 4, overlap=True, overlap_start="fresh")
+    with pytest.raises(ValueError, match="needs overlap=True"):
+        R.parallel.DiLoCo(2, 4, overlap_start="local")
+    assert "overlap_start='local'" in repr(R.parallel.DiLoCo(2, 4, overlap=True, overlap_start="local"))
     with pytest.raises(TypeError):
         R.parallel.DiLoCo(2, 4, lr_scheduler="cosine")   # not a knob DiLoCo has
     assert check_compression(True) == "fp16" and check_compression(False) is None

@@ -108,7 +108,8 @@ def test_resident_knob_is_checked():
 @pytest.mark.parametrize("kind", ["LocalSGD", "Gossip"])
 def test_bytes_per_synchronisation_are_one_model_up_and_one_down(engine, workers, client, kind):
     # checkpoints off: this measures what the algorithm exchanges (a checkpoint is the fallback, priced apart)
-    workers.start(2, extra=("--checkpoint-steps", "1000000", "--checkpoint-seconds", "100000"))
+    workers.start(2, extra=("--checkpoint-steps", "1000000", "--checkpoint-seconds", "100000",
+                            "--resident-checkpoint-seconds", "100000"))
     rows = 2 * 32 * 8   # per replica 8 steps of 32 rows an epoch
     strategy = R.parallel.LocalSGD(2, sync_every=4, resident=True) if kind == "LocalSGD" else \
         R.parallel.Gossip(2, resident=True)

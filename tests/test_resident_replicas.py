@@ -20,24 +20,26 @@ from ravop.placement import held_by
 from ravop.store import GraphKeys
 from test_diloco import PARAM_NAMES, assert_matches_reference, fit_diloco
 from test_parallel_math import X, Y, ravdl_net, torch_net
+from worker.checkpoint_aliases import decode
 
 
 def knobs(compression, **more):
     return dict(replicas=2, inner_steps=3, compression=compression, **more)
 
 
-@pytest.mark.parametrize("compression, overlap", [(None, False), ("fp16", False), ("int8", False), (None, True),
-                                                  ("int8", True)])
-def test_resident_replicas_give_the_bits_of_segments_and_match_eager_pytorch(compression, overlap):
-    resident = fit_diloco(R.parallel.DiLoCo(**knobs(compression, resident=True, overlap=overlap)), 2, 5)
-    segments = fit_diloco(R.parallel.DiLoCo(**knobs(compression, resident=False, overlap=overlap)), 2, 5)
+@pytest.mark.parametrize("compression, overlap, start", [
+    (None, False, "global"), ("fp16", False, "global"), ("int8", False, "global"), (None, True, "global"),
+    ("int8", True, "global"), (None, True, "local"), ("int8", True, "local")])
+def test_resident_replicas_give_the_bits_of_segments_and_match_eager_pytorch(compression, overlap, start):
+    more = dict(overlap=overlap, overlap_start=start)
+    resident = fit_diloco(R.parallel.DiLoCo(**knobs(compression, resident=True, **more)), 2, 5)
+    segments = fit_diloco(R.parallel.DiLoCo(**knobs(compression, resident=False, **more)), 2, 5)
     assert resident[0].keys() == segments[0].keys()
     for name in resident[0]:
         assert torch.equal(resident[0][name], segments[0][name]), name
     for name in PARAM_NAMES + ["prediction"]:
         assert torch.equal(resident[1][name], segments[1][name]), name
-    assert_matches_reference(R.parallel.DiLoCo(**knobs(compression, resident=True, outer_momentum=0.8,
-                                                      overlap=overlap)))
+    assert_matches_reference(R.parallel.DiLoCo(**knobs(compression, resident=True, outer_momentum=0.8, **more)))
 
 
 def test_resident_knob_is_checked():
@@ -106,7 +108,8 @@ def mlp_fit(name, rows, n_epochs, strategy):
 def test_bytes_per_round_per_replica_are_within_a_bound_of_the_parameter_size(engine, workers, client,
                                                                                compression, bound):
     # checkpoints off: this measures what the algorithm exchanges (a checkpoint is the fallback, priced apart)
-    workers.start(2, extra=("--checkpoint-steps", "1000000", "--checkpoint-seconds", "100000"))
+    workers.start(2, extra=("--checkpoint-steps", "1000000", "--checkpoint-seconds", "100000",
+                            "--resident-checkpoint-seconds", "100000"))
     rows = 2 * 32 * 32   # per replica 32 steps of 32 rows an epoch: 2 rounds of 16 steps an epoch
     totals = []
     for n_epochs in (1, 4):
@@ -201,6 +204,23 @@ def test_a_provider_killed_mid_round_is_resumed_elsewhere_with_the_same_bits(eng
     (replicas,) = held_by(graph).values()
     assert client.hget(keys.ran, loop_id).decode() in sum(replicas.values(), [])   # named where it ended
     assert holder not in sum(replicas.values(), [])
+    assert_same_as_in_process(graph, persisted)
+
+
+def test_checkpoints_at_synchronisations_store_the_global_model_once_and_resume_with_the_same_bits(
+        engine, workers, client):
+    # by default a resident replica checkpoints by time only, at a synchronisation: 0 s makes it every one
+    workers.start(3, reclaim_idle=1.0, extra=("--resident-checkpoint-seconds", "0"))
+    graph, persisted = record_small("resident sync checkpoints", 150)
+    R.activate()
+    R.execute()
+    keys = GraphKeys(engine.token, graph.id)
+    loop_id, holder = checkpointed_replica(client, keys)
+    step, n, same = client.hmget(keys.checkpoint(loop_id), "step", "n", "same")
+    # right after a synchronisation the replica's parameters are the global model it carries: stored once
+    assert len(decode(same, int(n))) >= len(PARAM_NAMES), f"checkpoint at step {int(step)}: {same}"
+    workers.kill(holder)
+    R.track_progress(timeout=600, progress_bar=False)
     assert_same_as_in_process(graph, persisted)
 
 

@@ -40,8 +40,8 @@ from .spot_loop import LoopSegments, check_segment, drop_segments
 from .cache import TensorCache
 from .heartbeat import Heartbeat
 from .inbox_watch import InboxWatch
-from .loop_subgraph import (CHECKPOINT_SECONDS, CHECKPOINT_STEPS, LoopAbandoned, LoopHandedBack, drop_checkpoint,
-                            run_loop)
+from .loop_subgraph import (CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopHandedBack,
+                            drop_checkpoint, run_loop)
 from .run import OVER_BUDGET, KernelError, run
 from .server_errors import ServerErrors
 from .takeover import Takeover
@@ -79,8 +79,9 @@ def parse_message(fields):
 class Worker:
     def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
                  max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
-                 max_memory_bytes=None, provider=None, checkpoint_steps=CHECKPOINT_STEPS,
-                 checkpoint_seconds=CHECKPOINT_SECONDS, wrong_outputs=None, workers_on_machine=None):
+                 max_memory_bytes=None, provider=None, checkpoint_steps=None,
+                 checkpoint_seconds=CHECKPOINT_SECONDS, wrong_outputs=None, workers_on_machine=None,
+                 resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS):
         if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
                              f"{dead_after} and {max_attempts}")
@@ -102,10 +103,12 @@ class Worker:
         self.memory_budget = max_memory_bytes or memory.default_budget(self.limit)
         self.value_bytes = stored.fit_to_server(client)  # the largest value written in one piece on this server
         self.server_gone_after = server_gone_after
-        if checkpoint_steps < 0 or checkpoint_seconds <= 0:
-            raise ValueError(f"need checkpoint_steps >= 0 and checkpoint_seconds > 0, not {checkpoint_steps} and "
-                             f"{checkpoint_seconds}")
+        if (checkpoint_steps is not None and checkpoint_steps < 0) or checkpoint_seconds <= 0 or \
+                resident_checkpoint_seconds < 0:
+            raise ValueError(f"need checkpoint_steps >= 0, checkpoint_seconds > 0 and resident_checkpoint_seconds "
+                             f">= 0, not {checkpoint_steps}, {checkpoint_seconds} and {resident_checkpoint_seconds}")
         self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
+        self.resident_checkpoint_seconds = resident_checkpoint_seconds
         self.stopping = threading.Event()
         self.inboxes = InboxWatch(client, self.handoff, name, self.stopping)  # graphs token users start
         self.provider = provider  # a worker.data_provider.Provider if this worker offers data (--data)
@@ -341,7 +344,8 @@ class Worker:
                 return run_loop(self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
                                 self.checkpoint_steps, self.checkpoint_seconds, max_bytes, self.memory_budget,
                                 self.stopping, self._work_waiting,
-                                LoopSegments(self, keys, subgraph_id) if spot else None)
+                                LoopSegments(self, keys, subgraph_id) if spot else None,
+                                self.resident_checkpoint_seconds)
             finally:
                 self.metrics.loop_ended()
         with emulated_device.paced(subgraph, inputs):   # benchmarks only (benchmarks/wan)

@@ -42,6 +42,7 @@ from ravop.wire import encode_tensor, unpack_loop
 
 from . import device as devices
 from . import emulated_device, memory, step_decisions
+from . import checkpoint_aliases
 from .background_writes import BackgroundWrites
 from .exchange import StoreExchange
 from .graph_watch import GraphWatch
@@ -55,6 +56,11 @@ FLUSH_SECONDS = 0.25
 FLUSH_SPACING = 20
 CHECKPOINT_SECONDS = 10.0
 CHECKPOINT_STEPS = 1000
+# A loop that exchanges values (a resident replica) checkpoints at a synchronisation, when its parameters equal
+# the global model it carries (stored once: worker/checkpoint_aliases.py), and by time only unless steps are
+# asked for: its state (parameters, optimizer moments, residuals, the global model) is many times what a round
+# exchanges, so a 10 s or 1000-step cadence would send more checkpoint than pseudo-gradient up the provider's link.
+RESIDENT_CHECKPOINT_SECONDS = 60.0
 
 
 class LoopAbandoned(Exception):
@@ -160,6 +166,13 @@ class _Writer:
         # flushes and checkpoints are written beside the loop, in order (under verify='spot' each write first
         # checks this worker still runs the loop, so they stay in the loop's thread)
         self.writes = BackgroundWrites() if segments is None else None
+        self.sync_end = None   # a resident replica's last sync template: periodic checkpoints wait for it
+
+    def checkpoint_at_syncs(self, sync_templates, checkpoint_steps, checkpoint_seconds):
+        """A loop that exchanges values: periodic checkpoints every `checkpoint_steps` (0: by time only) or
+        `checkpoint_seconds`, taken once the synchronisation due next has run."""
+        self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
+        self.sync_end = sync_templates[-1] if sync_templates else None
 
     def on_wait(self, state):
         """Called while the loop waits for a value another loop sends: stop if the graph stopped running, hand
@@ -185,8 +198,9 @@ class _Writer:
         if self.stop is not None and self.stop.is_set() and done < self.n_steps:
             self.write(done, carried)
             raise LoopHandedBack(done)
-        if (self.checkpoint_steps and done - self.checkpointed >= self.checkpoint_steps) or \
-                now - self.last_checkpoint >= self.checkpoint_seconds:
+        due = (self.checkpoint_steps and done - self.checkpointed >= self.checkpoint_steps) or \
+            now - self.last_checkpoint >= self.checkpoint_seconds
+        if due and self.sync_end in (None, template):
             self.write(done, carried, wait=False)
         elif now - self.last_flush >= self.flush_every and not (self.writes is not None and self.writes.busy()):
             self.write(done, wait=False)
@@ -228,11 +242,15 @@ class _Writer:
             total = sum(t.nbytes for t in host)
             size = stored.fit_to_server(client, total, "a loop checkpoint", keys.meta) \
                 if total > stored.chunk_bytes() else None
+            # spot checks re-run segments from their checkpoints' tensors by key: those stay whole
+            same = checkpoint_aliases.aliases(host) if self.segments is None else {}
             chunks = client.pipeline(transaction=False)   # big tensors' chunks, before the transaction
             for k, value in enumerate(host):
-                stored.write(pipe, checkpoint_tensor_key(keys, self.subgraph_id, done, k), value, size, chunks)
+                if k not in same:
+                    stored.write(pipe, checkpoint_tensor_key(keys, self.subgraph_id, done, k), value, size, chunks)
             chunks.execute()
-            pipe.hset(keys.checkpoint(self.subgraph_id), mapping={"step": done, "n": len(host)})
+            pipe.hset(keys.checkpoint(self.subgraph_id),
+                      mapping={"step": done, "n": len(host), "same": checkpoint_aliases.encode(same)})
         if record:
             pipe.hset(keys.meta, mapping=record)
         pipe.hget(keys.meta, "state")
@@ -269,25 +287,31 @@ def _resume(client, keys, subgraph_id, n_carried, device):
         return None, None
     try:
         step, n = int(saved[b"step"]), int(saved[b"n"])
+        same = checkpoint_aliases.decode(saved.get(b"same"), n)
     except (KeyError, ValueError) as exc:
         raise PlanError(f"the checkpoint of loop subgraph {subgraph_id} is malformed: {exc}") from None
     if n != n_carried:
         raise PlanError(f"the checkpoint of loop subgraph {subgraph_id} holds {n} values, the loop carries "
                         f"{n_carried}")
-    carried = [stored.read(client, checkpoint_tensor_key(keys, subgraph_id, step, k)) for k in range(n)]
+    carried = [None if k in same else stored.read(client, checkpoint_tensor_key(keys, subgraph_id, step, k))
+               for k in range(n)]
+    for k, j in same.items():
+        carried[k] = None if carried[j] is None else carried[j].clone()
     if any(value is None for value in carried):
         raise PlanError(f"the checkpoint of loop subgraph {subgraph_id} at step {step} lost a tensor")
     return step, [devices.to_device(value, device) for value in carried]
 
 
 def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
-             checkpoint_steps=CHECKPOINT_STEPS, checkpoint_seconds=CHECKPOINT_SECONDS, max_bytes=None, budget=None,
-             stop=None, work_waiting=None, segments=None):
+             checkpoint_steps=None, checkpoint_seconds=CHECKPOINT_SECONDS, max_bytes=None, budget=None,
+             stop=None, work_waiting=None, segments=None, resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS):
     """{output id: tensor} of a loop subgraph; resumes from its checkpoint if an earlier run left one.
     `max_bytes`, `budget`: the worker's memory rules for the templates; `stop`: a threading.Event set when
     the worker is stopping (then LoopHandedBack after a checkpoint); `work_waiting()`: whether unread work is
     queued (a loop waiting for another loop's values hands itself back then); `segments`: verify='spot''s
-    segment checks (worker/spot_loop.py), or None."""
+    segment checks (worker/spot_loop.py), or None. Checkpoints: every `checkpoint_steps` (None: CHECKPOINT_STEPS)
+    or `checkpoint_seconds`; a loop that exchanges values every `resident_checkpoint_seconds`, or
+    `checkpoint_steps` when given, at a synchronisation."""
     loop_step = check_loop_program(program)
     spec = unpack_loop(subgraph.loop)   # decoded once: the templates' nodes serve the checks and the runner
     watch = None if max_bytes is None else (lambda template: _watcher(spec, template, max_bytes, budget))
@@ -297,8 +321,9 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
         raise PlanError("a loop step's persisted values and their tensor ids do not pair up")
     graph = GraphWatch(client, keys)
     store_exchange = None
-    writer = _Writer(client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds, spec.n_steps, start,
-                     stop, graph, segments)
+    writer = _Writer(client, keys, subgraph_id, first_ids,
+                     CHECKPOINT_STEPS if checkpoint_steps is None else checkpoint_steps, checkpoint_seconds,
+                     spec.n_steps, start, stop, graph, segments)
     try:
         values = loop_inputs(program, loop_step, inputs, seed, device, max_bytes, budget)
         runner = LoopRun(spec, values, seed, device, watch, step_decisions.for_device(device))
@@ -307,6 +332,8 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
         writer.work_waiting = work_waiting
         store_exchange = writer.exchange = \
             StoreExchange(client, keys, device, writer.on_wait) if runner.exchanges() else None
+        if store_exchange is not None:
+            writer.checkpoint_at_syncs(list(spec.sync_templates), checkpoint_steps or 0, resident_checkpoint_seconds)
         on_step, exchange = emulated_device.paced_steps(writer.on_step, subgraph.loop, values, store_exchange)
         graph.start()
         carried = runner.run(carried, start or 0, on_step, exchange,

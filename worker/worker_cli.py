@@ -19,7 +19,7 @@ from ravop.store import workers as liveness
 
 from . import emulated_device, memory
 from .consumer import Worker
-from .loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
+from .loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS, RESIDENT_CHECKPOINT_SECONDS
 from .parent_death import die_with_parent
 from .verify import Liar
 
@@ -52,11 +52,15 @@ def parse_args(argv=None):
     parser.add_argument("--workers-on-machine", type=int, default=None, metavar="N",
                         help="the default memory budget is this worker's share, 1/N, of the machine's memory "
                              "(default: this one plus the live workers the server lists on this host)")
-    parser.add_argument("--checkpoint-steps", type=int, default=CHECKPOINT_STEPS,
+    parser.add_argument("--checkpoint-steps", type=int, default=None,
                         help="a training loop checkpoints its state to Redis every this many steps (0: by time "
-                             f"only; default: {CHECKPOINT_STEPS})")
+                             f"only; default: {CHECKPOINT_STEPS}, and by time only for resident replicas)")
     parser.add_argument("--checkpoint-seconds", type=float, default=CHECKPOINT_SECONDS,
                         help=f"... and at least every this many seconds (default: {CHECKPOINT_SECONDS:g})")
+    parser.add_argument("--resident-checkpoint-seconds", type=float, default=RESIDENT_CHECKPOINT_SECONDS,
+                        help="a loop that exchanges values (a resident replica) checkpoints instead at a "
+                             "synchronisation at least this many seconds after its last checkpoint (0: at every "
+                             f"one; default: {RESIDENT_CHECKPOINT_SECONDS:g})")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: the cores this process may use); give each of N "
                              "workers on one machine cores / N")
@@ -141,6 +145,7 @@ def main(argv=None):
                         server_gone_after=args.exit_when_server_gone, dead_after=args.dead_after,
                         max_memory_bytes=args.max_memory_bytes, provider=provider,
                         checkpoint_steps=args.checkpoint_steps, checkpoint_seconds=args.checkpoint_seconds,
+                        resident_checkpoint_seconds=args.resident_checkpoint_seconds,
                         wrong_outputs=Liar.parse(args.test_wrong_outputs) if args.test_wrong_outputs else None,
                         workers_on_machine=args.workers_on_machine)
     except Exception as exc:  # noqa: BLE001 - a bad flag, an unreachable or refusing server: one line

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from worker.loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
+from worker.loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS, RESIDENT_CHECKPOINT_SECONDS
 
 from . import harness, report
 from .profiles import PROFILES, profile
@@ -43,8 +43,12 @@ def parse_args(argv=None):
     parser.add_argument("--churn-restart", type=float, default=10.0, help="... and restart it this much later")
     parser.add_argument("--checkpoint-seconds", type=float, default=CHECKPOINT_SECONDS,
                         help="the providers' loops checkpoint every this many (undilated) seconds ...")
-    parser.add_argument("--checkpoint-steps", type=int, default=CHECKPOINT_STEPS,
-                        help="... or this many steps, whichever comes first (0: never by steps)")
+    parser.add_argument("--checkpoint-steps", type=int, default=None,
+                        help="... or this many steps, whichever comes first (0: never by steps; default: "
+                             f"{CHECKPOINT_STEPS}, none for resident replicas)")
+    parser.add_argument("--resident-checkpoint-seconds", type=float, default=RESIDENT_CHECKPOINT_SECONDS,
+                        help="resident replicas checkpoint at a synchronisation every this many (undilated) "
+                             "seconds (or --checkpoint-steps when given)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--detail", action="store_true", help="a line per provider")
     return parser.parse_args(argv)
@@ -83,6 +87,7 @@ def main(argv=None):
                   providers=args.providers, profile=link, emulate=args.emulate, device_flops=args.device_flops,
                   dilation=args.dilation, rows=args.rows, batch=args.batch, epochs=args.epochs, hidden=args.hidden,
                   checkpoint_seconds=args.checkpoint_seconds, checkpoint_steps=args.checkpoint_steps,
+                  resident_checkpoint_seconds=args.resident_checkpoint_seconds,
                   progress=lambda text: print(text, file=sys.stderr, flush=True))
     results = [harness.run(**common)]
     if args.churn_every:

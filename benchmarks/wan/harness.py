@@ -29,7 +29,7 @@ from ravdl.v2.optimizers import Adam
 from ravop.graph_states import DONE, FAILED
 from ravop.store import workers
 from ravop.store.graphs import list_graphs
-from worker.loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS
+from worker.loop_subgraph import CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS
 
 from .lab import Lab, remove_stale
 
@@ -173,12 +173,14 @@ class Churn(threading.Thread):
 
 def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=False, device_flops=None,
         dilation=1.0, rows=4096, batch=128, epochs=1, hidden=256, churn_every=None, churn_restart=10.0,
-        checkpoint_seconds=CHECKPOINT_SECONDS, checkpoint_steps=CHECKPOINT_STEPS, timeout=1800, progress=print):
+        checkpoint_seconds=CHECKPOINT_SECONDS, checkpoint_steps=None,
+        resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS, timeout=1800, progress=print):
     """The figures of one run (a dict, see report.py). `profile`: a benchmarks.wan.profiles.Profile (None: no
     shaping, the proxies only count); `emulate`: providers act as devices of `device_flops` FLOP/s (required
     then), in a run dilated `dilation` times; churn: kill a provider every `churn_every` s of (undilated) time;
     the providers' loops checkpoint every `checkpoint_seconds` (undilated) or `checkpoint_steps` steps (0: never by
-    steps), the workers' defaults unless given."""
+    steps; None: the workers' default), resident replicas at a synchronisation every `resident_checkpoint_seconds`
+    (or `checkpoint_steps` when given), the workers' defaults unless given."""
     if emulate and not device_flops:
         raise ValueError("emulated providers need device_flops (the FLOP/s of the device they stand for)")
     if not emulate and dilation != 1.0:
@@ -201,7 +203,8 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
             # (a heartbeat queued behind a checkpoint on a link 10x slower would miss an undilated TTL: the others
             # would take its replica over) and the reclaim timeout
             extra += ["--checkpoint-seconds", repr(checkpoint_seconds * dilation),
-                      "--checkpoint-steps", str(checkpoint_steps),
+                      "--resident-checkpoint-seconds", repr(resident_checkpoint_seconds * dilation),
+                      *(["--checkpoint-steps", str(checkpoint_steps)] if checkpoint_steps is not None else []),
                       "--dead-after", repr(workers.TTL * dilation), "--reclaim-idle", repr(RECLAIM_IDLE * dilation)]
             lab.start_worker(name, ports[name], extra)
         for name in names:
@@ -267,6 +270,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
         "profile": profile.describe() if profile else "unshaped", "profile_name": profile.name if profile else None,
         "compute": "emulated" if emulate else "real", "device_flops": device_flops, "dilation": dilation,
         "checkpoint_seconds": checkpoint_seconds, "checkpoint_steps": checkpoint_steps,
+        "resident_checkpoint_seconds": resident_checkpoint_seconds,
         "rows": rows, "batch": batch, "epochs": epochs, "hidden": hidden, "synchronisations": syncs,
         "subgraphs": summary.get("subgraphs"),
         "wall_s": wall / dilation, "samples_per_s": samples / (wall / dilation),

@@ -26,6 +26,14 @@ latest global model: outer step k maps the global model after k steps to the one
 pseudo-gradient. The model after fit has every round's outer step applied (the last one is not overlapped).
 In the graph, round k+1's segments do not read outer step k, so workers run them at the same time.
 
+`overlap_start='local'` (with overlap; Streaming DiLoCo keeps each worker's local progress where this restarts
+from a stale model): at sync k each replica restarts from that same global model minus its own round-k
+pseudo-gradient (as received, i.e. after compression: its parameters give or take the compression's error,
+moved by the outer steps it has not seen), and takes its next pseudo-gradient against that start. The stale
+start made replicas learn again what round k taught, so the outer step counted it twice: the paper's outer lr 0.7
+/ Nesterov 0.9 diverged, and the settings that trained stayed 2-3 points under one worker in the WAN lab's task;
+the local start trains with the paper's settings to one worker's accuracy there (docs/wan_lab.md).
+
 `resident` (None: when the session's live workers can hold every replica at once; True; False): each replica is
 one loop op for the whole fit whose state stays where it runs, and only (compressed) pseudo-gradients and
 updates cross the store (ravop.parallel.resident); otherwise each round of each replica is a loop segment whose
@@ -35,10 +43,13 @@ from .compression import check_compression, send
 from .resident import ResidentDiLoCo
 from .replicas import OnShards, average, check_replicas, check_resident, check_update_frequency, every
 
+OVERLAP_STARTS = ("global", "local")   # where a replica restarts with overlap: the stale global model, or plus
+#                                        its own last pseudo-gradient's progress
+
 
 class DiLoCo(OnShards):
     def __init__(self, replicas, inner_steps, outer_lr=0.7, outer_momentum=0.9, nesterov=True, compression=None,
-                 overlap=False, update_frequency=1, resident=None):
+                 overlap=False, update_frequency=1, resident=None, overlap_start="global"):
         self.replicas = check_replicas(replicas)
         self.update_frequency = check_update_frequency(update_frequency)
         if type(inner_steps) is not int or inner_steps < 1:
@@ -54,6 +65,11 @@ class DiLoCo(OnShards):
             raise ValueError("nesterov=True needs outer_momentum > 0 (as torch.optim.SGD): give nesterov=False")
         self.inner_steps, self.outer_lr, self.outer_momentum = inner_steps, float(outer_lr), float(outer_momentum)
         self.nesterov, self.compression, self.overlap = nesterov, check_compression(compression), overlap
+        if overlap_start not in OVERLAP_STARTS:
+            raise ValueError(f"overlap_start is one of {', '.join(map(repr, OVERLAP_STARTS))}, not {overlap_start!r}")
+        if overlap_start != "global" and not overlap:
+            raise ValueError(f"overlap_start={overlap_start!r} needs overlap=True")
+        self.overlap_start = overlap_start
         self.resident = check_resident(resident)
 
     def segments(self, n_steps):
@@ -70,6 +86,7 @@ class DiLoCo(OnShards):
         return (f"DiLoCo(replicas={self.replicas}, inner_steps={self.inner_steps}, outer_lr={self.outer_lr}, "
                 f"outer_momentum={self.outer_momentum}, nesterov={self.nesterov}, compression={self.compression!r}, "
                 f"overlap={self.overlap}"
+                + (f", overlap_start={self.overlap_start!r}" if self.overlap_start != "global" else "")
                 + (f", update_frequency={self.update_frequency}" if self.update_frequency > 1 else "")
                 + (f", resident={self.resident})" if self.resident is not None else ")"))
 
@@ -82,29 +99,37 @@ class _OuterSteps:
         self.diloco, self.layout = diloco, layout
         self.global_ = list(initial[layout.params.start:layout.buffers.stop])   # parameters, then buffers
         self.start = list(self.global_)       # what the current round started from
+        self.local = diloco.overlap_start == "local"
+        self.starts = [self.start] * diloco.replicas   # ... per replica (overlap_start='local')
         self.momentum = [None] * len(layout.params)
         self.up = [[None] * len(layout.params) for _ in range(diloco.replicas)]   # per replica residuals
         self.down = [None] * len(layout.params)                                    # the update's residuals
 
     def exchange(self, states, losses, step):
         d = self.diloco
-        new_global = []
+        new_global, own = [], [[] for _ in states]
         for k in self.layout.params:
-            pseudo = [self.start[k] - state[k] for state in states]
+            pseudo = [start[k] - state[k] for start, state in zip(self.starts, states)]
             if d.compression:
                 sent = [send(g, self.up[r][k], d.compression) for r, g in enumerate(pseudo)]
                 pseudo = [received for received, _ in sent]
                 for r, (_, residual) in enumerate(sent):
                     self.up[r][k] = residual
+            for r, g in enumerate(pseudo):
+                own[r].append(g)
             new_global.append(self.global_[k] + self._update(k, average(pseudo)))
         for k in self.layout.buffers:
             new_global.append(average([state[k] for state in states]))
         self.start = self.global_ if d.overlap else new_global
+        self.starts = [self.start] * d.replicas
+        if self.local:   # the stale global model minus the replica's own pseudo-gradient (parameters only)
+            self.starts = [[self.start[k] - own[r][k] for k in self.layout.params] + self.start[len(own[r]):]
+                           for r in range(d.replicas)]
         self.global_ = new_global
-        for state in states:   # integer buffers are counters each replica advances (num_batches_tracked): its own
-            for k in self.layout.model:
-                if self.start[k].dtype.is_floating_point:
-                    state[k] = self.start[k]
+        for start, state in zip(self.starts, states):   # integer buffers are counters each replica advances
+            for k in self.layout.model:                 # (num_batches_tracked): its own
+                if start[k].dtype.is_floating_point:
+                    state[k] = start[k]
 
     def _update(self, k, grad):
         """The change torch.optim.SGD makes to parameter k with `grad`, as it is received."""

@@ -17,6 +17,9 @@ With `overlap` (Streaming DiLoCo, DiLoCo's docstring) replica 0 sends outer step
 buffers): so at sync k a replica r > 0 receives update k - 1, which was ready a round ago, and restarts from the
 global model before outer step k, without waiting for the others' pseudo-gradients or the outer step; replica 0
 keeps the latest global model (every outer step applied: the model after fit) and the round's start apart.
+With `overlap_start='local'` a replica restarts from that model minus its own pseudo-gradient as received:
+replica r > 0 carries its round's start apart from its global model (between `up` and `down` the slot holds the
+pseudo-gradient `up` sent, which `down` subtracts); replica 0 restarts so from the model before its outer step.
 So per round a replica r > 0 sends one (compressed) pseudo-gradient and receives one (compressed) update; the
 channels are named `{kind}.{replica}.{k}` per value k (worker/exchange.py stores them)."""
 import torch
@@ -50,11 +53,14 @@ class ResidentDiLoCo:
                 ([R.zeros(shape=(), dtype="float32") for _ in params] if diloco.compression == "int8" else []) + \
                 [initial[k] for k in self.floats]
         self.outer = {"momentum": momentum, "down": down, "start": start, "pending": pending}
+        self.local = diloco.overlap_start == "local"
+        self.own_start = list(params) if self.local else []   # replicas r > 0: the round's start (see above)
         self.n_state = None
 
     def extra(self, r):
         """The values replica r's loop carries besides its train state, initially."""
-        return self.model + self.residuals + ([v for group in self.outer.values() for v in group] if r == 0 else [])
+        return self.model + self.residuals + \
+            ([v for group in self.outer.values() for v in group] if r == 0 else self.own_start)
 
     def sync_steps(self, loop, r, n_state):
         """Record replica r's sync templates on `loop` (whose carried values are its train state of `n_state`
@@ -76,11 +82,15 @@ class ResidentDiLoCo:
         return [first, first + 1]
 
     def _split(self, step, n_state):
-        """(train state, global model, residuals, replica 0's outer values by group) of the carried values."""
+        """(train state, global model, residuals, replica 0's outer values by group, or a replica r > 0's
+        start as {"start": values}) of the carried values."""
         carried = list(step.carried)
         n_model, n_res = len(self.model), len(self.residuals)
         state, rest = carried[:n_state], carried[n_state:]
-        outer, at = {}, n_model + n_res
+        at = n_model + n_res
+        if self.own_start and len(rest) == at + len(self.own_start):   # a replica r > 0's (replica 0 carries more)
+            return state, rest[:n_model], rest[n_model:at], {"start": rest[at:]}
+        outer = {}
         for name, group in self.outer.items():
             outer[name], at = rest[at:at + len(group)], at + len(group)
         return state, rest[:n_model], rest[n_model:n_model + n_res], outer
@@ -98,10 +108,12 @@ class ResidentDiLoCo:
         return sent, received, true - received
 
     def _up(self, step, r, n_state):
-        state, model, residuals, _ = self._split(step, n_state)
-        residuals = list(residuals)
+        state, model, residuals, own = self._split(step, n_state)
+        residuals, start = list(residuals), list(own.get("start", ()))
         for k in self.layout.params:
-            (values, scale), _, residual = self._pseudo(state, model, residuals, k)
+            (values, scale), received, residual = self._pseudo(state, start or model, residuals, k)
+            if start:
+                start[k] = received   # for `down`: the replica restarts from the new model minus it
             step.send(values, f"up.{r}.{k}")
             if scale is not None:
                 step.send(scale, f"upscale.{r}.{k}")
@@ -109,7 +121,7 @@ class ResidentDiLoCo:
                 residuals[k] = residual
         for k in self.floats:
             step.send(state[k], f"buffer.{r}.{k}")
-        return state + model + residuals
+        return state + model + residuals + start
 
     def _received_update(self, step, k, like):
         values = step.receive(f"down.{k}", like if not self.diloco.compression else _narrow(like, self.diloco))
@@ -117,11 +129,19 @@ class ResidentDiLoCo:
         return decompress(values, scale) if self.diloco.compression else values
 
     def _down(self, step, n_state):
-        state, model, residuals, _ = self._split(step, n_state)
+        state, model, residuals, own = self._split(step, n_state)
         new_model = [model[k] + self._received_update(step, k, model[k]) for k in self.layout.params]
         for k in self.layout.buffers:
             new_model.append(step.receive(f"buffermean.{k}", state[k]) if k in self.floats else state[k])
-        return self._restart(state, new_model) + new_model + residuals
+        if not self.local:
+            return self._restart(state, new_model) + new_model + residuals
+        start = self._local_start(new_model, own["start"])
+        return self._restart(state, start) + new_model + residuals + start[:len(self.own_start)]
+
+    def _local_start(self, model, pseudo):
+        """overlap_start='local': `model` (parameters, then buffers) minus the replica's own pseudo-gradient."""
+        n = len(pseudo)
+        return [model[k] - pseudo[k] for k in range(n)] + list(model[n:])
 
     def _restart(self, state, new_model):
         """`state` restarted from `new_model`, but for integer buffers: counters each replica advances
@@ -150,10 +170,12 @@ class ResidentDiLoCo:
         residuals, momentum, down = list(residuals), list(outer["momentum"]), list(outer["down"])
         start = outer["start"] or model   # without overlap a round starts from the latest global model
         new_model, sent, scales, means = [], [], [], []
+        owns = []
         for k in self.layout.params:
             _, own, residual = self._pseudo(state, start, residuals, k)
             if residual is not None:
                 residuals[k] = residual
+            owns.append(own)
             pseudo = [own]
             for r in range(1, d.replicas):
                 like = state[k] if not d.compression else _narrow(state[k], d)
@@ -182,7 +204,8 @@ class ResidentDiLoCo:
             else:
                 new_model.append(state[k])
         if d.overlap:   # sent at the next sync; the replicas restart from the model before this outer step
-            return self._restart(state, model) + new_model + residuals + momentum + down + model + \
+            restart = self._local_start(model, owns) if self.local else model
+            return self._restart(state, restart) + new_model + residuals + momentum + down + restart + \
                 sent + scales + means
         for k, values in zip(self.layout.params, sent):
             step.send(values, f"down.{k}")
