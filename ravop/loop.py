@@ -94,19 +94,22 @@ class Loop:
         self.templates: list[StepTemplate] = []
         self.names: list[list[list[str]]] = []   # per template: a list of names per output
         self.rows_per_step: list[int] = []
+        self.before_first: list[bool] = []   # per template: a sync template that also runs before the first step
         self.outer: dict[int, Op] = {}   # id -> Op recorded before the loop that a step reads, in first-read order
         self.step_ids: set[int] = set()
         self.closed = False
 
     @contextmanager
-    def step(self, counts: bool = True) -> Iterator[Step]:
+    def step(self, counts: bool = True, before_first: bool = False) -> Iterator[Step]:
         """Record one step template (see the module docstring); `counts`: a training step, which advances the
-        optimizer step count and, if it reads rows, the batch."""
+        optimizer step count and, if it reads rows, the batch; `before_first`: a sync template (`run`'s `sync`)
+        that also runs once before the first step, so that its run k + 1 follows the k-th sync (a value ready
+        at a sync is sent there, for the others' next sync: DiLoCo's overlap, ravop.parallel.resident)."""
         if self.closed:
             raise GraphStateError("this loop has been run: record its steps before loop.run()")
         if self.graph.recording_step is not None:
             raise GraphStateError("loop steps cannot nest")
-        step = Step(self, counts)
+        step = Step(self, counts, before_first)
         self.graph.recording_step = step
         try:
             yield step
@@ -121,7 +124,8 @@ class Loop:
         (one replica's steps between two synchronisations, ravop.parallel). The templates `sync` (steps recorded
         with counts=False that read no rows, not in the schedule) run in turn after every `sync_every` training
         steps and after the last one: a resident replica's exchange with the others (`Step.send`,
-        `Step.receive`). Returns the Ops of the carried values after the last step."""
+        `Step.receive`); those recorded with `before_first` also once before the first step. Returns the Ops of
+        the carried values after the last step."""
         if self.closed:
             raise GraphStateError("this loop has already been run")
         if not self.templates:
@@ -133,8 +137,9 @@ class Loop:
         sync, sync_every = [int(t) for t in sync], int(sync_every)
         self._check_sync(schedule, sync, sync_every, segment)
         order = [t for _ in range(rounds) for t, times in schedule for _ in range(times)]
+        before_first = [t for t in sync if self.before_first[t]]
         if sync:
-            order = _with_syncs(order, [self.templates[t].counts for t in order], sync, sync_every)
+            order = before_first + _with_syncs(order, [self.templates[t].counts for t in order], sync, sync_every)
         first, n_steps = (0, len(order)) if segment is None else (int(segment[0]), int(segment[1]))
         if first < 0 or n_steps < 1 or first + n_steps > len(order):
             raise ValueError(f"segment {segment} is not within the loop's {len(order)} steps")
@@ -150,7 +155,7 @@ class Loop:
         self.closed = True
         inputs = tuple(self.initial) + tuple(self.outer.values())
         spec = LoopSpec(list(self.templates), len(self.initial), [op.id for op in inputs], schedule, rounds, n_steps,
-                        first, sync_templates=sync, sync_every=sync_every)
+                        first, sync_templates=sync, sync_every=sync_every, before_first=before_first)
         if self.batches is not None:
             spec.n_rows, spec.batch_size = self.batches.n_rows, self.batches.batch_size
             spec.shuffle, spec.shuffle_seed = self.batches.shuffle, self.batches.seed
@@ -163,6 +168,9 @@ class Loop:
 
     def _check_sync(self, schedule: list[tuple[int, int]], sync: list[int], every: int,
                     segment: Optional[tuple[int, int]]) -> None:
+        flagged = [t for t, flag in enumerate(self.before_first) if flag and t not in sync]
+        if flagged:
+            raise ValueError(f"steps {flagged} were recorded with before_first=True but are not sync templates {sync}")
         if not sync and not every:
             return
         if not sync or every < 1 or segment is not None:
@@ -227,8 +235,8 @@ def seed_params(rows: Sequence[Node], graph_seed: int) -> list[tuple[int, int]]:
 class Step:
     """One step template being recorded (`Loop.step`)."""
 
-    def __init__(self, loop: Loop, counts: bool) -> None:
-        self.loop, self.counts = loop, bool(counts)
+    def __init__(self, loop: Loop, counts: bool, before_first: bool = False) -> None:
+        self.loop, self.counts, self.before_first = loop, bool(counts), bool(before_first)
         graph = loop.graph
         self.start = len(graph.nodes)
         source = user_source()
@@ -370,6 +378,7 @@ class Step:
         loop.templates.append(template)
         loop.names.append([names for _, names in self.outputs])
         loop.rows_per_step.append(n_rows)
+        loop.before_first.append(self.before_first)
 
 
 def _node_of(op: Op) -> Node:

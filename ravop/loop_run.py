@@ -245,8 +245,12 @@ class LoopRun:
                 for t in self.syncs):
             raise PlanError("a loop's sync templates must be templates outside its schedule that neither count nor "
                             "read rows, and come with their interval")
+        self.before_first = list(loop.before_first)
+        if len(set(self.before_first)) != len(self.before_first) or not set(self.before_first) <= set(self.syncs):
+            raise PlanError("the templates a loop runs before its first step must be distinct sync templates")
         self.row_counts = [int(t.rows) if t.row_holes else 0 for t in loop.templates]
-        total = sum(times for _, times in self.schedule) * loop.rounds + loop.n_syncs() * len(self.syncs)
+        total = sum(times for _, times in self.schedule) * loop.rounds + loop.n_syncs() * len(self.syncs) + \
+            len(self.before_first)
         if loop.first_step + loop.n_steps > total:
             raise PlanError(f"the loop declares steps {loop.first_step}..{loop.first_step + loop.n_steps} but its "
                             f"schedule runs {total}")
@@ -260,13 +264,20 @@ class LoopRun:
 
     def positions(self) -> Iterator[tuple[int, int, int, int, int]]:
         """(template, round, first row, training steps before, run index of the template) of every step of
-        the schedule's rounds up to the loop's last (`first_step + n_steps`)."""
+        the schedule's rounds up to the loop's last (`first_step + n_steps`), after the sync templates that run
+        before the first step."""
         runs = [0] * len(self.steps)
         count, index, end = 0, 0, self.loop.first_step + self.loop.n_steps
         counts = [t.counts for t in self.loop.templates]
         every = self.loop.sync_every
         if not end:
             return  # no step at all, however many rounds a (hostile) plan declares
+        for s in self.before_first:   # sync templates' run 0, before the first step
+            if index == end:
+                return
+            yield s, 0, 0, 0, runs[s]
+            runs[s] += 1
+            index += 1
         r = 0
         for r in range(self.loop.rounds):
             position = 0

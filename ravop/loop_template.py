@@ -49,7 +49,8 @@ class LoopSpec:
     """`rounds` times the `schedule`'s (template index, times) pairs; the loop op's inputs are named
     `outer_ids` in the templates, its first `n_carried` the carried values' initial values. With `sync_every`,
     the `sync_templates` run in turn after every `sync_every` training steps and after the last one (a resident
-    replica's exchange with the others, ravop.parallel); they are not in the schedule."""
+    replica's exchange with the others, ravop.parallel); they are not in the schedule. Those in `before_first`
+    also run once before the first step."""
     templates: list[StepTemplate]
     n_carried: int
     outer_ids: list[int]
@@ -63,11 +64,12 @@ class LoopSpec:
     shuffle_seed: int = 0
     sync_templates: list[int] = field(default_factory=list)
     sync_every: int = 0
+    before_first: list[int] = field(default_factory=list)
 
     def runs(self, template: int) -> int:
         """How often template `template` runs in all rounds of the schedule (a sync template: at every sync)."""
         if template in self.sync_templates:
-            return self.n_syncs()
+            return self.n_syncs() + (template in self.before_first)
         return self.rounds * sum(times for t, times in self.schedule if t == template)
 
     def n_syncs(self) -> int:

@@ -16,6 +16,7 @@ from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop.interpreter import evaluate_persisted
+from ravop.loop_run import MemoryExchange
 from ravop.placement import held_by
 from ravop.store import GraphKeys
 from test_diloco import PARAM_NAMES, assert_matches_reference, fit_diloco
@@ -162,16 +163,76 @@ def test_overlapped_resident_replicas_on_three_workers_give_the_in_process_bits(
     assert_same_as_in_process(graph, persisted)
 
 
-def test_with_overlap_replica_0_sends_the_last_update_before_waiting_for_the_others():
+def test_with_overlap_replica_0_sends_each_update_right_after_its_outer_step_and_a_zero_one_first():
     graph = R.Graph(name="overlap templates", seed=11)
     ravdl_net(torch_net()).fit(X, Y, n_epochs=1, batch_size=6, strategy=R.parallel.DiLoCo(3, 2, resident=True,
                                                                                           overlap=True))
     replica_0, replica_1, _ = [record.spec for record in graph.loops.values()]
-    send, outer = [replica_0.templates[t] for t in replica_0.sync_templates]
+    outer, send = [replica_0.templates[t] for t in replica_0.sync_templates]
     assert not send.recv_holes and {c.split(".")[0] for c in send.send_channels} == {"down"}   # no buffers
     assert not outer.send_channels and {c.split(".")[0] for c in outer.recv_channels} == {"up"}
+    assert replica_0.before_first == [replica_0.sync_templates[1]]
     up, down = [replica_1.templates[t] for t in replica_1.sync_templates]
     assert {c.split(".")[0] for c in down.recv_channels} == {"down"} and not down.send_channels
+    assert not replica_1.before_first
+    # a shard of 16 rows in batches of 6: 3 steps, syncs after steps 2 and 3; `send` also runs before the first
+    o, s = replica_0.sync_templates
+    assert replica_0.runs(o) == 2 and replica_0.runs(s) == 3 and replica_0.n_steps == 3 + 2 * 2 + 1
+
+
+class _Gate(MemoryExchange):
+    """A MemoryExchange that counts, per run of the `down` channels, the replicas that have received it."""
+
+    def __init__(self):
+        super().__init__(timeout=120)
+        self.down_received = {}
+
+    def receive(self, channels, run):
+        values = super().receive(channels, run)
+        if channels and channels[0].startswith("down."):
+            with self.changed:
+                self.down_received[run] = self.down_received.get(run, 0) + 1
+                self.changed.notify_all()
+        return values
+
+
+def test_with_overlap_the_replicas_receive_update_k_minus_1_while_replica_0_waits_before_round_k(monkeypatch):
+    """Replica 0 held after each sync k - 1 (k >= 1) until the other replicas have received update k - 1: they
+    get it without replica 0 training round k (they never wait for replica 0's arrival at sync k), with the same
+    bits."""
+    import ravop.interpreter as interpreter
+    graph, names = record_small("overlap gate", 4, compression="int8", overlap=True, replicas=3)
+    want = on_one_thread(evaluate_persisted, graph, names)
+    gate, held, order = _Gate(), [], []
+
+    class GatedRun(interpreter.LoopRun):
+        def run(self, *args, on_step=None, exchange=None, **kwargs):
+            templates, syncs = self.loop.templates, self.loop.sync_templates
+            if not any(c.startswith("up.") for t in templates for c in t.recv_channels):
+                return super().run(*args, on_step=on_step, exchange=exchange, **kwargs)
+            outer = next(t for t in syncs if any(c.startswith("up.") for c in templates[t].recv_channels))
+            outer_steps = []
+
+            def hold(done, template, run, values, carried):
+                on_step(done, template, run, values, carried)
+                order.append(template)
+                outer_steps.extend([run] if template == outer else [])
+                if template == syncs[-1] and 0 < len(outer_steps) < self.loop.n_syncs():   # before round k
+                    k = len(outer_steps)
+                    with gate.changed:
+                        assert gate.changed.wait_for(lambda: gate.down_received.get(k, 0) == 2, 60), \
+                            f"replica 0, held before round {k}, waited for the others to receive update {k - 1}"
+                    held.append(k)
+            return super().run(*args, on_step=hold, exchange=exchange, **kwargs)
+    monkeypatch.setattr(interpreter, "MemoryExchange", lambda: gate)
+    monkeypatch.setattr(interpreter, "LoopRun", GatedRun)
+    got = on_one_thread(evaluate_persisted, graph, names)
+    # a shard of 16 rows in batches of 6, 4 epochs: 12 steps, 3 rounds of 4: held before rounds 1 and 2
+    assert held == [1, 2]
+    outer, send = graph.loops[min(graph.loops)].spec.sync_templates
+    assert order[0] == send and [order[k + 1] for k, t in enumerate(order) if t == outer] == [send] * 3
+    for name in names:
+        assert torch.equal(got[name], want[name]), name
 
 
 def checkpointed_replica(client, keys):
@@ -196,9 +257,10 @@ def run_killing_a_replica(engine, workers, client, graph):
     return keys, loop_id, holder
 
 
-def test_a_provider_killed_mid_round_is_resumed_elsewhere_with_the_same_bits(engine, workers, client):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_provider_killed_mid_round_is_resumed_elsewhere_with_the_same_bits(engine, workers, client, overlap):
     names = workers.start(3, reclaim_idle=1.0, extra=("--checkpoint-steps", "40"))
-    graph, persisted = record_small("resident kill", 150)
+    graph, persisted = record_small(f"resident kill {overlap}", 150, overlap=overlap)
     keys, loop_id, holder = run_killing_a_replica(engine, workers, client, graph)
     assert client.hget(keys.ran, loop_id).decode() in set(names) - {holder}   # a spare took the replica over
     (replicas,) = held_by(graph).values()

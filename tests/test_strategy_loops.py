@@ -269,7 +269,8 @@ def test_the_plan_does_not_grow_with_the_number_of_steps(strategy):
         assert len(loops) == strategy.replicas and compiled.summary["loops_replicated"] == 1
         share = (steps - 2) // 2   # the loop's steps (the first and last run once) dealt to 2 replicas
         syncs = -(-share // 3)
-        assert [loop.n_steps for loop in loops] == [share + syncs * len(loop.sync_templates) for loop in loops]
+        assert [loop.n_steps for loop in loops] == [share + syncs * len(loop.sync_templates) + len(loop.before_first)
+                                                    for loop in loops]
         plans.append((compiled.summary["compiled_ops"], compiled.summary["subgraphs"],
                       [[len(t.nodes.op) for t in loop.templates] for loop in loops]))
     assert plans[0] == plans[1]

@@ -103,9 +103,23 @@ def test_the_emulated_clock_sleeps_out_the_flops(tmp_path):
     assert '"exchange_s": 0.25' in (tmp_path / "busy.json").read_text()
     profile = harness.time_profile({}, {"first": 10.0, "last": 30.0, "exchange_s": 4.0, "writes_s": 2.0},
                                    started_at=8.0, ended_at=31.0, dilation=2.0)
-    assert profile == {"before_first_s": 1.0, "after_last_s": 0.5, "exchange_s": 2.0, "writes_s": 1.0}
+    assert profile == {"before_first_s": 1.0, "after_last_s": 0.5, "exchange_s": 2.0, "writes_s": 1.0,
+                       "overslept_s": 0.0, "absorbed_s": 0.0}
     assert emulated_device.op_flops("linear", (128, 256), [(128, 784), (256, 784), (256,)], {}) == \
         2 * 128 * 256 * 784
+
+
+def test_the_emulated_device_makes_up_the_hosts_lag_from_its_slack_but_not_across_a_wait():
+    clock = emulated_device.DeviceClock(flops_per_s=1e9)
+    clock._lost(0.03)                                 # the host woke 30 ms late after a unit
+    clock.account(time.monotonic(), 5e7)              # the next unit, 50 ms, sleeps out only what is left
+    assert clock.busy == pytest.approx(0.05) and clock.waits["absorbed_s"] == pytest.approx(0.03)
+    assert clock.waits["overslept_s"] >= 0.03 and clock.lag == pytest.approx(clock.waits["overslept_s"] - 0.03)
+    clock._lost(0.5)
+    clock.waited("exchange_s", 0.001, received=True)  # a receive: the device would have waited for it too
+    absorbed = clock.waits["absorbed_s"]
+    clock.account(time.monotonic(), 1e7)
+    assert clock.lag <= clock.waits["overslept_s"] - 0.53 + 1e-9 and clock.waits["absorbed_s"] == absorbed
 
 
 def test_the_proxy_never_beats_its_rate_and_tbf_agrees():

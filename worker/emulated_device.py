@@ -9,6 +9,12 @@ unit began and the last one ended (wall clock), and how long loop steps waited o
 (`exchange_s`) and on the loop's writes (`writes_s`: flushed losses, checkpoints), which is where a provider's
 time goes (the harness's profile).
 
+The device's timeline is kept apart from the host's: on a loaded host a sleep wakes late, and this clock's own
+file write takes time after each unit, which a real device would not lose. That lag (`overslept_s`) is made up
+from the next units' slack (the time they sleep out, `absorbed_s`), so the emulated device computes at its
+FLOP/s whatever the host's scheduling; a receive from the exchange clears it (the device, ahead of the host,
+would have waited for the same value: no credit is carried across a wait).
+
 FLOPs are the registry's per-op estimates (`OpDef.flops`, else the largest tensor the op touches: the rules the
 compiler's cost model uses), over the shapes the unit actually reads: its inputs' real shapes and its ops'
 declared ones. A step's FLOPs are counted once per template. Without either flag nothing here runs."""
@@ -34,7 +40,8 @@ class DeviceClock:
         self.busy = self.real = self.flops = 0.0   # seconds the device computed, of them really; FLOPs
         self.units = 0
         self.first = self.last = None               # wall clock: the first unit's start, the last one's end
-        self.waits = {"exchange_s": 0.0, "writes_s": 0.0}
+        self.waits = {"exchange_s": 0.0, "writes_s": 0.0, "overslept_s": 0.0, "absorbed_s": 0.0}
+        self.lag = 0.0   # how far the host runs behind the device's timeline (see the module docstring)
         if busy_file and os.path.exists(busy_file):   # a provider restarted under the same file goes on counting
             with open(busy_file) as f:
                 before = json.load(f)
@@ -45,27 +52,46 @@ class DeviceClock:
     def account(self, started, flops):
         """A unit of `flops` that began at `started` (time.monotonic) has just been computed: sleep out the rest
         of its emulated time, if any, and count it."""
-        real = time.monotonic() - started
+        now = time.monotonic()
+        real = now - started
         if self.first is None:
             self.first = time.time() - real
         busy = real
         if self.flops_per_s is not None:
             target = flops / self.flops_per_s
-            if target > real:
-                time.sleep(target - real)
+            if target > real:   # the device, `lag` ahead of the host, ends the unit `target` after it began
                 busy = target
+                absorbed = min(self.lag, target - real)
+                self.waits["absorbed_s"] += absorbed
+                self.lag -= absorbed
+                left = target - real - absorbed
+                if left > 0:
+                    time.sleep(left)
+                    self._lost(time.monotonic() - now - left)   # a loaded host wakes late
         self.busy += busy
         self.real += real
         self.flops += flops
         self.units += 1
         self.last = time.time()
         if self.busy_file:
+            began = time.monotonic()
             self._write()
+            self._lost(time.monotonic() - began)
 
-    def waited(self, kind, seconds):
+    def _lost(self, seconds):
+        self.lag += seconds
+        self.waits["overslept_s"] += seconds
+
+    def waited(self, kind, seconds, received=False):
         """A loop step waited `seconds` on its exchange or its writes (`kind`: "exchange_s" or "writes_s"); counted
-        at the next unit's write."""
+        at the next unit's write. `received`: a receive from the exchange, which clears the host's lag."""
         self.waits[kind] += seconds
+        if received:
+            self.caught_up()
+
+    def caught_up(self):
+        """The host waited for something outside the device (a value, work): its lag is gone."""
+        self.lag = 0.0
 
     def _write(self):
         temporary = f"{self.busy_file}.{os.getpid()}"
@@ -112,6 +138,7 @@ def paced(subgraph, inputs):
     if CLOCK is None:
         yield
         return
+    CLOCK.caught_up()   # the worker waited for this work
     started = time.monotonic()
     yield
     CLOCK.account(started, nodes_flops(unpack_nodes(subgraph.nodes), {i: tuple(t.shape) for i, t in inputs.items()}))
@@ -133,6 +160,7 @@ class _PacedSteps:
         self.on_step, self.loop, self.loop_inputs = on_step, loop, loop_inputs
         self.outer = {i: tuple(t.shape) for i, t in zip(loop.outer_ids, loop_inputs)}
         self.step_flops = {}
+        CLOCK.caught_up()   # the worker waited for this loop and its inputs
         self.started = time.monotonic()
 
     def __call__(self, done, template, run, outputs, carried):
@@ -163,7 +191,7 @@ class _TimedExchange:
             return self.exchange.receive(channels, run)
         finally:
             self.paced.started += time.monotonic() - began
-            CLOCK.waited("exchange_s", time.monotonic() - began)
+            CLOCK.waited("exchange_s", time.monotonic() - began, received=True)   # the device waits for it too
 
 
 def _template_flops(template, loop_inputs, outer):

@@ -299,14 +299,17 @@ def time_profile(before, after, started_at, ended_at, dilation):
     """Where a provider's wall time went besides computing (undilated seconds): until its first unit of work
     (fetching the plan, its inputs, the data shard), in its loop steps' exchange (resident replicas: sends and
     waits for the others' values) and writes (flushed losses, checkpoints), and after its last unit (the
-    outputs' writes, the graph's end). The rest of the wall time is queue hops and reads between units."""
+    outputs' writes, the graph's end). The rest of the wall time is queue hops and reads between units, and the
+    emulation's own lag (`overslept_s`: late wake-ups and the busy file's writes, of which `absorbed_s` was made
+    up from later steps' slack; worker/emulated_device.py)."""
     first, last = after.get("first"), after.get("last")
     if first is None or last is None:
         return {}
     return {"before_first_s": max(0.0, first - started_at) / dilation,
             "after_last_s": max(0.0, ended_at - last) / dilation,
             "exchange_s": (after.get("exchange_s", 0.0) - before.get("exchange_s", 0.0)) / dilation,
-            "writes_s": (after.get("writes_s", 0.0) - before.get("writes_s", 0.0)) / dilation}
+            **{k: (after.get(k, 0.0) - before.get(k, 0.0)) / dilation
+               for k in ("writes_s", "overslept_s", "absorbed_s")}}
 
 
 def watch_progress(lab, token, start, timeout, seen):

@@ -35,6 +35,9 @@ def provider_rows(result):
             yield (f"  {'':<14} wait: {p['before_first_s']:.2f} s before its first step, {p['exchange_s']:.2f} s in "
                    f"exchanges, {p['writes_s']:.2f} s writing (losses, checkpoints), {p['after_last_s']:.2f} s after "
                    f"its last step")
+        if p.get("overslept_s"):
+            yield (f"  {'':<14} emulation: the host ran {p['overslept_s']:.2f} s behind the device (late wake-ups, "
+                   f"the busy file), {p['absorbed_s']:.2f} s of it made up from later steps' slack")
 
 
 def table(results, detail=False):

@@ -12,11 +12,13 @@ update's residuals) and, with `overlap`, the round's start and the update it has
 - replica 0: `outer` receives the others' pseudo-gradients and buffers, takes its own, steps the outer
   optimizer as `DiLoCo`'s in-graph synchronizer does (the same ops in the same order: the same bits), sends the
   update and the mean buffers, and restarts from the new global model.
-With `overlap` (Streaming DiLoCo, DiLoCo's docstring) replica 0 sends outer step k's update at sync k + 1, in a
-`send` template that runs before its `outer` and waits for nothing (at sync 0 a zero update and the initial
-buffers): so at sync k a replica r > 0 receives update k - 1, which was ready a round ago, and restarts from the
-global model before outer step k, without waiting for the others' pseudo-gradients or the outer step; replica 0
-keeps the latest global model (every outer step applied: the model after fit) and the round's start apart.
+With `overlap` (Streaming DiLoCo, DiLoCo's docstring) replica 0 sends outer step k's update right after it, as
+run k + 1 of a `send` template that also runs once before the first step (its run 0: a zero update and the
+initial buffers): so at sync k a replica r > 0 receives update k - 1, sent when outer step k - 1 was done, and
+restarts from the global model before outer step k, without waiting for the others' pseudo-gradients, the outer
+step, nor replica 0's arrival at sync k (only for the slowest replica's arrival at sync k - 1); replica 0 keeps
+the latest global model (every outer step applied: the model after fit) and the round's start apart. The update
+sent after the last outer step is read by no one (it stays in the store until the graph is flushed).
 With `overlap_start='local'` a replica restarts from that model minus its own pseudo-gradient as received:
 replica r > 0 carries its round's start apart from its global model (between `up` and `down` the slot holds the
 pseudo-gradient `up` sent, which `down` subtracts); replica 0 restarts so from the model before its outer step.
@@ -68,12 +70,12 @@ class ResidentDiLoCo:
         self.n_state = n_state
         first = len(loop.templates)
         if r == 0:
-            if self.diloco.overlap:
-                with loop.step(counts=False) as step:
-                    self._send_pending(step, n_state)
-                    step.carry(step.carried)
             with loop.step(counts=False) as step:
                 step.carry(self._outer(step, n_state))
+            if self.diloco.overlap:   # right after the outer step, and once before the first step (its run 0)
+                with loop.step(counts=False, before_first=True) as step:
+                    self._send_pending(step, n_state)
+                    step.carry(step.carried)
             return list(range(first, len(loop.templates)))
         with loop.step(counts=False) as step:
             step.carry(self._up(step, r, n_state))

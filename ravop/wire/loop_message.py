@@ -36,6 +36,7 @@ def pack_loop(spec: LoopSpec, message: Any) -> None:
     message.shuffle, message.shuffle_seed = spec.shuffle, spec.shuffle_seed
     message.sync_templates.extend(spec.sync_templates)
     message.sync_every = spec.sync_every
+    message.before_first.extend(spec.before_first)
 
 
 def unpack_loop(message: Any) -> LoopSpec:
@@ -57,4 +58,5 @@ def unpack_loop(message: Any) -> LoopSpec:
         templates.append(template)
     return LoopSpec(templates, message.n_carried, list(message.outer_ids), list(zip(pairs[::2], pairs[1::2])),
                     message.rounds, message.n_steps, message.first_step, message.n_rows, message.batch_size,
-                    message.shuffle, message.shuffle_seed, list(message.sync_templates), message.sync_every)
+                    message.shuffle, message.shuffle_seed, list(message.sync_templates), message.sync_every,
+                    list(message.before_first))
