@@ -81,8 +81,9 @@ def test_metrics_move_during_a_training_run(engine, workers):
                      > value(board_first, "ravop_graph_steps", graph=graph, name="metrics-train") else None)(
                 scrape(board.url + "metrics")), "the graph's steps to move")
         R.track_progress()
-        # the worker counts a subgraph just after the store has it: the graph may read done a moment before
-        done = wait_for(lambda: (lambda s: s if value(s, "ravop_worker_subgraphs_total", worker=name) >= 2
+        # the worker counts a subgraph just after the store has it: the graph may read done a moment before (the
+        # fit is one subgraph: the loop makes its own zero moments)
+        done = wait_for(lambda: (lambda s: s if value(s, "ravop_worker_subgraphs_total", worker=name) >= 1
                                  else None)(scrape(worker_url)), "the worker to count its last subgraph")
         board_done = scrape(board.url + "metrics")
     finally:
@@ -92,7 +93,8 @@ def test_metrics_move_during_a_training_run(engine, workers):
         value(first, "ravop_worker_busy_seconds_total", worker=name)
     assert steps(done) == 3150
     assert value(done, "ravop_worker_store_read_bytes_total", worker=name) >= 1000 * 64 * 4   # X went up once
-    assert value(done, "ravop_worker_store_written_bytes_total", worker=name) > 0
+    # (store_written_bytes counts subgraph outputs; this fit's only subgraph is its loop, whose losses and
+    # checkpoints go through the loop's writer, counted by checkpoint_writes below)
     assert value(done, "ravop_worker_checkpoint_writes_total", worker=name) >= 1
     assert value(done, "ravop_worker_takeovers_total", worker=name) == 0
     # the dashboard: the graph's state, progress and rate, and its losses as they are persisted

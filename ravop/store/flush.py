@@ -39,12 +39,12 @@ def delete_token(client: Client, token: str, batch: int = 1000) -> None:
         return _scan_delete(client, TokenKeys(token).pattern, batch)
     named, checkpoints = found
     pipe = client.pipeline(transaction=False)
-    if checkpoints:
-        pipe.exists(*checkpoints)
-    for at in range(0, len(named), batch):
-        pipe.unlink(*named[at:at + batch])
+    for key in checkpoints:          # one key a command: a cluster's pipeline refuses keys of several slots
+        pipe.exists(key)
+    for key in named:
+        pipe.unlink(key)
     replies = pipe.execute()
-    if checkpoints and replies[0]:   # a loop's checkpoint left behind names tensors under steps of its own
+    if any(replies[:len(checkpoints)]):   # a loop's checkpoint left behind names tensors under steps of its own
         _scan_delete(client, TokenKeys(token).pattern, batch)
 
 
@@ -63,7 +63,17 @@ def owned_keys(client: Client, token: str) -> Optional[Tuple[List[str], List[str
         pipe.hmget(keys.meta, *_META)
         pipe.hgetall(keys.info)
         pipe.hvals(keys.persist)
-    replies = pipe.execute()
+    replies = pipe.execute(raise_on_error=False)
+    if any(isinstance(reply, Exception) for reply in replies):   # damaged records: they cannot name the keys
+        return None
+    try:
+        return _named(token_keys, graphs, replies)
+    except ValueError:                                              # a record that does not parse, likewise
+        return None
+
+
+def _named(token_keys: TokenKeys, graphs: List[GraphKeys], replies: list) -> Optional[Tuple[List[str], List[str]]]:
+    """`owned_keys`'s answer from the graphs' meta, info and persist replies."""
     named = [token_keys.graphs, token_keys.current, token_keys.banned, token_keys.trust, token_keys.inbox,
              token_keys.owned]
     checkpoints = []

@@ -34,12 +34,14 @@ import torch
 
 from ..errors import WireFormatError
 from ..wire.codec import Chunked, raw_bytes
+from .client_types import Client
 
 try:
     import fcntl
     SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 except (ImportError, AttributeError):   # no file seals on this system (Windows, macOS): the chunks only
-    fcntl, SEALS = None, 0
+    # the module is absent: it is tested for None before any use
+    fcntl, SEALS = None, 0  # type: ignore[assignment]
 
 _REFERENCE = re.compile(rb"^([0-9a-f-]{36}):([0-9]{1,10}):([0-9]{1,10}):([0-9a-f]{32}):([0-9]{1,20})$")
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -138,7 +140,7 @@ def remove_files(token: str) -> None:
         _writers[token].remove_all()
 
 
-def read(client, key: str, head: Chunked, token: str) -> Optional[torch.Tensor]:
+def read(client: Client, key: str, head: Chunked, token: str) -> Optional[torch.Tensor]:
     """The tensor `head` declares, mapped from the file its reference names; None where the chunks must be read
     (no reference, another host or user, the file gone); `WireFormatError` for a reference or file refused."""
     if fcntl is None:
