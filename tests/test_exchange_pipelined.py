@@ -1,7 +1,9 @@
 """A resident replica's exchange over a slow link waits on no round trip it can avoid (worker/exchange.py): sends
 are written in order by a thread beside the loop, a checkpoint waits for them first, a receive reads only the
-values still missing, and the next run of a template's channels is fetched in the background as soon as it is
-there. On a real server."""
+values still missing, the next run of a template's channels is fetched in the background as soon as it is
+there, and the checks a waiting loop makes (the graph's state, whether to give the loop up) are read beside it.
+On a real server."""
+import threading
 import time
 import uuid
 
@@ -12,15 +14,16 @@ import torch
 from ravop.graph_states import RUNNING
 from ravop.store import GraphKeys
 from ravop.wire import encode_tensor
+from worker import exchange as exchange_module
 from worker.exchange import StoreExchange
 from worker.loop_subgraph import _Writer
 
 
-def exchange(client, keys):
+def exchange(client, keys, attention=None):
     def on_wait(state):
         if state != RUNNING.encode():
             raise RuntimeError(f"the graph stopped: {state}")
-    return StoreExchange(client, keys, "cpu", on_wait)
+    return StoreExchange(client, keys, "cpu", on_wait, attention)
 
 
 @pytest.fixture
@@ -86,6 +89,49 @@ def test_a_receive_stops_waiting_when_the_graph_stops(client, keys):
     client.hset(keys.meta, "state", "FAILED")
     with pytest.raises(RuntimeError, match="stopped"):
         receiver.receive(["down.0"], 0)
+    receiver.close()
+
+
+def test_a_receive_returns_once_its_values_are_here_not_after_the_check_under_way_beside_it(client, keys,
+                                                                                            monkeypatch):
+    monkeypatch.setattr(exchange_module, "STATE_SECONDS", 0)   # a check starts as soon as the receive waits
+    asked, release, answered = threading.Event(), threading.Event(), []
+
+    def attention():   # the work stream's and liveness reads: round trips, here held until the test says
+        asked.set()
+        answered.append(release.wait(60))
+        return False
+    sender, receiver = exchange(client, keys), exchange(client, keys, attention)
+
+    def send_once_asked():
+        if asked.wait(60):
+            sender.send(["down.0"], 0, [torch.full((3,), 5.0)])
+            sender.flush()
+    posting = threading.Thread(target=send_once_asked)
+    posting.start()
+    try:
+        value, = receiver.receive(["down.0"], 0)
+        assert asked.is_set(), "the receive never checked whether to give the loop up while it waited"
+        assert answered == [], "the receive waited for the check beside it although its value was there"
+        assert value.tolist() == [5.0] * 3
+    finally:
+        release.set()
+        posting.join()
+        receiver.close()
+        sender.close()
+
+
+def test_a_waiting_loop_acts_in_its_own_thread_when_the_check_says_it_must(client, keys, monkeypatch):
+    monkeypatch.setattr(exchange_module, "STATE_SECONDS", 0)
+    threads = []
+
+    def on_wait(state):
+        threads.append(threading.current_thread())
+        raise RuntimeError("handed back")
+    receiver = StoreExchange(client, keys, "cpu", on_wait, attention=lambda: True)
+    with pytest.raises(RuntimeError, match="handed back"):
+        receiver.receive(["down.0"], 0)   # nothing is ever sent: only the check ends the wait
+    assert threads == [threading.main_thread()]
     receiver.close()
 
 

@@ -12,7 +12,11 @@ template has received run r, run r + 1 of the same channels is fetched in the ba
 appear (a round's update is there before the replica needs it: then receiving costs nothing).
 
 While it waits, the loop checks the graph is still running (else `LoopAbandoned`) and whether the worker is
-stopping (then it checkpoints what it has and hands the loop back).
+stopping or should give the loop up (then it checkpoints what it has and hands the loop back). Those reads are
+several round trips (the graph's state, the work stream, the workers' liveness), so they are made beside the
+loop, and the loop acts on them (`on_wait`) only when one says it must: a receive returns as soon as its values
+are here, never after a check that happened to be under way (over a 50 ms link a check in the loop's thread
+held every wait longer than `STATE_SECONDS` a further 0.1-0.2 s, and a late outer step made every replica late).
 
 A value is deleted once every loop that reads it (the graph meta's `exchange_readers`, counted by the
 requester from the plan) has checkpointed past the step that read it: after each checkpoint, the loop counts
@@ -28,6 +32,7 @@ import time
 
 from redis.exceptions import NoPermissionError
 
+from ravop import graph_states
 from ravop.errors import PlanError
 from ravop.wire import decode_tensor, encode_tensor
 
@@ -48,11 +53,13 @@ def check_channels(channels):
 
 
 class StoreExchange:
-    """The exchange of one loop run by this worker. `on_wait(state)` is called while waiting: it raises to stop
-    the wait (the graph stopped running, or the worker is stopping). `close()` when the loop ends."""
+    """The exchange of one loop run by this worker. While a receive waits, the graph's state and `attention()`
+    (whether the worker is stopping or should give the loop up; None: never) are read beside the loop every
+    `STATE_SECONDS`; when the graph is not running or `attention()` is true, `on_wait(state)` is called in the
+    loop's thread: it raises to stop the wait. `close()` when the loop ends."""
 
-    def __init__(self, client, keys, device, on_wait):
-        self.client, self.keys, self.device, self.on_wait = client, keys, device, on_wait
+    def __init__(self, client, keys, device, on_wait, attention=None):
+        self.client, self.keys, self.device, self.on_wait, self.attention = client, keys, device, on_wait, attention
         self.sent_bytes = self.received_bytes = 0
         self.readers = _readers(client.hget(keys.meta, "exchange_readers"))
         self.read_keys = []   # keys read since the last checkpoint, with their channel
@@ -103,12 +110,14 @@ class StoreExchange:
         self.sends.check()
         key = (tuple(channels), run)
         fetch = self.prefetched.pop(key, None) or _Fetch(self.client, [self.keys.exchange(c, run) for c in channels])
-        checked = time.monotonic()
+        checked, check = time.monotonic(), None
         while not fetch.wait(POLL_SECONDS[1] if fetch.background else None):
-            now = time.monotonic()
-            if now - checked >= STATE_SECONDS:
-                self.on_wait(self.client.hget(self.keys.meta, "state"))
-                checked = now
+            if check is None and time.monotonic() - checked >= STATE_SECONDS:
+                check = _Check(self.client, self.keys.meta, self.attention)
+            if check is not None and check.done.is_set():
+                if check.act():   # raises a failed read
+                    self.on_wait(check.state)
+                checked, check = time.monotonic(), None
         found = fetch.values()
         self.received_bytes += sum(len(data) for data in found)
         self.read_keys += zip(fetch.names, channels)
@@ -123,6 +132,33 @@ class StoreExchange:
             fetch.stop()
         self.prefetched = {}
         self.sends.close()
+
+
+class _Check:
+    """One look beside the loop at whether a waiting loop must act: the graph's state, then `attention()` (each is
+    a round trip or more). The loop reads the answer when `done` is set, or drops it once its values are here."""
+
+    def __init__(self, client, meta, attention):
+        self.client, self.meta, self.attention = client, meta, attention
+        self.state = self.error = None
+        self.must = False
+        self.done = threading.Event()
+        threading.Thread(target=self._run, daemon=True, name="exchange-check").start()
+
+    def _run(self):
+        try:
+            self.state = self.client.hget(self.meta, "state")
+            self.must = self.state != graph_states.RUNNING.encode() or bool(self.attention and self.attention())
+        except Exception as exc:   # raised in the loop's thread, as the read it replaces would have been
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def act(self):
+        """Whether the loop must call `on_wait` (after `done`); raises the read's error."""
+        if self.error is not None:
+            raise self.error
+        return self.must
 
 
 class _Fetch:

@@ -331,7 +331,8 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
             segments.instrument(runner)
         writer.work_waiting = work_waiting
         store_exchange = writer.exchange = \
-            StoreExchange(client, keys, device, writer.on_wait) if runner.exchanges() else None
+            StoreExchange(client, keys, device, writer.on_wait, _leaving(stop, work_waiting)) \
+            if runner.exchanges() else None
         if store_exchange is not None:
             writer.checkpoint_at_syncs(list(spec.sync_templates), checkpoint_steps or 0, resident_checkpoint_seconds)
         on_step, exchange = emulated_device.paced_steps(writer.on_step, subgraph.loop, values, store_exchange)
@@ -363,3 +364,9 @@ def stopped_record(spec, steps, rounds, trained, reason):
     and `stopped_step`, the training steps run (`trained`: a validation step after each epoch is not one)."""
     where = f"at epoch {rounds} of {spec.rounds}" if spec.rounds > 1 else f"after step {steps} of {spec.n_steps}"
     return {"stopped": f"stopped early {where} ({reason})", "stopped_step": trained}
+
+
+def _leaving(stop, work_waiting):
+    """() -> whether a waiting loop's worker is stopping or should give the loop up: what makes `on_wait` act,
+    read beside the loop by its exchange (worker/exchange.py) so that a receive never waits on those reads."""
+    return lambda: (stop is not None and stop.is_set()) or bool(work_waiting is not None and work_waiting())
