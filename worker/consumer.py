@@ -34,7 +34,7 @@ from ravop.store import workers as liveness
 from ravop.wire import plan_pb2, unpack_nodes
 
 from . import device as devices
-from . import calibrate, emulated_device, memory, verify
+from . import calibrate, emulated_device, hand_back, memory, verify
 from .spot import SpotChecks
 from .spot_loop import LoopSegments, check_segment, drop_segments
 from .cache import TensorCache
@@ -484,13 +484,12 @@ class Worker:
                       "too many deliveries", node)
 
     def _work_waiting(self):
-        """Whether the work stream holds messages no worker has read yet, or one a dead worker held (a resident
-        replica waiting for the others hands its loop back then: the replica it waits for may be one of them)."""
-        group = next((g for g in self.client.xinfo_groups(self.stream) if g["name"] in (GROUP, GROUP.encode())), None)
-        last = self.client.xinfo_stream(self.stream)["last-generated-id"]
-        if group is not None and group["last-delivered-id"] != last:
+        """Whether the loop this worker runs, waiting for another loop's values, should hand itself back: a loop
+        waits for a worker and no idle one can take it (worker/hand_back.py: one worker yields at a time)."""
+        if hand_back.should_hand_back(self.client, self.stream, self.kind, self.name, self.takeover):
+            self.takeover.look_now()   # a dead worker's replica is taken next, not this worker's own again
             return True
-        return self.takeover.claimable()
+        return False
 
     def _hand_back(self, keys, subgraph_id, message_id):
         """Queue the subgraph again as a new message and drop this one, in one transaction: an idle worker

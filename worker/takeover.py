@@ -39,6 +39,11 @@ class Takeover:
             self._due = now
         return found
 
+    def look_now(self):
+        """Make the next `next()` look, however recent the last look (a worker that just gave its loop up for a
+        dead worker's must find that one first)."""
+        self._due = 0.0
+
     def own(self):
         """A message this worker holds itself (it lost the server while running it), or None. Resumed as the
         same delivery (a JUSTID claim counts none): a worker retrying through a long outage must not push the

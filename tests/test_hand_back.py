@@ -1,0 +1,111 @@
+"""Which waiting loop gives its worker up (worker/hand_back.py): only when a loop waits for a worker and no idle
+worker can take it, and then only the busy worker with the smallest name. On a real server: a provider killed
+under N resident replicas on N + 1 workers moves only its own replica (to the spare); the survivors never hand
+theirs back, and the results are the bits of the in-process run."""
+import json
+
+import pytest
+
+import ravop as R
+from ravop.store import GROUP, GraphKeys
+from ravop.store import workers as liveness
+from ravop.store.keys import worker_key, workers_set
+from helpers import wait_for
+from test_resident_replicas import assert_same_as_in_process, checkpointed_replica, record_small
+from worker.hand_back import should_hand_back
+from worker.takeover import Takeover
+
+STREAM, KIND = "test-hand-back", "handbackkind"
+
+
+@pytest.fixture
+def stream(client):
+    """A work stream of its own, and no live worker of its kind."""
+    keys = [STREAM, workers_set(KIND)] + [worker_key(name) for name in "abcd"]
+    client.delete(*keys)
+    client.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    yield client
+    client.delete(*keys)
+
+
+def live(client, *names):
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        liveness.beat(pipe, name, KIND, ttl=60)
+    pipe.execute()
+
+
+def holds(client, name):
+    """`name` reads (and so holds) one new message."""
+    client.xadd(STREAM, {"loop": name})
+    client.xreadgroup(GROUP, name, {STREAM: ">"}, count=1)
+
+
+def decide(client, name, dead_after=0.0):
+    return should_hand_back(client, STREAM, KIND, name, Takeover(client, STREAM, name, dead_after, 30.0, None))
+
+
+def test_no_queued_work_no_hand_back(stream):
+    live(stream, "a", "b")
+    holds(stream, "a")
+    holds(stream, "b")
+    assert not decide(stream, "a") and not decide(stream, "b")
+
+
+def test_with_fewer_workers_than_loops_only_the_smallest_busy_worker_yields(stream):
+    live(stream, "b", "a")
+    holds(stream, "a")
+    holds(stream, "b")
+    stream.xadd(STREAM, {"loop": "queued"})
+    assert decide(stream, "a") and not decide(stream, "b")
+
+
+def test_an_idle_live_worker_takes_the_queued_loop_so_no_one_yields(stream):
+    live(stream, "a", "b", "c")   # c holds nothing
+    holds(stream, "a")
+    holds(stream, "b")
+    stream.xadd(STREAM, {"loop": "queued"})
+    assert not decide(stream, "a") and not decide(stream, "b")
+
+
+def test_a_dead_workers_loop_moves_to_one_survivor_only(stream):
+    live(stream, "b", "c")
+    holds(stream, "a")   # a's heartbeat key never existed: dead, its message claimable
+    holds(stream, "b")
+    holds(stream, "c")
+    assert decide(stream, "b") and not decide(stream, "c")
+    live(stream, "d")    # a provider joins: it takes the dead worker's loop, the survivors keep theirs
+    assert not decide(stream, "b") and not decide(stream, "c")
+
+
+def logged_hand_backs(workers, name):
+    return workers.log_path(name).read_text(errors="replace").count("handed back")
+
+
+def test_a_killed_provider_moves_only_its_replica_to_the_spare(engine, workers, client):
+    replicas = workers.start(3, reclaim_idle=1.0, extra=("--checkpoint-steps", "40", "--verbose"))
+    graph, persisted = record_small("hand back kill", 150, replicas=3)
+    R.activate()
+    R.execute()
+    keys = GraphKeys(engine.token, graph.id)
+    roles = json.loads(client.hget(keys.meta, "summary"))["replica_subgraphs"]
+    loops = [s for by_role in roles.values() for subgraphs in by_role.values() for s in subgraphs]
+    held = wait_for(lambda: len(client.hmget(keys.taken, loops)) == 3 and None not in client.hmget(keys.taken, loops)
+                    and {s: client.hget(keys.taken, s).decode() for s in loops}, "each replica taken")
+    assert sorted(held.values()) == sorted(replicas), held
+    # The spare declares a worker dead after 6 s (and takes over no silent message before 30 s), the others after
+    # 3: for 3 s the killed worker's replica is claimable while the spare, idle, has not taken it yet. A rule that
+    # asks only "is work waiting?" makes the survivors hand their replicas back in that window.
+    (spare,) = workers.start(1, reclaim_idle=30.0, extra=("--checkpoint-steps", "40", "--verbose",
+                                                         "--dead-after", "6"), prefix="spare")
+    loop_id, holder = checkpointed_replica(client, keys)
+    workers.kill(holder)
+    R.track_progress(timeout=600, progress_bar=False)
+    for loop, worker in held.items():
+        # the killed replica resumed on the spare; each other replica ended on the worker that started it
+        assert client.hget(keys.ran, loop).decode() == (spare if worker == holder else worker), (loop, worker)
+    for survivor in set(replicas) - {holder}:
+        # never handed back: it kept its shard and values, and read neither from the store again
+        assert logged_hand_backs(workers, survivor) == 0, workers.log(survivor)
+    assert logged_hand_backs(workers, spare) == 0, workers.log(spare)
+    assert_same_as_in_process(graph, persisted)
