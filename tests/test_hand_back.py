@@ -109,3 +109,17 @@ def test_a_killed_provider_moves_only_its_replica_to_the_spare(engine, workers, 
         assert logged_hand_backs(workers, survivor) == 0, workers.log(survivor)
     assert logged_hand_backs(workers, spare) == 0, workers.log(spare)
     assert_same_as_in_process(graph, persisted)
+
+
+def test_replicas_taking_turns_on_one_worker_resume_from_the_values_it_kept_with_the_same_bits(
+        engine, workers, client):
+    (name,) = workers.start(1, extra=("--verbose",))
+    graph, persisted = record_small("hand back turns", 30)
+    R.activate()
+    R.execute()
+    R.track_progress(timeout=600, progress_bar=False)
+    log = workers.log_path(name).read_text(errors="replace")
+    assert log.count("handed back") >= 2, log[-3000:]
+    # each replica taken back after its first turn resumes from the values its worker kept, not the store's
+    assert log.count("kept by this worker, not read from the store") >= log.count("handed back") - 2, log[-3000:]
+    assert_same_as_in_process(graph, persisted)
