@@ -1,8 +1,10 @@
-"""Which waiting loop gives its worker up (worker/hand_back.py): only when a loop waits for a worker and no idle
-worker can take it, and then only the busy worker with the smallest name. On a real server: a provider killed
-under N resident replicas on N + 1 workers moves only its own replica (to the spare); the survivors never hand
-theirs back, and the results are the bits of the in-process run."""
+"""Which waiting loop gives its worker up (worker/hand_back.py): only when more loops wait for a worker than
+idle workers can take, and then only as many as are missing: the busy workers with the smallest names. On a
+real server: a provider killed under N resident replicas on N + 1 workers moves only its own replica (to the
+spare), the survivors never hand theirs back, and the results are the bits of the in-process run; replicas
+taking turns on one worker resume from the values it kept, with the same bits."""
 import json
+import time
 
 import pytest
 
@@ -12,7 +14,7 @@ from ravop.store import workers as liveness
 from ravop.store.keys import worker_key, workers_set
 from helpers import wait_for
 from test_resident_replicas import assert_same_as_in_process, checkpointed_replica, record_small
-from worker.hand_back import should_hand_back
+from worker.hand_back import PATIENCE_DEAD_AFTERS, HandBack
 from worker.takeover import Takeover
 
 STREAM, KIND = "test-hand-back", "handbackkind"
@@ -41,8 +43,14 @@ def holds(client, name):
     client.xreadgroup(GROUP, name, {STREAM: ">"}, count=1)
 
 
-def decide(client, name, dead_after=0.0):
-    return should_hand_back(client, STREAM, KIND, name, Takeover(client, STREAM, name, dead_after, 30.0, None))
+def rule(client, name, patience=60.0):
+    """worker/hand_back.py's rule for worker `name`, which declares a worker dead at once."""
+    return HandBack(client, STREAM, KIND, name, Takeover(client, STREAM, name, 0.0, 30.0, None),
+                    patience / PATIENCE_DEAD_AFTERS)   # waits `patience` s with idle workers
+
+
+def decide(client, name):
+    return rule(client, name).now()
 
 
 def test_no_queued_work_no_hand_back(stream):
@@ -58,6 +66,17 @@ def test_with_fewer_workers_than_loops_only_the_smallest_busy_worker_yields(stre
     holds(stream, "b")
     stream.xadd(STREAM, {"loop": "queued"})
     assert decide(stream, "a") and not decide(stream, "b")
+
+
+def test_as_many_of_the_smallest_busy_workers_yield_as_loops_wait_beyond_the_idle_workers(stream):
+    live(stream, "c", "a", "b")
+    for name in "abc":
+        holds(stream, name)
+    stream.xadd(STREAM, {"loop": "queued 1"})
+    stream.xadd(STREAM, {"loop": "queued 2"})
+    assert [decide(stream, name) for name in "abc"] == [True, True, False]
+    live(stream, "d")   # joins idle: it takes one of the two, so one worker yields for the other
+    assert [decide(stream, name) for name in "abc"] == [True, False, False]
 
 
 def test_an_idle_live_worker_takes_the_queued_loop_so_no_one_yields(stream):
@@ -76,6 +95,17 @@ def test_a_dead_workers_loop_moves_to_one_survivor_only(stream):
     assert decide(stream, "b") and not decide(stream, "c")
     live(stream, "d")    # a provider joins: it takes the dead worker's loop, the survivors keep theirs
     assert not decide(stream, "b") and not decide(stream, "c")
+
+
+def test_a_loop_that_idle_workers_leave_waiting_past_the_patience_makes_one_worker_yield(stream):
+    live(stream, "a", "b", "c")   # c is idle but does not take the queued loop (say the graph banned it)
+    holds(stream, "a")
+    holds(stream, "b")
+    stream.xadd(STREAM, {"loop": "queued"})
+    patient = {name: rule(stream, name, patience=0.5) for name in "ab"}
+    assert not patient["a"].now() and not patient["b"].now()
+    time.sleep(0.6)
+    assert patient["a"].now() and not patient["b"].now()
 
 
 def logged_hand_backs(workers, name):

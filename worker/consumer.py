@@ -34,10 +34,11 @@ from ravop.store import workers as liveness
 from ravop.wire import plan_pb2, unpack_nodes
 
 from . import device as devices
-from . import calibrate, emulated_device, hand_back, memory, verify
+from . import calibrate, emulated_device, memory, verify
 from .spot import SpotChecks
 from .spot_loop import LoopSegments, check_segment, drop_segments
 from .cache import TensorCache
+from .hand_back import HandBack
 from .heartbeat import Heartbeat
 from .inbox_watch import InboxWatch
 from .loop_subgraph import (CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopHandedBack,
@@ -94,6 +95,7 @@ class Worker:
         self.scripts = Scripts(client)
         self.handoff = Handoff(client, self.scripts)
         self.takeover = Takeover(client, self.stream, name, dead_after, reclaim_idle, self.handoff)
+        self.hand_back = HandBack(client, self.stream, self.kind, name, self.takeover, dead_after)
         self.max_attempts = max_attempts
         self.cache = TensorCache(cache_bytes)
         # What a subgraph may declare, and what the process may hold beyond its start (worker/memory.py):
@@ -484,9 +486,9 @@ class Worker:
                       "too many deliveries", node)
 
     def _work_waiting(self):
-        """Whether the loop this worker runs, waiting for another loop's values, should hand itself back: a loop
-        waits for a worker and no idle one can take it (worker/hand_back.py: one worker yields at a time)."""
-        if hand_back.should_hand_back(self.client, self.stream, self.kind, self.name, self.takeover):
+        """Whether the loop this worker runs, waiting for another loop's values, should hand itself back: loops
+        wait for a worker that idle ones cannot take (worker/hand_back.py: as many yield as are missing)."""
+        if self.hand_back.now():
             self.takeover.look_now()   # a dead worker's replica is taken next, not this worker's own again
             return True
         return False

@@ -185,7 +185,7 @@ class _Writer:
             if self.last is None:
                 raise LoopHandedBack(self.saved or 0)
             self.write(*self.last)
-            if self.cache is not None and not (self.stop is not None and self.stop.is_set()):
+            if self.cache is not None and self.segments is None and not (self.stop is not None and self.stop.is_set()):
                 done, carried = self.last   # taking turns: this worker may take the replica back
                 held_values.keep(self.cache, [checkpoint_tensor_key(self.keys, self.subgraph_id, done, k)
                                               for k in range(len(carried))], carried)
