@@ -38,6 +38,7 @@ from . import calibrate, emulated_device, memory, verify
 from .spot import SpotChecks
 from .spot_loop import LoopSegments, check_segment, drop_segments
 from .cache import TensorCache
+from .hand_back import HandBack
 from .heartbeat import Heartbeat
 from .inbox_watch import InboxWatch
 from .loop_subgraph import (CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopHandedBack,
@@ -94,6 +95,7 @@ class Worker:
         self.scripts = Scripts(client)
         self.handoff = Handoff(client, self.scripts)
         self.takeover = Takeover(client, self.stream, name, dead_after, reclaim_idle, self.handoff)
+        self.hand_back = HandBack(client, self.stream, self.kind, name, self.takeover, dead_after)
         self.max_attempts = max_attempts
         self.cache = TensorCache(cache_bytes)
         # What a subgraph may declare, and what the process may hold beyond its start (worker/memory.py):
@@ -345,7 +347,7 @@ class Worker:
                                 self.checkpoint_steps, self.checkpoint_seconds, max_bytes, self.memory_budget,
                                 self.stopping, self._work_waiting,
                                 LoopSegments(self, keys, subgraph_id) if spot else None,
-                                self.resident_checkpoint_seconds)
+                                self.resident_checkpoint_seconds, self.cache)
             finally:
                 self.metrics.loop_ended()
         with emulated_device.paced(subgraph, inputs):   # benchmarks only (benchmarks/wan)
@@ -484,13 +486,12 @@ class Worker:
                       "too many deliveries", node)
 
     def _work_waiting(self):
-        """Whether the work stream holds messages no worker has read yet, or one a dead worker held (a resident
-        replica waiting for the others hands its loop back then: the replica it waits for may be one of them)."""
-        group = next((g for g in self.client.xinfo_groups(self.stream) if g["name"] in (GROUP, GROUP.encode())), None)
-        last = self.client.xinfo_stream(self.stream)["last-generated-id"]
-        if group is not None and group["last-delivered-id"] != last:
+        """Whether the loop this worker runs, waiting for another loop's values, should hand itself back: loops
+        wait for a worker that idle ones cannot take (worker/hand_back.py: as many yield as are missing)."""
+        if self.hand_back.now():
+            self.takeover.look_now()   # a dead worker's replica is taken next, not this worker's own again
             return True
-        return self.takeover.claimable()
+        return False
 
     def _hand_back(self, keys, subgraph_id, message_id):
         """Queue the subgraph again as a new message and drop this one, in one transaction: an idle worker

@@ -42,7 +42,7 @@ from ravop.wire import encode_tensor, unpack_loop
 
 from . import device as devices
 from . import emulated_device, memory, step_decisions
-from . import checkpoint_aliases
+from . import checkpoint_aliases, held_values
 from .background_writes import BackgroundWrites
 from .exchange import StoreExchange
 from .graph_watch import GraphWatch
@@ -154,7 +154,7 @@ class _Writer:
         self.checkpointed = resumed_at or 0
         self.saved = resumed_at   # the step of the checkpoint in Redis (None: none)
         self.last = None          # (steps done, carried values) after the last step run here
-        self.work_waiting = None  # () -> whether work is queued that no worker has read yet
+        self.work_waiting = None  # () -> whether to give the worker up while waiting (worker/hand_back.py)
         # verify='spot' (worker/spot_loop.py): each checkpoint ends a segment that may be checked, so checkpoints
         # stay until the loop completes, persisted values are overwritten (a rewound loop's honest rerun replaces
         # what a liar wrote) and every write first makes sure this worker still runs the loop
@@ -167,6 +167,7 @@ class _Writer:
         # checks this worker still runs the loop, so they stay in the loop's thread)
         self.writes = BackgroundWrites() if segments is None else None
         self.sync_end = None   # a resident replica's last sync template: periodic checkpoints wait for it
+        self.cache = None      # the worker's TensorCache: a loop handed back to take turns keeps its values there
 
     def checkpoint_at_syncs(self, sync_templates, checkpoint_steps, checkpoint_seconds):
         """A loop that exchanges values: periodic checkpoints every `checkpoint_steps` (0: by time only) or
@@ -176,14 +177,18 @@ class _Writer:
 
     def on_wait(self, state):
         """Called while the loop waits for a value another loop sends: stop if the graph stopped running, hand
-        the loop back (after a checkpoint of what it has) if the worker is stopping or other work is queued (the
-        replica it waits for may be queued behind it: replicas outnumbering workers take turns)."""
+        the loop back (after a checkpoint of what it has) if the worker is stopping or `work_waiting()` says to
+        (the replica it waits for may be queued behind it with no idle worker to take it: worker/hand_back.py)."""
         if state != graph_states.RUNNING.encode():
             raise LoopAbandoned(state)
         if (self.stop is not None and self.stop.is_set()) or (self.work_waiting is not None and self.work_waiting()):
             if self.last is None:
                 raise LoopHandedBack(self.saved or 0)
             self.write(*self.last)
+            if self.cache is not None and self.segments is None and not (self.stop is not None and self.stop.is_set()):
+                done, carried = self.last   # taking turns: this worker may take the replica back
+                held_values.keep(self.cache, [checkpoint_tensor_key(self.keys, self.subgraph_id, done, k)
+                                              for k in range(len(carried))], carried)
             raise LoopHandedBack(self.last[0])
 
     def on_step(self, done, template, run, outputs, carried):
@@ -280,8 +285,9 @@ def _host_copy(value):
     return host.clone() if host is value else host
 
 
-def _resume(client, keys, subgraph_id, n_carried, device):
-    """(step, carried values) of the loop's checkpoint, or (None, None) without a usable one."""
+def _resume(client, keys, subgraph_id, n_carried, device, cache=None):
+    """(step, carried values) of the loop's checkpoint, or (None, None) without a usable one; its tensors from
+    `cache` where this worker kept them when it handed the loop back (worker/held_values.py)."""
     saved = client.hgetall(keys.checkpoint(subgraph_id))
     if not saved:
         return None, None
@@ -293,8 +299,9 @@ def _resume(client, keys, subgraph_id, n_carried, device):
     if n != n_carried:
         raise PlanError(f"the checkpoint of loop subgraph {subgraph_id} holds {n} values, the loop carries "
                         f"{n_carried}")
-    carried = [None if k in same else stored.read(client, checkpoint_tensor_key(keys, subgraph_id, step, k))
-               for k in range(n)]
+    read = held_values.read(client, cache, {k: checkpoint_tensor_key(keys, subgraph_id, step, k)
+                                            for k in range(n) if k not in same})
+    carried = [read.get(k) for k in range(n)]
     for k, j in same.items():
         carried[k] = None if carried[j] is None else carried[j].clone()
     if any(value is None for value in carried):
@@ -304,18 +311,20 @@ def _resume(client, keys, subgraph_id, n_carried, device):
 
 def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
              checkpoint_steps=None, checkpoint_seconds=CHECKPOINT_SECONDS, max_bytes=None, budget=None,
-             stop=None, work_waiting=None, segments=None, resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS):
+             stop=None, work_waiting=None, segments=None, resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS,
+             cache=None):
     """{output id: tensor} of a loop subgraph; resumes from its checkpoint if an earlier run left one.
     `max_bytes`, `budget`: the worker's memory rules for the templates; `stop`: a threading.Event set when
-    the worker is stopping (then LoopHandedBack after a checkpoint); `work_waiting()`: whether unread work is
-    queued (a loop waiting for another loop's values hands itself back then); `segments`: verify='spot''s
+    the worker is stopping (then LoopHandedBack after a checkpoint); `work_waiting()`: whether a loop waiting for
+    another loop's values hands itself back (worker/hand_back.py); `segments`: verify='spot''s
     segment checks (worker/spot_loop.py), or None. Checkpoints: every `checkpoint_steps` (None: CHECKPOINT_STEPS)
     or `checkpoint_seconds`; a loop that exchanges values every `resident_checkpoint_seconds`, or
-    `checkpoint_steps` when given, at a synchronisation."""
+    `checkpoint_steps` when given, at a synchronisation. `cache`: the worker's TensorCache, where a loop handed
+    back to take turns keeps its values for this worker to resume it from (worker/held_values.py)."""
     loop_step = check_loop_program(program)
     spec = unpack_loop(subgraph.loop)   # decoded once: the templates' nodes serve the checks and the runner
     watch = None if max_bytes is None else (lambda template: _watcher(spec, template, max_bytes, budget))
-    start, carried = _resume(client, keys, subgraph_id, spec.n_carried, device)
+    start, carried = _resume(client, keys, subgraph_id, spec.n_carried, device, cache)
     first_ids = [t.output_first_ids for t in spec.templates]
     if any(len(ids) != len(t.output_nodes) for ids, t in zip(first_ids, spec.templates)):
         raise PlanError("a loop step's persisted values and their tensor ids do not pair up")
@@ -329,7 +338,7 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
         runner = LoopRun(spec, values, seed, device, watch, step_decisions.for_device(device))
         if segments is not None:
             segments.instrument(runner)
-        writer.work_waiting = work_waiting
+        writer.work_waiting, writer.cache = work_waiting, cache
         store_exchange = writer.exchange = \
             StoreExchange(client, keys, device, writer.on_wait, _leaving(stop, work_waiting)) \
             if runner.exchanges() else None

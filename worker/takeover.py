@@ -39,6 +39,11 @@ class Takeover:
             self._due = now
         return found
 
+    def look_now(self):
+        """Make the next `next()` look, however recent the last look (a worker that just gave its loop up for a
+        dead worker's must find that one first)."""
+        self._due = 0.0
+
     def own(self):
         """A message this worker holds itself (it lost the server while running it), or None. Resumed as the
         same delivery (a JUSTID claim counts none): a worker retrying through a long outage must not push the
@@ -52,8 +57,8 @@ class Takeover:
         return (message_id, found[0][1], entries[0]["times_delivered"]) if found else None
 
     def claimable(self):
-        """Whether a dead worker holds a message this worker could take over (without taking it)."""
-        return any(True for _ in self._dead_workers_entries())
+        """Ids of the messages dead workers hold that this worker could take over (without taking any)."""
+        return [entry["message_id"] for entry in self._dead_workers_entries()]
 
     def _dead_workers_entries(self):
         holders = [c["name"].decode() for c in self.client.xpending(self.stream, GROUP)["consumers"]]
