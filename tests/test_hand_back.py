@@ -113,7 +113,11 @@ def logged_hand_backs(workers, name):
 
 
 def test_a_killed_provider_moves_only_its_replica_to_the_spare(engine, workers, client):
-    replicas = workers.start(3, reclaim_idle=1.0, extra=("--checkpoint-steps", "40", "--verbose"))
+    # paced to a slow device (a sleep after each step, whatever the host's load): the replicas run for ~10 s, so
+    # they are still running when the spare, started below, has registered (it took 3 s on a loaded CI machine:
+    # at full speed the replicas had finished by then and no checkpoint was left to find)
+    replicas = workers.start(3, reclaim_idle=1.0, extra=("--checkpoint-steps", "40", "--verbose",
+                                                         "--emulate-device-flops", "1e5"))
     graph, persisted = record_small("hand back kill", 150, replicas=3)
     R.activate()
     R.execute()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import ravop as R
+from ravop import graph_states
 from compiler.compile import compile_graph
 from helpers import on_one_thread, wait_for
 from ravdl.v2 import NeuralNetwork
@@ -237,9 +238,13 @@ def test_with_overlap_the_replicas_receive_update_k_minus_1_while_replica_0_wait
 
 def checkpointed_replica(client, keys):
     """(loop subgraph id, worker holding it) of the first replica to publish a checkpoint, still running."""
-    checkpointed = wait_for(lambda: [key for key in client.keys(keys.prefix + "ckpt:*")
-                                     if re.fullmatch(rb".*ckpt:\d+", key) and client.hexists(key, "step")],
-                            "a replica's checkpoint")
+    def found():
+        checkpoints = [key for key in client.keys(keys.prefix + "ckpt:*")
+                       if re.fullmatch(rb".*ckpt:\d+", key) and client.hexists(key, "step")]
+        assert checkpoints or client.hget(keys.meta, "state").decode() not in graph_states.ENDED, \
+            "the graph ended before any replica's checkpoint was seen: make the fit longer or the replicas slower"
+        return checkpoints
+    checkpointed = wait_for(found, "a replica's checkpoint")
     loop_id = checkpointed[0].decode().rsplit(":", 1)[1]
     assert not client.sismember(keys.done, loop_id), "the replica ended before the kill: make the fit longer"
     return loop_id, client.hget(keys.taken, loop_id).decode()
