@@ -19,6 +19,7 @@ from .graph import set_current
 from .store import GraphKeys, Scripts, TokenKeys, connect, ensure_queues, token_namespace
 from .store.connect import redact, url_user
 from .store.handoff import Handoff
+from .store import background_upload
 from .store import graphs as store_graphs
 from .store import worker_info
 from .store.client_types import Client
@@ -54,6 +55,7 @@ class Session:
     def close(self) -> None:
         if self.dashboard is not None:
             self.dashboard.stop()
+        background_upload.finish(self.token)   # its constants' chunks still going up use this connection
         self.client.close()
         if self.embedded is not None:
             self.embedded.stop()

@@ -22,13 +22,14 @@ from google.protobuf.message import DecodeError
 from redis.exceptions import RedisClusterException
 
 from ravop import plan_limits
-from ravop.errors import PlanError, StoreLimitError, WireFormatError
+from ravop.errors import PlanError, StoreLimitError, UploadIncompleteError, WireFormatError
 from ravop.metrics.worker_metrics import WorkerMetrics, loop_record
 from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, queue
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
 from ravop.store.server_replies import kind_of as server_error_kind
 from ravop.store import federated_schema as federated_store
+from ravop.store import background_upload as uploads
 from ravop.store import tensors as stored
 from ravop.store import workers as liveness
 from ravop.wire import plan_pb2, unpack_nodes
@@ -325,6 +326,9 @@ class Worker:
                               "not in Redis (deleted by R.flush()?)", "missing input")
         except WireFormatError as exc:
             self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}", "bad input")
+        except UploadIncompleteError as exc:
+            self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}",
+                          "incomplete upload")
         except StoreLimitError as exc:
             self._give_up(keys, message_id, subgraph_id, str(exc), "server full")
         if failed:   # out of the except block: the error's traceback no longer holds the kernel's values
@@ -364,8 +368,9 @@ class Worker:
                 env[i] = tensor
         if missing:
             for i, data in zip(missing, self.client.mget([keys.tensor(i) for i in missing])):
-                tensor = None if data is None else stored.decode(self.client, keys.tensor(i), data,
-                                                                 self.memory_budget, token=keys.token)
+                tensor = stored.decode(self.client, keys.tensor(i), data, self.memory_budget, token=keys.token) \
+                    if data is not None else uploads.read_uploaded(self.client, keys, keys.tensor(i),
+                                                                   self.memory_budget)   # a big constant going up
                 if tensor is None:
                     raise _MissingInput(i)
                 self.metrics.read_bytes(tensor.nbytes)

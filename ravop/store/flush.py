@@ -17,7 +17,7 @@ checkpoint is looked for in the round trip that deletes the named keys; the SCAN
 from typing import List, Optional, Tuple
 
 from .. import graph_states
-from . import same_host
+from . import background_upload, same_host
 from .client_types import Client
 from .keys import GraphKeys, TokenKeys
 from .tensors import keys_of
@@ -32,7 +32,8 @@ _BY_NAME = (graph_states.DONE, graph_states.ACTIVATED)   # nothing writes to the
 def delete_token(client: Client, token: str, batch: int = 1000) -> None:
     """Delete every key of a token (idempotent). Streams shared by all tokens are left alone: a worker that
     later reads a queued message of a deleted graph finds no meta and drops it. This process's same-host files
-    of the token go too."""
+    of the token go too, after its uploads still under way have stopped (nothing is written after the delete)."""
+    background_upload.abandon(token)
     same_host.remove_files(token)
     found = owned_keys(client, token)
     if found is None:

@@ -8,7 +8,7 @@ import redis
 import torch
 
 from .. import graph_states, plan_limits, progress
-from . import same_host, tensors
+from . import background_upload, same_host, tensors
 from .client_types import Client
 from .flush import delete_token  # noqa: F401  (R.flush's, kept importable from here)
 from .keys import GraphKeys, TokenKeys, device_kind
@@ -38,7 +38,8 @@ class _Batcher:
 def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.Tensor], meta: Mapping[str, Any],
            bundles: Optional[Mapping[str, Tuple[str, Any, Mapping[str, str]]]] = None) -> GraphKeys:
     """Write an activated graph: subgraphs, routing, dependency and reader counts, persist names, bundles,
-    constants, and its meta last (workers and trackers only look at a graph that has a meta).
+    constants, and its meta last (workers and trackers only look at a graph that has a meta); the chunks of big
+    constants that got a same-host file go on a thread after it (ravop.store.background_upload).
 
     `plan`: a `ravop.wire.plan_pb2.Plan`; `constants`: node id -> tensor; `meta`: extra fields (name,
     algorithm, approach, summary, ...); `bundles`: name -> (kind, spec, {key: persist name})."""
@@ -75,19 +76,23 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.
     for name, (kind, spec, names) in (bundles or {}).items():
         batch.pipe.hset(keys.bundles, name, json.dumps({"kind": kind, "spec": spec, "keys": names}))
     batch.add(0, len(readers) + len(plan.persisted))
-    total = sum(t.nbytes for t in constants.values())
-    # Big constants (a data set) also go to a file local workers map instead of reading the chunks (same_host),
-    # written beside the upload.
-    references = same_host.start_writing(keys.token, {keys.tensor(i): t for i, t in constants.items()
-                                                      if t.nbytes > chunk})
-    with progress.bar(total, "uploading constants", unit="B", unit_scale=True) as uploaded:
-        def queued(size: int) -> None:   # sent every BATCH_BYTES, also within one big tensor: the bar moves
-            uploaded.update(size)
-            batch.add(size)
-        for node_id, tensor in constants.items():
-            tensors.write(batch.pipe, keys.tensor(node_id), tensor, chunk, queued=queued)
-    for key, reference in references().items():
+    # Big constants (a data set) also go to a sealed file local workers map instead of reading the chunks
+    # (same_host), written on a thread while the others are sent; the chunks of those that got one are sent after
+    # the graph's start (background_upload), the rest now.
+    big = {node_id: t for node_id, t in constants.items() if t.nbytes > chunk}
+    references = same_host.start_writing(keys.token, {keys.tensor(i): t for i, t in big.items()})
+    later = {node_id: t for node_id, t in big.items() if node_id not in persisted}
+    _send(batch, keys, {node_id: t for node_id, t in constants.items() if node_id not in later}, chunk)
+    files = references()
+    for key, reference in files.items():
         batch.pipe.set(key, reference)
+    deferred = []
+    for node_id, tensor in later.items():
+        reference = files.get(same_host.reference_key(keys.tensor(node_id)))
+        if reference is None:   # no file (its memory refused, or the path off): its chunks go now
+            _send(batch, keys, {node_id: tensor}, chunk)
+        else:
+            deferred.append(background_upload.deferred(batch.pipe, keys.tensor(node_id), tensor, chunk, reference))
     now = time.time()
     batch.pipe.hset(keys.meta, mapping={
         **meta, "state": graph_states.ACTIVATED, "seed": plan.seed, "devices": ",".join(sorted(devices)),
@@ -96,7 +101,21 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.
     batch.pipe.zadd(token_keys.graphs, {plan.graph_id: now})
     batch.pipe.set(token_keys.current, plan.graph_id)
     batch.send()
+    background_upload.start(client, keys, deferred, lambda error: fail_watched(client, keys, error))
     return keys
+
+
+def _send(batch: _Batcher, keys: GraphKeys, constants: Mapping[int, torch.Tensor], chunk: int) -> None:
+    """Queue `constants` on `batch`, sending it every BATCH_BYTES (also within one big tensor: the bar moves)."""
+    if not constants:
+        return
+    with progress.bar(sum(t.nbytes for t in constants.values()), "uploading constants", unit="B",
+                      unit_scale=True) as uploaded:
+        def queued(size: int) -> None:
+            uploaded.update(size)
+            batch.add(size)
+        for node_id, tensor in constants.items():
+            tensors.write(batch.pipe, keys.tensor(node_id), tensor, chunk, queued=queued)
 
 
 # The meta fields a tracker reads (not the plan-sized ones: roots, summary).
@@ -127,10 +146,13 @@ def describe_failure(meta: Mapping[str, str]) -> str:
     if meta.get("state") == graph_states.CANCELLED:
         return (f"graph {meta.get('name', '?')!r} was cancelled by {meta.get('cancelled_by') or 'its requester'}: "
                 f"{meta.get('error') or 'no reason given'}")
+    error = meta.get("error", "unknown error")
+    if not meta.get("error_op") and meta.get("error_subgraph") == "" and not meta.get("error_worker"):
+        return f"graph {meta.get('name', '?')!r} failed: {error}"   # the requester's own failure (an upload)
     op = f"op {meta['error_op']!r}" if meta.get("error_op") else f"subgraph {meta.get('error_subgraph', '?')}"
     where = f" (recorded at {meta['error_source']})" if meta.get("error_source") else ""
     worker = f" on worker {meta['error_worker']}" if meta.get("error_worker") else ""
-    return f"graph {meta.get('name', '?')!r} failed: {op}{where}{worker}: {meta.get('error', 'unknown error')}"
+    return f"graph {meta.get('name', '?')!r} failed: {op}{where}{worker}: {error}"
 
 
 def list_graphs(client: Client, token: str) -> List[Dict[str, Any]]:
@@ -189,14 +211,23 @@ def _if_live(client: Client, keys: GraphKeys, write: Callable[[Any, str], None],
                 continue
 
 
+def _end_watched(client: Client, keys: GraphKeys, state: str, fields: Mapping[str, str]) -> bool:
+    def write(pipe: Any, now: str) -> None:
+        pipe.hset(keys.meta, mapping={"state": state, "finished": now, "error_op": "", "error_source": "",
+                                      "error_worker": "", "error_subgraph": "", **fields})
+        pipe.xadd(keys.events, {"state": state}, maxlen=16, approximate=True)
+    return _if_live(client, keys, write)
+
+
 def cancel_watched(client: Client, keys: GraphKeys, error: str, by: str) -> bool:
     """Cancel a live graph as the CANCEL script does, naming who cancelled it (`by`)."""
-    def write(pipe: Any, now: str) -> None:
-        pipe.hset(keys.meta, mapping={"state": graph_states.CANCELLED, "finished": now, "error": error,
-                                      "cancelled_by": by, "error_op": "", "error_source": "", "error_worker": "",
-                                      "error_subgraph": ""})
-        pipe.xadd(keys.events, {"state": graph_states.CANCELLED}, maxlen=16, approximate=True)
-    return _if_live(client, keys, write)
+    return _end_watched(client, keys, graph_states.CANCELLED, {"error": error, "cancelled_by": by})
+
+
+def fail_watched(client: Client, keys: GraphKeys, error: str) -> bool:
+    """Fail a live graph as the CANCEL script does, for a failure of the requester's own (no op, no worker: a
+    constant's upload, ravop.store.background_upload)."""
+    return _end_watched(client, keys, graph_states.FAILED, {"error": error})
 
 
 def stop_watched(client: Client, keys: GraphKeys, why: str, by: str) -> bool:

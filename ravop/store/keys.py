@@ -47,6 +47,8 @@ graphs spread over the shards:
   t:{node}:c          hash    chunk index -> raw data of a tensor too big for one value (ravop.store.tensors)
   t:{node}:f          string  "boot id:pid:fd:nonce:bytes": a big constant's sealed memfd, which workers of the
                               requester's host and user map instead of the chunks (ravop.store.same_host)
+  t:{node}:u          hash    header, sent, patience: a big constant whose chunks its requester is still sending
+                              after the graph's start; deleted with the header's write (background_upload)
 Shared by all tokens, under `ravop:_:` (a token starts with a letter or a digit, so it cannot collide); the
 work streams, the dead letters and the starting marks share the hash tag `{work}`, so that acking a message and
 dead-lettering it, or delivering a graph's first subgraphs and clearing its mark, is atomic on a cluster too:

@@ -5,7 +5,8 @@ Redis, ~0.01 s mapped), and no second copy in the worker's memory.
 
 Redis still holds every tensor (`ravop.store.tensors`): remote workers, a cluster, a worker of another host or
 user, and a file that is gone (the requester exited) all read the chunks as before. The file is a copy the
-reader may take instead, never the only one, and the same bytes either way (determinism).
+reader may take instead, never the only one, and the same bytes either way (determinism). The chunks of a
+constant that has a file are sent from that file after the graph has started (`ravop.store.background_upload`).
 
 Trust boundary. The reference `{key}:f` ("boot id:pid:fd:nonce:bytes") is written by the requester on its own
 graph's tensor key, so any token user can put any reference on a queue's graph. A worker
@@ -19,7 +20,7 @@ graph's tensor key, so any token user can put any reference on a queue's graph. 
   worker's uid of exactly that size, sealed against shrinking, growing and writing (F_SEAL_SHRINK, _GROW,
   _WRITE). The seals are why mapping is safe: the file can never be truncated under the mapping (no SIGBUS) nor
   changed (the bytes stay those of the chunks); the mapping is private, so an in-place op only copies a page.
-$RAVOP_SAME_HOST=off turns the writing side off.
+$RAVOP_SAME_HOST=off turns the path off: a requester writes no file, a worker maps none.
 """
 import hashlib
 import mmap
@@ -65,9 +66,12 @@ def file_name(token: str, nonce: str) -> str:
     return f"ravop-{hashlib.sha256(token.encode()).hexdigest()[:32]}-{nonce}"
 
 
+def _on() -> bool:
+    return os.environ.get("RAVOP_SAME_HOST", "on").lower() not in ("off", "0", "false", "no")
+
+
 def enabled() -> bool:
-    return (os.environ.get("RAVOP_SAME_HOST", "on").lower() not in ("off", "0", "false", "no")
-            and fcntl is not None and hasattr(os, "memfd_create") and host_id() is not None)
+    return _on() and fcntl is not None and hasattr(os, "memfd_create") and host_id() is not None
 
 
 class Writer:
@@ -112,7 +116,7 @@ def writer(token: str) -> Optional[Writer]:
 
 
 def start_writing(token: str, big: Mapping[str, torch.Tensor]) -> Callable[[], Dict[str, str]]:
-    """Write the files of `big` (tensor key -> tensor) on a thread while the caller uploads their chunks (both
+    """Write the files of `big` (tensor key -> tensor) on a thread while the caller uploads other values (both
     wait on the kernel, not the GIL); the returned function waits for them and gives {reference key:
     reference} to set ({} where the path is off)."""
     files = writer(token) if big else None
@@ -134,6 +138,16 @@ def _write_all(files: Writer, big: Mapping[str, torch.Tensor]) -> Dict[str, str]
     return references
 
 
+def sealed_bytes(reference: str) -> memoryview:
+    """The bytes of this process's file that `reference` (one `Writer.write` returned) names, mapped read-only:
+    sealed, they are the bits every reader maps, whatever happens to the tensor they were copied from."""
+    match = _REFERENCE.match(reference.encode())
+    if match is None or int(match.group(2)) != os.getpid():
+        raise ValueError(f"not a same-host reference of this process: {reference!r}")
+    return memoryview(mmap.mmap(int(match.group(3)), int(match.group(5)), flags=mmap.MAP_SHARED,
+                                prot=mmap.PROT_READ))
+
+
 def remove_files(token: str) -> None:
     """Close this process's files of `token` (R.flush): workers that mapped one keep their mapping."""
     if token in _writers:
@@ -143,7 +157,7 @@ def remove_files(token: str) -> None:
 def read(client: Client, key: str, head: Chunked, token: str) -> Optional[torch.Tensor]:
     """The tensor `head` declares, mapped from the file its reference names; None where the chunks must be read
     (no reference, another host or user, the file gone); `WireFormatError` for a reference or file refused."""
-    if fcntl is None:
+    if fcntl is None or not _on():
         return None
     reference = client.get(reference_key(key))
     if reference is None:

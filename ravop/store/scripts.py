@@ -141,7 +141,7 @@ for sid in string.gmatch(successors, '[^,]+') do
 end
 for id in string.gmatch(release, '[^,]+') do
   if redis.call('HINCRBY', KEYS[6], id, -1) <= 0 then
-    redis.call('DEL', ARGV[7] .. id, ARGV[7] .. id .. ':c', ARGV[7] .. id .. ':f')
+    redis.call('DEL', ARGV[7] .. id, ARGV[7] .. id .. ':c', ARGV[7] .. id .. ':f', ARGV[7] .. id .. ':u')
     redis.call('HDEL', KEYS[6], id)
   end
 end

@@ -17,7 +17,7 @@ import torch
 
 from .. import progress
 from ..errors import StoreLimitError, WireFormatError
-from ..wire.codec import decode_chunked, decode_tensor, encode_chunked, encode_tensor, is_chunked
+from ..wire.codec import Chunked, decode_chunked, decode_tensor, encode_chunked, encode_tensor, is_chunked
 from . import same_host
 from .client_types import Client, Pipeline
 from .connect import node_client
@@ -36,6 +36,11 @@ def chunk_bytes() -> int:
 
 def chunks_key(key: str) -> str:
     return key + ":c"
+
+
+def marker_key(key: str) -> str:
+    """A big constant's upload marker, while its chunks are being sent (ravop.store.background_upload)."""
+    return key + ":u"
 
 
 def _config(client: Client, name: str) -> int:
@@ -99,9 +104,18 @@ def _ignore(size: int) -> None:
     pass
 
 
-def keys_of(key: str) -> Tuple[str, str, str]:
-    """Every Redis key a stored tensor may occupy (to delete it)."""
-    return key, chunks_key(key), same_host.reference_key(key)
+def keys_of(key: str) -> Tuple[str, str, str, str]:
+    """Every Redis key a stored tensor may occupy (to delete it): its value or header, chunks, same-host reference
+    and upload marker (ravop.store.background_upload)."""
+    return key, chunks_key(key), same_host.reference_key(key), marker_key(key)
+
+
+def check_budget(key: str, head: Chunked, max_bytes: Optional[int]) -> None:
+    """`WireFormatError` if the chunked tensor `head` declares more than `max_bytes` (a reader's memory budget)."""
+    if max_bytes is not None and head.nbytes > max_bytes:
+        raise WireFormatError(f"chunked tensor {key}: its header declares {tuple(head.shape)} "
+                              f"{str(head.dtype).removeprefix('torch.')} ({head.nbytes / 2**20:,.1f} MiB), over "
+                              f"this reader's memory budget of {max_bytes / 2**20:,.1f} MiB")
 
 
 SIZES_PER_ROUND_TRIP = 4096   # HSTRLENs pipelined at once: a header of a million chunks costs no big reply
@@ -120,10 +134,7 @@ def decode(client: Client, key: str, data: bytes, max_bytes: Optional[int] = Non
     head = decode_chunked(data)
     # A hostile or stale header must not make the reader allocate, or even ask about, what it declares: its
     # size against the budget, then its chunk count against the hash's (one HLEN), before any chunk is read.
-    if max_bytes is not None and head.nbytes > max_bytes:
-        raise WireFormatError(f"chunked tensor {key}: its header declares {tuple(head.shape)} "
-                              f"{str(head.dtype).removeprefix('torch.')} ({head.nbytes / 2**20:,.1f} MiB), over "
-                              f"this reader's memory budget of {max_bytes / 2**20:,.1f} MiB")
+    check_budget(key, head, max_bytes)
     client = node_client(client, key)  # its chunks are read from the socket of the server that holds them
     if token is not None:
         local = same_host.read(client, key, head, token)

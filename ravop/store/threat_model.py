@@ -26,6 +26,7 @@ def key_classes(a: str = TOKEN_A, graph: str = "g1") -> List[Tuple[str, Optional
         ("A's graph: plan", ga.subgraphs),
         ("A's graph: persisted results and other tensors", ga.tensor(5)),
         ("A's graph: same-host references of big constants (ravop.store.same_host)", ga.tensor(5) + ":f"),
+        ("A's graph: upload markers of big constants (ravop.store.background_upload)", ga.tensor(5) + ":u"),
         ("A's graph: finished set", ga.done),
         ("A's graph: checkpoints", ga.checkpoint(1)),
         ("A's graph: values resident replicas exchange", ga.exchange("r0", 1)),

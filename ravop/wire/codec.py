@@ -67,10 +67,13 @@ def encode_tensor(tensor: torch.Tensor) -> bytes:
 def encode_chunked(tensor: torch.Tensor, chunk_bytes: int) -> tuple[bytes, list[memoryview]]:
     """(header, chunks) of a tensor stored in pieces of at most `chunk_bytes`: the chunks are views of the
     tensor's memory, so writing them copies nothing here."""
-    header = _header(CHUNKED_MAGIC, tensor)
     data = raw_bytes(tensor)
-    chunks = [data[i:i + chunk_bytes] for i in range(0, len(data), chunk_bytes)]
-    return header + struct.pack("<QI", chunk_bytes, len(chunks)), chunks
+    return chunked_header(tensor, chunk_bytes), [data[i:i + chunk_bytes] for i in range(0, len(data), chunk_bytes)]
+
+
+def chunked_header(tensor: torch.Tensor, chunk_bytes: int) -> bytes:
+    """The header `encode_chunked` writes for `tensor` (its data untouched)."""
+    return _header(CHUNKED_MAGIC, tensor) + struct.pack("<QI", chunk_bytes, -(-tensor.nbytes // chunk_bytes))
 
 
 def _parse_header(data: Any) -> tuple[torch.dtype, tuple[int, ...], int, int]:
