@@ -306,3 +306,30 @@ def test_training_with_loop_templates_survives_a_kill_with_the_same_bits(cluster
     for name in persisted:
         assert torch.equal(R.fetch_persisting_op(name), want[name]), name
     assert not client.exists(keys.checkpoint(loop_id))
+
+
+def test_a_big_constant_sent_after_the_start_reaches_a_remote_style_worker_exactly(cluster, cluster_workers, requester,
+                                                                                 monkeypatch):
+    """ravop.store.background_upload on a cluster: its transactions (WATCH on the marker) in the graph's slot; the
+    worker, which may not map the requester's file, waits for the held upload and reads every chunk."""
+    import threading
+    from ravop.store import background_upload
+    monkeypatch.setenv("RAVOP_CHUNK_BYTES", str(2**20))
+    monkeypatch.setenv("RAVOP_SAME_HOST", "off")
+    [name] = only(cluster_workers, 1, extra=("--verbose",))
+    monkeypatch.delenv("RAVOP_SAME_HOST")
+    go = threading.Event()
+    monkeypatch.setattr(background_upload, "held_before_sending", lambda key: go.wait())
+    try:
+        X = np.random.default_rng(0).random((2048, 1024), dtype=np.float32)
+        R.Graph(name="big constant")
+        (R.t(X) * 2).persist_op("y")
+        R.activate()
+        R.execute()
+        wait_for(lambda: "still uploading" in cluster_workers.log(name), "the worker to wait for the upload")
+        go.set()
+        R.track_progress(progress_bar=False, timeout=300)
+        assert torch.equal(R.fetch_persisting_op("y"), torch.from_numpy(X) * 2)
+    finally:
+        go.set()
+        background_upload.finish(requester.token)

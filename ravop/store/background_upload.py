@@ -74,7 +74,7 @@ class _Upload(threading.Thread):
     """Sends the chunks of one graph's deferred constants, then their headers."""
 
     def __init__(self, client: Client, keys: GraphKeys, items: List[Deferred],
-                 on_failure: Callable[[str], None]) -> None:
+                 on_failure: Callable[[str], object]) -> None:
         super().__init__(name=f"ravop-upload-{keys.graph_id}", daemon=False)   # exit waits for it (docstring)
         self.client, self.keys, self.items, self.on_failure = client, keys, items, on_failure
         self.cancelled = threading.Event()
@@ -143,7 +143,7 @@ _lock = threading.Lock()
 _running: List[_Upload] = []
 
 
-def start(client: Client, keys: GraphKeys, items: List[Deferred], on_failure: Callable[[str], None]) -> None:
+def start(client: Client, keys: GraphKeys, items: List[Deferred], on_failure: Callable[[str], object]) -> None:
     """Send `items` (their markers already written) on a thread; `on_failure(error)` if that fails."""
     if not items:
         return

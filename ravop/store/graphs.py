@@ -88,11 +88,11 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.
         batch.pipe.set(key, reference)
     deferred = []
     for node_id, tensor in later.items():
-        reference = files.get(same_host.reference_key(keys.tensor(node_id)))
-        if reference is None:   # no file (its memory refused, or the path off): its chunks go now
+        file = files.get(same_host.reference_key(keys.tensor(node_id)))
+        if file is None:   # no file (its memory refused, or the path off): its chunks go now
             _send(batch, keys, {node_id: tensor}, chunk)
         else:
-            deferred.append(background_upload.deferred(batch.pipe, keys.tensor(node_id), tensor, chunk, reference))
+            deferred.append(background_upload.deferred(batch.pipe, keys.tensor(node_id), tensor, chunk, file))
     now = time.time()
     batch.pipe.hset(keys.meta, mapping={
         **meta, "state": graph_states.ACTIVATED, "seed": plan.seed, "devices": ",".join(sorted(devices)),
