@@ -16,7 +16,7 @@ from ravop.errors import PlanError, WireFormatError
 from ravop.node import Node
 from ravop.wire import (decode_params, decode_tensor, encode_params, encode_tensor, encode_tensors, pack_nodes,
                         plan_pb2, unpack_nodes)
-from ravop.wire.codec import MAGIC, decode_alike
+from ravop.wire.codec import MAGIC, decode_alike, decode_scalar, decode_scalars
 
 WIRE = Path(__file__).resolve().parents[1] / "ravop" / "wire"
 
@@ -171,3 +171,16 @@ def test_values_decoded_alike_equal_their_own_decoding_and_odd_ones_are_left_alo
         assert tensor.dtype == decode_tensor(data).dtype and tensor.shape == decode_tensor(data).shape
     # alone in its layout, empty, or malformed (two alike but too short: their header checked once, refused)
     assert decoded[5:] == [None] * 6
+
+
+def test_scalars_decoded_together_equal_their_own_decoding():
+    tensors = [torch.tensor(0.1), torch.tensor(float("inf")), torch.tensor(3, dtype=torch.int64),
+               torch.tensor(4, dtype=torch.int64), torch.tensor([1.5, 2.0]), torch.tensor([2.5, 3.0]),
+               torch.tensor(1.0, dtype=torch.float16), torch.tensor(2.0, dtype=torch.float16), torch.tensor(True),
+               torch.tensor(0.2, dtype=torch.float64)]
+    values = [encode_tensor(t) for t in tensors]
+    together = decode_scalars(values)
+    assert together == [decode_scalar(v) for v in values]
+    assert all(type(value) is float for value, _ in together)
+    with pytest.raises(WireFormatError):
+        decode_scalars(values + [b"not a tensor"])

@@ -193,6 +193,25 @@ def decode_scalar(data: Any) -> tuple[float, tuple[int, ...]]:
     return float(np.frombuffer(data, layout, count=1, offset=start)[0]), tuple(shape)
 
 
+def decode_scalars(values: list[Any]) -> list[tuple[float, tuple[int, ...]]]:
+    """`decode_scalar` of each value, those of one layout (a graph's losses: the same header and size) read by
+    numpy in one call."""
+    groups: dict[tuple[bytes, int], list[int]] = {}
+    for k, data in enumerate(values):
+        if isinstance(data, bytes) and len(data) >= 6 and data[:4] == MAGIC and data[5] <= MAX_NDIM:
+            groups.setdefault((data[:6 + 8 * data[5]], len(data)), []).append(k)
+    decoded: list[Any] = [None] * len(values)
+    for (header, size), ks in groups.items():
+        dtype, shape, nbytes, start = _parse_header(values[ks[0]])
+        layout = _NUMPY_SCALARS.get(dtype)
+        if len(ks) < 2 or layout is None or nbytes == 0 or nbytes != size - start:
+            continue   # one by one below: the general path names what is wrong with the bytes
+        firsts = np.frombuffer(b"".join(values[k][start:start + dtype.itemsize] for k in ks), layout)
+        for k, value in zip(ks, firsts.tolist()):
+            decoded[k] = (float(value), shape)
+    return [decode_scalar(data) if found is None else found for data, found in zip(values, decoded)]
+
+
 # A plan's params come from the network: bounded so that a hostile blob gets a clear refusal, not a
 # RecursionError from the JSON parser or a huge allocation. Real params (shapes, slot names, index specs)
 # are a few levels deep and far smaller.
