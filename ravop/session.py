@@ -39,6 +39,7 @@ class Session:
         self.handoff = Handoff(client, Scripts(client))
         current = client.get(TokenKeys(token).current)
         self.graph_id: Optional[str] = current.decode() if current else None
+        self._keys: Optional[GraphKeys] = None   # of graph_id (`keys`)
         # persist name -> node id of the graph this session activated: fetching one of its values then
         # skips the name lookup in Redis (one round trip instead of two; fetching each batch loss of a
         # training run adds up). Saved objects (bundles) still go through Redis.
@@ -50,7 +51,10 @@ class Session:
         if self.graph_id is None:
             raise GraphStateError(f"no graph has been activated under token {self.token!r}: record ops, "
                                   "persist_op() the values to fetch, then R.activate()")
-        return GraphKeys(self.token, self.graph_id)
+        keys = self._keys
+        if keys is None or keys.graph_id != self.graph_id:   # made once per graph: a fetch per loss asks for them
+            keys = self._keys = GraphKeys(self.token, self.graph_id)
+        return keys
 
     def close(self) -> None:
         if self.dashboard is not None:

@@ -48,14 +48,14 @@ def execute(timeout: Optional[float] = None, participants: Optional[int] = None)
         if "NOGRAPH" in str(exc):
             raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)") from None
         raise
+    approach, copies, spot = session.client.hmget(keys.meta, "approach", "verify", "spot")   # set at upload
     if not session.handoff.confined:  # else the worker that starts it opens it too (ravop.store.inbox)
-        kind_of(session.client.hget(keys.meta, "approach")).start(session.client, keys)
+        kind_of(approach).start(session.client, keys)
     elif any(liveness.alive(session.client, kind) for kind in ("cpu", "cuda")):
         try:
             _wait_for_start(session, keys, START_WAIT_SECONDS)
         except TimeoutError as exc:   # R.track_progress() waits on; say why now rather than hang here
             print(f"ravop: {exc}", file=sys.stderr)
-    copies, spot = session.client.hmget(keys.meta, "verify", "spot")
     copies = int(copies or 1)
     if spot:   # a check needs `copies` distinct workers (a tie-break one more)
         copies = Verify.decode(spot).copies

@@ -2,7 +2,7 @@
 (`ravop.fetching`), History and the dashboard return. Their names are spelled in `ravop.loss_names`."""
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -12,7 +12,7 @@ from .loss_names import TRAINING_BATCH, TRAINING_STEP, VALIDATION
 from .store import GraphKeys
 from .store.client_types import Client
 from .store.loss_reads import read_losses
-from .wire.codec import decode_scalar
+from .wire.codec import decode_scalars
 
 
 @dataclass
@@ -44,13 +44,20 @@ class Losses:
                 "epoch": self.epoch.tolist(), "validation": values(self.validation)}
 
 
-def _scalar(name: str, data: Optional[bytes]) -> float:
-    if data is None:
-        return np.nan
-    value, shape = decode_scalar(data)
-    if math.prod(shape) != 1:
-        raise RavopError(f"{name!r} holds a tensor of shape {shape}, not a single loss value")
-    return value
+def _scalars(named: List[Tuple[str, Optional[bytes]]]) -> List[float]:
+    """The loss value of each (name, stored bytes or None: NaN), decoded together."""
+    stored = [(name, data) for name, data in named if data is not None]
+    decoded = iter(decode_scalars([data for _, data in stored]))
+    values = []
+    for name, data in named:
+        if data is None:
+            values.append(np.nan)
+            continue
+        value, shape = next(decoded)
+        if math.prod(shape) != 1:
+            raise RavopError(f"{name!r} holds a tensor of shape {shape}, not a single loss value")
+        values.append(value)
+    return values
 
 
 def read(client: Client, keys: GraphKeys) -> Losses:
@@ -80,8 +87,8 @@ def read(client: Client, keys: GraphKeys) -> Losses:
     if state == graph_states.DONE and not batch_stored.all():
         stopped = client.hget(keys.meta, "stopped_step")   # a done graph lacks losses only if stopped early
     return Losses(keys.graph_id, state,
-                  batch=np.array([_scalar(name, data) for _, name, data in steps], dtype=np.float64),
+                  batch=np.array(_scalars([(name, data) for _, name, data in steps]), dtype=np.float64),
                   epoch=np.array([order[0] for order, _, _ in steps], dtype=np.int64),
-                  validation=np.array([_scalar(name, data) for name, data in epochs]),
+                  validation=np.array(_scalars(epochs)),
                   stopped_step=None if stopped is None else int(stopped), batch_stored=batch_stored,
                   validation_stored=np.array([data is not None for _, data in epochs], dtype=bool))

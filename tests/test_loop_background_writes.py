@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from ravop.graph_states import FAILED
+from ravop.metrics import WorkerMetrics
 from ravop.store import tensors as stored
+from ravop.wire import decode_tensor, encode_tensor
 from worker.background_writes import BackgroundWrites
 from worker.loop_subgraph import LoopAbandoned, _Writer, checkpoint_tensor_key
 
@@ -111,3 +113,20 @@ def test_background_writes_run_in_order_and_raise_in_the_callers_thread():
     writes.drain()
     writes.close()
     assert done == [0, 1, 2, 3, 4]
+
+
+def test_persisted_values_are_written_once_and_their_new_bytes_counted(client, keys):
+    # one script per flush sets the losses (ravop.store.value_writes); a value already there (written before a
+    # worker died) is kept, not written again, and only the values stored now count as written bytes
+    metrics = WorkerMetrics("w-writes")
+    writer = writer_for(client, keys, metrics=metrics)
+    client.set(keys.tensor(101), encode_tensor(torch.tensor(-1.0)))   # step 2's loss, from an earlier run
+    for step in range(1, 4):
+        writer.on_step(step, 0, step - 1, [torch.tensor(float(step))], [torch.zeros(3)])
+    writer.write(3)
+    assert [decode_tensor(client.get(keys.tensor(100 + run))).item() for run in range(3)] == [1.0, -1.0, 3.0]
+    written = {(s.name, tuple(s.labels.values())): s.value for family in metrics.registry.collect()
+               for s in family.samples}[("ravop_worker_store_written_bytes_total", ("w-writes",))]
+    # losses 1 and 3 (4 bytes each) and the checkpoint of step 2 (3 floats)
+    assert written == 2 * 4 + 3 * 4
+    writer.close()

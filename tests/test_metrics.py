@@ -93,8 +93,10 @@ def test_metrics_move_during_a_training_run(engine, workers):
         value(first, "ravop_worker_busy_seconds_total", worker=name)
     assert steps(done) == 3150
     assert value(done, "ravop_worker_store_read_bytes_total", worker=name) >= 1000 * 64 * 4   # X went up once
-    # (store_written_bytes counts subgraph outputs; this fit's only subgraph is its loop, whose losses and
-    # checkpoints go through the loop's writer, counted by checkpoint_writes below)
+    # the fit is one subgraph, its loop: what its writer stores is counted, 3,150 float32 losses and at least one
+    # checkpoint of the parameters (64 x 128 + 128 + 128 + 1 floats; their Adam moments besides)
+    assert value(done, "ravop_worker_store_written_bytes_total", worker=name) >= \
+        3150 * 4 + (64 * 128 + 128 + 128 + 1) * 4
     assert value(done, "ravop_worker_checkpoint_writes_total", worker=name) >= 1
     assert value(done, "ravop_worker_takeovers_total", worker=name) == 0
     # the dashboard: the graph's state, progress and rate, and its losses as they are persisted

@@ -14,9 +14,9 @@ from google.protobuf.message import DecodeError
 from ravop.dtypes import DTYPES
 from ravop.errors import PlanError, WireFormatError
 from ravop.node import Node
-from ravop.wire import (decode_params, decode_tensor, encode_params, encode_tensor, pack_nodes, plan_pb2,
-                        unpack_nodes)
-from ravop.wire.codec import MAGIC
+from ravop.wire import (decode_params, decode_tensor, encode_params, encode_tensor, encode_tensors, pack_nodes,
+                        plan_pb2, unpack_nodes)
+from ravop.wire.codec import MAGIC, decode_alike, decode_scalar, decode_scalars
 
 WIRE = Path(__file__).resolve().parents[1] / "ravop" / "wire"
 
@@ -148,3 +148,39 @@ def test_regenerating_plan_pb2_changes_nothing(tmp_path):
                     str(WIRE / "plan.proto")], check=True, capture_output=True)
     assert (tmp_path / "plan_pb2.py").read_bytes() == (WIRE / "plan_pb2.py").read_bytes(), \
         "ravop/wire/plan_pb2.py is stale: run scripts/gen_proto.sh"
+
+
+def test_tensors_encoded_together_give_each_ones_own_bytes():
+    tensors = [torch.tensor(1.5), torch.tensor(-2.0), sample(torch.float32, (2, 3)), sample(torch.float32, (2, 3)).t(),
+               torch.zeros(0, 2), torch.zeros(0, 2), torch.tensor([True, False]), torch.tensor([False, True]),
+               torch.tensor(3.0, dtype=torch.bfloat16), torch.tensor(4.0, dtype=torch.bfloat16),
+               torch.arange(100_000, dtype=torch.float32), torch.tensor(7, dtype=torch.int64),
+               torch.tensor(1.0, requires_grad=True)]
+    assert encode_tensors(tensors) == [encode_tensor(t) for t in tensors]
+    assert encode_tensors([]) == []
+
+
+def test_values_decoded_alike_equal_their_own_decoding_and_odd_ones_are_left_alone():
+    tensors = [torch.tensor(0.25), torch.tensor(float("nan")), torch.tensor(-0.0), sample(torch.float64, (2, 2)),
+               sample(torch.float64, (2, 2)), sample(torch.int32, (3,)), torch.zeros(0), torch.zeros(0)]
+    values = [encode_tensor(t) for t in tensors] + [b"not a tensor", MAGIC + bytes([0, 0]) + b"\x00" * 3,
+                                                    MAGIC + bytes([0, 0]) + b"\x00" * 3]
+    decoded = decode_alike(values)
+    for data, tensor in zip(values, decoded[:5]):   # the three scalars, the two 2x2 tensors: bit for bit
+        assert tensor is not None and tensor.clone().numpy().tobytes() == decode_tensor(data).numpy().tobytes()
+        assert tensor.dtype == decode_tensor(data).dtype and tensor.shape == decode_tensor(data).shape
+    # alone in its layout, empty, or malformed (two alike but too short: their header checked once, refused)
+    assert decoded[5:] == [None] * 6
+
+
+def test_scalars_decoded_together_equal_their_own_decoding():
+    tensors = [torch.tensor(0.1), torch.tensor(float("inf")), torch.tensor(3, dtype=torch.int64),
+               torch.tensor(4, dtype=torch.int64), torch.tensor([1.5, 2.0]), torch.tensor([2.5, 3.0]),
+               torch.tensor(1.0, dtype=torch.float16), torch.tensor(2.0, dtype=torch.float16), torch.tensor(True),
+               torch.tensor(0.2, dtype=torch.float64)]
+    values = [encode_tensor(t) for t in tensors]
+    together = decode_scalars(values)
+    assert together == [decode_scalar(v) for v in values]
+    assert all(type(value) is float for value, _ in together)
+    with pytest.raises(WireFormatError):
+        decode_scalars(values + [b"not a tensor"])

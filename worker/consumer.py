@@ -351,7 +351,7 @@ class Worker:
                                 self.checkpoint_steps, self.checkpoint_seconds, max_bytes, self.memory_budget,
                                 self.stopping, self._work_waiting,
                                 LoopSegments(self, keys, subgraph_id) if spot else None,
-                                self.resident_checkpoint_seconds, self.cache)
+                                self.resident_checkpoint_seconds, self.cache, self.metrics)
             finally:
                 self.metrics.loop_ended()
         with emulated_device.paced(subgraph, inputs):   # benchmarks only (benchmarks/wan)

@@ -38,7 +38,8 @@ from ravop.loop_run import LoopRun
 from ravop.registry import LOOPS, PROJECTIONS
 from ravop.runner import OpError, run_nodes
 from ravop.store import tensors as stored
-from ravop.wire import encode_tensor, unpack_loop
+from ravop.store import value_writes
+from ravop.wire import encode_tensors, unpack_loop
 
 from . import device as devices
 from . import emulated_device, memory, step_decisions
@@ -142,8 +143,9 @@ class _Writer:
     """Collects what the steps persist and writes it, with progress and checkpoints, as the loop goes."""
 
     def __init__(self, client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds, n_steps,
-                 resumed_at=None, stop=None, graph=None, segments=None):
+                 resumed_at=None, stop=None, graph=None, segments=None, metrics=None):
         self.client, self.keys, self.subgraph_id = client, keys, subgraph_id
+        self.metrics = metrics    # the worker's WorkerMetrics: the bytes each write stores are counted, or None
         self.first_ids = first_ids
         self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
         self.n_steps, self.stop, self.graph = n_steps, stop, graph   # graph: its GraphWatch, or None
@@ -240,9 +242,11 @@ class _Writer:
         if host is not None and self.exchange is not None:
             self.exchange.flush()
         pipe = client.pipeline(transaction=True)
-        for tensor_id, value in pending.items():
-            pipe.set(keys.tensor(tensor_id), encode_tensor(devices.to_host(value)), nx=self.segments is None)
+        values = [devices.to_host(value) for value in pending.values()]
+        sets = value_writes.queue_values(pipe, [keys.tensor(i) for i in pending], encode_tensors(values),
+                                         only_new=self.segments is None)
         pipe.hset(keys.steps, self.subgraph_id, done)
+        written = 0
         if host is not None:
             total = sum(t.nbytes for t in host)
             size = stored.fit_to_server(client, total, "a loop checkpoint", keys.meta) \
@@ -253,13 +257,18 @@ class _Writer:
             for k, value in enumerate(host):
                 if k not in same:
                     stored.write(pipe, checkpoint_tensor_key(keys, self.subgraph_id, done, k), value, size, chunks)
+                    written += value.nbytes
             chunks.execute()
             pipe.hset(keys.checkpoint(self.subgraph_id),
                       mapping={"step": done, "n": len(host), "same": checkpoint_aliases.encode(same)})
         if record:
             pipe.hset(keys.meta, mapping=record)
         pipe.hget(keys.meta, "state")
-        state = pipe.execute()[-1]
+        replies = pipe.execute()
+        state = replies[-1]
+        if self.metrics is not None:   # the persisted values the server did not have yet, and the checkpoint
+            new = [flag for reply in replies[:sets] for flag in reply]
+            self.metrics.written_bytes(written + sum(value.nbytes for value, flag in zip(values, new) if flag))
         if host is not None:
             if self.segments is not None:
                 self.segments.on_checkpoint(self.saved or 0, done, host)
@@ -312,7 +321,7 @@ def _resume(client, keys, subgraph_id, n_carried, device, cache=None):
 def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
              checkpoint_steps=None, checkpoint_seconds=CHECKPOINT_SECONDS, max_bytes=None, budget=None,
              stop=None, work_waiting=None, segments=None, resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS,
-             cache=None):
+             cache=None, metrics=None):
     """{output id: tensor} of a loop subgraph; resumes from its checkpoint if an earlier run left one.
     `max_bytes`, `budget`: the worker's memory rules for the templates; `stop`: a threading.Event set when
     the worker is stopping (then LoopHandedBack after a checkpoint); `work_waiting()`: whether a loop waiting for
@@ -320,7 +329,8 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
     segment checks (worker/spot_loop.py), or None. Checkpoints: every `checkpoint_steps` (None: CHECKPOINT_STEPS)
     or `checkpoint_seconds`; a loop that exchanges values every `resident_checkpoint_seconds`, or
     `checkpoint_steps` when given, at a synchronisation. `cache`: the worker's TensorCache, where a loop handed
-    back to take turns keeps its values for this worker to resume it from (worker/held_values.py)."""
+    back to take turns keeps its values for this worker to resume it from (worker/held_values.py). `metrics`: the
+    worker's WorkerMetrics, which counts the bytes the loop's writes store (persisted values, checkpoints)."""
     loop_step = check_loop_program(program)
     spec = unpack_loop(subgraph.loop)   # decoded once: the templates' nodes serve the checks and the runner
     watch = None if max_bytes is None else (lambda template: _watcher(spec, template, max_bytes, budget))
@@ -332,7 +342,7 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
     store_exchange = None
     writer = _Writer(client, keys, subgraph_id, first_ids,
                      CHECKPOINT_STEPS if checkpoint_steps is None else checkpoint_steps, checkpoint_seconds,
-                     spec.n_steps, start, stop, graph, segments)
+                     spec.n_steps, start, stop, graph, segments, metrics)
     try:
         values = loop_inputs(program, loop_step, inputs, seed, device, max_bytes, budget)
         runner = LoopRun(spec, values, seed, device, watch, step_decisions.for_device(device))

@@ -24,7 +24,12 @@ class CachedDecisions:
         return json.dumps({"step": digest, "machine": json.loads(self.machine)}, sort_keys=True)
 
     def load(self, digest):
-        return self.memory.load(digest) or calibration_cache.load(self.path, self._key(digest), FIELDS)
+        figures = self.memory.load(digest)
+        if figures is None:   # read from the file once: each loop's templates would parse it again (~0.5 ms)
+            figures = calibration_cache.load(self.path, self._key(digest), FIELDS)
+            if figures is not None:
+                self.memory.store(digest, figures)
+        return figures
 
     def store(self, digest, figures):
         self.memory.store(digest, figures)

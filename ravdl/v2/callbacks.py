@@ -262,8 +262,10 @@ class FitFollower:
             callback.set_params(params)
         self.started = self.stop_asked = self.warned = False
         self.steps_seen = self.epochs_seen = 0
-        self.next_read = 0.0
         self.every = POLL_SECONDS if callbacks else QUIET_POLL_SECONDS
+        # without callbacks, no read as the graph starts (it has no loss yet, and a worker is starting its loop on
+        # the same server): the first one after `every`, or at the end
+        self.next_read = 0.0 if callbacks else clock() + self.every
         self.stopped_step = None   # where a stop ended the loop, once the graph is done
 
     def poll(self, client, keys, state):

@@ -38,20 +38,21 @@ def delete_token(client: Client, token: str, batch: int = 1000) -> None:
     found = owned_keys(client, token)
     if found is None:
         return _scan_delete(client, TokenKeys(token).pattern, batch)
-    named, checkpoints = found
+    slots, checkpoints = found
     pipe = client.pipeline(transaction=False)
     for key in checkpoints:          # one key a command: a cluster's pipeline refuses keys of several slots
         pipe.exists(key)
-    for key in named:
-        pipe.unlink(key)
+    for keys in slots:   # one command per slot (a graph's keys share one); a cluster pipeline's unlink() takes one key
+        pipe.execute_command("UNLINK", *keys)
     replies = pipe.execute()
     if any(replies[:len(checkpoints)]):   # a loop's checkpoint left behind names tensors under steps of its own
         _scan_delete(client, TokenKeys(token).pattern, batch)
 
 
-def owned_keys(client: Client, token: str) -> Optional[Tuple[List[str], List[str]]]:
-    """(every key name the token's records say it may hold, its loops' checkpoint hashes among them), or None if
-    some graph's records may not name all of its keys (see the module docstring)."""
+def owned_keys(client: Client, token: str) -> Optional[Tuple[List[List[str]], List[str]]]:
+    """(every key name the token's records say it may hold, in lists of keys of one hash slot each, its loops'
+    checkpoint hashes among them), or None if some graph's records may not name all of its keys (see the module
+    docstring)."""
     token_keys = TokenKeys(token)
     pipe = client.pipeline(transaction=False)
     pipe.zrange(token_keys.graphs, 0, -1)
@@ -73,10 +74,12 @@ def owned_keys(client: Client, token: str) -> Optional[Tuple[List[str], List[str
         return None
 
 
-def _named(token_keys: TokenKeys, graphs: List[GraphKeys], replies: list) -> Optional[Tuple[List[str], List[str]]]:
-    """`owned_keys`'s answer from the graphs' meta, info and persist replies."""
-    named = [token_keys.graphs, token_keys.current, token_keys.banned, token_keys.trust, token_keys.inbox,
-             token_keys.owned]
+def _named(token_keys: TokenKeys, graphs: List[GraphKeys],
+           replies: list) -> Optional[Tuple[List[List[str]], List[str]]]:
+    """`owned_keys`'s answer from the graphs' meta, info and persist replies: the token's own keys one a list (each
+    in a slot of its own), then each graph's keys in one list (one slot: its hash tag)."""
+    slots = [[key] for key in (token_keys.graphs, token_keys.current, token_keys.banned, token_keys.trust,
+                               token_keys.inbox, token_keys.owned)]
     checkpoints = []
     for keys, meta, info, persisted in zip(graphs, replies[::3], replies[1::3], replies[2::3]):
         state, redelivered, spot, exchanges, approach = meta
@@ -84,7 +87,7 @@ def _named(token_keys: TokenKeys, graphs: List[GraphKeys], replies: list) -> Opt
         if state is not None and (state.decode() not in _BY_NAME or redelivered or spot or exchanges or
                                   approach == b"federated"):
             return None
-        named += [getattr(keys, name) for name in _FIXED]
+        named = [getattr(keys, name) for name in _FIXED]
         ids = {int(i) for i in persisted}
         for sid, routing in info.items():
             sid = sid.decode()
@@ -93,7 +96,8 @@ def _named(token_keys: TokenKeys, graphs: List[GraphKeys], replies: list) -> Opt
             released = routing.decode().rsplit(";", 1)[-1]
             ids.update(int(i) for i in released.split(",") if i)
         named += [key for i in sorted(ids) for key in keys_of(keys.tensor(i))]
-    return named, checkpoints
+        slots.append(named)
+    return slots, checkpoints
 
 
 def _scan_delete(client: Client, pattern: str, batch: int) -> None:
