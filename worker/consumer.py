@@ -35,7 +35,7 @@ from ravop.store import workers as liveness
 from ravop.wire import plan_pb2, unpack_nodes
 
 from . import device as devices
-from . import calibrate, emulated_device, memory, verify
+from . import calibrate, emulated_device, memory, verify, warm_connections
 from .spot import SpotChecks
 from .spot_loop import LoopSegments, check_segment, drop_segments
 from .cache import TensorCache
@@ -140,6 +140,7 @@ class Worker:
         errors = ServerErrors(self.client, self.name)
         errors.repair()
         self._load_scripts()
+        warm_connections.warm(self.client)   # registered means ready: no thread opens one on its first command
         self.heartbeat.beat()
         self.heartbeat.start()
         self.inboxes.start()
