@@ -19,6 +19,7 @@ from ravop.interpreter import evaluate_persisted
 from ravop.store import GraphKeys, Scripts, connect
 from worker import Worker
 from worker import consumer, loop_subgraph
+from worker.warm_connections import warm
 
 RNG = np.random.default_rng(3)
 X = RNG.random((512, 16), dtype=np.float32)   # 32 KiB: chunked under the 16 KiB chunks below
@@ -132,3 +133,28 @@ def test_a_registered_worker_has_put_the_scripts_on_the_server_and_claims_in_one
     assert trips.between("claim", "claimed") == ["SISMEMBER"]   # one round trip: the ban, then the claim
     for name, value in evaluate_persisted(graph).items():
         assert torch.equal(R.fetch_persisting_op(name), value), name
+
+
+def test_connections_opened_ahead_wait_idle_and_a_new_one_costs_no_client_setinfo(server, monkeypatch):
+    client = connect(server.url)
+    pool = client.connection_pool
+    warm(client, 4)
+    opened = pool._created_connections
+    assert opened >= 4 and len(pool._available_connections) >= 4   # open and idle (connect's own among them)
+    barrier = threading.Barrier(4)
+
+    def command():
+        barrier.wait()
+        client.ping()
+    threads = [threading.Thread(target=command) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert pool._created_connections == opened   # four threads at once found them open
+    trips = RoundTrips(monkeypatch)
+    connection = pool.make_connection()
+    connection.connect()
+    connection.disconnect()
+    assert "CLIENT" not in trips.sent and len(trips.sent) <= 2, trips.sent   # HELLO and its health check
+    client.close()
