@@ -92,6 +92,18 @@ def test_the_chunks_are_read_where_the_file_cannot_or_must_not_be(client, stored
     assert torch.equal(tensors.decode(client, KEY, client.get(KEY), token=TOKEN), tensor)
 
 
+def test_a_reference_read_already_is_followed_and_checked_as_one_read_here(client, stored):
+    """A worker reads a loop's references with its inputs (worker/loop_start.py) and hands them over."""
+    tensor, head = stored
+    given = client.get(same_host.reference_key(KEY))
+    client.delete(same_host.reference_key(KEY))   # so only the given reference can lead to the file
+    assert torch.equal(same_host.read(client, KEY, head, TOKEN, given), tensor)
+    assert torch.equal(tensors.decode(client, KEY, client.get(KEY), token=TOKEN, reference=given), tensor)
+    assert same_host.read(client, KEY, head, TOKEN, None) is None   # read, and it has none: the chunks
+    with pytest.raises(WireFormatError, match="malformed same-host reference"):
+        same_host.read(client, KEY, head, TOKEN, b"../../etc/passwd")
+
+
 @pytest.mark.parametrize("value", ["../../etc/passwd", "/etc/passwd", "a:b", "1:2:3:4:5"])
 def test_a_malformed_reference_is_refused(client, stored, value):
     _, head = stored

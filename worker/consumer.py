@@ -30,18 +30,20 @@ from ravop.store.handoff import Handoff
 from ravop.store.server_replies import kind_of as server_error_kind
 from ravop.store import federated_schema as federated_store
 from ravop.store import background_upload as uploads
+from ravop.store import same_host
 from ravop.store import tensors as stored
 from ravop.store import workers as liveness
 from ravop.wire import plan_pb2, unpack_nodes
 
 from . import device as devices
-from . import calibrate, emulated_device, memory, verify
+from . import calibrate, emulated_device, memory, verify, warm_connections
 from .spot import SpotChecks
 from .spot_loop import LoopSegments, check_segment, drop_segments
 from .cache import TensorCache
 from .hand_back import HandBack
 from .heartbeat import Heartbeat
 from .inbox_watch import InboxWatch
+from .loop_start import LoopStart
 from .loop_subgraph import (CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopHandedBack,
                             drop_checkpoint, run_loop)
 from .run import OVER_BUDGET, KernelError, run
@@ -138,6 +140,8 @@ class Worker:
         refused this worker's credentials (its user was revoked). Any other server error is ridden out."""
         errors = ServerErrors(self.client, self.name)
         errors.repair()
+        self._load_scripts()
+        warm_connections.warm(self.client)   # registered means ready: no thread opens one on its first command
         self.heartbeat.beat()
         self.heartbeat.start()
         self.inboxes.start()
@@ -174,6 +178,14 @@ class Worker:
             return 1
         log.info("worker %s stopped after %d subgraphs", self.name, self.completed)
         return 0
+
+    def _load_scripts(self):
+        """Put the scripts on the server before registering, so that a first claim costs one round trip; a server
+        that refuses SCRIPT LOAD to this worker's user leaves them to load on first use, as before."""
+        try:
+            self.scripts.load()
+        except redis.ResponseError as exc:
+            log.info("worker %s: scripts not loaded ahead (%s); they load on first use", self.name, exc)
 
     def _next(self, resume_own=False):
         """(message id, fields, deliveries): after a lost connection, what this worker held when it was lost;
@@ -241,10 +253,10 @@ class Worker:
         if deliveries > self.max_attempts:
             self._give_up_retries(keys, subgraph_id, message_id, deliveries)
             return None
-        if self._banned(keys.token):
+        reply, banned = self._claim_unless_banned(keys, subgraph_id)
+        if banned:
             self._pass_on(message_id, fields)
             return None
-        reply = self.scripts.claim(keys, subgraph_id, self.name)
         if reply[0] in _FORGED:
             self._give_up(keys, message_id, subgraph_id, _FORGED[reply[0]].format(subgraph_id), "forged message",
                           fail_graph=False)
@@ -343,22 +355,26 @@ class Worker:
 
     def _compute(self, keys, subgraph_id, subgraph, program, seed, max_bytes, spot=False):
         """{output id: tensor} of a checked subgraph: a loop's (with its checkpoints) or a plain one's."""
-        inputs = self._inputs(keys, subgraph)
+        # a loop's other reads before its first step ride in its inputs' round trip (worker/loop_start.py)
+        loop_start = LoopStart(keys, subgraph_id) if subgraph.HasField("loop") and self.scripts.direct else None
+        inputs = self._inputs(keys, subgraph, loop_start)
         if subgraph.HasField("loop"):
-            self.metrics.loop_started(loop_record(self.client, keys, subgraph_id))
+            self.metrics.loop_started(loop_record(self.client, keys, subgraph_id),
+                                      loop_start.progress if loop_start is not None else None)
             try:
                 return run_loop(self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
                                 self.checkpoint_steps, self.checkpoint_seconds, max_bytes, self.memory_budget,
                                 self.stopping, self._work_waiting,
                                 LoopSegments(self, keys, subgraph_id) if spot else None,
-                                self.resident_checkpoint_seconds, self.cache, self.metrics)
+                                self.resident_checkpoint_seconds, self.cache, self.metrics, loop_start)
             finally:
-                self.metrics.loop_ended()
+                self.metrics.loop_ended(loop_start.ended if loop_start is not None else None)
         with emulated_device.paced(subgraph, inputs):   # benchmarks only (benchmarks/wan)
             return run(program, inputs, seed, self.device, self.memory_budget)
 
-    def _inputs(self, keys, subgraph):
-        """Input tensors on this worker's device: from the local cache, the rest in one MGET."""
+    def _inputs(self, keys, subgraph, loop_start=None):
+        """Input tensors on this worker's device: from the local cache, the rest in one MGET, in the round trip
+        of what `loop_start` (a worker.loop_start.LoopStart, or None) reads for a loop."""
         env, missing = {}, []
         for i in subgraph.inputs:
             tensor = self.cache.get(keys.tensor(i))
@@ -366,17 +382,21 @@ class Worker:
                 missing.append(i)
             else:
                 env[i] = tensor
-        if missing:
-            for i, data in zip(missing, self.client.mget([keys.tensor(i) for i in missing])):
-                tensor = stored.decode(self.client, keys.tensor(i), data, self.memory_budget, token=keys.token) \
-                    if data is not None else uploads.read_uploaded(self.client, keys, keys.tensor(i),
-                                                                   self.memory_budget)   # a big constant going up
-                if tensor is None:
-                    raise _MissingInput(i)
-                self.metrics.read_bytes(tensor.nbytes)
-                tensor = devices.to_device(tensor, self.device)
-                self.cache.put(keys.tensor(i), tensor)
-                env[i] = tensor
+        names = [keys.tensor(i) for i in missing]
+        values = loop_start.read(self.client, names) if loop_start is not None else \
+            self.client.mget(names) if names else []
+        for i, name, data in zip(missing, names, values):
+            reference = same_host.UNREAD if loop_start is None else loop_start.reference(name)
+            tensor = stored.decode(self.client, name, data, self.memory_budget, token=keys.token,
+                                   reference=reference) \
+                if data is not None else uploads.read_uploaded(self.client, keys, name,
+                                                               self.memory_budget)   # a big constant going up
+            if tensor is None:
+                raise _MissingInput(i)
+            self.metrics.read_bytes(tensor.nbytes)
+            tensor = devices.to_device(tensor, self.device)
+            self.cache.put(name, tensor)
+            env[i] = tensor
         return env
 
     def _finish(self, keys, subgraph_id, message_id, outputs):
@@ -421,11 +441,36 @@ class Worker:
         now = time.monotonic()
         cached = self._bans.get(token)
         if fresh or cached is None or cached[0] < now:
-            if len(self._bans) > 1000:
-                self._bans.clear()
-            cached = self._bans[token] = (now + BAN_CHECK_SECONDS,
-                                          bool(self.client.sismember(TokenKeys(token).banned, self.name)))
+            return self._note_ban(token, self.client.sismember(TokenKeys(token).banned, self.name))
         return cached[1]
+
+    def _note_ban(self, token, banned):
+        if len(self._bans) > 1000:
+            self._bans.clear()
+        self._bans[token] = (time.monotonic() + BAN_CHECK_SECONDS, bool(banned))
+        return bool(banned)
+
+    def _claim_unless_banned(self, keys, subgraph_id):
+        """(the claim script's reply, or None; whether the graph's requester banned this worker). A ban this worker
+        must look up again is read in the claim's round trip (over a slow link, a round trip less before every
+        first subgraph of a token): a banned worker that claimed passes the message on, as after a claim whose
+        spot check must be someone else's, and the next worker claims it again."""
+        known = self._bans.get(keys.token)
+        if (known is not None and known[0] >= time.monotonic()) or not self.scripts.direct:   # a cluster: 2 slots
+            if self._banned(keys.token):
+                return None, True
+            return self.scripts.claim(keys, subgraph_id, self.name), False
+        pipe = self.client.pipeline(transaction=False)
+        pipe.sismember(TokenKeys(keys.token).banned, self.name)
+        self.scripts.claim_in(pipe, keys, subgraph_id, self.name)
+        banned, reply = pipe.execute(raise_on_error=False)
+        if isinstance(banned, Exception):
+            raise banned
+        if isinstance(reply, redis.exceptions.NoScriptError):   # the server lost its scripts: loaded again
+            reply = self.scripts.claim(keys, subgraph_id, self.name)
+        elif isinstance(reply, Exception):
+            raise reply
+        return reply, self._note_ban(keys.token, banned)
 
     def _pass_on(self, message_id, fields):
         """Put the message back at the end of the stream for another worker, and give them a moment to take it."""

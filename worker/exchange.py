@@ -56,12 +56,14 @@ class StoreExchange:
     """The exchange of one loop run by this worker. While a receive waits, the graph's state and `attention()`
     (whether the worker is stopping or should give the loop up; None: never) are read beside the loop every
     `STATE_SECONDS`; when the graph is not running or `attention()` is true, `on_wait(state)` is called in the
-    loop's thread: it raises to stop the wait. `close()` when the loop ends."""
+    loop's thread: it raises to stop the wait. `meta`: the graph meta's fields as the worker read them before the
+    loop (worker/loop_start.py), or None (its `exchange_readers` is read here). `close()` when the loop ends."""
 
-    def __init__(self, client, keys, device, on_wait, attention=None):
+    def __init__(self, client, keys, device, on_wait, attention=None, meta=None):
         self.client, self.keys, self.device, self.on_wait, self.attention = client, keys, device, on_wait, attention
         self.sent_bytes = self.received_bytes = 0
-        self.readers = _readers(client.hget(keys.meta, "exchange_readers"))
+        self.readers = _readers(client.hget(keys.meta, "exchange_readers") if meta is None
+                                else meta["exchange_readers"])
         self.read_keys = []   # keys read since the last checkpoint, with their channel
         self.sends = BackgroundWrites(queued=0, name="exchange-send")   # in order, beside the loop
         self.prefetched = {}  # (channels, run) -> the _Fetch running ahead for it

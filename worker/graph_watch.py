@@ -18,7 +18,8 @@ _RUNNING = graph_states.RUNNING.encode()
 
 class GraphWatch(threading.Thread):
     """`ended`: the graph's state once it is no longer running (bytes), else None; `stop_reason`: why a stop was
-    requested (str), else None. The first look is taken by `start`, before the loop runs its first step."""
+    requested (str), else None. The first look is taken by `start`, before the loop runs its first step (or given
+    to it: the meta's fields as the worker read them with the loop's inputs, worker/loop_start.py)."""
 
     def __init__(self, client, keys, interval=WATCH_SECONDS):
         super().__init__(name=f"watch-{keys.graph_id}", daemon=True)
@@ -27,14 +28,20 @@ class GraphWatch(threading.Thread):
         self._done = threading.Event()
 
     def look(self):
-        state, stop = self.client.hmget(self.keys.meta, "state", "stop")
+        self._seen(*self.client.hmget(self.keys.meta, "state", "stop"))
+
+    def _seen(self, state, stop):
         if stop is not None:
             self.stop_reason = stop.decode(errors="replace")
         if state != _RUNNING:
             self.ended = state if state is not None else b"gone"
 
-    def start(self):
-        self.look()
+    def start(self, meta=None):
+        """Look (or take `meta`'s "state" and "stop"), then go on looking beside the loop."""
+        if meta is None:
+            self.look()
+        else:
+            self._seen(meta["state"], meta["stop"])
         super().start()
 
     def run(self):

@@ -283,6 +283,11 @@ class _Writer:
         if state != graph_states.RUNNING.encode():
             raise LoopAbandoned(state)
 
+    def drain(self):
+        """Wait for the writes queued beside the loop; raises the first that failed."""
+        if self.writes is not None:
+            self.writes.drain()
+
     def close(self):
         if self.writes is not None:
             self.writes.close()
@@ -294,10 +299,12 @@ def _host_copy(value):
     return host.clone() if host is value else host
 
 
-def _resume(client, keys, subgraph_id, n_carried, device, cache=None):
+def _resume(client, keys, subgraph_id, n_carried, device, cache=None, saved=None):
     """(step, carried values) of the loop's checkpoint, or (None, None) without a usable one; its tensors from
-    `cache` where this worker kept them when it handed the loop back (worker/held_values.py)."""
-    saved = client.hgetall(keys.checkpoint(subgraph_id))
+    `cache` where this worker kept them when it handed the loop back (worker/held_values.py). `saved`: its
+    record, where the worker read it already (worker/loop_start.py)."""
+    if saved is None:
+        saved = client.hgetall(keys.checkpoint(subgraph_id))
     if not saved:
         return None, None
     try:
@@ -321,7 +328,7 @@ def _resume(client, keys, subgraph_id, n_carried, device, cache=None):
 def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
              checkpoint_steps=None, checkpoint_seconds=CHECKPOINT_SECONDS, max_bytes=None, budget=None,
              stop=None, work_waiting=None, segments=None, resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS,
-             cache=None, metrics=None):
+             cache=None, metrics=None, loop_start=None):
     """{output id: tensor} of a loop subgraph; resumes from its checkpoint if an earlier run left one.
     `max_bytes`, `budget`: the worker's memory rules for the templates; `stop`: a threading.Event set when
     the worker is stopping (then LoopHandedBack after a checkpoint); `work_waiting()`: whether a loop waiting for
@@ -330,11 +337,15 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
     or `checkpoint_seconds`; a loop that exchanges values every `resident_checkpoint_seconds`, or
     `checkpoint_steps` when given, at a synchronisation. `cache`: the worker's TensorCache, where a loop handed
     back to take turns keeps its values for this worker to resume it from (worker/held_values.py). `metrics`: the
-    worker's WorkerMetrics, which counts the bytes the loop's writes store (persisted values, checkpoints)."""
+    worker's WorkerMetrics, which counts the bytes the loop's writes store (persisted values, checkpoints).
+    `loop_start`: what the worker read for the loop with its inputs (a worker.loop_start.LoopStart), or None:
+    read here."""
     loop_step = check_loop_program(program)
     spec = unpack_loop(subgraph.loop)   # decoded once: the templates' nodes serve the checks and the runner
     watch = None if max_bytes is None else (lambda template: _watcher(spec, template, max_bytes, budget))
-    start, carried = _resume(client, keys, subgraph_id, spec.n_carried, device, cache)
+    meta = loop_start.meta if loop_start is not None else None   # None: each reader reads its own
+    start, carried = _resume(client, keys, subgraph_id, spec.n_carried, device, cache,
+                             loop_start.checkpoint if loop_start is not None else None)
     first_ids = [t.output_first_ids for t in spec.templates]
     if any(len(ids) != len(t.output_nodes) for ids, t in zip(first_ids, spec.templates)):
         raise PlanError("a loop step's persisted values and their tensor ids do not pair up")
@@ -350,22 +361,32 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
             segments.instrument(runner)
         writer.work_waiting, writer.cache = work_waiting, cache
         store_exchange = writer.exchange = \
-            StoreExchange(client, keys, device, writer.on_wait, _leaving(stop, work_waiting)) \
+            StoreExchange(client, keys, device, writer.on_wait, _leaving(stop, work_waiting), meta) \
             if runner.exchanges() else None
         if store_exchange is not None:
             writer.checkpoint_at_syncs(list(spec.sync_templates), checkpoint_steps or 0, resident_checkpoint_seconds)
         on_step, exchange = emulated_device.paced_steps(writer.on_step, subgraph.loop, values, store_exchange)
-        graph.start()
+        graph.start(meta)
         carried = runner.run(carried, start or 0, on_step, exchange,
                              graph.stop_requested if runner.stoppable() else None)
+        # the last flush and the exchange's last sends (a round trip each over a slow link) are written beside
+        # each other, and both are in the store before the loop is done
+        if runner.stopped_at is None and segments is None:
+            writer.write(spec.n_steps, wait=False)
         if store_exchange is not None:
-            store_exchange.flush()   # every value sent is in the store before the loop is done
+            store_exchange.flush()
         if runner.stopped_at is None:
-            writer.write(spec.n_steps, carried if segments is not None else None)
+            if segments is None:
+                writer.drain()
+            else:
+                writer.write(spec.n_steps, carried)
         else:   # a checkpoint at the stop: under verify='spot' it also ends the last segment to check
             writer.write(runner.stopped_at[0], carried, stopped_record(spec, *runner.stopped_at, graph.stop_reason))
         if segments is not None:
             segments.wait_settled()
+        if loop_start is not None:   # its record as written: the worker's metrics need not read it back
+            loop_start.ended = (runner.stopped_at[0] if runner.stopped_at is not None else spec.n_steps,
+                                writer.saved)
         projections = program.steps[program.steps.index(loop_step) + 1:]
         env = run_nodes(projections, {loop_step.id: tuple(carried)}, outputs=program.outputs)
     except OpError as exc:   # reported as on any subgraph: the op, its sizes, the device, and the step

@@ -223,6 +223,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
         model.persist_weights()
         summary = R.activate()
 
+        lab.wait_ready(providers)   # the run starts once every provider waits for work, not while one connects
         links_before, store_before = lab.link_stats(fresh=True), lab.store_link_bytes()
         busy_before = {name: lab.busy(name) or {"busy_s": 0.0, "real_s": 0.0, "flops": 0.0} for name in names}
         start, started_at = time.monotonic(), time.time()

@@ -159,6 +159,17 @@ class Lab:
                     raise RuntimeError(f"provider {name} did not register:\n{self.worker_log(name)}")
                 time.sleep(0.1)
 
+    def wait_ready(self, count):
+        """Until `count` providers wait for work (their main loops blocked reading the work stream): a provider
+        registers before its main loop's first look at the stream, which over a slow link is round trips later,
+        and a run started in between would count that start-up as the run's own time."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while sum(c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "") for c in self.client.client_list()) \
+                < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fewer than {count} providers wait for work after {START_TIMEOUT} s")
+            time.sleep(0.05)
+
     def worker_log(self, name):
         path = self.dir / f"{name}.log"
         return path.read_text(errors="replace")[-3000:] if path.exists() else ""

@@ -142,27 +142,30 @@ class WorkerMetrics:
     def took_over(self):
         self._takeovers.inc()
 
-    def loop_started(self, progress):
-        """A loop subgraph starts; `progress() -> (steps done, step of its checkpoint or None)` reads its record."""
-        steps, saved = progress()
+    def loop_started(self, progress, now=None):
+        """A loop subgraph starts; `progress() -> (steps done, step of its checkpoint or None)` reads its record;
+        `now`: that pair where the worker read it already (with the loop's inputs: worker/loop_start.py)."""
+        steps, saved = progress() if now is None else now
         with self._lock:
             self._loop = [progress, steps, saved]
 
-    def loop_ended(self):
-        """The loop finished, failed or was handed back: fold what it did into the totals."""
+    def loop_ended(self, now=None):
+        """The loop finished, failed or was handed back: fold what it did into the totals; `now`: its (steps done,
+        checkpoint step) where the worker knows them (a loop that completed: not read again before its outputs
+        are written)."""
         with self._lock:
             loop, self._loop = self._loop, None
         if loop is not None:
-            steps, checkpoints = self._loop_counts(loop)
+            steps, checkpoints = self._loop_counts(loop, now)
             with self._lock:
                 self._steps += steps
                 self._checkpoints += checkpoints
 
     # reads -----------------------------------------------------------------------------------------------
-    def _loop_counts(self, loop):
+    def _loop_counts(self, loop, now=None):
         progress, start, seen = loop
         try:
-            steps, saved = progress()
+            steps, saved = progress() if now is None else now
         except Exception:  # noqa: BLE001 - a scrape never fails for a lost server: the last count stands
             return 0, 0
         new_checkpoint = saved is not None and saved != seen

@@ -29,7 +29,7 @@ import re
 import secrets
 import stat
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 
@@ -154,12 +154,18 @@ def remove_files(token: str) -> None:
         _writers[token].remove_all()
 
 
-def read(client: Client, key: str, head: Chunked, token: str) -> Optional[torch.Tensor]:
+UNREAD = object()   # a reference not read yet (None: read, and there is none)
+
+
+def read(client: Client, key: str, head: Chunked, token: str, reference: Any = UNREAD) -> Optional[torch.Tensor]:
     """The tensor `head` declares, mapped from the file its reference names; None where the chunks must be read
-    (no reference, another host or user, the file gone); `WireFormatError` for a reference or file refused."""
+    (no reference, another host or user, the file gone); `WireFormatError` for a reference or file refused.
+    `reference`: the value of `reference_key(key)` where the caller read it already (in a round trip it made
+    anyway: worker/loop_start.py)."""
     if fcntl is None or not _on():
         return None
-    reference = client.get(reference_key(key))
+    if reference is UNREAD:
+        reference = client.get(reference_key(key))
     if reference is None:
         return None
     match = _REFERENCE.match(reference)

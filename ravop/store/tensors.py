@@ -122,13 +122,14 @@ SIZES_PER_ROUND_TRIP = 4096   # HSTRLENs pipelined at once: a header of a millio
 
 
 def decode(client: Client, key: str, data: bytes, max_bytes: Optional[int] = None,
-           desc: Optional[str] = None, token: Optional[str] = None) -> Optional[torch.Tensor]:
+           desc: Optional[str] = None, token: Optional[str] = None,
+           reference: Any = same_host.UNREAD) -> Optional[torch.Tensor]:
     """The tensor whose stored value under `key` is `data` (reading its chunks if it has any); None if the
     chunks are gone (deleted meanwhile); `WireFormatError` for a value that is not a tensor, or a chunked one
     whose header declares more than `max_bytes` (a reader's memory budget) or other chunks than are stored.
     With `desc`, a chunked tensor's download shows a progress bar in bytes (once it has taken a second). With
     `token` (the graph's), a chunked tensor is read from its same-host file where it has one it may follow
-    (`ravop.store.same_host`)."""
+    (`ravop.store.same_host`; `reference`: its reference, where the caller read it already)."""
     if not is_chunked(data):
         return decode_tensor(data)
     head = decode_chunked(data)
@@ -137,7 +138,7 @@ def decode(client: Client, key: str, data: bytes, max_bytes: Optional[int] = Non
     check_budget(key, head, max_bytes)
     client = node_client(client, key)  # its chunks are read from the socket of the server that holds them
     if token is not None:
-        local = same_host.read(client, key, head, token)
+        local = same_host.read(client, key, head, token, reference)
         if local is not None:
             return local
     hash_key = chunks_key(key)
