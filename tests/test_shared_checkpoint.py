@@ -159,7 +159,7 @@ def test_a_loop_checkpoints_on_the_multiples_of_the_agreed_rounds():
     assert SyncCadence(0, now=0.0).at_sync(5, 0.0, 1, 1) == (True, None)   # 0 s: every synchronisation
 
 
-def test_a_checkpoint_far_bigger_than_a_round_exchanges_is_taken_less_often():
-    # 30 rounds in the cadence, but the state is 24 times what a round exchanges: at most a quarter of the bytes
-    assert proposal(30, state_bytes=24_000, exchanged_bytes=30 * 1000) == 96 + 12
+def test_a_checkpoint_far_bigger_than_what_a_round_sends_is_taken_less_often():
+    # 30 rounds in the cadence, but the state is 24 times what a round sends: at most a quarter of those bytes
+    assert proposal(30, state_bytes=24_000, sent_bytes=30 * 1000) == 96 + 12
     assert proposal(1, 0, 0) == 1 + 2

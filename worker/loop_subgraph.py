@@ -243,9 +243,8 @@ class _Writer:
             self.sync_index = run + 1   # its runs count the synchronisations from the fit's start, resumed or not
         if template != self.sync_end or self.sync_index is None:   # (replica 0's update sent before the first step)
             return False
-        exchanged = self.exchange.sent_bytes + self.exchange.received_bytes if self.exchange is not None else 0
-        due, rounds = self.cadence.at_sync(self.sync_index, now, sum(getattr(v, "nbytes", 0) for v in carried),
-                                           exchanged)
+        sent = self.exchange.sent_bytes if self.exchange is not None else 0
+        due, rounds = self.cadence.at_sync(self.sync_index, now, sum(getattr(v, "nbytes", 0) for v in carried), sent)
         if rounds is not None:
             self._queue(lambda: self.cadence.agreed(agree(self.client, self.keys, rounds)))
         return due

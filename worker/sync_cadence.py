@@ -6,8 +6,9 @@ once (worker/shared_checkpoint.py). Hence the cadence is agreed in rounds, once 
 
 - the first loop whose clock says `seconds` have passed proposes the rounds it ran in them, plus a lead of an
   eighth (at least 2 rounds), so that the first common checkpoint is still ahead of the others, which started
-  within moments of it; but at least as many rounds as keep its checkpoint within `BYTES_SHARE` of the bytes
-  those rounds exchange (on slow rounds a 60 s cadence would send more checkpoint than pseudo-gradient);
+  within moments of it; but at least as many rounds as keep its checkpoint within `BYTES_SHARE` of the bytes it
+  sends in those rounds (a checkpoint goes up the same link: on slow rounds a 60 s cadence would send more
+  checkpoint than pseudo-gradient);
 - it is written with SET NX to the graph's `ckpt:rounds`; every loop reads the agreed number there when its own
   clock comes due (the first proposal stands);
 - a loop checkpoints at synchronisation k (counted from the fit's start) when k // rounds has passed its last
@@ -20,7 +21,7 @@ import math
 
 from ravop.errors import PlanError
 
-BYTES_SHARE = 0.25   # a checkpoint's state at most this share of what the rounds between two checkpoints exchange
+BYTES_SHARE = 0.25   # a checkpoint's state at most this share of what the rounds between two checkpoints send
 LEAD = 8             # the first common checkpoint comes rounds / LEAD rounds (at least 2) after the proposal
 
 
@@ -53,10 +54,10 @@ def _rounds(keys, value):
     return rounds
 
 
-def proposal(ran, state_bytes, exchanged_bytes):
+def proposal(ran, state_bytes, sent_bytes):
     """Rounds between checkpoints for a loop that ran `ran` rounds in the cadence's seconds, carries
-    `state_bytes` and exchanged `exchanged_bytes` in those rounds."""
-    floor = math.ceil(state_bytes / (BYTES_SHARE * exchanged_bytes / ran)) if exchanged_bytes and ran else 1
+    `state_bytes` and sent `sent_bytes` to the other loops in those rounds."""
+    floor = math.ceil(state_bytes / (BYTES_SHARE * sent_bytes / ran)) if sent_bytes and ran else 1
     rounds = max(ran, floor, 1)
     return rounds + max(2, math.ceil(rounds / LEAD))
 
@@ -73,7 +74,7 @@ class SyncCadence:
         self.last = None       # the synchronisation of its last checkpoint here
         self.proposed = False
 
-    def at_sync(self, k, now, state_bytes, exchanged_bytes):
+    def at_sync(self, k, now, state_bytes, sent_bytes):
         """(checkpoint after synchronisation k?, rounds to propose or None)."""
         if self.first is None:
             self.first = k - 1
@@ -83,7 +84,7 @@ class SyncCadence:
         if self.proposed or now - self.since < self.seconds:
             return False, None
         self.proposed = True
-        return False, proposal(k - self.first, state_bytes, exchanged_bytes)
+        return False, proposal(k - self.first, state_bytes, sent_bytes)
 
     def agreed(self, rounds):
         if rounds is not None and self.rounds is None:
