@@ -12,7 +12,8 @@ from ravop.metrics import WorkerMetrics
 from ravop.store import tensors as stored
 from ravop.wire import decode_tensor, encode_tensor
 from worker.background_writes import BackgroundWrites
-from worker.loop_subgraph import LoopAbandoned, _Writer, checkpoint_tensor_key
+from worker.loop_subgraph import LoopAbandoned, _Writer
+from worker.shared_checkpoint import decode as decode_shared, digest, value_key
 
 from test_exchange_pipelined import keys  # noqa: F401  (the fixture: a running graph's keys, deleted after)
 
@@ -59,13 +60,15 @@ def test_the_loop_goes_on_while_a_checkpoint_waits_and_it_holds_the_values_of_it
     exchange.sent.set()
     writer.writes.drain()
     assert client.hget(keys.checkpoint("7"), "step") == b"2"
-    assert torch.equal(stored.read(client, checkpoint_tensor_key(keys, "7", 2, 0)), torch.zeros(3))
+    # a loop that exchanges values stores them by digest (worker/shared_checkpoint.py)
+    (name,) = decode_shared(client.hget(keys.checkpoint("7"), "shared"), 1).values()
+    assert name == digest(torch.zeros(3)) and torch.equal(stored.read(client, value_key(keys, name)), torch.zeros(3))
     assert client.exists(keys.tensor(100), keys.tensor(101)) == 2
     assert exchange.released == [[("x:0", "down.0")]]
     writer.write(4, [carried])   # the loop's last write waits for the ones before it
     assert client.hget(keys.checkpoint("7"), "step") == b"4"
     assert client.hget(keys.steps, "7") == b"4" and client.exists(keys.tensor(102))
-    assert not client.exists(checkpoint_tensor_key(keys, "7", 2, 0))   # the previous checkpoint is deleted
+    assert not client.exists(value_key(keys, name))   # the previous checkpoint's values are deleted
     writer.close()
 
 

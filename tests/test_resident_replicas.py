@@ -23,6 +23,7 @@ from ravop.store import GraphKeys
 from test_diloco import PARAM_NAMES, assert_matches_reference, fit_diloco
 from test_parallel_math import X, Y, ravdl_net, torch_net
 from worker.checkpoint_aliases import decode
+from worker.shared_checkpoint import decode as decode_shared, value_key as shared_value_key
 
 
 def knobs(compression, **more):
@@ -283,12 +284,16 @@ def test_checkpoints_at_synchronisations_store_the_global_model_once_and_resume_
     R.execute()
     keys = GraphKeys(engine.token, graph.id)
     loop_id, holder = checkpointed_replica(client, keys)
-    step, n, same = client.hmget(keys.checkpoint(loop_id), "step", "n", "same")
+    step, n, same, shared = client.hmget(keys.checkpoint(loop_id), "step", "n", "same", "shared")
     # right after a synchronisation the replica's parameters are the global model it carries: stored once
     assert len(decode(same, int(n))) >= len(PARAM_NAMES), f"checkpoint at step {int(step)}: {same}"
+    # the other values by digest, where the other replica's checkpoint at that synchronisation finds them
+    assert len(decode_shared(shared, int(n))) == int(n) - len(decode(same, int(n))), shared
     workers.kill(holder)
     R.track_progress(timeout=600, progress_bar=False)
     assert_same_as_in_process(graph, persisted)
+    # the loops drop their checkpoints as they end: the last reference to each shared value deletes it
+    wait_for(lambda: not client.keys(shared_value_key(keys, "*")), "the shared checkpoint values deleted")
 
 
 def test_replicas_outnumbering_workers_take_turns_and_a_joining_worker_takes_one(engine, workers, client):

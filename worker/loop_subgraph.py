@@ -24,13 +24,17 @@ resumes from that checkpoint and stops there too, so the result is the k-epoch r
 A checkpoint's tensors go through the tensor store (`ravop.store.tensors`: one value each, or chunks for a
 big one, so state over Redis's 512 MB value limit checkpoints too) under keys named by the step they were
 taken at; the checkpoint hash, written in the transaction that publishes their headers, names that step. The
-previous checkpoint's tensors are deleted once the new one is in.
+previous checkpoint's tensors are deleted once the new one is in. A loop that exchanges values stores its values
+by digest instead, once for all the loops whose checkpoints hold the same bits (worker/shared_checkpoint.py), at
+synchronisations the graph's loops agree on (worker/sync_cadence.py).
 
 The templates follow the rules of ordinary subgraphs (worker/validate.py, worker/memory.py): their declared
 sizes must fit the worker's limit, and each output is checked against its declared size and the budget.
 """
 import functools
 import time
+
+import redis
 
 from ravop import graph_states
 from ravop.errors import PlanError
@@ -43,7 +47,8 @@ from ravop.wire import encode_tensors, unpack_loop
 
 from . import device as devices
 from . import emulated_device, memory, step_decisions
-from . import checkpoint_aliases, held_values
+from . import checkpoint_aliases, held_values, shared_checkpoint
+from .sync_cadence import SyncCadence, agree, agreed
 from .background_writes import BackgroundWrites
 from .exchange import StoreExchange
 from .graph_watch import GraphWatch
@@ -58,9 +63,11 @@ FLUSH_SPACING = 20
 CHECKPOINT_SECONDS = 10.0
 CHECKPOINT_STEPS = 1000
 # A loop that exchanges values (a resident replica) checkpoints at a synchronisation, when its parameters equal
-# the global model it carries (stored once: worker/checkpoint_aliases.py), and by time only unless steps are
-# asked for: its state (parameters, optimizer moments, residuals, the global model) is many times what a round
-# exchanges, so a 10 s or 1000-step cadence would send more checkpoint than pseudo-gradient up the provider's link.
+# the global model it carries (stored once: worker/checkpoint_aliases.py, and once for all replicas:
+# worker/shared_checkpoint.py), about this often (in rounds agreed by the graph's loops: worker/sync_cadence.py)
+# unless steps are asked for: its state (parameters, optimizer moments, residuals, the global model) is many
+# times what a round exchanges, so a 10 s or 1000-step cadence would send more checkpoint than pseudo-gradient
+# up the provider's link.
 RESIDENT_CHECKPOINT_SECONDS = 60.0
 
 
@@ -90,11 +97,17 @@ def drop_checkpoint(client, keys, subgraph_id):
     SCAN, which a worker's ACL user may not run (ravop.store.access); the tensors of a checkpoint a worker
     died writing before publishing it stay until the graph is flushed."""
     prefix = keys.checkpoint(subgraph_id)
-    step, n = client.hmget(prefix, "step", "n")
+    step, n, shared = client.hmget(prefix, "step", "n", "shared")
     doomed = [prefix]
     if step is not None and n is not None:
         doomed += checkpoint_keys(keys, subgraph_id, int(step), int(n))
     client.delete(*doomed)
+    if step is not None and n is not None:
+        try:
+            shared = shared_checkpoint.decode(shared, int(n))
+        except ValueError:   # a damaged record: its values stay until the graph is flushed
+            return
+        shared_checkpoint.release(client, keys, shared, shared_checkpoint.holder(subgraph_id, int(step)))
 
 
 def _watcher(spec, template, max_bytes, budget):
@@ -143,7 +156,7 @@ class _Writer:
     """Collects what the steps persist and writes it, with progress and checkpoints, as the loop goes."""
 
     def __init__(self, client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds, n_steps,
-                 resumed_at=None, stop=None, graph=None, segments=None, metrics=None):
+                 resumed_at=None, stop=None, graph=None, segments=None, metrics=None, resumed_shared=None):
         self.client, self.keys, self.subgraph_id = client, keys, subgraph_id
         self.metrics = metrics    # the worker's WorkerMetrics: the bytes each write stores are counted, or None
         self.first_ids = first_ids
@@ -169,13 +182,22 @@ class _Writer:
         # checks this worker still runs the loop, so they stay in the loop's thread)
         self.writes = BackgroundWrites() if segments is None else None
         self.sync_end = None   # a resident replica's last sync template: periodic checkpoints wait for it
+        self.sync_first = self.sync_index = None   # its first sync template, and the synchronisation it is at
+        self.cadence = None    # its periodic checkpoints' SyncCadence (worker/sync_cadence.py)
+        self.shared = resumed_shared or {}   # the checkpoint in Redis's values shared with other loops' (by digest)
+        self.names = None      # the keys of that checkpoint's values
         self.cache = None      # the worker's TensorCache: a loop handed back to take turns keeps its values there
 
     def checkpoint_at_syncs(self, sync_templates, checkpoint_steps, checkpoint_seconds):
         """A loop that exchanges values: periodic checkpoints every `checkpoint_steps` (0: by time only) or
-        `checkpoint_seconds`, taken once the synchronisation due next has run."""
-        self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
+        at the synchronisations the graph's loops agreed on for `checkpoint_seconds` (worker/sync_cadence.py),
+        taken once the synchronisation due next has run."""
+        self.checkpoint_steps = checkpoint_steps
         self.sync_end = sync_templates[-1] if sync_templates else None
+        self.sync_first = sync_templates[0] if sync_templates else None
+        self.cadence = SyncCadence(checkpoint_seconds, time.monotonic())
+        if self.cadence.rounds is None:   # a loop resumed elsewhere falls in with the others at once
+            self._queue(lambda: self.cadence.agreed(agreed(self.client, self.keys)))
 
     def on_wait(self, state):
         """Called while the loop waits for a value another loop sends: stop if the graph stopped running, hand
@@ -189,8 +211,9 @@ class _Writer:
             self.write(*self.last)
             if self.cache is not None and self.segments is None and not (self.stop is not None and self.stop.is_set()):
                 done, carried = self.last   # taking turns: this worker may take the replica back
-                held_values.keep(self.cache, [checkpoint_tensor_key(self.keys, self.subgraph_id, done, k)
-                                              for k in range(len(carried))], carried)
+                held_values.keep(self.cache, self.names or [checkpoint_tensor_key(self.keys, self.subgraph_id, done,
+                                                                                  k) for k in range(len(carried))],
+                                 carried)
             raise LoopHandedBack(self.last[0])
 
     def on_step(self, done, template, run, outputs, carried):
@@ -205,12 +228,35 @@ class _Writer:
         if self.stop is not None and self.stop.is_set() and done < self.n_steps:
             self.write(done, carried)
             raise LoopHandedBack(done)
-        due = (self.checkpoint_steps and done - self.checkpointed >= self.checkpoint_steps) or \
-            now - self.last_checkpoint >= self.checkpoint_seconds
+        due = bool(self.checkpoint_steps and done - self.checkpointed >= self.checkpoint_steps)
+        if self.cadence is None:
+            due = due or now - self.last_checkpoint >= self.checkpoint_seconds
+        elif template == self.sync_first or template == self.sync_end:
+            due = self._at_sync(template, run, now, carried) or due
         if due and self.sync_end in (None, template):
             self.write(done, carried, wait=False)
         elif now - self.last_flush >= self.flush_every and not (self.writes is not None and self.writes.busy()):
             self.write(done, wait=False)
+
+    def _at_sync(self, template, run, now, carried):
+        """Whether the periodic checkpoint is due after this sync template; proposes the graph's cadence when this
+        loop's clock is due first (beside the loop, as the writes are)."""
+        if template == self.sync_first:
+            self.sync_index = run + 1   # its runs count the synchronisations from the fit's start, resumed or not
+        if template != self.sync_end or self.sync_index is None:   # (replica 0's update sent before the first step)
+            return False
+        sent = self.exchange.sent_bytes if self.exchange is not None else 0
+        due, rounds = self.cadence.at_sync(self.sync_index, now, sum(getattr(v, "nbytes", 0) for v in carried), sent)
+        if rounds is not None:
+            self._queue(lambda: self.cadence.agreed(agree(self.client, self.keys, rounds)))
+        return due
+
+    def _queue(self, write):
+        """`write()` beside the loop, in order with the writes (in the loop's thread under verify='spot')."""
+        if self.writes is not None:
+            self.writes.put(write)
+        else:
+            write()
 
     def write(self, done, carried=None, record=None, wait=True):
         """Persisted values, progress, and a checkpoint of `carried` if given, in one transaction, after the writes
@@ -232,6 +278,8 @@ class _Writer:
             host = [_host_copy(value) if copy else devices.to_host(value) for value in carried]
             reads = self.exchange.take_reads() if self.exchange is not None else None
             self.taken, self.checkpointed, self.last_checkpoint = done, done, time.monotonic()
+            if self.cadence is not None:
+                self.cadence.taken(self.sync_index, self.last_checkpoint)
         return done, pending, host, record, reads
 
     def _commit(self, done, pending, host, record, reads):
@@ -241,40 +289,35 @@ class _Writer:
             self.segments.guard()
         if host is not None and self.exchange is not None:
             self.exchange.flush()
-        pipe = client.pipeline(transaction=True)
-        values = [devices.to_host(value) for value in pending.values()]
-        sets = value_writes.queue_values(pipe, [keys.tensor(i) for i in pending], encode_tensors(values),
-                                         only_new=self.segments is None)
-        pipe.hset(keys.steps, self.subgraph_id, done)
-        written = 0
-        if host is not None:
-            total = sum(t.nbytes for t in host)
-            size = stored.fit_to_server(client, total, "a loop checkpoint", keys.meta) \
-                if total > stored.chunk_bytes() else None
-            # spot checks re-run segments from their checkpoints' tensors by key: those stay whole
-            same = checkpoint_aliases.aliases(host) if self.segments is None else {}
-            chunks = client.pipeline(transaction=False)   # big tensors' chunks, before the transaction
-            for k, value in enumerate(host):
-                if k not in same:
-                    stored.write(pipe, checkpoint_tensor_key(keys, self.subgraph_id, done, k), value, size, chunks)
-                    written += value.nbytes
-            chunks.execute()
-            pipe.hset(keys.checkpoint(self.subgraph_id),
-                      mapping={"step": done, "n": len(host), "same": checkpoint_aliases.encode(same)})
-        if record:
-            pipe.hset(keys.meta, mapping=record)
-        pipe.hget(keys.meta, "state")
-        replies = pipe.execute()
-        state = replies[-1]
-        if self.metrics is not None:   # the persisted values the server did not have yet, and the checkpoint
-            new = [flag for reply in replies[:sets] for flag in reply]
-            self.metrics.written_bytes(written + sum(value.nbytes for value, flag in zip(values, new) if flag))
+        # spot checks re-run segments from their checkpoints' tensors by key: those stay whole
+        same = checkpoint_aliases.aliases(host) if host is not None and self.segments is None else {}
+        # a loop that exchanges values stores its values by digest, once for all the loops' checkpoints
+        shared = shared_checkpoint.choose(host, same) \
+            if host is not None and self.segments is None and self.exchange is not None else {}
+        total = sum(t.nbytes for t in host) if host is not None else 0
+        size = stored.fit_to_server(client, total, "a loop checkpoint", keys.meta) \
+            if total > stored.chunk_bytes() else None
+        # the values other replicas upload are waited for, those this one claims go with its transaction
+        shared_checkpoint.settle(client, keys, host, shared, shared_checkpoint.holder(self.subgraph_id, done))
+        while True:
+            try:
+                state = self._transaction(done, pending, host, record, same, shared, size)
+                break
+            except redis.WatchError:   # a shared value it found was deleted meanwhile: look again
+                continue
         if host is not None:
             if self.segments is not None:
                 self.segments.on_checkpoint(self.saved or 0, done, host)
             elif self.saved is not None:
-                client.delete(*checkpoint_keys(keys, self.subgraph_id, self.saved, len(host)))
-            self.saved = done
+                doomed = [key for k in range(len(host)) if k not in self.shared
+                          for key in stored.keys_of(checkpoint_tensor_key(keys, self.subgraph_id, self.saved, k))]
+                if doomed:
+                    client.delete(*doomed)
+                shared_checkpoint.release(client, keys, self.shared,
+                                          shared_checkpoint.holder(self.subgraph_id, self.saved))
+            self.saved, self.shared = done, shared
+            self.names = [shared_checkpoint.value_key(keys, shared[k]) if k in shared else
+                          checkpoint_tensor_key(keys, self.subgraph_id, done, k) for k in range(len(host))]
             if self.exchange is not None:
                 self.exchange.release(reads)   # exchanged values read before it are no longer needed here
         self.last_flush = time.monotonic()
@@ -288,6 +331,46 @@ class _Writer:
         if self.writes is not None:
             self.writes.drain()
 
+    def _transaction(self, done, pending, host, record, same, shared, size):
+        """Write persisted values, progress and the checkpoint of `host` (if given) in one transaction; the
+        graph's state. WatchError if a shared value it found in the store was deleted before it was written."""
+        keys, client = self.keys, self.client
+        with client.pipeline(transaction=True) as pipe:
+            present = shared_checkpoint.watch_present(pipe, client, keys, shared)
+            if shared:
+                pipe.multi()
+            values = [devices.to_host(value) for value in pending.values()]
+            sets = value_writes.queue_values(pipe, [keys.tensor(i) for i in pending], encode_tensors(values),
+                                             only_new=self.segments is None)
+            pipe.hset(keys.steps, self.subgraph_id, done)
+            written = 0
+            if host is not None:
+                chunks = client.pipeline(transaction=False)   # big tensors' chunks, before the transaction
+                for k, value in enumerate(host):
+                    if k not in same and k not in shared:
+                        stored.write(pipe, checkpoint_tensor_key(keys, self.subgraph_id, done, k), value, size,
+                                     chunks)
+                        written += value.nbytes
+                shared_checkpoint.write(pipe, chunks, keys, host, shared, present,
+                                        shared_checkpoint.holder(self.subgraph_id, done), size)
+                chunks.execute()
+                # the checkpoint it replaces, whose references are released next (by a resumed loop, if this
+                # worker dies first)
+                replaced = self.shared if self.saved is not None else {}
+                pipe.hset(keys.checkpoint(self.subgraph_id),
+                          mapping={"step": done, "n": len(host), "same": checkpoint_aliases.encode(same),
+                                   "shared": shared_checkpoint.encode(shared),
+                                   "replaces": self.saved if replaced else "",
+                                   "replaced": shared_checkpoint.encode(replaced)})
+            if record:
+                pipe.hset(keys.meta, mapping=record)
+            pipe.hget(keys.meta, "state")
+            replies = pipe.execute()
+        if self.metrics is not None:   # the persisted values the server did not have yet, and the checkpoint
+            new = [flag for reply in replies[:sets] for flag in reply]
+            self.metrics.written_bytes(written + sum(value.nbytes for value, flag in zip(values, new) if flag))
+        return replies[-1]
+
     def close(self):
         if self.writes is not None:
             self.writes.close()
@@ -300,29 +383,41 @@ def _host_copy(value):
 
 
 def _resume(client, keys, subgraph_id, n_carried, device, cache=None, saved=None):
-    """(step, carried values) of the loop's checkpoint, or (None, None) without a usable one; its tensors from
-    `cache` where this worker kept them when it handed the loop back (worker/held_values.py). `saved`: its
-    record, where the worker read it already (worker/loop_start.py)."""
+    """(step, carried values, {k: digest} of those shared with other loops' checkpoints) of the loop's
+    checkpoint, or (None, None, {}) without a usable one; its tensors from `cache` where this worker kept them
+    when it handed the loop back (worker/held_values.py). The references of the checkpoint it replaced are
+    released (again: a worker may have died before it did). `saved`: its record, where the worker read it
+    already (worker/loop_start.py)."""
     if saved is None:
         saved = client.hgetall(keys.checkpoint(subgraph_id))
     if not saved:
-        return None, None
+        return None, None, {}
     try:
         step, n = int(saved[b"step"]), int(saved[b"n"])
         same = checkpoint_aliases.decode(saved.get(b"same"), n)
+        shared = shared_checkpoint.decode(saved.get(b"shared"), n)
+        replaced = shared_checkpoint.decode(saved.get(b"replaced"), n)
+        if replaced:
+            shared_checkpoint.release(client, keys, replaced,
+                                      shared_checkpoint.holder(subgraph_id, int(saved[b"replaces"])))
     except (KeyError, ValueError) as exc:
         raise PlanError(f"the checkpoint of loop subgraph {subgraph_id} is malformed: {exc}") from None
     if n != n_carried:
         raise PlanError(f"the checkpoint of loop subgraph {subgraph_id} holds {n} values, the loop carries "
                         f"{n_carried}")
-    read = held_values.read(client, cache, {k: checkpoint_tensor_key(keys, subgraph_id, step, k)
+    read = held_values.read(client, cache, {k: shared_checkpoint.value_key(keys, shared[k]) if k in shared else
+                                            checkpoint_tensor_key(keys, subgraph_id, step, k)
                                             for k in range(n) if k not in same})
+    where = f"the checkpoint of loop subgraph {subgraph_id} at step {step}"
+    for k in shared:
+        if read.get(k) is not None:
+            shared_checkpoint.check(read[k], shared[k], where)
     carried = [read.get(k) for k in range(n)]
     for k, j in same.items():
         carried[k] = None if carried[j] is None else carried[j].clone()
     if any(value is None for value in carried):
-        raise PlanError(f"the checkpoint of loop subgraph {subgraph_id} at step {step} lost a tensor")
-    return step, [devices.to_device(value, device) for value in carried]
+        raise PlanError(f"{where} lost a tensor")
+    return step, [devices.to_device(value, device) for value in carried], shared
 
 
 def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
@@ -344,8 +439,8 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
     spec = unpack_loop(subgraph.loop)   # decoded once: the templates' nodes serve the checks and the runner
     watch = None if max_bytes is None else (lambda template: _watcher(spec, template, max_bytes, budget))
     meta = loop_start.meta if loop_start is not None else None   # None: each reader reads its own
-    start, carried = _resume(client, keys, subgraph_id, spec.n_carried, device, cache,
-                             loop_start.checkpoint if loop_start is not None else None)
+    start, carried, shared = _resume(client, keys, subgraph_id, spec.n_carried, device, cache,
+                                     loop_start.checkpoint if loop_start is not None else None)
     first_ids = [t.output_first_ids for t in spec.templates]
     if any(len(ids) != len(t.output_nodes) for ids, t in zip(first_ids, spec.templates)):
         raise PlanError("a loop step's persisted values and their tensor ids do not pair up")
@@ -353,7 +448,7 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
     store_exchange = None
     writer = _Writer(client, keys, subgraph_id, first_ids,
                      CHECKPOINT_STEPS if checkpoint_steps is None else checkpoint_steps, checkpoint_seconds,
-                     spec.n_steps, start, stop, graph, segments, metrics)
+                     spec.n_steps, start, stop, graph, segments, metrics, shared)
     try:
         values = loop_inputs(program, loop_step, inputs, seed, device, max_bytes, budget)
         runner = LoopRun(spec, values, seed, device, watch, step_decisions.for_device(device))

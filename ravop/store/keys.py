@@ -34,6 +34,11 @@ graphs spread over the shards:
                               not claimed yet (ravop.store.handoff)
   steps               hash    loop subgraph id -> its steps done (written as the loop runs)
   ckpt:{sid}          hash    a running loop's checkpoint: step (steps done), c0, c1, ... (carried tensors)
+  ckpt:v:{digest}     string  a checkpoint value stored once for the loops whose checkpoints name it, by digest
+                              (worker/shared_checkpoint.py); ckpt:v:{digest}:refs, set: "{sid}:{step}" of those;
+                              ckpt:v:{digest}:claim, string (expiring): the checkpoint uploading it
+  ckpt:rounds         string  the rounds between resident replicas' periodic checkpoints, agreed by the first
+                              to propose it (worker/sync_cadence.py)
   votes:{sid}         hash    R.Graph(verify=k): worker -> digest of its outputs of the subgraph; under
                               verify='spot', "worker@kind" -> digest, and #state, #runner, #accepted, #losers
   votes:{sid}:{seg}   hash    the same for segment `seg` of a loop subgraph (verify='spot')
