@@ -8,7 +8,7 @@ import torch
 
 import ravop as R
 from ravop.errors import StoreLimitError, WireFormatError
-from ravop.store import GraphKeys, tensors
+from ravop.store import GraphKeys, background_upload, tensors
 from ravop.wire.codec import decode_chunked, encode_chunked
 
 CHUNK = 1000
@@ -104,6 +104,7 @@ def test_round_trip_through_a_worker_in_chunks(engine, small_chunks, workers):
     const = R.t(x)
     (const * 2 + 1).persist_op("y")
     R.activate()
+    background_upload.finish(engine.token)   # a big constant's chunks go up after activate (on a thread)
     keys = GraphKeys(engine.token, engine.graph_id)
     assert engine.client.hlen(tensors.chunks_key(keys.tensor(const.id))) == 20
     R.execute()
