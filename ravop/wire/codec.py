@@ -154,14 +154,21 @@ def decode_tensor(data: Any) -> torch.Tensor:
     return flat.view(dtype).reshape(shape)
 
 
-def decode_alike(values: list[Any]) -> list[Optional[torch.Tensor]]:
-    """`decode_tensor` of the values that share their header and size with another (a graph's losses), decoded
-    together: views of one tensor per group, each group's header checked once (copy a view before handing it
-    out, as its memory is shared); None for the others, to decode one by one (which names what is wrong)."""
+def _same_layout(values: list[Any]) -> dict[tuple[bytes, int], list[int]]:
+    """The positions of the plain encoded tensors among `values`, grouped by their header and size (a graph's
+    losses: one group)."""
     groups: dict[tuple[bytes, int], list[int]] = {}
     for k, data in enumerate(values):
         if isinstance(data, bytes) and len(data) >= 6 and data[:4] == MAGIC and data[5] <= MAX_NDIM:
             groups.setdefault((data[:6 + 8 * data[5]], len(data)), []).append(k)
+    return groups
+
+
+def decode_alike(values: list[Any]) -> list[Optional[torch.Tensor]]:
+    """`decode_tensor` of the values that share their header and size with another (a graph's losses), decoded
+    together: views of one tensor per group, each group's header checked once (copy a view before handing it
+    out, as its memory is shared); None for the others, to decode one by one (which names what is wrong)."""
+    groups = _same_layout(values)
     decoded: list[Optional[torch.Tensor]] = [None] * len(values)
     for (header, _), ks in groups.items():
         if len(ks) < 2:
@@ -199,10 +206,7 @@ def decode_scalar(data: Any) -> tuple[float, tuple[int, ...]]:
 def decode_scalars(values: list[Any]) -> list[tuple[float, tuple[int, ...]]]:
     """`decode_scalar` of each value, those of one layout (a graph's losses: the same header and size) read by
     numpy in one call."""
-    groups: dict[tuple[bytes, int], list[int]] = {}
-    for k, data in enumerate(values):
-        if isinstance(data, bytes) and len(data) >= 6 and data[:4] == MAGIC and data[5] <= MAX_NDIM:
-            groups.setdefault((data[:6 + 8 * data[5]], len(data)), []).append(k)
+    groups = _same_layout(values)
     decoded: list[Any] = [None] * len(values)
     for (header, size), ks in groups.items():
         dtype, shape, nbytes, start = _parse_header(values[ks[0]])
