@@ -14,7 +14,9 @@ CPU only):
 - (CPU) optimizer steps with the same settings (`adam_step` and `adamw_step` updating in place, where the loop
   owns their values; `rmsprop_step`) become one `torch._foreach_*` update of all their tensors, run at the first
   of them; the others hand out their part. On a CPU the foreach kernels loop over the tensors in C++ with the same per-tensor kernels,
-  as the per-parameter loop does in Python (eager's default on a CPU is that loop).
+  as the per-parameter loop does in Python (eager's default on a CPU is that loop). Adam's group goes further
+  where this machine's kernels allow it bit for bit (ravop/packed_adam.py): its tensors packed end to end in
+  flat buffers at the first update, each stage is one kernel over a buffer.
 - a dropout's backward reuses the mask its forward drew in this run instead of drawing it again from the same
   seed (autodiff records the redraw so that no mask is stored between workers; inside one step it is kept).
 - (CPU) a batch norm's backward reuses the batch statistics (mean, inverse std) its forward computed in this run
@@ -45,7 +47,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 import torch
 
-from . import registry
+from . import packed_adam, registry
 from .ops.lr_schedule import scheduled_lr
 from .ops.masked import keep_masked
 from .ops.nn import _dropout_noise, max_pool2d
@@ -352,18 +354,27 @@ def _foreach_rmsprop(params: list[torch.Tensor], grads: list[torch.Tensor], squa
     return list(zip(params, square_avgs, momentum_buffers, grad_avgs))
 
 
-def _adam_group(args: tuple[Any, ...], decoupled: bool, step: int, lr: float = 0.001, beta1: float = 0.9,
-                beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False,
-                maximize: bool = False, lr_schedule: Any = None) -> list[tuple[Any, ...]]:
-    params, grads, exp_avgs, exp_avg_sqs, maxes = (list(args[k::5]) for k in range(5))
-    _foreach_adam(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay, maximize,
-                  decoupled, lr_schedule)
+def _adam_group(args: tuple[Any, ...], decoupled: bool, state: packed_adam.PackedState, step: int,
+                lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+                weight_decay: float = 0.0, amsgrad: bool = False, maximize: bool = False,
+                lr_schedule: Any = None) -> list[tuple[Any, ...]]:
+    params, grads, exp_avgs, exp_avg_sqs, maxes = (args[k::5] for k in range(5))
+    packed = state.buffers((params, exp_avgs, exp_avg_sqs))   # the same bits in fewer kernels, where allowed
+    grad = None if packed is None else state.flat_grad(grads)
+    if packed is not None and grad is not None:
+        (flat_param, flat_avg, flat_sq), (params, exp_avgs, exp_avg_sqs) = packed
+        packed_adam.adam(flat_param, grad, flat_avg, flat_sq, state.denom, step, scheduled_lr(lr, lr_schedule, step),
+                         beta1, beta2, eps, weight_decay, maximize, decoupled)
+    else:
+        _foreach_adam(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), step, lr, beta1, beta2, eps,
+                      weight_decay, maximize, decoupled, lr_schedule)
     return list(zip(params, exp_avgs, exp_avg_sqs, maxes))
 
 
-def _rmsprop_group(args: tuple[Any, ...], decoupled: bool, step: int = 1, lr: float = 0.01, alpha: float = 0.99,
+def _rmsprop_group(args: tuple[Any, ...], decoupled: bool, state: packed_adam.PackedState, step: int = 1, lr: float = 0.01, alpha: float = 0.99,
                    eps: float = 1e-8, weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False,
                    maximize: bool = False, lr_schedule: Any = None) -> list[tuple[Any, ...]]:
+    # `state` unused: RMSprop's op updates copies, so there is no buffer to keep packed across steps
     params, grads, square_avgs, momentum_buffers, grad_avgs = (list(args[k::5]) for k in range(5))
     return _foreach_rmsprop(params, grads, square_avgs, momentum_buffers, grad_avgs, step, lr, alpha, eps,
                             weight_decay, momentum, centered, maximize, lr_schedule)
@@ -379,15 +390,16 @@ _GROUPED = {"adam_step": (_adam_group, False, True, (0, 2, 3)),
 class _Group:
     """The kernel of the first op of a group: updates every member's tensors, keeps their results in `box`
     (the members after it hand theirs out), returns its own."""
-    __slots__ = ("box", "update", "decoupled")
+    __slots__ = ("box", "update", "decoupled", "state")
 
     def __init__(self, op: str, n: int) -> None:
         self.update: Callable[..., list[tuple[Any, ...]]] = _GROUPED[op][0]   # type: ignore[assignment]
         self.decoupled = bool(_GROUPED[op][1])
         self.box: list[Any] = [None] * n
+        self.state = packed_adam.PackedState()
 
     def __call__(self, *args: Any, **params: Any) -> Any:
-        self.box[:] = self.update(args, self.decoupled, **params)
+        self.box[:] = self.update(args, self.decoupled, self.state, **params)
         return self.box[0]
 
 
