@@ -28,9 +28,10 @@ class StepFunction:
 
     def __init__(self, template: StepTemplate, outer: dict[int, Any], n_carried: int, graph_seed: int, device: str,
                  owned: set[int] | frozenset[int] = frozenset(), watcher: Optional[Watcher] = None,
-                 decisions: Optional[step_compiler.Decisions] = None) -> None:
+                 decisions: Optional[step_compiler.Decisions] = None, runs: Optional[int] = None) -> None:
         """`watcher`: a worker's memory rules for the template's ops (`ravop.runner.Watcher`), or None;
-        `decisions`: where the step compiler keeps which variant runs faster (None: the step runs op by op)."""
+        `decisions`: where the step compiler keeps which variant runs faster (None: the step runs op by op);
+        `runs`: how often the loop runs this template (the step compiler measures only steps that run often)."""
         device = str(device)
         if len(template.carry_holes) != n_carried or len(template.carry_next) != n_carried:
             raise PlanError(f"a loop step names {len(template.carry_holes)} carried holes and "
@@ -67,7 +68,7 @@ class StepFunction:
         self.recv_channels, self.send_channels = list(template.recv_channels), list(template.send_channels)
         self._update_in_place({self.carry_slots[k] for k in owned}, device)
         self.tuned = step_compiler.tune(self.runner, template.nodes, [*outer, *template.hole_ids()], decisions,
-                                        template.hole_ids(), template.results())
+                                        template.hole_ids(), template.results(), runs)
         self.run_step = self.runner.run if self.tuned is None else self.tuned.run
 
     def run_plain(self) -> None:
@@ -233,8 +234,8 @@ class LoopRun:
         outer = dict(zip(loop.outer_ids, inputs))
         self.owned = _owned(loop)
         self.steps = [StepFunction(t, outer, loop.n_carried, graph_seed, device, self.owned,
-                                   None if watch is None else watch(t), decisions)
-                      for t in loop.templates]
+                                   None if watch is None else watch(t), decisions, loop.runs(k))
+                      for k, t in enumerate(loop.templates)]
         self.schedule = list(loop.schedule)
         if any(t >= len(self.steps) for t, _ in self.schedule):
             raise PlanError("a loop schedule names a template the loop does not have")

@@ -479,8 +479,10 @@ class Tuned:
     give the same bits); with a decision already kept for its digest it starts with that one."""
 
     def __init__(self, runner: Runner, compiled: Compiled, key: str, decisions: Decisions,
-                 capture: Optional[tuple[list[int], list[int]]] = None) -> None:
-        """`capture`: (input slots, output slots) of a step to capture as a CUDA graph at its first run."""
+                 capture: Optional[tuple[list[int], list[int]]] = None, runs: Optional[int] = None) -> None:
+        """`capture`: (input slots, output slots) of a step to capture as a CUDA graph at its first run; `runs`:
+        how often the step will run, if known. A step that runs too few times to be measured (a fit's short
+        last batch runs once an epoch) runs compiled, undecided: the same bits, with the work the rewrites save."""
         self.runner, self.compiled, self.key, self.decisions = runner, compiled, key, decisions
         self.capture = capture
         self.captured: Optional[CapturedStep] = None
@@ -489,6 +491,8 @@ class Tuned:
         self.runs = 0
         kept = decisions.load(key)
         self.decided: Optional[bool] = None if kept is None else bool(kept.get("compiled"))
+        if self.decided is None and runs is not None and runs < WARM_UP_RUNS + 2 * TRIAL_RUNS:
+            self.decided = True
         self._use(self.decided is not False)
 
     def _use(self, compiled: bool) -> None:
@@ -540,9 +544,10 @@ class Tuned:
 
 
 def tune(runner: Runner, nodes: list[Any], inputs: list[int], decisions: Optional[Decisions],
-         holes: Sequence[int] = (), results: Sequence[int] = ()) -> Optional[Tuned]:
+         holes: Sequence[int] = (), results: Sequence[int] = (), runs: Optional[int] = None) -> Optional[Tuned]:
     """A `Tuned` chooser for `runner` (a step template's, built; `inputs` the ids of its inputs, of which
-    `holes` change per run, and `results` the ids it hands out), or None where nothing applies: compiling off
+    `holes` change per run, and `results` the ids it hands out; `runs`: how often it will run, if known), or
+    None where nothing applies: compiling off
     (`$RAVOP_STEP_COMPILER=off`, or `decisions` None), no rewrite found and no CUDA graph to capture, or
     compiling failed (logged)."""
     if decisions is None or not enabled():
@@ -554,7 +559,7 @@ def tune(runner: Runner, nodes: list[Any], inputs: list[int], decisions: Optiona
             capture = ([runner.slot[i] for i in holes], [runner.slot[i] for i in results])
         if not any(compiled.rewrites.values()) and capture is None:
             return None
-        return Tuned(runner, compiled, template_digest(nodes, inputs, runner.device), decisions, capture)
+        return Tuned(runner, compiled, template_digest(nodes, inputs, runner.device), decisions, capture, runs)
     except Exception as exc:   # a rewrite's bug must never stop a loop: the plain step is always right
         log.warning("step template not compiled, running op by op: %s: %s", type(exc).__name__, exc)
         return None

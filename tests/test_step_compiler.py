@@ -132,6 +132,21 @@ def test_the_decision_is_measured_then_kept_for_the_template(monkeypatch):
     assert made[0].key == full.key and made[0].decided == full.decided and not made[0].times[True]
 
 
+def test_a_template_run_too_few_times_to_measure_runs_compiled_undecided(monkeypatch):
+    """The CNN's last, short batch runs once an epoch: 8 runs cannot be timed against each other, so it runs
+    compiled (the same bits) with nothing measured or kept; the full batch's 32 runs are measured."""
+    decisions = step_compiler.MemoryDecisions()
+    graph, names = record_cnn("short template", epochs=8)
+    plain = reference(graph, names, monkeypatch)
+    got, made = tuned_run(monkeypatch, graph, names, decisions)
+    full, short = made
+    assert short.decided is True and not short.times[True] and not short.times[False]
+    assert short.runner.calls is short.compiled.calls and decisions.load(short.key) is None
+    assert len(full.times[True]) == step_compiler.TRIAL_RUNS and decisions.load(full.key) is not None
+    for name in names:
+        assert torch.equal(got[name], plain[name]), name
+
+
 def test_a_template_that_fails_to_compile_runs_op_by_op_and_says_why(monkeypatch, caplog):
     graph, names = record_cnn("broken rewrite", epochs=1)
     plain = reference(graph, names, monkeypatch)
@@ -181,6 +196,18 @@ def test_a_workers_decisions_are_kept_in_its_calibration_cache(tmp_path):
     entries = json.loads(path.read_text())
     (key,) = entries
     assert json.loads(key)["step"] == "abc" and json.loads(key)["machine"]["device"] == "cpu"
+
+
+def test_a_worker_reads_the_cache_file_once_per_template(tmp_path, monkeypatch):
+    """A template the file does not have (one run too few times to be decided) is not looked up again at every
+    loop: the file is parsed once per digest and process."""
+    kept = step_decisions.CachedDecisions("cpu", str(tmp_path / "calibration.json"))
+    reads = []
+    real = step_decisions.calibration_cache.load
+    monkeypatch.setattr(step_decisions.calibration_cache, "load", lambda *a: reads.append(a) or real(*a))
+    assert [kept.load("rare") for _ in range(3)] == [None] * 3 and len(reads) == 1
+    kept.store("rare", {"compiled": 0.0})
+    assert kept.load("rare") == {"compiled": 0.0} and len(reads) == 1
 
 
 def test_workers_compiled_or_not_give_the_same_bits_and_keep_their_decision(engine, workers, monkeypatch,

@@ -19,19 +19,25 @@ class CachedDecisions:
         self.path = calibration_cache.default_path() if path is None else path
         self.machine = calibration_cache.machine_key(torch.device(device))
         self.memory = MemoryDecisions()
+        self.missing = set()   # digests the file did not have when first asked
 
     def _key(self, digest):
         return json.dumps({"step": digest, "machine": json.loads(self.machine)}, sort_keys=True)
 
     def load(self, digest):
+        if digest in self.missing:
+            return None
         figures = self.memory.load(digest)
         if figures is None:   # read from the file once: each loop's templates would parse it again (~0.5 ms)
             figures = calibration_cache.load(self.path, self._key(digest), FIELDS)
-            if figures is not None:
+            if figures is None:
+                self.missing.add(digest)   # this process decides it, or runs it undecided (too few runs)
+            else:
                 self.memory.store(digest, figures)
         return figures
 
     def store(self, digest, figures):
+        self.missing.discard(digest)
         self.memory.store(digest, figures)
         calibration_cache.store(self.path, self._key(digest), figures)
 
