@@ -24,6 +24,9 @@ import torch
 from .ops import optim
 
 PACKED_DTYPES = (torch.float32,)   # the dtypes `bitwise_safe` checks
+MAX_PACKED_BYTES = 64 * 2**20      # packing keeps a gradient buffer besides the gradients: a model of larger
+#                                    tensors gains nothing from it (its kernels outweigh their set-up) and would pay
+#                                    that memory, so its groups update per tensor
 
 
 def packed(tensors: Sequence[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -98,11 +101,12 @@ class PackedState:
 
 
 def packable(tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether a group of tensors may be updated packed: CPU tensors of one checked dtype, on a machine whose
-    kernels give packed and per-tensor updates the same bits."""
+    """Whether a group of tensors (params, exp_avgs, exp_avg_sqs) may be updated packed: CPU tensors of one
+    checked dtype, params of at most MAX_PACKED_BYTES, on a machine whose kernels give packed and per-tensor
+    updates the same bits."""
     dtype = tensors[0].dtype
     return dtype in PACKED_DTYPES and all(t.dtype == dtype and t.device.type == "cpu" for t in tensors) and \
-        bitwise_safe()
+        sum(t.nbytes for t in tensors) <= 3 * MAX_PACKED_BYTES and bitwise_safe()
 
 
 def adam(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,

@@ -81,6 +81,15 @@ def test_without_packing_the_group_updates_tensor_by_tensor(monkeypatch):
             assert same_bits(x, y)
 
 
+def test_a_large_model_updates_tensor_by_tensor(monkeypatch):
+    monkeypatch.setattr(packed_adam, "MAX_PACKED_BYTES", 1000)
+    loop, grouped, _ = run_group("adam_step", {"lr": 0.01})
+    assert packed_adam.packed([r[0] for r in grouped]) is None
+    for a, b in zip(loop, grouped):
+        for x, y in zip(a, b[:3]):
+            assert same_bits(x, y)
+
+
 def test_a_group_of_mixed_dtypes_updates_tensor_by_tensor():
     dtypes = [torch.float32, torch.float64] * (len(SHAPES) // 2)
     loop, grouped, _ = run_group("adam_step", {"lr": 0.01}, dtypes=dtypes)
