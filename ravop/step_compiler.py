@@ -21,6 +21,9 @@ CPU only):
   seed (autodiff records the redraw so that no mask is stored between workers; inside one step it is kept).
 - (CPU) a batch norm's backward reuses the batch statistics (mean, inverse std) its forward computed in this run
   instead of computing them again from the same input (ATen computes them with the same kernel either way).
+- (CPU) a cross-entropy loss's backward (class-index targets) reuses the log-probabilities and the total weight
+  its forward computed in this run (the forward made as F.cross_entropy makes them: log_softmax, then nll_loss)
+  instead of computing them again.
 - (CPU) 2-d max pooling with indices runs on a channels-last copy of its input (ATen's NCHW kernel is several times
   slower on small images) and hands back contiguous values and indices: the same maxima and the same
   (first-in-window) indices.
@@ -48,6 +51,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import torch
 
 from . import packed_adam, registry
+from .ops import loss_functions
 from .ops.lr_schedule import scheduled_lr
 from .ops.masked import keep_masked
 from .ops.nn import _dropout_noise, max_pool2d
@@ -163,6 +167,7 @@ def compile_calls(runner: Runner) -> Compiled:
                 "dropout_masks_kept": _keep_dropout_masks(runner, calls),
                 "channels_last_pools": _channels_last_pools(runner, calls) if on_cpu else 0,
                 "batch_norm_stats_kept": _keep_batch_norm_stats(runner, calls) if on_cpu else 0,
+                "log_softmax_kept": _keep_log_softmax(runner, calls) if on_cpu else 0,
                 "projections": _bind_projections(runner, calls)}
     return Compiled(calls, rewrites)
 
@@ -292,6 +297,62 @@ def _keep_batch_norm_stats(runner: Runner, calls: list[Any]) -> int:
             if calls[forward][2].get("eps", 1e-5) != params.get("eps", 1e-5):
                 continue
             calls[index] = (functools.partial(_batch_norm_backward_kept, box), args, params, out, frees, None)
+            n += 1
+    return n
+
+
+def _cross_entropy_keeping(box: list[Any], y_true: torch.Tensor, y_pred: torch.Tensor, ignore_index: Any = None,
+                           reshape_target: Any = None, reshape_label: Any = None) -> torch.Tensor:
+    """ravop.ops.loss_functions.cross_entropy_loss with class indices, as F.cross_entropy computes it (log_softmax,
+    then nll_loss), keeping (y_pred, log-probabilities, total weight) for the backward; other targets as the op."""
+    label, pred = loss_functions._inputs(y_true, y_pred, reshape_target, reshape_label)
+    if label.is_floating_point() or pred.dim() > 2:
+        box[0] = None
+        return registry.REGISTRY["cross_entropy_loss"].kernel(y_true, y_pred, ignore_index, reshape_target,
+                                                               reshape_label)
+    logp = torch.log_softmax(pred, 0 if pred.dim() == 1 else 1)
+    loss, total_weight = aten.nll_loss_forward(logp, label, None, loss_functions.MEAN,
+                                               loss_functions.TORCH_IGNORE_INDEX if ignore_index is None else
+                                               ignore_index)
+    box[:] = (y_pred, logp, total_weight)
+    return loss
+
+
+def _cross_entropy_backward_kept(box: list[Any], g: torch.Tensor, y_true: torch.Tensor, y_pred: torch.Tensor,
+                                 ignore_index: Any = None, reshape_target: Any = None, reshape_label: Any = None,
+                                 mask: Any = (False, True)) -> Any:
+    if box[0] is not y_pred or mask[0]:   # not this run's forward of this input: as recorded
+        return registry.REGISTRY["cross_entropy_loss_backward"].kernel(g, y_true, y_pred, ignore_index,
+                                                                        reshape_target, reshape_label, mask)
+    _, logp, total_weight = box
+    label, pred = loss_functions._inputs(y_true, y_pred, reshape_target, reshape_label)
+    g_logp = aten.nll_loss_backward(g, logp, label, None, loss_functions.MEAN,
+                                    loss_functions.TORCH_IGNORE_INDEX if ignore_index is None else ignore_index,
+                                    total_weight)
+    g_pred = aten._log_softmax_backward_data(g_logp, logp, 0 if pred.dim() == 1 else 1, pred.dtype)
+    return keep_masked(mask, None, g_pred.reshape(y_pred.shape))
+
+
+def _keep_log_softmax(runner: Runner, calls: list[Any]) -> int:
+    """Pair each cross_entropy_loss_backward with the cross_entropy_loss of the same inputs and params."""
+    forward_kernel = registry.REGISTRY["cross_entropy_loss"].kernel
+    backward_kernel = registry.REGISTRY["cross_entropy_loss_backward"].kernel
+    forwards: dict[tuple[int, ...], tuple[list[Any], dict[str, Any]]] = {}   # (y_true, y_pred slots) -> box
+    n = 0
+    for index, node in enumerate(runner.nodes):
+        kernel, args, params, out, frees, varies = calls[index]
+        if varies is not None or len(args) < 2:
+            continue
+        if node.op == "cross_entropy_loss" and kernel is forward_kernel:
+            box: list[Any] = [None, None, None]
+            forwards[tuple(args[:2])] = (box, params)
+            calls[index] = (functools.partial(_cross_entropy_keeping, box), args, params, out, frees, None)
+        elif node.op == "cross_entropy_loss_backward" and kernel is backward_kernel and len(args) == 3 and \
+                tuple(args[1:]) in forwards:
+            box, forward_params = forwards[tuple(args[1:])]
+            if {k: v for k, v in params.items() if k != "mask"} != forward_params:
+                continue
+            calls[index] = (functools.partial(_cross_entropy_backward_kept, box), args, params, out, frees, None)
             n += 1
     return n
 

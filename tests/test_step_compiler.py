@@ -119,6 +119,27 @@ def test_a_foreach_update_is_bitwise_the_per_parameter_loop(op, settings):
             assert torch.equal(x.view(torch.int32), y.view(torch.int32))   # the bits, NaN's included
 
 
+@pytest.mark.parametrize("y_true, y_pred, params", [
+    (torch.tensor([3, 0, 9, 9]), torch.randn(4, 10), {}),
+    (torch.tensor([3, 0, 9, 1]), torch.randn(4, 10), {"ignore_index": 9}),
+    (torch.tensor(2), torch.randn(5), {}),
+    (torch.tensor([[1, 2], [0, 4]]), torch.randn(4, 5), {"reshape_label": (4,)}),
+    (torch.softmax(torch.randn(4, 10), 1), torch.randn(4, 10), {}),        # probabilities: as the op
+    (torch.tensor([[1, 2], [0, 4]]), torch.randn(2, 5, 2), {}),            # (N, C, d): as the op
+])
+def test_a_cross_entropy_backward_reusing_its_forward_is_bitwise_the_op(y_true, y_pred, params):
+    box = [None, None, None]
+    forward = step_compiler._cross_entropy_keeping(box, y_true, y_pred, **params)
+    assert torch.equal(forward.view(torch.int32), registry.REGISTRY["cross_entropy_loss"].kernel(
+        y_true, y_pred, **params).view(torch.int32))
+    g = torch.tensor(0.7)
+    for mask in ((False, True), (True, True)) if y_true.is_floating_point() else ((False, True),):
+        kept = step_compiler._cross_entropy_backward_kept(box, g, y_true, y_pred, **params, mask=mask)
+        recomputed = registry.REGISTRY["cross_entropy_loss_backward"].kernel(g, y_true, y_pred, **params, mask=mask)
+        for a, b in zip(kept, recomputed):
+            assert (a is None and b is None) or torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
 def test_the_decision_is_measured_then_kept_for_the_template(monkeypatch):
     decisions = step_compiler.MemoryDecisions()
     graph, names = record_cnn("decided", epochs=8)   # 32 runs of the full batch's template
