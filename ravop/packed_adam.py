@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
