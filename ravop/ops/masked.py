@@ -5,6 +5,7 @@ param, one bool per differentiable input, and has one output per True entry. Its
 what the running `R.grad` wants (`vjp(node, g, wants)`: `wants(op)` is False for an input no requested gradient
 depends on), records the op, and maps its outputs back to one gradient or None per input.
 """
+from itertools import compress
 
 
 def backward_mask(wants, *inputs):
@@ -27,5 +28,6 @@ def masked_shapes(mask, *likes):
 
 
 def keep_masked(mask, *grads):
-    """A backward kernel's result: the gradients `mask` asks for, in order."""
-    return tuple(g for wanted, g in zip(mask, grads) if wanted)
+    """A backward kernel's result: the gradients `mask` asks for, in order (compress: no Python frame per
+    gradient, a loop step runs ~10 backward kernels)."""
+    return tuple(compress(grads, mask))

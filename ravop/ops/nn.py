@@ -12,6 +12,8 @@ they are cheap next to the op, and the forward keeps the outputs users see. Pool
 (finding it is the whole forward, ~7x the backward kernel), so when the forward returned its indices
 (RavDL's MaxPooling2D asks for them when training) the backward routes the gradient through them.
 """
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -97,6 +99,14 @@ def conv_padding(kernel_hw, stride, padding, dilation, padding_mode):
     extra zero on the right/bottom before a symmetric convolution (ATen's _convolution_mode)."""
     if padding_mode == "zeros" and type(padding) is int:   # the common case, first: this runs per record
         return None, (padding, padding)
+    try:   # a loop's step asks the same at every run: remembered (errors are not)
+        return _conv_padding(tuple(kernel_hw), stride, padding, dilation, padding_mode)
+    except TypeError:   # a list among the params (not hashable)
+        return _conv_padding.__wrapped__(kernel_hw, stride, padding, dilation, padding_mode)
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _conv_padding(kernel_hw, stride, padding, dilation, padding_mode):
     if padding_mode not in PADDING_MODES:
         raise ValueError(f"padding_mode must be one of {PADDING_MODES}, not {padding_mode!r}")
     if padding == "valid":
