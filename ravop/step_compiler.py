@@ -220,11 +220,17 @@ class _KeptNoise(PerRun):
         return out if self.device == "cpu" else out.to(self.device)
 
 
-def _dropout_backward_kept(box: list[Any], g: torch.Tensor, p: float, seed: int) -> torch.Tensor:
-    noise = box[0]
-    if noise is None or noise.shape != g.shape or noise.dtype != g.dtype:   # the forward did not draw: redraw
-        return registry.REGISTRY["dropout_backward"].kernel(g, p, seed)
-    return g * noise
+class _KeptOrRedrawn(PerRun):
+    """A dropout backward's run: the gradient times the mask its forward kept in this run, or, where the forward
+    did not draw one, the op as recorded (its seed worked out per run by `PerRun` only then)."""
+    __slots__ = ("box",)
+    box: list[Any]
+
+    def __call__(self, kernel: Any, args: list[Any], params: dict[str, Any], at: Optional[At]) -> Any:
+        noise, g = self.box[0], args[0]
+        if noise is None or noise.shape != g.shape or noise.dtype != g.dtype:   # the forward did not draw
+            return PerRun.__call__(self, kernel, args, params, at)
+        return g * noise
 
 
 def _keep_dropout_masks(runner: Runner, calls: list[Any]) -> int:
@@ -251,7 +257,10 @@ def _keep_dropout_masks(runner: Runner, calls: list[Any]) -> int:
         kept.box = box
         calls[forward] = (f_kernel, f_args, f_params, f_out, f_frees, kept)
         # the backward keeps its per-run seed: a forward that did not draw leaves the redraw to it
-        calls[index] = (functools.partial(_dropout_backward_kept, box), args, params, out, frees, varies)
+        backward = _KeptOrRedrawn(varies.opdef, varies.graph_seed, varies.device, varies.stream, varies.stride,
+                                  varies.counted, varies.seed_from)
+        backward.box = box
+        calls[index] = (kernel, args, params, out, frees, backward)
         n += 1
     return n
 

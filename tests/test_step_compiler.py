@@ -74,6 +74,21 @@ def test_the_compiled_step_gives_the_plain_steps_bits_in_process(monkeypatch):
         assert torch.equal(compiled[name], plain[name]), name
 
 
+def test_a_dropout_whose_forward_draws_nothing_leaves_its_backward_as_recorded(monkeypatch):
+    """p=1 zeroes without drawing a mask: the backward's kept-mask rewrite falls back to the op, its seed worked
+    out per run as the plain step does."""
+    graph = R.Graph(name="dropout everything", seed=2)
+    model = NeuralNetwork(optimizer=Adam(lr=0.01), loss="CrossEntropy")
+    for layer in (Dense(16, input_shape=(64,)), Dropout(1.0), Dense(10), Activation("softmax")):
+        model.add(layer)
+    names = list(model.fit(IMAGES.reshape(72, 64), LABELS, n_epochs=2, batch_size=16, shuffle=True))
+    plain = reference(graph, names, monkeypatch)
+    compiled, made = tuned_run(monkeypatch, graph, names, always(True))
+    assert made and all(tuned.compiled.rewrites["dropout_masks_kept"] == 1 for tuned in made)
+    for name in names:
+        assert torch.equal(compiled[name], plain[name]), name
+
+
 @pytest.mark.parametrize("optimizer", [AdamW(lr=0.01, weight_decay=0.1),
                                        RMSprop(lr=0.01, momentum=0.9, centered=True, weight_decay=0.01)])
 def test_other_optimizers_compile_to_the_same_bits(optimizer, monkeypatch):
