@@ -42,13 +42,14 @@ def execute(timeout: Optional[float] = None, participants: Optional[int] = None)
     if graph.nodes and not graph.activated:
         raise GraphStateError(f"graph {graph.name!r} is not activated: call R.activate() first")
     keys = session.keys()
+    # set at upload; read before the start: after it, the workers taking up the graph compete for the server
+    approach, copies, spot = session.client.hmget(keys.meta, "approach", "verify", "spot")
     try:
         session.handoff.start(keys)
     except redis.ResponseError as exc:
         if "NOGRAPH" in str(exc):
             raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)") from None
         raise
-    approach, copies, spot = session.client.hmget(keys.meta, "approach", "verify", "spot")   # set at upload
     if not session.handoff.confined:  # else the worker that starts it opens it too (ravop.store.inbox)
         kind_of(approach).start(session.client, keys)
     elif any(liveness.alive(session.client, kind) for kind in ("cpu", "cuda")):
