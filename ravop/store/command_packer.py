@@ -9,6 +9,8 @@ to hiredis's C packer (4x faster), and one that carries a large value or a buffe
 write the same bytes: hiredis writes an int or a float by its repr(), as redis-py's Encoder does; any other type
 (a bool, a numpy number, a bytearray) takes the pure-Python path, which accepts or refuses it as redis-py does.
 """
+from typing import Any, List
+
 import hiredis
 from redis.connection import Encoder, PythonRespSerializer
 
@@ -24,7 +26,7 @@ class CommandPacker:
         self.cutoff = cutoff
         self.zero_copy = PythonRespSerializer(cutoff, Encoder("utf-8", "strict", False).encode)
 
-    def pack(self, *args):
+    def pack(self, *args: Any) -> List[Any]:
         cutoff = self.cutoff
         for arg in args:
             kind = type(arg)
