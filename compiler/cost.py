@@ -100,13 +100,19 @@ def loop_cost(record, loop_node, nodes, model):
     seconds = flops = 0.0
     for t, template in enumerate(spec.templates):
         known = {**outer, **template.holes}
+        out_bytes = {}   # id -> bytes of its output, worked out once: most outputs are read again
         step_seconds = step_flops = 0.0
         for node in template.nodes:
             known[node.id] = node
             if node.op in FREE:
                 continue
             f = node_flops(node, known)
-            moved = _out_bytes(node) + sum(_out_bytes(known[i]) for i in node.inputs)
+            moved = out_bytes[node.id] = _out_bytes(node)
+            for i in node.inputs:
+                b = out_bytes.get(i)
+                if b is None:
+                    b = out_bytes[i] = _out_bytes(known[i])
+                moved += b
             step_seconds += model.seconds(len(node.inputs) + (len(node.shape) if node.multi_output else 1), f, moved)
             step_flops += f
         runs = spec.runs(t)

@@ -5,15 +5,17 @@ from typing import Any, Optional, Union
 
 import redis
 
+from . import graph_states
 from .fetched import fetched
 from .errors import GraphStateError, UnknownPersistName
 from .graph import Graph, Op
 from .graph_kinds import kind_of
+from .loss_names import TRAINING_PREFIX, VALIDATION_PREFIX
 from .session import Session, require
 from .store import GraphKeys
 from .store.lookup import find_graph
-from .stored_values import done_value, fetch_tensor
-from .training_losses import Losses, read
+from .stored_values import done_value, done_values, fetch_tensor
+from .training_losses import Losses, losses_of, read
 
 
 def fetch_persisting_op(op_name: Union[str, Op], wait: bool = False, timeout: Optional[float] = None,
@@ -68,6 +70,19 @@ def graph_keys(session: Session, graph: Union[None, Graph, str]) -> GraphKeys:
     if isinstance(graph, str):
         return find_graph(session.client, session.token, graph)
     raise TypeError(f"graph must be None, a ravop Graph, or a graph id or name, not {type(graph).__name__}")
+
+
+def done_losses(keys: GraphKeys) -> Losses:
+    """`ravop.training_losses.read` of the finished graph at `keys`, from the small values this session's fetches
+    by name read (`ravop.stored_values.DoneValues`) where it activated that graph and they hold every loss: a fit's
+    History and the user's fetches of its losses after it then share one round trip."""
+    session = require()
+    if keys.graph_id == session.graph_id:
+        names = [name for name in session.activated_names if name.startswith((TRAINING_PREFIX, VALIDATION_PREFIX))]
+        done = done_values(session, keys)
+        if done is not None and all(name in done.stored for name in names):
+            return losses_of(session.client, keys, graph_states.DONE, {name: done.stored[name] for name in names})
+    return read(session.client, keys)
 
 
 def fetch_losses(graph: Union[None, Graph, str] = None) -> Losses:

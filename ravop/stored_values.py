@@ -55,16 +55,23 @@ class DoneValues:
         return tensor.clone()
 
 
-def done_value(session: "Session", keys: GraphKeys, name: str) -> Optional[torch.Tensor]:
-    """The value persisted as `name` if the graph at `keys` is done and it is small (from `session.done_values`,
-    read for all of them on the first call); None otherwise (the caller fetches it on its own)."""
+def done_values(session: "Session", keys: GraphKeys) -> Optional[DoneValues]:
+    """`session.done_values` of the graph at `keys`, read now if it is another graph's or none; None if the graph
+    is not done."""
     done = session.done_values
     if done is None or done.graph_id != keys.graph_id:
         state, stored_values = read_small_values(session.client, keys, SMALL_BYTES)
         if state != graph_states.DONE:
             return None
         done = session.done_values = DoneValues(keys.graph_id, stored_values)
-    return done.get(name)
+    return done
+
+
+def done_value(session: "Session", keys: GraphKeys, name: str) -> Optional[torch.Tensor]:
+    """The value persisted as `name` if the graph at `keys` is done and it is small (from `session.done_values`,
+    read for all of them on the first call); None otherwise (the caller fetches it on its own)."""
+    done = done_values(session, keys)
+    return None if done is None else done.get(name)
 
 
 def read_meta(session: "Session", keys: GraphKeys) -> Dict[str, str]:

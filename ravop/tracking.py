@@ -42,13 +42,14 @@ def execute(timeout: Optional[float] = None, participants: Optional[int] = None)
     if graph.nodes and not graph.activated:
         raise GraphStateError(f"graph {graph.name!r} is not activated: call R.activate() first")
     keys = session.keys()
+    # set at upload; read before the start: after it, the workers taking up the graph compete for the server
+    approach, copies, spot = session.client.hmget(keys.meta, "approach", "verify", "spot")
     try:
         session.handoff.start(keys)
     except redis.ResponseError as exc:
         if "NOGRAPH" in str(exc):
             raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)") from None
         raise
-    approach, copies, spot = session.client.hmget(keys.meta, "approach", "verify", "spot")   # set at upload
     if not session.handoff.confined:  # else the worker that starts it opens it too (ravop.store.inbox)
         kind_of(approach).start(session.client, keys)
     elif any(liveness.alive(session.client, kind) for kind in ("cpu", "cuda")):
@@ -256,14 +257,17 @@ def _track(session: Session, keys: GraphKeys, meta: Dict[str, str], progress_bar
     n_steps = int(meta.get("n_steps") or 0)
     # initial=: work done before the bar appeared is not counted in its rate (it would read millions of ops/s).
     watchers = watching.of(keys.graph_id)   # fit callbacks (ravdl.v2.callbacks), fed at each refresh
-    with tqdm(total=n_steps or int(meta["n_ops"]),
-              initial=store_graphs.steps_done(session.client, keys) if n_steps else int(meta["ops_done"]),
-              unit="step" if n_steps else "op", desc=meta["name"],
-              disable=not progress_bar, file=sys.stderr) as bar:
+
+    def done(meta: Dict[str, str]) -> int:   # what the bar counts (not read for no bar: a round trip each time)
+        if not progress_bar:
+            return 0
+        return store_graphs.steps_done(session.client, keys) if n_steps else int(meta["ops_done"])
+
+    with tqdm(total=n_steps or int(meta["n_ops"]), initial=done(meta), unit="step" if n_steps else "op",
+              desc=meta["name"], disable=not progress_bar, file=sys.stderr) as bar:
         while True:
             meta = read_meta(session, keys)
-            bar.update((store_graphs.steps_done(session.client, keys) if n_steps else int(meta["ops_done"]))
-                       - bar.n)
+            bar.update(done(meta) - bar.n)
             for watcher in watchers:
                 watcher.poll(session.client, keys, meta["state"])
             if meta["state"] in graph_states.ENDED:

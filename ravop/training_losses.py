@@ -65,6 +65,12 @@ def read(client: Client, keys: GraphKeys) -> Losses:
     state, stored = read_losses(client, keys)
     if state is None:
         raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")
+    return losses_of(client, keys, state, stored)
+
+
+def losses_of(client: Client, keys: GraphKeys, state: str, stored: Dict[str, Optional[bytes]]) -> Losses:
+    """`Losses` of the graph at `keys` in `state` from `stored`: every persisted loss name with its stored value
+    (None where not computed), as `ravop.store.loss_reads.read_losses` reads them."""
     if state == graph_states.ACTIVATED:  # as R.fetch_persisting_op: no value before the start, whatever folding computed
         stored = dict.fromkeys(stored)
     steps, validation = [], {}

@@ -1,4 +1,6 @@
 """Each compiler pass on small hand-made graphs, and the pipeline's invariant checks."""
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -10,6 +12,8 @@ from compiler.passes import (eliminate_common_subexpressions, eliminate_dead_cod
                              fuse_linear_chains)
 from compiler.pass_manager import PIPELINE, check_invariants, run_pipeline
 from ravop.interpreter import evaluate
+from ravop.loop import Loop
+from ravop.loop_template import LoopRecord
 
 
 @pytest.fixture(autouse=True)
@@ -198,6 +202,28 @@ def test_invariant_checker_names_the_pass_that_broke_the_ir(graph, broken, messa
     big(10, 1000).exp().persist_op("y")
     with pytest.raises(InvariantError, match=rf"{broken.__name__} broke an invariant: .*{message}"):
         run_pipeline(from_graph(graph), passes=PIPELINE[:2] + (("broken", broken),) + PIPELINE[2:])
+
+
+def _breaks_a_loop_template(ir):
+    """A new loop record (as a pass that changes a loop makes one) whose step reads a value never defined."""
+    loops = {}
+    for id, record in ir.loops.items():
+        first, *rest = record.spec.templates
+        broken = replace(first, nodes=[first.nodes[0].with_inputs((10**6,))] + first.nodes[1:])
+        loops[id] = LoopRecord(replace(record.spec, templates=[broken, *rest]), record.names)
+    return ir.replace(loops=loops), 1
+
+
+def test_invariant_checker_looks_again_at_a_loop_a_pass_rewrote(graph):
+    loop = Loop([R.t([1.0, 2.0])])
+    with loop.step() as step:
+        step.carry([step.carried[0] * 2.0])
+    loop.run([(0, 3)])[0].persist_op("w")
+    passes = PIPELINE[:1] + (("keeps the loop", lambda ir: (ir.replace(nodes=dict(ir.nodes)), 0)),)
+    run_pipeline(from_graph(graph), passes=passes)   # the same record after a pass: valid as it was
+    with pytest.raises(InvariantError, match=r"_breaks_a_loop_template broke an invariant: loop \d+, step 0: node "
+                                             r"\d+ \(\w+\) reads 1000000"):
+        run_pipeline(from_graph(graph), passes=passes + (("broken", _breaks_a_loop_template),))
 
 
 def test_invariants_catch_a_lost_constant(graph):

@@ -8,9 +8,11 @@ import torch
 
 import ravop as R
 from ravdl.v2 import NeuralNetwork
+from ravdl.v2.callbacks import Callback
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop import fetching, stored_values
+from ravop.errors import RavopError
 from ravop.loss_names import training_loss_name
 from ravop.session import require
 from ravop.stored_values import SMALL_BYTES
@@ -106,3 +108,43 @@ def test_a_fits_losses_fetched_by_name_equal_those_read_together(engine, module_
                for epoch in range(1, 4) for batch in range(1, 5)]
     assert counted == {"all small": 1, "one": 0}
     assert by_name == R.fetch_losses().batch.tolist() and len(set(by_name)) > 1
+
+
+class BatchLosses(Callback):
+    def __init__(self):
+        self.losses = []
+
+    def on_batch_end(self, batch, logs=None):
+        self.losses.append(logs["loss"])
+
+
+def test_a_fits_follower_and_the_fetches_after_it_share_one_read(engine, module_workers, counted):
+    """As the graph ends, the fit's follower (History, callbacks) reads the losses with the small values the
+    fetches by name then take from memory: one round trip for both, the same values."""
+    torch.manual_seed(1)
+    X, y = torch.randn(30, 4).numpy(), torch.randint(0, 3, (30,)).numpy()
+    R.Graph(name="fit shared", seed=0)
+    model = NeuralNetwork(optimizer=Adam(lr=0.01), loss="CrossEntropy")
+    model.add(Dense(3, input_shape=(4,)))
+    seen = BatchLosses()
+    model.fit(X, y, n_epochs=2, batch_size=10, callbacks=[seen])
+    _run()
+    assert counted == {"all small": 1, "one": 0}   # read by the follower once the graph was done
+    by_name = [float(R.fetch_persisting_op(training_loss_name(epoch, batch)))
+               for epoch in range(1, 3) for batch in range(1, 4)]
+    assert counted == {"all small": 1, "one": 0}
+    assert seen.losses == by_name == R.fetch_losses().batch.tolist()
+
+
+def test_losses_too_large_for_the_shared_read_are_read_as_before(engine, module_workers):
+    """A value persisted under a loss name but larger than the small values read together: the losses are read on
+    their own, which refuses it as a loss as R.fetch_losses does."""
+    R.Graph(name="not a loss")
+    (R.t(torch.ones(64, 64)) * 2.0).persist_op(training_loss_name(1, 1))
+    _run()
+    session = require()
+    with pytest.raises(RavopError) as shared:
+        fetching.done_losses(session.keys())
+    with pytest.raises(RavopError) as alone:
+        R.fetch_losses()
+    assert str(shared.value) == str(alone.value) and "not a single loss value" in str(alone.value)

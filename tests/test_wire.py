@@ -1,5 +1,6 @@
 """The wire format: tensors as header + raw bytes, params as JSON, the protobuf plan, and the committed
 generated code matching its .proto."""
+import json
 import re
 import struct
 import subprocess
@@ -93,6 +94,18 @@ def test_params_json_round_trip_keeps_types():
     assert encode_params({"x": 1}) != encode_params({"x": 1.0}) != encode_params({"x": True})
 
 
+@pytest.mark.parametrize("params", [{"stride": (1, 1), "padding": "same", "groups": 1},
+                                    {"p": float("nan"), "q": float("inf"), "r": -0.0, "s": 1e-300, "t": 0.1 + 0.2},
+                                    {"name": "é\u2028\"x\"", "flag": False, "none": None, "deep": ((1, (2, (3,))),)}])
+def test_params_are_the_json_that_json_dumps_writes(params):
+    assert encode_params(params) == json.dumps(params, separators=(",", ":")).encode()
+
+
+def test_params_that_are_not_json_are_refused_as_json_refuses_them():
+    with pytest.raises(TypeError, match="Object of type dtype is not JSON serializable"):
+        encode_params({"dtype": torch.float32})
+
+
 @pytest.mark.parametrize("data", [b"{", b"\xff\xfe", b"[1, 2]", b"__import__('os')"])
 def test_bad_params_raise_wire_format_error(data):
     with pytest.raises(WireFormatError):
@@ -155,7 +168,7 @@ def test_tensors_encoded_together_give_each_ones_own_bytes():
                torch.zeros(0, 2), torch.zeros(0, 2), torch.tensor([True, False]), torch.tensor([False, True]),
                torch.tensor(3.0, dtype=torch.bfloat16), torch.tensor(4.0, dtype=torch.bfloat16),
                torch.arange(100_000, dtype=torch.float32), torch.tensor(7, dtype=torch.int64),
-               torch.tensor(1.0, requires_grad=True)]
+               torch.tensor(1.0, requires_grad=True), torch.tensor(2.0, requires_grad=True) * 3]
     assert encode_tensors(tensors) == [encode_tensor(t) for t in tensors]
     assert encode_tensors([]) == []
 

@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from ravop import graph_states, status, training_losses, watching
+from ravop import fetching, graph_states, status, training_losses, watching
 
 from . import nonfinite
 
@@ -279,7 +279,7 @@ class FitFollower:
 
     def ended(self, client, keys, state):
         if state == graph_states.DONE:
-            self._feed(client, keys)
+            self._feed(client, keys, done=True)
         if not self.started:
             self._begin()
         if self.stopped_step is not None:   # why: the graph's record (a callback's reason, `ravop stop --reason`)
@@ -294,10 +294,11 @@ class FitFollower:
         for callback in self.callbacks:
             callback.on_train_begin({})
 
-    def _feed(self, client, keys):
+    def _feed(self, client, keys, done=False):
         if not self.started:
             self._begin()
-        losses = training_losses.read(client, keys)
+        # once done, read with the small values the user's fetches of the losses by name then take from memory
+        losses = fetching.done_losses(keys) if done else training_losses.read(client, keys)
         self.stopped_step = losses.stopped_step
         batch, missing = losses.batch, ~losses.batch_stored
         computed = int(missing.argmax()) if missing.any() else len(batch)   # the loop persists them in order

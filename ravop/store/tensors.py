@@ -43,25 +43,35 @@ def marker_key(key: str) -> str:
     return key + ":u"
 
 
-def _config(client: Client, name: str) -> int:
-    try:
-        return int(client.config_get(name).get(name, 0))
-    except redis.ResponseError:  # CONFIG disabled (some managed services): the server's own errors remain
+def _config_value(reply: Any, name: str) -> int:
+    """A CONFIG GET reply's value (0 if CONFIG is refused: some managed services disable it, a `ravop admin` user
+    is not given it; the server's other errors remain)."""
+    if isinstance(reply, redis.ResponseError):
         return 0
+    if isinstance(reply, Exception):
+        raise reply
+    return int(reply.get(name, 0))
 
 
 def fit_to_server(client: Client, total_bytes: int = 0, what: str = "values", key: Optional[str] = None) -> int:
     """The chunk size to write with on this server (at most its proto-max-bulk-len), after checking that
     `total_bytes` more fit under its maxmemory; `StoreLimitError` naming the numbers otherwise. On a cluster:
-    the server that holds `key` (a key of the graph written to)."""
+    the server that holds `key` (a key of the graph written to). One round trip."""
     client = node_client(client, key)
+    pipe = client.pipeline(transaction=False)
+    pipe.config_get("proto-max-bulk-len")
+    if total_bytes:
+        pipe.info("memory")  # INFO, not CONFIG GET: a `ravop admin` user is not given CONFIG
+    replies = pipe.execute(raise_on_error=False)
     size = chunk_bytes()
-    max_bulk = _config(client, "proto-max-bulk-len")
+    max_bulk = _config_value(replies[0], "proto-max-bulk-len")
     if max_bulk:
         size = min(size, max_bulk - HEADER_BYTES)
     if not total_bytes:
         return size
-    memory = client.info("memory")  # INFO, not CONFIG GET: a `ravop admin` user is not given CONFIG
+    memory = replies[1]
+    if isinstance(memory, Exception):
+        raise memory
     maxmemory, used = int(memory.get("maxmemory", 0)), int(memory["used_memory"])
     if maxmemory and used + total_bytes > maxmemory:
         raise StoreLimitError(
