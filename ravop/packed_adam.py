@@ -116,13 +116,7 @@ def adam(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg
          maximize: bool, decoupled: bool) -> None:
     """ravop.ops.optim._adam in place (amsgrad off, `lr` already scheduled) on flat buffers: the stages of the
     foreach update, in its order; `denom` a scratch buffer of their size."""
-    if maximize:
-        grad = grad.neg()
-    if weight_decay != 0:
-        if decoupled:
-            param.mul_(1 - lr * weight_decay)
-        else:
-            grad = grad.add(param, alpha=weight_decay)
+    grad = optim.weight_decayed(param, grad.neg() if maximize else grad, lr, weight_decay, decoupled)
     exp_avg.lerp_(grad, 1 - beta1)
     exp_avg_sq.mul_(beta2)
     exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)

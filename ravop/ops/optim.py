@@ -51,6 +51,17 @@ def _counted(step):
         raise ValueError(f"step must be a positive int (1 for the first step), not {step!r}")
 
 
+def weight_decayed(param, grad, lr, weight_decay, decoupled):
+    """Adam's weight decay: AdamW's (`decoupled`) shrinks `param` in place; Adam's is added to the gradient.
+    Returns the gradient the moments then take."""
+    if weight_decay != 0:
+        if decoupled:
+            param.mul_(1 - lr * weight_decay)
+        else:
+            grad = grad.add(param, alpha=weight_decay)
+    return grad
+
+
 def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, amsgrad,
           maximize, decoupled, in_place=False, lr_schedule=None):
     """torch.optim.adam._single_tensor_adam for one tensor (decoupled=True is AdamW); `in_place` updates
@@ -60,12 +71,7 @@ def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, bet
     lr = scheduled_lr(lr, lr_schedule, step)
     if not in_place:
         param, exp_avg, exp_avg_sq = param.clone(), exp_avg.clone(), exp_avg_sq.clone()
-    grad = grad if not maximize else -grad
-    if weight_decay != 0:
-        if decoupled:
-            param.mul_(1 - lr * weight_decay)
-        else:
-            grad = grad.add(param, alpha=weight_decay)
+    grad = weight_decayed(param, grad if not maximize else -grad, lr, weight_decay, decoupled)
     exp_avg.lerp_(grad, 1 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
     step = float(step)  # torch keeps `step` in a float tensor and reads it back with .item()
