@@ -62,7 +62,6 @@ class StoreLimitError(RavopError, ValueError):
     """Values to write do not fit the Redis server's limits (maxmemory, proto-max-bulk-len)."""
 
 
-
 class UploadIncompleteError(RavopError, RuntimeError):
     """A big constant's upload stopped before it was complete: its requester died, or the graph ended first
     (ravop.store.background_upload)."""

@@ -321,8 +321,7 @@ def _cross_entropy_keeping(box: list[Any], y_true: torch.Tensor, y_pred: torch.T
                                                                reshape_label)
     logp = torch.log_softmax(pred, 0 if pred.dim() == 1 else 1)
     loss, total_weight = aten.nll_loss_forward(logp, label, None, loss_functions.MEAN,
-                                               loss_functions.TORCH_IGNORE_INDEX if ignore_index is None else
-                                               ignore_index)
+                                               loss_functions.torch_ignore_index(ignore_index))
     box[:] = (y_pred, logp, total_weight)
     return loss
 
@@ -335,9 +334,8 @@ def _cross_entropy_backward_kept(box: list[Any], g: torch.Tensor, y_true: torch.
                                                                         reshape_target, reshape_label, mask)
     _, logp, total_weight = box
     label, pred = loss_functions._inputs(y_true, y_pred, reshape_target, reshape_label)
-    g_logp = aten.nll_loss_backward(g, logp, label, None, loss_functions.MEAN,
-                                    loss_functions.TORCH_IGNORE_INDEX if ignore_index is None else ignore_index,
-                                    total_weight)
+    g_logp = loss_functions.nll_loss_backward(g, logp, label, loss_functions.torch_ignore_index(ignore_index),
+                                              total_weight)
     g_pred = aten._log_softmax_backward_data(g_logp, logp, 0 if pred.dim() == 1 else 1, pred.dtype)
     return keep_masked(mask, None, g_pred.reshape(y_pred.shape))
 

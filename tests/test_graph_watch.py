@@ -57,8 +57,10 @@ def test_one_thread_looks_for_every_loop_and_a_closed_watch_is_left_alone(client
     closed = GraphWatch(client, graph, INTERVAL)
     closed.look = lambda: looks.append(1)
     closed.start({"state": b"running", "stop": None})
-    wait_for(lambda: looks)
-    closed.close()
+    try:
+        wait_for(lambda: looks)
+    finally:
+        closed.close()
     seen = len(looks)
     time.sleep(10 * INTERVAL)
     assert len(looks) == seen

@@ -265,8 +265,7 @@ class _Writer:
         if self.writes is not None and not wait:
             self.writes.put(functools.partial(self._commit, *self._take(done, carried, record, copy=True)))
             return
-        if self.writes is not None:
-            self.writes.drain()
+        self.drain()
         self._commit(*self._take(done, carried, record, copy=False))
 
     def _take(self, done, carried, record, copy):

@@ -119,7 +119,7 @@ def cross_entropy_loss(y_true, y_pred, ignore_index=None, reshape_target=None, r
     """F.cross_entropy(y_pred.view(reshape_target), y_true.view(reshape_label), ignore_index), mean over
     the targets; y_true holds class indices or class probabilities."""
     label, pred = _inputs(y_true, y_pred, reshape_target, reshape_label)
-    return F.cross_entropy(pred, label, ignore_index=TORCH_IGNORE_INDEX if ignore_index is None else ignore_index)
+    return F.cross_entropy(pred, label, ignore_index=torch_ignore_index(ignore_index))
 
 
 @register("cross_entropy_loss_backward", inputs=("g", "y_true", "y_pred"),
@@ -139,21 +139,28 @@ def cross_entropy_loss_backward(g, y_true, y_pred, ignore_index=None, reshape_ta
         if mask[0]:
             g_true = (scaled * logp).reshape(y_true.shape)
     else:
-        g_logp = _nll_loss_backward(g, logp, label, TORCH_IGNORE_INDEX if ignore_index is None else ignore_index)
+        g_logp = nll_loss_backward(g, logp, label, torch_ignore_index(ignore_index))
     g_pred = None
     if mask[1]:
         g_pred = aten._log_softmax_backward_data(g_logp, logp, class_dim, pred.dtype).reshape(y_pred.shape)
     return keep_masked(mask, g_true, g_pred)
 
 
-def _nll_loss_backward(g, logp, label, ignore_index):
+def torch_ignore_index(ignore_index):
+    """The ignore_index torch takes for the op's (None: F.cross_entropy's default)."""
+    return TORCH_IGNORE_INDEX if ignore_index is None else ignore_index
+
+
+def nll_loss_backward(g, logp, label, ignore_index, total_weight=None):
     """Mean-reduced nll_loss's gradient w.r.t. log-probabilities, through the kernels eager's nll_loss_nd
-    picks: nll_loss for (C,) and (N, C), nll_loss2d on an (N, C, 1, -1) view otherwise."""
+    picks: nll_loss for (C,) and (N, C), nll_loss2d on an (N, C, 1, -1) view otherwise; `total_weight`: the
+    forward's, where it was kept (else computed again)."""
     if logp.dim() <= 2:
         lp, lb, forward, backward = logp, label, aten.nll_loss_forward, aten.nll_loss_backward
     else:
         n, c = logp.shape[:2]
         lp, lb = logp.reshape(n, c, 1, -1), label.reshape(n, 1, -1)
         forward, backward = aten.nll_loss2d_forward, aten.nll_loss2d_backward
-    _, total_weight = forward(lp, lb, None, MEAN, ignore_index)
+    if total_weight is None:
+        _, total_weight = forward(lp, lb, None, MEAN, ignore_index)
     return backward(g, lp, lb, None, MEAN, ignore_index, total_weight).reshape(logp.shape)

@@ -30,7 +30,6 @@ SOCKET_TIMEOUT = 60.0  # longer than any blocking read we issue (at most a few s
 _PACKER = CommandPacker()
 
 
-
 def _short_handshake() -> dict:
     """Options that leave out what redis-py adds to every new connection after HELLO: CLIENT SETINFO of its name
     and version (2 round trips, for CLIENT LIST's display) and, on RESP3, CLIENT MAINT_NOTIFICATIONS (1 round
