@@ -5,7 +5,7 @@ device) against the same training loop in eager PyTorch on the same device, in o
 
 `--device cuda` (the default when a GPU is visible) records the graph with gpu_required='yes' and starts the
 embedded worker with `--device cuda`; on a machine without a GPU it compares the CPU worker with eager CPU.
-Both sides run torch.optim.Adam's single-tensor update (foreach=False) so their losses can be checked
+Both sides run torch.optim.Adam's fused update (fused=True, as ravop's adam_step) so their losses can be checked
 against each other, and on a GPU the same float32 math (no TF32, deterministic cuDNN: what a worker uses,
 `worker.device.use_full_precision`); the engine's time is split into record, compile+upload, execute and
 fetch.
@@ -70,7 +70,7 @@ def synchronize(device):
 def run_eager(net, batches, device):
     """Wall time of the training loop in eager PyTorch, data moved to the device per step as a loader would."""
     net = copy.deepcopy(net).to(device)
-    optimizer = torch.optim.Adam(net.parameters(), lr=LR, foreach=False)
+    optimizer = torch.optim.Adam(net.parameters(), lr=LR, fused=True)
     synchronize(device)
     start = time.perf_counter()
     losses = []

@@ -4,19 +4,18 @@ A step template runs hundreds of times with the same ops on the same shapes, so 
 the plain runner) repeats every step can be done once, and per-op Python work can be merged. Every rewrite here
 computes the same bits as the op it replaces, so the plain and the compiled step are interchangeable at any run:
 a loop may switch between them, a worker that compiles and one that does not give the same numbers, and a
-retry resumes from a checkpoint either way. Rewrites that change the bits (torch's fused Adam kernel,
-Inductor's fusions, which reorder float arithmetic) are not made: whether they are used would depend on which
-worker measured what, and the same graph and seed must give the same numbers on any worker.
+retry resumes from a checkpoint either way. Rewrites that change the bits (Inductor's fusions, which reorder
+float arithmetic) are not made: whether they are used would depend on which worker measured what, and the same
+graph and seed must give the same numbers on any worker.
 
 The rewrites (each keeps the call list's length and order, and each op's output: the memory watcher, op
 tracing and error messages see the same ops; those whose bits were checked on CPU kernels only are made on a
 CPU only):
 - (CPU) optimizer steps with the same settings (`adam_step` and `adamw_step` updating in place, where the loop
-  owns their values; `rmsprop_step`) become one `torch._foreach_*` update of all their tensors, run at the first
-  of them; the others hand out their part. On a CPU the foreach kernels loop over the tensors in C++ with the same per-tensor kernels,
-  as the per-parameter loop does in Python (eager's default on a CPU is that loop). Adam's group goes further
-  where this machine's kernels allow it bit for bit (ravop/packed_adam.py): its tensors packed end to end in
-  flat buffers at the first update, each stage is one kernel over a buffer.
+  owns their values; `rmsprop_step`) become one update of all their tensors, run at the first of them; the
+  others hand out their part. Adam's is one call of torch's fused kernel with every tensor (the op's own kernel
+  is the same call with one: each tensor is updated on its own either way); RMSprop's is `torch._foreach_*`,
+  whose kernels loop over the tensors in C++ with the same per-tensor kernels as the op's.
 - a dropout's backward reuses the mask its forward drew in this run instead of drawing it again from the same
   seed (autodiff records the redraw so that no mask is stored between workers; inside one step it is kept).
 - (CPU) a batch norm's backward reuses the batch statistics (mean, inverse std) its forward computed in this run
@@ -50,8 +49,8 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 import torch
 
-from . import packed_adam, registry
-from .ops import loss_functions
+from . import registry
+from .ops import loss_functions, optim
 from .ops.lr_schedule import scheduled_lr
 from .ops.masked import keep_masked
 from .ops.nn import _dropout_noise, max_pool2d
@@ -366,31 +365,6 @@ def _keep_log_softmax(runner: Runner, calls: list[Any]) -> int:
 
 # ---- optimizer steps
 
-def _foreach_adam(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
-                  exp_avg_sqs: list[torch.Tensor], step: int, lr: float, beta1: float, beta2: float, eps: float,
-                  weight_decay: float, maximize: bool, decoupled: bool, lr_schedule: Any) -> None:
-    """ravop.ops.optim._adam (in place, amsgrad off) for many tensors: the same kernels in the same order."""
-    lr = scheduled_lr(lr, lr_schedule, step)
-    if maximize:
-        grads = torch._foreach_neg(grads)
-    if weight_decay != 0:
-        if decoupled:
-            torch._foreach_mul_(params, 1 - lr * weight_decay)
-        else:
-            grads = torch._foreach_add(grads, params, alpha=weight_decay)
-    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-    torch._foreach_mul_(exp_avg_sqs, beta2)
-    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
-    step_f = float(step)
-    bias_correction1 = 1 - beta1 ** step_f
-    bias_correction2 = 1 - beta2 ** step_f
-    step_size = lr / bias_correction1
-    denom = torch._foreach_sqrt(exp_avg_sqs)
-    torch._foreach_div_(denom, bias_correction2 ** 0.5)
-    torch._foreach_add_(denom, eps)
-    torch._foreach_addcdiv_(params, exp_avgs, denom, -step_size)
-
-
 def _foreach_rmsprop(params: list[torch.Tensor], grads: list[torch.Tensor], square_avgs: list[torch.Tensor],
                      momentum_buffers: list[torch.Tensor], grad_avgs: list[torch.Tensor], step: int, lr: float,
                      alpha: float, eps: float, weight_decay: float, momentum: float, centered: bool, maximize: bool,
@@ -422,27 +396,19 @@ def _foreach_rmsprop(params: list[torch.Tensor], grads: list[torch.Tensor], squa
     return list(zip(params, square_avgs, momentum_buffers, grad_avgs))
 
 
-def _adam_group(args: tuple[Any, ...], decoupled: bool, state: packed_adam.PackedState, step: int,
-                lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
-                weight_decay: float = 0.0, amsgrad: bool = False, maximize: bool = False,
-                lr_schedule: Any = None) -> list[tuple[Any, ...]]:
-    params, grads, exp_avgs, exp_avg_sqs, maxes = (args[k::5] for k in range(5))
-    packed = state.buffers((params, exp_avgs, exp_avg_sqs))   # the same bits in fewer kernels, where allowed
-    grad = None if packed is None else state.flat_grad(grads)
-    if packed is not None and grad is not None:
-        (flat_param, flat_avg, flat_sq), (params, exp_avgs, exp_avg_sqs) = packed
-        packed_adam.adam(flat_param, grad, flat_avg, flat_sq, state.denom, step, scheduled_lr(lr, lr_schedule, step),
-                         beta1, beta2, eps, weight_decay, maximize, decoupled)
-    else:
-        _foreach_adam(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), step, lr, beta1, beta2, eps,
-                      weight_decay, maximize, decoupled, lr_schedule)
+def _adam_group(args: tuple[Any, ...], decoupled: bool, step: int, lr: float = 0.001, beta1: float = 0.9,
+                beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False,
+                maximize: bool = False, lr_schedule: Any = None) -> list[tuple[Any, ...]]:
+    params, grads, exp_avgs, exp_avg_sqs, maxes = (list(args[k::5]) for k in range(5))
+    optim.fused_adam_(params, grads, exp_avgs, exp_avg_sqs, maxes, step, scheduled_lr(lr, lr_schedule, step), beta1,
+                      beta2, eps, weight_decay, amsgrad, maximize, decoupled)
     return list(zip(params, exp_avgs, exp_avg_sqs, maxes))
 
 
-def _rmsprop_group(args: tuple[Any, ...], decoupled: bool, state: packed_adam.PackedState, step: int = 1, lr: float = 0.01, alpha: float = 0.99,
+def _rmsprop_group(args: tuple[Any, ...], decoupled: bool, step: int = 1, lr: float = 0.01, alpha: float = 0.99,
                    eps: float = 1e-8, weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False,
                    maximize: bool = False, lr_schedule: Any = None) -> list[tuple[Any, ...]]:
-    # `state` unused: RMSprop's op updates copies, so there is no buffer to keep packed across steps
+    # `decoupled` is Adam's: the groups share one signature
     params, grads, square_avgs, momentum_buffers, grad_avgs = (list(args[k::5]) for k in range(5))
     return _foreach_rmsprop(params, grads, square_avgs, momentum_buffers, grad_avgs, step, lr, alpha, eps,
                             weight_decay, momentum, centered, maximize, lr_schedule)
@@ -458,16 +424,15 @@ _GROUPED = {"adam_step": (_adam_group, False, True, (0, 2, 3)),
 class _Group:
     """The kernel of the first op of a group: updates every member's tensors, keeps their results in `box`
     (the members after it hand theirs out), returns its own."""
-    __slots__ = ("box", "update", "decoupled", "state")
+    __slots__ = ("box", "update", "decoupled")
 
     def __init__(self, op: str, n: int) -> None:
         self.update: Callable[..., list[tuple[Any, ...]]] = _GROUPED[op][0]   # type: ignore[assignment]
         self.decoupled = bool(_GROUPED[op][1])
         self.box: list[Any] = [None] * n
-        self.state = packed_adam.PackedState()
 
     def __call__(self, *args: Any, **params: Any) -> Any:
-        self.box[:] = self.update(args, self.decoupled, self.state, **params)
+        self.box[:] = self.update(args, self.decoupled, **params)
         return self.box[0]
 
 

@@ -1,9 +1,11 @@
-"""20 steps of each optimizer op, with gradients from R.grad, equal torch.optim (foreach=False) to 1e-6."""
+"""20 steps of each optimizer op, with gradients from R.grad, equal torch.optim bit for bit: Adam and AdamW as
+`fused=True` runs them (torch's fused kernel), RMSprop as `foreach=False` (its single-tensor loop)."""
 import pytest
 import torch
 import torch.nn.functional as TF
 
 import ravop as R
+from ravop import registry
 from ravop.interpreter import evaluate
 
 STEPS = 20
@@ -21,6 +23,7 @@ CONFIGS = [
                  "eps": 1e-4}),
 ]
 TORCH = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "rmsprop": torch.optim.RMSprop}
+IMPLEMENTATION = {"adam": {"fused": True}, "adamw": {"fused": True}, "rmsprop": {"foreach": False}}
 
 
 def problem():
@@ -31,7 +34,7 @@ def problem():
 def torch_run(name, options):
     x, y, w0 = problem()
     w = torch.nn.Parameter(w0.clone())
-    optimizer = TORCH[name]([w], foreach=False, **options)
+    optimizer = TORCH[name]([w], **IMPLEMENTATION[name], **options)
     for _ in range(STEPS):
         optimizer.zero_grad()
         TF.mse_loss(TF.linear(x, w), y).backward()
@@ -67,4 +70,32 @@ def ravop_run(name, options):
 def test_steps_match_torch_optim(name, options):
     got, want = ravop_run(name, options), torch_run(name, options)
     assert not torch.equal(want, problem()[2])     # the optimizer moved the weights
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_adam_on_tensors_in_any_layout_gives_the_bits_of_contiguous_ones(in_place):
+    """torch's fused kernel reads raw memory: transposed params, moments and gradients are updated as their
+    contiguous copies would be, and (in place) written back into the tensors given."""
+    g = torch.Generator().manual_seed(3)
+    contiguous = [torch.randn(5, 7, generator=g), torch.randn(5, 7, generator=g), torch.randn(5, 7, generator=g),
+                  torch.rand(5, 7, generator=g), torch.rand(5, 7, generator=g)]
+    transposed = [t.t().contiguous().t() for t in contiguous]
+    assert not any(t.is_contiguous() for t in transposed)
+    opdef = registry.REGISTRY["adam_step"]
+    kernel = opdef.in_place.kernel if in_place else opdef.kernel
+    settings = {"step": 3, "lr": 0.01, "weight_decay": 0.1, "amsgrad": True}
+    want = kernel(*[t.clone() for t in contiguous], **settings)
+    given = [t.clone() for t in transposed]
+    got = kernel(*given, **settings)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    if in_place:
+        assert all(got[k] is given[i] for k, i in enumerate((0, 2, 3)))   # param, exp_avg, exp_avg_sq
+
+
+def test_a_step_with_state_of_another_dtype_is_refused_when_recorded():
+    R.Graph(name="optim-dtypes")
+    w = R.t(torch.ones(3))
+    with pytest.raises(R.ShapeError, match="adam_step: state 1 has dtype torch.float64, the param has dtype torch.float32.* at .*test_optim_ops.py"):
+        R.adam_step(w, w, R.t(torch.zeros(3)), R.t(torch.zeros(3, dtype=torch.float64)), R.t(torch.zeros(3)), step=1)

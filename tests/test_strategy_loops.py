@@ -66,12 +66,11 @@ def eager_loss(params, s):
 
 
 class Replica:
-    """Parameters and a torch.optim.Adam over them (foreach=False: ravop's adam_step is its single-tensor
-    update)."""
+    """Parameters and a torch.optim.Adam over them (fused=True: ravop's adam_step is its fused update)."""
 
     def __init__(self, params, state=None):
         self.params = [p.detach().clone().requires_grad_() for p in params]
-        self.opt = torch.optim.Adam(self.params, lr=LR, foreach=False)
+        self.opt = torch.optim.Adam(self.params, lr=LR, fused=True)
         if state is not None:
             self.opt.load_state_dict({"state": copy.deepcopy(state), "param_groups": self.opt.state_dict()
                                       ["param_groups"]})

@@ -55,7 +55,7 @@ def _check(lr, eps, weight_decay):
 
 
 class Adam(Optimizer):
-    """torch.optim.Adam (foreach=False), with the same arguments and defaults."""
+    """torch.optim.Adam (fused=True: the same bits), with the same arguments and defaults."""
     state_names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     step_op = "adam_step"
 
@@ -77,7 +77,7 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """torch.optim.AdamW (decoupled weight decay), with the same arguments and defaults."""
+    """torch.optim.AdamW (decoupled weight decay; fused=True), with the same arguments and defaults."""
     step_op = "adamw_step"
 
     def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01, amsgrad=False, lr_schedule=None):

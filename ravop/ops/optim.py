@@ -1,7 +1,9 @@
 """Optimizer steps as pure ops: (param, grad, state...) -> (param', state'...).
 
-Each kernel is torch.optim's single-tensor (foreach=False) update, line for line, applied to copies of its
-inputs: a value in the graph is never modified in place, so a step can be retried or re-run anywhere.
+Adam and AdamW are torch.optim's fused update (`fused=True`: torch's `_fused_adam_` kernel, one pass over each
+tensor's elements, bit for bit); RMSprop is its single-tensor (foreach=False) update, line for line. Each is
+applied to copies of its inputs: a value in the graph is never modified in place, so a step can be retried or
+re-run anywhere.
 State a configuration does not use (max_exp_avg_sq without amsgrad, momentum_buffer without momentum,
 grad_avg without centered) passes through unchanged, so a step always has the same outputs.
 Optimizer steps are not differentiable.
@@ -16,6 +18,8 @@ def _step_shapes(param, grad, *state):
     for name, value in (("grad", grad),) + tuple((f"state {i}", s) for i, s in enumerate(state)):
         if value.shape != param.shape:
             raise ValueError(f"{name} has shape {value.shape}, the param has shape {param.shape}")
+        if value.dtype != param.dtype:
+            raise TypeError(f"{name} has dtype {value.dtype}, the param has dtype {param.dtype}")
     if not param.dtype.is_floating_point:
         raise TypeError(f"param must be floating point, not {param.dtype}")
     return [(param.shape, param.dtype)] + [(s.shape, s.dtype) for s in state]
@@ -51,40 +55,40 @@ def _counted(step):
         raise ValueError(f"step must be a positive int (1 for the first step), not {step!r}")
 
 
-def weight_decayed(param, grad, lr, weight_decay, decoupled):
-    """Adam's weight decay: AdamW's (`decoupled`) shrinks `param` in place; Adam's is added to the gradient.
-    Returns the gradient the moments then take."""
-    if weight_decay != 0:
-        if decoupled:
-            param.mul_(1 - lr * weight_decay)
-        else:
-            grad = grad.add(param, alpha=weight_decay)
-    return grad
+def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay,
+                amsgrad, maximize, decoupled):
+    """torch.optim.Adam(fused=True)'s update (AdamW's with `decoupled`) of lists of tensors, in place: params,
+    exp_avgs, exp_avg_sqs (and max_exp_avg_sqs with amsgrad) are overwritten; `lr` is this step's.
+
+    One kernel call for every tensor, each updated on its own, so a tensor gets the same bits alone or in a list
+    (the step compiler groups a model's updates into one call). The kernel reads raw memory: a tensor that is not
+    contiguous is updated on a contiguous copy, copied back (the same elements in the same order, the same bits)."""
+    overwritten = (params, exp_avgs, exp_avg_sqs) + ((max_exp_avg_sqs,) if amsgrad else ())
+    dense = [[t if t.is_contiguous() else t.contiguous() for t in tensors] for tensors in overwritten]
+    grads = [g.contiguous() for g in grads]
+    counter = torch.full((), float(step), device=params[0].device)   # read by the kernel, never written
+    update = torch._fused_adamw_ if decoupled else torch._fused_adam_
+    update(dense[0], grads, dense[1], dense[2], dense[3] if amsgrad else [], [counter] * len(params), lr=lr,
+           beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=amsgrad, maximize=maximize)
+    for tensors, copies in zip(overwritten, dense):
+        for tensor, copy in zip(tensors, copies):
+            if copy is not tensor:
+                tensor.copy_(copy)
 
 
 def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, amsgrad,
           maximize, decoupled, in_place=False, lr_schedule=None):
-    """torch.optim.adam._single_tensor_adam for one tensor (decoupled=True is AdamW); `in_place` updates
+    """torch.optim.Adam(fused=True)'s step for one tensor (decoupled=True is AdamW's); `in_place` updates
     param, exp_avg and exp_avg_sq themselves instead of copies (the op's `in_place`); `lr_schedule` sets this
     step's learning rate from `lr` (ravop.ops.lr_schedule)."""
     _counted(step)
     lr = scheduled_lr(lr, lr_schedule, step)
     if not in_place:
         param, exp_avg, exp_avg_sq = param.clone(), exp_avg.clone(), exp_avg_sq.clone()
-    grad = weight_decayed(param, grad if not maximize else -grad, lr, weight_decay, decoupled)
-    exp_avg.lerp_(grad, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    step = float(step)  # torch keeps `step` in a float tensor and reads it back with .item()
-    bias_correction1 = 1 - beta1 ** step
-    bias_correction2 = 1 - beta2 ** step
-    step_size = lr / bias_correction1
-    bias_correction2_sqrt = bias_correction2 ** 0.5
     if amsgrad:
-        max_exp_avg_sq = torch.maximum(max_exp_avg_sq, exp_avg_sq)
-        denom = (max_exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-    else:
-        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-    param.addcdiv_(exp_avg, denom, value=-step_size)
+        max_exp_avg_sq = max_exp_avg_sq.clone()   # not among the values the in-place variant may overwrite
+    fused_adam_([param], [grad], [exp_avg], [exp_avg_sq], [max_exp_avg_sq], step, lr, beta1, beta2, eps,
+                weight_decay, amsgrad, maximize, decoupled)
     return param, exp_avg, exp_avg_sq, max_exp_avg_sq
 
 

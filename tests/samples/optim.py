@@ -1,5 +1,5 @@
 """Samples for the optimizer steps (ravop/ops/optim.py): one step from a given state, against torch.optim
-(foreach=False) resumed from the same state."""
+resumed from the same state (Adam and AdamW fused=True, as ravop's kernels; RMSprop foreach=False)."""
 import torch
 
 from . import Sample
@@ -9,7 +9,8 @@ from .nn import rand, randn
 def torch_step(optimizer_class, param, grad, state, **options):
     """Run one torch.optim step on a copy of `param` whose optimizer state is `state`; return the param."""
     p = torch.nn.Parameter(param.clone())
-    optimizer = optimizer_class([p], foreach=False, **options)
+    implementation = {"foreach": False} if optimizer_class is torch.optim.RMSprop else {"fused": True}
+    optimizer = optimizer_class([p], **implementation, **options)
     optimizer.state[p] = {k: v.clone() for k, v in state.items()}
     p.grad = grad.clone()
     optimizer.step()
