@@ -324,6 +324,20 @@ def test_dropout_is_seeded_by_the_graph_and_off_in_eval():
     assert torch.equal(a_eval, torch.ones(64, 32))
 
 
+def test_a_dropout_mask_is_a_uniform_draw_below_1_minus_p_the_same_for_every_dtype():
+    """The mask comes from the generator's uniform draws (the same numbers on any CPU), not from `bernoulli_`,
+    which torch draws from MKL on Intel CPUs only: kept where the draw is below 1-p, whatever the dtype."""
+    from ravop.ops.nn import _dropout_noise
+    shape, p = (200, 300), 0.3
+    draws = torch.rand(shape, generator=torch.Generator().manual_seed(11))
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        noise = _dropout_noise(torch.empty(shape, dtype=dtype), p, torch.Generator().manual_seed(11))
+        assert noise.dtype == dtype
+        assert torch.equal(noise != 0, draws < 1 - p)
+        assert torch.equal(noise[noise != 0], torch.full((), 1 / (1 - p), dtype=dtype).expand(int((noise != 0).sum())))
+    assert abs((draws < 1 - p).float().mean().item() - (1 - p)) < 0.01   # 60,000 draws: ~5 standard deviations
+
+
 def test_maxpooling_return_indices_gives_values_and_indices():
     R.Graph(name="pool indices")
     x = torch.randn(2, 3, 6, 6)

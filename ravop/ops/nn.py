@@ -433,11 +433,15 @@ def _dropout_shape(x, p=0.5, training=True):
 
 
 def _dropout_noise(like, p, generator):
-    """Kept elements scaled by 1/(1-p), as ATen's dropout builds its noise; drawn in a contiguous tensor
-    so that the same seed gives the same mask whatever the strides of the input, and on the (host) generator's
-    device so that it is the same mask on every kind of worker."""
-    noise = torch.empty(like.shape, dtype=like.dtype, device=generator.device)
-    return noise.bernoulli_(1 - p, generator=generator).div_(1 - p).to(like.device)
+    """Kept elements scaled by 1/(1-p), as ATen's dropout builds its noise, each element kept where a uniform
+    float32 draw is below 1-p. Not drawn by `bernoulli_`: on Intel CPUs torch draws that from MKL's generator and
+    elsewhere from its own, so one seed would give an Intel and an AMD worker different masks; `torch.rand` on the
+    (host) generator draws the same numbers on any CPU, for any dtype and device (and in 2/3 of the time). Drawn
+    in a contiguous tensor so that the same seed gives the same mask whatever the strides of the input."""
+    keep = 1 - p
+    draw = torch.rand(like.shape, generator=generator, device=generator.device)
+    noise = draw.lt_(keep) if like.dtype == draw.dtype else torch.lt(draw, keep).to(like.dtype)
+    return noise.div_(keep).to(like.device)
 
 
 def _dropout_vjp(node, g, wants):
