@@ -107,14 +107,14 @@ def eager_digits(epochs, compiled=False):
                      shuffled(len(X), epochs), digits_cnn_sequential.BATCH_SIZE, compiled)
 
 
-def eager_mnist(epochs, X, y, weights, compiled=False):
+def eager_mnist(epochs, X, y, weights, compiled=False, fused=False):
     model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
     with torch.no_grad():
         for p, w in zip(model.parameters(), weights):
             p.copy_(w)
     X, y = torch.from_numpy(X), torch.from_numpy(y)
-    return eager_fit(model, torch.optim.Adam(model.parameters(), lr=0.001), TF.cross_entropy, X, y,
-                     shuffled(len(X), epochs), 128, compiled)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.001, fused=fused or None)
+    return eager_fit(model, optimizer, TF.cross_entropy, X, y, shuffled(len(X), epochs), 128, compiled)
 
 
 def eager_fit(model, optimizer, loss_function, X, y, orders, batch_size, compiled=False):
