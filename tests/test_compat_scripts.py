@@ -17,7 +17,7 @@ SCRIPTS = {
     "original_ann_sequential.py": (20, "test accuracy", 0.9),
     "original_cnn.py": (5, "test accuracy", 0.9),
     "original_cnn_torchscript.py": (5, "test accuracy", 0.9),
-    "original_gpt_sorter.py": (12, "held-out sequences sorted", 0.9),
+    "original_gpt_sorter.py": (16, "held-out sequences sorted", 0.9),   # 12 epochs: 0.84-1.0 by seed
     "original_mingpt_sorter.py": (10, "held-out sequences sorted", 0.95),
 }
 
