@@ -99,3 +99,22 @@ def test_a_step_with_state_of_another_dtype_is_refused_when_recorded():
     w = R.t(torch.ones(3))
     with pytest.raises(R.ShapeError, match="adam_step: state 1 has dtype torch.float64, the param has dtype torch.float32.* at .*test_optim_ops.py"):
         R.adam_step(w, w, R.t(torch.zeros(3)), R.t(torch.zeros(3, dtype=torch.float64)), R.t(torch.zeros(3)), step=1)
+
+
+def test_adam_gives_the_same_bits_on_one_thread_or_two():
+    """Workers run different thread counts: torch's fused kernel splits a tensor among threads at 64-byte units,
+    so every element takes the same (vectorised or scalar) path either way."""
+    g = torch.Generator().manual_seed(0)
+    n = 1_000_003   # many units per thread, and a scalar tail
+    state = [torch.randn(n, generator=g), torch.randn(n, generator=g), torch.randn(n, generator=g) * 0.1,
+             torch.rand(n, generator=g) * 0.01, torch.zeros(n)]
+    kernel = registry.REGISTRY["adamw_step"].kernel
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            results.append(kernel(*state, step=3, lr=0.01, weight_decay=0.1))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(*results))

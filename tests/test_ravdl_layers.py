@@ -338,6 +338,19 @@ def test_a_dropout_mask_is_a_uniform_draw_below_1_minus_p_the_same_for_every_dty
     assert abs((draws < 1 - p).float().mean().item() - (1 - p)) < 0.01   # 60,000 draws: ~5 standard deviations
 
 
+def test_a_dropout_mask_is_the_same_on_one_thread_or_two():
+    from ravop.ops.nn import _dropout_noise
+    threads = torch.get_num_threads()
+    try:
+        masks = []
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            masks.append(_dropout_noise(torch.empty(1_000_003), 0.3, torch.Generator().manual_seed(5)))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(*masks)
+
+
 def test_maxpooling_return_indices_gives_values_and_indices():
     R.Graph(name="pool indices")
     x = torch.randn(2, 3, 6, 6)
