@@ -28,7 +28,6 @@ import ravop as R  # noqa: E402
 import bench_contention  # noqa: E402
 import bench_ravdl  # noqa: E402
 from example_data import digits_data  # noqa: E402
-from ravop import step_compiler  # noqa: E402
 from ravop.graph import current_graph  # noqa: E402
 from ravop.interpreter import evaluate  # noqa: E402
 from ravop.loop_run import LoopRun  # noqa: E402

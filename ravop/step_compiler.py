@@ -252,16 +252,19 @@ def _keep_dropout_masks(runner: Runner, calls: list[Any]) -> int:
                 f_params.get("p", 0.5) != params.get("p"):
             continue
         box: list[Any] = [None]
-        kept = _KeptNoise(f_varies.opdef, f_varies.graph_seed, f_varies.device, f_varies.stream, f_varies.stride)
-        kept.box = box
-        calls[forward] = (f_kernel, f_args, f_params, f_out, f_frees, kept)
+        calls[forward] = (f_kernel, f_args, f_params, f_out, f_frees, _sharing(_KeptNoise, f_varies, box))
         # the backward keeps its per-run seed: a forward that did not draw leaves the redraw to it
-        backward = _KeptOrRedrawn(varies.opdef, varies.graph_seed, varies.device, varies.stream, varies.stride,
-                                  varies.counted, varies.seed_from)
-        backward.box = box
-        calls[index] = (kernel, args, params, out, frees, backward)
+        calls[index] = (kernel, args, params, out, frees, _sharing(_KeptOrRedrawn, varies, box))
         n += 1
     return n
+
+
+def _sharing(kind: type, varies: PerRun, box: list[Any]) -> Any:
+    """`varies` (what changes per run of an op) as a `kind`, the subclass that hands the mask over in `box`."""
+    made = kind(varies.opdef, varies.graph_seed, varies.device, varies.stream, varies.stride, varies.counted,
+                varies.seed_from)
+    made.box = box
+    return made
 
 
 def _batch_norm_keeping(box: list[Any], x: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor,
@@ -580,9 +583,8 @@ def tune(runner: Runner, nodes: list[Any], inputs: list[int], decisions: Optiona
          holes: Sequence[int] = (), results: Sequence[int] = (), runs: Optional[int] = None) -> Optional[Tuned]:
     """A `Tuned` chooser for `runner` (a step template's, built; `inputs` the ids of its inputs, of which
     `holes` change per run, and `results` the ids it hands out; `runs`: how often it will run, if known), or
-    None where nothing applies: compiling off
-    (`$RAVOP_STEP_COMPILER=off`, or `decisions` None), no rewrite found and no CUDA graph to capture, or
-    compiling failed (logged)."""
+    None where nothing applies: compiling off (`$RAVOP_STEP_COMPILER=off`, or `decisions` None), no rewrite found
+    and no CUDA graph to capture, or compiling failed (logged)."""
     if decisions is None or not enabled():
         return None
     try:

@@ -30,8 +30,6 @@ import math
 import os
 import time
 
-import numpy as np
-
 from ravop import fetching, graph_states, status, training_losses, watching
 
 from . import nonfinite
