@@ -20,7 +20,21 @@ from ravop import graph_states
 from ravdl.v2.nonfinite import NonFiniteWarning
 from ravop.store import graphs as store_graphs
 
+from conftest import Workers
+
 ROWS, BATCH = 60, 20    # 3 steps an epoch
+
+
+@pytest.fixture(scope="module")
+def module_workers(server, tmp_path_factory):
+    """Two workers for this module's fits, each loop step paced to a slow device (a sleep to ~4 ms a step,
+    whatever the host's load): a run the callbacks stop early then lasts for minutes if it is not stopped, so
+    the request always arrives before its end (at full speed its 15,000 steps took ~0.5 s, and under load the
+    stop sometimes came after them)."""
+    pool = Workers(server.url, tmp_path_factory.mktemp("workers"))
+    pool.start(2, extra=("--emulate-device-flops", "4e6"))
+    yield pool
+    pool.stop_all()
 
 
 class Recorder(Callback):
