@@ -135,7 +135,9 @@ def test_a_token_user_stops_and_cancels_running_loops(run):
     (stopped early)'), or 'cancelled'."""
     from test_callbacks import model
     from test_stop_loop import BATCH, LONG, ROWS, assert_the_bits_of_the_fit_recorded, record
-    run.pool.start(1)
+    # each loop step paced to ~4 ms, whatever the host's load: the runs asked to stop last for minutes otherwise,
+    # so the request always arrives before their end (EarlyStopping's 5,000 epochs took ~1 s at full speed)
+    run.pool.start(1, extra=("--emulate-device-flops", "4e6"))
     net, history = record(LONG, "stopped")
     R.activate()
     R.execute()
