@@ -20,7 +20,7 @@ import torch
 from . import registry, step_compiler
 from .errors import PlanError
 from .loop_template import LoopSpec, StepTemplate
-from .runner import At, PerRun, Runner, Watcher, on_device
+from .runner import At, PerRun, Runner, Watcher, check_in_place, on_device
 
 
 class StepFunction:
@@ -66,7 +66,10 @@ class StepFunction:
         self.recv_slots = [slot[i] for i in template.recv_holes]
         self.send_slots = [slot[i] for i in template.send_nodes]
         self.recv_channels, self.send_channels = list(template.recv_channels), list(template.send_channels)
-        self._update_in_place({self.carry_slots[k] for k in owned}, device)
+        owned_slots = {self.carry_slots[k] for k in owned}
+        self._update_in_place(owned_slots, device)
+        check_in_place(self.runner.calls, self.runner.overwrites, owned_slots,
+                       {*self.next_slots, *self.output_slots, *self.send_slots}, self.runner.nodes)
         self.tuned = step_compiler.tune(self.runner, template.nodes, [*outer, *template.hole_ids()], decisions,
                                         template.hole_ids(), template.results(), runs)
         self.run_step = self.runner.run if self.tuned is None else self.tuned.run
@@ -149,7 +152,7 @@ class StepFunction:
             targets = [args[p] for p in opdef.in_place.overwritten]
             if len(set(targets)) == len(targets) and all(
                     t in owned and t not in kept and last_read[t] == index for t in targets):
-                runner.replace(index, on_device(opdef, device, opdef.in_place.kernel))
+                runner.replace(index, on_device(opdef, device, opdef.in_place.kernel), opdef.in_place.overwritten)
 
     def __call__(self, carried: Sequence[Any], rows: Any, count: int, step_index: int,
                  run: int = 0, received: Sequence[Any] = ()) -> tuple[list[Any], list[Any]]:

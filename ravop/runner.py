@@ -20,6 +20,13 @@ stream's draws the stream that seed names, per training step (`step_seed`, `ravo
 A kernel that raises, or whose output the watcher refuses, is reported as an `OpError` naming its node (as
 torch.fx's Interpreter does), with the sizes of its inputs; the runner's values are dropped first, so that
 memory is free again when the error is handled.
+
+In place: every value is immutable, except where a caller that owns some slots gives an op its in-place variant
+(`replace`, with the slots it overwrites: a loop's optimizer steps over its carried values). The contract, checked
+by `check_in_place` before such a call list runs: a slot is overwritten only if its owner copied it in (the
+caller's tensors are never touched), no call after the overwriting one reads it, it is not a result handed out,
+and no call overwrites or reads one slot twice. A list that breaks it is refused (`PlanError`), not run: an
+overwritten value read later would give a wrong number with no error.
 """
 from __future__ import annotations
 
@@ -224,7 +231,7 @@ class Runner:
                 raise PlanError(f"value {node.id} is defined twice", node)
             slot[node.id] = n
             n += 1
-        kept = {slot[i] for i in outputs if i in slot}
+        self.kept = kept = {slot[i] for i in outputs if i in slot}
         self.freed = {s: index for s, index in last_read.items() if s not in kept and (free_inputs or s >= n_inputs)}
         frees: dict[int, list[int]] = {}
         for s, index in self.freed.items():
@@ -233,14 +240,17 @@ class Runner:
             (kernel, args, node.params, n_inputs + index, tuple(frees.get(index, ())), varies)
             for index, (kernel, args, node, varies) in enumerate(zip(kernels, arguments, self.nodes, varying))]
         self.values: list[Any] = [None] * len(slot)
+        self.overwrites: dict[int, tuple[int, ...]] = {}   # call index -> the slots its in-place kernel overwrites
         self.n_inputs, self.device, self.graph_seed, self.watcher = n_inputs, device, graph_seed, watcher
         if watcher is not None and len(watcher.limits) != len(self.nodes):
             raise ValueError(f"a watcher of {len(watcher.limits)} ops for {len(self.nodes)} nodes")
 
-    def replace(self, index: int, kernel: registry.Kernel) -> None:
-        """Run op `index` with `kernel` (an in-place variant) instead."""
-        _, *rest = self.calls[index]
-        self.calls[index] = (kernel, *rest)   # type: ignore[assignment]
+    def replace(self, index: int, kernel: registry.Kernel, overwritten: Sequence[int]) -> None:
+        """Run op `index` with `kernel`, an in-place variant overwriting its arguments at positions `overwritten`
+        (see `check_in_place`)."""
+        _, args, *rest = self.calls[index]
+        self.calls[index] = (kernel, args, *rest)   # type: ignore[assignment]
+        self.overwrites[index] = tuple(args[p] for p in overwritten)
 
     def run(self, at: Optional[At] = None, plan: Optional[Iterable[PlanEntry]] = None) -> list[Any]:
         """Run every call over `self.values` (the inputs' slots filled by the caller); returns the values.
@@ -290,6 +300,37 @@ class Runner:
     def drop(self) -> None:
         """Let go of every value (after an error: the traceback keeps the runner, not what it made)."""
         self.values = [None] * len(self.values)
+
+
+def check_in_place(calls: Sequence[Call], overwrites: Mapping[int, Sequence[int]], owned: Iterable[int],
+                   kept: Iterable[int], nodes: Sequence[Any] = ()) -> None:
+    """Refuse (`PlanError`) a call list whose in-place calls (`overwrites`: call index -> slots it overwrites)
+    break the contract of the module docstring: each overwritten slot is `owned` (copied in by the caller), not
+    `kept` (a result handed out), overwritten once by one call that reads it only where it overwrites it, and read
+    by no later call. `nodes` name the ops in the message."""
+    owned, kept = set(owned), set(kept)
+    overwriter: dict[int, int] = {}
+    for index, slots in overwrites.items():
+        where = f"op {nodes[index].op!r} (node {nodes[index].id})" if index < len(nodes) else f"call {index}"
+        for s in slots:
+            if s in overwriter:
+                raise PlanError(f"{where} overwrites value slot {s} in place, which call {overwriter[s]} overwrites "
+                                "too")
+            overwriter[s] = index
+            if s not in owned:
+                raise PlanError(f"{where} overwrites value slot {s} in place, which its caller did not copy in")
+            if s in kept:
+                raise PlanError(f"{where} overwrites value slot {s} in place, which is a result handed out")
+        args = calls[index][1]
+        for s in set(slots):
+            if args.count(s) != list(slots).count(s):
+                raise PlanError(f"{where} overwrites value slot {s} in place and reads it at another argument too")
+    for index, (_, args, *_) in enumerate(calls):
+        for a in args:
+            first = overwriter.get(a)
+            if first is not None and index > first:
+                name = f"op {nodes[index].op!r} (node {nodes[index].id})" if index < len(nodes) else f"call {index}"
+                raise PlanError(f"{name} reads value slot {a} after call {first} overwrote it in place")
 
 
 def _step(at: Optional[At]) -> Optional[int]:
