@@ -2259,15 +2259,15 @@ def cross_entropy_loss_backward(g: TensorLike, y_true: TensorLike, y_pred: Tenso
     (class indices) or -(log_softmax * target).sum() / (numel / C) (probabilities)."""
 
 
-def adam_step(param: TensorLike, grad: TensorLike, exp_avg: TensorLike, exp_avg_sq: TensorLike, max_exp_avg_sq: TensorLike, step: Any, lr: float = ..., beta1: float = ..., beta2: float = ..., eps: float = ..., weight_decay: float = ..., amsgrad: bool = ..., maximize: bool = ..., lr_schedule: Any = ...) -> Op:
+def adam_step(param: TensorLike, grad: TensorLike, exp_avg: TensorLike, exp_avg_sq: TensorLike, max_exp_avg_sq: TensorLike, step: Any, lr: float = ..., beta1: float = ..., beta2: float = ..., eps: float = ..., weight_decay: float = ..., amsgrad: bool = ..., maximize: bool = ..., lr_schedule: Any = ..., fused: bool = ...) -> Op:
     """One torch.optim.Adam step (`step` counts from 1) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq');
     `lr_schedule`: the step's learning rate from `lr` and `step`, as a torch.optim.lr_scheduler stepped after
-    every optimizer step (ravop.ops.lr_schedule)."""
+    every optimizer step (ravop.ops.lr_schedule); `fused`: torch's fused kernel (torch.optim.Adam(fused=True))."""
 
 
-def adamw_step(param: TensorLike, grad: TensorLike, exp_avg: TensorLike, exp_avg_sq: TensorLike, max_exp_avg_sq: TensorLike, step: Any, lr: float = ..., beta1: float = ..., beta2: float = ..., eps: float = ..., weight_decay: float = ..., amsgrad: bool = ..., maximize: bool = ..., lr_schedule: Any = ...) -> Op:
+def adamw_step(param: TensorLike, grad: TensorLike, exp_avg: TensorLike, exp_avg_sq: TensorLike, max_exp_avg_sq: TensorLike, step: Any, lr: float = ..., beta1: float = ..., beta2: float = ..., eps: float = ..., weight_decay: float = ..., amsgrad: bool = ..., maximize: bool = ..., lr_schedule: Any = ..., fused: bool = ...) -> Op:
     """One torch.optim.AdamW step (decoupled weight decay) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq');
-    `lr_schedule` as adam_step's."""
+    `lr_schedule` and `fused` as adam_step's."""
 
 
 def rmsprop_step(param: TensorLike, grad: TensorLike, square_avg: TensorLike, momentum_buffer: TensorLike, grad_avg: TensorLike, lr: float = ..., alpha: float = ..., eps: float = ..., weight_decay: float = ..., momentum: float = ..., centered: bool = ..., maximize: bool = ..., step: int = ..., lr_schedule: Any = ...) -> Op:

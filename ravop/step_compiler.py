@@ -13,8 +13,9 @@ tracing and error messages see the same ops; those whose bits were checked on CP
 CPU only):
 - (CPU) optimizer steps with the same settings (`adam_step` and `adamw_step` updating in place, where the loop
   owns their values; `rmsprop_step`) become one update of all their tensors, run at the first of them; the
-  others hand out their part. Adam's is one call of torch's fused kernel with every tensor (the op's own kernel
-  is the same call with one: each tensor is updated on its own either way); RMSprop's is `torch._foreach_*`,
+  others hand out their part. Adam's is the op's own update (`fused=True`: torch's fused kernel, one call with
+  every tensor; else torch's single-tensor loop) over every tensor: each tensor is updated on its own either way;
+  RMSprop's is `torch._foreach_*`,
   whose kernels loop over the tensors in C++ with the same per-tensor kernels as the op's.
 - a dropout's backward reuses the mask its forward drew in this run instead of drawing it again from the same
   seed (autodiff records the redraw so that no mask is stored between workers; inside one step it is kept).
@@ -54,7 +55,7 @@ from .ops import loss_functions, optim
 from .ops.lr_schedule import scheduled_lr
 from .ops.masked import keep_masked
 from .ops.nn import _dropout_noise, max_pool2d
-from .runner import At, PerRun, PlanEntry, Runner, op_seed, stream_id
+from .runner import At, PerRun, PlanEntry, Runner, check_in_place, op_seed, stream_id
 from .step_capture import CapturedStep, blockers, cuda_capture
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,8 @@ class Compiled:
     each projection of a tuple folded into the op that makes the tuple (`plan`, made once from `calls`: code
     that wraps calls gives the runner a new list, and `Tuned` then runs that list as it is)."""
 
-    def __init__(self, calls: list[Any], rewrites: dict[str, int]) -> None:
-        self.calls, self.rewrites = calls, rewrites
+    def __init__(self, calls: list[Any], rewrites: dict[str, int], overwrites: dict[int, tuple[int, ...]]) -> None:
+        self.calls, self.rewrites, self.overwrites = calls, rewrites, overwrites
         self.plan = _fold_projections(calls)
 
     def run(self, runner: Runner, at: Optional[At]) -> list[Any]:
@@ -161,14 +162,17 @@ def _fold_projections(calls: list[Any]) -> list[PlanEntry]:
 def compile_calls(runner: Runner) -> Compiled:
     """The rewrites of the module docstring applied to a copy of `runner.calls`."""
     calls = list(runner.calls)
+    overwrites = dict(runner.overwrites)
     on_cpu = runner.device == "cpu"   # the same bits checked on CPU kernels only (a GPU's may fuse differently)
-    rewrites = {"optimizer_groups": _group_optimizers(runner, calls) if on_cpu else 0,
+    rewrites = {"optimizer_groups": _group_optimizers(runner, calls, overwrites) if on_cpu else 0,
                 "dropout_masks_kept": _keep_dropout_masks(runner, calls),
                 "channels_last_pools": _channels_last_pools(runner, calls) if on_cpu else 0,
                 "batch_norm_stats_kept": _keep_batch_norm_stats(runner, calls) if on_cpu else 0,
                 "log_softmax_kept": _keep_log_softmax(runner, calls) if on_cpu else 0,
                 "projections": _bind_projections(runner, calls)}
-    return Compiled(calls, rewrites)
+    # the rewritten list keeps the plain one's in-place contract (owned: what the plain list may overwrite)
+    check_in_place(calls, overwrites, set().union(*runner.overwrites.values()), runner.kept, runner.nodes)
+    return Compiled(calls, rewrites, overwrites)
 
 
 def _bind_projections(runner: Runner, calls: list[Any]) -> int:
@@ -401,10 +405,10 @@ def _foreach_rmsprop(params: list[torch.Tensor], grads: list[torch.Tensor], squa
 
 def _adam_group(args: tuple[Any, ...], decoupled: bool, step: int, lr: float = 0.001, beta1: float = 0.9,
                 beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False,
-                maximize: bool = False, lr_schedule: Any = None) -> list[tuple[Any, ...]]:
+                maximize: bool = False, lr_schedule: Any = None, fused: bool = False) -> list[tuple[Any, ...]]:
     params, grads, exp_avgs, exp_avg_sqs, maxes = (list(args[k::5]) for k in range(5))
-    optim.fused_adam_(params, grads, exp_avgs, exp_avg_sqs, maxes, step, scheduled_lr(lr, lr_schedule, step), beta1,
-                      beta2, eps, weight_decay, amsgrad, maximize, decoupled)
+    optim.adam_update_(params, grads, exp_avgs, exp_avg_sqs, maxes, step, scheduled_lr(lr, lr_schedule, step), beta1,
+                       beta2, eps, weight_decay, amsgrad, maximize, decoupled, fused)
     return list(zip(params, exp_avgs, exp_avg_sqs, maxes))
 
 
@@ -446,9 +450,9 @@ def _settings(opdef: registry.OpDef, params: dict[str, Any]) -> Optional[str]:
     return repr(sorted((k, v) for k, v in full.items() if k != "step"))
 
 
-def _group_optimizers(runner: Runner, calls: list[Any]) -> int:
+def _group_optimizers(runner: Runner, calls: list[Any], overwrites: dict[int, tuple[int, ...]]) -> int:
     """Group the optimizer steps (Adam and AdamW updating in place, RMSprop) with the same settings and step
-    counter into foreach updates."""
+    counter into foreach updates; the group's call overwrites what its members did (`overwrites`)."""
     n_inputs = runner.n_inputs
     groups: dict[tuple[Any, ...], list[int]] = {}
     for index, node in enumerate(runner.nodes):
@@ -478,6 +482,8 @@ def _group_optimizers(runner: Runner, calls: list[Any]) -> int:
         kernel, args, params, out, frees, varies = calls[first]
         every = tuple(a for m in members for a in calls[m][1])
         calls[first] = (group, every, params, out, frees, varies)
+        if first in overwrites:
+            overwrites[first] = tuple(s for m in members for s in overwrites.pop(m, ()))
         for k, m in enumerate(members[1:], 1):
             _, _, _, out_m, frees_m, _ = calls[m]
             calls[m] = (functools.partial(operator.getitem, group.box, k), (), {}, out_m, frees_m, None)

@@ -40,7 +40,7 @@ def record_adam_in_sync(step_value):
 def test_an_optimizer_step_recorded_0_in_a_sync_template_counts_as_the_training_step_it_follows():
     values = evaluate_persisted(record_adam_in_sync(0))
     param = torch.nn.Parameter(torch.ones(4))
-    opt = torch.optim.Adam([param], lr=LR, fused=True)
+    opt = torch.optim.Adam([param], lr=LR)
     for k in range(N_STEPS):
         param.grad = torch.as_tensor(GRADS[k])
         opt.step()

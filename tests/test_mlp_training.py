@@ -63,7 +63,7 @@ def train(execute):
 def eager_training():
     x, y = dataset()
     params = [torch.nn.Parameter(w) for w in initial_weights()]
-    optimizer = torch.optim.Adam(params, lr=LR, fused=True)
+    optimizer = torch.optim.Adam(params, lr=LR)
     losses = []
     for index in batches(len(x)):
         w1, b1, w2, b2 = params

@@ -1,5 +1,6 @@
-"""20 steps of each optimizer op, with gradients from R.grad, equal torch.optim bit for bit: Adam and AdamW as
-`fused=True` runs them (torch's fused kernel), RMSprop as `foreach=False` (its single-tensor loop)."""
+"""20 steps of each optimizer op, with gradients from R.grad, equal torch.optim bit for bit: Adam and AdamW of the
+same `fused` setting (torch's default single-tensor loop, or its fused kernel), RMSprop as `foreach=False` (its
+single-tensor loop)."""
 import pytest
 import torch
 import torch.nn.functional as TF
@@ -14,8 +15,11 @@ CONFIGS = [
     ("adam", {}),
     ("adam", {"lr": 0.01, "betas": (0.8, 0.95), "eps": 1e-6, "weight_decay": 0.1, "amsgrad": True}),
     ("adam", {"lr": 0.005, "maximize": True, "weight_decay": 0.01}),
+    ("adam", {"fused": True}),
+    ("adam", {"lr": 0.01, "betas": (0.8, 0.95), "eps": 1e-6, "weight_decay": 0.1, "amsgrad": True, "fused": True}),
     ("adamw", {}),
     ("adamw", {"lr": 0.01, "weight_decay": 0.2, "amsgrad": True, "maximize": True}),
+    ("adamw", {"lr": 0.01, "weight_decay": 0.2, "amsgrad": True, "maximize": True, "fused": True}),
     ("rmsprop", {}),
     ("rmsprop", {"lr": 0.001, "alpha": 0.9, "centered": True}),
     ("rmsprop", {"lr": 0.005, "momentum": 0.9, "weight_decay": 0.05}),
@@ -23,7 +27,7 @@ CONFIGS = [
                  "eps": 1e-4}),
 ]
 TORCH = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "rmsprop": torch.optim.RMSprop}
-IMPLEMENTATION = {"adam": {"fused": True}, "adamw": {"fused": True}, "rmsprop": {"foreach": False}}
+IMPLEMENTATION = {"adam": {}, "adamw": {}, "rmsprop": {"foreach": False}}
 
 
 def problem():
@@ -73,8 +77,9 @@ def test_steps_match_torch_optim(name, options):
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("in_place", [False, True])
-def test_adam_on_tensors_in_any_layout_gives_the_bits_of_contiguous_ones(in_place):
+def test_adam_on_tensors_in_any_layout_gives_the_bits_of_contiguous_ones(in_place, fused):
     """torch's fused kernel reads raw memory: transposed params, moments and gradients are updated as their
     contiguous copies would be, and (in place) written back into the tensors given."""
     g = torch.Generator().manual_seed(3)
@@ -84,7 +89,7 @@ def test_adam_on_tensors_in_any_layout_gives_the_bits_of_contiguous_ones(in_plac
     assert not any(t.is_contiguous() for t in transposed)
     opdef = registry.REGISTRY["adam_step"]
     kernel = opdef.in_place.kernel if in_place else opdef.kernel
-    settings = {"step": 3, "lr": 0.01, "weight_decay": 0.1, "amsgrad": True}
+    settings = {"step": 3, "lr": 0.01, "weight_decay": 0.1, "amsgrad": True, "fused": fused}
     want = kernel(*[t.clone() for t in contiguous], **settings)
     given = [t.clone() for t in transposed]
     got = kernel(*given, **settings)
@@ -101,9 +106,11 @@ def test_a_step_with_state_of_another_dtype_is_refused_when_recorded():
         R.adam_step(w, w, R.t(torch.zeros(3)), R.t(torch.zeros(3, dtype=torch.float64)), R.t(torch.zeros(3)), step=1)
 
 
-def test_adam_gives_the_same_bits_on_one_thread_or_two():
+@pytest.mark.parametrize("fused", [False, True])
+def test_adam_gives_the_same_bits_on_one_thread_or_two(fused):
     """Workers run different thread counts: torch's fused kernel splits a tensor among threads at 64-byte units,
-    so every element takes the same (vectorised or scalar) path either way."""
+    and the single-tensor update is elementwise kernels, so every element takes the same (vectorised or scalar)
+    path either way."""
     g = torch.Generator().manual_seed(0)
     n = 1_000_003   # many units per thread, and a scalar tail
     state = [torch.randn(n, generator=g), torch.randn(n, generator=g), torch.randn(n, generator=g) * 0.1,
@@ -114,7 +121,7 @@ def test_adam_gives_the_same_bits_on_one_thread_or_two():
         results = []
         for count in (1, 2):
             torch.set_num_threads(count)
-            results.append(kernel(*state, step=3, lr=0.01, weight_decay=0.1))
+            results.append(kernel(*state, step=3, lr=0.01, weight_decay=0.1, fused=fused))
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(*results))

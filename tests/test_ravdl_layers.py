@@ -110,7 +110,7 @@ def train_torch(modules, make_optimizer, loss, data):
 
 
 OPTIMIZERS = {
-    "adam": (lambda: Adam(lr=0.01), lambda p: torch.optim.Adam(p, lr=0.01, fused=True)),
+    "adam": (lambda: Adam(lr=0.01), lambda p: torch.optim.Adam(p, lr=0.01)),
     "rmsprop": (lambda: RMSprop(lr=0.01, momentum=0.5, centered=True),
                 lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, centered=True, foreach=False)),
 }
@@ -175,11 +175,11 @@ def test_training_matches_eager_pytorch(case, optimizer):
 
 def test_other_optimizer_settings_match_torch():
     """AdamW, Adam with amsgrad and weight decay, and RMSprop's defaults (no momentum, not centered)."""
-    for ravdl_opt, torch_opt in ((lambda: AdamW(lr=0.02), lambda p: torch.optim.AdamW(p, lr=0.02, fused=True)),
+    for ravdl_opt, torch_opt in ((lambda: AdamW(lr=0.02), lambda p: torch.optim.AdamW(p, lr=0.02)),
                                  (lambda: RMSprop(), lambda p: torch.optim.RMSprop(p, foreach=False)),
                                  (lambda: Adam(lr=0.02, weight_decay=0.1, amsgrad=True),
-                                  lambda p: torch.optim.Adam(p, lr=0.02, weight_decay=0.1, amsgrad=True,
-                                                             fused=True))):
+                                  lambda p: torch.optim.Adam(p, lr=0.02, weight_decay=0.1, amsgrad=True)),
+                                 (lambda: AdamW(lr=0.02, fused=True), lambda p: torch.optim.AdamW(p, lr=0.02, fused=True))):
         torch.manual_seed(1)
         modules = [nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)]
         data = batches((5,), 3, "SquareLoss", n=10)

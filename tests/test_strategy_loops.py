@@ -66,11 +66,11 @@ def eager_loss(params, s):
 
 
 class Replica:
-    """Parameters and a torch.optim.Adam over them (fused=True: ravop's adam_step is its fused update)."""
+    """Parameters and a torch.optim.Adam over them (its default single-tensor update, as ravop's adam_step)."""
 
     def __init__(self, params, state=None):
         self.params = [p.detach().clone().requires_grad_() for p in params]
-        self.opt = torch.optim.Adam(self.params, lr=LR, fused=True)
+        self.opt = torch.optim.Adam(self.params, lr=LR)
         if state is not None:
             self.opt.load_state_dict({"state": copy.deepcopy(state), "param_groups": self.opt.state_dict()
                                       ["param_groups"]})

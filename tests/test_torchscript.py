@@ -90,9 +90,9 @@ def record_training(model, data, accumulate=1):
 
 
 OPTIMIZERS = [
-    (lambda: Adam(lr=0.01), lambda p: torch.optim.Adam(p, lr=0.01, fused=True)),
+    (lambda: Adam(lr=0.01), lambda p: torch.optim.Adam(p, lr=0.01)),
     (lambda: AdamW(lr=0.01, weight_decay=0.1),
-     lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1, fused=True)),
+     lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1)),
     (lambda: RMSprop(lr=0.005, momentum=0.9, centered=True),
      lambda p: torch.optim.RMSprop(p, lr=0.005, momentum=0.9, centered=True, foreach=False)),
 ]
@@ -124,7 +124,7 @@ def test_step_false_accumulates_like_torch():
     model.initialize(Adam(lr=0.01))
     data = batches(6, seed=1)
     values = evaluate(record_training(model, data, accumulate=3) + model.params)
-    losses, params, _ = train_eager(net, torch.optim.Adam(net.parameters(), lr=0.01, fused=True), data,
+    losses, params, _ = train_eager(net, torch.optim.Adam(net.parameters(), lr=0.01), data,
                                     accumulate=3)
     torch.testing.assert_close(torch.stack(values[:6]), losses, rtol=1e-5, atol=1e-5)
     for got, want in zip(values[6:], params):
@@ -144,7 +144,7 @@ def assert_token_training_equals_eager(net, graph_name, tokens, targets, **ignor
         model._backward_pass(loss)
         losses.append(loss)
     values = evaluate(losses + model.params)
-    optimizer = torch.optim.Adam(net.parameters(), lr=0.05, fused=True)
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.05)
     for i in range(3):
         loss = TF.cross_entropy(net(tokens).view(-1, 7), targets.view(-1), **ignore)
         torch.testing.assert_close(values[i], loss.detach(), rtol=1e-5, atol=1e-6)
@@ -478,7 +478,7 @@ def test_engine_training_equals_eager_and_the_fetched_module_reproduces_the_pred
     R.execute()
     R.track_progress(timeout=120, progress_bar=False)
 
-    losses, params, buffers = train_eager(net, torch.optim.Adam(net.parameters(), lr=0.01, fused=True), data)
+    losses, params, buffers = train_eager(net, torch.optim.Adam(net.parameters(), lr=0.01), data)
     got = torch.stack([R.fetch_persisting_op(f"loss_{i}") for i in range(10)])
     torch.testing.assert_close(got, losses, rtol=1e-5, atol=1e-5)
     for i, want in enumerate(params + buffers):

@@ -55,19 +55,24 @@ def _check(lr, eps, weight_decay):
 
 
 class Adam(Optimizer):
-    """torch.optim.Adam (fused=True: the same bits), with the same arguments and defaults."""
+    """torch.optim.Adam, with the same arguments and defaults and the same bits: `fused=None`/False is torch's
+    default single-tensor update, `fused=True` its fused kernel (faster; other rounding, which a model can amplify:
+    compare with eager PyTorch's Adam of the same `fused`)."""
     state_names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     step_op = "adam_step"
 
-    def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0, amsgrad=False, lr_schedule=None):
+    def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0, amsgrad=False, lr_schedule=None,
+                 fused=None):
         super().__init__()
         _check(lr, eps, weight_decay)
+        if fused not in (None, False, True):
+            raise TypeError(f"fused must be None, False or True (as torch.optim.Adam's), not {fused!r}")
         beta1, beta2 = (float(b) for b in betas)
         if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
             raise ValueError(f"betas must be in [0, 1), got {betas}")
         self.hyper = {"lr": float(lr), "beta1": beta1, "beta2": beta2, "eps": float(eps),
                       "weight_decay": float(weight_decay), "amsgrad": bool(amsgrad),
-                      "lr_schedule": schedule_spec(lr_schedule)}
+                      "lr_schedule": schedule_spec(lr_schedule), "fused": bool(fused)}
 
     def used_state(self):
         return self.state_names if self.hyper["amsgrad"] else self.state_names[:2]
@@ -77,11 +82,12 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """torch.optim.AdamW (decoupled weight decay; fused=True), with the same arguments and defaults."""
+    """torch.optim.AdamW (decoupled weight decay), with the same arguments, defaults and bits; `fused` as Adam's."""
     step_op = "adamw_step"
 
-    def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01, amsgrad=False, lr_schedule=None):
-        super().__init__(lr, betas, eps, weight_decay, amsgrad, lr_schedule)
+    def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01, amsgrad=False, lr_schedule=None,
+                 fused=None):
+        super().__init__(lr, betas, eps, weight_decay, amsgrad, lr_schedule, fused)
 
 
 class RMSprop(Optimizer):

@@ -1,9 +1,13 @@
 """Optimizer steps as pure ops: (param, grad, state...) -> (param', state'...).
 
-Adam and AdamW are torch.optim's fused update (`fused=True`: torch's `_fused_adam_` kernel, one pass over each
-tensor's elements, bit for bit); RMSprop is its single-tensor (foreach=False) update, line for line. Each is
-applied to copies of its inputs: a value in the graph is never modified in place, so a step can be retried or
-re-run anywhere.
+Adam and AdamW give torch.optim's numbers for the same `fused` setting: `fused=False` (the default, as torch's
+on a CPU) is its single-tensor update line for line; `fused=True` is torch's `_fused_adam_` kernel, one pass over
+each tensor's elements (faster; other rounding). The two differ in the last bits, and a model can amplify that:
+a bias followed by batch norm has a gradient that is pure rounding noise (~1e-8, as large as eps), which Adam
+scales to steps of `lr`, so the eval output of such a model trained by the two moves apart by ~1e-3 in a few
+steps, in eager PyTorch as here. Compare with eager PyTorch's optimizer of the same `fused` setting.
+RMSprop is its single-tensor (foreach=False) update, line for line. Each is applied to copies of its inputs: a
+value in the graph is never modified in place, so a step can be retried or re-run anywhere.
 State a configuration does not use (max_exp_avg_sq without amsgrad, momentum_buffer without momentum,
 grad_avg without centered) passes through unchanged, so a step always has the same outputs.
 Optimizer steps are not differentiable.
@@ -26,9 +30,12 @@ def _step_shapes(param, grad, *state):
 
 
 def _adam_shapes(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step=REQUIRED, lr=0.001, beta1=0.9,
-                 beta2=0.999, eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False, lr_schedule=None):
+                 beta2=0.999, eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False, lr_schedule=None,
+                 fused=False):
     """torch.optim.Adam's argument checks, at record time, plus a 1-based int step."""
     check_schedule(lr_schedule)
+    if type(fused) is not bool:
+        raise TypeError(f"fused must be True or False, not {fused!r}")
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
         raise ValueError(f"step must be a positive int (1 for the first step), not {step!r}")
     if lr < 0 or eps < 0 or weight_decay < 0 or not 0 <= beta1 < 1 or not 0 <= beta2 < 1:
@@ -76,9 +83,43 @@ def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step, lr,
                 tensor.copy_(copy)
 
 
+def single_tensor_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step, lr, beta1, beta2, eps,
+                        weight_decay, amsgrad, maximize, decoupled):
+    """torch.optim.adam._single_tensor_adam (torch.optim.Adam's default on a CPU; AdamW's with `decoupled`) of
+    lists of tensors, in place, line for line: the same tensors overwritten as `fused_adam_`'s."""
+    step = float(step)   # torch keeps `step` in a float tensor and reads it back with .item()
+    bias_correction1 = 1 - beta1 ** step
+    bias_correction2 = 1 - beta2 ** step
+    step_size = lr / bias_correction1
+    bias_correction2_sqrt = bias_correction2 ** 0.5
+    for i, param in enumerate(params):
+        grad = grads[i] if not maximize else -grads[i]
+        exp_avg, exp_avg_sq = exp_avgs[i], exp_avg_sqs[i]
+        if weight_decay != 0:
+            if decoupled:
+                param.mul_(1 - lr * weight_decay)
+            else:
+                grad = grad.add(param, alpha=weight_decay)
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        if amsgrad:
+            torch.maximum(max_exp_avg_sqs[i], exp_avg_sq, out=max_exp_avg_sqs[i])
+            denom = (max_exp_avg_sqs[i].sqrt() / bias_correction2_sqrt).add_(eps)
+        else:
+            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+        param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+def adam_update_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay,
+                 amsgrad, maximize, decoupled, fused):
+    """Adam's update of lists of tensors in place, by torch's fused kernel or its single-tensor loop."""
+    update = fused_adam_ if fused else single_tensor_adam_
+    update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay,
+           amsgrad, maximize, decoupled)
+
 def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, amsgrad,
-          maximize, decoupled, in_place=False, lr_schedule=None):
-    """torch.optim.Adam(fused=True)'s step for one tensor (decoupled=True is AdamW's); `in_place` updates
+          maximize, decoupled, fused, in_place=False, lr_schedule=None):
+    """torch.optim.Adam's step for one tensor (decoupled=True is AdamW's, `fused` as torch's); `in_place` updates
     param, exp_avg and exp_avg_sq themselves instead of copies (the op's `in_place`); `lr_schedule` sets this
     step's learning rate from `lr` (ravop.ops.lr_schedule)."""
     _counted(step)
@@ -87,16 +128,16 @@ def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, bet
         param, exp_avg, exp_avg_sq = param.clone(), exp_avg.clone(), exp_avg_sq.clone()
     if amsgrad:
         max_exp_avg_sq = max_exp_avg_sq.clone()   # not among the values the in-place variant may overwrite
-    fused_adam_([param], [grad], [exp_avg], [exp_avg_sq], [max_exp_avg_sq], step, lr, beta1, beta2, eps,
-                weight_decay, amsgrad, maximize, decoupled)
+    adam_update_([param], [grad], [exp_avg], [exp_avg_sq], [max_exp_avg_sq], step, lr, beta1, beta2, eps,
+                 weight_decay, amsgrad, maximize, decoupled, fused)
     return param, exp_avg, exp_avg_sq, max_exp_avg_sq
 
 
 def _adam_in_place(decoupled):
     def kernel(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8,
-               weight_decay=0.0, amsgrad=False, maximize=False, lr_schedule=None):
+               weight_decay=0.0, amsgrad=False, maximize=False, lr_schedule=None, fused=False):
         return _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
-                     amsgrad, maximize, decoupled, in_place=True, lr_schedule=lr_schedule)
+                     amsgrad, maximize, decoupled, fused, in_place=True, lr_schedule=lr_schedule)
     return kernel
 
 
@@ -106,28 +147,28 @@ def _adam_in_place(decoupled):
 ADAM_OVERWRITES = (0, 2, 3)
 ADAM_INPUTS = ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 ADAM_PARAMS = {"step": REQUIRED, "lr": 0.001, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0,
-               "amsgrad": False, "maximize": False, "lr_schedule": None}
+               "amsgrad": False, "maximize": False, "lr_schedule": None, "fused": False}
 
 
 @register("adam_step", inputs=ADAM_INPUTS, params=ADAM_PARAMS, shape=_adam_shapes, method=False, counter="step",
           in_place=InPlace(_adam_in_place(False), ADAM_OVERWRITES))
 def adam_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8,
-              weight_decay=0.0, amsgrad=False, maximize=False, lr_schedule=None):
+              weight_decay=0.0, amsgrad=False, maximize=False, lr_schedule=None, fused=False):
     """One torch.optim.Adam step (`step` counts from 1) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq');
     `lr_schedule`: the step's learning rate from `lr` and `step`, as a torch.optim.lr_scheduler stepped after
-    every optimizer step (ravop.ops.lr_schedule)."""
+    every optimizer step (ravop.ops.lr_schedule); `fused`: torch's fused kernel (torch.optim.Adam(fused=True))."""
     return _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
-                 amsgrad, maximize, decoupled=False, lr_schedule=lr_schedule)
+                 amsgrad, maximize, False, fused, lr_schedule=lr_schedule)
 
 
 @register("adamw_step", inputs=ADAM_INPUTS, params={**ADAM_PARAMS, "weight_decay": 0.01}, shape=_adam_shapes,
           method=False, counter="step", in_place=InPlace(_adam_in_place(True), ADAM_OVERWRITES))
 def adamw_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8,
-               weight_decay=0.01, amsgrad=False, maximize=False, lr_schedule=None):
+               weight_decay=0.01, amsgrad=False, maximize=False, lr_schedule=None, fused=False):
     """One torch.optim.AdamW step (decoupled weight decay) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq');
-    `lr_schedule` as adam_step's."""
+    `lr_schedule` and `fused` as adam_step's."""
     return _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
-                 amsgrad, maximize, decoupled=True, lr_schedule=lr_schedule)
+                 amsgrad, maximize, True, fused, lr_schedule=lr_schedule)
 
 
 @register("rmsprop_step", inputs=("param", "grad", "square_avg", "momentum_buffer", "grad_avg"),

@@ -1,5 +1,5 @@
 """Samples for the optimizer steps (ravop/ops/optim.py): one step from a given state, against torch.optim
-resumed from the same state (Adam and AdamW fused=True, as ravop's kernels; RMSprop foreach=False)."""
+resumed from the same state (Adam and AdamW with the sample's `fused`, as ravop's kernels; RMSprop foreach=False)."""
 import torch
 
 from . import Sample
@@ -9,7 +9,7 @@ from .nn import rand, randn
 def torch_step(optimizer_class, param, grad, state, **options):
     """Run one torch.optim step on a copy of `param` whose optimizer state is `state`; return the param."""
     p = torch.nn.Parameter(param.clone())
-    implementation = {"foreach": False} if optimizer_class is torch.optim.RMSprop else {"fused": True}
+    implementation = {"foreach": False} if optimizer_class is torch.optim.RMSprop else {}
     optimizer = optimizer_class([p], **implementation, **options)
     optimizer.state[p] = {k: v.clone() for k, v in state.items()}
     p.grad = grad.clone()
@@ -20,12 +20,12 @@ def torch_step(optimizer_class, param, grad, state, **options):
 def _adam_ref(optimizer_class):
     def reference(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999,
                   eps=1e-8, weight_decay=0.0 if optimizer_class is torch.optim.Adam else 0.01, amsgrad=False,
-                  maximize=False):
+                  maximize=False, fused=False):
         state = {"step": torch.tensor(float(step - 1)), "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
         if amsgrad:
             state["max_exp_avg_sq"] = max_exp_avg_sq
         p, s = torch_step(optimizer_class, param, grad, state, lr=lr, betas=(beta1, beta2), eps=eps,
-                          weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
+                          weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize, fused=fused)
         return p, s["exp_avg"], s["exp_avg_sq"], s["max_exp_avg_sq"] if amsgrad else max_exp_avg_sq
     return reference
 
@@ -55,6 +55,9 @@ def _adam_samples(optimizer_class):
         Sample(_state(5), {"step": 7, "lr": 0.01, "beta1": 0.8, "beta2": 0.99, "eps": 1e-6}, reference=ref),
         Sample(_state(2, 3), {"step": 3, "weight_decay": 0.1, "amsgrad": True}, reference=ref, note="amsgrad"),
         Sample(_state(2, 3), {"step": 2, "maximize": True, "weight_decay": 0.05}, reference=ref, note="maximize"),
+        Sample(_state(3, 4), {"step": 1, "fused": True}, reference=ref, note="fused, first step"),
+        Sample(_state(2, 3), {"step": 4, "weight_decay": 0.1, "amsgrad": True, "maximize": True, "fused": True},
+               reference=ref, note="fused, every option"),
         Sample(_state(0, 3), {"step": 1}, reference=ref, note="empty"),
     ]
 
