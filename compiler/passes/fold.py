@@ -7,10 +7,13 @@ the results must be small (they are uploaded instead of their inputs) and the wo
 is bounded by the cost model's estimate; what does not fit is left to the workers, in id order, so the
 plan does not depend on the machine. Data-dependent shapes (-1) are left to the workers, and so is any op
 whose kernel raises or returns something other than what was declared: the worker reports that error with
-the op's source line, exactly as it would without folding.
+the op's source line, exactly as it would without folding. Folding computes on one torch thread, as the embedded
+workers run: the requester's thread count must not change a folded value's bits (a reduction split among two
+threads rounds otherwise; found by the differential matrix, tests/test_differential_engine.py).
 
 Inside a loop template the same rule applies to an op that reads only constants: it computes the same value at
 every run, so it is computed once, here, and the step reads it as an input of the loop."""
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
@@ -29,6 +32,21 @@ BUDGET_SECONDS = 0.002  # estimated work folded per compile: a fraction of one s
 
 def fold_constants(ir, max_elements=MAX_ELEMENTS, budget_seconds=BUDGET_SECONDS):
     """Returns (ir, number of nodes turned into constants)."""
+    with _one_torch_thread():
+        return _fold(ir, max_elements, budget_seconds)
+
+
+@contextmanager
+def _one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fold(ir, max_elements, budget_seconds):
     values = dict(ir.constants)  # id -> tensor (a tuple of tensors for a multi-output node computed here)
     folded = {}
     nodes = ir.nodes
