@@ -4,6 +4,9 @@ losses, the eval output after 1, 2, 3 and 20 steps, every parameter and buffer (
 and the saved model (its state_dict and output) must be bit-equal. The engine's paths (folded loops, fit,
 strategies, checkpoints) are in test_differential_engine.py."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -65,3 +68,16 @@ def test_hand_written_steps_match_eager_pytorch(arch, optim, kind):
         assert_bit_equal({name: saved_state[built.saved_names[name]] for name in built.saved_names},
                          built.eager.state_dict(), "saved model")
         assert_bit_equal({"out": on_one_thread(saved, X_eval)}, {"out": want_evals[STEPS]}, "saved model's output")
+
+
+@pytest.mark.parametrize("capability", ["default", "avx2"])
+def test_the_matrix_holds_under_every_cpu_capability(capability):
+    """ATen picks its vector kernels by the CPU's instruction set: the engine and eager must agree whichever it
+    picks, so this machine runs the matrix as an AVX2-only and a pre-AVX CPU would (ATEN_CPU_CAPABILITY caps
+    the choice) and a development machine catches what another CPU would see."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                             "-k", "test_hand_written_steps_match_eager_pytorch", __file__],
+                            env=env, capture_output=True, text=True, timeout=600, cwd=os.path.dirname(__file__))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert f"{len(CASES)} passed" in result.stdout
