@@ -46,6 +46,7 @@ def test_a_scheduled_fit_equals_eager_pytorch_with_its_scheduler(optimizer, sche
     model = scheduled_model(OPTIMIZERS[optimizer][0], ours())
     names = list(model.fit(X, Y, n_epochs=3, batch_size=10, shuffle=True, seed=2))   # 15 steps
     model.persist_weights()
+    model.predict(X).persist_op("prediction")
     values = evaluate_persisted(graph)
     net = torch_net()
     opt = OPTIMIZERS[optimizer][1](net.parameters(), lr=LR)
@@ -59,6 +60,8 @@ def test_a_scheduled_fit_equals_eager_pytorch_with_its_scheduler(optimizer, sche
         assert torch.allclose(values[name], loss.detach(), atol=1e-6), name
     for name, p in zip(PARAM_NAMES, [net[0].weight, net[0].bias, net[2].weight, net[2].bias]):
         assert (values[name] - p.detach()).abs().max() <= 1e-6, name
+    with torch.no_grad():
+        assert (values["prediction"] - net.eval()(torch.as_tensor(X))).abs().max() <= 1e-6   # the eval output
     unscheduled = torch_net()
     assert (unscheduled[0].weight - net[0].weight).abs().max() > 1e-3   # it trained
 

@@ -50,14 +50,18 @@ def record_training(x, y, weights):
         params = [out[0] for out in stepped]
         state = [list(out[1:]) for out in stepped]
         losses.append(loss)
-    return losses
+    w1, b1, w2, b2 = params
+    return losses, R.linear(R.relu(R.linear(R.t(x[:100]), w1, b1)), w2, b2)
 
 
 def train(execute):
-    """Loss curve of the recorded program, run by `execute(list of Ops) -> list of tensors`."""
+    """(loss curve, the trained model's output on 100 rows) of the recorded program, run by
+    `execute(list of Ops) -> list of tensors`."""
     R.Graph(name="mlp-digits")
     x, y = dataset()
-    return torch.stack(list(execute(record_training(x, y, initial_weights()))))
+    losses, output = record_training(x, y, initial_weights())
+    *losses, output = execute(losses + [output])
+    return torch.stack(losses), output
 
 
 def eager_training():
@@ -72,11 +76,14 @@ def eager_training():
         loss.backward()
         optimizer.step()
         losses.append(loss.detach())
-    return torch.stack(losses)
+    w1, b1, w2, b2 = params
+    with torch.no_grad():
+        return torch.stack(losses), TF.linear(TF.relu(TF.linear(x[:100], w1, b1)), w2, b2)
 
 
 def test_mlp_loss_curve_equals_eager_pytorch(execute):
-    got, want = train(execute), eager_training()
+    (got, got_output), (want, want_output) = train(execute), eager_training()
+    torch.testing.assert_close(got_output, want_output, rtol=0, atol=1e-5)   # the trained model's output
     assert len(got) == EPOCHS * -(-1797 // BATCH)
     assert want[-5:].mean() < 0.5 * want[:5].mean()     # the model does learn
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)

@@ -75,14 +75,18 @@ def batches(input_shape, n_out, loss, n=STEPS, batch=32, vocab=None):
     return out
 
 
+EVAL_OUTPUT = ("eval", "output")   # beside the state: the trained model's output on the first batch, in eval mode
+
+
 def record_ravdl(modules, make_optimizer, loss, data):
     """Record the training of the RavDL twin of `modules` into the current graph: (loss Ops, {(layer index,
-    torch state name): final value Op})."""
+    torch state name): final value Op, EVAL_OUTPUT: the trained model's eval output on the first batch})."""
     model = NeuralNetwork(make_optimizer(), loss=loss)
     for module in modules:
         model.add(twin(module))
     losses = [model.train_on_batch(x, y) for x, y in data]
-    return losses, {(i, key): op for i, layer in enumerate(model.layers) for key, op in layer.state().items()}
+    state = {(i, key): op for i, layer in enumerate(model.layers) for key, op in layer.state().items()}
+    return losses, {**state, EVAL_OUTPUT: model.predict(data[0][0])}
 
 
 def train_ravdl(modules, make_optimizer, loss, data):
@@ -106,6 +110,9 @@ def train_torch(modules, make_optimizer, loss, data):
         losses.append(value.detach())
     state = {(i, key): v.detach() for i, m in enumerate(modules) for key, v in m.state_dict().items()
              if key != "num_batches_tracked"}
+    with torch.no_grad():
+        state[EVAL_OUTPUT] = model.eval()(data[0][0])
+    model.train()
     return torch.stack(losses), state
 
 

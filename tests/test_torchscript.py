@@ -108,12 +108,16 @@ def test_training_equals_eager_pytorch(ours, theirs):
     model = Pytorch_Model(model_op=R.model(net))
     model.initialize(ours())
     data = batches(10)
-    values = evaluate(record_training(model, data) + model.params + model.buffers)
+    losses = record_training(model, data)
+    values = evaluate(losses + model.params + model.buffers + [model._forward_pass(R.t(data[0][0]), training=False)])
+    *values, output = values
     losses, params, buffers = train_eager(net, theirs(net.parameters()), data)
     torch.testing.assert_close(torch.stack(values[:10]), losses, rtol=1e-5, atol=1e-5)
     for got, want in zip(values[10:], params + buffers):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert int(values[-1]) == 10   # BatchNorm's num_batches_tracked, carried as a graph value
+    with torch.no_grad():
+        torch.testing.assert_close(output, net.eval()(data[0][0]), rtol=1e-5, atol=1e-5)   # the eval output
 
 
 def test_step_false_accumulates_like_torch():
