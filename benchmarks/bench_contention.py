@@ -43,8 +43,8 @@ SEED = 0
 
 # ------------------------------------------------------------------------------ the models, both sides
 
-def record_mlp(epochs, batch, X, y):
-    model = NeuralNetwork(optimizer=Adam(lr=0.001), loss="CrossEntropy")
+def record_mlp(epochs, batch, X, y, fused=False):
+    model = NeuralNetwork(optimizer=Adam(lr=0.001, fused=fused), loss="CrossEntropy")
     model.add(Dense(64, input_shape=(64,)))
     model.add(Activation("relu"))
     model.add(Dense(10))
@@ -52,8 +52,10 @@ def record_mlp(epochs, batch, X, y):
     model.fit(X.reshape(len(X), -1), y, n_epochs=epochs, batch_size=batch, shuffle=True)
 
 
-def record_cnn(epochs, batch, X, y):
-    digits_cnn_sequential.untrained_model().fit(X, y, n_epochs=epochs, batch_size=batch, shuffle=True)
+def record_cnn(epochs, batch, X, y, fused=False):
+    model = digits_cnn_sequential.untrained_model()
+    model.optimizer = Adam(lr=model.optimizer.hyper["lr"], fused=fused)
+    model.fit(X, y, n_epochs=epochs, batch_size=batch, shuffle=True)
 
 
 def eager_mlp():

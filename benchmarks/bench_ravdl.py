@@ -70,8 +70,8 @@ def mnist_weights():
     return [t.detach().clone() for t in (first.weight, first.bias, second.weight, second.bias)]
 
 
-def record_mnist(epochs, X, y, weights):
-    model = NeuralNetwork(optimizer=Adam(lr=0.001), loss="CrossEntropy")
+def record_mnist(epochs, X, y, weights, fused=False):
+    model = NeuralNetwork(optimizer=Adam(lr=0.001, fused=fused), loss="CrossEntropy")
     model.add(Dense(256, input_shape=(784,), initial_W=weights[0].numpy(), initial_w0=weights[1].numpy()))
     model.add(Activation("relu"))
     model.add(Dense(10, initial_W=weights[2].numpy(), initial_w0=weights[3].numpy()))

@@ -1,6 +1,6 @@
 """A training loop's steps in this process, op by op (the plain runner) against the step compiler's rewrites
 (ravop/step_compiler.py) and against eager PyTorch (autograd + torch.optim.Adam as a CPU runs it by default, the
-per-parameter loop, and with `fused=True`, the kernel the engine's Adam runs) on the same shapes: the digits
+per-parameter loop, as the engine's Adam() does), and both with Adam(fused=True), on the same shapes: the digits
 MLP and CNN (5 epochs, batch 32, as benchmarks/bench_contention.py) and the MNIST-sized MLP of
 benchmarks/bench_ravdl.py (1 epoch, batch 128).
 
@@ -57,15 +57,15 @@ class Always:
 def cases(names):
     X, _, y, _ = digits_data()
     known = {
-        "mlp": ("digits MLP", lambda: bench_contention.record_mlp(5, 32, X, y),
+        "mlp": ("digits MLP", lambda fused=False: bench_contention.record_mlp(5, 32, X, y, fused),
                 lambda fused=False: bench_contention.eager_fit(bench_contention.eager_mlp, 5, 32, X, y, fused)),
-        "cnn": ("digits CNN", lambda: bench_contention.record_cnn(5, 32, X, y),
+        "cnn": ("digits CNN", lambda fused=False: bench_contention.record_cnn(5, 32, X, y, fused),
                 lambda fused=False: bench_contention.eager_fit(bench_contention.eager_cnn, 5, 32, X, y, fused)),
     }
     if "mnist" in names:
         Xm, ym = bench_ravdl.mnist_data()
         weights = bench_ravdl.mnist_weights()
-        known["mnist"] = ("MNIST MLP", lambda: bench_ravdl.record_mnist(1, Xm, ym, weights),
+        known["mnist"] = ("MNIST MLP", lambda fused=False: bench_ravdl.record_mnist(1, Xm, ym, weights, fused),
                           lambda fused=False: bench_ravdl.eager_mnist(1, Xm, ym, weights, fused=fused)[0])
     return [known[n] for n in names]
 
@@ -118,14 +118,15 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"{'case':<12}{'eager s':>9}{'plain s':>9}{'compiled s':>12}{'plain/eager':>13}{'compiled/eager':>16}"
-          f"{'eager fused Adam s':>20}{'compiled/it':>13}  rewrites")
+          f"{'eager fused s':>15}{'compiled fused s':>18}{'fused/eager fused':>19}  rewrites")
     for label, record, eager in cases(args.cases.split(",")):
         spec, inputs, seed = recorded_loop(record)
         plain = LoopRun(spec, inputs, seed, decisions=None)
         compiled = LoopRun(spec, inputs, seed, decisions=Always())
+        compiled_fused = LoopRun(*recorded_loop(lambda: record(fused=True)), decisions=Always())
         with torch.no_grad():
             same = all(torch.equal(a, b) for a, b in zip(plain.run(), compiled.run()))
-        times = {"eager": [], "eager_fused": [], "plain": [], "compiled": []}
+        times = {"eager": [], "eager_fused": [], "plain": [], "compiled": [], "compiled_fused": []}
         eager()
         for _ in range(args.repeats):
             times["eager"].append(eager())
@@ -133,11 +134,13 @@ def main():
             with torch.no_grad():
                 times["plain"].append(timed(plain.run))
                 times["compiled"].append(timed(compiled.run))
+                times["compiled_fused"].append(timed(compiled_fused.run))
         best = {k: min(v) for k, v in times.items()}
         rewrites = compiled.steps[0].tuned.compiled.rewrites if compiled.steps[0].tuned else {}
         print(f"{label:<12}{best['eager']:>9.3f}{best['plain']:>9.3f}{best['compiled']:>12.3f}"
               f"{best['plain'] / best['eager']:>13.2f}{best['compiled'] / best['eager']:>16.2f}"
-              f"{best['eager_fused']:>20.3f}{best['compiled'] / best['eager_fused']:>13.2f}  "
+              f"{best['eager_fused']:>15.3f}{best['compiled_fused']:>18.3f}"
+              f"{best['compiled_fused'] / best['eager_fused']:>19.2f}  "
               f"{', '.join(f'{k} {v}' for k, v in rewrites.items() if v)}{'' if same else '  BITS DIFFER'}",
               flush=True)
         if args.profile:
