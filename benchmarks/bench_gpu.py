@@ -5,7 +5,7 @@ device) against the same training loop in eager PyTorch on the same device, in o
 
 `--device cuda` (the default when a GPU is visible) records the graph with gpu_required='yes' and starts the
 embedded worker with `--device cuda`; on a machine without a GPU it compares the CPU worker with eager CPU.
-Both sides run torch.optim.Adam's fused update (fused=True, as ravop's adam_step) so their losses can be checked
+Both sides run torch.optim.Adam's fused update (fused=True on both: ravdl's Adam(fused=True)) so their losses can be checked
 against each other, and on a GPU the same float32 math (no TF32, deterministic cuDNN: what a worker uses,
 `worker.device.use_full_precision`); the engine's time is split into record, compile+upload, execute and
 fetch.
@@ -91,7 +91,7 @@ def run_engine(net, batches, device):
     start = time.perf_counter()
     R.Graph(name="bench_gpu", gpu_required="yes" if device.startswith("cuda") else "no")
     model = Pytorch_Model(R.model(net))
-    model.initialize(Adam(lr=LR))
+    model.initialize(Adam(lr=LR, fused=True))
     for i, (x, y) in enumerate(batches):
         loss = R.cross_entropy_loss(R.t(y), model._forward_pass(R.t(x)))
         model._backward_pass(loss)

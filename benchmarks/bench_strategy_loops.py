@@ -59,7 +59,7 @@ def hand_written(X, y, steps, strategy):
 
 def eager(X, y, steps):
     params = [p.clone().requires_grad_() for p in initial()]
-    opt = torch.optim.Adam(params, lr=LR, fused=True)
+    opt = torch.optim.Adam(params, lr=LR)
     X, y = torch.from_numpy(X), torch.from_numpy(y)
     start = time.perf_counter()
     for s in range(steps):
