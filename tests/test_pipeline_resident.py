@@ -210,9 +210,10 @@ def _capabilities():
 @pytest.mark.parametrize("capability", _capabilities())
 def test_resident_and_segment_bits_agree_under_every_cpu_capability(capability):
     """ATen picks its kernels by the CPU's instruction set (ATEN_CPU_CAPABILITY, read once per process): the
-    bitwise comparisons above run again in a process that uses `capability`'s kernels, so that an AVX512 machine
-    catches what an AVX2 one sees (issue 40: these failed on an AMD EPYC, a micro-batch's GEMM rounded by its
-    alignment, ravop/alignment.py)."""
+    bitwise comparisons above (resident against segments in-process, and the stages on two workers against the
+    in-process bits) run again in a process, and its workers, that use `capability`'s kernels, so that an AVX512
+    machine catches what an AVX2 one sees (issue 40: the first failed on an AMD EPYC, a micro-batch's GEMM rounded
+    by its alignment, ravop/alignment.py)."""
     import os
     import subprocess
     import sys
@@ -222,8 +223,10 @@ def test_resident_and_segment_bits_agree_under_every_cpu_capability(capability):
     check = ("import sys, torch, pytest; "
              f"assert torch.backends.cpu.get_cpu_capability() == {capability.upper()!r}, "
              "torch.backends.cpu.get_cpu_capability(); "
+             "from ravop.embedded import worker_environment; "   # the workers it starts inherit it
+             f"assert worker_environment()['ATEN_CPU_CAPABILITY'] == {capability!r}; "
              "sys.exit(pytest.main(sys.argv[1:]))")
     run = subprocess.run([sys.executable, "-c", check, "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                          "-k", "segments_bits", os.path.abspath(__file__)],
+                          "-k", "segments_bits or in_process_bits", os.path.abspath(__file__)],
                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, f"under ATEN_CPU_CAPABILITY={capability}:\n{run.stdout[-4000:]}{run.stderr[-2000:]}"
