@@ -3,8 +3,9 @@ TorchScript model's layers) rounds differently when its data does not start on a
 sliced out of a batch (rows 6..11 of 5 floats: a view 120 bytes in) and the same rows uploaded on their own gave
 other losses (issue 40: a resident Pipeline against its segments). Tensors that torch allocates, that the wire
 decodes and that numpy allocates start on such a boundary; a view at an offset need not, so the ops that hand out
-views of their input at an offset (index, split, slice) and constants made from a slice hand out `aligned` values:
-the view itself where it is aligned, a copy where it is not."""
+views of their input at an offset (index, split, slice, pad's VJP, the federated releases) return `aligned` values,
+the view itself where it is aligned and a copy where it is not, and constants made from a slice of an array are
+read aligned (tests/test_value_alignment.py walks the registry for ops that do not)."""
 import torch
 
 ALIGNMENT = 16   # bytes; MKL 2024.2 gives the bits of 64-byte aligned data at 16, 32 and 48 bytes, not at 4, 8, 12

@@ -375,7 +375,7 @@ def pad_backward(g, sequence, mode="constant", shape=REQUIRED):
     if mode == "constant":
         for d, ((before, _), n) in enumerate(zip(sequence, shape)):
             g = g.narrow(d, before, n)
-        return g
+        return aligned(g)
     for d in reversed(range(len(shape))):
         before, after = sequence[d]
         if before or after:
