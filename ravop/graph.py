@@ -162,6 +162,7 @@ class Graph:
         self.step_ids = set()     # ids of the ops recorded inside loop steps (templates, not values)
         self.recording_step = None  # the ravop.loop.Step being recorded, if any
         self.activated = False
+        self.implicit = False     # the default graph current_graph() makes for ops recorded without an R.Graph
         self._scalars = {}        # (type, value) -> constant Op, so `x + 1` reuses one constant
         self.labels = {}          # node id -> the name a user gave it (R.t(..., name=...))
         self.projections = {}     # multi-output node id -> its outputs (Ops picking each; see `add_outputs`)
@@ -270,7 +271,21 @@ def scratch_graph(name, seed=0):
 
 def current_graph():
     """The graph ops are recorded into; a default one is created on first use."""
-    return _current if _current is not None else Graph(name="default")
+    if _current is not None:
+        return _current
+    graph = Graph(name="default")
+    graph.implicit = True
+    return graph
+
+
+def unactivated_graph():
+    """The graph this process records into, when the user started one (R.Graph, or ops recorded) and has not
+    activated it yet: the graph a read of "the current graph" means, which has no values in the store. None
+    otherwise (a process that records nothing reads the token's last activated graph: README, a second process)."""
+    graph = _current
+    if graph is None or graph.activated or (graph.implicit and not graph.nodes):
+        return None
+    return graph
 
 
 # ---------------------------------------------------------------------------------------------- recording

@@ -11,6 +11,7 @@ import threading
 import torch
 
 from . import registry
+from .alignment import aligned
 from .loop_run import LoopRun, MemoryExchange
 from .node import Node
 from .runner import OpError, describe, op_seed, run_nodes, run_op
@@ -68,7 +69,8 @@ def _evaluate(graph: Any, outputs: Sequence[Any], loops: Iterable[int], graph_se
             needed.add(node.id)
             stack.extend(node.inputs)
     inputs = registry.INPUTS
-    env = {i: graph.constants[i].to(device) for i in needed if graph.nodes[i].op in inputs}
+    # constants as a worker reads them from the store: aligned (a slice of the user's array need not be)
+    env = {i: aligned(graph.constants[i]).to(device) for i in needed if graph.nodes[i].op in inputs}
     rows = [_node_of(graph.nodes[i]) for i in sorted(needed) if graph.nodes[i].op not in inputs]
     last_use = {i: index for index, row in enumerate(rows) for i in row.inputs}  # free values as a worker does
     for o in roots:

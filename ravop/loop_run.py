@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from . import registry, step_compiler
+from .alignment import aligned
 from .errors import PlanError
 from .loop_template import LoopSpec, StepTemplate
 from .runner import At, PerRun, Runner, Watcher, check_in_place, on_device
@@ -165,7 +166,7 @@ class StepFunction:
         for s, value in zip(self.recv_slots, received):
             values[s] = value
         for s, data in self.rows:
-            values[s] = data[rows] if type(rows) is slice else data.index_select(0, rows)
+            values[s] = aligned(data[rows]) if type(rows) is slice else data.index_select(0, rows)
         for s, per_run in self.run_holes:
             values[s] = per_run[run]
         values = self.run_step(At(count, step_index, run))

@@ -15,7 +15,7 @@ import torch
 
 from . import last_session
 from .errors import ConnectionFailed, GraphStateError
-from .graph import set_current
+from .graph import set_current, unactivated_graph
 from .store import GraphKeys, Scripts, TokenKeys, connect, ensure_queues, token_namespace
 from .store.connect import redact, url_user
 from .store.handoff import Handoff
@@ -48,6 +48,16 @@ class Session:
         self.dashboard: "Optional[Dashboard]" = None  # a ravop.dashboard.Dashboard serving this session, with dashboard=True
 
     def keys(self) -> GraphKeys:
+        """Keys of the current graph: the one this process activated last, or (a process that records nothing)
+        the token's last activated one. A graph recorded here and not activated yet has no values or progress in
+        the store: GraphStateError, rather than an answer for the token's previous graph."""
+        recording = unactivated_graph()
+        if recording is not None:
+            earlier = f"; the token's last activated graph ({self.graph_id}) is another one" if self.graph_id else ""
+            raise GraphStateError(
+                f"graph {recording.name!r} (id {recording.id}) is not activated, so nothing of it is computed or "
+                f"stored{earlier}: call R.activate() and R.execute() first (an earlier graph's value: "
+                "R.fetch_persisting_op(name, graph=<its Graph, id or name>))")
         if self.graph_id is None:
             raise GraphStateError(f"no graph has been activated under token {self.token!r}: record ops, "
                                   "persist_op() the values to fetch, then R.activate()")

@@ -10,6 +10,7 @@ import pytest
 
 import ravop as R
 from ravop.embedded import LocalServer, start_worker
+from ravop.graph import set_current
 from ravop.interpreter import evaluate
 from ravop.store import connect
 from ravop.store.keys import worker_key
@@ -143,7 +144,9 @@ def module_workers(server, tmp_path_factory):
 
 @pytest.fixture
 def engine(server):
-    """A requester session on the test server under a fresh token; its graphs are flushed afterwards."""
+    """A requester session on the test server under a fresh token; its graphs are flushed afterwards. No graph an
+    earlier test recorded is current: a read of the current graph before one is recorded reads the token's."""
+    set_current(None)
     session = R.initialize(token=f"test-{uuid.uuid4().hex[:8]}", redis_url=server.url)
     yield session
     R.initialize(token=session.token, redis_url=server.url)

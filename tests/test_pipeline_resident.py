@@ -198,3 +198,35 @@ def test_a_stage_whose_worker_is_killed_mid_run_resumes_elsewhere_with_the_same_
     keys, loop_id, holder = run_killing_a_replica(engine, workers, client, graph)
     assert client.hget(keys.ran, loop_id).decode() in set(names) - {holder}   # a spare took the stage over
     assert_same_as_in_process(graph, persisted + ["prediction"])
+
+
+def _capabilities():
+    """The ATen CPU capabilities to check besides this process's own: the baseline every CPU runs, and on x86 the
+    AVX2 kernels an AVX2-only CPU (an AMD EPYC) runs."""
+    import platform
+    return ["default", "avx2"] if platform.machine() in ("x86_64", "AMD64") else ["default"]
+
+
+@pytest.mark.parametrize("capability", _capabilities())
+def test_resident_and_segment_bits_agree_under_every_cpu_capability(capability):
+    """ATen picks its kernels by the CPU's instruction set (ATEN_CPU_CAPABILITY, read once per process): the
+    bitwise comparisons above (resident against segments in-process, and the stages on two workers against the
+    in-process bits) run again in a process, and its workers, that use `capability`'s kernels, so that an AVX512
+    machine catches what an AVX2 one sees (issue 40: the first failed on an AMD EPYC, a micro-batch's GEMM rounded
+    by its alignment, ravop/alignment.py)."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability,
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    check = ("import sys, torch, pytest; "
+             f"assert torch.backends.cpu.get_cpu_capability() == {capability.upper()!r}, "
+             "torch.backends.cpu.get_cpu_capability(); "
+             "from ravop.embedded import worker_environment; "   # the workers it starts inherit it
+             f"assert worker_environment()['ATEN_CPU_CAPABILITY'] == {capability!r}; "
+             "sys.exit(pytest.main(sys.argv[1:]))")
+    run = subprocess.run([sys.executable, "-c", check, "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          "-k", "segments_bits or in_process_bits", os.path.abspath(__file__)],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, f"under ATEN_CPU_CAPABILITY={capability}:\n{run.stdout[-4000:]}{run.stderr[-2000:]}"

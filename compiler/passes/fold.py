@@ -19,6 +19,7 @@ from dataclasses import replace
 import torch
 
 from ravop import registry
+from ravop.alignment import aligned
 from ravop.loop_template import LoopRecord
 from ravop.runner import run_op
 from ravop.sizes import numel
@@ -47,7 +48,9 @@ def _one_torch_thread():
 
 
 def _fold(ir, max_elements, budget_seconds):
-    values = dict(ir.constants)  # id -> tensor (a tuple of tensors for a multi-output node computed here)
+    # id -> tensor (a tuple of tensors for a multi-output node computed here); a constant made from a slice of the
+    # user's array is read as a worker reads it from the store: aligned (ravop/alignment.py)
+    values = {id: aligned(value) for id, value in ir.constants.items()}
     folded = {}
     nodes = ir.nodes
     for id, node in nodes.items():

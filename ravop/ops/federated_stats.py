@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
+from ..alignment import aligned
 from ..api import FRONTENDS
 from ..errors import GraphStateError
 from ..graph import Op, current_graph
@@ -63,9 +64,9 @@ def _release(statistic: str) -> Callable[[torch.Tensor], torch.Tensor]:
     def kernel(partials: torch.Tensor) -> torch.Tensor:
         count, mean, m2, low, high = partials.to(torch.float64).unbind(-1)
         if statistic == "count":
-            return count
+            return aligned(count)
         if statistic in ("mean", "min", "max"):
-            return {"mean": mean, "min": low, "max": high}[statistic]
+            return aligned({"mean": mean, "min": low, "max": high}[statistic])
         variance = m2 / count
         return variance if statistic == "variance" else torch.sqrt(variance)
 

@@ -9,6 +9,7 @@ that turn the user's index (or the original's string form, e.g. "[:,-1,:]") into
 import torch
 
 from .. import api
+from ..alignment import aligned
 from ..dtypes import is_floating
 from ..graph import record
 from ..registry import REQUIRED, get, register
@@ -230,7 +231,7 @@ def index_kernel(x, *tensors, spec):
     """x[index] with numpy semantics. `R.index(x, indices)` or `x[...]` takes ints, slices, None, ...,
     lists and int/bool tensors, or the original's string form "[:, -1, 1:3]" (parsed, never evaluated).
     A bool mask gives a dimension whose size is known only when the op runs."""
-    return apply_index(x, spec, tensors)
+    return aligned(apply_index(x, spec, tensors))
 
 
 def _index_backward_shape(g, *tensors, spec, shape):

@@ -3,6 +3,7 @@ slice pad. numpy semantics (mixed dtypes promote); `split` has several outputs."
 import torch
 
 from .. import op_functions as R
+from ..alignment import aligned
 from ..dtypes import result_dtype
 from ..registry import REQUIRED, register
 from ..sizes import numel
@@ -72,7 +73,7 @@ def split(x, numOrSizeSplits, axis=0):
     """numpy.split: `numOrSizeSplits` N cuts `axis` into N equal parts, a list of indices cuts it at
     those points. Returns one tensor per part (R.split returns a tuple of Ops)."""
     size = x.shape[axis]
-    return tuple(x.narrow(axis, start, stop - start)
+    return tuple(aligned(x.narrow(axis, start, stop - start))
                  for start, stop in _bounds(size, split_points(size, numOrSizeSplits)))
 
 
@@ -284,7 +285,7 @@ def slice_(x, begin, size):
     the original; sequences give one begin/size per leading dim, as tf.slice; size -1 runs to the end)."""
     for d, (b, stop) in enumerate(_slice_bounds(x.shape, begin, size)):
         x = x.narrow(d, b, stop - b)
-    return x
+    return aligned(x)
 
 
 # ------------------------------------------------------------------------------------------------- pad
@@ -374,7 +375,7 @@ def pad_backward(g, sequence, mode="constant", shape=REQUIRED):
     if mode == "constant":
         for d, ((before, _), n) in enumerate(zip(sequence, shape)):
             g = g.narrow(d, before, n)
-        return g
+        return aligned(g)
     for d in reversed(range(len(shape))):
         before, after = sequence[d]
         if before or after:
