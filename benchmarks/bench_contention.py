@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ravop as R  # noqa: E402
 import digits_cnn_sequential  # noqa: E402
 from example_data import digits_data  # noqa: E402
-from ravop.loss_names import training_loss_name  # noqa: E402
 from ravdl.v2 import NeuralNetwork  # noqa: E402
 from ravdl.v2.layers import Activation, Dense  # noqa: E402
 from ravdl.v2.optimizers import Adam  # noqa: E402
+from ravop.core.loss_names import training_loss_name  # noqa: E402
 from bench_startup import first_result  # noqa: E402
 from busy import busy_processes, load  # noqa: E402
 

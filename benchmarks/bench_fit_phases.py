@@ -26,15 +26,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import ravop as R  # noqa: E402
 import compiler.partition as partition  # noqa: E402
+import ravop as R  # noqa: E402
 import bench_contention  # noqa: E402
 from bench_step import recorded_loop, timed  # noqa: E402
 from busy import load  # noqa: E402
 from example_data import digits_data  # noqa: E402
-from ravop import step_compiler  # noqa: E402
-from ravop.loop_run import LoopRun  # noqa: E402
-from ravop.loss_names import training_loss_name  # noqa: E402
+from ravop.core.loss_names import training_loss_name  # noqa: E402
+from ravop.runtime import step_compiler  # noqa: E402
+from ravop.runtime.loop_run import LoopRun  # noqa: E402
 
 EPOCHS, BATCH = 5, 32
 PHASES = ("record", "activate", "execute", "track", "fetch")

@@ -4,7 +4,7 @@ process, on the machine as it is and then with two busy processes sharing its co
 bench_contention.py). Also printed per run: when R.initialize() returned and when each worker had registered.
 Target (issue 29): <= 3 s.
 
-Each run is repeated for each way of starting the workers ($RAVOP_FORK_SERVER, ravop/fork_server.py), the ways
+Each run is repeated for each way of starting the workers ($RAVOP_FORK_SERVER, ravop/local/forked_workers.py), the ways
 interleaved run by run: 0 = each worker its own process (as before the fork server), spawn = a fresh fork
 server that imports torch once, auto = the default (forked from the requester where that is safe).
 

@@ -17,7 +17,7 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 def test_help_and_argument_errors_do_not_load_torch():
     script = textwrap.dedent("""
         import sys
-        from ravop import cluster_cli
+        from ravop.tools import cluster_cli
         for argv in (["--help"], ["status", "--help"], ["no-such-command"]):
             try:
                 cluster_cli.main(argv)

@@ -1,20 +1,20 @@
 """Exchanged values leave the store once every loop that reads them has checkpointed past them
-(worker/exchange.py, ravop/exchange_readers.py): over many rounds of resident replicas on a real server the number
+(worker/loops/exchange.py, ravop/client/exchange_readers.py): over many rounds of resident replicas on a real server the number
 of exchange keys and their bytes stay flat, and the replicas still give the in-process bits."""
 import pytest
 import redis
 import torch
 
-import ravop as R
 from compiler.compile import compile_graph
+import ravop as R
 from helpers import on_one_thread
-from ravop.exchange_readers import exchange_readers
-from ravop.interpreter import evaluate_persisted
+from ravop.client.exchange_readers import exchange_readers
+from ravop.runtime.evaluate import evaluate_persisted
 from ravop.store import GraphKeys
 from test_diloco import PARAM_NAMES
 from test_parallel_math import X, Y, ravdl_net, torch_net
 from test_security import users  # noqa: F401  (the fixture: token and worker ACL users, one worker running)
-from worker.exchange import _readers
+from worker.loops.exchange import _readers
 
 
 def record(name, n_epochs, strategy):

@@ -135,13 +135,13 @@ def test_there_are_no_import_cycles():
 
 def test_the_compiler_never_reaches_redis_the_store_or_the_session():
     chains = reached(GRAPH, modules_of("compiler"), lambda m: m in ("redis", "hiredis")
-                     or under(m, "ravop.store") or under(m, "ravop.session"))
+                     or under(m, "ravop.store") or under(m, "ravop.client.session"))
     assert not chains, "compiler reaches:\n" + describe(chains)
 
 
 def test_the_worker_never_reaches_the_compiler_ravdl_or_the_requester_session():
     chains = reached(GRAPH, modules_of("worker"), lambda m: under(m, "compiler") or under(m, "ravdl")
-                     or under(m, "ravop.session"))
+                     or under(m, "ravop.client.session"))
     assert not chains, "worker reaches:\n" + describe(chains)
 
 

@@ -11,8 +11,8 @@ import ravop as R
 import test_strategies_any_model as any_model
 from compiler.compile import compile_graph
 from helpers import on_one_thread
-from ravop.interpreter import evaluate_persisted
-from ravop.placement import held_by
+from ravop.client.placement import held_by
+from ravop.runtime.evaluate import evaluate_persisted
 from ravop.store import GraphKeys
 from test_pipeline_any_model import (GRAPH_SEED, SHUFFLE_SEED, X, Y, bn_dropout_net, cut_of, engine_fit,
                                      gpipe_reference, ravdl_net, ravdl_stage, square_loss)

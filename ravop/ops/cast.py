@@ -1,9 +1,9 @@
 """`cast` (alias `astype`): a tensor converted to another dtype, as numpy's `x.astype('float32')`."""
-from .. import api
-from .. import op_functions as R
-from ..dtypes import NAMES, as_dtype, is_floating
-from ..graph import record
-from ..registry import REQUIRED, get, register
+from ..core import op_functions as R
+from ..core.dtypes import NAMES, as_dtype, is_floating
+from ..core.registry import REQUIRED, get, register
+from ..record import api
+from ..record.graph import record
 
 
 def _cast_shape(x, dtype):

@@ -5,11 +5,11 @@ take any dtype and treat nonzero as true, as numpy does.
 """
 import torch
 
-from .. import api
-from .. import op_functions as R
-from ..dtypes import result_dtype
-from ..graph import record
-from ..registry import get, register
+from ..core import op_functions as R
+from ..core.dtypes import result_dtype
+from ..core.registry import get, register
+from ..record import api
+from ..record.graph import record
 from . import rules
 from .graph_machinery import unbroadcast
 

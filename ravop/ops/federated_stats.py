@@ -4,7 +4,7 @@ own data: the count, mean, M2 (sum of squared deviations from the mean), min and
 (`ravop.federated.partials.merge`), one row per column.
 
 `R.federated_mean()` and its siblings record a statistic op on the current federated graph with no input: its
-partials come from the providers, never from a value of the graph (`ravop.federated.graph_kind`).
+partials come from the providers, never from a value of the graph (`ravop.client.federated_graphs`).
 `R.federated_quantile(q)` and `R.federated_histogram(bins, range)` take parameters, which travel to the
 providers as a query (`ravop.federated.queries`); their kernels release from merged sketches and bin counts."""
 import math
@@ -12,11 +12,11 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
-from ..api import FRONTENDS
-from ..errors import GraphStateError
-from ..graph import Op, current_graph
-from ..registry import register
-from ..source import user_source
+from ..core.errors import GraphStateError
+from ..core.registry import register
+from ..record.api import FRONTENDS
+from ..record.graph import Op, current_graph
+from ..record.source import user_source
 
 PARTIAL_FIELDS = ("count", "mean", "m2", "min", "max")   # the columns of a partial, in order
 STATISTICS = ("mean", "variance", "standard_deviation", "min", "max", "count")

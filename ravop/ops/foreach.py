@@ -5,9 +5,10 @@ one tensor and give one result. Keyword params are passed through: `R.foreach(x,
 """
 import torch
 
-from .. import api, registry
-from ..graph import canonical, record
-from ..registry import REQUIRED, register
+from ..core import registry
+from ..core.registry import REQUIRED, register
+from ..record import api
+from ..record.graph import canonical, record
 from . import rules
 from .kernel_vjp import autograd_vjp
 

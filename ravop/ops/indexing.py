@@ -8,11 +8,11 @@ that turn the user's index (or the original's string form, e.g. "[:,-1,:]") into
 """
 import torch
 
-from .. import api
-from ..dtypes import is_floating
-from ..graph import record
-from ..registry import REQUIRED, get, register
-from ..sizes import numel
+from ..core.dtypes import is_floating
+from ..core.registry import REQUIRED, get, register
+from ..core.sizes import numel
+from ..record import api
+from ..record.graph import record
 from . import rules
 from .graph_machinery import unbroadcast
 from .index_spec import canonical_index
