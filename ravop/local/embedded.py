@@ -34,7 +34,7 @@ from ..store import workers as liveness
 from . import forked_workers, last_session
 from .forked_workers import FORK_SERVER_MODULE, LOST, ForkServer
 
-_ROOT = str(Path(__file__).resolve().parent.parent)  # holds the ravop and worker packages
+_ROOT = str(Path(__file__).resolve().parents[2])  # holds the ravop and worker packages
 _CLUSTER_HINT = ("start a GPU worker on a machine with one, against a Redis server both machines reach "
                  "(`ravop-worker --redis redis://HOST:6379/0 --device cuda`), and call "
                  "R.initialize(redis_url='redis://HOST:6379/0')")

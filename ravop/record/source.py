@@ -3,7 +3,7 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_ROOT = os.path.dirname(_HERE)
+_ROOT = os.path.dirname(os.path.dirname(_HERE))   # ravop/record -> the folder holding the packages
 # Frames whose file lies in one of these packages are library frames, not the user's.
 LIBRARY_DIRS = tuple(os.path.join(_ROOT, pkg) + os.sep for pkg in ("ravop", "ravdl", "compiler", "worker"))
 
