@@ -6,7 +6,7 @@ import torch
 
 import ravop as R
 from ravop.core.errors import ShapeError
-from ravop.ops.index_spec import canonical_index, parse_index
+from ravop.record.index_spec import canonical_index, parse_index
 from ravop.runtime.evaluate import evaluate
 
 X = np.arange(60.0).reshape(3, 4, 5)

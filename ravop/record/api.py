@@ -1,31 +1,12 @@
 """Generate the user-facing `R.<name>` functions and `Op` methods/dunders from the op registry."""
 from types import FunctionType
 
-import numpy as np
-
 from ..core import registry
 from ..core.registry import REQUIRED
-from .graph import Op, canonical, record
+from .frontends import FRONTENDS
+from .graph import NO_PARAMS, Op, as_flag, canonical, record
 from .op_signatures import op_signature
 
-NO_PARAMS = {}  # shared by every op recorded without params; params are never mutated after recording
-
-# Op name -> hand-written function used instead of the generated one, for the few ops whose user-facing
-# arguments are not canonical params (an index of slices and tensors, an op name with its own keywords).
-# The op modules fill it when imported; each such function still records through `graph.record`.
-FRONTENDS = {}
-
-# The original API took booleans as strings too (keepdims="True"); they become bools when recorded, so
-# what records also runs. Any other value of a boolean param is an error here, not on the worker.
-_BOOL_STRINGS = {"True": True, "False": False, "true": True, "false": False}
-
-
-def as_flag(value, name, op_name):
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, str) and value in _BOOL_STRINGS:
-        return _BOOL_STRINGS[value]
-    raise TypeError(f"{op_name}() param {name} must be True or False (or 'True'/'False'), not {value!r}")
 
 
 def make_function(opdef):

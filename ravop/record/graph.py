@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from ..core import registry
+from ..core import recorder, registry
 from ..core.dtypes import DTYPES
 from ..core.errors import GraphStateError, ShapeError
 from ..core.sizes import numel
@@ -250,6 +250,7 @@ class Graph:
 
 _SCALAR_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float32, complex: torch.complex64}
 _current = None
+NO_PARAMS = {}  # shared by every op recorded without params; params are never mutated after recording
 
 
 def set_current(graph):
@@ -338,6 +339,19 @@ def _as_ops(values, graph):
     return tuple(ops)
 
 
+# The original API took booleans as strings too (keepdims="True"); they become bools when recorded, so
+# what records also runs. Any other value of a boolean param is an error here, not on the worker.
+_BOOL_STRINGS = {"True": True, "False": False, "true": True, "false": False}
+
+
+def as_flag(value, name, op_name):
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, str) and value in _BOOL_STRINGS:
+        return _BOOL_STRINGS[value]
+    raise TypeError(f"{op_name}() param {name} must be True or False (or 'True'/'False'), not {value!r}")
+
+
 def canonical(value):
     """Params are stored hashable and JSON-friendly: tuples for sequences, plain Python numbers."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -385,3 +399,6 @@ def record(opdef, inputs, params):
     node = Op(graph, len(nodes), opdef.name, inputs, params, out[0], out[1], source)
     nodes.append(node)
     return node
+
+
+recorder.install(record)   # the op modules' VJP rules record through it (ravop.core.recorder)

@@ -17,7 +17,7 @@ import re
 import numpy as np
 import torch
 
-from ..record.graph import Op
+from .graph import Op
 
 MAX_STRING = 4096   # longer index strings are refused rather than parsed
 MAX_DEPTH = 32      # nesting depth of lists inside an index string
