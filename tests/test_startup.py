@@ -13,7 +13,8 @@ from ravop.core.cost_fields import COST_FIELDS
 from ravop.local import embedded
 from ravop.store import connect
 from ravop.store import workers as liveness
-from worker.serve import calibrate, calibration_cache
+from worker.execute import calibration_cache
+from worker.serve import calibrate
 
 CPU = torch.device("cpu")
 

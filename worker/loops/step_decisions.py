@@ -1,5 +1,5 @@
 """Where a worker keeps the step compiler's decisions (`ravop.runtime.step_compiler`: whether a step template runs
-faster compiled or op by op on this machine): beside its calibration figures (worker/serve/calibration_cache.py),
+faster compiled or op by op on this machine): beside its calibration figures (worker/execute/calibration_cache.py),
 keyed by the template's digest and the machine's key, so that a loop of a template measured before starts with
 the faster variant, in this worker and the next one started on the machine. Without a cache file
 ($RAVOP_CALIBRATION_CACHE set empty) they are kept for the life of the process."""
@@ -9,7 +9,7 @@ import torch
 
 from ravop.runtime.step_compiler import MemoryDecisions
 
-from ..serve import calibration_cache
+from ..execute import calibration_cache
 
 FIELDS = ("compiled",)
 

@@ -1,5 +1,5 @@
 """The cost model's figures for this worker, measured at start (about 0.1 s; the device's own are kept per machine:
-worker/serve/calibration_cache.py), advertised with its capabilities (`ravop.store.worker_info`) and read by the compiler
+worker/execute/calibration_cache.py), advertised with its capabilities (`ravop.store.worker_info`) and read by the compiler
 (`compiler.cost.calibrated`) instead of the round numbers of one machine: per-op dispatch, matmul FLOP/s,
 elementwise memory bytes/s, and the bytes/s of handing a tensor to another worker through Redis (the store's own
 write and read)."""
@@ -13,7 +13,7 @@ from ravop.runtime.evaluate import run_op
 from ravop.store import tensors as stored
 from ravop.store.keys import calibration_key
 
-from . import calibration_cache
+from ..execute import calibration_cache
 
 
 def _best_seconds(fn, device, repeats):
