@@ -13,7 +13,7 @@ from ravop.wire import decode_tensor, encode_tensor
 from worker.loops.background_writes import BackgroundWrites
 from worker.loops.loop_subgraph import LoopAbandoned, _Writer
 from worker.loops.shared_checkpoint import decode as decode_shared, digest, value_key
-from worker.serve.metrics import WorkerMetrics
+from worker.serve.worker_metrics import WorkerMetrics
 
 from test_exchange_pipelined import keys  # noqa: F401  (the fixture: a running graph's keys, deleted after)
 

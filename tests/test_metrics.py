@@ -16,7 +16,7 @@ from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 import ravop as R
 from ravop.tools.dashboard import Dashboard
-from worker.serve.metrics import WorkerMetrics
+from worker.serve.worker_metrics import WorkerMetrics
 
 from helpers import wait_for
 

@@ -21,7 +21,7 @@ META_FIELDS = ("state", "stop", "exchange_readers")
 class LoopStart:
     """`read(client, input_keys)` reads the loop's inputs and the rest in one pipeline; then `checkpoint` (the
     checkpoint hash, {} for none), `meta` ({field: value or None} of META_FIELDS), `progress` ((steps done, step
-    of its checkpoint or None): what the worker's metrics count from, worker.serve.metrics.loop_record)
+    of its checkpoint or None): what the worker's metrics count from, worker.serve.worker_metrics.loop_record)
     and `reference(key)` hold what was read. `ended`: the same pair as the loop left it, set by the loop when it
     completes here (None until then: the metrics read it from the store)."""
 

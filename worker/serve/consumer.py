@@ -49,7 +49,7 @@ from ..verify.spot_loop import LoopSegments, check_segment, drop_segments
 from . import calibrate, warm_connections
 from .heartbeat import Heartbeat
 from .inbox_watch import InboxWatch
-from .metrics import WorkerMetrics, loop_record
+from .worker_metrics import WorkerMetrics, loop_record
 from .server_errors import ServerErrors
 from .takeover import Takeover
 

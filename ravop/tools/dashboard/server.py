@@ -4,7 +4,7 @@ It binds to 127.0.0.1 unless told otherwise.
 
 GET  /                               the page (static/index.html)
 GET  /static/NAME                    its script and style sheet
-GET  /metrics                        Prometheus metrics of the token's graphs and the live workers (ravop.tools.metrics)
+GET  /metrics                        Prometheus metrics of the token's graphs and the live workers (ravop.tools.graph_metrics)
 GET  /api/status                     `ravop status --json`, plus admin: whether cancelling is enabled
 GET  /api/graphs/REF/dag             subgraphs and edges with their states (`ravop.tools.status.subgraph_dag`)
 GET  /api/graphs/REF/losses          training and validation losses, at most ~1,000 points (`loss_points`)
@@ -28,7 +28,7 @@ from ...client import training_losses
 from ...core.errors import RavopError
 from ...store.lookup import GraphNotFound, find_graph
 from .. import status
-from ..metrics import GraphCollector
+from ..graph_metrics import GraphCollector
 from . import loss_points
 
 log = logging.getLogger("ravop.tools.dashboard")
