@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import compiler.partition as partition  # noqa: E402
 import ravop as R  # noqa: E402
+from ravop.client import session as sessions  # noqa: E402
 import bench_contention  # noqa: E402
 from bench_step import recorded_loop, timed  # noqa: E402
 from busy import load  # noqa: E402
@@ -86,7 +87,7 @@ def main():
     known = {"cnn": ("digits CNN", bench_contention.record_cnn, bench_contention.eager_cnn),
              "mlp": ("digits MLP", bench_contention.record_mlp, bench_contention.eager_mlp)}
     R.initialize()
-    session = R.session.require()
+    session = sessions.require()
     session.embedded.wait_ready(session.client)
     print(f"embedded default up; {load()}; best of {args.repeats}, ms", flush=True)
     print(f"{'case':<16}" + "".join(f"{p:>9}" for p in PHASES) + f"{'fit':>8}{'loop':>8}{'beyond':>8}"

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 import ravop as R
+from ravop.client import session as sessions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -51,7 +52,7 @@ def _child(workers):
     run = first_result("bench-startup", workers)
     registered = {}
     while len(registered) < (2 if workers is None else workers):   # as the workers themselves say
-        for info in R.session.live_workers():
+        for info in sessions.live_workers():
             registered.setdefault(info["name"], info["started"] - wall_start)
         time.sleep(0.01)
     print(json.dumps({**run, "registered": sorted(registered.values())}))

@@ -7,6 +7,7 @@ import torch
 
 from compiler.compile import compile_graph
 import ravop as R
+from ravop.client import session as sessions
 from helpers import on_one_thread
 from ravop.client.exchange_readers import exchange_readers
 from ravop.runtime.evaluate import evaluate_persisted
@@ -85,6 +86,6 @@ def test_a_worker_user_may_delete_the_exchanged_values_it_released(server, engin
     for worker in set(pool.procs) - {first}:
         assert "NOPERM" not in pool.log(worker) and "Error" not in pool.log(worker), pool.log(worker)
     admin = redis.Redis.from_url(server.url)
-    keys = GraphKeys(R.session.require().token, graph.id)
+    keys = GraphKeys(sessions.require().token, graph.id)
     assert exchange_footprint(admin, keys)[0] < 24 * 8 / 4   # released as they went (24 rounds of 8 values)
     admin.close()

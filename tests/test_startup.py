@@ -101,7 +101,7 @@ def test_the_other_embedded_workers_start_once_the_first_has_registered(monkeypa
         assert names[0] not in registered_before[names[0]]
         for later in names[1:]:
             assert names[0] in registered_before[later]
-        assert sorted(w["name"] for w in R.session.live_workers() if w["name"] in names) == sorted(names)
+        assert sorted(w["name"] for w in sessions.live_workers() if w["name"] in names) == sorted(names)
     finally:
         session.close()
         sessions._session = None
