@@ -253,8 +253,8 @@ def test_a_scheduled_fit_with_chunked_checkpoints_as_a_token_user(run, monkeypat
 
 
 def test_workers_repair_a_lost_consumer_group_and_leave_a_retyped_stream_to_ravop_admin(run, acl_server):
-    """Damaged work streams met by worker-user processes (worker/serve/server_errors.py, ravop.store.repair): a destroyed
-    consumer group is made again by a worker (XGROUP CREATE, granted); a stream replaced by a string cannot be
+    """Damaged work streams met by worker-user processes (worker/serve/server_errors.py, ravop.store.repair): a
+    destroyed consumer group is made again by a worker (XGROUP CREATE, granted); a stream replaced by a string cannot be
     deleted by a worker (DEL on the work streams is refused by design: a worker may not destroy them), the
     workers ride it out and say so, and `ravop admin` repairs it; the token user's graphs then run."""
     from ravop.store.keys import GROUP, queue

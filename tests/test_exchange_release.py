@@ -1,6 +1,6 @@
 """Exchanged values leave the store once every loop that reads them has checkpointed past them
-(worker/loops/exchange.py, ravop/client/exchange_readers.py): over many rounds of resident replicas on a real server the number
-of exchange keys and their bytes stay flat, and the replicas still give the in-process bits."""
+(worker/loops/exchange.py, ravop/client/exchange_readers.py): over many rounds of resident replicas on a real server the
+number of exchange keys and their bytes stay flat, and the replicas still give the in-process bits."""
 import pytest
 import redis
 import torch

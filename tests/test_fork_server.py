@@ -1,5 +1,5 @@
-"""The embedded workers' fork server (worker/serve/forkserver.py, ravop/local/forked_workers.py): workers forked from one process
-that imported torch once run graphs, die with their session however it ends, and a crash on that path is
+"""The embedded workers' fork server (worker/serve/forkserver.py, ravop/local/forked_workers.py): workers forked from
+one process that imported torch once run graphs, die with their session however it ends, and a crash on that path is
 reported by name; RAVOP_FORK_SERVER=0 starts each worker on its own."""
 import os
 import signal

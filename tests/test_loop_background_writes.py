@@ -1,7 +1,7 @@
-"""A loop's flushes and checkpoints are written beside it (worker/loops/background_writes.py, worker/loops/loop_subgraph.py):
-the loop goes on while a checkpoint waits for the exchange's sends and uploads, the writes land in the order they
-were made, a checkpoint holds the carried values as they were when it was taken, and after a failed write none
-lands and the loop stops at its next step. On a real server."""
+"""A loop's flushes and checkpoints are written beside it (worker/loops/background_writes.py,
+worker/loops/loop_subgraph.py): the loop goes on while a checkpoint waits for the exchange's sends and uploads, the
+writes land in the order they were made, a checkpoint holds the carried values as they were when it was taken, and
+after a failed write none lands and the loop stops at its next step. On a real server."""
 import threading
 
 import pytest

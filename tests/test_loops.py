@@ -1,5 +1,5 @@
-"""Training loops as step templates (ravop.record.loop, ravdl.v2.fit, worker.loops.loop_subgraph): one step recorded, compiled and
-shipped once, the same numbers as the unrolled steps, checkpoints and resuming after a worker is killed."""
+"""Training loops as step templates (ravop.record.loop, ravdl.v2.fit, worker.loops.loop_subgraph): one step recorded,
+compiled and shipped once, the same numbers as the unrolled steps, checkpoints and resuming after a worker is killed."""
 import time
 
 import numpy as np

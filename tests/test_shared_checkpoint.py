@@ -1,5 +1,5 @@
-"""worker/loops/shared_checkpoint.py and worker/loops/sync_cadence.py on a real server: loops' checkpoint values stored once
-by digest and referenced by each checkpoint that names them, deleted with the last reference (a writer that found
+"""worker/loops/shared_checkpoint.py and worker/loops/sync_cadence.py on a real server: loops' checkpoint values stored
+once by digest and referenced by each checkpoint that names them, deleted with the last reference (a writer that found
 a value deleted meanwhile uploads it again); and the rounds between resident replicas' checkpoints, agreed by the
 first to propose them."""
 import threading

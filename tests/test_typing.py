@@ -9,9 +9,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PUBLIC = ["ravop/__init__.pyi", "ravdl/v2/__init__.py", "compiler/__init__.py", "tests/typing/uses_the_api.py"]
 # The core interfaces, annotated throughout (every function, public or not): the Redis schema both sides share,
 # the requester's session steps and the graph kinds they ask, federated statistics, the schema's names.
-ANNOTATED = ["ravop/store", "ravop/client/session.py", "ravop/client/activation.py", "ravop/client/tracking.py", "ravop/client/fetching.py",
-             "ravop/client/graph_kinds.py", "ravop/client/stored_values.py", "ravop/client/training_losses.py", "ravop/core/loss_names.py",
-             "ravop/core/graph_states.py", "ravop/federated", "ravop/ops/federated_stats.py"]
+ANNOTATED = ["ravop/store", "ravop/client/session.py", "ravop/client/activation.py", "ravop/client/tracking.py",
+             "ravop/client/fetching.py", "ravop/client/graph_kinds.py", "ravop/client/stored_values.py",
+             "ravop/client/training_losses.py", "ravop/core/loss_names.py", "ravop/core/graph_states.py",
+             "ravop/federated", "ravop/ops/federated_stats.py"]
 
 
 def mypy(*paths, cache):

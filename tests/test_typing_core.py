@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CORE = ["ravop/core/registry.py", "ravop/core/node.py", "ravop/runtime/runner.py", "ravop/runtime/loop_run.py", "ravop/core/loop_template.py",
-        "ravop/record/loop.py", "ravop/runtime/evaluate.py", "ravop/wire/codec.py", "ravop/wire/nodes.py",
-        "ravop/wire/loop_message.py", "worker/execute/run.py", "worker/execute/validate.py"]
+CORE = ["ravop/core/registry.py", "ravop/core/node.py", "ravop/runtime/runner.py", "ravop/runtime/loop_run.py",
+        "ravop/core/loop_template.py", "ravop/record/loop.py", "ravop/runtime/evaluate.py", "ravop/wire/codec.py",
+        "ravop/wire/nodes.py", "ravop/wire/loop_message.py", "worker/execute/run.py", "worker/execute/validate.py"]
 
 
 def test_mypy_accepts_the_annotated_core(tmp_path):

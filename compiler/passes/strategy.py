@@ -43,9 +43,9 @@ def replicate_folded_loops(strategy, recorded_loops):
 
     def replicate(ir):
         if recorded_loops:
-            raise NotImplementedError(f"{strategy!r} over a loop recorded with ravop.record.loop.Loop is not implemented: "
-                                      "a strategy applies to fit(..., strategy=...) and to hand-written loops the "
-                                      "compiler folds")
+            raise NotImplementedError(f"{strategy!r} over a loop recorded with ravop.record.loop.Loop is not "
+                                      "implemented: a strategy applies to fit(..., strategy=...) and to hand-written "
+                                      "loops the compiler folds")
         folded = list(ir.loops.values())
         if not folded:
             raise GraphStateError(f"the graph has strategy={strategy!r} but no fit used it and no hand-written "

@@ -74,8 +74,8 @@ def graph_keys(session: Session, graph: Union[None, Graph, str]) -> GraphKeys:
 
 def done_losses(keys: GraphKeys) -> Losses:
     """`ravop.client.training_losses.read` of the finished graph at `keys`, from the small values this session's fetches
-    by name read (`ravop.client.stored_values.DoneValues`) where it activated that graph and they hold every loss: a fit's
-    History and the user's fetches of its losses after it then share one round trip."""
+    by name read (`ravop.client.stored_values.DoneValues`) where it activated that graph and they hold every loss: a
+    fit's History and the user's fetches of its losses after it then share one round trip."""
     session = require()
     if keys.graph_id == session.graph_id:
         names = [name for name in session.activated_names if name.startswith((TRAINING_PREFIX, VALIDATION_PREFIX))]

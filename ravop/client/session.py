@@ -1,6 +1,6 @@
 """The requester's session: R.initialize and R.flush, and the current session the other steps use
-(`require`). Activating a graph is `ravop.client.activation`, starting and tracking it `ravop.client.tracking`, fetching its
-values `ravop.client.fetching`.
+(`require`). Activating a graph is `ravop.client.activation`, starting and tracking it `ravop.client.tracking`, fetching
+its values `ravop.client.fetching`.
 
 A session is a Redis connection and a token. Everything about a graph lives in Redis under the token
 (`ravop.store.keys`), so the requester may exit after R.execute(): another process that calls
@@ -45,7 +45,7 @@ class Session:
         # training run adds up). Saved objects (bundles) still go through Redis.
         self.activated_names: Dict[str, int] = {}
         self.done_values: Optional[DoneValues] = None   # small values of the finished graph last fetched from
-        self.dashboard: "Optional[Dashboard]" = None  # a ravop.tools.dashboard.Dashboard serving this session, with dashboard=True
+        self.dashboard: "Optional[Dashboard]" = None  # a ravop.tools.dashboard.Dashboard serving it (dashboard=True)
 
     def keys(self) -> GraphKeys:
         if self.graph_id is None:

@@ -1,8 +1,8 @@
 """A training loop as plain data: `StepTemplate`s (a step's ops as `Node`s, with holes) and the `LoopSpec` that
 runs them. The requester records them (`ravop.record.loop`), the compiler folds them from unrolled steps
 (compiler/passes/loops.py), prices them like any subgraph (`compiler.cost`) and the plan writer packs them to
-protobuf once (`ravop.wire.loop_message`); a worker unpacks them once and runs them (`ravop.runtime.loop_run`). The fields
-mirror plan.proto's `LoopTemplate` and `Loop`, where each is described.
+protobuf once (`ravop.wire.loop_message`); a worker unpacks them once and runs them (`ravop.runtime.loop_run`). The
+fields mirror plan.proto's `LoopTemplate` and `Loop`, where each is described.
 """
 from __future__ import annotations
 

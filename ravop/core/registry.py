@@ -36,8 +36,8 @@ Conventions an op definition follows:
   multi-output node; `Op.output(i)`), LOOP (a training loop run as a whole, `ravop.record.loop`) and HOLE (a value a
   loop's step reads). Code asks an OpDef's flags (`is_input`, `is_projection`, `free`, ...) or, in hot loops,
   the name sets below, never an op's name.
-- Flags a loop step reads (ravop.record.loop, ravop.runtime.loop_run, compiler/passes/loops.py), declared by the op so that no
-  code matches op names or params' text: `counter` names the required int param that counts training steps
+- Flags a loop step reads (ravop.record.loop, ravop.runtime.loop_run, compiler/passes/loops.py), declared by the op
+  so that no code matches op names or params' text: `counter` names the required int param that counts training steps
   (1-based, as torch.optim's `step`); `seed_param` names the int param that holds another op's stream seed
   (`op_seed(graph_seed, that op's id)`: dropout_backward redraws its forward's mask), which a loop step advances
   with that op's stream; `in_place` is an `InPlace` kernel doing the same update on the tensors it overwrites,

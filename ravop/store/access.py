@@ -102,7 +102,8 @@ def worker_grants() -> List[Grant]:
         Grant("graph keys: progress", _graph("meta", "taken", "ran", "outbox", "steps", "t:*", "ckpt:*", "votes:*",
                                              "segs:*", "traces:*", "clients", "partials", "public_keys"), ("hset",)),
         Grant("graph keys: first dispute narrowing", _graph("votes:*"), ("hsetnx",)),
-        # the checkpoints that name a checkpoint value shared by several loops (ckpt:v:*:refs, worker/loops/shared_checkpoint.py)
+        # the checkpoints that name a checkpoint value shared by several loops (ckpt:v:*:refs,
+        # worker/loops/shared_checkpoint.py)
         Grant("graph keys: shared checkpoint values' references", _graph("ckpt:*"), ("sadd", "srem")),
         Grant("graph keys: counters", _graph("meta", "deps", "refs"), ("hincrby",)),
         Grant("graph keys: consumed entries", _graph("outbox", "refs", "segs:*"), ("hdel",)),

@@ -145,8 +145,8 @@ def paced(subgraph, inputs):
 
 
 def paced_steps(on_step, loop, loop_inputs, exchange=None):
-    """(on_step, exchange) for `ravop.runtime.loop_run.LoopRun.run`, with each loop step paced as one unit first; `loop`:
-    the plan_pb2.Loop, `loop_inputs`: the loop op's input tensors (carried initial values, then the outer ones),
+    """(on_step, exchange) for `ravop.runtime.loop_run.LoopRun.run`, with each loop step paced as one unit first;
+    `loop`: the plan_pb2.Loop, `loop_inputs`: the loop op's input tensors (carried initial values, then the outer ones),
     `exchange`: the loop's exchange with other loops (resident replicas), or None. The time a step spends in the
     exchange is network time: it is taken out of the step's compute time."""
     if CLOCK is None:

@@ -147,9 +147,9 @@ def oversized(step, declared, value, budget):
 
 
 class Watcher:
-    """The memory rules of a checked program's ops (`worker.execute.validate.Program`), for `ravop.runtime.runner.Runner`:
-    `limits`, per op, its declared output bytes (the common case is one comparison, about 0.2 us an op); past
-    that, `problem` says why the output is refused, or None."""
+    """The memory rules of a checked program's ops (`worker.execute.validate.Program`), for
+    `ravop.runtime.runner.Runner`: `limits`, per op, its declared output bytes (the common case is one comparison,
+    about 0.2 us an op); past that, `problem` says why the output is refused, or None."""
     __slots__ = ("steps", "limits", "budget")
 
     def __init__(self, program, budget):

@@ -28,8 +28,8 @@ previous checkpoint's tensors are deleted once the new one is in. A loop that ex
 by digest instead, once for all the loops whose checkpoints hold the same bits (worker/loops/shared_checkpoint.py), at
 synchronisations the graph's loops agree on (worker/loops/sync_cadence.py).
 
-The templates follow the rules of ordinary subgraphs (worker/execute/validate.py, worker/execute/memory.py): their declared
-sizes must fit the worker's limit, and each output is checked against its declared size and the budget.
+The templates follow the rules of ordinary subgraphs (worker/execute/validate.py, worker/execute/memory.py): their
+declared sizes must fit the worker's limit, and each output is checked against its declared size and the budget.
 """
 import functools
 import time
@@ -65,10 +65,10 @@ CHECKPOINT_SECONDS = 10.0
 CHECKPOINT_STEPS = 1000
 # A loop that exchanges values (a resident replica) checkpoints at a synchronisation, when its parameters equal
 # the global model it carries (stored once: worker/loops/checkpoint_aliases.py, and once for all replicas:
-# worker/loops/shared_checkpoint.py), about this often (in rounds agreed by the graph's loops: worker/loops/sync_cadence.py)
-# unless steps are asked for: its state (parameters, optimizer moments, residuals, the global model) is many
-# times what a round exchanges, so a 10 s or 1000-step cadence would send more checkpoint than pseudo-gradient
-# up the provider's link.
+# worker/loops/shared_checkpoint.py), about this often (in rounds agreed by the graph's loops:
+# worker/loops/sync_cadence.py) unless steps are asked for: its state (parameters, optimizer moments, residuals, the
+# global model) is many times what a round exchanges, so a 10 s or 1000-step cadence would send more checkpoint than
+# pseudo-gradient up the provider's link.
 RESIDENT_CHECKPOINT_SECONDS = 60.0
 
 

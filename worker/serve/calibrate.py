@@ -1,6 +1,6 @@
 """The cost model's figures for this worker, measured at start (about 0.1 s; the device's own are kept per machine:
-worker/execute/calibration_cache.py), advertised with its capabilities (`ravop.store.worker_info`) and read by the compiler
-(`compiler.cost.calibrated`) instead of the round numbers of one machine: per-op dispatch, matmul FLOP/s,
+worker/execute/calibration_cache.py), advertised with its capabilities (`ravop.store.worker_info`) and read by the
+compiler (`compiler.cost.calibrated`) instead of the round numbers of one machine: per-op dispatch, matmul FLOP/s,
 elementwise memory bytes/s, and the bytes/s of handing a tensor to another worker through Redis (the store's own
 write and read)."""
 import time

@@ -286,8 +286,8 @@ class Worker:
         return seed, data, copies, spot
 
     def _checked(self, keys, subgraph_id, message_id, data, max_bytes, seed):
-        """(plan_pb2.Subgraph, worker.execute.validate.Program, its runner built) of a claimed subgraph's plan; None if it
-        was refused."""
+        """(plan_pb2.Subgraph, worker.execute.validate.Program, its runner built) of a claimed subgraph's plan; None if
+        it was refused."""
         try:
             plan_limits.check_bytes(subgraph_id, len(data))      # before decoding: ravop.core.plan_limits
             subgraph = plan_pb2.Subgraph.FromString(data)

@@ -1,6 +1,6 @@
 """`python -m worker.serve.forkserver`: one process that imports torch and the worker's modules once, then forks each
-embedded worker from itself (`ravop/local/forked_workers.py` drives it). A forked worker costs no import, which takes 1 s
-on a quiet machine and 2-3 s beside busy processes; the first one is ready as soon as this import is done.
+embedded worker from itself (`ravop/local/forked_workers.py` drives it). A forked worker costs no import, which takes
+1 s on a quiet machine and 2-3 s beside busy processes; the first one is ready as soon as this import is done.
 
 Fork safety: nothing here runs a torch op, so there is no OpenMP thread pool to lose in a child, and each child
 sets its own intra-op threads (`ravop-worker --threads`). The OpenMP runtime reads its environment

@@ -88,7 +88,7 @@ def parse_args(argv=None):
                         help="answer only differentially private federated queries, until they have spent this "
                              "much epsilon of the --data files (ledger: <first file>.privacy-ledger.json)")
     parser.add_argument("--test-wrong-outputs", nargs="?", const="always", default=None,
-                        help=argparse.SUPPRESS)  # tests of verify=: 'always' or 'after:N' (worker/verify/redundant.py Liar)
+                        help=argparse.SUPPRESS)  # tests of verify=: 'always' or 'after:N' (verify/redundant.py Liar)
     parser.add_argument("-v", "--verbose", action="store_true", help="log every start and stop")
     return parser.parse_args(argv)
 

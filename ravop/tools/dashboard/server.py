@@ -4,7 +4,8 @@ It binds to 127.0.0.1 unless told otherwise.
 
 GET  /                               the page (static/index.html)
 GET  /static/NAME                    its script and style sheet
-GET  /metrics                        Prometheus metrics of the token's graphs and the live workers (ravop.tools.graph_metrics)
+GET  /metrics                        Prometheus metrics of the token's graphs and the live workers
+                                     (ravop.tools.graph_metrics)
 GET  /api/status                     `ravop status --json`, plus admin: whether cancelling is enabled
 GET  /api/graphs/REF/dag             subgraphs and edges with their states (`ravop.tools.status.subgraph_dag`)
 GET  /api/graphs/REF/losses          training and validation losses, at most ~1,000 points (`loss_points`)
