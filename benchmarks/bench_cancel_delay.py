@@ -1,7 +1,7 @@
-"""How long a loop running on a real worker takes to feel a cancel: from `ravop.status.cancel` returning to the
+"""How long a loop running on a real worker takes to feel a cancel: from `ravop.tools.status.cancel` returning to the
 worker acking the loop's message (it left the loop), for a loop whose steps persist a 256 KB value each, so that
-its flushes are slow and spaced far apart (worker/loop_subgraph.py spaces them to a 20th of the loop's time):
-before worker/graph_watch.py the loop learned of a cancel only at a flush.
+its flushes are slow and spaced far apart (worker/loops/loop_subgraph.py spaces them to a 20th of the loop's time):
+before worker/loops/graph_watch.py the loop learned of a cancel only at a flush.
 
     python benchmarks/bench_cancel_delay.py [--trials 3] [--steps 3000]
 """
@@ -14,13 +14,13 @@ import uuid
 import torch
 
 import ravop as R
-from ravop import status
-from ravop.embedded import LocalServer, start_worker
-from ravop.loop import Loop
-from ravop.session import require
+from ravop.client.session import require
+from ravop.local.embedded import LocalServer, start_worker
+from ravop.record.loop import Loop
 from ravop.store import GROUP, connect, queue
 from ravop.store import graphs as store_graphs
 from ravop.store.keys import worker_key
+from ravop.tools import status
 
 
 def record(trial, steps):

@@ -4,7 +4,7 @@
                                        [--tensor-mb 64] [--tensor-clients 6]
 
 Every setup is started here from the server binary the embedded default uses, all over TCP on 127.0.0.1:
-a standalone server, a 1-shard cluster and an N-shard cluster (ravop.local_cluster).
+a standalone server, a 1-shard cluster and an N-shard cluster (ravop.local.local_cluster).
 - graphs/s: `--requesters` processes each upload, start and wait for small graphs (a chain of 3 one-op
   subgraphs) for `--seconds`, while `--workers` worker processes serve them; each requester talks to
   another node.
@@ -24,8 +24,8 @@ import uuid
 
 import torch
 
-from ravop.embedded import server_binary, start_worker
-from ravop.local_cluster import LocalCluster, free_ports, wait_until_answers
+from ravop.local.embedded import server_binary, start_worker
+from ravop.local.local_cluster import LocalCluster, free_ports, wait_until_answers
 from ravop.store import Scripts, connect, ensure_queues, graphs
 from ravop.store import tensors as stored
 from ravop.store.handoff import Handoff

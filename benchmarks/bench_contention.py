@@ -29,12 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ravop as R  # noqa: E402
+from ravop.client import session as sessions  # noqa: E402
 import digits_cnn_sequential  # noqa: E402
 from example_data import digits_data  # noqa: E402
-from ravop.loss_names import training_loss_name  # noqa: E402
 from ravdl.v2 import NeuralNetwork  # noqa: E402
 from ravdl.v2.layers import Activation, Dense  # noqa: E402
 from ravdl.v2.optimizers import Adam  # noqa: E402
+from ravop.core.loss_names import training_loss_name  # noqa: E402
 from bench_startup import first_result  # noqa: E402
 from busy import busy_processes, load  # noqa: E402
 
@@ -132,9 +133,9 @@ def main():
     print(f"{os.cpu_count()} cores, torch {torch.__version__}; {load()}", flush=True)
     seconds = first_result("bench-contention", args.workers)["first"]
     print(f"R.initialize() to the first result of a trivial graph: {seconds:.2f} s")
-    session = R.session.require()
+    session = sessions.require()
     session.embedded.wait_ready(session.client)   # the later embedded workers start once the first is up
-    threads = sorted(w["threads"] for w in R.session.live_workers())
+    threads = sorted(w["threads"] for w in sessions.live_workers())
     print(f"embedded workers' torch threads: {threads}; this process: {torch.get_num_threads()}")
     print(f"\nas the machine is ({load()}), best of {args.repeats}:", flush=True)
     compare(args, X, y)

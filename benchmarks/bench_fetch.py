@@ -25,7 +25,7 @@ from example_data import digits_data  # noqa: E402
 from ravdl.v2 import NeuralNetwork  # noqa: E402
 from ravdl.v2.layers import Activation, Dense  # noqa: E402
 from ravdl.v2.optimizers import Adam  # noqa: E402
-from ravop.loss_names import training_loss_name  # noqa: E402
+from ravop.core.loss_names import training_loss_name  # noqa: E402
 
 GOAL_US = 100.0
 

@@ -26,15 +26,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import ravop as R  # noqa: E402
 import compiler.partition as partition  # noqa: E402
+import ravop as R  # noqa: E402
+from ravop.client import session as sessions  # noqa: E402
 import bench_contention  # noqa: E402
 from bench_step import recorded_loop, timed  # noqa: E402
 from busy import load  # noqa: E402
 from example_data import digits_data  # noqa: E402
-from ravop import step_compiler  # noqa: E402
-from ravop.loop_run import LoopRun  # noqa: E402
-from ravop.loss_names import training_loss_name  # noqa: E402
+from ravop.core.loss_names import training_loss_name  # noqa: E402
+from ravop.runtime import step_compiler  # noqa: E402
+from ravop.runtime.loop_run import LoopRun  # noqa: E402
 
 EPOCHS, BATCH = 5, 32
 PHASES = ("record", "activate", "execute", "track", "fetch")
@@ -86,7 +87,7 @@ def main():
     known = {"cnn": ("digits CNN", bench_contention.record_cnn, bench_contention.eager_cnn),
              "mlp": ("digits MLP", bench_contention.record_mlp, bench_contention.eager_mlp)}
     R.initialize()
-    session = R.session.require()
+    session = sessions.require()
     session.embedded.wait_ready(session.client)
     print(f"embedded default up; {load()}; best of {args.repeats}, ms", flush=True)
     print(f"{'case':<16}" + "".join(f"{p:>9}" for p in PHASES) + f"{'fit':>8}{'loop':>8}{'beyond':>8}"

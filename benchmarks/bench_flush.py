@@ -19,7 +19,7 @@ import ravop as R  # noqa: E402
 import bench_contention  # noqa: E402
 from busy import load  # noqa: E402
 from example_data import digits_data  # noqa: E402
-from ravop.embedded import LocalServer  # noqa: E402
+from ravop.local.embedded import LocalServer  # noqa: E402
 from ravop.store import GraphKeys  # noqa: E402
 from ravop.store import flush as flush_module  # noqa: E402
 

@@ -7,7 +7,7 @@ device) against the same training loop in eager PyTorch on the same device, in o
 embedded worker with `--device cuda`; on a machine without a GPU it compares the CPU worker with eager CPU.
 Both sides run torch.optim.Adam's fused update (fused=True on both: ravdl's Adam(fused=True)) so their losses can be checked
 against each other, and on a GPU the same float32 math (no TF32, deterministic cuDNN: what a worker uses,
-`worker.device.use_full_precision`); the engine's time is split into record, compile+upload, execute and
+`worker.execute.device.use_full_precision`); the engine's time is split into record, compile+upload, execute and
 fetch.
 """
 import argparse
@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as TF
 from torch import nn
 
-import ravop as R
 from ravdl.v2 import Pytorch_Model
 from ravdl.v2.optimizers import Adam
-from worker.device import use_full_precision
+import ravop as R
+from worker.execute.device import use_full_precision
 
 LR = 1e-3
 

@@ -20,8 +20,8 @@ import torch
 
 import ravop as R
 from bench_ravdl import GRAPH_SEED, mnist_data, mnist_weights, record_mnist
-from ravop.embedded import LocalServer, start_worker
-from ravop.graph import current_graph
+from ravop.local.embedded import LocalServer, start_worker
+from ravop.record.graph import current_graph
 from ravop.store import GraphKeys, connect
 from ravop.store.keys import worker_key
 

@@ -1,5 +1,5 @@
-"""What following the graph costs a running loop (worker/graph_watch.py): the time per step of a small MLP's fit
-(the loop a worker runs, `ravop.loop_run.LoopRun`) with a thread beside it reading the graph's state from a real
+"""What following the graph costs a running loop (worker/loops/graph_watch.py): the time per step of a small MLP's fit
+(the loop a worker runs, `ravop.runtime.loop_run.LoopRun`) with a thread beside it reading the graph's state from a real
 server every 0.25 s and the step's check of what it read, against the same loop with neither, and against eager
 PyTorch's step of the same model, in one run. Rounds alternate, best of each is kept.
 
@@ -11,16 +11,16 @@ import time
 import numpy as np
 import torch
 
-import ravop as R
 from compiler import compile_graph
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop.embedded import LocalServer
-from ravop.loop_run import LoopRun
+import ravop as R
+from ravop.local.embedded import LocalServer
+from ravop.runtime.loop_run import LoopRun
 from ravop.store import GraphKeys, connect
 from ravop.wire import unpack_loop, unpack_nodes
-from worker.graph_watch import GraphWatch
+from worker.loops.graph_watch import GraphWatch
 
 ROWS, BATCH, FEATURES = 256, 32, 16
 

@@ -36,7 +36,7 @@ from bench_ravdl import Workers, mnist_data  # noqa: E402
 from ravdl.v2 import NeuralNetwork, Pytorch_Model  # noqa: E402
 from ravdl.v2.layers import Activation, Dense  # noqa: E402
 from ravdl.v2.optimizers import Adam  # noqa: E402
-from ravop.embedded import LocalServer  # noqa: E402
+from ravop.local.embedded import LocalServer  # noqa: E402
 
 BATCH, WIDTH, SEED = 256, 1024, 0
 

@@ -19,10 +19,10 @@ import uuid
 
 import torch
 
-from ravop.embedded import LocalServer, start_worker
+from ravop.core.node import Node
+from ravop.local.embedded import LocalServer, start_worker
 from ravop.store import Scripts, connect, ensure_queues, graphs
 from ravop.store.keys import worker_key
-from ravop.node import Node
 from ravop.wire import pack_nodes, plan_pb2
 
 TOKEN = "bench-hop"

@@ -42,12 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import digits_cnn_sequential  # noqa: E402
 import iris_sequential  # noqa: E402
-import ravop as R  # noqa: E402
 from ravdl.v2 import NeuralNetwork  # noqa: E402
 from ravdl.v2.layers import Activation, Dense  # noqa: E402
 from ravdl.v2.optimizers import Adam  # noqa: E402
-from ravop.embedded import LocalServer, start_worker  # noqa: E402
-from ravop.graph import current_graph  # noqa: E402
+import ravop as R  # noqa: E402
+from ravop.local.embedded import LocalServer, start_worker  # noqa: E402
+from ravop.record.graph import current_graph  # noqa: E402
 from ravop.store import connect  # noqa: E402
 from ravop.store.keys import worker_key  # noqa: E402
 

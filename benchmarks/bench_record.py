@@ -16,7 +16,7 @@ import os
 import time
 
 import ravop as R
-from ravop import requester  # noqa: F401  (R's names load on first use: now, before the freeze below)
+from ravop.client import requester  # noqa: F401  (R's names load on first use: now, before the freeze below)
 
 gc.freeze()  # as R.initialize() does (this benchmark records without a session): recording's GC skips torch's objects
 

@@ -4,7 +4,7 @@ process, on the machine as it is and then with two busy processes sharing its co
 bench_contention.py). Also printed per run: when R.initialize() returned and when each worker had registered.
 Target (issue 29): <= 3 s.
 
-Each run is repeated for each way of starting the workers ($RAVOP_FORK_SERVER, ravop/fork_server.py), the ways
+Each run is repeated for each way of starting the workers ($RAVOP_FORK_SERVER, ravop/local/forked_workers.py), the ways
 interleaved run by run: 0 = each worker its own process (as before the fork server), spawn = a fresh fork
 server that imports torch once, auto = the default (forked from the requester where that is safe).
 
@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 import ravop as R
+from ravop.client import session as sessions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -51,7 +52,7 @@ def _child(workers):
     run = first_result("bench-startup", workers)
     registered = {}
     while len(registered) < (2 if workers is None else workers):   # as the workers themselves say
-        for info in R.session.live_workers():
+        for info in sessions.live_workers():
             registered.setdefault(info["name"], info["started"] - wall_start)
         time.sleep(0.01)
     print(json.dumps({**run, "registered": sorted(registered.values())}))

@@ -1,5 +1,5 @@
 """A training loop's steps in this process, op by op (the plain runner) against the step compiler's rewrites
-(ravop/step_compiler.py) and against eager PyTorch (autograd + torch.optim.Adam as a CPU runs it by default, the
+(ravop/runtime/step_compiler.py) and against eager PyTorch (autograd + torch.optim.Adam as a CPU runs it by default, the
 per-parameter loop, as the engine's Adam() does), and both with Adam(fused=True), on the same shapes: the digits
 MLP and CNN (5 epochs, batch 32, as benchmarks/bench_contention.py) and the MNIST-sized MLP of
 benchmarks/bench_ravdl.py (1 epoch, batch 128).
@@ -28,9 +28,9 @@ import ravop as R  # noqa: E402
 import bench_contention  # noqa: E402
 import bench_ravdl  # noqa: E402
 from example_data import digits_data  # noqa: E402
-from ravop.graph import current_graph  # noqa: E402
-from ravop.interpreter import evaluate  # noqa: E402
-from ravop.loop_run import LoopRun  # noqa: E402
+from ravop.record.graph import current_graph  # noqa: E402
+from ravop.runtime.evaluate import evaluate  # noqa: E402
+from ravop.runtime.loop_run import LoopRun  # noqa: E402
 
 
 def recorded_loop(record):

@@ -21,7 +21,7 @@ import time
 import redis
 import torch
 
-from ravop.embedded import LocalServer
+from ravop.local.embedded import LocalServer
 from ravop.store import connect, tensors
 
 ROUND_TRIP = textwrap.dedent("""

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ravop as R  # noqa: E402
 from bench_ravdl import Workers, mnist_data  # noqa: E402
 from compiler import compile_graph  # noqa: E402
-from ravop.embedded import LocalServer  # noqa: E402
-from ravop.graph import current_graph  # noqa: E402
+from ravop.local.embedded import LocalServer  # noqa: E402
+from ravop.record.graph import current_graph  # noqa: E402
 
 BATCH, LR = 128, 0.001
 

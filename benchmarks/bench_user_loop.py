@@ -27,7 +27,7 @@ from ravdl.v2 import Functional  # noqa: E402
 from ravdl.v2.layers import Activation, BatchNormalization1D, CustomLayer, Dense, Dropout  # noqa: E402
 from ravdl.v2.optimizers import Adam  # noqa: E402
 from ravdl.v2.utils.data_manipulation import batch_iterator  # noqa: E402
-from ravop.embedded import LocalServer  # noqa: E402
+from ravop.local.embedded import LocalServer  # noqa: E402
 
 
 class First(CustomLayer):

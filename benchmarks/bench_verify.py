@@ -32,11 +32,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import ravop as R  # noqa: E402
 from compiler.cost import DEVICES  # noqa: E402
-from ravop.embedded import LocalServer, start_worker  # noqa: E402
-from ravop.session import require  # noqa: E402
-from ravop.spot_policy import Verify, read_trust, trust_member  # noqa: E402
+import ravop as R  # noqa: E402
+from ravop.client.session import require  # noqa: E402
+from ravop.core.spot_policy import Verify, read_trust, trust_member  # noqa: E402
+from ravop.local.embedded import LocalServer, start_worker  # noqa: E402
 from ravop.store import GraphKeys, TokenKeys, connect, queue  # noqa: E402
 from ravop.store.keys import worker_key  # noqa: E402
 from ravop.store.spot_scripts import SpotScript  # noqa: E402

@@ -24,10 +24,10 @@ from collections import Counter
 import torch
 
 import ravop as R
-from ravop.embedded import LocalServer, start_worker
+from ravop.core.node import Node
+from ravop.local.embedded import LocalServer, start_worker
 from ravop.store import DEAD_LETTER, GraphKeys, Scripts, connect, graphs, queue, worker_info
 from ravop.store.keys import worker_key
-from ravop.node import Node
 from ravop.wire import encode_tensor, pack_nodes, plan_pb2
 
 TOKEN = "fuzz"

@@ -34,7 +34,7 @@ from ravdl.v2.layers import (Activation, BatchNormalization2D, Conv2D, Dense, Dr
                              Flatten, LayerNormalization, MaxPooling2D)
 from ravdl.v2.optimizers import Adam, AdamW, RMSprop  # noqa: E402
 from ravdl.v2.utils import batch_iterator  # noqa: E402
-from ravop.embedded import start_worker  # noqa: E402
+from ravop.local.embedded import start_worker  # noqa: E402
 
 BATCH_SIZE = 64
 OPTIMIZERS = {"adam": lambda: Adam(lr=0.003), "rmsprop": lambda: RMSprop(lr=0.001),

@@ -4,8 +4,8 @@ from contextlib import contextmanager
 
 from . import cost, ir as ir_module
 from .partition import coarse_graph, max_parallel_width, partition
-from .passes import fuse_linear_chains
 from .pass_manager import PIPELINE, UNFOLDED_PIPELINE, run_pipeline, strategy_pipeline
+from .passes import fuse_linear_chains
 from .plan import emit_plan
 
 MIN_SUBGRAPH_SECONDS = 0.004  # ~20x a Redis round trip (0.1-0.3 ms), so a hop costs at most ~5%
@@ -47,7 +47,7 @@ def handoff_seconds(plan, costs):
 
 def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph_seconds=MAX_SUBGRAPH_SECONDS,
                   devices=cost.DEVICES):
-    """Compile a recorded `ravop.graph.Graph` (which is not modified) into a plan of subgraphs. `devices`: the
+    """Compile a recorded `ravop.record.graph.Graph` (which is not modified) into a plan of subgraphs. `devices`: the
     cost model's figures per device kind (`compiler.cost.calibrated` makes them from the workers' own)."""
     if not 0 <= min_subgraph_seconds <= max_subgraph_seconds:
         raise ValueError(f"need 0 <= min_subgraph_seconds <= max_subgraph_seconds, got "

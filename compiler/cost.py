@@ -2,7 +2,7 @@
 
 seconds = dispatch overhead (a fixed part per op plus a part per tensor it reads or writes: layer-level
 ops such as adam_step or linear_backward run several torch calls) + FLOPs / throughput + bytes / memory
-bandwidth. Each worker measures its device's figures at start (worker/calibrate.py) and advertises them;
+bandwidth. Each worker measures its device's figures at start (worker/serve/calibrate.py) and advertises them;
 `calibrated` takes the median of each device kind's workers. `DEVICES` holds the figures used where no worker
 has advertised any: round numbers measured on ordinary hardware (a 2-core CPU runs a float32 matmul at
 ~1e11 FLOP/s, a large elementwise add at ~3-5 GB/s, relu on a small tensor in ~9 us and adam_step in ~45 us
@@ -14,10 +14,10 @@ from the largest tensor it touches (elementwise ops and reductions). Unknown (-1
 """
 import statistics
 
-from ravop import registry
-from ravop.registry import FREE, LOOPS
-from ravop.sizes import nbytes_estimate, numel_estimate
-from ravop.cost_fields import COST_FIELDS
+from ravop.core import registry
+from ravop.core.cost_fields import COST_FIELDS
+from ravop.core.registry import FREE, LOOPS
+from ravop.core.sizes import nbytes_estimate, numel_estimate
 
 
 class DeviceModel:

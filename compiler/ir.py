@@ -5,14 +5,14 @@ only remove nodes, point readers at an earlier node, or turn a node into a const
 mutate a node or an IR: they build new ones and share what they did not change, so the recorded graph and
 every intermediate IR stay valid.
 """
-from ravop.errors import GraphStateError
-from ravop.node import NO_PARAMS, Node
+from ravop.core.errors import GraphStateError
+from ravop.core.node import NO_PARAMS, Node
 from ravop.wire.codec import encode_params
 
 
 class IR:
     """`nodes`: id -> Node in ascending id order; `outputs`: persist name -> id; `constants`: id -> tensor for
-    every const node; `loops`: loop node id -> its `ravop.loop_template.LoopRecord` (the ops of its steps are not
+    every const node; `loops`: loop node id -> its `ravop.core.loop_template.LoopRecord` (the ops of its steps are not
     in `nodes`: they are its templates' `Node`s)."""
     __slots__ = ("nodes", "outputs", "constants", "seed", "graph_id", "device", "n_recorded", "loops")
 
@@ -37,7 +37,7 @@ class IR:
 
 
 def from_graph(graph):
-    """The IR of a recorded `ravop.graph.Graph` (which is only read)."""
+    """The IR of a recorded `ravop.record.graph.Graph` (which is only read)."""
     nodes = {}
     # Params repeat (an optimizer's settings on every step, a layer's options on every call): encode each
     # distinct set once. Canonical params are numbers, strings, None and tuples, whose repr is exact.
@@ -69,7 +69,7 @@ def from_graph(graph):
         raise GraphStateError(f"the loop step that recorded {op.op!r} at {op.source} was never run: call "
                               "loop.run(...)")
     # The plan carries the seed as uint64. Random streams only depend on it modulo 2**64
-    # (`ravop.interpreter.op_seed`), so a negative graph seed keeps its streams.
+    # (`ravop.runtime.evaluate.op_seed`), so a negative graph seed keeps its streams.
     seed = graph.seed & 0xFFFF_FFFF_FFFF_FFFF
     return IR(nodes, outputs, dict(graph.constants), seed, graph.id,
               "cuda" if graph.gpu_required else "cpu", len(graph.nodes), dict(graph.loops))

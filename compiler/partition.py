@@ -23,7 +23,7 @@ the same or a later window. Every edge of the quotient graph therefore goes from
 higher one, and no cycle can exist. (`coarse_graph` checks it anyway.)
 
 A loop op (with its tuple_get readers) is always a window of its own: a worker runs it as one loop, keeping
-its carried values in memory (`worker.loop_subgraph`). The fills it reads (ops that read nothing, such as
+its carried values in memory (`worker.loops.loop_subgraph`). The fills it reads (ops that read nothing, such as
 the zeros an optimizer's moments start from, too big for constant folding) and nothing else reads go into its
 window, ahead of it (`loop_fills`): made where they are used, they cost no subgraph of their own, no queue hop
 and no upload. A fill that several loops read is made in each of their windows.
@@ -33,7 +33,7 @@ devices.
 """
 import networkx as nx
 
-from ravop.registry import INPUTS, LOOPS, NOT_KERNELS, PROJECTIONS
+from ravop.core.registry import INPUTS, LOOPS, NOT_KERNELS, PROJECTIONS
 
 from .pass_manager import InvariantError
 

@@ -1,7 +1,7 @@
 """Run the passes in order and check the IR's invariants after each, as torch.fx's PassManager does: a pass
 that breaks the IR is named at once instead of surfacing as a wrong result on a worker."""
-from ravop.errors import RavopError
-from ravop.registry import INPUTS, PROJECTIONS
+from ravop.core.errors import RavopError
+from ravop.core.registry import INPUTS, PROJECTIONS
 
 from .passes import eliminate_common_subexpressions, eliminate_dead_code, fold_constants, fold_repeated_steps
 from .passes.strategy import replicate_folded_loops

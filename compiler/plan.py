@@ -8,7 +8,7 @@ tuple_gets), `loop`, its step templates.
 """
 from dataclasses import replace
 
-from ravop.registry import LOOPS
+from ravop.core.registry import LOOPS
 from ravop.wire import pack_loop, pack_nodes, plan_pb2
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 import ravop as R
-from ravop.errors import GraphFailedError
+from ravop.core.errors import GraphFailedError
 from ravop.store.federated_schema import live_providers
 
 

@@ -8,15 +8,15 @@
     R.activate(); R.execute(); R.track_progress()
     R.fetch_persisting_op('c')
 
-The names of `R` (ravop/requester.py) load on first use (PEP 562), so that a worker, which imports
-ravop.registry, ravop.ops, ravop.store and ravop.wire, does not load sessions, recording and `R.model`.
+The names of `R` (ravop/client/requester.py) load on first use (PEP 562), so that a worker, which imports
+ravop.core.registry, ravop.ops, ravop.store and ravop.wire, does not load sessions, recording and `R.model`.
 """
 import importlib
 import importlib.util
 
 
 def _load_requester():
-    names = importlib.import_module(f"{__name__}.requester").PUBLIC
+    names = importlib.import_module(f"{__name__}.client.requester").PUBLIC
     globals().update(names)
     return names
 
@@ -26,8 +26,8 @@ def __getattr__(name):
         return sorted(_load_requester())
     if name.startswith("__"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    # A submodule's name is not an API name (`R.parallel`, or `from ravop import op_functions` inside the ops
-    # modules): it imports the submodule alone, not the whole API.
+    # A submodule's name is not an API name (`R.parallel`, `R.store`): it imports the submodule alone, not the whole
+    # API.
     if importlib.util.find_spec(f"{__name__}.{name}") is not None:
         return importlib.import_module(f"{__name__}.{name}")
     names = _load_requester()

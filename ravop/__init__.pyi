@@ -6,31 +6,31 @@ import numpy as np
 import torch
 
 from . import parallel as parallel
-from .activation import activate as activate
-from .autodiff import NotDifferentiableError as NotDifferentiableError
-from .autodiff import grad as grad
-from .errors import ConnectionFailed as ConnectionFailed
-from .errors import DeviceUnavailable as DeviceUnavailable
-from .errors import GraphCancelledError as GraphCancelledError
-from .errors import GraphFailedError as GraphFailedError
-from .errors import GraphStateError as GraphStateError
-from .errors import NotComputedError as NotComputedError
-from .errors import RavopError as RavopError
-from .errors import ShapeError as ShapeError
-from .errors import StoreLimitError as StoreLimitError
-from .errors import UnknownPersistName as UnknownPersistName
-from .fetching import fetch_losses as fetch_losses
-from .fetching import fetch_persisting_op as fetch_persisting_op
-from .graph import Graph as Graph
-from .graph import current_graph as current_graph
-from .session import flush as flush
-from .session import initialize as initialize
-from .spot_policy import Verify as Verify
-from .torchscript_import import model as model
-from .tracking import execute as execute
-from .tracking import get_my_graphs as get_my_graphs
-from .tracking import track_progress as track_progress
-from .training_losses import Losses as Losses
+from .client.activation import activate as activate
+from .client.fetching import fetch_losses as fetch_losses
+from .client.fetching import fetch_persisting_op as fetch_persisting_op
+from .client.session import flush as flush
+from .client.session import initialize as initialize
+from .client.tracking import execute as execute
+from .client.tracking import get_my_graphs as get_my_graphs
+from .client.tracking import track_progress as track_progress
+from .client.training_losses import Losses as Losses
+from .core.errors import ConnectionFailed as ConnectionFailed
+from .core.errors import DeviceUnavailable as DeviceUnavailable
+from .core.errors import GraphCancelledError as GraphCancelledError
+from .core.errors import GraphFailedError as GraphFailedError
+from .core.errors import GraphStateError as GraphStateError
+from .core.errors import NotComputedError as NotComputedError
+from .core.errors import RavopError as RavopError
+from .core.errors import ShapeError as ShapeError
+from .core.errors import StoreLimitError as StoreLimitError
+from .core.errors import UnknownPersistName as UnknownPersistName
+from .core.spot_policy import Verify as Verify
+from .record.autodiff import NotDifferentiableError as NotDifferentiableError
+from .record.autodiff import grad as grad
+from .record.graph import Graph as Graph
+from .record.graph import current_graph as current_graph
+from .record.torchscript_import import model as model
 
 TensorLike = Op | torch.Tensor | np.ndarray | Sequence[Any] | bool | int | float | complex
 

@@ -1,4 +1,4 @@
-"""`python -m ravop`: the `ravop` command line (ravop.cluster_cli)."""
-from .cluster_cli import main
+"""`python -m ravop`: the `ravop` command line (ravop.tools.cluster_cli)."""
+from .tools.cluster_cli import main
 
 raise SystemExit(main())

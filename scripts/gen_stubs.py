@@ -1,8 +1,8 @@
 """Write ravop/__init__.pyi: the typed face of `import ravop as R`, generated from the op registry.
 
-`R.<op>` functions and `Op` methods are made at import from the registry (ravop/api.py), so IDEs and type
+`R.<op>` functions and `Op` methods are made at import from the registry (ravop/record/api.py), so IDEs and type
 checkers cannot see them; this stub gives each one its signature (tensor inputs, then params with their
-defaults: ravop/op_signatures.py, which also sets the live functions' `__signature__`) and the kernel's
+defaults: ravop/record/op_signatures.py, which also sets the live functions' `__signature__`) and the kernel's
 docstring, and re-exports the hand-written API (a function annotated `-> Op`, as `R.t`, is written out, so
 that what it returns has the op methods). tests/test_typing.py fails when
 the checked-in stub differs from what this script writes.
@@ -20,9 +20,10 @@ import types
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import ravop.requester  # noqa: E402  (after the path: this tree's ravop; loaded now: it fills the registry)
-from ravop import api, registry  # noqa: E402
-from ravop.op_signatures import op_signature  # noqa: E402
+import ravop.client.requester  # noqa: E402  (after the path: this tree's ravop; loaded now: it fills the registry)
+from ravop.core import registry  # noqa: E402
+from ravop.record import api  # noqa: E402
+from ravop.record.op_signatures import op_signature  # noqa: E402
 from generated_files import write_or_check  # noqa: E402  (scripts/, the running script's folder)
 
 STUB = ROOT / "ravop" / "__init__.pyi"
@@ -139,9 +140,9 @@ def _hand_written_doc(name, value):
 
 def _recording_functions():
     """`def t(value: Any, ...) -> Op` for the hand-written functions that return an Op: a re-export would send
-    IDEs to the module that defines them, whose Op has no op methods (ravop/api.py attaches them at import)."""
+    IDEs to the module that defines them, whose Op has no op methods (ravop/record/api.py attaches them at import)."""
     out = []
-    for name, value in sorted(ravop.requester.PUBLIC.items()):
+    for name, value in sorted(ravop.client.requester.PUBLIC.items()):
         if not name.startswith("_") and name not in registry.REGISTRY and _returns_op(value):
             doc = _hand_written_doc(name, value)
             out.append(f"\n\ndef {name}({', '.join(_render(inspect.signature(value)))}) -> Op:\n    \"\"\"{doc}\"\"\"\n")
@@ -159,7 +160,7 @@ def _constructors():
     """`class Tensor: def __new__(cls, value: Any, ...) -> Op` for those classes: a re-export would type what the
     call returns as the class, which has none of the op methods."""
     out = []
-    for name, value in sorted(ravop.requester.PUBLIC.items()):
+    for name, value in sorted(ravop.client.requester.PUBLIC.items()):
         if not name.startswith("_") and name not in registry.REGISTRY and _makes_op(value):
             doc = _hand_written_doc(name, value)
             args = ", ".join(_render(inspect.signature(value.__new__)))
@@ -168,10 +169,10 @@ def _constructors():
 
 
 def _reexports():
-    """`from .module import name as name` for the hand-written public API of ravop/requester.py."""
+    """`from .module import name as name` for the hand-written public API of ravop/client/requester.py."""
     ops = set(registry.REGISTRY)
     lines, values = [f"from . import {module} as {module}\n" for module in PUBLIC_MODULES], []
-    for name, value in sorted(ravop.requester.PUBLIC.items()):
+    for name, value in sorted(ravop.client.requester.PUBLIC.items()):
         if (name.startswith("_") or name in ops or isinstance(value, types.ModuleType) or name == "Op"
                 or _returns_op(value) or _makes_op(value)):
             continue

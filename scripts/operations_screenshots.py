@@ -15,12 +15,12 @@ import numpy as np
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-import ravop as R
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.callbacks import TensorBoard
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop.dashboard import Dashboard
+import ravop as R
+from ravop.tools.dashboard import Dashboard
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 

@@ -9,9 +9,9 @@ import uuid
 import pytest
 
 import ravop as R
-from ravop.embedded import LocalServer, start_worker
-from ravop.graph import set_current
-from ravop.interpreter import evaluate
+from ravop.local.embedded import LocalServer, start_worker
+from ravop.runtime.evaluate import evaluate
+from ravop.record.graph import set_current
 from ravop.store import connect
 from ravop.store.keys import worker_key
 
@@ -155,14 +155,14 @@ def engine(server):
 
 @pytest.fixture
 def on_engine(engine, module_workers):
-    """An executor like `ravop.interpreter.evaluate` (a list of Ops in, their tensors out) that runs the
+    """An executor like `ravop.runtime.evaluate.evaluate` (a list of Ops in, their tensors out) that runs the
     ops through the compiler, the test server and two worker processes."""
     return run_ops
 
 
 @pytest.fixture(params=["in-process", "engine"])
 def execute(request):
-    """Each test using it runs twice: with `ravop.interpreter.evaluate`, then through the real engine."""
+    """Each test using it runs twice: with `ravop.runtime.evaluate.evaluate`, then through the real engine."""
     if request.param == "in-process":
         return evaluate
     return request.getfixturevalue("on_engine")

@@ -23,7 +23,7 @@ from ravdl.v2.layers import (Activation, BatchNormalization1D, BatchNormalizatio
                              Flatten, LayerNormalization, MaxPooling2D)
 from ravdl.v2.lr_schedules import StepLR
 from ravdl.v2.optimizers import Adam, AdamW, RMSprop
-from ravop.interpreter import evaluate
+from ravop.runtime.evaluate import evaluate
 
 
 @dataclass

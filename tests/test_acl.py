@@ -14,13 +14,13 @@ import redis
 import torch
 
 import ravop as R
-from ravop import admin
-from ravop.embedded import LocalServer
-from ravop.errors import RavopError
+from ravop.core.errors import RavopError
+from ravop.local.embedded import LocalServer
 from ravop.store import access
 from ravop.store import ensure_queues
 from ravop.store.keys import DEAD_LETTER, STARTED, TOKENS, GraphKeys, TokenKeys, queue
 from ravop.store.threat_model import PRINCIPALS, TOKEN_A, TOKEN_B, key_classes, table
+from ravop.tools import admin
 
 from conftest import Workers
 from test_cli import ravop, train_small_model

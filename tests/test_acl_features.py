@@ -12,15 +12,16 @@ import pytest
 import redis
 import torch
 
-import ravop as R
 from ravdl.v2.callbacks import EarlyStopping
-from ravop import graph_states, status
-from ravop.interpreter import evaluate_persisted
-from ravop.spot_policy import read_trust
+import ravop as R
+from ravop.core import graph_states
+from ravop.core.spot_policy import read_trust
+from ravop.runtime.evaluate import evaluate_persisted
 from ravop.store import ensure_queues
 from ravop.store import graphs as store_graphs
 from ravop.store.keys import TOKENS, GraphKeys, TokenKeys
 from ravop.store.threat_model import TOKEN_A, TOKEN_B
+from ravop.tools import status
 
 from conftest import Workers
 from helpers import assert_a_valid_graph_runs, on_one_thread, wait_for
@@ -185,7 +186,7 @@ def test_a_token_user_stops_and_cancels_running_loops(run):
 
 
 def test_a_token_user_stops_a_spot_checked_fit(run):
-    """A stop asked from the API (ravop.status.request_stop: STOP's fields written without a script by a token
+    """A stop asked from the API (ravop.tools.status.request_stop: STOP's fields written without a script by a token
     user) of a fit under verify='spot' on two workers checkpointing every 5 steps (one segment an epoch): the loop
     ends at an epoch boundary, its last segment checked, with the prediction of the fit recorded that long."""
     from test_spot_checks import record_fit
@@ -252,8 +253,8 @@ def test_a_scheduled_fit_with_chunked_checkpoints_as_a_token_user(run, monkeypat
 
 
 def test_workers_repair_a_lost_consumer_group_and_leave_a_retyped_stream_to_ravop_admin(run, acl_server):
-    """Damaged work streams met by worker-user processes (worker/server_errors.py, ravop.store.repair): a destroyed
-    consumer group is made again by a worker (XGROUP CREATE, granted); a stream replaced by a string cannot be
+    """Damaged work streams met by worker-user processes (worker/serve/server_errors.py, ravop.store.repair): a
+    destroyed consumer group is made again by a worker (XGROUP CREATE, granted); a stream replaced by a string cannot be
     deleted by a worker (DEL on the work streams is refused by design: a worker may not destroy them), the
     workers ride it out and say so, and `ravop admin` repairs it; the token user's graphs then run."""
     from ravop.store.keys import GROUP, queue

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as TF
 
 import ravop as R
-from ravop import registry
-from ravop.interpreter import evaluate, run_op
+from ravop.core import registry
+from ravop.runtime.evaluate import evaluate, run_op
 
 DT = torch.float64
 

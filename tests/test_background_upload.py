@@ -18,8 +18,8 @@ import redis
 import torch
 
 import ravop as R
-from ravop.errors import GraphFailedError, WireFormatError
-from ravop.session import require
+from ravop.client.session import require
+from ravop.core.errors import GraphFailedError, WireFormatError
 from ravop.store import GraphKeys, background_upload, tensors
 from ravop.store.tensors import marker_key
 from ravop.wire.codec import encode_chunked
@@ -147,7 +147,7 @@ REQUESTER = """
 import os, sys, threading, time
 import numpy as np
 import ravop as R
-from ravop.session import require
+from ravop.client.session import require
 from ravop.store import background_upload
 release = sys.argv[3]
 def held(key):   # until the test says so (a file), or for ever
@@ -233,7 +233,7 @@ def test_a_hostile_marker_is_refused_or_bounded(client):
 EMBEDDED = """
 import threading
 import numpy as np, torch, ravop as R
-from ravop.session import require
+from ravop.client.session import require
 from ravop.store import background_upload
 done = threading.Event()
 background_upload.held_before_sending = lambda key: done.wait()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ravop as R
-from ravop import progress
+from ravop.core import progress
 from ravop.store import tensors
 
 

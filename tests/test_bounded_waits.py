@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import ravop as R
-from ravop.errors import ConnectionFailed, GraphStateError
+from ravop.core.errors import ConnectionFailed, GraphStateError
 from ravop.store import connect
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +66,7 @@ KILLED_SERVER_REQUESTER = textwrap.dedent("""
     import os, sys, time
     import torch
     import ravop as R
-    from ravop.errors import RavopError
+    from ravop.core.errors import RavopError
     session = R.initialize(token="killed-server", workers=1)
     R.Graph(name="long")
     x, w = R.t(torch.rand(1200, 1200)), R.t(torch.rand(1200, 1200) / 1200)

@@ -11,13 +11,13 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import ravop as R
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.callbacks import Callback, CSVLogger, EarlyStopping, MLflow, TensorBoard, TerminateOnNaN, WandB
 from ravdl.v2.layers import Activation, Dense
-from ravdl.v2.optimizers import Adam
-from ravop import graph_states
 from ravdl.v2.nonfinite import NonFiniteWarning
+from ravdl.v2.optimizers import Adam
+import ravop as R
+from ravop.core import graph_states
 from ravop.store import graphs as store_graphs
 
 from conftest import Workers

@@ -1,9 +1,9 @@
-"""worker/checkpoint_aliases.py: a loop checkpoint stores each distinct carried value once; what is aliased has
+"""worker/loops/checkpoint_aliases.py: a loop checkpoint stores each distinct carried value once; what is aliased has
 the same dtype, shape and bits, and resuming restores the same bits."""
 import pytest
 import torch
 
-from worker.checkpoint_aliases import aliases, decode, encode
+from worker.loops.checkpoint_aliases import aliases, decode, encode
 
 
 def test_values_with_the_same_bits_are_aliased_to_the_first():

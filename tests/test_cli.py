@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import ravop as R
+from ravop.client import session as sessions
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
@@ -151,4 +152,4 @@ def test_without_a_url_it_finds_the_last_embedded_session(tmp_path, monkeypatch)
         assert [g["name"] for g in report["graphs"]] == ["embedded-graph"]
     finally:
         session.close()
-        R.session._session = None
+        sessions._session = None

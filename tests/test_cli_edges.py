@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import ravop as R
+from ravop.client import session as sessions
 
 from test_cli import ravop, train_small_model
 
@@ -17,7 +18,7 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 def test_help_and_argument_errors_do_not_load_torch():
     script = textwrap.dedent("""
         import sys
-        from ravop import cluster_cli
+        from ravop.tools import cluster_cli
         for argv in (["--help"], ["status", "--help"], ["no-such-command"]):
             try:
                 cluster_cli.main(argv)
@@ -44,7 +45,7 @@ def test_status_finds_the_running_session_not_a_later_one_that_ended(tmp_path, m
         assert report["token"] == "long-running"
     finally:
         session.close()
-        R.session._session = None
+        sessions._session = None
     nothing = ravop("status", check=False)   # the session ended: nothing to find, and it says so
     assert nothing.returncode == 1 and "no running embedded session of this user" in nothing.stderr
 

@@ -10,9 +10,9 @@ import pytest
 import redis
 
 import ravop as R
-from ravop import admin
-from ravop.errors import ConnectionFailed
+from ravop.core.errors import ConnectionFailed
 from ravop.store.connect import redact
+from ravop.tools import admin
 
 from conftest import Workers
 from test_cli import ROOT, ravop

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import ravop as R
-from ravop.errors import ConnectionFailed
-from ravop.local_cluster import LocalCluster
+from ravop.core.errors import ConnectionFailed
+from ravop.local.local_cluster import LocalCluster
 
 from conftest import Workers
 from helpers import wait_for

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-import ravop as R
 from ravdl.v2 import Functional, NeuralNetwork
 from ravdl.v2.layers import (Activation, Add, Concat, CustomLayer, Dense, Division, Dot, Multiply, Power, Reshape,
                              Subtract, Transpose)
 from ravdl.v2.optimizers import Adam
-from ravop.interpreter import evaluate
+import ravop as R
+from ravop.runtime.evaluate import evaluate
 from ravop.store.keys import token_namespace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -68,7 +68,7 @@ def test_find_indices_gives_one_row_per_value_and_slice_takes_a_run_time_length(
     assert positions.shape == (2, -1)
     first = R.slice(positions, begin=(0, 0), size=(2, 1))
     assert first.shape == (2, 1)
-    from ravop.interpreter import evaluate
+    from ravop.runtime.evaluate import evaluate
     got_positions, got_first = evaluate([positions, first])
     assert got_positions.tolist() == [[0, 2], [3, -1]]
     assert got_first.tolist() == [[0], [3]]
@@ -86,7 +86,7 @@ def test_tensor_and_scalar_are_classes_and_shape_is_also_a_method():
     assert isinstance(x, R.Tensor) and not isinstance(x, R.Scalar) and isinstance(R.Scalar(2), R.Scalar)
     assert x.dtype == torch.float64 and x.name == "x" and "'x'" in repr(x)
     assert x.shape == (3, 2) and x.shape[0] == 3
-    from ravop.interpreter import evaluate
+    from ravop.runtime.evaluate import evaluate
     assert evaluate([x.shape()])[0].tolist() == [3, 2]
     assert R.t(x) is x
 

@@ -4,16 +4,16 @@ from dataclasses import replace
 import pytest
 import torch
 
-import ravop as R
 from compiler import InvariantError, compile_graph
 from compiler.cost import node_seconds
 from compiler.ir import from_graph
+from compiler.pass_manager import PIPELINE, check_invariants, run_pipeline
 from compiler.passes import (eliminate_common_subexpressions, eliminate_dead_code, fold_constants,
                              fuse_linear_chains)
-from compiler.pass_manager import PIPELINE, check_invariants, run_pipeline
-from ravop.interpreter import evaluate
-from ravop.loop import Loop
-from ravop.loop_template import LoopRecord
+import ravop as R
+from ravop.core.loop_template import LoopRecord
+from ravop.record.loop import Loop
+from ravop.runtime.evaluate import evaluate
 
 
 @pytest.fixture(autouse=True)

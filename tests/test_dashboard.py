@@ -15,11 +15,11 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.support.ui import WebDriverWait
 
-import ravop as R
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop.dashboard import Dashboard
+import ravop as R
+from ravop.tools.dashboard import Dashboard
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"  # Debian's chromium, chromium-driver
 PAGE_TIMEOUT = 180  # seconds for the page to show a state, on a busy 2-core machine

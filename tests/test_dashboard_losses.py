@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from ravop import graph_states
-from ravop.dashboard import Dashboard
-from ravop.dashboard.loss_points import MAX_POINTS, curve, extremes_per_bucket
-from ravop.loss_names import training_loss_name, validation_loss_name
+from ravop.client.training_losses import Losses
+from ravop.core import graph_states
+from ravop.core.loss_names import training_loss_name, validation_loss_name
 from ravop.store import GraphKeys, TokenKeys
-from ravop.training_losses import Losses
+from ravop.tools.dashboard import Dashboard
+from ravop.tools.dashboard.loss_points import MAX_POINTS, curve, extremes_per_bucket
 from ravop.wire import encode_tensor
 
 from test_dashboard import browser  # noqa: F401  (the headless Chromium fixture)

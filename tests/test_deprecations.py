@@ -8,12 +8,12 @@ import warnings
 import pytest
 import torch
 
-import ravop as R
 from ravdl.v2 import Pytorch_Model
 from ravdl.v2.optimizers import Adam
-from ravop.graph import current_graph
-from ravop.interpreter import evaluate
-from ravop.torchscript_import import load_module
+import ravop as R
+from ravop.record.graph import current_graph
+from ravop.record.torchscript_import import load_module
+from ravop.runtime.evaluate import evaluate
 
 from test_torchscript import DigitsNet, Tied, batches, record_training
 
@@ -39,7 +39,7 @@ def test_training_an_nn_module_and_fetching_it_warns_nothing():
         fetched = fetch_in_process("net")
         with torch.no_grad():
             torch.testing.assert_close(fetched(x), evaluate(prediction), rtol=1e-6, atol=1e-6)
-    assert type(fetched).__module__ == "ravop.saved_model"
+    assert type(fetched).__module__ == "ravop.client.saved_model"
 
 
 def test_fetched_model_keeps_tied_weights_and_follows_its_state_dict():

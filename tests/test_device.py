@@ -14,17 +14,17 @@ import pytest
 import torch
 from torch import nn
 
-import ravop as R
 from compiler import compile_graph
 from ravdl.v2 import NeuralNetwork, Pytorch_Model
 from ravdl.v2.layers import (Activation, BatchNormalization2D, Conv2D, Dense, Dropout, Embedding, Flatten,
                              LayerNormalization, MaxPooling2D)
 from ravdl.v2.optimizers import Adam, AdamW, RMSprop
-from ravop.graph import current_graph, to_tensor
-from ravop.interpreter import evaluate
-from worker.device import to_device, to_host, use_full_precision
-from worker.run import run
-from worker.validate import check
+import ravop as R
+from ravop.record.graph import current_graph, to_tensor
+from ravop.runtime.evaluate import evaluate
+from worker.execute.device import to_device, to_host, use_full_precision
+from worker.execute.run import run
+from worker.execute.validate import check
 
 from helpers import on_one_thread
 from pretend_device import on_device, pretend_device

@@ -16,8 +16,8 @@ from differential import (ARCHS, KINDS, OPTIMS, EagerTraining, assert_bit_equal,
                           eager_state, record_steps)
 from helpers import on_one_thread
 from ravdl.v2 import export
-from ravop.graph import current_graph
-from ravop.interpreter import evaluate
+from ravop.record.graph import current_graph
+from ravop.runtime.evaluate import evaluate
 
 STEPS = 20
 EVAL_AFTER = (1, 2, 3, 20)

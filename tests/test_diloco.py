@@ -1,7 +1,7 @@
 """R.parallel.DiLoCo against an eager PyTorch implementation of the same algorithm written here (inner Adam per
 replica on its shard, torch.optim.SGD as the outer optimizer over the averaged pseudo-gradient, fp16/int8
 compression with error feedback, the one-round-delayed outer step of overlap=True), in-process
-(ravop.interpreter) and on a real server with worker processes; and int8 compression's accuracy on a real task."""
+(ravop.runtime.evaluate) and on a real server with worker processes; and int8 compression's accuracy on a real task."""
 import copy
 
 import numpy as np
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import ravop as R
-from ravop.interpreter import evaluate_persisted
 from ravop.parallel.compression import check_compression, send
+from ravop.runtime.evaluate import evaluate_persisted
 from test_parallel_engine import assert_same_as_in_process, run_on_both
 from test_parallel_math import LR, X, Y, batches_of, ravdl_net, torch_net
 

@@ -1,4 +1,4 @@
-"""A resident replica's exchange over a slow link waits on no round trip it can avoid (worker/exchange.py): sends
+"""A resident replica's exchange over a slow link waits on no round trip it can avoid (worker/loops/exchange.py): sends
 are written in order by a thread beside the loop, a checkpoint waits for them first, a receive reads only the
 values still missing, the next run of a template's channels is fetched in the background as soon as it is
 there, and the checks a waiting loop makes (the graph's state, whether to give the loop up) are read beside it.
@@ -11,12 +11,12 @@ import pytest
 import redis
 import torch
 
-from ravop.graph_states import RUNNING
+from ravop.core.graph_states import RUNNING
 from ravop.store import GraphKeys
 from ravop.wire import encode_tensor
-from worker import exchange as exchange_module
-from worker.exchange import StoreExchange
-from worker.loop_subgraph import _Writer
+from worker.loops import exchange as exchange_module
+from worker.loops.exchange import StoreExchange
+from worker.loops.loop_subgraph import _Writer
 
 
 def exchange(client, keys, attention=None):

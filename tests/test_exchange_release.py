@@ -1,20 +1,21 @@
 """Exchanged values leave the store once every loop that reads them has checkpointed past them
-(worker/exchange.py, ravop/exchange_readers.py): over many rounds of resident replicas on a real server the number
-of exchange keys and their bytes stay flat, and the replicas still give the in-process bits."""
+(worker/loops/exchange.py, ravop/client/exchange_readers.py): over many rounds of resident replicas on a real server the
+number of exchange keys and their bytes stay flat, and the replicas still give the in-process bits."""
 import pytest
 import redis
 import torch
 
-import ravop as R
 from compiler.compile import compile_graph
+import ravop as R
+from ravop.client import session as sessions
 from helpers import on_one_thread
-from ravop.exchange_readers import exchange_readers
-from ravop.interpreter import evaluate_persisted
+from ravop.client.exchange_readers import exchange_readers
+from ravop.runtime.evaluate import evaluate_persisted
 from ravop.store import GraphKeys
 from test_diloco import PARAM_NAMES
 from test_parallel_math import X, Y, ravdl_net, torch_net
 from test_security import users  # noqa: F401  (the fixture: token and worker ACL users, one worker running)
-from worker.exchange import _readers
+from worker.loops.exchange import _readers
 
 
 def record(name, n_epochs, strategy):
@@ -85,6 +86,6 @@ def test_a_worker_user_may_delete_the_exchanged_values_it_released(server, engin
     for worker in set(pool.procs) - {first}:
         assert "NOPERM" not in pool.log(worker) and "Error" not in pool.log(worker), pool.log(worker)
     admin = redis.Redis.from_url(server.url)
-    keys = GraphKeys(R.session.require().token, graph.id)
+    keys = GraphKeys(sessions.require().token, graph.id)
     assert exchange_footprint(admin, keys)[0] < 24 * 8 / 4   # released as they went (24 rounds of 8 values)
     admin.close()

@@ -15,12 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import ravop as R
-from ravop.errors import GraphStateError
+from ravop.core.errors import GraphStateError
 from ravop.federated.column_rules import parse_rules
 from ravop.federated.partials import merge, partial, statistic
 from ravop.store import GraphKeys
 from ravop.store.keys import FEDERATED_OPEN, FederatedKeys, graph_ref
-from worker.data import DataError, ProviderData
+from worker.provider.data import DataError, ProviderData
 
 from conftest import Workers
 from helpers import commands_seen

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import ravop as R
-from ravop.errors import GraphFailedError, GraphStateError
+from ravop.core.errors import GraphFailedError, GraphStateError
 from ravop.federated.column_rules import parse_rules
 from ravop.federated.privacy import release
 
-from worker.privacy_ledger import BudgetExhausted, PrivacyLedger
+from worker.provider.privacy_ledger import BudgetExhausted, PrivacyLedger
 
 from conftest import Workers
 from test_federated import kept, write_csv

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 
 import ravop as R
+from ravop.core.errors import GraphStateError
 from ravop.federated import secure
 from ravop.federated.column_rules import parse_rules
 from ravop.federated.queries import Query
-from ravop.errors import GraphStateError
 from ravop.store.federated_schema import FederatedScripts
 from ravop.store.federated_schema import public_keys, public_keys_key
 from ravop.store.keys import FederatedKeys
-from worker.data import ProviderData
-from worker.data_provider import Provider
+from worker.provider.data import ProviderData
+from worker.provider.data_provider import Provider
 
 from conftest import Workers
 from helpers import commands_seen, wait_for

@@ -6,16 +6,16 @@ workers."""
 import pytest
 import torch
 
-import ravop as R
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.callbacks import Callback
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop import fetching, stored_values
-from ravop.errors import RavopError
-from ravop.loss_names import training_loss_name
-from ravop.session import require
-from ravop.stored_values import SMALL_BYTES
+import ravop as R
+from ravop.client import fetching, stored_values
+from ravop.client.session import require
+from ravop.client.stored_values import SMALL_BYTES
+from ravop.core.errors import RavopError
+from ravop.core.loss_names import training_loss_name
 
 
 def _record(scale, steps=20):

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-import ravop as R
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Dense
 from ravdl.v2.optimizers import Adam
-from ravop.errors import GraphStateError, UnknownPersistName
+import ravop as R
+from ravop.core.errors import GraphStateError, UnknownPersistName
 
 
 def _run(name, scale):

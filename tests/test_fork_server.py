@@ -1,5 +1,5 @@
-"""The embedded workers' fork server (worker/forkserver.py, ravop/fork_server.py): workers forked from one process
-that imported torch once run graphs, die with their session however it ends, and a crash on that path is
+"""The embedded workers' fork server (worker/serve/forkserver.py, ravop/local/forked_workers.py): workers forked from
+one process that imported torch once run graphs, die with their session however it ends, and a crash on that path is
 reported by name; RAVOP_FORK_SERVER=0 starts each worker on its own."""
 import os
 import signal
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import ravop as R
-from ravop import embedded, fork_server
-from ravop import session as sessions
-from ravop.cpu_threads import per_worker
-from ravop.errors import RavopError
+from ravop.client import session as sessions
+from ravop.core.cpu_threads import per_worker
+from ravop.core.errors import RavopError
+from ravop.local import embedded, forked_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT = 300.0
@@ -86,10 +86,10 @@ def _first_result(name):
 def test_embedded_workers_are_forked_from_one_fork_server_run_graphs_and_stop_with_the_session(fresh_session,
                                                                                               monkeypatch, mode):
     """auto: forked from this process where that is safe (one thread per worker: 2 workers on 2 cores), else a
-    fresh `python -m worker.forkserver`; spawn: always the latter."""
-    monkeypatch.setenv(fork_server.FORK_SERVER_ENV, mode)
-    assert fork_server.available()
-    here = mode == "auto" and fork_server.can_fork_here(per_worker(2))   # before this session's own threads
+    fresh `python -m worker.serve.forkserver`; spawn: always the latter."""
+    monkeypatch.setenv(forked_workers.FORK_SERVER_ENV, mode)
+    assert forked_workers.available()
+    here = mode == "auto" and forked_workers.can_fork_here(per_worker(2))   # before this session's own threads
     session = R.initialize(token=f"fork-server-{mode}", workers=2)
     cluster = session.embedded
     assert isinstance(cluster.forks.process, subprocess.Popen) is not here
@@ -172,8 +172,8 @@ def test_a_garbled_command_is_ignored_and_exits_are_reported(tmp_path):
 
 
 def test_without_the_fork_server_each_worker_is_its_own_process(fresh_session, monkeypatch):
-    monkeypatch.setenv(fork_server.FORK_SERVER_ENV, "0")
-    assert not fork_server.available()
+    monkeypatch.setenv(forked_workers.FORK_SERVER_ENV, "0")
+    assert not forked_workers.available()
     session = R.initialize(token="no-fork-server", workers=2)
     cluster = session.embedded
     assert cluster.forks is None
@@ -225,21 +225,21 @@ def test_the_fork_server_is_forked_from_the_requester_only_where_that_is_safe(mo
     """One intra-op thread per CPU worker (OpenMP's pool would not survive the fork), no other thread here (it
     might hold a lock the child needs), and not told otherwise."""
     import threading
-    monkeypatch.setenv(fork_server.FORK_SERVER_ENV, "auto")
+    monkeypatch.setenv(forked_workers.FORK_SERVER_ENV, "auto")
     other = threading.Event()
     helper = threading.Thread(target=other.wait)
     alone = threading.active_count() == 1
-    assert fork_server.can_fork_here(1) is alone
-    assert not fork_server.can_fork_here(2)
-    assert not fork_server.can_fork_here(1, "cuda")
+    assert forked_workers.can_fork_here(1) is alone
+    assert not forked_workers.can_fork_here(2)
+    assert not forked_workers.can_fork_here(1, "cuda")
     helper.start()
     try:
-        assert not fork_server.can_fork_here(1)
+        assert not forked_workers.can_fork_here(1)
     finally:
         other.set()
         helper.join()
-    monkeypatch.setenv(fork_server.FORK_SERVER_ENV, "spawn")
-    assert fork_server.available() and not fork_server.can_fork_here(1)
+    monkeypatch.setenv(forked_workers.FORK_SERVER_ENV, "spawn")
+    assert forked_workers.available() and not forked_workers.can_fork_here(1)
     for off in ("0", "off"):
-        monkeypatch.setenv(fork_server.FORK_SERVER_ENV, off)
-        assert not fork_server.available() and not fork_server.can_fork_here(1)
+        monkeypatch.setenv(forked_workers.FORK_SERVER_ENV, off)
+        assert not forked_workers.available() and not forked_workers.can_fork_here(1)

@@ -1,4 +1,4 @@
-"""A loop's GraphWatch (worker/graph_watch.py) on a real server: it sees a cancel and a stop request by its own
+"""A loop's GraphWatch (worker/loops/graph_watch.py) on a real server: it sees a cancel and a stop request by its own
 looks, one thread of the process looks for all the loops it runs (none started per loop), a closed watch is looked
 at no more, and a watch whose look fails for another reason than the server's leaves the others watched."""
 import threading
@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from ravop.store import GraphKeys
-from worker.graph_watch import GraphWatch
+from worker.loops.graph_watch import GraphWatch
 
 INTERVAL = 0.02
 

@@ -1,4 +1,4 @@
-"""Which waiting loop gives its worker up (worker/hand_back.py): only when more loops wait for a worker than
+"""Which waiting loop gives its worker up (worker/loops/hand_back.py): only when more loops wait for a worker than
 idle workers can take, and then only as many as are missing: the busy workers with the smallest names. On a
 real server: a provider killed under N resident replicas on N + 1 workers moves only its own replica (to the
 spare), the survivors never hand theirs back, and the results are the bits of the in-process run; replicas
@@ -14,8 +14,8 @@ from ravop.store import workers as liveness
 from ravop.store.keys import worker_key, workers_set
 from helpers import wait_for
 from test_resident_replicas import assert_same_as_in_process, checkpointed_replica, record_small
-from worker.hand_back import PATIENCE_DEAD_AFTERS, HandBack
-from worker.takeover import Takeover
+from worker.loops.hand_back import PATIENCE_DEAD_AFTERS, HandBack
+from worker.serve.takeover import Takeover
 
 STREAM, KIND = "test-hand-back", "handbackkind"
 
@@ -44,7 +44,7 @@ def holds(client, name):
 
 
 def rule(client, name, patience=60.0):
-    """worker/hand_back.py's rule for worker `name`, which declares a worker dead at once."""
+    """worker/loops/hand_back.py's rule for worker `name`, which declares a worker dead at once."""
     return HandBack(client, STREAM, KIND, name, Takeover(client, STREAM, name, 0.0, 30.0, None),
                     patience / PATIENCE_DEAD_AFTERS)   # waits `patience` s with idle workers
 

@@ -4,10 +4,11 @@ refused with a `PlanError` before it runs; the loops' optimizer steps and the st
 import pytest
 import torch
 
-from ravop import registry, step_compiler
-from ravop.errors import PlanError
-from ravop.node import Node
-from ravop.runner import Runner, check_in_place
+from ravop.core import registry
+from ravop.runtime import step_compiler
+from ravop.core.errors import PlanError
+from ravop.core.node import Node
+from ravop.runtime.runner import Runner, check_in_place
 
 ADAM = registry.REGISTRY["adam_step"]
 PARAMS = {"step": 1, "lr": 0.1}

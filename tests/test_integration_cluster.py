@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ravop as R
-from ravop.interpreter import evaluate
+from ravop.runtime.evaluate import evaluate
 
 from helpers import on_one_thread
 

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import os, torch, ravop as R
-from ravop import session
+from ravop.client import session
 R.initialize()
 R.flush()
 R.Graph(name='demo', algorithm='addition', approach='distributed')

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ravop as R
-from ravop.errors import GraphStateError
+from ravop.core.errors import GraphStateError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,7 +117,7 @@ def test_activate_and_execute_check_the_graph_state(engine):
 
 
 def test_a_bundle_is_rebuilt_by_the_loader_registered_for_its_kind(engine, module_workers):
-    from ravop.session import LOADERS
+    from ravop.client.session import LOADERS
     R.Graph(name="bundle")
     a = R.t(torch.ones(100, 100))
     R.current_graph().save_bundle("pair", "test.pair", {"label": "sum"}, {"a": a @ a, "b": a})

@@ -5,11 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import ravop as R
 from ravdl.v2 import Functional, NeuralNetwork, Pytorch_Model
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop.interpreter import evaluate
+import ravop as R
+from ravop.runtime.evaluate import evaluate
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(40, 4)).astype(np.float32)

@@ -1,5 +1,5 @@
-"""The layering rules of docs/architecture.md, checked over every import statement in ravop, compiler, worker and
-ravdl at any depth: at module level and inside functions and methods, since a deferred import is still a
+"""The layering rules of docs/layout.md, checked over every import statement in ravop, compiler, worker and ravdl
+at any depth: at module level and inside functions and methods, since a deferred import is still a
 dependency (it only hides a cycle until the function runs). Imports under `if TYPE_CHECKING:` never run and are
 left out. As in grimp, `import a.b.c` is an edge to a.b.c, not to the packages a and a.b whose `__init__` runs
 first; `test_importing_the_compiler_loads_no_redis` checks what an import loads at run time.
@@ -134,15 +134,61 @@ def test_there_are_no_import_cycles():
 
 
 def test_the_compiler_never_reaches_redis_the_store_or_the_session():
-    chains = reached(GRAPH, modules_of("compiler"), lambda m: m in ("redis", "hiredis")
-                     or under(m, "ravop.store") or under(m, "ravop.session"))
+    chains = reached(GRAPH, modules_of("compiler"), lambda m: m in ("redis", "hiredis") or any(
+        under(m, f) for f in ("ravop.store", "ravop.client", "ravop.local", "ravop.tools")))
     assert not chains, "compiler reaches:\n" + describe(chains)
 
 
-def test_the_worker_never_reaches_the_compiler_ravdl_or_the_requester_session():
-    chains = reached(GRAPH, modules_of("worker"), lambda m: under(m, "compiler") or under(m, "ravdl")
-                     or under(m, "ravop.session"))
+def test_the_worker_never_reaches_recording_strategies_the_client_the_compiler_or_ravdl():
+    """A worker runs kernels over plans: it records nothing, so it needs no recorder (ravop.record), no strategy
+    (ravop.parallel), no session (ravop.client), no compiler and no layers."""
+    forbidden = ("ravop.record", "ravop.parallel", "ravop.client", "ravop.local", "ravop.tools", "compiler", "ravdl")
+    chains = reached(GRAPH, modules_of("worker"), lambda m: any(under(m, f) for f in forbidden))
     assert not chains, "worker reaches:\n" + describe(chains)
+
+
+# What `ravop-worker` loads of ravop (`python -c "import worker.serve.worker_cli"`): 102 modules before ravop was
+# laid out by role, recording and all of ravop.parallel included. Raising it is a deliberate commit.
+WORKER_LOADS_AT_MOST = 76
+
+
+def test_a_started_worker_loads_only_core_ops_wire_runtime_and_store():
+    """What a fresh interpreter holds after importing the worker's entry module (the `ravop-worker` script's),
+    counted: the rule above at run time, where an import by name (importlib) would show too."""
+    done = subprocess.run([sys.executable, "-c", "import sys, worker.serve.worker_cli; print(*sorted(sys.modules))"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout.split()
+    ravop = [m for m in loaded if under(m, "ravop")]
+    print(f"a worker loads {len(ravop)} of ravop's modules")
+    allowed = ("ravop.core", "ravop.ops", "ravop.wire", "ravop.runtime", "ravop.store")
+    assert [m for m in ravop if m != "ravop" and not any(under(m, a) for a in allowed)] == []
+    assert [m for m in loaded if under(m, "compiler") or under(m, "ravdl")] == []
+    assert len(ravop) <= WORKER_LOADS_AT_MOST, f"a worker loads {len(ravop)} of ravop's modules"
+
+
+def test_the_runtime_never_reaches_recording_the_client_or_the_store():
+    """ravop.runtime runs ops built from nodes: what it needs comes in as arguments (values, an exchange, a
+    memory watcher), so the worker and in-process evaluation share it without a session or Redis."""
+    chains = reached(GRAPH, modules_of("ravop.runtime"), lambda m: any(
+        under(m, f) for f in ("ravop.record", "ravop.client", "ravop.store", "redis")))
+    assert not chains, "ravop.runtime reaches:\n" + describe(chains)
+
+
+def test_nothing_in_ravop_imports_the_worker():
+    """ravop starts workers as programs (`python -m worker`, the fork server by its module name), never as code."""
+    chains = reached(GRAPH, modules_of("ravop"), lambda m: under(m, "worker"))
+    assert not chains, "ravop reaches:\n" + describe(chains)
+
+
+def test_core_wire_and_store_stand_on_core_alone():
+    """The vocabulary every side shares (ravop.core) imports nothing else of the project; the wire format reads
+    only core, and the store only core and the wire format."""
+    rules = {"ravop.core": ("ravop.core",), "ravop.wire": ("ravop.core", "ravop.wire"),
+             "ravop.store": ("ravop.core", "ravop.wire", "ravop.store")}
+    direct = {(m, t): GRAPH.edges[m, t]["lines"] for package, allowed in rules.items() for m in modules_of(package)
+              for t in GRAPH.successors(m) if ours(t) and not any(under(t, a) for a in allowed)}
+    assert not direct, f"imports outside their layer: {direct}"
 
 
 def test_the_worker_imports_the_op_registry_by_name():

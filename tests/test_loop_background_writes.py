@@ -1,19 +1,19 @@
-"""A loop's flushes and checkpoints are written beside it (worker/background_writes.py, worker/loop_subgraph.py):
-the loop goes on while a checkpoint waits for the exchange's sends and uploads, the writes land in the order they
-were made, a checkpoint holds the carried values as they were when it was taken, and after a failed write none
-lands and the loop stops at its next step. On a real server."""
+"""A loop's flushes and checkpoints are written beside it (worker/loops/background_writes.py,
+worker/loops/loop_subgraph.py): the loop goes on while a checkpoint waits for the exchange's sends and uploads, the
+writes land in the order they were made, a checkpoint holds the carried values as they were when it was taken, and
+after a failed write none lands and the loop stops at its next step. On a real server."""
 import threading
 
 import pytest
 import torch
 
-from ravop.graph_states import FAILED
-from ravop.metrics import WorkerMetrics
+from ravop.core.graph_states import FAILED
 from ravop.store import tensors as stored
 from ravop.wire import decode_tensor, encode_tensor
-from worker.background_writes import BackgroundWrites
-from worker.loop_subgraph import LoopAbandoned, _Writer
-from worker.shared_checkpoint import decode as decode_shared, digest, value_key
+from worker.loops.background_writes import BackgroundWrites
+from worker.loops.loop_subgraph import LoopAbandoned, _Writer
+from worker.loops.shared_checkpoint import decode as decode_shared, digest, value_key
+from worker.serve.worker_metrics import WorkerMetrics
 
 from test_exchange_pipelined import keys  # noqa: F401  (the fixture: a running graph's keys, deleted after)
 
@@ -60,7 +60,7 @@ def test_the_loop_goes_on_while_a_checkpoint_waits_and_it_holds_the_values_of_it
     exchange.sent.set()
     writer.writes.drain()
     assert client.hget(keys.checkpoint("7"), "step") == b"2"
-    # a loop that exchanges values stores them by digest (worker/shared_checkpoint.py)
+    # a loop that exchanges values stores them by digest (worker/loops/shared_checkpoint.py)
     (name,) = decode_shared(client.hget(keys.checkpoint("7"), "shared"), 1).values()
     assert name == digest(torch.zeros(3)) and torch.equal(stored.read(client, value_key(keys, name)), torch.zeros(3))
     assert client.exists(keys.tensor(100), keys.tensor(101)) == 2

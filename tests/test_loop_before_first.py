@@ -4,12 +4,12 @@ update as soon as it is done (ravop/parallel/resident.py; its schedule is tested
 import pytest
 import torch
 
-import ravop as R
 from compiler import compile_graph
-from ravop.errors import PlanError
-from ravop.interpreter import evaluate_persisted
-from ravop.loop import Loop
-from ravop.loop_run import LoopRun
+import ravop as R
+from ravop.core.errors import PlanError
+from ravop.record.loop import Loop
+from ravop.runtime.evaluate import evaluate_persisted
+from ravop.runtime.loop_run import LoopRun
 from ravop.wire import plan_pb2, pack_loop, unpack_loop
 
 

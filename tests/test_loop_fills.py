@@ -1,4 +1,4 @@
-"""A loop's fills (compiler/partition.py, worker/loop_subgraph.py): the ops that read nothing and that only loops
+"""A loop's fills (compiler/partition.py, worker/loops/loop_subgraph.py): the ops that read nothing and that only loops
 read (Adam's zero moments of a weight too big for constant folding) are made in the loop's own subgraph, so a fit
 is one subgraph with no hop and no upload before its loop; the bits, a resume from a checkpoint and
 verify='spot' are unchanged."""
@@ -6,22 +6,22 @@ import numpy as np
 import pytest
 import torch
 
-import ravop as R
 from compiler import compile_graph
 from compiler.passes.fold import MAX_ELEMENTS
+import ravop as R
 from helpers import on_one_thread, wait_for
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop.errors import PlanError
-from ravop.graph import current_graph
-from ravop.interpreter import evaluate_persisted
-from ravop.node import Node
+from ravop.core.errors import PlanError
+from ravop.core.node import Node
+from ravop.record.graph import current_graph
+from ravop.runtime.evaluate import evaluate_persisted
 from ravop.store import GraphKeys
 from ravop.store import graphs as store_graphs
 from ravop.wire import plan_pb2, unpack_nodes
-from worker.loop_subgraph import check_loop_program, loop_inputs
-from worker.validate import check_nodes
+from worker.execute.validate import check_nodes
+from worker.loops.loop_subgraph import check_loop_program, loop_inputs
 
 RNG = np.random.default_rng(4)
 X = RNG.normal(size=(40, 4))

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-import ravop as R
 from compiler import compile_graph
 from compiler.passes import loops as loops_pass
+import ravop as R
 from helpers import on_one_thread
 from ravdl.v2 import Functional
 from ravdl.v2.layers import Activation, BatchNormalization1D, CustomLayer, Dense, Dropout
 from ravdl.v2.optimizers import Adam
 from ravdl.v2.utils import batch_iterator
-from ravop.interpreter import evaluate_persisted
+from ravop.runtime.evaluate import evaluate_persisted
 
 ROOT = Path(__file__).resolve().parents[1]
 RNG = np.random.default_rng(1)

@@ -1,4 +1,4 @@
-"""A loop's start over a slow link (worker/loop_start.py, `Scripts.load`): what a loop reads before its first step
+"""A loop's start over a slow link (worker/loops/loop_start.py, `Scripts.load`): what a loop reads before its first step
 (its inputs, the same-host reference of its chunked data, its checkpoint record, the graph's state, stop request
 and exchange readers) is one round trip, and a worker's first claim is one round trip. Counted as the round trips
 the worker's own thread makes (a pipeline is one), on a real server; the worker runs in this process so that its
@@ -10,16 +10,17 @@ import numpy as np
 import redis.connection
 import torch
 
-import ravop as R
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop.graph_states import DONE, FAILED
-from ravop.interpreter import evaluate_persisted
+import ravop as R
+from ravop.core.graph_states import DONE, FAILED
+from ravop.runtime.evaluate import evaluate_persisted
 from ravop.store import GraphKeys, Scripts, connect
 from worker import Worker
-from worker import consumer, loop_subgraph
-from worker.warm_connections import warm
+from worker.loops import loop_subgraph
+from worker.serve import consumer
+from worker.serve.warm_connections import warm
 
 RNG = np.random.default_rng(3)
 X = RNG.random((512, 16), dtype=np.float32)   # 32 KiB: chunked under the 16 KiB chunks below

@@ -1,4 +1,4 @@
-"""Two things a sync template (a loop step recorded with counts=False that runs after training steps, ravop.loop)
+"""Two things a sync template (a loop step recorded with counts=False that runs after training steps, ravop.record.loop)
 needs to belong to the training step it follows, as a resident pipeline stage's `update` and `forward m` /
 `backward m` templates do: an optimizer step recorded with counter 0 (it runs at the training step's count, from
 1), and a seed stream shared by two templates (`Step.seed_by_step`: both draw the same masks at each step, new ones
@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import ravop as R
-from ravop.errors import ShapeError
-from ravop.interpreter import evaluate_persisted
-from ravop.loop import Loop
+from ravop.core.errors import ShapeError
 from ravop.ops.nn import _dropout_noise
-from ravop.runner import op_seed, step_seed
+from ravop.record.loop import Loop
+from ravop.runtime.evaluate import evaluate_persisted
+from ravop.runtime.runner import op_seed, step_seed
 
 N_STEPS, LR = 5, 0.05
 GRADS = np.random.default_rng(3).normal(size=(N_STEPS, 4)).astype(np.float32)
@@ -121,8 +121,8 @@ def test_an_op_following_its_own_stream_keeps_it_unless_its_seed_names_a_shared_
     """A TorchScript forward seeds its own dropout with its own stream's seed (`op_seed(graph seed, its id)`) and
     follows that stream per run, as before; an op listed as following itself with any other seed (seed_by_step)
     draws the stream that seed names, per training step."""
-    from ravop import registry
-    from ravop.runner import At, PerRun, stream_id
+    from ravop.core import registry
+    from ravop.runtime.runner import At, PerRun, stream_id
     graph_seed, node_id, at = 7, 40, At(trained=3, step_index=9, run=2)
     follow = PerRun(registry.REGISTRY["dropout_backward"], graph_seed, "cpu", node_id, None, None, (node_id, None))
 

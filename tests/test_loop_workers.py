@@ -1,4 +1,4 @@
-"""A loop on the workers follows the rules of any subgraph (worker/loop_subgraph.py): checkpoints go through the
+"""A loop on the workers follows the rules of any subgraph (worker/loops/loop_subgraph.py): checkpoints go through the
 chunked tensor store and resume from there, a worker told to stop checkpoints and hands the loop back, the
 templates' declared sizes meet the worker's memory limit, and their creation and random ops run on the
 worker's device."""
@@ -14,9 +14,9 @@ from pretend_device import on_device, pretend_device
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense, Dropout
 from ravdl.v2.optimizers import Adam
-from ravop.errors import GraphFailedError
-from ravop.interpreter import evaluate, evaluate_persisted
-from ravop.loop import Loop
+from ravop.core.errors import GraphFailedError
+from ravop.record.loop import Loop
+from ravop.runtime.evaluate import evaluate, evaluate_persisted
 from ravop.store import GraphKeys
 from ravop.store import graphs as store_graphs
 from ravop.store.tensors import chunks_key

@@ -1,25 +1,25 @@
-"""Training loops as step templates (ravop.loop, ravdl.v2.fit, worker.loop_subgraph): one step recorded, compiled and
-shipped once, the same numbers as the unrolled steps, checkpoints and resuming after a worker is killed."""
+"""Training loops as step templates (ravop.record.loop, ravdl.v2.fit, worker.loops.loop_subgraph): one step recorded,
+compiled and shipped once, the same numbers as the unrolled steps, checkpoints and resuming after a worker is killed."""
 import time
 
 import numpy as np
 import pytest
 import torch
 
-import ravop as R
+from compiler import compile_graph
 from ravdl.v2 import Functional, NeuralNetwork, Pytorch_Model
 from ravdl.v2.fit import record_fit
 from ravdl.v2.layers import Activation, BatchNormalization1D, Dense, Dropout
 from ravdl.v2.optimizers import Adam
 from ravdl.v2.utils import batch_iterator
-from ravop.errors import GraphStateError
-from ravop.interpreter import evaluate, evaluate_persisted
-from ravop.loop import Batches, Loop
-from ravop.loop_run import LoopRun
+import ravop as R
+from ravop.core.errors import GraphStateError
+from ravop.record.loop import Batches, Loop
+from ravop.runtime.evaluate import evaluate, evaluate_persisted
+from ravop.runtime.loop_run import LoopRun
 from ravop.store import GraphKeys
 from ravop.store import graphs as store_graphs
 from ravop.wire import unpack_loop, unpack_nodes
-from compiler import compile_graph
 from helpers import on_one_thread
 
 RNG = np.random.default_rng(0)
@@ -346,7 +346,7 @@ def test_ops_declare_what_a_loop_step_changes_per_run():
     """The facts a loop reads are the op's declarations (no op names, no params' text): optimizer steps name
     their step counter and their in-place variant, dropout's backward the seed param following its forward's
     stream; a declaration naming a param the op does not have is refused when the op is registered."""
-    from ravop import registry
+    from ravop.core import registry
     adam = registry.REGISTRY["adam_step"]
     assert adam.counter == "step" and adam.in_place.overwritten == (0, 2, 3)
     assert registry.REGISTRY["dropout_backward"].seed_param == "seed"

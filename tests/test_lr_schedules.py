@@ -7,12 +7,12 @@ import copy
 import pytest
 import torch
 
-import ravop as R
 from compiler.compile import compile_graph
 from ravdl.v2.lr_schedules import CosineAnnealingLR, ExponentialLR, LinearLR, SequentialLR, StepLR
 from ravdl.v2.optimizers import Adam, AdamW, RMSprop
-from ravop.interpreter import evaluate_persisted
+import ravop as R
 from ravop.ops.lr_schedule import check_schedule, scheduled_lr
+from ravop.runtime.evaluate import evaluate_persisted
 from test_diloco import PARAM_NAMES
 from test_parallel_math import LR, X, Y, batches_of, ravdl_net, torch_net
 

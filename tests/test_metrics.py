@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import ravop as R
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop.dashboard import Dashboard
-from ravop.metrics import WorkerMetrics
+import ravop as R
+from ravop.tools.dashboard import Dashboard
+from worker.serve.worker_metrics import WorkerMetrics
 
 from helpers import wait_for
 

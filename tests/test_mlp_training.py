@@ -3,7 +3,7 @@ trains on sklearn's digits, and its loss curve equals the same model in eager Py
 batches) to 1e-5.
 
 The training program is recorded once and handed to an executor: any function that takes a list of Ops
-and returns their values as tensors: `ravop.interpreter.evaluate` (in-process), then the real engine
+and returns their values as tensors: `ravop.runtime.evaluate.evaluate` (in-process), then the real engine
 (compiler, Redis, worker processes), through the `execute` fixture.
 """
 import torch

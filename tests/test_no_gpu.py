@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ravop as R
-from ravop import session as sessions
+from ravop.client import session as sessions
 
 
 @pytest.fixture

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 import ravop as R
-from ravop.errors import ShapeError
-from ravop.interpreter import evaluate
+from ravop.core.errors import ShapeError
 from ravop.ops.foreach import foreach_kernel
+from ravop.runtime.evaluate import evaluate
 
 A = np.arange(24.0).reshape(2, 3, 4)
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import ravop as R
-from ravop.errors import ShapeError
-from ravop.interpreter import evaluate
-from ravop.ops.index_spec import canonical_index, parse_index
+from ravop.core.errors import ShapeError
+from ravop.record.index_spec import canonical_index, parse_index
+from ravop.runtime.evaluate import evaluate
 
 X = np.arange(60.0).reshape(3, 4, 5)
 

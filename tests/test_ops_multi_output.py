@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import ravop as R
-from ravop.interpreter import evaluate
+from ravop.runtime.evaluate import evaluate
 
 A = np.array([[3.0, 1.0, 2.0, 0.5], [0.0, 4.0, 1.5, 2.5], [2.0, 2.2, 9.0, 1.0]])
 

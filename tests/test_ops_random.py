@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import ravop as R
-from ravop.errors import ShapeError
-from ravop.interpreter import evaluate
+from ravop.core.errors import ShapeError
+from ravop.runtime.evaluate import evaluate
 
 
 def test_a_rerun_gives_the_same_numbers():

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import ravop as R
-from ravop.errors import ShapeError
-from ravop.interpreter import evaluate
+from ravop.core.errors import ShapeError
 from ravop.ops import rules
+from ravop.runtime.evaluate import evaluate
 
 A = np.arange(12.0).reshape(3, 4)
 

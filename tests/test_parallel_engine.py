@@ -11,7 +11,7 @@ from helpers import on_one_thread, wait_for
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop.interpreter import evaluate_persisted
+from ravop.runtime.evaluate import evaluate_persisted
 from ravop.store import GraphKeys
 from ravop.store import graphs as store_graphs
 from ravop.store import worker_info

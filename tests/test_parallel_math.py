@@ -1,6 +1,6 @@
 """R.parallel's strategies (ravdl/v2/parallel_fit.py) compute what eager PyTorch computes for the same algorithm
 on a small MLP: LocalSGD (replicas on shards, averaged every sync_every steps), DataParallel (the losses of
-one-worker training), Gossip (seeded pairs, dpwa's interpolations). Run in-process (ravop.interpreter); the
+one-worker training), Gossip (seeded pairs, dpwa's interpolations). Run in-process (ravop.runtime.evaluate); the
 engine runs of tests/test_parallel_engine.py check the same plans across worker processes."""
 import copy
 
@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-import ravop as R
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop.errors import GraphStateError
-from ravop.interpreter import evaluate_persisted
-from ravop.loop import Batches, Loop
+import ravop as R
+from ravop.core.errors import GraphStateError
+from ravop.record.loop import Batches, Loop
+from ravop.runtime.evaluate import evaluate_persisted
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(48, 5)).astype(np.float32)
@@ -49,7 +49,7 @@ def fit(strategy, n_epochs, batch_size, shuffle=False, seed=3):
 
 
 def batches_of(n_rows, batch_size, n_epochs, shuffle, seed):
-    """Row indices of each batch, as ravop.loop.Batches visits them."""
+    """Row indices of each batch, as ravop.record.loop.Batches visits them."""
     rng = np.random.default_rng(seed)
     for _ in range(n_epochs):
         order = rng.permutation(n_rows) if shuffle else np.arange(n_rows)

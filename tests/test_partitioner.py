@@ -5,11 +5,11 @@ import networkx as nx
 import pytest
 import torch
 
-import ravop as R
-import compiler.partition as partition_module
 from compiler import compile_graph
 from compiler.cost import DEVICES, DeviceModel
-from ravop.interpreter import evaluate, run_nodes
+import compiler.partition as partition_module
+import ravop as R
+from ravop.runtime.evaluate import evaluate, run_nodes
 from ravop.wire import plan_pb2, unpack_nodes
 
 
@@ -280,7 +280,7 @@ def test_cost_model_estimates_matmul_and_conv_from_shapes():
 def test_an_opdef_flops_rule_overrides_the_default(monkeypatch):
     from compiler.cost import node_flops
     from compiler.ir import from_graph
-    from ravop import registry
+    from ravop.core import registry
     g = R.Graph(name="flops rule")
     y = R.t(torch.rand(7, 9)).exp()
     seen = []

@@ -1,5 +1,5 @@
 """Pipeline over any PyTorch model (Ravnest's `clusterize`): a Pytorch_Model is cut into stages of its top-level
-children (ravop/torchscript_stages.py) and trained as GPipe (ravdl/v2/pipeline_fit.py). Checked against eager
+children (ravop/record/torchscript_stages.py) and trained as GPipe (ravdl/v2/pipeline_fit.py). Checked against eager
 PyTorch's GPipe-equivalent training (one model, each batch's micro-batches' weighted losses backpropagated in turn,
 one optimizer step), with BatchNorm (running statistics once per micro-batch) and Dropout (the same masks: each
 stage's forward draws from `stage_seed`, which the eager reference seeds too); a model that is not a chain of its
@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-import ravop as R
 from ravdl.v2 import NeuralNetwork, Pytorch_Model
 from ravdl.v2.layers import Activation, BatchNormalization1D, Dense, Dropout
 from ravdl.v2.optimizers import Adam
-from ravop.interpreter import evaluate_persisted
-from ravop.parallel.data_parallel import tensor_split
+import ravop as R
 from ravop.ops import torchscript
 from ravop.ops.nn import _dropout_noise
+from ravop.parallel.data_parallel import tensor_split
 from ravop.parallel.pipeline import stage_seed
-from ravop.torchscript_stages import NotAChain, chain_of
+from ravop.record.torchscript_stages import NotAChain, chain_of
+from ravop.runtime.evaluate import evaluate_persisted
 from helpers import on_one_thread
 from test_parallel_engine import assert_same_as_in_process, run_on_both
 

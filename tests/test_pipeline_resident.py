@@ -11,8 +11,8 @@ import ravop as R
 import test_strategies_any_model as any_model
 from compiler.compile import compile_graph
 from helpers import on_one_thread
-from ravop.interpreter import evaluate_persisted
-from ravop.placement import held_by
+from ravop.client.placement import held_by
+from ravop.runtime.evaluate import evaluate_persisted
 from ravop.store import GraphKeys
 from test_pipeline_any_model import (GRAPH_SEED, SHUFFLE_SEED, X, Y, bn_dropout_net, cut_of, engine_fit,
                                      gpipe_reference, ravdl_net, ravdl_stage, square_loss)
@@ -223,7 +223,7 @@ def test_resident_and_segment_bits_agree_under_every_cpu_capability(capability):
     check = ("import sys, torch, pytest; "
              f"assert torch.backends.cpu.get_cpu_capability() == {capability.upper()!r}, "
              "torch.backends.cpu.get_cpu_capability(); "
-             "from ravop.embedded import worker_environment; "   # the workers it starts inherit it
+             "from ravop.local.embedded import worker_environment; "   # the workers it starts inherit it
              f"assert worker_environment()['ATEN_CPU_CAPABILITY'] == {capability!r}; "
              "sys.exit(pytest.main(sys.argv[1:]))")
     run = subprocess.run([sys.executable, "-c", check, "-q", "-p", "no:cacheprovider", "-p", "no:xdist",

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 import ravop as R
-from ravop import progress
+from ravop.core import progress
 
 from helpers import wait_for
 

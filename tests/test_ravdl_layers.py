@@ -1,6 +1,6 @@
 """RavDL layers: default initialisation equals the torch module's, and 20 training steps of each layer with
 Adam and RMSprop give the losses and weights of the same model in eager PyTorch (same initial weights, same
-batches) to 1e-5. The recorded programs run in-process here (`ravop.interpreter.evaluate`); the engine runs
+batches) to 1e-5. The recorded programs run in-process here (`ravop.runtime.evaluate.evaluate`); the engine runs
 the same programs in tests/test_ravdl_engine.py."""
 import math
 
@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as TF
 from torch import nn
 
-import ravop as R
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import (Activation, BatchNormalization1D, BatchNormalization2D, Conv2D, Dense, Dropout,
                              Embedding, Flatten, LayerNormalization, MaxPooling2D)
 from ravdl.v2.layers.init import layer_seed
 from ravdl.v2.optimizers import Adam, AdamW, RMSprop
-from ravop.interpreter import evaluate
+import ravop as R
+from ravop.runtime.evaluate import evaluate
 
 STEPS = 20
 

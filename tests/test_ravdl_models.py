@@ -1,6 +1,6 @@
 """RavDL models: NeuralNetwork and Functional bookkeeping (summary counts equal torch's, persisted names,
 gradient accumulation), save_model's round trip to a TorchScript-able torch module, independence of two
-models, and training again in a new graph. Programs run in-process with `ravop.interpreter.evaluate`."""
+models, and training again in a new graph. Programs run in-process with `ravop.runtime.evaluate.evaluate`."""
 import json
 
 import numpy as np
@@ -9,15 +9,15 @@ import torch
 import torch.nn.functional as TF
 from torch import nn
 
-import ravop as R
 from ravdl.v2 import Functional, NeuralNetwork, export
 from ravdl.v2.layers import (Activation, BatchNormalization1D, BatchNormalization2D, Conv2D, CustomLayer, Dense,
                              Dropout, Flatten, LayerNormalization, MaxPooling2D)
 from ravdl.v2.optimizers import Adam, RMSprop
 from ravdl.v2.utils import batch_iterator
-from ravop.errors import GraphStateError
-from ravop.graph import current_graph
-from ravop.interpreter import evaluate, evaluate_persisted
+import ravop as R
+from ravop.core.errors import GraphStateError
+from ravop.record.graph import current_graph
+from ravop.runtime.evaluate import evaluate, evaluate_persisted
 
 
 def iris_model(optimizer=None):

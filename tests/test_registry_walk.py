@@ -7,14 +7,14 @@ import pytest
 import torch
 
 import ravop as R
-from ravop import registry
-from ravop.api import FRONTENDS, make_function
-from ravop.graph import to_tensor
-from ravop.interpreter import evaluate, run_op
+from ravop.core import registry
+from ravop.record.api import FRONTENDS, make_function
+from ravop.record.graph import to_tensor
+from ravop.runtime.evaluate import evaluate, run_op
 from tests.samples import all_samples
 
 # Not user-callable: R.t makes constants, every multi-output sample exercises tuple_get, and loops and their
-# holes are recorded by ravop.loop (tests/test_loops.py).
+# holes are recorded by ravop.record.loop (tests/test_loops.py).
 INTERNAL = ("const", "tuple_get", "loop", "loop_hole")
 GRAD_RTOL, GRAD_ATOL = 1e-10, 1e-12
 

@@ -61,9 +61,14 @@ def test_no_file_points_outside_the_repository():
     assert not offenders
 
 
-def test_paths_the_readme_names_exist():
-    readme = (ROOT / "README.md").read_text()
-    named = set(re.findall(r"`((?:docs|examples|benchmarks|ravop|ravdl|compiler|worker)/[\w./-]+\.(?:md|py|proto))`",
-                           readme))
-    assert "docs/architecture.md" in named
-    assert [p for p in sorted(named) if not (ROOT / p).exists()] == []
+# A path of this repository as the docs write it: in backquotes, bare, or inside a table or a code block.
+PATH = re.compile(r"(?<![\w/.])((?:docs|examples|benchmarks|ravop|ravdl|compiler|worker|tests|scripts)/[\w./-]*\w"
+                  r"\.(?:md|py|proto|json|png))")
+
+
+def test_paths_the_readme_and_the_docs_name_exist():
+    """A file moved or removed leaves no doc pointing at it: the README and every page under docs/."""
+    named = {(page.relative_to(ROOT).as_posix(), path) for page in [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md"))]
+             for path in PATH.findall(page.read_text())}
+    assert ("README.md", "docs/architecture.md") in named and ("docs/layout.md", "tests/test_layering.py") in named
+    assert [f"{page}: {path}" for page, path in sorted(named) if not (ROOT / path).exists()] == []

@@ -6,10 +6,10 @@ server."""
 import pytest
 import torch
 
-import ravop as R
 from compiler.compile import compile_graph
+import ravop as R
 from helpers import on_one_thread
-from ravop.interpreter import evaluate_persisted
+from ravop.runtime.evaluate import evaluate_persisted
 from ravop.store import GraphKeys
 from test_diloco import PARAM_NAMES
 from test_parallel_math import X, Y, gossip_reference, ravdl_net, torch_net

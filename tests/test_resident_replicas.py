@@ -9,21 +9,21 @@ import numpy as np
 import pytest
 import torch
 
-import ravop as R
-from ravop import graph_states
 from compiler.compile import compile_graph
+import ravop as R
+from ravop.core import graph_states
 from helpers import on_one_thread, wait_for
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop.interpreter import evaluate_persisted
-from ravop.loop_run import MemoryExchange
-from ravop.placement import held_by
+from ravop.client.placement import held_by
+from ravop.runtime.evaluate import evaluate_persisted
+from ravop.runtime.loop_run import MemoryExchange
 from ravop.store import GraphKeys
 from test_diloco import PARAM_NAMES, assert_matches_reference, fit_diloco
 from test_parallel_math import X, Y, ravdl_net, torch_net
-from worker.checkpoint_aliases import decode
-from worker.shared_checkpoint import decode as decode_shared, value_key as shared_value_key
+from worker.loops.checkpoint_aliases import decode
+from worker.loops.shared_checkpoint import decode as decode_shared, value_key as shared_value_key
 
 
 def knobs(compression, **more):
@@ -72,8 +72,8 @@ def test_rounds_are_folded_the_plan_does_not_grow_with_their_number():
 
 
 def test_an_exchanging_loop_refuses_to_run_without_an_exchange():
-    from ravop.errors import PlanError
-    from ravop.loop_run import LoopRun
+    from ravop.core.errors import PlanError
+    from ravop.runtime.loop_run import LoopRun
     graph = R.Graph(name="no exchange", seed=1)
     model = ravdl_net(torch_net())
     model.fit(X, Y, n_epochs=1, batch_size=6, strategy=R.parallel.DiLoCo(2, 2, resident=True))
@@ -202,7 +202,7 @@ def test_with_overlap_the_replicas_receive_update_k_minus_1_while_replica_0_wait
     """Replica 0 held after each sync k - 1 (k >= 1) until the other replicas have received update k - 1: they
     get it without replica 0 training round k (they never wait for replica 0's arrival at sync k), with the same
     bits."""
-    import ravop.interpreter as interpreter
+    import ravop.runtime.evaluate as interpreter
     graph, names = record_small("overlap gate", 4, compression="int8", overlap=True, replicas=3)
     want = on_one_thread(evaluate_persisted, graph, names)
     gate, held, order = _Gate(), [], []
@@ -322,7 +322,7 @@ def test_the_survivor_takes_over_a_killed_workers_replica_without_a_spare(engine
 
 
 def test_in_process_a_failing_replica_stops_the_others_with_its_error(monkeypatch):
-    from ravop.loop_run import StepFunction
+    from ravop.runtime.loop_run import StepFunction
     graph = R.Graph(name="failing replica", seed=11)
     model = ravdl_net(torch_net())
     model.fit(X, Y, n_epochs=2, batch_size=6, strategy=R.parallel.DiLoCo(2, 2, resident=True))

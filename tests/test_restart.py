@@ -12,7 +12,7 @@ import redis
 import torch
 
 import ravop as R
-from ravop.embedded import server_binary
+from ravop.local.embedded import server_binary
 
 from conftest import Workers
 from helpers import on_one_thread

@@ -13,8 +13,9 @@ import redis
 import torch
 
 import ravop as R
-from ravop import admin, graph_states
-from ravop.errors import ConnectionFailed, GraphFailedError
+from ravop.core import graph_states
+from ravop.core.errors import ConnectionFailed, GraphFailedError
+from ravop.tools import admin
 
 from conftest import Workers
 from helpers import wait_for

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import ravop as R
-from ravop.errors import GraphFailedError, WireFormatError
+from ravop.client.session import require
+from ravop.core.errors import GraphFailedError, WireFormatError
 from ravop.store import same_host, tensors
-from ravop.session import require
 from ravop.wire.codec import decode_chunked
 from tests.helpers import assert_a_valid_graph_runs
 
@@ -93,7 +93,7 @@ def test_the_chunks_are_read_where_the_file_cannot_or_must_not_be(client, stored
 
 
 def test_a_reference_read_already_is_followed_and_checked_as_one_read_here(client, stored):
-    """A worker reads a loop's references with its inputs (worker/loop_start.py) and hands them over."""
+    """A worker reads a loop's references with its inputs (worker/loops/loop_start.py) and hands them over."""
     tensor, head = stored
     given = client.get(same_host.reference_key(KEY))
     client.delete(same_host.reference_key(KEY))   # so only the given reference can lead to the file

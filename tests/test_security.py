@@ -12,9 +12,9 @@ import redis
 import torch
 
 import ravop as R
-from ravop import admin
-from ravop.errors import ConnectionFailed
+from ravop.core.errors import ConnectionFailed
 from ravop.store import DEAD_LETTER, GraphKeys, TokenKeys, connect, queue
+from ravop.tools import admin
 
 from conftest import Workers
 from test_cli import ravop, train_small_model
@@ -27,7 +27,7 @@ def create_user(url, kind, name):
 
 
 def create_user_in_process(url, kind, name):
-    """The same user through `ravop.admin` (what the command runs), without a process importing torch."""
+    """The same user through `ravop.tools.admin` (what the command runs), without a process importing torch."""
     with connect(url) as client:
         return admin.create(client, url, kind, name)[0]
 

@@ -8,10 +8,10 @@ import pytest
 import redis
 
 import ravop as R
-from ravop.errors import GraphStateError
+from ravop.core.errors import GraphStateError
 from ravop.store import DEAD_LETTER, GROUP, queue, repair
 from ravop.store.server_replies import kind_of
-from worker.server_errors import CAP, FIRST, ServerErrors
+from worker.serve.server_errors import CAP, FIRST, ServerErrors
 
 from helpers import assert_a_valid_graph_runs, wait_for
 from test_cli import ravop

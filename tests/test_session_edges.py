@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ravop as R
-from ravop.errors import NotComputedError
+from ravop.core.errors import NotComputedError
 
 from helpers import wait_for
 

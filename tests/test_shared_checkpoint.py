@@ -1,5 +1,5 @@
-"""worker/shared_checkpoint.py and worker/sync_cadence.py on a real server: loops' checkpoint values stored once
-by digest and referenced by each checkpoint that names them, deleted with the last reference (a writer that found
+"""worker/loops/shared_checkpoint.py and worker/loops/sync_cadence.py on a real server: loops' checkpoint values stored
+once by digest and referenced by each checkpoint that names them, deleted with the last reference (a writer that found
 a value deleted meanwhile uploads it again); and the rounds between resident replicas' checkpoints, agreed by the
 first to propose them."""
 import threading
@@ -8,11 +8,11 @@ import pytest
 import redis
 import torch
 
-from ravop.errors import PlanError
+from ravop.core.errors import PlanError
 from ravop.store import GraphKeys
 from ravop.store import tensors as stored
-from worker import shared_checkpoint as shared
-from worker.sync_cadence import SyncCadence, agree, agreed, proposal, rounds_key
+from worker.loops import shared_checkpoint as shared
+from worker.loops.sync_cadence import SyncCadence, agree, agreed, proposal, rounds_key
 
 
 def checkpoint(client, keys, host, who):

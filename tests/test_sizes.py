@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import ravop as R
-from ravop.errors import GraphFailedError, PlanError
-from ravop.node import Node
+from ravop.core.errors import GraphFailedError, PlanError
+from ravop.core.node import Node
 from ravop.store import GraphKeys, worker_info
 from ravop.store.tensors import chunks_key
 from ravop.wire import pack_nodes, plan_pb2
@@ -85,7 +85,7 @@ def test_a_plan_over_the_limits_is_refused_at_upload_and_by_a_worker(engine, wor
                                         stored=plan.SerializeToString()) for graph_id, plan in plans.items()}
     assert all(wait_until_finished(client, keys) == b"failed" for keys in graphs.values())
     assert client.hget(graphs["long"].meta, "error") == b"subgraph 0 has 200 nodes, more than the 100 allowed " \
-        b"($RAVOP_MAX_SUBGRAPH_NODES): run the work as a loop (ravop.loop) or in several graphs"
+        b"($RAVOP_MAX_SUBGRAPH_NODES): run the work as a loop (ravop.record.loop) or in several graphs"
     assert client.hget(graphs["big"].meta, "error").startswith(
         f"subgraph 0's plan is {plans['big'].ByteSize():,} bytes, more than the 5,000 allowed".encode())
 

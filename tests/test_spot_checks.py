@@ -7,18 +7,18 @@ import numpy as np
 import pytest
 import torch
 
-import ravop as R
 from compiler.cost import DEVICES
+import ravop as R
 from helpers import on_one_thread, wait_for
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop.interpreter import evaluate_persisted
-from ravop import status
-from ravop.cluster_cli import _status_text
-from ravop.spot_policy import Verify, read_trust
+from ravop.core.spot_policy import Verify, read_trust
+from ravop.runtime.evaluate import evaluate_persisted
 from ravop.store import TokenKeys
-from worker.dispute_trace import Tracer, first_difference, unpack
+from ravop.tools import status
+from ravop.tools.cluster_cli import _status_text
+from worker.verify.dispute_trace import Tracer, first_difference, unpack
 
 
 def branches(name, verify):

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import ravop as R
-from ravop.errors import GraphStateError
-from ravop.graph import set_current
+from ravop.core.errors import GraphStateError
+from ravop.record.graph import set_current
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))

@@ -8,12 +8,13 @@ import pytest
 import torch
 
 import ravop as R
-from ravop import embedded
-from ravop import session as sessions
-from ravop.cost_fields import COST_FIELDS
+from ravop.client import session as sessions
+from ravop.core.cost_fields import COST_FIELDS
+from ravop.local import embedded
 from ravop.store import connect
 from ravop.store import workers as liveness
-from worker import calibrate, calibration_cache
+from worker.execute import calibration_cache
+from worker.serve import calibrate
 
 CPU = torch.device("cpu")
 
@@ -100,7 +101,7 @@ def test_the_other_embedded_workers_start_once_the_first_has_registered(monkeypa
         assert names[0] not in registered_before[names[0]]
         for later in names[1:]:
             assert names[0] in registered_before[later]
-        assert sorted(w["name"] for w in R.session.live_workers() if w["name"] in names) == sorted(names)
+        assert sorted(w["name"] for w in sessions.live_workers() if w["name"] in names) == sorted(names)
     finally:
         session.close()
         sessions._session = None
@@ -110,7 +111,7 @@ def test_the_other_embedded_workers_start_once_the_first_has_registered(monkeypa
 def test_an_embedded_worker_waits_for_its_server_and_a_lone_one_does_not(monkeypatch, server):
     """A worker started beside its server (--parent-pid) tries again until the server listens; any other one
     reports an unreachable server at once."""
-    from worker import worker_cli
+    from worker.serve import worker_cli
     tries, real = [], worker_cli.connect
 
     def connect_after_three_refusals(url):

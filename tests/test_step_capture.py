@@ -1,4 +1,4 @@
-"""CUDA-graph capture of a step template (ravop/step_capture.py), what can be tested without a GPU: which steps
+"""CUDA-graph capture of a step template (ravop/runtime/step_capture.py), what can be tested without a GPU: which steps
 can be captured, and the plumbing of a captured step (static inputs refreshed each run, outputs handed out as
 copies) with a stand-in graph that runs the recorded step again on replay."""
 import contextlib
@@ -6,10 +6,11 @@ import logging
 
 import torch
 
+from ravop.core import registry
+from ravop.core.node import Node
 import ravop.ops  # noqa: F401 - registers the ops
-from ravop import registry, step_capture
-from ravop.node import Node
-from ravop.runner import PerRun, Runner
+from ravop.runtime import step_capture
+from ravop.runtime.runner import PerRun, Runner
 
 
 def pure_step(device="cpu"):
@@ -74,6 +75,6 @@ def test_a_captured_step_replays_over_its_static_inputs():
 
 def test_on_a_cpu_nothing_is_captured_and_the_reason_is_logged(caplog):
     runner = pure_step()
-    with caplog.at_level(logging.INFO, logger="ravop.step_capture"):
+    with caplog.at_level(logging.INFO, logger="ravop.runtime.step_capture"):
         assert step_capture.cuda_capture(runner, [runner.slot[0], runner.slot[1]], [runner.slot[12]]) is None
     assert "not captured as a CUDA graph: runs on cpu" in caplog.text

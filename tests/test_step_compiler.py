@@ -1,4 +1,4 @@
-"""The step compiler (ravop/step_compiler.py): a compiled step template gives the plain step's bits (on the
+"""The step compiler (ravop/runtime/step_compiler.py): a compiled step template gives the plain step's bits (on the
 workers too), its decision is measured and kept per template and machine, and a template that fails to compile
 runs op by op with the reason logged."""
 import json
@@ -14,10 +14,11 @@ from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import (Activation, BatchNormalization2D, Conv2D, Dense, Dropout, Flatten,
                              MaxPooling2D)
 from ravdl.v2.optimizers import Adam, AdamW, RMSprop
-from ravop import loop_run, registry, step_compiler
-from ravop.interpreter import evaluate, evaluate_persisted
-from ravop.runner import OpError
-from worker import step_decisions
+from ravop.core import registry
+from ravop.runtime import loop_run, step_compiler
+from ravop.runtime.evaluate import evaluate, evaluate_persisted
+from ravop.runtime.runner import OpError
+from worker.loops import step_decisions
 
 RNG = np.random.default_rng(4)
 IMAGES = RNG.normal(size=(72, 1, 8, 8)).astype(np.float32)
@@ -190,7 +191,7 @@ def test_a_template_that_fails_to_compile_runs_op_by_op_and_says_why(monkeypatch
     def broken(runner, calls):
         raise RuntimeError("a rewrite that cannot handle this template")
     monkeypatch.setattr(step_compiler, "_keep_dropout_masks", broken)
-    with caplog.at_level(logging.WARNING, logger="ravop.step_compiler"):
+    with caplog.at_level(logging.WARNING, logger="ravop.runtime.step_compiler"):
         got = on_one_thread(evaluate_persisted, graph, names)
     assert "not compiled, running op by op: RuntimeError: a rewrite that cannot handle this template" in caplog.text
     for name in names:
@@ -276,7 +277,7 @@ def test_workers_compiled_or_not_give_the_same_bits_and_keep_their_decision(engi
 
 def test_a_traced_step_runs_op_by_op(monkeypatch):
     """Hooks that wrap a step's calls (dispute traces, the test liar) see the plain calls."""
-    from worker.dispute_trace import wrap_calls
+    from worker.verify.dispute_trace import wrap_calls
     graph, names = record_cnn("traced", epochs=1)
     (record,) = graph.loops.values()
     captured = []
@@ -321,7 +322,7 @@ def test_projections_are_folded_into_the_op_that_makes_their_tuple():
 
 
 class RefuseOne:
-    """A memory watcher (ravop.runner.Watcher) refusing the output of op `refused` of a template's runner."""
+    """A memory watcher (ravop.runtime.runner.Watcher) refusing the output of op `refused` of a template's runner."""
 
     def __init__(self, n_calls, refused):
         self.limits = [2**62] * n_calls

@@ -9,19 +9,20 @@ import numpy as np
 import pytest
 import torch
 
-import ravop as R
+from compiler import compile_graph
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop import graph_states, status
-from ravop.cluster_cli import main as cli_main
-from ravop.errors import GraphCancelledError
-from ravop.loop import Loop
-from ravop.loop_run import LoopRun
+import ravop as R
+from ravop.core import graph_states
+from ravop.core.errors import GraphCancelledError
+from ravop.record.loop import Loop
+from ravop.runtime.loop_run import LoopRun
 from ravop.store import graphs as store_graphs
 from ravop.store import GROUP, queue
+from ravop.tools import status
+from ravop.tools.cluster_cli import main as cli_main
 from ravop.wire import unpack_loop, unpack_nodes
-from compiler import compile_graph
 
 from helpers import wait_for
 

@@ -4,8 +4,9 @@ long, bit for bit. Its own module: no other worker may take the loop while the t
 import math
 
 import ravop as R
-from ravop import graph_states, status
+from ravop.core import graph_states
 from ravop.store import graphs as store_graphs
+from ravop.tools import status
 
 from helpers import wait_for
 from test_stop_loop import BATCH, LONG, ROWS, assert_the_bits_of_the_fit_recorded, record

@@ -1,5 +1,5 @@
 """The engine on a real Redis/Valkey Cluster: three server processes in cluster mode, made here from the
-binary the embedded default uses (ravop.local_cluster). The same code as on one server, with the key schema
+binary the embedded default uses (ravop.local.local_cluster). The same code as on one server, with the key schema
 keeping each graph in one hash slot and the outbox hand-off carrying ready subgraphs to the work streams."""
 import os
 import subprocess
@@ -16,24 +16,24 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 import ravop as R
-from ravop import admin
+from ravop.tools import admin
 from conftest import Workers
 from helpers import on_one_thread, wait_for
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop.interpreter import evaluate, evaluate_persisted
-from ravop.local_cluster import LocalCluster
+from ravop.local.local_cluster import LocalCluster
+from ravop.runtime.evaluate import evaluate, evaluate_persisted
 from ravop.store import GraphKeys, connect
 from ravop.store import graphs as store_graphs
-from ravop.store.keys import FederatedKeys
 from ravop.store.handoff import Handoff
+from ravop.store.keys import FederatedKeys
 from ravop.store.keys import DEAD_LETTER, STARTING, TokenKeys, queue
 from ravop.store.scripts import Scripts
 from ravop.store.tensors import chunks_key
 from test_integration_cluster import chain
-from worker.consumer import Worker
-from worker.loop_subgraph import checkpoint_tensor_key
+from worker.loops.loop_subgraph import checkpoint_tensor_key
+from worker.serve.consumer import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,7 +97,7 @@ def test_any_node_url_gives_a_cluster_client_and_a_standalone_url_a_plain_one(cl
 REQUESTER = textwrap.dedent("""
     import sys, torch
     import ravop as R
-    from ravop.interpreter import evaluate
+    from ravop.runtime.evaluate import evaluate
     url, token, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
     R.initialize(token=token, redis_url=url)
     g = torch.Generator().manual_seed(seed)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import ravop as R
-from ravop.errors import StoreLimitError, WireFormatError
+from ravop.core.errors import StoreLimitError, WireFormatError
 from ravop.store import GraphKeys, background_upload, tensors
 from ravop.wire.codec import decode_chunked, encode_chunked
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-import ravop as R
 from ravdl.v2 import Functional, Pytorch_Model
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop.interpreter import evaluate_persisted
+import ravop as R
+from ravop.runtime.evaluate import evaluate_persisted
 from test_diloco import diloco_reference
 from test_parallel_engine import assert_same_as_in_process, run_on_both
 from test_parallel_math import LR, X, Y, adam_step, batches_of, gossip_reference, local_sgd_reference, torch_net

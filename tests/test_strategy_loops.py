@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-import ravop as R
 from compiler import compile_graph, ir as ir_module
 from compiler.pass_manager import PIPELINE, run_pipeline
 from compiler.passes.strategy import carried_kinds
@@ -17,8 +16,9 @@ from ravdl.v2 import Functional
 from ravdl.v2.layers import BatchNormalization1D, Dense, Dropout
 from ravdl.v2.optimizers import Adam
 from ravdl.v2.utils import batch_iterator
-from ravop.errors import GraphStateError
-from ravop.loop import Loop
+import ravop as R
+from ravop.core.errors import GraphStateError
+from ravop.record.loop import Loop
 from test_resident_replicas import run_killing_a_replica
 from test_diloco import eager_send
 
@@ -346,7 +346,7 @@ def test_a_loop_recorded_with_ravop_loop_under_a_strategy_is_refused():
     with loop.step() as step:
         step.carry([step.carried[0] * 0.5])
     loop.run([(0, 4)])[0].persist_op("w")
-    with pytest.raises(NotImplementedError, match="ravop.loop.Loop"):
+    with pytest.raises(NotImplementedError, match="ravop.record.loop.Loop"):
         compile_graph(graph)
 
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import ravop as R
-from ravop import session as sessions
-from ravop.cpu_threads import machine_cores, passive_waiting, per_worker
-from ravop.embedded import _ROOT
-from ravop.session import live_workers
+from ravop.client import session as sessions
+from ravop.client.session import live_workers
+from ravop.core.cpu_threads import machine_cores, passive_waiting, per_worker
+from ravop.local.embedded import _ROOT
 
 from conftest import START_TIMEOUT
 
@@ -65,7 +65,7 @@ def test_embedded_workers_run_their_share_of_the_cores(count):
                 assert "OMP_WAIT_POLICY=PASSIVE)" in f.read()
             if share > 1:   # OpenMP reads it when torch loads: in the environment the process (or, if it was
                 # forked from one, its fork server) started with. Workers of one thread never wait in OpenMP,
-                # and only those may be forked from the requester (ravop/fork_server.py).
+                # and only those may be forked from the requester (ravop/local/forked_workers.py).
                 with open(f"/proc/{process.pid}/environ", "rb") as f:
                     assert b"OMP_WAIT_POLICY=PASSIVE" in f.read().split(b"\0")
     finally:

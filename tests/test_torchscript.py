@@ -12,13 +12,13 @@ import torch
 import torch.nn.functional as TF
 from torch import nn
 
-import ravop as R
 from ravdl.v2 import Pytorch_Model
 from ravdl.v2.optimizers import Adam, AdamW, RMSprop
-from ravop.errors import ShapeError
-from ravop.graph import current_graph
-from ravop.interpreter import evaluate
-from ravop.torchscript_import import BUNDLE_KIND, load_module
+import ravop as R
+from ravop.core.errors import ShapeError
+from ravop.record.graph import current_graph
+from ravop.record.torchscript_import import BUNDLE_KIND, load_module
+from ravop.runtime.evaluate import evaluate
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
@@ -496,7 +496,7 @@ def test_engine_training_equals_eager_and_the_fetched_module_reproduces_the_pred
 
 def test_cpu_workers_leave_gpu_work_alone(engine, module_workers, capsys):
     from ravop import store
-    from ravop.errors import NotComputedError
+    from ravop.core.errors import NotComputedError
     client, gpu_queue = engine.client, store.queue("cuda")
     R.Graph(name="ts-gpu", gpu_required="yes")
     # 600 x 10 outputs: too large for the compiler to fold the forward into a constant on the requester

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 import ravop as R
-from ravop.torchscript_import import BLOB_KEY, load_module
+from ravop.core.node import Node
 from ravop.ops import torchscript
 from ravop.ops.torchscript_safety import UnsafeModelError, load
-from ravop.node import Node
+from ravop.record.torchscript_import import BLOB_KEY, load_module
 from ravop.wire import encode_params
 
 from helpers import upload_subgraph, wait_until_finished

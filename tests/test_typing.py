@@ -9,9 +9,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PUBLIC = ["ravop/__init__.pyi", "ravdl/v2/__init__.py", "compiler/__init__.py", "tests/typing/uses_the_api.py"]
 # The core interfaces, annotated throughout (every function, public or not): the Redis schema both sides share,
 # the requester's session steps and the graph kinds they ask, federated statistics, the schema's names.
-ANNOTATED = ["ravop/store", "ravop/session.py", "ravop/activation.py", "ravop/tracking.py", "ravop/fetching.py",
-             "ravop/graph_kinds.py", "ravop/stored_values.py", "ravop/training_losses.py", "ravop/loss_names.py",
-             "ravop/graph_states.py", "ravop/federated", "ravop/ops/federated_stats.py"]
+ANNOTATED = ["ravop/store", "ravop/client/session.py", "ravop/client/activation.py", "ravop/client/tracking.py",
+             "ravop/client/fetching.py", "ravop/client/graph_kinds.py", "ravop/client/stored_values.py",
+             "ravop/client/training_losses.py", "ravop/core/loss_names.py", "ravop/core/graph_states.py",
+             "ravop/federated", "ravop/ops/federated_stats.py"]
 
 
 def mypy(*paths, cache):
@@ -102,7 +103,8 @@ def test_every_generated_function_signature_names_its_inputs_and_params():
     import inspect
 
     import ravop as R
-    from ravop import api, registry
+    from ravop.core import registry
+    from ravop.record import api
     checked = 0
     for name, opdef in registry.REGISTRY.items():
         if opdef.internal or opdef.name in api.FRONTENDS:

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CORE = ["ravop/registry.py", "ravop/node.py", "ravop/runner.py", "ravop/loop_run.py", "ravop/loop_template.py",
-        "ravop/loop.py", "ravop/interpreter.py", "ravop/wire/codec.py", "ravop/wire/nodes.py",
-        "ravop/wire/loop_message.py", "worker/run.py", "worker/validate.py"]
+CORE = ["ravop/core/registry.py", "ravop/core/node.py", "ravop/runtime/runner.py", "ravop/runtime/loop_run.py",
+        "ravop/core/loop_template.py", "ravop/record/loop.py", "ravop/runtime/evaluate.py", "ravop/wire/codec.py",
+        "ravop/wire/nodes.py", "ravop/wire/loop_message.py", "worker/execute/run.py", "worker/execute/validate.py"]
 
 
 def test_mypy_accepts_the_annotated_core(tmp_path):
@@ -21,7 +21,7 @@ def test_mypy_accepts_the_annotated_core(tmp_path):
 
 def test_mypy_rejects_a_wrong_call_of_the_runner(tmp_path):
     script = tmp_path / "wrong.py"
-    script.write_text("from ravop.runner import Runner\nRunner([], [0], [0], device=3)\n")
+    script.write_text("from ravop.runtime.runner import Runner\nRunner([], [0], [0], device=3)\n")
     done = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache"), "--no-error-summary",
                            str(script)], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 1 and 'Argument "device" to "Runner" has incompatible type "int"' in done.stdout

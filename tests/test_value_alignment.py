@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import ravop as R
-from ravop.alignment import ALIGNMENT, aligned
-from ravop.errors import RavopError
-from ravop.graph import to_tensor
-from ravop.interpreter import evaluate
+from ravop.core.alignment import ALIGNMENT, aligned
+from ravop.core.errors import RavopError
+from ravop.record.graph import to_tensor
+from ravop.runtime.evaluate import evaluate
 from test_registry_walk import CASES, _record
 
 RNG = np.random.default_rng(0)

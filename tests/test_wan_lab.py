@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.wan import harness, link, profiles, tbf_check  # noqa: E402
 from benchmarks.wan.lab import PREFIX, Lab, namespaces  # noqa: E402
-from worker import emulated_device  # noqa: E402
+from worker.execute import emulated_device  # noqa: E402
 
 
 def alive(pids):

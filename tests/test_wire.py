@@ -12,9 +12,9 @@ import pytest
 import torch
 from google.protobuf.message import DecodeError
 
-from ravop.dtypes import DTYPES
-from ravop.errors import PlanError, WireFormatError
-from ravop.node import Node
+from ravop.core.dtypes import DTYPES
+from ravop.core.errors import PlanError, WireFormatError
+from ravop.core.node import Node
 from ravop.wire import (decode_params, decode_tensor, encode_params, encode_tensor, encode_tensors, pack_nodes,
                         plan_pb2, unpack_nodes)
 from ravop.wire.codec import MAGIC, decode_alike, decode_scalar, decode_scalars

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import ravop as R
-from ravop.interpreter import OpError, evaluate
+from ravop.core.node import Node
+from ravop.runtime.evaluate import OpError, evaluate
 from ravop.store import DEAD_LETTER, GROUP, Scripts, queue
-from ravop.node import Node
 from ravop.wire import plan_pb2
 
 from helpers import assert_a_valid_graph_runs, upload_subgraph, wait_for

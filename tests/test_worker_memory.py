@@ -7,15 +7,15 @@ import pytest
 import torch
 
 import ravop as R
-from ravop import registry
-from ravop.loop_run import LoopRun
-from ravop.loop_template import LoopSpec, StepTemplate
-from ravop.node import Node
-from ravop.runner import OpError
+from ravop.core import registry
+from ravop.core.loop_template import LoopSpec, StepTemplate
+from ravop.core.node import Node
+from ravop.runtime.loop_run import LoopRun
+from ravop.runtime.runner import OpError
 from ravop.wire import encode_params, pack_loop, pack_nodes, plan_pb2, unpack_loop
-from worker import memory
-from worker.run import KernelError, kernel_error, run
-from worker.validate import check
+from worker.execute import memory
+from worker.execute.run import KernelError, kernel_error, run
+from worker.execute.validate import check
 
 from helpers import assert_a_valid_graph_runs, upload_subgraph, wait_until_finished
 

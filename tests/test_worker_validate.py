@@ -2,12 +2,12 @@
 import pytest
 import torch
 
-from ravop.errors import PlanError
-from ravop.node import Node
+from ravop.core.errors import PlanError
+from ravop.core.node import Node
 from ravop.wire import encode_params, pack_nodes, plan_pb2
-from worker.cache import TensorCache
-from worker.run import KernelError, run
-from worker.validate import check
+from worker.execute.cache import TensorCache
+from worker.execute.run import KernelError, run
+from worker.execute.validate import check
 
 MIB = 2**20
 

@@ -1,3 +1,3 @@
-from .worker_cli import main
+from .serve.worker_cli import main
 
 raise SystemExit(main())

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from worker.loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS, RESIDENT_CHECKPOINT_SECONDS
+from worker.loops.loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS, RESIDENT_CHECKPOINT_SECONDS
 
 from . import harness, report
 from .profiles import PROFILES, profile

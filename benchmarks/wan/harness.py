@@ -2,7 +2,7 @@
 store's unix socket) training an MLP with one of R.parallel's strategies; then the figures the field reports.
 
 Time dilation (`dilation` D > 1, with `emulate`): each provider acts as a device of `device_flops` / D FLOP/s
-(worker/emulated_device.py) and every link runs at its rates / D with its delays x D, so the whole run is the
+(worker/execute/emulated_device.py) and every link runs at its rates / D with its delays x D, so the whole run is the
 real one slowed D times; the harness divides every measured time by D (bytes are unchanged). This lets 8
 providers share 2 cores: the emulated compute time must exceed what the shared cores really take.
 """
@@ -22,14 +22,14 @@ import torch
 import torch.nn.functional as TF
 from torch import nn
 
-import ravop as R
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop.graph_states import DONE, FAILED
+import ravop as R
+from ravop.core.graph_states import DONE, FAILED
 from ravop.store import workers
 from ravop.store.graphs import list_graphs
-from worker.loop_subgraph import CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS
+from worker.loops.loop_subgraph import CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS
 
 from .lab import Lab, remove_stale
 
@@ -302,7 +302,7 @@ def time_profile(before, after, started_at, ended_at, dilation):
     waits for the others' values) and writes (flushed losses, checkpoints), and after its last unit (the
     outputs' writes, the graph's end). The rest of the wall time is queue hops and reads between units, and the
     emulation's own lag (`overslept_s`: late wake-ups and the busy file's writes, of which `absorbed_s` was made
-    up from later steps' slack; worker/emulated_device.py)."""
+    up from later steps' slack; worker/execute/emulated_device.py)."""
     first, last = after.get("first"), after.get("last")
     if first is None or last is None:
         return {}

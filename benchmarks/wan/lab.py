@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-from ravop.embedded import server_binary, start_worker, stop_processes
+from ravop.local.embedded import server_binary, start_worker, stop_processes
 from ravop.store.keys import worker_key
 
 ROOT = Path(__file__).resolve().parents[2]   # the repository: benchmarks/wan/lab.py
@@ -175,7 +175,7 @@ class Lab:
         return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
     def busy(self, name):
-        """A provider's device clock (worker/emulated_device.py), or None before its first unit of work."""
+        """A provider's device clock (worker/execute/emulated_device.py), or None before its first unit of work."""
         try:
             return json.loads((self.dir / f"{name}.busy.json").read_text())
         except (OSError, ValueError):

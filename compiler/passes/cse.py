@@ -10,7 +10,7 @@ from collections import Counter
 
 import torch
 
-from ravop import registry
+from ravop.core import registry
 
 from .templates import keep_only, rewrite_templates
 

@@ -3,7 +3,7 @@ loop template only the ops its carried values and persisted values need; a loop'
 read are dropped with them."""
 from dataclasses import replace
 
-from ravop.loop_template import LoopRecord
+from ravop.core.loop_template import LoopRecord
 
 from .templates import followed_streams, keep_only, rewrite_templates
 

@@ -18,11 +18,11 @@ from dataclasses import replace
 
 import torch
 
-from ravop import registry
-from ravop.alignment import aligned
-from ravop.loop_template import LoopRecord
-from ravop.runner import run_op
-from ravop.sizes import numel
+from ravop.core import registry
+from ravop.core.alignment import aligned
+from ravop.core.loop_template import LoopRecord
+from ravop.core.sizes import numel
+from ravop.runtime.runner import run_op
 
 from ..cost import node_seconds
 from .templates import keep_only

@@ -2,7 +2,7 @@
 is v's only computed input. The partitioner never cuts a link (unless a run would exceed its time
 bound), so a chain of single-reader ops runs as one piece on one worker with its intermediates never
 leaving it. It runs once, after the passes, and hands its map to the partitioner: the IR does not change."""
-from ravop.registry import INPUTS
+from ravop.core.registry import INPUTS
 
 
 def fuse_linear_chains(ir):

@@ -2,12 +2,12 @@
 
 A script that loops over its batches itself (`for X_batch, y_batch in batch_iterator(...)` around
 `_forward_pass`/`_backward_pass`, or raw ops) records the same step N times. This pass finds such repeats and
-replaces them with a loop op whose template is the step, as `ravop.loop` records `fit` (docs/architecture.md,
+replaces them with a loop op whose template is the step, as `ravop.record.loop` records `fit` (docs/architecture.md,
 "Training loops"): the plan holds the step once, one worker runs it N times with the carried values in memory,
 and the numbers are the unrolled steps' bit for bit.
 
 Finding a repeat. Every op but the constants gets a kind: op, params (an op's step `counter` or `seed_param`
-masked, the flags ravop/registry.py declares), shapes,
+masked, the flags ravop/core/registry.py declares), shapes,
 dtypes, which inputs are constants, and how many names persist it. A repeated step of P ops is a stretch where
 the kinds repeat with period P; the candidate periods are the most frequent distances between two ops of one
 kind. Each stretch is then checked step by step with the step's references as holes: an input of step k is
@@ -26,11 +26,11 @@ the stretch is not folded.
 from collections import Counter, defaultdict
 from itertools import count
 
-from ravop.loop import counter_of, seed_of
-from ravop.loop_template import LoopRecord, LoopSpec, StepTemplate, hole_node
-from ravop.node import Node
-from ravop.registry import HOLE, INPUTS, LOOP, LOOPS, NOT_KERNELS, PROJECTION, REGISTRY, op_of_kind
-from ravop.runner import op_seed
+from ravop.core.loop_template import LoopRecord, LoopSpec, StepTemplate, hole_node
+from ravop.core.node import Node
+from ravop.core.registry import HOLE, INPUTS, LOOP, LOOPS, NOT_KERNELS, PROJECTION, REGISTRY, op_of_kind
+from ravop.record.loop import counter_of, seed_of
+from ravop.runtime.runner import op_seed
 from ravop.wire import encode_params
 
 MIN_STEPS = 2           # fewer repeats are no loop

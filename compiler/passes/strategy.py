@@ -23,14 +23,14 @@ moved after them (ids ascend in topological order); a random op moved draws the 
 """
 from dataclasses import replace
 
-from ravop.errors import GraphStateError
-from ravop.loop import seed_of
-from ravop.loop_template import LoopRecord, LoopSpec
-from ravop.node import Node
+from ravop.core.errors import GraphStateError
+from ravop.core.loop_template import LoopRecord, LoopSpec
+from ravop.core.node import Node
+from ravop.core.registry import HOLE, INPUTS, PROJECTION, PROJECTIONS, REGISTRY, op_of_kind
 from ravop.parallel.hand_written import check_loop_strategy, record_replica_loops
 from ravop.parallel.replicas import Carried
-from ravop.registry import HOLE, INPUTS, PROJECTION, PROJECTIONS, REGISTRY, op_of_kind
-from ravop.runner import op_seed
+from ravop.record.loop import seed_of
+from ravop.runtime.runner import op_seed
 from ravop.wire import encode_params
 
 PARAM, BUFFER, OPTIMIZER = "parameter", "buffer", "optimizer state"
@@ -38,14 +38,14 @@ PARAM, BUFFER, OPTIMIZER = "parameter", "buffer", "optimizer state"
 
 def replicate_folded_loops(strategy, recorded_loops):
     """The pass for a graph whose strategy no fit used: every loop the folding made (not those in
-    `recorded_loops`, the ids of loops recorded with ravop.loop) becomes the strategy's replicas."""
+    `recorded_loops`, the ids of loops recorded with ravop.record.loop) becomes the strategy's replicas."""
     check_loop_strategy(strategy)
 
     def replicate(ir):
         if recorded_loops:
-            raise NotImplementedError(f"{strategy!r} over a loop recorded with ravop.loop.Loop is not implemented: "
-                                      "a strategy applies to fit(..., strategy=...) and to hand-written loops the "
-                                      "compiler folds")
+            raise NotImplementedError(f"{strategy!r} over a loop recorded with ravop.record.loop.Loop is not "
+                                      "implemented: a strategy applies to fit(..., strategy=...) and to hand-written "
+                                      "loops the compiler folds")
         folded = list(ir.loops.values())
         if not folded:
             raise GraphStateError(f"the graph has strategy={strategy!r} but no fit used it and no hand-written "

@@ -4,7 +4,7 @@ each template to a rewrite and builds new loop records where it changed one; the
 never modified."""
 from dataclasses import replace
 
-from ravop.loop_template import LoopRecord
+from ravop.core.loop_template import LoopRecord
 
 
 def rewrite_templates(loops, rewrite):

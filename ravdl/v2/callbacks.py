@@ -16,7 +16,7 @@ the first NaN or infinite loss, callbacks or not (without callbacks it reads the
                                   ended the training early, else None)}
 
 A callback stops the training by setting `self.model.stop_training = True` (as in Keras; set `stop_reason` on
-itself to say why): the requester asks the graph to stop (`ravop.status.request_stop`), and the worker ends the
+itself to say why): the requester asks the graph to stop (`ravop.tools.status.request_stop`), and the worker ends the
 loop at its next epoch boundary, as if the fit had been recorded with that many epochs: the model's parameters
 and optimizer state are those of that epoch, bit for bit, what was recorded after `fit` (predictions,
 `save_model`) is computed from them, and the graph ends done. The worker learns of the request within about a
@@ -30,7 +30,9 @@ import math
 import os
 import time
 
-from ravop import fetching, graph_states, status, training_losses, watching
+from ravop.client import fetching, training_losses, watching
+from ravop.core import graph_states
+from ravop.tools import status
 
 from . import nonfinite
 
@@ -246,7 +248,7 @@ class WandB(Callback):
 
 
 class FitFollower:
-    """The watcher (`ravop.watching`) of one fit: reads the persisted losses as the graph trains, turns them into
+    """The watcher (`ravop.client.watching`) of one fit: reads the persisted losses as the graph trains, turns them into
     callback events, warns of the first non-finite loss, and asks the graph to stop when a callback wants to."""
 
     def __init__(self, callbacks, model, history, clock):

@@ -13,9 +13,9 @@ import torch
 from torch import fx
 
 import ravop as R
-from ravop import registry
-from ravop.graph import current_graph
-from ravop.session import LOADERS
+from ravop.client.session import LOADERS
+from ravop.core import registry
+from ravop.record.graph import current_graph
 
 from .layers.base import recording_calls
 from .layers.core import Embedding

@@ -1,4 +1,4 @@
-"""`fit` as a loop (ravop.loop): one training step is recorded (two if the last batch is short, plus one
+"""`fit` as a loop (ravop.record.loop): one training step is recorded (two if the last batch is short, plus one
 validation step), the data goes up once and each step slices its batch on the worker, so recording,
 compiling and uploading a fit cost the same for 1 epoch or 100, and the worker keeps the model in memory.
 
@@ -8,8 +8,8 @@ Pytorch_Model do, and R.parallel's strategies use the same interface (ravdl/v2/p
 """
 from functools import partial
 
-from ravop.loop import Batches, Loop
-from ravop.loss_names import training_loss_name, validation_loss_name
+from ravop.core.loss_names import training_loss_name, validation_loss_name
+from ravop.record.loop import Batches, Loop
 
 from .layers.base import as_input
 
@@ -75,7 +75,7 @@ def optimizer_slots(optimizer, params):
 
 def record_fit(model, train_step, X, y, n_epochs, batch_size, shuffle=False, seed=0, validation=None):
     """Record `n_epochs` of `train_step(X_batch, y_batch) -> loss` over (X, y) in batches of `batch_size`;
-    persists each loss as `ravop.loss_names.training_loss_name(e, b)` and, with `validation() -> loss` (recorded
+    persists each loss as `ravop.core.loss_names.training_loss_name(e, b)` and, with `validation() -> loss` (recorded
     in eval mode after each epoch), `validation_loss_name(e)` (1-based). Returns the training loss names
     in order."""
     if int(n_epochs) < 1:

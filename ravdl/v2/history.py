@@ -13,10 +13,10 @@ It is also the list of the training loss names in order, as `fit` returned befor
 import html
 
 import ravop as R
-from ravop import graph_states
-from ravop.errors import GraphFailedError, NotComputedError
-from ravop.placement import held_by
-from ravop.training_losses import Losses
+from ravop.client.placement import held_by
+from ravop.client.training_losses import Losses
+from ravop.core import graph_states
+from ravop.core.errors import GraphFailedError, NotComputedError
 
 from .notebook import html_table
 
@@ -60,7 +60,7 @@ class History(list):
     @property
     def placement(self):
         """{strategy: {role ('replica r'): [workers]}}: the workers that ran each replica of the graph's fits under
-        a strategy, from the engine's records (ravop.placement.held_by), not the activation's forecast."""
+        a strategy, from the engine's records (ravop.client.placement.held_by), not the activation's forecast."""
         return held_by(self.graph)
 
     @property

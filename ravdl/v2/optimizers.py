@@ -9,7 +9,7 @@ unchanged, so it stays the initial zeros Op rather than a new output per step: f
 `lr_schedule` (ravdl.v2.lr_schedules) sets each step's learning rate from the step count, inside the step op.
 """
 import ravop as R
-from ravop.dtypes import NAMES
+from ravop.core.dtypes import NAMES
 
 from .lr_schedules import schedule_spec
 

@@ -20,13 +20,13 @@ import numpy as np
 import torch
 
 import ravop as R
-from ravop.errors import GraphStateError
-from ravop.graph import Op, current_graph
-from ravop.loss_names import training_loss_name
-from ravop.loop import Batches, Loop
+from ravop.client.session import live_workers
+from ravop.core.errors import GraphStateError
+from ravop.core.loss_names import training_loss_name
 from ravop.parallel import check_strategy
 from ravop.parallel.replicas import Carried, weighted_sum
-from ravop.session import live_workers
+from ravop.record.graph import Op, current_graph
+from ravop.record.loop import Batches, Loop
 
 from .layers.base import as_input
 from .pipeline_fit import record_pipeline
@@ -40,7 +40,7 @@ def record_parallel_fit(model, X, y, n_epochs, batch_size, shuffle, seed, strate
     graph = current_graph()
     graph.parallel_fits.append(check_strategy(strategy))   # compile_graph leaves it unfolded
     fit = ParallelFit(model, X, y, n_epochs, batch_size, shuffle, seed)
-    graph.parallel_loops.append(fit.loops)   # ravop.placement names the workers that ran them
+    graph.parallel_loops.append(fit.loops)   # ravop.client.placement names the workers that ran them
     return strategy.record_fit(fit)
 
 

@@ -8,13 +8,13 @@ import numpy as np
 import torch
 
 import ravop as R
-from ravop.errors import GraphStateError
-from ravop.graph import Op, current_graph
-from ravop.loop import Loop
-from ravop.loss_names import training_loss_name
+from ravop.client.session import live_workers
+from ravop.core.errors import GraphStateError
+from ravop.core.loss_names import training_loss_name
 from ravop.parallel.pipeline import stage_seed
 from ravop.parallel.replicas import weighted_sum
-from ravop.session import live_workers
+from ravop.record.graph import Op, current_graph
+from ravop.record.loop import Loop
 
 from .layers.base import as_input
 from .pipeline_resident import record_resident_pipeline, resident_reason

@@ -21,10 +21,10 @@ step of `update` is recorded one count lower, as a sync template counts the trai
 (`Step.counted_params`). Carried values keep one shape, so every batch must be full (`batch_size` divides the
 rows)."""
 import ravop as R
-from ravop.graph import current_graph
-from ravop.loop import Batches, Loop
 from ravop.parallel.pipeline import stage_stream
 from ravop.parallel.replicas import weighted_sum
+from ravop.record.graph import current_graph
+from ravop.record.loop import Batches, Loop
 
 from .layers.base import as_input
 

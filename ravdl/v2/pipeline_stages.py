@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import ravop as R
-from ravop.torchscript_stages import chain_of, stage_model
+from ravop.record.torchscript_stages import chain_of, stage_model
 
 from .layers.base import CustomLayer, as_input, leaf_layers, recording_calls
 from .layers.core import Dropout
@@ -138,7 +138,7 @@ def called_chain(model, sample):
 
 
 class TorchStage:
-    """Contiguous top-level children of a Pytorch_Model, run as a model of their own (ravop.torchscript_stages)
+    """Contiguous top-level children of a Pytorch_Model, run as a model of their own (ravop.record.torchscript_stages)
     on the full model's values."""
 
     def __init__(self, model, units):

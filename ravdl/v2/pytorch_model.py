@@ -10,14 +10,14 @@ The model's parameters and buffers are graph tensors, as a built-in layer's are:
 BatchNorm's running stats, which replace the old ones); `_backward_pass` records `R.grad` (the
 `torchscript_vjp` op) and one optimizer step per trainable parameter (those with `requires_grad`).
 `save_model(name)` persists the code and the current values; `R.fetch_persisting_op(name)` returns a
-plain nn.Module with the trained weights under the original names (`ravop.saved_model.SavedModel`, built by
-`ravop.torchscript_import.load_module`, so fetching needs only ravop).
+plain nn.Module with the trained weights under the original names (`ravop.client.saved_model.SavedModel`, built by
+`ravop.record.torchscript_import.load_module`, so fetching needs only ravop).
 """
 from functools import partial
 
-from ravop.errors import GraphStateError
-from ravop.graph import current_graph
-from ravop.torchscript_import import BLOB_KEY, BUNDLE_KIND, Model
+from ravop.core.errors import GraphStateError
+from ravop.record.graph import current_graph
+from ravop.record.torchscript_import import BLOB_KEY, BUNDLE_KIND, Model
 
 from . import gradients
 from .fit import LossTraining, Slot, TrainState, optimizer_slots
@@ -103,7 +103,7 @@ class Pytorch_Model(KerasHabits, LossTraining):
 
     def pipeline_units(self, sample, rows):
         """The units Pipeline cuts into stages: the model's top-level children, when its forward is a chain of
-        them (checked), each measured on `sample`, a micro-batch of `rows` rows (ravop.torchscript_stages)."""
+        them (checked), each measured on `sample`, a micro-batch of `rows` rows (ravop.record.torchscript_stages)."""
         return torch_units(self, sample)
 
     def _trained(self):

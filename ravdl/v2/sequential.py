@@ -1,7 +1,7 @@
 """NeuralNetwork: a stack of layers with a loss, trained by `fit` (the original API's sequential model)."""
 from collections import Counter
 
-from ravop.graph import current_graph
+from ravop.record.graph import current_graph
 
 from . import losses, nonfinite
 from .callbacks import checked, follow
@@ -65,7 +65,7 @@ class NeuralNetwork(Model):
     def fit(self, X, y=None, n_epochs=1, batch_size=None, shuffle=False, seed=None, save_model=False,
             persist_weights=False, strategy=None, callbacks=None, validation_data=None):
         """Record `n_epochs` of training as one loop (ravdl.v2.fit): each batch loss is persisted as
-        `training_loss_epoch_{e}_batch_{b}` (1-based; `ravop.loss_names`) and, with validation_data (X_val, y_val:
+        `training_loss_epoch_{e}_batch_{b}` (1-based; `ravop.core.loss_names`) and, with validation_data (X_val, y_val:
         fit's, as in Keras, else the constructor's), `validation_loss_epoch_{e}`.
         Shuffled batches draw their order from `seed` (default: the graph seed), so a run is reproducible.
         Returns a `History`: the training loss names in order, and `history.history['loss']`,

@@ -1,7 +1,7 @@
 """`fit` for the models that bring their own forward code (Functional, Pytorch_Model): the loss is given to
 fit, then the training is recorded as NeuralNetwork.fit records it, one loop (ravdl.v2.fit) or a strategy's
 segments (ravdl.v2.parallel_fit)."""
-from ravop.graph import current_graph
+from ravop.record.graph import current_graph
 
 from . import losses, nonfinite
 from .callbacks import checked, follow

@@ -15,8 +15,8 @@ from typing import Any, Optional, Union
 
 import torch
 
+from ..core.registry import get
 from ..ops.federated_stats import PARTIAL_FIELDS, PREFIX, federated_partial
-from ..registry import get
 
 Partial = dict   # {"count": int} or {"count", "mean", "m2", "min", "max"}
 

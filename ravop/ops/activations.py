@@ -8,9 +8,9 @@ Params and defaults are torch.nn.functional's; `axis` is the softmax family's `d
 import torch
 import torch.nn.functional as F
 
-from .. import op_functions as R
-from ..dtypes import is_floating
-from ..registry import register
+from ..core import op_functions as R
+from ..core.dtypes import is_floating
+from ..core.registry import register
 from . import rules, scriptable
 
 aten = torch.ops.aten

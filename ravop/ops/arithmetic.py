@@ -2,8 +2,8 @@
 clip."""
 import torch
 
-from .. import op_functions as R
-from ..registry import register
+from ..core import op_functions as R
+from ..core.registry import register
 from . import rules, scriptable
 from .graph_machinery import unbroadcast
 

@@ -1,9 +1,7 @@
 """`cast` (alias `astype`): a tensor converted to another dtype, as numpy's `x.astype('float32')`."""
-from .. import api
-from .. import op_functions as R
-from ..dtypes import NAMES, as_dtype, is_floating
-from ..graph import record
-from ..registry import REQUIRED, get, register
+from ..core import op_functions as R
+from ..core.dtypes import NAMES, as_dtype, is_floating
+from ..core.registry import REQUIRED, register
 
 
 def _cast_shape(x, dtype):
@@ -21,11 +19,3 @@ def cast(x, dtype):
     """`x` converted to `dtype` (a name such as 'float32', a torch dtype or a numpy dtype); floats to
     integers truncate toward zero, as numpy's astype."""
     return x.to(as_dtype(dtype))
-
-
-def cast_frontend(x, dtype):
-    """`R.cast(x, 'float32')`, `x.astype(np.float32)`: any dtype spelling is stored as its name."""
-    return record(get("cast"), (x,), {"dtype": NAMES[as_dtype(dtype)]})
-
-
-api.FRONTENDS["cast"] = cast_frontend

@@ -5,11 +5,9 @@ take any dtype and treat nonzero as true, as numpy does.
 """
 import torch
 
-from .. import api
-from .. import op_functions as R
-from ..dtypes import result_dtype
-from ..graph import record
-from ..registry import get, register
+from ..core import op_functions as R
+from ..core.dtypes import result_dtype
+from ..core.registry import register
 from . import rules
 from .graph_machinery import unbroadcast
 
@@ -37,18 +35,3 @@ def where_kernel(condition, x, y):
     the result has the promoted dtype of x and y."""
     dtype = torch.result_type(x, y)
     return torch.where(condition.to(torch.bool), x.to(dtype), y.to(dtype))
-
-
-def where(*args, condition=None, x=None, y=None):
-    """`R.where(condition, x, y)`, numpy's order; the original API's `R.where(x, y, condition=c)` also works."""
-    if condition is not None and len(args) == 2 and x is None and y is None:
-        x, y = args
-    elif len(args) + sum(v is not None for v in (condition, x, y)) == 3:
-        named = iter(args)
-        condition, x, y = (v if v is not None else next(named) for v in (condition, x, y))
-    else:
-        raise TypeError("where() takes a condition and two tensors: where(condition, x, y)")
-    return record(get("where"), (condition, x, y), api.NO_PARAMS)
-
-
-api.FRONTENDS["where"] = where

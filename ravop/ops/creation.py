@@ -3,8 +3,8 @@ import math
 
 import torch
 
-from ..dtypes import as_dtype
-from ..registry import REQUIRED, register
+from ..core.dtypes import as_dtype
+from ..core.registry import REQUIRED, register
 
 
 def _size(shape):

@@ -3,21 +3,22 @@ own data: the count, mean, M2 (sum of squared deviations from the mean), min and
 `federated_<statistic>` releases that statistic of each rule column from the partials of all providers merged
 (`ravop.federated.partials.merge`), one row per column.
 
-`R.federated_mean()` and its siblings record a statistic op on the current federated graph with no input: its
-partials come from the providers, never from a value of the graph (`ravop.federated.graph_kind`).
+`R.federated_mean()` and its siblings (ravop.record.frontends) record a statistic op on the current federated graph
+with no input: its partials come from the providers, never from a value of the graph (`ravop.client.federated_graphs`).
 `R.federated_quantile(q)` and `R.federated_histogram(bins, range)` take parameters, which travel to the
 providers as a query (`ravop.federated.queries`); their kernels release from merged sketches and bin counts."""
+from __future__ import annotations
+
 import math
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
 
 import torch
 
-from ..alignment import aligned
-from ..api import FRONTENDS
-from ..errors import GraphStateError
-from ..graph import Op, current_graph
-from ..registry import register
-from ..source import user_source
+from ..core.alignment import aligned
+from ..core.registry import register
+
+if TYPE_CHECKING:
+    from ..record.graph import Op
 
 PARTIAL_FIELDS = ("count", "mean", "m2", "min", "max")   # the columns of a partial, in order
 STATISTICS = ("mean", "variance", "standard_deviation", "min", "max", "count")
@@ -76,26 +77,9 @@ def _release(statistic: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return kernel
 
 
-def _recorder(name: str, doc: Optional[str]) -> Callable[[], Op]:
-    """`R.federated_<statistic>()`: one statistic of every rule column of the current federated graph, an `Op`
-    of shape (columns,) that can be persisted."""
-    def record() -> Op:
-        graph = current_graph()
-        graph.check_open()
-        if graph.approach != "federated":
-            raise GraphStateError(f"R.{name}() needs a federated graph: R.Graph(..., approach='federated', "
-                                  f"rules=...), not the {graph.approach} graph {graph.name!r} (at {user_source()})")
-        return graph.add_node(name, (), {}, (len(graph.rules.columns),), torch.float64, user_source())
-
-    record.__name__ = record.__qualname__ = name
-    record.__doc__ = doc
-    return record
-
-
 for _statistic in STATISTICS:
     _kernel = _release(_statistic)
     register(PREFIX + _statistic, inputs=("partials",), shape=_statistic_shape, method=False)(_kernel)
-    FRONTENDS[PREFIX + _statistic] = _recorder(PREFIX + _statistic, _kernel.__doc__)
 
 
 def _quantile_shape(items: Op, weights: Op, q: Sequence[float] = (0.5,)) -> Tuple[Tuple[int], torch.dtype]:
@@ -159,39 +143,3 @@ def check_histogram(bins: Any, range: Any) -> Tuple[int, Optional[Tuple[float, f
         raise ValueError(f"range must be (low, high) with finite low < high, or None for each rule's own "
                          f"[min, max], not {range!r}")
     return bins, (float(range[0]), float(range[1]))
-
-
-def _record_parameterised(name: str, op: str, params: Dict[str, Any], width: int) -> Op:
-    graph = current_graph()
-    graph.check_open()
-    if graph.approach != "federated":
-        raise GraphStateError(f"R.{name}() needs a federated graph: R.Graph(..., approach='federated', "
-                              f"rules=...), not the {graph.approach} graph {graph.name!r} (at {user_source()})")
-    return graph.add_node(op, (), params, (len(graph.rules.columns), width), torch.float64, user_source())
-
-
-def record_quantile(q: Any) -> Op:
-    """`R.federated_quantile(q)`: the q-quantile (q in [0, 1], or a list of them) of each rule column over the
-    providers' data, from their merged KLL sketches (rank error ~0.7%); fetched as {column: float}, or
-    {column: [float, ...]} for a list."""
-    values, scalar = check_q(q)
-    return _record_parameterised(PREFIX + "quantile", PREFIX + "quantile", {"q": values, "scalar": scalar},
-                                 len(values))
-
-
-def record_median() -> Op:
-    """`R.federated_median()`: R.federated_quantile(0.5)."""
-    return _record_parameterised(PREFIX + "median", PREFIX + "quantile", {"q": (0.5,), "scalar": True}, 1)
-
-
-def record_histogram(bins: int = 10, range: Optional[Tuple[float, float]] = None) -> Op:
-    """`R.federated_histogram(bins=10, range=None)`: per rule column, the providers' counts in `bins` equal bins
-    over `range` (None: the rule's own [min, max]); a bin of fewer than k values is suppressed (None). Fetched as
-    {column: {"edges": [...], "counts": [...]}}."""
-    bins, limits = check_histogram(bins, range)
-    return _record_parameterised(PREFIX + "histogram", PREFIX + "histogram", {"bins": bins, "range": limits}, bins)
-
-
-FRONTENDS[PREFIX + "quantile"] = record_quantile
-FRONTENDS[PREFIX + "median"] = record_median
-FRONTENDS[PREFIX + "histogram"] = record_histogram

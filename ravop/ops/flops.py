@@ -4,7 +4,7 @@ the op's output shape, its inputs' shapes and its params. An op without a rule c
 tensor it touches (elementwise ops and reductions). Unknown (-1) dimensions count as 1."""
 import math
 
-from ..sizes import numel_estimate
+from ..core.sizes import numel_estimate
 
 
 def matmul(shape, ins, params):

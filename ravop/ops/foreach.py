@@ -5,9 +5,8 @@ one tensor and give one result. Keyword params are passed through: `R.foreach(x,
 """
 import torch
 
-from .. import api, registry
-from ..graph import canonical, record
-from ..registry import REQUIRED, register
+from ..core import registry
+from ..core.registry import REQUIRED, register
 from . import rules
 from .kernel_vjp import autograd_vjp
 
@@ -49,15 +48,3 @@ def foreach_kernel(x, operation, params=()):
         shape, dtype = _shape(rules.Like(tuple(x.shape), x.dtype), operation, params)
         return torch.empty(shape, dtype=dtype, device=x.device)
     return torch.stack([opdef.kernel(row, **full) for row in x.unbind(0)])
-
-
-def foreach(x, operation, **params):
-    """`R.foreach(x, operation='name', **params)`: the op's own keywords ride along as one param."""
-    inner = registry.REGISTRY.get(operation) if isinstance(operation, str) else None
-    if inner is not None:  # the original's string booleans become bools here, as for a direct call
-        params = {k: api.as_flag(v, k, inner.name) if isinstance(inner.params.get(k), bool) else v
-                  for k, v in params.items()}
-    return record(registry.get("foreach"), (x,), {"operation": operation, "params": canonical(params)})
-
-
-api.FRONTENDS["foreach"] = foreach

@@ -2,10 +2,10 @@
 and the scatter-adds that are their gradients."""
 import torch
 
-from .. import op_functions as R
-from ..dtypes import is_floating
-from ..registry import REQUIRED, register
-from ..sizes import numel
+from ..core import op_functions as R
+from ..core.dtypes import is_floating
+from ..core.registry import REQUIRED, register
+from ..core.sizes import numel
 from . import rules
 from .graph_machinery import unbroadcast
 

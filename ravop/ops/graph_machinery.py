@@ -2,8 +2,8 @@
 reducing a broadcast gradient back to an input's shape."""
 import torch
 
-from .. import op_functions as R
-from ..registry import HOLE, INPUT, LOOP, PROJECTION, REQUIRED, register
+from ..core import op_functions as R
+from ..core.registry import HOLE, INPUT, LOOP, PROJECTION, REQUIRED, register
 from .rules import broadcast
 
 
@@ -15,14 +15,14 @@ register("const", inputs=(), method=False, shape=lambda: ((), torch.float32), ki
 
 
 def _loop_kernel(*values, **params):
-    raise RuntimeError("a loop runs as a subgraph of its own (ravop.loop_run), not as a kernel")
+    raise RuntimeError("a loop runs as a subgraph of its own (ravop.runtime.loop_run), not as a kernel")
 
 
 def _loop_hole_kernel(**params):
     raise RuntimeError("a loop hole is filled by the loop running its step, not computed")
 
 
-# A training loop (ravop.loop): its inputs are the carried values' initial values and what its steps read;
+# A training loop (ravop.record.loop): its inputs are the carried values' initial values and what its steps read;
 # its outputs the carried values after the last step. Not deterministic as far as the passes go: it is never
 # folded into a constant or merged with another loop. Its step templates read `loop_hole` nodes.
 register("loop", inputs=("*values",), params={"loop": REQUIRED}, method=False, deterministic=False,

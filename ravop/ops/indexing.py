@@ -1,22 +1,21 @@
 """numpy indexing as ops: `index` (x[...]), its adjoint `index_backward`, and `set_value` (x with x[...] = v).
 
-The index is stored canonically (see `index_spec`); tensor indices are extra inputs after `x`. Semantics
-are numpy's, including what torch does differently: an int next to array indices counts as an advanced
+The index is stored canonically (see `ravop.record.index_spec`); tensor indices are extra inputs after `x`.
+Semantics are numpy's, including what torch does differently: an int next to array indices counts as an advanced
 index (so the advanced dims go first when the advanced indices are not adjacent), and negative slice
 steps work. `R.index(x, indices)`, `x[...]` and `R.set_value(x, value, indices)` are thin front ends
-that turn the user's index (or the original's string form, e.g. "[:,-1,:]") into the canonical spec.
+(ravop.record.frontends) that turn the user's index (or the original's string form, e.g. "[:,-1,:]") into the
+canonical spec.
 """
 import torch
 
-from .. import api
-from ..alignment import aligned
-from ..dtypes import is_floating
-from ..graph import record
-from ..registry import REQUIRED, get, register
-from ..sizes import numel
+from ..core.alignment import aligned
+from ..core.dtypes import is_floating
+from ..core.recorder import record
+from ..core.registry import REQUIRED, get, register
+from ..core.sizes import numel
 from . import rules
 from .graph_machinery import unbroadcast
-from .index_spec import canonical_index
 
 # --------------------------------------------------------------------------------------- shape of x[...]
 
@@ -256,12 +255,6 @@ def index_backward(g, *tensors, spec, shape):
     return out.reshape(tuple(shape))
 
 
-def index(x, indices):
-    """`R.index(x, indices)` and `x[indices]`: record an `index` op for a numpy-style or string index."""
-    spec, tensors = canonical_index(indices)
-    return record(get("index"), (x, *tensors), {"spec": spec})
-
-
 # ------------------------------------------------------------------------------------------- set_value
 
 def _set_value_shape(x, value, *tensors, spec):
@@ -292,13 +285,3 @@ def set_value_kernel(x, value, *tensors, spec):
     out = x.clone(memory_format=torch.contiguous_format)
     out.view(-1)[where.reshape(-1)] = value.to(x.dtype).expand(where.shape).reshape(-1)
     return out
-
-
-def set_value(x, value, indices):
-    """`R.set_value(x, value, indices)`: x with x[indices] = value, as a new op."""
-    spec, tensors = canonical_index(indices)
-    return record(get("set_value"), (x, value, *tensors), {"spec": spec})
-
-
-api.FRONTENDS["index"] = index
-api.FRONTENDS["set_value"] = set_value

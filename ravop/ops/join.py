@@ -2,11 +2,11 @@
 slice pad. numpy semantics (mixed dtypes promote); `split` has several outputs."""
 import torch
 
-from .. import op_functions as R
-from ..alignment import aligned
-from ..dtypes import result_dtype
-from ..registry import REQUIRED, register
-from ..sizes import numel
+from ..core import op_functions as R
+from ..core.alignment import aligned
+from ..core.dtypes import result_dtype
+from ..core.registry import REQUIRED, register
+from ..core.sizes import numel
 from . import rules, scriptable
 
 

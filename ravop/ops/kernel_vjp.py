@@ -8,9 +8,9 @@ gradients only.
 """
 import torch
 
-from .. import op_functions as R
-from .. import registry
-from ..registry import REQUIRED, register
+from ..core import op_functions as R
+from ..core import registry
+from ..core.registry import REQUIRED, register
 
 
 def autograd_vjp(node, g, wants):

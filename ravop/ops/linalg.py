@@ -1,9 +1,9 @@
 """Linear algebra: matmul, dot and tensordot (numpy semantics, mixed dtypes promoted as torch does) and inv."""
 import torch
 
-from .. import op_functions as R
-from ..dtypes import result_dtype
-from ..registry import register
+from ..core import op_functions as R
+from ..core.dtypes import result_dtype
+from ..core.registry import register
 from . import flops, rules, scriptable
 from .graph_machinery import unbroadcast
 

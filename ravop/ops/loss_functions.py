@@ -4,10 +4,10 @@ _log_softmax_backward_data)."""
 import torch
 import torch.nn.functional as F
 
-from .. import op_functions as R
-from ..dtypes import is_floating
-from ..registry import register
-from ..sizes import numel
+from ..core import op_functions as R
+from ..core.dtypes import is_floating
+from ..core.registry import register
+from ..core.sizes import numel
 from .masked import backward_mask, call_backward, keep_masked, masked_shapes
 
 aten = torch.ops.aten

@@ -17,11 +17,11 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .. import op_functions as R
-from ..dtypes import is_floating
-from ..runner import op_seed
-from ..registry import REQUIRED, register
-from ..sizes import numel
+from ..core import op_functions as R
+from ..core.dtypes import is_floating
+from ..core.registry import REQUIRED, register
+from ..core.sizes import numel
+from ..runtime.runner import op_seed
 from . import flops, scriptable
 from .masked import backward_mask, call_backward, keep_masked, masked_shapes
 from .rules import Like
@@ -448,7 +448,7 @@ def _dropout_vjp(node, g, wants):
     p, training = node.params["p"], node.params["training"]
     if not training or p == 0:
         return (g,)
-    # Every executor seeds a random op's generator with op_seed(graph seed, node id) (ravop.runner), so
+    # Every executor seeds a random op's generator with op_seed(graph seed, node id) (ravop.runtime.runner), so
     # the backward op redraws the forward's mask from that seed: R.dropout keeps one output, and no mask
     # tensor is stored or shipped between workers.
     return (R.dropout_backward(g, p=p, seed=op_seed(node.graph.seed, node.id)),)

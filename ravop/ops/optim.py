@@ -14,7 +14,7 @@ Optimizer steps are not differentiable.
 """
 import torch
 
-from ..registry import REQUIRED, InPlace, register
+from ..core.registry import REQUIRED, InPlace, register
 from .lr_schedule import check_schedule, scheduled_lr
 
 

@@ -2,8 +2,8 @@
 so a re-run or a retry on another worker gives the same numbers, and two ops give different ones."""
 import torch
 
-from ..dtypes import as_dtype
-from ..registry import REQUIRED, register
+from ..core.dtypes import as_dtype
+from ..core.registry import REQUIRED, register
 from .creation import _size
 
 

@@ -5,9 +5,9 @@ numpy's `axis=()` reduces nothing; torch's `dim=()` reduces everything, so kerne
 """
 import torch
 
-from .. import op_functions as R
-from ..registry import register
-from ..sizes import numel
+from ..core import op_functions as R
+from ..core.registry import register
+from ..core.sizes import numel
 from . import rules, scriptable
 from .kernel_vjp import autograd_vjp
 

@@ -6,7 +6,7 @@ against any size (the result is the other size, or -1 against 1), and checks tha
 divisibility) are skipped for it. The kernel's real output always has real sizes."""
 import torch
 
-from ..dtypes import is_floating, result_dtype
+from ..core.dtypes import is_floating, result_dtype
 
 
 def broadcast(a, b):

@@ -2,9 +2,9 @@
 ravel reverse shape size ravint. numpy semantics; negative axes count from the end."""
 import torch
 
-from .. import op_functions as R
-from ..registry import REQUIRED, register
-from ..sizes import numel
+from ..core import op_functions as R
+from ..core.registry import REQUIRED, register
+from ..core.sizes import numel
 from . import rules, scriptable
 
 

@@ -4,9 +4,9 @@ Sorting is stable, so tied elements keep their order and sort's gradient goes wh
 """
 import torch
 
-from .. import op_functions as R
-from ..registry import register
-from ..sizes import numel
+from ..core import op_functions as R
+from ..core.registry import register
+from ..core.sizes import numel
 from . import flops, rules
 
 

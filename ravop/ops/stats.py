@@ -4,9 +4,9 @@ Results of fractional statistics are floating point (integer inputs give the def
 """
 import torch
 
-from .. import op_functions as R
-from ..dtypes import is_floating
-from ..registry import REQUIRED, register
+from ..core import op_functions as R
+from ..core.dtypes import is_floating
+from ..core.registry import REQUIRED, register
 from . import flops, rules
 from .kernel_vjp import autograd_vjp
 from .reduce import expand_reduced, reduced_count

@@ -1,7 +1,7 @@
-"""`step_row`: one row of a table, picked by a loop's step count. In a loop step (`ravop.loop`) its `row` is a
+"""`step_row`: one row of a table, picked by a loop's step count. In a loop step (`ravop.record.loop`) its `row` is a
 step counter, so a step reads a value that changes from step to step (Gossip's pairing after step s, a learning
 rate schedule's value) from one table uploaded once: the plan does not grow with the number of steps."""
-from ..registry import REQUIRED, register
+from ..core.registry import REQUIRED, register
 
 
 def _row_shape(table, row):

@@ -25,9 +25,9 @@ from contextlib import contextmanager
 
 import torch
 
-from .. import op_functions as R
-from ..dtypes import is_floating
-from ..registry import REQUIRED, register
+from ..core import op_functions as R
+from ..core.dtypes import is_floating
+from ..core.registry import REQUIRED, register
 from . import torchscript_safety
 
 CACHE_SIZE = 8            # loaded modules kept per process: each holds its code, not its weights
@@ -228,7 +228,7 @@ def _flops_key(model_hash, training, n_args, kwarg_names, shapes):
 
 
 def probe(xs, params):
-    """The `Probe` of a forward to record on Ops `xs` with `params` (for `ravop.torchscript_import`)."""
+    """The `Probe` of a forward to record on Ops `xs` with `params` (for `ravop.record.torchscript_import`)."""
     return _probe(xs, params["model_hash"], params["param_slots"], params["buffer_slots"], params["n_args"],
                   params["kwarg_names"], params["training"])
 

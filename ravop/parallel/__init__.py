@@ -4,7 +4,7 @@ in a graph without a fit (their replicas are recorded by ravop.parallel.hand_wri
 
     model.fit(X, y, n_epochs=2, batch_size=256, strategy=R.parallel.LocalSGD(replicas=2, sync_every=8))
 
-They are not runtimes: each one records the training as loop segments (`ravop.loop`, a replica's steps between
+They are not runtimes: each one records the training as loop segments (`ravop.record.loop`, a replica's steps between
 two synchronisations) and the averaging between them as ordinary ops, so the partitioner makes the replicas'
 segments independent subgraphs that idle workers run at once, and a dead worker's segment resumes from its loop
 checkpoint like any loop.

@@ -3,7 +3,7 @@ summary. It is not placement: the engine hands every ready subgraph to whichever
 device kind reads the stream first, so the replicas of one synchronisation interval run on distinct workers
 whenever that many are idle, but which one takes which is up to them. The forecast ranks the workers that
 serve the graph's device kind (`ravop.store.worker_info`'s "kind": 'cpu' or 'cuda') by what a replica needs
-(the speed of a tensor hand-off through the store, measured at start by worker/calibrate.py, for the
+(the speed of a tensor hand-off through the store, measured at start by worker/serve/calibrate.py, for the
 synchronisations; then threads and memory) and deals the strategy's roles out in that order, sharing workers
 when there are fewer."""
 

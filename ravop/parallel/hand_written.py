@@ -7,8 +7,8 @@ being the replica's share of the loop's steps); its sync templates and the model
 strategy's own, so a hand-written loop synchronises exactly as a fit does."""
 import torch
 
-from ..graph import scratch_graph
-from ..loop import Loop
+from ..record.graph import scratch_graph
+from ..record.loop import Loop
 
 WHAT_WORKS = ("R.Graph(strategy=...) over a hand-written loop takes LocalSGD, DiLoCo, or Gossip with "
               "interpolation 'constant' or 'clock'")

@@ -15,7 +15,7 @@ as R * micro_batches micro-batches cut that way; what it adds is the placement o
 hold every stage at once; True; False): each stage is one loop op for the whole fit, its parameters and optimizer
 state kept by the worker that runs it, only activations and their gradients crossing the store
 (ravdl/v2/pipeline_resident.py); otherwise every (stage, micro-batch) forward and backward is a one-step segment."""
-from ..runner import op_seed, step_seed
+from ..runtime.runner import op_seed, step_seed
 from .data_parallel import tensor_split
 from .forecast import rank_workers
 from .replicas import check_replicas, check_resident
@@ -26,7 +26,8 @@ _STAGE_STREAMS = 0x5A6E   # keeps the stages' seeds apart from the graph's op st
 def stage_stream(graph_seed, micro_batch, stage, k=0):
     """The seed naming the stream of the `k`-th random stream (a ravdl stage's k-th top-level Dropout; a TorchScript
     stage has one) of `stage`'s forward of `micro_batch`, over the training steps: a resident stage's loop records
-    it under `Step.seed_by_step` (ravop.loop), so its `forward m` and `backward m` templates draw `stage_seed`."""
+    it under `Step.seed_by_step` (ravop.record.loop), so its `forward m` and `backward m` templates draw
+    `stage_seed`."""
     return op_seed(op_seed(op_seed(op_seed(graph_seed, _STAGE_STREAMS), micro_batch), stage), k)
 
 

@@ -23,7 +23,7 @@ With `overlap_start='local'` a replica restarts from that model minus its own ps
 replica r > 0 carries its round's start apart from its global model (between `up` and `down` the slot holds the
 pseudo-gradient `up` sent, which `down` subtracts); replica 0 restarts so from the model before its outer step.
 So per round a replica r > 0 sends one (compressed) pseudo-gradient and receives one (compressed) update; the
-channels are named `{kind}.{replica}.{k}` per value k (worker/exchange.py stores them)."""
+channels are named `{kind}.{replica}.{k}` per value k (worker/loops/exchange.py stores them)."""
 import torch
 
 import ravop as R

@@ -1,5 +1,5 @@
 """Who may do what on a shared server: the Redis ACL rules of a requester's user and of a worker's user
-(`ravop admin`, ravop/admin.py), as allow-lists. Each role is granted exactly the commands its protocol
+(`ravop admin`, ravop/tools/admin.py), as allow-lists. Each role is granted exactly the commands its protocol
 sends, each on the key patterns it sends them to (ACL selectors); everything else is refused by the server
 itself, so a requester or a worker running modified code is held to these grants, not to what our code
 happens to send. tests/test_acl.py records what real runs send and checks it against these tables, and
@@ -91,7 +91,7 @@ def worker_grants() -> List[Grant]:
         # outputs (t:{node}, chunks t:{node}:c), a loop's checkpointed values (ckpt:...) and a resident
         # replica's exchanged values (x:...)
         Grant("graph keys: tensors", _graph("t:*", "ckpt:*", "x:*"), ("set",)),
-        # a resident replica's count of the loops that read an exchanged value (worker/exchange.py)
+        # a resident replica's count of the loops that read an exchanged value (worker/loops/exchange.py)
         Grant("graph keys: exchange acknowledgements", _graph("x:*"), ("incrby",)),   # redis-py sends INCR as INCRBY
         # released inputs (COMPLETE), checkpoints a loop replaces, outputs of a graph flushed meanwhile,
         # exchanged values every reader has checkpointed past (DEL only: no worker code sends UNLINK)
@@ -102,7 +102,8 @@ def worker_grants() -> List[Grant]:
         Grant("graph keys: progress", _graph("meta", "taken", "ran", "outbox", "steps", "t:*", "ckpt:*", "votes:*",
                                              "segs:*", "traces:*", "clients", "partials", "public_keys"), ("hset",)),
         Grant("graph keys: first dispute narrowing", _graph("votes:*"), ("hsetnx",)),
-        # the checkpoints that name a checkpoint value shared by several loops (ckpt:v:*:refs, worker/shared_checkpoint.py)
+        # the checkpoints that name a checkpoint value shared by several loops (ckpt:v:*:refs,
+        # worker/loops/shared_checkpoint.py)
         Grant("graph keys: shared checkpoint values' references", _graph("ckpt:*"), ("sadd", "srem")),
         Grant("graph keys: counters", _graph("meta", "deps", "refs"), ("hincrby",)),
         Grant("graph keys: consumed entries", _graph("outbox", "refs", "segs:*"), ("hdel",)),

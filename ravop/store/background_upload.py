@@ -38,8 +38,8 @@ from typing import Callable, List, NamedTuple, Optional
 import redis
 import torch
 
-from .. import graph_states
-from ..errors import UploadIncompleteError
+from ..core import graph_states
+from ..core.errors import UploadIncompleteError
 from ..wire.codec import chunked_header, decode_chunked
 from . import same_host
 from .client_types import Client, Pipeline

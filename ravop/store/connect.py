@@ -19,7 +19,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-from ..errors import ConnectionFailed
+from ..core.errors import ConnectionFailed
 from .client_types import Client
 from .command_packer import CommandPacker
 from .keys import DEVICE_KINDS, GROUP, queue

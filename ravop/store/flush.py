@@ -16,7 +16,7 @@ federated one, and one listed by a version that did not record `owned` (in `grap
 checkpoint is looked for in the round trip that deletes the named keys; the SCAN then deletes what is left)."""
 from typing import List, Optional, Tuple
 
-from .. import graph_states
+from ..core import graph_states
 from . import background_upload, same_host
 from .client_types import Client
 from .keys import GraphKeys, TokenKeys

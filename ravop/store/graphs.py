@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import redis
 import torch
 
-from .. import graph_states, plan_limits, progress
+from ..core import graph_states, plan_limits, progress
 from . import background_upload, same_host, tensors
 from .client_types import Client
 from .flush import delete_token  # noqa: F401  (R.flush's, kept importable from here)

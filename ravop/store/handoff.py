@@ -9,7 +9,7 @@ when a worker claims its subgraph (CLAIM, in the graph's slot): a message for it
 delivered. A crash between the two steps loses nothing:
 
 - A worker acks the message it completed only in that MULTI. If it dies before, the message stays pending
-  and is taken over (worker/takeover.py); the new holder finds the subgraph finished and drains the graph's
+  and is taken over (worker/serve/takeover.py); the new holder finds the subgraph finished and drains the graph's
   outbox before acking it.
 - A requester marks its graph in the shared `starting` set before starting it and clears the mark in the
   MULTI that delivers; workers drain the outboxes of graphs marked more than STALE_START seconds ago (a
@@ -63,7 +63,7 @@ class Handoff:
             raise redis.ResponseError(f"NOGRAPH graph {keys.graph_id} is not in Redis")
         self.client.zadd(TokenKeys(keys.token).inbox, {keys.graph_id: time.time()})
         try:
-            self.client.publish(STARTED, keys.token)  # wakes the workers' inbox watchers (worker/inbox_watch.py)
+            self.client.publish(STARTED, keys.token)  # wakes the workers' inbox watchers (worker/serve/inbox_watch.py)
         except redis.exceptions.NoPermissionError:
             pass  # a token user made before the channel was granted: workers look every second anyway
         return 1

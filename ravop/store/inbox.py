@@ -7,8 +7,8 @@ posts to the inbox when the token user's script is refused).
 Workers learn the token users from the token registry that only `ravop admin` writes (`ravop:_:tokens`), and
 look at every inbox when a token user rings the STARTED channel, and every FALLBACK_SECONDS anyway (a ring
 may be missed), at most every MOVE_SECONDS (a token user ringing it without end costs each worker that many
-looks a second, one round trip each; worker/inbox_watch.py). Whatever a token user puts in its own inbox (a string key, a
-graph id of another token: its inbox only names its own token's graphs, a graph id that does not exist) is
+looks a second, one round trip each; worker/serve/inbox_watch.py). Whatever a token user puts in its own inbox (a string
+key, a graph id of another token: its inbox only names its own token's graphs, a graph id that does not exist) is
 dropped or skipped for that token alone: it cannot stop a worker or delay another token."""
 import logging
 from typing import Dict, List, Set

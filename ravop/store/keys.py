@@ -6,7 +6,7 @@ Per token (one requester), under `ravop:{token}:`:
   banned              set     workers whose outputs disagreed with the majority (R.Graph(verify=k)): they
                               take no more of this token's work
   trust               hash    R.Graph(verify='spot'): "worker@kind:streak|confirmed|mismatches|unchecked" ->
-                              count (ravop.spot_policy); written only by the SPOT script
+                              count (ravop.core.spot_policy); written only by the SPOT script
   inbox               zset    graph id -> when: graphs a `ravop admin` token user started; it may not write
                               the work streams, so workers start them for it (ravop.store.inbox)
   owned               set     ids of the token's graphs whose keys may exist: added before a graph's first key
@@ -35,19 +35,19 @@ graphs spread over the shards:
   steps               hash    loop subgraph id -> its steps done (written as the loop runs)
   ckpt:{sid}          hash    a running loop's checkpoint: step (steps done), c0, c1, ... (carried tensors)
   ckpt:v:{digest}     string  a checkpoint value stored once for the loops whose checkpoints name it, by digest
-                              (worker/shared_checkpoint.py); ckpt:v:{digest}:refs, set: "{sid}:{step}" of those;
+                              (worker/loops/shared_checkpoint.py); ckpt:v:{digest}:refs, set: "{sid}:{step}" of those;
                               ckpt:v:{digest}:claim, string (expiring): the checkpoint uploading it
   ckpt:rounds         string  the rounds between resident replicas' periodic checkpoints, agreed by the first
-                              to propose it (worker/sync_cadence.py)
+                              to propose it (worker/loops/sync_cadence.py)
   votes:{sid}         hash    R.Graph(verify=k): worker -> digest of its outputs of the subgraph; under
                               verify='spot', "worker@kind" -> digest, and #state, #runner, #accepted, #losers
   votes:{sid}:{seg}   hash    the same for segment `seg` of a loop subgraph (verify='spot')
   traces:{sid}:{seg}  hash    a disputed loop segment's re-runs: "worker@kind" -> per-op digests of each step
-                              (worker/dispute_trace.py)
+                              (worker/verify/dispute_trace.py)
   disputes            stream  settled spot-check disputes: subgraph, segment, worker (the losers), op, source,
                               error (the text `ravop logs` shows)
   segs:{sid}          hash    a spot-checked loop's segments: seg -> "start;end;runner"; confirmed -> the
-                              steps its confirmed prefix ends at (worker/spot_loop.py)
+                              steps its confirmed prefix ends at (worker/verify/spot_loop.py)
   t:{node}            string  a tensor (ravop.wire.codec)
   t:{node}:c          hash    chunk index -> raw data of a tensor too big for one value (ravop.store.tensors)
   t:{node}:f          string  "boot id:pid:fd:nonce:bytes": a big constant's sealed memfd, which workers of the
@@ -140,7 +140,7 @@ def info_key(name: str) -> str:
 
 
 def calibration_key(worker_name: str) -> str:
-    """The tensor a starting worker writes and reads back to time a hand-off through Redis (worker.calibrate):
+    """The tensor a starting worker writes and reads back to time a hand-off through Redis (worker.serve.calibrate):
     a key of the tensor pattern a worker's ACL user may write and delete, of a graph no token can have."""
     return graph_prefix("_", f"calibrate-{worker_name}") + "t:0"
 
@@ -207,7 +207,7 @@ class GraphKeys:
         return f"{self.prefix}ckpt:{subgraph_id}"
 
     def exchange(self, channel: str, run: int) -> str:
-        """A value a resident replica's loop sends on `channel` at its `run`-th sync (worker/exchange.py)."""
+        """A value a resident replica's loop sends on `channel` at its `run`-th sync (worker/loops/exchange.py)."""
         return f"{self.prefix}x:{channel}:{run}"
 
     def votes(self, subgraph_id: Union[int, str], segment: Union[int, str, None] = None) -> str:
@@ -257,7 +257,7 @@ def checkpoints_pattern() -> str:
 
 def exchanges_pattern() -> str:
     """The values resident replicas exchange and their acknowledgements: a worker deletes one once every loop
-    that reads it has checkpointed past it (worker/exchange.py)."""
+    that reads it has checkpointed past it (worker/loops/exchange.py)."""
     return graph_prefix(ANY, ANY) + "x:" + ANY
 
 

@@ -1,5 +1,5 @@
 """Find a graph of a token by what a user types: its id, or its name (the newest graph of that name)."""
-from ..errors import RavopError
+from ..core.errors import RavopError
 from .client_types import Client
 from .keys import GraphKeys, TokenKeys
 

@@ -6,7 +6,7 @@ from typing import Dict, List, Optional, Tuple
 
 from redis import Redis
 
-from ..loss_names import TRAINING_PREFIX, VALIDATION_PREFIX
+from ..core.loss_names import TRAINING_PREFIX, VALIDATION_PREFIX
 from .keys import GraphKeys
 from .unscripted import scripted_or_not
 

@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 
-from ..errors import WireFormatError
+from ..core.errors import WireFormatError
 from ..wire.codec import Chunked, raw_bytes
 from .client_types import Client
 
@@ -161,7 +161,7 @@ def read(client: Client, key: str, head: Chunked, token: str, reference: Any = U
     """The tensor `head` declares, mapped from the file its reference names; None where the chunks must be read
     (no reference, another host or user, the file gone); `WireFormatError` for a reference or file refused.
     `reference`: the value of `reference_key(key)` where the caller read it already (in a round trip it made
-    anyway: worker/loop_start.py)."""
+    anyway: worker/loops/loop_start.py)."""
     if fcntl is None or not _on():
         return None
     if reference is UNREAD:

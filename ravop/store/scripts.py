@@ -4,7 +4,7 @@ never enqueue a subgraph twice or lose one.
 - start:    activated -> running; hand off the subgraphs that wait for nothing.
 - claim:    a worker takes a subgraph: skip it unless its graph is running and it is not finished yet;
             record who took it; return the graph seed, the subgraph bytes, the graph's `verify` and its
-            spot-check policy (`ravop.spot_policy`; '' for none).
+            spot-check policy (`ravop.core.spot_policy`; '' for none).
 - vote:     R.Graph(verify=k): record a digest of one worker's outputs of a subgraph; the k-th vote returns
             them all (start and complete enqueue each ready subgraph k times).
 - complete: once per subgraph (a `done` set makes retries harmless), count progress, decrement the
@@ -14,7 +14,7 @@ never enqueue a subgraph twice or lose one.
 - dead:     ack a message and log it to the dead-letter stream.
 - cancel:   end a graph with the op, error, source line and worker (only the first failure is kept: later
             ones are its consequences): failed by a worker's failure (after `dead`), cancelled by its requester.
-- stop:     ask a running graph's loops to end at their next epoch boundary (worker/loop_subgraph.py); the
+- stop:     ask a running graph's loops to end at their next epoch boundary (worker/loops/loop_subgraph.py); the
             graph then completes, done, with what the loops had trained.
 
 "Hand off" (`ravop.store.handoff`): on a standalone server the scripts also get the work streams as keys,
@@ -29,13 +29,13 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from redis.cluster import RedisCluster
 
-from .. import graph_states
+from ..core import graph_states
 from .client_types import Client, Pipeline
 from .keys import DEAD_LETTER, GROUP, GraphKeys, queue
 
 def with_states(lua: str) -> str:
     """`lua` with the graph states it names as @ACTIVATED@, @RUNNING@, @DONE@, @FAILED@ and @CANCELLED@ spelled
-    by ravop.graph_states, so that the scripts and the Python side cannot disagree on a state's name."""
+    by ravop.core.graph_states, so that the scripts and the Python side cannot disagree on a state's name."""
     for name in ("ACTIVATED", "RUNNING", "DONE", "FAILED", "CANCELLED"):
         lua = lua.replace(f"@{name}@", getattr(graph_states, name))
     return lua

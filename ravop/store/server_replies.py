@@ -1,5 +1,5 @@
 """Errors the server answers instead of a result, by what a client should do about them (shared by the worker
-loop, worker/server_errors.py, and a requester's tracker, ravop/tracking.py):
+loop, worker/serve/server_errors.py, and a requester's tracker, ravop/client/tracking.py):
 
 - 'transient': the server is busy or between states (BUSY from a long script, LOADING after a restart,
   READONLY/MASTERDOWN/CLUSTERDOWN/TRYAGAIN during a failover, MOVED/ASK storms while slots move, timeouts):

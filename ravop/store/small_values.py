@@ -1,10 +1,10 @@
 """Every small persisted value of a finished graph in one round trip: a Lua script returns nothing but the
 state while the graph is not done, and once it is, walks the persist names and returns each stored value of
 at most `max_bytes` (a loss, a metric, a small weight), so that fetching a training run's losses one name at a
-time, as the RavDL guide writes it, costs one request for all of them (`ravop.stored_values.DoneValues`)."""
+time, as the RavDL guide writes it, costs one request for all of them (`ravop.client.stored_values.DoneValues`)."""
 from typing import Dict, List, Optional, Tuple
 
-from ..graph_states import DONE
+from ..core.graph_states import DONE
 from .client_types import Client
 from .keys import GraphKeys
 from .unscripted import scripted_or_not

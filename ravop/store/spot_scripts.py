@@ -1,4 +1,4 @@
-"""The server-side half of adaptive spot checks (`R.Graph(verify='spot')`, ravop/spot_policy.py): one Lua script
+"""The server-side half of adaptive spot checks (`R.Graph(verify='spot')`, ravop/core/spot_policy.py): one Lua script
 that takes a worker's digest of a result (a plain subgraph's outputs, or a loop segment's carried values), draws
 whether it is checked, counts the re-runs' digests, settles disputes by majority and keeps the workers' trust.
 Everything is decided here, atomically, after the worker has handed its digest in: the worker learns whether its
@@ -24,7 +24,7 @@ from .keys import GraphKeys, TokenKeys, queue
 # KEYS: meta, votes, trust, banned, the submitting worker's work stream; for a loop segment also the loop's
 # segments, checkpoint and taken hashes.
 # ARGV: member (worker@kind), digest, token, graph id, subgraph id, segment ('' for a plain subgraph).
-# A segment is "start-end:runner" (worker/spot_loop.py). Its state is mirrored in the loop's segments hash
+# A segment is "start-end:runner" (worker/verify/spot_loop.py). Its state is mirrored in the loop's segments hash
 # (seg -> runner, seg:state -> state), which the runner waits on before completing; a disputed segment also
 # asks both disputants to re-run it with per-op digests (a message with `trace` = the disputant), and one that
 # its runner lost rewinds the loop to the end of its confirmed prefix and queues it again.

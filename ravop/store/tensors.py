@@ -15,8 +15,8 @@ from typing import Any, Callable, List, Optional, Tuple
 import redis
 import torch
 
-from .. import progress
-from ..errors import StoreLimitError, WireFormatError
+from ..core import progress
+from ..core.errors import StoreLimitError, WireFormatError
 from ..wire.codec import Chunked, decode_chunked, decode_tensor, encode_chunked, encode_tensor, is_chunked
 from . import same_host
 from .client_types import Client, Pipeline

@@ -1,6 +1,6 @@
 """A loop's persisted values (its losses) written in one command per flush: a loop persists one or two values a
 step, and a SET per value cost a digits fit's last flush 1-1.3 ms of client-side command packing for 170 losses
-(a script taking them all: 0.3-0.5 ms). Queued on the loop's write transaction (worker/loop_subgraph.py), so the
+(a script taking them all: 0.3-0.5 ms). Queued on the loop's write transaction (worker/loops/loop_subgraph.py), so the
 values still land with the progress and checkpoint written beside them. EVAL, not EVALSHA: a server that
 restarted and lost its script cache would refuse an EVALSHA inside the transaction, and its other writes (a
 checkpoint) would land without the values."""

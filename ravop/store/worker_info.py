@@ -4,7 +4,7 @@ threads, what it runs now, when it last beat. One short-lived hash per worker be
 import time
 from typing import Any, Dict, List, Mapping, Optional, Union
 
-from ..cost_fields import COST_FIELDS
+from ..core.cost_fields import COST_FIELDS
 from .client_types import Client, Pipeline
 from .keys import DEVICE_KINDS, info_key, workers_set
 

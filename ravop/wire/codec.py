@@ -16,8 +16,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ..dtypes import DTYPES
-from ..errors import WireFormatError
+from ..core.dtypes import DTYPES
+from ..core.errors import WireFormatError
 
 MAGIC = b"RVT1"
 CHUNKED_MAGIC = b"RVC1"
@@ -240,7 +240,7 @@ def _from_json(value: Any, depth: int = 1) -> Any:
 # One encoder for every call: json.dumps with non-default options builds a new one each time, and recording a
 # loop step encodes the params of every op. JSONEncoder.encode also builds its C encoder again at each call (half
 # of the 1.7 us a conv2d's params took): it is built once here, with JSONEncoder's own arguments. Without the
-# circular-reference check: canonical params (ravop.graph.canonical) are numbers, strings and fresh tuples.
+# circular-reference check: canonical params (ravop.record.graph.canonical) are numbers, strings and fresh tuples.
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 _C_ENCODER = c_make_encoder and c_make_encoder(None, _ENCODER.default, encode_basestring_ascii, None, ":", ",",
                                                False, False, True)

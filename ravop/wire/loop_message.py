@@ -1,12 +1,12 @@
 """A loop's `LoopSpec` as plan.proto's `Loop` (a `plan_pb2.Loop`, typed Any: generated code), and back. Packed
 once, by the plan writer (compiler/plan.py); unpacked once, by the worker that runs it. `unpack_loop` checks that the parallel lists pair up, since a plan
-comes from the network; what the ids mean is checked when the loop is built (`ravop.loop_run`)."""
+comes from the network; what the ids mean is checked when the loop is built (`ravop.runtime.loop_run`)."""
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import PlanError
-from ..loop_template import LoopSpec, StepTemplate
+from ..core.errors import PlanError
+from ..core.loop_template import LoopSpec, StepTemplate
 from .nodes import pack_nodes, unpack_nodes
 
 _LISTS = ("carry_holes", "carry_next", "row_holes", "row_data", "counter_nodes", "output_nodes", "output_first_ids",

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from ..dtypes import DTYPES, NAMES
-from ..errors import PlanError
-from ..node import NO_PARAMS, Node
+from ..core.dtypes import DTYPES, NAMES
+from ..core.errors import PlanError
+from ..core.node import NO_PARAMS, Node
 from .codec import decode_params
 
 

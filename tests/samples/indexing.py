@@ -4,7 +4,7 @@ Each sample is written as the Python index a user would write; `canonical_index`
 `spec` param and tensor inputs, and numpy applies the same index to make the reference."""
 import numpy as np
 
-from ravop.ops.index_spec import canonical_index
+from ravop.record.index_spec import canonical_index
 
 from . import Sample
 from ._numpy import ints, normal

@@ -9,7 +9,7 @@ torch.autograd through the forward kernel; tests/test_torchscript.py checks the 
 import torch
 from torch import nn
 
-from ravop.torchscript_import import model as load_model
+from ravop.record.torchscript_import import model as load_model
 
 from . import Sample
 from .nn import randn

@@ -18,11 +18,11 @@ import numpy as np
 import torch
 
 import ravop as R
-from ravop import registry
-from ravop.errors import GraphStateError
-from ravop.graph import Op, current_graph
+from ravop.core import registry
+from ravop.core.errors import GraphStateError
+from ravop.core.sizes import numel
 from ravop.ops.rules import Like
-from ravop.sizes import numel
+from ravop.record.graph import Op, current_graph
 
 from . import init
 

@@ -2,7 +2,7 @@
 import torch
 
 import ravop as R
-from ravop import registry
+from ravop.core import registry
 from ravop.ops.rules import Like
 
 from . import init

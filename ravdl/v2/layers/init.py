@@ -10,7 +10,7 @@ import weakref
 import torch
 from torch.nn import init
 
-from ravop.interpreter import op_seed
+from ravop.runtime.evaluate import op_seed
 
 _SALT = 0x5EED_1A7E   # keeps layer seeds apart from the seeds random ops draw for the same positions
 _built = weakref.WeakKeyDictionary()   # graph -> number of layers built in it so far

@@ -1,0 +1,144 @@
+"""The kinds of graph a session runs, by the graph's `approach`: a planned graph ("distributed": compiled to a
+plan of subgraphs that workers run) and a federated one (statistics of data that stays on the providers,
+`ravop.client.federated_graphs`). The session asks the kind of its graph; it never tests which one it has.
+
+A kind has four steps:
+  activate(session, graph, compile_options) -> (summary, {persist name: node id} fetchable without a lookup)
+  start(client, keys)                         after the graph's state became running
+  waiting(client, keys, meta) -> str          what a running graph waits for besides workers ("" for nothing)
+  fetch(session, keys, name, wait, deadline)  the value persisted as `name`
+"""
+import json
+from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol, Tuple, Union
+
+from .. import parallel
+from ..core import progress
+from ..core.errors import GraphStateError, UnknownPersistName
+from ..store import GraphKeys
+from ..store import graphs as store_graphs
+from ..store import worker_info
+from ..store.client_types import Client
+from ..store.scripts import is_cluster
+from .exchange_readers import readers_meta
+from .federated_graphs import APPROACH as FEDERATED, FederatedGraphs
+from .fetched_tensor import fetched
+from .placement import replica_subgraphs
+from .stored_values import LOADERS, fetch_tensor, read_meta
+
+if TYPE_CHECKING:
+    from ..record.graph import Graph
+    from .session import Session
+
+PLANNED = "distributed"   # the original's name for a graph that workers compute
+
+
+class GraphKind(Protocol):
+    def activate(self, session: "Session", graph: "Graph",
+                 compile_options: Dict[str, Any]) -> Tuple[dict, Dict[str, int]]: ...
+
+    def start(self, client: Client, keys: GraphKeys) -> None: ...
+
+    def waiting(self, client: Client, keys: GraphKeys, meta: Dict[str, str]) -> str: ...
+
+    def fetch(self, session: "Session", keys: GraphKeys, name: str, wait: bool, deadline: Optional[float]) -> Any: ...
+
+
+class Summary(dict):
+    """What R.activate() returns: the compiler's counts, printed as one line."""
+
+    def __str__(self) -> str:
+        return (f"graph {self['name']!r} ({self['graph_id']}): {self['recorded_ops']} ops recorded, "
+                f"{self['compiled_ops']} to run in {self['subgraphs']} subgraphs, ~{self['flops']:.3g} FLOPs, "
+                f"up to {self['max_parallel_width']} subgraphs at once"
+                + (f", {self['loop_steps']} loop steps" if self.get("loop_steps") else "")
+                + (f", ~{self['estimated_handoff_seconds']:.2g} s of transfers between subgraphs"
+                   if self.get("placement") else "")
+                + "".join(f"\n{strategy}: " + (", ".join(f"{role} on {worker}" for role, worker in where.items())
+                                               or "no live worker yet")
+                          for strategy, where in self.get("placement", {}).items()))
+
+
+class PlannedGraphs:
+    """A graph compiled to a plan of subgraphs, uploaded with its constants, run by the workers."""
+
+    def activate(self, session: "Session", graph: "Graph",
+                 compile_options: Dict[str, Any]) -> Tuple[dict, Dict[str, int]]:
+        if not graph.persisted and not graph.step_outputs:
+            raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
+                                  "op.persist_op(name) on the values to fetch, then R.activate()")
+        from compiler import compile_graph  # ravop depends on the compiler only here (docs/architecture.md)
+        from compiler.cost import calibrated
+        workers = worker_info.read_all(session.client)   # their measured cost figures, and placement below
+        compile_options.setdefault("devices", calibrated(workers))
+        with progress.busy(f"compiling {graph.name!r} ({len(graph.nodes):,} ops)"):
+            compiled = compile_graph(graph, **compile_options)
+        summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
+        strategies = graph.parallel_fits or [graph.strategy] * (graph.strategy is not None)   # or hand-written loops
+        if strategies:
+            kind = "cuda" if graph.gpu_required else "cpu"   # the stream a worker of that kind reads
+            summary["placement"] = {repr(s): parallel.forecast(s, workers, kind) for s in strategies}
+        if graph.parallel_fits:
+            summary["replica_subgraphs"] = replica_subgraphs(graph, compiled.plan)   # read back by held_by
+        if graph.verify > 1 and compiled.plan.n_steps:
+            raise GraphStateError(f"graph {graph.name!r} has training loops, which verify={graph.verify} does not "
+                                  "cover yet (a loop runs as a whole on one worker): leave verify= out")
+        meta = {"name": graph.name, "algorithm": graph.algorithm, "approach": graph.approach,
+                "rules": json.dumps(graph.rules), "summary": json.dumps(summary), "verify": graph.verify,
+                **readers_meta(compiled.plan)}
+        if graph.spot is not None:
+            if strategies:
+                raise GraphStateError(f"graph {graph.name!r} has verify='spot' and training under a strategy, whose "
+                                      "replicas exchange values as they run, which a segment's re-run on another "
+                                      "worker does not cover yet: leave strategy= or verify= out")
+            if is_cluster(session.client):
+                raise GraphStateError(f"graph {graph.name!r} has verify='spot', whose trust records live in the "
+                                      "token's keys, another slot than the graph's on a Redis Cluster: use a "
+                                      "standalone server, or verify=k")
+            meta["spot"] = graph.spot.encode()
+        store_graphs.upload(session.client, session.token, compiled.plan, compiled.constants, meta, graph.bundles)
+        names = {name: node_id for name, node_id in compiled.plan.persisted.items() if name not in graph.bundles}
+        return summary, names
+
+    def start(self, client: Client, keys: GraphKeys) -> None:
+        """Its first subgraphs are enqueued by the start itself (`ravop.store.handoff`)."""
+
+    def waiting(self, client: Client, keys: GraphKeys, meta: Dict[str, str]) -> str:
+        return ""   # the workers it waits for are named by the tracker, for every kind
+
+    def fetch(self, session: "Session", keys: GraphKeys, name: str, wait: bool, deadline: Optional[float]) -> Any:
+        """A persisted tensor, or the object a saved bundle's loader builds."""
+        pipe = session.client.pipeline(transaction=False)
+        pipe.hget(keys.persist, name)
+        pipe.hget(keys.bundles, name)
+        node_id, bundle = pipe.execute()
+        if bundle is not None:
+            info = json.loads(bundle)
+            loader = LOADERS.get(info["kind"])
+            if loader is None:
+                raise GraphStateError(f"{name!r} is a saved {info['kind']!r} object and no loader is registered "
+                                      "for that kind: import the package that saved it (e.g. ravdl.v2)")
+            tensors = {key: fetch_tensor(session, keys, stored, session.client.hget(keys.persist, stored), wait,
+                                         deadline)
+                       for key, stored in info["keys"].items()}
+            return loader(info["spec"], tensors)
+        if node_id is None:
+            meta = read_meta(session, keys)
+            names = sorted(n.decode() for n in session.client.hkeys(keys.persist))
+            shown = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
+            raise UnknownPersistName(f"no op was persisted as {name!r} in graph {meta['name']!r} "
+                                     f"({keys.graph_id}); persisted names: {shown or 'none'}")
+        return fetched(fetch_tensor(session, keys, name, node_id, wait, deadline))
+
+
+KINDS: Dict[str, GraphKind] = {PLANNED: PlannedGraphs(), FEDERATED: FederatedGraphs()}
+
+
+def kind_of(approach: Union[None, str, bytes]) -> GraphKind:
+    """The kind of a graph of `approach` (a Graph's, or its meta's as str or bytes; a graph without one is
+    planned)."""
+    if isinstance(approach, bytes):
+        approach = approach.decode()
+    try:
+        return KINDS[approach or PLANNED]
+    except KeyError:
+        raise GraphStateError(f"unknown graph approach {approach!r}; known: {', '.join(KINDS)}") from None

@@ -1,0 +1,204 @@
+"""The op registry: one definition per op, the single source of truth for every side of the system.
+
+An `OpDef` holds the op's name, its tensor inputs and keyword params, a shape/dtype rule (pure Python, run
+when the op is recorded), the torch kernel (run by the worker) and the VJP rule (run by `R.grad`, which
+records the backward ops). `R.<name>` functions and `Op` methods are generated from here
+(`ravop.record.api`), and the worker dispatches on the same table.
+
+Conventions an op definition follows:
+- `inputs` names the tensor inputs in order. `"*xs"` (only as the single input) takes a list of tensors;
+  a trailing `"b?"` is an optional tensor input that the caller may leave as `None`.
+- `params` is a dict of keyword params and their defaults (`REQUIRED` for none). Params are stored inline
+  in the op, canonicalised: lists become tuples, numpy scalars become Python numbers.
+- `kernel(*tensors, **params)` returns a tensor, or a tuple of tensors for a multi-output op. A random op's
+  kernel also receives `generator=` (a host `torch.Generator` seeded from the graph seed and the op).
+- Devices: a kernel never names one. An op with no tensor inputs (`creates`: it makes its tensors from params)
+  runs with the worker's device as torch's default device, so `torch.zeros(...)` lands there; a random op
+  draws on the host generator and the runner moves what it returns to the device (the same numbers on a CPU
+  and a GPU worker); any other kernel makes its helper tensors on its inputs' device (`device=x.device`).
+  `tests/test_device.py` runs every op on a device other than the CPU and checks all of this.
+- `shape(*inputs, **params)` sees the input `Op`s (their `.shape` and `.dtype`) and returns `(shape, dtype)`,
+  or a list of them for a multi-output op. With `shape=None` the kernel itself is run on meta tensors.
+- `vjp(node, grad, wants)` records the backward ops and returns one gradient `Op` (or `None`) per input;
+  `grad` is an `Op`, or a list of `Op | None` for a multi-output op; `wants(op)` says whether the running
+  `R.grad` needs a gradient w.r.t. input `op` (a rule may skip the others' work: ravop/ops/masked.py).
+- `flops(shape, input_shapes, params)` (optional) estimates the op's floating-point operations from its
+  output shape, its inputs' shapes and its params, for the compiler's cost model (`compiler.cost`), which
+  otherwise uses the size of the largest tensor the op touches; shared rules are in `ravop.ops.flops`. It may
+  return None for "no better estimate".
+- `torch_function=(function, kwargs)` (optional): a TorchScript-able torch function equivalent to the op,
+  called with the op's inputs (a variadic op's as one list) and `kwargs(op)`; a saved RavDL model's own
+  forward code is exported as calls of these (`ravdl.v2.export`; helpers in `ravop.ops.scriptable`).
+- `torch_module` (optional): the name of the `torch.nn` module computing the op, whose constructor takes the
+  op's params (the softmax family's `axis` as `dim`): the ops RavDL's `Activation` layer offers.
+- `kind` marks the few ops the graph machinery makes itself (ravop/ops/graph_machinery.py), which are not `R.<op>`
+  functions: INPUT (a value from the tensor store, not a kernel: constants), PROJECTION (output i of a
+  multi-output node; `Op.output(i)`), LOOP (a training loop run as a whole, `ravop.record.loop`) and HOLE (a value a
+  loop's step reads). Code asks an OpDef's flags (`is_input`, `is_projection`, `free`, ...) or, in hot loops,
+  the name sets below, never an op's name.
+- Flags a loop step reads (ravop.record.loop, ravop.runtime.loop_run, compiler/passes/loops.py), declared by the op
+  so that no code matches op names or params' text: `counter` names the required int param that counts training steps
+  (1-based, as torch.optim's `step`); `seed_param` names the int param that holds another op's stream seed
+  (`op_seed(graph_seed, that op's id)`: dropout_backward redraws its forward's mask), which a loop step advances
+  with that op's stream; `in_place` is an `InPlace` kernel doing the same update on the tensors it overwrites,
+  for a loop that owns them (its carried values).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import torch
+
+REQUIRED: Any = object()  # default of a param the caller must give
+INPUT, PROJECTION, LOOP, HOLE = "input", "projection", "loop_run", "hole"   # the kinds of `register(kind=...)`
+
+Kernel = Callable[..., Any]
+
+
+class InPlace(NamedTuple):
+    """An op's update done in place: `kernel` takes the op's arguments and overwrites the inputs at
+    `overwritten` (positions) instead of copying them."""
+    kernel: Kernel
+    overwritten: tuple[int, ...]
+
+
+class OpDef:
+    __slots__ = ("name", "inputs", "params", "kernel", "shape", "vjp", "random", "deterministic",
+                 "method", "aliases", "flops", "torch_function", "torch_module", "kind", "variadic",
+                 "n_required_inputs", "creates", "doc", "counter", "seed_param", "in_place")
+
+    name: str
+    kernel: Kernel
+    inputs: tuple[str, ...]
+    params: dict[str, Any]
+    random: bool
+    deterministic: bool
+    kind: Optional[str]
+    creates: bool
+    counter: Optional[str]
+    seed_param: Optional[str]
+    in_place: Optional[InPlace]
+
+    def __init__(self, name: str, kernel: Kernel, inputs: tuple[str, ...], params: dict[str, Any],
+                 shape: Optional[Callable[..., Any]], vjp: Optional[Callable[..., Any]], random: bool,
+                 deterministic: bool, method: bool, aliases: tuple[str, ...], flops: Optional[Callable[..., Any]],
+                 torch_function: Any, torch_module: Optional[str], kind: Optional[str], counter: Optional[str] = None,
+                 seed_param: Optional[str] = None, in_place: Optional[InPlace] = None) -> None:
+        self.name = name
+        self.kernel = kernel
+        self.variadic = len(inputs) == 1 and inputs[0].startswith("*")
+        self.inputs = tuple(i.lstrip("*").rstrip("?") for i in inputs)
+        self.n_required_inputs = sum(1 for i in inputs if not i.endswith("?"))
+        self.creates = not self.inputs  # makes its tensors from params alone (zeros, arange, random, ...)
+        self.params = dict(params)
+        self.shape = shape
+        self.vjp = vjp
+        self.random = random
+        self.deterministic = deterministic and not random
+        self.method = method
+        self.aliases = tuple(aliases)
+        self.flops = flops
+        self.torch_function = torch_function
+        self.torch_module = torch_module
+        self.kind = kind
+        self.doc = kernel.__doc__
+        for flag, param in (("counter", counter), ("seed_param", seed_param)):
+            if param is not None and param not in self.params:
+                raise ValueError(f"op {name!r} declares {flag}={param!r}, which is not one of its params")
+        self.counter, self.seed_param, self.in_place = counter, seed_param, in_place
+
+    @property
+    def differentiable(self) -> bool:
+        return self.vjp is not None
+
+    @property
+    def is_input(self) -> bool:
+        """Its value comes from the tensor store (a constant), not from a kernel."""
+        return self.kind == INPUT
+
+    @property
+    def is_projection(self) -> bool:
+        """It picks one output of a multi-output node."""
+        return self.kind == PROJECTION
+
+    @property
+    def is_loop(self) -> bool:
+        return self.kind == LOOP
+
+    @property
+    def free(self) -> bool:
+        """It costs no work: a stored value, or one output of a tuple computed already."""
+        return self.kind in (INPUT, PROJECTION)
+
+    @property
+    def internal(self) -> bool:
+        """Made by the graph machinery, not by the user: no `R.<op>` function."""
+        return self.kind is not None
+
+    def __repr__(self) -> str:
+        return f"OpDef({self.name!r})"
+
+
+REGISTRY: dict[str, OpDef] = {}  # name (and alias) -> OpDef
+# Names of the ops with a kind, for the loops that test every node (a set lookup, no OpDef to fetch);
+# NOT_KERNELS: the ops a runner never calls (stored values, loops, a step's holes).
+INPUTS: set[str] = set()
+PROJECTIONS: set[str] = set()
+LOOPS: set[str] = set()
+HOLES: set[str] = set()
+FREE: set[str] = set()
+NOT_KERNELS: set[str] = set()
+_OF_KIND: dict[str, str] = {}  # kind -> the name of the one op of that kind
+
+
+def register(name: str, *, inputs: tuple[str, ...] = ("x",), params: Optional[dict[str, Any]] = None,
+             shape: Optional[Callable[..., Any]] = None, vjp: Optional[Callable[..., Any]] = None,
+             random: bool = False, deterministic: bool = True, method: bool = True, aliases: tuple[str, ...] = (),
+             flops: Optional[Callable[..., Any]] = None, torch_function: Any = None,
+             torch_module: Optional[str] = None, kind: Optional[str] = None, counter: Optional[str] = None,
+             seed_param: Optional[str] = None, in_place: Optional[InPlace] = None) -> Callable[[Kernel], Kernel]:
+    """Decorator: register `kernel` as op `name`. See the module docstring for the conventions."""
+    def decorate(kernel: Kernel) -> Kernel:
+        opdef = OpDef(name, kernel, tuple(inputs), params or {}, shape, vjp, random, deterministic, method,
+                      tuple(aliases), flops, torch_function, torch_module, kind, counter, seed_param, in_place)
+        for key in (name, *aliases):
+            if key in REGISTRY:
+                raise ValueError(f"op {key!r} is registered twice")
+            REGISTRY[key] = opdef
+        if kind is not None:
+            if kind in _OF_KIND:
+                raise ValueError(f"ops {_OF_KIND[kind]!r} and {name!r} are both of kind {kind!r}")
+            _OF_KIND[kind] = name
+            for names, flag in ((INPUTS, opdef.is_input), (PROJECTIONS, opdef.is_projection),
+                                (LOOPS, opdef.is_loop), (HOLES, kind == HOLE), (FREE, opdef.free),
+                                (NOT_KERNELS, kind in (INPUT, LOOP, HOLE))):
+                if flag:
+                    names.add(name)
+        return kernel
+    return decorate
+
+
+def op_of_kind(kind: str) -> str:
+    """The name of the op of `kind` (INPUT, PROJECTION, LOOP, HOLE), for the code that makes such nodes."""
+    return _OF_KIND[kind]
+
+
+def get(name: str) -> OpDef:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}") from None
+
+
+def unique_opdefs() -> list[OpDef]:
+    """Each OpDef once (aliases share their OpDef)."""
+    return list({id(d): d for d in REGISTRY.values()}.values())
+
+
+def meta_shape(opdef: OpDef, inputs: Any, params: dict[str, Any]) -> Any:
+    """Shape rule of last resort: run the kernel on meta tensors (no data, no compute)."""
+    metas = [torch.empty(i.shape, dtype=i.dtype, device="meta") for i in inputs]
+    out = opdef.kernel(*metas, **params)
+    if isinstance(out, (tuple, list)):
+        return [(tuple(o.shape), o.dtype) for o in out]
+    return tuple(out.shape), out.dtype

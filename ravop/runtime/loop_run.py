@@ -1,0 +1,394 @@
+"""Run a loop (a `ravop.loop_template.LoopSpec`): each step template is built once into a `StepFunction`, the
+one runner (`ravop.runner.Runner`) over the template's ops with its holes as inputs, so a run of the step does no
+decoding, validation or dictionary lookup; `LoopRun` runs the schedule, slicing each step's batch from the data
+on the device. Used by workers (with checkpoints and persisted values, worker/loop_subgraph.py) and by
+`ravop.interpreter.evaluate`.
+
+A template comes from the network: every op must be a registered kernel op, every value read defined before,
+and every id the loop names must exist, or `PlanError` says which. An op that raises, or whose output the
+watcher refuses, is an `OpError` naming the op and the loop step, as on any subgraph.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
+
+import threading
+
+import numpy as np
+import torch
+
+from ..core import registry
+from ..core.alignment import aligned
+from . import step_compiler
+from ..core.errors import PlanError
+from ..core.loop_template import LoopSpec, StepTemplate
+from .runner import At, PerRun, Runner, Watcher, check_in_place, on_device
+
+
+class StepFunction:
+    """One template, bound to the loop's outer values."""
+
+    def __init__(self, template: StepTemplate, outer: dict[int, Any], n_carried: int, graph_seed: int, device: str,
+                 owned: set[int] | frozenset[int] = frozenset(), watcher: Optional[Watcher] = None,
+                 decisions: Optional[step_compiler.Decisions] = None, runs: Optional[int] = None) -> None:
+        """`watcher`: a worker's memory rules for the template's ops (`ravop.runner.Watcher`), or None;
+        `decisions`: where the step compiler keeps which variant runs faster (None: the step runs op by op);
+        `runs`: how often the loop runs this template (the step compiler measures only steps that run often)."""
+        device = str(device)
+        if len(template.carry_holes) != n_carried or len(template.carry_next) != n_carried:
+            raise PlanError(f"a loop step names {len(template.carry_holes)} carried holes and "
+                            f"{len(template.carry_next)} next values for {n_carried} carried values")
+        if len(template.row_holes) != len(template.row_data):
+            raise PlanError("a loop step's row holes and their data do not pair up")
+        for data in template.row_data:
+            if data not in outer:
+                raise PlanError(f"a loop step slices rows of {data}, which is not an input of the loop")
+        self.runner = Runner(template.nodes, [*outer, *template.hole_ids()], template.results(), device, graph_seed,
+                             watcher, free_inputs=False, per_run=self._per_run(template, graph_seed, device))
+        slot, values = self.runner.slot, self.runner.values
+        for node_id, value in outer.items():
+            values[slot[node_id]] = value
+        self.carry_slots = [slot[i] for i in template.carry_holes]
+        self.rows = [(slot[hole], outer[data]) for hole, data in zip(template.row_holes, template.row_data)]
+        self.run_holes = self._run_holes(template, outer, slot)
+        for i in [*template.carry_next, *template.output_nodes]:
+            if i not in slot:
+                raise PlanError(f"a loop step names value {i} as a result but does not define it")
+        self.next_slots = [slot[i] for i in template.carry_next]
+        # a value carried on in two slots (a resident replica restarts from the global model it keeps) is copied
+        # into the later ones, so that an optimizer step updating one in place leaves the other alone
+        self.copied = [k for k, i in enumerate(template.carry_next) if i in template.carry_next[:k]]
+        self.output_slots = [slot[i] for i in template.output_nodes]
+        if len(template.recv_holes) != len(template.recv_channels) or \
+                len(template.send_nodes) != len(template.send_channels):
+            raise PlanError("a loop step's exchanged values and their channels do not pair up")
+        for i in template.send_nodes:
+            if i not in slot:
+                raise PlanError(f"a loop step sends value {i} but does not define it")
+        self.recv_slots = [slot[i] for i in template.recv_holes]
+        self.send_slots = [slot[i] for i in template.send_nodes]
+        self.recv_channels, self.send_channels = list(template.recv_channels), list(template.send_channels)
+        owned_slots = {self.carry_slots[k] for k in owned}
+        self._update_in_place(owned_slots, device)
+        check_in_place(self.runner.calls, self.runner.overwrites, owned_slots,
+                       {*self.next_slots, *self.output_slots, *self.send_slots}, self.runner.nodes)
+        self.tuned = step_compiler.tune(self.runner, template.nodes, [*outer, *template.hole_ids()], decisions,
+                                        template.hole_ids(), template.results(), runs)
+        self.run_step = self.runner.run if self.tuned is None else self.tuned.run
+
+    def run_plain(self) -> None:
+        """Run op by op from now on: hooks that wrap the runner's calls (tracing, tests) see every op."""
+        if self.tuned is not None:
+            self.tuned.plain()
+        self.run_step = self.runner.run
+
+    @staticmethod
+    def _per_run(template: StepTemplate, graph_seed: int, device: str) -> dict[int, PerRun]:
+        """What changes per run, by node: random streams, step counters (ops declaring a `counter`) and seed
+        params following a stream (ops declaring a `seed_param`)."""
+        strides = dict(zip(template.seeded_nodes, template.seed_strides))
+        seed_params = dict(zip(template.seed_param_nodes, template.seed_param_sources))
+        if len(strides) != len(template.seeded_nodes) or len(seed_params) != len(template.seed_param_nodes):
+            raise PlanError("a loop step seeds a value twice")
+        ids = {node.id for node in template.nodes}
+        unknown = sorted((set(strides) | set(seed_params) | set(seed_params.values())) - ids)
+        if unknown:
+            raise PlanError(f"a loop step seeds values {unknown[:5]}, which are not its ops")
+        counted = set(template.counter_nodes)
+        per_run = {}
+        for node in template.nodes:
+            opdef = registry.REGISTRY.get(node.op)
+            if opdef is None:
+                continue   # the Runner refuses it
+            counter = seed_from = None
+            if node.id in counted:
+                counter = node.params.get(opdef.counter) if opdef.counter is not None else None
+                if type(counter) is not int:
+                    raise PlanError(f"op {node.op!r} counts steps but has no int step counter param", node)
+            if node.id in seed_params:
+                if opdef.seed_param is None or type(node.params.get(opdef.seed_param)) is not int:
+                    raise PlanError(f"op {node.op!r} of a loop step is given a seed but has no int seed param", node)
+                source = seed_params[node.id]
+                seed_from = (source, strides.get(source))
+            if opdef.random or counter is not None or seed_from is not None:
+                per_run[node.id] = PerRun(opdef, graph_seed, device, node.id, strides.get(node.id), counter, seed_from)
+        return per_run
+
+    @staticmethod
+    def _run_holes(template: StepTemplate, outer: dict[int, Any], slot: dict[int, int]) -> list[tuple[int, list]]:
+        """[(slot, [value at run r])] of the values that differ per run (`run_holes`, `run_values`)."""
+        holes, table = template.run_holes, template.run_values
+        if not holes:
+            if table:
+                raise PlanError("a loop step lists values per run but no holes for them")
+            return []
+        if len(table) % len(holes):
+            raise PlanError(f"a loop step's {len(table)} values per run do not fill its {len(holes)} holes evenly")
+        unknown = sorted({i for i in table if i not in outer})
+        if unknown:
+            raise PlanError(f"a loop step reads values {unknown[:5]} per run, which are not inputs of the loop")
+        return [(slot[hole], [outer[i] for i in table[h::len(holes)]]) for h, hole in enumerate(holes)]
+
+    def runs(self) -> Optional[int]:
+        """How many runs the step's per-run values cover (None: any number)."""
+        return len(self.run_holes[0][1]) if self.run_holes else None
+
+    def _update_in_place(self, owned: set[int], device: str) -> None:
+        """Give the trailing ops that declare an in-place variant (optimizer steps) that kernel where every value
+        they overwrite is an owned carried value (see `LoopRun`) that nothing reads after them and the step does
+        not hand on."""
+        runner = self.runner
+        kept = set(self.next_slots) | set(self.output_slots) | set(self.send_slots)
+        last_read = {}
+        for index, (_, args, *_) in enumerate(runner.calls):
+            for a in args:
+                last_read[a] = index
+        for index in range(len(runner.calls) - 1, -1, -1):
+            op = runner.nodes[index].op
+            if op in registry.PROJECTIONS:
+                continue
+            opdef = registry.REGISTRY[op]
+            if opdef.in_place is None:
+                return   # the block of optimizer steps at the end of the step is over
+            args = runner.calls[index][1]
+            targets = [args[p] for p in opdef.in_place.overwritten]
+            if len(set(targets)) == len(targets) and all(
+                    t in owned and t not in kept and last_read[t] == index for t in targets):
+                runner.replace(index, on_device(opdef, device, opdef.in_place.kernel), opdef.in_place.overwritten)
+
+    def __call__(self, carried: Sequence[Any], rows: Any, count: int, step_index: int,
+                 run: int = 0, received: Sequence[Any] = ()) -> tuple[list[Any], list[Any]]:
+        """(carried values after the step, persisted values) of one run; `rows`: the batch's row indices (a
+        slice or an index tensor), `count`: training steps run before this one, `run`: the runs of this
+        template before this one, `received`: the values of its `recv_holes` (what it sends is `sent()`)."""
+        values = self.runner.values
+        for s, value in zip(self.carry_slots, carried):
+            values[s] = value
+        for s, value in zip(self.recv_slots, received):
+            values[s] = value
+        for s, data in self.rows:
+            values[s] = aligned(data[rows]) if type(rows) is slice else data.index_select(0, rows)
+        for s, per_run in self.run_holes:
+            values[s] = per_run[run]
+        values = self.run_step(At(count, step_index, run))
+        after = [values[s] for s in self.next_slots]
+        for k in self.copied:
+            after[k] = after[k].clone()
+        return after, [values[s] for s in self.output_slots]
+
+    def sent(self) -> list[Any]:
+        """The values the last run sends (`send_nodes`)."""
+        return [self.runner.values[s] for s in self.send_slots]
+
+
+class Exchange(Protocol):
+    """How a loop's steps reach the other loops of its graph: values are sent on named channels, one per run of
+    the sending step; receiving waits until the value of that run is there. Writes are idempotent (a replica
+    resumed from its checkpoint sends the same bits again)."""
+
+    def send(self, channels: Sequence[str], run: int, values: Sequence[Any]) -> None: ...
+
+    def receive(self, channels: Sequence[str], run: int) -> list[Any]: ...
+
+
+class MemoryExchange:
+    """An `Exchange` between loops run by threads of one process (`ravop.interpreter`)."""
+
+    def __init__(self, timeout: float = 600.0) -> None:
+        self.values: dict[tuple[str, int], Any] = {}
+        self.changed = threading.Condition()
+        self.timeout = timeout
+        self.failed: Optional[BaseException] = None   # a loop's error: the others stop waiting for it
+
+    def fail(self, error: BaseException) -> None:
+        with self.changed:
+            self.failed = error
+            self.changed.notify_all()
+
+    def send(self, channels: Sequence[str], run: int, values: Sequence[Any]) -> None:
+        with self.changed:
+            for channel, value in zip(channels, values):
+                self.values.setdefault((channel, run), value.clone())
+            self.changed.notify_all()
+
+    def receive(self, channels: Sequence[str], run: int) -> list[Any]:
+        keys = [(channel, run) for channel in channels]
+        with self.changed:
+            if not self.changed.wait_for(lambda: self.failed or all(k in self.values for k in keys), self.timeout):
+                missing = [k for k in keys if k not in self.values]
+                raise PlanError(f"no loop of the graph sent {missing[:3]} within {self.timeout} s")
+            if self.failed is not None:
+                raise PlanError(f"a loop this one exchanges values with failed: {self.failed}")
+            return [self.values[k] for k in keys]
+
+
+class LoopRun:
+    """A loop ready to run: `inputs` are the loop op's input values (carried initial values, then the outer
+    values), on `device`."""
+
+    def __init__(self, loop: LoopSpec, inputs: Sequence[Any], graph_seed: int, device: str = "cpu",
+                 watch: Optional[Callable[[StepTemplate], Watcher]] = None,
+                 decisions: Optional[step_compiler.Decisions] = step_compiler.IN_PROCESS) -> None:
+        """`watch(template)`: the memory watcher of a template's ops (see StepFunction), or None;
+        `decisions`: the step compiler's (`ravop.step_compiler`; None: every step runs op by op)."""
+        if len(inputs) != len(loop.outer_ids) or loop.n_carried > len(inputs):
+            raise PlanError(f"the loop op has {len(inputs)} inputs but its plan names {len(loop.outer_ids)} "
+                            f"({loop.n_carried} carried)")
+        self.loop = loop
+        self.initial = list(inputs[:loop.n_carried])
+        outer = dict(zip(loop.outer_ids, inputs))
+        self.owned = _owned(loop)
+        self.steps = [StepFunction(t, outer, loop.n_carried, graph_seed, device, self.owned,
+                                   None if watch is None else watch(t), decisions, loop.runs(k))
+                      for k, t in enumerate(loop.templates)]
+        self.schedule = list(loop.schedule)
+        if any(t >= len(self.steps) for t, _ in self.schedule):
+            raise PlanError("a loop schedule names a template the loop does not have")
+        self.syncs = list(loop.sync_templates)
+        scheduled = {t for t, _ in self.schedule}
+        if bool(self.syncs) != bool(loop.sync_every) or any(
+                t >= len(self.steps) or loop.templates[t].counts or loop.templates[t].row_holes or t in scheduled
+                for t in self.syncs):
+            raise PlanError("a loop's sync templates must be templates outside its schedule that neither count nor "
+                            "read rows, and come with their interval")
+        self.before_first = list(loop.before_first)
+        if len(set(self.before_first)) != len(self.before_first) or not set(self.before_first) <= set(self.syncs):
+            raise PlanError("the templates a loop runs before its first step must be distinct sync templates")
+        self.row_counts = [int(t.rows) if t.row_holes else 0 for t in loop.templates]
+        total = sum(times for _, times in self.schedule) * loop.rounds + loop.n_syncs() * len(self.syncs) + \
+            len(self.before_first)
+        if loop.first_step + loop.n_steps > total:
+            raise PlanError(f"the loop declares steps {loop.first_step}..{loop.first_step + loop.n_steps} but its "
+                            f"schedule runs {total}")
+        if any(self.row_counts) and (loop.batch_size < 1 or loop.n_rows < 1):
+            raise PlanError("a loop step slices rows but the loop has no batches")
+        for t, step in enumerate(self.steps):
+            n = loop.runs(t)
+            if step.runs() not in (None, n):
+                raise PlanError(f"loop step {t} runs {n} times but has values for {step.runs()} runs")
+        self.device = device
+
+    def positions(self) -> Iterator[tuple[int, int, int, int, int]]:
+        """(template, round, first row, training steps before, run index of the template) of every step of
+        the schedule's rounds up to the loop's last (`first_step + n_steps`), after the sync templates that run
+        before the first step."""
+        runs = [0] * len(self.steps)
+        count, index, end = 0, 0, self.loop.first_step + self.loop.n_steps
+        counts = [t.counts for t in self.loop.templates]
+        every = self.loop.sync_every
+        if not end:
+            return  # no step at all, however many rounds a (hostile) plan declares
+        for s in self.before_first:   # sync templates' run 0, before the first step
+            if index == end:
+                return
+            yield s, 0, 0, 0, runs[s]
+            runs[s] += 1
+            index += 1
+        r = 0
+        for r in range(self.loop.rounds):
+            position = 0
+            for t, times in self.schedule:
+                for _ in range(times):
+                    if index == end:
+                        return
+                    yield t, r, position, count, runs[t]
+                    runs[t] += 1
+                    position += self.row_counts[t]
+                    count += counts[t]
+                    index += 1
+                    if every and counts[t] and count % every == 0:
+                        for s in self.syncs:
+                            if index == end:
+                                return
+                            yield s, r, position, count, runs[s]
+                            runs[s] += 1
+                            index += 1
+        if every and count % every:   # the last round's sync, after a short last interval
+            for s in self.syncs:
+                if index == end:
+                    return
+                yield s, r, 0, count, runs[s]
+                runs[s] += 1
+                index += 1
+
+    def exchanges(self) -> bool:
+        """Whether a step sends or receives values (then the loop runs only where an `Exchange` is given)."""
+        return any(step.recv_slots or step.send_slots for step in self.steps)
+
+    def stoppable(self) -> bool:
+        """Whether the loop can end early at a boundary and equal the same loop recorded shorter: a whole loop
+        (not one segment of a replica's) that exchanges nothing with other loops, which would wait for it."""
+        return not (self.exchanges() or self.syncs or self.loop.first_step)
+
+    def run(self, carried: Optional[Sequence[Any]] = None, start: int = 0,
+            on_step: Optional[Callable[[int, int, int, list[Any], list[Any]], None]] = None,
+            exchange: Optional[Exchange] = None, stop: Optional[Callable[[], bool]] = None) -> list[Any]:
+        """Run the loop's steps from its `start`-th with `carried` (the initial values by default); after each
+        step `on_step(steps done, template, run index, persisted values, carried values)`, counted from the
+        loop's first step (a segment's `first_step`). `exchange`: how steps that send or receive values reach the
+        other loops (`Exchange`). `stop()`, asked at each boundary (before a round, an epoch, of a loop of
+        several; before each step of a loop of one round), ends the loop there if true: it returns the carried
+        values of that point, which the loop recorded with that many rounds (or steps) gives, and `stopped_at`
+        says where, as (steps run, rounds run, training steps run). Returns the carried values after the last
+        step."""
+        if exchange is None and self.exchanges():
+            raise PlanError("this loop exchanges values with other loops of its graph (resident replicas): it runs "
+                            "on workers, whose loops reach each other through the store, not in one process")
+        carried = list(self.initial if carried is None else carried)
+        for k in self.owned:   # the loop updates these in place: never the caller's tensors
+            carried[k] = carried[k].clone()
+        loop = self.loop
+        rng = np.random.default_rng(loop.shuffle_seed) if loop.shuffle else None
+        order, order_round = None, -1
+        first = loop.first_step
+        first_runs = [0] * len(self.steps)   # each template's runs before the segment
+        self.stopped_at = None
+        every_step, last_round = loop.rounds == 1, -1
+        if stop is not None and not self.stoppable():
+            raise PlanError("this loop cannot stop early: it is a segment of a replica's, or exchanges values")
+        with torch.no_grad():
+            for index, (t, r, position, count, run) in enumerate(self.positions()):
+                boundary, last_round = every_step or r != last_round, r
+                if stop is not None and boundary and index >= first + start and stop():
+                    self.stopped_at = (index - first, r, count)
+                    break
+                if rng is not None and r != order_round:
+                    permutation = rng.permutation(int(loop.n_rows))   # drawn for skipped rounds too
+                    order_round = r
+                    order = None
+                if index < first:
+                    first_runs[t] += 1
+                if index < first + start:
+                    continue
+                n = self.row_counts[t]
+                rows = None
+                if n:
+                    if rng is None:
+                        rows = slice(position, position + n)
+                    else:
+                        if order is None:
+                            order = torch.from_numpy(permutation).to(self.device)
+                        rows = order[position:position + n]
+                step = self.steps[t]
+                received = exchange.receive(step.recv_channels, run) if step.recv_slots and exchange is not None else ()
+                carried, outputs = step(carried, rows, count, index, run, received)
+                if step.send_slots and exchange is not None:
+                    exchange.send(step.send_channels, run, step.sent())
+                if on_step is not None:
+                    on_step(index + 1 - first, t, run - first_runs[t], outputs, carried)
+        return carried
+
+
+def _owned(loop: LoopSpec) -> set[int]:
+    """The carried values the loop owns: in every template, the step makes its next value with an op (or
+    passes it through), and never persists it. From the second step on they are tensors no one else holds, so
+    optimizer steps may update them in place; the initial values are copied once."""
+    owned = set(range(loop.n_carried))
+    for template in loop.templates:
+        made = {node.id for node in template.nodes}
+        persisted = set(template.output_nodes)
+        for k, (hole, after) in enumerate(zip(template.carry_holes, template.carry_next)):
+            if (after not in made and after != hole) or after in persisted or hole in persisted:
+                owned.discard(k)
+    return owned
+

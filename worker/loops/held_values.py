@@ -1,0 +1,37 @@
+"""A replica's values kept by the worker that handed its loop back to take turns (worker/loops/hand_back.py), so that
+taking the same replica back costs no checkpoint download: its shard is in the worker's tensor cache already
+(`TensorCache`, keyed by the shard's Redis key), and its carried values are put there too, under the keys of
+the checkpoint written as it handed back. Those keys name the step, and a loop's values at a step are the same
+bits wherever it ran, so a kept value is used only when the loop's checkpoint still names that step (another
+worker that took the loop further wrote a later one) and is never stale. The cache's byte bound and LRU order
+apply to them as to any value; an evicted one is read from the store."""
+import logging
+
+import torch
+
+from ravop.store import tensors as stored
+
+log = logging.getLogger("ravop.worker")
+
+
+def keep(cache, names, carried):
+    """Copies of `carried` (what the checkpoint just written holds) under its tensors' keys `names`."""
+    for name, value in zip(names, carried):
+        cache.put(name, value.detach().clone(memory_format=torch.contiguous_format))
+
+
+def read(client, cache, names):
+    """{k: tensor} of the checkpoint tensors `names` ({k: key}): fresh copies of those this worker kept (the loop
+    resumed from them updates them in place), the others from the store (None where it has none)."""
+    values, from_store = {}, 0
+    for k, name in names.items():
+        value = cache.get(name) if cache is not None else None
+        if value is None:
+            value, from_store = stored.read(client, name), from_store + 1
+        else:
+            value = value.clone()
+        values[k] = value
+    if from_store < len(names):
+        log.info("checkpoint %s: %d of %d values kept by this worker, not read from the store",
+                 names[next(iter(names))].rsplit(":", 1)[0], len(names) - from_store, len(names))
+    return values

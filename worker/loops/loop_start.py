@@ -1,0 +1,54 @@
+"""What a loop subgraph reads before its first step besides its inputs, read in the same round trip as them.
+
+A loop read, one after the other: its inputs (one MGET), the same-host reference of each chunked input (the data
+shard: `ravop.store.same_host`), its checkpoint record (to resume from) and step count (the worker's metrics),
+its exchanges' readers (a resident replica's `StoreExchange`) and the graph's state and stop request
+(`GraphWatch`'s first look). Over a slow link
+each is a round trip before the first step (50 ms apiece on the WAN lab's `internet` profile), so the worker
+reads them all in the pipeline that reads the inputs, and the loop takes what it needs from here.
+
+The references are asked for every input read from the store (a reference of a tensor that is not chunked is
+absent: a few bytes), since which inputs are chunked shows only in their values. A value read here is as fresh
+as one read later was: each is written before the loop's message is queued (the plan, the inputs, the
+readers), or is the state of a graph that the loop's own watch goes on reading while it runs (state, stop), or
+is the checkpoint a previous holder of the message wrote before losing it."""
+from ravop.store import same_host
+
+# The graph meta fields read for the loop: GraphWatch's first look, then StoreExchange's readers.
+META_FIELDS = ("state", "stop", "exchange_readers")
+
+
+class LoopStart:
+    """`read(client, input_keys)` reads the loop's inputs and the rest in one pipeline; then `checkpoint` (the
+    checkpoint hash, {} for none), `meta` ({field: value or None} of META_FIELDS), `progress` ((steps done, step
+    of its checkpoint or None): what the worker's metrics count from, worker.serve.worker_metrics.loop_record)
+    and `reference(key)` hold what was read. `ended`: the same pair as the loop left it, set by the loop when it
+    completes here (None until then: the metrics read it from the store)."""
+
+    def __init__(self, keys, subgraph_id):
+        self.keys, self.subgraph_id = keys, subgraph_id
+        self.checkpoint = self.meta = self.progress = self.ended = None
+        self.references = {}
+
+    def read(self, client, input_keys):
+        """The values stored under `input_keys` (None where there is none), read with the rest."""
+        pipe = client.pipeline(transaction=False)
+        pipe.hgetall(self.keys.checkpoint(self.subgraph_id))
+        pipe.hmget(self.keys.meta, *META_FIELDS)
+        pipe.hget(self.keys.steps, self.subgraph_id)
+        if input_keys:
+            pipe.mget(input_keys)
+            pipe.mget([same_host.reference_key(key) for key in input_keys])
+        checkpoint, meta, steps, *inputs = pipe.execute()
+        self.checkpoint, self.meta = checkpoint, dict(zip(META_FIELDS, meta))
+        saved = checkpoint.get(b"step")
+        self.progress = (int(steps or 0), None if saved is None else int(saved))
+        if not input_keys:
+            return []
+        values, references = inputs
+        self.references = dict(zip(input_keys, references))
+        return values
+
+    def reference(self, key):
+        """The same-host reference read for input `key` (None: it has none; `same_host.UNREAD`: not read here)."""
+        return self.references.get(key, same_host.UNREAD)

@@ -1,0 +1,509 @@
+"""Run a loop subgraph (a `loop` op and its tuple_get readers): the steps run here, one after another, with
+the carried values (parameters, optimizer state) kept in this worker's memory (`ravop.runtime.loop_run`). Its templates
+are decoded once, checked as any subgraph's nodes are, and run by the same runner: a kernel error or an
+allocation that fails in a step is reported as on any subgraph, with the step's number.
+
+While it runs, the worker writes what the steps persist (the batch losses) every `FLUSH_SECONDS`, with the
+number of steps done (what `R.track_progress` shows), and a checkpoint of the carried values every
+`checkpoint_steps` steps or `checkpoint_seconds` seconds, whichever comes first. Each write is one MULTI/EXEC,
+so a checkpoint and the persisted values up to it land together. The writes run in a thread beside the loop, in
+order (worker/loops/background_writes.py: over a slow link a checkpoint is seconds of upload the loop need not wait
+for); a checkpoint holds its step's values, and a failed write stops the loop at its next step with nothing
+after it written. The loop waits for them when it hands itself back and at its end. A worker that takes over
+the subgraph after a crash resumes from the checkpoint; steps are deterministic, so it computes the same bits,
+and it writes persisted values with SET NX: a value written before the crash is never written again. A worker told
+to stop (SIGTERM) checkpoints after the step it is running and hands the loop back at once.
+
+A thread beside the loop (worker/loops/graph_watch.py) looks at the graph every quarter second: a cancelled or failed
+graph ends the loop after its current step; a stop request (`ravop.tools.status.request_stop`: EarlyStopping) ends it
+at its next epoch boundary as if it had been recorded with that many epochs: a checkpoint there and the graph's
+`stopped` record ("stopped early at epoch k of n") are written in one transaction, the loop's outputs are its
+carried values of that point, and the graph goes on (what reads them runs) to end done. A worker resuming it
+resumes from that checkpoint and stops there too, so the result is the k-epoch run's, bit for bit.
+
+A checkpoint's tensors go through the tensor store (`ravop.store.tensors`: one value each, or chunks for a
+big one, so state over Redis's 512 MB value limit checkpoints too) under keys named by the step they were
+taken at; the checkpoint hash, written in the transaction that publishes their headers, names that step. The
+previous checkpoint's tensors are deleted once the new one is in. A loop that exchanges values stores its values
+by digest instead, once for all the loops whose checkpoints hold the same bits (worker/loops/shared_checkpoint.py), at
+synchronisations the graph's loops agree on (worker/loops/sync_cadence.py).
+
+The templates follow the rules of ordinary subgraphs (worker/execute/validate.py, worker/execute/memory.py): their
+declared sizes must fit the worker's limit, and each output is checked against its declared size and the budget.
+"""
+import functools
+import time
+
+import redis
+
+from ravop.core import graph_states
+from ravop.core.errors import PlanError
+from ravop.core.registry import LOOPS, PROJECTIONS
+from ravop.runtime.loop_run import LoopRun
+from ravop.runtime.runner import OpError, run_nodes
+from ravop.store import tensors as stored
+from ravop.store import value_writes
+from ravop.wire import encode_tensors, unpack_loop
+
+from ..execute import device as devices
+from ..execute import emulated_device, memory
+from ..execute.run import kernel_error
+from ..execute.validate import check_nodes
+from . import step_decisions
+from . import checkpoint_aliases, held_values, shared_checkpoint
+from .background_writes import BackgroundWrites
+from .exchange import StoreExchange
+from .graph_watch import GraphWatch
+from .sync_cadence import SyncCadence, agree, agreed
+
+FLUSH_SECONDS = 0.25
+# A flush (persisted values, progress, the graph's state) is one round trip that the loop waits for: over a slow
+# link (a provider 50 ms from the store) flushing every 0.25 s would cost a fifth of the loop's time, so flushes are
+# spaced to keep their share of the time at most 1 / FLUSH_SPACING.
+FLUSH_SPACING = 20
+CHECKPOINT_SECONDS = 10.0
+CHECKPOINT_STEPS = 1000
+# A loop that exchanges values (a resident replica) checkpoints at a synchronisation, when its parameters equal
+# the global model it carries (stored once: worker/loops/checkpoint_aliases.py, and once for all replicas:
+# worker/loops/shared_checkpoint.py), about this often (in rounds agreed by the graph's loops:
+# worker/loops/sync_cadence.py) unless steps are asked for: its state (parameters, optimizer moments, residuals, the
+# global model) is many times what a round exchanges, so a 10 s or 1000-step cadence would send more checkpoint than
+# pseudo-gradient up the provider's link.
+RESIDENT_CHECKPOINT_SECONDS = 60.0
+
+
+class LoopAbandoned(Exception):
+    """The loop's graph stopped running (failed elsewhere, or flushed): stop the loop."""
+
+
+class LoopHandedBack(Exception):
+    """The worker is stopping: the loop was checkpointed after `steps` steps, for another worker to go on."""
+
+    def __init__(self, steps):
+        super().__init__(f"handed back after {steps} steps")
+        self.steps = steps
+
+
+def checkpoint_tensor_key(keys, subgraph_id, step, k):
+    return f"{keys.checkpoint(subgraph_id)}:{step}:{k}"
+
+
+def checkpoint_keys(keys, subgraph_id, step, n):
+    """Every Redis key the `n` tensors of the checkpoint taken at `step` may occupy (values and chunks)."""
+    return [key for k in range(n) for key in stored.keys_of(checkpoint_tensor_key(keys, subgraph_id, step, k))]
+
+
+def drop_checkpoint(client, keys, subgraph_id):
+    """Delete a loop's published checkpoint: its hash and the tensors it names. Found from that record, not a
+    SCAN, which a worker's ACL user may not run (ravop.store.access); the tensors of a checkpoint a worker
+    died writing before publishing it stay until the graph is flushed."""
+    prefix = keys.checkpoint(subgraph_id)
+    step, n, shared = client.hmget(prefix, "step", "n", "shared")
+    doomed = [prefix]
+    if step is not None and n is not None:
+        doomed += checkpoint_keys(keys, subgraph_id, int(step), int(n))
+    client.delete(*doomed)
+    if step is not None and n is not None:
+        try:
+            shared = shared_checkpoint.decode(shared, int(n))
+        except ValueError:   # a damaged record: its values stay until the graph is flushed
+            return
+        shared_checkpoint.release(client, keys, shared, shared_checkpoint.holder(subgraph_id, int(step)))
+
+
+def _watcher(spec, template, max_bytes, budget):
+    """A template's memory rules: its declared sizes checked as a subgraph's are (`PlanError` naming the op past
+    the limit), and each output against its declared size and the budget as it is made."""
+    defined = [*spec.outer_ids, *template.hole_ids()]
+    program = check_nodes(template.nodes, defined, template.results(), max_bytes)
+    return memory.Watcher(program, budget)
+
+
+def check_loop_program(program):
+    """The loop step of a checked subgraph; `PlanError` unless it is fills (ops that read nothing, made here for
+    the loop: compiler/partition.py), one loop op and tuple_gets of it, and its outputs are those tuple_gets."""
+    steps = program.steps
+    at = 0
+    while at < len(steps) and not steps[at].inputs and steps[at].op not in LOOPS:
+        at += 1
+    if at == len(steps) or steps[at].op not in LOOPS:
+        raise PlanError("a loop subgraph must start with its loop op (after the fills it reads, ops that read "
+                        "nothing)", steps[at] if at < len(steps) else None)
+    loop_step = steps[at]
+    for step in steps[at + 1:]:
+        if step.op not in PROJECTIONS or list(step.inputs) != [loop_step.id]:
+            raise PlanError(f"a loop subgraph holds only its loop op and tuple_gets of it, not {step.op!r}", step)
+    projected = {step.id for step in steps[at + 1:]}
+    for output in program.outputs:
+        if output not in projected:
+            raise PlanError(f"a loop subgraph's outputs are tuple_gets of its loop op, not node {output}",
+                            next((step for step in steps if step.id == output), None))
+    return loop_step
+
+
+def loop_inputs(program, loop_step, inputs, seed, device, max_bytes=None, budget=None):
+    """The loop op's input values: the subgraph's `inputs`, and the fills ahead of the loop op made here with the
+    runner (the same kernels, seeds and bits as in a subgraph of their own, without its hop and upload), each
+    checked against its declared size and the budget as any subgraph's output is."""
+    fills = program.steps[:program.steps.index(loop_step)]
+    if fills:
+        ids = [step.id for step in fills]
+        watcher = None if max_bytes is None else memory.Watcher(check_nodes(fills, (), ids, max_bytes), budget)
+        inputs = {**inputs, **run_nodes(fills, {}, seed, str(device), ids, watcher)}
+    return [inputs[i] for i in loop_step.inputs]
+
+
+class _Writer:
+    """Collects what the steps persist and writes it, with progress and checkpoints, as the loop goes."""
+
+    def __init__(self, client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds, n_steps,
+                 resumed_at=None, stop=None, graph=None, segments=None, metrics=None, resumed_shared=None):
+        self.client, self.keys, self.subgraph_id = client, keys, subgraph_id
+        self.metrics = metrics    # the worker's WorkerMetrics: the bytes each write stores are counted, or None
+        self.first_ids = first_ids
+        self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
+        self.n_steps, self.stop, self.graph = n_steps, stop, graph   # graph: its GraphWatch, or None
+        self.pending = {}
+        now = time.monotonic()
+        self.last_flush = self.last_checkpoint = now
+        self.flush_every = FLUSH_SECONDS
+        self.checkpointed = resumed_at or 0
+        self.saved = resumed_at   # the step of the checkpoint in Redis (None: none)
+        self.last = None          # (steps done, carried values) after the last step run here
+        self.work_waiting = None  # () -> whether to give the worker up while waiting (worker/loops/hand_back.py)
+        # verify='spot' (worker/verify/spot_loop.py): each checkpoint ends a segment that may be checked, so checkpoints
+        # stay until the loop completes, persisted values are overwritten (a rewound loop's honest rerun replaces
+        # what a liar wrote) and every write first makes sure this worker still runs the loop
+        self.segments = segments
+        self.exchange = None   # the loop's StoreExchange: its sends are in the store before a checkpoint (one past
+        #                        a step whose values were lost would never send them again), and the values read
+        #                        before a checkpoint are released after it
+        self.taken = resumed_at   # the step of the last checkpoint taken (written, or queued to be)
+        # flushes and checkpoints are written beside the loop, in order (under verify='spot' each write first
+        # checks this worker still runs the loop, so they stay in the loop's thread)
+        self.writes = BackgroundWrites() if segments is None else None
+        self.sync_end = None   # a resident replica's last sync template: periodic checkpoints wait for it
+        self.sync_first = self.sync_index = None   # its first sync template, and the synchronisation it is at
+        self.cadence = None    # its periodic checkpoints' SyncCadence (worker/loops/sync_cadence.py)
+        self.shared = resumed_shared or {}   # the checkpoint in Redis's values shared with other loops' (by digest)
+        self.names = None      # the keys of that checkpoint's values
+        self.cache = None      # the worker's TensorCache: a loop handed back to take turns keeps its values there
+
+    def checkpoint_at_syncs(self, sync_templates, checkpoint_steps, checkpoint_seconds):
+        """A loop that exchanges values: periodic checkpoints every `checkpoint_steps` (0: by time only) or
+        at the synchronisations the graph's loops agreed on for `checkpoint_seconds` (worker/loops/sync_cadence.py),
+        taken once the synchronisation due next has run."""
+        self.checkpoint_steps = checkpoint_steps
+        self.sync_end = sync_templates[-1] if sync_templates else None
+        self.sync_first = sync_templates[0] if sync_templates else None
+        self.cadence = SyncCadence(checkpoint_seconds, time.monotonic())
+        if self.cadence.rounds is None:   # a loop resumed elsewhere falls in with the others at once
+            self._queue(lambda: self.cadence.agreed(agreed(self.client, self.keys)))
+
+    def on_wait(self, state):
+        """Called while the loop waits for a value another loop sends: stop if the graph stopped running, hand
+        the loop back (after a checkpoint of what it has) if the worker is stopping or `work_waiting()` says to
+        (the replica it waits for may be queued behind it with no idle worker to take it: worker/loops/hand_back.py)."""
+        if state != graph_states.RUNNING.encode():
+            raise LoopAbandoned(state)
+        if (self.stop is not None and self.stop.is_set()) or (self.work_waiting is not None and self.work_waiting()):
+            if self.last is None:
+                raise LoopHandedBack(self.saved or 0)
+            self.write(*self.last)
+            if self.cache is not None and self.segments is None and not (self.stop is not None and self.stop.is_set()):
+                done, carried = self.last   # taking turns: this worker may take the replica back
+                held_values.keep(self.cache, self.names or [checkpoint_tensor_key(self.keys, self.subgraph_id, done,
+                                                                                  k) for k in range(len(carried))],
+                                 carried)
+            raise LoopHandedBack(self.last[0])
+
+    def on_step(self, done, template, run, outputs, carried):
+        if self.graph is not None and self.graph.ended is not None:   # cancelled or failed: stop now
+            raise LoopAbandoned(self.graph.ended)
+        if self.writes is not None:
+            self.writes.check()   # a write that failed beside the loop (or found the graph stopped) stops it
+        self.last = (done, carried)
+        for first, value in zip(self.first_ids[template], outputs):
+            self.pending[first + run] = value
+        now = time.monotonic()
+        if self.stop is not None and self.stop.is_set() and done < self.n_steps:
+            self.write(done, carried)
+            raise LoopHandedBack(done)
+        due = bool(self.checkpoint_steps and done - self.checkpointed >= self.checkpoint_steps)
+        if self.cadence is None:
+            due = due or now - self.last_checkpoint >= self.checkpoint_seconds
+        elif template == self.sync_first or template == self.sync_end:
+            due = self._at_sync(template, run, now, carried) or due
+        if due and self.sync_end in (None, template):
+            self.write(done, carried, wait=False)
+        elif now - self.last_flush >= self.flush_every and not (self.writes is not None and self.writes.busy()):
+            self.write(done, wait=False)
+
+    def _at_sync(self, template, run, now, carried):
+        """Whether the periodic checkpoint is due after this sync template; proposes the graph's cadence when this
+        loop's clock is due first (beside the loop, as the writes are)."""
+        if template == self.sync_first:
+            self.sync_index = run + 1   # its runs count the synchronisations from the fit's start, resumed or not
+        if template != self.sync_end or self.sync_index is None:   # (replica 0's update sent before the first step)
+            return False
+        sent = self.exchange.sent_bytes if self.exchange is not None else 0
+        due, rounds = self.cadence.at_sync(self.sync_index, now, sum(getattr(v, "nbytes", 0) for v in carried), sent)
+        if rounds is not None:
+            self._queue(lambda: self.cadence.agreed(agree(self.client, self.keys, rounds)))
+        return due
+
+    def _queue(self, write):
+        """`write()` beside the loop, in order with the writes (in the loop's thread under verify='spot')."""
+        if self.writes is not None:
+            self.writes.put(write)
+        else:
+            write()
+
+    def write(self, done, carried=None, record=None, wait=True):
+        """Persisted values, progress, and a checkpoint of `carried` if given, in one transaction, after the writes
+        queued before it; `record`: fields to set on the graph's meta with them. `wait=False`: written beside the
+        loop (what it writes is taken now: the loop may update its tensors in place afterwards)."""
+        if self.writes is not None and not wait:
+            self.writes.put(functools.partial(self._commit, *self._take(done, carried, record, copy=True)))
+            return
+        self.drain()
+        self._commit(*self._take(done, carried, record, copy=False))
+
+    def _take(self, done, carried, record, copy):
+        """(done, persisted values, host copies of the carried values or None, record, exchanged keys read so
+        far) for `_commit`; a checkpoint is taken once per step."""
+        pending, self.pending = self.pending, {}
+        host = reads = None
+        if carried is not None and done != self.taken:
+            host = [_host_copy(value) if copy else devices.to_host(value) for value in carried]
+            reads = self.exchange.take_reads() if self.exchange is not None else None
+            self.taken, self.checkpointed, self.last_checkpoint = done, done, time.monotonic()
+            if self.cadence is not None:
+                self.cadence.taken(self.sync_index, self.last_checkpoint)
+        return done, pending, host, record, reads
+
+    def _commit(self, done, pending, host, record, reads):
+        keys, client = self.keys, self.client
+        began = time.monotonic()
+        if self.segments is not None:
+            self.segments.guard()
+        if host is not None and self.exchange is not None:
+            self.exchange.flush()
+        # spot checks re-run segments from their checkpoints' tensors by key: those stay whole
+        same = checkpoint_aliases.aliases(host) if host is not None and self.segments is None else {}
+        # a loop that exchanges values stores its values by digest, once for all the loops' checkpoints
+        shared = shared_checkpoint.choose(host, same) \
+            if host is not None and self.segments is None and self.exchange is not None else {}
+        total = sum(t.nbytes for t in host) if host is not None else 0
+        size = stored.fit_to_server(client, total, "a loop checkpoint", keys.meta) \
+            if total > stored.chunk_bytes() else None
+        # the values other replicas upload are waited for, those this one claims go with its transaction
+        shared_checkpoint.settle(client, keys, host, shared, shared_checkpoint.holder(self.subgraph_id, done))
+        while True:
+            try:
+                state = self._transaction(done, pending, host, record, same, shared, size)
+                break
+            except redis.WatchError:   # a shared value it found was deleted meanwhile: look again
+                continue
+        if host is not None:
+            if self.segments is not None:
+                self.segments.on_checkpoint(self.saved or 0, done, host)
+            elif self.saved is not None:
+                doomed = [key for k in range(len(host)) if k not in self.shared
+                          for key in stored.keys_of(checkpoint_tensor_key(keys, self.subgraph_id, self.saved, k))]
+                if doomed:
+                    client.delete(*doomed)
+                shared_checkpoint.release(client, keys, self.shared,
+                                          shared_checkpoint.holder(self.subgraph_id, self.saved))
+            self.saved, self.shared = done, shared
+            self.names = [shared_checkpoint.value_key(keys, shared[k]) if k in shared else
+                          checkpoint_tensor_key(keys, self.subgraph_id, done, k) for k in range(len(host))]
+            if self.exchange is not None:
+                self.exchange.release(reads)   # exchanged values read before it are no longer needed here
+        self.last_flush = time.monotonic()
+        if host is None:
+            self.flush_every = max(FLUSH_SECONDS, FLUSH_SPACING * (self.last_flush - began))
+        if state != graph_states.RUNNING.encode():
+            raise LoopAbandoned(state)
+
+    def drain(self):
+        """Wait for the writes queued beside the loop; raises the first that failed."""
+        if self.writes is not None:
+            self.writes.drain()
+
+    def _transaction(self, done, pending, host, record, same, shared, size):
+        """Write persisted values, progress and the checkpoint of `host` (if given) in one transaction; the
+        graph's state. WatchError if a shared value it found in the store was deleted before it was written."""
+        keys, client = self.keys, self.client
+        with client.pipeline(transaction=True) as pipe:
+            present = shared_checkpoint.watch_present(pipe, client, keys, shared)
+            if shared:
+                pipe.multi()
+            values = [devices.to_host(value) for value in pending.values()]
+            sets = value_writes.queue_values(pipe, [keys.tensor(i) for i in pending], encode_tensors(values),
+                                             only_new=self.segments is None)
+            pipe.hset(keys.steps, self.subgraph_id, done)
+            written = 0
+            if host is not None:
+                chunks = client.pipeline(transaction=False)   # big tensors' chunks, before the transaction
+                for k, value in enumerate(host):
+                    if k not in same and k not in shared:
+                        stored.write(pipe, checkpoint_tensor_key(keys, self.subgraph_id, done, k), value, size,
+                                     chunks)
+                        written += value.nbytes
+                shared_checkpoint.write(pipe, chunks, keys, host, shared, present,
+                                        shared_checkpoint.holder(self.subgraph_id, done), size)
+                chunks.execute()
+                # the checkpoint it replaces, whose references are released next (by a resumed loop, if this
+                # worker dies first)
+                replaced = self.shared if self.saved is not None else {}
+                pipe.hset(keys.checkpoint(self.subgraph_id),
+                          mapping={"step": done, "n": len(host), "same": checkpoint_aliases.encode(same),
+                                   "shared": shared_checkpoint.encode(shared),
+                                   "replaces": self.saved if replaced else "",
+                                   "replaced": shared_checkpoint.encode(replaced)})
+            if record:
+                pipe.hset(keys.meta, mapping=record)
+            pipe.hget(keys.meta, "state")
+            replies = pipe.execute()
+        if self.metrics is not None:   # the persisted values the server did not have yet, and the checkpoint
+            new = [flag for reply in replies[:sets] for flag in reply]
+            self.metrics.written_bytes(written + sum(value.nbytes for value, flag in zip(values, new) if flag))
+        return replies[-1]
+
+    def close(self):
+        if self.writes is not None:
+            self.writes.close()
+
+
+def _host_copy(value):
+    """A copy on the host that the loop's later steps cannot change."""
+    host = devices.to_host(value)
+    return host.clone() if host is value else host
+
+
+def _resume(client, keys, subgraph_id, n_carried, device, cache=None, saved=None):
+    """(step, carried values, {k: digest} of those shared with other loops' checkpoints) of the loop's
+    checkpoint, or (None, None, {}) without a usable one; its tensors from `cache` where this worker kept them
+    when it handed the loop back (worker/loops/held_values.py). The references of the checkpoint it replaced are
+    released (again: a worker may have died before it did). `saved`: its record, where the worker read it
+    already (worker/loops/loop_start.py)."""
+    if saved is None:
+        saved = client.hgetall(keys.checkpoint(subgraph_id))
+    if not saved:
+        return None, None, {}
+    try:
+        step, n = int(saved[b"step"]), int(saved[b"n"])
+        same = checkpoint_aliases.decode(saved.get(b"same"), n)
+        shared = shared_checkpoint.decode(saved.get(b"shared"), n)
+        replaced = shared_checkpoint.decode(saved.get(b"replaced"), n)
+        if replaced:
+            shared_checkpoint.release(client, keys, replaced,
+                                      shared_checkpoint.holder(subgraph_id, int(saved[b"replaces"])))
+    except (KeyError, ValueError) as exc:
+        raise PlanError(f"the checkpoint of loop subgraph {subgraph_id} is malformed: {exc}") from None
+    if n != n_carried:
+        raise PlanError(f"the checkpoint of loop subgraph {subgraph_id} holds {n} values, the loop carries "
+                        f"{n_carried}")
+    read = held_values.read(client, cache, {k: shared_checkpoint.value_key(keys, shared[k]) if k in shared else
+                                            checkpoint_tensor_key(keys, subgraph_id, step, k)
+                                            for k in range(n) if k not in same})
+    where = f"the checkpoint of loop subgraph {subgraph_id} at step {step}"
+    for k in shared:
+        if read.get(k) is not None:
+            shared_checkpoint.check(read[k], shared[k], where)
+    carried = [read.get(k) for k in range(n)]
+    for k, j in same.items():
+        carried[k] = None if carried[j] is None else carried[j].clone()
+    if any(value is None for value in carried):
+        raise PlanError(f"{where} lost a tensor")
+    return step, [devices.to_device(value, device) for value in carried], shared
+
+
+def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
+             checkpoint_steps=None, checkpoint_seconds=CHECKPOINT_SECONDS, max_bytes=None, budget=None,
+             stop=None, work_waiting=None, segments=None, resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS,
+             cache=None, metrics=None, loop_start=None):
+    """{output id: tensor} of a loop subgraph; resumes from its checkpoint if an earlier run left one.
+    `max_bytes`, `budget`: the worker's memory rules for the templates; `stop`: a threading.Event set when
+    the worker is stopping (then LoopHandedBack after a checkpoint); `work_waiting()`: whether a loop waiting for
+    another loop's values hands itself back (worker/loops/hand_back.py); `segments`: verify='spot''s
+    segment checks (worker/verify/spot_loop.py), or None. Checkpoints: every `checkpoint_steps` (None: CHECKPOINT_STEPS)
+    or `checkpoint_seconds`; a loop that exchanges values every `resident_checkpoint_seconds`, or
+    `checkpoint_steps` when given, at a synchronisation. `cache`: the worker's TensorCache, where a loop handed
+    back to take turns keeps its values for this worker to resume it from (worker/loops/held_values.py). `metrics`: the
+    worker's WorkerMetrics, which counts the bytes the loop's writes store (persisted values, checkpoints).
+    `loop_start`: what the worker read for the loop with its inputs (a worker.loops.loop_start.LoopStart), or None:
+    read here."""
+    loop_step = check_loop_program(program)
+    spec = unpack_loop(subgraph.loop)   # decoded once: the templates' nodes serve the checks and the runner
+    watch = None if max_bytes is None else (lambda template: _watcher(spec, template, max_bytes, budget))
+    meta = loop_start.meta if loop_start is not None else None   # None: each reader reads its own
+    start, carried, shared = _resume(client, keys, subgraph_id, spec.n_carried, device, cache,
+                                     loop_start.checkpoint if loop_start is not None else None)
+    first_ids = [t.output_first_ids for t in spec.templates]
+    if any(len(ids) != len(t.output_nodes) for ids, t in zip(first_ids, spec.templates)):
+        raise PlanError("a loop step's persisted values and their tensor ids do not pair up")
+    graph = GraphWatch(client, keys)
+    store_exchange = None
+    writer = _Writer(client, keys, subgraph_id, first_ids,
+                     CHECKPOINT_STEPS if checkpoint_steps is None else checkpoint_steps, checkpoint_seconds,
+                     spec.n_steps, start, stop, graph, segments, metrics, shared)
+    try:
+        values = loop_inputs(program, loop_step, inputs, seed, device, max_bytes, budget)
+        runner = LoopRun(spec, values, seed, device, watch, step_decisions.for_device(device))
+        if segments is not None:
+            segments.instrument(runner)
+        writer.work_waiting, writer.cache = work_waiting, cache
+        store_exchange = writer.exchange = \
+            StoreExchange(client, keys, device, writer.on_wait, _leaving(stop, work_waiting), meta) \
+            if runner.exchanges() else None
+        if store_exchange is not None:
+            writer.checkpoint_at_syncs(list(spec.sync_templates), checkpoint_steps or 0, resident_checkpoint_seconds)
+        on_step, exchange = emulated_device.paced_steps(writer.on_step, subgraph.loop, values, store_exchange)
+        graph.start(meta)
+        carried = runner.run(carried, start or 0, on_step, exchange,
+                             graph.stop_requested if runner.stoppable() else None)
+        # the last flush and the exchange's last sends (a round trip each over a slow link) are written beside
+        # each other, and both are in the store before the loop is done; with no exchange the loop waits for the
+        # flush anyway, so it writes it itself (handing it to the writes' thread cost a short loop a thread start
+        # and two thread switches, ~0.5 ms)
+        if runner.stopped_at is None and segments is None:
+            writer.write(spec.n_steps, wait=store_exchange is None)
+        if store_exchange is not None:
+            store_exchange.flush()
+        if runner.stopped_at is None:
+            if segments is None:
+                writer.drain()
+            else:
+                writer.write(spec.n_steps, carried)
+        else:   # a checkpoint at the stop: under verify='spot' it also ends the last segment to check
+            writer.write(runner.stopped_at[0], carried, stopped_record(spec, *runner.stopped_at, graph.stop_reason))
+        if segments is not None:
+            segments.wait_settled()
+        if loop_start is not None:   # its record as written: the worker's metrics need not read it back
+            loop_start.ended = (runner.stopped_at[0] if runner.stopped_at is not None else spec.n_steps,
+                                writer.saved)
+        projections = program.steps[program.steps.index(loop_step) + 1:]
+        env = run_nodes(projections, {loop_step.id: tuple(carried)}, outputs=program.outputs)
+    except OpError as exc:   # reported as on any subgraph: the op, its sizes, the device, and the step
+        raise kernel_error(exc, device, budget or 0) from exc.__cause__
+    finally:
+        writer.close()
+        graph.close()
+        if store_exchange is not None:
+            store_exchange.close()
+    return {o: env[o].contiguous() for o in program.outputs}
+
+
+def stopped_record(spec, steps, rounds, trained, reason):
+    """The graph's meta fields saying where a stop request ended a loop after `steps` steps: `stopped` in words
+    and `stopped_step`, the training steps run (`trained`: a validation step after each epoch is not one)."""
+    where = f"at epoch {rounds} of {spec.rounds}" if spec.rounds > 1 else f"after step {steps} of {spec.n_steps}"
+    return {"stopped": f"stopped early {where} ({reason})", "stopped_step": trained}
+
+
+def _leaving(stop, work_waiting):
+    """() -> whether a waiting loop's worker is stopping or should give the loop up: what makes `on_wait` act,
+    read beside the loop by its exchange (worker/loops/exchange.py) so that a receive never waits on those reads."""
+    return lambda: (stop is not None and stop.is_set()) or bool(work_waiting is not None and work_waiting())

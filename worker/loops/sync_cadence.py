@@ -1,0 +1,96 @@
+"""When a loop that exchanges values (a resident replica) takes its periodic checkpoint. The checkpoint is the
+replica's whole carried state (parameters, optimizer moments, error-feedback residuals, the global model), many
+times what a round exchanges, so it is taken right after a synchronisation, every `seconds` or so, and the
+loops of a graph take it at the same synchronisations, so that the global model they all carry there is stored
+once (worker/loops/shared_checkpoint.py). Hence the cadence is agreed in rounds, once per graph:
+
+- the first loop whose clock says `seconds` have passed proposes the rounds it ran in them, plus a lead of an
+  eighth (at least 2 rounds), so that the first common checkpoint is still ahead of the others, which started
+  within moments of it; but at least as many rounds as keep its checkpoint within `BYTES_SHARE` of the bytes it
+  sends in those rounds (a checkpoint goes up the same link: on slow rounds a 60 s cadence would send more
+  checkpoint than pseudo-gradient);
+- it is written with SET NX to the graph's `ckpt:rounds`; every loop reads the agreed number there when its own
+  clock comes due (the first proposal stands);
+- a loop checkpoints at synchronisation k (counted from the fit's start) when k // rounds has passed its last
+  checkpoint's: on the common synchronisations, and a loop that read the number late, or resumed from a
+  checkpoint elsewhere, falls in with them from the next one.
+
+A loaded host or a slow link then changes the seconds between two checkpoints, not the rounds: their share of
+the bytes a round moves stays what it was when agreed. `seconds` 0 checkpoints at every synchronisation."""
+import math
+
+from ravop.core.errors import PlanError
+
+BYTES_SHARE = 0.25   # a checkpoint's state at most this share of what the rounds between two checkpoints send
+LEAD = 8             # the first common checkpoint comes rounds / LEAD rounds (at least 2) after the proposal
+
+
+def rounds_key(keys):
+    return keys.checkpoint("rounds")
+
+
+def agree(client, keys, proposal):
+    """The graph's rounds between checkpoints: `proposal` if no loop proposed before, else the first proposal."""
+    pipe = client.pipeline(transaction=True)
+    pipe.set(rounds_key(keys), proposal, nx=True)
+    pipe.get(rounds_key(keys))
+    return _rounds(keys, pipe.execute()[-1])
+
+
+def agreed(client, keys):
+    """The graph's rounds between checkpoints if a loop proposed them (a loop resumed elsewhere), else None."""
+    value = client.get(rounds_key(keys))
+    return None if value is None else _rounds(keys, value)
+
+
+def _rounds(keys, value):
+    try:
+        rounds = int(value)
+    except (TypeError, ValueError):
+        rounds = 0
+    if rounds < 1:
+        raise PlanError(f"the graph's agreed rounds between loop checkpoints ({rounds_key(keys)}) is {value!r}, "
+                        f"not a positive number")
+    return rounds
+
+
+def proposal(ran, state_bytes, sent_bytes):
+    """Rounds between checkpoints for a loop that ran `ran` rounds in the cadence's seconds, carries
+    `state_bytes` and sent `sent_bytes` to the other loops in those rounds."""
+    floor = math.ceil(state_bytes / (BYTES_SHARE * sent_bytes / ran)) if sent_bytes and ran else 1
+    rounds = max(ran, floor, 1)
+    return rounds + max(2, math.ceil(rounds / LEAD))
+
+
+class SyncCadence:
+    """One loop's side of the agreement: `at_sync` at each synchronisation's end says whether to checkpoint
+    there and, once its clock is due with no agreed number known, which number to propose (`agree` answers,
+    then `agreed`); `taken` after each checkpoint, whatever made it."""
+
+    def __init__(self, seconds, now):
+        self.seconds, self.since = seconds, now
+        self.rounds = 1 if seconds == 0 else None   # agreed rounds between checkpoints (None: not known yet)
+        self.first = None      # the synchronisation before the first one this loop ran here
+        self.last = None       # the synchronisation of its last checkpoint here
+        self.proposed = False
+
+    def at_sync(self, k, now, state_bytes, sent_bytes):
+        """(checkpoint after synchronisation k?, rounds to propose or None)."""
+        if self.first is None:
+            self.first = k - 1
+        if self.rounds is not None:
+            last = self.last if self.last is not None else k - 1
+            return k // self.rounds > last // self.rounds, None
+        if self.proposed or now - self.since < self.seconds:
+            return False, None
+        self.proposed = True
+        return False, proposal(k - self.first, state_bytes, sent_bytes)
+
+    def agreed(self, rounds):
+        if rounds is not None and self.rounds is None:
+            self.rounds = rounds
+
+    def taken(self, k, now):
+        if k is not None:
+            self.last = k
+        self.since = now

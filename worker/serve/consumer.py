@@ -1,0 +1,572 @@
+"""The worker loop: take a subgraph from the stream of this worker's device kind, run it, store its outputs,
+then complete it (ack, count progress, enqueue the successors that became ready) in the same round trip; on a
+cluster, the ack and the enqueueing are a second round trip to the work streams' shard (ravop.store.handoff).
+
+Delivery is at-least-once. A message is acked only by the completion or failure scripts, after the outputs
+are stored; a message held by a worker that died is taken over once its heartbeat has been silent for
+`dead_after` seconds, and any message nobody works on after `reclaim_idle` (worker/serve/takeover.py); after
+`max_attempts` deliveries it is given up on. Whatever a message holds
+(garbage, unknown ops, absurd shapes) fails its graph and lands in the dead-letter stream, and the worker
+goes on; a kernel error fails the graph at once (it would fail again on any worker: no retries).
+"""
+import logging
+import os
+import random
+import socket
+import threading
+import time
+
+import redis
+import torch
+from google.protobuf.message import DecodeError
+from redis.exceptions import RedisClusterException
+
+from ravop.core import plan_limits
+from ravop.core.errors import PlanError, StoreLimitError, UploadIncompleteError, WireFormatError
+from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, queue
+from ravop.store import federated_schema as federated_store
+from ravop.store import background_upload as uploads
+from ravop.store import same_host
+from ravop.store import tensors as stored
+from ravop.store import workers as liveness
+from ravop.store.connect import Outage
+from ravop.store.handoff import Handoff
+from ravop.store.server_replies import kind_of as server_error_kind
+from ravop.wire import plan_pb2, unpack_nodes
+
+from ..execute import device as devices
+from ..execute import emulated_device, memory
+from ..execute.cache import TensorCache
+from ..execute.run import OVER_BUDGET, KernelError, run
+from ..execute.validate import check
+from ..loops.hand_back import HandBack
+from ..loops.loop_start import LoopStart
+from ..loops.loop_subgraph import (
+    CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopHandedBack, drop_checkpoint, run_loop)
+from ..verify import redundant
+from ..verify.spot import SpotChecks
+from ..verify.spot_loop import LoopSegments, check_segment, drop_segments
+from . import calibrate, warm_connections
+from .heartbeat import Heartbeat
+from .inbox_watch import InboxWatch
+from .worker_metrics import WorkerMetrics, loop_record
+from .server_errors import ServerErrors
+from .takeover import Takeover
+
+log = logging.getLogger("ravop.worker")
+BLOCK_MS = 1000  # longest wait for new work, so a stop request is noticed within a second
+BAN_CHECK_SECONDS = 2.0  # how stale this worker's knowledge of a requester banning it may be
+PASS_ON_SECONDS = 0.2    # after putting back a message this worker may not run, before taking the next
+
+
+class _MissingInput(Exception):
+    pass
+
+
+# Messages that no engine sends (someone else put them on the stream): why each is dropped.
+_FORGED = {b"unknown": "subgraph {} is not in the plan of the graph the message names",
+           b"waiting": "subgraph {} is not ready (its inputs are not computed yet); the engine enqueues it then"}
+
+
+def parse_message(fields):
+    """(GraphKeys, subgraph id) of a queue message; ValueError naming what is wrong with it."""
+    try:
+        token, graph_id = fields[b"token"].decode(), fields[b"graph"].decode()
+        subgraph_id = int(fields[b"subgraph"])
+    except KeyError as exc:
+        raise ValueError(f"no {exc.args[0].decode()!r} field") from None
+    except (UnicodeDecodeError, ValueError, TypeError) as exc:
+        raise ValueError(str(exc)) from None
+    if subgraph_id < 0:
+        raise ValueError(f"negative subgraph id {subgraph_id}")
+    return GraphKeys(token, graph_id), subgraph_id
+
+
+class Worker:
+    def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
+                 max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
+                 max_memory_bytes=None, provider=None, checkpoint_steps=None,
+                 checkpoint_seconds=CHECKPOINT_SECONDS, wrong_outputs=None, workers_on_machine=None,
+                 resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS):
+        if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
+            raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
+                             f"{dead_after} and {max_attempts}")
+        self.client = client
+        self.name = name
+        self.device = devices.parse(device)
+        devices.use_full_precision(self.device)
+        self.kind = self.device.type
+        self.stream = queue(self.kind)  # a CPU worker never reads the GPU stream, and vice versa
+        self.scripts = Scripts(client)
+        self.handoff = Handoff(client, self.scripts)
+        self.takeover = Takeover(client, self.stream, name, dead_after, reclaim_idle, self.handoff)
+        self.hand_back = HandBack(client, self.stream, self.kind, name, self.takeover, dead_after)
+        self.max_attempts = max_attempts
+        self.cache = TensorCache(cache_bytes)
+        # What a subgraph may declare, and what the process may hold beyond its start (worker/execute/memory.py):
+        # given one, the other follows; given neither, this worker's share of the machine's memory.
+        self.limit = max_subgraph_bytes or (max_memory_bytes * 2 // 3 if max_memory_bytes else devices.default_limit(
+            self.device, workers_on_machine or memory.workers_on_machine(client, name)))
+        self.memory_budget = max_memory_bytes or memory.default_budget(self.limit)
+        self.value_bytes = stored.fit_to_server(client)  # the largest value written in one piece on this server
+        self.server_gone_after = server_gone_after
+        if (checkpoint_steps is not None and checkpoint_steps < 0) or checkpoint_seconds <= 0 or \
+                resident_checkpoint_seconds < 0:
+            raise ValueError(f"need checkpoint_steps >= 0, checkpoint_seconds > 0 and resident_checkpoint_seconds "
+                             f">= 0, not {checkpoint_steps}, {checkpoint_seconds} and {resident_checkpoint_seconds}")
+        self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
+        self.resident_checkpoint_seconds = resident_checkpoint_seconds
+        self.stopping = threading.Event()
+        self.inboxes = InboxWatch(client, self.handoff, name, self.stopping)  # graphs token users start
+        self.provider = provider  # a worker.provider.data_provider.Provider if this worker offers data (--data)
+        self.heartbeat = Heartbeat(client, name, self.kind, self.stream, self.takeover.every, dead_after,
+                                   self.stopping, parent_pid, provider.data.names() if provider is not None else None,
+                                   info={**self._advertised(), **calibrate.measure(self.device, client, name)})
+        self.completed = 0
+        self.metrics = WorkerMetrics(name, self.device)  # served by `ravop-worker --metrics-port`
+        self._bans = {}  # token -> (when to look again, whether it banned this worker)
+        self.wrong_outputs = wrong_outputs  # tests only: a worker.verify.redundant.Liar that perturbs outputs, or None
+        self.spot = SpotChecks(self)        # R.Graph(verify='spot') (worker/verify/spot.py)
+
+    def _advertised(self):
+        """What `ravop status` shows of this worker besides its state (`ravop.store.worker_info`)."""
+        return {"device": str(self.device), "kind": self.kind, "threads": torch.get_num_threads(),
+                "memory_limit": self.limit, "host": socket.gethostname(), "pid": os.getpid()}
+
+    def stop(self):
+        """Stop after the subgraph being run, if any, is finished (safe from a signal handler)."""
+        self.stopping.set()
+
+    def run(self):
+        """Serve until `stop()`. Returns 0, or 1 if the server stayed unreachable for `server_gone_after` s or
+        refused this worker's credentials (its user was revoked). Any other server error is ridden out."""
+        errors = ServerErrors(self.client, self.name)
+        errors.repair()
+        self._load_scripts()
+        warm_connections.warm(self.client)   # registered means ready: no thread opens one on its first command
+        self.heartbeat.beat()
+        self.heartbeat.start()
+        self.inboxes.start()
+        log.info("worker %s serving %s on %s", self.name, self.stream, self.device)
+        outage = Outage(lambda text: log.warning("worker %s: %s", self.name, text))
+        try:
+            while not self.stopping.is_set():
+                try:
+                    if self.provider is not None:
+                        self.provider.poll()
+                    message = self._next(resume_own=outage.since is not None or errors.since is not None)
+                    outage.ok()
+                    errors.ok()
+                    if message is not None:
+                        self._handle(*message)
+                except redis.AuthenticationError as exc:  # revoked (`ravop admin worker revoke`): stop
+                    log.error("worker %s: Redis refused its credentials (%s); exiting", self.name, exc)
+                    return 1
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    # The message being handled stays pending: this worker resumes it once the server is back.
+                    wait = outage.lost(exc)
+                    if self.server_gone_after is not None and outage.seconds() > self.server_gone_after:
+                        log.error("worker %s: Redis unreachable for %.0f s (%s); exiting", self.name,
+                                  self.server_gone_after, exc)
+                        return 1
+                    self.stopping.wait(wait)
+                except (redis.RedisError, RedisClusterException) as exc:  # BUSY, WRONGTYPE, CLUSTERDOWN...
+                    self.stopping.wait(errors.met(exc))                      # worker/serve/server_errors.py
+        finally:
+            self.heartbeat.stop()
+            self.inboxes.stop()
+            self._leave()
+        if self.heartbeat.revoked:
+            return 1
+        log.info("worker %s stopped after %d subgraphs", self.name, self.completed)
+        return 0
+
+    def _load_scripts(self):
+        """Put the scripts on the server before registering, so that a first claim costs one round trip; a server
+        that refuses SCRIPT LOAD to this worker's user leaves them to load on first use, as before."""
+        try:
+            self.scripts.load()
+        except redis.ResponseError as exc:
+            log.info("worker %s: scripts not loaded ahead (%s); they load on first use", self.name, exc)
+
+    def _next(self, resume_own=False):
+        """(message id, fields, deliveries): after a lost connection, what this worker held when it was lost;
+        then work held by a dead or silent worker, then new work."""
+        found = self.takeover.own() if resume_own else None
+        if found is None:
+            found = self.takeover.next()
+            if found is not None:
+                self.metrics.took_over()
+        if found is not None:
+            return found
+        reply = self.client.xreadgroup(GROUP, self.name, {self.stream: ">"}, count=1, block=BLOCK_MS)
+        if reply:
+            message_id, fields = reply[0][1][0]
+            return message_id, fields, 1
+        return None
+
+    # ------------------------------------------------------------------------------------------ one message
+
+    def _handle(self, message_id, fields, deliveries):
+        try:
+            keys, subgraph_id = parse_message(fields)
+        except ValueError as exc:
+            self._give_up(None, message_id, "", f"malformed message: {exc}", "malformed message",
+                          message=repr(fields)[:300])
+            return
+        try:
+            self._run_message(keys, subgraph_id, message_id, deliveries, fields)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise
+        except (redis.RedisError, RedisClusterException) as exc:
+            if server_error_kind(exc) == "transient":   # the server's state, not the graph's: retried by run()
+                raise
+            log.exception("worker %s: subgraph %s of graph %s", self.name, subgraph_id, keys.graph_id)
+            self._give_up(keys, message_id, subgraph_id, f"the server refused: {exc}", "server error")
+        except Exception as exc:  # unforeseen (a bug, or a hostile value): give up on this message, keep serving
+            log.exception("worker %s: subgraph %s of graph %s", self.name, subgraph_id, keys.graph_id)
+            self._give_up(keys, message_id, subgraph_id, f"{type(exc).__name__}: {exc}", "worker error")
+
+    def _run_message(self, keys, subgraph_id, message_id, deliveries, fields):
+        """Claim the subgraph, check its plan, run it and deliver what it made (or why it failed)."""
+        if b"segment" in fields:   # a re-run of a spot-checked loop's segment (worker/verify/spot_loop.py)
+            check_segment(self, keys, subgraph_id, message_id, deliveries, fields)
+            return
+        claimed = self._claim(keys, subgraph_id, message_id, deliveries, fields)
+        if claimed is None:
+            return
+        seed, data, copies, spot = claimed
+        max_bytes = devices.budget(self.device, self.limit)
+        checked = self._checked(keys, subgraph_id, message_id, data, max_bytes, seed)
+        if checked is None:
+            return
+        subgraph, program = checked
+        self.heartbeat.watch(message_id, keys.graph_id, subgraph_id)
+        self.metrics.running(True)
+        try:
+            self._execute(keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes, spot)
+        finally:
+            self.heartbeat.unwatch()
+            self.metrics.running(False)
+
+    def _claim(self, keys, subgraph_id, message_id, deliveries, fields):
+        """(graph seed, the subgraph's plan bytes, copies to run) if this worker is to run the subgraph now; else
+        None, the message having been given up on, passed on or acked as the claim says."""
+        if deliveries > self.max_attempts:
+            self._give_up_retries(keys, subgraph_id, message_id, deliveries)
+            return None
+        reply, banned = self._claim_unless_banned(keys, subgraph_id)
+        if banned:
+            self._pass_on(message_id, fields)
+            return None
+        if reply[0] in _FORGED:
+            self._give_up(keys, message_id, subgraph_id, _FORGED[reply[0]].format(subgraph_id), "forged message",
+                          fail_graph=False)
+            return None
+        if reply[0] == b"gone":  # flushed since it was queued, or never there: logged, for an operator
+            self._give_up(keys, message_id, subgraph_id, f"graph {keys.graph_id} of token {keys.token} is not in "
+                          "Redis", "no such graph", fail_graph=False)
+            return None
+        if reply[0] != b"run":  # the graph failed or is done, or this subgraph already finished
+            if reply[0] == b"finished":  # by a worker that may have died before delivering what it made ready
+                self.handoff.drain(keys)
+            self._ack(message_id)
+            return None
+        seed, data, copies, spot = int(reply[1]), reply[2], int(reply[3]), bool(reply[4])
+        if deliveries > 1:   # taken over: the last holder may have left keys no record names (ravop.store.flush)
+            self.client.hset(keys.meta, "redelivered", 1)
+        if spot and (not self.spot.may_run(keys, subgraph_id) or self._banned(keys.token, fresh=True)):
+            self._pass_on(message_id, fields)   # a check of this worker's own result must be someone else's
+            return None
+        if copies > 1:
+            votes = self.client.hgetall(keys.votes(subgraph_id))
+            if (self.name.encode() in votes and len(votes) < copies) or self._banned(keys.token, fresh=True):
+                self._pass_on(message_id, fields)  # this worker ran it already (another one must), or is banned
+                return None
+        return seed, data, copies, spot
+
+    def _checked(self, keys, subgraph_id, message_id, data, max_bytes, seed):
+        """(plan_pb2.Subgraph, worker.execute.validate.Program, its runner built) of a claimed subgraph's plan; None if
+        it was refused."""
+        try:
+            plan_limits.check_bytes(subgraph_id, len(data))      # before decoding: ravop.core.plan_limits
+            subgraph = plan_pb2.Subgraph.FromString(data)
+            plan_limits.check_nodes(subgraph_id, len(subgraph.nodes.id))
+            return subgraph, check(subgraph, max_bytes, str(self.device), seed)
+        except DecodeError as exc:
+            self._give_up(keys, message_id, subgraph_id, f"subgraph {subgraph_id} is not a valid plan: {exc}",
+                          "rejected plan")
+        except PlanError as exc:
+            self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
+        return None
+
+    def _execute(self, keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes, spot=False):
+        """Run a checked subgraph and store its outputs; a failure gives the message up with its reason."""
+        failed = False
+        try:
+            outputs = self._compute(keys, subgraph_id, subgraph, program, seed, max_bytes, spot)
+            is_loop = subgraph.HasField("loop")   # under verify='spot' checked per segment, as it runs
+            if self.wrong_outputs is not None and not (spot and is_loop) and self.wrong_outputs.lies():
+                outputs = redundant.perturb(outputs)
+            if copies > 1 and not self._verified(keys, subgraph_id, message_id, outputs, copies, program):
+                return
+            if spot and not is_loop and not self.spot.accepted(keys, subgraph_id, message_id, redundant.digest(outputs),
+                                               program.steps[0] if program.steps else None):
+                return
+            self._finish(keys, subgraph_id, message_id, outputs)
+            if is_loop:
+                if spot:
+                    drop_segments(self.client, keys, subgraph_id)
+                drop_checkpoint(self.client, keys, subgraph_id)
+        except KernelError as exc:
+            if exc.reason == OVER_BUDGET:  # keep serving: drop what this worker holds for reuse, then report
+                self.cache.clear()
+                devices.release_cached(self.device)
+            self._give_up(keys, message_id, subgraph_id, str(exc), exc.reason, exc.node)
+            failed = True
+        except LoopHandedBack as exc:
+            self._hand_back(keys, subgraph_id, message_id)
+            log.info("worker %s: loop subgraph %s of graph %s handed back after %d steps (%s)", self.name,
+                     subgraph_id, keys.graph_id, exc.steps, "stopping" if self.stopping.is_set() else "waiting")
+        except PlanError as exc:   # a loop's templates, and the runner's ops, are checked when they are built
+            self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
+        except LoopAbandoned:
+            self._ack(message_id)
+        except _MissingInput as exc:
+            if self.client.sismember(keys.done, subgraph_id):
+                self._ack(message_id)  # another worker finished it meanwhile and its inputs were released
+            else:
+                self._give_up(keys, message_id, subgraph_id, f"input value {exc} of subgraph {subgraph_id} is "
+                              "not in Redis (deleted by R.flush()?)", "missing input")
+        except WireFormatError as exc:
+            self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}", "bad input")
+        except UploadIncompleteError as exc:
+            self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}",
+                          "incomplete upload")
+        except StoreLimitError as exc:
+            self._give_up(keys, message_id, subgraph_id, str(exc), "server full")
+        if failed:   # out of the except block: the error's traceback no longer holds the kernel's values
+            self._return_memory()
+
+    def _return_memory(self):
+        """Give what a failed kernel allocated back to the OS (worker/execute/memory.py), logging the RSS it saved."""
+        rss = memory.return_to_os()
+        if rss is not None:
+            log.info("worker %s: RSS %s after a failed subgraph, %s once its values were collected, %s after "
+                     "returning freed memory to the OS", self.name, *map(memory.mib, rss))
+
+    def _compute(self, keys, subgraph_id, subgraph, program, seed, max_bytes, spot=False):
+        """{output id: tensor} of a checked subgraph: a loop's (with its checkpoints) or a plain one's."""
+        # a loop's other reads before its first step ride in its inputs' round trip (worker/loops/loop_start.py)
+        loop_start = LoopStart(keys, subgraph_id) if subgraph.HasField("loop") and self.scripts.direct else None
+        inputs = self._inputs(keys, subgraph, loop_start)
+        if subgraph.HasField("loop"):
+            self.metrics.loop_started(loop_record(self.client, keys, subgraph_id),
+                                      loop_start.progress if loop_start is not None else None)
+            try:
+                return run_loop(self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
+                                self.checkpoint_steps, self.checkpoint_seconds, max_bytes, self.memory_budget,
+                                self.stopping, self._work_waiting,
+                                LoopSegments(self, keys, subgraph_id) if spot else None,
+                                self.resident_checkpoint_seconds, self.cache, self.metrics, loop_start)
+            finally:
+                self.metrics.loop_ended(loop_start.ended if loop_start is not None else None)
+        with emulated_device.paced(subgraph, inputs):   # benchmarks only (benchmarks/wan)
+            return run(program, inputs, seed, self.device, self.memory_budget)
+
+    def _inputs(self, keys, subgraph, loop_start=None):
+        """Input tensors on this worker's device: from the local cache, the rest in one MGET, in the round trip
+        of what `loop_start` (a worker.loops.loop_start.LoopStart, or None) reads for a loop."""
+        env, missing = {}, []
+        for i in subgraph.inputs:
+            tensor = self.cache.get(keys.tensor(i))
+            if tensor is None:
+                missing.append(i)
+            else:
+                env[i] = tensor
+        names = [keys.tensor(i) for i in missing]
+        values = loop_start.read(self.client, names) if loop_start is not None else \
+            self.client.mget(names) if names else []
+        for i, name, data in zip(missing, names, values):
+            reference = same_host.UNREAD if loop_start is None else loop_start.reference(name)
+            tensor = stored.decode(self.client, name, data, self.memory_budget, token=keys.token,
+                                   reference=reference) \
+                if data is not None else uploads.read_uploaded(self.client, keys, name,
+                                                               self.memory_budget)   # a big constant going up
+            if tensor is None:
+                raise _MissingInput(i)
+            self.metrics.read_bytes(tensor.nbytes)
+            tensor = devices.to_device(tensor, self.device)
+            self.cache.put(name, tensor)
+            env[i] = tensor
+        return env
+
+    def _finish(self, keys, subgraph_id, message_id, outputs):
+        """Store the outputs (the same bytes under the same keys if this is a retry) and complete the subgraph,
+        in one MULTI/EXEC (a big output's chunks just before it): if the server refuses the writes (out of
+        memory), the completion does not run."""
+        host = {i: devices.to_host(tensor) for i, tensor in outputs.items()}
+        total = sum(t.nbytes for t in host.values())
+        self.metrics.written_bytes(total)
+        # Big outputs are checked against the server's limits first, so that a full server is reported
+        # in numbers rather than as a refused transaction.
+        chunk = stored.fit_to_server(self.client, total, f"the outputs of subgraph {subgraph_id}",
+                                    keys.meta) \
+            if total > self.value_bytes else self.value_bytes
+        chunks = self.client.pipeline(transaction=False)
+        pipe = self.client.pipeline(transaction=True)
+        for i, tensor in host.items():
+            stored.write(pipe, keys.tensor(i), tensor, chunk, chunks)
+        chunks.execute()  # no-op without big outputs; their chunks are invisible until their headers are set
+        self.scripts.complete_in(pipe, keys, subgraph_id, self.name, self.stream, message_id)
+        try:
+            status, handed = pipe.execute()[-1]
+        except redis.exceptions.NoScriptError:  # the server restarted and lost its scripts; the writes went in
+            status, handed = self.scripts.complete(keys, subgraph_id, self.name, self.stream, message_id)
+        self.handoff.completed(keys, handed, self.stream, message_id)
+        if status == -1:  # the graph was flushed while this subgraph ran: take back what was written
+            self.client.delete(*[key for i in outputs for key in stored.keys_of(keys.tensor(i))])
+            return
+        for i, tensor in outputs.items():
+            # Cached as Redis hands it to any other worker: contiguous. A kernel may round differently on a
+            # strided view (a transpose), and the next subgraph's result must not depend on who runs it.
+            self.cache.put(keys.tensor(i), tensor.contiguous())
+        self.completed += 1
+        self.metrics.subgraph_done()
+
+    # ------------------------------------------------------------------------------------------ verification
+
+    def _banned(self, token, fresh=False):
+        """Whether a requester's graph banned this worker (R.Graph(verify=k)). Looked up at most every
+        BAN_CHECK_SECONDS per token, so that checking costs no round trip per subgraph, unless `fresh`
+        (a verified graph's subgraph, which costs k runs anyway)."""
+        now = time.monotonic()
+        cached = self._bans.get(token)
+        if fresh or cached is None or cached[0] < now:
+            return self._note_ban(token, self.client.sismember(TokenKeys(token).banned, self.name))
+        return cached[1]
+
+    def _note_ban(self, token, banned):
+        if len(self._bans) > 1000:
+            self._bans.clear()
+        self._bans[token] = (time.monotonic() + BAN_CHECK_SECONDS, bool(banned))
+        return bool(banned)
+
+    def _claim_unless_banned(self, keys, subgraph_id):
+        """(the claim script's reply, or None; whether the graph's requester banned this worker). A ban this worker
+        must look up again is read in the claim's round trip (over a slow link, a round trip less before every
+        first subgraph of a token): a banned worker that claimed passes the message on, as after a claim whose
+        spot check must be someone else's, and the next worker claims it again."""
+        known = self._bans.get(keys.token)
+        if (known is not None and known[0] >= time.monotonic()) or not self.scripts.direct:   # a cluster: 2 slots
+            if self._banned(keys.token):
+                return None, True
+            return self.scripts.claim(keys, subgraph_id, self.name), False
+        pipe = self.client.pipeline(transaction=False)
+        pipe.sismember(TokenKeys(keys.token).banned, self.name)
+        self.scripts.claim_in(pipe, keys, subgraph_id, self.name)
+        banned, reply = pipe.execute(raise_on_error=False)
+        if isinstance(banned, Exception):
+            raise banned
+        if isinstance(reply, redis.exceptions.NoScriptError):   # the server lost its scripts: loaded again
+            reply = self.scripts.claim(keys, subgraph_id, self.name)
+        elif isinstance(reply, Exception):
+            raise reply
+        return reply, self._note_ban(keys.token, banned)
+
+    def _pass_on(self, message_id, fields):
+        """Put the message back at the end of the stream for another worker, and give them a moment to take it."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xadd(self.stream, fields)
+        pipe.xack(self.stream, GROUP, message_id)
+        pipe.xdel(self.stream, message_id)
+        pipe.execute()
+        # jittered: workers passing on each other's messages in lockstep (one may run only A, the other only B,
+        # and each always reads the other's) would never get theirs
+        self.stopping.wait(PASS_ON_SECONDS * random.uniform(0.5, 1.5))
+
+    def _verified(self, keys, subgraph_id, message_id, outputs, copies, program):
+        """Vote with these outputs. True if this worker should store them and complete the subgraph (the
+        votes are in and agree); otherwise the message is acked: a vote still missing, or a disagreement,
+        which fails the graph naming the workers and bans those a majority outvoted."""
+        votes = self.scripts.vote(keys, subgraph_id, self.name, redundant.digest(outputs), copies)
+        if not votes:
+            self._ack(message_id)   # counted; the last of the k workers stores the outputs
+            return False
+        if len(set(votes.values())) == 1:
+            return True
+        agreeing, outvoted = redundant.tally(votes)
+        if outvoted:
+            self.client.sadd(TokenKeys(keys.token).banned, *outvoted)
+            who = f"{', '.join(agreeing)} agree; {', '.join(outvoted)} differ (banned from this token's work)"
+        else:
+            who = f"no majority among {', '.join(sorted(votes))}"
+        node = program.steps[0] if program.steps else None
+        self._give_up(keys, message_id, subgraph_id, f"verification failed: subgraph {subgraph_id} gave different "
+                      f"outputs on different workers: {who}", "verification failed", node,
+                      worker=",".join(outvoted or sorted(votes)))
+        return False
+
+    # ------------------------------------------------------------------------------------------ giving up
+
+    def _give_up(self, keys, message_id, subgraph_id, error, reason, node=None, message="", fail_graph=True,
+                 worker=None):
+        """Ack the message, log it to the dead-letter stream and fail its graph (if it names one, unless
+        `fail_graph` is False), naming `worker` (default: this one)."""
+        log.warning("worker %s gives up on %s: %s: %s", self.name, message_id, reason, error)
+        self.metrics.failed(reason)
+        self.scripts.fail(keys, self.stream, message_id, subgraph_id=str(subgraph_id), worker=worker or self.name,
+                          op=node.op if node is not None else "", source=node.source if node is not None else "",
+                          error=error, reason=reason, message=message, fail_graph=fail_graph)
+
+    def _give_up_retries(self, keys, subgraph_id, message_id, deliveries):
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(keys.taken, subgraph_id)
+        pipe.hget(keys.subgraphs, subgraph_id)
+        taken, data = pipe.execute()
+        node = None
+        if data is not None:
+            try:
+                nodes = unpack_nodes(plan_pb2.Subgraph.FromString(data).nodes)
+                node = nodes[0] if nodes else None
+            except (DecodeError, PlanError):
+                pass  # named by id only; the plan itself is refused by whoever runs it next
+        ops = f" (ops from {node.op!r} on)" if node is not None else ""
+        self._give_up(keys, message_id, subgraph_id,
+                      f"subgraph {subgraph_id}{ops} was delivered {deliveries} times and never finished: the "
+                      f"workers running it stopped responding (the last was {(taken or b'?').decode()})",
+                      "too many deliveries", node)
+
+    def _work_waiting(self):
+        """Whether the loop this worker runs, waiting for another loop's values, should hand itself back: loops
+        wait for a worker that idle ones cannot take (worker/loops/hand_back.py: as many yield as are missing)."""
+        if self.hand_back.now():
+            self.takeover.look_now()   # a dead worker's replica is taken next, not this worker's own again
+            return True
+        return False
+
+    def _hand_back(self, keys, subgraph_id, message_id):
+        """Queue the subgraph again as a new message and drop this one, in one transaction: an idle worker
+        takes it at once (from its checkpoint) instead of waiting for this one to be declared dead."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xadd(self.stream, {"token": keys.token, "graph": keys.graph_id, "subgraph": subgraph_id})
+        pipe.xack(self.stream, GROUP, message_id)
+        pipe.xdel(self.stream, message_id)
+        pipe.execute()
+
+    def _ack(self, message_id):
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xack(self.stream, GROUP, message_id)
+        pipe.xdel(self.stream, message_id)
+        pipe.execute()
+
+    def _leave(self):
+        """Unregister; drop this consumer from the group unless it still holds a message (for reclaiming)."""
+        try:
+            liveness.leave(self.client, self.name, self.kind)
+            if self.provider is not None:
+                federated_store.withdraw(self.client, self.name)
+            if not self.client.xpending_range(self.stream, GROUP, "-", "+", 1, consumername=self.name):
+                self.client.xgroup_delconsumer(self.stream, GROUP, self.name)
+        except redis.RedisError as exc:
+            log.debug("worker %s could not unregister: %s", self.name, exc)

@@ -1,0 +1,189 @@
+"""A worker's metrics, labelled `worker`: what it did (subgraphs, loop steps, bytes through the store, failures,
+takeovers, checkpoints) as counters the worker loop increments at the events it already has, and what it is
+(busy/idle seconds, memory) computed when scraped. Each worker has its own registry, so that several workers in
+one process (tests, the embedded default) do not collide."""
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..execute.memory import resident_bytes
+
+
+class _Clock:
+    """Seconds spent busy (running a subgraph) and idle, the running interval included when read."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.busy = self.idle = 0.0
+        self.running, self.since = False, time.monotonic()
+
+    def switch(self, running):
+        with self._lock:
+            now = time.monotonic()
+            if self.running:
+                self.busy += now - self.since
+            else:
+                self.idle += now - self.since
+            self.running, self.since = running, now
+
+    def read(self):
+        """(busy seconds, idle seconds) up to now."""
+        with self._lock:
+            extra = time.monotonic() - self.since
+            return (self.busy + extra, self.idle) if self.running else (self.busy, self.idle + extra)
+
+
+class _Live(Collector):
+    """What is read at scrape time: busy/idle seconds, loop steps and checkpoints of the loop being run (read
+    from the loop's own progress record in Redis), memory."""
+
+    def __init__(self, metrics):
+        self.metrics = metrics
+
+    def collect(self):
+        m = self.metrics
+        busy, idle = m.clock.read()
+        for name, value, doc in (("busy", busy, "running a subgraph"), ("idle", idle, "waiting for work")):
+            family = CounterMetricFamily(f"ravop_worker_{name}_seconds", f"Seconds spent {doc}", labels=["worker"])
+            family.add_metric([m.name], value)
+            yield family
+        steps, checkpoints = m.loop_totals()
+        family = CounterMetricFamily("ravop_worker_loop_steps", "Loop steps run (training steps)",
+                                     labels=["worker"])
+        family.add_metric([m.name], steps)
+        yield family
+        family = CounterMetricFamily("ravop_worker_checkpoint_writes", "Loop checkpoints written to the store",
+                                     labels=["worker"])
+        family.add_metric([m.name], checkpoints)
+        yield family
+        rss = resident_bytes()
+        if rss is not None:
+            family = GaugeMetricFamily("ravop_worker_resident_memory_bytes", "Resident memory of the worker process",
+                                       labels=["worker"])
+            family.add_metric([m.name], rss)
+            yield family
+        device = m.device_bytes()
+        if device is not None:
+            family = GaugeMetricFamily("ravop_worker_device_memory_bytes",
+                                       "Device (GPU) memory held by torch's allocator", labels=["worker", "device"])
+            family.add_metric([m.name, str(m.device)], device)
+            yield family
+
+
+def loop_record(client, keys, subgraph_id):
+    """() -> (steps done, step of its checkpoint or None) of a running loop subgraph, read in one round trip from
+    what the loop writes as it goes (worker/loops/loop_subgraph.py: its step count and its checkpoint record)."""
+    def read():
+        pipe = client.pipeline(transaction=False)
+        pipe.hget(keys.steps, subgraph_id)
+        pipe.hget(keys.checkpoint(subgraph_id), "step")
+        steps, saved = pipe.execute()
+        return int(steps or 0), None if saved is None else int(saved)
+    return read
+
+
+class WorkerMetrics:
+    """The metrics of worker `name` on `device`. The worker loop calls the small methods below at its events;
+    `loop_progress` is a callable () -> (steps done, checkpoint step) of the loop being run, or None."""
+
+    def __init__(self, name, device="cpu"):
+        self.name, self.device = name, device
+        self.registry = CollectorRegistry()
+        self.clock = _Clock()
+        labels = dict(labelnames=["worker"], registry=self.registry)
+        self._subgraphs = Counter("ravop_worker_subgraphs", "Subgraphs run to completion", **labels).labels(name)
+        self._read = Counter("ravop_worker_store_read_bytes", "Tensor bytes read from the store", **labels).labels(name)
+        self._written = Counter("ravop_worker_store_written_bytes", "Tensor bytes written to the store",
+                                **labels).labels(name)
+        self._failures = Counter("ravop_worker_failures", "Subgraphs given up on (failed, refused, dead-lettered)",
+                                 ["worker", "reason"], registry=self.registry)
+        self._takeovers = Counter("ravop_worker_takeovers", "Subgraphs taken over from a dead or silent worker",
+                                  **labels).labels(name)
+        self._verdicts = Counter("ravop_worker_spot_verdicts", "Results this worker handed to spot checks "
+                                 "(verify='spot'), by the verdict: unchecked, hold (checked, or a check of "
+                                 "another's), confirmed, complete, again, split", ["worker", "verdict"],
+                                 registry=self.registry)
+        self._lock = threading.Lock()
+        self._steps = self._checkpoints = 0       # of loops finished or left
+        self._loop = None                         # [progress callable, steps at start, checkpoint step last seen]
+        self.registry.register(_Live(self))
+        self._server = None
+
+    # events ----------------------------------------------------------------------------------------------
+    def running(self, running):
+        self.clock.switch(running)
+
+    def subgraph_done(self):
+        self._subgraphs.inc()
+
+    def read_bytes(self, n):
+        self._read.inc(n)
+
+    def written_bytes(self, n):
+        self._written.inc(n)
+
+    def failed(self, reason):
+        self._failures.labels(self.name, reason or "unknown").inc()
+
+    def spot_verdict(self, verdict):
+        self._verdicts.labels(self.name, verdict).inc()
+
+    def took_over(self):
+        self._takeovers.inc()
+
+    def loop_started(self, progress, now=None):
+        """A loop subgraph starts; `progress() -> (steps done, step of its checkpoint or None)` reads its record;
+        `now`: that pair where the worker read it already (with the loop's inputs: worker/loops/loop_start.py)."""
+        steps, saved = progress() if now is None else now
+        with self._lock:
+            self._loop = [progress, steps, saved]
+
+    def loop_ended(self, now=None):
+        """The loop finished, failed or was handed back: fold what it did into the totals; `now`: its (steps done,
+        checkpoint step) where the worker knows them (a loop that completed: not read again before its outputs
+        are written)."""
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            steps, checkpoints = self._loop_counts(loop, now)
+            with self._lock:
+                self._steps += steps
+                self._checkpoints += checkpoints
+
+    # reads -----------------------------------------------------------------------------------------------
+    def _loop_counts(self, loop, now=None):
+        progress, start, seen = loop
+        try:
+            steps, saved = progress() if now is None else now
+        except Exception:  # noqa: BLE001 - a scrape never fails for a lost server: the last count stands
+            return 0, 0
+        new_checkpoint = saved is not None and saved != seen
+        loop[2] = saved
+        return max(steps - start, 0), int(new_checkpoint)
+
+    def loop_totals(self):
+        """(loop steps run, checkpoints written) so far, the running loop's included. A checkpoint is counted when
+        the loop's checkpoint record names a new step, seen at a scrape or at the loop's end."""
+        with self._lock:
+            loop = self._loop
+        if loop is None:
+            return self._steps, self._checkpoints
+        steps, checkpoint = self._loop_counts(loop)
+        with self._lock:
+            self._checkpoints += checkpoint
+            return self._steps + steps, self._checkpoints
+
+    def device_bytes(self):
+        if str(self.device).startswith("cuda"):
+            import torch
+            return torch.cuda.memory_allocated(self.device)
+        return None
+
+    # serving ---------------------------------------------------------------------------------------------
+    def serve(self, port, host="127.0.0.1"):
+        """Serve /metrics on a daemon thread (prometheus_client's server); returns the port bound."""
+        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return self._server.server_address[1]

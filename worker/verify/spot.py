@@ -1,0 +1,61 @@
+"""A worker's side of adaptive spot checks (`R.Graph(verify='spot')`, ravop/core/spot_policy.py): it hands the digest
+of each result to the server-side SPOT script (ravop/store/spot_scripts.py) and does what the reply says: store the
+result and complete, or ack and go (a check is pending, or this run was a check), or fail the graph when the runs
+have no majority. Who is checked, who won a dispute and who is banned are decided by the script alone."""
+import logging
+
+from ravop.core.spot_policy import trust_member
+from ravop.store.spot_scripts import SpotScript
+
+log = logging.getLogger("ravop.worker")
+ACCEPTED = ("unchecked", "confirmed", "complete")
+DISPUTE_LOG_LEN = 1000   # entries kept in a graph's disputes stream
+
+
+class SpotChecks:
+    """Spot checks of the results of `worker` (a worker.serve.consumer.Worker)."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.script = SpotScript(worker.client)
+        self.member = trust_member(worker.name, worker.kind)
+
+    def may_run(self, keys, subgraph_id, segment=None):
+        """False if this worker already handed in a result of it that is not settled: the re-run must be
+        someone else's (the message is passed on)."""
+        votes = self.worker.client.hmget(keys.votes(subgraph_id, segment), self.member, "#state")
+        return votes[0] is None or votes[1] in (b"unchecked", b"confirmed")
+
+    def submit(self, keys, subgraph_id, digest, segment=None):
+        """The SPOT script's reply to this worker's digest of a result (counted in its metrics)."""
+        reply = self.script.submit(keys, subgraph_id, self.member, digest, self.worker.kind, segment)
+        self.worker.metrics.spot_verdict(reply[0])
+        return reply
+
+    def accepted(self, keys, subgraph_id, message_id, digest, node=None, segment=None):
+        """Whether this worker is to store its result and complete (True); otherwise the message was acked, or
+        given up on (the runs have no majority: the graph fails naming them)."""
+        reply = self.submit(keys, subgraph_id, digest, segment)
+        verdict, named = reply[0], reply[1:]
+        what = f"subgraph {subgraph_id}" + ("" if segment is None else f" segment {segment}")
+        if verdict in ACCEPTED:
+            if named:
+                self.record(keys, subgraph_id, segment, named, node,
+                            f"{what}: {', '.join(named)} differ from {self.member} and the majority; banned "
+                            "from this token's work")
+            return True
+        if verdict == "split":
+            self.worker._give_up(keys, message_id, subgraph_id, f"verification failed: {what} gave different "
+                                 f"results on different workers: no majority among {', '.join(named)}",
+                                 "verification failed", node, worker=",".join(named))
+            return False
+        self.worker._ack(message_id)
+        return False
+
+    def record(self, keys, subgraph_id, segment, losers, node, text):
+        """Log a settled dispute in the graph's `disputes` stream, which `ravop logs` shows."""
+        log.warning("worker %s: graph %s: %s", self.worker.name, keys.graph_id, text)
+        self.worker.client.xadd(keys.disputes, {
+            "subgraph": str(subgraph_id), "segment": "" if segment is None else str(segment),
+            "worker": ",".join(losers), "reason": "verification dispute", "op": getattr(node, "op", "") or "",
+            "source": getattr(node, "source", "") or "", "error": text}, maxlen=DISPUTE_LOG_LEN, approximate=True)
