@@ -1,5 +1,5 @@
-"""What adaptive spot checks (`R.Graph(verify='spot')`, docs/verification.md) cost honest workers, and how fast
-they catch cheaters.
+"""What adaptive spot checks (`R.Graph(verify='spot')`, docs/operators/verification.md) cost honest workers, and how
+fast they catch cheaters.
 
     python benchmarks/bench_verify.py [--branches 16] [--repeats 3] [--trials 400] [--honest 10000]
 

@@ -1,16 +1,17 @@
-"""Run the examples at their default length and write the README's two tables of examples from what they print.
+"""Run the examples at their default length and write the two tables of examples (docs/users/examples.md) from
+what they print.
 
 Each script runs as a user runs it (a subprocess on the embedded default, no epoch override, its files in a
 temporary folder); its figures are read from its output with the patterns below, with its wall time and the
-machine's load average (1 minute) before and after, into docs/examples_results.json. The README's tables
-between the `<!-- examples:begin -->`/`<!-- examples:end -->` and `<!-- original-examples:... -->` markers are
-rendered from that file, so a figure in the README is always one a script printed (tests/test_repo_docs.py
-checks that the README matches the file).
+machine's load average (1 minute) before and after, into docs/examples_results.json. The tables of
+docs/users/examples.md between the `<!-- examples:begin -->`/`<!-- examples:end -->` and
+`<!-- original-examples:... -->` markers are rendered from that file, so a figure there is always one a script
+printed (tests/test_readme_examples.py checks that the page matches the file; the README links to the page).
 
-    python scripts/readme_examples.py                      # run every example, rewrite the README
+    python scripts/readme_examples.py                      # run every example, rewrite the page
     python scripts/readme_examples.py gpt_sort.py ...      # run these again, keep the others' results
-    python scripts/readme_examples.py --render             # rewrite the README from the results file only
-    python scripts/readme_examples.py --check              # exit 1 if the README differs from the results
+    python scripts/readme_examples.py --render             # rewrite the page from the results file only
+    python scripts/readme_examples.py --check              # exit 1 if the page differs from the results
 """
 import argparse
 import datetime
@@ -26,7 +27,7 @@ import time
 from generated_files import write_or_check   # scripts/, the running script's folder
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "users" / "examples.md"   # the tables' page (the README links to it)
 RESULTS = ROOT / "docs" / "examples_results.json"
 
 ACCURACY = r"^test accuracy: ([0-9.]+)$"
@@ -39,7 +40,7 @@ def _g4(value):
 
 # script -> (what it shows, [(label, pattern whose group 1 is the figure, format or None)])
 EXAMPLES = {
-    "arithmetic.py": ("the main example above, plus a 500x500 Gram matrix computed on a worker",
+    "arithmetic.py": ("the README's first example, plus a 500x500 Gram matrix computed on a worker",
                       [("c_output:", r"^c_output: (tensor\(\[[-0-9, ]*\]\))$", "`c_output: {}`")]),
     "linear_regression.py": ("gradient descent by raw ops, as the original Ravop's linear-regression script did, "
                              "compared with numpy",
@@ -148,23 +149,23 @@ def render_originals(results):
 TABLES = {"examples": render_examples, "original-examples": render_originals}
 
 
-def render(readme, results):
-    """`readme` with each table between its markers rendered from `results`."""
+def render(page, results):
+    """`page` with each table between its markers rendered from `results`."""
     for marker, render_table in TABLES.items():
         begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
-        if readme.count(begin) != 1 or readme.count(end) != 1:
-            raise ValueError(f"README.md needs one {begin} and one {end}")
-        head, rest = readme.split(begin)
+        if page.count(begin) != 1 or page.count(end) != 1:
+            raise ValueError(f"{PAGE.relative_to(ROOT)} needs one {begin} and one {end}")
+        head, rest = page.split(begin)
         _, tail = rest.split(end)
-        readme = f"{head}{begin}\n{render_table(results)}\n{end}{tail}"
-    return readme
+        page = f"{head}{begin}\n{render_table(results)}\n{end}{tail}"
+    return page
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scripts", nargs="*", help="run only these (file names in examples/)")
-    parser.add_argument("--render", action="store_true", help="rewrite the README from the results file only")
-    parser.add_argument("--check", action="store_true", help="exit 1 if the README differs from the results")
+    parser.add_argument("--render", action="store_true", help="rewrite the page from the results file only")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the page differs from the results")
     args = parser.parse_args()
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     if not (args.render or args.check):
@@ -175,7 +176,7 @@ def main():
             results[script] = run(script)
             print(f"  {results[script]}", flush=True)
             RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")   # kept if a later one fails
-    return write_or_check(README, render(README.read_text(), results), args.check,
+    return write_or_check(PAGE, render(PAGE.read_text(), results), args.check,
                           "python scripts/readme_examples.py --render (its tables of examples)")
 
 

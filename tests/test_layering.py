@@ -1,5 +1,5 @@
-"""The layering rules of docs/layout.md, checked over every import statement in ravop, compiler, worker and ravdl
-at any depth: at module level and inside functions and methods, since a deferred import is still a
+"""The layering rules of docs/developers/layout.md, checked over every import statement in ravop, compiler, worker and
+ravdl at any depth: at module level and inside functions and methods, since a deferred import is still a
 dependency (it only hides a cycle until the function runs). Imports under `if TYPE_CHECKING:` never run and are
 left out. As in grimp, `import a.b.c` is an edge to a.b.c, not to the packages a and a.b whose `__init__` runs
 first; `test_importing_the_compiler_loads_no_redis` checks what an import loads at run time.

@@ -115,7 +115,7 @@ def test_metrics_move_during_a_training_run(engine, workers):
         value(board_first, "ravop_graph_loss", kind="training", **labels)
     assert value(board_done, "ravop_worker_running", worker=name, device="cpu") in (0, 1)
     # every metric served is documented, and the example Grafana dashboard queries only those
-    documented = set(re.findall(r"^\| `(ravop_\w+)`", (DOCS / "operations.md").read_text(), re.M))
+    documented = set(re.findall(r"^\| `(ravop_\w+)`", (DOCS / "operators" / "operations.md").read_text(), re.M))
     served = {sample for sample, _ in {**done, **board_done}} - {s for s, _ in done if s.endswith("_created")}
     assert served <= documented, served - documented
     queried = set(re.findall(r"ravop_\w+", json.dumps(json.loads((DOCS / "grafana-dashboard.json").read_text()))))

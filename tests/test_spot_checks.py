@@ -1,5 +1,5 @@
-"""Adaptive spot checks, `R.Graph(verify='spot')` (docs/verification.md): real server, real worker processes. A
-new worker's results are all checked by another worker until it is trusted; a liar is outvoted by a third run,
+"""Adaptive spot checks, `R.Graph(verify='spot')` (docs/operators/verification.md): real server, real worker processes.
+A new worker's results are all checked by another worker until it is trusted; a liar is outvoted by a third run,
 banned for the token and named in `ravop logs`, and the graph ends with the honest bits."""
 import re
 

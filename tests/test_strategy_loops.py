@@ -1,5 +1,5 @@
 """`R.Graph(..., strategy=...)` over a hand-written training loop (compiler/passes/strategy.py,
-docs/strategies.md "Hand-written loops"): the loop the compiler folds becomes the strategy's resident replicas,
+docs/users/strategies.md "Hand-written loops"): the loop the compiler folds becomes the strategy's resident replicas,
 each running the loop's steps dealt to it round-robin; the steps left outside the loop run once. Checked against
 an eager PyTorch implementation of those semantics written here, on a real server with worker processes; the plan
 does not grow with the steps; bad combinations are refused by name."""

@@ -7,7 +7,7 @@ R.parallel; prints the table (benchmarks/wan/report.py) and writes every figure 
     python -m benchmarks.wan ... --churn-every 60 --churn-restart 10      # and the same run undisturbed first
     python -m benchmarks.wan.tbf_check --mbit 100                         # the proxy's rate against tbf
 
-See docs/wan_lab.md for what is emulated and how.
+See docs/reports/wan_lab.md for what is emulated and how.
 """
 import argparse
 import json

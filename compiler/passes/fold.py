@@ -49,7 +49,7 @@ def _one_torch_thread():
 
 def _fold(ir, max_elements, budget_seconds):
     # id -> tensor (a tuple of tensors for a multi-output node computed here); a constant made from a slice of the
-    # user's array is read as a worker reads it from the store: aligned (ravop/alignment.py)
+    # user's array is read as a worker reads it from the store: aligned (ravop/core/alignment.py)
     values = {id: aligned(value) for id, value in ir.constants.items()}
     folded = {}
     nodes = ir.nodes

@@ -2,9 +2,9 @@
 
 A script that loops over its batches itself (`for X_batch, y_batch in batch_iterator(...)` around
 `_forward_pass`/`_backward_pass`, or raw ops) records the same step N times. This pass finds such repeats and
-replaces them with a loop op whose template is the step, as `ravop.record.loop` records `fit` (docs/architecture.md,
-"Training loops"): the plan holds the step once, one worker runs it N times with the carried values in memory,
-and the numbers are the unrolled steps' bit for bit.
+replaces them with a loop op whose template is the step, as `ravop.record.loop` records `fit`
+(docs/users/training_loops.md): the plan holds the step once, one worker runs it N times with the carried values
+in memory, and the numbers are the unrolled steps' bit for bit.
 
 Finding a repeat. Every op but the constants gets a kind: op, params (an op's step `counter` or `seed_param`
 masked, the flags ravop/core/registry.py declares), shapes,

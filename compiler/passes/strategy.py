@@ -1,6 +1,6 @@
 """`R.Graph(..., strategy=...)` over hand-written training loops: each loop the folding pass made
 (compiler/passes/loops.py) becomes the strategy's resident replicas, one loop op per replica, so the plan does
-not grow with the number of steps (docs/strategies.md, "Hand-written loops").
+not grow with the number of steps (docs/users/strategies.md, "Hand-written loops").
 
 - The replicated model is read off the folded step: a carried value whose next value is output 0 of an optimizer
   step (an op with a step counter whose inputs start `param, grad`: adam_step, rmsprop_step, ...) or any other

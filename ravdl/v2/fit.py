@@ -49,7 +49,7 @@ class TrainState:
 
 class LossTraining:
     """The training step every model kind records the same way, from its `loss_function`, `_forward_pass` and
-    `_backward_pass` (part of the train-state interface the strategies use, docs/strategies.md)."""
+    `_backward_pass` (part of the train-state interface the strategies use, docs/users/strategies.md)."""
 
     def training_loss(self, X, y):
         """The loss (the one given to fit) of a training-mode forward pass of `X` against `y`, as an Op."""

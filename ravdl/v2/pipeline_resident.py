@@ -1,4 +1,4 @@
-"""Resident pipeline stages (Pipeline(..., resident=...), docs/strategies.md): one loop op per stage for the whole
+"""Resident pipeline stages (Pipeline(..., resident=...), docs/users/strategies.md): one loop op per stage for the whole
 fit, so a stage's parameters, optimizer state and buffers stay in the memory of the worker that runs it (and in
 its loop checkpoint); only activations and their gradients cross the store, and the plan does not grow with the
 steps.

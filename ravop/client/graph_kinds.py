@@ -66,7 +66,7 @@ class PlannedGraphs:
         if not graph.persisted and not graph.step_outputs:
             raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                                   "op.persist_op(name) on the values to fetch, then R.activate()")
-        from compiler import compile_graph  # ravop depends on the compiler only here (docs/architecture.md)
+        from compiler import compile_graph  # ravop depends on the compiler only here (docs/developers/architecture.md)
         from compiler.cost import calibrated
         workers = worker_info.read_all(session.client)   # their measured cost figures, and placement below
         compile_options.setdefault("devices", calibrated(workers))

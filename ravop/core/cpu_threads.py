@@ -6,7 +6,7 @@ worker, the user's own job) a spinning thread holds a core that the thread it wa
 kernels slow down many times over. Worker processes therefore wait passively (OMP_WAIT_POLICY=PASSIVE, read
 by the OpenMP runtime when torch loads it) unless the environment says otherwise: measured on 2 shared cores,
 a loop of small matmuls on 2 threads beside one busy process took 2.14 s spinning and 0.38 s passive, and the
-same on a quiet machine (0.42 / 0.39 s); see docs/performance.md.
+same on a quiet machine (0.42 / 0.39 s); see docs/developers/performance.md.
 """
 import os
 from typing import MutableMapping

@@ -3,7 +3,7 @@ many providers take part, and the smallest group a statistic may describe.
 
     {"rules": {"age": {"min": 18, "max": 80}, "fund": {}}, "max_clients": 2, "min_group_size": 10}
 
-Two modes protect the providers further (docs/federated.md says what each reveals to whom):
+Two modes protect the providers further (docs/users/federated.md says what each reveals to whom):
 
     "privacy": {"epsilon": 0.5, "delta": 0}   each provider adds calibrated noise to what it releases and
                                               spends epsilon of its budget (`ravop.federated.privacy`); every

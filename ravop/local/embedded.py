@@ -328,7 +328,7 @@ class EmbeddedCluster:
     def _start_the_others(self):
         """Start workers 1.. once worker 0 has registered (or exited, or after FIRST_ALONE_SECONDS): workers
         importing torch side by side share the cores, so the first graph's worker, started alone, is ready
-        sooner on a busy machine (measured in docs/performance.md, Start-up). Data providers start together:
+        sooner on a busy machine (measured in docs/developers/performance.md, Start-up). Data providers start together:
         a federated graph waits for all of them."""
         if self.count > 1 and not self.data:
             self._wait_for_the_first()

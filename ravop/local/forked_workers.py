@@ -162,7 +162,7 @@ class ForkServer:
                 os.close(commands_write)
                 os.close(events_read)
                 # The child becomes the worker's program, as `python -m` would start it: the requester's own
-                # process never imports the worker (a program it starts by name, docs/layout.md).
+                # process never imports the worker (a program it starts by name, docs/developers/layout.md).
                 program = importlib.import_module(FORK_SERVER_MODULE)
                 program.serve_forked(commands_read, events_write, log_fd, parent)
             except BaseException:   # noqa: BLE001 - said in its log; the requester reports it exited

@@ -57,7 +57,7 @@ def _rmsprop_shapes(param, grad, square_avg, momentum_buffer, grad_avg, lr=0.01,
 
 
 def _counted(step):
-    """At run time too: a step recorded 0 in a sync template (ravop.loop) counts from 1 once it runs."""
+    """At run time too: a step recorded 0 in a sync template (ravop.record.loop) counts from 1 once it runs."""
     if step < 1:
         raise ValueError(f"step must be a positive int (1 for the first step), not {step!r}")
 
@@ -141,8 +141,8 @@ def _adam_in_place(decoupled):
     return kernel
 
 
-# The in-place updates are for a training loop that owns the values it steps (ravop.loop_run: they are its carried
-# values, read by nothing after the step): param, exp_avg and exp_avg_sq. The copies are a fifth of a small
+# The in-place updates are for a training loop that owns the values it steps (ravop.runtime.loop_run: they are its
+# carried values, read by nothing after the step): param, exp_avg and exp_avg_sq. The copies are a fifth of a small
 # model's step.
 ADAM_OVERWRITES = (0, 2, 3)
 ADAM_INPUTS = ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")

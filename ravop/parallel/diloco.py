@@ -32,7 +32,7 @@ pseudo-gradient (as received, i.e. after compression: its parameters give or tak
 moved by the outer steps it has not seen), and takes its next pseudo-gradient against that start. The stale
 start made replicas learn again what round k taught, so the outer step counted it twice: the paper's outer lr 0.7
 / Nesterov 0.9 diverged, and the settings that trained stayed 2-3 points under one worker in the WAN lab's task;
-the local start trains with the paper's settings to one worker's accuracy there (docs/wan_lab.md).
+the local start trains with the paper's settings to one worker's accuracy there (docs/reports/wan_lab.md).
 
 `resident` (None: when the session's live workers can hold every replica at once; True; False): each replica is
 one loop op for the whole fit whose state stays where it runs, and only (compressed) pseudo-gradients and

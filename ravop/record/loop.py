@@ -1,4 +1,4 @@
-"""Training loops recorded as step templates plus a count (docs/architecture.md, "Training loops").
+"""Training loops recorded as step templates plus a count (docs/users/training_loops.md).
 
     loop = Loop(initial_values, Batches(n_rows, batch_size, shuffle, seed))
     with loop.step() as step:                 # records one step template

@@ -1,8 +1,8 @@
-"""Run a loop (a `ravop.loop_template.LoopSpec`): each step template is built once into a `StepFunction`, the
-one runner (`ravop.runner.Runner`) over the template's ops with its holes as inputs, so a run of the step does no
-decoding, validation or dictionary lookup; `LoopRun` runs the schedule, slicing each step's batch from the data
-on the device. Used by workers (with checkpoints and persisted values, worker/loop_subgraph.py) and by
-`ravop.interpreter.evaluate`.
+"""Run a loop (a `ravop.core.loop_template.LoopSpec`): each step template is built once into a `StepFunction`,
+the one runner (`ravop.runtime.runner.Runner`) over the template's ops with its holes as inputs, so a run of the
+step does no decoding, validation or dictionary lookup; `LoopRun` runs the schedule, slicing each step's batch
+from the data on the device. Used by workers (with checkpoints and persisted values, worker/loops/loop_subgraph.py)
+and by `ravop.runtime.evaluate`.
 
 A template comes from the network: every op must be a registered kernel op, every value read defined before,
 and every id the loop names must exist, or `PlanError` says which. An op that raises, or whose output the
@@ -31,7 +31,7 @@ class StepFunction:
     def __init__(self, template: StepTemplate, outer: dict[int, Any], n_carried: int, graph_seed: int, device: str,
                  owned: set[int] | frozenset[int] = frozenset(), watcher: Optional[Watcher] = None,
                  decisions: Optional[step_compiler.Decisions] = None, runs: Optional[int] = None) -> None:
-        """`watcher`: a worker's memory rules for the template's ops (`ravop.runner.Watcher`), or None;
+        """`watcher`: a worker's memory rules for the template's ops (`ravop.runtime.runner.Watcher`), or None;
         `decisions`: where the step compiler keeps which variant runs faster (None: the step runs op by op);
         `runs`: how often the loop runs this template (the step compiler measures only steps that run often)."""
         device = str(device)
@@ -192,7 +192,7 @@ class Exchange(Protocol):
 
 
 class MemoryExchange:
-    """An `Exchange` between loops run by threads of one process (`ravop.interpreter`)."""
+    """An `Exchange` between loops run by threads of one process (`ravop.runtime.evaluate`)."""
 
     def __init__(self, timeout: float = 600.0) -> None:
         self.values: dict[tuple[str, int], Any] = {}
@@ -230,7 +230,7 @@ class LoopRun:
                  watch: Optional[Callable[[StepTemplate], Watcher]] = None,
                  decisions: Optional[step_compiler.Decisions] = step_compiler.IN_PROCESS) -> None:
         """`watch(template)`: the memory watcher of a template's ops (see StepFunction), or None;
-        `decisions`: the step compiler's (`ravop.step_compiler`; None: every step runs op by op)."""
+        `decisions`: the step compiler's (`ravop.runtime.step_compiler`; None: every step runs op by op)."""
         if len(inputs) != len(loop.outer_ids) or loop.n_carried > len(inputs):
             raise PlanError(f"the loop op has {len(inputs)} inputs but its plan names {len(loop.outer_ids)} "
                             f"({loop.n_carried} carried)")

@@ -1,13 +1,13 @@
 """The one interpreter: ops built once into a flat list of pre-bound kernel calls over a list of value slots,
-and run. Workers run subgraphs and loop steps with it (`ravop.loop_run`), constant folding and in-process
-evaluation (`ravop.interpreter.evaluate`) run ops with it, so there is one device rule, one seeding rule, one
+and run. Workers run subgraphs and loop steps with it (`ravop.runtime.loop_run`), constant folding and
+in-process evaluation (`ravop.runtime.evaluate`) run ops with it, so there is one device rule, one seeding rule, one
 memory watcher hook and one error type.
 
 Building a `Runner` looks every op up once: its kernel (on the device, by the rule below), the slots of its
 arguments, its params, the slot of its result and the slots nothing reads after it (freed as it goes). A run
 then does no decoding, registry lookup or dictionary access per op.
 
-Devices (ravop/registry.py, "Devices"): an op that makes tensors from params alone runs with the device as
+Devices (ravop/core/registry.py, "Devices"): an op that makes tensors from params alone runs with the device as
 torch's default device; a random op draws on a host `torch.Generator` seeded by `op_seed(graph_seed, stream)`,
 so a CPU and a GPU worker draw the same numbers, and its result is moved. Other kernels follow their inputs,
 so they run without torch's device mode, which would add Python work to every torch call they make.
@@ -15,7 +15,7 @@ so they run without torch's device mode, which would add Python work to every to
 Seeding: a random op's stream is its node id, or, in a loop step, one per run (`stream_id`). An op with a
 `seed_param` that follows another op's stream (or its own, its seed being its own stream's), and an op's step
 `counter`, are set per run the same way; one listed as following itself whose recorded seed is not its own
-stream's draws the stream that seed names, per training step (`step_seed`, `ravop.loop.Step.seed_by_step`).
+stream's draws the stream that seed names, per training step (`step_seed`, `ravop.record.loop.Step.seed_by_step`).
 
 A kernel that raises, or whose output the watcher refuses, is reported as an `OpError` naming its node (as
 torch.fx's Interpreter does), with the sizes of its inputs; the runner's values are dropped first, so that
@@ -61,7 +61,7 @@ class OpError(RavopError, RuntimeError):
 
 
 class Watcher(Protocol):
-    """What a runner asks of a memory watcher (worker/memory.py): per op, in order, the bytes above which its
+    """What a runner asks of a memory watcher (worker/execute/memory.py): per op, in order, the bytes above which its
     output is looked at, and why an output is refused (None: it is not)."""
     limits: Sequence[int]
 
@@ -94,8 +94,8 @@ def op_seed(graph_seed: int, node_id: int) -> int:
 
 
 def step_seed(seed: int, trained: int) -> int:
-    """The seed an op recorded with `seed` under `ravop.loop.Step.seed_by_step` runs with, after `trained` training
-    steps (counting, in a sync template, the one it follows)."""
+    """The seed an op recorded with `seed` under `ravop.record.loop.Step.seed_by_step` runs with, after `trained`
+    training steps (counting, in a sync template, the one it follows)."""
     return op_seed(seed, trained)
 
 
@@ -162,7 +162,7 @@ class PerRun:
                 name = str(self.opdef.seed_param)
                 recorded = params[name]
                 if source == self.stream and recorded != op_seed(self.graph_seed, source):
-                    seed = step_seed(recorded, at.trained)   # a shared stream, named by its seed (ravop.loop)
+                    seed = step_seed(recorded, at.trained)   # a shared stream, named by its seed (ravop.record.loop)
                 else:   # another op's stream, or its own (a TorchScript forward seeding its own dropout)
                     seed = op_seed(self.graph_seed, stream_id(source, stride, at))
                 params = {**params, name: seed}
@@ -255,7 +255,7 @@ class Runner:
     def run(self, at: Optional[At] = None, plan: Optional[Iterable[PlanEntry]] = None) -> list[Any]:
         """Run every call over `self.values` (the inputs' slots filled by the caller); returns the values.
         `plan`: the calls to run instead, as (index, call, spread): `spread` holds (getter, slot, index) of
-        projections of the call's tuple that run right after it (ravop.step_compiler folds them in)."""
+        projections of the call's tuple that run right after it (ravop.runtime.step_compiler folds them in)."""
         values = self.values
         read = values.__getitem__
         watcher = self.watcher

@@ -36,7 +36,7 @@ the compiled calls for a few runs each, keeps the faster, and the decision is ke
 machine (`Decisions`; a worker keeps them on disk with its calibration figures) so that the next loop of the
 same template starts with the faster one. A template whose compilation fails runs plain, with the reason
 logged. On a CUDA device a step that nothing changes on the host from run to run is captured as one CUDA graph
-at its first run (ravop/step_capture.py).
+at its first run (ravop/runtime/step_capture.py).
 """
 from __future__ import annotations
 

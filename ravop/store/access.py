@@ -11,12 +11,12 @@ may not), so scripts cannot widen a grant: they only make several granted steps 
 - A requester writes only under its own token, and reads the worker registry. It runs no scripts (a long
   one would make the server answer BUSY to everyone), touches no work stream, dead letter, starting mark,
   federated set or registry: it starts a graph by naming it in its token's inbox, and a worker starts it
-  (ravop.store.inbox). docs/security.md has the design and the threat model.
+  (ravop.store.inbox). docs/operators/security.md has the design and the threat model.
 - A worker writes what running subgraphs writes, each command on the graph keys that need it (tensors,
   checkpoints, progress, its votes), acks and hands off work on the work streams, dead-letters, and keeps
   its liveness keys. ACL cannot narrow a key pattern to "the graph you claimed", nor tell the meta write of
   the completion script from a forged one: what a worker can still do to any graph is listed in the threat
-  model (docs/security.md), and `R.Graph(verify=k)` is the answer to a worker that lies.
+  model (docs/operators/security.md), and `R.Graph(verify=k)` is the answer to a worker that lies.
 """
 from fnmatch import fnmatchcase
 from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple
@@ -48,7 +48,7 @@ _CONNECTION = ("ping", "hello", "auth", "select", "echo", "quit", "reset", "clus
 # not secrets (a token that is one is only ever stored as a digest, ravop.store.keys.token_namespace).
 # PUBLISH (on the STARTED channel only): a token user rings the workers after posting to its inbox.
 REQUESTER_KEYLESS = _CONNECTION + ("scan", "publish")
-# Workers run the project's scripts (they load them after a server restart). See docs/security.md for
+# Workers run the project's scripts (they load them after a server restart). See docs/operators/security.md for
 # what a script may cost the server and how long it may block it.
 WORKER_KEYLESS = _CONNECTION + ("script|load", "script|exists", "subscribe", "unsubscribe")
 CHANNELS = (STARTED,)  # the only pub/sub channel either role may use

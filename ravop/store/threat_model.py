@@ -1,7 +1,7 @@
 """The threat model's table: what each role may write on each class of keys, derived from the grants of
-ravop.store.access. The README's table is this one (tests/test_acl.py compares them), and the same test
-checks on a real server that every write and administrative command of its COMMAND DOCS is refused or
-allowed exactly as the table says, for token user A, token user B and a worker."""
+ravop.store.access. The table in docs/operators/security.md is this one (tests/test_acl.py compares them), and
+the same test checks on a real server that every write and administrative command of its COMMAND DOCS is
+refused or allowed exactly as the table says, for token user A, token user B and a worker."""
 from typing import Callable, List, Optional, Tuple
 
 from .access import READS, REQUESTER, WORKER, allows, grants_of
@@ -68,7 +68,7 @@ def _cell(commands: List[str], keyless: bool) -> str:
 
 
 def table(classes: Callable[[], List[Tuple[str, Optional[str]]]] = key_classes) -> str:
-    """The markdown table of the README's threat model."""
+    """The markdown table of the threat model (docs/operators/security.md)."""
     rows = ["| keys | " + " | ".join(name for name, _, _ in PRINCIPALS) + " |",
             "|---" * (len(PRINCIPALS) + 1) + "|"]
     for what, key in classes():

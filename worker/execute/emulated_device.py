@@ -103,7 +103,7 @@ class DeviceClock:
 
 
 def enable(flops_per_s=None, busy_file=None):
-    """Install this process's clock (worker/cli.py), when either benchmark flag was given."""
+    """Install this process's clock (worker/serve/worker_cli.py), when either benchmark flag was given."""
     global CLOCK
     if flops_per_s is not None or busy_file:
         CLOCK = DeviceClock(flops_per_s, busy_file)
