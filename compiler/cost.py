@@ -6,7 +6,7 @@ bandwidth. Each worker measures its device's figures at start (worker/serve/cali
 `calibrated` takes the median of each device kind's workers. `DEVICES` holds the figures used where no worker
 has advertised any: round numbers measured on ordinary hardware (a 2-core CPU runs a float32 matmul at
 ~1e11 FLOP/s, a large elementwise add at ~3-5 GB/s, relu on a small tensor in ~9 us and adam_step in ~45 us
-through the interpreter); the partitioner only needs the right order of magnitude.
+through the runner); the partitioner only needs the right order of magnitude.
 
 FLOPs come from the op's own `OpDef.flops(shape, input_shapes, params)` when it defines one (matmul-like ops
 from their contracted dimension, convolutions from their kernel, sorts as n log n: `ravop.ops.flops`), else

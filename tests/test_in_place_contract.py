@@ -1,6 +1,7 @@
-"""The in-place contract (ravop/runner.py, `check_in_place`): a call list in which an in-place kernel overwrites a
-value that a later call reads, that its caller did not copy in, that is handed out, or that it reads twice, is
-refused with a `PlanError` before it runs; the loops' optimizer steps and the step compiler's groups keep it."""
+"""The in-place contract (ravop/runtime/runner.py, `check_in_place`): a call list in which an in-place kernel
+overwrites a value that a later call reads, that its caller did not copy in, that is handed out, or that it reads
+twice, is refused with a `PlanError` before it runs; the loops' optimizer steps and the step compiler's groups keep
+it."""
 import pytest
 import torch
 

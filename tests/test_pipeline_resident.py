@@ -213,7 +213,7 @@ def test_resident_and_segment_bits_agree_under_every_cpu_capability(capability):
     bitwise comparisons above (resident against segments in-process, and the stages on two workers against the
     in-process bits) run again in a process, and its workers, that use `capability`'s kernels, so that an AVX512
     machine catches what an AVX2 one sees (issue 40: the first failed on an AMD EPYC, a micro-batch's GEMM rounded
-    by its alignment, ravop/alignment.py)."""
+    by its alignment, ravop/core/alignment.py)."""
     import os
     import subprocess
     import sys

@@ -1,4 +1,4 @@
-"""Where a value lies in memory does not change its bits (ravop/alignment.py): MKL's sgemm rounds otherwise for
+"""Where a value lies in memory does not change its bits (ravop/core/alignment.py): MKL's sgemm rounds otherwise for
 data that does not start on a 16-byte boundary, so a linear layer over rows sliced out of a batch (a view 120
 bytes in) gave other bits than over the same rows uploaded alone (issue 40: a resident Pipeline against its
 segments). The ops that hand out views at an offset hand out aligned values, and constants are read aligned."""

@@ -1,5 +1,5 @@
 """`Node`, the one record of an op after recording: what the compiler's IR holds, what a plan packs and a worker
-unpacks and checks, and what the interpreter runs. Users hold `Op`s (ravop/record/graph.py); a `Node` is plain data.
+unpacks and checks, and what the runner runs. Users hold `Op`s (ravop/record/graph.py); a `Node` is plain data.
 
 `params` is the decoded dict, `pkey` the same params as wire JSON (hashable and exact: 1, 1.0 and True differ;
 the plan reuses it); `dtype` a torch.dtype, `shape` a tuple (a tuple of each for a multi-output node; None and

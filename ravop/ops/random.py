@@ -1,4 +1,4 @@
-"""Random ops. Each draws from the `generator=` the interpreter seeds from the graph seed and the op's id,
+"""Random ops. Each draws from the `generator=` the runner seeds from the graph seed and the op's id,
 so a re-run or a retry on another worker gives the same numbers, and two ops give different ones."""
 import torch
 

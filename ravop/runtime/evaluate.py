@@ -20,7 +20,7 @@ __all__ = ["evaluate", "evaluate_persisted", "OpError", "describe", "op_seed", "
 
 
 def _node_of(op: Any) -> Node:
-    """The `Node` the interpreter runs for a recorded `Op` (params not encoded: nothing goes on the wire)."""
+    """The `Node` the runner runs for a recorded `Op` (params not encoded: nothing goes on the wire)."""
     return Node(op.id, op.op, [i.id for i in op.inputs], op.params, b"", op.shape, op.dtype, op.source)
 
 
