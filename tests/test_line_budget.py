@@ -1,0 +1,92 @@
+"""A line budget per package (tinygrad keeps one): the lines of code of each folder of ravop and worker, of the
+compiler and of ravdl stay under the figures below, set at the layout by role (issue 41) plus a small margin.
+Raising one is a deliberate commit that says why; a change that makes a package smaller may lower its figure.
+
+A line of code holds a token other than a comment or a docstring; blank lines, comments and docstrings are free,
+and so are generated files (`*_pb2.py`). `python tests/test_line_budget.py` prints today's figures."""
+import ast
+import io
+import tokenize
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# package (a folder of the repository) -> most lines of code: today's count (2026-11-29) plus 5%, rounded up to
+# tens. A package's figure leaves out its sub-packages that have figures of their own.
+BUDGET = {
+    "ravop": 30,                # 21 at the layout by role
+    "compiler": 1390,           # 1,318 at the layout by role
+    "worker": 10,               # 7 at the layout by role
+    "ravdl": 2410,              # 2,293 at the layout by role
+    "ravop/client": 1160,       # 1,101 at the layout by role
+    "ravop/core": 490,          # 463 at the layout by role
+    "ravop/federated": 400,     # 380 at the layout by role
+    "ravop/local": 680,         # 646 at the layout by role
+    "ravop/ops": 2920,          # 2,776 at the layout by role
+    "ravop/parallel": 710,      # 671 at the layout by role
+    "ravop/record": 1550,       # 1,468 at the layout by role
+    "ravop/runtime": 1220,      # 1,160 at the layout by role
+    "ravop/store": 2050,        # 1,951 at the layout by role
+    "ravop/tools": 720,         # 680 at the layout by role
+    "ravop/wire": 320,          # 304 at the layout by role
+    "worker/execute": 540,      # 506 at the layout by role
+    "worker/loops": 1020,       # 963 at the layout by role
+    "worker/provider": 350,     # 325 at the layout by role
+    "worker/serve": 1300,       # 1,234 at the layout by role
+    "worker/verify": 410,       # 382 at the layout by role
+}
+SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,
+           tokenize.ENDMARKER}
+
+
+def lines_of_code(path):
+    source = path.read_text()
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                docstrings.update(range(first.lineno, first.end_lineno + 1))
+    lines = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in SKIPPED:
+            lines.update(range(token.start[0], token.end[0] + 1))
+    return len(lines - docstrings)
+
+
+def packages():
+    """Every folder counted: the top-level packages, and each sub-package of ravop and worker."""
+    tops = [ROOT / "ravop", ROOT / "compiler", ROOT / "worker", ROOT / "ravdl"]
+    subs = [p for top in (ROOT / "ravop", ROOT / "worker") for p in sorted(top.iterdir())
+            if (p / "__init__.py").exists()]
+    return tops + subs
+
+
+def measure():
+    folders = packages()
+    counted = {}
+    for folder in folders:
+        own = [p for p in folder.rglob("*.py") if not p.name.endswith("_pb2.py")
+               and not any(other != folder and other in p.parents and folder in other.parents for other in folders)]
+        counted[folder.relative_to(ROOT).as_posix()] = sum(lines_of_code(p) for p in own)
+    return counted
+
+
+def test_every_package_is_within_its_line_budget():
+    counted = measure()
+    assert set(counted) == set(BUDGET), "a package was added or removed: give it a budget (or drop its figure)"
+    over = {name: f"{lines} > {BUDGET[name]}" for name, lines in counted.items() if lines > BUDGET[name]}
+    assert not over, f"over budget: {over}; make the change smaller, or raise the figure in a commit that says why"
+
+
+def test_the_count_leaves_out_comments_and_docstrings(tmp_path):
+    path = tmp_path / "sample.py"
+    path.write_text('"""doc\\nstring"""\n# a comment\n\nx = 1  # code\n\n\ndef f():\n    """doc"""\n'
+                    '    return (1,\n            2)\n')
+    assert lines_of_code(path) == 4   # x = 1, def f():, and the two lines of the return
+
+
+if __name__ == "__main__":
+    for name, lines in measure().items():
+        print(f"    {name!r}: {lines},")
