@@ -10,7 +10,7 @@ a standalone server, a 1-shard cluster and an N-shard cluster (ravop.local.local
   another node.
 - GB/s: `--tensor-clients` processes each write a tensor of `--tensor-mb` MB to a graph of its own (4 MiB
   chunks) and read it back, 3 times; bytes written + read over the wall time. A tensor's chunks stay in its
-  graph's slot (see the README), so several graphs' tensors spread over the shards, not one tensor's chunks.
+  graph's slot (docs/operators/cluster.md), so several graphs' tensors spread over the shards, not one tensor's chunks.
 """
 import argparse
 import multiprocessing

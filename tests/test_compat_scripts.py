@@ -1,6 +1,7 @@
 """Issue 11: the requester scripts written in the original style (examples/original_*.py) run unchanged as a
 user runs them (a subprocess, the embedded default), on reduced epochs that still reach the accuracy of this
-project's own examples; full-length figures are in the README."""
+project's own examples; full-length figures are in
+docs/users/examples.md."""
 import os
 import re
 import subprocess

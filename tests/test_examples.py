@@ -1,5 +1,6 @@
 """The RavDL example scripts run as a user runs them (a subprocess, the embedded default engine), on reduced
-epoch counts that still reach the issue's thresholds; full-length figures are in the README."""
+epoch counts that still reach the issue's thresholds; full-length figures are in
+docs/users/examples.md."""
 import os
 import re
 import subprocess

@@ -2,7 +2,7 @@
 graph is activated is refused, naming the graph, instead of answering for the token's last activated graph (an
 earlier graph of the same script, or another script's graph kept in the embedded snapshot: a stale tensor with
 no error, a tracker that "finished" a graph never started; issue 40). A process that records nothing still reads
-the token's last activated graph (README, "Against a cluster": the requester may exit after R.execute()), and a
+the token's last activated graph (README, "First two machines": the requester may exit after R.execute()), and a
 finished graph's values stay fetchable, by default until the next graph is started, and by graph= always."""
 import os
 import subprocess

@@ -531,4 +531,4 @@ def test_digits_example_fetched_module_matches_the_persisted_prediction():
     fetched = re.search(r"^saved model's test accuracy: ([0-9.]+)$", done.stdout, re.MULTILINE)
     assert persisted and fetched, done.stdout[-2000:]
     assert fetched.group(1) == persisted.group(1)
-    assert float(persisted.group(1)) > 0.5   # 2 epochs learn something; the full run is in the README
+    assert float(persisted.group(1)) > 0.5   # 2 epochs learn something; the full run: docs/users/examples.md

@@ -282,7 +282,7 @@ def current_graph():
 def unactivated_graph():
     """The graph this process records into, when the user started one (R.Graph, or ops recorded) and has not
     activated it yet: the graph a read of "the current graph" means, which has no values in the store. None
-    otherwise (a process that records nothing reads the token's last activated graph: README, a second process)."""
+    otherwise (a process that records nothing reads the token's last activated graph: README, "First two machines")."""
     graph = _current
     if graph is None or graph.activated or (graph.implicit and not graph.nodes):
         return None
