@@ -31,6 +31,7 @@ from ravop.store import tensors as stored
 from ravop.store import workers as liveness
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
+from ravop.store.scripts import CLAIM_FINISHED, CLAIM_GONE, CLAIM_RUN, CLAIM_UNKNOWN, CLAIM_WAITING
 from ravop.store.server_replies import kind_of as server_error_kind
 from ravop.wire import plan_pb2, unpack_nodes
 
@@ -63,9 +64,40 @@ class _MissingInput(Exception):
     pass
 
 
-# Messages that no engine sends (someone else put them on the stream): why each is dropped.
-_FORGED = {b"unknown": "subgraph {} is not in the plan of the graph the message names",
-           b"waiting": "subgraph {} is not ready (its inputs are not computed yet); the engine enqueues it then"}
+def _forged(why):
+    """A message no engine sends (someone else put it on the stream): dropped, its graph left alone."""
+    def drop(worker, keys, subgraph_id, message_id):
+        worker._give_up(keys, message_id, subgraph_id, why.format(subgraph_id), "forged message", fail_graph=False)
+    return drop
+
+
+def _gone(worker, keys, subgraph_id, message_id):
+    """Flushed since it was queued, or never there: logged, for an operator."""
+    worker._give_up(keys, message_id, subgraph_id, f"graph {keys.graph_id} of token {keys.token} is not in Redis",
+                    "no such graph", fail_graph=False)
+
+
+def _finished(worker, keys, subgraph_id, message_id):
+    """Completed by a worker that may have died before delivering what it made ready: delivered, acked."""
+    worker.handoff.drain(keys)
+    worker._ack(message_id)
+
+
+def _ended(worker, keys, subgraph_id, message_id):
+    """The graph is not running (failed, done, cancelled, or not started): acked."""
+    worker._ack(message_id)
+
+
+# What the worker does with each claim reply but CLAIM_RUN (ravop/store/scripts.py); any other reply is the state
+# of a graph that is not running (`_ended`).
+CLAIM_ACTIONS = {
+    CLAIM_UNKNOWN.encode(): _forged("subgraph {} is not in the plan of the graph the message names"),
+    CLAIM_WAITING.encode(): _forged("subgraph {} is not ready (its inputs are not computed yet); the engine "
+                                    "enqueues it then"),
+    CLAIM_GONE.encode(): _gone,
+    CLAIM_FINISHED.encode(): _finished,
+}
+_RUN = CLAIM_RUN.encode()
 
 
 def parse_message(fields):
@@ -259,18 +291,8 @@ class Worker:
         if banned:
             self._pass_on(message_id, fields)
             return None
-        if reply[0] in _FORGED:
-            self._give_up(keys, message_id, subgraph_id, _FORGED[reply[0]].format(subgraph_id), "forged message",
-                          fail_graph=False)
-            return None
-        if reply[0] == b"gone":  # flushed since it was queued, or never there: logged, for an operator
-            self._give_up(keys, message_id, subgraph_id, f"graph {keys.graph_id} of token {keys.token} is not in "
-                          "Redis", "no such graph", fail_graph=False)
-            return None
-        if reply[0] != b"run":  # the graph failed or is done, or this subgraph already finished
-            if reply[0] == b"finished":  # by a worker that may have died before delivering what it made ready
-                self.handoff.drain(keys)
-            self._ack(message_id)
+        if reply[0] != _RUN:
+            CLAIM_ACTIONS.get(reply[0], _ended)(self, keys, subgraph_id, message_id)
             return None
         seed, data, copies, spot = int(reply[1]), reply[2], int(reply[3]), bool(reply[4])
         if deliveries > 1:   # taken over: the last holder may have left keys no record names (ravop.store.flush)
