@@ -43,7 +43,8 @@ from ..execute.validate import check
 from ..loops.hand_back import HandBack
 from ..loops.loop_start import LoopStart
 from ..loops.loop_subgraph import (
-    CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopHandedBack, drop_checkpoint, run_loop)
+    CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, drop_checkpoint,
+    run_loop)
 from ..verify import redundant
 from ..verify.spot import SpotChecks
 from ..verify.spot_loop import LoopSegments, check_segment, drop_segments
@@ -386,11 +387,13 @@ class Worker:
             self.metrics.loop_started(loop_record(self.client, keys, subgraph_id),
                                       loop_start.progress if loop_start is not None else None)
             try:
-                return run_loop(self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
-                                self.checkpoint_steps, self.checkpoint_seconds, max_bytes, self.memory_budget,
-                                self.stopping, self._work_waiting,
-                                LoopSegments(self, keys, subgraph_id) if spot else None,
-                                self.resident_checkpoint_seconds, self.cache, self.metrics, loop_start)
+                return run_loop(LoopContext(
+                    self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
+                    checkpoint_steps=self.checkpoint_steps, checkpoint_seconds=self.checkpoint_seconds,
+                    resident_checkpoint_seconds=self.resident_checkpoint_seconds, max_bytes=max_bytes,
+                    budget=self.memory_budget, stop=self.stopping, work_waiting=self._work_waiting,
+                    segments=LoopSegments(self, keys, subgraph_id) if spot else None, cache=self.cache,
+                    metrics=self.metrics, loop_start=loop_start))
             finally:
                 self.metrics.loop_ended(loop_start.ended if loop_start is not None else None)
         with emulated_device.paced(subgraph, inputs):   # benchmarks only (benchmarks/wan)
