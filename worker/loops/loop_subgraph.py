@@ -48,7 +48,7 @@ from ravop.store import value_writes
 from ravop.wire import encode_tensors, unpack_loop
 
 from ..execute import device as devices
-from ..execute import emulated_device, memory
+from ..execute import memory
 from ..execute.run import kernel_error
 from ..execute.validate import check_nodes
 from . import step_decisions
@@ -422,6 +422,11 @@ def _resume(client, keys, subgraph_id, n_carried, device, cache=None, saved=None
     return step, [devices.to_device(value, device) for value in carried], shared
 
 
+def unpaced(on_step, loop, values, exchange):
+    """The steps' hooks as they are: `LoopContext.pace_steps` unless a benchmark installed pacing."""
+    return on_step, exchange
+
+
 @dataclass
 class LoopContext:
     """What `run_loop` runs and with which of the worker's rules: one per loop subgraph the worker claims
@@ -450,6 +455,8 @@ class LoopContext:
     metrics: Any = None         # the worker's WorkerMetrics: the bytes the loop's writes store
     loop_start: Any = None      # what the worker read for the loop with its inputs (worker.loops.loop_start
     #                             .LoopStart), or None: read here
+    pace_steps: Callable = unpaced   # (on_step, loop, values, exchange) -> (on_step, exchange) the loop runs
+    #                                  with: benchmarks' pacing (worker/execute/emulated_device.py) when installed
 
 
 def run_loop(ctx):
@@ -484,7 +491,7 @@ def run_loop(ctx):
         if store_exchange is not None:
             writer.checkpoint_at_syncs(list(spec.sync_templates), ctx.checkpoint_steps or 0,
                                        ctx.resident_checkpoint_seconds)
-        on_step, exchange = emulated_device.paced_steps(writer.on_step, ctx.subgraph.loop, values, store_exchange)
+        on_step, exchange = ctx.pace_steps(writer.on_step, ctx.subgraph.loop, values, store_exchange)
         graph.start(meta)
         carried = runner.run(carried, start or 0, on_step, exchange,
                              graph.stop_requested if runner.stoppable() else None)

@@ -36,7 +36,7 @@ from ravop.store.server_replies import kind_of as server_error_kind
 from ravop.wire import plan_pb2, unpack_nodes
 
 from ..execute import device as devices
-from ..execute import emulated_device, memory
+from ..execute import memory
 from ..execute.cache import TensorCache
 from ..execute.run import OVER_BUDGET, KernelError, run
 from ..execute.validate import check
@@ -44,7 +44,7 @@ from ..loops.hand_back import HandBack
 from ..loops.loop_start import LoopStart
 from ..loops.loop_subgraph import (
     CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, drop_checkpoint,
-    run_loop)
+    run_loop, unpaced)
 from ..verify import redundant
 from ..verify.spot import SpotChecks
 from ..verify.spot_loop import LoopSegments, check_segment, drop_segments
@@ -120,7 +120,7 @@ class Worker:
                  max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
                  max_memory_bytes=None, provider=None, checkpoint_steps=None,
                  checkpoint_seconds=CHECKPOINT_SECONDS, wrong_outputs=None, workers_on_machine=None,
-                 resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS):
+                 resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS, pacing=None):
         if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
                              f"{dead_after} and {max_attempts}")
@@ -160,6 +160,10 @@ class Worker:
         self._bans = {}  # token -> (when to look again, whether it banned this worker)
         self.wrong_outputs = wrong_outputs  # tests only: a worker.verify.redundant.Liar that perturbs outputs, or None
         self.spot = SpotChecks(self)        # R.Graph(verify='spot') (worker/verify/spot.py)
+        # benchmarks only (benchmarks/wan): `pacing` (worker/execute/emulated_device.py, given for
+        # --emulate-device-flops or --benchmark-busy-file) installs its hooks here, else nothing checks for it
+        self._run_subgraph = self._run_plain if pacing is None else pacing.run_subgraph(self._run_plain)
+        self._pace_steps = unpaced if pacing is None else pacing.steps
 
     def _advertised(self):
         """What `ravop status` shows of this worker besides its state (`ravop.store.worker_info`)."""
@@ -393,11 +397,14 @@ class Worker:
                     resident_checkpoint_seconds=self.resident_checkpoint_seconds, max_bytes=max_bytes,
                     budget=self.memory_budget, stop=self.stopping, work_waiting=self._work_waiting,
                     segments=LoopSegments(self, keys, subgraph_id) if spot else None, cache=self.cache,
-                    metrics=self.metrics, loop_start=loop_start))
+                    metrics=self.metrics, loop_start=loop_start, pace_steps=self._pace_steps))
             finally:
                 self.metrics.loop_ended(loop_start.ended if loop_start is not None else None)
-        with emulated_device.paced(subgraph, inputs):   # benchmarks only (benchmarks/wan)
-            return run(program, inputs, seed, self.device, self.memory_budget)
+        return self._run_subgraph(subgraph, program, inputs, seed)
+
+    def _run_plain(self, subgraph, program, inputs, seed):
+        """{output id: tensor} of a checked plain subgraph (`subgraph`: its plan, which a pacing hook reads)."""
+        return run(program, inputs, seed, self.device, self.memory_budget)
 
     def _inputs(self, keys, subgraph, loop_start=None):
         """Input tensors on this worker's device: from the local cache, the rest in one MGET, in the round trip
