@@ -205,6 +205,27 @@ def test_gossip_pairs_are_seeded():
     assert sorted(i for pair in strategy.pairs(3, 11) for i in pair) == [0, 1, 2, 3]
 
 
+def test_every_strategy_has_the_hooks_its_recording_calls():
+    """ravop/parallel/protocol.py declares every hook: each strategy has the Strategy hooks and those of the recording
+    its record_fit picks; one that lacks a hook is refused with the hook's name."""
+    from ravop.parallel.protocol import GradientReplicas, PipelineStages, ShardReplicas, check_hooks, check_strategy
+    P = R.parallel
+    for strategy, recording in [(P.DataParallel(2), GradientReplicas), (P.LocalSGD(2, 2), ShardReplicas),
+                                (P.Gossip(2), ShardReplicas), (P.DiLoCo(2, 2), ShardReplicas),
+                                (P.Pipeline(2), PipelineStages)]:
+        assert check_hooks(check_strategy(strategy), recording) is strategy
+
+    class NoRoles:
+        replicas = 2
+
+        def record_fit(self, fit):
+            return fit.replicated(self)
+    with pytest.raises(TypeError, match=r"missing: roles\)"):
+        check_strategy(NoRoles())
+    with pytest.raises(TypeError, match="lacks the hook slices of GradientReplicas"):
+        check_hooks(R.parallel.LocalSGD(2, 2), GradientReplicas)
+
+
 def test_bad_strategies_are_refused_by_name(engine):
     with pytest.raises(ValueError, match="sync_every"):
         R.parallel.LocalSGD(replicas=2, sync_every=0)

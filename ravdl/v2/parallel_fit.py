@@ -23,7 +23,8 @@ import ravop as R
 from ravop.client.session import live_workers
 from ravop.core.errors import GraphStateError
 from ravop.core.loss_names import training_loss_name
-from ravop.parallel import check_strategy
+from ravop.parallel.protocol import (
+    GradientReplicas, PipelineStages, ResidentSync, ShardReplicas, Synchronizer, check_hooks, check_strategy)
 from ravop.parallel.replicas import Carried, weighted_sum
 from ravop.record.graph import Op, current_graph
 from ravop.record.loop import Batches, Loop
@@ -137,6 +138,7 @@ class ParallelFit:
     def gradient_replicas(self, strategy):
         """Per step: each replica's gradient of its slice (`strategy.slices(rows)`) in a one-step segment, then
         one optimizer step on their mean weighted by slice sizes (DataParallel)."""
+        check_hooks(strategy, GradientReplicas)
         model, X, y = self.model, as_input(self.X), as_input(self.y)
         if not X.shape or not y.shape or X.shape[0] != y.shape[0]:
             raise ValueError(f"X and y must have the same number of rows, not shapes {tuple(X.shape)} and "
@@ -172,6 +174,7 @@ class ParallelFit:
         """Replicas training on disjoint shards from one initial model, each for the strategy's `segments`,
         synchronised after each by `strategy.synchronizer(initial, layout, graph_seed).exchange(...)`; the model
         after fit is its `finish(states)` (LocalSGD, Gossip, DiLoCo)."""
+        check_hooks(strategy, ShardReplicas)
         X, y, model = self.X, self.y, self.model
         n_rows = as_input(X).shape[0] if isinstance(X, Op) else len(X)
         replicas = strategy.replicas
@@ -191,7 +194,8 @@ class ParallelFit:
         n_steps = len(steps.order)
         resident = strategy.resident_sync(initial, layout, lambda: _enough_workers(replicas), n_steps,
                                           current_graph().seed)
-        sync = resident or strategy.synchronizer(initial, layout, current_graph().seed)
+        sync = check_hooks(resident, ResidentSync, "its resident sync") if resident is not None else \
+            check_hooks(strategy.synchronizer(initial, layout, current_graph().seed), Synchronizer, "its synchronizer")
         states = [list(initial) for _ in range(replicas)]
         losses = [None] * replicas
         names = {}
@@ -252,5 +256,6 @@ class ParallelFit:
     def pipeline(self, strategy):
         """GPipe over the model's pipeline units (top-level layers or children) cut into the strategy's stages
         (Pipeline, ravdl/v2/pipeline_fit.py)."""
+        check_hooks(strategy, PipelineStages)
         return record_pipeline(self.model, self.X, self.y, self.n_epochs, self.batch_size, self.shuffle, self.seed,
                                strategy, self.loops)

@@ -9,13 +9,11 @@ two synchronisations) and the averaging between them as ordinary ops, so the par
 segments independent subgraphs that idle workers run at once, and a dead worker's segment resumes from its loop
 checkpoint like any loop.
 
-A strategy owns its mechanism through hooks the trainer (ravdl/v2/parallel_fit.py) calls: `record_fit(fit)`
-picks the recording (replicas on shards synchronised between segments, replicas of each step's gradient, or
-pipeline stages) and, for replicas on shards, `segments(n_steps)` says when they synchronise and
-`synchronizer(...)` what a synchronisation records, or `resident_sync(...)` the sync templates of replicas that
-each run as one loop for the whole fit (DiLoCo's resident replicas); `roles()` names its replicas or stages for
-the summary's forecast (`forecast`). The trainer reads and writes the model only through its train-state
-interface (ravdl.v2.fit.TrainState).
+A strategy owns its mechanism through hooks the trainer (ravdl/v2/parallel_fit.py) and the compiler
+(compiler/passes/strategy.py) call, never through its class: every hook is declared in ravop/parallel/protocol.py
+with when it is called and by whom (`Strategy`, and the hooks of each recording a strategy picks with
+`record_fit(fit)`: `ShardReplicas`, `GradientReplicas`, `PipelineStages`). The trainer reads and writes the model
+only through its train-state interface (ravdl.v2.fit.TrainState).
 """
 from .data_parallel import DataParallel
 from .diloco import DiLoCo
@@ -23,15 +21,6 @@ from .forecast import forecast
 from .gossip import Gossip
 from .local_sgd import LocalSGD
 from .pipeline import Pipeline
+from .protocol import check_strategy  # noqa: F401 - the graph and the trainer check a strategy here
 
 __all__ = ["DataParallel", "DiLoCo", "Gossip", "LocalSGD", "Pipeline", "forecast"]
-
-HOOKS = ("record_fit", "roles")
-
-
-def check_strategy(strategy):
-    """`strategy` if it has a strategy's hooks (`record_fit`, `roles`), else TypeError naming it."""
-    if isinstance(strategy, type) or not all(callable(getattr(strategy, hook, None)) for hook in HOOKS):
-        raise TypeError(f"strategy must be one of R.parallel's strategies (DataParallel, LocalSGD, Gossip, "
-                        f"DiLoCo, Pipeline), not {strategy!r}")
-    return strategy

@@ -9,6 +9,7 @@ import torch
 
 from ..record.graph import scratch_graph
 from ..record.loop import Loop
+from .protocol import ResidentSync, ShardReplicas, check_hooks, missing_hooks
 
 WHAT_WORKS = ("R.Graph(strategy=...) over a hand-written loop takes LocalSGD, DiLoCo, or Gossip with "
               "interpolation 'constant' or 'clock'")
@@ -16,7 +17,7 @@ WHAT_WORKS = ("R.Graph(strategy=...) over a hand-written loop takes LocalSGD, Di
 
 def check_loop_strategy(strategy):
     """`strategy` if its replicas can run a folded loop, else a clear error naming it and what works."""
-    if not callable(getattr(strategy, "resident_templates", None)) or getattr(strategy, "needs_loss", False):
+    if missing_hooks(strategy, ShardReplicas) or strategy.needs_loss:
         raise NotImplementedError(f"{strategy!r} over a hand-written loop is not implemented: {WHAT_WORKS}; "
                                   f"{type(strategy).__name__} works with fit(..., strategy=...)")
     if strategy.resident is False:
@@ -44,7 +45,8 @@ def record_replica_loops(strategy, carried, layout, steps_per_replica, graph_see
     `layout`, a `ravop.parallel.replicas.Carried`), each replica running `steps_per_replica` training steps."""
     with scratch_graph("replicas of a hand-written loop", graph_seed) as graph:
         placeholders = [graph.constant(torch.zeros(shape, dtype=dtype)) for shape, dtype in carried]
-        resident = strategy.resident_templates(placeholders, layout, steps_per_replica, graph_seed)
+        resident = check_hooks(strategy.resident_templates(placeholders, layout, steps_per_replica, graph_seed),
+                              ResidentSync, "its resident sync")
         loops, finals = [], []
         for r in range(strategy.replicas):
             loop = Loop(placeholders + resident.extra(r))

@@ -25,7 +25,7 @@ outbox and returns it, and the caller moves it to the stream.
 A subgraph's routing lives in its `info` entry, "device;n_ops;successor,...;input to release,...", written
 at upload, so what a completion enqueues is defined by the uploaded plan, not by the worker.
 """
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, Final, List, Optional, Tuple, Union
 
 from redis.cluster import RedisCluster
 
@@ -38,6 +38,26 @@ def with_states(lua: str) -> str:
     by ravop.core.graph_states, so that the scripts and the Python side cannot disagree on a state's name."""
     for name in ("ACTIVATED", "RUNNING", "DONE", "FAILED", "CANCELLED"):
         lua = lua.replace(f"@{name}@", getattr(graph_states, name))
+    return lua
+
+
+# What CLAIM answers, spelled once: the Lua below names them @CLAIM_RUN@ ... (`with_claim_replies`), the worker's
+# reply -> action table (worker/serve/consumer.py, CLAIM_ACTIONS) by these names. Besides them it answers the state
+# of a graph that is not running (ravop.core.graph_states).
+CLAIM_RUN: Final = "run"             # the worker runs it: seed, subgraph bytes, verify copies and spot policy follow
+CLAIM_GONE: Final = "gone"           # the graph is not in Redis (flushed since the message was queued, or never)
+CLAIM_FINISHED: Final = "finished"   # a worker completed it (and may have died before handing off what it made ready)
+CLAIM_UNKNOWN: Final = "unknown"     # not in the graph's plan: a message no engine sent
+CLAIM_WAITING: Final = "waiting"     # not ready (its inputs are not computed yet): a message no engine sent
+CLAIM_REPLIES: Final = {"RUN": CLAIM_RUN, "GONE": CLAIM_GONE, "FINISHED": CLAIM_FINISHED, "UNKNOWN": CLAIM_UNKNOWN,
+                        "WAITING": CLAIM_WAITING}
+assert set(CLAIM_REPLIES.values()).isdisjoint(graph_states.LIVE + graph_states.ENDED), "a reply is not a state"
+
+
+def with_claim_replies(lua: str) -> str:
+    """`lua` with the claim replies it names as @CLAIM_RUN@, @CLAIM_GONE@, ... spelled by CLAIM_REPLIES."""
+    for name, reply in CLAIM_REPLIES.items():
+        lua = lua.replace(f"@CLAIM_{name}@", reply)
     return lua
 
 
@@ -95,18 +115,18 @@ return {1, handed}
 # a message is only acted on if the plan has its subgraph and that subgraph is ready: a forged one is
 # 'unknown' or 'waiting' and cannot fail or disturb the graph it names. A message for the subgraph is on a
 # stream, so its outbox entry (a cluster's hand-off) is delivered: dropped.
-CLAIM = with_states("""
+CLAIM = with_claim_replies(with_states("""
 local meta = redis.call('HMGET', KEYS[1], 'state', 'seed', 'verify', 'spot')
-if not meta[1] then return {'gone'} end
+if not meta[1] then return {'@CLAIM_GONE@'} end
 redis.call('HDEL', KEYS[6], ARGV[1])
 if meta[1] ~= '@RUNNING@' then return {meta[1]} end
-if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {'finished'} end
+if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {'@CLAIM_FINISHED@'} end
 local data = redis.call('HGET', KEYS[3], ARGV[1])
-if not data then return {'unknown'} end
-if tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0') > 0 then return {'waiting'} end
+if not data then return {'@CLAIM_UNKNOWN@'} end
+if tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0') > 0 then return {'@CLAIM_WAITING@'} end
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
-return {'run', meta[2] or '0', data, meta[3] or '1', meta[4] or ''}
-""")
+return {'@CLAIM_RUN@', meta[2] or '0', data, meta[3] or '1', meta[4] or ''}
+"""))
 
 # KEYS: the subgraph's votes.  ARGV: worker, digest of its outputs, copies wanted.
 # The votes once `copies` workers have voted (to the voter that completed them, and to any later one), else {}.
@@ -237,8 +257,8 @@ class Scripts:
         return started, handed
 
     def claim(self, keys: GraphKeys, subgraph_id: Union[int, str], worker: str) -> List[Any]:
-        """[b'run', seed, subgraph bytes, verify copies, spot policy or b''] if `worker` may run it now; else [why]: b'gone', a graph state,
-        b'finished', b'unknown' (not in the plan), b'waiting' (not ready)."""
+        """[CLAIM_RUN, seed, subgraph bytes, verify copies, spot policy or b''] if `worker` may run it now; else
+        [why]: another of CLAIM_REPLIES, or the state of a graph that is not running (as bytes)."""
         return self._claim(keys=self._claim_keys(keys), args=[subgraph_id, worker])
 
     @staticmethod

@@ -17,8 +17,10 @@ would have waited for the same value: no credit is carried across a wait).
 
 FLOPs are the registry's per-op estimates (`OpDef.flops`, else the largest tensor the op touches: the rules the
 compiler's cost model uses), over the shapes the unit actually reads: its inputs' real shapes and its ops'
-declared ones. A step's FLOPs are counted once per template. Without either flag nothing here runs."""
-import contextlib
+declared ones. A step's FLOPs are counted once per template.
+
+Without either flag nothing here runs: the worker installs `Pacing`'s hooks only when one is given (`pacing`), so
+a plain subgraph and a loop step run with no check for it."""
 import json
 import os
 import time
@@ -26,9 +28,6 @@ import time
 from ravop.core import registry
 from ravop.core.sizes import numel_estimate
 from ravop.wire import unpack_nodes
-
-CLOCK = None   # the DeviceClock of this process, when a benchmark asked for one
-
 
 class DeviceClock:
     """Paces units of work to `flops_per_s` (None: real compute, only timed) and keeps the totals."""
@@ -102,11 +101,11 @@ class DeviceClock:
         os.replace(temporary, self.busy_file)   # the harness never reads half a file
 
 
-def enable(flops_per_s=None, busy_file=None):
-    """Install this process's clock (worker/serve/worker_cli.py), when either benchmark flag was given."""
-    global CLOCK
+def pacing(flops_per_s=None, busy_file=None):
+    """The worker's pacing hooks (worker/serve/worker_cli.py) when either benchmark flag was given, else None."""
     if flops_per_s is not None or busy_file:
-        CLOCK = DeviceClock(flops_per_s, busy_file)
+        return Pacing(DeviceClock(flops_per_s, busy_file))
+    return None
 
 
 def op_flops(op, shape, input_shapes, params):
@@ -132,58 +131,67 @@ def nodes_flops(nodes, shapes):
     return total
 
 
-@contextlib.contextmanager
-def paced(subgraph, inputs):
-    """Around running a plain subgraph (`inputs`: its input tensors by id): paced as one unit."""
-    if CLOCK is None:
-        yield
-        return
-    CLOCK.caught_up()   # the worker waited for this work
-    started = time.monotonic()
-    yield
-    CLOCK.account(started, nodes_flops(unpack_nodes(subgraph.nodes), {i: tuple(t.shape) for i, t in inputs.items()}))
+class Pacing:
+    """The hooks a worker installs for the benchmark flags: each plain subgraph and each loop step paced as one unit
+    of work on `clock`."""
 
+    def __init__(self, clock):
+        self.clock = clock
 
-def paced_steps(on_step, loop, loop_inputs, exchange=None):
-    """(on_step, exchange) for `ravop.runtime.loop_run.LoopRun.run`, with each loop step paced as one unit first;
-    `loop`: the plan_pb2.Loop, `loop_inputs`: the loop op's input tensors (carried initial values, then the outer ones),
-    `exchange`: the loop's exchange with other loops (resident replicas), or None. The time a step spends in the
-    exchange is network time: it is taken out of the step's compute time."""
-    if CLOCK is None:
-        return on_step, exchange
-    paced = _PacedSteps(on_step, loop, loop_inputs)
-    return paced, (None if exchange is None else _TimedExchange(exchange, paced))
+    def run_subgraph(self, run):
+        """`run` (worker/serve/consumer.py's plain subgraph hook: (subgraph, program, inputs, seed) -> outputs)
+        paced as one unit; `inputs`: its input tensors by id."""
+        clock = self.clock
+
+        def paced(subgraph, program, inputs, seed):
+            clock.caught_up()   # the worker waited for this work
+            started = time.monotonic()
+            outputs = run(subgraph, program, inputs, seed)
+            clock.account(started, nodes_flops(unpack_nodes(subgraph.nodes),
+                                               {i: tuple(t.shape) for i, t in inputs.items()}))
+            return outputs
+        return paced
+
+    def steps(self, on_step, loop, loop_inputs, exchange=None):
+        """(on_step, exchange) for `ravop.runtime.loop_run.LoopRun.run` (worker/loops/loop_subgraph.py's
+        `LoopContext.pace_steps`), with each loop step paced as one unit first; `loop`: the plan_pb2.Loop,
+        `loop_inputs`: the loop op's input tensors (carried initial values, then the outer ones), `exchange`: the
+        loop's exchange with other loops (resident replicas), or None. The time a step spends in the exchange is
+        network time: it is taken out of the step's compute time."""
+        paced = _PacedSteps(self.clock, on_step, loop, loop_inputs)
+        return paced, (None if exchange is None else _TimedExchange(self.clock, exchange, paced))
 
 
 class _PacedSteps:
-    def __init__(self, on_step, loop, loop_inputs):
-        self.on_step, self.loop, self.loop_inputs = on_step, loop, loop_inputs
+    def __init__(self, clock, on_step, loop, loop_inputs):
+        self.clock, self.on_step, self.loop, self.loop_inputs = clock, on_step, loop, loop_inputs
         self.outer = {i: tuple(t.shape) for i, t in zip(loop.outer_ids, loop_inputs)}
         self.step_flops = {}
-        CLOCK.caught_up()   # the worker waited for this loop and its inputs
+        clock.caught_up()   # the worker waited for this loop and its inputs
         self.started = time.monotonic()
 
     def __call__(self, done, template, run, outputs, carried):
         if template not in self.step_flops:
             self.step_flops[template] = _template_flops(self.loop.templates[template], self.loop_inputs, self.outer)
-        CLOCK.account(self.started, self.step_flops[template])
+        self.clock.account(self.started, self.step_flops[template])
         began = time.monotonic()
         self.on_step(done, template, run, outputs, carried)
         self.started = time.monotonic()
-        CLOCK.waited("writes_s", self.started - began)   # what on_step wrote (losses, checkpoints) was network time, not compute
+        # what on_step wrote (losses, checkpoints) was network time, not compute
+        self.clock.waited("writes_s", self.started - began)
 
 
 class _TimedExchange:
     """An exchange whose sends and receives move the current step's start forward by the time they took."""
 
-    def __init__(self, exchange, paced):
-        self.exchange, self.paced = exchange, paced
+    def __init__(self, clock, exchange, paced):
+        self.clock, self.exchange, self.paced = clock, exchange, paced
 
     def send(self, channels, run, values):
         began = time.monotonic()
         self.exchange.send(channels, run, values)
         self.paced.started += time.monotonic() - began
-        CLOCK.waited("exchange_s", time.monotonic() - began)
+        self.clock.waited("exchange_s", time.monotonic() - began)
 
     def receive(self, channels, run):
         began = time.monotonic()
@@ -191,7 +199,7 @@ class _TimedExchange:
             return self.exchange.receive(channels, run)
         finally:
             self.paced.started += time.monotonic() - began
-            CLOCK.waited("exchange_s", time.monotonic() - began, received=True)   # the device waits for it too
+            self.clock.waited("exchange_s", time.monotonic() - began, received=True)   # the device waits for it too
 
 
 def _template_flops(template, loop_inputs, outer):

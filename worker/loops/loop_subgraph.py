@@ -33,6 +33,8 @@ declared sizes must fit the worker's limit, and each output is checked against i
 """
 import functools
 import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
 
 import redis
 
@@ -46,7 +48,7 @@ from ravop.store import value_writes
 from ravop.wire import encode_tensors, unpack_loop
 
 from ..execute import device as devices
-from ..execute import emulated_device, memory
+from ..execute import memory
 from ..execute.run import kernel_error
 from ..execute.validate import check_nodes
 from . import step_decisions
@@ -420,47 +422,76 @@ def _resume(client, keys, subgraph_id, n_carried, device, cache=None, saved=None
     return step, [devices.to_device(value, device) for value in carried], shared
 
 
-def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
-             checkpoint_steps=None, checkpoint_seconds=CHECKPOINT_SECONDS, max_bytes=None, budget=None,
-             stop=None, work_waiting=None, segments=None, resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS,
-             cache=None, metrics=None, loop_start=None):
-    """{output id: tensor} of a loop subgraph; resumes from its checkpoint if an earlier run left one.
-    `max_bytes`, `budget`: the worker's memory rules for the templates; `stop`: a threading.Event set when
-    the worker is stopping (then LoopHandedBack after a checkpoint); `work_waiting()`: whether a loop waiting for
-    another loop's values hands itself back (worker/loops/hand_back.py); `segments`: verify='spot''s
-    segment checks (worker/verify/spot_loop.py), or None. Checkpoints: every `checkpoint_steps` (None: CHECKPOINT_STEPS)
-    or `checkpoint_seconds`; a loop that exchanges values every `resident_checkpoint_seconds`, or
-    `checkpoint_steps` when given, at a synchronisation. `cache`: the worker's TensorCache, where a loop handed
-    back to take turns keeps its values for this worker to resume it from (worker/loops/held_values.py). `metrics`: the
-    worker's WorkerMetrics, which counts the bytes the loop's writes store (persisted values, checkpoints).
-    `loop_start`: what the worker read for the loop with its inputs (a worker.loops.loop_start.LoopStart), or None:
-    read here."""
+def unpaced(on_step, loop, values, exchange):
+    """The steps' hooks as they are: `LoopContext.pace_steps` unless a benchmark installed pacing."""
+    return on_step, exchange
+
+
+@dataclass
+class LoopContext:
+    """What `run_loop` runs and with which of the worker's rules: one per loop subgraph the worker claims
+    (worker/serve/consumer.py builds it)."""
+    client: Any                 # the worker's Redis client
+    keys: Any                   # the graph's ravop.store.GraphKeys
+    subgraph_id: Any
+    subgraph: Any               # the plan_pb2 subgraph, its `loop` set
+    program: Any                # its checked program (worker/execute/validate.py)
+    inputs: Dict[int, Any]      # its input tensors by id, on the worker's device
+    seed: int
+    device: Any
+    checkpoint_steps: Optional[int] = None   # a checkpoint every ... steps (None: CHECKPOINT_STEPS); a loop that
+    #                                          exchanges values: at a synchronisation, when given
+    checkpoint_seconds: float = CHECKPOINT_SECONDS   # ... or seconds, whichever comes first
+    resident_checkpoint_seconds: float = RESIDENT_CHECKPOINT_SECONDS   # a loop that exchanges values: this often
+    max_bytes: Optional[int] = None   # the worker's memory rules for the templates (None: unchecked) ...
+    budget: Optional[int] = None      # ... and its memory budget
+    stop: Any = None            # a threading.Event set when the worker is stopping (then LoopHandedBack after a
+    #                             checkpoint)
+    work_waiting: Optional[Callable[[], bool]] = None   # whether a loop waiting for another loop's values hands
+    #                                                     itself back (worker/loops/hand_back.py)
+    segments: Any = None        # verify='spot''s segment checks (worker/verify/spot_loop.py), or None
+    cache: Any = None           # the worker's TensorCache, where a loop handed back to take turns keeps its values
+    #                             for this worker to resume it from (worker/loops/held_values.py)
+    metrics: Any = None         # the worker's WorkerMetrics: the bytes the loop's writes store
+    loop_start: Any = None      # what the worker read for the loop with its inputs (worker.loops.loop_start
+    #                             .LoopStart), or None: read here
+    pace_steps: Callable = unpaced   # (on_step, loop, values, exchange) -> (on_step, exchange) the loop runs
+    #                                  with: benchmarks' pacing (worker/execute/emulated_device.py) when installed
+
+
+def run_loop(ctx):
+    """{output id: tensor} of the loop subgraph of `ctx` (a LoopContext); resumes from its checkpoint if an earlier
+    run left one."""
+    loop_start, segments, stop = ctx.loop_start, ctx.segments, ctx.stop
+    program, subgraph_id = ctx.program, ctx.subgraph_id
     loop_step = check_loop_program(program)
-    spec = unpack_loop(subgraph.loop)   # decoded once: the templates' nodes serve the checks and the runner
-    watch = None if max_bytes is None else (lambda template: _watcher(spec, template, max_bytes, budget))
+    spec = unpack_loop(ctx.subgraph.loop)   # decoded once: the templates' nodes serve the checks and the runner
+    watch = None if ctx.max_bytes is None else \
+        (lambda template: _watcher(spec, template, ctx.max_bytes, ctx.budget))
     meta = loop_start.meta if loop_start is not None else None   # None: each reader reads its own
-    start, carried, shared = _resume(client, keys, subgraph_id, spec.n_carried, device, cache,
+    start, carried, shared = _resume(ctx.client, ctx.keys, subgraph_id, spec.n_carried, ctx.device, ctx.cache,
                                      loop_start.checkpoint if loop_start is not None else None)
     first_ids = [t.output_first_ids for t in spec.templates]
     if any(len(ids) != len(t.output_nodes) for ids, t in zip(first_ids, spec.templates)):
         raise PlanError("a loop step's persisted values and their tensor ids do not pair up")
-    graph = GraphWatch(client, keys)
+    graph = GraphWatch(ctx.client, ctx.keys)
     store_exchange = None
-    writer = _Writer(client, keys, subgraph_id, first_ids,
-                     CHECKPOINT_STEPS if checkpoint_steps is None else checkpoint_steps, checkpoint_seconds,
-                     spec.n_steps, start, stop, graph, segments, metrics, shared)
+    writer = _Writer(ctx.client, ctx.keys, subgraph_id, first_ids,
+                     CHECKPOINT_STEPS if ctx.checkpoint_steps is None else ctx.checkpoint_steps,
+                     ctx.checkpoint_seconds, spec.n_steps, start, stop, graph, segments, ctx.metrics, shared)
     try:
-        values = loop_inputs(program, loop_step, inputs, seed, device, max_bytes, budget)
-        runner = LoopRun(spec, values, seed, device, watch, step_decisions.for_device(device))
+        values = loop_inputs(program, loop_step, ctx.inputs, ctx.seed, ctx.device, ctx.max_bytes, ctx.budget)
+        runner = LoopRun(spec, values, ctx.seed, ctx.device, watch, step_decisions.for_device(ctx.device))
         if segments is not None:
             segments.instrument(runner)
-        writer.work_waiting, writer.cache = work_waiting, cache
+        writer.work_waiting, writer.cache = ctx.work_waiting, ctx.cache
         store_exchange = writer.exchange = \
-            StoreExchange(client, keys, device, writer.on_wait, _leaving(stop, work_waiting), meta) \
+            StoreExchange(ctx.client, ctx.keys, ctx.device, writer.on_wait, _leaving(stop, ctx.work_waiting), meta) \
             if runner.exchanges() else None
         if store_exchange is not None:
-            writer.checkpoint_at_syncs(list(spec.sync_templates), checkpoint_steps or 0, resident_checkpoint_seconds)
-        on_step, exchange = emulated_device.paced_steps(writer.on_step, subgraph.loop, values, store_exchange)
+            writer.checkpoint_at_syncs(list(spec.sync_templates), ctx.checkpoint_steps or 0,
+                                       ctx.resident_checkpoint_seconds)
+        on_step, exchange = ctx.pace_steps(writer.on_step, ctx.subgraph.loop, values, store_exchange)
         graph.start(meta)
         carried = runner.run(carried, start or 0, on_step, exchange,
                              graph.stop_requested if runner.stoppable() else None)
@@ -487,7 +518,7 @@ def run_loop(client, keys, subgraph_id, subgraph, program, inputs, seed, device,
         projections = program.steps[program.steps.index(loop_step) + 1:]
         env = run_nodes(projections, {loop_step.id: tuple(carried)}, outputs=program.outputs)
     except OpError as exc:   # reported as on any subgraph: the op, its sizes, the device, and the step
-        raise kernel_error(exc, device, budget or 0) from exc.__cause__
+        raise kernel_error(exc, ctx.device, ctx.budget or 0) from exc.__cause__
     finally:
         writer.close()
         graph.close()

@@ -31,18 +31,20 @@ from ravop.store import tensors as stored
 from ravop.store import workers as liveness
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
+from ravop.store.scripts import CLAIM_FINISHED, CLAIM_GONE, CLAIM_RUN, CLAIM_UNKNOWN, CLAIM_WAITING
 from ravop.store.server_replies import kind_of as server_error_kind
 from ravop.wire import plan_pb2, unpack_nodes
 
 from ..execute import device as devices
-from ..execute import emulated_device, memory
+from ..execute import memory
 from ..execute.cache import TensorCache
 from ..execute.run import OVER_BUDGET, KernelError, run
 from ..execute.validate import check
 from ..loops.hand_back import HandBack
 from ..loops.loop_start import LoopStart
 from ..loops.loop_subgraph import (
-    CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopHandedBack, drop_checkpoint, run_loop)
+    CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, drop_checkpoint,
+    run_loop, unpaced)
 from ..verify import redundant
 from ..verify.spot import SpotChecks
 from ..verify.spot_loop import LoopSegments, check_segment, drop_segments
@@ -63,9 +65,40 @@ class _MissingInput(Exception):
     pass
 
 
-# Messages that no engine sends (someone else put them on the stream): why each is dropped.
-_FORGED = {b"unknown": "subgraph {} is not in the plan of the graph the message names",
-           b"waiting": "subgraph {} is not ready (its inputs are not computed yet); the engine enqueues it then"}
+def _forged(why):
+    """A message no engine sends (someone else put it on the stream): dropped, its graph left alone."""
+    def drop(worker, keys, subgraph_id, message_id):
+        worker._give_up(keys, message_id, subgraph_id, why.format(subgraph_id), "forged message", fail_graph=False)
+    return drop
+
+
+def _gone(worker, keys, subgraph_id, message_id):
+    """Flushed since it was queued, or never there: logged, for an operator."""
+    worker._give_up(keys, message_id, subgraph_id, f"graph {keys.graph_id} of token {keys.token} is not in Redis",
+                    "no such graph", fail_graph=False)
+
+
+def _finished(worker, keys, subgraph_id, message_id):
+    """Completed by a worker that may have died before delivering what it made ready: delivered, acked."""
+    worker.handoff.drain(keys)
+    worker._ack(message_id)
+
+
+def _ended(worker, keys, subgraph_id, message_id):
+    """The graph is not running (failed, done, cancelled, or not started): acked."""
+    worker._ack(message_id)
+
+
+# What the worker does with each claim reply but CLAIM_RUN (ravop/store/scripts.py); any other reply is the state
+# of a graph that is not running (`_ended`).
+CLAIM_ACTIONS = {
+    CLAIM_UNKNOWN.encode(): _forged("subgraph {} is not in the plan of the graph the message names"),
+    CLAIM_WAITING.encode(): _forged("subgraph {} is not ready (its inputs are not computed yet); the engine "
+                                    "enqueues it then"),
+    CLAIM_GONE.encode(): _gone,
+    CLAIM_FINISHED.encode(): _finished,
+}
+_RUN = CLAIM_RUN.encode()
 
 
 def parse_message(fields):
@@ -87,7 +120,7 @@ class Worker:
                  max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
                  max_memory_bytes=None, provider=None, checkpoint_steps=None,
                  checkpoint_seconds=CHECKPOINT_SECONDS, wrong_outputs=None, workers_on_machine=None,
-                 resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS):
+                 resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS, pacing=None):
         if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
                              f"{dead_after} and {max_attempts}")
@@ -127,6 +160,10 @@ class Worker:
         self._bans = {}  # token -> (when to look again, whether it banned this worker)
         self.wrong_outputs = wrong_outputs  # tests only: a worker.verify.redundant.Liar that perturbs outputs, or None
         self.spot = SpotChecks(self)        # R.Graph(verify='spot') (worker/verify/spot.py)
+        # benchmarks only (benchmarks/wan): `pacing` (worker/execute/emulated_device.py, given for
+        # --emulate-device-flops or --benchmark-busy-file) installs its hooks here, else nothing checks for it
+        self._run_subgraph = self._run_plain if pacing is None else pacing.run_subgraph(self._run_plain)
+        self._pace_steps = unpaced if pacing is None else pacing.steps
 
     def _advertised(self):
         """What `ravop status` shows of this worker besides its state (`ravop.store.worker_info`)."""
@@ -259,18 +296,8 @@ class Worker:
         if banned:
             self._pass_on(message_id, fields)
             return None
-        if reply[0] in _FORGED:
-            self._give_up(keys, message_id, subgraph_id, _FORGED[reply[0]].format(subgraph_id), "forged message",
-                          fail_graph=False)
-            return None
-        if reply[0] == b"gone":  # flushed since it was queued, or never there: logged, for an operator
-            self._give_up(keys, message_id, subgraph_id, f"graph {keys.graph_id} of token {keys.token} is not in "
-                          "Redis", "no such graph", fail_graph=False)
-            return None
-        if reply[0] != b"run":  # the graph failed or is done, or this subgraph already finished
-            if reply[0] == b"finished":  # by a worker that may have died before delivering what it made ready
-                self.handoff.drain(keys)
-            self._ack(message_id)
+        if reply[0] != _RUN:
+            CLAIM_ACTIONS.get(reply[0], _ended)(self, keys, subgraph_id, message_id)
             return None
         seed, data, copies, spot = int(reply[1]), reply[2], int(reply[3]), bool(reply[4])
         if deliveries > 1:   # taken over: the last holder may have left keys no record names (ravop.store.flush)
@@ -364,15 +391,20 @@ class Worker:
             self.metrics.loop_started(loop_record(self.client, keys, subgraph_id),
                                       loop_start.progress if loop_start is not None else None)
             try:
-                return run_loop(self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
-                                self.checkpoint_steps, self.checkpoint_seconds, max_bytes, self.memory_budget,
-                                self.stopping, self._work_waiting,
-                                LoopSegments(self, keys, subgraph_id) if spot else None,
-                                self.resident_checkpoint_seconds, self.cache, self.metrics, loop_start)
+                return run_loop(LoopContext(
+                    self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
+                    checkpoint_steps=self.checkpoint_steps, checkpoint_seconds=self.checkpoint_seconds,
+                    resident_checkpoint_seconds=self.resident_checkpoint_seconds, max_bytes=max_bytes,
+                    budget=self.memory_budget, stop=self.stopping, work_waiting=self._work_waiting,
+                    segments=LoopSegments(self, keys, subgraph_id) if spot else None, cache=self.cache,
+                    metrics=self.metrics, loop_start=loop_start, pace_steps=self._pace_steps))
             finally:
                 self.metrics.loop_ended(loop_start.ended if loop_start is not None else None)
-        with emulated_device.paced(subgraph, inputs):   # benchmarks only (benchmarks/wan)
-            return run(program, inputs, seed, self.device, self.memory_budget)
+        return self._run_subgraph(subgraph, program, inputs, seed)
+
+    def _run_plain(self, subgraph, program, inputs, seed):
+        """{output id: tensor} of a checked plain subgraph (`subgraph`: its plan, which a pacing hook reads)."""
+        return run(program, inputs, seed, self.device, self.memory_budget)
 
     def _inputs(self, keys, subgraph, loop_start=None):
         """Input tensors on this worker's device: from the local cache, the rest in one MGET, in the round trip

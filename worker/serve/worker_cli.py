@@ -128,7 +128,7 @@ def main(argv=None):
     threads = args.threads or machine_cores()
     torch.set_num_threads(threads)
     try:
-        emulated_device.enable(args.emulate_device_flops, args.benchmark_busy_file)
+        pacing = emulated_device.pacing(args.emulate_device_flops, args.benchmark_busy_file)
         if args.data:   # imported only here: a worker without data starts sooner (federated, pandas readers)
             from ..provider.data import ProviderData
             from ..provider.data_provider import Provider
@@ -147,7 +147,7 @@ def main(argv=None):
                         checkpoint_steps=args.checkpoint_steps, checkpoint_seconds=args.checkpoint_seconds,
                         resident_checkpoint_seconds=args.resident_checkpoint_seconds,
                         wrong_outputs=Liar.parse(args.test_wrong_outputs) if args.test_wrong_outputs else None,
-                        workers_on_machine=args.workers_on_machine)
+                        workers_on_machine=args.workers_on_machine, pacing=pacing)
     except Exception as exc:  # noqa: BLE001 - a bad flag, an unreachable or refusing server: one line
         print(f"ravop-worker: {one_line(exc, args.redis)}", file=sys.stderr)
         return 1

@@ -48,8 +48,8 @@ def parse_segment(text):
 
 
 class LoopSegments:
-    """The running worker's side: `run_loop(segments=...)` calls `guard` before each write, `on_checkpoint` after
-    each checkpoint, `instrument` once and `wait_settled` after the last step."""
+    """The running worker's side: `run_loop` (`LoopContext.segments`) calls `guard` before each write,
+    `on_checkpoint` after each checkpoint, `instrument` once and `wait_settled` after the last step."""
 
     def __init__(self, worker, keys, subgraph_id):
         self.worker, self.keys, self.subgraph_id = worker, keys, subgraph_id
