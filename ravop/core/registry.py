@@ -31,9 +31,12 @@ Conventions an op definition follows:
   forward code is exported as calls of these (`ravdl.v2.export`; helpers in `ravop.ops.scriptable`).
 - `torch_module` (optional): the name of the `torch.nn` module computing the op, whose constructor takes the
   op's params (the softmax family's `axis` as `dim`): the ops RavDL's `Activation` layer offers.
+- `operators` (optional): the Python operators an `Op` implements by recording the op (`"__add__"`; a reflected
+  one, `"__radd__"`, records it with its operands swapped), made by `ravop.record.api`.
 - `kind` marks the few ops the graph machinery makes itself (ravop/ops/graph_machinery.py), which are not `R.<op>`
   functions: INPUT (a value from the tensor store, not a kernel: constants), PROJECTION (output i of a
-  multi-output node; `Op.output(i)`), LOOP (a training loop run as a whole, `ravop.record.loop`) and HOLE (a value a
+  multi-output node, its param `PICKS`; `Op.output(i)`), LOOP (a training loop run as a whole, `ravop.record.loop`;
+  its param `LOOP_INDEX` says which of the graph's loops) and HOLE (a value a
   loop's step reads). Code asks an OpDef's flags (`is_input`, `is_projection`, `free`, ...) or, in hot loops,
   the name sets below, never an op's name.
 - Flags a loop step reads (ravop.record.loop, ravop.runtime.loop_run, compiler/passes/loops.py), declared by the op
@@ -58,6 +61,7 @@ import torch
 
 REQUIRED: Any = object()  # default of a param the caller must give
 INPUT, PROJECTION, LOOP, HOLE = "input", "projection", "loop_run", "hole"   # the kinds of `register(kind=...)`
+PICKS, LOOP_INDEX = "index", "loop"   # the params of the PROJECTION op (which output) and the LOOP op (its loop)
 
 Kernel = Callable[..., Any]
 
@@ -111,7 +115,7 @@ class OpDef:
     __slots__ = ("name", "inputs", "params", "kernel", "shape", "vjp", "random", "deterministic",
                  "method", "aliases", "flops", "torch_function", "torch_module", "kind", "variadic",
                  "n_required_inputs", "creates", "doc", "counter", "seed_param", "in_place", "group_update",
-                 "reuses", "cpu_variant")
+                 "reuses", "cpu_variant", "operators")
 
     name: str
     kernel: Kernel
@@ -127,6 +131,7 @@ class OpDef:
     group_update: Optional[GroupUpdate]
     reuses: Optional[Reuses]
     cpu_variant: Optional[Variant]
+    operators: tuple[str, ...]
 
     def __init__(self, name: str, kernel: Kernel, inputs: tuple[str, ...], params: dict[str, Any],
                  shape: Optional[Callable[..., Any]], vjp: Optional[Callable[..., Any]], random: bool,
@@ -134,7 +139,7 @@ class OpDef:
                  torch_function: Any, torch_module: Optional[str], kind: Optional[str], counter: Optional[str] = None,
                  seed_param: Optional[str] = None, in_place: Optional[InPlace] = None,
                  group_update: Optional[GroupUpdate] = None, reuses: Optional[Reuses] = None,
-                 cpu_variant: Optional[Variant] = None) -> None:
+                 cpu_variant: Optional[Variant] = None, operators: tuple[str, ...] = ()) -> None:
         self.name = name
         self.kernel = kernel
         self.variadic = len(inputs) == 1 and inputs[0].startswith("*")
@@ -162,6 +167,7 @@ class OpDef:
         if reuses is not None and not reuses.reads and seed_param is None:
             raise ValueError(f"op {name!r} reuses its forward's values but says neither what both read nor a seed")
         self.group_update, self.reuses, self.cpu_variant = group_update, reuses, cpu_variant
+        self.operators = tuple(operators)
 
     @property
     def differentiable(self) -> bool:
@@ -214,12 +220,12 @@ def register(name: str, *, inputs: tuple[str, ...] = ("x",), params: Optional[di
              torch_module: Optional[str] = None, kind: Optional[str] = None, counter: Optional[str] = None,
              seed_param: Optional[str] = None, in_place: Optional[InPlace] = None,
              group_update: Optional[GroupUpdate] = None, reuses: Optional[Reuses] = None,
-             cpu_variant: Optional[Variant] = None) -> Callable[[Kernel], Kernel]:
+             cpu_variant: Optional[Variant] = None, operators: tuple[str, ...] = ()) -> Callable[[Kernel], Kernel]:
     """Decorator: register `kernel` as op `name`. See the module docstring for the conventions."""
     def decorate(kernel: Kernel) -> Kernel:
         opdef = OpDef(name, kernel, tuple(inputs), params or {}, shape, vjp, random, deterministic, method,
                       tuple(aliases), flops, torch_function, torch_module, kind, counter, seed_param, in_place,
-                      group_update, reuses, cpu_variant)
+                      group_update, reuses, cpu_variant, operators)
         for key in (name, *aliases):
             if key in REGISTRY:
                 raise ValueError(f"op {key!r} is registered twice")
