@@ -182,8 +182,8 @@ def _bind_projections(runner: Runner, opdefs: OpDefs, calls: list[Any], overwrit
     n = 0
     for index, opdef in enumerate(opdefs):
         kernel, args, params, out, frees, varies = calls[index]
-        if opdef.is_projection and varies is None and type(params.get("index")) is int and len(params) == 1:
-            calls[index] = (operator.itemgetter(params["index"]), args, {}, out, frees, None)
+        if opdef.is_projection and varies is None and type(params.get(registry.PICKS)) is int and len(params) == 1:
+            calls[index] = (operator.itemgetter(params[registry.PICKS]), args, {}, out, frees, None)
             n += 1
     return {PROJECTIONS: n}
 
