@@ -157,6 +157,31 @@ def test_a_cross_entropy_backward_reusing_its_forward_is_bitwise_the_op(y_true, 
             assert (a is None and b is None) or torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
+def test_the_rule_table_covers_every_declaration():
+    """Each kind of declaration has its rule; a backward names a registered forward that is another op."""
+    assert set(step_compiler.DECLARED) <= set(step_compiler.RULES)
+    declared = [d for d in registry.unique_opdefs() if any(getattr(d, f) is not None for f in step_compiler.DECLARED)]
+    assert {d.name for d in declared} >= {"adam_step", "adamw_step", "rmsprop_step", "dropout_backward",
+                                          "batch_norm_backward", "cross_entropy_loss_backward", "max_pool2d"}
+    for opdef in declared:
+        if opdef.reuses is not None:
+            assert registry.get(opdef.reuses.forward) is not opdef
+    assert set(step_compiler.rewrite_names()) == {"optimizer_groups", "dropout_masks_kept", "batch_norm_stats_kept",
+                                                  "log_softmax_kept", "channels_last_pools", "projections"}
+
+
+@pytest.mark.parametrize("shape, params", [((2, 3, 8, 8), {"kernel_size": 2, "return_indices": True}),
+                                           ((2, 3, 9, 7), {"kernel_size": 3, "stride": 2, "padding": 1}),
+                                           ((3, 8, 8), {"kernel_size": 2, "return_indices": True})])
+def test_a_cpu_variant_is_bitwise_the_op(shape, params):
+    """max_pool2d on a channels-last copy: the same maxima and the same (first-in-window) indices, ties included."""
+    x = torch.relu(torch.randn(shape))   # zeros: ties in most windows
+    opdef = registry.REGISTRY["max_pool2d"]
+    got, want = opdef.cpu_variant.kernel(x, **params), opdef.kernel(x, **params)
+    for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert a.is_contiguous() and torch.equal(a, b)
+
+
 def test_the_decision_is_measured_then_kept_for_the_template(monkeypatch):
     decisions = step_compiler.MemoryDecisions()
     graph, names = record_cnn("decided", epochs=8)   # 32 runs of the full batch's template
