@@ -103,6 +103,12 @@ def _dunder(opdef, reflected=False):
 # The Python operators whose reflected form (`2 + x`) swaps the operands; which op each one records is declared
 # by the op (`OpDef.operators`).
 REFLECTED = {"__radd__", "__rsub__", "__rmul__", "__rtruediv__", "__rmatmul__", "__rpow__"}
+
+
+def operators():
+    """(dunder, OpDef) of every Python operator an op declares (`OpDef.operators`), the reflected ones last."""
+    pairs = [(dunder, opdef) for opdef in registry.unique_opdefs() for dunder in opdef.operators]
+    return sorted(pairs, key=lambda pair: pair[0] in REFLECTED)
 _OP_ATTRIBUTES = set(dir(Op)) | set(Op.__slots__)
 
 
@@ -121,11 +127,10 @@ def build(namespace):
                 setattr(Op, key, _method(fn, op_signature(opdef, method=True)))
             else:
                 setattr(Op, key, fn if isinstance(fn, FunctionType) else _method(fn))
-    for opdef in registry.unique_opdefs():
-        for dunder in opdef.operators:
-            if dunder in REFLECTED:
-                setattr(Op, dunder, _dunder(opdef, reflected=True))
-            else:
-                setattr(Op, dunder, _method(functions[opdef.name]) if opdef.params else _dunder(opdef))
+    for dunder, opdef in operators():
+        if dunder in REFLECTED:
+            setattr(Op, dunder, _dunder(opdef, reflected=True))
+        else:
+            setattr(Op, dunder, _method(functions[opdef.name]) if opdef.params else _dunder(opdef))
     Op.__hash__ = object.__hash__  # defining __eq__ above would otherwise make Ops unhashable
     return functions
