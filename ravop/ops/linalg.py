@@ -52,8 +52,8 @@ def _matmul_vjp(node, g, wants):
     return R.reshape(gx, shape=x.shape), R.reshape(gy, shape=y.shape)
 
 
-@register("matmul", inputs=("x", "y"), operators=("__matmul__", "__rmatmul__"), shape=_matmul_shape, vjp=_matmul_vjp, flops=flops.matmul,
-          torch_function=(torch.matmul, scriptable.no_params))
+@register("matmul", inputs=("x", "y"), operators=("__matmul__", "__rmatmul__"), shape=_matmul_shape, vjp=_matmul_vjp,
+          flops=flops.matmul, torch_function=(torch.matmul, scriptable.no_params))
 def matmul(x, y):
     """Matrix product (numpy.matmul / `@`): batch dimensions broadcast, 1-D operands are vectors."""
     return torch.matmul(*_promoted(x, y))

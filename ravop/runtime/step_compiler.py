@@ -212,10 +212,9 @@ def _reuse_forwards(runner: Runner, opdefs: OpDefs, calls: list[Any], overwrites
     counts: Counts = {}
     for index, opdef in enumerate(opdefs):
         kernel, args, params, out, frees, varies = calls[index]
-        for reuses in reusing.get(id(opdef), ()):
-            if reuses.reads and kernel is opdef.kernel and varies is None and \
-                    len(args) > max(f for _, f in reuses.reads):
-                latest[(id(reuses), tuple(args[f] for _, f in reuses.reads))] = index
+        for of_it in reusing.get(id(opdef), ()):   # it is a forward: the latest one reading these values
+            if of_it.reads and kernel is opdef.kernel and varies is None and len(args) > max(f for _, f in of_it.reads):
+                latest[(id(of_it), tuple(args[f] for _, f in of_it.reads))] = index
         reuses = opdef.reuses
         if reuses is None or (reuses.cpu_only and not on_cpu) or kernel is not opdef.kernel:
             continue
@@ -227,7 +226,7 @@ def _reuse_forwards(runner: Runner, opdefs: OpDefs, calls: list[Any], overwrites
         if any(full[k] != f_full[k] for k in reuses.same) or (reuses.applies is not None and not reuses.applies(full)):
             continue
         declared, box = boxes.get(forward, (reuses, None))
-        if declared is not reuses:
+        if declared is not reuses:   # kept for another kind of backward already
             continue
         if box is None:
             box = [None]
