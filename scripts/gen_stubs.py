@@ -191,8 +191,7 @@ def render():
             continue
         methods[key] = _function(key, opdef, method=True)
     dunders = []
-    for dunder, name in {**api.DUNDERS, **api.REFLECTED}.items():
-        opdef = registry.get(name)
+    for dunder, opdef in api.operators():
         # x[i]: `index` is variadic (the tensor, then slices and tensors), its dunder takes one key
         other = ", key: Any" if opdef.variadic else "" if len(opdef.inputs) == 1 else ", other: TensorLike"
         dunders.append(f"    def {dunder}(self{other}) -> Op: ...  # type: ignore[override]\n"

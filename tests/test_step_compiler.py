@@ -124,7 +124,7 @@ def test_a_foreach_update_is_bitwise_the_per_parameter_loop(op, settings):
     loop, grouped = [[t.clone() for t in one] for one in state], [[t.clone() for t in one] for one in state]
     opdef = registry.REGISTRY[op]
     kernel = opdef.kernel if opdef.in_place is None else opdef.in_place.kernel
-    group = step_compiler._Group(op, len(shapes))
+    group = step_compiler._Group(opdef.group_update.kernel, len(shapes))   # the op's declared group update
     for step in range(1, 6):
         grads = [torch.randn(s) for s in shapes]
         loop = [list(kernel(p, g, a, b, c, step=step, **settings)) for (p, a, b, c), g in zip(loop, grads)]
@@ -144,16 +144,42 @@ def test_a_foreach_update_is_bitwise_the_per_parameter_loop(op, settings):
     (torch.tensor([[1, 2], [0, 4]]), torch.randn(2, 5, 2), {}),            # (N, C, d): as the op
 ])
 def test_a_cross_entropy_backward_reusing_its_forward_is_bitwise_the_op(y_true, y_pred, params):
-    box = [None, None, None]
-    forward = step_compiler._cross_entropy_keeping(box, y_true, y_pred, **params)
+    reuses = registry.REGISTRY["cross_entropy_loss_backward"].reuses   # the op's declared reuse of its forward
+    box = [None]
+    forward = reuses.keeping(box, y_true, y_pred, **params)
     assert torch.equal(forward.view(torch.int32), registry.REGISTRY["cross_entropy_loss"].kernel(
         y_true, y_pred, **params).view(torch.int32))
     g = torch.tensor(0.7)
     for mask in ((False, True), (True, True)) if y_true.is_floating_point() else ((False, True),):
-        kept = step_compiler._cross_entropy_backward_kept(box, g, y_true, y_pred, **params, mask=mask)
+        kept = reuses.kept(box, g, y_true, y_pred, **params, mask=mask)
         recomputed = registry.REGISTRY["cross_entropy_loss_backward"].kernel(g, y_true, y_pred, **params, mask=mask)
         for a, b in zip(kept, recomputed):
             assert (a is None and b is None) or torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def test_the_rule_table_covers_every_declaration():
+    """Each kind of declaration has its rule; a backward names a registered forward that is another op."""
+    assert set(step_compiler.DECLARED) <= set(step_compiler.RULES)
+    declared = [d for d in registry.unique_opdefs() if any(getattr(d, f) is not None for f in step_compiler.DECLARED)]
+    assert {d.name for d in declared} >= {"adam_step", "adamw_step", "rmsprop_step", "dropout_backward",
+                                          "batch_norm_backward", "cross_entropy_loss_backward", "max_pool2d"}
+    for opdef in declared:
+        if opdef.reuses is not None:
+            assert registry.get(opdef.reuses.forward) is not opdef
+    assert set(step_compiler.rewrite_names()) == {"optimizer_groups", "dropout_masks_kept", "batch_norm_stats_kept",
+                                                  "log_softmax_kept", "channels_last_pools", "projections"}
+
+
+@pytest.mark.parametrize("shape, params", [((2, 3, 8, 8), {"kernel_size": 2, "return_indices": True}),
+                                           ((2, 3, 9, 7), {"kernel_size": 3, "stride": 2, "padding": 1}),
+                                           ((3, 8, 8), {"kernel_size": 2, "return_indices": True})])
+def test_a_cpu_variant_is_bitwise_the_op(shape, params):
+    """max_pool2d on a channels-last copy: the same maxima and the same (first-in-window) indices, ties included."""
+    x = torch.relu(torch.randn(shape))   # zeros: ties in most windows
+    opdef = registry.REGISTRY["max_pool2d"]
+    got, want = opdef.cpu_variant.kernel(x, **params), opdef.kernel(x, **params)
+    for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert a.is_contiguous() and torch.equal(a, b)
 
 
 def test_the_decision_is_measured_then_kept_for_the_template(monkeypatch):
@@ -188,9 +214,9 @@ def test_a_template_that_fails_to_compile_runs_op_by_op_and_says_why(monkeypatch
     graph, names = record_cnn("broken rewrite", epochs=1)
     plain = reference(graph, names, monkeypatch)
 
-    def broken(runner, calls):
+    def broken(*args):
         raise RuntimeError("a rewrite that cannot handle this template")
-    monkeypatch.setattr(step_compiler, "_keep_dropout_masks", broken)
+    monkeypatch.setitem(step_compiler.RULES, "reuses", broken)
     with caplog.at_level(logging.WARNING, logger="ravop.runtime.step_compiler"):
         got = on_one_thread(evaluate_persisted, graph, names)
     assert "not compiled, running op by op: RuntimeError: a rewrite that cannot handle this template" in caplog.text

@@ -28,7 +28,8 @@ from itertools import count
 
 from ravop.core.loop_template import LoopRecord, LoopSpec, StepTemplate, hole_node
 from ravop.core.node import Node
-from ravop.core.registry import HOLE, INPUTS, LOOP, LOOPS, NOT_KERNELS, PROJECTION, REGISTRY, op_of_kind
+from ravop.core.registry import (HOLE, INPUTS, LOOP, LOOP_INDEX, LOOPS, NOT_KERNELS, PICKS, PROJECTION, REGISTRY,
+                                 op_of_kind)
 from ravop.record.loop import counter_of, seed_of
 from ravop.runtime.runner import op_seed
 from ravop.wire import encode_params
@@ -439,11 +440,11 @@ def _build(ir, context, fold, loop_index, alias):
     source = nodes[step0[0]].source
     shapes = tuple(nodes[step0[p]].shape for p in carried)
     dtypes = tuple(nodes[step0[p]].dtype for p in carried)
-    params = {"loop": loop_index}
+    params = {LOOP_INDEX: loop_index}
     loop_node = Node(free[0], op_of_kind(LOOP), tuple(inputs), params, encode_params(params), shapes, dtypes, source)
     results = []
     for k, (shape, dtype) in enumerate(zip(shapes, dtypes)):
-        params = {"index": k}
+        params = {PICKS: k}
         results.append(Node(free[k + 1], op_of_kind(PROJECTION), (loop_node.id,), params, encode_params(params),
                             shape, dtype, source))
     moved = [name for per_output in names for name in per_output]

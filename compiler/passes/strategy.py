@@ -26,7 +26,7 @@ from dataclasses import replace
 from ravop.core.errors import GraphStateError
 from ravop.core.loop_template import LoopRecord, LoopSpec
 from ravop.core.node import Node
-from ravop.core.registry import HOLE, INPUTS, PROJECTION, PROJECTIONS, REGISTRY, op_of_kind
+from ravop.core.registry import HOLE, INPUTS, LOOP_INDEX, PICKS, PROJECTION, PROJECTIONS, REGISTRY, op_of_kind
 from ravop.parallel.hand_written import check_loop_strategy, record_replica_loops
 from ravop.parallel.replicas import Carried
 from ravop.record.loop import seed_of
@@ -91,7 +91,7 @@ def carried_kinds(template):
         node = rows.get(after)
         producer = rows.get(node.inputs[0]) if node is not None and node.op in PROJECTIONS else None
         if producer is not None and _is_optimizer_step(producer.op):
-            kinds.append(PARAM if node.params["index"] == 0 else OPTIMIZER)
+            kinds.append(PARAM if node.params[PICKS] == 0 else OPTIMIZER)
         elif producer is not None or not template.holes[hole].dtype.is_floating_point:
             kinds.append(BUFFER)
         else:
@@ -109,7 +109,7 @@ def _splice(ir, loop_id, scratch, initial, order, source):
     loop's last steps that make no full round of the replicas (`_tail`) run once on that model."""
     nodes, graph = ir.nodes, scratch.graph
     record = ir.loops[loop_id]
-    results = {id: node.params["index"] for id, node in nodes.items()
+    results = {id: node.params[PICKS] for id, node in nodes.items()
                if node.op in PROJECTIONS and node.inputs[0] == loop_id}
     next_id = ir.n_recorded
     ids = {op.id: i for op, i in zip(scratch.placeholders, initial)}   # scratch id -> IR id
@@ -127,7 +127,7 @@ def _splice(ir, loop_id, scratch, initial, order, source):
                                              nodes[loop_id].inputs, order)
             loops[next_id] = replica
             inputs += tuple(outer)
-            params = {"loop": len(loops) - 1}
+            params = {LOOP_INDEX: len(loops) - 1}
         elif op.op in INPUTS:
             constants[next_id] = graph.constants[op.id]
         added[next_id] = Node(next_id, op.op, inputs, params, encode_params(params) if params else b"", op.shape,
@@ -168,11 +168,11 @@ def _splice(ir, loop_id, scratch, initial, order, source):
 
 def _loop_nodes(loop_id, like, inputs, index, source):
     """A loop node carrying what the loop node `like` carries, and a tuple_get per carried value."""
-    params = {"loop": index}
+    params = {LOOP_INDEX: index}
     loop = Node(loop_id, like.op, inputs, params, encode_params(params), like.shape, like.dtype, source)
     picks = []
     for k, (shape, dtype) in enumerate(zip(like.shape, like.dtype)):
-        params = {"index": k}
+        params = {PICKS: k}
         picks.append(Node(loop_id + 1 + k, op_of_kind(PROJECTION), (loop_id,), params, encode_params(params), shape,
                           dtype, source))
     return [loop, *picks]

@@ -140,7 +140,7 @@ class _Tracer:
             self.tensors[key] = op
             return self._add({"op": "get_attr", "target": key})
         if opdef.is_projection:
-            return self._add({"op": "getitem", "args": [self.refs[op.inputs[0].id], op.params["index"]]})
+            return self._add({"op": "getitem", "args": [self.refs[op.inputs[0].id], op.params[registry.PICKS]]})
         if opdef.torch_function is None:
             savable = sorted(d.name for d in registry.unique_opdefs() if d.torch_function is not None)
             raise ValueError(f"save_model: op {op.op!r} (recorded at {op.source}) in the model's forward code has "

@@ -59,7 +59,6 @@ class Adam(Optimizer):
     default single-tensor update, `fused=True` its fused kernel (faster; other rounding, which a model can amplify:
     compare with eager PyTorch's Adam of the same `fused`)."""
     state_names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
-    step_op = "adam_step"
 
     def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0, amsgrad=False, lr_schedule=None,
                  fused=None):
@@ -78,16 +77,18 @@ class Adam(Optimizer):
         return self.state_names if self.hyper["amsgrad"] else self.state_names[:2]
 
     def _step(self, param, grad, state, step):
-        return getattr(R, self.step_op)(param, grad, *state, step=step, **self.hyper)
+        return R.adam_step(param, grad, *state, step=step, **self.hyper)
 
 
 class AdamW(Adam):
     """torch.optim.AdamW (decoupled weight decay), with the same arguments, defaults and bits; `fused` as Adam's."""
-    step_op = "adamw_step"
 
     def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01, amsgrad=False, lr_schedule=None,
                  fused=None):
         super().__init__(lr, betas, eps, weight_decay, amsgrad, lr_schedule, fused)
+
+    def _step(self, param, grad, state, step):
+        return R.adamw_step(param, grad, *state, step=step, **self.hyper)
 
 
 class RMSprop(Optimizer):

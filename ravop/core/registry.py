@@ -31,9 +31,12 @@ Conventions an op definition follows:
   forward code is exported as calls of these (`ravdl.v2.export`; helpers in `ravop.ops.scriptable`).
 - `torch_module` (optional): the name of the `torch.nn` module computing the op, whose constructor takes the
   op's params (the softmax family's `axis` as `dim`): the ops RavDL's `Activation` layer offers.
+- `operators` (optional): the Python operators an `Op` implements by recording the op (`"__add__"`; a reflected
+  one, `"__radd__"`, records it with its operands swapped), made by `ravop.record.api`.
 - `kind` marks the few ops the graph machinery makes itself (ravop/ops/graph_machinery.py), which are not `R.<op>`
   functions: INPUT (a value from the tensor store, not a kernel: constants), PROJECTION (output i of a
-  multi-output node; `Op.output(i)`), LOOP (a training loop run as a whole, `ravop.record.loop`) and HOLE (a value a
+  multi-output node, its param `PICKS`; `Op.output(i)`), LOOP (a training loop run as a whole, `ravop.record.loop`;
+  its param `LOOP_INDEX` says which of the graph's loops) and HOLE (a value a
   loop's step reads). Code asks an OpDef's flags (`is_input`, `is_projection`, `free`, ...) or, in hot loops,
   the name sets below, never an op's name.
 - Flags a loop step reads (ravop.record.loop, ravop.runtime.loop_run, compiler/passes/loops.py), declared by the op
@@ -42,6 +45,13 @@ Conventions an op definition follows:
   (`op_seed(graph_seed, that op's id)`: dropout_backward redraws its forward's mask), which a loop step advances
   with that op's stream; `in_place` is an `InPlace` kernel doing the same update on the tensors it overwrites,
   for a loop that owns them (its carried values).
+- Rewrites of a loop's step (ravop.runtime.step_compiler), declared by the ops they concern, each computing the
+  op's own bits; `name` is what the step compiler counts them as. Each is made on a CPU only unless it says
+  `cpu_only=False` (its bits were checked on CPU kernels only):
+  `group_update` (a `GroupUpdate`): one call updating every tensor of the op's calls with the same settings (an
+  optimizer step's foreach or fused kernel); `reuses` (a `Reuses`, on a backward op): what its forward computed in
+  the same run is kept for it instead of being computed again (a dropout's mask, batch-norm statistics);
+  `cpu_variant` (a `Variant`): a kernel giving the same bits faster on a CPU (max pooling on a channels-last copy).
 """
 from __future__ import annotations
 
@@ -51,6 +61,7 @@ import torch
 
 REQUIRED: Any = object()  # default of a param the caller must give
 INPUT, PROJECTION, LOOP, HOLE = "input", "projection", "loop_run", "hole"   # the kinds of `register(kind=...)`
+PICKS, LOOP_INDEX = "index", "loop"   # the params of the PROJECTION op (which output) and the LOOP op (its loop)
 
 Kernel = Callable[..., Any]
 
@@ -62,10 +73,49 @@ class InPlace(NamedTuple):
     overwritten: tuple[int, ...]
 
 
+class GroupUpdate(NamedTuple):
+    """The op's calls with the same settings run as one: `kernel(args, **params)` takes every member's arguments
+    in turn (len(inputs) each) and their shared params (the step counter included) and returns each member's
+    outputs, in order, each tensor updated on its own as the op updates it. `in_place`: it stands for the op's
+    `in_place` variant (overwriting the same positions of every member), not for its kernel on copies;
+    `covers(params)` (all params, defaults filled): whether it computes the op with these settings."""
+    kernel: Kernel
+    name: str
+    in_place: bool = False
+    covers: Optional[Callable[[dict[str, Any]], bool]] = None
+    cpu_only: bool = True
+
+
+class Reuses(NamedTuple):
+    """A backward op's reuse of what its `forward` op computed in the same run of a step. The forward then runs
+    `keeping(box, *its args, **its params)` (a random forward gets `generator=` too), which returns its outputs and
+    leaves in `box` (a list, `[None]` at first, one per forward) what the backward needs; the backward runs
+    `kept(box, *its args, **its params)`, which uses `box` where it holds this run's forward's and otherwise
+    computes as the op. How a backward finds its forward: `reads`, (backward position, forward position) of a value
+    both read (the latest such forward before it); a backward with a `seed_param` follows the forward whose random
+    stream its seed is. `same`: params the two must have equal; `applies(params)` (the backward's, defaults
+    filled): whether to make it."""
+    forward: str
+    keeping: Kernel
+    kept: Kernel
+    name: str
+    reads: tuple[tuple[int, int], ...] = ()
+    same: tuple[str, ...] = ()
+    applies: Optional[Callable[[dict[str, Any]], bool]] = None
+    cpu_only: bool = True
+
+
+class Variant(NamedTuple):
+    """A kernel giving the op's bits faster on a CPU, run there in a loop's step instead of the op's."""
+    kernel: Kernel
+    name: str
+
+
 class OpDef:
     __slots__ = ("name", "inputs", "params", "kernel", "shape", "vjp", "random", "deterministic",
                  "method", "aliases", "flops", "torch_function", "torch_module", "kind", "variadic",
-                 "n_required_inputs", "creates", "doc", "counter", "seed_param", "in_place")
+                 "n_required_inputs", "creates", "doc", "counter", "seed_param", "in_place", "group_update",
+                 "reuses", "cpu_variant", "operators")
 
     name: str
     kernel: Kernel
@@ -78,12 +128,18 @@ class OpDef:
     counter: Optional[str]
     seed_param: Optional[str]
     in_place: Optional[InPlace]
+    group_update: Optional[GroupUpdate]
+    reuses: Optional[Reuses]
+    cpu_variant: Optional[Variant]
+    operators: tuple[str, ...]
 
     def __init__(self, name: str, kernel: Kernel, inputs: tuple[str, ...], params: dict[str, Any],
                  shape: Optional[Callable[..., Any]], vjp: Optional[Callable[..., Any]], random: bool,
                  deterministic: bool, method: bool, aliases: tuple[str, ...], flops: Optional[Callable[..., Any]],
                  torch_function: Any, torch_module: Optional[str], kind: Optional[str], counter: Optional[str] = None,
-                 seed_param: Optional[str] = None, in_place: Optional[InPlace] = None) -> None:
+                 seed_param: Optional[str] = None, in_place: Optional[InPlace] = None,
+                 group_update: Optional[GroupUpdate] = None, reuses: Optional[Reuses] = None,
+                 cpu_variant: Optional[Variant] = None, operators: tuple[str, ...] = ()) -> None:
         self.name = name
         self.kernel = kernel
         self.variadic = len(inputs) == 1 and inputs[0].startswith("*")
@@ -106,6 +162,12 @@ class OpDef:
             if param is not None and param not in self.params:
                 raise ValueError(f"op {name!r} declares {flag}={param!r}, which is not one of its params")
         self.counter, self.seed_param, self.in_place = counter, seed_param, in_place
+        if group_update is not None and group_update.in_place and in_place is None:
+            raise ValueError(f"op {name!r} groups its in-place variant but declares none")
+        if reuses is not None and not reuses.reads and seed_param is None:
+            raise ValueError(f"op {name!r} reuses its forward's values but says neither what both read nor a seed")
+        self.group_update, self.reuses, self.cpu_variant = group_update, reuses, cpu_variant
+        self.operators = tuple(operators)
 
     @property
     def differentiable(self) -> bool:
@@ -156,11 +218,14 @@ def register(name: str, *, inputs: tuple[str, ...] = ("x",), params: Optional[di
              random: bool = False, deterministic: bool = True, method: bool = True, aliases: tuple[str, ...] = (),
              flops: Optional[Callable[..., Any]] = None, torch_function: Any = None,
              torch_module: Optional[str] = None, kind: Optional[str] = None, counter: Optional[str] = None,
-             seed_param: Optional[str] = None, in_place: Optional[InPlace] = None) -> Callable[[Kernel], Kernel]:
+             seed_param: Optional[str] = None, in_place: Optional[InPlace] = None,
+             group_update: Optional[GroupUpdate] = None, reuses: Optional[Reuses] = None,
+             cpu_variant: Optional[Variant] = None, operators: tuple[str, ...] = ()) -> Callable[[Kernel], Kernel]:
     """Decorator: register `kernel` as op `name`. See the module docstring for the conventions."""
     def decorate(kernel: Kernel) -> Kernel:
         opdef = OpDef(name, kernel, tuple(inputs), params or {}, shape, vjp, random, deterministic, method,
-                      tuple(aliases), flops, torch_function, torch_module, kind, counter, seed_param, in_place)
+                      tuple(aliases), flops, torch_function, torch_module, kind, counter, seed_param, in_place,
+                      group_update, reuses, cpu_variant, operators)
         for key in (name, *aliases):
             if key in REGISTRY:
                 raise ValueError(f"op {key!r} is registered twice")

@@ -38,18 +38,22 @@ def _pow_vjp(node, g, wants):
 
 # An op whose kernel is a torch function with the same arguments is exported as that function.
 SAME = scriptable.no_params
-register("add", inputs=("x", "y"), shape=rules.binary, vjp=_add_vjp, torch_function=(torch.add, SAME))(torch.add)
-register("sub", inputs=("x", "y"), shape=rules.binary, vjp=_sub_vjp, aliases=("subtract",),
-         torch_function=(torch.sub, SAME))(torch.sub)
-register("mul", inputs=("x", "y"), shape=rules.binary, vjp=_mul_vjp, aliases=("multiply",),
-         torch_function=(torch.mul, SAME))(torch.mul)
-register("div", inputs=("x", "y"), shape=rules.binary_float, vjp=_div_vjp, aliases=("divide",),
-         torch_function=(torch.div, SAME))(torch.div)
-register("pow", inputs=("x", "y"), shape=rules.binary, vjp=_pow_vjp, aliases=("power",))(torch.pow)
+register("add", inputs=("x", "y"), operators=("__add__", "__radd__"), shape=rules.binary, vjp=_add_vjp,
+         torch_function=(torch.add, SAME))(torch.add)
+register("sub", inputs=("x", "y"), operators=("__sub__", "__rsub__"), shape=rules.binary, vjp=_sub_vjp,
+         aliases=("subtract",), torch_function=(torch.sub, SAME))(torch.sub)
+register("mul", inputs=("x", "y"), operators=("__mul__", "__rmul__"), shape=rules.binary, vjp=_mul_vjp,
+         aliases=("multiply",), torch_function=(torch.mul, SAME))(torch.mul)
+register("div", inputs=("x", "y"), operators=("__truediv__", "__rtruediv__"), shape=rules.binary_float, vjp=_div_vjp,
+         aliases=("divide",), torch_function=(torch.div, SAME))(torch.div)
+register("pow", inputs=("x", "y"), operators=("__pow__", "__rpow__"), shape=rules.binary, vjp=_pow_vjp,
+         aliases=("power",))(torch.pow)
 
-register("neg", shape=rules.same, vjp=lambda node, g, wants: (R.neg(g),), torch_function=(torch.neg, SAME))(torch.neg)
-register("pos", shape=rules.same, vjp=lambda node, g, wants: (g,))(torch.positive)
-register("abs", shape=rules.same, vjp=lambda node, g, wants: (R.mul(g, R.sign(node.inputs[0])),))(torch.abs)
+register("neg", operators=("__neg__",), shape=rules.same, vjp=lambda node, g, wants: (R.neg(g),),
+         torch_function=(torch.neg, SAME))(torch.neg)
+register("pos", operators=("__pos__",), shape=rules.same, vjp=lambda node, g, wants: (g,))(torch.positive)
+register("abs", operators=("__abs__",), shape=rules.same,
+         vjp=lambda node, g, wants: (R.mul(g, R.sign(node.inputs[0])),))(torch.abs)
 # sign is flat wherever it is differentiable: its gradient is zero (None: no contribution), as torch's.
 register("sign", shape=rules.same, vjp=lambda node, g, wants: (None,))(torch.sign)
 # round (half to even, as torch.round): flat wherever it is differentiable, like sign. int8 compression of

@@ -11,11 +11,12 @@ from ..core.registry import register
 from . import rules
 from .graph_machinery import unbroadcast
 
-for _name, _kernel in (("greater", torch.gt), ("greater_equal", torch.ge), ("less", torch.lt),
-                       ("less_equal", torch.le), ("equal", torch.eq), ("not_equal", torch.ne),
-                       ("logical_and", torch.logical_and), ("logical_or", torch.logical_or),
-                       ("logical_xor", torch.logical_xor)):
-    register(_name, inputs=("x", "y"), shape=rules.compare)(_kernel)
+for _name, _kernel, _operators in (("greater", torch.gt, ("__gt__",)), ("greater_equal", torch.ge, ("__ge__",)),
+                                   ("less", torch.lt, ("__lt__",)), ("less_equal", torch.le, ("__le__",)),
+                                   ("equal", torch.eq, ("__eq__",)), ("not_equal", torch.ne, ("__ne__",)),
+                                   ("logical_and", torch.logical_and, ()), ("logical_or", torch.logical_or, ()),
+                                   ("logical_xor", torch.logical_xor, ())):
+    register(_name, inputs=("x", "y"), shape=rules.compare, operators=_operators)(_kernel)
 register("logical_not", shape=rules.same_bool)(torch.logical_not)
 
 

@@ -3,7 +3,7 @@ reducing a broadcast gradient back to an input's shape."""
 import torch
 
 from ..core import op_functions as R
-from ..core.registry import HOLE, INPUT, LOOP, PROJECTION, REQUIRED, register
+from ..core.registry import HOLE, INPUT, LOOP, LOOP_INDEX, PICKS, PROJECTION, REQUIRED, register
 from .rules import broadcast
 
 
@@ -25,7 +25,7 @@ def _loop_hole_kernel(**params):
 # A training loop (ravop.record.loop): its inputs are the carried values' initial values and what its steps read;
 # its outputs the carried values after the last step. Not deterministic as far as the passes go: it is never
 # folded into a constant or merged with another loop. Its step templates read `loop_hole` nodes.
-register("loop", inputs=("*values",), params={"loop": REQUIRED}, method=False, deterministic=False,
+register("loop", inputs=("*values",), params={LOOP_INDEX: REQUIRED}, method=False, deterministic=False,
          shape=lambda *values, loop: ((), torch.float32), kind=LOOP)(_loop_kernel)
 register("loop_hole", inputs=(), params={"hole": REQUIRED}, method=False, deterministic=False,
          shape=lambda hole: ((), torch.float32), kind=HOLE)(_loop_hole_kernel)
@@ -39,7 +39,7 @@ def _tuple_get_vjp(node, g, wants):
     return (None,)  # handled by autodiff: gradients of a multi-output node are gathered per output
 
 
-@register("tuple_get", params={"index": REQUIRED}, method=False, shape=_tuple_get_shape, vjp=_tuple_get_vjp,
+@register("tuple_get", params={PICKS: REQUIRED}, method=False, shape=_tuple_get_shape, vjp=_tuple_get_vjp,
           kind=PROJECTION)
 def tuple_get(x, index):
     return x[index]

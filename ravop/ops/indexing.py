@@ -225,7 +225,8 @@ def _index_vjp(node, g, wants):
     return (grad,) + (None,) * len(tensors)
 
 
-@register("index", inputs=("*xs",), params={"spec": REQUIRED}, shape=_index_shape, vjp=_index_vjp)
+@register("index", inputs=("*xs",), params={"spec": REQUIRED}, operators=("__getitem__",), shape=_index_shape,
+          vjp=_index_vjp)
 def index_kernel(x, *tensors, spec):
     """x[index] with numpy semantics. `R.index(x, indices)` or `x[...]` takes ints, slices, None, ...,
     lists and int/bool tensors, or the original's string form "[:, -1, 1:3]" (parsed, never evaluated).

@@ -52,8 +52,8 @@ def _matmul_vjp(node, g, wants):
     return R.reshape(gx, shape=x.shape), R.reshape(gy, shape=y.shape)
 
 
-@register("matmul", inputs=("x", "y"), shape=_matmul_shape, vjp=_matmul_vjp, flops=flops.matmul,
-          torch_function=(torch.matmul, scriptable.no_params))
+@register("matmul", inputs=("x", "y"), operators=("__matmul__", "__rmatmul__"), shape=_matmul_shape, vjp=_matmul_vjp,
+          flops=flops.matmul, torch_function=(torch.matmul, scriptable.no_params))
 def matmul(x, y):
     """Matrix product (numpy.matmul / `@`): batch dimensions broadcast, 1-D operands are vectors."""
     return torch.matmul(*_promoted(x, y))
@@ -172,7 +172,7 @@ def _inv_vjp(node, g, wants):
     return (R.neg(R.matmul(R.matmul(inv_t, g), inv_t)),)
 
 
-@register("inv", shape=_inv_shape, vjp=_inv_vjp, flops=flops.inverse)
+@register("inv", operators=("__invert__",), shape=_inv_shape, vjp=_inv_vjp, flops=flops.inverse)
 def inv(x):
     """Matrix inverse of the last two dimensions (numpy.linalg.inv; `~op`); a singular matrix is an
     error when the op runs. Integer inputs give the default float dtype."""

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from ..core import op_functions as R
 from ..core.dtypes import is_floating
-from ..core.registry import register
+from ..core.registry import Reuses, register
 from ..core.sizes import numel
 from .masked import backward_mask, call_backward, keep_masked, masked_shapes
 
@@ -122,9 +122,38 @@ def cross_entropy_loss(y_true, y_pred, ignore_index=None, reshape_target=None, r
     return F.cross_entropy(pred, label, ignore_index=torch_ignore_index(ignore_index))
 
 
+def _cross_entropy_keeping(box, y_true, y_pred, ignore_index=None, reshape_target=None, reshape_label=None):
+    """cross_entropy_loss with class indices, as F.cross_entropy computes it (log_softmax, then nll_loss), keeping
+    (y_pred, log-probabilities, total weight) for its backward (the step compiler); other targets as the op."""
+    label, pred = _inputs(y_true, y_pred, reshape_target, reshape_label)
+    if label.is_floating_point() or pred.dim() > 2:
+        box[0] = None
+        return cross_entropy_loss(y_true, y_pred, ignore_index, reshape_target, reshape_label)
+    logp = torch.log_softmax(pred, 0 if pred.dim() == 1 else 1)
+    loss, total_weight = aten.nll_loss_forward(logp, label, None, MEAN, torch_ignore_index(ignore_index))
+    box[:] = (y_pred, logp, total_weight)
+    return loss
+
+
+def _cross_entropy_backward_kept(box, g, y_true, y_pred, ignore_index=None, reshape_target=None,
+                                 reshape_label=None, mask=(False, True)):
+    """cross_entropy_loss_backward (class-index targets) from the log-probabilities and total weight its forward
+    kept in this run."""
+    if box[0] is not y_pred or mask[0]:   # not this run's forward of this input: as recorded
+        return cross_entropy_loss_backward(g, y_true, y_pred, ignore_index, reshape_target, reshape_label, mask)
+    _, logp, total_weight = box
+    label, pred = _inputs(y_true, y_pred, reshape_target, reshape_label)
+    g_logp = nll_loss_backward(g, logp, label, torch_ignore_index(ignore_index), total_weight)
+    g_pred = aten._log_softmax_backward_data(g_logp, logp, 0 if pred.dim() == 1 else 1, pred.dtype)
+    return keep_masked(mask, None, g_pred.reshape(y_pred.shape))
+
+
 @register("cross_entropy_loss_backward", inputs=("g", "y_true", "y_pred"),
           params={"ignore_index": None, "reshape_target": None, "reshape_label": None, "mask": (False, True)},
-          shape=lambda g, y_true, y_pred, mask, **_: masked_shapes(mask, y_true, y_pred), method=False)
+          shape=lambda g, y_true, y_pred, mask, **_: masked_shapes(mask, y_true, y_pred), method=False,
+          reuses=Reuses("cross_entropy_loss", _cross_entropy_keeping, _cross_entropy_backward_kept,
+                        "log_softmax_kept", reads=((1, 0), (2, 1)),
+                        same=("ignore_index", "reshape_target", "reshape_label")))
 def cross_entropy_loss_backward(g, y_true, y_pred, ignore_index=None, reshape_target=None, reshape_label=None,
                                 mask=(False, True)):
     """Gradients of cross_entropy_loss w.r.t. (y_true, y_pred), following eager's log_softmax + nll_loss

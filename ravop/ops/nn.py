@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ..core import op_functions as R
 from ..core.dtypes import is_floating
-from ..core.registry import REQUIRED, register
+from ..core.registry import REQUIRED, Reuses, Variant, register
 from ..core.sizes import numel
 from ..runtime.runner import op_seed
 from . import flops, scriptable
@@ -254,13 +254,31 @@ def _max_pool_vjp(node, g, wants):
     return (R.max_pool2d_backward(g, node.inputs[0], **options),)
 
 
-@register("max_pool2d", params={"kernel_size": REQUIRED, "stride": None, "padding": 0, "dilation": 1,
-                                "ceil_mode": False, "return_indices": False}, shape=_max_pool_shape,
-          vjp=_max_pool_vjp)
-def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-    """2-d max pooling (F.max_pool2d); with return_indices=True, two outputs: values and flat indices."""
+def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     k, s, p, d = _pool_params(kernel_size, stride, padding, dilation)
     return F.max_pool2d(x, k, s, p, d, ceil_mode=ceil_mode, return_indices=return_indices)
+
+
+def _max_pool2d_channels_last(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                              return_indices=False):
+    """max_pool2d on a channels-last copy of a 4-d input (ATen's NCHW kernel is several times slower on small
+    images), handing back contiguous values and indices: the same maxima and the same (first-in-window)
+    indices."""
+    if x.dim() != 4:
+        return _max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+    out = _max_pool2d(x.contiguous(memory_format=torch.channels_last), kernel_size, stride, padding, dilation,
+                      ceil_mode, return_indices)
+    if return_indices:
+        return out[0].contiguous(), out[1].contiguous()
+    return out.contiguous()
+
+
+@register("max_pool2d", params={"kernel_size": REQUIRED, "stride": None, "padding": 0, "dilation": 1,
+                                "ceil_mode": False, "return_indices": False}, shape=_max_pool_shape,
+          vjp=_max_pool_vjp, cpu_variant=Variant(_max_pool2d_channels_last, "channels_last_pools"))
+def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """2-d max pooling (F.max_pool2d); with return_indices=True, two outputs: values and flat indices."""
+    return _max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 
 
 _POOL_BACKWARD_PARAMS = {"kernel_size": REQUIRED, "stride": None, "padding": 0, "dilation": 1, "ceil_mode": False}
@@ -334,9 +352,31 @@ def _batch_norm_backward_shape(g, x, running_mean, running_var, weight=None, tra
     return masked_shapes(mask, x, stats, stats)
 
 
+def _batch_norm_keeping(box, x, running_mean, running_var, weight=None, bias=None, training=True, momentum=0.1,
+                        eps=1e-5):
+    """batch_norm, keeping (x, mean, inverse std) of a training batch for its backward (the step compiler)."""
+    mean, var = running_mean.detach().clone(), running_var.detach().clone()
+    y, save_mean, save_invstd = aten.native_batch_norm(x, weight, bias, mean, var, training, momentum, eps)
+    box[:] = (x, save_mean, save_invstd) if training else (None, None, None)
+    return y, mean, var
+
+
+def _batch_norm_backward_kept(box, g, x, running_mean, running_var, weight=None, training=True, eps=1e-5,
+                              mask=(True, True, True)):
+    """batch_norm_backward with the statistics its forward kept in this run (ATen computes them with the same
+    kernel either way)."""
+    if not training or box[0] is not x:   # not this run's forward of this input: as recorded
+        return batch_norm_backward(g, x, running_mean, running_var, weight, training, eps, mask)
+    grads = aten.native_batch_norm_backward(g, x, weight, running_mean, running_var, box[1], box[2], training, eps,
+                                            list(mask))
+    return keep_masked(mask, *grads)
+
+
 @register("batch_norm_backward", inputs=("g", "x", "running_mean", "running_var", "weight?"),
           params={"training": True, "eps": 1e-5, "mask": (True, True, True)}, shape=_batch_norm_backward_shape,
-          method=False)
+          method=False, reuses=Reuses("batch_norm", _batch_norm_keeping, _batch_norm_backward_kept,
+                                      "batch_norm_stats_kept", reads=((1, 0),), same=("eps", "training"),
+                                      applies=lambda params: params["training"]))
 def batch_norm_backward(g, x, running_mean, running_var, weight=None, training=True, eps=1e-5,
                         mask=(True, True, True)):
     """Gradients of batch_norm w.r.t. (x, weight, bias): aten.native_batch_norm_backward with the batch
@@ -465,8 +505,29 @@ def dropout(x, p=0.5, training=True, generator=None):
     return x * _dropout_noise(x, p, generator)
 
 
+def _dropout_keeping(box, x, p=0.5, training=True, generator=None):
+    """dropout, keeping the noise it draws in box[0] (None where it draws none) for its backward."""
+    if not training or not 0 < p < 1:
+        box[0] = None
+        return dropout(x, p, training, generator)
+    noise = box[0] = _dropout_noise(x, p, generator)
+    return x * noise
+
+
+def _dropout_backward_kept(box, g, p, seed):
+    """dropout_backward with the mask its forward drew in this run, or, where it drew none, redrawn."""
+    noise = box[0]
+    if noise is None or noise.shape != g.shape or noise.dtype != g.dtype:   # the forward did not draw
+        return dropout_backward(g, p, seed)
+    return g * noise
+
+
+# In a loop's step the backward reuses the mask its forward drew in the same run (autodiff records the redraw so
+# that no mask is stored between workers; inside one step it is kept).
 @register("dropout_backward", inputs=("g",), params={"p": REQUIRED, "seed": REQUIRED},
-          shape=lambda g, p, seed: _dropout_shape(g, p), method=False, seed_param="seed")
+          shape=lambda g, p, seed: _dropout_shape(g, p), method=False, seed_param="seed",
+          reuses=Reuses("dropout", _dropout_keeping, _dropout_backward_kept, "dropout_masks_kept", same=("p",),
+                        cpu_only=False))
 def dropout_backward(g, p, seed):
     """Gradient of dropout: g times the forward's mask, redrawn from the forward op's seed."""
     if p == 1:

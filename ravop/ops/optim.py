@@ -14,7 +14,7 @@ Optimizer steps are not differentiable.
 """
 import torch
 
-from ..core.registry import REQUIRED, InPlace, register
+from ..core.registry import REQUIRED, GroupUpdate, InPlace, register
 from .lr_schedule import check_schedule, scheduled_lr
 
 
@@ -141,9 +141,26 @@ def _adam_in_place(decoupled):
     return kernel
 
 
+def _adam_group(decoupled):
+    """Adam's (AdamW's with `decoupled`) update of many params in place, for the step compiler's group of a loop's
+    in-place steps: the op's own update (`fused`: torch's fused kernel, one call with every tensor; else torch's
+    single-tensor loop), each tensor updated on its own either way."""
+    def update(args, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, amsgrad=False,
+               maximize=False, lr_schedule=None, fused=False):
+        params, grads, exp_avgs, exp_avg_sqs, maxes = (list(args[k::5]) for k in range(5))
+        adam_update_(params, grads, exp_avgs, exp_avg_sqs, maxes, step, scheduled_lr(lr, lr_schedule, step), beta1,
+                     beta2, eps, weight_decay, amsgrad, maximize, decoupled, fused)
+        return list(zip(params, exp_avgs, exp_avg_sqs, maxes))
+    return update
+
+
+def _adam_covers(params):
+    return not params["amsgrad"]   # amsgrad's max_exp_avg_sq is updated on a copy, not among the overwritten
+
+
 # The in-place updates are for a training loop that owns the values it steps (ravop.runtime.loop_run: they are its
-# carried values, read by nothing after the step): param, exp_avg and exp_avg_sq. The copies are a fifth of a small
-# model's step.
+# carried values, read by nothing after the step): param, exp_avg and exp_avg_sq. The copies are a fifth of a
+# small model's step.
 ADAM_OVERWRITES = (0, 2, 3)
 ADAM_INPUTS = ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 ADAM_PARAMS = {"step": REQUIRED, "lr": 0.001, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0,
@@ -151,7 +168,8 @@ ADAM_PARAMS = {"step": REQUIRED, "lr": 0.001, "beta1": 0.9, "beta2": 0.999, "eps
 
 
 @register("adam_step", inputs=ADAM_INPUTS, params=ADAM_PARAMS, shape=_adam_shapes, method=False, counter="step",
-          in_place=InPlace(_adam_in_place(False), ADAM_OVERWRITES))
+          in_place=InPlace(_adam_in_place(False), ADAM_OVERWRITES),
+          group_update=GroupUpdate(_adam_group(False), "optimizer_groups", in_place=True, covers=_adam_covers))
 def adam_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8,
               weight_decay=0.0, amsgrad=False, maximize=False, lr_schedule=None, fused=False):
     """One torch.optim.Adam step (`step` counts from 1) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq');
@@ -162,7 +180,8 @@ def adam_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, 
 
 
 @register("adamw_step", inputs=ADAM_INPUTS, params={**ADAM_PARAMS, "weight_decay": 0.01}, shape=_adam_shapes,
-          method=False, counter="step", in_place=InPlace(_adam_in_place(True), ADAM_OVERWRITES))
+          method=False, counter="step", in_place=InPlace(_adam_in_place(True), ADAM_OVERWRITES),
+          group_update=GroupUpdate(_adam_group(True), "optimizer_groups", in_place=True, covers=_adam_covers))
 def adamw_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8,
                weight_decay=0.01, amsgrad=False, maximize=False, lr_schedule=None, fused=False):
     """One torch.optim.AdamW step (decoupled weight decay) -> (param', exp_avg', exp_avg_sq', max_exp_avg_sq');
@@ -171,10 +190,42 @@ def adamw_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr=0.001,
                  amsgrad, maximize, True, fused, lr_schedule=lr_schedule)
 
 
+def _foreach_rmsprop(args, step=1, lr=0.01, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False,
+                     maximize=False, lr_schedule=None):
+    """rmsprop_step (on copies, as the op) for many params, `args` every one's five inputs in turn:
+    `torch._foreach_*`, whose kernels loop over the tensors in C++ with the same per-tensor kernels as the op's,
+    in the same order."""
+    params, grads, square_avgs, momentum_buffers, grad_avgs = (list(args[k::5]) for k in range(5))
+    lr = scheduled_lr(lr, lr_schedule, step)
+    params, square_avgs = [p.clone() for p in params], [s.clone() for s in square_avgs]
+    if maximize:
+        grads = torch._foreach_neg(grads)
+    if weight_decay != 0:
+        grads = torch._foreach_add(grads, params, alpha=weight_decay)
+    torch._foreach_mul_(square_avgs, alpha)
+    torch._foreach_addcmul_(square_avgs, grads, grads, 1 - alpha)
+    if centered:
+        grad_avgs = [g.clone() for g in grad_avgs]
+        torch._foreach_lerp_(grad_avgs, grads, 1 - alpha)
+        avg = torch._foreach_addcmul(square_avgs, grad_avgs, grad_avgs, -1)
+        torch._foreach_sqrt_(avg)
+    else:
+        avg = torch._foreach_sqrt(square_avgs)
+    torch._foreach_add_(avg, eps)
+    if momentum > 0:
+        momentum_buffers = [b.clone() for b in momentum_buffers]
+        torch._foreach_mul_(momentum_buffers, momentum)
+        torch._foreach_addcdiv_(momentum_buffers, grads, avg)
+        torch._foreach_add_(params, momentum_buffers, alpha=-lr)
+    else:
+        torch._foreach_addcdiv_(params, grads, avg, -lr)
+    return list(zip(params, square_avgs, momentum_buffers, grad_avgs))
+
+
 @register("rmsprop_step", inputs=("param", "grad", "square_avg", "momentum_buffer", "grad_avg"),
           params={"lr": 0.01, "alpha": 0.99, "eps": 1e-8, "weight_decay": 0.0, "momentum": 0.0, "centered": False,
                   "maximize": False, "step": 1, "lr_schedule": None}, shape=_rmsprop_shapes, method=False,
-          counter="step")
+          counter="step", group_update=GroupUpdate(_foreach_rmsprop, "optimizer_groups"))
 def rmsprop_step(param, grad, square_avg, momentum_buffer, grad_avg, lr=0.01, alpha=0.99, eps=1e-8,
                  weight_decay=0.0, momentum=0.0, centered=False, maximize=False, step=1, lr_schedule=None):
     """One torch.optim.RMSprop step -> (param', square_avg', momentum_buffer', grad_avg'); `step` (from 1)

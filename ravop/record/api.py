@@ -100,13 +100,15 @@ def _dunder(opdef, reflected=False):
     return method
 
 
-# Dunder -> op name. `~x` is the matrix inverse, as in the original ravop.
-DUNDERS = {"__add__": "add", "__sub__": "sub", "__mul__": "mul", "__truediv__": "div", "__matmul__": "matmul",
-           "__pow__": "pow", "__neg__": "neg", "__pos__": "pos", "__abs__": "abs", "__invert__": "inv",
-           "__lt__": "less", "__le__": "less_equal", "__gt__": "greater", "__ge__": "greater_equal",
-           "__eq__": "equal", "__ne__": "not_equal", "__getitem__": "index"}
-REFLECTED = {"__radd__": "add", "__rsub__": "sub", "__rmul__": "mul", "__rtruediv__": "div",
-             "__rmatmul__": "matmul", "__rpow__": "pow"}
+# The Python operators whose reflected form (`2 + x`) swaps the operands; which op each one records is declared
+# by the op (`OpDef.operators`).
+REFLECTED = {"__radd__", "__rsub__", "__rmul__", "__rtruediv__", "__rmatmul__", "__rpow__"}
+
+
+def operators():
+    """(dunder, OpDef) of every Python operator an op declares (`OpDef.operators`), the reflected ones last."""
+    pairs = [(dunder, opdef) for opdef in registry.unique_opdefs() for dunder in opdef.operators]
+    return sorted(pairs, key=lambda pair: pair[0] in REFLECTED)
 _OP_ATTRIBUTES = set(dir(Op)) | set(Op.__slots__)
 
 
@@ -125,12 +127,10 @@ def build(namespace):
                 setattr(Op, key, _method(fn, op_signature(opdef, method=True)))
             else:
                 setattr(Op, key, fn if isinstance(fn, FunctionType) else _method(fn))
-    for dunder, name in DUNDERS.items():
-        if name in functions:
-            opdef = registry.get(name)
-            setattr(Op, dunder, _method(functions[name]) if opdef.params else _dunder(opdef))
-    for dunder, name in REFLECTED.items():
-        if name in functions:
-            setattr(Op, dunder, _dunder(registry.get(name), reflected=True))
+    for dunder, opdef in operators():
+        if dunder in REFLECTED:
+            setattr(Op, dunder, _dunder(opdef, reflected=True))
+        else:
+            setattr(Op, dunder, _method(functions[opdef.name]) if opdef.params else _dunder(opdef))
     Op.__hash__ = object.__hash__  # defining __eq__ above would otherwise make Ops unhashable
     return functions

@@ -139,7 +139,7 @@ def _gather_output(pending, node, g):
     slots = pending.get(source.id)
     if slots is None:
         slots = pending[source.id] = [None] * len(source.dtype)
-    i = node.params["index"]
+    i = node.params[registry.PICKS]
     slots[i] = g if slots[i] is None else R.add(slots[i], g)
 
 

@@ -183,7 +183,7 @@ class Graph:
     def add_outputs(self, node, specs, source):
         """One node per output of multi-output `node` (its (shape, dtype) `specs`), recorded right after it."""
         pick = registry.op_of_kind(registry.PROJECTION)
-        outputs = self.projections[node.id] = tuple(self.add_node(pick, (node,), {"index": i}, s, d, source)
+        outputs = self.projections[node.id] = tuple(self.add_node(pick, (node,), {registry.PICKS: i}, s, d, source)
                                                     for i, (s, d) in enumerate(specs))
         return outputs
 

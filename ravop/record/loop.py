@@ -39,7 +39,7 @@ from ..core import registry
 from ..core.errors import GraphStateError
 from ..core.loop_template import LoopRecord, LoopSpec, StepTemplate
 from ..core.node import Node
-from ..core.registry import HOLE, INPUTS, LOOP, op_of_kind
+from ..core.registry import HOLE, INPUTS, LOOP, LOOP_INDEX, op_of_kind
 from ..runtime.runner import op_seed
 from ..wire import encode_params
 from .graph import Op, current_graph
@@ -162,7 +162,7 @@ class Loop:
         source = user_source()
         shapes = tuple(op.shape for op in self.initial)
         dtypes = tuple(op.dtype for op in self.initial)
-        node = graph.add_node(op_of_kind(LOOP), inputs, {"loop": len(graph.loops)}, shapes, dtypes, source)
+        node = graph.add_node(op_of_kind(LOOP), inputs, {LOOP_INDEX: len(graph.loops)}, shapes, dtypes, source)
         graph.loops[node.id] = LoopRecord(spec, self.names)
         return graph.add_outputs(node, zip(shapes, dtypes), source)
 

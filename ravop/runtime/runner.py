@@ -109,12 +109,12 @@ def stream_id(node_id: int, stride: Optional[int], at: Optional[At]) -> int:
 
 
 def run_op(opdef: OpDef, args: list[Any], params: Mapping[str, Any], graph_seed: int = 0, node_id: int = 0,
-           device: str = "cpu") -> Any:
-    """Apply one op's kernel to tensors (`args`, on `device`) with its params; the result is on `device`
-    (the device rule of the module docstring)."""
+           device: str = "cpu", kernel: Optional[registry.Kernel] = None) -> Any:
+    """Apply one op's kernel (or `kernel`, a variant of a random op's taking the same generator) to tensors
+    (`args`, on `device`) with its params; the result is on `device` (the device rule of the module docstring)."""
     if opdef.random:
         generator = torch.Generator().manual_seed(op_seed(graph_seed, node_id))
-        out = opdef.kernel(*args, generator=generator, **params)
+        out = (opdef.kernel if kernel is None else kernel)(*args, generator=generator, **params)
         return out if device == "cpu" else _to(out, device)
     if opdef.creates and device != "cpu":
         with torch.device(device):
@@ -168,7 +168,7 @@ class PerRun:
                 params = {**params, name: seed}
         if self.opdef.random:   # drawn as run_op draws: the same numbers on any device
             return run_op(self.opdef, args, params, self.graph_seed, stream_id(self.stream, self.stride, at),
-                          self.device)
+                          self.device, kernel)
         return kernel(*args, **params)
 
 

@@ -8,28 +8,28 @@ retry resumes from a checkpoint either way. Rewrites that change the bits (Induc
 float arithmetic) are not made: whether they are used would depend on which worker measured what, and the same
 graph and seed must give the same numbers on any worker.
 
-The rewrites (each keeps the call list's length and order, and each op's output: the memory watcher, op
-tracing and error messages see the same ops; those whose bits were checked on CPU kernels only are made on a
-CPU only):
-- (CPU) optimizer steps with the same settings (`adam_step` and `adamw_step` updating in place, where the loop
-  owns their values; `rmsprop_step`) become one update of all their tensors, run at the first of them; the
-  others hand out their part. Adam's is the op's own update (`fused=True`: torch's fused kernel, one call with
-  every tensor; else torch's single-tensor loop) over every tensor: each tensor is updated on its own either way;
-  RMSprop's is `torch._foreach_*`,
-  whose kernels loop over the tensors in C++ with the same per-tensor kernels as the op's.
-- a dropout's backward reuses the mask its forward drew in this run instead of drawing it again from the same
-  seed (autodiff records the redraw so that no mask is stored between workers; inside one step it is kept).
-- (CPU) a batch norm's backward reuses the batch statistics (mean, inverse std) its forward computed in this run
-  instead of computing them again from the same input (ATen computes them with the same kernel either way).
-- (CPU) a cross-entropy loss's backward (class-index targets) reuses the log-probabilities and the total weight
-  its forward computed in this run (the forward made as F.cross_entropy makes them: log_softmax, then nll_loss)
-  instead of computing them again.
-- (CPU) 2-d max pooling with indices runs on a channels-last copy of its input (ATen's NCHW kernel is several times
-  slower on small images) and hands back contiguous values and indices: the same maxima and the same
-  (first-in-window) indices.
-- `tuple_get` is bound to `operator.itemgetter`, and the compiled step runs each such projection right after
-  the op that makes its tuple (`Compiled.plan`: one pass of the runner's loop per op, the same values, frees,
-  memory limits and errors).
+The rewrites are declared by the ops they concern (ravop/core/registry.py: `group_update`, `reuses`,
+`cpu_variant`, their kernels beside the op's), and this module is an engine over them (`RULES`, one entry per
+kind of declaration; no op is named here). Each keeps the call list's length and order, and each op's output:
+the memory watcher, op tracing and error messages see the same ops; those whose bits were checked on CPU kernels
+only are made on a CPU only. Today's declarations:
+- (CPU) optimizer steps with the same settings (Adam and AdamW updating in place, where the loop owns their
+  values; RMSprop) become one update of all their tensors, run at the first of them; the others hand out their
+  part (`group_update`). Adam's is the op's own update (`fused=True`: torch's fused kernel, one call with every
+  tensor; else torch's single-tensor loop) over every tensor: each tensor is updated on its own either way;
+  RMSprop's is `torch._foreach_*`, whose kernels loop over the tensors in C++ with the same per-tensor kernels as
+  the op's.
+- a backward op reuses what its forward computed in the same run instead of computing it again (`reuses`): a
+  dropout's mask (autodiff records the redraw from the same seed so that no mask is stored between workers;
+  inside one step it is kept); (CPU) a batch norm's batch statistics (mean, inverse std: ATen computes them with
+  the same kernel either way); (CPU) a cross-entropy loss's log-probabilities and total weight (class-index
+  targets; the forward made as F.cross_entropy makes them: log_softmax, then nll_loss).
+- (CPU) a faster kernel with the same bits (`cpu_variant`): 2-d max pooling with indices on a channels-last copy
+  of its input (ATen's NCHW kernel is several times slower on small images), handing back contiguous values and
+  indices: the same maxima and the same (first-in-window) indices.
+- projections (the op of kind PROJECTION) are bound to `operator.itemgetter`, and the compiled step runs each
+  such projection right after the op that makes its tuple (`Compiled.plan`: one pass of the runner's loop per
+  op, the same values, frees, memory limits and errors).
 
 Which runs faster is measured, not assumed (`Tuned`): after a warm-up the step alternates between the plain and
 the compiled calls for a few runs each, keeps the faster, and the decision is kept per template digest and
@@ -48,18 +48,11 @@ import os
 import time
 from typing import Any, Callable, Optional, Protocol, Sequence
 
-import torch
-
 from ..core import registry
-from ..ops import loss_functions, optim
-from ..ops.lr_schedule import scheduled_lr
-from ..ops.masked import keep_masked
-from ..ops.nn import _dropout_noise, max_pool2d
-from .runner import At, PerRun, PlanEntry, Runner, check_in_place, op_seed, stream_id
+from .runner import At, PerRun, PlanEntry, Runner, check_in_place
 from .step_capture import CapturedStep, blockers, cuda_capture
 
 log = logging.getLogger(__name__)
-aten = torch.ops.aten
 
 DISABLE_ENV = "RAVOP_STEP_COMPILER"   # "off": every step runs plain (a reference for tests and debugging)
 WARM_UP_RUNS = 2       # runs before timing: first calls allocate and warm caches
@@ -160,335 +153,180 @@ def _fold_projections(calls: list[Any]) -> list[PlanEntry]:
 
 
 def compile_calls(runner: Runner) -> Compiled:
-    """The rewrites of the module docstring applied to a copy of `runner.calls`."""
+    """The rewrites the ops of `runner` declare (`RULES`) applied to a copy of `runner.calls`."""
     calls = list(runner.calls)
     overwrites = dict(runner.overwrites)
+    opdefs = [registry.REGISTRY[node.op] for node in runner.nodes]
     on_cpu = runner.device == "cpu"   # the same bits checked on CPU kernels only (a GPU's may fuse differently)
-    rewrites = {"optimizer_groups": _group_optimizers(runner, calls, overwrites) if on_cpu else 0,
-                "dropout_masks_kept": _keep_dropout_masks(runner, calls),
-                "channels_last_pools": _channels_last_pools(runner, calls) if on_cpu else 0,
-                "batch_norm_stats_kept": _keep_batch_norm_stats(runner, calls) if on_cpu else 0,
-                "log_softmax_kept": _keep_log_softmax(runner, calls) if on_cpu else 0,
-                "projections": _bind_projections(runner, calls)}
+    rewrites = dict.fromkeys(rewrite_names(), 0)
+    for apply in RULES.values():
+        for name, made in apply(runner, opdefs, calls, overwrites, on_cpu).items():
+            rewrites[name] += made
     # the rewritten list keeps the plain one's in-place contract (owned: what the plain list may overwrite)
     check_in_place(calls, overwrites, set().union(*runner.overwrites.values()), runner.kept, runner.nodes)
     return Compiled(calls, rewrites, overwrites)
 
 
-def _bind_projections(runner: Runner, calls: list[Any]) -> int:
+def rewrite_names() -> list[str]:
+    """What the rewrites are counted as (`Compiled.rewrites`): every name the ops declare, and projections."""
+    names = {getattr(opdef, field).name for opdef in registry.unique_opdefs() for field in DECLARED
+             if getattr(opdef, field) is not None}
+    return sorted(names) + [PROJECTIONS]
+
+
+Counts = dict[str, int]
+OpDefs = Sequence[registry.OpDef]
+
+
+def _bind_projections(runner: Runner, opdefs: OpDefs, calls: list[Any], overwrites: Any, on_cpu: bool) -> Counts:
     n = 0
-    for index, node in enumerate(runner.nodes):
+    for index, opdef in enumerate(opdefs):
         kernel, args, params, out, frees, varies = calls[index]
-        if node.op == "tuple_get" and varies is None and type(params.get("index")) is int and len(params) == 1:
-            calls[index] = (operator.itemgetter(params["index"]), args, {}, out, frees, None)
+        if opdef.is_projection and varies is None and type(params.get(registry.PICKS)) is int and len(params) == 1:
+            calls[index] = (operator.itemgetter(params[registry.PICKS]), args, {}, out, frees, None)
             n += 1
-    return n
+    return {PROJECTIONS: n}
 
 
-def _channels_last_pools(runner: Runner, calls: list[Any]) -> int:
-    n = 0
-    for index, node in enumerate(runner.nodes):
+def _cpu_variants(runner: Runner, opdefs: OpDefs, calls: list[Any], overwrites: Any, on_cpu: bool) -> Counts:
+    counts: Counts = {}
+    for index, opdef in enumerate(opdefs):
+        variant = opdef.cpu_variant
         kernel, args, params, out, frees, varies = calls[index]
-        if node.op == "max_pool2d" and varies is None and kernel is registry.REGISTRY["max_pool2d"].kernel:
-            calls[index] = (_max_pool2d_channels_last, args, params, out, frees, None)
-            n += 1
-    return n
+        if variant is not None and on_cpu and varies is None and kernel is opdef.kernel:
+            calls[index] = (variant.kernel, args, params, out, frees, None)
+            counts[variant.name] = counts.get(variant.name, 0) + 1
+    return counts
 
 
-def _max_pool2d_channels_last(x: torch.Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
-                              dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
-    if x.dim() != 4:
-        return max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
-    out = max_pool2d(x.contiguous(memory_format=torch.channels_last), kernel_size, stride, padding, dilation,
-                     ceil_mode, return_indices)
-    if return_indices:
-        return out[0].contiguous(), out[1].contiguous()
-    return out.contiguous()
-
-
-class _KeptNoise(PerRun):
-    """A dropout's draw (as `PerRun` draws it: the same generator seed) that keeps its noise for the backward."""
-    __slots__ = ("box",)
-    box: list[Any]
-
-    def __call__(self, kernel: Any, args: list[Any], params: dict[str, Any], at: Optional[At]) -> Any:
-        p, training = params.get("p", 0.5), params.get("training", True)
-        if not training or not 0 < p < 1:
-            self.box[0] = None
-            return PerRun.__call__(self, kernel, args, params, at)
-        generator = torch.Generator().manual_seed(op_seed(self.graph_seed, stream_id(self.stream, self.stride, at)))
-        x = args[0]
-        noise = self.box[0] = _dropout_noise(x, p, generator)
-        out = x * noise
-        return out if self.device == "cpu" else out.to(self.device)
-
-
-class _KeptOrRedrawn(PerRun):
-    """A dropout backward's run: the gradient times the mask its forward kept in this run, or, where the forward
-    did not draw one, the op as recorded (its seed worked out per run by `PerRun` only then)."""
-    __slots__ = ("box",)
-    box: list[Any]
-
-    def __call__(self, kernel: Any, args: list[Any], params: dict[str, Any], at: Optional[At]) -> Any:
-        noise, g = self.box[0], args[0]
-        if noise is None or noise.shape != g.shape or noise.dtype != g.dtype:   # the forward did not draw
-            return PerRun.__call__(self, kernel, args, params, at)
-        return g * noise
-
-
-def _keep_dropout_masks(runner: Runner, calls: list[Any]) -> int:
-    """Pair each dropout_backward with the dropout whose stream it follows, in the same run of the step."""
+def _reuse_forwards(runner: Runner, opdefs: OpDefs, calls: list[Any], overwrites: Any, on_cpu: bool) -> Counts:
+    """Pair each backward op that `reuses` its forward with that forward in the same run (`registry.Reuses`): the
+    forward runs its keeping kernel, the backward its kept one, over one box."""
+    reusing: dict[int, list[registry.Reuses]] = {}   # id of a forward's OpDef -> the declarations naming it
+    for opdef in registry.unique_opdefs():
+        if opdef.reuses is not None:
+            reusing.setdefault(id(registry.get(opdef.reuses.forward)), []).append(opdef.reuses)
     index_of = {node.id: index for index, node in enumerate(runner.nodes)}
-    n = 0
-    for index, node in enumerate(runner.nodes):
-        if node.op != "dropout_backward":
-            continue
+    latest: dict[tuple[int, tuple[int, ...]], int] = {}   # (declaration, the values it reads) -> forward's index
+    boxes: dict[int, tuple[registry.Reuses, list[Any]]] = {}   # forward's index -> (declaration, box)
+    counts: Counts = {}
+    for index, opdef in enumerate(opdefs):
         kernel, args, params, out, frees, varies = calls[index]
-        if varies is None or varies.seed_from is None or varies.counted is not None:
+        for of_it in reusing.get(id(opdef), ()):   # it is a forward: the latest one reading these values
+            if of_it.reads and kernel is opdef.kernel and varies is None and len(args) > max(f for _, f in of_it.reads):
+                latest[(id(of_it), tuple(args[f] for _, f in of_it.reads))] = index
+        reuses = opdef.reuses
+        if reuses is None or (reuses.cpu_only and not on_cpu) or kernel is not opdef.kernel:
             continue
-        source, stride = varies.seed_from
-        forward = index_of.get(source)
-        if forward is None or forward >= index or runner.nodes[forward].op != "dropout":
+        forward = _forward_of(reuses, opdef, index, calls, opdefs, index_of, latest)
+        if forward is None:
             continue
         f_kernel, f_args, f_params, f_out, f_frees, f_varies = calls[forward]
-        if type(f_varies) is not PerRun or f_varies.stream != source or f_varies.stride != stride or \
-                f_varies.counted is not None or f_varies.seed_from is not None or \
-                f_params.get("p", 0.5) != params.get("p"):
+        full, f_full = {**opdef.params, **params}, {**opdefs[forward].params, **f_params}
+        if any(full[k] != f_full[k] for k in reuses.same) or (reuses.applies is not None and not reuses.applies(full)):
             continue
-        box: list[Any] = [None]
-        calls[forward] = (f_kernel, f_args, f_params, f_out, f_frees, _sharing(_KeptNoise, f_varies, box))
-        # the backward keeps its per-run seed: a forward that did not draw leaves the redraw to it
-        calls[index] = (kernel, args, params, out, frees, _sharing(_KeptOrRedrawn, varies, box))
-        n += 1
-    return n
-
-
-def _sharing(kind: type, varies: PerRun, box: list[Any]) -> Any:
-    """`varies` (what changes per run of an op) as a `kind`, the subclass that hands the mask over in `box`."""
-    made = kind(varies.opdef, varies.graph_seed, varies.device, varies.stream, varies.stride, varies.counted,
-                varies.seed_from)
-    made.box = box
-    return made
-
-
-def _batch_norm_keeping(box: list[Any], x: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor,
-                        weight: Any = None, bias: Any = None, training: bool = True, momentum: float = 0.1,
-                        eps: float = 1e-5) -> Any:
-    """ravop.ops.nn.batch_norm, keeping (x, mean, inverse std) of a training batch for the backward."""
-    mean, var = running_mean.detach().clone(), running_var.detach().clone()
-    y, save_mean, save_invstd = aten.native_batch_norm(x, weight, bias, mean, var, training, momentum, eps)
-    box[:] = (x, save_mean, save_invstd) if training else (None, None, None)
-    return y, mean, var
-
-
-def _batch_norm_backward_kept(box: list[Any], g: torch.Tensor, x: torch.Tensor, running_mean: Any,
-                              running_var: Any, weight: Any = None, training: bool = True, eps: float = 1e-5,
-                              mask: Any = (True, True, True)) -> Any:
-    if not training or box[0] is not x:   # not this run's forward of this input: as recorded
-        return registry.REGISTRY["batch_norm_backward"].kernel(g, x, running_mean, running_var, weight, training,
-                                                                eps, mask)
-    grads = aten.native_batch_norm_backward(g, x, weight, running_mean, running_var, box[1], box[2], training, eps,
-                                            list(mask))
-    return keep_masked(mask, *grads)
-
-
-def _keep_batch_norm_stats(runner: Runner, calls: list[Any]) -> int:
-    """Pair each batch_norm_backward with the batch_norm that normalised the same value with the same eps."""
-    forward_kernel = registry.REGISTRY["batch_norm"].kernel
-    backward_kernel = registry.REGISTRY["batch_norm_backward"].kernel
-    forwards: dict[int, tuple[int, list[Any]]] = {}   # slot of x -> (index, box)
-    n = 0
-    for index, node in enumerate(runner.nodes):
-        kernel, args, params, out, frees, varies = calls[index]
-        if varies is not None or not args:
+        declared, box = boxes.get(forward, (reuses, None))
+        if declared is not reuses:   # kept for another kind of backward already
             continue
-        if node.op == "batch_norm" and kernel is forward_kernel and params.get("training", True):
-            box: list[Any] = [None, None, None]
-            forwards[args[0]] = (index, box)
-            calls[index] = (functools.partial(_batch_norm_keeping, box), args, params, out, frees, None)
-        elif node.op == "batch_norm_backward" and kernel is backward_kernel and len(args) >= 2 and \
-                args[1] in forwards and params.get("training", True):
-            forward, box = forwards[args[1]]
-            if calls[forward][2].get("eps", 1e-5) != params.get("eps", 1e-5):
-                continue
-            calls[index] = (functools.partial(_batch_norm_backward_kept, box), args, params, out, frees, None)
-            n += 1
-    return n
+        if box is None:
+            box = [None]
+            boxes[forward] = (reuses, box)
+            calls[forward] = (functools.partial(reuses.keeping, box), f_args, f_params, f_out, f_frees, f_varies)
+        # a backward following a stream keeps its per-run seed: a forward that did not draw leaves the redraw to it
+        calls[index] = (functools.partial(reuses.kept, box), args, params, out, frees, varies)
+        counts[reuses.name] = counts.get(reuses.name, 0) + 1
+    return counts
 
 
-def _cross_entropy_keeping(box: list[Any], y_true: torch.Tensor, y_pred: torch.Tensor, ignore_index: Any = None,
-                           reshape_target: Any = None, reshape_label: Any = None) -> torch.Tensor:
-    """ravop.ops.loss_functions.cross_entropy_loss with class indices, as F.cross_entropy computes it (log_softmax,
-    then nll_loss), keeping (y_pred, log-probabilities, total weight) for the backward; other targets as the op."""
-    label, pred = loss_functions._inputs(y_true, y_pred, reshape_target, reshape_label)
-    if label.is_floating_point() or pred.dim() > 2:
-        box[0] = None
-        return registry.REGISTRY["cross_entropy_loss"].kernel(y_true, y_pred, ignore_index, reshape_target,
-                                                               reshape_label)
-    logp = torch.log_softmax(pred, 0 if pred.dim() == 1 else 1)
-    loss, total_weight = aten.nll_loss_forward(logp, label, None, loss_functions.MEAN,
-                                               loss_functions.torch_ignore_index(ignore_index))
-    box[:] = (y_pred, logp, total_weight)
-    return loss
+def _forward_of(reuses: registry.Reuses, opdef: registry.OpDef, index: int, calls: list[Any], opdefs: OpDefs,
+                index_of: dict[int, int], latest: dict[tuple[int, tuple[int, ...]], int]) -> Optional[int]:
+    """The index of the call whose values the backward at `index` may reuse, or None."""
+    kernel, args, params, out, frees, varies = calls[index]
+    if opdef.seed_param is None:   # the latest forward before it reading the same values
+        if varies is not None or len(args) <= max(b for b, _ in reuses.reads):
+            return None
+        return latest.get((id(reuses), tuple(args[b] for b, _ in reuses.reads)))
+    # the forward whose random stream its seed follows, drawing as the plain step draws it
+    if varies is None or varies.seed_from is None or varies.counted is not None:
+        return None
+    source, stride = varies.seed_from
+    forward = index_of.get(source)
+    if forward is None or forward >= index or opdefs[forward] is not registry.get(reuses.forward):
+        return None
+    f_kernel, _, _, _, _, f_varies = calls[forward]
+    if f_kernel is not opdefs[forward].kernel or type(f_varies) is not PerRun or f_varies.stream != source or \
+            f_varies.stride != stride or f_varies.counted is not None or f_varies.seed_from is not None:
+        return None
+    return forward
 
 
-def _cross_entropy_backward_kept(box: list[Any], g: torch.Tensor, y_true: torch.Tensor, y_pred: torch.Tensor,
-                                 ignore_index: Any = None, reshape_target: Any = None, reshape_label: Any = None,
-                                 mask: Any = (False, True)) -> Any:
-    if box[0] is not y_pred or mask[0]:   # not this run's forward of this input: as recorded
-        return registry.REGISTRY["cross_entropy_loss_backward"].kernel(g, y_true, y_pred, ignore_index,
-                                                                        reshape_target, reshape_label, mask)
-    _, logp, total_weight = box
-    label, pred = loss_functions._inputs(y_true, y_pred, reshape_target, reshape_label)
-    g_logp = loss_functions.nll_loss_backward(g, logp, label, loss_functions.torch_ignore_index(ignore_index),
-                                              total_weight)
-    g_pred = aten._log_softmax_backward_data(g_logp, logp, 0 if pred.dim() == 1 else 1, pred.dtype)
-    return keep_masked(mask, None, g_pred.reshape(y_pred.shape))
-
-
-def _keep_log_softmax(runner: Runner, calls: list[Any]) -> int:
-    """Pair each cross_entropy_loss_backward with the cross_entropy_loss of the same inputs and params."""
-    forward_kernel = registry.REGISTRY["cross_entropy_loss"].kernel
-    backward_kernel = registry.REGISTRY["cross_entropy_loss_backward"].kernel
-    forwards: dict[tuple[int, ...], tuple[list[Any], dict[str, Any]]] = {}   # (y_true, y_pred slots) -> box
-    n = 0
-    for index, node in enumerate(runner.nodes):
-        kernel, args, params, out, frees, varies = calls[index]
-        if varies is not None or len(args) < 2:
-            continue
-        if node.op == "cross_entropy_loss" and kernel is forward_kernel:
-            box: list[Any] = [None, None, None]
-            forwards[tuple(args[:2])] = (box, params)
-            calls[index] = (functools.partial(_cross_entropy_keeping, box), args, params, out, frees, None)
-        elif node.op == "cross_entropy_loss_backward" and kernel is backward_kernel and len(args) == 3 and \
-                tuple(args[1:]) in forwards:
-            box, forward_params = forwards[tuple(args[1:])]
-            if {k: v for k, v in params.items() if k != "mask"} != forward_params:
-                continue
-            calls[index] = (functools.partial(_cross_entropy_backward_kept, box), args, params, out, frees, None)
-            n += 1
-    return n
-
-
-# ---- optimizer steps
-
-def _foreach_rmsprop(params: list[torch.Tensor], grads: list[torch.Tensor], square_avgs: list[torch.Tensor],
-                     momentum_buffers: list[torch.Tensor], grad_avgs: list[torch.Tensor], step: int, lr: float,
-                     alpha: float, eps: float, weight_decay: float, momentum: float, centered: bool, maximize: bool,
-                     lr_schedule: Any) -> list[tuple[Any, ...]]:
-    """ravop.ops.optim.rmsprop_step (on copies, as the op) for many tensors: the same kernels in the same order."""
-    lr = scheduled_lr(lr, lr_schedule, step)
-    params, square_avgs = [p.clone() for p in params], [s.clone() for s in square_avgs]
-    if maximize:
-        grads = torch._foreach_neg(grads)
-    if weight_decay != 0:
-        grads = torch._foreach_add(grads, params, alpha=weight_decay)
-    torch._foreach_mul_(square_avgs, alpha)
-    torch._foreach_addcmul_(square_avgs, grads, grads, 1 - alpha)
-    if centered:
-        grad_avgs = [g.clone() for g in grad_avgs]
-        torch._foreach_lerp_(grad_avgs, grads, 1 - alpha)
-        avg = torch._foreach_addcmul(square_avgs, grad_avgs, grad_avgs, -1)
-        torch._foreach_sqrt_(avg)
-    else:
-        avg = torch._foreach_sqrt(square_avgs)
-    torch._foreach_add_(avg, eps)
-    if momentum > 0:
-        momentum_buffers = [b.clone() for b in momentum_buffers]
-        torch._foreach_mul_(momentum_buffers, momentum)
-        torch._foreach_addcdiv_(momentum_buffers, grads, avg)
-        torch._foreach_add_(params, momentum_buffers, alpha=-lr)
-    else:
-        torch._foreach_addcdiv_(params, grads, avg, -lr)
-    return list(zip(params, square_avgs, momentum_buffers, grad_avgs))
-
-
-def _adam_group(args: tuple[Any, ...], decoupled: bool, step: int, lr: float = 0.001, beta1: float = 0.9,
-                beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False,
-                maximize: bool = False, lr_schedule: Any = None, fused: bool = False) -> list[tuple[Any, ...]]:
-    params, grads, exp_avgs, exp_avg_sqs, maxes = (list(args[k::5]) for k in range(5))
-    optim.adam_update_(params, grads, exp_avgs, exp_avg_sqs, maxes, step, scheduled_lr(lr, lr_schedule, step), beta1,
-                       beta2, eps, weight_decay, amsgrad, maximize, decoupled, fused)
-    return list(zip(params, exp_avgs, exp_avg_sqs, maxes))
-
-
-def _rmsprop_group(args: tuple[Any, ...], decoupled: bool, step: int = 1, lr: float = 0.01, alpha: float = 0.99,
-                   eps: float = 1e-8, weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False,
-                   maximize: bool = False, lr_schedule: Any = None) -> list[tuple[Any, ...]]:
-    # `decoupled` is Adam's: the groups share one signature
-    params, grads, square_avgs, momentum_buffers, grad_avgs = (list(args[k::5]) for k in range(5))
-    return _foreach_rmsprop(params, grads, square_avgs, momentum_buffers, grad_avgs, step, lr, alpha, eps,
-                            weight_decay, momentum, centered, maximize, lr_schedule)
-
-
-# op -> (the group's update, decoupled weight decay, whether only the in-place variant is grouped, the positions
-# of the arguments it overwrites in place)
-_GROUPED = {"adam_step": (_adam_group, False, True, (0, 2, 3)),
-            "adamw_step": (_adam_group, True, True, (0, 2, 3)),
-            "rmsprop_step": (_rmsprop_group, False, False, ())}
-
+# ---- groups of updates (optimizer steps)
 
 class _Group:
-    """The kernel of the first op of a group: updates every member's tensors, keeps their results in `box`
-    (the members after it hand theirs out), returns its own."""
-    __slots__ = ("box", "update", "decoupled")
+    """The kernel of the first call of a group: runs `update` (an op's `GroupUpdate.kernel`) over every member's
+    tensors, keeps their results in `box` (the members after it hand theirs out), returns its own."""
+    __slots__ = ("box", "update")
 
-    def __init__(self, op: str, n: int) -> None:
-        self.update: Callable[..., list[tuple[Any, ...]]] = _GROUPED[op][0]   # type: ignore[assignment]
-        self.decoupled = bool(_GROUPED[op][1])
+    def __init__(self, update: Callable[..., list[tuple[Any, ...]]], n: int) -> None:
+        self.update = update
         self.box: list[Any] = [None] * n
 
     def __call__(self, *args: Any, **params: Any) -> Any:
-        self.box[:] = self.update(args, self.decoupled, **params)
+        self.box[:] = self.update(args, **params)
         return self.box[0]
 
 
 def _settings(opdef: registry.OpDef, params: dict[str, Any]) -> Optional[str]:
     full = {**opdef.params, **params}
-    if full.get("amsgrad") or any(v is registry.REQUIRED for k, v in full.items() if k != "step"):
+    covers = opdef.group_update.covers   # type: ignore[union-attr]
+    if (covers is not None and not covers(full)) or \
+            any(v is registry.REQUIRED for k, v in full.items() if k != opdef.counter):
         return None
-    return repr(sorted((k, v) for k, v in full.items() if k != "step"))
+    return repr(sorted((k, v) for k, v in full.items() if k != opdef.counter))
 
 
-def _group_optimizers(runner: Runner, calls: list[Any], overwrites: dict[int, tuple[int, ...]]) -> int:
-    """Group the optimizer steps (Adam and AdamW updating in place, RMSprop) with the same settings and step
-    counter into foreach updates; the group's call overwrites what its members did (`overwrites`)."""
+def _group_updates(runner: Runner, opdefs: OpDefs, calls: list[Any], overwrites: dict[int, tuple[int, ...]],
+                   on_cpu: bool) -> Counts:
+    """Group the calls of ops declaring a `group_update` with the same settings and step counter into one update;
+    the group's call overwrites what its members did (`overwrites`)."""
     n_inputs = runner.n_inputs
     groups: dict[tuple[Any, ...], list[int]] = {}
-    for index, node in enumerate(runner.nodes):
-        if node.op not in _GROUPED:
+    for index, opdef in enumerate(opdefs):
+        group = opdef.group_update
+        if group is None or (group.cpu_only and not on_cpu):
             continue
-        opdef = registry.REGISTRY[node.op]
-        in_place_only = _GROUPED[node.op][2]
         kernel, args, params, out, frees, varies = calls[index]
-        wanted = opdef.in_place.kernel if in_place_only and opdef.in_place is not None else \
-            None if in_place_only else opdef.kernel
-        if kernel is not wanted or len(args) != 5:
+        wanted = opdef.in_place.kernel if group.in_place else opdef.kernel   # type: ignore[union-attr]
+        if kernel is not wanted or len(args) != len(opdef.inputs):
             continue   # Adam on copies (the loop does not own these values): left alone
         settings = _settings(opdef, params)
         counted = None if varies is None else varies.counted
+        step = None if opdef.counter is None else params.get(opdef.counter)
         if settings is None or (varies is not None and (type(varies) is not PerRun or varies.seed_from is not None)) \
-                or (varies is None and type(params.get("step")) is not int):
+                or (varies is None and opdef.counter is not None and type(step) is not int):
             continue
-        key = (node.op, settings, counted, None if varies is not None else params.get("step"))
+        key = (opdef, settings, counted, None if varies is not None else step)
         groups.setdefault(key, []).append(index)
-    made = 0
+    counts: Counts = {}
     for members in groups.values():
-        op = runner.nodes[members[0]].op
-        if len(members) < 2 or not _groupable(runner, calls, members, n_inputs, _GROUPED[op][3]):
+        opdef = opdefs[members[0]]
+        group = opdef.group_update
+        positions = opdef.in_place.overwritten if group.in_place else ()   # type: ignore[union-attr]
+        if len(members) < 2 or not _groupable(runner, calls, members, n_inputs, positions):
             continue
         first = members[0]
-        group = _Group(op, len(members))
+        update = _Group(group.kernel, len(members))   # type: ignore[union-attr]
         kernel, args, params, out, frees, varies = calls[first]
         every = tuple(a for m in members for a in calls[m][1])
-        calls[first] = (group, every, params, out, frees, varies)
+        calls[first] = (update, every, params, out, frees, varies)
         if first in overwrites:
             overwrites[first] = tuple(s for m in members for s in overwrites.pop(m, ()))
         for k, m in enumerate(members[1:], 1):
             _, _, _, out_m, frees_m, _ = calls[m]
-            calls[m] = (functools.partial(operator.getitem, group.box, k), (), {}, out_m, frees_m, None)
-        made += 1
-    return made
+            calls[m] = (functools.partial(operator.getitem, update.box, k), (), {}, out_m, frees_m, None)
+        name = group.name   # type: ignore[union-attr]
+        counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def _groupable(runner: Runner, calls: list[Any], members: list[int], n_inputs: int,
@@ -512,6 +350,19 @@ def _groupable(runner: Runner, calls: list[Any], members: list[int], n_inputs: i
         if index not in chosen and any(a in targets for a in calls[index][1]):
             return False
     return True
+
+
+# The rule table: the OpDef field (or kind) an op declares a rewrite with -> the function making every such
+# declaration in a call list (`(runner, its nodes' OpDefs, the calls, their overwrites, on a CPU)` -> the rewrites
+# made, by name), in this order. The rewrites touch distinct calls: each one's own op's, its kernel as registered.
+PROJECTIONS = "projections"
+DECLARED = ("group_update", "reuses", "cpu_variant")
+RULES: dict[str, Callable[[Runner, OpDefs, list[Any], dict[int, tuple[int, ...]], bool], Counts]] = {
+    "group_update": _group_updates,
+    "reuses": _reuse_forwards,
+    "cpu_variant": _cpu_variants,
+    "is_projection": _bind_projections,
+}
 
 
 # ------------------------------------------------------------------------------------------------ the choice

@@ -29,11 +29,12 @@ from . import init
 _calls = None   # inside `recording_calls`: the (layer, input, output) of every built-in layer call
 
 
-def shape_by_rule(op_name, input_shape, *others, dtype=torch.float32, **params):
-    """The output shape (no batch dimension) of op `op_name` applied to an input of `input_shape` and `dtype`
-    and to `others` (`ravop.ops.rules.Like`s of its other inputs), by the op's own shape rule, so that a layer's
-    summary and the graph it records cannot disagree. A multi-output op gives its first output's shape."""
-    out = registry.get(op_name).shape(Like((1,) + tuple(input_shape), dtype), *others, **params)
+def shape_by_rule(op_function, input_shape, *others, dtype=torch.float32, **params):
+    """The output shape (no batch dimension) of the op that `op_function` (`R.<op>`, the function the layer records
+    with) records, applied to an input of `input_shape` and `dtype` and to `others` (`ravop.ops.rules.Like`s of its
+    other inputs), by the op's own shape rule, so that a layer's summary and the graph it records cannot disagree. A
+    multi-output op gives its first output's shape."""
+    out = registry.get(op_function.__name__).shape(Like((1,) + tuple(input_shape), dtype), *others, **params)
     shape = out[0][0] if isinstance(out, list) else out[0]
     return tuple(shape[1:])
 

@@ -66,7 +66,7 @@ class Conv2D(Layer):
     def output_shape(self, input_shape):
         self._check_channels(input_shape)
         weight = Like((self.out_channels, self.in_channels // self.groups) + self.kernel_size, torch.float32)
-        return shape_by_rule("conv2d", input_shape, weight, None, **self.options)
+        return shape_by_rule(R.conv2d, input_shape, weight, None, **self.options)
 
     def forward(self, X, training):
         return R.conv2d(X, self.params["weight"], self.params.get("bias"), **self.options)
@@ -89,7 +89,7 @@ class MaxPooling2D(Layer):
                         "return_indices": flag(return_indices, "return_indices")}
 
     def output_shape(self, input_shape):
-        return shape_by_rule("max_pool2d", input_shape, **self.options)
+        return shape_by_rule(R.max_pool2d, input_shape, **self.options)
 
     def forward(self, X, training):
         if training and not self.options["return_indices"]:

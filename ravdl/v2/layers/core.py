@@ -42,7 +42,7 @@ class Dense(Layer):
         return params, {}
 
     def output_shape(self, input_shape):
-        return shape_by_rule("linear", input_shape, Like(self.param_shapes(input_shape)["weight"], torch.float32))
+        return shape_by_rule(R.linear, input_shape, Like(self.param_shapes(input_shape)["weight"], torch.float32))
 
     def forward(self, X, training):
         return R.linear(X, self.params["weight"], self.params.get("bias"))
@@ -70,7 +70,7 @@ class Embedding(Layer):
         return {"weight": weight}, {}
 
     def output_shape(self, input_shape):
-        return shape_by_rule("embedding", input_shape, Like(self.param_shapes(input_shape)["weight"], torch.float32),
+        return shape_by_rule(R.embedding, input_shape, Like(self.param_shapes(input_shape)["weight"], torch.float32),
                              dtype=torch.int64)
 
     def forward(self, X, training):
@@ -88,7 +88,7 @@ class Flatten(Layer):
         self.start_dim, self.end_dim = int(start_dim), int(end_dim)
 
     def output_shape(self, input_shape):
-        return shape_by_rule("flatten", input_shape, start_dim=self.start_dim, end_dim=self.end_dim)
+        return shape_by_rule(R.flatten, input_shape, start_dim=self.start_dim, end_dim=self.end_dim)
 
     def forward(self, X, training):
         return R.flatten(X, start_dim=self.start_dim, end_dim=self.end_dim)
