@@ -1,5 +1,5 @@
-"""Every hook of a strategy, declared in one place with when it is called and by whom (Ray Train's
-`train/v2/_internal/execution/callback.py` habit): the trainer and the compiler call these and nothing else of a
+"""Every hook of a strategy, declared in one place with when it is called and by whom (Ray Train's habit of one
+file declaring every callback hook): the trainer and the compiler call these and nothing else of a
 strategy, and never ask a strategy's class.
 
 A strategy first meets the session when a graph or a fit is given it (`check_strategy`: the `Strategy` hooks).
