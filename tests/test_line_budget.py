@@ -23,7 +23,7 @@ BUDGET = {
     "ravop/federated": 400,     # 380 at the layout by role
     "ravop/local": 680,         # 646 at the layout by role
     "ravop/ops": 2920,          # 2,776 at the layout by role
-    "ravop/parallel": 780,      # 671 at the layout by role; 741 with the Strategy protocol (parallel/protocol.py)
+    "ravop/parallel": 780,      # 671 at the layout by role; 741 with the Strategy protocol (ravop/parallel/protocol.py)
     "ravop/record": 1550,       # 1,468 at the layout by role
     "ravop/runtime": 1220,      # 1,160 at the layout by role
     "ravop/store": 2050,        # 1,951 at the layout by role
