@@ -22,24 +22,27 @@ import contextlib
 import json
 import os
 import time
+from typing import Any, Callable, Iterator, Optional, cast
 
 from ravop.core import registry
+from ravop.core.node import Node
 from ravop.core.sizes import numel_estimate
 from ravop.wire import unpack_nodes
 
-CLOCK = None   # the DeviceClock of this process, when a benchmark asked for one
+CLOCK: Optional["DeviceClock"] = None   # the DeviceClock of this process, when a benchmark asked for one
 
 
 class DeviceClock:
     """Paces units of work to `flops_per_s` (None: real compute, only timed) and keeps the totals."""
 
-    def __init__(self, flops_per_s=None, busy_file=None):
+    def __init__(self, flops_per_s: Optional[float] = None, busy_file: Optional[str] = None) -> None:
         if flops_per_s is not None and not flops_per_s > 0:
             raise ValueError(f"--emulate-device-flops must be > 0, not {flops_per_s!r}")
         self.flops_per_s, self.busy_file = flops_per_s, busy_file
         self.busy = self.real = self.flops = 0.0   # seconds the device computed, of them really; FLOPs
         self.units = 0
-        self.first = self.last = None               # wall clock: the first unit's start, the last one's end
+        self.first: Optional[float] = None   # wall clock: the first unit's start, the last one's end
+        self.last: Optional[float] = None
         self.waits = {"exchange_s": 0.0, "writes_s": 0.0, "overslept_s": 0.0, "absorbed_s": 0.0}
         self.lag = 0.0   # how far the host runs behind the device's timeline (see the module docstring)
         if busy_file and os.path.exists(busy_file):   # a provider restarted under the same file goes on counting
@@ -49,7 +52,7 @@ class DeviceClock:
             self.first = before.get("first")
             self.waits = {k: before.get(k, 0.0) for k in self.waits}
 
-    def account(self, started, flops):
+    def account(self, started: float, flops: float) -> None:
         """A unit of `flops` that began at `started` (time.monotonic) has just been computed: sleep out the rest
         of its emulated time, if any, and count it."""
         now = time.monotonic()
@@ -78,38 +81,38 @@ class DeviceClock:
             self._write()
             self._lost(time.monotonic() - began)
 
-    def _lost(self, seconds):
+    def _lost(self, seconds: float) -> None:
         self.lag += seconds
         self.waits["overslept_s"] += seconds
 
-    def waited(self, kind, seconds, received=False):
+    def waited(self, kind: str, seconds: float, received: bool = False) -> None:
         """A loop step waited `seconds` on its exchange or its writes (`kind`: "exchange_s" or "writes_s"); counted
         at the next unit's write. `received`: a receive from the exchange, which clears the host's lag."""
         self.waits[kind] += seconds
         if received:
             self.caught_up()
 
-    def caught_up(self):
+    def caught_up(self) -> None:
         """The host waited for something outside the device (a value, work): its lag is gone."""
         self.lag = 0.0
 
-    def _write(self):
+    def _write(self) -> None:
         temporary = f"{self.busy_file}.{os.getpid()}"
         with open(temporary, "w") as f:
             json.dump({"busy_s": self.busy, "real_s": self.real, "flops": self.flops, "units": self.units,
                        "first": self.first, "last": self.last, **self.waits,
                        "emulated_flops_per_s": self.flops_per_s, "pid": os.getpid()}, f)
-        os.replace(temporary, self.busy_file)   # the harness never reads half a file
+        os.replace(temporary, cast(str, self.busy_file))   # the harness never reads half a file
 
 
-def enable(flops_per_s=None, busy_file=None):
+def enable(flops_per_s: Optional[float] = None, busy_file: Optional[str] = None) -> None:
     """Install this process's clock (worker/cli.py), when either benchmark flag was given."""
     global CLOCK
     if flops_per_s is not None or busy_file:
         CLOCK = DeviceClock(flops_per_s, busy_file)
 
 
-def op_flops(op, shape, input_shapes, params):
+def op_flops(op: str, shape: tuple[int, ...], input_shapes: list[tuple[int, ...]], params: dict[str, Any]) -> float:
     """The registry's FLOP estimate of one op (as compiler/cost.py's node_flops, on known shapes)."""
     opdef = registry.REGISTRY[op]
     if opdef.free:
@@ -121,7 +124,7 @@ def op_flops(op, shape, input_shapes, params):
     return float(max([numel_estimate(shape), *map(numel_estimate, input_shapes)]))
 
 
-def nodes_flops(nodes, shapes):
+def nodes_flops(nodes: list[Node], shapes: dict[int, tuple[int, ...]]) -> float:
     """FLOPs of unpacked `nodes` in order; `shapes` maps the ids they read from outside to real shapes (it is
     extended with their declared ones)."""
     total = 0.0
@@ -133,7 +136,7 @@ def nodes_flops(nodes, shapes):
 
 
 @contextlib.contextmanager
-def paced(subgraph, inputs):
+def paced(subgraph: Any, inputs: dict[int, Any]) -> Iterator[None]:
     """Around running a plain subgraph (`inputs`: its input tensors by id): paced as one unit."""
     if CLOCK is None:
         yield
@@ -144,7 +147,8 @@ def paced(subgraph, inputs):
     CLOCK.account(started, nodes_flops(unpack_nodes(subgraph.nodes), {i: tuple(t.shape) for i, t in inputs.items()}))
 
 
-def paced_steps(on_step, loop, loop_inputs, exchange=None):
+def paced_steps(on_step: Callable[..., None], loop: Any, loop_inputs: list[Any], exchange: Optional[Any] = None
+                ) -> tuple[Callable[..., None], Optional[Any]]:
     """(on_step, exchange) for `ravop.runtime.loop_run.LoopRun.run`, with each loop step paced as one unit first;
     `loop`: the plan_pb2.Loop, `loop_inputs`: the loop op's input tensors (carried initial values, then the outer ones),
     `exchange`: the loop's exchange with other loops (resident replicas), or None. The time a step spends in the
@@ -156,45 +160,50 @@ def paced_steps(on_step, loop, loop_inputs, exchange=None):
 
 
 class _PacedSteps:
-    def __init__(self, on_step, loop, loop_inputs):
+    def __init__(self, on_step: Callable[..., None], loop: Any, loop_inputs: list[Any]) -> None:
         self.on_step, self.loop, self.loop_inputs = on_step, loop, loop_inputs
         self.outer = {i: tuple(t.shape) for i, t in zip(loop.outer_ids, loop_inputs)}
-        self.step_flops = {}
-        CLOCK.caught_up()   # the worker waited for this loop and its inputs
+        self.step_flops: dict[int, float] = {}
+        _clock().caught_up()   # the worker waited for this loop and its inputs
         self.started = time.monotonic()
 
-    def __call__(self, done, template, run, outputs, carried):
+    def __call__(self, done: int, template: int, run: int, outputs: Any, carried: Any) -> None:
         if template not in self.step_flops:
             self.step_flops[template] = _template_flops(self.loop.templates[template], self.loop_inputs, self.outer)
-        CLOCK.account(self.started, self.step_flops[template])
+        _clock().account(self.started, self.step_flops[template])
         began = time.monotonic()
         self.on_step(done, template, run, outputs, carried)
         self.started = time.monotonic()
-        CLOCK.waited("writes_s", self.started - began)   # what on_step wrote (losses, checkpoints) was network time, not compute
+        _clock().waited("writes_s", self.started - began)   # what on_step wrote (losses, checkpoints) was network time, not compute
 
 
 class _TimedExchange:
     """An exchange whose sends and receives move the current step's start forward by the time they took."""
 
-    def __init__(self, exchange, paced):
+    def __init__(self, exchange: Any, paced: _PacedSteps) -> None:
         self.exchange, self.paced = exchange, paced
 
-    def send(self, channels, run, values):
+    def send(self, channels: Any, run: int, values: Any) -> None:
         began = time.monotonic()
         self.exchange.send(channels, run, values)
         self.paced.started += time.monotonic() - began
-        CLOCK.waited("exchange_s", time.monotonic() - began)
+        _clock().waited("exchange_s", time.monotonic() - began)
 
-    def receive(self, channels, run):
+    def receive(self, channels: Any, run: int) -> Any:
         began = time.monotonic()
         try:
             return self.exchange.receive(channels, run)
         finally:
             self.paced.started += time.monotonic() - began
-            CLOCK.waited("exchange_s", time.monotonic() - began, received=True)   # the device waits for it too
+            _clock().waited("exchange_s", time.monotonic() - began, received=True)   # the device waits for it too
 
 
-def _template_flops(template, loop_inputs, outer):
+def _clock() -> DeviceClock:
+    """The installed clock: pacing objects are only made when `enable` installed one."""
+    return cast(DeviceClock, CLOCK)
+
+
+def _template_flops(template: Any, loop_inputs: list[Any], outer: dict[int, tuple[int, ...]]) -> float:
     shapes = dict(outer)
     for k, hole in enumerate(template.carry_holes):
         shapes[hole] = tuple(loop_inputs[k].shape)
