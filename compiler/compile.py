@@ -1,12 +1,16 @@
 """compile_graph: recorded graph -> IR -> passes -> fused chains, cost model -> partition -> protobuf plan."""
 import gc
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
 
 from . import cost, ir as ir_module
 from .partition import coarse_graph, max_parallel_width, partition
 from .pass_manager import PIPELINE, UNFOLDED_PIPELINE, run_pipeline, strategy_pipeline
 from .passes import fuse_linear_chains
 from .plan import emit_plan
+
+if TYPE_CHECKING:
+    from ravop.record.graph import Graph
 
 MIN_SUBGRAPH_SECONDS = 0.004  # ~20x a Redis round trip (0.1-0.3 ms), so a hop costs at most ~5%
 MAX_SUBGRAPH_SECONDS = 1.0    # bounded runs: a long loop reports progress and is retried in pieces of ~1 s
@@ -17,15 +21,15 @@ class CompiledGraph:
     constants still read, and values made by constant folding); `summary`: counts for the user."""
     __slots__ = ("plan", "constants", "summary")
 
-    def __init__(self, plan, constants, summary):
+    def __init__(self, plan: Any, constants: dict[int, Any], summary: dict[str, Any]) -> None:
         self.plan, self.constants, self.summary = plan, constants, summary
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<CompiledGraph {self.summary}>"
 
 
 @contextmanager
-def _cyclic_gc_paused():
+def _cyclic_gc_paused() -> Iterator[None]:
     """Compiling allocates a few objects per op, none in reference cycles; the cyclic collector would
     still walk the whole heap (the recorded graph included) several times over, 10-20% of the compile."""
     was_enabled = gc.isenabled()
@@ -37,7 +41,7 @@ def _cyclic_gc_paused():
             gc.enable()
 
 
-def handoff_seconds(plan, costs):
+def handoff_seconds(plan: Any, costs: cost.Costs) -> float:
     """The estimated time of moving every subgraph output through the store once (a parallel fit's
     synchronisations are most of it, so `sync_every` shows here); loop-persisted values are left out."""
     recorded = len(costs.out_bytes)
@@ -45,8 +49,9 @@ def handoff_seconds(plan, costs):
     return moved / costs.handoff_bytes_per_s
 
 
-def compile_graph(graph, min_subgraph_seconds=MIN_SUBGRAPH_SECONDS, max_subgraph_seconds=MAX_SUBGRAPH_SECONDS,
-                  devices=cost.DEVICES):
+def compile_graph(graph: "Graph", min_subgraph_seconds: float = MIN_SUBGRAPH_SECONDS,
+                  max_subgraph_seconds: float = MAX_SUBGRAPH_SECONDS,
+                  devices: dict[str, cost.DeviceModel] = cost.DEVICES) -> CompiledGraph:
     """Compile a recorded `ravop.record.graph.Graph` (which is not modified) into a plan of subgraphs. `devices`: the
     cost model's figures per device kind (`compiler.cost.calibrated` makes them from the workers' own)."""
     if not 0 <= min_subgraph_seconds <= max_subgraph_seconds:

@@ -13,30 +13,38 @@ from their contracted dimension, convolutions from their kernel, sorts as n log 
 from the largest tensor it touches (elementwise ops and reductions). Unknown (-1) dimensions count as 1.
 """
 import statistics
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from ravop.core import registry
 from ravop.core.cost_fields import COST_FIELDS
 from ravop.core.registry import FREE, LOOPS
 from ravop.core.sizes import nbytes_estimate, numel_estimate
 
+if TYPE_CHECKING:
+    from ravop.core.loop_template import LoopRecord
+    from ravop.core.node import Node
+
+    from .ir import IR
+
 
 class DeviceModel:
     """`handoff_bytes_per_s`: a tensor handed to another worker through Redis (encode, SET, GET, decode)."""
     __slots__ = ("op_s", "tensor_s", "flops_per_s", "bytes_per_s", "handoff_bytes_per_s")
 
-    def __init__(self, op_s, tensor_s, flops_per_s, bytes_per_s, handoff_bytes_per_s):
+    def __init__(self, op_s: float, tensor_s: float, flops_per_s: float, bytes_per_s: float,
+                 handoff_bytes_per_s: float) -> None:
         self.op_s, self.tensor_s = op_s, tensor_s
         self.flops_per_s, self.bytes_per_s = flops_per_s, bytes_per_s
         self.handoff_bytes_per_s = handoff_bytes_per_s
 
-    def seconds(self, n_tensors, flops, bytes):
+    def seconds(self, n_tensors: int, flops: float, bytes: float) -> float:
         return self.op_s + n_tensors * self.tensor_s + flops / self.flops_per_s + bytes / self.bytes_per_s
 
 
 DEVICES = {"cpu": DeviceModel(3e-6, 3e-6, 5e10, 5e9, 3e8), "cuda": DeviceModel(5e-6, 5e-6, 2e13, 1e12, 3e8)}
 
 
-def calibrated(workers):
+def calibrated(workers: Iterable[Mapping[str, Any]]) -> dict[str, DeviceModel]:
     """DEVICES with each kind's figures replaced by the median of those its workers advertised (`workers`:
     `ravop.store.worker_info.read_all`); a kind none of whose workers advertised figures keeps DEVICES'. The
     per-tensor dispatch cost is taken equal to the per-op one, as in DEVICES."""
@@ -49,13 +57,13 @@ def calibrated(workers):
     return devices
 
 
-def _out_bytes(node):
+def _out_bytes(node: "Node") -> int:
     if node.multi_output:
         return sum(map(nbytes_estimate, node.shape, node.dtype))
     return nbytes_estimate(node.shape, node.dtype)
 
 
-def node_flops(node, nodes):
+def node_flops(node: "Node", nodes: Mapping[int, "Node"]) -> float:
     """Estimated floating-point operations of one node; `nodes` maps id -> Node for its inputs."""
     if node.op in FREE:
         return 0.0
@@ -73,7 +81,7 @@ def node_flops(node, nodes):
     return float(largest)
 
 
-def node_seconds(node, nodes, model=DEVICES["cpu"]):
+def node_seconds(node: "Node", nodes: Mapping[int, "Node"], model: DeviceModel = DEVICES["cpu"]) -> float:
     """Estimated seconds of one node on the device of `model`, on its own (`estimate` does every node at once)."""
     if node.op in FREE:
         return 0.0
@@ -87,12 +95,14 @@ class Costs:
     FLOPs, bytes read and written, and bytes of the node's own output; and the device's hand-off rate."""
     __slots__ = ("seconds", "flops", "bytes", "out_bytes", "handoff_bytes_per_s")
 
-    def __init__(self, seconds, flops, bytes, out_bytes, handoff_bytes_per_s):
+    def __init__(self, seconds: list[float], flops: list[float], bytes: list[float], out_bytes: list[int],
+                 handoff_bytes_per_s: float) -> None:
         self.seconds, self.flops, self.bytes, self.out_bytes = seconds, flops, bytes, out_bytes
         self.handoff_bytes_per_s = handoff_bytes_per_s
 
 
-def loop_cost(record, loop_node, nodes, model):
+def loop_cost(record: "LoopRecord", loop_node: "Node", nodes: Mapping[int, "Node"],
+              model: DeviceModel) -> tuple[float, float]:
     """(seconds, FLOPs) of a whole loop: each step template's ops priced as any subgraph's are, reading its holes
     and the loop op's inputs (`nodes`: id -> Node of the graph), times the runs of the step."""
     spec = record.spec
@@ -100,7 +110,7 @@ def loop_cost(record, loop_node, nodes, model):
     seconds = flops = 0.0
     for t, template in enumerate(spec.templates):
         known = {**outer, **template.holes}
-        out_bytes = {}   # id -> bytes of its output, worked out once: most outputs are read again
+        out_bytes: dict[int, int] = {}   # id -> bytes of its output, worked out once: most outputs are read again
         step_seconds = step_flops = 0.0
         for node in template.nodes:
             known[node.id] = node
@@ -121,7 +131,7 @@ def loop_cost(record, loop_node, nodes, model):
     return seconds, flops
 
 
-def estimate(ir, devices=DEVICES):
+def estimate(ir: "IR", devices: Mapping[str, DeviceModel] = DEVICES) -> Costs:
     """Costs of every node of `ir` on its device (`devices`: kind -> DeviceModel). Constants and tuple_gets
     cost nothing."""
     model = devices[ir.device]

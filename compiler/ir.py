@@ -5,9 +5,15 @@ only remove nodes, point readers at an earlier node, or turn a node into a const
 mutate a node or an IR: they build new ones and share what they did not change, so the recorded graph and
 every intermediate IR stay valid.
 """
+from typing import TYPE_CHECKING, Any
+
 from ravop.core.errors import GraphStateError
+from ravop.core.loop_template import LoopRecord
 from ravop.core.node import NO_PARAMS, Node
 from ravop.wire.codec import encode_params
+
+if TYPE_CHECKING:
+    from ravop.record.graph import Graph
 
 
 class IR:
@@ -16,7 +22,8 @@ class IR:
     in `nodes`: they are its templates' `Node`s)."""
     __slots__ = ("nodes", "outputs", "constants", "seed", "graph_id", "device", "n_recorded", "loops")
 
-    def __init__(self, nodes, outputs, constants, seed, graph_id, device, n_recorded, loops=None):
+    def __init__(self, nodes: dict[int, Node], outputs: dict[str, int], constants: dict[int, Any], seed: int,
+                 graph_id: Any, device: str, n_recorded: int, loops: dict[int, LoopRecord] | None = None) -> None:
         self.nodes = nodes
         self.outputs = outputs
         self.constants = constants
@@ -26,22 +33,22 @@ class IR:
         self.n_recorded = n_recorded
         self.loops = loops or {}
 
-    def roots(self):
+    def roots(self) -> list[int]:
         """The ids everything live is needed for: persisted outputs, and loops (their steps persist values)."""
         return list(self.outputs.values()) + [id for id in self.loops if id in self.nodes]
 
-    def replace(self, **changes):
+    def replace(self, **changes: Any) -> "IR":
         fields = {name: getattr(self, name) for name in IR.__slots__}
         fields.update(changes)
         return IR(**fields)
 
 
-def from_graph(graph):
+def from_graph(graph: "Graph") -> IR:
     """The IR of a recorded `ravop.record.graph.Graph` (which is only read)."""
-    nodes = {}
+    nodes: dict[int, Node] = {}
     # Params repeat (an optimizer's settings on every step, a layer's options on every call): encode each
     # distinct set once. Canonical params are numbers, strings, None and tuples, whose repr is exact.
-    encoded = {}
+    encoded: dict[str, bytes] = {}
     steps = graph.step_ids
     for op in graph.nodes:
         if op.id in steps:
@@ -50,9 +57,10 @@ def from_graph(graph):
         pkey = b""
         if params:
             text = repr(params)
-            pkey = encoded.get(text)
-            if pkey is None:
-                pkey = encoded[text] = encode_params(params)
+            known = encoded.get(text)
+            if known is None:
+                known = encoded[text] = encode_params(params)
+            pkey = known
         inputs = tuple([i.id for i in op.inputs])
         if steps and not steps.isdisjoint(inputs):
             raise GraphStateError(f"op {op.op!r} at {op.source} reads a value recorded inside a loop step, which "

@@ -31,21 +31,25 @@ and no upload. A fill that several loops read is made in each of their windows.
 All ops of a graph share one device (`ir.device`, from the graph's `gpu_required`), so no window mixes
 devices.
 """
+from typing import Any, Collection, Iterable, Sequence
+
 import networkx as nx
 
 from ravop.core.registry import INPUTS, LOOPS, NOT_KERNELS, PROJECTIONS
 
+from .cost import Costs
+from .ir import IR
 from .pass_manager import InvariantError
 
 HANDOFF_SHARE = 0.2         # a cut's transfer may cost at most this share of the window's estimated work
 
 
-def loop_fills(ir):
+def loop_fills(ir: IR) -> dict[int, list[int]]:
     """{loop id: [fill ids]}: the ops that read nothing (zeros, arange, a random draw) that only loop
     ops read, not persisted, per loop reading them. Such an op computes the same value wherever it runs (a
     random one draws from the graph seed and its own id), so each loop's worker makes it itself."""
     nodes = ir.nodes
-    readers = {id: set() for id, node in nodes.items() if not node.inputs and node.op not in NOT_KERNELS}
+    readers: dict[int, set[int]] = {id: set() for id, node in nodes.items() if not node.inputs and node.op not in NOT_KERNELS}
     if not readers:
         return {}
     for id, node in nodes.items():
@@ -53,7 +57,7 @@ def loop_fills(ir):
             if i in readers:
                 readers[i].add(id)
     persisted = set(ir.outputs.values())
-    fills = {}
+    fills: dict[int, list[int]] = {}
     for id, read_by in readers.items():
         if read_by and id not in persisted and all(nodes[r].op in LOOPS for r in read_by):
             for r in read_by:
@@ -61,10 +65,10 @@ def loop_fills(ir):
     return fills
 
 
-def dfs_order(ir, skip=()):
+def dfs_order(ir: IR, skip: Collection[int] = ()) -> list[int]:
     """Non-constant live node ids but `skip`'s, inputs before readers, each branch contiguous."""
     nodes = ir.nodes
-    outputs_of = {}  # multi-output node id -> its tuple_get readers, emitted right after it
+    outputs_of: dict[int, list[int]] = {}  # multi-output node id -> its tuple_get readers, emitted right after it
     for id, node in nodes.items():
         if node.op in PROJECTIONS:
             outputs_of.setdefault(node.inputs[0], []).append(id)
@@ -74,7 +78,7 @@ def dfs_order(ir, skip=()):
             state[id] = 2
     for id in skip:
         state[id] = 2
-    order = []
+    order: list[int] = []
     emit = order.append
     for root in ir.roots():
         if state[root]:
@@ -100,17 +104,18 @@ def dfs_order(ir, skip=()):
     return order
 
 
-def chain_costs(ir, chained, seconds):
+def chain_costs(ir: IR, chained: dict[int, int], seconds: Sequence[float]) -> dict[int, float]:
     """id -> seconds of the fused chain from that node to the chain's end."""
     after = {u: v for v, u in chained.items()}
-    total = {}
+    total: dict[int, float] = {}
     for id in reversed(ir.nodes):
         nxt = after.get(id)
         total[id] = seconds[id] + (total[nxt] if nxt is not None else 0.0)
     return total
 
 
-def partition(ir, costs, chained, min_seconds, max_seconds):
+def partition(ir: IR, costs: Costs, chained: dict[int, int], min_seconds: float,
+              max_seconds: float) -> list[list[int]]:
     """Windows of the DFS order: a list of lists of node ids, each list in topological order. `chained` maps
     each node that continues a fused linear chain to its predecessor (`compiler.passes.fuse_linear_chains`)."""
     fills = loop_fills(ir)
@@ -120,8 +125,9 @@ def partition(ir, costs, chained, min_seconds, max_seconds):
     nodes = ir.nodes
     last_read = _last_reads(ir, order)
     window_of = [-1] * ir.n_recorded   # -1: a constant, or not placed yet
-    ancestors = []   # per closed window: bitmask of the windows it waits for, directly or not
-    windows = []
+    ancestors: list[int] = []   # per closed window: bitmask of the windows it waits for, directly or not
+    windows: list[list[int]] = []
+    current: list[int]
     current, load, live, waits, prev = [], 0.0, 0, 0, -1   # live: bytes of the window's values read after it
     for t, v in enumerate(order):
         c = seconds[v]
@@ -168,7 +174,7 @@ def partition(ir, costs, chained, min_seconds, max_seconds):
     return windows
 
 
-def _last_reads(ir, order):
+def _last_reads(ir: IR, order: Sequence[int]) -> list[int]:
     """Node id -> position in `order` of its last reader (-1: none); persisted outputs are read after the end."""
     last = [-1] * ir.n_recorded
     nodes = ir.nodes
@@ -181,7 +187,7 @@ def _last_reads(ir, order):
     return last
 
 
-def coarse_graph(windows, edges):
+def coarse_graph(windows: Sequence[Sequence[int]], edges: Iterable[tuple[int, int]]) -> Any:
     """The quotient graph as a networkx DiGraph over window indices; `InvariantError` if it is cyclic."""
     g = nx.DiGraph()
     g.add_nodes_from(range(len(windows)))
@@ -191,7 +197,7 @@ def coarse_graph(windows, edges):
     return g
 
 
-def max_parallel_width(g):
+def max_parallel_width(g: Any) -> int:
     """The widest level of the quotient DAG (level = longest path from a source): how many subgraphs can be
     ready at once when each level waits for the one before. Linear time."""
     return max((len(level) for level in nx.topological_generations(g)), default=0)

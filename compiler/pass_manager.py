@@ -1,16 +1,24 @@
 """Run the passes in order and check the IR's invariants after each, as torch.fx's PassManager does: a pass
 that breaks the IR is named at once instead of surfacing as a wrong result on a worker."""
+from typing import Callable, Collection, Optional
+
 from ravop.core.errors import RavopError
+from ravop.core.loop_template import StepTemplate
 from ravop.core.registry import INPUTS, PROJECTIONS
 
 from .passes import eliminate_common_subexpressions, eliminate_dead_code, fold_constants, fold_repeated_steps
+from .ir import IR
 from .passes.strategy import replicate_folded_loops
+
+# A pass: IR -> (the IR, or the same object when it changed nothing; a count for the summary).
+Pass = Callable[[IR], tuple[IR, int]]
+Passes = tuple[tuple[str, Pass], ...]
 
 # (summary key, pass). Repeated steps fold after CSE, which content-addresses each step's constants, and before
 # constant folding, which would turn the first step's ops on constants into constants. Folding leaves the
 # inputs of what it folded unread, so dead code is culled again.
 # Fusion is not a pass: it marks chains for the partitioner and changes nothing (compiler/compile.py).
-PIPELINE = (
+PIPELINE: Passes = (
     ("dead_code_removed", eliminate_dead_code),
     ("cse_merged", eliminate_common_subexpressions),
     ("steps_folded", fold_repeated_steps),
@@ -19,10 +27,10 @@ PIPELINE = (
 )
 # For a graph that runs each subgraph on several workers to compare them (R.Graph(verify=k)): a folded loop
 # would run as a whole on one, so its repeated steps stay unrolled.
-UNFOLDED_PIPELINE = tuple(entry for entry in PIPELINE if entry[1] is not fold_repeated_steps)
+UNFOLDED_PIPELINE: Passes = tuple(entry for entry in PIPELINE if entry[1] is not fold_repeated_steps)
 
 
-def strategy_pipeline(passes, strategy, recorded_loops):
+def strategy_pipeline(passes: Passes, strategy: object, recorded_loops: Collection[int]) -> Passes:
     """`passes` for a graph whose `strategy` no fit used: the loops folded from its hand-written steps become the
     strategy's replicas right after folding (compiler/passes/strategy.py), which refuses a graph that folds
     nothing (UNFOLDED_PIPELINE's)."""
@@ -35,7 +43,7 @@ class InvariantError(RavopError, RuntimeError):
     """A compiler pass produced an invalid IR (a bug in the compiler, not in the user's program)."""
 
 
-def check_invariants(ir, checked=None):
+def check_invariants(ir: IR, checked: Optional[IR] = None) -> None:
     """Raise `ValueError` describing the first broken invariant: ids ascending with every input defined
     earlier (a topological order, hence acyclic), every const node holding a value, every tuple_get reading
     a multi-output node, every persisted output kept and not multi-output, and in every loop template each
@@ -67,7 +75,7 @@ def check_invariants(ir, checked=None):
             _check_template(template, record.spec.outer_ids, f"loop {id}, step {t}")
 
 
-def _check_template(template, outer_ids, where):
+def _check_template(template: StepTemplate, outer_ids: list[int], where: str) -> None:
     """Every op of a loop template reads its holes, the loop's inputs or an op before it, and its results and
     per-op lists name its ops."""
     defined = set(outer_ids) | set(template.hole_ids())
@@ -83,14 +91,14 @@ def _check_template(template, outer_ids, where):
             raise ValueError(f"{where}: its {name} {missing[:5]} are not defined")
 
 
-def run_pipeline(ir, passes=PIPELINE):
+def run_pipeline(ir: IR, passes: Passes = PIPELINE) -> tuple[IR, dict[str, int]]:
     """Apply `passes` in order; returns (ir, {summary key: total count}). Raises `InvariantError` naming the
     pass after which the IR became invalid."""
     try:
         check_invariants(ir)
     except ValueError as exc:
         raise InvariantError(f"the recorded graph is not a valid IR: {exc}") from None
-    counts = {}
+    counts: dict[str, int] = {}
     for key, run in passes:
         before = ir
         ir, count = run(ir)

@@ -7,12 +7,19 @@ subgraphs must finish before it is ready; for a loop op's subgraph (the fills it
 tuple_gets), `loop`, its step templates.
 """
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ravop.core.registry import LOOPS
 from ravop.wire import pack_loop, pack_nodes, plan_pb2
 
+if TYPE_CHECKING:
+    from ravop.core.loop_template import LoopRecord
 
-def emit_plan(ir, windows, costs):
+    from .cost import Costs
+    from .ir import IR
+
+
+def emit_plan(ir: "IR", windows: Sequence[Sequence[int]], costs: "Costs") -> Any:
     """The Plan (its `max_parallel_width` is left for the caller, who has the quotient graph)."""
     nodes = ir.nodes
     where = [-1] * ir.n_recorded  # node id -> its window; -1 for constants
@@ -22,16 +29,17 @@ def emit_plan(ir, windows, costs):
     plan = plan_pb2.Plan(graph_id=ir.graph_id, seed=ir.seed, n_recorded_ops=ir.n_recorded,
                          n_compiled_ops=sum(map(len, windows)))
     plan.persisted.update(ir.outputs)
-    outputs = [[] for _ in windows]
+    outputs: list[list[int]] = [[] for _ in windows]
     emitted = set()  # ids already listed as an output
-    successors = [set() for _ in windows]
+    successors: list[set[int]] = [set() for _ in windows]
     flops, moved = costs.flops, costs.bytes
     next_id = ir.n_recorded   # values persisted by loop steps get ids after the recorded ops'
     for w, window in enumerate(windows):
         sub = plan.subgraphs.add(id=w, device=ir.device)
         for v in window:   # a fill several loops read is in each of their windows (compiler/partition.py)
             where[v] = w
-        inputs, seen = [], set()
+        inputs: list[int] = []
+        seen: set[int] = set()
         sg_flops = sg_bytes = 0.0
         rows = []
         for v in window:
@@ -68,7 +76,7 @@ def emit_plan(ir, windows, costs):
     return plan
 
 
-def _emit_loop(plan, message, record, next_id):
+def _emit_loop(plan: Any, message: Any, record: "LoopRecord", next_id: int) -> int:
     """Pack a loop subgraph's `loop` from its record, the one place a template becomes protobuf: each value a
     step persists gets one tensor id per run, from `next_id` on, and its names go into the plan's persisted
     map. Returns the next free id."""

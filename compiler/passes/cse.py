@@ -7,15 +7,20 @@ applies, except to ops that change per run (step counters, seeds) and to the ste
 carried values must never share a tensor: a loop may update them in place)."""
 import hashlib
 from collections import Counter
+from typing import Any, Collection, Hashable
 
 import torch
 
 from ravop.core import registry
+from ravop.core.loop_template import StepTemplate
+from ravop.core.node import Node
+
+from ..ir import IR
 
 from .templates import keep_only, rewrite_templates
 
 
-def _constant_keys(constants):
+def _constant_keys(constants: dict[int, Any]) -> dict[int, Hashable]:
     """id -> content key of each constant that has a same-sized twin (the others are unique anyway)."""
     sizes = Counter((t.dtype, tuple(t.shape)) for t in constants.values())
     return {id: (t.dtype, tuple(t.shape),
@@ -23,14 +28,14 @@ def _constant_keys(constants):
             for id, t in constants.items() if sizes[(t.dtype, tuple(t.shape))] > 1}
 
 
-def eliminate_common_subexpressions(ir):
+def eliminate_common_subexpressions(ir: IR) -> tuple[IR, int]:
     """Returns (ir, number of nodes merged into an earlier identical node)."""
     random_ops = {name for name, opdef in registry.REGISTRY.items() if not opdef.deterministic}
     inputs_ops = registry.INPUTS
     content = _constant_keys(ir.constants)
-    first = {}    # (op, input ids, params JSON) or a constant's content key -> id of the first such node
-    alias = {}    # id of a merged node -> id of the node that replaces it
-    nodes = {}
+    first: dict[Hashable, int] = {}    # (op, input ids, params JSON) or a constant's content key -> id of the first such node
+    alias: dict[int, int] = {}    # id of a merged node -> id of the node that replaces it
+    nodes: dict[int, Node] = {}
     for id, node in ir.nodes.items():
         inputs = node.inputs
         if alias:
@@ -39,7 +44,7 @@ def eliminate_common_subexpressions(ir):
                     node = node.with_inputs(tuple([alias.get(i, i) for i in inputs]))
                     inputs = node.inputs
                     break
-        key = content.get(id) if node.op in inputs_ops else (node.op, inputs, node.pkey)
+        key: Hashable = content.get(id) if node.op in inputs_ops else (node.op, inputs, node.pkey)
         if key is None or node.op in random_ops:
             nodes[id] = node
             continue
@@ -56,10 +61,12 @@ def eliminate_common_subexpressions(ir):
     return ir.replace(nodes=nodes, outputs=outputs, constants=constants, loops=loops), len(alias) + merged
 
 
-def _merge_in_template(template, random_ops):
+def _merge_in_template(template: StepTemplate, random_ops: Collection[str]) -> tuple[StepTemplate, int]:
     """(template, ops merged into an earlier identical op)."""
     unmerged = {*template.counter_nodes, *template.seed_param_nodes, *template.carry_next}
-    first, alias, nodes = {}, {}, []
+    first: dict[Hashable, int] = {}
+    alias: dict[int, int] = {}
+    nodes: list[Node] = []
     for node in template.nodes:
         if alias and any(i in alias for i in node.inputs):
             node = node.with_inputs(tuple([alias.get(i, i) for i in node.inputs]))

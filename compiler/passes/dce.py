@@ -2,13 +2,17 @@
 loop template only the ops its carried values and persisted values need; a loop's inputs its templates no longer
 read are dropped with them."""
 from dataclasses import replace
+from typing import Sequence
 
-from ravop.core.loop_template import LoopRecord
+from ravop.core.loop_template import LoopRecord, StepTemplate
+from ravop.core.node import Node
+
+from ..ir import IR
 
 from .templates import followed_streams, keep_only, rewrite_templates
 
 
-def eliminate_dead_code(ir):
+def eliminate_dead_code(ir: IR) -> tuple[IR, int]:
     """Returns (ir, number of nodes removed, in the graph and its loop templates)."""
     loops, culled = rewrite_templates(ir.loops, _cull_template)
     nodes, loops, unread = _drop_unread_loop_inputs(ir.nodes, loops)
@@ -23,13 +27,14 @@ def eliminate_dead_code(ir):
     return ir.replace(nodes=kept, constants=constants, loops=loops), len(nodes) - len(kept) + culled
 
 
-def _drop_unread_loop_inputs(nodes, loops):
+def _drop_unread_loop_inputs(nodes: dict[int, Node], loops: dict[int, LoopRecord]
+                             ) -> tuple[dict[int, Node], dict[int, LoopRecord], int]:
     """(nodes, loops, inputs dropped): a loop's inputs beyond its carried values that no template reads (its
     ops were culled or folded) are no inputs of the loop op any more, so what computes them may be culled."""
-    changed = {}   # loop id -> (record, inputs)
+    changed: dict[int, tuple[LoopRecord, Sequence[int]]] = {}   # loop id -> (record, inputs)
     for loop_id, record in loops.items():
         spec = record.spec
-        read = set()
+        read: set[int] = set()
         for template in spec.templates:
             for node in template.nodes:
                 read.update(node.inputs)
@@ -50,7 +55,7 @@ def _drop_unread_loop_inputs(nodes, loops):
     return nodes, loops, dropped
 
 
-def _cull_template(template):
+def _cull_template(template: StepTemplate) -> tuple[StepTemplate, int]:
     """(template, ops removed): an op whose seed param follows another op's stream keeps that op, which the
     runner needs to name the stream."""
     live = set(template.results())

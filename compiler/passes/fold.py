@@ -15,30 +15,34 @@ Inside a loop template the same rule applies to an op that reads only constants:
 every run, so it is computed once, here, and the step reads it as an input of the loop."""
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any, Iterator, Mapping, Optional
 
 import torch
 
 from ravop.core import registry
 from ravop.core.alignment import aligned
-from ravop.core.loop_template import LoopRecord
+from ravop.core.loop_template import LoopRecord, StepTemplate
+from ravop.core.node import Node
 from ravop.core.sizes import numel
 from ravop.runtime.runner import run_op
 
 from ..cost import node_seconds
+from ..ir import IR
 from .templates import keep_only
 
 MAX_ELEMENTS = 4096
 BUDGET_SECONDS = 0.002  # estimated work folded per compile: a fraction of one subgraph's minimum
 
 
-def fold_constants(ir, max_elements=MAX_ELEMENTS, budget_seconds=BUDGET_SECONDS):
+def fold_constants(ir: IR, max_elements: int = MAX_ELEMENTS, budget_seconds: float = BUDGET_SECONDS
+                   ) -> tuple[IR, int]:
     """Returns (ir, number of nodes turned into constants)."""
     with _one_torch_thread():
         return _fold(ir, max_elements, budget_seconds)
 
 
 @contextmanager
-def _one_torch_thread():
+def _one_torch_thread() -> Iterator[None]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -47,11 +51,11 @@ def _one_torch_thread():
         torch.set_num_threads(threads)
 
 
-def _fold(ir, max_elements, budget_seconds):
+def _fold(ir: IR, max_elements: int, budget_seconds: float) -> tuple[IR, int]:
     # id -> tensor (a tuple of tensors for a multi-output node computed here); a constant made from a slice of the
     # user's array is read as a worker reads it from the store: aligned (ravop/core/alignment.py)
     values = {id: aligned(value) for id, value in ir.constants.items()}
-    folded = {}
+    folded: dict[int, Any] = {}
     nodes = ir.nodes
     for id, node in nodes.items():
         if node.op in registry.INPUTS:
@@ -72,11 +76,14 @@ def _fold(ir, max_elements, budget_seconds):
             values[id] = value
             if not node.multi_output:  # a multi-output node stays; its tuple_get readers fold
                 folded[id] = value
-    loops, hoisted, inputs_of = dict(ir.loops), {}, {}
+    loops = dict(ir.loops)
+    hoisted: dict[int, tuple[Node, Any]] = {}
+    inputs_of: dict[int, tuple[int, ...]] = {}
     for loop_id, record in ir.loops.items():
         if loop_id not in nodes:
             continue
-        templates, added = [], []
+        templates: list[StepTemplate] = []
+        added: list[int] = []
         outer = dict(zip(record.spec.outer_ids, nodes[loop_id].inputs))   # name in the templates -> graph id
         for template in record.spec.templates:
             template, made, budget_seconds = _fold_in_template(template, outer, values, nodes, loop_id, ir.seed,
@@ -100,7 +107,9 @@ def _fold(ir, max_elements, budget_seconds):
     return ir.replace(nodes=new_nodes, constants=constants, loops=loops), len(folded) + len(hoisted)
 
 
-def _fold_in_template(template, outer, values, nodes, loop_id, seed, max_elements, budget_seconds):
+def _fold_in_template(template: StepTemplate, outer: dict[int, int], values: dict[int, Any],
+                      nodes: dict[int, Node], loop_id: int, seed: int, max_elements: int, budget_seconds: float
+                      ) -> tuple[StepTemplate, dict[int, tuple[Node, Any]], float]:
     """(template, {id: Node} of its ops computed now, budget left): an op of a loop step that reads only
     constants (through the loop's inputs) computes the same value at every run, so it is folded as a graph op
     would be, and the step reads it as one more input of the loop. Ops that change per run (step counters,
@@ -109,7 +118,7 @@ def _fold_in_template(template, outer, values, nodes, loop_id, seed, max_element
                *template.seeded_nodes}
     known = {name: values[i] for name, i in outer.items() if i in values}
     shaped = {**{name: nodes[i] for name, i in outer.items()}, **template.holes}
-    made = {}
+    made: dict[int, tuple[Node, Any]] = {}
     for node in template.nodes:
         shaped[node.id] = node
         if node.id in per_run or node.id in nodes or node.id >= loop_id or node.op in registry.INPUTS:
@@ -132,19 +141,19 @@ def _fold_in_template(template, outer, values, nodes, loop_id, seed, max_element
     return keep_only(template, kept), made, budget_seconds
 
 
-def _outputs(node):
+def _outputs(node: Node) -> tuple[Any, Any]:
     """(shapes, dtypes) of every output of the node."""
     return (node.shape, node.dtype) if node.multi_output else ((node.shape,), (node.dtype,))
 
 
-def _small_and_deterministic(node, max_elements):
+def _small_and_deterministic(node: Node, max_elements: int) -> bool:
     if not registry.REGISTRY[node.op].deterministic:
         return False
     sizes = [numel(s) for s in _outputs(node)[0]]
     return min(sizes, default=0) >= 0 and sum(sizes) <= max_elements
 
 
-def _evaluate(node, values, seed):
+def _evaluate(node: Node, values: Mapping[int, Any], seed: int) -> Optional[Any]:
     """The node's value (a tuple for a multi-output node), or None if its kernel fails or returns
     something other than the declared outputs."""
     try:

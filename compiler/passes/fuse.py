@@ -4,15 +4,17 @@ bound), so a chain of single-reader ops runs as one piece on one worker with its
 leaving it. It runs once, after the passes, and hands its map to the partitioner: the IR does not change."""
 from ravop.core.registry import INPUTS
 
+from ..ir import IR
 
-def fuse_linear_chains(ir):
+
+def fuse_linear_chains(ir: IR) -> tuple[dict[int, int], int]:
     """Returns ({v: u for every link u -> v}, number of chains of two or more nodes)."""
     nodes = ir.nodes
     readers = dict.fromkeys(nodes, 0)
     for node in nodes.values():
         for i in node.inputs:
             readers[i] += 1
-    chained = {}
+    chained: dict[int, int] = {}
     for id, node in nodes.items():
         computed = None
         for i in node.inputs:

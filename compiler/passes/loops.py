@@ -25,6 +25,7 @@ the stretch is not folded.
 """
 from collections import Counter, defaultdict
 from itertools import count
+from typing import Any, Iterator, Optional, Sequence, cast
 
 from ravop.core.loop_template import LoopRecord, LoopSpec, StepTemplate, hole_node
 from ravop.core.node import Node
@@ -34,13 +35,17 @@ from ravop.record.loop import counter_of, seed_of
 from ravop.runtime.runner import op_seed
 from ravop.wire import encode_params
 
+from ..ir import IR
+
 MIN_STEPS = 2           # fewer repeats are no loop
 CANDIDATE_PERIODS = 8   # the most frequent distances between ops of one kind, tried as the step's length
 MAX_CONSTANT_DEPTH = 2  # ops computed from constants alone that count as values (_constant_expressions)
 CONST = ("constant",)   # the reference to a constant input (which one is recorded per step)
+# A reference to an input: CONST, ("in", position in the step), ("prev", position), ("outer", node id).
+Ref = tuple[Any, ...]
 
 
-def fold_repeated_steps(ir):
+def fold_repeated_steps(ir: IR) -> tuple[IR, int]:
     """Returns (ir, number of ops replaced by loop templates)."""
     total = 0
     while True:
@@ -50,14 +55,14 @@ def fold_repeated_steps(ir):
         total += removed
 
 
-def _fold_once(ir):
+def _fold_once(ir: IR) -> tuple[IR, int]:
     """Fold every foldable stretch of the best period found; (ir, ops removed)."""
     nodes = ir.nodes
     constant = _constant_expressions(nodes)
     order = [id for id in nodes if id not in constant]
     if len(order) < 2 * MIN_STEPS:
         return ir, 0
-    names = defaultdict(list)
+    names: defaultdict[int, list[str]] = defaultdict(list)
     for name, id in ir.outputs.items():
         names[id].append(name)
     kinds = _kinds(nodes, order, names, constant)
@@ -68,15 +73,16 @@ def _fold_once(ir):
             if i in pos:
                 last_reader[pos[i]] = k
     context = _Context(ir, order, pos, names, last_reader, constant)
-    candidates = []
+    candidates: list[tuple[int, int, list[tuple[int, int]]]] = []
     for period in _periods(kinds):
-        runs = []
+        runs: list[tuple[int, int]] = []
         for start, end in _runs(kinds, period):
             start += _phase(context, start, end, period)
             runs.append((start, (end - start) // period))
         candidates.append((sum((steps - 1) * period for _, steps in runs), period, runs))
     for _, period, runs in sorted(candidates, key=lambda c: -c[0]):
-        folds, end = [], 0
+        folds: list[_Fold] = []
+        end = 0
         for start, steps in runs:   # stretches of one period may overlap by less than a period
             fold = _verify(context, start, period, steps) if steps >= MIN_STEPS and start >= end else None
             if fold is not None:
@@ -90,17 +96,18 @@ def _fold_once(ir):
 class _Context:
     __slots__ = ("ir", "order", "pos", "names", "last_reader", "constant")
 
-    def __init__(self, ir, order, pos, names, last_reader, constant):
+    def __init__(self, ir: IR, order: list[int], pos: dict[int, int], names: dict[int, list[str]],
+                 last_reader: list[int], constant: set[int]) -> None:
         self.ir, self.order, self.pos, self.names, self.last_reader = ir, order, pos, names, last_reader
         self.constant = constant
 
 
-def _constant_expressions(nodes):
+def _constant_expressions(nodes: dict[int, Node]) -> set[int]:
     """Ids of the constants and of the deterministic single-output ops at most MAX_CONSTANT_DEPTH ops from
     constants alone (a cast of `R.t(X_batch)`, zeros): values, not ops of a step. A step reads them like
     constants, one per run; CSE merges those a later epoch records again, so as ops they would make that
     epoch's steps look different. Deeper ones are the program itself (a raw-op loop on constant tensors)."""
-    depth = {}
+    depth: dict[int, int] = {}
     for id, node in nodes.items():
         if node.op in INPUTS:
             depth[id] = 0
@@ -112,11 +119,13 @@ def _constant_expressions(nodes):
     return set(depth)
 
 
-def _kinds(nodes, order, names, constant):
+def _kinds(nodes: dict[int, Node], order: list[int], names: dict[int, list[str]], constant: set[int]) -> list[int]:
     """A small int per op: equal for ops that may stand at the same place of two steps."""
-    table, kinds = {}, []
+    table: dict[tuple[Any, ...], int] = {}
+    kinds: list[int] = []
     for id in order:
         node = nodes[id]
+        key: tuple[Any, ...]
         if node.op in NOT_KERNELS or any(nodes[i].op in LOOPS for i in node.inputs):
             key = ("unique", id)   # a loop (of `fit`) and its results are never part of a folded step
         else:
@@ -126,22 +135,23 @@ def _kinds(nodes, order, names, constant):
     return kinds
 
 
-def _masked_pkey(node):
+def _masked_pkey(node: Node) -> bytes:
     """The node's params as wire JSON with its step counter and followed seed (which change from step to step)
     masked."""
     opdef = REGISTRY[node.op]
-    masked = {name: "_" for name, value in ((opdef.counter, counter_of(node)), (opdef.seed_param, seed_of(node)))
+    masked: dict[Any, str] = {name: "_" for name, value in ((opdef.counter, counter_of(node)), (opdef.seed_param, seed_of(node)))
               if value is not None}
     return encode_params({**node.params, **masked}) if masked else node.pkey
 
 
-def _periods(kinds):
+def _periods(kinds: list[int]) -> list[int]:
     """Candidate step lengths: the distances between two successive ops of one kind that occur most often, and
     those that cover the most ops (occurrences times distance). A step that repeats ops inside itself (a
     transformer's layers and heads, one Adam update per parameter) makes short distances the most frequent,
     and its own length, the distance of the kinds that occur once per step, ranks far below them by count
     (examples/gpt_sort.py: 340, ninth after 8, 4, 25, ...); by coverage it ranks first."""
-    last, distances = {}, Counter()
+    last: dict[int, int] = {}
+    distances: Counter[int] = Counter()
     for k, kind in enumerate(kinds):
         j = last.get(kind)
         if j is not None:
@@ -152,7 +162,7 @@ def _periods(kinds):
     return list(dict.fromkeys(by_count + by_coverage))
 
 
-def _runs(kinds, period):
+def _runs(kinds: list[int], period: int) -> Iterator[tuple[int, int]]:
     """(start, end) of each stretch of at least MIN_STEPS periods whose kinds repeat with `period`."""
     n, i = len(kinds), 0
     while i + period < n:
@@ -167,7 +177,7 @@ def _runs(kinds, period):
         i = j
 
 
-def _phase(context, start, end, period):
+def _phase(context: _Context, start: int, end: int, period: int) -> int:
     """Where in a periodic stretch a step should begin: the offset from `start` (below `period`) at which the
     fewest values cross from one step to the next (the carried values), measured on a period in the middle.
     Any offset folds correctly; this one carries the parameters and optimizer state rather than activations,
@@ -188,7 +198,8 @@ def _phase(context, start, end, period):
             crossing[period] -= weight
             crossing[0] += weight
             crossing[b + 1] -= weight
-    best, best_offset, running = None, 0, 0
+    best: Optional[int] = None
+    best_offset = running = 0
     for offset in range(period):
         running += crossing[offset]
         if best is None or running < best:
@@ -196,14 +207,16 @@ def _phase(context, start, end, period):
     return best_offset
 
 
-def _references(context, start, period, k):
+def _references(context: _Context, start: int, period: int, k: int
+                ) -> Optional[tuple[list[tuple[Ref, ...]], list[int]]]:
     """(references of each op's inputs, constant ids in input order) of step k of a stretch, or None if an op
     reads further back than the step before it, or a multi-output value from outside its step."""
     nodes, pos, constant = context.ir.nodes, context.pos, context.constant
     s = start + k * period
-    refs, consts = [], []
+    refs: list[tuple[Ref, ...]] = []
+    consts: list[int] = []
     for id in context.order[s:s + period]:
-        row = []
+        row: list[Ref] = []
         for i in nodes[id].inputs:
             if i in constant:
                 row.append(CONST)
@@ -227,9 +240,18 @@ def _references(context, start, period, k):
 class _Fold:
     """A stretch that folds: `steps` steps of `period` ops from position `start`."""
     __slots__ = ("start", "period", "steps", "refs", "initial", "consts", "counters", "strides", "seed_params")
+    start: int
+    period: int
+    steps: int
+    refs: list[tuple[Ref, ...]]      # per op of the step: the references of its inputs
+    initial: dict[int, int]           # carried position -> the id it starts from
+    consts: list[list[int]]           # per step: its constant inputs in order
+    counters: dict[int, int]          # position of a step counter -> its advance per step
+    strides: dict[int, int]           # position -> how far its id advances per step
+    seed_params: dict[int, Optional[int]]   # position of a seed param -> the position of its source, or None
 
 
-def _verify(context, start, period, steps):
+def _verify(context: _Context, start: int, period: int, steps: int) -> Optional[_Fold]:
     """The longest foldable prefix of the stretch (a _Fold), starting at its step 0 or 1; else None."""
     for first in (0, 1):
         if steps - first < MIN_STEPS:
@@ -240,14 +262,14 @@ def _verify(context, start, period, steps):
     return None
 
 
-def _verify_from(context, start, period, steps):
+def _verify_from(context: _Context, start: int, period: int, steps: int) -> Optional[_Fold]:
     ir, order = context.ir, context.order
     nodes = ir.nodes
     template = _references(context, start, period, 1)
     first = _references(context, start, period, 0)
     if template is None or first is None:
         return None
-    initial = {}
+    initial: dict[int, int] = {}
     for row, row0 in zip(template[0], first[0]):
         for ref, ref0 in zip(row, row0):
             if ref[0] == "prev":
@@ -262,8 +284,10 @@ def _verify_from(context, start, period, steps):
             return None
     # Per position: optimizer counters (advance by 0 or 1 per step), random ops and the sources of seed
     # params (ids advance by a stride), seed params (the seed of their source's id, or fixed).
-    counters, strided, seed_params = {}, set(), {}
-    streams = None
+    counters: dict[int, int] = {}
+    strided: set[int] = set()
+    seed_params: dict[int, Optional[int]] = {}
+    streams: Optional[dict[int, int]] = None
     for q, (id0, id1) in enumerate(zip(*ids)):
         node0, node1 = nodes[id0], nodes[id1]
         if REGISTRY[node0.op].random:
@@ -303,11 +327,13 @@ def _verify_from(context, start, period, steps):
     return None
 
 
-def _same_params(nodes, order, start, period, k, counters, strides, seed_params, graph_seed):
+def _same_params(nodes: dict[int, Node], order: list[int], start: int, period: int, k: int,
+                 counters: dict[int, int], strides: dict[int, int], seed_params: dict[int, Optional[int]],
+                 graph_seed: int) -> bool:
     """Whether step k's counters, strided ids and seed params continue step 0's."""
     s = start + k * period
     for q, delta in counters.items():
-        if counter_of(nodes[order[s + q]]) != counter_of(nodes[order[start + q]]) + k * delta:
+        if counter_of(nodes[order[s + q]]) != cast(int, counter_of(nodes[order[start + q]])) + k * delta:
             return False
     for q, stride in strides.items():
         if order[s + q] != order[start + q] + k * stride:
@@ -320,11 +346,12 @@ def _same_params(nodes, order, start, period, k, counters, strides, seed_params,
     return True
 
 
-def _carried_positions(refs):
+def _carried_positions(refs: Sequence[tuple[Ref, ...]]) -> list[int]:
     return sorted({ref[1] for row in refs for ref in row if ref[0] == "prev"})
 
 
-def _results_only_read_after(context, start, period, steps, refs):
+def _results_only_read_after(context: _Context, start: int, period: int, steps: int,
+                             refs: Sequence[tuple[Ref, ...]]) -> bool:
     """Whether everything after the first `steps` steps reads of them only the last one's carried values."""
     end = start + steps * period
     last = end - period
@@ -336,10 +363,13 @@ def _results_only_read_after(context, start, period, steps, refs):
     return True
 
 
-def _apply(ir, context, folds):
+def _apply(ir: IR, context: _Context, folds: list[_Fold]) -> tuple[IR, int]:
     """The IR with each fold replaced by a loop op and its tuple_gets; (ir, ops removed)."""
     nodes, order = ir.nodes, context.order
-    alias, placed, loops, dropped_names = {}, {}, dict(ir.loops), set()
+    alias: dict[int, int] = {}
+    placed: dict[int, Optional[Node]] = {}
+    loops = dict(ir.loops)
+    dropped_names: set[str] = set()
     removed_total = 0
     for fold in folds:
         built = _build(ir, context, fold, len(loops), alias)
@@ -357,11 +387,12 @@ def _apply(ir, context, folds):
         dropped_names.update(names)
     if not removed_total:
         return ir, 0
-    new_nodes = {}
+    new_nodes: dict[int, Node] = {}
     for id, node in nodes.items():
         if id in placed:   # a loop op and its results read ids already aliased
-            if placed[id] is not None:
-                new_nodes[id] = placed[id]
+            kept = placed[id]
+            if kept is not None:
+                new_nodes[id] = kept
             continue
         if any(i in alias for i in node.inputs):
             node = node.with_inputs(tuple(alias.get(i, i) for i in node.inputs))
@@ -370,7 +401,8 @@ def _apply(ir, context, folds):
     return ir.replace(nodes=new_nodes, outputs=outputs, loops=loops), removed_total
 
 
-def _build(ir, context, fold, loop_index, alias):
+def _build(ir: IR, context: _Context, fold: _Fold, loop_index: int, alias: dict[int, int]
+           ) -> Optional[tuple[Node, list[Node], LoopRecord, list[str]]]:
     """(loop node, its tuple_get nodes, LoopRecord, persist names moved into the loop) of a fold, or None if
     no ids are free for them between the loop's inputs and its readers."""
     nodes, order = ir.nodes, context.order
@@ -382,12 +414,13 @@ def _build(ir, context, fold, loop_index, alias):
     fresh = count(ir.n_recorded)   # ids local to the template, clear of the graph's
     holes = {p: next(fresh) for p in carried}
     initial_names = [next(fresh) for _ in carried]
-    outer = {}   # template name -> the loop input's id
-    run_holes = {}   # sequence of constant ids -> hole id
-    rows, const_slot = [], 0
+    outer: dict[int, int] = {}   # template name -> the loop input's id
+    run_holes: dict[tuple[int, ...], int] = {}   # sequence of constant ids -> hole id
+    rows: list[Node] = []
+    const_slot = 0
     for q, (id, refs) in enumerate(zip(step0, fold.refs)):
         node = nodes[id]
-        inputs = []
+        inputs: list[int] = []
         for ref in refs:
             if ref == CONST:
                 sequence = tuple(consts[const_slot] for consts in fold.consts)
@@ -407,13 +440,14 @@ def _build(ir, context, fold, loop_index, alias):
             elif ref[0] == "prev":
                 inputs.append(holes[ref[1]])
             else:
-                value = alias.get(ref[1], ref[1])
+                name: int = ref[1]
+                value = alias.get(name, name)
                 outer.setdefault(value, value)
                 inputs.append(value)
         rows.append(Node(id, node.op, inputs, node.params, node.pkey, node.shape, node.dtype, node.source))
     initial = [alias.get(fold.initial[p], fold.initial[p]) for p in carried]
-    inputs = initial + list(outer.values())
-    free = sorted(id for id in order[start:start + steps * period] if id > max(inputs))
+    loop_inputs = initial + list(outer.values())
+    free = sorted(id for id in order[start:start + steps * period] if id > max(loop_inputs))
     if len(free) < len(carried) + 1:
         return None
     hole_op = op_of_kind(HOLE)
@@ -427,11 +461,11 @@ def _build(ir, context, fold, loop_index, alias):
     for q, stride in sorted(fold.strides.items()):
         template.seeded_nodes.append(step0[q])
         template.seed_strides.append(stride)
-    for q, source in sorted(fold.seed_params.items()):
-        if source is not None:
+    for q, followed in sorted(fold.seed_params.items()):
+        if followed is not None:
             template.seed_param_nodes.append(step0[q])
-            template.seed_param_sources.append(step0[source])
-    names = []
+            template.seed_param_sources.append(step0[followed])
+    names: list[list[str]] = []
     for q, id in enumerate(step0):
         for j in range(len(context.names.get(id, ()))):
             template.output_nodes.append(id)
@@ -441,8 +475,9 @@ def _build(ir, context, fold, loop_index, alias):
     shapes = tuple(nodes[step0[p]].shape for p in carried)
     dtypes = tuple(nodes[step0[p]].dtype for p in carried)
     params = {LOOP_INDEX: loop_index}
-    loop_node = Node(free[0], op_of_kind(LOOP), tuple(inputs), params, encode_params(params), shapes, dtypes, source)
-    results = []
+    loop_node = Node(free[0], op_of_kind(LOOP), tuple(loop_inputs), params, encode_params(params), shapes, dtypes,
+                     source)
+    results: list[Node] = []
     for k, (shape, dtype) in enumerate(zip(shapes, dtypes)):
         params = {PICKS: k}
         results.append(Node(free[k + 1], op_of_kind(PROJECTION), (loop_node.id,), params, encode_params(params),

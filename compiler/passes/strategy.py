@@ -22,9 +22,10 @@ The replicas' loops and the strategy's ops get ids after the recorded ones, and 
 moved after them (ids ascend in topological order); a random op moved draws the stream of its new id.
 """
 from dataclasses import replace
+from typing import Any, Callable, Collection, Optional, Sequence, cast
 
 from ravop.core.errors import GraphStateError
-from ravop.core.loop_template import LoopRecord, LoopSpec
+from ravop.core.loop_template import LoopRecord, LoopSpec, StepTemplate
 from ravop.core.node import Node
 from ravop.core.registry import HOLE, INPUTS, LOOP_INDEX, PICKS, PROJECTION, PROJECTIONS, REGISTRY, op_of_kind
 from ravop.parallel.hand_written import check_loop_strategy, record_replica_loops
@@ -33,15 +34,17 @@ from ravop.record.loop import seed_of
 from ravop.runtime.runner import op_seed
 from ravop.wire import encode_params
 
+from ..ir import IR
+
 PARAM, BUFFER, OPTIMIZER = "parameter", "buffer", "optimizer state"
 
 
-def replicate_folded_loops(strategy, recorded_loops):
+def replicate_folded_loops(strategy: Any, recorded_loops: Collection[int]) -> Callable[[IR], tuple[IR, int]]:
     """The pass for a graph whose strategy no fit used: every loop the folding made (not those in
     `recorded_loops`, the ids of loops recorded with ravop.record.loop) becomes the strategy's replicas."""
     check_loop_strategy(strategy)
 
-    def replicate(ir):
+    def replicate(ir: IR) -> tuple[IR, int]:
         if recorded_loops:
             raise NotImplementedError(f"{strategy!r} over a loop recorded with ravop.record.loop.Loop is not "
                                       "implemented: a strategy applies to fit(..., strategy=...) and to hand-written "
@@ -58,7 +61,7 @@ def replicate_folded_loops(strategy, recorded_loops):
     return replicate
 
 
-def _replicate(ir, loop_id, strategy):
+def _replicate(ir: IR, loop_id: int, strategy: Any) -> IR:
     record = ir.loops[loop_id]
     spec, loop_node = record.spec, ir.nodes[loop_id]
     template = spec.templates[0]
@@ -83,14 +86,14 @@ def _replicate(ir, loop_id, strategy):
     return _splice(ir, loop_id, scratch, [initial[k] for k in order], order, source)
 
 
-def carried_kinds(template):
+def carried_kinds(template: StepTemplate) -> list[str]:
     """PARAM, BUFFER or OPTIMIZER for each carried value of a folded step (the module docstring's rule)."""
     rows = {node.id: node for node in template.nodes}
-    kinds = []
+    kinds: list[str] = []
     for hole, after in zip(template.carry_holes, template.carry_next):
         node = rows.get(after)
         producer = rows.get(node.inputs[0]) if node is not None and node.op in PROJECTIONS else None
-        if producer is not None and _is_optimizer_step(producer.op):
+        if node is not None and producer is not None and _is_optimizer_step(producer.op):
             kinds.append(PARAM if node.params[PICKS] == 0 else OPTIMIZER)
         elif producer is not None or not template.holes[hole].dtype.is_floating_point:
             kinds.append(BUFFER)
@@ -99,12 +102,12 @@ def carried_kinds(template):
     return kinds
 
 
-def _is_optimizer_step(op):
+def _is_optimizer_step(op: str) -> bool:
     opdef = REGISTRY[op]
     return opdef.counter is not None and opdef.inputs[:2] == ("param", "grad")
 
 
-def _splice(ir, loop_id, scratch, initial, order, source):
+def _splice(ir: IR, loop_id: int, scratch: Any, initial: list[int], order: list[int], source: str) -> IR:
     """`ir` with the folded loop `loop_id` replaced by the scratch recording's replicas and final model, and the
     loop's last steps that make no full round of the replicas (`_tail`) run once on that model."""
     nodes, graph = ir.nodes, scratch.graph
@@ -113,15 +116,16 @@ def _splice(ir, loop_id, scratch, initial, order, source):
                if node.op in PROJECTIONS and node.inputs[0] == loop_id}
     next_id = ir.n_recorded
     ids = {op.id: i for op, i in zip(scratch.placeholders, initial)}   # scratch id -> IR id
-    added, loops = {}, {id: r for id, r in ir.loops.items() if id != loop_id}
+    added: dict[int, Node] = {}
+    loops = {id: r for id, r in ir.loops.items() if id != loop_id}
     constants = dict(ir.constants)
     loop_of = {op.id: r for r, op in enumerate(scratch.loops)}
     for op in graph.nodes:
         if op.id in ids or op.id in graph.step_ids:
             continue   # a placeholder of a value the IR holds, or an op of a loop step (its template's)
         ids[op.id] = next_id
-        inputs = tuple(ids[i.id] for i in op.inputs)
-        params = op.params or {}
+        inputs: tuple[int, ...] = tuple(ids[i.id] for i in op.inputs)
+        params: dict[str, Any] = op.params or {}
         if op.id in loop_of:
             replica, outer = _replica_record(record, graph.loops[op.id], loop_of[op.id], len(scratch.loops),
                                              nodes[loop_id].inputs, order)
@@ -144,7 +148,7 @@ def _splice(ir, loop_id, scratch, initial, order, source):
     alias = {id: final[k] for id, k in results.items()}
     moved, seeds = _readers_moved(ir, loop_id, results, next_id)
     next_id += len(moved)
-    kept = {}
+    kept: dict[int, Node] = {}
     for id, node in nodes.items():
         if id == loop_id or id in results:
             continue
@@ -153,7 +157,7 @@ def _splice(ir, loop_id, scratch, initial, order, source):
         seed = seed_of(node)
         params = node.params
         if seed in seeds:   # it follows a moved random op's stream (dropout's backward redraws its mask)
-            params = {**params, REGISTRY[node.op].seed_param: seeds[seed]}
+            params = {**params, cast(str, REGISTRY[node.op].seed_param): seeds[seed]}
         if new_id != id or inputs != tuple(node.inputs) or params is not node.params:
             node = Node(new_id, node.op, inputs, params, encode_params(params) if params else b"", node.shape,
                         node.dtype, node.source)
@@ -166,11 +170,11 @@ def _splice(ir, loop_id, scratch, initial, order, source):
                       constants={id: value for id, value in constants.items() if id in merged})
 
 
-def _loop_nodes(loop_id, like, inputs, index, source):
+def _loop_nodes(loop_id: int, like: Node, inputs: Sequence[int], index: int, source: str) -> list[Node]:
     """A loop node carrying what the loop node `like` carries, and a tuple_get per carried value."""
-    params = {LOOP_INDEX: index}
+    params: dict[str, Any] = {LOOP_INDEX: index}
     loop = Node(loop_id, like.op, inputs, params, encode_params(params), like.shape, like.dtype, source)
-    picks = []
+    picks: list[Node] = []
     for k, (shape, dtype) in enumerate(zip(like.shape, like.dtype)):
         params = {PICKS: k}
         picks.append(Node(loop_id + 1 + k, op_of_kind(PROJECTION), (loop_id,), params, encode_params(params), shape,
@@ -178,10 +182,12 @@ def _loop_nodes(loop_id, like, inputs, index, source):
     return [loop, *picks]
 
 
-def _readers_moved(ir, loop_id, results, next_id):
+def _readers_moved(ir: IR, loop_id: int, results: Collection[int], next_id: int
+                   ) -> tuple[dict[int, int], dict[int, int]]:
     """({id: new id} of what reads the loop's results, directly or not, given ids from `next_id` on, in order;
     {old stream seed: new} of the random ops among them, whose stream follows their id)."""
-    moved, seeds = {}, {}
+    moved: dict[int, int] = {}
+    seeds: dict[int, int] = {}
     for id, node in ir.nodes.items():
         if id > loop_id and id not in results and any(i in results or i in moved or i == loop_id
                                                       for i in node.inputs):
@@ -191,7 +197,8 @@ def _readers_moved(ir, loop_id, results, next_id):
     return moved, seeds
 
 
-def _replica_record(folded, scratch, r, replicas, folded_inputs, order):
+def _replica_record(folded: LoopRecord, scratch: LoopRecord, r: int, replicas: int, folded_inputs: Sequence[int],
+                    order: list[int]) -> tuple[LoopRecord, list[int]]:
     """(LoopRecord of replica r, the IR ids its training step reads besides the scratch loop's inputs): the
     scratch loop's spec with the folded step, fed replica r's share of the runs, in place of its stand-in step;
     `order`: the folded step's carried values in the order the scratch loop carries them (the layout's)."""
@@ -212,7 +219,8 @@ def _replica_record(folded, scratch, r, replicas, folded_inputs, order):
     return LoopRecord(new_spec, [names, *scratch.names[1:]]), [i for _, i in outer]
 
 
-def _tail(folded, folded_inputs, replicas):
+def _tail(folded: LoopRecord, folded_inputs: Sequence[int], replicas: int
+          ) -> Optional[tuple[LoopRecord, list[int]]]:
     """(LoopRecord, the IR ids it reads besides the carried values) of the folded loop's last steps that make no
     full round of the replicas, run once as recorded (their step counts, batches and random streams), or None."""
     spec = folded.spec
@@ -225,7 +233,8 @@ def _tail(folded, folded_inputs, replicas):
     return LoopRecord(tail, [names]), [i for _, i in outer]
 
 
-def _step_of_runs(folded, folded_inputs, runs, as_recorded):
+def _step_of_runs(folded: LoopRecord, folded_inputs: Sequence[int], runs: range, as_recorded: bool
+                  ) -> tuple[StepTemplate, list[tuple[int, int]], list[list[str]]]:
     """(template, [(outer name, IR id)] it reads, persist names per output) of the folded step fed the folded
     loop's `runs` (evenly spaced): their per-step values and their names; its random ops draw those runs' streams
     (node + stride * run); `as_recorded`: its step counters those of the runs, else counted from the loop's
@@ -246,14 +255,14 @@ def _step_of_runs(folded, folded_inputs, runs, as_recorded):
     return step, outer, [[per_run[run] for run in runs] for per_run in folded.names[0]]
 
 
-def _counted_from(node, runs):
+def _counted_from(node: Node, runs: int) -> Node:
     """`node` (an op with a step counter) as recorded `runs` steps later."""
-    counter = REGISTRY[node.op].counter
+    counter = cast(str, REGISTRY[node.op].counter)
     params = {**node.params, counter: node.params[counter] + runs}
     return Node(node.id, node.op, node.inputs, params, encode_params(params), node.shape, node.dtype, node.source)
 
 
-def _hole(node_id, like):
+def _hole(node_id: int, like: Node) -> Node:
     return Node(node_id, op_of_kind(HOLE), (), {}, b"", like.shape, like.dtype, like.source)
 
 
@@ -261,7 +270,7 @@ _ID_LISTS = ("carry_holes", "carry_next", "row_holes", "counter_nodes", "output_
              "seed_param_nodes", "seed_param_sources", "recv_holes", "send_nodes")
 
 
-def _all_ids(template):
+def _all_ids(template: StepTemplate) -> set[int]:
     """Every id a template names: its ops, their inputs, its holes and the values it lists."""
     ids = {node.id for node in template.nodes} | {i for node in template.nodes for i in node.inputs}
     ids |= set(template.holes) | set(template.run_values) | set(template.row_data)
@@ -270,13 +279,13 @@ def _all_ids(template):
     return ids
 
 
-def _renamed(template, names):
+def _renamed(template: StepTemplate, names: dict[int, int]) -> StepTemplate:
     """`template` with each id in `names` renamed (ids of its own ops and holes; the loop's inputs keep theirs)."""
-    def rename(i):
+    def rename(i: int) -> int:
         return names.get(i, i)
     nodes = [Node(rename(n.id), n.op, [rename(i) for i in n.inputs], n.params, n.pkey, n.shape, n.dtype, n.source)
              for n in template.nodes]
     holes = {rename(h): Node(rename(h), n.op, n.inputs, n.params, n.pkey, n.shape, n.dtype, n.source)
              for h, n in template.holes.items()}
-    lists = {name: [rename(i) for i in getattr(template, name)] for name in _ID_LISTS}
+    lists: dict[str, Any] = {name: [rename(i) for i in getattr(template, name)] for name in _ID_LISTS}
     return replace(template, nodes=nodes, holes=holes, run_values=[rename(i) for i in template.run_values], **lists)

@@ -3,15 +3,20 @@ common-subexpression elimination apply to it too (compiler/passes/dce.py, cse.py
 each template to a rewrite and builds new loop records where it changed one; the recorded graph's records are
 never modified."""
 from dataclasses import replace
+from typing import Callable, Optional
 
-from ravop.core.loop_template import LoopRecord
+from ravop.core.loop_template import LoopRecord, StepTemplate
+from ravop.core.node import Node
 
 
-def rewrite_templates(loops, rewrite):
+def rewrite_templates(loops: dict[int, LoopRecord], rewrite: Callable[[StepTemplate], tuple[StepTemplate, int]]
+                      ) -> tuple[dict[int, LoopRecord], int]:
     """(loops with every template `rewrite(template) -> (template, count)` changed, total count)."""
-    result, total = {}, 0
+    result: dict[int, LoopRecord] = {}
+    total = 0
     for id, record in loops.items():
-        templates, changed = [], 0
+        templates: list[StepTemplate] = []
+        changed = 0
         for template in record.spec.templates:
             new, count = rewrite(template)
             templates.append(new)
@@ -21,12 +26,12 @@ def rewrite_templates(loops, rewrite):
     return result, total
 
 
-def followed_streams(template):
+def followed_streams(template: StepTemplate) -> dict[int, int]:
     """{op id: the op whose stream its seed param follows}."""
     return dict(zip(template.seed_param_nodes, template.seed_param_sources))
 
 
-def keep_only(template, nodes, alias=None):
+def keep_only(template: StepTemplate, nodes: list[Node], alias: Optional[dict[int, int]] = None) -> StepTemplate:
     """`template` with `nodes` (a subset of its nodes, in order) and, with `alias` (merged id -> survivor), its
     results renamed; the per-op lists drop the ops that are gone."""
     alias = alias or {}

@@ -29,12 +29,18 @@ import csv
 import math
 import os
 import time
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union, cast
 
 from ravop.client import fetching, training_losses, watching
 from ravop.core import graph_states
 from ravop.tools import status
 
 from . import nonfinite
+
+if TYPE_CHECKING:
+    from ravop.store.keys import GraphKeys
+
+    from .history import History
 
 POLL_SECONDS = 1.0   # how often the losses are read while the graph trains (the loop flushes about this often)
 # A fit without callbacks is watched only for non-finite losses: its losses (all of them, one round trip that
@@ -46,34 +52,34 @@ class Callback:
     """Base class: override the events you need. `self.model` is the model being fitted, `self.params` the fit's
     {'epochs', 'steps' (per epoch), 'validation'}."""
 
-    model = None
-    params = None
-    stop_reason = None
+    model: Any = None                      # the model being fitted (it has `stop_training`)
+    params: Any = None                     # {'epochs', 'steps', 'validation'}
+    stop_reason: Optional[str] = None
 
-    def set_model(self, model):
+    def set_model(self, model: Any) -> None:
         self.model = model
 
-    def set_params(self, params):
+    def set_params(self, params: dict[str, Any]) -> None:
         self.params = params
 
-    def check(self, validation):
+    def check(self, validation: bool) -> None:
         """Refuse, before the fit is recorded, a fit this callback cannot follow (`validation`: whether it
         persists validation losses)."""
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
         pass
 
-    def on_batch_end(self, batch, logs=None):
+    def on_batch_end(self, batch: int, logs: Optional[dict[str, Any]] = None) -> None:
         pass
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
         pass
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: Optional[dict[str, Any]] = None) -> None:
         pass
 
 
-def _missing_extra(what, extra, module):
+def _missing_extra(what: str, extra: str, module: str) -> ImportError:
     return ImportError(f"{what} needs {module}: pip install 'ravop-engine[{extra}]'")
 
 
@@ -82,27 +88,27 @@ class TensorBoard(Callback):
     step, from 1) and `epoch/loss`, `epoch/val_loss` per epoch (from 1), under `log_dir`. Needs
     `pip install 'ravop-engine[tensorboard]'`."""
 
-    def __init__(self, log_dir="runs"):
+    def __init__(self, log_dir: Union[str, "os.PathLike[str]"] = "runs") -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise _missing_extra("the TensorBoard callback", "tensorboard", "tensorboard") from None
         self.log_dir = os.fspath(log_dir)
         self._writer_class = SummaryWriter
-        self.writer = None
+        self.writer: Any = None
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: Any = None) -> None:
         self.writer = self._writer_class(log_dir=self.log_dir)
 
-    def on_batch_end(self, batch, logs=None):
+    def on_batch_end(self, batch: int, logs: Any = None) -> None:
         self.writer.add_scalar("batch/loss", logs["loss"], logs["step"])
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         for name, value in logs.items():
             self.writer.add_scalar(f"epoch/{name}", value, epoch + 1)
         self.writer.flush()
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: Any = None) -> None:
         if self.writer is not None:
             self.writer.close()
 
@@ -111,11 +117,12 @@ class CSVLogger(Callback):
     """One row per epoch in `filename`: `epoch` (from 0, as Keras), `loss` and `val_loss` (with validation_data);
     `append=True` adds to an existing file instead of replacing it."""
 
-    def __init__(self, filename, separator=",", append=False):
+    def __init__(self, filename: Union[str, "os.PathLike[str]"], separator: str = ",", append: bool = False) -> None:
         self.filename, self.separator, self.append = os.fspath(filename), separator, append
-        self._file = self._writer = None
+        self._file: Any = None
+        self._writer: Any = None
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: Any = None) -> None:
         exists = self.append and os.path.exists(self.filename) and os.path.getsize(self.filename) > 0
         self._file = open(self.filename, "a" if self.append else "w", newline="")
         fields = ["epoch", "loss"] + (["val_loss"] if self.params["validation"] else [])
@@ -124,11 +131,11 @@ class CSVLogger(Callback):
             self._writer.writeheader()
         self._file.flush()
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         self._writer.writerow({"epoch": epoch, **logs})
         self._file.flush()
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: Any = None) -> None:
         if self._file is not None:
             self._file.close()
 
@@ -138,7 +145,8 @@ class EarlyStopping(Callback):
     `patience` epochs (`mode` 'min', 'max' or 'auto': min for a loss). The model keeps the parameters of the
     epoch where the loop stopped (see the module's docstring); Keras's `restore_best_weights` is refused."""
 
-    def __init__(self, monitor="val_loss", patience=0, min_delta=0.0, mode="auto", restore_best_weights=False):
+    def __init__(self, monitor: str = "val_loss", patience: int = 0, min_delta: float = 0.0, mode: str = "auto",
+                 restore_best_weights: bool = False) -> None:
         if monitor not in ("loss", "val_loss"):
             raise ValueError(f"EarlyStopping monitors 'loss' or 'val_loss' (what fit persists), not {monitor!r}")
         if int(patience) < 0:
@@ -151,17 +159,19 @@ class EarlyStopping(Callback):
                                       "where it stopped (fit with n_epochs=best epoch to get the best one's)")
         self.monitor, self.patience, self.min_delta = monitor, int(patience), abs(float(min_delta))
         self.sign = -1.0 if mode == "max" else 1.0
-        self.best, self.best_epoch, self.wait, self.stopped_epoch = math.inf, None, 0, None
+        self.best_epoch: Optional[int] = None
+        self.stopped_epoch: Optional[int] = None
+        self.best, self.wait = math.inf, 0
 
-    def check(self, validation):
+    def check(self, validation: bool) -> None:
         if self.monitor == "val_loss" and not validation:
             raise ValueError("EarlyStopping(monitor='val_loss') needs validation losses: give the model "
                              "validation_data, or monitor='loss'")
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: Any = None) -> None:
         self.best, self.best_epoch, self.wait, self.stopped_epoch = math.inf, None, 0, None
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if self.stopped_epoch is not None:
             return   # the stop is asked for; the epochs the loop runs meanwhile change nothing
         current = self.sign * logs[self.monitor]
@@ -171,8 +181,10 @@ class EarlyStopping(Callback):
         self.wait += 1
         if self.wait > self.patience:
             self.stopped_epoch = epoch
-            self.stop_reason = (f"EarlyStopping: {self.monitor} did not improve for {self.wait} epochs "
-                                f"(best {self.sign * self.best:.6g} after epoch {self.best_epoch + 1})")
+            # no best epoch when no value was finite (NaN from the start): there is nothing to name
+            best = ("no finite value" if self.best_epoch is None
+                    else f"best {self.sign * self.best:.6g} after epoch {self.best_epoch + 1}")
+            self.stop_reason = f"EarlyStopping: {self.monitor} did not improve for {self.wait} epochs ({best})"
             self.model.stop_training = True
 
 
@@ -180,7 +192,7 @@ class TerminateOnNaN(Callback):
     """Stop the training at the first NaN or infinite training loss (as Keras's): the loop ends at its next epoch
     boundary (see the module's docstring), with the parameters it has then, which may be NaN already."""
 
-    def on_batch_end(self, batch, logs=None):
+    def on_batch_end(self, batch: int, logs: Any = None) -> None:
         if self.stop_reason is None and not math.isfinite(logs["loss"]):
             self.stop_reason = f"TerminateOnNaN: training loss {logs['loss']} at step {logs['step']}"
             self.model.stop_training = True
@@ -191,7 +203,8 @@ class MLflow(Callback):
     `experiment` at `tracking_uri` (default: MLflow's, `$MLFLOW_TRACKING_URI` or ./mlruns), with `params`.
     Needs `pip install 'ravop-engine[mlflow]'`."""
 
-    def __init__(self, experiment=None, run_name=None, tracking_uri=None, params=None):
+    def __init__(self, experiment: Optional[str] = None, run_name: Optional[str] = None,
+                 tracking_uri: Optional[str] = None, params: Optional[dict[str, Any]] = None) -> None:
         try:
             import mlflow
         except ImportError:
@@ -199,9 +212,9 @@ class MLflow(Callback):
         self.mlflow = mlflow
         self.experiment, self.run_name, self.tracking_uri = experiment, run_name, tracking_uri
         self.run_params = dict(params or {})
-        self.run = None
+        self.run: Any = None
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: Any = None) -> None:
         if self.tracking_uri is not None:
             self.mlflow.set_tracking_uri(self.tracking_uri)
         if self.experiment is not None:
@@ -209,13 +222,13 @@ class MLflow(Callback):
         self.run = self.mlflow.start_run(run_name=self.run_name)
         self.mlflow.log_params({**self.params, **self.run_params})
 
-    def on_batch_end(self, batch, logs=None):
+    def on_batch_end(self, batch: int, logs: Any = None) -> None:
         self.mlflow.log_metric("batch_loss", logs["loss"], step=logs["step"])
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         self.mlflow.log_metrics(logs, step=epoch + 1)
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: Any = None) -> None:
         if self.run is not None:
             self.mlflow.end_run(status="FINISHED" if logs["state"] == graph_states.DONE else "KILLED")
 
@@ -224,25 +237,26 @@ class WandB(Callback):
     """Logs `batch_loss` per step and `loss`/`val_loss` per epoch to Weights & Biases, in a run `wandb.init(project,
     name=name, config=config, **init_kwargs)` starts. Needs `pip install 'ravop-engine[wandb]'`."""
 
-    def __init__(self, project=None, name=None, config=None, **init_kwargs):
+    def __init__(self, project: Optional[str] = None, name: Optional[str] = None,
+                 config: Optional[dict[str, Any]] = None, **init_kwargs: Any) -> None:
         try:
             import wandb
         except ImportError:
             raise _missing_extra("the WandB callback", "wandb", "wandb") from None
         self.wandb = wandb
         self.init_kwargs = {"project": project, "name": name, "config": config, **init_kwargs}
-        self.run = None
+        self.run: Any = None
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: Any = None) -> None:
         self.run = self.wandb.init(**self.init_kwargs)
 
-    def on_batch_end(self, batch, logs=None):
+    def on_batch_end(self, batch: int, logs: Any = None) -> None:
         self.run.log({"batch_loss": logs["loss"], "step": logs["step"]})
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         self.run.log({**logs, "epoch": epoch + 1})
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: Any = None) -> None:
         if self.run is not None:
             self.run.finish(exit_code=0 if logs["state"] == graph_states.DONE else 1)
 
@@ -251,7 +265,7 @@ class FitFollower:
     """The watcher (`ravop.client.watching`) of one fit: reads the persisted losses as the graph trains, turns them into
     callback events, warns of the first non-finite loss, and asks the graph to stop when a callback wants to."""
 
-    def __init__(self, callbacks, model, history, clock):
+    def __init__(self, callbacks: list[Callback], model: Any, history: "History", clock: Callable[[], float]) -> None:
         self.callbacks, self.model, self.history, self.clock = callbacks, model, history, clock
         epochs, steps = history.params["epochs"], history.params["steps"]
         self.per_epoch = steps // epochs
@@ -266,9 +280,9 @@ class FitFollower:
         # without callbacks, no read as the graph starts (it has no loss yet, and a worker is starting its loop on
         # the same server): the first one after `every`, or at the end
         self.next_read = 0.0 if callbacks else clock() + self.every
-        self.stopped_step = None   # where a stop ended the loop, once the graph is done
+        self.stopped_step: Optional[int] = None   # where a stop ended the loop, once the graph is done
 
-    def poll(self, client, keys, state):
+    def poll(self, client: Any, keys: "GraphKeys", state: str) -> None:
         if state != graph_states.RUNNING:
             return
         now = self.clock()
@@ -277,7 +291,7 @@ class FitFollower:
         self.next_read = now + self.every
         self._feed(client, keys)
 
-    def ended(self, client, keys, state):
+    def ended(self, client: Any, keys: "GraphKeys", state: str) -> None:
         if state == graph_states.DONE:
             self._feed(client, keys, done=True)
         if not self.started:
@@ -289,18 +303,18 @@ class FitFollower:
         for callback in self.callbacks:
             callback.on_train_end(logs)
 
-    def _begin(self):
+    def _begin(self) -> None:
         self.started = True
         for callback in self.callbacks:
             callback.on_train_begin({})
 
-    def _feed(self, client, keys, done=False):
+    def _feed(self, client: Any, keys: "GraphKeys", done: bool = False) -> None:
         if not self.started:
             self._begin()
         # once done, read with the small values the user's fetches of the losses by name then take from memory
         losses = fetching.done_losses(keys) if done else training_losses.read(client, keys)
         self.stopped_step = losses.stopped_step
-        batch, missing = losses.batch, ~losses.batch_stored
+        batch, missing = losses.batch, ~cast(Any, losses.batch_stored)   # both readers set it
         computed = int(missing.argmax()) if missing.any() else len(batch)   # the loop persists them in order
         validation = self.history.params["validation"]
         while self.epochs_seen < self.history.params["epochs"]:
@@ -309,7 +323,7 @@ class FitFollower:
             for step in range(self.steps_seen, min(end, computed)):
                 self._batch_end(client, keys, step - epoch * self.per_epoch, float(batch[step]), step + 1, epoch)
             if computed < end or (validation and (len(losses.validation) <= epoch
-                                                  or not losses.validation_stored[epoch])):
+                                                  or not cast(Any, losses.validation_stored)[epoch])):
                 return
             logs = {"loss": float(batch[epoch * self.per_epoch:end].mean())}
             if validation:
@@ -319,7 +333,7 @@ class FitFollower:
             self.epochs_seen = epoch + 1
             self._stop_if_asked(client, keys)
 
-    def _batch_end(self, client, keys, batch, loss, step, epoch):
+    def _batch_end(self, client: Any, keys: "GraphKeys", batch: int, loss: float, step: int, epoch: int) -> None:
         if not self.warned and not math.isfinite(loss):
             self.warned = True
             nonfinite.warn_loss(loss, epoch, batch, step)
@@ -328,14 +342,14 @@ class FitFollower:
         self.steps_seen = step
         self._stop_if_asked(client, keys)
 
-    def _stop_if_asked(self, client, keys):
+    def _stop_if_asked(self, client: Any, keys: "GraphKeys") -> None:
         if self.model.stop_training and not self.stop_asked:
             why = next((c.stop_reason for c in self.callbacks if c.stop_reason), "a callback set stop_training")
             self.stop_asked = True
             status.request_stop(client, keys, why, "a fit callback")
             # a graph that ended before the request landed trained to the end: History has every epoch
 
-def checked(callbacks, validation):
+def checked(callbacks: Optional[Iterable[Callback]], validation: bool) -> list[Callback]:
     """The callbacks of a fit as a list, refused before anything is recorded if one cannot follow it."""
     callbacks = list(callbacks or ())
     for callback in callbacks:
@@ -345,7 +359,7 @@ def checked(callbacks, validation):
     return callbacks
 
 
-def follow(callbacks, model, history):
+def follow(callbacks: list[Callback], model: Any, history: "History") -> None:
     """Register the watcher of a fit that returned `history`, feeding its (checked) callbacks and warning of
     non-finite losses while the graph is tracked."""
     watching.watch(history.graph.id, FitFollower(callbacks, model, history, time.monotonic))

@@ -8,6 +8,7 @@ builds the modules from a whitelist, loads the trained values and emits the prog
 GraphModule: a torch.nn.Module that torch.jit.script accepts. No code is ever read from the wire.
 """
 import operator
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 from torch import fx
@@ -17,7 +18,7 @@ from ravop.client.session import LOADERS
 from ravop.core import registry
 from ravop.record.graph import current_graph
 
-from .layers.base import recording_calls
+from .layers.base import Call, Layer, Shape, recording_calls
 from .layers.core import Embedding
 
 KIND = "ravdl.model"
@@ -37,13 +38,13 @@ _BY_NAME = {opdef.torch_function[0].__name__: opdef.torch_function[0] for opdef 
 
 # ---------------------------------------------------------------------------------------------- saving
 
-def save(model, name):
+def save(model: Any, name: str) -> None:
     """Persist `model` under `name` as a bundle the loader below turns into a torch.nn.Module."""
     spec, tensors = program(model)
     current_graph().save_bundle(name, KIND, spec, tensors)
 
 
-def program(model):
+def program(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(spec, {key: Op}) of `model`'s eval-mode forward pass, recorded now on a placeholder input."""
     shape, dtype = input_spec(model)
     placeholder = R.t(torch.zeros((TRACE_BATCH,) + shape, dtype=dtype))
@@ -52,7 +53,7 @@ def program(model):
     return _Tracer(model, placeholder, calls).trace(output)
 
 
-def input_spec(model):
+def input_spec(model: Any) -> tuple[Shape, Any]:
     """(shape without the batch dimension, dtype) of the model's input."""
     if model.input_spec is not None:
         return model.input_spec
@@ -67,14 +68,15 @@ def input_spec(model):
 class _Tracer:
     """Walks the recorded forward pass back from its output, emitting spec nodes in topological order."""
 
-    def __init__(self, model, placeholder, calls):
-        self.nodes = [{"op": "placeholder"}]
-        self.refs = {placeholder.id: {"node": 0}}
-        self.calls = {}           # output Op id -> (layer, input Op, index of the output or None)
-        self.tensors = {}         # bundle key -> Op
-        self.modules = []
-        self.layer_of = {}        # id(layer) -> its module's name
-        self.attrs = {}           # Op id of a parameter or buffer -> its state_dict key
+    def __init__(self, model: Any, placeholder: R.Op, calls: list[Call]) -> None:
+        self.nodes: list[dict[str, Any]] = [{"op": "placeholder"}]
+        self.refs: dict[int, dict[str, int]] = {placeholder.id: {"node": 0}}
+        # output Op id -> (layer, input Op, index of the output or None)
+        self.calls: dict[int, tuple[Layer, R.Op, Optional[int]]] = {}
+        self.tensors: dict[str, R.Op] = {}         # bundle key -> Op
+        self.modules: list[dict[str, Any]] = []
+        self.layer_of: dict[int, Optional[str]] = {}        # id(layer) -> its module's name
+        self.attrs: dict[int, str] = {}           # Op id of a parameter or buffer -> its state_dict key
         for name, layer in model.leaf_layers():
             spec = layer.torch_spec() if layer.built else None
             if spec is None:
@@ -90,9 +92,10 @@ class _Tracer:
             outputs = out if isinstance(out, tuple) else (out,)
             for i, op in enumerate(outputs):
                 self.calls[op.id] = (layer, X, i if isinstance(out, tuple) else None)
-        self.module_nodes = {}    # (id(layer), input Op id) -> node index of that call
+        # (id(layer), input Op id) -> node index of that call
+        self.module_nodes: dict[tuple[int, int], dict[str, int]] = {}
 
-    def trace(self, output):
+    def trace(self, output: Any) -> tuple[dict[str, Any], dict[str, R.Op]]:
         outputs = output if isinstance(output, tuple) else (output,)
         for op in sorted(self._needed(outputs), key=lambda op: op.id):   # ids are a topological order
             self.refs[op.id] = self._emit(op)
@@ -101,10 +104,11 @@ class _Tracer:
                 "constants": sorted(k for k in self.tensors if k.startswith("const_"))}
         return spec, self.tensors
 
-    def _needed(self, outputs):
+    def _needed(self, outputs: Sequence[R.Op]) -> Iterable[R.Op]:
         """The ops between the placeholder and `outputs` that become nodes: a layer call's output stands for
         the whole call (its input is needed, not its ops); parameters and constants are leaves."""
-        needed, stack = {}, list(outputs)
+        needed: dict[int, R.Op] = {}
+        stack = list(outputs)
         while stack:
             op = stack.pop()
             if op.id in needed or op.id in self.refs:
@@ -116,21 +120,21 @@ class _Tracer:
                 stack.extend(op.inputs)
         return needed.values()
 
-    def _add(self, node):
+    def _add(self, node: dict[str, Any]) -> dict[str, int]:
         self.nodes.append(node)
         return {"node": len(self.nodes) - 1}
 
-    def _emit(self, op):
+    def _emit(self, op: R.Op) -> dict[str, int]:
         if op.id in self.calls:
             layer, X, index = self.calls[op.id]
             if id(layer) not in self.layer_of:
                 raise ValueError(f"layer {layer.label} is used by the forward pass but is not part of the model "
                                  "(hold it as an attribute before initialize_params, or add it)")
-            key = (id(layer), X.id)
-            if key not in self.module_nodes:
-                self.module_nodes[key] = self._add({"op": "call_module", "target": self.layer_of[id(layer)],
-                                                    "args": [self.refs[X.id]]})
-            call = self.module_nodes[key]
+            called = (id(layer), X.id)
+            if called not in self.module_nodes:
+                self.module_nodes[called] = self._add({"op": "call_module", "target": self.layer_of[id(layer)],
+                                                       "args": [self.refs[X.id]]})
+            call = self.module_nodes[called]
             return call if index is None else self._add({"op": "getitem", "args": [call, index]})
         if op.id in self.attrs:
             return self._add({"op": "get_attr", "target": self.attrs[op.id]})
@@ -153,7 +157,7 @@ class _Tracer:
 
 # ---------------------------------------------------------------------------------------------- loading
 
-def load(spec, tensors):
+def load(spec: dict[str, Any], tensors: dict[str, Any]) -> Any:
     """The torch.nn.Module (a torch.fx.GraphModule, in eval mode) a bundle of kind "ravdl.model" describes."""
     root = torch.nn.Module()
     for entry in spec["modules"]:
@@ -169,7 +173,7 @@ def load(spec, tensors):
     for key in spec["constants"]:
         root.register_buffer(key, tensors[key])
     graph = fx.Graph()
-    values = []
+    values: list[Any] = []
     for node in spec["nodes"]:
         values.append(_node(graph, node, values))
     graph.output(_value(spec["output"], values))
@@ -180,7 +184,7 @@ def load(spec, tensors):
 LOADERS[KIND] = load
 
 
-def _attach(root, path, module):
+def _attach(root: Any, path: str, module: Any) -> None:
     """Put `module` at dotted `path` under `root`, creating plain containers for the intermediate names."""
     *parents, leaf = path.split(".")
     owner = root
@@ -191,7 +195,7 @@ def _attach(root, path, module):
     owner.add_module(leaf, module)
 
 
-def _value(arg, values):
+def _value(arg: Any, values: list[Any]) -> Any:
     if isinstance(arg, dict):
         return values[arg["node"]]
     if isinstance(arg, list):
@@ -199,7 +203,7 @@ def _value(arg, values):
     return arg
 
 
-def _node(graph, node, values):
+def _node(graph: Any, node: dict[str, Any], values: list[Any]) -> Any:
     op = node["op"]
     if op == "placeholder":
         return graph.placeholder("input")

@@ -7,11 +7,13 @@ counters it advances) and records one step with `model.train_step(X, y)`; Neural
 Pytorch_Model do, and R.parallel's strategies use the same interface (ravdl/v2/parallel_fit.py).
 """
 from functools import partial
+from typing import Any, Callable, Hashable, Optional, Sequence, cast
 
 from ravop.core.loss_names import training_loss_name, validation_loss_name
 from ravop.record.loop import Batches, Loop
 
 from .layers.base import as_input
+from .optimizers import Optimizer
 
 
 class Slot:
@@ -19,13 +21,13 @@ class Slot:
     (a layer may replace its dict of buffers)."""
     __slots__ = ("container", "key")
 
-    def __init__(self, container, key):
+    def __init__(self, container: Callable[[], Any], key: Any) -> None:
         self.container, self.key = container, key
 
-    def get(self):
+    def get(self) -> Any:
         return self.container()[self.key]
 
-    def set(self, value):
+    def set(self, value: Any) -> None:
         self.container()[self.key] = value
 
 
@@ -39,33 +41,37 @@ class TrainState:
     All but `counters` are `Slot`s holding Ops; `carried` is their concatenation, in that order."""
     __slots__ = ("params", "buffers", "optimizer", "counters")
 
-    def __init__(self, params, buffers, optimizer, counters):
+    def __init__(self, params: list[Slot], buffers: list[Slot], optimizer: list[Slot], counters: list[Slot]) -> None:
         self.params, self.buffers, self.optimizer, self.counters = params, buffers, optimizer, counters
 
     @property
-    def carried(self):
+    def carried(self) -> list[Slot]:
         return self.params + self.buffers + self.optimizer
 
 
 class LossTraining:
     """The training step every model kind records the same way, from its `loss_function`, `_forward_pass` and
     `_backward_pass` (part of the train-state interface the strategies use, docs/users/strategies.md)."""
+    # the model's own, declared for the type checker
+    loss_function: Optional[Callable[..., Any]]
+    _forward_pass: Callable[..., Any]
+    _backward_pass: Callable[..., Any]
 
-    def training_loss(self, X, y):
+    def training_loss(self, X: Any, y: Any) -> Any:
         """The loss (the one given to fit) of a training-mode forward pass of `X` against `y`, as an Op."""
         if self.loss_function is None:
             raise ValueError(f"{type(self).__name__} has no loss: give fit(..., loss='SquareLoss' | "
                              "'CrossEntropy' | a ravop loss)")
         return self.loss_function(as_input(y), self._forward_pass(X, training=True))
 
-    def train_step(self, X, y):
+    def train_step(self, X: Any, y: Any) -> Any:
         """Record one training step on a batch; returns the loss Op (computed before the step)."""
         loss = self.training_loss(X, y)
         self._backward_pass(loss)
         return loss
 
 
-def optimizer_slots(optimizer, params):
+def optimizer_slots(optimizer: Optimizer, params: Sequence[tuple[Hashable, Any]]) -> tuple[list[Slot], list[Slot]]:
     """(state slots, step count slots) of `optimizer` for `params`, (optimizer key, parameter Op) pairs; the
     state is made (zeros, step 0) for a parameter not stepped yet."""
     states = [optimizer.state_of(key, param) for key, param in params]
@@ -73,7 +79,8 @@ def optimizer_slots(optimizer, params):
             [Slot(partial(_same, state), "step") for state in states])
 
 
-def record_fit(model, train_step, X, y, n_epochs, batch_size, shuffle=False, seed=0, validation=None):
+def record_fit(model: Any, train_step: Callable[[Any, Any], Any], X: Any, y: Any, n_epochs: int, batch_size: int,
+               shuffle: bool = False, seed: int = 0, validation: Optional[Callable[[], Any]] = None) -> list[str]:
     """Record `n_epochs` of `train_step(X_batch, y_batch) -> loss` over (X, y) in batches of `batch_size`;
     persists each loss as `ravop.core.loss_names.training_loss_name(e, b)` and, with `validation() -> loss` (recorded
     in eval mode after each epoch), `validation_loss_name(e)` (1-based). Returns the training loss names
@@ -93,7 +100,9 @@ def record_fit(model, train_step, X, y, n_epochs, batch_size, shuffle=False, see
     loop = Loop([slot.get() for slot in slots], Batches(n_rows, batch_size, shuffle, seed))
     n_full, short = divmod(n_rows, batch_size)
     epochs = range(1, n_epochs + 1)
-    schedule, steps_per_epoch, advance = [], 0, None
+    schedule: list[tuple[int, int]] = []
+    steps_per_epoch = 0
+    advance: Optional[list[Any]] = None
     for rows, batches in ((batch_size, range(1, n_full + 1)), (short, [n_full + 1] if short else [])):
         if not batches:
             continue
@@ -117,15 +126,15 @@ def record_fit(model, train_step, X, y, n_epochs, batch_size, shuffle=False, see
             step.carry([slot.get() for slot in slots])
         schedule.append((len(schedule), 1))
     _bind(slots, loop.run(schedule, rounds=n_epochs))
-    for counter, start, moved in zip(counters, starts, advance):
+    for counter, start, moved in zip(counters, starts, cast(list[Any], advance)):   # Batches: n_rows >= 1
         counter.set(start + moved * steps_per_epoch * n_epochs)
     return [training_loss_name(e, b) for e in epochs for b in range(1, n_full + (short > 0) + 1)]
 
 
-def _bind(slots, values):
+def _bind(slots: Sequence[Slot], values: Sequence[Any]) -> None:
     for slot, value in zip(slots, values):
         slot.set(value)
 
 
-def _same(value):
+def _same(value: Any) -> Any:
     return value

@@ -3,6 +3,7 @@ over one, read once into two tensors (with a progress bar) that go up with the g
 training loop slices its batches on the worker, so a DataLoader's own batching, workers and collate function do
 not run: its batch size and whether it shuffles are taken, the rest refused when it would change the data."""
 import os
+from typing import Any, Optional
 
 import torch
 
@@ -11,14 +12,14 @@ import torch
 MEMORY_SHARE = 0.5
 
 
-def training_data(X, y, batch_size, shuffle):
+def training_data(X: Any, y: Any, batch_size: Optional[int], shuffle: bool) -> tuple[Any, Any, int, bool]:
     """(X, y, batch_size, shuffle) for fit: arrays and tensors pass through; a DataLoader or a map-style Dataset
     (whose items are (x, y) pairs) is read into two stacked tensors, and a DataLoader gives the batch size (unless
     fit was given one) and the shuffling."""
     try:
         from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
     except ImportError:  # torch without its data utilities: only arrays can be given then
-        return X, y, batch_size, shuffle
+        return X, y, batch_size, shuffle  # type: ignore[return-value]   # a None batch_size is not refused here
     if isinstance(X, DataLoader):
         loader = X
         if y is not None:
@@ -54,7 +55,7 @@ def training_data(X, y, batch_size, shuffle):
     return X, y, batch_size, shuffle
 
 
-def _read(dataset):
+def _read(dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Two tensors stacking the dataset's (x, y) items, read in order with a progress bar; refused before
     reading it all when it will not fit in memory."""
     from tqdm.auto import tqdm
@@ -65,7 +66,8 @@ def _read(dataset):
             from None
     if n == 0:
         raise ValueError("the Dataset is empty")
-    xs, ys = [], []
+    xs: list[torch.Tensor] = []
+    ys: list[torch.Tensor] = []
     with tqdm(total=n, desc="reading the dataset", unit="item", delay=1.0) as bar:
         for i in range(n):
             x, y = _pair(dataset[i], i)
@@ -77,7 +79,7 @@ def _read(dataset):
     return torch.stack(xs), torch.stack(ys)
 
 
-def _pair(item, index):
+def _pair(item: Any, index: int) -> tuple[torch.Tensor, ...]:
     if not isinstance(item, (tuple, list)) or len(item) != 2:
         raise TypeError(f"item {index} of the Dataset is a {type(item).__name__}"
                         f"{' of ' + str(len(item)) if isinstance(item, (tuple, list)) else ''}: fit takes items "
@@ -86,7 +88,7 @@ def _pair(item, index):
                  for value in item)
 
 
-def _check_fits(n, x, y):
+def _check_fits(n: int, x: torch.Tensor, y: torch.Tensor) -> None:
     need = n * (x.nelement() * x.element_size() + y.nelement() * y.element_size())
     available = available_memory()
     if available is not None and need > MEMORY_SHARE * available:
@@ -96,7 +98,7 @@ def _check_fits(n, x, y):
                           "several fits over parts)")
 
 
-def available_memory():
+def available_memory() -> Optional[int]:
     """Bytes of memory available to new allocations (Linux's MemAvailable; None where unknown)."""
     try:
         with open("/proc/meminfo") as f:

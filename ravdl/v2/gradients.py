@@ -3,10 +3,15 @@ as torch accumulates `.grad`, then one optimizer step per parameter.
 
 A parameter is a slot `(owner, key)` whose current value is `owner.params[key]` (a layer's dict of values,
 or a Pytorch_Model's list); the slot also keys the optimizer's state for that parameter."""
+from typing import Any
+
 import ravop as R
 
+from .optimizers import Optimizer
 
-def backward(loss, slots, pending, optimizer, step):
+
+def backward(loss: R.Op, slots: list[tuple[Any, Any]], pending: dict[tuple[Any, Any], R.Op], optimizer: Optimizer,
+             step: bool) -> None:
     """Record `R.grad(loss, ...)` for every slot and add each gradient to `pending` (slot -> gradient Op); with
     `step`, record one `optimizer.update` per pending slot, which becomes the parameter's value, and empty
     `pending`."""

@@ -11,6 +11,7 @@ are fetched lazily, the first time they are read once the graph has run, all in 
 It is also the list of the training loss names in order, as `fit` returned before it returned a History.
 """
 import html
+from typing import Any, Optional, Sequence, cast
 
 import ravop as R
 from ravop.client.placement import held_by
@@ -21,22 +22,22 @@ from ravop.core.errors import GraphFailedError, NotComputedError
 from .notebook import html_table
 
 
-class History(list):
-    def __init__(self, loss_names, graph, epochs, validation):
+class History(list[str]):
+    def __init__(self, loss_names: Sequence[str], graph: R.Graph, epochs: int, validation: bool) -> None:
         super().__init__(loss_names)
         self.graph = graph
         self.epoch = list(range(epochs))  # as Keras: the epoch indices, from 0
         self.params = {"epochs": epochs, "steps": len(loss_names), "validation": validation}
-        self._losses = None
-        self.stopped_after = None   # the epochs run when a stop request ended the training early
-        self.stop_reason = None
+        self._losses: Optional[Losses] = None
+        self.stopped_after: Optional[int] = None   # the epochs run when a stop request ended the training early
+        self.stop_reason: Optional[str] = None
 
-    def stopped(self, epochs, reason):
+    def stopped(self, epochs: int, reason: str) -> None:
         """A stop request ended the training after `epochs` epochs: the history ends there."""
         self.stopped_after, self.stop_reason = epochs, reason
         self.epoch = list(range(epochs))
 
-    def _fetched(self):
+    def _fetched(self) -> Losses:
         if self._losses is None:
             if not self.graph.activated:
                 raise NotComputedError(f"graph {self.graph.name!r} has not run: R.activate(), R.execute() and "
@@ -58,18 +59,18 @@ class History(list):
         return self._losses
 
     @property
-    def placement(self):
+    def placement(self) -> dict[str, dict[str, list[str]]]:
         """{strategy: {role ('replica r'): [workers]}}: the workers that ran each replica of the graph's fits under
         a strategy, from the engine's records (ravop.client.placement.held_by), not the activation's forecast."""
         return held_by(self.graph)
 
     @property
-    def batch_losses(self):
+    def batch_losses(self) -> Any:
         """One training loss per step, in order (numpy array)."""
         return self._fetched().batch
 
     @property
-    def history(self):
+    def history(self) -> dict[str, list[float]]:
         """{'loss': mean training loss per epoch, 'val_loss': validation loss per epoch (with
         validation_data)}, as lists of floats."""
         losses = self._fetched()
@@ -78,7 +79,7 @@ class History(list):
             result["val_loss"] = losses.validation.tolist()
         return result
 
-    def _repr_html_(self):
+    def _repr_html_(self) -> str:
         """In a notebook: the losses per epoch once the graph has run, else what the fit recorded."""
         try:
             history = self.history
@@ -91,7 +92,7 @@ class History(list):
             caption += f"; {self.stop_reason}"
         return html_table(["epoch"] + columns, rows, caption)
 
-    def plot(self, ax=None):
+    def plot(self, ax: Any = None) -> Any:
         """Plot the batch losses, the epoch means and the validation losses against epochs; returns the
         matplotlib Axes (a new figure's unless `ax` is given)."""
         try:
@@ -114,8 +115,8 @@ class History(list):
         return ax
 
 
-def _truncated(losses, epochs, steps):
+def _truncated(losses: Losses, epochs: int, steps: int) -> Losses:
     """The losses of the first `steps` steps and `epochs` epochs (a training a stop request ended)."""
     return Losses(losses.graph_id, losses.state, losses.batch[:steps], losses.epoch[:steps],
-                  losses.validation[:epochs], losses.stopped_step, losses.batch_stored[:steps],
-                  losses.validation_stored[:epochs])
+                  losses.validation[:epochs], losses.stopped_step, cast(Any, losses.batch_stored)[:steps],
+                  cast(Any, losses.validation_stored)[:epochs])   # fetch_losses sets both

@@ -2,17 +2,27 @@
 a thin equivalent that does what Keras' does, lazily as everything here, or a clear error pointing at the
 ravdl way: compile (the optimizer and loss, no metrics), predict and evaluate (Ops, to persist and fetch),
 save (refused: there is no trained value to write before the graph runs) and fit's validation_data."""
+from typing import Any, Callable, NoReturn, Optional, Sequence, Union
+
+import ravop as R
+
 from . import losses
 from .layers.base import as_input
+from .losses import Loss
 from .optimizers import Optimizer
 
 
 class KerasHabits:
     """Mixed into every model kind; `loss_function`, `optimizer` and `_forward_pass` are the model's."""
 
-    compiled_loss = None   # compile(loss=...), used by a later fit(...) that gives no loss
+    compiled_loss: Optional[Loss] = None   # compile(loss=...), used by a later fit(...) that gives no loss
+    # the model's own, declared for the type checker
+    loss_function: Optional[Loss]
+    optimizer: Optional[Optimizer]
+    _forward_pass: Callable[..., Any]
 
-    def compile(self, optimizer=None, loss=None, metrics=None, **unsupported):
+    def compile(self, optimizer: Optional[Optimizer] = None, loss: Union[str, Loss, None] = None, metrics: Any = None,
+                **unsupported: Any) -> Any:
         """Keras' compile: set the optimizer (a ravdl.v2.optimizers instance) and the loss ('SquareLoss',
         'CrossEntropy' or a ravop loss(y_true, y_pred)) that fit uses. Returns the model."""
         if unsupported:
@@ -30,12 +40,12 @@ class KerasHabits:
             self.compiled_loss = self.loss_function = losses.get(loss)
         return self
 
-    def predict(self, X):
+    def predict(self, X: Any) -> Any:
         """The model's output for `X` in eval mode, as an Op: persist it (`.persist_op(name)`) to fetch it
         after R.activate(), R.execute() and R.track_progress(); np.asarray() takes the fetched value."""
         return self._forward_pass(X, training=False)
 
-    def evaluate(self, X, y, loss=None):
+    def evaluate(self, X: Any, y: Any, loss: Union[str, Loss, None] = None) -> R.Op:
         """Keras' evaluate, lazily: the loss (default: the model's) of an eval-mode forward pass of all of `X`
         against `y`, as a scalar Op to persist and fetch once the graph ran."""
         loss_function = losses.get(loss) if loss is not None else self.loss_function
@@ -44,7 +54,7 @@ class KerasHabits:
                              "compile(loss=...)")
         return loss_function(as_input(y), self.predict(X))
 
-    def save(self, *args, **kwargs):
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError(
             "model.save(path) would write a file now, but a ravdl model has trained values only once its graph "
             "ran: call model.save_model(name) before R.activate(); afterwards R.fetch_persisting_op(name) returns "
@@ -52,7 +62,7 @@ class KerasHabits:
             "model.pt`")
 
 
-def validation_loss(model, validation_data):
+def validation_loss(model: Any, validation_data: Optional[Sequence[Any]]) -> Optional[Callable[[], R.Op]]:
     """A `validation() -> loss Op` of `model` in eval mode on fit's validation_data=(X_val, y_val), or None."""
     if validation_data is None:
         return None

@@ -4,6 +4,7 @@ warns of the first non-finite loss the worker persists, naming its epoch and bat
 user may mean it (masked values), and a run that has gone NaN may still be worth its History. To end such a run,
 `fit(callbacks=[TerminateOnNaN()])` stops it through the stop request (at its next epoch boundary)."""
 import warnings
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -15,7 +16,7 @@ class NonFiniteWarning(RuntimeWarning):
     """Training data or a training loss holds NaN or infinite values."""
 
 
-def counts(values):
+def counts(values: Any) -> Optional[tuple[int, int, int, int]]:
     """(NaN count, +inf count, -inf count, elements) of a numpy array or torch tensor of floats; None for
     anything else (an Op recorded in the graph: its values are not known yet; integers, always finite)."""
     if isinstance(values, torch.Tensor):
@@ -51,7 +52,7 @@ def counts(values):
     return None
 
 
-def check_data(stacklevel, **arrays):
+def check_data(stacklevel: int, **arrays: Any) -> None:
     """Warn (NonFiniteWarning, at the caller `stacklevel` frames up from here) of each named array holding NaN
     or infinite values, with their counts."""
     for name, values in arrays.items():
@@ -66,13 +67,13 @@ def check_data(stacklevel, **arrays):
                           NonFiniteWarning, stacklevel=stacklevel + 1)
 
 
-def check_fit_data(stacklevel, X, y, validation_data=None):
+def check_fit_data(stacklevel: int, X: Any, y: Any, validation_data: Optional[Sequence[Any]] = None) -> None:
     """`check_data` on what a fit trains and validates on."""
     validation = {} if validation_data is None else dict(zip(("validation X", "validation y"), validation_data))
     check_data(stacklevel + 1, X=X, y=y, **validation)
 
 
-def warn_loss(loss, epoch, batch, step):
+def warn_loss(loss: float, epoch: int, batch: int, step: int) -> None:
     """Warn of a non-finite training loss (epoch and batch from 0, step from 1)."""
     warnings.warn(f"training loss is {loss} at epoch {epoch + 1}, batch {batch + 1} (step {step}): the training "
                   "has diverged or its data holds NaN/inf; fit(callbacks=[TerminateOnNaN()]) stops such a run",

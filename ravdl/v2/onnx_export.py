@@ -1,11 +1,13 @@
 """A trained model as an ONNX file (the original's `get_onnx_model`), written by torch.onnx from the
 torch.nn.Module that `R.fetch_persisting_op` returns for a saved model. Needs the [onnx] extra."""
+from typing import Any
+
 import torch
 
 EXPORT_BATCH = 2   # the example input's batch size: above 1, so the batch dimension can stay dynamic
 
 
-def write(module, input_spec, path):
+def write(module: Any, input_spec: tuple[Any, Any], path: str) -> str:
     """Export `module` (taking one input of `input_spec` = (shape without the batch dimension, dtype)) to
     `path`, its input "X" and output "Y" with a dynamic batch dimension; returns `path`."""
     try:

@@ -8,35 +8,38 @@ max_exp_avg_sq without amsgrad, RMSprop's momentum buffer without momentum) pass
 unchanged, so it stays the initial zeros Op rather than a new output per step: fewer ops to run.
 `lr_schedule` (ravdl.v2.lr_schedules) sets each step's learning rate from the step count, inside the step op.
 """
+from typing import Any, Hashable, Optional, Sequence
+
 import ravop as R
 from ravop.core.dtypes import NAMES
 
-from .lr_schedules import schedule_spec
+from .lr_schedules import Schedule, schedule_spec
 
 
 class Optimizer:
-    state_names = ()   # the step op's state inputs, in order
+    state_names: tuple[str, ...] = ()   # the step op's state inputs, in order
 
-    def __init__(self):
-        self.state = {}   # parameter slot (layer, name) -> {"step": int, state name: Op}
+    def __init__(self) -> None:
+        # parameter slot (layer, name) -> {"step": int, state name: Op}
+        self.state: dict[Hashable, dict[str, Any]] = {}
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         return {**vars(self), "state": {}}   # the moments are graph values: a pickle keeps the configuration
 
-    def used_state(self):
+    def used_state(self) -> tuple[str, ...]:
         """The state names this configuration updates; the others pass through the step unchanged."""
         return self.state_names
 
-    def state_of(self, slot, param):
+    def state_of(self, slot: Hashable, param: R.Op) -> dict[str, Any]:
         """The state of the parameter in `slot` (any hashable key): zeros and step 0 before its first step."""
-        state = self.state.get(slot)
+        state: Optional[dict[str, Any]] = self.state.get(slot)
         if state is None:
             state = {name: R.zeros(shape=param.shape, dtype=NAMES[param.dtype]) for name in self.state_names}
             state["step"] = 0
             self.state[slot] = state
         return state
 
-    def update(self, slot, param, grad):
+    def update(self, slot: Hashable, param: R.Op, grad: R.Op) -> R.Op:
         """Record one step for the parameter in `slot` and return its new value."""
         state = self.state_of(slot, param)
         state["step"] += 1
@@ -45,11 +48,11 @@ class Optimizer:
         state.update((name, op) for name, op in zip(self.state_names, new_state) if name in used)
         return new_param
 
-    def _step(self, param, grad, state, step):
+    def _step(self, param: R.Op, grad: R.Op, state: list[R.Op], step: int) -> Any:
         raise NotImplementedError
 
 
-def _check(lr, eps, weight_decay):
+def _check(lr: float, eps: float, weight_decay: float) -> None:
     if lr < 0 or eps < 0 or weight_decay < 0:
         raise ValueError(f"lr, eps and weight_decay must be >= 0, got lr={lr}, eps={eps}, weight_decay={weight_decay}")
 
@@ -60,8 +63,9 @@ class Adam(Optimizer):
     compare with eager PyTorch's Adam of the same `fused`)."""
     state_names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
-    def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0, amsgrad=False, lr_schedule=None,
-                 fused=None):
+    def __init__(self, lr: float = 0.001, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-08,
+                 weight_decay: float = 0, amsgrad: bool = False, lr_schedule: Optional[Schedule] = None,
+                 fused: Optional[bool] = None) -> None:
         super().__init__()
         _check(lr, eps, weight_decay)
         if fused not in (None, False, True):
@@ -69,25 +73,26 @@ class Adam(Optimizer):
         beta1, beta2 = (float(b) for b in betas)
         if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
             raise ValueError(f"betas must be in [0, 1), got {betas}")
-        self.hyper = {"lr": float(lr), "beta1": beta1, "beta2": beta2, "eps": float(eps),
+        self.hyper: dict[str, Any] = {"lr": float(lr), "beta1": beta1, "beta2": beta2, "eps": float(eps),
                       "weight_decay": float(weight_decay), "amsgrad": bool(amsgrad),
                       "lr_schedule": schedule_spec(lr_schedule), "fused": bool(fused)}
 
-    def used_state(self):
+    def used_state(self) -> tuple[str, ...]:
         return self.state_names if self.hyper["amsgrad"] else self.state_names[:2]
 
-    def _step(self, param, grad, state, step):
+    def _step(self, param: R.Op, grad: R.Op, state: list[R.Op], step: int) -> Any:
         return R.adam_step(param, grad, *state, step=step, **self.hyper)
 
 
 class AdamW(Adam):
     """torch.optim.AdamW (decoupled weight decay), with the same arguments, defaults and bits; `fused` as Adam's."""
 
-    def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01, amsgrad=False, lr_schedule=None,
-                 fused=None):
+    def __init__(self, lr: float = 0.001, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-08,
+                 weight_decay: float = 0.01, amsgrad: bool = False, lr_schedule: Optional[Schedule] = None,
+                 fused: Optional[bool] = None) -> None:
         super().__init__(lr, betas, eps, weight_decay, amsgrad, lr_schedule, fused)
 
-    def _step(self, param, grad, state, step):
+    def _step(self, param: R.Op, grad: R.Op, state: list[R.Op], step: int) -> Any:
         return R.adamw_step(param, grad, *state, step=step, **self.hyper)
 
 
@@ -95,18 +100,21 @@ class RMSprop(Optimizer):
     """torch.optim.RMSprop (foreach=False), with the same arguments and defaults."""
     state_names = ("square_avg", "momentum_buffer", "grad_avg")
 
-    def __init__(self, lr=0.01, alpha=0.99, eps=1e-08, weight_decay=0, momentum=0, centered=False, lr_schedule=None):
+    def __init__(self, lr: float = 0.01, alpha: float = 0.99, eps: float = 1e-08, weight_decay: float = 0,
+                 momentum: float = 0, centered: bool = False, lr_schedule: Optional[Schedule] = None) -> None:
         super().__init__()
         _check(lr, eps, weight_decay)
         if alpha < 0 or momentum < 0:
             raise ValueError(f"alpha and momentum must be >= 0, got alpha={alpha}, momentum={momentum}")
-        self.hyper = {"lr": float(lr), "alpha": float(alpha), "eps": float(eps), "weight_decay": float(weight_decay),
+        self.hyper: dict[str, Any] = {
+                      "lr": float(lr), "alpha": float(alpha), "eps": float(eps), "weight_decay": float(weight_decay),
                       "momentum": float(momentum), "centered": bool(centered),
                       "lr_schedule": schedule_spec(lr_schedule)}
 
-    def used_state(self):
+    def used_state(self) -> tuple[str, ...]:
         return ("square_avg",) + (("momentum_buffer",) if self.hyper["momentum"] > 0 else ()) + \
             (("grad_avg",) if self.hyper["centered"] else ())
 
-    def _step(self, param, grad, state, step):
-        return R.rmsprop_step(param, grad, *state, step=step, **self.hyper)
+    def _step(self, param: R.Op, grad: R.Op, state: list[R.Op], step: int) -> Any:
+        # the state Ops fill the step op's state inputs (the stub cannot count a list's items)
+        return R.rmsprop_step(param, grad, *state, step=step, **self.hyper)  # type: ignore[misc, arg-type]

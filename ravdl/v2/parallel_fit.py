@@ -16,6 +16,8 @@ The losses are persisted under the names `fit` uses (`training_loss_epoch_{e}_ba
 Pipeline one per step (the batch's loss, as one worker computes it); replicas on shards (LocalSGD, Gossip,
 DiLoCo) one per replica and step, replica r's j-th batch of an epoch being batch `j * replicas + r + 1`.
 """
+from typing import Any, Callable, Optional, Sequence, cast
+
 import numpy as np
 import torch
 
@@ -27,13 +29,14 @@ from ravop.parallel.protocol import (
     GradientReplicas, PipelineStages, ResidentSync, ShardReplicas, Synchronizer, check_hooks, check_strategy)
 from ravop.parallel.replicas import Carried, weighted_sum
 from ravop.record.graph import Op, current_graph
-from ravop.record.loop import Batches, Loop
+from ravop.record.loop import Batches, Loop, Step
 
 from .layers.base import as_input
 from .pipeline_fit import record_pipeline
 
 
-def record_parallel_fit(model, X, y, n_epochs, batch_size, shuffle, seed, strategy):
+def record_parallel_fit(model: Any, X: Any, y: Any, n_epochs: int, batch_size: int, shuffle: bool, seed: int,
+                        strategy: Any) -> list[str]:
     """Record the training of `model` under `strategy`; returns the training loss names in order."""
     n_epochs, batch_size = int(n_epochs), int(batch_size)
     if n_epochs < 1 or batch_size < 1:
@@ -49,7 +52,7 @@ class _Steps:
     """The steps of `n_epochs` over `n_rows` rows in batches of `batch_size`: the templates (full batches,
     then a short last one) and, per step, (template, epoch, batch in the epoch), all 0-based."""
 
-    def __init__(self, n_rows, batch_size, n_epochs):
+    def __init__(self, n_rows: int, batch_size: int, n_epochs: int) -> None:
         n_full, short = divmod(n_rows, batch_size)
         self.rows = [batch_size] * bool(n_full) + [short] * bool(short)
         self.schedule = [(t, n_full if rows == batch_size else 1) for t, rows in enumerate(self.rows)]
@@ -58,7 +61,8 @@ class _Steps:
             [t for t, times in self.schedule for _ in range(times)])]
 
 
-def _record_segment(initial, batches, steps, segment, record_step):
+def _record_segment(initial: Sequence[Any], batches: Batches, steps: _Steps, segment: tuple[int, int],
+                    record_step: Callable[[Any, int, list[tuple[int, int]]], None]) -> list[Any]:
     """A loop op running steps [first, first + n) of `steps` from the carried values `initial`; each template
     is recorded by `record_step(step, rows, runs)`: its batch rows and the (epoch, batch) of its runs in the
     segment. Returns the carried values after the segment."""
@@ -71,7 +75,8 @@ def _record_segment(initial, batches, steps, segment, record_step):
     return loop.run(steps.schedule, rounds=steps.n_epochs, segment=segment)
 
 
-def _record_replica(state, resident, r, batches, steps, record_step):
+def _record_replica(state: Sequence[Any], resident: Any, r: int, batches: Batches, steps: _Steps,
+                    record_step: Callable[[Any, int, list[tuple[int, int]]], None]) -> list[Any]:
     """Replica r's loop over every step of the fit, its sync templates (`resident.sync_steps`) after every
     `resident.interval` steps and the last one; returns all its carried values after the loop (its train state
     first)."""
@@ -90,21 +95,21 @@ class _StatePart:
     """A loop step seen by a training step that knows only the train state: the loop carries more values
     (a resident replica's global model and residuals), which the training step passes through."""
 
-    def __init__(self, step, n_state):
+    def __init__(self, step: Step, n_state: int) -> None:
         self.step, self.n_state = step, n_state
         self.carried = step.carried[:n_state]
 
-    def carry(self, values):
+    def carry(self, values: Sequence[Any]) -> None:
         self.step.carry(list(values) + list(self.step.carried[self.n_state:]))
 
-    def rows(self, data, n_rows):
+    def rows(self, data: Any, n_rows: int) -> Any:
         return self.step.rows(data, n_rows)
 
-    def persist(self, op, names):
+    def persist(self, op: Any, names: Sequence[str]) -> None:
         self.step.persist(op, names)
 
 
-def _enough_workers(replicas):
+def _enough_workers(replicas: int) -> bool:
     """Whether the session's live workers can run every replica at once (resident replicas wait for each other
     at every round; with fewer workers the replicas run as segments, with the same bits)."""
     try:
@@ -113,29 +118,29 @@ def _enough_workers(replicas):
         return False
 
 
-def _loss_name(epoch, batch):
+def _loss_name(epoch: int, batch: int) -> str:
     return training_loss_name(epoch + 1, batch + 1)
 
 
-def _shard(data, start, stop):
+def _shard(data: Any, start: int, stop: int) -> Any:
     if isinstance(data, Op):
-        return data[start:stop]
+        return cast(Any, data)[start:stop]   # R's stub types an Op's slicing
     return as_input(torch.as_tensor(np.asarray(data) if not isinstance(data, torch.Tensor) else data)[start:stop])
 
 
 class ParallelFit:
     """One fit under a strategy: the model, the data and the schedule, and the recordings a strategy picks."""
 
-    def __init__(self, model, X, y, n_epochs, batch_size, shuffle, seed):
+    def __init__(self, model: Any, X: Any, y: Any, n_epochs: int, batch_size: int, shuffle: bool, seed: int) -> None:
         self.model, self.X, self.y = model, X, y
         self.n_epochs, self.batch_size, self.shuffle, self.seed = n_epochs, batch_size, shuffle, seed
-        self.loops = {}   # role ('replica r') -> the loop op ids that run it, as recorded
+        self.loops: dict[str, list[int]] = {}   # role ('replica r') -> the loop op ids that run it, as recorded
 
-    def _ran_as(self, role):
+    def _ran_as(self, role: str) -> None:
         """Note the loop op recorded last as one that runs `role`."""
         self.loops.setdefault(role, []).append(list(current_graph().loops)[-1])
 
-    def gradient_replicas(self, strategy):
+    def gradient_replicas(self, strategy: Any) -> list[str]:
         """Per step: each replica's gradient of its slice (`strategy.slices(rows)`) in a one-step segment, then
         one optimizer step on their mean weighted by slice sizes (DataParallel)."""
         check_hooks(strategy, GradientReplicas)
@@ -149,14 +154,16 @@ class ParallelFit:
                                       "replica would see only its slice's batch statistics")
         steps = _Steps(X.shape[0], self.batch_size, self.n_epochs)
         batches = Batches(X.shape[0], self.batch_size, self.shuffle, self.seed)
-        names = []
+        names: list[str] = []
         loss_shape = R.zeros(shape=(), dtype="float32")
         for index, (t, epoch, batch) in enumerate(steps.order):
             params = [slot.get() for slot in state.params]
             bounds = strategy.slices(steps.rows[t])
-            replica_grads, replica_losses = [], []
+            replica_grads: list[list[Any]] = []
+            replica_losses: list[Any] = []
             for start, stop in bounds:
-                def gradient(step, rows, runs, start=start, stop=stop):
+                def gradient(step: Any, rows: int, runs: list[tuple[int, int]], start: int = start,
+                             stop: int = stop) -> None:
                     loss = model.training_loss(step.rows(X, rows)[start:stop], step.rows(y, rows)[start:stop])
                     step.carry([*R.grad(loss, params), loss])
 
@@ -170,7 +177,7 @@ class ParallelFit:
             model.apply_gradients([weighted_sum(grads, weights) for grads in zip(*replica_grads)])
         return names
 
-    def replicated(self, strategy):
+    def replicated(self, strategy: Any) -> list[str]:
         """Replicas training on disjoint shards from one initial model, each for the strategy's `segments`,
         synchronised after each by `strategy.synchronizer(initial, layout, graph_seed).exchange(...)`; the model
         after fit is its `finish(states)` (LocalSGD, Gossip, DiLoCo)."""
@@ -197,14 +204,14 @@ class ParallelFit:
         sync = check_hooks(resident, ResidentSync, "its resident sync") if resident is not None else \
             check_hooks(strategy.synchronizer(initial, layout, current_graph().seed), Synchronizer, "its synchronizer")
         states = [list(initial) for _ in range(replicas)]
-        losses = [None] * replicas
-        names = {}
-        moved = {}   # template -> how far its step moves each counter
+        losses: list[Any] = [None] * replicas
+        names: dict[str, tuple[int, int]] = {}
+        moved: dict[int, list[int]] = {}   # template -> how far its step moves each counter
         with_loss = strategy.needs_loss   # then a segment carries its last loss
         loss_slot = [R.zeros(shape=(), dtype="float32")] * with_loss
 
-        def train(r, X_shard, y_shard):
-            def record_step(step, rows, runs):
+        def train(r: int, X_shard: Any, y_shard: Any) -> Callable[[Any, int, list[tuple[int, int]]], None]:
+            def record_step(step: Any, rows: int, runs: list[tuple[int, int]]) -> None:
                 for counter, start in zip(counters, starts):
                     counter.set(start)
                 for slot, value in zip(slots, step.carried):
@@ -238,13 +245,14 @@ class ParallelFit:
             slot.set(value)
         for k, (counter, start) in enumerate(zip(counters, starts)):
             counter.set(start + sum(moved[t][k] for t, _, _ in steps.order))
-        return sorted(names, key=names.get)
+        return sorted(names, key=names.__getitem__)
 
-    def _accumulated_step(self, X, y, rows, state):
+    def _accumulated_step(self, X: Any, y: Any, rows: int, state: Any) -> list[Any]:
         """One optimizer step on the summed gradients of the step's batches (`update_frequency` of them, fewer in
         an epoch's last step), as torch sums `.grad` over backward calls; returns the batches' losses."""
         params = [slot.get() for slot in state.params]
-        losses, summed = [], None
+        losses: list[Any] = []
+        summed: Optional[list[Any]] = None
         for start in range(0, rows, self.batch_size):
             stop = min(start + self.batch_size, rows)
             losses.append(self.model.training_loss(X[start:stop], y[start:stop]))
@@ -253,7 +261,7 @@ class ParallelFit:
         self.model.apply_gradients(summed)
         return losses
 
-    def pipeline(self, strategy):
+    def pipeline(self, strategy: Any) -> list[str]:
         """GPipe over the model's pipeline units (top-level layers or children) cut into the strategy's stages
         (Pipeline, ravdl/v2/pipeline_fit.py)."""
         check_hooks(strategy, PipelineStages)

@@ -4,6 +4,8 @@ each stage's forward of each micro-batch, then each stage's backward (its forwar
 dropout masks, its BatchNorm statistics updated by the forward only) from the last stage to the first, one-step
 segments all; then one optimizer step on the micro-batches' gradients weighted by their sizes. Resident stages
 (one loop per stage for the whole fit) are recorded by ravdl/v2/pipeline_resident.py."""
+from typing import Any, Callable, Optional
+
 import numpy as np
 import torch
 
@@ -20,7 +22,7 @@ from .layers.base import as_input
 from .pipeline_resident import record_resident_pipeline, resident_reason
 
 
-def _one_step(initial, record_step):
+def _one_step(initial: list[Any], record_step: Callable[[Any], None]) -> list[Any]:
     """A loop op of one step that reads no rows: its own subgraph, so a worker runs it apart from the others."""
     loop = Loop(initial)
     with loop.step() as step:
@@ -28,7 +30,7 @@ def _one_step(initial, record_step):
     return loop.run([(0, 1)])
 
 
-def _advertising_workers():
+def _advertising_workers() -> list[dict[str, Any]]:
     """The live workers of the graph's device kind (the ones the summary's forecast deals stages to) that advertise
     a subgraph memory limit: Pipeline(stages='auto') sizes its stages by them."""
     kind = "cuda" if current_graph().gpu_required else "cpu"
@@ -40,20 +42,20 @@ def _advertising_workers():
     return workers
 
 
-def _steps(n_rows, batch_size, n_epochs):
+def _steps(n_rows: int, batch_size: int, n_epochs: int) -> list[tuple[int, int]]:
     n_full, short = divmod(n_rows, batch_size)
     per_epoch = n_full + bool(short)
     return [(e, b) for e in range(n_epochs) for b in range(per_epoch)]
 
 
-def _live_count():
+def _live_count() -> int:
     try:
         return len(live_workers())
     except GraphStateError:
         return 0
 
 
-def _resident(strategy, n_rows, batch_size):
+def _resident(strategy: Any, n_rows: int, batch_size: int) -> bool:
     """Whether the stages are resident (`strategy.resident`: None when possible and the live workers can hold
     every stage at once); True where they cannot be is an error naming why."""
     if strategy.resident is False:
@@ -66,7 +68,8 @@ def _resident(strategy, n_rows, batch_size):
     return reason is None
 
 
-def record_pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy, loops=None):
+def record_pipeline(model: Any, X: Any, y: Any, n_epochs: int, batch_size: int, shuffle: bool, seed: int,
+                    strategy: Any, loops: Optional[dict[str, list[int]]] = None) -> list[str]:
     """Record the training of `model` under `strategy` (a Pipeline); returns the training loss names in order.
     `loops`: role -> the loop op ids that run it, filled for resident stages (the placement)."""
     if isinstance(X, Op) or isinstance(y, Op):
@@ -94,16 +97,17 @@ def record_pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy, 
         rows = orders[epoch][batch * batch_size:(batch + 1) * batch_size]
         bounds = strategy.micro_slices(len(rows))
         weights = [(stop - start) / len(rows) for start, stop in bounds]
-        grads = [[] for _ in stages]       # per stage, per micro-batch: its parameters' gradients
-        losses = []
+        grads: list[list[list[Any]]] = [[] for _ in stages]   # per stage, per micro-batch: its parameters' gradients
+        losses: list[Any] = []
         for m, (start, stop) in enumerate(bounds):
             seeds = [lambda k, m=m, s=s: stage_seed(graph_seed, index, m, s, k) for s in range(len(stages))]
             inputs = [as_input(X[rows[start:stop]])]   # each stage's input
-            read = []                                   # each stage's buffers before its forward
+            read: list[list[Any]] = []                  # each stage's buffers before its forward
             for s, stage in enumerate(stages[:-1]):
                 read.append(stage.buffers())
 
-                def forward(step, stage=stage, a=inputs[-1], buffers=read[-1], seed=seeds[s]):
+                def forward(step: Any, stage: Any = stage, a: Any = inputs[-1], buffers: list[Any] = read[-1],
+                            seed: Callable[[int], int] = seeds[s]) -> None:
                     out, after = stage.forward(a, buffers, seed, counts=True)
                     step.carry([out, *after])
 
@@ -112,7 +116,8 @@ def record_pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy, 
                 stage.set_buffers(after)
                 inputs.append(out)
             read.append(stages[-1].buffers())
-            target, g_out = as_input(y[rows[start:stop]]), None
+            target = as_input(y[rows[start:stop]])
+            g_out: Any = None
             for s in range(len(stages) - 1, -1, -1):
                 stage, last = stages[s], s == len(stages) - 1
                 wrt = stage.params() + inputs[s:s + 1] * (s > 0)
@@ -120,8 +125,9 @@ def record_pipeline(model, X, y, n_epochs, batch_size, shuffle, seed, strategy, 
                     grads[s].append([])
                     continue
 
-                def backward(step, stage=stage, a=inputs[s], wrt=wrt, last=last, g_out=g_out, buffers=read[s],
-                             seed=seeds[s]):
+                def backward(step: Any, stage: Any = stage, a: Any = inputs[s], wrt: list[Any] = wrt, last: bool = last,
+                             g_out: Any = g_out, buffers: list[Any] = read[s], seed: Callable[[int], int] = seeds[s]
+                             ) -> None:
                     out, after = stage.forward(a, buffers, seed, counts=last)
                     if last:   # the last stage's forward runs here only: its statistics are kept
                         loss = model.loss_function(target, out)

@@ -20,6 +20,8 @@ by the two templates (`Step.seed_by_step`), which gives the segments' `stage_see
 step of `update` is recorded one count lower, as a sync template counts the training step it follows
 (`Step.counted_params`). Carried values keep one shape, so every batch must be full (`batch_size` divides the
 rows)."""
+from typing import Any, Optional, Sequence
+
 import ravop as R
 from ravop.parallel.pipeline import stage_stream
 from ravop.parallel.replicas import weighted_sum
@@ -27,9 +29,10 @@ from ravop.record.graph import current_graph
 from ravop.record.loop import Batches, Loop
 
 from .layers.base import as_input
+from .optimizers import Optimizer
 
 
-def resident_reason(strategy, n_rows, batch_size, n_workers):
+def resident_reason(strategy: Any, n_rows: int, batch_size: int, n_workers: Optional[int]) -> Optional[str]:
     """Why `strategy`'s stages cannot be resident in this fit (None: they can); with `n_workers`, whether the live
     workers can hold every stage at once (resident=None asks)."""
     if strategy.replicas > 1:
@@ -42,11 +45,11 @@ def resident_reason(strategy, n_rows, batch_size, n_workers):
     return None
 
 
-def _zeros(shape, dtype):
+def _zeros(shape: Sequence[int], dtype: Any) -> Any:
     return R.zeros(shape=tuple(shape), dtype=str(dtype).replace("torch.", ""))
 
 
-def _zeros_like(op):
+def _zeros_like(op: Any) -> Any:
     return _zeros(op.shape, op.dtype)
 
 
@@ -54,7 +57,7 @@ class _StageState:
     """A stage's model values as Slots of its stage object and the model's optimizer: bound to a template's holes
     while it is recorded, to the loop's results after it."""
 
-    def __init__(self, stage, optimizer):
+    def __init__(self, stage: Any, optimizer: Optimizer) -> None:
         self.stage, self.optimizer = stage, optimizer
         self.opt_keys = stage.optimizer_slots()
         params = stage.params()
@@ -63,11 +66,11 @@ class _StageState:
         self.counts = [state["step"] for state in self.states]
         self.n_params, self.n_buffers = len(params), len(stage.buffers())
 
-    def values(self):
+    def values(self) -> list[Any]:
         return [*self.stage.params(), *self.stage.buffers(),
                 *[state[name] for state in self.states for name in self.used]]
 
-    def bind(self, values):
+    def bind(self, values: Sequence[Any]) -> list[Any]:
         """Set the stage's values from `values` (in `values()` order); returns the rest."""
         values = list(values)
         for k in range(self.n_params):
@@ -79,11 +82,13 @@ class _StageState:
                 state[name], rest = rest[0], rest[1:]
         return rest
 
-    def size(self):
+    def size(self) -> int:
         return self.n_params + self.n_buffers + self.n_params * len(self.used)
 
 
-def record_resident_pipeline(model, X, y, stages, strategy, n_epochs, batch_size, shuffle, seed, names, loops):
+def record_resident_pipeline(model: Any, X: Any, y: Any, stages: Sequence[Any], strategy: Any, n_epochs: int,
+                             batch_size: int, shuffle: bool, seed: int, names: list[str],
+                             loops: dict[str, list[int]]) -> None:
     """Record one loop per stage (module docstring) over `n_epochs` of (X, y), arrays, in full batches; `names`:
     the training loss names of the steps, in order; `loops`: role -> loop op ids (the placement)."""
     graph = current_graph()
@@ -92,7 +97,9 @@ def record_resident_pipeline(model, X, y, stages, strategy, n_epochs, batch_size
     bounds = strategy.micro_slices(batch_size)
     weights = [(stop - start) / batch_size for start, stop in bounds]
     n_steps = n_epochs * (n_rows // batch_size)
-    X_op, y_op = as_input(X), as_input(y)
+    # Any: a loop step's rows and carried values are ravop.record.graph's Ops, which R's stub types apart
+    X_op: Any = as_input(X)
+    y_op: Any = as_input(y)
     last = len(stages) - 1
     in_shapes = [(stop - start,) + tuple(X_op.shape[1:]) for start, stop in bounds]
     for s, stage in enumerate(stages):
@@ -101,16 +108,17 @@ def record_resident_pipeline(model, X, y, stages, strategy, n_epochs, batch_size
         wrt_input = s > 0
         has_grads = bool(state.n_params)
         backward = s < last and (has_grads or wrt_input)
-        like_in = [_zeros(shape, X_op.dtype) for shape in in_shapes] if s == 0 else \
+        like_in: list[Any] = [_zeros(shape, X_op.dtype) for shape in in_shapes] if s == 0 else \
             [R.zeros(shape=(stop - start,) + tuple(stages[s - 1].out_shape), dtype="float32")
              for start, stop in bounds]
-        like_out = [R.zeros(shape=(stop - start,) + tuple(stage.out_shape), dtype="float32") for start, stop in bounds]
+        like_out: list[Any] = [R.zeros(shape=(stop - start,) + tuple(stage.out_shape), dtype="float32")
+                               for start, stop in bounds]
         params = stage.params()
         grads0 = [[_zeros_like(p) for p in params] for _ in bounds] if has_grads else [[] for _ in bounds]
         inputs0 = list(like_in) if (s == 0 or backward) else []
         targets0 = [_zeros((stop - start,) + tuple(y_op.shape[1:]), y_op.dtype) for start, stop in bounds] \
             if s == last else []
-        losses0 = [R.zeros(shape=(), dtype="float32") for _ in bounds] if s == last else []
+        losses0: list[Any] = [R.zeros(shape=(), dtype="float32") for _ in bounds] if s == last else []
         model_values = state.values()
         layout = _Layout(state.size(), len(inputs0), [len(g) for g in grads0], len(targets0), len(losses0))
         reads_rows = s == 0 or s == last
@@ -119,6 +127,7 @@ def record_resident_pipeline(model, X, y, stages, strategy, n_epochs, batch_size
 
         with loop.step() as step:   # the training step: the batch's rows, cut into micro-batches
             parts = layout.split(step.carried)
+            rows: Any   # a graph Op: R's stub types its slicing
             if s == 0:
                 rows = step.rows(X_op, batch_size)
                 parts["inputs"] = [rows[start:stop] for start, stop in bounds]
@@ -127,7 +136,7 @@ def record_resident_pipeline(model, X, y, stages, strategy, n_epochs, batch_size
                 parts["targets"] = [rows[start:stop] for start, stop in bounds]
             step.carry(layout.join(parts))
 
-        sync = []
+        sync: list[int] = []
         for m, (start, stop) in enumerate(bounds):
             with loop.step(counts=False) as step:   # forward m
                 parts = layout.split(step.carried)
@@ -190,10 +199,11 @@ def record_resident_pipeline(model, X, y, stages, strategy, n_epochs, batch_size
 class _Seeds:
     """`seed_of(k)` of a stage's forward in a loop: the stream's seed, noted for `Step.seed_by_step`."""
 
-    def __init__(self, graph_seed, m, s):
-        self.graph_seed, self.m, self.s, self.given = graph_seed, m, s, set()
+    def __init__(self, graph_seed: int, m: int, s: int) -> None:
+        self.graph_seed, self.m, self.s = graph_seed, m, s
+        self.given: set[int] = set()
 
-    def __call__(self, k):
+    def __call__(self, k: int) -> int:
         seed = stage_stream(self.graph_seed, self.m, self.s, k)
         self.given.add(seed)
         return seed
@@ -203,21 +213,21 @@ class _Layout:
     """Where a stage loop's carried values sit: the model values, then per micro-batch the inputs, the gradients,
     the targets and the losses."""
 
-    def __init__(self, n_model, n_inputs, n_grads, n_targets, n_losses):
+    def __init__(self, n_model: int, n_inputs: int, n_grads: list[int], n_targets: int, n_losses: int) -> None:
         self.n_model, self.n_inputs, self.n_grads = n_model, n_inputs, n_grads
         self.n_targets, self.n_losses = n_targets, n_losses
 
-    def split(self, values):
+    def split(self, values: Sequence[Any]) -> dict[str, Any]:
         values = list(values)
         model, values = values[:self.n_model], values[self.n_model:]
         inputs, values = values[:self.n_inputs], values[self.n_inputs:]
-        grads = []
+        grads: list[list[Any]] = []
         for n in self.n_grads:
             grads.append(values[:n])
             values = values[n:]
         targets, values = values[:self.n_targets], values[self.n_targets:]
         return {"model": model, "inputs": inputs, "grads": grads, "targets": targets, "losses": values}
 
-    def join(self, parts):
+    def join(self, parts: dict[str, Any]) -> list[Any]:
         return [*parts["model"], *parts["inputs"], *[g for gs in parts["grads"] for g in gs], *parts["targets"],
                 *parts["losses"]]

@@ -11,13 +11,14 @@ re-materialisation). Both must compute the same function, so:
   gradient, use the forward's masks.
 """
 from dataclasses import dataclass
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 
 import ravop as R
 from ravop.record.torchscript_stages import chain_of, stage_model
 
-from .layers.base import CustomLayer, as_input, leaf_layers, recording_calls
+from .layers.base import CustomLayer, Layer, Shape, as_input, leaf_layers, recording_calls
 from .layers.core import Dropout
 
 
@@ -25,44 +26,45 @@ from .layers.core import Dropout
 class Units:
     """A model's top-level units in forward order: `memory` (bytes a stage holding each needs), `boundary` (bytes
     of each one's output for a micro-batch: what crosses to the next stage), and `stage(start, stop)`."""
-    memory: list
-    boundary: list
-    stage: object
+    memory: list[int]
+    boundary: list[int]
+    stage: Callable[[int, int], Any]
 
 
 class LayerStage:
     """Contiguous top-level layers of a NeuralNetwork."""
 
-    def __init__(self, model, tops):
+    def __init__(self, model: Any, tops: Sequence[Layer]) -> None:
         self.model, self.tops = model, tops
         self.leaves = [leaf for top in tops for _, leaf in leaf_layers(top)]
         self.keys = [(leaf, key) for leaf in self.leaves for key in leaf.params]
         self.buffer_keys = [(leaf, name) for leaf in self.leaves for name in leaf.buffers]
-        self.out_shape = tuple(tops[-1].last_output_shape)
+        self.out_shape = tuple(cast(Shape, tops[-1].last_output_shape))   # built: a forward ran
 
-    def params(self):
+    def params(self) -> list[Any]:
         return [leaf.params[key] for leaf, key in self.keys]
 
-    def set_param(self, k, value):
+    def set_param(self, k: int, value: Any) -> None:
         leaf, key = self.keys[k]
         leaf.params[key] = value
 
-    def buffers(self):
+    def buffers(self) -> list[Any]:
         return [leaf.buffers[name] for leaf, name in self.buffer_keys]
 
-    def set_buffers(self, values):
+    def set_buffers(self, values: Sequence[Any]) -> None:
         for (leaf, name), value in zip(self.buffer_keys, values):
             leaf.buffers[name] = value
 
-    def optimizer_slots(self):
+    def optimizer_slots(self) -> list[tuple[Any, Any]]:
         """The optimizer's keys of `params()`, in order."""
         return list(self.keys)
 
-    def counters(self):
+    def counters(self) -> list[tuple[Any, int]]:
         """The layers' Python batch counts (BatchNorm's `num_batches_tracked`), as (layer, count) pairs."""
         return [(leaf, leaf.batches_tracked) for leaf in self.leaves if hasattr(leaf, "batches_tracked")]
 
-    def forward(self, X, buffers, seed_of, counts):
+    def forward(self, X: Any, buffers: Sequence[Any], seed_of: Callable[[int], int], counts: bool
+                ) -> tuple[Any, list[Any]]:
         """(output, buffers after) of a train-mode forward of `X` from `buffers`, the k-th top-level layer's dropout
         mask drawn from `seed_of(k)`;
         the layers keep the buffers they had, and their batch counts unless the pass `counts` (not a recompute)."""
@@ -82,12 +84,12 @@ class LayerStage:
             leaf.batches_tracked = count
         return X, after
 
-    def apply(self, k, grad):
+    def apply(self, k: int, grad: Any) -> None:
         leaf, key = self.keys[k]
         leaf.params[key] = self.model.optimizer.update((leaf, key), leaf.params[key], grad)
 
 
-def layer_units(model, tops, rows):
+def layer_units(model: Any, tops: Sequence[Layer], rows: int) -> Units:
     """The `Units` of a NeuralNetwork's top-level layers (built), for micro-batches of `rows` rows: parameters
     with their gradients and two optimizer moments, and the layer's output (an estimate: the ops' own
     intermediates are not counted)."""
@@ -104,7 +106,7 @@ def layer_units(model, tops, rows):
                  lambda start, stop: LayerStage(model, tops[start:stop]))
 
 
-def called_chain(model, sample):
+def called_chain(model: Any, sample: Any) -> list[Layer]:
     """The built-in layers a Functional's forward calls, in order, when they form a chain: the first reads the
     model's input, each next one the output of the one before, and the forward returns the last one's output;
     ValueError naming the model and what breaks the chain otherwise. Its forward is recorded once, in eval mode,
@@ -115,7 +117,8 @@ def called_chain(model, sample):
     name = type(model).__name__
     if not calls:
         raise ValueError(f"{name}'s forward calls no layer: Pipeline has nothing to cut")
-    layers, previous = [], None
+    layers: list[Layer] = []
+    previous: Any = None
     for layer, read, written in calls:
         expected = X if previous is None else previous
         if read is not expected and not (previous is None and read.inputs and read.inputs[0] is X):
@@ -141,43 +144,44 @@ class TorchStage:
     """Contiguous top-level children of a Pytorch_Model, run as a model of their own (ravop.record.torchscript_stages)
     on the full model's values."""
 
-    def __init__(self, model, units):
+    def __init__(self, model: Any, units: Sequence[Any]) -> None:
         self.model = model
         self.code, self.param_index, self.buffer_index = stage_model(model.model, units)
         trained = set(i for i, wanted in enumerate(model.model.requires_grad) if wanted)
         self.keys = [i for i in self.param_index if i in trained]
         self.out_shape = units[-1].output_shape
 
-    def params(self):
+    def params(self) -> list[Any]:
         return [self.model.params[i] for i in self.keys]
 
-    def set_param(self, k, value):
+    def set_param(self, k: int, value: Any) -> None:
         self.model.params[self.keys[k]] = value
 
-    def buffers(self):
+    def buffers(self) -> list[Any]:
         return [self.model.buffers[i] for i in self.buffer_index]
 
-    def set_buffers(self, values):
+    def set_buffers(self, values: Sequence[Any]) -> None:
         for i, value in zip(self.buffer_index, values):
             self.model.buffers[i] = value
 
-    def optimizer_slots(self):
+    def optimizer_slots(self) -> list[tuple[Any, Any]]:
         return [(self.model, i) for i in self.keys]
 
-    def counters(self):
+    def counters(self) -> list[tuple[Any, int]]:
         return []   # a TorchScript model's num_batches_tracked are buffers, carried as the others
 
-    def forward(self, X, buffers, seed_of, counts):
+    def forward(self, X: Any, buffers: Sequence[Any], seed_of: Callable[[int], int], counts: bool
+                ) -> tuple[Any, list[Any]]:
         out, after = self.code.forward([self.model.params[i] for i in self.param_index], list(buffers), [X],
                                        training=True, seed=seed_of(0))
         return out, after
 
-    def apply(self, k, grad):
+    def apply(self, k: int, grad: Any) -> None:
         i = self.keys[k]
         self.model.params[i] = self.model.optimizer.update((self.model, i), self.model.params[i], grad)
 
 
-def torch_units(model, sample):
+def torch_units(model: Any, sample: Any) -> Units:
     """The `Units` of a Pytorch_Model's children, measured on `sample` (a micro-batch, a torch tensor)."""
     units = chain_of(model.model, sample)
     return Units([unit.memory for unit in units], [unit.output_bytes for unit in units],

@@ -14,37 +14,43 @@ plain nn.Module with the trained weights under the original names (`ravop.client
 `ravop.record.torchscript_import.load_module`, so fetching needs only ravop).
 """
 from functools import partial
+from typing import Any, Optional, Sequence, Union, cast
 
+import ravop as R
 from ravop.core.errors import GraphStateError
 from ravop.record.graph import current_graph
 from ravop.record.torchscript_import import BLOB_KEY, BUNDLE_KIND, Model
 
 from . import gradients
 from .fit import LossTraining, Slot, TrainState, optimizer_slots
+from .callbacks import Callback
+from .history import History
 from .keras_habits import KerasHabits
+from .losses import Loss
+from .optimizers import Optimizer
 from .layers.base import as_input
-from .pipeline_stages import torch_units
+from .pipeline_stages import Units, torch_units
 from .training import fit_model
 
 
 class Pytorch_Model(KerasHabits, LossTraining):
-    def __init__(self, model_op):
+    def __init__(self, model_op: Model) -> None:
         if not isinstance(model_op, Model):
             raise TypeError(f"Pytorch_Model takes the model R.model(path_or_module) returns, not "
                             f"{type(model_op).__name__}")
         self.model = model_op
-        self.optimizer = None
-        self.loss_function = None  # loss(y_true, y_pred) -> Op, from fit(loss=...)
-        self.graph = None        # where the current values live, from the first forward pass
-        self.params = []         # current parameter values (Ops), in the model's named_parameters() order
-        self.buffers = []        # current buffer values (Ops), in named_buffers() order
-        self._pending_grads = {}  # (self, parameter index) -> gradient summed since the last step
+        self.optimizer: Optional[Optimizer] = None
+        self.loss_function: Optional[Loss] = None  # loss(y_true, y_pred) -> Op, from fit(loss=...)
+        self.graph: Optional[R.Graph] = None   # where the current values live, from the first forward pass
+        self.params: list[R.Op] = []     # current parameter values (Ops), in the model's named_parameters() order
+        self.buffers: list[R.Op] = []    # current buffer values (Ops), in named_buffers() order
+        self._pending_grads: dict[Any, R.Op] = {}  # (self, parameter index) -> gradient summed since the last step
 
-    def initialize(self, optimizer):
+    def initialize(self, optimizer: Optimizer) -> None:
         """Train with `optimizer` (ravdl.v2.optimizers: Adam, AdamW or RMSprop)."""
         self.optimizer = optimizer
 
-    def _values_in_current_graph(self):
+    def _values_in_current_graph(self) -> R.Graph:
         graph = current_graph()
         if self.graph is None:
             self.params = [graph.constant(p) for p in self.model.params]
@@ -55,7 +61,7 @@ class Pytorch_Model(KerasHabits, LossTraining):
                                   f"make a new Pytorch_Model for graph {graph.name!r}")
         return graph
 
-    def _forward_pass(self, X, training=True, **kwargs):
+    def _forward_pass(self, X: Any, training: bool = True, **kwargs: Any) -> Any:
         """Record `model(X, **kwargs)` and return its output Op (a tuple of Ops if the model returns a
         tuple). `X` may be a tuple/list of positional inputs; keyword tensors (e.g. a padding mask) reach
         the model's forward by name."""
@@ -66,7 +72,7 @@ class Pytorch_Model(KerasHabits, LossTraining):
         self.buffers = list(buffers)
         return out
 
-    def _backward_pass(self, loss, step=True):
+    def _backward_pass(self, loss: R.Op, step: bool = True) -> None:
         """Record the gradients of `loss` w.r.t. the trainable parameters; with `step=True` one optimizer
         step with them (plus any summed by earlier `step=False` calls), as torch accumulates `.grad`."""
         if self.optimizer is None:
@@ -80,7 +86,7 @@ class Pytorch_Model(KerasHabits, LossTraining):
 
     # ------------------------------------------------------------------ the train-state interface (fit.py)
 
-    def train_state(self, X):
+    def train_state(self, X: R.Op) -> TrainState:
         """The `TrainState` of training: the trainable parameters (frozen ones are read, never replaced, so
         nothing carries them), the buffers and the optimizer's state."""
         self._values_in_current_graph()
@@ -96,21 +102,23 @@ class Pytorch_Model(KerasHabits, LossTraining):
                           buffers=[Slot(partial(getattr, self, "buffers"), i) for i in range(len(self.buffers))],
                           optimizer=optimizer, counters=steps)
 
-    def apply_gradients(self, grads):
+    def apply_gradients(self, grads: Sequence[R.Op]) -> None:
         """Record one optimizer step per trainable parameter (`train_state(...).params` order) with `grads`."""
         for (key, param), grad in zip(self._trained(), grads):
-            self.params[key[1]] = self.optimizer.update(key, param, grad)
+            self.params[key[1]] = cast(Optimizer, self.optimizer).update(key, param, grad)
 
-    def pipeline_units(self, sample, rows):
+    def pipeline_units(self, sample: Any, rows: int) -> Units:
         """The units Pipeline cuts into stages: the model's top-level children, when its forward is a chain of
         them (checked), each measured on `sample`, a micro-batch of `rows` rows (ravop.record.torchscript_stages)."""
         return torch_units(self, sample)
 
-    def _trained(self):
+    def _trained(self) -> list[tuple[tuple["Pytorch_Model", int], R.Op]]:
         return [((self, i), self.params[i]) for i, wanted in enumerate(self.model.requires_grad) if wanted]
 
-    def fit(self, X, y=None, n_epochs=1, batch_size=None, loss=None, strategy=None, shuffle=False,
-            seed=None, callbacks=None, validation_data=None):
+    def fit(self, X: Any, y: Any = None, n_epochs: int = 1, batch_size: Optional[int] = None,
+            loss: Union[str, Loss, None] = None, strategy: Any = None, shuffle: bool = False,
+            seed: Optional[int] = None, callbacks: Optional[Sequence[Callback]] = None,
+            validation_data: Optional[Sequence[Any]] = None) -> History:
         """Train the model on (X, y) for `n_epochs` in batches of `batch_size`, as NeuralNetwork.fit does
         (one loop, losses persisted as `training_loss_epoch_{e}_batch_{b}`, 1-based): `loss` is
         'CrossEntropy' (class indices, or one-hot rows; the default, unless compile() gave one), 'SquareLoss',
@@ -121,7 +129,7 @@ class Pytorch_Model(KerasHabits, LossTraining):
         return fit_model(self, X, y, n_epochs, batch_size, loss or self.compiled_loss or "CrossEntropy", strategy,
                          shuffle, seed, callbacks, validation_data)
 
-    def save_model(self, name):
+    def save_model(self, name: str) -> None:
         """Persist the model under `name`: its code and current parameter and buffer values."""
         graph = self._values_in_current_graph()
         model = self.model

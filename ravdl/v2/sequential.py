@@ -1,43 +1,49 @@
 """NeuralNetwork: a stack of layers with a loss, trained by `fit` (the original API's sequential model)."""
 from collections import Counter
+from typing import Any, Optional, Sequence, Union
 
+import ravop as R
 from ravop.record.graph import current_graph
 
 from . import losses, nonfinite
-from .callbacks import checked, follow
+from .callbacks import Callback, checked, follow
 from .fit import record_fit
 from .fit_data import training_data
 from .history import History
 from .keras_habits import validation_loss
 from .layers.base import as_input, name_layers
+from .layers.base import Layer
+from .losses import Loss
 from .model_base import Model
+from .optimizers import Optimizer
 from .parallel_fit import record_parallel_fit
-from .pipeline_stages import layer_units
+from .pipeline_stages import Units, layer_units
 
 
 class NeuralNetwork(Model):
     """`NeuralNetwork(optimizer, loss='SquareLoss' | 'CrossEntropy', validation_data=None)`; `add` layers
     (named Dense_1, Dense_2, ... per type), then `fit`. `validation_data` is `(X_val, y_val)`."""
 
-    def __init__(self, optimizer, loss='SquareLoss', validation_data=None):
+    def __init__(self, optimizer: Optimizer, loss: Union[str, Loss] = 'SquareLoss',
+                 validation_data: Optional[Sequence[Any]] = None) -> None:
         super().__init__(optimizer)
         self.loss_function = losses.get(loss)
         if validation_data is not None and len(validation_data) != 2:
             raise ValueError("validation_data must be a pair (X_val, y_val)")
         self.validation_data = validation_data
-        self.layers = []
-        self._type_counts = Counter()
+        self.layers: list[Layer] = []
+        self._type_counts: Counter[str] = Counter()
 
-    def add(self, layer):
+    def add(self, layer: Layer) -> None:
         kind = type(layer).__name__
         self._type_counts[kind] += 1
         name_layers(layer, f"{kind}_{self._type_counts[kind]}")
         self.layers.append(layer)
 
-    def named_layers(self):
+    def named_layers(self) -> list[tuple[Optional[str], Layer]]:
         return [(layer.name, layer) for layer in self.layers]
 
-    def _forward_pass(self, X, training=True):
+    def _forward_pass(self, X: Any, training: bool = True) -> Any:
         if not self.layers:
             raise ValueError("the model has no layers: add some with model.add(layer)")
         X = as_input(X)
@@ -46,24 +52,26 @@ class NeuralNetwork(Model):
             X = layer._forward_pass(X, training=training)
         return X
 
-    def train_on_batch(self, X, y):
+    def train_on_batch(self, X: Any, y: Any) -> R.Op:
         """Record one training step on a batch; returns the loss Op (computed before the step)."""
         return self.train_step(X, y)
 
-    def pipeline_units(self, sample, rows):
+    def pipeline_units(self, sample: Any, rows: int) -> Units:
         """The units Pipeline cuts into stages (ravdl/v2/pipeline_stages.py): the layers in order, for
         micro-batches of `rows` rows (`sample`, one of them, is not needed to size layers)."""
         return layer_units(self, list(self.layers), rows)
 
-    def predict(self, X):
+    def predict(self, X: Any) -> Any:
         """The model's output for `X` in eval mode, as an Op (persist it to fetch it)."""
         return self._forward_pass(X, training=False)
 
-    def test_on_batch(self, X):
+    def test_on_batch(self, X: Any) -> Any:
         return self.predict(X)
 
-    def fit(self, X, y=None, n_epochs=1, batch_size=None, shuffle=False, seed=None, save_model=False,
-            persist_weights=False, strategy=None, callbacks=None, validation_data=None):
+    def fit(self, X: Any, y: Any = None, n_epochs: int = 1, batch_size: Optional[int] = None, shuffle: bool = False,
+            seed: Optional[int] = None, save_model: Union[bool, str] = False, persist_weights: bool = False,
+            strategy: Any = None, callbacks: Optional[Sequence[Callback]] = None,
+            validation_data: Optional[Sequence[Any]] = None) -> History:
         """Record `n_epochs` of training as one loop (ravdl.v2.fit): each batch loss is persisted as
         `training_loss_epoch_{e}_batch_{b}` (1-based; `ravop.core.loss_names`) and, with validation_data (X_val, y_val:
         fit's, as in Keras, else the constructor's), `validation_loss_epoch_{e}`.

@@ -1,10 +1,13 @@
 """`fit` for the models that bring their own forward code (Functional, Pytorch_Model): the loss is given to
 fit, then the training is recorded as NeuralNetwork.fit records it, one loop (ravdl.v2.fit) or a strategy's
 segments (ravdl.v2.parallel_fit)."""
+from typing import Any, Optional, Sequence, Union
+
 from ravop.record.graph import current_graph
 
 from . import losses, nonfinite
-from .callbacks import checked, follow
+from .losses import Loss
+from .callbacks import Callback, checked, follow
 from .fit import record_fit
 from .fit_data import training_data
 from .history import History
@@ -12,7 +15,9 @@ from .keras_habits import validation_loss
 from .parallel_fit import record_parallel_fit
 
 
-def fit_model(model, X, y, n_epochs, batch_size, loss, strategy, shuffle, seed, callbacks=None, validation_data=None):
+def fit_model(model: Any, X: Any, y: Any, n_epochs: int, batch_size: Optional[int], loss: Union[str, Loss],
+              strategy: Any, shuffle: bool, seed: Optional[int], callbacks: Optional[Sequence[Callback]] = None,
+              validation_data: Optional[Sequence[Any]] = None) -> History:
     """Record the training of `model` (the train-state interface of ravdl.v2.fit) with `loss` on data
     `ravdl.v2.fit_data` takes, with a validation loss per epoch on `validation_data` (X_val, y_val); returns a
     History, which `callbacks` follow as it trains."""

@@ -7,7 +7,7 @@ provider_key, FederatedKeys). The graph's meta also holds `rules` (canonical JSO
 subgraphs and ops, so that R.track_progress and R.get_my_graphs work unchanged.
 """
 import json
-from typing import Dict, Iterable, List
+from typing import Any, Dict, Iterable, List
 
 from .client_types import Client, Pipeline
 from .keys import FEDERATED_OPEN, PROVIDERS, FederatedKeys, GraphKeys, graph_ref, provider_key
@@ -118,8 +118,9 @@ class FederatedScripts:
             self.client.srem(FEDERATED_OPEN, graph_ref(keys))
         return outcome.decode()
 
-    def contribute(self, keys: GraphKeys, provider: str, partials: Dict[str, dict]) -> int:
-        """1 if stored, 0 if the graph no longer runs or this provider had not joined it."""
+    def contribute(self, keys: GraphKeys, provider: str, partials: Dict[str, Any]) -> int:
+        """1 if stored, 0 if the graph no longer runs or this provider had not joined it. `partials`: {column:
+        partial}, or a secure provider's {"withheld": {column: k}, "k": k, "secure": its masked sums}."""
         fed = FederatedKeys(keys)
         return self._contribute(keys=[keys.meta, fed.clients, fed.partials, keys.events],
                                 args=[provider, json.dumps(partials)])

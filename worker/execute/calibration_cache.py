@@ -9,13 +9,14 @@ import json
 import os
 import platform
 import tempfile
+from typing import Any, Iterable, Optional
 
 import torch
 
 CACHE_ENV = "RAVOP_CALIBRATION_CACHE"
 
 
-def default_path():
+def default_path() -> str:
     """Where the figures are kept; "" (no cache) when $RAVOP_CALIBRATION_CACHE is set empty."""
     if CACHE_ENV in os.environ:
         return os.environ[CACHE_ENV]
@@ -23,7 +24,7 @@ def default_path():
     return os.path.join(base, "ravop", "calibration.json")
 
 
-def _cpu_model():
+def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -34,14 +35,14 @@ def _cpu_model():
     return platform.processor() or platform.machine()
 
 
-def machine_key(device):
+def machine_key(device: torch.device) -> str:
     """What the figures depend on, as one string: the same key, the same kernels at the same speed."""
     model = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_model()
     return json.dumps({"device": str(device), "model": model, "cores": os.cpu_count(), "torch": torch.__version__,
                        "threads": torch.get_num_threads()}, sort_keys=True)
 
 
-def _read(path):
+def _read(path: str) -> dict[str, Any]:
     try:
         with open(path) as f:
             entries = json.load(f)
@@ -50,7 +51,7 @@ def _read(path):
         return {}
 
 
-def load(path, key, fields):
+def load(path: str, key: str, fields: Iterable[str]) -> Optional[dict[str, float]]:
     """{field: float} kept for `key`, or None if the cache has none (or not all of `fields`)."""
     if not path:
         return None
@@ -60,7 +61,7 @@ def load(path, key, fields):
     return {field: float(figures[field]) for field in fields}
 
 
-def store(path, key, figures):
+def store(path: str, key: str, figures: dict[str, float]) -> None:
     """Keep `figures` for `key` beside the other keys' (a new file replaces the old in one rename, so that
     workers starting together never read half a file). A cache that cannot be written is no error."""
     if not path:

@@ -24,21 +24,24 @@ a plain subgraph and a loop step run with no check for it."""
 import json
 import os
 import time
+from typing import Any, Callable, Optional
 
 from ravop.core import registry
+from ravop.core.node import Node
 from ravop.core.sizes import numel_estimate
 from ravop.wire import unpack_nodes
 
 class DeviceClock:
     """Paces units of work to `flops_per_s` (None: real compute, only timed) and keeps the totals."""
 
-    def __init__(self, flops_per_s=None, busy_file=None):
+    def __init__(self, flops_per_s: Optional[float] = None, busy_file: Optional[str] = None) -> None:
         if flops_per_s is not None and not flops_per_s > 0:
             raise ValueError(f"--emulate-device-flops must be > 0, not {flops_per_s!r}")
         self.flops_per_s, self.busy_file = flops_per_s, busy_file
         self.busy = self.real = self.flops = 0.0   # seconds the device computed, of them really; FLOPs
         self.units = 0
-        self.first = self.last = None               # wall clock: the first unit's start, the last one's end
+        self.first: Optional[float] = None   # wall clock: the first unit's start, the last one's end
+        self.last: Optional[float] = None
         self.waits = {"exchange_s": 0.0, "writes_s": 0.0, "overslept_s": 0.0, "absorbed_s": 0.0}
         self.lag = 0.0   # how far the host runs behind the device's timeline (see the module docstring)
         if busy_file and os.path.exists(busy_file):   # a provider restarted under the same file goes on counting
@@ -48,7 +51,7 @@ class DeviceClock:
             self.first = before.get("first")
             self.waits = {k: before.get(k, 0.0) for k in self.waits}
 
-    def account(self, started, flops):
+    def account(self, started: float, flops: float) -> None:
         """A unit of `flops` that began at `started` (time.monotonic) has just been computed: sleep out the rest
         of its emulated time, if any, and count it."""
         now = time.monotonic()
@@ -77,38 +80,38 @@ class DeviceClock:
             self._write()
             self._lost(time.monotonic() - began)
 
-    def _lost(self, seconds):
+    def _lost(self, seconds: float) -> None:
         self.lag += seconds
         self.waits["overslept_s"] += seconds
 
-    def waited(self, kind, seconds, received=False):
+    def waited(self, kind: str, seconds: float, received: bool = False) -> None:
         """A loop step waited `seconds` on its exchange or its writes (`kind`: "exchange_s" or "writes_s"); counted
         at the next unit's write. `received`: a receive from the exchange, which clears the host's lag."""
         self.waits[kind] += seconds
         if received:
             self.caught_up()
 
-    def caught_up(self):
+    def caught_up(self) -> None:
         """The host waited for something outside the device (a value, work): its lag is gone."""
         self.lag = 0.0
 
-    def _write(self):
+    def _write(self) -> None:
         temporary = f"{self.busy_file}.{os.getpid()}"
         with open(temporary, "w") as f:
             json.dump({"busy_s": self.busy, "real_s": self.real, "flops": self.flops, "units": self.units,
                        "first": self.first, "last": self.last, **self.waits,
                        "emulated_flops_per_s": self.flops_per_s, "pid": os.getpid()}, f)
-        os.replace(temporary, self.busy_file)   # the harness never reads half a file
+        os.replace(temporary, cast(str, self.busy_file))   # the harness never reads half a file
 
 
-def pacing(flops_per_s=None, busy_file=None):
+def pacing(flops_per_s: Optional[float] = None, busy_file: Optional[str] = None) -> Optional["Pacing"]:
     """The worker's pacing hooks (worker/serve/worker_cli.py) when either benchmark flag was given, else None."""
     if flops_per_s is not None or busy_file:
         return Pacing(DeviceClock(flops_per_s, busy_file))
     return None
 
 
-def op_flops(op, shape, input_shapes, params):
+def op_flops(op: str, shape: tuple[int, ...], input_shapes: list[tuple[int, ...]], params: dict[str, Any]) -> float:
     """The registry's FLOP estimate of one op (as compiler/cost.py's node_flops, on known shapes)."""
     opdef = registry.REGISTRY[op]
     if opdef.free:
@@ -120,7 +123,7 @@ def op_flops(op, shape, input_shapes, params):
     return float(max([numel_estimate(shape), *map(numel_estimate, input_shapes)]))
 
 
-def nodes_flops(nodes, shapes):
+def nodes_flops(nodes: list[Node], shapes: dict[int, tuple[int, ...]]) -> float:
     """FLOPs of unpacked `nodes` in order; `shapes` maps the ids they read from outside to real shapes (it is
     extended with their declared ones)."""
     total = 0.0
@@ -135,15 +138,15 @@ class Pacing:
     """The hooks a worker installs for the benchmark flags: each plain subgraph and each loop step paced as one unit
     of work on `clock`."""
 
-    def __init__(self, clock):
+    def __init__(self, clock: DeviceClock) -> None:
         self.clock = clock
 
-    def run_subgraph(self, run):
+    def run_subgraph(self, run: Callable[..., Any]) -> Callable[..., Any]:
         """`run` (worker/serve/consumer.py's plain subgraph hook: (subgraph, program, inputs, seed) -> outputs)
         paced as one unit; `inputs`: its input tensors by id."""
         clock = self.clock
 
-        def paced(subgraph, program, inputs, seed):
+        def paced(subgraph: Any, program: Any, inputs: dict[int, Any], seed: int) -> Any:
             clock.caught_up()   # the worker waited for this work
             started = time.monotonic()
             outputs = run(subgraph, program, inputs, seed)
@@ -152,7 +155,8 @@ class Pacing:
             return outputs
         return paced
 
-    def steps(self, on_step, loop, loop_inputs, exchange=None):
+    def steps(self, on_step: Callable[..., None], loop: Any, loop_inputs: list[Any], exchange: Optional[Any] = None
+              ) -> tuple[Callable[..., None], Optional[Any]]:
         """(on_step, exchange) for `ravop.runtime.loop_run.LoopRun.run` (worker/loops/loop_subgraph.py's
         `LoopContext.pace_steps`), with each loop step paced as one unit first; `loop`: the plan_pb2.Loop,
         `loop_inputs`: the loop op's input tensors (carried initial values, then the outer ones), `exchange`: the
@@ -163,14 +167,14 @@ class Pacing:
 
 
 class _PacedSteps:
-    def __init__(self, clock, on_step, loop, loop_inputs):
+    def __init__(self, clock: DeviceClock, on_step: Callable[..., None], loop: Any, loop_inputs: list[Any]) -> None:
         self.clock, self.on_step, self.loop, self.loop_inputs = clock, on_step, loop, loop_inputs
         self.outer = {i: tuple(t.shape) for i, t in zip(loop.outer_ids, loop_inputs)}
-        self.step_flops = {}
+        self.step_flops: dict[int, float] = {}
         clock.caught_up()   # the worker waited for this loop and its inputs
         self.started = time.monotonic()
 
-    def __call__(self, done, template, run, outputs, carried):
+    def __call__(self, done: int, template: int, run: int, outputs: Any, carried: Any) -> None:
         if template not in self.step_flops:
             self.step_flops[template] = _template_flops(self.loop.templates[template], self.loop_inputs, self.outer)
         self.clock.account(self.started, self.step_flops[template])
@@ -184,16 +188,16 @@ class _PacedSteps:
 class _TimedExchange:
     """An exchange whose sends and receives move the current step's start forward by the time they took."""
 
-    def __init__(self, clock, exchange, paced):
+    def __init__(self, clock: DeviceClock, exchange: Any, paced: _PacedSteps) -> None:
         self.clock, self.exchange, self.paced = clock, exchange, paced
 
-    def send(self, channels, run, values):
+    def send(self, channels: Any, run: int, values: Any) -> None:
         began = time.monotonic()
         self.exchange.send(channels, run, values)
         self.paced.started += time.monotonic() - began
         self.clock.waited("exchange_s", time.monotonic() - began)
 
-    def receive(self, channels, run):
+    def receive(self, channels: Any, run: int) -> Any:
         began = time.monotonic()
         try:
             return self.exchange.receive(channels, run)
@@ -202,7 +206,7 @@ class _TimedExchange:
             self.clock.waited("exchange_s", time.monotonic() - began, received=True)   # the device waits for it too
 
 
-def _template_flops(template, loop_inputs, outer):
+def _template_flops(template: Any, loop_inputs: list[Any], outer: dict[int, tuple[int, ...]]) -> float:
     shapes = dict(outer)
     for k, hole in enumerate(template.carry_holes):
         shapes[hole] = tuple(loop_inputs[k].shape)

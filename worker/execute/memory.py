@@ -25,17 +25,22 @@ import logging
 import os
 import re
 import socket
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
 
 from ravop.core.dtypes import NAMES
+from ravop.core.node import Node
 from ravop.store import worker_info
 
+
+if TYPE_CHECKING:
+    from .validate import Program
 
 log = logging.getLogger("ravop.worker")
 
 
-def resident_bytes():
+def resident_bytes() -> Optional[int]:
     """This process's resident memory (Linux /proc; None elsewhere)."""
     try:
         with open("/proc/self/statm") as f:
@@ -44,20 +49,20 @@ def resident_bytes():
         return None
 
 
-def mib(n):
+def mib(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
 MIN_BUDGET = 256 * 2**20  # what the process needs beyond its start to serve at all (buffers, decoding, the cache)
 
 
-def default_budget(subgraph_limit):
+def default_budget(subgraph_limit: int) -> int:
     """The subgraph limit plus half again (kernels' workspaces, the tensor cache and encoding outputs), and never
     less than MIN_BUDGET: a small subgraph limit must not starve the worker itself."""
     return max(subgraph_limit * 3 // 2, MIN_BUDGET)
 
 
-def _malloc_trim():
+def _malloc_trim() -> Optional[Callable[[int], Any]]:
     """glibc's malloc_trim, or None where the C library has none (musl, macOS, Windows)."""
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
@@ -68,7 +73,7 @@ def _malloc_trim():
 _trim = _malloc_trim()
 
 
-def return_to_os():
+def return_to_os() -> Optional[tuple[int, Optional[int], Optional[int]]]:
     """Give the heap's free memory back to the operating system; (RSS before, after freeing cycles, after
     malloc_trim) in bytes, or None where this cannot be done or measured."""
     before = resident_bytes()
@@ -82,14 +87,14 @@ def return_to_os():
     return before, collected, resident_bytes()
 
 
-def workers_on_machine(client, name):
+def workers_on_machine(client: Any, name: str) -> int:
     """This worker and the live ones the server lists on this host (by host name): how many share its memory
     when nobody said (`ravop-worker --workers-on-machine`)."""
     here = socket.gethostname()
     return 1 + sum(1 for info in worker_info.read_all(client) if info.get("host") == here and info["name"] != name)
 
 
-def enforce(device, budget):
+def enforce(device: torch.device, budget: int) -> None:
     """Bound this process's memory to `budget` bytes beyond what it holds now (see the module docstring)."""
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
@@ -107,7 +112,7 @@ def enforce(device, budget):
     resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
-def _data_bytes():
+def _data_bytes() -> int:
     """VmData of this process: what RLIMIT_DATA counts (0 where /proc is not there)."""
     try:
         with open("/proc/self/status") as f:
@@ -117,7 +122,7 @@ def _data_bytes():
     return int(found.group(1)) * 1024 if found else 0
 
 
-def allocation_failure(step, declared, exc, budget):
+def allocation_failure(step: Node, declared: int, exc: Optional[BaseException], budget: int) -> Optional[str]:
     """The message for `exc`, raised by the kernel of `step`, if it says an allocation failed; else None."""
     if not (isinstance(exc, (MemoryError, torch.OutOfMemoryError))
             or (isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))):
@@ -132,7 +137,7 @@ def allocation_failure(step, declared, exc, budget):
             f"{tuple(step.shape)} {dtype_name(step)}, {mib(declared)})")
 
 
-def oversized(step, declared, value, budget):
+def oversized(step: Node, declared: int, value: Any, budget: int) -> Optional[str]:
     """Why `value`, the output of `step` (a `ravop.core.node.Node` declaring `declared` bytes), is refused: larger than
     the step declared
     (unless a dimension is data-dependent) or than the budget; None if it is not."""
@@ -151,18 +156,19 @@ class Watcher:
     `ravop.runtime.runner.Runner`: `limits`, per op, its declared output bytes (the common case is one comparison,
     about 0.2 us an op); past that, `problem` says why the output is refused, or None."""
     __slots__ = ("steps", "limits", "budget")
+    limits: Sequence[int]
 
-    def __init__(self, program, budget):
+    def __init__(self, program: "Program", budget: int) -> None:
         self.steps, self.limits, self.budget = program.steps, program.limits, budget
 
-    def problem(self, index, value):
+    def problem(self, index: int, value: Any) -> Optional[str]:
         return oversized(self.steps[index], self.limits[index], value, self.budget)
 
 
-def dtype_name(step):
+def dtype_name(step: Node) -> str:
     """The declared dtype of a step by its wire name, for messages."""
     return NAMES.get(step.dtype, "?")
 
 
-def _dtype_name(tensor):
+def _dtype_name(tensor: Any) -> str:
     return str(tensor.dtype).removeprefix("torch.")

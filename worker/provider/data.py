@@ -10,6 +10,7 @@ counts. A column found in several files holds the values of all of them.
 import csv
 import math
 from pathlib import Path
+from typing import Any, Iterable, Optional, Union
 
 import numpy as np
 
@@ -21,24 +22,24 @@ class DataError(ValueError):
 
 
 class ProviderData:
-    def __init__(self, columns):
+    def __init__(self, columns: dict[str, Any]) -> None:
         self.columns = columns      # name -> float64 array, NaN where a value is missing
 
     @classmethod
-    def load(cls, paths):
-        parts = {}
-        for path in paths:
-            path = Path(path)
+    def load(cls, paths: Iterable[Union[str, Path]]) -> "ProviderData":
+        parts: dict[str, list[Any]] = {}
+        for given in paths:
+            path = Path(given)
             read = _read_parquet if path.suffix.lower() in PARQUET_SUFFIXES else _read_csv
             for name, values in read(path).items():
                 parts.setdefault(name, []).append(values)
         return cls({name: np.concatenate(arrays) for name, arrays in parts.items()})
 
-    def names(self):
+    def names(self) -> list[str]:
         return sorted(self.columns)
 
 
-def _read_csv(path):
+def _read_csv(path: Path) -> dict[str, Any]:
     """{column: float64 array} of the numeric columns of one CSV file."""
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:
@@ -47,7 +48,7 @@ def _read_csv(path):
             if not header or not any(name.strip() for name in header):
                 raise DataError(f"{path}: no header row naming the columns")
             names = _unique([name.strip() for name in header], path)
-            cells = [[] for _ in names]
+            cells: list[list[str]] = [[] for _ in names]
             for line, row in enumerate(rows, start=2):
                 if not row:
                     continue
@@ -57,7 +58,7 @@ def _read_csv(path):
                     column.append(cell)
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise DataError(f"{path}: cannot be read as CSV: {type(exc).__name__}") from None
-    numeric = {}
+    numeric: dict[str, Any] = {}
     for name, column in zip(names, cells):
         values = _numbers(column)
         if values is not None and name:
@@ -65,7 +66,7 @@ def _read_csv(path):
     return numeric
 
 
-def _read_parquet(path):
+def _read_parquet(path: Path) -> dict[str, Any]:
     """{column: float64 array} of the integer and floating-point columns of one Parquet file."""
     try:
         import pyarrow as pa
@@ -82,16 +83,16 @@ def _read_parquet(path):
             if pa.types.is_integer(column.type) or pa.types.is_floating(column.type)}
 
 
-def _unique(names, path):
+def _unique(names: list[str], path: Path) -> list[str]:
     duplicated = sorted({name for name in names if names.count(name) > 1})
     if duplicated:
         raise DataError(f"{path}: column(s) {', '.join(duplicated)} appear more than once")
     return names
 
 
-def _numbers(cells):
+def _numbers(cells: list[str]) -> Optional[Any]:
     """The cells as a float64 array (empty -> NaN), or None if one of them is not a number."""
-    values = np.empty(len(cells), dtype=np.float64)
+    values: Any = np.empty(len(cells), dtype=np.float64)
     for i, cell in enumerate(cells):
         cell = cell.strip()
         if not cell:

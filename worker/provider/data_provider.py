@@ -14,21 +14,23 @@ provider's key is in (`ravop.federated.secure`); until then the graph waits amon
 """
 import logging
 import time
+from typing import Any, Iterable, Optional, Sequence, cast
 
 import numpy as np
 import redis
 
 from ravop.core import graph_states
 from ravop.federated import histograms, privacy, secure, sketches
-from ravop.federated.column_rules import parse_rules
+from ravop.federated.column_rules import Rules, parse_rules
 from ravop.federated.partials import partial
-from ravop.federated.queries import parse_queries
+from ravop.federated.queries import Query, parse_queries
 from ravop.store import GraphKeys, Scripts, queue
 from ravop.store import federated_schema
 from ravop.store.federated_schema import FederatedScripts
 from ravop.store.keys import FEDERATED_OPEN, FederatedKeys, graph_ref
 
-from .privacy_ledger import BudgetExhausted
+from .data import ProviderData
+from .privacy_ledger import BudgetExhausted, PrivacyLedger
 
 log = logging.getLogger("ravop.worker")
 POLL_SECONDS = 0.25   # how often an idle provider looks for open federated graphs (at most)
@@ -42,7 +44,8 @@ MOMENTS = {"mean": 2, "variance": 3, "standard_deviation": 3, "count": 1}   # ho
 
 
 class Provider:
-    def __init__(self, client, name, data, min_group_size, ledger=None):
+    def __init__(self, client: Any, name: str, data: ProviderData, min_group_size: int,
+                 ledger: Optional[PrivacyLedger] = None) -> None:
         if min_group_size < 1:
             raise ValueError(f"the minimum group size must be >= 1, not {min_group_size}")
         self.client, self.name, self.data, self.min_group_size = client, name, data, min_group_size
@@ -50,9 +53,10 @@ class Provider:
         self.scripts = FederatedScripts(client)
         self.graph_scripts = Scripts(client)
         self._next_poll = 0.0
-        self._pending = {}   # graph ref -> (keys, rules, residues, contribution, MaskingKey) of secure graphs
+        # graph ref -> (keys, rules, residues, contribution, MaskingKey) of secure graphs
+        self._pending: dict[str, tuple[GraphKeys, Rules, list[int], dict[str, Any], secure.MaskingKey]] = {}
 
-    def poll(self):
+    def poll(self) -> None:
         """Serve every open federated graph this provider can join (throttled to one look per POLL_SECONDS)."""
         now = time.monotonic()
         if now < self._next_poll:
@@ -82,7 +86,7 @@ class Provider:
                                         error=f"{type(exc).__name__}: {exc}")
                 self.client.srem(FEDERATED_OPEN, ref)
 
-    def _serve(self, keys):
+    def _serve(self, keys: GraphKeys) -> None:
         rules_json = self.client.hget(keys.meta, "rules")
         if rules_json is None:   # flushed, or not a federated graph
             self.client.srem(FEDERATED_OPEN, graph_ref(keys))
@@ -100,7 +104,7 @@ class Provider:
         self.scripts.contribute(keys, self.name, self.partials(rules, queries.values(), graph_ref(keys)))
         log.info("provider %s: sent partials of %s to graph %s", self.name, rules.describe_columns(), keys.graph_id)
 
-    def _check_privacy(self, rules, queries):
+    def _check_privacy(self, rules: Rules, queries: Iterable[Query]) -> None:
         """Refuse, before joining, a query this provider will not answer (the graph fails with the reason)."""
         if rules.privacy is None:
             if self.ledger is not None:
@@ -120,7 +124,7 @@ class Provider:
         except BudgetExhausted as exc:
             raise QueryRefused(str(exc)) from None
 
-    def partials(self, rules, queries=(), graph=""):
+    def partials(self, rules: Rules, queries: Iterable[Query] = (), graph: str = "") -> dict[str, dict[str, Any]]:
         """{column: partial or {"withheld": k}} of this provider's data under `rules`; a partial also holds a
         "sketch" if a query asks quantiles and "histograms" {histogram key: counts} if some ask histograms."""
         if rules.privacy is not None:
@@ -128,7 +132,7 @@ class Provider:
         k = max(self.min_group_size, rules.min_group_size)
         wants_sketch = any(query.statistic == "quantile" for query in queries)
         wanted_histograms = [query for query in queries if query.statistic == "histogram"]
-        partials = {}
+        partials: dict[str, dict[str, Any]] = {}
         for column, (low, high) in rules.columns.items():
             part = partial(self.data.columns[column], low, high)
             if part["count"] < k:
@@ -144,14 +148,17 @@ class Provider:
             partials[column] = part
         return partials
 
-    def _private_partials(self, rules, queries, graph):
+    def _private_partials(self, rules: Rules, queries: list[Query], graph: str) -> dict[str, dict[str, Any]]:
         """Partials from noisy releases; the ledger is charged before any is computed."""
         k = max(self.min_group_size, rules.min_group_size)
         moments = max([MOMENTS.get(query.statistic, 1) for query in queries] + [1])
         wanted_histograms = [query for query in queries if query.statistic == "histogram"]
-        releases, layout = [], []
+        releases: list[tuple[list[float], float]] = []
+        layout: list[tuple[str, float, float, int]] = []
         for column, (low, high) in rules.columns.items():
             values = _kept(self.data.columns[column], low, high)
+            # privacy's rules bound every column (ravop/federated/column_rules.py)
+            low, high = cast(float, low), cast(float, high)
             sum_sensitivity, squares_sensitivity = privacy.sensitivities(low, high)
             exact = [([float(values.size)], 1.0), ([float(values.sum())], sum_sensitivity),
                      ([float(np.square(values).sum())], squares_sensitivity)][:moments]
@@ -160,14 +167,14 @@ class Provider:
                 exact.append((found.astype(float).tolist(), 1.0))
             releases += exact
             layout.append((column, low, high, len(exact)))
-        epsilon, delta = rules.privacy
-        self.ledger.charge(epsilon, delta, graph)
+        epsilon, delta = cast(tuple[float, float], rules.privacy)
+        cast(PrivacyLedger, self.ledger).charge(epsilon, delta, graph)   # _check_privacy: a ledger is set
         noisy = iter(privacy.release(releases, epsilon, delta))
-        partials = {}
+        partials: dict[str, dict[str, Any]] = {}
         for column, low, high, n in layout:
             mine = [next(noisy) for _ in range(n)]
             moment = [values[0] for values in mine[:moments]] + [np.nan] * (3 - moments)
-            part = privacy.noisy_partial(*moment, low, high)
+            part = privacy.noisy_partial(*moment, low, high)   # type: ignore[call-arg]   # moment: 3 values
             if part["count"] < k:
                 partials[column] = {"withheld": k}
                 continue
@@ -178,7 +185,7 @@ class Provider:
             partials[column] = part
         return partials
 
-    def _start_secure(self, keys, rules, queries):
+    def _start_secure(self, keys: GraphKeys, rules: Rules, queries: list[Query]) -> None:
         """Fix this provider's sums now (charging the ledger if private), publish a key, and wait for the others'."""
         ref = graph_ref(keys)
         residues, contribution = self.secure_sums(rules, queries, ref)
@@ -187,7 +194,7 @@ class Provider:
         self.scripts.publish_key(keys, self.name, key.public())
         self._finish_secure(ref)
 
-    def _finish_secure(self, ref):
+    def _finish_secure(self, ref: str) -> None:
         keys, rules, residues, contribution, key = self._pending[ref]
         if self.client.hget(keys.meta, "state") != graph_states.RUNNING.encode():
             del self._pending[ref]   # ended, failed or deleted: nothing more to send
@@ -201,12 +208,14 @@ class Provider:
         self.scripts.contribute(keys, self.name, {**contribution, "secure": secure.pack(masked, layout)})
         log.info("provider %s: sent masked sums of %s to graph %s", self.name, rules.describe_columns(), keys.graph_id)
 
-    def secure_sums(self, rules, queries, graph=""):
+    def secure_sums(self, rules: Rules, queries: Sequence[Query], graph: str = ""
+                    ) -> tuple[list[int], dict[str, Any]]:
         """(the residues of this provider's sums, its clear part: {"withheld": {column: k}, "k": k} and the
         vector's "layout", which stays here)."""
         k = max(self.min_group_size, rules.min_group_size)
         wanted_histograms = [query for query in queries if query.statistic == "histogram"]
-        releases, withheld = [], {}
+        releases: list[tuple[list[float], Any]] = []   # a sensitivity is None for an open bound (no privacy)
+        withheld: dict[str, int] = {}
         for column, (low, high) in rules.columns.items():
             values = _kept(self.data.columns[column], low, high)
             shifted = values - secure.centre(low, high)
@@ -215,14 +224,15 @@ class Provider:
                          ([float(np.square(shifted).sum())], half * half if half is not None else None)]
             releases += [(np.histogram(values, histograms.edges(query, column, (low, high)))[0].astype(float).tolist(),
                           1.0) for query in wanted_histograms]
+        sums: Sequence[Sequence[float]]
         if rules.privacy is not None:
             epsilon, delta = rules.privacy
-            self.ledger.charge(epsilon, delta, graph)
+            cast(PrivacyLedger, self.ledger).charge(epsilon, delta, graph)   # _check_privacy: a ledger is set
             sums = privacy.release(releases, epsilon, delta)
         else:
             sums = [values for values, _ in releases]
         per_column = 3 + len(wanted_histograms)
-        vector = []
+        vector: list[float] = []
         for i, column in enumerate(rules.columns):
             mine = [v for values in sums[i * per_column:(i + 1) * per_column] for v in values]
             if mine[0] < k:   # under privacy, the noisy count decides: post-processing
@@ -233,7 +243,7 @@ class Provider:
         return secure.encode(vector, layout), {"withheld": withheld, "k": k, "layout": layout}
 
 
-def _kept(values, low, high):
+def _kept(values: Any, low: Optional[float], high: Optional[float]) -> Any:
     """The values a rule keeps: not missing, within [low, high] (the `federated_partial` op's filter)."""
     keep = ~np.isnan(values)
     if low is not None:

@@ -10,6 +10,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any, Iterable, Union
 
 from ravop.federated.privacy import available
 
@@ -19,14 +20,14 @@ class BudgetExhausted(ValueError):
 
 
 class PrivacyLedger:
-    def __init__(self, path, dataset, budget):
+    def __init__(self, path: Union[str, Path], dataset: Iterable[str], budget: float) -> None:
         if not budget > 0:
             raise ValueError(f"the epsilon budget must be > 0, not {budget}")
         if not available():
             raise ValueError("an epsilon budget needs OpenDP, which draws the noise: pip install "
                              "'ravop-engine[privacy]'")
         self.path, self.dataset, self.budget = Path(path), sorted(dataset), float(budget)
-        self.queries = []
+        self.queries: list[dict[str, Any]] = []
         if self.path.exists():
             try:
                 saved = json.loads(self.path.read_text())
@@ -39,30 +40,30 @@ class PrivacyLedger:
         self._write()
 
     @classmethod
-    def beside(cls, data_paths, budget):
+    def beside(cls, data_paths: Iterable[Union[str, Path]], budget: float) -> "PrivacyLedger":
         paths = [str(Path(p).resolve()) for p in data_paths]
         return cls(Path(paths[0]).with_name(Path(paths[0]).name + ".privacy-ledger.json"), paths, budget)
 
     @property
-    def spent(self):
+    def spent(self) -> float:
         return sum(q["epsilon"] for q in self.queries)
 
     @property
-    def remaining(self):
+    def remaining(self) -> float:
         return max(self.budget - self.spent, 0.0)
 
-    def check(self, epsilon):
+    def check(self, epsilon: float) -> None:
         if epsilon > self.remaining + 1e-12:
             raise BudgetExhausted(f"the privacy budget of this provider's data is spent: the query asks epsilon "
                                   f"{epsilon:g} and {self.remaining:g} of {self.budget:g} remains")
 
-    def charge(self, epsilon, delta, graph):
+    def charge(self, epsilon: float, delta: float, graph: str) -> None:
         """Record the query (refusing it if it does not fit), durably, before anything of it is released."""
         self.check(epsilon)
         self.queries.append({"graph": graph, "epsilon": epsilon, "delta": delta, "time": time.time()})
         self._write()
 
-    def _write(self):
+    def _write(self) -> None:
         state = {"dataset": self.dataset, "budget": self.budget, "spent": self.spent, "queries": self.queries}
         temporary = self.path.with_name(self.path.name + ".tmp")
         with open(temporary, "w") as f:

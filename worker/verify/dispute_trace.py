@@ -6,9 +6,11 @@ A trace is, per step, the template that ran (u16), its op count (u32) and 8 byte
 dtype, shape and bytes)."""
 import hashlib
 import struct
+from typing import Any, Callable, Optional, Union
 
 import torch
 
+from ravop.runtime.loop_run import LoopRun
 from ravop.wire import encode_tensor
 
 from ..execute import device as devices
@@ -17,7 +19,7 @@ _STEP = struct.Struct("<HI")
 OP_DIGEST = 8
 
 
-def op_digest(value):
+def op_digest(value: Any) -> bytes:
     """8 bytes that change with any bit of an op's output (a tensor, or a tuple of them)."""
     h = hashlib.blake2b(digest_size=OP_DIGEST)
     for part in value if isinstance(value, (tuple, list)) else (value,):
@@ -28,7 +30,7 @@ def op_digest(value):
     return h.digest()
 
 
-def wrap_calls(loop_run, hook):
+def wrap_calls(loop_run: LoopRun, hook: Callable[[int, int, Any], Any]) -> None:
     """Have every op of every template of `loop_run` (a ravop.runtime.loop_run.LoopRun) hand its output to
     `hook(template, op index, value)`, which returns the value the step goes on with."""
     for t, step in enumerate(loop_run.steps):
@@ -36,41 +38,46 @@ def wrap_calls(loop_run, hook):
         runner = step.runner
         for index, (kernel, args, params, out, frees, varies) in enumerate(runner.calls):
             if varies is None:
-                def kernel_(*a, _kernel=kernel, _t=t, _i=index, **p):
+                def kernel_(*a: Any, _kernel: Callable[..., Any] = kernel, _t: int = t, _i: int = index,
+                            **p: Any) -> Any:
                     return hook(_t, _i, _kernel(*a, **p))
                 runner.calls[index] = (kernel_, args, params, out, frees, None)
             else:
-                def varies_(kernel, a, p, at, _varies=varies, _t=t, _i=index):
+                def varies_(kernel: Callable[..., Any], a: Any, p: Any, at: Any,
+                            _varies: Callable[..., Any] = varies, _t: int = t, _i: int = index) -> Any:
                     return hook(_t, _i, _varies(kernel, a, p, at))
-                runner.calls[index] = (kernel, args, params, out, frees, varies_)
+                # the runner's Call names a PerRun; any callable of its signature is called the same way
+                runner.calls[index] = (kernel, args, params, out, frees, varies_)  # type: ignore[assignment]
 
 
 class Tracer:
     """Records a trace while a segment re-runs: `instrument(loop_run)`, then `step()` after each step."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.data = bytearray()
-        self.template, self.ops = 0, []
+        self.template = 0
+        self.ops: list[bytes] = []
 
-    def instrument(self, loop_run):
+    def instrument(self, loop_run: LoopRun) -> None:
         wrap_calls(loop_run, self._record)
 
-    def _record(self, template, index, value):
+    def _record(self, template: int, index: int, value: Any) -> Any:
         self.template = template
         self.ops.append(op_digest(value))
         return value
 
-    def step(self):
+    def step(self) -> None:
         self.data += _STEP.pack(self.template, len(self.ops)) + b"".join(self.ops)
         self.ops = []
 
-    def bytes(self):
+    def bytes(self) -> bytes:
         return bytes(self.data)
 
 
-def unpack(data):
+def unpack(data: bytes) -> list[tuple[int, list[bytes]]]:
     """[(template, [op digest, ...]) per step] of a trace."""
-    steps, at = [], 0
+    steps: list[tuple[int, list[bytes]]] = []
+    at = 0
     while at + _STEP.size <= len(data):
         template, n = _STEP.unpack_from(data, at)
         at += _STEP.size
@@ -79,7 +86,8 @@ def unpack(data):
     return steps
 
 
-def first_difference(one, other):
+def first_difference(one: list[tuple[int, list[bytes]]], other: list[tuple[int, list[bytes]]]
+                     ) -> Optional[Union[tuple[int, int, int], tuple[int, None, None]]]:
     """(step offset, template, op index) where two unpacked traces first differ; None if they agree."""
     for offset, ((t, ops), (u, others)) in enumerate(zip(one, other)):
         if t != u:

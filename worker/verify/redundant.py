@@ -5,9 +5,11 @@ worker outvoted by a majority is banned from that requester's work."""
 import hashlib
 import logging
 from collections import Counter
+from typing import Any, Mapping
 
 import torch
 
+from ravop.runtime.loop_run import LoopRun
 from ravop.wire import encode_tensor
 
 from ..execute import device as devices
@@ -16,7 +18,7 @@ from .dispute_trace import wrap_calls
 log = logging.getLogger("ravop.worker")
 
 
-def digest(outputs):
+def digest(outputs: Mapping[int, Any]) -> str:
     """A hex digest of {output id: tensor}: dtype, shape and bytes of each, in id order."""
     h = hashlib.sha256()
     for node_id in sorted(outputs):
@@ -25,7 +27,7 @@ def digest(outputs):
     return h.hexdigest()
 
 
-def tally(votes):
+def tally(votes: Mapping[str, str]) -> tuple[list[str], list[str]]:
     """(agreeing workers, outvoted workers) of {worker: digest}: the agreeing ones hold a strict majority's
     digest; with no strict majority nobody is outvoted (there is no telling who is wrong)."""
     digest_, count = Counter(votes.values()).most_common(1)[0]
@@ -39,13 +41,13 @@ class Liar:
     as computed, then lies on every result (a subgraph's outputs, a loop segment's carried values) from then on,
     re-runs included, as a worker with a faulty kernel or a cheater that earned trust first would."""
 
-    def __init__(self, honest=0):
+    def __init__(self, honest: int = 0) -> None:
         if type(honest) is not int or honest < 0:
             raise ValueError(f"a test liar's honest results must be an int >= 0, not {honest!r}")
         self.honest, self.results = honest, 0
 
     @classmethod
-    def parse(cls, text):
+    def parse(cls, text: str) -> "Liar":
         """'always' or 'after:N'."""
         if text == "always":
             return cls(0)
@@ -54,38 +56,39 @@ class Liar:
             raise ValueError(f"--test-wrong-outputs takes 'always' or 'after:N', not {text!r}")
         return cls(int(count))
 
-    def lies(self):
+    def lies(self) -> bool:
         """Whether the result being made now is a lie; counts it."""
         self.results += 1
         return self.results > self.honest
 
     @property
-    def lying(self):
+    def lying(self) -> bool:
         """Whether the next result will be a lie (a loop segment's steps are perturbed while it is made)."""
         return self.results >= self.honest
 
-    def instrument(self, loop_run):
+    def instrument(self, loop_run: LoopRun) -> None:
         """Perturb, while `lying`, the first floating-point output of every step of `loop_run` (a
         ravop.runtime.loop_run.LoopRun): a faulty kernel. Logs which op it perturbs, once."""
-        told = set()
+        told: set[tuple[int, int]] = set()
+        done = False   # whether this step's output was perturbed already
 
-        def hook(template, index, value):
+        def hook(template: int, index: int, value: Any) -> Any:
+            nonlocal done
             if index == 0:
-                hook.done = False
-            if not self.lying or hook.done or not isinstance(value, torch.Tensor) or not value.is_floating_point() \
+                done = False
+            if not self.lying or done or not isinstance(value, torch.Tensor) or not value.is_floating_point() \
                     or not value.numel():
                 return value
-            hook.done = True
+            done = True
             node = loop_run.steps[template].runner.nodes[index]
             if (template, index) not in told:
                 told.add((template, index))
                 log.warning("test liar: perturbing op %r recorded at %s", node.op, node.source)
             return perturb({0: value})[0]
-        hook.done = False
         wrap_calls(loop_run, hook)
 
 
-def perturb(outputs):
+def perturb(outputs: Mapping[int, Any]) -> dict[int, Any]:
     """Outputs with one element changed: what `ravop-worker --test-wrong-outputs` returns, to test
     verification with a worker that computes wrong results."""
     changed = dict(outputs)

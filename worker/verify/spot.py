@@ -3,8 +3,11 @@ of each result to the server-side SPOT script (ravop/store/spot_scripts.py) and 
 result and complete, or ack and go (a check is pending, or this run was a check), or fail the graph when the runs
 have no majority. Who is checked, who won a dispute and who is banned are decided by the script alone."""
 import logging
+from typing import Any, Optional, Union
 
+from ravop.core.node import Node
 from ravop.core.spot_policy import trust_member
+from ravop.store.keys import GraphKeys
 from ravop.store.spot_scripts import SpotScript
 
 log = logging.getLogger("ravop.worker")
@@ -15,24 +18,26 @@ DISPUTE_LOG_LEN = 1000   # entries kept in a graph's disputes stream
 class SpotChecks:
     """Spot checks of the results of `worker` (a worker.serve.consumer.Worker)."""
 
-    def __init__(self, worker):
+    def __init__(self, worker: Any) -> None:
         self.worker = worker
         self.script = SpotScript(worker.client)
         self.member = trust_member(worker.name, worker.kind)
 
-    def may_run(self, keys, subgraph_id, segment=None):
+    def may_run(self, keys: GraphKeys, subgraph_id: Union[int, str], segment: Optional[str] = None) -> bool:
         """False if this worker already handed in a result of it that is not settled: the re-run must be
         someone else's (the message is passed on)."""
         votes = self.worker.client.hmget(keys.votes(subgraph_id, segment), self.member, "#state")
         return votes[0] is None or votes[1] in (b"unchecked", b"confirmed")
 
-    def submit(self, keys, subgraph_id, digest, segment=None):
+    def submit(self, keys: GraphKeys, subgraph_id: Union[int, str], digest: str, segment: Optional[str] = None
+               ) -> list[str]:
         """The SPOT script's reply to this worker's digest of a result (counted in its metrics)."""
         reply = self.script.submit(keys, subgraph_id, self.member, digest, self.worker.kind, segment)
         self.worker.metrics.spot_verdict(reply[0])
         return reply
 
-    def accepted(self, keys, subgraph_id, message_id, digest, node=None, segment=None):
+    def accepted(self, keys: GraphKeys, subgraph_id: Union[int, str], message_id: Any, digest: str,
+                 node: Optional[Node] = None, segment: Optional[str] = None) -> bool:
         """Whether this worker is to store its result and complete (True); otherwise the message was acked, or
         given up on (the runs have no majority: the graph fails naming them)."""
         reply = self.submit(keys, subgraph_id, digest, segment)
@@ -52,7 +57,8 @@ class SpotChecks:
         self.worker._ack(message_id)
         return False
 
-    def record(self, keys, subgraph_id, segment, losers, node, text):
+    def record(self, keys: GraphKeys, subgraph_id: Union[int, str], segment: Optional[str], losers: list[str],
+               node: Optional[Node], text: str) -> None:
         """Log a settled dispute in the graph's `disputes` stream, which `ravop logs` shows."""
         log.warning("worker %s: graph %s: %s", self.worker.name, keys.graph_id, text)
         self.worker.client.xadd(keys.disputes, {

@@ -12,15 +12,18 @@ the loser parts from the winners goes to the graph's disputes (`ravop logs`)."""
 import logging
 import re
 import time
+from typing import Any, Optional, Union
 
 from ravop.core import graph_states
+from ravop.core.loop_template import LoopSpec
+from ravop.core.node import Node
 from ravop.runtime.loop_run import LoopRun
-from ravop.store import TokenKeys
+from ravop.store import GraphKeys, TokenKeys
 from ravop.store import tensors as stored
 from ravop.wire import plan_pb2, unpack_loop
 
 from ..execute import device as devices
-from ..execute.validate import check
+from ..execute.validate import Program, check
 from ..loops.loop_subgraph import (
     LoopAbandoned, LoopHandedBack, _watcher, check_loop_program, checkpoint_keys, checkpoint_tensor_key, loop_inputs)
 from . import redundant
@@ -35,11 +38,11 @@ NARROW_WAIT_SECONDS = 120.0
 _SEGMENT = re.compile(r"(\d+)-(\d+):([^:]+)")
 
 
-def segment_id(start, end, member):
+def segment_id(start: int, end: int, member: str) -> str:
     return f"{start}-{end}:{member}"
 
 
-def parse_segment(text):
+def parse_segment(text: str) -> tuple[int, int, str]:
     """(start, end, runner) of a segment id; ValueError if it is not one."""
     found = _SEGMENT.fullmatch(text)
     if found is None or int(found.group(1)) >= int(found.group(2)):
@@ -51,11 +54,11 @@ class LoopSegments:
     """The running worker's side: `run_loop` (`LoopContext.segments`) calls `guard` before each write,
     `on_checkpoint` after each checkpoint, `instrument` once and `wait_settled` after the last step."""
 
-    def __init__(self, worker, keys, subgraph_id):
+    def __init__(self, worker: Any, keys: GraphKeys, subgraph_id: Union[int, str]) -> None:
         self.worker, self.keys, self.subgraph_id = worker, keys, subgraph_id
         self.last_end = 0
 
-    def guard(self):
+    def guard(self) -> None:
         """LoopAbandoned unless this worker still runs the loop (a lost dispute rewinds it to another)."""
         pipe = self.worker.client.pipeline(transaction=False)
         pipe.hget(self.keys.taken, self.subgraph_id)
@@ -66,7 +69,7 @@ class LoopSegments:
                      self.keys.graph_id, "banned" if banned else f"rewound (now {taken})")
             raise LoopAbandoned("rewound by a spot check" if not banned else "banned by a spot check")
 
-    def on_checkpoint(self, start, end, carried):
+    def on_checkpoint(self, start: int, end: int, carried: list[Any]) -> None:
         liar = self.worker.wrong_outputs
         if liar is not None:
             liar.lies()
@@ -76,15 +79,15 @@ class LoopSegments:
         self.worker.spot.submit(self.keys, self.subgraph_id, redundant.digest(dict(enumerate(carried))),
                                 segment_id(start, end, self.worker.spot.member))
 
-    def instrument(self, loop_run):
+    def instrument(self, loop_run: LoopRun) -> None:
         if self.worker.wrong_outputs is not None:
             self.worker.wrong_outputs.instrument(loop_run)
 
-    def wait_settled(self):
+    def wait_settled(self) -> None:
         """Return once every segment of the loop is confirmed or accepted unchecked (and its disputes narrowed,
         or NARROW_WAIT_SECONDS have passed); LoopAbandoned if the graph stopped or this worker lost the loop."""
         client, keys = self.worker.client, self.keys
-        narrow_by = None
+        narrow_by: Optional[float] = None
         while True:
             self.guard()
             pipe = client.pipeline(transaction=False)
@@ -102,7 +105,7 @@ class LoopSegments:
             self.worker.stopping.wait(POLL_SECONDS)
 
 
-    def _unnarrowed(self, segments):
+    def _unnarrowed(self, segments: dict[bytes, bytes]) -> list[str]:
         """The loop's settled disputes whose loser's first difference is not recorded yet (a dispute of a segment
         rewound away never settles, and is not waited for)."""
         client, keys = self.worker.client, self.keys
@@ -114,10 +117,10 @@ class LoopSegments:
                 if state == b"confirmed" and losers and not narrowed]
 
 
-def drop_segments(client, keys, subgraph_id):
+def drop_segments(client: Any, keys: GraphKeys, subgraph_id: Union[int, str]) -> None:
     """Delete the checkpoints a completed spot-checked loop kept for its segments' checks."""
     n = client.hget(keys.checkpoint(subgraph_id), "n")
-    steps = set()
+    steps: set[int] = set()
     for field in client.hkeys(keys.segments(subgraph_id)):
         try:
             start, end, _ = parse_segment(field.decode())
@@ -129,12 +132,13 @@ def drop_segments(client, keys, subgraph_id):
 
 
 class _Reached(Exception):
-    def __init__(self, carried):
+    def __init__(self, carried: list[Any]) -> None:
         super().__init__("segment end reached")
         self.carried = carried
 
 
-def run_segment(worker, keys, subgraph_id, subgraph, program, seed, start, end, tracer=None):
+def run_segment(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], subgraph: Any, program: Program,
+                seed: int, start: int, end: int, tracer: Optional[Tracer] = None) -> Optional[list[Any]]:
     """The carried values after steps start..end of a loop subgraph, from the checkpoint at `start` (the loop's
     initial values at 0); None if that checkpoint is gone (the loop completed or was rewound meanwhile)."""
     loop_step = check_loop_program(program)
@@ -144,7 +148,7 @@ def run_segment(worker, keys, subgraph_id, subgraph, program, seed, start, end, 
     runner = LoopRun(spec, loop_inputs(program, loop_step, inputs, seed, worker.device, max_bytes,
                                        worker.memory_budget), seed, str(worker.device),
                      lambda template: _watcher(spec, template, max_bytes, worker.memory_budget))
-    carried = None
+    carried: Optional[list[Any]] = None
     if start:
         carried = [stored.read(worker.client, checkpoint_tensor_key(keys, subgraph_id, start, k))
                    for k in range(spec.n_carried)]
@@ -156,7 +160,7 @@ def run_segment(worker, keys, subgraph_id, subgraph, program, seed, start, end, 
     if tracer is not None:
         tracer.instrument(runner)
 
-    def on_step(done, template, run, outputs, carried_now):
+    def on_step(done: int, template: int, run: int, outputs: Any, carried_now: list[Any]) -> None:
         if tracer is not None:
             tracer.step()
         if done == end:
@@ -167,7 +171,8 @@ def run_segment(worker, keys, subgraph_id, subgraph, program, seed, start, end, 
         return reached.carried
 
 
-def check_segment(worker, keys, subgraph_id, message_id, deliveries, fields):
+def check_segment(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], message_id: Any, deliveries: int,
+                  fields: dict[bytes, bytes]) -> None:
     """Handle a message that asks for a re-run of a loop segment: a check (vote with its digest), or, with
     `trace`, the disputant's traced re-run."""
     client, spot = worker.client, worker.spot
@@ -231,7 +236,7 @@ def check_segment(worker, keys, subgraph_id, message_id, deliveries, fields):
     worker._ack(message_id)
 
 
-def narrow(worker, keys, subgraph_id, segment, spec):
+def narrow(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], segment: str, spec: LoopSpec) -> None:
     """Once a dispute is settled and the traces of a winner and of a loser are in, record where the loser first
     parts from the winner (once per loser)."""
     client = worker.client
@@ -251,7 +256,7 @@ def narrow(worker, keys, subgraph_id, segment, spec):
             continue
         found = first_difference(unpack(traces[loser.encode()]), unpack(traces[winner]))
         names = f"worker {_name(loser)} and {_name(winner.decode())}"
-        node = None
+        node: Optional[Node] = None
         if found is None:
             text = f"{names} agree op by op over steps {start + 1:,}-{parse_segment(segment)[1]:,} but not on the " \
                    "carried values at its end"
@@ -268,5 +273,5 @@ def narrow(worker, keys, subgraph_id, segment, spec):
         client.hset(votes_key, "#narrowed", 1)
 
 
-def _name(member):
+def _name(member: str) -> str:
     return member.rpartition("@")[0] or member

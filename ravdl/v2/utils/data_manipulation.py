@@ -1,8 +1,11 @@
 """Batching of numpy data for training loops."""
+from typing import Any, Iterator, Optional, Union
+
 import numpy as np
 
 
-def batch_iterator(X, y=None, batch_size=64, shuffle=False, seed=None):
+def batch_iterator(X: Any, y: Any = None, batch_size: int = 64, shuffle: bool = False,
+                   seed: Union[int, np.random.Generator, None] = None) -> Iterator[Any]:
     """Yield `X` (and `y`) in batches of `batch_size` rows, the last one partial: `X_batch`, or
     `(X_batch, y_batch)` when `y` is given. With `shuffle=True` the rows are visited in a random order drawn
     from `seed` (an int, or a `numpy.random.Generator` to continue across epochs)."""
