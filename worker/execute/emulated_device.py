@@ -24,7 +24,7 @@ a plain subgraph and a loop step run with no check for it."""
 import json
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 from ravop.core import registry
 from ravop.core.node import Node
