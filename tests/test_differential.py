@@ -3,7 +3,6 @@ every model kind, trained by 20 hand-written steps, against the same training in
 losses, the eval output after 1, 2, 3 and 20 steps, every parameter and buffer (BatchNorm's running statistics)
 and the saved model (its state_dict and output) must be bit-equal. The engine's paths (folded loops, fit,
 strategies, checkpoints) are in test_differential_engine.py."""
-import json
 import os
 import subprocess
 import sys
@@ -15,22 +14,12 @@ import ravop as R
 from differential import (ARCHS, KINDS, OPTIMS, EagerTraining, assert_bit_equal, batches_of, build, eager_eval,
                           eager_state, record_steps)
 from helpers import on_one_thread
-from ravdl.v2 import export
-from ravop.record.graph import current_graph
 from ravop.runtime.evaluate import evaluate
+from test_ravdl_models import fetch_in_process
 
 STEPS = 20
 EVAL_AFTER = (1, 2, 3, 20)
 CASES = [(a, o, k) for a in ARCHS for o in OPTIMS for k in KINDS]
-
-
-def saved_in_process(name):
-    """What R.fetch_persisting_op(name) returns for a saved ravdl model, computed in this process."""
-    graph = current_graph()
-    kind, spec, names = graph.bundles[name]
-    assert kind == export.KIND
-    values = evaluate([graph.persisted[persist_name] for persist_name in names.values()])
-    return export.load(json.loads(json.dumps(spec)), dict(zip(names, values)))
 
 
 @pytest.mark.parametrize("arch, optim, kind", CASES, ids=["-".join(c) for c in CASES])
@@ -62,7 +51,7 @@ def test_hand_written_steps_match_eager_pytorch(arch, optim, kind):
     assert_bit_equal(dict(zip(evals, got[STEPS:STEPS + len(evals)])), want_evals, "eval output after n steps")
     assert_bit_equal(dict(zip(state, got[STEPS + len(evals):])), eager_state(built.eager), "parameters and buffers")
     if kind != "pytorch":
-        saved = on_one_thread(saved_in_process, "saved")
+        saved = on_one_thread(fetch_in_process, "saved")
         saved_state = saved.state_dict()
         assert sorted(saved_state) == sorted(built.saved_names.values())
         assert_bit_equal({name: saved_state[built.saved_names[name]] for name in built.saved_names},

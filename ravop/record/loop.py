@@ -48,19 +48,21 @@ from .source import user_source
 
 def counter_of(node: Any) -> Optional[int]:
     """The recorded step count of an op that declares a step `counter`, if it is an int; else None."""
-    opdef = registry.REGISTRY.get(node.op)
-    if opdef is None or opdef.counter is None:
-        return None
-    value = (node.params or {}).get(opdef.counter)
-    return value if type(value) is int else None
+    return _declared_int(node, "counter")
 
 
 def seed_of(node: Any) -> Optional[int]:
     """The int seed an op that declares a `seed_param` holds; else None."""
+    return _declared_int(node, "seed_param")
+
+
+def _declared_int(node: Any, flag: str) -> Optional[int]:
+    """The int value of the param that the op's OpDef names in `flag` ("counter", "seed_param"), or None."""
     opdef = registry.REGISTRY.get(node.op)
-    if opdef is None or opdef.seed_param is None:
+    param = None if opdef is None else getattr(opdef, flag)
+    if param is None:
         return None
-    value = (node.params or {}).get(opdef.seed_param)
+    value = (node.params or {}).get(param)
     return value if type(value) is int else None
 
 
