@@ -3,17 +3,19 @@ workers) against the same training in eager PyTorch, in one run: first on the ma
 busy processes sharing its cores (a pure-Python loop and a PyTorch matmul loop on torch's default threads), as
 on a user's laptop or a provider's shared machine.
 
-    python benchmarks/bench_contention.py [--epochs 5] [--batch 32] [--repeats 3] [--workers 2]
+    python benchmarks/bench_contention.py [--epochs 5] [--batch 32] [--repeats 3] [--workers 2] [--fused]
 
 Each fit is what a user waits for: record, R.activate, R.execute + track_progress, and every batch loss
 fetched by name (`R.fetch_persisting_op('training_loss_epoch_1_batch_1')`, ...) as the RavDL guide writes it.
 Eager runs in this process on one torch thread. Also printed: the time from R.initialize() to the first result
 of a trivial graph that a worker computes (workers starting), and the machine's load average before each part
 (other jobs count).
-Targets (issue 29): <= 0.8x eager quiet, <= 1.5x with the busy processes.
+Targets (issue 29): <= 0.8x eager quiet, <= 1.5x with the busy processes. Adam is torch's default update on both
+sides (`--fused`: its fused kernel on both, `Adam(fused=True)`).
 """
 import argparse
 import contextlib
+import functools
 import io
 import os
 import sys
@@ -112,8 +114,9 @@ def engine_fit(record, epochs, batch, X, y):
 def compare(args, X, y):
     cases = [("digits MLP", eager_mlp, record_mlp), ("digits CNN", eager_cnn, record_cnn)]
     for label, eager_model, record in cases:
-        eager_s = min(eager_fit(eager_model, args.epochs, args.batch, X, y) for _ in range(args.repeats))
-        runs = [engine_fit(record, args.epochs, args.batch, X, y) for _ in range(args.repeats)]
+        eager_s = min(eager_fit(eager_model, args.epochs, args.batch, X, y, args.fused) for _ in range(args.repeats))
+        runs = [engine_fit(functools.partial(record, fused=args.fused), args.epochs, args.batch, X, y)
+                for _ in range(args.repeats)]
         engine_s, fetch_s = min(runs)
         fetches = args.epochs * -(-len(X) // args.batch)
         print(f"  {label:<11} eager {eager_s:6.2f} s   engine {engine_s:6.2f} s   ratio {engine_s / eager_s:5.2f}x"
@@ -127,6 +130,7 @@ def main():
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=None, help="embedded workers (default: R.initialize's)")
+    parser.add_argument("--fused", action="store_true", help="Adam(fused=True) on both sides")
     args = parser.parse_args()
     torch.set_num_threads(1)
     X, _, y, _ = digits_data()
