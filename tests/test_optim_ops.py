@@ -7,6 +7,7 @@ import torch.nn.functional as TF
 
 import ravop as R
 from ravop.core import registry
+from ravop.ops import optim
 from ravop.runtime.evaluate import evaluate
 
 STEPS = 20
@@ -125,3 +126,26 @@ def test_adam_gives_the_same_bits_on_one_thread_or_two(fused):
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(*results))
+
+
+@pytest.mark.parametrize("options", [{}, {"weight_decay": 0.1}, {"weight_decay": 0.1, "decoupled": True},
+                                     {"amsgrad": True, "maximize": True, "weight_decay": 0.05}])
+def test_adams_update_of_several_tensors_gives_each_tensors_own_bits(options):
+    """The step compiler's group updates a model's tensors in one call (by torch._foreach_* ops on a CPU): each
+    tensor gets the bits of its own single-tensor update, the op's kernel."""
+    g = torch.Generator().manual_seed(5)
+    shapes = [(15, 4), (15,), (30, 15), (1,), (3, 30, 2)]
+
+    def state():
+        return [[torch.randn(s, generator=g) for s in shapes], [torch.randn(s, generator=g) for s in shapes],
+                [torch.randn(s, generator=g) * 0.1 for s in shapes], [torch.rand(s, generator=g) * 0.01 for s in shapes],
+                [torch.rand(s, generator=g) * 0.02 for s in shapes]]
+    settings = {"weight_decay": 0.0, "amsgrad": False, "maximize": False, "decoupled": False, **options}
+    together = state()
+    alone = [[t.clone() for t in tensors] for tensors in together]
+    for step in (1, 2, 3):
+        optim.single_tensor_adam_(*together, step, 0.01, 0.9, 0.999, 1e-8, **settings)
+        for k in range(len(shapes)):
+            optim.single_tensor_adam_(*[[tensors[k]] for tensors in alone], step, 0.01, 0.9, 0.999, 1e-8, **settings)
+    for tensors, want in zip(together, alone):
+        assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(tensors, want))

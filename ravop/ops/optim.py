@@ -86,12 +86,19 @@ def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step, lr,
 def single_tensor_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step, lr, beta1, beta2, eps,
                         weight_decay, amsgrad, maximize, decoupled):
     """torch.optim.adam._single_tensor_adam (torch.optim.Adam's default on a CPU; AdamW's with `decoupled`) of
-    lists of tensors, in place, line for line: the same tensors overwritten as `fused_adam_`'s."""
+    lists of tensors, in place, line for line: the same tensors overwritten as `fused_adam_`'s. Several CPU tensors
+    are updated by `torch._foreach_*` ops, whose CPU kernels loop over the tensors in C++ with the per-tensor
+    kernels below (the same bits: tested), saving the Python of six calls per tensor (a third of a small model's
+    update)."""
     step = float(step)   # torch keeps `step` in a float tensor and reads it back with .item()
     bias_correction1 = 1 - beta1 ** step
     bias_correction2 = 1 - beta2 ** step
     step_size = lr / bias_correction1
     bias_correction2_sqrt = bias_correction2 ** 0.5
+    if len(params) > 1 and all(p.device.type == "cpu" for p in params):
+        _foreach_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, lr, beta1, beta2, eps, weight_decay,
+                       amsgrad, maximize, decoupled, step_size, bias_correction2_sqrt)
+        return
     for i, param in enumerate(params):
         grad = grads[i] if not maximize else -grads[i]
         exp_avg, exp_avg_sq = exp_avgs[i], exp_avg_sqs[i]
@@ -108,6 +115,29 @@ def single_tensor_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, s
         else:
             denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
         param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+def _foreach_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, lr, beta1, beta2, eps, weight_decay,
+                   amsgrad, maximize, decoupled, step_size, bias_correction2_sqrt):
+    """The loop of `single_tensor_adam_` as one `torch._foreach_*` call per line (CPU tensors)."""
+    if maximize:
+        grads = torch._foreach_neg(grads)
+    if weight_decay != 0:
+        if decoupled:
+            torch._foreach_mul_(params, 1 - lr * weight_decay)
+        else:
+            grads = torch._foreach_add(grads, params, alpha=weight_decay)
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+    if amsgrad:
+        torch._foreach_maximum_(max_exp_avg_sqs, exp_avg_sqs)
+        denoms = torch._foreach_sqrt(max_exp_avg_sqs)
+    else:
+        denoms = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(denoms, bias_correction2_sqrt)
+    torch._foreach_add_(denoms, eps)
+    torch._foreach_addcdiv_(params, exp_avgs, denoms, value=-step_size)
 
 
 def adam_update_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay,
