@@ -18,7 +18,6 @@ from ..local import last_session
 from ..record.graph import set_current, unactivated_graph
 from ..store import GraphKeys, Scripts, TokenKeys, connect, ensure_queues, token_namespace
 from ..store import background_upload
-from ..store import graphs as store_graphs
 from ..store import worker_info
 from ..store.client_types import Client
 from ..store.connect import redact, url_user

@@ -114,7 +114,7 @@ def _send(batch: _Batcher, keys: GraphKeys, constants: Mapping[int, "torch.Tenso
     """Queue `constants` on `batch`, sending it every BATCH_BYTES (also within one big tensor: the bar moves)."""
     if not constants:
         return
-    from ..core import progress
+    from ..core import progress   # tqdm, 30 ms more for the commands that read only
     from . import tensors   # loads torch: see the module's docstring
     with progress.bar(sum(t.nbytes for t in constants.values()), "uploading constants", unit="B",
                       unit_scale=True) as uploaded:
