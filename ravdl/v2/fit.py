@@ -12,6 +12,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence, cast
 from ravop.core.loss_names import training_loss_name, validation_loss_name
 from ravop.record.loop import Batches, Loop
 
+from . import traps
 from .layers.base import as_input
 from .optimizers import Optimizer
 
@@ -62,7 +63,9 @@ class LossTraining:
         if self.loss_function is None:
             raise ValueError(f"{type(self).__name__} has no loss: give fit(..., loss='SquareLoss' | "
                              "'CrossEntropy' | a ravop loss)")
-        return self.loss_function(as_input(y), self._forward_pass(X, training=True))
+        loss = self.loss_function(as_input(y), self._forward_pass(X, training=True))
+        traps.softmax_before_cross_entropy(self, loss)
+        return loss
 
     def train_step(self, X: Any, y: Any) -> Any:
         """Record one training step on a batch; returns the loss Op (computed before the step)."""

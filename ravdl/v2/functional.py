@@ -1,6 +1,7 @@
 """Functional: a model class the user writes, composing layers in its own forward code."""
 from typing import Any, Optional, Sequence, Union
 
+from . import traps
 from .callbacks import Callback
 from .history import History
 from .layers.base import Layer, as_input, child_layers, name_layers
@@ -24,6 +25,7 @@ class Functional(Model):
         self._layers: Optional[list[tuple[str, Layer]]] = None
 
     def initialize_params(self, optimizer: Optimizer) -> None:
+        traps.check_optimizer(optimizer, f"{type(self).__name__}.initialize_params(optimizer)")
         self.optimizer = optimizer
         self._layers = [(attr, layer) for attr, layer in child_layers(self)]
         for attr, layer in self._layers:
@@ -48,7 +50,7 @@ class Functional(Model):
     def fit(self, X: Any, y: Any = None, n_epochs: int = 1, batch_size: Optional[int] = None,
             loss: Union[str, Loss, None] = None, strategy: Any = None, shuffle: bool = False,
             seed: Optional[int] = None, callbacks: Optional[Sequence[Callback]] = None,
-            validation_data: Optional[Sequence[Any]] = None) -> History:
+            validation_data: Optional[Sequence[Any]] = None, **unexpected: Any) -> History:
         """Train on (X, y) as NeuralNetwork.fit does (one loop, losses persisted as
         `training_loss_epoch_{e}_batch_{b}`, 1-based), the forward being `_forward_pass_call(X)`: `loss` is
         'SquareLoss' (the default, unless compile() gave one), 'CrossEntropy' or a ravop loss
@@ -56,6 +58,7 @@ class Functional(Model):
         (default: the graph's)
         one of R.parallel's. X may be a torch Dataset or DataLoader, and `callbacks` ravdl.v2.callbacks, as for
         NeuralNetwork.fit. Returns a `History`."""
+        traps.refuse_fit_keywords(self, unexpected)
         return fit_model(self, X, y, n_epochs, batch_size, loss or self.compiled_loss or "SquareLoss", strategy,
                          shuffle, seed, callbacks, validation_data)
 

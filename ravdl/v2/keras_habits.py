@@ -6,7 +6,7 @@ from typing import Any, Callable, NoReturn, Optional, Sequence, Union
 
 import ravop as R
 
-from . import losses
+from . import losses, traps
 from .layers.base import as_input
 from .losses import Loss
 from .optimizers import Optimizer
@@ -32,9 +32,7 @@ class KerasHabits:
             raise NotImplementedError("compile(metrics=...) is not implemented: fit persists losses only; compute "
                                       "a metric from a persisted model.predict(X) after the graph ran")
         if optimizer is not None:
-            if not isinstance(optimizer, Optimizer):
-                raise TypeError(f"compile(optimizer=) takes a ravdl.v2.optimizers instance (e.g. Adam(lr=0.001)), "
-                                f"not {optimizer!r}")
+            traps.check_optimizer(optimizer, "compile(optimizer=)")
             self.optimizer = optimizer
         if loss is not None:
             self.compiled_loss = self.loss_function = losses.get(loss)

@@ -12,7 +12,7 @@ import torch
 
 import ravop as R
 
-from . import export, gradients, onnx_export
+from . import export, gradients, onnx_export, traps
 from .fit import LossTraining, Slot, TrainState, optimizer_slots
 from .keras_habits import KerasHabits
 from .layers.base import CustomLayer, Layer, Shape, leaf_layers
@@ -24,6 +24,7 @@ from .pipeline_stages import Units
 
 class Model(KerasHabits, LossTraining):
     def __init__(self, optimizer: Optional[Optimizer] = None) -> None:
+        traps.check_optimizer(optimizer, f"{type(self).__name__}(optimizer=)")
         self.optimizer = optimizer
         # loss(y_true, y_pred) -> Op: NeuralNetwork's, or the one given to fit
         self.loss_function: Optional[Loss] = None
@@ -58,6 +59,7 @@ class Model(KerasHabits, LossTraining):
         if self.optimizer is None:
             raise ValueError(f"{type(self).__name__} has no optimizer: Functional models call "
                              "self.initialize_params(optimizer) at the end of __init__")
+        traps.softmax_before_cross_entropy(self, loss)
         slots = [(layer, name) for _, layer in self.leaf_layers() if layer.built for name in layer.params]
         if not slots:
             raise ValueError("the model has no built parameters: run a forward pass before the backward pass")

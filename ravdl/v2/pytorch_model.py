@@ -21,7 +21,7 @@ from ravop.core.errors import GraphStateError
 from ravop.record.graph import current_graph
 from ravop.record.torchscript_import import BLOB_KEY, BUNDLE_KIND, Model
 
-from . import gradients
+from . import gradients, traps
 from .fit import LossTraining, Slot, TrainState, optimizer_slots
 from .callbacks import Callback
 from .history import History
@@ -48,6 +48,7 @@ class Pytorch_Model(KerasHabits, LossTraining):
 
     def initialize(self, optimizer: Optimizer) -> None:
         """Train with `optimizer` (ravdl.v2.optimizers: Adam, AdamW or RMSprop)."""
+        traps.check_optimizer(optimizer, "Pytorch_Model.initialize(optimizer)")
         self.optimizer = optimizer
 
     def _values_in_current_graph(self) -> R.Graph:
@@ -79,6 +80,7 @@ class Pytorch_Model(KerasHabits, LossTraining):
             raise ValueError("Pytorch_Model has no optimizer: call initialize(optimizer) first")
         if self.graph is None:
             raise ValueError("run a forward pass before the backward pass")
+        traps.softmax_before_cross_entropy(self, loss)
         trainable = [i for i, wanted in enumerate(self.model.requires_grad) if wanted]
         if not trainable:
             raise ValueError("the model has no parameter with requires_grad=True")
@@ -118,7 +120,7 @@ class Pytorch_Model(KerasHabits, LossTraining):
     def fit(self, X: Any, y: Any = None, n_epochs: int = 1, batch_size: Optional[int] = None,
             loss: Union[str, Loss, None] = None, strategy: Any = None, shuffle: bool = False,
             seed: Optional[int] = None, callbacks: Optional[Sequence[Callback]] = None,
-            validation_data: Optional[Sequence[Any]] = None) -> History:
+            validation_data: Optional[Sequence[Any]] = None, **unexpected: Any) -> History:
         """Train the model on (X, y) for `n_epochs` in batches of `batch_size`, as NeuralNetwork.fit does
         (one loop, losses persisted as `training_loss_epoch_{e}_batch_{b}`, 1-based): `loss` is
         'CrossEntropy' (class indices, or one-hot rows; the default, unless compile() gave one), 'SquareLoss',
@@ -126,6 +128,7 @@ class Pytorch_Model(KerasHabits, LossTraining):
         epoch;
         `strategy` (default: the graph's) one of R.parallel's. X may be a torch Dataset or DataLoader, and
         `callbacks` ravdl.v2.callbacks, as for NeuralNetwork.fit. Returns a `History`."""
+        traps.refuse_fit_keywords(self, unexpected)
         return fit_model(self, X, y, n_epochs, batch_size, loss or self.compiled_loss or "CrossEntropy", strategy,
                          shuffle, seed, callbacks, validation_data)
 

@@ -5,7 +5,7 @@ from typing import Any, Optional, Sequence, Union
 import ravop as R
 from ravop.record.graph import current_graph
 
-from . import losses, nonfinite
+from . import losses, nonfinite, traps
 from .callbacks import Callback, checked, follow
 from .fit import record_fit
 from .fit_data import training_data
@@ -71,7 +71,7 @@ class NeuralNetwork(Model):
     def fit(self, X: Any, y: Any = None, n_epochs: int = 1, batch_size: Optional[int] = None, shuffle: bool = False,
             seed: Optional[int] = None, save_model: Union[bool, str] = False, persist_weights: bool = False,
             strategy: Any = None, callbacks: Optional[Sequence[Callback]] = None,
-            validation_data: Optional[Sequence[Any]] = None) -> History:
+            validation_data: Optional[Sequence[Any]] = None, **unexpected: Any) -> History:
         """Record `n_epochs` of training as one loop (ravdl.v2.fit): each batch loss is persisted as
         `training_loss_epoch_{e}_batch_{b}` (1-based; `ravop.core.loss_names`) and, with validation_data (X_val, y_val:
         fit's, as in Keras, else the constructor's), `validation_loss_epoch_{e}`.
@@ -89,6 +89,7 @@ class NeuralNetwork(Model):
         one (its batch size and shuffling are used), read once and uploaded with the graph (ravdl.v2.fit_data).
         `callbacks`: ravdl.v2.callbacks (TensorBoard, CSVLogger, EarlyStopping, ...), fed while
         R.track_progress() follows the training."""
+        traps.refuse_fit_keywords(self, unexpected)
         if not isinstance(save_model, (bool, str)) or not isinstance(persist_weights, bool):
             raise TypeError("save_model takes True, False or a name; persist_weights True or False")
         validation_pair = validation_data if validation_data is not None else self.validation_data

@@ -18,10 +18,10 @@ from ..local import last_session
 from ..record.graph import set_current, unactivated_graph
 from ..store import GraphKeys, Scripts, TokenKeys, connect, ensure_queues, token_namespace
 from ..store import background_upload
-from ..store import graphs as store_graphs
 from ..store import worker_info
 from ..store.client_types import Client
 from ..store.connect import redact, url_user
+from ..store.flush import delete_token
 from ..store.handoff import Handoff
 from .stored_values import LOADERS, DoneValues  # noqa: F401  (LOADERS: where ravdl and R.model register loaders)
 
@@ -194,7 +194,7 @@ def flush() -> None:
     """Delete this token's graphs, tensors and persisted values (idempotent; other tokens are untouched), and
     start recording a fresh graph."""
     session = require()
-    store_graphs.delete_token(session.client, session.token)
+    delete_token(session.client, session.token)
     session.graph_id = None
     session.activated_names = {}
     session.done_values = None

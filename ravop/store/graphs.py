@@ -1,17 +1,21 @@
-"""The requester's side of the schema: upload an activated graph, read its state, list and delete graphs."""
+"""The requester's side of the schema: upload an activated graph, read its state, list and cancel graphs.
+
+Only `upload` handles tensors: it imports the modules that load torch (tensors, same_host, background_upload) when
+it runs, so that reading a graph's state (`ravop status`, `graphs`, `logs`, `cancel`, `stop`, `admin`) starts in
+a fraction of a second without torch (tests/test_cli_no_torch.py)."""
 import json
 import time
 from collections import Counter
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import redis
-import torch
 
-from ..core import graph_states, plan_limits, progress
-from . import background_upload, same_host, tensors
+from ..core import graph_states, plan_limits
 from .client_types import Client
-from .flush import delete_token  # noqa: F401  (R.flush's, kept importable from here)
 from .keys import GraphKeys, TokenKeys, device_kind
+
+if TYPE_CHECKING:
+    import torch
 
 BATCH_BYTES = 32 * 2**20  # one pipeline carries about this much, so a big model is neither one huge
 BATCH_FIELDS = 10_000     # request nor a round trip per tensor
@@ -35,7 +39,7 @@ class _Batcher:
         self.bytes = self.fields = 0
 
 
-def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.Tensor], meta: Mapping[str, Any],
+def upload(client: Client, token: str, plan: Any, constants: Mapping[int, "torch.Tensor"], meta: Mapping[str, Any],
            bundles: Optional[Mapping[str, Tuple[str, Any, Mapping[str, str]]]] = None) -> GraphKeys:
     """Write an activated graph: subgraphs, routing, dependency and reader counts, persist names, bundles,
     constants, and its meta last (workers and trackers only look at a graph that has a meta); the chunks of big
@@ -43,6 +47,7 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.
 
     `plan`: a `ravop.wire.plan_pb2.Plan`; `constants`: node id -> tensor; `meta`: extra fields (name,
     algorithm, approach, summary, ...); `bundles`: name -> (kind, spec, {key: persist name})."""
+    from . import background_upload, same_host, tensors   # load torch: here, see the module's docstring
     keys = GraphKeys(token, plan.graph_id)
     # Checked before anything is written: a graph that cannot fit fails here, not halfway through.
     plan_limits.check_plan(plan)
@@ -105,10 +110,12 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, torch.
     return keys
 
 
-def _send(batch: _Batcher, keys: GraphKeys, constants: Mapping[int, torch.Tensor], chunk: int) -> None:
+def _send(batch: _Batcher, keys: GraphKeys, constants: Mapping[int, "torch.Tensor"], chunk: int) -> None:
     """Queue `constants` on `batch`, sending it every BATCH_BYTES (also within one big tensor: the bar moves)."""
     if not constants:
         return
+    from ..core import progress   # tqdm, 30 ms more for the commands that read only
+    from . import tensors   # loads torch: see the module's docstring
     with progress.bar(sum(t.nbytes for t in constants.values()), "uploading constants", unit="B",
                       unit_scale=True) as uploaded:
         def queued(size: int) -> None:

@@ -11,10 +11,12 @@ from redis.cluster import RedisCluster
 from ..core import graph_states
 from ..core.errors import RavopError
 from ..store import GraphKeys
+from ..store import graphs as store_graphs
 from ..store.access import kind_of, requester_rules, worker_rules
 from ..store.connect import ensure_queues, node_client
 from ..store.keys import TOKENS, check_name
 from ..store.scripts import is_cluster
+from . import status
 
 KINDS = ("token", "worker")
 REVOKED = "cancelled: the token's Redis user was revoked (`ravop admin token revoke`)"
@@ -106,9 +108,6 @@ def revoke(client, kind, name):
     cancelled = []
     if kind == "token":
         client.srem(TOKENS, name)
-        # Imported here: they load torch, and `ravop --help` (which imports this module) must answer at once.
-        from ..store import graphs as store_graphs
-        from . import status
         for graph in store_graphs.list_graphs(client, name):
             keys = GraphKeys(name, graph["id"])
             if graph["state"] in graph_states.LIVE and status.cancel(client, keys, REVOKED, "ravop admin token revoke"):

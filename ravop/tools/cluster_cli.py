@@ -32,7 +32,7 @@ from ..store import connect, repair, token_namespace
 from ..store.connect import redact, url_user
 from ..store.failure_lines import one_line
 from ..store.lookup import find_graph
-from . import admin
+from . import admin, status
 
 EXIT_USAGE, EXIT_ERROR = 2, 1
 
@@ -164,6 +164,8 @@ def _failures_text(graph_id, failures):
 
 def _fetch(url, token, keys, name, output):
     """Save the value persisted as `name` in the graph at `keys`; returns what was written."""
+    # The one command that handles tensors imports torch here: the others only read Redis and start in a fraction
+    # of a second without it (tests/test_cli_no_torch.py).
     import numpy as np
     import torch
 
@@ -198,7 +200,6 @@ def _fetch(url, token, keys, name, output):
 
 def _command(args, client, url, token):
     """(JSON object, text) that the command prints."""
-    from . import status   # loads torch: imported here, so that `ravop --help` and bad arguments answer at once
     if args.command == "status":
         report = status.cluster(client, token)
         return report, _status_text(report, url)

@@ -3,7 +3,8 @@
 Batch norm's running statistics are graph state: a training forward pass records `batch_norm`, whose second
 and third outputs are the moved statistics, and the layer holds those Ops from then on; an eval pass reads
 them. `momentum` is torch's (new = (1 - momentum) * old + momentum * batch), so the original API's default
-0.99 nearly replaces the statistics with each batch's.
+0.99 nearly replaces the statistics with each batch's: kept as the default, with a warning once per process
+(ravdl.v2.traps) naming torch's default 0.1.
 """
 from typing import Any, Optional, Sequence, Union, cast
 
@@ -11,20 +12,25 @@ import torch
 
 import ravop as R
 
+from .. import traps
 from . import init
 from .base import Flag, Layer, Shape, flag
+
+MOMENTUM = traps.OriginalDefault(0.99)   # the original API's default, which warns (a given 0.99 does not)
 
 
 class _BatchNormalization(Layer):
     torch_class: Optional[str] = None
     input_dims: tuple[int, ...] = ()   # accepted numbers of input dimensions, without the batch dimension
 
-    def __init__(self, num_features: Optional[int] = None, momentum: float = 0.99, epsilon: float = 0.01,
+    def __init__(self, num_features: Optional[int] = None, momentum: float = MOMENTUM, epsilon: float = 0.01,
                  affine: Flag = True, initial_gamma: Any = None, initial_beta: Any = None,
                  initial_running_mean: Any = None, initial_running_var: Any = None,
                  input_shape: Union[int, Sequence[int], None] = None) -> None:
         super().__init__(input_shape)
         self.num_features = None if num_features is None else int(num_features)
+        if momentum is MOMENTUM:
+            traps.default_momentum(type(self).__name__)
         self.momentum, self.epsilon = float(momentum), float(epsilon)
         self.affine = flag(affine, "affine")
         if not self.affine and (initial_gamma is not None or initial_beta is not None):
@@ -80,9 +86,9 @@ class BatchNormalization1D(_BatchNormalization):
     torch_class = "BatchNorm1d"
     input_dims = (1, 2)
 
-    def __init__(self, momentum: float = 0.99, epsilon: float = 0.01, affine: Flag = True, initial_gamma: Any = None,
-                 initial_beta: Any = None, initial_running_mean: Any = None, initial_running_var: Any = None,
-                 input_shape: Union[int, Sequence[int], None] = None) -> None:
+    def __init__(self, momentum: float = MOMENTUM, epsilon: float = 0.01, affine: Flag = True,
+                 initial_gamma: Any = None, initial_beta: Any = None, initial_running_mean: Any = None,
+                 initial_running_var: Any = None, input_shape: Union[int, Sequence[int], None] = None) -> None:
         super().__init__(None, momentum, epsilon, affine, initial_gamma, initial_beta, initial_running_mean,
                          initial_running_var, input_shape)
 
@@ -92,7 +98,7 @@ class BatchNormalization2D(_BatchNormalization):
     torch_class = "BatchNorm2d"
     input_dims = (3,)
 
-    def __init__(self, num_features: int, momentum: float = 0.99, epsilon: float = 0.01, affine: Flag = True,
+    def __init__(self, num_features: int, momentum: float = MOMENTUM, epsilon: float = 0.01, affine: Flag = True,
                  initial_gamma: Any = None, initial_beta: Any = None, initial_running_mean: Any = None,
                  initial_running_var: Any = None, input_shape: Union[int, Sequence[int], None] = None) -> None:
         super().__init__(num_features, momentum, epsilon, affine, initial_gamma, initial_beta,
