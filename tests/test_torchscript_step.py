@@ -12,13 +12,12 @@ import torch.nn.functional as TF
 from torch import nn
 
 import ravop as R
-from helpers import on_one_thread
 from ravdl.v2 import Pytorch_Model
 from ravdl.v2.fit import record_fit as record_fit_step
 from ravdl.v2.optimizers import Adam
 from ravop.ops import torchscript
 from ravop.record.graph import current_graph
-from ravop.runtime.evaluate import evaluate, evaluate_persisted
+from ravop.runtime.evaluate import evaluate
 from test_step_compiler import always, reference, tuned_run
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
