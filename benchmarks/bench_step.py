@@ -2,9 +2,11 @@
 (ravop/runtime/step_compiler.py) and against eager PyTorch (autograd + torch.optim.Adam as a CPU runs it by default, the
 per-parameter loop, as the engine's Adam() does), and both with Adam(fused=True), on the same shapes: the digits
 MLP and CNN (5 epochs, batch 32, as benchmarks/bench_contention.py) and the MNIST-sized MLP of
-benchmarks/bench_ravdl.py (1 epoch, batch 128).
+benchmarks/bench_ravdl.py (1 epoch, batch 128); with `--cases resnet,gpt`, two real-model shapes through
+`Pytorch_Model` (benchmarks/real_models.py: a resnet-like CNN on 3x32x32 images in batches of 16 and a small GPT,
+8 steps each), the compiled step running the TorchScript forward once per step (issue 46).
 
-    python benchmarks/bench_step.py [--repeats 7] [--cases mlp,cnn,mnist] [--threads 1]
+    python benchmarks/bench_step.py [--repeats 7] [--cases mlp,cnn,mnist,resnet,gpt] [--threads 1]
 
 Each repeat runs the loop plain, compiled and eager back to back; the best of the repeats is printed (the run
 least disturbed by other work on a shared machine), with the ratios to eager. The loop's time here is what a
@@ -62,6 +64,10 @@ def cases(names):
         "cnn": ("digits CNN", lambda fused=False: bench_contention.record_cnn(5, 32, X, y, fused),
                 lambda fused=False: bench_contention.eager_fit(bench_contention.eager_cnn, 5, 32, X, y, fused)),
     }
+    if "resnet" in names or "gpt" in names:
+        import real_models
+        known["resnet"] = ("resnet-like", real_models.record_resnet, real_models.eager_resnet)
+        known["gpt"] = ("GPT", real_models.record_gpt, real_models.eager_gpt)
     if "mnist" in names:
         Xm, ym = bench_ravdl.mnist_data()
         weights = bench_ravdl.mnist_weights()
@@ -143,6 +149,10 @@ def main():
               f"{best['compiled_fused'] / best['eager_fused']:>19.2f}  "
               f"{', '.join(f'{k} {v}' for k, v in rewrites.items() if v)}{'' if same else '  BITS DIFFER'}",
               flush=True)
+        if spec.n_steps:
+            print(f"{'':<12}per step ({spec.n_steps} steps): eager {best['eager'] / spec.n_steps * 1e3:.1f} ms, "
+                  f"plain {best['plain'] / spec.n_steps * 1e3:.1f} ms, "
+                  f"compiled {best['compiled'] / spec.n_steps * 1e3:.1f} ms", flush=True)
         if args.profile:
             with torch.no_grad():
                 profile(plain, f"{label}, plain")

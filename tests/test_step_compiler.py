@@ -162,12 +162,14 @@ def test_the_rule_table_covers_every_declaration():
     assert set(step_compiler.DECLARED) <= set(step_compiler.RULES)
     declared = [d for d in registry.unique_opdefs() if any(getattr(d, f) is not None for f in step_compiler.DECLARED)]
     assert {d.name for d in declared} >= {"adam_step", "adamw_step", "rmsprop_step", "dropout_backward",
-                                          "batch_norm_backward", "cross_entropy_loss_backward", "max_pool2d"}
+                                          "batch_norm_backward", "cross_entropy_loss_backward", "max_pool2d",
+                                          "torchscript_vjp"}
     for opdef in declared:
         if opdef.reuses is not None:
             assert registry.get(opdef.reuses.forward) is not opdef
     assert set(step_compiler.rewrite_names()) == {"optimizer_groups", "dropout_masks_kept", "batch_norm_stats_kept",
-                                                  "log_softmax_kept", "channels_last_pools", "projections"}
+                                                  "log_softmax_kept", "channels_last_pools", "projections",
+                                                  "torchscript_graphs_kept"}
 
 
 @pytest.mark.parametrize("shape, params", [((2, 3, 8, 8), {"kernel_size": 2, "return_indices": True}),

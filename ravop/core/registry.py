@@ -94,7 +94,8 @@ class Reuses(NamedTuple):
     computes as the op. How a backward finds its forward: `reads`, (backward position, forward position) of a value
     both read (the latest such forward before it); a backward with a `seed_param` follows the forward whose random
     stream its seed is. `same`: params the two must have equal; `applies(params)` (the backward's, defaults
-    filled): whether to make it."""
+    filled): whether to make it; `box(params)` (the same params): the box to start from instead of `[None]`, where
+    the forward must know what its (first) backward will ask (a VJP's mask: which inputs it differentiates)."""
     forward: str
     keeping: Kernel
     kept: Kernel
@@ -103,6 +104,7 @@ class Reuses(NamedTuple):
     same: tuple[str, ...] = ()
     applies: Optional[Callable[[dict[str, Any]], bool]] = None
     cpu_only: bool = True
+    box: Optional[Callable[[dict[str, Any]], list[Any]]] = None
 
 
 class Variant(NamedTuple):

@@ -14,9 +14,12 @@ dropout draws from, which a call reseeds with its `seed` param so that a retry, 
 draw the same mask.
 
 Graph values are never modified in place: in training mode the buffers are cloned before the call, and the
-updated clones (BatchNorm's running stats) are extra outputs after the model's own. The VJP recomputes the
-forward under autograd rather than keeping activations between ops (nothing lives in a worker's memory), so
-a training step costs one extra forward, as activation checkpointing does.
+updated clones (BatchNorm's running stats) are extra outputs after the model's own. The VJP op recomputes the
+forward under autograd rather than keeping activations between ops (nothing lives in a worker's memory between
+subgraphs), as activation checkpointing does. Inside a loop's step (the step compiler, on a CPU) the forward
+runs once: under autograd, with the inputs its VJP differentiates as leaves, keeping its graph for the VJP of
+the same run (`torchscript_vjp`'s `Reuses`), which is the graph the VJP would build again (the same seed, so the
+same dropout draws, the same kernels, the same buffers' updates), so the same bits.
 """
 import hashlib
 import threading
@@ -27,7 +30,7 @@ import torch
 
 from ..core import op_functions as R
 from ..core.dtypes import is_floating
-from ..core.registry import REQUIRED, register
+from ..core.registry import REQUIRED, Reuses, register
 from . import torchscript_safety
 
 CACHE_SIZE = 8            # loaded modules kept per process: each holds its code, not its weights
@@ -308,21 +311,74 @@ def _vjp_flops(shape, input_shapes, params):
     return None if forward is None else 3 * forward
 
 
+def _leaves(values, mask):
+    """The forward's inputs (blob first) with those `mask` names made autograd leaves (aliases: no copy)."""
+    return [values[0]] + [x.detach().requires_grad_() if m else x for x, m in zip(values[1:], mask)]
+
+
+def _gradients(outputs, leaves, grads, mask, grad_mask):
+    """The gradients w.r.t. the leaves `mask` names of the `outputs` (under autograd) `grad_mask` names, given
+    `grads`; zeros for a leaf they do not depend on. Frees the graph (no retain_graph), as backward() does."""
+    chosen = [o for o, m in zip(outputs, grad_mask) if m]
+    wrt = [x for x, m in zip(leaves[1:], mask) if m]
+    differentiable = [(o, g) for o, g in zip(chosen, grads) if o.requires_grad]
+    found = torch.autograd.grad([o for o, _ in differentiable], wrt, [g.to(o.dtype) for o, g in differentiable],
+                                allow_unused=True) if differentiable else [None] * len(wrt)
+    return tuple(torch.zeros_like(x) if d is None else d for x, d in zip(wrt, found))
+
+
+# What a forward run under autograd left for its VJP (`_forward_keeping`): its inputs as given (compared by
+# identity), the seed it ran with (this run's), the model's outputs carrying their autograd graph, its leaves.
+_Kept = namedtuple("_Kept", "inputs seed outputs leaves")
+
+
+def _vjp_box(params):
+    """A forward's box for the VJP that follows it: [the VJP's mask (the leaves to make), what it kept or None]."""
+    return [tuple(params["mask"]), None]
+
+
+def _forward_keeping(box, *xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed):
+    """torchscript_forward run once under autograd, with the inputs the VJP differentiates as leaves, as the VJP
+    recomputes it (the same seed, so the same dropout draws; the same kernels): the same outputs, detached, and
+    buffers; the graph is kept in box[1] for the VJP later in the same run of a step (the step compiler)."""
+    box[1] = None   # a graph this run's VJP did not take (it fell back): let it go before making another
+    leaves = _leaves(xs, box[0])
+    with _lock, torch.enable_grad():
+        result, buffers = _run(leaves, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed)
+    outputs = _outputs(result)
+    box[1] = _Kept(xs, seed, outputs, leaves)
+    detached = tuple(o.detach() for o in outputs)
+    return detached + tuple(buffers) if training else detached
+
+
+def _vjp_kept(box, *xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed, mask, grad_mask):
+    """torchscript_vjp through the graph its forward kept in this run (the same graph it would build again, so
+    the same bits), which it frees; recomputed as the op where nothing was kept for these inputs, this seed and
+    this mask (the forward did not run in this run, or another VJP of it took the graph: each is taken once)."""
+    kept, box[1] = box[1], None
+    values, grads = _vjp_split(xs, mask, grad_mask)
+    if kept is None or kept.seed != seed or tuple(mask) != box[0] or len(kept.inputs) != len(values) or \
+            any(a is not b for a, b in zip(kept.inputs, values)):
+        return torchscript_vjp(*xs, model_hash=model_hash, param_slots=param_slots, buffer_slots=buffer_slots,
+                               n_args=n_args, kwarg_names=kwarg_names, training=training, seed=seed, mask=mask,
+                               grad_mask=grad_mask)
+    with torch.enable_grad():
+        return _gradients(kept.outputs, kept.leaves, grads, mask, grad_mask)
+
+
+# In a loop's step the VJP takes its backward from the forward's autograd graph, kept in the same run: one forward
+# per step (outside a step, or across workers, nothing lives between ops and the VJP recomputes the forward).
 @register("torchscript_vjp", inputs=("*xs",), params={**FORWARD_PARAMS, "mask": REQUIRED, "grad_mask": REQUIRED},
-          shape=_vjp_shape, method=False, flops=_vjp_flops, seed_param="seed")
+          shape=_vjp_shape, method=False, flops=_vjp_flops, seed_param="seed",
+          reuses=Reuses("torchscript_forward", _forward_keeping, _vjp_kept, "torchscript_graphs_kept",
+                        same=("model_hash", "param_slots", "buffer_slots", "n_args", "kwarg_names", "training",
+                              "seed"), box=_vjp_box))
 def torchscript_vjp(*xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed, mask, grad_mask):
     """xs = (forward inputs..., one gradient per output with grad_mask True): the gradients of the forward
     w.r.t. its inputs with mask True, by torch.autograd through the same module (the forward is recomputed
     with the same seed)."""
     values, grads = _vjp_split(xs, mask, grad_mask)
-    leaves = [values[0]] + [x.detach().requires_grad_() if m else x for x, m in zip(values[1:], mask)]
+    leaves = _leaves(values, mask)
     with _lock, torch.enable_grad():
         result, _ = _run(leaves, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training, seed)
-        outputs = _outputs(result)
-        chosen = [o for o, m in zip(outputs, grad_mask) if m]
-        wrt = [x for x, m in zip(leaves[1:], mask) if m]
-        differentiable = [(o, g) for o, g in zip(chosen, grads) if o.requires_grad]
-        found = torch.autograd.grad([o for o, _ in differentiable], wrt,
-                                    [g.to(o.dtype) for o, g in differentiable],
-                                    allow_unused=True) if differentiable else [None] * len(wrt)
-    return tuple(torch.zeros_like(x) if d is None else d for x, d in zip(wrt, found))
+        return _gradients(_outputs(result), leaves, grads, mask, grad_mask)

@@ -23,7 +23,8 @@ only are made on a CPU only. Today's declarations:
   dropout's mask (autodiff records the redraw from the same seed so that no mask is stored between workers;
   inside one step it is kept); (CPU) a batch norm's batch statistics (mean, inverse std: ATen computes them with
   the same kernel either way); (CPU) a cross-entropy loss's log-probabilities and total weight (class-index
-  targets; the forward made as F.cross_entropy makes them: log_softmax, then nll_loss).
+  targets; the forward made as F.cross_entropy makes them: log_softmax, then nll_loss); (CPU) a TorchScript
+  model's autograd graph (its forward run once, under autograd, for the VJP that would run it again).
 - (CPU) a faster kernel with the same bits (`cpu_variant`): 2-d max pooling with indices on a channels-last copy
   of its input (ATen's NCHW kernel is several times slower on small images), handing back contiguous values and
   indices: the same maxima and the same (first-in-window) indices.
@@ -229,7 +230,7 @@ def _reuse_forwards(runner: Runner, opdefs: OpDefs, calls: list[Any], overwrites
         if declared is not reuses:   # kept for another kind of backward already
             continue
         if box is None:
-            box = [None]
+            box = [None] if reuses.box is None else reuses.box(full)
             boxes[forward] = (reuses, box)
             calls[forward] = (functools.partial(reuses.keeping, box), f_args, f_params, f_out, f_frees, f_varies)
         # a backward following a stream keeps its per-run seed: a forward that did not draw leaves the redraw to it
@@ -254,8 +255,10 @@ def _forward_of(reuses: registry.Reuses, opdef: registry.OpDef, index: int, call
     if forward is None or forward >= index or opdefs[forward] is not registry.get(reuses.forward):
         return None
     f_kernel, _, _, _, _, f_varies = calls[forward]
+    # a forward seeding its own draws (a TorchScript model's dropout) follows its own stream, as the backward does
     if f_kernel is not opdefs[forward].kernel or type(f_varies) is not PerRun or f_varies.stream != source or \
-            f_varies.stride != stride or f_varies.counted is not None or f_varies.seed_from is not None:
+            f_varies.stride != stride or f_varies.counted is not None or \
+            f_varies.seed_from not in (None, (source, stride)):
         return None
     return forward
 

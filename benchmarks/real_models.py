@@ -1,0 +1,164 @@
+"""Two real-model shapes for benchmarks (issue 46), without torchvision: a resnet-like CNN (a stem and residual
+blocks with BatchNorm, 3x32x32 images, batch 16) and a small GPT (decoder blocks with causal
+F.scaled_dot_product_attention, LayerNorm, GELU, dropout, a tied LM head), each trained through
+`Pytorch_Model(R.model(module))` and, the same model and batches, in eager PyTorch.
+
+    record_resnet(fused)/eager_resnet(fused), record_gpt(fused)/eager_gpt(fused): one fit each (record_* records
+    it in the current graph; eager_* returns its seconds), for benchmarks/bench_step.py --cases resnet,gpt.
+"""
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as TF
+from torch import nn
+
+import ravop as R
+from ravdl.v2 import Pytorch_Model
+from ravdl.v2.optimizers import Adam
+
+SEED = 0
+RESNET_ROWS, RESNET_BATCH = 16 * 8, 16   # 8 steps of 16 images
+GPT_ROWS, GPT_BATCH = 8 * 8, 8           # 8 steps of 8 sequences
+VOCAB, SEQ = 512, 64
+
+
+class Block(nn.Module):
+    """A basic residual block (resnet18's): two 3x3 convolutions with BatchNorm, a 1x1 projection when it
+    downsamples."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.skip = nn.Sequential() if stride == 1 and cin == cout else nn.Sequential(
+            nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.skip(x))
+
+
+class ResNetLike(nn.Module):
+    """resnet18's layout at a quarter of its width and one block per stage: 16-32-64-128 channels, 10 classes."""
+
+    def __init__(self, widths=(16, 32, 64, 128), classes=10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU())
+        self.stages = nn.Sequential(*[Block(widths[max(k - 1, 0)], w, 1 if k == 0 else 2)
+                                      for k, w in enumerate(widths)])
+        self.head = nn.Linear(widths[-1], classes)
+
+    def forward(self, x):
+        return self.head(TF.adaptive_avg_pool2d(self.stages(self.stem(x)), 1).flatten(1))
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model, heads, dropout):
+        super().__init__()
+        self.heads, self.p = heads, dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = [z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v)]
+        y = TF.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.p if self.training else 0.0)
+        return self.drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, d_model, heads, dropout):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.attn = Attention(d_model, heads, dropout)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model),
+                                 nn.Dropout(dropout))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """A GPT (nanoGPT's layout): 2 pre-norm decoder blocks, d_model 128, 4 heads, sequences of 64, vocabulary 512."""
+
+    def __init__(self, vocab=VOCAB, seq=SEQ, d_model=128, heads=4, layers=2, dropout=0.1):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d_model), nn.Embedding(seq, d_model)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.Sequential(*[DecoderBlock(d_model, heads, dropout) for _ in range(layers)])
+        self.ln = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, tokens):
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.drop(self.tok(tokens) + self.pos(positions))
+        return self.head(self.ln(self.blocks(x)))
+
+
+def image_data():
+    g = torch.Generator().manual_seed(SEED)
+    return torch.randn(RESNET_ROWS, 3, 32, 32, generator=g), torch.randint(0, 10, (RESNET_ROWS,), generator=g)
+
+
+def token_data():
+    g = torch.Generator().manual_seed(SEED)
+    x = torch.randint(0, VOCAB, (GPT_ROWS, SEQ + 1), generator=g)
+    return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+
+def _model(make):
+    torch.manual_seed(SEED)
+    return make()
+
+
+def _token_loss(y_true, y_pred):
+    return R.cross_entropy_loss(y_true, y_pred, reshape_target=(-1, VOCAB), reshape_label=(-1,))
+
+
+def _record(make, data, batch, loss, fused):
+    X, y = data()
+    model = Pytorch_Model(R.model(_model(make)))
+    model.initialize(Adam(lr=0.001, fused=fused))
+    model.fit(X, y, n_epochs=1, batch_size=batch, loss=loss, shuffle=True)
+
+
+def _eager(make, data, batch, loss, fused):
+    """Seconds of the same fit in eager PyTorch: torch.optim.Adam (the per-parameter loop by default on a CPU;
+    `fused`: its fused kernel), batches in a shuffled order."""
+    start = time.perf_counter()
+    model = _model(make).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.001, fused=fused or None)
+    X, y = data()
+    order = torch.from_numpy(np.random.default_rng(SEED).permutation(len(X)))
+    for i in range(0, len(X), batch):
+        rows = order[i:i + batch]
+        value = loss(model(X[rows]), y[rows])
+        optimizer.zero_grad()
+        value.backward()
+        optimizer.step()
+        value.item()
+    return time.perf_counter() - start
+
+
+def record_resnet(fused=False):
+    _record(ResNetLike, image_data, RESNET_BATCH, "CrossEntropy", fused)
+
+
+def eager_resnet(fused=False):
+    return _eager(ResNetLike, image_data, RESNET_BATCH, TF.cross_entropy, fused)
+
+
+def record_gpt(fused=False):
+    _record(GPT, token_data, GPT_BATCH, _token_loss, fused)
+
+
+def eager_gpt(fused=False):
+    return _eager(GPT, token_data, GPT_BATCH, lambda out, y: TF.cross_entropy(out.view(-1, VOCAB), y.view(-1)),
+                  fused)
