@@ -1,5 +1,5 @@
 """Functional: a model class the user writes, composing layers in its own forward code."""
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Never, Optional, Sequence, Union
 
 from . import traps
 from .callbacks import Callback
@@ -50,7 +50,7 @@ class Functional(Model):
     def fit(self, X: Any, y: Any = None, n_epochs: int = 1, batch_size: Optional[int] = None,
             loss: Union[str, Loss, None] = None, strategy: Any = None, shuffle: bool = False,
             seed: Optional[int] = None, callbacks: Optional[Sequence[Callback]] = None,
-            validation_data: Optional[Sequence[Any]] = None, **unexpected: Any) -> History:
+            validation_data: Optional[Sequence[Any]] = None, **unexpected: Never) -> History:
         """Train on (X, y) as NeuralNetwork.fit does (one loop, losses persisted as
         `training_loss_epoch_{e}_batch_{b}`, 1-based), the forward being `_forward_pass_call(X)`: `loss` is
         'SquareLoss' (the default, unless compile() gave one), 'CrossEntropy' or a ravop loss

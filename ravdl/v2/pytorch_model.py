@@ -14,7 +14,7 @@ plain nn.Module with the trained weights under the original names (`ravop.client
 `ravop.record.torchscript_import.load_module`, so fetching needs only ravop).
 """
 from functools import partial
-from typing import Any, Optional, Sequence, Union, cast
+from typing import Any, Never, Optional, Sequence, Union, cast
 
 import ravop as R
 from ravop.core.errors import GraphStateError
@@ -120,7 +120,7 @@ class Pytorch_Model(KerasHabits, LossTraining):
     def fit(self, X: Any, y: Any = None, n_epochs: int = 1, batch_size: Optional[int] = None,
             loss: Union[str, Loss, None] = None, strategy: Any = None, shuffle: bool = False,
             seed: Optional[int] = None, callbacks: Optional[Sequence[Callback]] = None,
-            validation_data: Optional[Sequence[Any]] = None, **unexpected: Any) -> History:
+            validation_data: Optional[Sequence[Any]] = None, **unexpected: Never) -> History:
         """Train the model on (X, y) for `n_epochs` in batches of `batch_size`, as NeuralNetwork.fit does
         (one loop, losses persisted as `training_loss_epoch_{e}_batch_{b}`, 1-based): `loss` is
         'CrossEntropy' (class indices, or one-hot rows; the default, unless compile() gave one), 'SquareLoss',

@@ -1,6 +1,6 @@
 """NeuralNetwork: a stack of layers with a loss, trained by `fit` (the original API's sequential model)."""
 from collections import Counter
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Never, Optional, Sequence, Union
 
 import ravop as R
 from ravop.record.graph import current_graph
@@ -71,7 +71,7 @@ class NeuralNetwork(Model):
     def fit(self, X: Any, y: Any = None, n_epochs: int = 1, batch_size: Optional[int] = None, shuffle: bool = False,
             seed: Optional[int] = None, save_model: Union[bool, str] = False, persist_weights: bool = False,
             strategy: Any = None, callbacks: Optional[Sequence[Callback]] = None,
-            validation_data: Optional[Sequence[Any]] = None, **unexpected: Any) -> History:
+            validation_data: Optional[Sequence[Any]] = None, **unexpected: Never) -> History:
         """Record `n_epochs` of training as one loop (ravdl.v2.fit): each batch loss is persisted as
         `training_loss_epoch_{e}_batch_{b}` (1-based; `ravop.core.loss_names`) and, with validation_data (X_val, y_val:
         fit's, as in Keras, else the constructor's), `validation_loss_epoch_{e}`.

@@ -8,6 +8,7 @@ import warnings
 import weakref
 from typing import Any, Mapping
 
+import ravop as R
 from ravop.record.source import LIBRARY_DIRS
 
 from .optimizers import Optimizer
@@ -35,7 +36,7 @@ def warn(message: str) -> None:
 
 def softmax_before_cross_entropy(model: Any, loss: Any) -> None:
     """Warn once per model if `loss` is R.cross_entropy_loss of a softmax (an Activation('softmax') layer last)."""
-    if (getattr(loss, "op", None) == "cross_entropy_loss" and loss.inputs[1].op == "softmax"
+    if (getattr(loss, "op", None) == R.cross_entropy_loss.__name__ and loss.inputs[1].op == R.softmax.__name__
             and model not in _softmax_models):
         _softmax_models.add(model)
         warn(f"{type(model).__name__}'s output is a softmax and its loss CrossEntropy, which takes logits and applies "
