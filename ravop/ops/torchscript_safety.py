@@ -26,6 +26,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -213,7 +214,7 @@ def _run_sandbox(data, digest):
         if answer.get("ok"):
             return None
         if answer.get("kind") in ("unsafe", "invalid"):
-            return answer["kind"], answer["error"]
+            return _registered_here(answer["kind"], answer["error"])
     if done.returncode < 0:
         import signal
         try:
@@ -225,6 +226,22 @@ def _run_sandbox(data, digest):
         how = f"failed ({tail[-1][:200] if tail else f'exit status {done.returncode}'})"
     return "unsafe", (f"{named} was refused: loading its code {how} in a sandboxed check (memory, time and "
                       "stack bounded), before this process loaded it")
+
+
+def _registered_here(kind, error):
+    """An op unknown to the fresh child but registered in this process (by Python: never an aten op) is refused as
+    off the allow-list, as a load here would be."""
+    found = re.search(r"Unknown builtin op: (\w+)::(\w+)", error)
+    if found is None or found.group(1) in ("aten", "prim"):
+        return kind, error
+    try:
+        known = torch._C._jit_get_schemas_for_operator(f"{found.group(1)}::{found.group(2)}")
+    except RuntimeError:
+        known = []
+    if not known:
+        return kind, error
+    return "unsafe", (f"the model's code calls {found.group(1)}::{found.group(2)}, which is not on the allow-list: "
+                      "providers run only pure tensor code (aten math, prim control flow)")
 
 
 def _sandbox_main():
