@@ -81,6 +81,7 @@ SANDBOX_SECONDS = 120           # wall time of the sandboxed check; CPU time is 
 SANDBOX_MEMORY = 1 << 30        # bytes the sandboxed check may allocate past its start, plus 4x the archive
 SANDBOX_STACK = 4 << 20         # stack of the sandboxed load: half this process's default, so what loads there
                                 # has room here
+MAX_VERDICTS = 4096              # verdicts kept, the oldest dropped first
 _verdicts = {}                  # sha256 of an archive -> None (it loads and passes) or the refusal's message
 _verdicts_lock = threading.Lock()
 
@@ -185,6 +186,8 @@ def check_in_sandbox(data):
             verdict = _run_sandbox(data, digest)
             if verdict is None or verdict[0] != "timeout":   # a busy machine may pass it next time
                 _verdicts[digest] = verdict
+                if len(_verdicts) > MAX_VERDICTS:
+                    del _verdicts[next(iter(_verdicts))]
     if verdict is not None:
         kind, message = verdict
         raise (ValueError if kind == "invalid" else UnsafeModelError)(message)
@@ -196,13 +199,19 @@ def trust(data):
         _verdicts[hashlib.sha256(data).hexdigest()] = None
 
 
+# What the child needs to find python and torch, and nothing else of this process (no Redis URL, no secrets).
+_SANDBOX_ENV = {**{k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH",
+                                                              "VIRTUAL_ENV", "HOME", "TMPDIR", "LANG")},
+                "OMP_NUM_THREADS": "1"}
+
+
 def _run_sandbox(data, digest):
     code = ("import importlib.util as u; s = u.spec_from_file_location('ravop_torchscript_sandbox', "
             f"{os.path.abspath(__file__)!r}); m = u.module_from_spec(s); s.loader.exec_module(m); m._sandbox_main()")
     named = f"the model {digest[:12]}"
     try:
         done = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True, cwd="/",
-                              timeout=SANDBOX_SECONDS, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                              timeout=SANDBOX_SECONDS, env=_SANDBOX_ENV)
     except subprocess.TimeoutExpired:
         return "timeout", f"{named} was refused: loading its code took over {SANDBOX_SECONDS} s in a sandbox"
     lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
