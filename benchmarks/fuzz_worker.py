@@ -148,6 +148,8 @@ def _rezipped(data, rewrite_code=None, extra=(), compression=None, keep=lambda n
     """`data` (a valid archive) with its top module's code rewritten, `extra` (name, bytes) entries added."""
     import io
     import zipfile
+    import warnings
+    warnings.filterwarnings("ignore", "Duplicate name", UserWarning)   # a duplicate entry is one of the cases
     out = io.BytesIO()
     with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(out, "w") as dst:
         for info in src.infolist():

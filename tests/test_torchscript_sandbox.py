@@ -82,6 +82,17 @@ def test_a_sandbox_that_times_out_refuses_and_is_not_remembered(monkeypatch):
     torchscript_safety.check_in_sandbox(data)    # a timeout may be a busy machine: checked again, and it passes
 
 
+def test_the_sandbox_s_memory_is_bounded(monkeypatch):
+    data = archive(nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 1024)))   # 8 MiB of weights to load
+    monkeypatch.setattr(torchscript_safety, "SANDBOX_MEMORY", (6 << 20) - 4 * len(data))   # a 4 MiB stack and 2
+    with pytest.raises(UnsafeModelError, match=r"(needs more memory than the sandbox's bound|can't start new "
+                                               r"thread).*the model " + hashlib.sha256(data).hexdigest()[:12]):
+        torchscript_safety.load(data)
+    monkeypatch.setattr(torchscript_safety, "SANDBOX_MEMORY", 1 << 30)
+    torchscript_safety._verdicts.clear()
+    assert isinstance(torchscript_safety.load(data), torch.jit.ScriptModule)
+
+
 def forward_node(data, source):
     params = {"model_hash": hashlib.sha256(data).hexdigest(), "param_slots": [], "buffer_slots": [], "n_args": 1,
               "kwarg_names": [], "training": False, "seed": 0}

@@ -207,7 +207,8 @@ _SANDBOX_ENV = {**{k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONP
 
 def _run_sandbox(data, digest):
     code = ("import importlib.util as u; s = u.spec_from_file_location('ravop_torchscript_sandbox', "
-            f"{os.path.abspath(__file__)!r}); m = u.module_from_spec(s); s.loader.exec_module(m); m._sandbox_main()")
+            f"{os.path.abspath(__file__)!r}); m = u.module_from_spec(s); s.loader.exec_module(m); "
+            f"m._sandbox_main({SANDBOX_MEMORY}, {SANDBOX_SECONDS}, {SANDBOX_STACK})")
     named = f"the model {digest[:12]}"
     try:
         done = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True, cwd="/",
@@ -223,7 +224,8 @@ def _run_sandbox(data, digest):
         if answer.get("ok"):
             return None
         if answer.get("kind") in ("unsafe", "invalid"):
-            return _registered_here(answer["kind"], answer["error"])
+            kind, error = _registered_here(answer["kind"], answer["error"])
+            return kind, error if digest[:12] in error else f"{error} (the model {digest[:12]})"
     if done.returncode < 0:
         import signal
         try:
@@ -253,14 +255,15 @@ def _registered_here(kind, error):
                       "providers run only pure tensor code (aten math, prim control flow)")
 
 
-def _sandbox_main():
-    """The child of `check_in_sandbox`: archive bytes on stdin, one JSON line on stdout."""
+def _sandbox_main(memory, seconds, stack):
+    """The child of `check_in_sandbox`: archive bytes on stdin, one JSON line on stdout; the parent's limits."""
     data = sys.stdin.buffer.read()
     with open("/proc/self/status") as status:
         held = next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:")), 0)
-    limit = held + SANDBOX_MEMORY + 4 * len(data)
+    limit = max(held + memory + 4 * len(data), held)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-    resource.setrlimit(resource.RLIMIT_CPU, (SANDBOX_SECONDS // 2, SANDBOX_SECONDS // 2 + 5))
+    cpu = max(int(seconds) // 2, 1)
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
     torch.set_num_threads(1)
     answer = {"ok": True}
 
@@ -269,12 +272,15 @@ def _sandbox_main():
             check_module(_jit_load(data, "cpu"))
         except UnsafeModelError as exc:
             answer.update(ok=False, kind="unsafe", error=str(exc))
-        except (ValueError, MemoryError, RecursionError) as exc:
+        except MemoryError:
+            answer.update(ok=False, kind="unsafe", error=f"loading the model's code needs more memory than the "
+                          f"sandbox's bound ({memory >> 20} MiB and 4x the archive)")
+        except (ValueError, RecursionError) as exc:
             answer.update(ok=False, kind="invalid", error=str(exc) or type(exc).__name__)
         except Exception as exc:  # whatever torch raises on hostile bytes is a refusal, said as such
             answer.update(ok=False, kind="invalid", error=f"cannot load the TorchScript model: {exc}"[:500])
 
-    threading.stack_size(SANDBOX_STACK)
+    threading.stack_size(stack)
     thread = threading.Thread(target=check)
     thread.start()
     thread.join()
