@@ -127,3 +127,23 @@ def test_a_valid_model_runs_as_before_through_the_sandbox(engine, workers):
     R.execute()
     R.track_progress(progress_bar=False, timeout=120)
     torch.testing.assert_close(R.fetch_persisting_op("y"), net(x), rtol=0, atol=1e-6)
+
+
+class AddsAConstant(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = torch.ones(3)
+
+    def forward(self, x):
+        return x + self.c
+
+
+def test_tensor_entries_of_traced_models_are_data_not_code():
+    """A traced model stores its constants and example inputs as `constants/0` and `traced_inputs/0`: tensor
+    storages like `data/0`, which the code bound does not count."""
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.trace(AddsAConstant(), torch.zeros(3)), buffer)
+    names = zipfile.ZipFile(io.BytesIO(buffer.getvalue())).namelist()
+    assert "archive/constants/0" in names
+    assert all(torchscript_safety._is_tensor_data(n) for n in names if n.rsplit("/", 1)[-1].isdigit())
+    assert torch.equal(torchscript_safety.load(buffer.getvalue())(torch.zeros(3)), torch.ones(3))

@@ -81,8 +81,8 @@ SANDBOX_SECONDS = 120           # wall time of the sandboxed check; CPU time is 
 SANDBOX_MEMORY = 1 << 30        # bytes the sandboxed check may allocate past its start, plus 4x the archive
 SANDBOX_STACK = 4 << 20         # stack of the sandboxed load: half this process's default, so what loads there
                                 # has room here
-MAX_VERDICTS = 4096              # verdicts kept, the oldest dropped first
-_verdicts = {}                  # sha256 of an archive -> None (it loads and passes) or the refusal's message
+MAX_VERDICTS = 4096             # verdicts kept, the oldest dropped first
+_verdicts = {}                  # sha256 of an archive -> None (it loads and passes) or (kind, refusal's message)
 _verdicts_lock = threading.Lock()
 
 
@@ -124,8 +124,8 @@ def check_archive(data):
 
 
 def _is_tensor_data(name):
-    parts = name.split("/")
-    return len(parts) >= 3 and parts[-2] == "data" and parts[-1].isdigit()
+    """A tensor's storage (`data/0`, `constants/0`, `traced_inputs/0`): not code, not bounded by MAX_CODE_BYTES."""
+    return name.rsplit("/", 1)[-1].isdigit()
 
 
 def _check_entry(info):
