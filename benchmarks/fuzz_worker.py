@@ -132,6 +132,119 @@ def _corrupt_tensor(rng):
     ])
 
 
+# ----------------------------------------------------------------------------------- hostile model archives
+
+MODEL_OUT = 5
+
+
+def _linear_archive(module=None):
+    import io
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(module if module is not None else torch.nn.Linear(2, 2)), buffer)
+    return buffer.getvalue()
+
+
+def _rezipped(data, rewrite_code=None, extra=(), compression=None, keep=lambda name: True):
+    """`data` (a valid archive) with its top module's code rewritten, `extra` (name, bytes) entries added."""
+    import io
+    import zipfile
+    import warnings
+    warnings.filterwarnings("ignore", "Duplicate name", UserWarning)   # a duplicate entry is one of the cases
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            if not keep(info.filename):
+                continue
+            text = src.read(info)
+            if rewrite_code is not None and info.filename.endswith(".py") and "/code/__torch__/" in info.filename:
+                text = rewrite_code(text)
+            dst.writestr(info, text)
+        for name, payload in extra:
+            dst.writestr(name, payload, compress_type=compression or zipfile.ZIP_STORED)
+    return out.getvalue()
+
+
+def _nested(expr):
+    return _rezipped(_linear_archive(), lambda t: t.replace(b"torch.linear(input", b"torch.linear(" + expr))
+
+
+def _indented(columns):
+    return _rezipped(_linear_archive(), lambda t: t.replace(b"\n    return", b"\n" + b" " * columns + b"return"))
+
+
+def _size_lie():
+    """A stored entry whose central directory declares another size than it holds."""
+    data = bytearray(_linear_archive())
+    at = data.rfind(b"PK\x01\x02")          # the last central directory record
+    size = int.from_bytes(data[at + 24:at + 28], "little")
+    data[at + 24:at + 28] = (size + 1_000_000).to_bytes(4, "little")
+    return bytes(data)
+
+
+def _unsafe_code():
+    return _rezipped(_linear_archive(), lambda t: t.replace(b"return torch.linear(", b"torch.save(input, \"/tmp/x\")"
+                                                            b"\n    return torch.linear("))
+
+
+# Each a fixed archive (built once per process, so a worker checks each in its sandbox at most once): what each
+# must come to is a dead letter with a reason, except the two valid ones, which run.
+MODEL_VARIANTS = {
+    "deep code": {
+        "brackets 2,001 deep": lambda: _nested(b"(" * 2001 + b"input" + b")" * 2001),
+        "brackets 100,000 deep (issue 44)": lambda: _nested(b"(" * 100_000 + b"input" + b")" * 100_000),
+        "lists 50,000 deep": lambda: _nested(b"[" * 50_000 + b"input" + b"]" * 50_000),
+        "unary minus 100,000 deep (crashes the sandbox)": lambda: _nested(b"- " * 100_000 + b"input"),
+        "indented 3,000 columns": lambda: _indented(3000),
+    },
+    "zip bomb": {
+        "code entry of 100 MiB": lambda: _rezipped(_linear_archive(), extra=[("archive/code/__torch__/bomb.py",
+                                                                             b" " * (100 << 20))], compression=8),
+        "tensor data 50 MiB from 50 KiB": lambda: _rezipped(_linear_archive(), extra=[("archive/data/9",
+                                                                                     bytes(50 << 20))], compression=8),
+        "70,000 entries": lambda: _rezipped(_linear_archive(), extra=[(f"archive/extra/{i}", b"")
+                                                                      for i in range(70_000)]),
+        "stored size lie": _size_lie,
+    },
+    "zip tricks": {
+        "duplicate code entry": lambda: _rezipped(_linear_archive(), extra=[("archive/code/__torch__/torch/nn/"
+                                                                             "modules/linear.py", b"x = 1\n")]),
+        "path ..": lambda: _rezipped(_linear_archive(), extra=[("archive/../../etc/x.py", b"")]),
+        "absolute path": lambda: _rezipped(_linear_archive(), extra=[("/etc/archive/code/x.py", b"")]),
+        "backslash path": lambda: _rezipped(_linear_archive(), extra=[("archive\\code\\x.py", b"")]),
+        "no code": lambda: _rezipped(_linear_archive(), keep=lambda name: "/code/" not in name),
+        "truncated": lambda: _linear_archive()[:700],
+        "random bytes": lambda: b"PK\x03\x04" + random.Random(1).randbytes(2000),
+        "unsafe code (torch.save)": _unsafe_code,
+    },
+    "valid model": {
+        "a Linear": _linear_archive,
+        "brackets 1,000 deep": lambda: _nested(b"(" * 1000 + b"input" + b")" * 1000),
+    },
+}
+_built = {}
+
+
+def _model_case(rng, group):
+    name = rng.choice(sorted(MODEL_VARIANTS[group]))
+    if name not in _built:
+        _built[name] = MODEL_VARIANTS[group][name]()
+    data = _built[name]
+    import hashlib
+    from ravop.wire import encode_params
+    params = {"model_hash": hashlib.sha256(data).hexdigest(), "param_slots": [], "buffer_slots": [], "n_args": 1,
+              "kwarg_names": [], "training": False, "seed": 0}
+    rows = [Node(2, "zeros", pkey=b'{"shape":[1,2]}', shape=[1, 2], dtype=torch.float32, source="fuzz.py:1"),
+            Node(3, "torchscript_forward", [INPUT, 2], pkey=encode_params(params), source=f"fuzz.py:model {name}"),
+            Node(MODEL_OUT, "tuple_get", [3], pkey=encode_params({"index": 0}), shape=[1, 2], dtype=torch.float32,
+                 source="fuzz.py:2")]
+    return {"plan": subgraph(rows).SerializeToString(),
+            "input": encode_tensor(torch.frombuffer(bytearray(data), dtype=torch.uint8))}
+
+
+MODEL_KINDS = {f"model: {group}": (lambda group: lambda rng: _model_case(rng, group))(group)
+               for group in MODEL_VARIANTS}
+
+
 # Each kind: rng -> {"plan": subgraph bytes, "input": stored input bytes or None} (a graph), or
 # {"message": fields} (a raw stream message).
 PLAN_KINDS = {
@@ -147,6 +260,7 @@ PLAN_KINDS = {
     "garbage loop": lambda rng: {"plan": _garbage_loop(rng)},
     "missing input tensor": lambda rng: {"plan": valid_bytes(), "input": None},
     "corrupt input tensor": lambda rng: {"plan": valid_bytes(), "input": _corrupt_tensor(rng)},
+    **MODEL_KINDS,
 }
 
 _NAMES = ["../../etc", "", "a" * 5000, "\x00", "тест", "*", DEAD_LETTER, "good-name"]
@@ -238,11 +352,12 @@ class Report:
         return "\n".join(lines + [f"  PROBLEM: {p}" for p in self.problems[:20]])
 
 
-def run_fuzz(client, count, seed=0, stall_seconds=120.0):
-    """Put `count` seeded-random hostile cases before the workers serving `client`'s server and wait until
-    each is dealt with. Returns a `Report`; `problems` is empty when every case was dead-lettered (or ran)."""
+def run_fuzz(client, count, seed=0, stall_seconds=120.0, kinds=None):
+    """Put `count` seeded-random hostile cases (of `kinds`, default all) before the workers serving `client`'s
+    server and wait until each is dealt with. Returns a `Report`; `problems` is empty when every case was
+    dead-lettered (or ran)."""
     rng = random.Random(seed)
-    kinds = {**PLAN_KINDS, **MESSAGE_KINDS}
+    kinds = kinds or {**PLAN_KINDS, **MESSAGE_KINDS}
     names = sorted(kinds)
     decoy = _decoy(client)
     last = client.xrevrange(DEAD_LETTER, count=1)

@@ -14,9 +14,25 @@ Anything else (another namespace, a string-taking op not reviewed, a call left a
 Loading an archive runs the `__setstate__` methods of the objects it holds, so that name is refused in the
 archive's code before `torch.jit.load`, as are duplicate zip entries (which copy of a file torch reads need not
 be the one checked).
+
+torch's own parser runs on the archive's code inside `torch.jit.load`, before any of these checks, and it
+recurses: code nested 100,000 deep crashes the process (SIGSEGV). So an archive from outside is first looked at
+without torch (`check_archive`: entries, sizes, compression ratio, names, and the nesting of brackets and
+indentation in its code), then loaded and checked in a sandboxed child process (`check_in_sandbox`: memory, CPU
+time, wall time and stack bounded); only on its OK does this process load it. A crash or timeout of the child
+refuses the model (`UnsafeModelError` naming it). Verdicts are kept per sha256: once per model per process.
 """
+import hashlib
 import io
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import threading
 import zipfile
+import zlib
 
 import torch
 
@@ -55,18 +71,46 @@ class UnsafeModelError(ValueError):
     """A TorchScript archive holds code a provider does not run."""
 
 
+MAX_ENTRIES = 65536            # zip entries: one per tensor storage, code file and a few records
+MAX_CODE_BYTES = 64 << 20       # all code (.py) and records (.pkl, version...) of an archive, uncompressed
+MAX_RATIO = 200                 # uncompressed / compressed size of a compressed entry (torch stores, never deflates)
+MAX_NESTING = 2000              # brackets open at once in the code (an issue's archive: 100,000; 1,000 loads fine)
+MAX_INDENT = 2000               # columns of indentation of a line of code
+MAX_NAME = 1024                 # characters of an entry's name
+SANDBOX_SECONDS = 120           # wall time of the sandboxed check; CPU time is bounded at half of it
+SANDBOX_MEMORY = 1 << 30        # bytes the sandboxed check may allocate past its start, plus 4x the archive
+SANDBOX_STACK = 4 << 20         # stack of the sandboxed load: half this process's default, so what loads there
+                                # has room here
+MAX_VERDICTS = 4096             # verdicts kept, the oldest dropped first
+_verdicts = {}                  # sha256 of an archive -> None (it loads and passes) or (kind, refusal's message)
+_verdicts_lock = threading.Lock()
+
+
 def check_archive(data):
-    """Refuse, before loading, an archive that is not one, that holds duplicate entries, or whose code
-    defines `__setstate__` (run by torch.jit.load itself)."""
+    """Refuse, before loading and without torch, an archive that is not one, that holds duplicate entries, too
+    many entries, an entry that inflates past `MAX_RATIO`, an odd name (absolute, `..`, a backslash, a control
+    character), code over `MAX_CODE_BYTES`, nested past `MAX_NESTING` brackets or indented past `MAX_INDENT`, or
+    whose code defines `__setstate__` (run by torch.jit.load itself)."""
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
-        names = archive.namelist()
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        infos = archive.infolist()
+        if len(infos) > MAX_ENTRIES:
+            raise UnsafeModelError(f"the model archive holds {len(infos)} entries, over {MAX_ENTRIES}")
+        names = [info.filename for info in infos]
+        duplicates = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) < len(names) else []
         if duplicates:
             raise UnsafeModelError(f"the model archive holds duplicate entries {duplicates[:3]}: which copy "
                                    "torch would read is not the one checked")
+        code_bytes = 0
+        for info in infos:
+            _check_entry(info)
+            if not _is_tensor_data(info.filename):
+                code_bytes += info.file_size
+        if code_bytes > MAX_CODE_BYTES:
+            raise UnsafeModelError(f"the model archive's code and records are {code_bytes} bytes uncompressed, "
+                                   f"over {MAX_CODE_BYTES}")
         sources = {n: archive.read(n) for n in names if n.endswith(".py")}
-    except (zipfile.BadZipFile, KeyError, ValueError, EOFError) as exc:
+    except (zipfile.BadZipFile, KeyError, ValueError, EOFError, RuntimeError, NotImplementedError, zlib.error) as exc:
         if isinstance(exc, UnsafeModelError):
             raise
         raise ValueError(f"the model blob is not a TorchScript archive: {exc}") from None
@@ -76,16 +120,190 @@ def check_archive(data):
         if b"__setstate__" in source:
             raise UnsafeModelError(f"the model's code ({name}) defines __setstate__, which torch.jit.load runs "
                                    "while loading; models with custom serialization are not accepted")
+        _check_nesting(name, source)
 
 
-def load(data, map_location="cpu"):
-    """The ScriptModule of archive bytes `data`, after `check_archive` and `check_module`."""
-    check_archive(data)
+def _is_tensor_data(name):
+    """A tensor's storage (`data/0`, `constants/0`, `traced_inputs/0`): not code, not bounded by MAX_CODE_BYTES."""
+    return name.rsplit("/", 1)[-1].isdigit()
+
+
+def _check_entry(info):
+    name = info.filename
+    if (len(name) > MAX_NAME or name.startswith("/") or "\\" in name or ".." in name.split("/")
+            or any(ord(c) < 32 or ord(c) == 127 for c in name)):
+        raise UnsafeModelError(f"the model archive holds an entry with an odd name {name[:80]!r}")
+    if info.compress_type == zipfile.ZIP_STORED:
+        if info.file_size != info.compress_size:
+            raise UnsafeModelError(f"the model archive's entry {name[:80]!r} is stored with {info.compress_size} "
+                                   f"bytes but declares {info.file_size}")
+    elif info.file_size > MAX_RATIO * info.compress_size + (1 << 20):
+        raise UnsafeModelError(f"the model archive's entry {name[:80]!r} inflates {info.compress_size} bytes to "
+                               f"{info.file_size} (a zip bomb?)")
+
+
+_NOT_BRACKETS = bytes(range(256)).translate(None, b"()[]{}'\"\\\n")   # every byte but these, to delete
+
+
+def _check_nesting(name, source):
+    """Refuse code nested past MAX_NESTING brackets or indented past MAX_INDENT columns, before a parser that
+    recurses sees it. Strings are skipped roughly (a quote toggles; a backslash skips what follows)."""
+    longest = max((len(line) - len(line.lstrip(b" \t")) for line in source.split(b"\n")), default=0)
+    if longest > MAX_INDENT:
+        raise UnsafeModelError(f"the model's code ({name}) is indented {longest} columns deep, over {MAX_INDENT}")
+    depth = deepest = 0
+    quote = None
+    escaped = False
+    for c in source.translate(None, _NOT_BRACKETS):
+        if quote is not None:
+            if escaped:
+                escaped = False
+            elif c == 92:       # backslash
+                escaped = True
+            elif c == quote or c == 10:
+                quote = None
+        elif c in (34, 39):     # " '
+            quote = c
+        elif c in (40, 91, 123):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_NESTING:
+                    raise UnsafeModelError(f"the model's code ({name}) nests brackets over {MAX_NESTING} deep")
+        elif c in (41, 93, 125):
+            depth -= 1
+
+
+def check_in_sandbox(data):
+    """Load `data` and run `check_module` on it in a child process with bounded memory, CPU and wall time and a
+    smaller stack than this process's: raise UnsafeModelError (or ValueError for a malformed archive) with the
+    child's reason, or for its crash or timeout. Each sha256 is checked once per process."""
+    digest = hashlib.sha256(data).hexdigest()
+    with _verdicts_lock:
+        if digest in _verdicts:
+            verdict = _verdicts[digest]
+        else:
+            verdict = _run_sandbox(data, digest)
+            if verdict is None or verdict[0] != "timeout":   # a busy machine may pass it next time
+                _verdicts[digest] = verdict
+                if len(_verdicts) > MAX_VERDICTS:
+                    del _verdicts[next(iter(_verdicts))]
+    if verdict is not None:
+        kind, message = verdict
+        raise (ValueError if kind == "invalid" else UnsafeModelError)(message)
+
+
+def trust(data):
+    """Note archive bytes this process made itself from a module it holds (R.model of a live module): no sandbox."""
+    with _verdicts_lock:
+        _verdicts[hashlib.sha256(data).hexdigest()] = None
+
+
+# What the child needs to find python and torch, and nothing else of this process (no Redis URL, no secrets).
+_SANDBOX_ENV = {**{k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH",
+                                                              "VIRTUAL_ENV", "HOME", "TMPDIR", "LANG")},
+                "OMP_NUM_THREADS": "1"}
+
+
+def _run_sandbox(data, digest):
+    code = ("import importlib.util as u; s = u.spec_from_file_location('ravop_torchscript_sandbox', "
+            f"{os.path.abspath(__file__)!r}); m = u.module_from_spec(s); s.loader.exec_module(m); "
+            f"m._sandbox_main({SANDBOX_MEMORY}, {SANDBOX_SECONDS}, {SANDBOX_STACK})")
+    named = f"the model {digest[:12]}"
     try:
-        module = torch.jit.load(io.BytesIO(data), map_location=map_location)
+        done = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True, cwd="/",
+                              timeout=SANDBOX_SECONDS, env=_SANDBOX_ENV)
+    except subprocess.TimeoutExpired:
+        return "timeout", f"{named} was refused: loading its code took over {SANDBOX_SECONDS} s in a sandbox"
+    lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
+    if done.returncode == 0 and lines:
+        try:
+            answer = json.loads(lines[-1])
+        except ValueError:
+            answer = {}
+        if answer.get("ok"):
+            return None
+        if answer.get("kind") in ("unsafe", "invalid"):
+            kind, error = _registered_here(answer["kind"], answer["error"])
+            return kind, error if digest[:12] in error else f"{error} (the model {digest[:12]})"
+    if done.returncode < 0:
+        import signal
+        try:
+            how = f"crashed with {signal.Signals(-done.returncode).name}"
+        except ValueError:
+            how = f"was killed by signal {-done.returncode}"
+    else:
+        tail = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        how = f"failed ({tail[-1][:200] if tail else f'exit status {done.returncode}'})"
+    return "unsafe", (f"{named} was refused: loading its code {how} in a sandboxed check (memory, time and "
+                      "stack bounded), before this process loaded it")
+
+
+def _registered_here(kind, error):
+    """An op unknown to the fresh child but registered in this process (by Python: never an aten op) is refused as
+    off the allow-list, as a load here would be."""
+    found = re.search(r"Unknown builtin op: (\w+)::(\w+)", error)
+    if found is None or found.group(1) in ("aten", "prim"):
+        return kind, error
+    try:
+        known = torch._C._jit_get_schemas_for_operator(f"{found.group(1)}::{found.group(2)}")
+    except RuntimeError:
+        known = []
+    if not known:
+        return kind, error
+    return "unsafe", (f"the model's code calls {found.group(1)}::{found.group(2)}, which is not on the allow-list: "
+                      "providers run only pure tensor code (aten math, prim control flow)")
+
+
+def _sandbox_main(memory, seconds, stack):
+    """The child of `check_in_sandbox`: archive bytes on stdin, one JSON line on stdout; the parent's limits."""
+    data = sys.stdin.buffer.read()
+    with open("/proc/self/status") as status:
+        held = next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:")), 0)
+    limit = max(held + memory + 4 * len(data), held)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    cpu = max(int(seconds) // 2, 1)
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+    torch.set_num_threads(1)
+    answer = {"ok": True}
+
+    def check():
+        try:
+            check_module(_jit_load(data, "cpu"))
+        except UnsafeModelError as exc:
+            answer.update(ok=False, kind="unsafe", error=str(exc))
+        except MemoryError:
+            answer.update(ok=False, kind="unsafe", error=f"loading the model's code needs more memory than the "
+                          f"sandbox's bound ({memory >> 20} MiB and 4x the archive)")
+        except (ValueError, RecursionError) as exc:
+            answer.update(ok=False, kind="invalid", error=str(exc) or type(exc).__name__)
+        except Exception as exc:  # whatever torch raises on hostile bytes is a refusal, said as such
+            answer.update(ok=False, kind="invalid", error=f"cannot load the TorchScript model: {exc}"[:500])
+
+    threading.stack_size(stack)
+    thread = threading.Thread(target=check)
+    thread.start()
+    thread.join()
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
+
+
+def _jit_load(data, map_location):
+    try:
+        return torch.jit.load(io.BytesIO(data), map_location=map_location)
     except RuntimeError as exc:   # an unknown op or class, malformed code: torch explains in its first line
         lines = str(exc).strip().splitlines()
         raise ValueError(f"cannot load the TorchScript model: {lines[0] if lines else type(exc).__name__}") from None
+
+
+def load(data, map_location="cpu"):
+    """The ScriptModule of archive bytes `data`, after `check_archive`, `check_in_sandbox` and `check_module`."""
+    try:
+        check_archive(data)
+    except UnsafeModelError as exc:
+        raise UnsafeModelError(f"{exc} (the model {hashlib.sha256(data).hexdigest()[:12]})") from None
+    check_in_sandbox(data)
+    module = _jit_load(data, map_location)
     check_module(module)
     return module
 

@@ -163,6 +163,7 @@ def _from_module(module):
                                 "it with torch.jit.trace(module, example_inputs) and pass the result") from None
         buffer = io.BytesIO()
         torch.jit.save(module, buffer)  # through bytes: the caller's module keeps its tensors
+    torchscript_safety.trust(buffer.getvalue())   # its code was parsed in this process already: no sandbox
     return _from_archive(buffer.getvalue())
 
 
@@ -185,6 +186,7 @@ def _from_archive(data):
         buffer = io.BytesIO()
         torch.jit.save(module, buffer)
     blob = buffer.getvalue()
+    torchscript_safety.trust(blob)   # saved from the module loaded above
     model_hash = hashlib.sha256(blob).hexdigest()
     torchscript.remember(model_hash, module)
     return Model(torch.frombuffer(bytearray(blob), dtype=torch.uint8), model_hash,
