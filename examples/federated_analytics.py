@@ -43,7 +43,11 @@ def numpy_reference(offices, statistic):
 
 
 def main():
-    folder = Path(tempfile.mkdtemp(prefix="federated-example-"))
+    with tempfile.TemporaryDirectory(prefix="federated-example-") as folder:   # the providers' CSVs go with the run
+        run_example(Path(folder))
+
+
+def run_example(folder):
     offices = [write_office(folder / "office_a.csv", 1, 300), write_office(folder / "office_b.csv", 2, 200)]
 
     R.initialize(data=[str(folder / "office_a.csv"), str(folder / "office_b.csv")])

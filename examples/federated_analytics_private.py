@@ -56,7 +56,11 @@ def run(name, rules, record):
 
 
 def main():
-    folder = Path(tempfile.mkdtemp(prefix="federated-private-example-"))
+    with tempfile.TemporaryDirectory(prefix="federated-private-example-") as folder:   # the providers' CSVs go with the run
+        run_example(Path(folder))
+
+
+def run_example(folder):
     offices = [office(folder / f"office_{i}.csv", i, rows) for i, rows in enumerate((3000, 2000, 4000))]
     session = R.initialize(data=[str(folder / f"office_{i}.csv") for i in range(3)])
     R.flush()
