@@ -6,6 +6,7 @@ F.scaled_dot_product_attention, LayerNorm, GELU, dropout, a tied LM head), each 
     record_resnet(fused)/eager_resnet(fused), record_gpt(fused)/eager_gpt(fused): one fit each (record_* records
     it in the current graph; eager_* returns its seconds), for benchmarks/bench_step.py --cases resnet,gpt.
 """
+import math
 import time
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as TF
 from torch import nn
 
+import bench_ravdl
 import ravop as R
 from ravdl.v2 import Pytorch_Model
 from ravdl.v2.optimizers import Adam
@@ -56,9 +58,11 @@ class ResNetLike(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model, heads, dropout):
+    """Causal self-attention: torch's fused scaled_dot_product_attention, or (fused=False) minGPT's written out."""
+
+    def __init__(self, d_model, heads, dropout, fused=True):
         super().__init__()
-        self.heads, self.p = heads, dropout
+        self.heads, self.fused, self.p = heads, fused, dropout
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
         self.drop = nn.Dropout(dropout)
@@ -67,15 +71,21 @@ class Attention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = [z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v)]
-        y = TF.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.p if self.training else 0.0)
+        if self.fused:
+            y = TF.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                dropout_p=self.p if self.training else 0.0)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.shape[-1]))
+            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            y = self.drop(torch.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)) @ v
         return self.drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
 
 
 class DecoderBlock(nn.Module):
-    def __init__(self, d_model, heads, dropout):
+    def __init__(self, d_model, heads, dropout, fused=True):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.attn = Attention(d_model, heads, dropout)
+        self.attn = Attention(d_model, heads, dropout, fused)
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model),
                                  nn.Dropout(dropout))
 
@@ -85,13 +95,14 @@ class DecoderBlock(nn.Module):
 
 
 class GPT(nn.Module):
-    """A GPT (nanoGPT's layout): 2 pre-norm decoder blocks, d_model 128, 4 heads, sequences of 64, vocabulary 512."""
+    """A GPT (nanoGPT's layout): 2 pre-norm decoder blocks, d_model 128, 4 heads, sequences of 64, vocabulary 512;
+    a tied LM head (tests/test_torchscript_step.py trains a tiny one)."""
 
-    def __init__(self, vocab=VOCAB, seq=SEQ, d_model=128, heads=4, layers=2, dropout=0.1):
+    def __init__(self, vocab=VOCAB, seq=SEQ, d_model=128, heads=4, layers=2, dropout=0.1, fused=True):
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, d_model), nn.Embedding(seq, d_model)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.Sequential(*[DecoderBlock(d_model, heads, dropout) for _ in range(layers)])
+        self.blocks = nn.Sequential(*[DecoderBlock(d_model, heads, dropout, fused) for _ in range(layers)])
         self.ln = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
         self.head.weight = self.tok.weight
@@ -130,20 +141,14 @@ def _record(make, data, batch, loss, fused):
 
 
 def _eager(make, data, batch, loss, fused):
-    """Seconds of the same fit in eager PyTorch: torch.optim.Adam (the per-parameter loop by default on a CPU;
-    `fused`: its fused kernel), batches in a shuffled order."""
+    """Seconds of the same fit in eager PyTorch, the model and optimizer made included: torch.optim.Adam (the
+    per-parameter loop by default on a CPU; `fused`: its fused kernel), batches in a shuffled order."""
     start = time.perf_counter()
     model = _model(make).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.001, fused=fused or None)
     X, y = data()
     order = torch.from_numpy(np.random.default_rng(SEED).permutation(len(X)))
-    for i in range(0, len(X), batch):
-        rows = order[i:i + batch]
-        value = loss(model(X[rows]), y[rows])
-        optimizer.zero_grad()
-        value.backward()
-        optimizer.step()
-        value.item()
+    bench_ravdl.eager_fit(model, optimizer, loss, X, y, [order], batch)
     return time.perf_counter() - start
 
 

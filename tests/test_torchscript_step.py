@@ -4,7 +4,9 @@ bit for bit the plain step (the VJP recomputing the forward): losses, trained pa
 statistics and the eval output after training, for a residual CNN with BatchNorm and dropout and for a small
 decoder-only transformer (attention through F.scaled_dot_product_attention and written out, dropout, LayerNorm)."""
 import math
+import sys
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +21,9 @@ from ravop.ops import torchscript
 from ravop.record.graph import current_graph
 from ravop.runtime.evaluate import evaluate
 from test_step_compiler import always, reference, tuned_run
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from real_models import GPT  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
@@ -53,57 +58,9 @@ class ResidualCNN(nn.Module):
         return self.head(self.drop(TF.adaptive_avg_pool2d(x, 1).flatten(1)))
 
 
-class Attention(nn.Module):
-    def __init__(self, d_model, heads, dropout, fused):
-        super().__init__()
-        self.heads, self.fused, self.p = heads, fused, dropout
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.proj = nn.Linear(d_model, d_model)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = [z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v)]
-        if self.fused:
-            y = TF.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                dropout_p=self.p if self.training else 0.0)
-        else:   # minGPT's
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.shape[-1]))
-            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-            y = self.drop(torch.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)) @ v
-        return self.drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
-
-
-class DecoderBlock(nn.Module):
-    def __init__(self, d_model, heads, dropout, fused):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.attn = Attention(d_model, heads, dropout, fused)
-        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model),
-                                 nn.Dropout(dropout))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-class TinyGPT(nn.Module):
-    """A GPT: token and position embeddings, pre-norm decoder blocks, a final LayerNorm and a tied LM head."""
-
-    def __init__(self, vocab=32, seq=8, d_model=16, heads=2, layers=2, dropout=0.1, fused=True):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, d_model), nn.Embedding(seq, d_model)
-        self.drop = nn.Dropout(dropout)
-        self.blocks = nn.Sequential(*[DecoderBlock(d_model, heads, dropout, fused) for _ in range(layers)])
-        self.ln = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab, bias=False)
-        self.head.weight = self.tok.weight
-
-    def forward(self, tokens):
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.drop(self.tok(tokens) + self.pos(positions))
-        return self.head(self.ln(self.blocks(x)))
+def tiny_gpt(fused):
+    """benchmarks/real_models.py's GPT, tiny: vocabulary 32, sequences of 8, d_model 16, 2 heads, 2 blocks."""
+    return GPT(vocab=32, seq=8, d_model=16, heads=2, layers=2, dropout=0.1, fused=fused)
 
 
 def images(rows=40, size=8):
@@ -158,8 +115,8 @@ def frozen_stem():
 MODELS = {
     "residual_cnn": lambda: (ResidualCNN(), *images(), "CrossEntropy"),
     "residual_cnn_frozen_stem": lambda: (frozen_stem(), *images(), "CrossEntropy"),
-    "gpt_sdpa": lambda: (TinyGPT(fused=True), *tokens(), token_loss(32)),
-    "gpt_written_out": lambda: (TinyGPT(fused=False), *tokens(), token_loss(32)),
+    "gpt_sdpa": lambda: (tiny_gpt(fused=True), *tokens(), token_loss(32)),
+    "gpt_written_out": lambda: (tiny_gpt(fused=False), *tokens(), token_loss(32)),
 }
 
 
