@@ -51,10 +51,12 @@ def accumulated_step(net, opt, batches):
 
 
 def diloco_reference(replicas, inner_steps, n_epochs, batch_size, shuffle, seed, outer_lr, outer_momentum, nesterov,
-                     compression=None, overlap=False, make_net=torch_net, update_frequency=1, overlap_start="global"):
+                     compression=None, overlap=False, make_net=torch_net, update_frequency=1, overlap_start="global",
+                     steps=None):
     """(per-replica losses, global parameters after fit, its eval-mode prediction on X) of DiLoCo in eager
     PyTorch; float buffers (BatchNorm statistics) are averaged at every outer step; with `update_frequency` an
-    inner step sums the gradients of that many batches."""
+    inner step sums the gradients of that many batches. `steps`: each replica's inner steps per round (a round
+    of `Shares`): shards in proportion, and means weighted by them."""
     net = make_net()
     nets = [copy.deepcopy(net) for _ in range(replicas)]
     opts = [torch.optim.Adam(n.parameters(), lr=LR) for n in nets]
@@ -64,17 +66,23 @@ def diloco_reference(replicas, inner_steps, n_epochs, batch_size, shuffle, seed,
     starts = [start] * replicas   # each replica's round start (overlap_start='local': its own)
     up = [[None] * len(start) for _ in range(replicas)]
     down = [None] * len(start)
-    size = len(X) // replicas
-    shards = [(torch.as_tensor(X[r * size:(r + 1) * size]), torch.as_tensor(Y[r * size:(r + 1) * size]))
-              for r in range(replicas)]
-    plans = [updates_of(size, batch_size, n_epochs, shuffle, seed + r, update_frequency) for r in range(replicas)]
+    steps = steps or [inner_steps] * replicas
+    bounds = np.cumsum([0] + [len(X) * s // sum(steps) for s in steps])
+    shards = [(torch.as_tensor(X[a:b]), torch.as_tensor(Y[a:b])) for a, b in zip(bounds, bounds[1:])]
+    plans = [updates_of(b - a, batch_size, n_epochs, shuffle, seed + r, update_frequency)
+             for r, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+    weights = torch.tensor([s / sum(steps) for s in steps]).reshape(-1, 1)
+
+    def mean(values):
+        stacked = torch.stack(values)
+        return (stacked * weights.reshape(-1, *[1] * values[0].dim())).sum(0) if len(set(steps)) > 1 \
+            else stacked.mean(0)
+
     losses = [[] for _ in range(replicas)]
-    n = len(plans[0])
-    for k in range(n):
+    for j in range(-(-len(plans[0]) // steps[0])):
         for r, (Xs, ys) in enumerate(shards):
-            losses[r] += accumulated_step(nets[r], opts[r], [(Xs[rows], ys[rows]) for rows in plans[r][k]])
-        if (k + 1) % inner_steps and k + 1 != n:
-            continue
+            for k in range(j * steps[r], min((j + 1) * steps[r], len(plans[r]))):
+                losses[r] += accumulated_step(nets[r], opts[r], [(Xs[rows], ys[rows]) for rows in plans[r][k]])
         before = [p.detach().clone() for p in glob.parameters()]
         own = [[] for _ in range(replicas)]   # each replica's pseudo-gradients as received
         for i, p in enumerate(glob.parameters()):
@@ -84,7 +92,7 @@ def diloco_reference(replicas, inner_steps, n_epochs, batch_size, shuffle, seed,
                     pseudo[r], up[r][i] = eager_send(pseudo[r], up[r][i], compression)
             for r in range(replicas):
                 own[r].append(pseudo[r])
-            p.grad = torch.stack(pseudo).mean(0)
+            p.grad = mean(pseudo)
         outer.step()
         if compression:
             with torch.no_grad():
@@ -94,7 +102,7 @@ def diloco_reference(replicas, inner_steps, n_epochs, batch_size, shuffle, seed,
         buffers_before = [b.clone() for b in glob.buffers()]
         for b, *replica_buffers in zip(glob.buffers(), *(m.buffers() for m in nets)):
             # counters (num_batches_tracked) advance alike in every replica: the first one's
-            b.copy_(torch.stack(replica_buffers).mean(0) if b.is_floating_point() else replica_buffers[0])
+            b.copy_(mean(list(replica_buffers)) if b.is_floating_point() else replica_buffers[0])
         start = before if overlap else [p.detach().clone() for p in glob.parameters()]
         start_buffers = buffers_before if overlap else [b.clone() for b in glob.buffers()]
         starts = [[s - g for s, g in zip(start, own[r])] for r in range(replicas)] if overlap_start == "local" \

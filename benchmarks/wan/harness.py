@@ -130,7 +130,7 @@ def synchronisations(strategy, rows, batch, epochs):
         type(strategy).__name__ != "DataParallel"
     steps = math.ceil((rows // strategy.replicas if replicated else rows) / batch) * epochs
     segments = getattr(strategy, "segments", None)
-    return len(segments(steps)) if segments is not None else steps
+    return len(segments(steps, 0)) if segments is not None else steps
 
 
 # ------------------------------------------------------------------------------ churn

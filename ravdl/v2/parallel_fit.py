@@ -78,7 +78,7 @@ def _record_segment(initial: Sequence[Any], batches: Batches, steps: _Steps, seg
 def _record_replica(state: Sequence[Any], resident: Any, r: int, batches: Batches, steps: _Steps,
                     record_step: Callable[[Any, int, list[tuple[int, int]]], None]) -> list[Any]:
     """Replica r's loop over every step of the fit, its sync templates (`resident.sync_steps`) after every
-    `resident.interval` steps and the last one; returns all its carried values after the loop (its train state
+    `resident.interval(r)` steps and the last one; returns all its carried values after the loop (its train state
     first)."""
     extra = resident.extra(r)
     loop = Loop(list(state) + extra, batches)
@@ -88,7 +88,7 @@ def _record_replica(state: Sequence[Any], resident: Any, r: int, batches: Batche
         with loop.step() as step:
             record_step(_StatePart(step, n_state), rows, runs)
     sync = resident.sync_steps(loop, r, n_state)
-    return list(loop.run(steps.schedule, rounds=steps.n_epochs, sync=sync, sync_every=resident.interval))
+    return list(loop.run(steps.schedule, rounds=steps.n_epochs, sync=sync, sync_every=resident.interval(r)))
 
 
 class _StatePart:
@@ -185,20 +185,21 @@ class ParallelFit:
         X, y, model = self.X, self.y, self.model
         n_rows = as_input(X).shape[0] if isinstance(X, Op) else len(X)
         replicas = strategy.replicas
-        if n_rows % replicas:
-            raise ValueError(f"{n_rows} rows do not split into {replicas} equal shards: replicas that run different "
-                             "numbers of steps could not synchronise; give a multiple of the number of replicas")
-        size = n_rows // replicas
-        shards = [(_shard(X, r * size, (r + 1) * size), _shard(y, r * size, (r + 1) * size))
-                  for r in range(replicas)]
+        per_update = strategy.update_frequency   # batches whose gradients one optimizer step sums
+        sizes = strategy.shard_rows(n_rows, self.batch_size * per_update)
+        bounds = np.cumsum([0] + sizes)
+        shards = [(_shard(X, int(a), int(b)), _shard(y, int(a), int(b))) for a, b in zip(bounds, bounds[1:])]
         state = model.train_state(shards[0][0])
         slots, counters = state.carried, state.counters
         layout = Carried(len(state.params), len(state.buffers), len(state.optimizer))
         starts = [counter.get() for counter in counters]
-        per_update = strategy.update_frequency   # batches whose gradients one optimizer step sums
-        steps = _Steps(size, self.batch_size * per_update, self.n_epochs)
+        steps_of = [_Steps(size, self.batch_size * per_update, self.n_epochs) for size in sizes]
+        # replica r's j-th batch of an epoch: batch j * replicas + r (equal shards), else the shards' batches in
+        # replica order (the rows' order)
+        equal = len(set(sizes)) == 1
+        first_batch = [0] * replicas if equal else [int(a) // self.batch_size for a in bounds[:-1]]
         initial = [slot.get() for slot in slots]
-        n_steps = len(steps.order)
+        n_steps = len(steps_of[0].order)   # replica 0's (the resident sync reads it for Gossip's table: equal)
         resident = strategy.resident_sync(initial, layout, lambda: _enough_workers(replicas), n_steps,
                                           current_graph().seed)
         sync = check_hooks(resident, ResidentSync, "its resident sync") if resident is not None else \
@@ -221,30 +222,39 @@ class ParallelFit:
                     [model.train_step(X_rows, y_rows)]
                 step.carry([slot.get() for slot in slots] + batch_losses[-1:] * with_loss)
                 for j, loss in enumerate(batch_losses):   # batch j of the step's: batch b * per_update + j
-                    where = [(e, (b * per_update + j) * replicas + r) for e, b in runs]
+                    where = [(e, (b * per_update + j) * replicas + r if equal else first_batch[r] + b * per_update + j)
+                             for e, b in runs]
                     run_names = [_loss_name(e, b) for e, b in where]
                     step.persist(loss, run_names)
                     names.update(zip(run_names, where))
-                moved[steps.rows.index(rows)] = [counter.get() - start for counter, start in zip(counters, starts)]
+                moved[rows] = [counter.get() - start for counter, start in zip(counters, starts)]
             return record_step
+
+        def batches(r: int) -> Batches:
+            return Batches(sizes[r], self.batch_size * per_update, self.shuffle, self.seed + r)
 
         if resident is not None:   # one loop per replica for the whole fit, its state kept where it runs
             for r, (X_shard, y_shard) in enumerate(shards):
-                batches = Batches(size, self.batch_size * per_update, self.shuffle, self.seed + r)
-                states[r] = _record_replica(states[r] + loss_slot, resident, r, batches, steps,
+                states[r] = _record_replica(states[r] + loss_slot, resident, r, batches(r), steps_of[r],
                                             train(r, X_shard, y_shard))
                 self._ran_as(f"replica {r}")
-        for first, n in [] if resident is not None else strategy.segments(n_steps):
+        rounds = [] if resident is not None else \
+            [strategy.segments(len(steps.order), r) for r, steps in enumerate(steps_of)]
+        if len({len(runs) for runs in rounds}) > 1:
+            raise ValueError(f"{strategy!r} gives its replicas {[len(runs) for runs in rounds]} runs between "
+                             "synchronisations: they must be as many")
+        for segments in zip(*rounds):
             for r, (X_shard, y_shard) in enumerate(shards):
-                batches = Batches(size, self.batch_size * per_update, self.shuffle, self.seed + r)
-                after = _record_segment(states[r] + loss_slot, batches, steps, (first, n), train(r, X_shard, y_shard))
+                after = _record_segment(states[r] + loss_slot, batches(r), steps_of[r], segments[r],
+                                        train(r, X_shard, y_shard))
                 self._ran_as(f"replica {r}")
                 states[r], losses[r] = list(after[:len(slots)]), after[len(slots):]
-            sync.exchange(states, losses, first + n)
+            sync.exchange(states, losses, sum(segments[0]))
         for slot, value in zip(slots, sync.finish(states)):
             slot.set(value)
+        # the counters (the optimizer's step) as replica 0 advanced them: the model after fit is the global one
         for k, (counter, start) in enumerate(zip(counters, starts)):
-            counter.set(start + sum(moved[t][k] for t, _, _ in steps.order))
+            counter.set(start + sum(moved[steps_of[0].rows[t]][k] for t, _, _ in steps_of[0].order))
         return sorted(names, key=names.__getitem__)
 
     def _accumulated_step(self, X: Any, y: Any, rows: int, state: Any) -> list[Any]:

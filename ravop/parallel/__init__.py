@@ -21,6 +21,7 @@ from .forecast import forecast
 from .gossip import Gossip
 from .local_sgd import LocalSGD
 from .pipeline import Pipeline
+from .rounds import Shares
 from .protocol import check_strategy  # noqa: F401 - the graph and the trainer check a strategy here
 
-__all__ = ["DataParallel", "DiLoCo", "Gossip", "LocalSGD", "Pipeline", "forecast"]
+__all__ = ["DataParallel", "DiLoCo", "Gossip", "LocalSGD", "Pipeline", "Shares", "forecast"]

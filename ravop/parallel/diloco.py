@@ -38,10 +38,18 @@ the local start trains with the paper's settings to one worker's accuracy there 
 one loop op for the whole fit whose state stays where it runs, and only (compressed) pseudo-gradients and
 updates cross the store (ravop.parallel.resident); otherwise each round of each replica is a loop segment whose
 carried values go through the store. Both give the same bits, with or without `overlap`.
+
+`round=R.parallel.Shares(1, 1, 0.5, 0.25)` (ravop.parallel.rounds): providers of unequal speeds. A round is a
+budget of samples split among the replicas in proportion to their shares: the replica of the largest share runs
+`inner_steps` per round, the others fewer, each on a shard in proportion (the same rounds in every shard), and
+the pseudo-gradients, buffers and the optimizer state after fit are averaged weighted by the samples each replica
+trained on (hivemind's target batch). The schedule is fixed when the fit is recorded: the same bits on any
+workers, resident or not. Equal shares are the default's bits (plain means).
 """
 from .compression import check_compression, send
 from .resident import ResidentDiLoCo
-from .replicas import OnShards, average, check_replicas, check_resident, check_update_frequency, every
+from .replicas import OnShards, check_replicas, check_resident, check_update_frequency, every, weighted_mean
+from .rounds import check_round, shard_rows
 
 OVERLAP_STARTS = ("global", "local")   # where a replica restarts with overlap: the stale global model, or plus
 #                                        its own last pseudo-gradient's progress
@@ -49,7 +57,8 @@ OVERLAP_STARTS = ("global", "local")   # where a replica restarts with overlap: 
 
 class DiLoCo(OnShards):
     def __init__(self, replicas, inner_steps, outer_lr=0.7, outer_momentum=0.9, nesterov=True, compression=None,
-                 overlap=False, update_frequency=1, resident=None, overlap_start="global"):
+                 overlap=False, update_frequency=1, resident=None, overlap_start="global",
+                 round=None):
         self.replicas = check_replicas(replicas)
         self.update_frequency = check_update_frequency(update_frequency)
         if type(inner_steps) is not int or inner_steps < 1:
@@ -71,10 +80,23 @@ class DiLoCo(OnShards):
             raise ValueError(f"overlap_start={overlap_start!r} needs overlap=True")
         self.overlap_start = overlap_start
         self.resident = check_resident(resident)
+        self.round = check_round(round, self.replicas)
+        self.steps = self.round.steps(inner_steps) if self.round else [inner_steps] * self.replicas
+        # the replicas' weights in a mean: the share of a round's samples each trained on (None: equal, `average`)
+        self.weights = None if len(set(self.steps)) == 1 else [s / sum(self.steps) for s in self.steps]
 
-    def segments(self, n_steps):
-        """(first step, steps) of each round."""
-        return every(n_steps, self.inner_steps)
+    def shard_rows(self, n_rows, rows_per_step):
+        if len(set(self.steps)) == 1:
+            return super().shard_rows(n_rows, rows_per_step)
+        return shard_rows(self.steps, n_rows, rows_per_step)
+
+    def segments(self, n_steps, r):
+        """(first step, steps) of each of replica r's rounds."""
+        return every(n_steps, self.steps[r])
+
+    def mean(self, values):
+        """The replicas' mean of `values` (one per replica), weighted by their samples per round."""
+        return weighted_mean(values, self.weights)
 
     def synchronizer(self, initial, layout, graph_seed):
         return _OuterSteps(self, initial, layout)
@@ -88,6 +110,7 @@ class DiLoCo(OnShards):
                 f"overlap={self.overlap}"
                 + (f", overlap_start={self.overlap_start!r}" if self.overlap_start != "global" else "")
                 + (f", update_frequency={self.update_frequency}" if self.update_frequency > 1 else "")
+                + (f", round={self.round!r}" if self.round else "")
                 + (f", resident={self.resident})" if self.resident is not None else ")"))
 
 
@@ -117,9 +140,9 @@ class _OuterSteps:
                     self.up[r][k] = residual
             for r, g in enumerate(pseudo):
                 own[r].append(g)
-            new_global.append(self.global_[k] + self._update(k, average(pseudo)))
+            new_global.append(self.global_[k] + self._update(k, d.mean(pseudo)))
         for k in self.layout.buffers:
-            new_global.append(average([state[k] for state in states]))
+            new_global.append(d.mean([state[k] for state in states]))
         self.start = self.global_ if d.overlap else new_global
         self.starts = [self.start] * d.replicas
         if self.local:   # the stale global model minus the replica's own pseudo-gradient (parameters only)
@@ -147,5 +170,5 @@ class _OuterSteps:
         """The global model, with the replicas' mean optimizer state."""
         final = list(self.global_)
         for k in self.layout.optimizer:
-            final.append(average([state[k] for state in states]))
+            final.append(self.diloco.mean([state[k] for state in states]))
         return final

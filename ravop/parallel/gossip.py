@@ -40,7 +40,7 @@ class Gossip(OnShards):
         """Whether the exchange reads the replicas' last losses."""
         return self.interpolation == "loss" or self.divergence_threshold > 0
 
-    def segments(self, n_steps):
+    def segments(self, n_steps, r):
         return [(first, 1) for first in range(n_steps)]
 
     def synchronizer(self, initial, layout, graph_seed):

@@ -47,13 +47,17 @@ def record_replica_loops(strategy, carried, layout, steps_per_replica, graph_see
         placeholders = [graph.constant(torch.zeros(shape, dtype=dtype)) for shape, dtype in carried]
         resident = check_hooks(strategy.resident_templates(placeholders, layout, steps_per_replica, graph_seed),
                               ResidentSync, "its resident sync")
+        if len({resident.interval(r) for r in range(strategy.replicas)}) > 1:
+            raise NotImplementedError(f"{strategy!r} over a hand-written loop is not implemented: its replicas run "
+                                      "different steps per round, and a folded loop's steps split equally; use "
+                                      "fit(..., strategy=...)")
         loops, finals = [], []
         for r in range(strategy.replicas):
             loop = Loop(placeholders + resident.extra(r))
             with loop.step() as step:   # the training step: the compiler puts the folded step in its place
                 step.carry(step.carried)
             sync = resident.sync_steps(loop, r, len(placeholders))
-            results = loop.run([(0, steps_per_replica)], sync=sync, sync_every=resident.interval)
+            results = loop.run([(0, steps_per_replica)], sync=sync, sync_every=resident.interval(r))
             loops.append(results[0].inputs[0])
             finals.append(list(results))
         final = resident.finish(finals)

@@ -25,8 +25,8 @@ class LocalSGD(OnShards):
             raise TypeError(f"average_optim takes True or False, not {average_optim!r}")
         self.sync_every, self.average_optim = sync_every, average_optim
 
-    def segments(self, n_steps):
-        """(first step, steps) of each replica's run between two averagings."""
+    def segments(self, n_steps, r):
+        """(first step, steps) of each replica's run between two averagings (alike for every replica)."""
         return every(n_steps, self.sync_every)
 
     def synchronizer(self, initial, layout, graph_seed):

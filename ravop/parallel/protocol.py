@@ -54,9 +54,15 @@ class ShardReplicas(Strategy, Protocol):
     """Read by `ParallelFit.replicated` once per fit: whether a segment carries its last loss for the
     synchronizer's `exchange` (a hand-written loop refuses a strategy that needs it)."""
 
-    def segments(self, n_steps: int) -> List[Tuple[int, int]]:
-        """Called by `ParallelFit.replicated` once per fit whose replicas run as segments: (first step, steps)
-        of each replica's run between two synchronisations, over the fit's `n_steps`."""
+    def shard_rows(self, n_rows: int, rows_per_step: int) -> List[int]:
+        """Called by `ParallelFit.replicated` once per fit: the rows of each replica's shard of the fit's `n_rows`
+        (contiguous, in replica order), when a step reads `rows_per_step` rows; a clear error when they do not
+        split (OnShards: equal shards; DiLoCo with `round`: in proportion to each replica's steps per round)."""
+
+    def segments(self, n_steps: int, r: int) -> List[Tuple[int, int]]:
+        """Called by `ParallelFit.replicated` once per replica of a fit whose replicas run as segments: (first
+        step, steps) of replica `r`'s runs between two synchronisations, over its `n_steps` (every replica has
+        as many runs)."""
 
     def synchronizer(self, initial: Sequence[Any], layout: Any, graph_seed: int) -> "Synchronizer":
         """Called by `ParallelFit.replicated` once per fit whose replicas run as segments, before the first
@@ -114,9 +120,10 @@ class Synchronizer(Protocol):
 class ResidentSync(Protocol):
     """What `ShardReplicas.resident_templates` returns: the sync templates of replicas that each run as one loop
     for the whole fit (ravop/parallel/resident.py, resident_averaging.py)."""
-    interval: int
-    """Read by the recording of each replica's loop: the sync templates run after every `interval` steps and
-    after the last one."""
+
+    def interval(self, r: int) -> int:
+        """Called once per replica's loop as it is recorded: replica `r`'s sync templates run after every
+        `interval(r)` training steps and after the last one."""
 
     def extra(self, r: int) -> List[Any]:
         """Called once per replica before its loop is recorded: the carried values replica `r` keeps besides its

@@ -16,6 +16,14 @@ class OnShards:
 
     resident = None       # resident replicas: None (when the workers can hold them all), True or False
 
+    def shard_rows(self, n_rows, rows_per_step):
+        """Rows of each replica's shard: equal shards (every replica runs the same steps)."""
+        if n_rows % self.replicas:
+            raise ValueError(f"{n_rows} rows do not split into {self.replicas} equal shards: replicas that run "
+                             "different numbers of steps could not synchronise; give a multiple of the number of "
+                             "replicas")
+        return [n_rows // self.replicas] * self.replicas
+
     def resident_sync(self, initial, layout, workers_hold_all, n_steps, graph_seed):
         """The sync templates of resident replicas (one loop per replica for the whole fit: `resident_templates`),
         or None: the replicas run as segments synchronised by `synchronizer`. `workers_hold_all()`: whether the
@@ -77,6 +85,14 @@ def weighted_sum(values, weights):
         term = value if weight == 1.0 else value * float(weight)
         total = term if total is None else total + term
     return total
+
+
+def weighted_mean(values, weights):
+    """sum(w * v) with `weights` summing to 1 (replicas weighted by the samples they trained on), or the plain
+    `average` when `weights` is None (equal replicas: its bits). Integer values: the first one's (see `average`)."""
+    if weights is None or not values[0].dtype.is_floating_point:
+        return average(values)
+    return weighted_sum(values, weights)
 
 
 def average(values):

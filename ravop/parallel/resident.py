@@ -29,7 +29,6 @@ import torch
 import ravop as R
 
 from .compression import compress, decompress
-from .replicas import average
 
 
 def _zeros_like(op, dtype=None):
@@ -40,7 +39,7 @@ class ResidentDiLoCo:
     """The extra carried values and the sync templates of one fit's replicas (see the module docstring)."""
 
     def __init__(self, diloco, initial, layout):
-        self.diloco, self.layout, self.interval = diloco, layout, diloco.inner_steps
+        self.diloco, self.layout = diloco, layout
         self.model = list(initial[layout.model.start:layout.model.stop])   # global parameters, then buffers
         params = self.model[:len(layout.params)]
         self.floats = [k for k in layout.buffers if initial[k].dtype.is_floating_point]
@@ -58,6 +57,10 @@ class ResidentDiLoCo:
         self.local = diloco.overlap_start == "local"
         self.own_start = list(params) if self.local else []   # replicas r > 0: the round's start (see above)
         self.n_state = None
+
+    def interval(self, r):
+        """Replica r's training steps between two syncs (its steps per round)."""
+        return self.diloco.steps[r]
 
     def extra(self, r):
         """The values replica r's loop carries besides its train state, initially."""
@@ -184,7 +187,7 @@ class ResidentDiLoCo:
                 values = step.receive(f"up.{r}.{k}", like)
                 scale = step.receive(f"upscale.{r}.{k}", _scalar(state[k])) if d.compression == "int8" else None
                 pseudo.append(decompress(values, scale) if d.compression else values)
-            grad = average(pseudo)
+            grad = d.mean(pseudo)
             if d.outer_momentum:   # torch.optim.SGD's buffer; the first round's is 0 * momentum + grad = grad
                 momentum[k] = momentum[k] * d.outer_momentum + grad
                 grad = grad + momentum[k] * d.outer_momentum if d.nesterov else momentum[k]
@@ -200,7 +203,7 @@ class ResidentDiLoCo:
             new_model.append(model[k] + update)
         for k in self.layout.buffers:
             if k in self.floats:
-                mean = average([state[k]] + [step.receive(f"buffer.{r}.{k}", state[k]) for r in range(1, d.replicas)])
+                mean = d.mean([state[k]] + [step.receive(f"buffer.{r}.{k}", state[k]) for r in range(1, d.replicas)])
                 means.append(mean)
                 new_model.append(mean)
             else:
@@ -223,7 +226,7 @@ class ResidentDiLoCo:
         at = self.n_state
         final = list(finals[0][at:at + len(self.model)])
         for k in self.layout.optimizer:
-            final.append(average([carried[k] for carried in finals]))
+            final.append(self.diloco.mean([carried[k] for carried in finals]))
         return final
 
 

@@ -44,7 +44,10 @@ class ResidentAveraging(_Resident):
 
     def __init__(self, local_sgd, initial, layout, indices):
         super().__init__(layout, initial, set(indices))
-        self.replicas, self.interval = local_sgd.replicas, local_sgd.sync_every
+        self.replicas, self.every = local_sgd.replicas, local_sgd.sync_every
+
+    def interval(self, r):
+        return self.every
 
     def sync_steps(self, loop, r, n_state):
         first = len(loop.templates)
@@ -71,7 +74,9 @@ class ResidentAveraging(_Resident):
 
 class ResidentGossip(_Resident):
     """Gossip's pair-wise interpolation after every step as sync templates (see the module docstring)."""
-    interval = 1
+
+    def interval(self, r):
+        return 1   # every step
 
     def __init__(self, gossip, initial, layout, n_steps, graph_seed):
         super().__init__(layout, initial, set())
