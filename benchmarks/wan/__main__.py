@@ -4,6 +4,8 @@ R.parallel; prints the table (benchmarks/wan/report.py) and writes every figure 
     python -m benchmarks.wan --strategy LocalSGD --strategy-arg sync_every=16 --providers 2 --profile internet
     python -m benchmarks.wan --strategy LocalSGD --strategy-arg sync_every=16 --providers 8 --profile internet \\
         --emulate --device-flops 2e10 --dilation 8
+    python -m benchmarks.wan --strategy DiLoCo --strategy-arg inner_steps=8 --strategy-arg 'round=[1,1,0.5,0.25]' \
+        --providers 4 --emulate --device-flops 2e9 --speeds 1,1,0.5,0.25 --detail   # unequal providers
     python -m benchmarks.wan ... --churn-every 60 --churn-restart 10      # and the same run undisturbed first
     python -m benchmarks.wan.tbf_check --mbit 100                         # the proxy's rate against tbf
 
@@ -34,6 +36,8 @@ def parse_args(argv=None):
     parser.add_argument("--loss", type=float)
     parser.add_argument("--emulate", action="store_true", help="emulated compute (worker --emulate-device-flops)")
     parser.add_argument("--device-flops", type=float, help="FLOP/s of the device an emulated provider stands for")
+    parser.add_argument("--speeds", type=lambda text: [float(s) for s in text.split(",")],
+                        help="each provider's speed as a multiple of --device-flops, e.g. 1,1,0.5,0.25")
     parser.add_argument("--dilation", type=float, default=1.0, help="time dilation factor (with --emulate)")
     parser.add_argument("--rows", type=int, default=4096, help="training rows (all providers together)")
     parser.add_argument("--batch", type=int, default=128)
@@ -85,7 +89,7 @@ def main(argv=None):
                                                         args.jitter_ms, args.loss)
     common = dict(strategy_name=args.strategy, strategy_args=harness.parse_strategy_args(args.strategy_arg),
                   providers=args.providers, profile=link, emulate=args.emulate, device_flops=args.device_flops,
-                  dilation=args.dilation, rows=args.rows, batch=args.batch, epochs=args.epochs, hidden=args.hidden,
+                  dilation=args.dilation, speeds=args.speeds, rows=args.rows, batch=args.batch, epochs=args.epochs, hidden=args.hidden,
                   checkpoint_seconds=args.checkpoint_seconds, checkpoint_steps=args.checkpoint_steps,
                   resident_checkpoint_seconds=args.resident_checkpoint_seconds,
                   progress=lambda text: print(text, file=sys.stderr, flush=True))

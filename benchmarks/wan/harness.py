@@ -1,6 +1,9 @@
 """One WAN-lab run: the store, N providers each behind its own emulated link, and the requester (direct, on the
 store's unix socket) training an MLP with one of R.parallel's strategies; then the figures the field reports.
 
+Unequal providers (`speeds`, with `emulate`): provider k acts as a device of `device_flops * speeds[k]` FLOP/s, and
+the run reports the fleet's compute used, FLOPs computed / (wall x the fleet's FLOP/s), beside each provider's.
+
 Time dilation (`dilation` D > 1, with `emulate`): each provider acts as a device of `device_flops` / D FLOP/s
 (worker/execute/emulated_device.py) and every link runs at its rates / D with its delays x D, so the whole run is the
 real one slowed D times; the harness divides every measured time by D (bytes are unchanged). This lets 8
@@ -26,6 +29,7 @@ from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 import ravop as R
+from ravop.client.placement import held_by
 from ravop.core.graph_states import DONE, FAILED
 from ravop.store import workers
 from ravop.store.graphs import list_graphs
@@ -47,6 +51,8 @@ def build_strategy(name, args, providers):
     if cls is None:
         raise ValueError(f"R.parallel has no {name} in this checkout (it comes with its own issue)")
     args = dict(args)
+    if isinstance(args.get("round"), list):   # JSON has no Shares: round=[1, 1, 0.5, 0.25] stands for it
+        args["round"] = R.parallel.Shares(*args["round"])
     accepted = inspect.signature(cls).parameters
     size = "stages" if "stages" in accepted else "replicas"
     args.setdefault(size, providers)
@@ -128,7 +134,7 @@ def synchronisations(strategy, rows, batch, epochs):
     (`segments`), the others every step."""
     replicated = hasattr(strategy, "replicas") and not hasattr(strategy, "stages") and \
         type(strategy).__name__ != "DataParallel"
-    steps = math.ceil((rows // strategy.replicas if replicated else rows) / batch) * epochs
+    steps = math.ceil((strategy.shard_rows(rows, batch)[0] if replicated else rows) / batch) * epochs
     segments = getattr(strategy, "segments", None)
     return len(segments(steps, 0)) if segments is not None else steps
 
@@ -174,15 +180,17 @@ class Churn(threading.Thread):
 def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=False, device_flops=None,
         dilation=1.0, rows=4096, batch=128, epochs=1, hidden=256, churn_every=None, churn_restart=10.0,
         checkpoint_seconds=CHECKPOINT_SECONDS, checkpoint_steps=None,
-        resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS, timeout=1800, progress=print):
+        resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS, timeout=1800, progress=print, speeds=None):
     """The figures of one run (a dict, see report.py). `profile`: a benchmarks.wan.profiles.Profile (None: no
     shaping, the proxies only count); `emulate`: providers act as devices of `device_flops` FLOP/s (required
     then), in a run dilated `dilation` times; churn: kill a provider every `churn_every` s of (undilated) time;
     the providers' loops checkpoint every `checkpoint_seconds` (undilated) or `checkpoint_steps` steps (0: never by
     steps; None: the workers' default), resident replicas at a synchronisation every `resident_checkpoint_seconds`
-    (or `checkpoint_steps` when given), the workers' defaults unless given."""
+    (or `checkpoint_steps` when given), the workers' defaults unless given; `speeds`: each provider's device as a
+    multiple of `device_flops` (None: all alike)."""
     if emulate and not device_flops:
         raise ValueError("emulated providers need device_flops (the FLOP/s of the device they stand for)")
+    speeds = check_speeds(speeds, providers, emulate)
     if not emulate and dilation != 1.0:
         raise ValueError("time dilation needs emulated compute (real compute cannot be slowed down)")
     strategy = build_strategy(strategy_name, strategy_args or {}, providers)
@@ -191,6 +199,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
     with Lab() as lab:
         lab.start_store()
         names = [f"provider-{k}" for k in range(providers)]
+        flops_of = {name: (device_flops or 0.0) * speed for name, speed in zip(names, speeds)}
         link = (profile.dilated(dilation).link_config(rto_min_s=0.2 * dilation) if profile is not None
                 else {"up": {"rate_bps": None, "delay_s": 0.0}, "down": {"rate_bps": None, "delay_s": 0.0}})
         ports = lab.start_links({name: link for name in names})
@@ -198,7 +207,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
         def start_provider(name):
             extra = ["--benchmark-busy-file", lab.busy_file(name)]
             if emulate:
-                extra += ["--emulate-device-flops", repr(device_flops / dilation)]
+                extra += ["--emulate-device-flops", repr(flops_of[name] / dilation)]
             # the loops' checkpoint clock is dilated like every other time, and so are the workers' liveness
             # (a heartbeat queued behind a checkpoint on a link 10x slower would miss an undilated TTL: the others
             # would take its replica over) and the reclaim timeout
@@ -211,6 +220,8 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
             start_provider(name)
         lab.wait_registered(names)
         compute = f"emulated at {device_flops:.3g} FLOP/s, dilation {dilation:g}" if emulate else "real compute"
+        if len(set(speeds)) > 1:
+            compute += f", speeds {', '.join(f'{s:g}' for s in speeds)}"
         progress(f"{providers} providers up ({strategy!r}, {profile.describe() if profile else 'unshaped'}, "
                  f"{compute})")
 
@@ -224,6 +235,8 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
         summary = R.activate()
 
         lab.wait_ready(providers)   # the run starts once every provider waits for work, not while one connects
+        if len(set(speeds)) > 1:     # provider k must run replica k, whose share is k's speed
+            hold_back(lab, names)
         links_before, store_before = lab.link_stats(fresh=True), lab.store_link_bytes()
         busy_before = {name: lab.busy(name) or {"busy_s": 0.0, "real_s": 0.0, "flops": 0.0} for name in names}
         start, started_at = time.monotonic(), time.time()
@@ -234,6 +247,8 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
         progress_seen = []
         try:
             R.execute()
+            if len(set(speeds)) > 1:
+                release_in_order(lab, names, repr(strategy))
             watch_progress(lab, token, start, timeout * dilation, progress_seen)
         finally:
             if churn is not None:
@@ -243,6 +258,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
         busy_after = {name: lab.busy(name) or busy_before[name] for name in names}
         started_pids = [process.pid for process in lab.processes]   # for checking that none outlives the lab
         losses = R.fetch_losses()
+        held = held_roles(repr(strategy))
         weights = {name: R.fetch_persisting_op(name) for name in
                    ("Dense_1.weight", "Dense_1.bias", "Dense_2.weight", "Dense_2.bias")}
     trained = torch_mlp(hidden)
@@ -251,7 +267,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
             param.copy_(torch.as_tensor(np.asarray(weights[key])))
     syncs = synchronisations(strategy, rows, batch, epochs)
     per_provider = []
-    for name in names:
+    for k, name in enumerate(names):
         up = links_after["links"][name]["up"]["bytes"] - links_before["links"][name]["up"]["bytes"]
         down = links_after["links"][name]["down"]["bytes"] - links_before["links"][name]["down"]["bytes"]
         busy = busy_after[name]["busy_s"] - busy_before[name]["busy_s"]
@@ -263,6 +279,8 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
                              "retransmits": links_after["links"][name]["up"]["retransmits"] +
                              links_after["links"][name]["down"]["retransmits"],
                              "flops": busy_after[name]["flops"] - busy_before[name]["flops"],
+                             "speed": speeds[k], "device_flops": flops_of[name] if emulate else None,
+                             "roles": held.get(name, []),
                              **time_profile(busy_before[name], busy_after[name], started_at, ended_at, dilation)})
     last_epoch = losses.batch[losses.epoch == losses.epoch.max()] if len(losses.batch) else losses.batch
     samples = rows * epochs
@@ -278,6 +296,10 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
         "compute_s": sum(p["compute_s"] for p in per_provider) / providers,
         "network_wait_s": sum(p["network_wait_s"] for p in per_provider) / providers,
         "utilization": sum(p["utilization"] for p in per_provider) / providers,
+        "speeds": speeds,
+        # FLOPs computed / (wall x the fleet's FLOP/s), all undilated: the share of what the fleet could compute
+        "fleet_utilization": sum(p["flops"] for p in per_provider) / (wall / dilation * sum(flops_of.values()))
+        if emulate else None,
         "bytes_up": sum(p["bytes_up"] for p in per_provider), "bytes_down": sum(p["bytes_down"] for p in per_provider),
         "bytes_per_sync": sum(p["bytes_up"] + p["bytes_down"] for p in per_provider) / syncs,
         "link_cpu_s": links_after["cpu_s"] - links_before["cpu_s"],
@@ -294,6 +316,55 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
     }
     result["link_cpu_share"] = result["link_cpu_s"] / (wall)
     return result
+
+
+def check_speeds(speeds, providers, emulate):
+    """Each provider's speed (a multiple of device_flops): `speeds`, checked, or all 1."""
+    if speeds is None:
+        return [1.0] * providers
+    if not emulate:
+        raise ValueError("provider speeds need emulated compute (--emulate --device-flops F)")
+    speeds = [float(s) for s in speeds]
+    if len(speeds) != providers or not all(s > 0 for s in speeds):
+        raise ValueError(f"give one speed > 0 per provider ({providers}), not {speeds}")
+    return speeds
+
+
+def hold_back(lab, names):
+    """Stop the providers (SIGSTOP) until their pending reads of the work stream have timed out, so that none
+    takes work before `release_in_order` lets it: which provider takes which replica is otherwise the stream's
+    choice, and a replica's share must meet its provider's speed."""
+    for name in names:
+        os.kill(lab.workers[name].pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while any(c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "") for c in lab.client.client_list()):
+        if time.monotonic() > deadline:
+            raise RuntimeError("stopped providers still wait on the work stream after 10 s")
+        time.sleep(0.05)
+
+
+def release_in_order(lab, names, strategy, timeout=60):
+    """Continue the providers held back one by one, each once the one before holds its replica: the stream hands
+    the replicas' loops out in replica order, so provider k takes replica k (checked)."""
+    for k, name in enumerate(names):
+        os.kill(lab.workers[name].pid, signal.SIGCONT)
+        deadline = time.monotonic() + timeout
+        while not held_roles(strategy).get(name):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} took no replica within {timeout} s")
+            time.sleep(0.05)
+        roles = held_roles(strategy)[name]
+        if roles != [f"replica {k}"]:
+            raise RuntimeError(f"{name} took {roles}, not replica {k}: its speed would not meet its share")
+
+
+def held_roles(strategy):
+    """{provider: [the roles it ran ('replica r')]} of the current graph's fit under `strategy` (its repr)."""
+    roles = {}
+    for role, workers_ in held_by().get(strategy, {}).items():
+        for worker in workers_:
+            roles.setdefault(worker, []).append(role)
+    return roles
 
 
 def time_profile(before, after, started_at, ended_at, dilation):

@@ -27,7 +27,10 @@ def provider_rows(result):
     for p in result["providers_detail"]:
         real = "" if result["compute"] == "real" else \
             f" (kernels took {p['real_compute_s']:.2f} s of its {p['compute_s'] * result['dilation']:.2f} s dilated)"
-        yield (f"  {p['provider']:<14} compute {p['compute_s']:.2f} s{real}, network "
+        speed = "" if p.get("device_flops") is None else \
+            f"{p['device_flops']:.3g} FLOP/s, {p['flops'] / (result['wall_s'] * p['device_flops']):.0%} of it used, "
+        roles = f" ({', '.join(p['roles'])})" if p.get("roles") else ""
+        yield (f"  {p['provider'] + roles:<14} {speed}compute {p['compute_s']:.2f} s{real}, network "
                f"wait {p['network_wait_s']:.2f} s, utilization {p['utilization']:.0%}, up {_mb(p['bytes_up'])} MB "
                f"({_mb(p['bytes_up_per_sync'])}/sync), down {_mb(p['bytes_down'])} MB "
                f"({_mb(p['bytes_down_per_sync'])}/sync), retransmits {p['retransmits']}")
@@ -49,6 +52,10 @@ def table(results, detail=False):
             lines.append(f"  link process CPU: {result['link_cpu_s']:.2f} s ({result['link_cpu_share']:.1%} of the "
                          f"run's wall time); dilation {result['dilation']:g}; synchronisations "
                          f"{result['synchronisations']}; load average {result['machine_load'][0]:.2f}")
+        if result.get("fleet_utilization") is not None:
+            lines.append(f"  fleet compute used: {result['fleet_utilization']:.0%} (FLOPs computed / wall x the "
+                         f"fleet's {sum(p['device_flops'] for p in result['providers_detail']):.3g} FLOP/s; speeds "
+                         f"{', '.join(f'{s:g}' for s in result['speeds'])})")
         if result.get("churn"):
             churn = result["churn"]
             lines.append(f"  churn: a provider killed every {churn['every_s']:g} s, restarted after "
