@@ -87,6 +87,21 @@ def test_strategies_are_built_by_name_from_an_allow_list():
         harness.build_strategy("LocalSGD", {"sync_every": 4, "speed": 2}, 2)
 
 
+def test_unequal_providers_are_checked_and_diloco_rounds_built_from_json():
+    strategy = harness.build_strategy("DiLoCo", harness.parse_strategy_args(["inner_steps=4", "round=[1,1,0.5,0.25]"]),
+                                      4)
+    assert strategy.steps == [4, 4, 2, 1] and repr(strategy.round) == "Shares(1, 1, 0.5, 0.25)"
+    assert harness.synchronisations(strategy, 4 * 11 * 8, 8, 2) == 8   # 4 rounds an epoch
+    assert harness.check_speeds(None, 3, False) == [1.0, 1.0, 1.0]
+    assert harness.check_speeds([1, 0.5], 2, True) == [1.0, 0.5]
+    with pytest.raises(ValueError, match="need emulated compute"):
+        harness.check_speeds([1, 0.5], 2, False)
+    with pytest.raises(ValueError, match="one speed > 0 per provider"):
+        harness.check_speeds([1, 0.5], 3, True)
+    with pytest.raises(ValueError, match="one speed > 0 per provider"):
+        harness.check_speeds([1, 0], 2, True)
+
+
 def test_the_emulated_clock_sleeps_out_the_flops(tmp_path):
     with pytest.raises(ValueError, match="must be > 0"):
         emulated_device.DeviceClock(flops_per_s=0)
