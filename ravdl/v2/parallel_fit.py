@@ -88,7 +88,8 @@ def _record_replica(state: Sequence[Any], resident: Any, r: int, batches: Batche
         with loop.step() as step:
             record_step(_StatePart(step, n_state), rows, runs)
     sync = resident.sync_steps(loop, r, n_state)
-    return list(loop.run(steps.schedule, rounds=steps.n_epochs, sync=sync, sync_every=resident.interval(r)))
+    return list(loop.run(steps.schedule, rounds=steps.n_epochs, sync=sync, sync_every=resident.interval(r),
+                         close_after_s=resident.close_after_s))
 
 
 class _StatePart:

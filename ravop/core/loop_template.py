@@ -34,6 +34,8 @@ class StepTemplate:
     recv_channels: list[str] = field(default_factory=list)
     send_nodes: list[int] = field(default_factory=list)
     send_channels: list[str] = field(default_factory=list)
+    recv_optional: list[bool] = field(default_factory=list)
+    optional_holes: list[Node] = field(default_factory=list)
     holes: dict[int, Node] = field(default_factory=dict)
 
     def hole_ids(self) -> list[int]:
@@ -65,6 +67,7 @@ class LoopSpec:
     sync_templates: list[int] = field(default_factory=list)
     sync_every: int = 0
     before_first: list[int] = field(default_factory=list)
+    close_after_s: float = 0.0
 
     def runs(self, template: int) -> int:
         """How often template `template` runs in all rounds of the schedule (a sync template: at every sync)."""

@@ -45,6 +45,13 @@ budget of samples split among the replicas in proportion to their shares: the re
 the pseudo-gradients, buffers and the optimizer state after fit are averaged weighted by the samples each replica
 trained on (hivemind's target batch). The schedule is fixed when the fit is recorded: the same bits on any
 workers, resident or not. Equal shares are the default's bits (plain means).
+
+`close_after=S` (seconds; resident replicas only; Decoupled DiLoCo's islands): replica 0 waits at most S seconds at
+a sync for the others' pseudo-gradients; the round closes with the replicas present, their weights renormalised
+over them (ravop/parallel/resident.py). A late replica's round is dropped (it restarts from the new global model);
+which replicas a round went without is recorded in the store, so a replay of replica 0 makes the same choice.
+Rounds that went without no one give the bits of the same fit without `close_after`; one that went without a
+replica gives bits that depend on the machines' timing. Replica 0 itself is never skipped: the others wait for it.
 """
 from .compression import check_compression, send
 from .resident import ResidentDiLoCo
@@ -58,7 +65,7 @@ OVERLAP_STARTS = ("global", "local")   # where a replica restarts with overlap: 
 class DiLoCo(OnShards):
     def __init__(self, replicas, inner_steps, outer_lr=0.7, outer_momentum=0.9, nesterov=True, compression=None,
                  overlap=False, update_frequency=1, resident=None, overlap_start="global",
-                 round=None):
+                 round=None, close_after=None):
         self.replicas = check_replicas(replicas)
         self.update_frequency = check_update_frequency(update_frequency)
         if type(inner_steps) is not int or inner_steps < 1:
@@ -84,6 +91,21 @@ class DiLoCo(OnShards):
         self.steps = self.round.steps(inner_steps) if self.round else [inner_steps] * self.replicas
         # the replicas' weights in a mean: the share of a round's samples each trained on (None: equal, `average`)
         self.weights = None if len(set(self.steps)) == 1 else [s / sum(self.steps) for s in self.steps]
+        if close_after is not None and (isinstance(close_after, bool) or not isinstance(close_after, (int, float))
+                                        or not close_after > 0):
+            raise ValueError(f"close_after must be None or seconds > 0 (the longest wait at a sync for a late "
+                             f"replica), not {close_after!r}")
+        if close_after is not None and self.resident is False:
+            raise ValueError("close_after needs resident replicas (a round's segments wait for each other): "
+                             "leave resident=False out")
+        self.close_after = None if close_after is None else float(close_after)
+
+    def resident_sync(self, initial, layout, workers_hold_all, n_steps, graph_seed):
+        sync = super().resident_sync(initial, layout, workers_hold_all, n_steps, graph_seed)
+        if sync is None and self.close_after is not None:
+            raise ValueError(f"{self!r}: close_after needs resident replicas, and the session's live workers "
+                             f"cannot hold all {self.replicas} at once (start more, or leave close_after out)")
+        return sync
 
     def shard_rows(self, n_rows, rows_per_step):
         if len(set(self.steps)) == 1:
@@ -111,6 +133,7 @@ class DiLoCo(OnShards):
                 + (f", overlap_start={self.overlap_start!r}" if self.overlap_start != "global" else "")
                 + (f", update_frequency={self.update_frequency}" if self.update_frequency > 1 else "")
                 + (f", round={self.round!r}" if self.round else "")
+                + (f", close_after={self.close_after:g}" if self.close_after is not None else "")
                 + (f", resident={self.resident})" if self.resident is not None else ")"))
 
 

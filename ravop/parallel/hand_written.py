@@ -57,7 +57,8 @@ def record_replica_loops(strategy, carried, layout, steps_per_replica, graph_see
             with loop.step() as step:   # the training step: the compiler puts the folded step in its place
                 step.carry(step.carried)
             sync = resident.sync_steps(loop, r, len(placeholders))
-            results = loop.run([(0, steps_per_replica)], sync=sync, sync_every=resident.interval(r))
+            results = loop.run([(0, steps_per_replica)], sync=sync, sync_every=resident.interval(r),
+                               close_after_s=resident.close_after_s)
             loops.append(results[0].inputs[0])
             finals.append(list(results))
         final = resident.finish(finals)

@@ -120,6 +120,9 @@ class Synchronizer(Protocol):
 class ResidentSync(Protocol):
     """What `ShardReplicas.resident_templates` returns: the sync templates of replicas that each run as one loop
     for the whole fit (ravop/parallel/resident.py, resident_averaging.py)."""
+    close_after_s: float
+    """Read by the recording of each replica's loop (`Loop.run`): the longest wait in seconds for a value a sync
+    template receives as optional (DiLoCo's `close_after`); 0.0 when none is."""
 
     def interval(self, r: int) -> int:
         """Called once per replica's loop as it is recorded: replica `r`'s sync templates run after every

@@ -23,7 +23,11 @@ With `overlap_start='local'` a replica restarts from that model minus its own ps
 replica r > 0 carries its round's start apart from its global model (between `up` and `down` the slot holds the
 pseudo-gradient `up` sent, which `down` subtracts); replica 0 restarts so from the model before its outer step.
 So per round a replica r > 0 sends one (compressed) pseudo-gradient and receives one (compressed) update; the
-channels are named `{kind}.{replica}.{k}` per value k (worker/loops/exchange.py stores them)."""
+channels are named `{kind}.{replica}.{k}` per value k (worker/loops/exchange.py stores them).
+With `close_after` (DiLoCo's docstring) a replica r > 0 also sends `present.{r}` (1.0) and replica 0 receives all
+of a replica's values as optional: those of a replica not there within `close_after` s are zeros, its `present` 0,
+and the means are renormalised over the replicas present; when every replica is present the mean is the plain
+one, bit for bit (`static * 1 + renormalised * 0`)."""
 import torch
 
 import ravop as R
@@ -40,6 +44,7 @@ class ResidentDiLoCo:
 
     def __init__(self, diloco, initial, layout):
         self.diloco, self.layout = diloco, layout
+        self.close_after_s = diloco.close_after or 0.0   # the longest wait at a sync for an optional value
         self.model = list(initial[layout.model.start:layout.model.stop])   # global parameters, then buffers
         params = self.model[:len(layout.params)]
         self.floats = [k for k in layout.buffers if initial[k].dtype.is_floating_point]
@@ -126,6 +131,8 @@ class ResidentDiLoCo:
                 residuals[k] = residual
         for k in self.floats:
             step.send(state[k], f"buffer.{r}.{k}")
+        if self.close_after_s:
+            step.send(R.zeros(shape=(), dtype="float32") + 1.0, f"present.{r}")
         return state + model + residuals + start
 
     def _received_update(self, step, k, like):
@@ -176,6 +183,8 @@ class ResidentDiLoCo:
         start = outer["start"] or model   # without overlap a round starts from the latest global model
         new_model, sent, scales, means = [], [], [], []
         owns = []
+        islands = bool(self.close_after_s)
+        mean = self._islands_mean(step) if islands else d.mean
         for k in self.layout.params:
             _, own, residual = self._pseudo(state, start, residuals, k)
             if residual is not None:
@@ -184,10 +193,11 @@ class ResidentDiLoCo:
             pseudo = [own]
             for r in range(1, d.replicas):
                 like = state[k] if not d.compression else _narrow(state[k], d)
-                values = step.receive(f"up.{r}.{k}", like)
-                scale = step.receive(f"upscale.{r}.{k}", _scalar(state[k])) if d.compression == "int8" else None
+                values = step.receive(f"up.{r}.{k}", like, optional=islands)
+                scale = step.receive(f"upscale.{r}.{k}", _scalar(state[k]), optional=islands) \
+                    if d.compression == "int8" else None
                 pseudo.append(decompress(values, scale) if d.compression else values)
-            grad = d.mean(pseudo)
+            grad = mean(pseudo)
             if d.outer_momentum:   # torch.optim.SGD's buffer; the first round's is 0 * momentum + grad = grad
                 momentum[k] = momentum[k] * d.outer_momentum + grad
                 grad = grad + momentum[k] * d.outer_momentum if d.nesterov else momentum[k]
@@ -203,9 +213,9 @@ class ResidentDiLoCo:
             new_model.append(model[k] + update)
         for k in self.layout.buffers:
             if k in self.floats:
-                mean = d.mean([state[k]] + [step.receive(f"buffer.{r}.{k}", state[k]) for r in range(1, d.replicas)])
-                means.append(mean)
-                new_model.append(mean)
+                buffers = [step.receive(f"buffer.{r}.{k}", state[k], optional=islands) for r in range(1, d.replicas)]
+                means.append(mean([state[k]] + buffers))
+                new_model.append(means[-1])
             else:
                 new_model.append(state[k])
         if d.overlap:   # sent at the next sync; the replicas restart from the model before this outer step
@@ -219,6 +229,31 @@ class ResidentDiLoCo:
         for k, mean in zip(self.floats, means):
             step.send(mean, f"buffermean.{k}")
         return self._restart(state, new_model) + new_model + residuals + momentum + down
+
+    def _islands_mean(self, step):
+        """The replicas' mean at a sync that may close without some (`close_after`): each replica's `present`
+        (0 for one the round went without) weighs it, renormalised over those present; when all are present,
+        exactly the plain mean (DiLoCo's `mean`)."""
+        d = self.diloco
+        present = [None] + [step.receive(f"present.{r}", _scalar(None), optional=True) for r in range(1, d.replicas)]
+        weights = d.weights or [1.0 / d.replicas] * d.replicas
+        kept = [present[r] * weights[r] for r in range(1, d.replicas)]
+        total = kept[0] + weights[0]
+        for w in kept[1:]:
+            total = total + w
+        everyone = present[1]
+        for p in present[2:]:
+            everyone = everyone * p
+        shares = [weights[0] / total] + [w / total for w in kept]
+
+        def mean(values):
+            if not values[0].dtype.is_floating_point:
+                return values[0]
+            renormalised = values[0] * shares[0]
+            for value, share in zip(values[1:], shares[1:]):
+                renormalised = renormalised + value * share
+            return d.mean(values) * everyone + renormalised * (1.0 - everyone)
+        return mean
 
     def finish(self, finals):
         """The model after fit from the replicas' carried values after their loops: the global model (replica

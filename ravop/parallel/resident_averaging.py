@@ -23,6 +23,7 @@ from .replicas import average
 
 class _Resident:
     """What resident LocalSGD and Gossip share: no extra carried values, and the model after fit."""
+    close_after_s = 0.0   # every sync waits for every replica
 
     def __init__(self, layout, initial, kept):
         """`kept`: the indices every replica holds the same bits of after the last synchronisation."""

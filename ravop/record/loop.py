@@ -120,14 +120,16 @@ class Loop:
         step.finish()
 
     def run(self, schedule: Iterable[tuple[int, int]], rounds: int = 1,
-            segment: Optional[tuple[int, int]] = None, sync: Sequence[int] = (), sync_every: int = 0) -> Any:
+            segment: Optional[tuple[int, int]] = None, sync: Sequence[int] = (), sync_every: int = 0,
+            close_after_s: float = 0.0) -> Any:
         """Record the loop op: `rounds` times, each template of `schedule` ((template index, times) pairs) run
         that many times in turn; with `segment=(first, n)` only the steps [first, first + n) of those rounds
         (one replica's steps between two synchronisations, ravop.parallel). The templates `sync` (steps recorded
         with counts=False that read no rows, not in the schedule) run in turn after every `sync_every` training
         steps and after the last one: a resident replica's exchange with the others (`Step.send`,
-        `Step.receive`); those recorded with `before_first` also once before the first step. Returns the Ops of
-        the carried values after the last step."""
+        `Step.receive`); those recorded with `before_first` also once before the first step; an optional receive
+        waits at most `close_after_s` seconds (> 0 when a step has one). Returns the Ops of the carried values
+        after the last step."""
         if self.closed:
             raise GraphStateError("this loop has already been run")
         if not self.templates:
@@ -138,6 +140,8 @@ class Loop:
         self._check_batches(schedule)
         sync, sync_every = [int(t) for t in sync], int(sync_every)
         self._check_sync(schedule, sync, sync_every, segment)
+        if any(t.recv_optional for t in self.templates) and not close_after_s > 0:
+            raise ValueError(f"a step receives optional values: give close_after_s > 0, not {close_after_s!r}")
         order = [t for _ in range(rounds) for t, times in schedule for _ in range(times)]
         before_first = [t for t in sync if self.before_first[t]]
         if sync:
@@ -157,7 +161,8 @@ class Loop:
         self.closed = True
         inputs = tuple(self.initial) + tuple(self.outer.values())
         spec = LoopSpec(list(self.templates), len(self.initial), [op.id for op in inputs], schedule, rounds, n_steps,
-                        first, sync_templates=sync, sync_every=sync_every, before_first=before_first)
+                        first, sync_templates=sync, sync_every=sync_every, before_first=before_first,
+                        close_after_s=float(close_after_s))
         if self.batches is not None:
             spec.n_rows, spec.batch_size = self.batches.n_rows, self.batches.batch_size
             spec.shuffle, spec.shuffle_seed = self.batches.shuffle, self.batches.seed
@@ -248,6 +253,7 @@ class Step:
         self.next: Optional[list[Op]] = None
         self.outputs: list[tuple[Op, list[str]]] = []
         self.received: list[tuple[Op, str]] = []   # (hole Op, channel)
+        self.optional: list[bool] = []              # per received value: whether a round may close without it
         self.sent: list[tuple[Op, str]] = []       # (value, channel)
         self.step_seeds: set[int] = set()          # seeds of shared streams (seed_by_step)
 
@@ -280,14 +286,17 @@ class Step:
         self.row_holes.append((hole, data))
         return hole
 
-    def receive(self, channel: str, like: Op) -> Op:
+    def receive(self, channel: str, like: Op, optional: bool = False) -> Op:
         """An Op for the value another loop of the graph sends on `channel` at this step's run (shaped like
-        `like`); the worker waits for it (a resident replica's exchange, ravop.parallel)."""
+        `like`); the worker waits for it (a resident replica's exchange, ravop.parallel). `optional`: it waits at
+        most the loop's `close_after_s` (`Loop.run`), then the step runs with zeros in its place (a sender
+        late or gone: DiLoCo's `close_after`)."""
         graph = self.loop.graph
         hole = graph.add_node(op_of_kind(HOLE), (), {"hole": len(self.carried) + len(self.row_holes) +
                                                       len(self.received)},
                               tuple(like.shape), like.dtype, user_source())
         self.received.append((hole, str(channel)))
+        self.optional.append(bool(optional))
         return hole
 
     def send(self, op: Op, channel: str) -> None:
@@ -366,6 +375,9 @@ class Step:
                                                                       *(h for h, _ in self.received))},
                                 recv_holes=[hole.id for hole, _ in self.received],
                                 recv_channels=[channel for _, channel in self.received],
+                                recv_optional=list(self.optional) if any(self.optional) else [],
+                                optional_holes=[_node_of(hole) for (hole, _), optional in
+                                                zip(self.received, self.optional) if optional],
                                 send_nodes=[op.id for op, _ in self.sent],
                                 send_channels=[channel for _, channel in self.sent])
         for node_id, source in seed_params(rows, graph.seed):

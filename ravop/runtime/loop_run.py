@@ -68,6 +68,9 @@ class StepFunction:
         self.recv_slots = [slot[i] for i in template.recv_holes]
         self.send_slots = [slot[i] for i in template.send_nodes]
         self.recv_channels, self.send_channels = list(template.recv_channels), list(template.send_channels)
+        # optional received values (a round that may close without them): their zeros' shapes and dtypes
+        self.optional = list(template.recv_optional)
+        self.absent = [(tuple(node.shape), node.dtype) for node in template.optional_holes]
         owned_slots = {self.carry_slots[k] for k in owned}
         self._update_in_place(owned_slots, device)
         check_in_place(self.runner.calls, self.runner.overwrites, owned_slots,
@@ -188,11 +191,28 @@ class Exchange(Protocol):
 
     def send(self, channels: Sequence[str], run: int, values: Sequence[Any]) -> None: ...
 
-    def receive(self, channels: Sequence[str], run: int) -> list[Any]: ...
+    def receive(self, channels: Sequence[str], run: int, optional: Sequence[bool] = (),
+                close_after: float = 0.0) -> list[Any]:
+        """The values of `channels` at `run`; with `optional` (a flag per channel), those flagged are waited for
+        at most `close_after` seconds and None where the run went without them (the same at every replay)."""
+
+
+def received_values(exchange: Exchange, step: Any, run: int, close_after: float, device: str) -> list[Any]:
+    """What `step` (a StepFunction) receives at `run`: zeros in place of the optional values that did not come."""
+    if not step.optional:
+        return exchange.receive(step.recv_channels, run)
+    values = exchange.receive(step.recv_channels, run, step.optional, close_after)
+    absent = iter(step.absent)
+    out = []
+    for value, optional in zip(values, step.optional):
+        shape, dtype = next(absent) if optional else (None, None)
+        out.append(torch.zeros(shape, dtype=dtype, device=device) if value is None else value)
+    return out
 
 
 class MemoryExchange:
-    """An `Exchange` between loops run by threads of one process (`ravop.runtime.evaluate`)."""
+    """An `Exchange` between loops run by threads of one process (`ravop.runtime.evaluate`). No loop of one
+    process is lost, so it waits for optional values too: the bits of a round that went without nothing."""
 
     def __init__(self, timeout: float = 600.0) -> None:
         self.values: dict[tuple[str, int], Any] = {}
@@ -211,7 +231,8 @@ class MemoryExchange:
                 self.values.setdefault((channel, run), value.clone())
             self.changed.notify_all()
 
-    def receive(self, channels: Sequence[str], run: int) -> list[Any]:
+    def receive(self, channels: Sequence[str], run: int, optional: Sequence[bool] = (),
+                close_after: float = 0.0) -> list[Any]:
         keys = [(channel, run) for channel in channels]
         with self.changed:
             if not self.changed.wait_for(lambda: self.failed or all(k in self.values for k in keys), self.timeout):
@@ -370,7 +391,8 @@ class LoopRun:
                             order = torch.from_numpy(permutation).to(self.device)
                         rows = order[position:position + n]
                 step = self.steps[t]
-                received = exchange.receive(step.recv_channels, run) if step.recv_slots and exchange is not None else ()
+                received = received_values(exchange, step, run, self.loop.close_after_s, self.device) \
+                    if step.recv_slots and exchange is not None else ()
                 carried, outputs = step(carried, rows, count, index, run, received)
                 if step.send_slots and exchange is not None:
                     exchange.send(step.send_channels, run, step.sent())

@@ -11,7 +11,7 @@ from .nodes import pack_nodes, unpack_nodes
 
 _LISTS = ("carry_holes", "carry_next", "row_holes", "row_data", "counter_nodes", "output_nodes", "output_first_ids",
           "run_holes", "run_values", "seeded_nodes", "seed_strides", "seed_param_nodes", "seed_param_sources",
-          "recv_holes", "recv_channels", "send_nodes", "send_channels")
+          "recv_holes", "recv_channels", "send_nodes", "send_channels", "recv_optional")
 # Lists that name one thing per element of another: (list, its partner, what they are).
 _PAIRS = (("row_holes", "row_data", "row holes and their data"),
           ("seeded_nodes", "seed_strides", "seeded ops and their strides"),
@@ -27,6 +27,7 @@ def pack_loop(spec: LoopSpec, message: Any) -> None:
         pack_nodes(template.nodes, packed.nodes)
         for name in _LISTS:
             getattr(packed, name).extend(getattr(template, name))
+        pack_nodes(template.optional_holes, packed.optional_holes)
     message.n_carried, message.rounds = spec.n_carried, spec.rounds
     message.outer_ids.extend(spec.outer_ids)
     for pair in spec.schedule:
@@ -37,6 +38,7 @@ def pack_loop(spec: LoopSpec, message: Any) -> None:
     message.sync_templates.extend(spec.sync_templates)
     message.sync_every = spec.sync_every
     message.before_first.extend(spec.before_first)
+    message.close_after_s = spec.close_after_s
 
 
 def unpack_loop(message: Any) -> LoopSpec:
@@ -51,12 +53,18 @@ def unpack_loop(message: Any) -> LoopSpec:
         for a, b, what in _PAIRS:
             if len(lists[a]) != len(lists[b]):
                 raise PlanError(f"a loop step's {what} do not pair up")
+        optional_holes = unpack_nodes(packed.optional_holes)
+        if lists["recv_optional"] and (len(lists["recv_optional"]) != len(lists["recv_holes"]) or
+                                       sum(lists["recv_optional"]) != len(optional_holes)):
+            raise PlanError("a loop step's optional received values do not pair up with its received values and "
+                            "their holes")
         template = StepTemplate(unpack_nodes(packed.nodes), lists["carry_holes"], lists["carry_next"],
                                 packed.counts, packed.rows)
         for name, values in lists.items():
             setattr(template, name, values)
+        template.optional_holes = optional_holes
         templates.append(template)
     return LoopSpec(templates, message.n_carried, list(message.outer_ids), list(zip(pairs[::2], pairs[1::2])),
                     message.rounds, message.n_steps, message.first_step, message.n_rows, message.batch_size,
                     message.shuffle, message.shuffle_seed, list(message.sync_templates), message.sync_every,
-                    list(message.before_first))
+                    list(message.before_first), message.close_after_s)

@@ -197,10 +197,10 @@ class _TimedExchange:
         self.paced.started += time.monotonic() - began
         self.clock.waited("exchange_s", time.monotonic() - began)
 
-    def receive(self, channels: Any, run: int) -> Any:
+    def receive(self, channels: Any, run: int, optional: Any = (), close_after: float = 0.0) -> Any:
         began = time.monotonic()
         try:
-            return self.exchange.receive(channels, run)
+            return self.exchange.receive(channels, run, optional, close_after)
         finally:
             self.paced.started += time.monotonic() - began
             self.clock.waited("exchange_s", time.monotonic() - began, received=True)   # the device waits for it too

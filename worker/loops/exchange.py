@@ -1,7 +1,8 @@
 """How a resident replica's loop reaches the other loops of its graph (`ravop.runtime.loop_run.Exchange`): a value sent
 on a channel at run r is one tensor in the store under `keys.exchange(channel, r)`, written with SET NX (a
 replica resumed from its checkpoint sends the same bits again, and the first write stands); receiving polls
-until every value of the run is there. Only these values cross the network per round: the replica's
+until every value of the run is there, but for values a step receives as optional (DiLoCo's `close_after`): those
+are waited for a bounded time, and which ones the run went without is recorded, for its replays (`_receive_closing`). Only these values cross the network per round: the replica's
 parameters, optimizer state and data shard stay in the worker's memory (and its loop checkpoint).
 
 Over a slow link every round trip counts (a provider 50 ms from the store), so the loop waits on none it can
@@ -107,19 +108,14 @@ class StoreExchange:
         """Wait until every value sent is in the store (before a checkpoint, and at the loop's end)."""
         self.sends.drain()
 
-    def receive(self, channels, run):
+    def receive(self, channels, run, optional=(), close_after=0.0):
         check_channels(channels)
         self.sends.check()
+        if any(optional):
+            return self._receive_closing(channels, run, optional, close_after)
         key = (tuple(channels), run)
         fetch = self.prefetched.pop(key, None) or _Fetch(self.client, [self.keys.exchange(c, run) for c in channels])
-        checked, check = time.monotonic(), None
-        while not fetch.wait(POLL_SECONDS[1] if fetch.background else None):
-            if check is None and time.monotonic() - checked >= STATE_SECONDS:
-                check = _Check(self.client, self.keys.meta, self.attention)
-            if check is not None and check.done.is_set():
-                if check.act():   # raises a failed read
-                    self.on_wait(check.state)
-                checked, check = time.monotonic(), None
+        self._wait(fetch)
         found = fetch.values()
         self.received_bytes += sum(len(data) for data in found)
         self.read_keys += zip(fetch.names, channels)
@@ -127,6 +123,56 @@ class StoreExchange:
         self.prefetched[ahead] = _Fetch(self.client, [self.keys.exchange(c, run + 1) for c in channels],
                                         background=True)
         return [devices.to_device(decode_tensor(data), self.device) for data in found]
+
+    def _wait(self, fetch, deadline=None):
+        """Whether `fetch` got every value before `deadline` (time.monotonic; None: it waits for all), looking at
+        the graph's state and `attention()` beside the wait."""
+        checked, check = time.monotonic(), None
+        while not fetch.wait(POLL_SECONDS[1] if fetch.background else None):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            if check is None and time.monotonic() - checked >= STATE_SECONDS:
+                check = _Check(self.client, self.keys.meta, self.attention)
+            if check is not None and check.done.is_set():
+                if check.act():   # raises a failed read
+                    self.on_wait(check.state)
+                checked, check = time.monotonic(), None
+        return True
+
+    def _receive_closing(self, channels, run, optional, close_after):
+        """`receive` of a step whose optional values are waited for at most `close_after` s from now. Which ones
+        the run went without is recorded first (SET NX under `without.{first channel}`): a replay of the run (the
+        loop resumed from a checkpoint, here or elsewhere) goes without the same ones, so that what it sends again
+        is what it sent (the first write stands) and its state is what the others saw."""
+        deadline = time.monotonic() + close_after
+        names = [self.keys.exchange(c, run) for c in channels]
+        required = [k for k, flag in enumerate(optional) if not flag]
+        flagged = [k for k, flag in enumerate(optional) if flag]
+        found = [None] * len(channels)
+        for group, until in [(group, until) for group, until in ((required, None), (flagged, deadline)) if group]:
+            fetch = _Fetch(self.client, [names[k] for k in group])
+            self._wait(fetch, until)
+            for k, data in zip(group, fetch.values()):
+                found[k] = data
+        decision = self.keys.exchange(f"without.{channels[0]}", run)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(decision, json.dumps([k for k in flagged if found[k] is None]), nx=True)
+        pipe.get(decision)
+        without = set(json.loads(pipe.execute()[-1]))
+        late = [k for k in flagged if found[k] is None and k not in without]
+        if late:   # recorded as present by a run before this replay: they are in the store
+            fetch = _Fetch(self.client, [names[k] for k in late])
+            self._wait(fetch)
+            for k, data in zip(late, fetch.values()):
+                found[k] = data
+        if without:
+            log.info("loop exchange run %d of %s went without %s (not there within %.3g s)", run, channels[0],
+                     ", ".join(channels[k] for k in sorted(without)), close_after)
+        read = [k for k in range(len(channels)) if k not in without]
+        self.received_bytes += sum(len(found[k]) for k in read)
+        self.read_keys += [(names[k], channels[k]) for k in read]
+        return [None if k in without else devices.to_device(decode_tensor(found[k]), self.device)
+                for k in range(len(channels))]
 
     def close(self):
         """Stop fetching ahead and the sender (what was queued is written first, unless a write failed)."""

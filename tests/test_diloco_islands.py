@@ -1,0 +1,103 @@
+"""DiLoCo rounds that close with the replicas present (`close_after`, Decoupled DiLoCo's islands): the exchange's
+bounded wait for optional values and its recorded choice (worker/loops/exchange.py) on a real server, and fits on
+real workers: nothing late gives the bits of the fit without `close_after`; a replica held back (SIGSTOP) past the
+bound does not hold the others, and the fit ends."""
+import os
+import signal
+import time
+import uuid
+
+import pytest
+import torch
+
+import ravop as R
+from ravop.client.placement import held_by
+from ravop.core.graph_states import RUNNING
+from ravop.store import GraphKeys
+from test_exchange_pipelined import exchange
+from test_parallel_engine import assert_same_as_in_process
+from test_parallel_math import X, Y, ravdl_net, torch_net
+
+
+@pytest.fixture
+def keys(client):
+    keys = GraphKeys(f"t{uuid.uuid4().hex[:6]}", uuid.uuid4().hex[:12])
+    client.hset(keys.meta, "state", RUNNING)
+    yield keys
+    client.delete(*client.keys(keys.prefix + "*"))
+
+
+def test_optional_values_are_waited_for_a_bounded_time_and_the_choice_is_replayed(client, keys):
+    sender, receiver = exchange(client, keys), exchange(client, keys)
+    sender.send(["up.0"], 0, [torch.ones(3)])
+    sender.flush()
+    started = time.monotonic()
+    got = receiver.receive(["up.0", "up.1"], 0, [False, True], 0.3)
+    assert 0.3 <= time.monotonic() - started < 5
+    assert torch.equal(got[0], torch.ones(3)) and got[1] is None
+    sender.send(["up.1"], 0, [torch.full((3,), 2.0)])   # late: the run went without it, and a replay does too
+    sender.flush()
+    replay = exchange(client, keys).receive(["up.0", "up.1"], 0, [False, True], 0.3)
+    assert replay[1] is None
+    sender.send(["up.0", "up.1"], 1, [torch.ones(3), torch.ones(3)])
+    sender.flush()
+    on_time = receiver.receive(["up.0", "up.1"], 1, [False, True], 30)
+    assert all(torch.equal(v, torch.ones(3)) for v in on_time)
+    assert client.get(keys.exchange("without.up.0", 1)) == b"[]"
+    sender.close(), receiver.close()
+
+
+def test_bad_close_after_is_refused_by_name():
+    with pytest.raises(ValueError, match="close_after must be None or seconds > 0"):
+        R.parallel.DiLoCo(2, 4, close_after=0)
+    with pytest.raises(ValueError, match="close_after needs resident replicas"):
+        R.parallel.DiLoCo(2, 4, close_after=5, resident=False)
+    assert repr(R.parallel.DiLoCo(2, 4, close_after=5)).endswith("close_after=5)")
+
+
+def fit_graph(name, strategy, n_epochs=4):
+    graph = R.Graph(name=name, seed=11)
+    model = ravdl_net(torch_net())
+    persisted = list(model.fit(X, Y, n_epochs=n_epochs, batch_size=4, shuffle=True, seed=3, strategy=strategy))
+    model.predict(X).persist_op("prediction")
+    R.activate()
+    return graph, persisted + ["prediction"]
+
+
+def test_rounds_with_everyone_present_give_the_bits_without_close_after(engine, workers, client):
+    workers.start(2)
+    graph, names = fit_graph("islands all present", R.parallel.DiLoCo(2, 3, resident=True, close_after=60))
+    R.execute()
+    R.track_progress(timeout=300, progress_bar=False)
+    assert_same_as_in_process(graph, names)   # in one process no replica is late: the plain means
+    got = {name: R.fetch_persisting_op(name) for name in names}
+    graph, _ = fit_graph("plain", R.parallel.DiLoCo(2, 3, resident=True))
+    R.execute()
+    R.track_progress(timeout=300, progress_bar=False)
+    assert all(torch.equal(R.fetch_persisting_op(name), got[name]) for name in names)
+
+
+def test_a_replica_held_back_does_not_hold_the_others(engine, workers, client):
+    names = workers.start(2, extra=["--emulate-device-flops", "1e5"])   # steps of a few ms: the fit lasts
+    strategy = R.parallel.DiLoCo(2, 3, resident=True, close_after=0.3)
+    started = time.monotonic()
+    graph, persisted = fit_graph("islands late", strategy, n_epochs=20)
+    R.execute()
+    deadline = time.monotonic() + 120
+    while not held_by(graph).get(repr(strategy), {}).get("replica 1"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    late = held_by(graph)[repr(strategy)]["replica 1"][0]
+    pid = workers.procs[late].pid
+    os.kill(pid, signal.SIGSTOP)   # replica 1's worker stops for 2 s: the rounds then close without it
+    time.sleep(2)
+    os.kill(pid, signal.SIGCONT)
+    R.track_progress(timeout=300, progress_bar=False)
+    print(f"fit {time.monotonic() - started:.1f} s")
+    keys = GraphKeys(engine.token, graph.id)
+    choices = [client.get(key) for key in client.keys(keys.exchange("without.present.1", "*"))]
+    assert len(choices) == 40 and b"[]" in choices, choices   # a choice recorded per round: most went with it
+    assert any(choice != b"[]" for choice in choices), choices   # and some without replica 1
+    assert late in names
+    prediction = R.fetch_persisting_op("prediction")
+    assert torch.isfinite(prediction).all()
