@@ -81,7 +81,7 @@ def test_a_replica_held_back_does_not_hold_the_others(engine, workers, client):
     names = workers.start(2, extra=["--emulate-device-flops", "1e5"])   # steps of a few ms: the fit lasts
     strategy = R.parallel.DiLoCo(2, 3, resident=True, close_after=0.3)
     started = time.monotonic()
-    graph, persisted = fit_graph("islands late", strategy, n_epochs=20)
+    graph, persisted = fit_graph("islands late", strategy, n_epochs=40)
     R.execute()
     deadline = time.monotonic() + 120
     while not held_by(graph).get(repr(strategy), {}).get("replica 1"):
@@ -96,7 +96,7 @@ def test_a_replica_held_back_does_not_hold_the_others(engine, workers, client):
     print(f"fit {time.monotonic() - started:.1f} s")
     keys = GraphKeys(engine.token, graph.id)
     choices = [client.get(key) for key in client.keys(keys.exchange("without.present.1", "*"))]
-    assert len(choices) == 40 and b"[]" in choices, choices   # a choice recorded per round: most went with it
+    assert len(choices) == 80 and b"[]" in choices, choices   # a choice recorded per round: most went with it
     assert any(choice != b"[]" for choice in choices), choices   # and some without replica 1
     assert late in names
     prediction = R.fetch_persisting_op("prediction")
