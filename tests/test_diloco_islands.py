@@ -58,10 +58,11 @@ def test_bad_close_after_is_refused_by_name():
 def fit_graph(name, strategy, n_epochs=4):
     graph = R.Graph(name=name, seed=11)
     model = ravdl_net(torch_net())
-    persisted = list(model.fit(X, Y, n_epochs=n_epochs, batch_size=4, shuffle=True, seed=3, strategy=strategy))
+    history = model.fit(X, Y, n_epochs=n_epochs, batch_size=4, shuffle=True, seed=3, strategy=strategy)
     model.predict(X).persist_op("prediction")
     R.activate()
-    return graph, persisted + ["prediction"]
+    fit_graph.history = history
+    return graph, list(history) + ["prediction"]
 
 
 def test_rounds_with_everyone_present_give_the_bits_without_close_after(engine, workers, client):
@@ -99,5 +100,11 @@ def test_a_replica_held_back_does_not_hold_the_others(engine, workers, client):
     assert len(choices) == 80 and b"[]" in choices, choices   # a choice recorded per round: most went with it
     assert any(choice != b"[]" for choice in choices), choices   # and some without replica 1
     assert late in names
+    seen = fit_graph.history.contributions[repr(strategy)]   # what `history` tells of each replica
+    assert seen["replica 1"]["workers"][0] == late and seen["replica 1"]["rounds"] == 80
+    assert seen["replica 0"]["rounds_without"] == []
+    assert seen["replica 1"]["rounds_without"] == [run for run, choice in enumerate(
+        client.mget([keys.exchange("without.present.1", run) for run in range(80)])) if choice != b"[]"]
+    assert 0 < len(seen["replica 1"]["rounds_without"]) < 80
     prediction = R.fetch_persisting_op("prediction")
     assert torch.isfinite(prediction).all()

@@ -93,10 +93,16 @@ def test_unequal_rounds_on_two_workers_give_the_in_process_bits(engine, workers,
     graph = R.Graph(name=f"diloco rounds {resident}", seed=11)
     model = ravdl_net(torch_net())
     strategy = R.parallel.DiLoCo(2, inner_steps=4, round=Shares(1, 0.5), resident=resident)
-    persisted = list(model.fit(X, Y, n_epochs=2, batch_size=4, shuffle=True, seed=3, strategy=strategy))
+    history = model.fit(X, Y, n_epochs=2, batch_size=4, shuffle=True, seed=3, strategy=strategy)
+    persisted = list(history)
     model.predict(X).persist_op("prediction")
     R.activate()
     run_on_both(engine, client, graph, names)
+    seen = history.contributions[repr(strategy)]   # each replica's part of a round, as `history` tells it
+    assert [(seen[f"replica {r}"]["steps_per_round"], seen[f"replica {r}"]["samples_per_round"],
+             seen[f"replica {r}"]["rounds"], seen[f"replica {r}"]["rounds_without"]) for r in range(2)] == \
+        [(4, 16, 4, []), (2, 8, 4, [])]
+    assert all(len(seen[f"replica {r}"]["workers"]) >= 1 for r in range(2))
     assert_same_as_in_process(graph, persisted + ["prediction"])
     _, _, want_prediction = diloco_reference(2, 4, 2, 4, True, 3, 0.7, 0.9, True, steps=[4, 2])
     assert torch.allclose(R.fetch_persisting_op("prediction"), want_prediction, atol=1e-5)

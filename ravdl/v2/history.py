@@ -14,7 +14,7 @@ import html
 from typing import Any, Optional, Sequence, cast
 
 import ravop as R
-from ravop.client.placement import held_by
+from ravop.client.placement import contributions, held_by
 from ravop.client.training_losses import Losses
 from ravop.core import graph_states
 from ravop.core.errors import GraphFailedError, NotComputedError
@@ -63,6 +63,13 @@ class History(list[str]):
         """{strategy: {role ('replica r'): [workers]}}: the workers that ran each replica of the graph's fits under
         a strategy, from the engine's records (ravop.client.placement.held_by), not the activation's forecast."""
         return held_by(self.graph)
+
+    @property
+    def contributions(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """{strategy: {role ('replica r'): {"workers", "steps_per_round", "samples_per_round", "rounds",
+        "rounds_without"}}}: what each replica of the graph's fits on shards contributed per round, and the rounds
+        that closed without it (DiLoCo's `close_after`; ravop.client.placement.contributions)."""
+        return contributions(self.graph)
 
     @property
     def batch_losses(self) -> Any:

@@ -251,6 +251,13 @@ class ParallelFit:
                 self._ran_as(f"replica {r}")
                 states[r], losses[r] = list(after[:len(slots)]), after[len(slots):]
             sync.exchange(states, losses, sum(segments[0]))
+        # what each replica contributes per round (History.contributions): its steps, their samples (a full
+        # round's: an epoch's last batch may be short), its rounds
+        per_round = [resident.interval(r) if resident is not None else strategy.segments(len(steps.order), r)[0][1]
+                     for r, steps in enumerate(steps_of)]
+        current_graph().parallel_rounds[repr(strategy)] = {
+            f"replica {r}": {"steps_per_round": n, "samples_per_round": n * self.batch_size * per_update,
+                             "rounds": -(-len(steps_of[r].order) // n)} for r, n in enumerate(per_round)}
         for slot, value in zip(slots, sync.finish(states)):
             slot.set(value)
         # the counters (the optimizer's step) as replica 0 advanced them: the model after fit is the global one

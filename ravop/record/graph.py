@@ -153,6 +153,7 @@ class Graph:
         self.strategy = strategy  # ravop.parallel strategy of its fits, or of its hand-written loops without one
         self.parallel_fits = []   # strategies fits recorded with; their segments and averagings are not folded
         self.parallel_loops = []  # per such fit: role ('replica r') -> its loop op ids (ravop.client.placement)
+        self.parallel_rounds = {}  # strategy repr -> role -> its rounds' schedule (ravop.client.placement)
         self.nodes = []           # append-only op table; node.id is its index
         self.constants = {}       # node id -> torch.Tensor held by the requester until upload
         self.persisted = {}       # persist name -> Op
