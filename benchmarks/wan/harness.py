@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 import uuid
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -318,7 +319,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
     return result
 
 
-def check_speeds(speeds, providers, emulate):
+def check_speeds(speeds: Optional[Sequence[float]], providers: int, emulate: bool) -> list[float]:
     """Each provider's speed (a multiple of device_flops): `speeds`, checked, or all 1."""
     if speeds is None:
         return [1.0] * providers
@@ -330,7 +331,7 @@ def check_speeds(speeds, providers, emulate):
     return speeds
 
 
-def hold_back(lab, names):
+def hold_back(lab: Lab, names: Sequence[str]) -> None:
     """Stop the providers (SIGSTOP) until their pending reads of the work stream have timed out, so that none
     takes work before `release_in_order` lets it: which provider takes which replica is otherwise the stream's
     choice, and a replica's share must meet its provider's speed."""
@@ -343,7 +344,7 @@ def hold_back(lab, names):
         time.sleep(0.05)
 
 
-def release_in_order(lab, names, strategy, timeout=60):
+def release_in_order(lab: Lab, names: Sequence[str], strategy: str, timeout: float = 60) -> None:
     """Continue the providers held back one by one, each once the one before holds its replica: the stream hands
     the replicas' loops out in replica order, so provider k takes replica k (checked)."""
     for k, name in enumerate(names):
@@ -358,7 +359,7 @@ def release_in_order(lab, names, strategy, timeout=60):
             raise RuntimeError(f"{name} took {roles}, not replica {k}: its speed would not meet its share")
 
 
-def held_roles(strategy):
+def held_roles(strategy: str) -> dict[str, list[str]]:
     """{provider: [the roles it ran ('replica r')]} of the current graph's fit under `strategy` (its repr)."""
     roles = {}
     for role, workers_ in held_by().get(strategy, {}).items():

@@ -53,6 +53,8 @@ which replicas a round went without is recorded in the store, so a replay of rep
 Rounds that went without no one give the bits of the same fit without `close_after`; one that went without a
 replica gives bits that depend on the machines' timing. Replica 0 itself is never skipped: the others wait for it.
 """
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
 from .compression import check_compression, send
 from .resident import ResidentDiLoCo
 from .replicas import OnShards, check_replicas, check_resident, check_update_frequency, every, weighted_mean
@@ -100,23 +102,24 @@ class DiLoCo(OnShards):
                              "leave resident=False out")
         self.close_after = None if close_after is None else float(close_after)
 
-    def resident_sync(self, initial, layout, workers_hold_all, n_steps, graph_seed):
+    def resident_sync(self, initial: Sequence[Any], layout: Any, workers_hold_all: Callable[[], bool], n_steps: int,
+                      graph_seed: int) -> Optional[ResidentDiLoCo]:
         sync = super().resident_sync(initial, layout, workers_hold_all, n_steps, graph_seed)
         if sync is None and self.close_after is not None:
             raise ValueError(f"{self!r}: close_after needs resident replicas, and the session's live workers "
                              f"cannot hold all {self.replicas} at once (start more, or leave close_after out)")
         return sync
 
-    def shard_rows(self, n_rows, rows_per_step):
+    def shard_rows(self, n_rows: int, rows_per_step: int) -> List[int]:
         if len(set(self.steps)) == 1:
             return super().shard_rows(n_rows, rows_per_step)
         return shard_rows(self.steps, n_rows, rows_per_step)
 
-    def segments(self, n_steps, r):
+    def segments(self, n_steps: int, r: int) -> List[Tuple[int, int]]:
         """(first step, steps) of each of replica r's rounds."""
         return every(n_steps, self.steps[r])
 
-    def mean(self, values):
+    def mean(self, values: List[Any]) -> Any:
         """The replicas' mean of `values` (one per replica), weighted by their samples per round."""
         return weighted_mean(values, self.weights)
 

@@ -1,5 +1,7 @@
 """What every replicated strategy shares: the replica count, its check, the layout of a replica's carried
 values, and averaging recorded as ops."""
+from typing import Any, List, Optional
+
 
 
 class OnShards:
@@ -16,7 +18,7 @@ class OnShards:
 
     resident = None       # resident replicas: None (when the workers can hold them all), True or False
 
-    def shard_rows(self, n_rows, rows_per_step):
+    def shard_rows(self, n_rows: int, rows_per_step: int) -> List[int]:
         """Rows of each replica's shard: equal shards (every replica runs the same steps)."""
         if n_rows % self.replicas:
             raise ValueError(f"{n_rows} rows do not split into {self.replicas} equal shards: replicas that run "
@@ -87,7 +89,7 @@ def weighted_sum(values, weights):
     return total
 
 
-def weighted_mean(values, weights):
+def weighted_mean(values: List[Any], weights: Optional[List[float]]) -> Any:
     """sum(w * v) with `weights` summing to 1 (replicas weighted by the samples they trained on), or the plain
     `average` when `weights` is None (equal replicas: its bits). Integer values: the first one's (see `average`)."""
     if weights is None or not values[0].dtype.is_floating_point:

@@ -28,6 +28,8 @@ With `close_after` (DiLoCo's docstring) a replica r > 0 also sends `present.{r}`
 of a replica's values as optional: those of a replica not there within `close_after` s are zeros, its `present` 0,
 and the means are renormalised over the replicas present; when every replica is present the mean is the plain
 one, bit for bit (`static * 1 + renormalised * 0`)."""
+from typing import Any, Callable, List
+
 import torch
 
 import ravop as R
@@ -63,7 +65,7 @@ class ResidentDiLoCo:
         self.own_start = list(params) if self.local else []   # replicas r > 0: the round's start (see above)
         self.n_state = None
 
-    def interval(self, r):
+    def interval(self, r: int) -> int:
         """Replica r's training steps between two syncs (its steps per round)."""
         return self.diloco.steps[r]
 
@@ -230,7 +232,7 @@ class ResidentDiLoCo:
             step.send(mean, f"buffermean.{k}")
         return self._restart(state, new_model) + new_model + residuals + momentum + down
 
-    def _islands_mean(self, step):
+    def _islands_mean(self, step: Any) -> Callable[[List[Any]], Any]:
         """The replicas' mean at a sync that may close without some (`close_after`): each replica's `present`
         (0 for one the round went without) weighs it, renormalised over those present; when all are present,
         exactly the plain mean (DiLoCo's `mean`)."""
@@ -246,7 +248,7 @@ class ResidentDiLoCo:
             everyone = everyone * p
         shares = [weights[0] / total] + [w / total for w in kept]
 
-        def mean(values):
+        def mean(values: List[Any]) -> Any:
             if not values[0].dtype.is_floating_point:
                 return values[0]
             renormalised = values[0] * shares[0]

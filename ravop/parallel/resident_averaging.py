@@ -47,7 +47,7 @@ class ResidentAveraging(_Resident):
         super().__init__(layout, initial, set(indices))
         self.replicas, self.every = local_sgd.replicas, local_sgd.sync_every
 
-    def interval(self, r):
+    def interval(self, r: int) -> int:
         return self.every
 
     def sync_steps(self, loop, r, n_state):
@@ -76,7 +76,7 @@ class ResidentAveraging(_Resident):
 class ResidentGossip(_Resident):
     """Gossip's pair-wise interpolation after every step as sync templates (see the module docstring)."""
 
-    def interval(self, r):
+    def interval(self, r: int) -> int:
         return 1   # every step
 
     def __init__(self, gossip, initial, layout, n_steps, graph_seed):

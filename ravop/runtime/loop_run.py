@@ -201,6 +201,8 @@ def received_values(exchange: Exchange, step: Any, run: int, close_after: float,
     """What `step` (a StepFunction) receives at `run`: zeros in place of the optional values that did not come."""
     if not step.optional:
         return exchange.receive(step.recv_channels, run)
+    if not close_after > 0:   # a plan from the network: a zero wait would go without every optional value
+        raise PlanError(f"a loop step receives optional values but the loop's close_after_s is {close_after!r}")
     values = exchange.receive(step.recv_channels, run, step.optional, close_after)
     absent = iter(step.absent)
     out = []

@@ -30,6 +30,7 @@ import logging
 import re
 import threading
 import time
+from typing import Any, List, Optional, Sequence
 
 from redis.exceptions import NoPermissionError
 
@@ -124,7 +125,7 @@ class StoreExchange:
                                         background=True)
         return [devices.to_device(decode_tensor(data), self.device) for data in found]
 
-    def _wait(self, fetch, deadline=None):
+    def _wait(self, fetch: "_Fetch", deadline: Optional[float] = None) -> bool:
         """Whether `fetch` got every value before `deadline` (time.monotonic; None: it waits for all), looking at
         the graph's state and `attention()` beside the wait."""
         checked, check = time.monotonic(), None
@@ -139,7 +140,8 @@ class StoreExchange:
                 checked, check = time.monotonic(), None
         return True
 
-    def _receive_closing(self, channels, run, optional, close_after):
+    def _receive_closing(self, channels: Sequence[str], run: int, optional: Sequence[bool],
+                         close_after: float) -> List[Any]:
         """`receive` of a step whose optional values are waited for at most `close_after` s from now. Which ones
         the run went without is recorded first (SET NX under `without.{first channel}`): a replay of the run (the
         loop resumed from a checkpoint, here or elsewhere) goes without the same ones, so that what it sends again
