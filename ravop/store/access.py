@@ -62,7 +62,7 @@ _READ_STREAM = ("xread", "xrange", "xrevrange", "xlen")
 
 # What only reads (the threat model's table says "read" for these, ravop.store.threat_model).
 READS = frozenset(_READ_STRING + _READ_HASH + _READ_SET + _READ_ZSET + _READ_STREAM +
-                  ("type", "watch", "xpending", "xinfo|stream", "xinfo|groups"))
+                  ("type", "watch", "xpending", "xinfo|stream", "xinfo|groups", "memory|usage"))
 
 
 def _registry() -> Tuple[str, ...]:

@@ -56,13 +56,12 @@ def cluster(client, token):
 def shares(client, token):
     """Each `ravop admin` token's weight, quotas, worker time used and share of it, subgraphs running now
     (ravop.store.quotas.shares); a token user, who may read only its own, gets its own row (share None)."""
-    try:
-        tokens = {t.decode() for t in client.smembers(TOKENS)}
-    except redis.exceptions.NoPermissionError:
+    if client_user(client) == token:
         rows = quotas.shares(client, [token])
         for row in rows:
             row["share"] = None
         return rows
+    tokens = {t.decode() for t in client.smembers(TOKENS)}
     return quotas.shares(client, tokens | {token}) if tokens else []
 
 
