@@ -27,13 +27,13 @@ BUDGET = {
     "ravop/parallel": 780,      # 671 at the layout by role; 741 with the Strategy protocol (ravop/parallel/protocol.py)
     "ravop/record": 1550,       # 1,468 at the layout by role
     "ravop/runtime": 1220,      # 1,160 at the layout by role
-    "ravop/store": 2050,        # 1,951 at the layout by role
-    "ravop/tools": 720,         # 680 at the layout by role
+    "ravop/store": 2135,        # 1,951 at the layout by role; +76 for quotas per token (issue 44)
+    "ravop/tools": 745,         # 680 at the layout by role; +17: ravop admin token set, shares in status
     "ravop/wire": 320,          # 304 at the layout by role
     "worker/execute": 540,      # 506 at the layout by role
-    "worker/loops": 1020,       # 963 at the layout by role
+    "worker/loops": 1050,       # 963 at the layout by role; +24: loops yield to other tokens (turns)
     "worker/provider": 350,     # 325 at the layout by role
-    "worker/serve": 1300,       # 1,234 at the layout by role
+    "worker/serve": 1345,       # 1,234 at the layout by role; +39: the tokens' quotas (token_usage)
     "worker/verify": 410,       # 382 at the layout by role
 }
 SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,
