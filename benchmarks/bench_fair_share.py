@@ -80,11 +80,21 @@ def wait(condition, timeout=600):
         time.sleep(0.005)
 
 
-def felt(client, act):
-    """Seconds from `act()` returning to the workers holding no message."""
+def held(client, keys):
+    """Whether a worker holds a message of the graph at `keys` (runs its loop)."""
+    stream = queue("cpu")
+    for entry in client.xpending_range(stream, GROUP, "-", "+", 100):
+        found = client.xrange(stream, entry["message_id"], entry["message_id"])
+        if found and found[0][1].get(b"graph") == keys.graph_id.encode():
+            return True
+    return False
+
+
+def felt(client, keys, act):
+    """Seconds from `act()` returning to no worker holding a message of the graph at `keys`."""
     act()
     began = time.monotonic()
-    wait(lambda: client.xpending(queue("cpu"), GROUP)["pending"] == 0)
+    wait(lambda: not held(client, keys))
     return time.monotonic() - began
 
 
@@ -115,13 +125,14 @@ def main():
                 small(f"a-small-{t}-{i}")
             loaded.append(b_graph(url_b, f"loaded-{t}"))
         cancels = []
-        for t, keys in enumerate(loops):
-            wait(lambda: store_graphs.steps_done(client, keys) > 0)   # running (resumed after B's turn)
-            cancels.append(felt(client, lambda: status.cancel(client, keys)))
+        for keys in loops:   # each while it runs (resumed after B's turn), unless it ended meanwhile
+            wait(lambda: held(client, keys) or store_graphs.read_state(client, keys)["state"] != "running")
+            if held(client, keys):
+                cancels.append(felt(client, keys, lambda: status.cancel(client, keys)))
         R.initialize(redis_url=url_a)
         last = endless("a-revoked", args.steps)
         wait(lambda: store_graphs.steps_done(client, last) > 0)
-        revoked = felt(client, lambda: admin.revoke(client, "token", name_a))
+        revoked = felt(client, last, lambda: admin.revoke(client, "token", name_a))
     finally:
         pool.stop_all()
         server.stop()
@@ -131,8 +142,8 @@ def main():
     print(f"B's small graph beside A's {args.workers} loops and {args.backlog} queued graphs: median {lo:.3f} s "
           f"({', '.join(f'{v:.3f}' for v in loaded)}), max {max(loaded):.3f} s; {lo / q:.1f}x quiet; target "
           f"2x quiet + 3 s = {target:.2f} s: {'met' if max(loaded) <= target else 'NOT met'}")
-    print(f"cancel felt by a running loop after {', '.join(f'{v:.3f}' for v in cancels)} s; revocation after "
-          f"{revoked:.3f} s")
+    print(f"cancel felt by a running loop after {', '.join(f'{v:.3f}' for v in cancels) or '- (the loops ended)'} s; "
+          f"revocation after {revoked:.3f} s")
 
 
 if __name__ == "__main__":

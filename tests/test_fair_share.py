@@ -84,15 +84,27 @@ def held_messages(client):
     return client.xpending(queue("cpu"), GROUP)["pending"]
 
 
+def held(client, keys):
+    """Whether a worker holds a message of the graph at `keys` (runs its loop)."""
+    stream = queue("cpu")
+    for entry in client.xpending_range(stream, GROUP, "-", "+", 100):
+        found = client.xrange(stream, entry["message_id"], entry["message_id"])
+        if found and found[0][1].get(b"graph") == keys.graph_id.encode():
+            return True
+    return False
+
+
 def running(client, keys):
     return store_graphs.steps_done(client, keys)
 
 
-def stop_felt(client, what, act):
-    """Seconds from `act()` to the workers holding no message (the loops left); printed."""
+def stop_felt(client, what, act, loops):
+    """Seconds from `act()` to no worker holding a message of `loops` (they left them); printed."""
+    assert any(held(client, keys) for keys in loops)
     began = time.monotonic()
     act()
-    wait_for(lambda: held_messages(client) == 0, f"the workers leaving the loops after {what}", timeout=BOUND)
+    wait_for(lambda: not any(held(client, keys) for keys in loops), f"the workers leaving the loops after {what}",
+             timeout=BOUND)
     felt = time.monotonic() - began
     print(f"\n{what}: the workers left the loops after {felt:.2f} s")
     return felt
@@ -119,7 +131,7 @@ def test_b_runs_beside_a_backlog_and_a_cancel_stops_a_loops(server, admin_client
     wait_for(lambda: all(store_graphs.read_state(admin_client, k)["state"] == graph_states.DONE for k in backlog),
              "A's backlog done")
     R.initialize(redis_url=url_a)
-    stop_felt(admin_client, "a cancel", lambda: [status.cancel(admin_client, k) for k in loops])
+    stop_felt(admin_client, "a cancel", lambda: [status.cancel(admin_client, k) for k in loops], loops)
     for keys in loops:
         assert store_graphs.read_state(admin_client, keys)["state"] == graph_states.CANCELLED
     assert b in {row["token"] for row in status.shares(admin_client, a)}
@@ -130,7 +142,7 @@ def test_a_revocation_stops_a_running_loop(server, admin_client, pool):
     R.initialize(redis_url=url_a)
     keys = endless_loop("a-revoked")
     wait_for(lambda: running(admin_client, keys) > 0, "A's loop running")
-    stop_felt(admin_client, "a revocation", lambda: admin.revoke(admin_client, "token", a))
+    stop_felt(admin_client, "a revocation", lambda: admin.revoke(admin_client, "token", a), [keys])
     assert store_graphs.read_state(admin_client, keys)["state"] == graph_states.CANCELLED
 
 
@@ -180,4 +192,23 @@ def test_a_runs_at_most_max_workers_subgraphs_at_once(server, admin_client, pool
         assert len(quotas.running(admin_client, a)) <= 1
         time.sleep(0.05)
     assert sum(running(admin_client, k) > 0 for k in loops) == 1
-    stop_felt(admin_client, "a cancel", lambda: [status.cancel(admin_client, k) for k in loops])
+    stop_felt(admin_client, "a cancel", lambda: [status.cancel(admin_client, k) for k in loops],
+              [k for k in loops if held(admin_client, k)])
+
+
+@pytest.mark.parametrize("values, error", [
+    ({"max_memory": -1}, r"--max-memory must be a positive whole number, not -1"),
+    ({"max_workers": 1.5}, r"--max-workers must be a positive whole number, not 1\.5"),
+    ({"weight": 0}, r"--weight must be a positive number, not 0"),
+    ({"max_cpu": 3}, r"unknown quota 'max_cpu'"),
+])
+def test_bad_quotas_are_refused_naming_the_flag(values, error):
+    with pytest.raises(ValueError, match=error):
+        quotas.checked(values)
+
+
+def test_quotas_are_a_token_s(server, admin_client):
+    with pytest.raises(ValueError, match="quotas are a token's: a worker user has none"):
+        admin.create(admin_client, server.url, "worker", f"w{uuid.uuid4().hex[:6]}", {"max_workers": 1})
+    with pytest.raises(Exception, match="there is no token user 'nobody-here'"):
+        admin.set_quota(admin_client, "nobody-here", {"weight": 2})
