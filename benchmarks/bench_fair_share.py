@@ -3,7 +3,7 @@ then while token A keeps both workers busy with endless loops and a backlog of q
 and a revocation take to stop A's running loops (from the call returning to the workers holding no message). All
 with `ravop admin` token users and worker-user processes on an embedded server, in one run.
 
-    python benchmarks/bench_fair_share.py [--trials 3] [--steps 10000000] [--backlog 20] [--workers 2]
+    python benchmarks/bench_fair_share.py [--trials 3] [--steps 10000000] [--backlog 100] [--workers 2]
 
 Target: B's wait under load <= 2x its quiet time + 3 s; a cancel or revocation felt within about a second.
 `--steps`: the loops' length (10^7 runs minutes here; recording 10^9 takes minutes today: issue 44's fit bullet).
@@ -102,7 +102,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10_000_000)
-    parser.add_argument("--backlog", type=int, default=20)
+    parser.add_argument("--backlog", type=int, default=100)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     server = LocalServer()

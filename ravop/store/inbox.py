@@ -11,11 +11,11 @@ looks a second, one round trip each; worker/serve/inbox_watch.py). Whatever a to
 key, a graph id of another token: its inbox only names its own token's graphs, a graph id that does not exist) is
 dropped or skipped for that token alone: it cannot stop a worker or delay another token.
 
-Fair share: when more than one token has graphs posted, a token's graphs are started only while fewer than
-ADMIT times its weight of its subgraphs wait undelivered in the work streams, tokens taken in the order of their
-worker time used per weight (ravop.store.quotas): the inboxes are the tokens' own queues, and the work streams stay
-short, so a token's small graph is started and taken behind a few of another token's messages, not behind its whole
-backlog. What is held back stays in its inbox and is looked at again within HELD_SECONDS."""
+Fair share: a token's graphs are started only while fewer than ADMIT times its weight of its subgraphs wait
+undelivered in the work streams, tokens taken in the order of their worker time used per weight
+(ravop.store.quotas): the inboxes are the tokens' own queues, and the work streams stay short, so a token's small
+graph posted after another token's backlog is started and taken behind a few of that token's messages, not behind
+all of them. What is held back stays in its inbox and is looked at again within HELD_SECONDS."""
 import logging
 import math
 from collections import Counter
@@ -33,8 +33,8 @@ log = logging.getLogger("ravop.inbox")
 MOVE_SECONDS = 0.01    # the most often a worker looks at the inboxes
 FALLBACK_SECONDS = 1.0  # how often it looks without being rung
 BATCH = 16          # graphs started per inbox per look
-ADMIT = 2           # a token's subgraphs waiting undelivered (times its weight) before its next graph waits too
-HELD_SECONDS = 0.05  # how soon held-back graphs are looked at again
+ADMIT = 4           # a token's subgraphs waiting undelivered (times its weight) before its next graph waits too
+HELD_SECONDS = 0.02  # how soon held-back graphs are looked at again
 PEEK = 256          # undelivered messages counted per work stream
 
 
@@ -77,7 +77,7 @@ class Inboxes:
             if reply:
                 posted[token] = reply
         self.held_back = False
-        if len(posted) > 1:
+        if posted:
             posted = self._fair(posted, weights, used)
         return sum(self._start(token, graph_id) for token, ids in posted.items() for graph_id in ids)
 

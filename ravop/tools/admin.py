@@ -103,7 +103,7 @@ def create(client, admin_url, kind, name, quota=None):
     return user_url(admin_url, name, secret), _persist(client)
 
 
-def set_quota(client, name, values):
+def set_quota(client, name: str, values: dict) -> quotas.Quota:
     """Set token `name`'s quotas and weight (ravop.store.quotas field -> value; None leaves one as it is); the
     quota as it is now. Workers see a change within seconds (they cache a token's quota for a moment)."""
     user = _user(client, name)

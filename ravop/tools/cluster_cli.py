@@ -81,7 +81,7 @@ def _parser():
     return parser
 
 
-def _size(text):
+def _size(text: str) -> int:
     """Bytes from "268435456", "256MiB", "256M", "1GiB", "512KiB"."""
     units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
     value = text.strip().lower().removesuffix("ib").removesuffix("b")
@@ -93,7 +93,7 @@ def _size(text):
     return int(number * scale)
 
 
-def _quota_flags(parser):
+def _quota_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-memory", type=_size, metavar="SIZE",
                         help="bytes the token's keys may hold in the store (256MiB, 1GiB, ...)")
     parser.add_argument("--max-workers", type=int, metavar="N", help="subgraphs of the token run at once")
@@ -103,7 +103,7 @@ def _quota_flags(parser):
                         help="the token's share of the workers relative to other tokens' (default 1)")
 
 
-def _quota_args(args):
+def _quota_args(args: argparse.Namespace) -> dict:
     return {field: getattr(args, field, None) for field in ("max_memory", "max_workers", "max_worker_seconds",
                                                              "weight")}
 
@@ -171,7 +171,7 @@ def _status_text(report, url):
         *_trust_text(report.get("trust", [])), *_shares_text(report.get("shares", []))])
 
 
-def _shares_text(rows):
+def _shares_text(rows: list) -> list:
     """The tokens' shares of the workers and their quotas (ravop.store.quotas), if any token is an admin's."""
     if not rows:
         return []

@@ -53,7 +53,7 @@ def cluster(client, token):
             "trust": trust(client, token), "shares": shares(client, token)}
 
 
-def shares(client, token):
+def shares(client, token: str) -> list:
     """Each `ravop admin` token's weight, quotas, worker time used and share of it, subgraphs running now
     (ravop.store.quotas.shares); a token user, who may read only its own, gets its own row (share None)."""
     if client_user(client) == token:
