@@ -87,10 +87,14 @@ class Inboxes:
         its weight of its subgraphs waiting undelivered in the work streams."""
         waiting = self._waiting()
         chosen: Dict[str, List[bytes]] = {}
+        pipe = self.client.pipeline(transaction=False)
         for token in sorted(posted, key=lambda t: used[t] / weights[t]):
             room = max(0, math.ceil(ADMIT * weights[token]) - waiting[token])
             chosen[token] = posted[token][:room]
-            self.held_back = self.held_back or room < len(posted[token])
+            held = len(posted[token]) - len(chosen[token])
+            self.held_back = self.held_back or held > 0
+            pipe.hset(usage_key(token), quotas.HELD, held)   # its requester waits no longer for the start
+        pipe.execute()
         return chosen
 
     def _waiting(self) -> Counter:

@@ -68,7 +68,8 @@ dead-lettering it, or delivering a graph's first subgraphs and clearing its mark
   quota:{token}       hash    a token's quotas and weight, written by `ravop admin token create/set` only:
                               max_memory (bytes), max_workers, max_worker_seconds, weight (ravop.store.quotas)
   usage:{token}       hash    what a token used: worker_seconds (added as workers run its subgraphs), and
-                              run:{worker} -> "graph/subgraph" for each subgraph of it a worker runs now
+                              run:{worker} -> "graph/subgraph" for each subgraph of it a worker runs now,
+                              held: its graphs the inboxes held back for fair share at their last look
   started             channel (pub/sub, not a key) rung by a token user after posting to its inbox, so that a
                               worker looks at the inboxes at once
 Federated graphs (ravop.store.federated_schema) add, shared by all tokens:

@@ -21,6 +21,7 @@ from .keys import token_pattern, quota_key, usage_key, worker_key
 MIB = 2 ** 20
 WORKER_SECONDS = "worker_seconds"
 RUNNING = "run:"   # usage field prefix: run:{worker} -> "graph/subgraph"
+HELD = "held"      # usage field: graphs of the token its inbox holds back for fair share at the last look
 
 
 class Quota(NamedTuple):
