@@ -8,6 +8,10 @@ are stored; a message held by a worker that died is taken over once its heartbea
 `max_attempts` deliveries it is given up on. Whatever a message holds
 (garbage, unknown ops, absurd shapes) fails its graph and lands in the dead-letter stream, and the worker
 goes on; a kernel error fails the graph at once (it would fail again on any worker: no retries).
+
+A claimed subgraph of a token at its --max-workers quota is passed on for later, one of a token past its worker
+time fails its graph naming the quota, and outputs past its --max-memory are not stored (worker/serve/token_usage.py);
+a loop yields its worker to another token's waiting work at a step boundary (worker/loops/turns.py).
 """
 import logging
 import os
