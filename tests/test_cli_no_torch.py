@@ -67,7 +67,7 @@ def test_admin_commands_load_no_torch(server, client):
     assert f"created token user {name!r}" in done.stdout and f"revoked token user {name!r}" in done.stdout
     assert (f"token {name!r}: max_memory=268435456, max_workers=3, max_worker_seconds=60.0, weight=2.0"
             in done.stdout), done.stdout
-    assert re.search(rf"{name}\s+2\s+0\.0 s\s+0%\s+0\s+256 MiB\s+3\s+60 s", done.stdout), done.stdout
+    assert re.search(rf"{name}\s+2\s+0\.0 s\s+0%\s+0\s+0\s+256 MiB\s+3\s+60 s", done.stdout), done.stdout
     assert loaded == [], f"loaded {loaded}:\n{done.stderr}"
 
 

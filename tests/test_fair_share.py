@@ -214,3 +214,24 @@ def test_quotas_are_a_token_s(server, admin_client):
         admin.create(admin_client, server.url, "worker", f"w{uuid.uuid4().hex[:6]}", {"max_workers": 1})
     with pytest.raises(Exception, match="there is no token user 'nobody-here'"):
         admin.set_quota(admin_client, "nobody-here", {"weight": 2})
+
+
+def test_the_inboxes_hold_a_token_s_backlog_to_a_few_per_weight(server, admin_client, pool):
+    """30 graphs posted at once, waiting for a GPU worker (none runs here): the workers start about 4 x the token's
+    weight of them (each worker's look may admit that many before the others' see them) and hold the rest back."""
+    a, url_a = token(admin_client, server, weight=2)
+    R.initialize(redis_url=url_a)
+    posted = []
+    for i in range(30):
+        R.Graph(name=f"a-gpu-{i}", gpu_required="yes")
+        x = R.t(torch.ones(128, 128))
+        (x @ x).persist_op("p")
+        assert R.activate()["subgraphs"] == 1   # not folded at activate: it waits for a worker
+        R.execute()
+        posted.append(current_keys())
+    started = lambda: [k for k in posted if store_graphs.read_state(admin_client, k)["state"] != "activated"]  # noqa
+    wait_for(lambda: len(started()) >= 8 and quotas.shares(admin_client, [a])[0]["held"], "the inboxes' looks")
+    time.sleep(0.5)   # more looks: none starts more while the 8 wait
+    assert 8 <= len(started()) <= 8 * len(pool.procs), len(started())
+    for keys in posted:
+        status.cancel(admin_client, keys)

@@ -144,8 +144,8 @@ def worker_seconds(raw: Dict[bytes, bytes]) -> float:
 
 
 def shares(client: Any, tokens: Iterable[str]) -> List[Dict[str, Any]]:
-    """Each token's weight, quotas, worker time used, its share of all worker time used, and subgraphs running now:
-    what `ravop status` shows."""
+    """Each token's weight, quotas, worker time used, its share of all worker time used, subgraphs running now and
+    graphs its inbox holds back: what `ravop status` shows."""
     tokens = sorted(tokens)
     pipe = client.pipeline(transaction=False)
     for token in tokens:
@@ -156,7 +156,7 @@ def shares(client: Any, tokens: Iterable[str]) -> List[Dict[str, Any]]:
     for i, token in enumerate(tokens):
         quota, usage = decode(replies[2 * i]), replies[2 * i + 1]
         rows.append({"token": token, **quota._asdict(), "worker_seconds": worker_seconds(usage),
-                     "running": len(running(client, token, usage))})
+                     "running": len(running(client, token, usage)), "held": int(usage.get(HELD.encode(), 0))})
     total = sum(row["worker_seconds"] for row in rows)
     for row in rows:
         row["share"] = row["worker_seconds"] / total if total else 0.0

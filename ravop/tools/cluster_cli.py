@@ -177,9 +177,11 @@ def _shares_text(rows: list) -> list:
         return []
     limit = lambda value, show: "-" if value is None else show(value)   # noqa: E731
     return ["", "tokens (fair share: worker time used, per weight)", _table(
-        ("token", "weight", "worker time", "share", "running", "max memory", "max workers", "max worker time"),
+        ("token", "weight", "worker time", "share", "running", "held back", "max memory", "max workers",
+         "max worker time"),
         [(r["token"], f"{r['weight']:g}", f"{r['worker_seconds']:.1f} s",
-          "-" if r["share"] is None else f"{100 * r['share']:.0f}%", r["running"], limit(r["max_memory"], _mib),
+          "-" if r["share"] is None else f"{100 * r['share']:.0f}%", r["running"], r["held"],
+          limit(r["max_memory"], _mib),
           limit(r["max_workers"], str), limit(r["max_worker_seconds"], lambda v: f"{v:g} s")) for r in rows])]
 
 
