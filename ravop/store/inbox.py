@@ -64,10 +64,13 @@ class Inboxes:
         posted: Dict[str, List[bytes]] = {}
         weights: Dict[str, float] = {}
         used: Dict[str, float] = {}
+        stale_held: List[str] = []
         for i, token in enumerate(tokens):
             reply, quota, usage = replies[3 * i: 3 * i + 3]
             weights[token] = quotas.decode(quota).weight if isinstance(quota, dict) else 1.0
             used[token] = quotas.worker_seconds(usage) if isinstance(usage, dict) else 0.0
+            if isinstance(usage, dict) and usage.get(quotas.HELD.encode(), b"0") != b"0":
+                stale_held.append(token)   # said at an earlier look: reset below unless it still holds some
             if isinstance(reply, redis.ResponseError):  # the user made its inbox another type: its loss
                 if token not in self.unreadable:   # said once, not every second
                     log.warning("inbox of token %s unreadable (%s); skipped", token, reply)
@@ -79,6 +82,12 @@ class Inboxes:
         self.held_back = False
         if posted:
             posted = self._fair(posted, weights, used)
+        stale_held = [token for token in stale_held if token not in posted]
+        if stale_held:   # their inboxes are empty now: their requesters wait for their next graphs' starts again
+            pipe = self.client.pipeline(transaction=False)
+            for token in stale_held:
+                pipe.hset(usage_key(token), quotas.HELD, 0)
+            pipe.execute()
         return sum(self._start(token, graph_id) for token, ids in posted.items() for graph_id in ids)
 
     def _fair(self, posted: Dict[str, List[bytes]], weights: Dict[str, float],

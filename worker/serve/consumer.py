@@ -619,6 +619,7 @@ class Worker:
     def _leave(self):
         """Unregister; drop this consumer from the group unless it still holds a message (for reclaiming)."""
         try:
+            self.usage.flush()   # the tokens' worker time not added yet
             liveness.leave(self.client, self.name, self.kind)
             if self.provider is not None:
                 federated_store.withdraw(self.client, self.name)

@@ -70,11 +70,18 @@ class TokenUsage:
         with self._lock:
             self._take(token)
             self._since = None
-            running, self._running = self._running, None
-            due = time.monotonic() - self._flushed >= FLUSH_SECONDS
-            if not (due or running):
-                return
-            owed, self._owed = (self._owed, {}) if due else ({}, self._owed)
+            self._send(time.monotonic() - self._flushed >= FLUSH_SECONDS)
+
+    def flush(self) -> None:
+        """Add all the time owed (the worker is leaving)."""
+        with self._lock:
+            self._send(True)
+
+    def _send(self, due: bool) -> None:
+        running, self._running = self._running, None
+        if not (due or running):
+            return
+        owed, self._owed = (self._owed, {}) if due else ({}, self._owed)
         pipe = self.client.pipeline(transaction=False)
         if running is not None:
             pipe.hdel(usage_key(running), quotas.RUNNING + self.name)
