@@ -27,7 +27,7 @@ BUDGET = {
     "ravop/parallel": 780,      # 671 at the layout by role; 741 with the Strategy protocol (ravop/parallel/protocol.py)
     "ravop/record": 1550,       # 1,468 at the layout by role
     "ravop/runtime": 1220,      # 1,160 at the layout by role
-    "ravop/store": 2135,        # 1,951 at the layout by role; +76 for quotas per token (issue 44)
+    "ravop/store": 2145,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44)
     "ravop/tools": 745,         # 680 at the layout by role; +17: ravop admin token set, shares in status
     "ravop/wire": 320,          # 304 at the layout by role
     "worker/execute": 540,      # 506 at the layout by role
