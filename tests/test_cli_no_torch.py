@@ -3,6 +3,7 @@ importing torch or numpy, so that they answer in a fraction of a second (issue 4
 they loaded torch). Only `fetch`, which writes tensors and models, loads them."""
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -58,10 +59,15 @@ def test_status_graphs_logs_stop_cancel_load_no_torch(server, client):
 
 def test_admin_commands_load_no_torch(server, client):
     name = f"notorch{uuid.uuid4().hex[:8]}"
-    codes, loaded, done = _run(["admin", "token", "create", name], ["admin", "token", "list"],
+    codes, loaded, done = _run(["admin", "token", "create", name, "--max-memory", "256MiB", "--weight", "2"],
+                               ["admin", "token", "set", name, "--max-workers", "3", "--max-worker-seconds", "60"],
+                               ["status"], ["admin", "token", "list"],
                                ["admin", "token", "revoke", name], ["admin", "worker", "list"], url=server.url)
-    assert codes == [0] * 4, done.stdout + done.stderr
+    assert codes == [0] * 6, done.stdout + done.stderr
     assert f"created token user {name!r}" in done.stdout and f"revoked token user {name!r}" in done.stdout
+    assert (f"token {name!r}: max_memory=268435456, max_workers=3, max_worker_seconds=60.0, weight=2.0"
+            in done.stdout), done.stdout
+    assert re.search(rf"{name}\s+2\s+0\.0 s\s+0%\s+0\s+0\s+256 MiB\s+3\s+60 s", done.stdout), done.stdout
     assert loaded == [], f"loaded {loaded}:\n{done.stderr}"
 
 

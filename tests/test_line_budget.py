@@ -29,14 +29,14 @@ BUDGET = {
                                 # with rounds that close with the replicas present (close_after, issue 43)
     "ravop/record": 1550,       # 1,468 at the layout by role
     "ravop/runtime": 1220,      # 1,160 at the layout by role
-    "ravop/store": 2050,        # 1,951 at the layout by role
-    "ravop/tools": 720,         # 680 at the layout by role
+    "ravop/store": 2145,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44)
+    "ravop/tools": 745,         # 680 at the layout by role; +17: ravop admin token set, shares in status
     "ravop/wire": 320,          # 304 at the layout by role
     "worker/execute": 540,      # 506 at the layout by role
-    "worker/loops": 1050,       # 963 at the layout by role; 1,027 with the exchange's bounded wait for optional values
-                                # (DiLoCo's close_after, issue 43)
+    "worker/loops": 1100,       # 963 at the layout by role; 1,027 with the exchange's bounded wait for optional values
+                                # (DiLoCo's close_after, issue 43); +24: loops yield to other tokens (turns, issue 44)
     "worker/provider": 350,     # 325 at the layout by role
-    "worker/serve": 1300,       # 1,234 at the layout by role
+    "worker/serve": 1345,       # 1,234 at the layout by role; +39: the tokens' quotas (token_usage)
     "worker/verify": 410,       # 382 at the layout by role
 }
 SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,

@@ -18,6 +18,8 @@ from ..store import graphs as store_graphs
 from ..store import workers as liveness
 from ..store import cluster_health, server_replies
 from ..store.connect import Outage, redact
+from ..store.keys import usage_key
+from ..store.quotas import HELD
 from . import watching
 from .graph_kinds import kind_of
 from .session import Session, require
@@ -55,7 +57,7 @@ def execute(timeout: Optional[float] = None, participants: Optional[int] = None)
         kind_of(approach).start(session.client, keys)
     elif any(liveness.alive(session.client, kind) for kind in ("cpu", "cuda")):
         try:
-            _wait_for_start(session, keys, START_WAIT_SECONDS)
+            _wait_for_start(session, keys, START_WAIT_SECONDS, until_held=True)
         except TimeoutError as exc:   # R.track_progress() waits on; say why now rather than hang here
             print(f"ravop: {exc}", file=sys.stderr)
     copies = int(copies or 1)
@@ -131,16 +133,22 @@ def track_progress(progress_bar: bool = True, timeout: Optional[float] = None) -
         raise interrupted from None
 
 
-def _wait_for_start(session: Session, keys: GraphKeys, timeout: Optional[float]) -> None:
-    """A `ravop admin` token user's graph waits in its inbox until a worker starts it (ravop.store.inbox)."""
+def _wait_for_start(session: Session, keys: GraphKeys, timeout: Optional[float], until_held: bool = False) -> None:
+    """A `ravop admin` token user's graph waits in its inbox until a worker starts it (ravop.store.inbox); with
+    `until_held` (R.execute), or until the workers say they hold the token's graphs back for fair share (its own
+    work waits to be run: R.execute() returns, R.track_progress() waits)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = START_POLL_SECONDS[0]
-    while _in_inbox(session, keys):
+    while _in_inbox(session, keys) and not (until_held and _held_back(session, keys)):
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"graph {keys.graph_id} was not started within {timeout} s: no worker took it from "
                                f"token {keys.token!r}'s inbox (are workers connected?)")
         time.sleep(pause)
         pause = min(pause * 2, START_POLL_SECONDS[1])
+
+
+def _held_back(session: Session, keys: GraphKeys) -> bool:
+    return int(session.client.hget(usage_key(keys.token), HELD) or 0) > 0
 
 
 def _in_inbox(session: Session, keys: GraphKeys) -> bool:

@@ -62,6 +62,10 @@ class StoreLimitError(RavopError, ValueError):
     """Values to write do not fit the Redis server's limits (maxmemory, proto-max-bulk-len)."""
 
 
+class QuotaError(RavopError, RuntimeError):
+    """A token is past a quota its admin set (`ravop admin token set`): the message names the quota and the token."""
+
+
 class UploadIncompleteError(RavopError, RuntimeError):
     """A big constant's upload stopped before it was complete: its requester died, or the graph ended first
     (ravop.store.background_upload)."""

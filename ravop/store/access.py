@@ -22,8 +22,8 @@ from fnmatch import fnmatchcase
 from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from .keys import (ANY, DEAD_LETTER, FEDERATED_OPEN, PROVIDERS, STARTED, STARTING, TOKENS, banned_pattern, graph_prefix,
-                   inbox_pattern, info_key, provider_key, queue, token_pattern, trust_pattern, worker_key,
-                   workers_set)
+                   inbox_pattern, info_key, provider_key, queue, quota_key, token_pattern, token_prefix,
+                   trust_pattern, usage_key, worker_key, workers_set)
 
 REQUESTER, WORKER = "requester", "worker"
 
@@ -50,7 +50,8 @@ _CONNECTION = ("ping", "hello", "auth", "select", "echo", "quit", "reset", "clus
 REQUESTER_KEYLESS = _CONNECTION + ("scan", "publish")
 # Workers run the project's scripts (they load them after a server restart). See docs/operators/security.md for
 # what a script may cost the server and how long it may block it.
-WORKER_KEYLESS = _CONNECTION + ("script|load", "script|exists", "subscribe", "unsubscribe")
+# SCAN: the keys of a token with a memory quota are sized before its outputs are stored (ravop.store.quotas).
+WORKER_KEYLESS = _CONNECTION + ("script|load", "script|exists", "subscribe", "unsubscribe", "scan")
 CHANNELS = (STARTED,)  # the only pub/sub channel either role may use
 
 _READ_STRING = ("get", "mget", "strlen", "exists")
@@ -61,7 +62,7 @@ _READ_STREAM = ("xread", "xrange", "xrevrange", "xlen")
 
 # What only reads (the threat model's table says "read" for these, ravop.store.threat_model).
 READS = frozenset(_READ_STRING + _READ_HASH + _READ_SET + _READ_ZSET + _READ_STREAM +
-                  ("type", "watch", "xpending", "xinfo|stream", "xinfo|groups"))
+                  ("type", "watch", "xpending", "xinfo|stream", "xinfo|groups", "memory|usage"))
 
 
 def _registry() -> Tuple[str, ...]:
@@ -75,6 +76,9 @@ def requester_grants(namespace: str) -> List[Grant]:
         Grant("own token keys", (token_pattern(namespace),),
               _READ_STRING + _READ_HASH + _READ_SET + _READ_ZSET + _READ_STREAM + ("type", "watch") +
               ("set", "hset", "hdel", "hincrby", "sadd", "srem", "zadd", "zrem", "xadd", "del", "unlink")),
+        # what its keys hold, checked against its memory quota before an upload (ravop.store.quotas)
+        Grant("own token keys: sizes", (token_pattern(namespace),), ("memory|usage",)),
+        Grant("own quota and usage", (quota_key(namespace), usage_key(namespace)), _READ_HASH),
         Grant("worker registry", _registry(), _READ_STRING + _READ_SET + ("hgetall", "hget", "hmget")),
     ]
 
@@ -125,6 +129,11 @@ def worker_grants() -> List[Grant]:
         # verify='spot': a token's record of each worker's checked results, kept by the SPOT script
         Grant("trust records", (trust_pattern(),), _READ_HASH + ("hset", "hincrby")),
         Grant("token registry", (TOKENS,), ("smembers",)),
+        # quotas (ravop.store.quotas): read; a token's usage (worker time, subgraphs running) kept as workers run
+        # its work; sizes of a token's keys, checked against its memory quota before outputs are stored
+        Grant("quotas", (quota_key(ANY),), _READ_HASH),
+        Grant("usage", (usage_key(ANY),), _READ_HASH + ("hset", "hdel", "hincrbyfloat")),
+        Grant("token keys: sizes", (token_prefix(ANY) + ANY,), ("memory|usage",)),
         Grant("inboxes", (inbox_pattern(),), ("zrange", "zrem")),
         Grant("federated open", (FEDERATED_OPEN,), ("smembers", "sadd", "srem")),
         # The scripts name graph keys, the work streams and the dead letters; each command inside is checked

@@ -47,12 +47,13 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, "torch
 
     `plan`: a `ravop.wire.plan_pb2.Plan`; `constants`: node id -> tensor; `meta`: extra fields (name,
     algorithm, approach, summary, ...); `bundles`: name -> (kind, spec, {key: persist name})."""
-    from . import background_upload, same_host, tensors   # load torch: here, see the module's docstring
+    from . import background_upload, quotas, same_host, tensors   # load torch: here, see the module's docstring
     keys = GraphKeys(token, plan.graph_id)
     # Checked before anything is written: a graph that cannot fit fails here, not halfway through.
     plan_limits.check_plan(plan)
-    chunk = tensors.fit_to_server(client, sum(t.nbytes for t in constants.values()), "the graph's constants",
-                                  keys.meta)
+    constant_bytes = sum(t.nbytes for t in constants.values())
+    quotas.check_memory(client, token, constant_bytes, f"graph {plan.graph_id}'s constants")
+    chunk = tensors.fit_to_server(client, constant_bytes, "the graph's constants", keys.meta)
     token_keys = TokenKeys(token)
     persisted = set(plan.persisted.values())
     readers: Counter[int] = Counter()

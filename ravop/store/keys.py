@@ -65,6 +65,11 @@ dead-lettering it, or delivering a graph's first subgraphs and clearing its mark
   winfo:{name}        hash    a live worker's advertisement: device, memory, threads, cost figures, what it runs
   tokens              set     names of the `ravop admin` token users, whose inboxes workers read (only
                               `ravop admin` writes it)
+  quota:{token}       hash    a token's quotas and weight, written by `ravop admin token create/set` only:
+                              max_memory (bytes), max_workers, max_worker_seconds, weight (ravop.store.quotas)
+  usage:{token}       hash    what a token used: worker_seconds (added as workers run its subgraphs), and
+                              run:{worker} -> "graph/subgraph" for each subgraph of it a worker runs now,
+                              held: its graphs the inboxes held back for fair share at their last look
   started             channel (pub/sub, not a key) rung by a token user after posting to its inbox, so that a
                               worker looks at the inboxes at once
 Federated graphs (ravop.store.federated_schema) add, shared by all tokens:
@@ -149,6 +154,15 @@ TOKENS = SHARED + "tokens"
 STARTED = SHARED + "started"  # a pub/sub channel, not a key: a token user rings it after posting to its inbox
 FEDERATED_OPEN = SHARED + "federated:open"
 PROVIDERS = SHARED + "providers"
+
+
+def quota_key(token: str) -> str:
+    """A token's quotas, out of its own key space: its user may read them, never write them."""
+    return f"{SHARED}quota:{token}"
+
+
+def usage_key(token: str) -> str:
+    return f"{SHARED}usage:{token}"
 
 
 def provider_key(name: str) -> str:

@@ -5,8 +5,8 @@ refused or allowed exactly as the table says, for token user A, token user B and
 from typing import Callable, List, Optional, Tuple
 
 from .access import READS, REQUESTER, WORKER, allows, grants_of
-from .keys import (DEAD_LETTER, FEDERATED_OPEN, STARTING, TOKENS, GraphKeys, TokenKeys, info_key, queue, worker_key,
-                   workers_set)
+from .keys import (DEAD_LETTER, FEDERATED_OPEN, STARTING, TOKENS, GraphKeys, TokenKeys, info_key, queue, quota_key,
+                   usage_key, worker_key, workers_set)
 
 TOKEN_A, TOKEN_B = "alice", "bob"  # the two token users of the table (any names give the same table)
 PRINCIPALS: Tuple[Tuple[str, str, str], ...] = (("token user A", REQUESTER, TOKEN_A),
@@ -41,6 +41,8 @@ def key_classes(a: str = TOKEN_A, graph: str = "g1") -> List[Tuple[str, Optional
         ("worker sets", workers_set("cpu")),
         ("worker advertisements", info_key("w1")),
         ("token registry", TOKENS),
+        ("A's quotas and weight (ravop.store.quotas)", quota_key(a)),
+        ("A's usage: worker time, subgraphs running", usage_key(a)),
         ("server (config, users, scripts, keyspace)", None),
     ]
 

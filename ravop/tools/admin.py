@@ -12,9 +12,10 @@ from ..core import graph_states
 from ..core.errors import RavopError
 from ..store import GraphKeys
 from ..store import graphs as store_graphs
+from ..store import quotas
 from ..store.access import kind_of, requester_rules, worker_rules
 from ..store.connect import ensure_queues, node_client
-from ..store.keys import TOKENS, check_name
+from ..store.keys import TOKENS, check_name, quota_key, usage_key
 from ..store.scripts import is_cluster
 from . import status
 
@@ -75,11 +76,15 @@ def _check_server(client):
                          f"selectors); this server is {info.get('server_name', 'redis')} {version}")
 
 
-def create(client, admin_url, kind, name):
+def create(client, admin_url, kind, name, quota=None):
     """(URL of a new user `name` of `kind`, where it was saved or None). Also (re)makes the work streams, and
-    registers a token user for workers to read its inbox (ravop.store.inbox)."""
+    registers a token user for workers to read its inbox (ravop.store.inbox). `quota`: a token's quotas and
+    weight (ravop.store.quotas field -> value), as `set_quota`."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    if quota and kind != "token":
+        raise ValueError(f"quotas are a token's: a {kind} user has none")
+    quota = quotas.checked(quota or {})
     check_name(name, f"a {kind} name")
     if name == "default":
         raise RavopError("'default' is the server's own user: pick another name")
@@ -92,8 +97,19 @@ def create(client, admin_url, kind, name):
          **_everywhere(client))
     ensure_queues(client)
     if kind == "token":
+        client.delete(quota_key(name), usage_key(name))   # a name used before starts afresh
+        quotas.write(client, name, quota)
         client.sadd(TOKENS, name)
     return user_url(admin_url, name, secret), _persist(client)
+
+
+def set_quota(client, name: str, values: dict) -> quotas.Quota:
+    """Set token `name`'s quotas and weight (ravop.store.quotas field -> value; None leaves one as it is); the
+    quota as it is now. Workers see a change within seconds (they cache a token's quota for a moment)."""
+    user = _user(client, name)
+    if user is None or kind_of(name, user) != "token":
+        raise RavopError(f"there is no token user {name!r} on this server (see `ravop admin token list`)")
+    return quotas.write(client, name, values)
 
 
 def revoke(client, kind, name):

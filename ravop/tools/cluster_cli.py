@@ -12,6 +12,8 @@
                                           prints its connection URL as the last line
     ravop admin token|worker revoke NAME  delete it (its connections are closed at once)
     ravop admin token|worker list         the users of that kind
+    ravop admin token set NAME --max-memory SIZE --max-workers N --max-worker-seconds S --weight W
+                                          a token's quotas and share (also flags of `token create`)
 
 GRAPH is a graph id or name. The server is --redis URL, else $RAVOP_REDIS_URL, else the newest embedded session
 of this user still running (R.initialize() with no URL); the token is --token, else $RAVOP_TOKEN, else that
@@ -67,13 +69,43 @@ def _parser():
     manage = commands.add_parser("admin", help="Redis users of requesters and workers (needs the admin URL)")
     kinds = manage.add_subparsers(dest="kind", required=True, metavar="token|worker")
     for kind in admin.KINDS:
+        names = ("create", "revoke", "list", "set") if kind == "token" else ("create", "revoke", "list")
         actions = kinds.add_parser(kind, help=f"{kind} users").add_subparsers(dest="action", required=True,
-                                                                               metavar="create|revoke|list")
-        for action in ("create", "revoke", "list"):
+                                                                               metavar="|".join(names))
+        for action in names:
             sub = actions.add_parser(action, parents=[common])
             if action != "list":
                 sub.add_argument("name", metavar="NAME")
+            if kind == "token" and action in ("create", "set"):
+                _quota_flags(sub)
     return parser
+
+
+def _size(text: str) -> int:
+    """Bytes from "268435456", "256MiB", "256M", "1GiB", "512KiB"."""
+    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    value = text.strip().lower().removesuffix("ib").removesuffix("b")
+    scale = units.get(value[-1:], 1)
+    try:
+        number = float(value[:-1] if scale != 1 else value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (bytes, or with KiB, MiB, GiB)") from None
+    return int(number * scale)
+
+
+def _quota_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-memory", type=_size, metavar="SIZE",
+                        help="bytes the token's keys may hold in the store (256MiB, 1GiB, ...)")
+    parser.add_argument("--max-workers", type=int, metavar="N", help="subgraphs of the token run at once")
+    parser.add_argument("--max-worker-seconds", type=float, metavar="S",
+                        help="worker time the token may use in all; a graph past it stops at a step boundary")
+    parser.add_argument("--weight", type=float, metavar="W",
+                        help="the token's share of the workers relative to other tokens' (default 1)")
+
+
+def _quota_args(args: argparse.Namespace) -> dict:
+    return {field: getattr(args, field, None) for field in ("max_memory", "max_workers", "max_worker_seconds",
+                                                             "weight")}
 
 
 def _target(args):
@@ -136,7 +168,21 @@ def _status_text(report, url):
              f"{_mib(w.get('rss'))} / {_mib(w.get('memory_limit'))}", _ago(w["last_heartbeat_age"]) + " ago")
             for w in workers]),
         "", f"graphs ({len(report['graphs'])})", _table(_GRAPH_HEADERS, _graph_rows(report["graphs"])),
-        *_trust_text(report.get("trust", []))])
+        *_trust_text(report.get("trust", [])), *_shares_text(report.get("shares", []))])
+
+
+def _shares_text(rows: list) -> list:
+    """The tokens' shares of the workers and their quotas (ravop.store.quotas), if any token is an admin's."""
+    if not rows:
+        return []
+    limit = lambda value, show: "-" if value is None else show(value)   # noqa: E731
+    return ["", "tokens (fair share: worker time used, per weight)", _table(
+        ("token", "weight", "worker time", "share", "running", "held back", "max memory", "max workers",
+         "max worker time"),
+        [(r["token"], f"{r['weight']:g}", f"{r['worker_seconds']:.1f} s",
+          "-" if r["share"] is None else f"{100 * r['share']:.0f}%", r["running"], r["held"],
+          limit(r["max_memory"], _mib),
+          limit(r["max_workers"], str), limit(r["max_worker_seconds"], lambda v: f"{v:g} s")) for r in rows])]
 
 
 def _trust_text(rows):
@@ -237,7 +283,12 @@ def _admin(args, client, url):
         return ({"kind": args.kind, "revoked": args.name, "saved": saved, "cancelled": cancelled},
                 f"revoked {args.kind} user {args.name!r}" + (f" (saved to {saved})" if saved else saved_note)
                 + (f"; cancelled its running graphs {', '.join(cancelled)}" if cancelled else ""))
-    user_url, saved = admin.create(client, url, args.kind, args.name)
+    if args.action == "set":
+        quota = admin.set_quota(client, args.name, _quota_args(args))
+        return ({"token": args.name, **quota._asdict()},
+                f"token {args.name!r}: " + ", ".join(f"{k}={v}" for k, v in quota._asdict().items()))
+    user_url, saved = admin.create(client, url, args.kind, args.name,
+                                   _quota_args(args) if args.kind == "token" else None)
     note = f"created {args.kind} user {args.name!r}" + (f" (saved to {saved})" if saved else saved_note)
     return {"kind": args.kind, "name": args.name, "url": user_url, "saved": saved}, f"{note}\n{user_url}"
 

@@ -13,6 +13,8 @@ from ..core import graph_states
 from ..core.spot_policy import TRUST_FIELDS, read_trust
 from ..store import DEAD_LETTER, Scripts, TokenKeys, access
 from ..store import graphs as store_graphs
+from ..store import quotas
+from ..store.keys import TOKENS
 from ..store import worker_info
 from ..store.connect import client_user
 from ..store.unscripted import scripted_or_not
@@ -48,7 +50,19 @@ def cluster(client, token):
     for worker in workers:
         worker["last_heartbeat_age"] = now - worker["heartbeat"]
     return {"time": now, "token": token, "workers": workers, "graphs": graphs(client, token, now),
-            "trust": trust(client, token)}
+            "trust": trust(client, token), "shares": shares(client, token)}
+
+
+def shares(client, token: str) -> list:
+    """Each `ravop admin` token's weight, quotas, worker time used and share of it, subgraphs running now
+    (ravop.store.quotas.shares); a token user, who may read only its own, gets its own row (share None)."""
+    if client_user(client) == token:
+        rows = quotas.shares(client, [token])
+        for row in rows:
+            row["share"] = None
+        return rows
+    tokens = {t.decode() for t in client.smembers(TOKENS)}
+    return quotas.shares(client, tokens | {token}) if tokens else []
 
 
 def trust(client, token):

@@ -125,3 +125,11 @@ def _looker():
             _instance = _Looker()
             _instance.start()
         return _instance
+
+
+def look_beside(watch):
+    """Look at `watch` (anything with `look()`, `keys` and `interval`: worker/loops/turns.py) every interval in the
+    process's looking thread too; returns that thread, to `remove` it from."""
+    looker = _looker()
+    looker.add(watch)
+    return looker

@@ -190,6 +190,7 @@ class _Writer:
         self.shared = resumed_shared or {}   # the checkpoint in Redis's values shared with other loops' (by digest)
         self.names = None      # the keys of that checkpoint's values
         self.cache = None      # the worker's TensorCache: a loop handed back to take turns keeps its values there
+        self.turns = None      # its Turns (worker/loops/turns.py) when it yields to other tokens' waiting work
 
     def checkpoint_at_syncs(self, sync_templates, checkpoint_steps, checkpoint_seconds):
         """A loop that exchanges values: periodic checkpoints every `checkpoint_steps` (0: by time only) or
@@ -224,6 +225,9 @@ class _Writer:
             raise LoopAbandoned(self.graph.ended)
         if self.writes is not None:
             self.writes.check()   # a write that failed beside the loop (or found the graph stopped) stops it
+        if self.turns is not None and self.turns.due and done < self.n_steps:   # another token's turn
+            self.write(done, carried)
+            raise LoopHandedBack(done)
         self.last = (done, carried)
         for first, value in zip(self.first_ids[template], outputs):
             self.pending[first + run] = value
@@ -457,6 +461,8 @@ class LoopContext:
     #                             .LoopStart), or None: read here
     pace_steps: Callable = unpaced   # (on_step, loop, values, exchange) -> (on_step, exchange) the loop runs
     #                                  with: benchmarks' pacing (worker/execute/emulated_device.py) when installed
+    turns: Any = None           # its token's worker time charged as it runs, and when it yields to another token's
+    #                             waiting work (worker/loops/turns.py), or None
 
 
 def run_loop(ctx):
@@ -493,6 +499,10 @@ def run_loop(ctx):
                                        ctx.resident_checkpoint_seconds)
         on_step, exchange = ctx.pace_steps(writer.on_step, ctx.subgraph.loop, values, store_exchange)
         graph.start(meta)
+        if ctx.turns is not None:
+            ctx.turns.start()   # time charged for every loop; yielding only for one that neither exchanges nor is
+            if segments is None and store_exchange is None:   # spot-checked (its replicas or segments wait on it)
+                writer.turns = ctx.turns
         carried = runner.run(carried, start or 0, on_step, exchange,
                              graph.stop_requested if runner.stoppable() else None)
         # the last flush and the exchange's last sends (a round trip each over a slow link) are written beside
@@ -522,6 +532,8 @@ def run_loop(ctx):
     finally:
         writer.close()
         graph.close()
+        if ctx.turns is not None:
+            ctx.turns.close()
         if store_exchange is not None:
             store_exchange.close()
     return {o: env[o].contiguous() for o in program.outputs}

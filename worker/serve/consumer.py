@@ -8,6 +8,10 @@ are stored; a message held by a worker that died is taken over once its heartbea
 `max_attempts` deliveries it is given up on. Whatever a message holds
 (garbage, unknown ops, absurd shapes) fails its graph and lands in the dead-letter stream, and the worker
 goes on; a kernel error fails the graph at once (it would fail again on any worker: no retries).
+
+A claimed subgraph of a token at its --max-workers quota is passed on for later, one of a token past its worker
+time fails its graph naming the quota, and outputs past its --max-memory are not stored (worker/serve/token_usage.py);
+a loop yields its worker to another token's waiting work at a step boundary (worker/loops/turns.py).
 """
 import logging
 import os
@@ -22,7 +26,7 @@ from google.protobuf.message import DecodeError
 from redis.exceptions import RedisClusterException
 
 from ravop.core import plan_limits
-from ravop.core.errors import PlanError, StoreLimitError, UploadIncompleteError, WireFormatError
+from ravop.core.errors import PlanError, QuotaError, StoreLimitError, UploadIncompleteError, WireFormatError
 from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, queue
 from ravop.store import federated_schema as federated_store
 from ravop.store import background_upload as uploads
@@ -42,6 +46,7 @@ from ..execute.run import OVER_BUDGET, KernelError, run
 from ..execute.validate import check
 from ..loops.hand_back import HandBack
 from ..loops.loop_start import LoopStart
+from ..loops.turns import Turns
 from ..loops.loop_subgraph import (
     CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, drop_checkpoint,
     run_loop, unpaced)
@@ -54,6 +59,7 @@ from .inbox_watch import InboxWatch
 from .worker_metrics import WorkerMetrics, loop_record
 from .server_errors import ServerErrors
 from .takeover import Takeover
+from .token_usage import PASS, TokenUsage
 
 log = logging.getLogger("ravop.worker")
 BLOCK_MS = 1000  # longest wait for new work, so a stop request is noticed within a second
@@ -158,6 +164,7 @@ class Worker:
         self.completed = 0
         self.metrics = WorkerMetrics(name, self.device)  # served by `ravop-worker --metrics-port`
         self._bans = {}  # token -> (when to look again, whether it banned this worker)
+        self.usage = TokenUsage(client, name)   # the tokens' quotas and worker time (worker/serve/token_usage.py)
         self.wrong_outputs = wrong_outputs  # tests only: a worker.verify.redundant.Liar that perturbs outputs, or None
         self.spot = SpotChecks(self)        # R.Graph(verify='spot') (worker/verify/spot.py)
         # benchmarks only (benchmarks/wan): `pacing` (worker/execute/emulated_device.py, given for
@@ -272,6 +279,12 @@ class Worker:
         claimed = self._claim(keys, subgraph_id, message_id, deliveries, fields)
         if claimed is None:
             return
+        try:
+            self._run_claimed(keys, subgraph_id, message_id, claimed)
+        finally:
+            self.usage.done(keys.token)   # its worker time, charged to its token
+
+    def _run_claimed(self, keys, subgraph_id, message_id, claimed):
         seed, data, copies, spot = claimed
         max_bytes = devices.budget(self.device, self.limit)
         checked = self._checked(keys, subgraph_id, message_id, data, max_bytes, seed)
@@ -310,6 +323,13 @@ class Worker:
             if (self.name.encode() in votes and len(votes) < copies) or self._banned(keys.token, fresh=True):
                 self._pass_on(message_id, fields)  # this worker ran it already (another one must), or is banned
                 return None
+        over = self.usage.admit(keys, subgraph_id)   # the token's quotas (ravop.store.quotas)
+        if over is not None:
+            if over[0] == PASS:   # as many of its subgraphs run as it may: later
+                self._pass_on(message_id, fields)
+            else:
+                self._give_up(keys, message_id, subgraph_id, over[1], "quota")
+            return None
         return seed, data, copies, spot
 
     def _checked(self, keys, subgraph_id, message_id, data, max_bytes, seed):
@@ -354,7 +374,7 @@ class Worker:
         except LoopHandedBack as exc:
             self._hand_back(keys, subgraph_id, message_id)
             log.info("worker %s: loop subgraph %s of graph %s handed back after %d steps (%s)", self.name,
-                     subgraph_id, keys.graph_id, exc.steps, "stopping" if self.stopping.is_set() else "waiting")
+                     subgraph_id, keys.graph_id, exc.steps, "stopping" if self.stopping.is_set() else "taking turns")
         except PlanError as exc:   # a loop's templates, and the runner's ops, are checked when they are built
             self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
         except LoopAbandoned:
@@ -372,6 +392,8 @@ class Worker:
                           "incomplete upload")
         except StoreLimitError as exc:
             self._give_up(keys, message_id, subgraph_id, str(exc), "server full")
+        except QuotaError as exc:
+            self._give_up(keys, message_id, subgraph_id, str(exc), "quota")
         if failed:   # out of the except block: the error's traceback no longer holds the kernel's values
             self._return_memory()
 
@@ -397,7 +419,8 @@ class Worker:
                     resident_checkpoint_seconds=self.resident_checkpoint_seconds, max_bytes=max_bytes,
                     budget=self.memory_budget, stop=self.stopping, work_waiting=self._work_waiting,
                     segments=LoopSegments(self, keys, subgraph_id) if spot else None, cache=self.cache,
-                    metrics=self.metrics, loop_start=loop_start, pace_steps=self._pace_steps))
+                    metrics=self.metrics, loop_start=loop_start, pace_steps=self._pace_steps,
+                    turns=Turns(self.client, self.stream, keys, self.usage, self.usage.quota(keys.token).weight)))
             finally:
                 self.metrics.loop_ended(loop_start.ended if loop_start is not None else None)
         return self._run_subgraph(subgraph, program, inputs, seed)
@@ -440,6 +463,7 @@ class Worker:
         host = {i: devices.to_host(tensor) for i, tensor in outputs.items()}
         total = sum(t.nbytes for t in host.values())
         self.metrics.written_bytes(total)
+        self.usage.check_memory(keys.token, total, f"the outputs of subgraph {subgraph_id}")
         # Big outputs are checked against the server's limits first, so that a full server is reported
         # in numbers rather than as a refused transaction.
         chunk = stored.fit_to_server(self.client, total, f"the outputs of subgraph {subgraph_id}",
@@ -595,6 +619,7 @@ class Worker:
     def _leave(self):
         """Unregister; drop this consumer from the group unless it still holds a message (for reclaiming)."""
         try:
+            self.usage.flush()   # the tokens' worker time not added yet
             liveness.leave(self.client, self.name, self.kind)
             if self.provider is not None:
                 federated_store.withdraw(self.client, self.name)

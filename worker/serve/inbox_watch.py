@@ -7,7 +7,7 @@ import threading
 
 import redis
 
-from ravop.store.inbox import FALLBACK_SECONDS, MOVE_SECONDS, Inboxes
+from ravop.store.inbox import FALLBACK_SECONDS, HELD_SECONDS, MOVE_SECONDS, Inboxes
 from ravop.store.keys import STARTED
 
 log = logging.getLogger("ravop.worker")
@@ -26,7 +26,8 @@ class InboxWatch(threading.Thread):
                 if pubsub is None:
                     pubsub = self.client.pubsub(ignore_subscribe_messages=True)
                     pubsub.subscribe(STARTED)
-                pubsub.get_message(timeout=FALLBACK_SECONDS)
+                # graphs held back for fairness are looked at again soon: their token's queued work drains fast
+                pubsub.get_message(timeout=HELD_SECONDS if self.inboxes.held_back else FALLBACK_SECONDS)
                 while pubsub.get_message(timeout=0) is not None:   # one look for every ring so far
                     pass
                 self.inboxes.move()
