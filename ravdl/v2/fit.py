@@ -12,7 +12,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence, cast
 from ravop.core.loss_names import training_loss_name, validation_loss_name
 from ravop.record.loop import Batches, Loop
 
-from . import traps
+from . import traps, trained_values
 from .layers.base import as_input
 from .optimizers import Optimizer
 
@@ -85,7 +85,8 @@ def optimizer_slots(optimizer: Optimizer, params: Sequence[tuple[Hashable, Any]]
 def record_fit(model: Any, train_step: Callable[[Any, Any], Any], X: Any, y: Any, n_epochs: int, batch_size: int,
                shuffle: bool = False, seed: int = 0, validation: Optional[Callable[[], Any]] = None) -> list[str]:
     """Record `n_epochs` of `train_step(X_batch, y_batch) -> loss` over (X, y) in batches of `batch_size`;
-    persists each loss as `ravop.core.loss_names.training_loss_name(e, b)` and, with `validation() -> loss` (recorded
+    persists each loss as `ravop.core.loss_names.training_loss_name(e, b)`, the carried values after the last
+    step (`ravdl.v2.trained_values`) and, with `validation() -> loss` (recorded
     in eval mode after each epoch), `validation_loss_name(e)` (1-based). Returns the training loss names
     in order."""
     if int(n_epochs) < 1:
@@ -129,6 +130,7 @@ def record_fit(model: Any, train_step: Callable[[Any, Any], Any], X: Any, y: Any
             step.carry([slot.get() for slot in slots])
         schedule.append((len(schedule), 1))
     _bind(slots, loop.run(schedule, rounds=n_epochs))
+    trained_values.persist([slot.get() for slot in slots])   # where the next graph starts from
     for counter, start, moved in zip(counters, starts, cast(list[Any], advance)):   # Batches: n_rows >= 1
         counter.set(start + moved * steps_per_epoch * n_epochs)
     return [training_loss_name(e, b) for e in epochs for b in range(1, n_full + (short > 0) + 1)]
