@@ -73,8 +73,9 @@ model = load_model(out + '/model.pkl')
 R.initialize(); R.flush()
 R.Graph(name='after loading')
 model.predict(X_new).persist_op('prediction')
+more = model.fit(X, y, n_epochs=1, batch_size=32)   # and trains on, Adam's moments included
 run()
-print(json.dumps({'prediction': R.fetch_persisting_op('prediction').tolist()}))
+print(json.dumps({'prediction': R.fetch_persisting_op('prediction').tolist(), 'more_losses': more.history['loss']}))
 """
 
 
@@ -106,6 +107,7 @@ def test_a_new_users_workflow_fit_predict_evaluate_save_load_predict(tmp_path):
     eager = (torch.relu(X_new @ t(saved["Dense_1.weight"]).T + t(saved["Dense_1.bias"])) @ t(saved["Dense_2.weight"]).T
              + t(saved["Dense_2.bias"]))
     np.testing.assert_allclose(second["prediction"], eager.numpy(), atol=1e-5)
+    assert second["more_losses"][0] <= first["more_losses"][-1] + 0.02, (first, second)   # no restart
     before = np.load(tmp_path / "weights.npz")
     assert not np.allclose(saved["Dense_1.weight"], before["Dense_1.weight"])   # the second fit moved them
 

@@ -168,6 +168,7 @@ class EarlyStopping(Callback):
         self.in_loop = False   # recorded into the fit's loop, which ends itself (ravdl.v2.loop_stopping)
 
     def check(self, validation: bool) -> None:
+        self.in_loop = False   # until this fit records it into its loop (not under a strategy)
         if self.monitor == "val_loss" and not validation:
             raise ValueError("EarlyStopping(monitor='val_loss') needs validation losses: give the model "
                              "validation_data, or monitor='loss'")
