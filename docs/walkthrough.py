@@ -48,7 +48,8 @@ for sub in compiled.plan.subgraphs:
     for template in sub.loop.templates:    # a loop's step: the ops a worker builds once and runs n_steps times
         ops = list(template.nodes.op)
         print(f"  loop template: {len(ops)} ops, e.g. {ops[:4]} ... {ops[-3:]}; {sub.loop.n_steps} steps")
-print("persisted names (first 3):", sorted(compiled.plan.persisted, key=lambda name: (name.startswith("trained"), name))[:3])
+losses_first = sorted(compiled.plan.persisted, key=lambda name: (name.startswith("trained"), name))
+print("persisted names (first 3):", losses_first[:3])
 
 # 3. Run in process. A worker would claim each subgraph from Redis, fetch its inputs, run it with
 #    `ravop.runtime.runner.Runner` (a loop through `ravop.runtime.loop_run`) and store the outputs;

@@ -16,13 +16,15 @@ the first NaN or infinite loss, callbacks or not (without callbacks it reads the
                                   ended the training early, else None)}
 
 EarlyStopping (in a fit without a strategy) is decided in the loop itself, at the end of each epoch
-(ravdl.v2.loop_stopping): the loop ends at the epoch that decides, whatever the epoch rate. Any other callback stops
-the training by setting `self.model.stop_training = True` (as in Keras; set `stop_reason` on itself to say why): the requester asks the graph to stop (`ravop.tools.status.request_stop`), and the worker ends the
-loop at its next epoch boundary, as if the fit had been recorded with that many epochs: the model's parameters
+(ravdl.v2.loop_stopping): the loop ends at the epoch that decides, whatever the epoch rate. Any other callback
+stops the training by setting `self.model.stop_training = True` (as in Keras; set `stop_reason` on itself to say
+why): the requester asks the graph to stop (`ravop.tools.status.request_stop`), and the worker ends the loop at its
+next epoch boundary, as if the fit had been recorded with that many epochs: the model's parameters
 and optimizer state are those of that epoch, bit for bit, what was recorded after `fit` (predictions,
 `save_model`) is computed from them, and the graph ends done. The worker learns of the request within about a
-second and may have begun a later epoch by then: the training then ends after that one, so `History` (and the
-callbacks' events) may hold an epoch or two after the one the callback stopped at, all of them trained.
+second and may have run later epochs by then (hundreds on a fast model): the training ends at the boundary it
+reaches next, so `History` (and the callbacks' events) may hold those epochs after the one the callback stopped
+at, all of them trained.
 A training that ends before the request lands keeps every epoch. Loops that run in segments or exchange values
 with other loops (the parallel strategies) do not stop early: they train to the end.
 """

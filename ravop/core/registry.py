@@ -36,10 +36,10 @@ Conventions an op definition follows:
 - `kind` marks the few ops the graph machinery makes itself (ravop/ops/graph_machinery.py), which are not `R.<op>`
   functions: INPUT (a value from the tensor store, not a kernel: constants), PROJECTION (output i of a
   multi-output node, its param `PICKS`; `Op.output(i)`), LOOP (a training loop run as a whole, `ravop.record.loop`;
-  its param `LOOP_INDEX` says which of the graph's loops), HOLE (a value a
-  loop's step reads) and LOOP_STOP (a step's decision to end its loop at the next epoch boundary:
-  `ravop.record.loop.Step.stop_if`). Code asks an OpDef's flags (`is_input`, `is_projection`, `free`, ...) or, in hot loops,
-  the name sets below, never an op's name.
+  its param `LOOP_INDEX` says which of the graph's loops), HOLE (a value a loop's step reads) and LOOP_STOP (a
+  step's decision to end its loop at the next epoch boundary: `ravop.record.loop.Step.stop_if`). Code asks an
+  OpDef's flags (`is_input`, `is_projection`, `free`, ...) or, in hot loops, the name sets below, never an op's
+  name.
 - Flags a loop step reads (ravop.record.loop, ravop.runtime.loop_run, compiler/passes/loops.py), declared by the op
   so that no code matches op names or params' text: `counter` names the required int param that counts training steps
   (1-based, as torch.optim's `step`); `seed_param` names the int param that holds another op's stream seed
