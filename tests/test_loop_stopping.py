@@ -1,4 +1,4 @@
-"""Issue 45: EarlyStopping acts within an epoch or two whatever the epoch rate. Its decision is made in the fit's
+"""Issue 45: EarlyStopping (and TerminateOnNaN) act within an epoch or two whatever the epoch rate. Its decision is made in the fit's
 loop where the losses are (ravdl/v2/loop_stopping.py, ravop.record.loop.Step.stop_if), so on a fast model (here
 hundreds of epochs a second on a worker at full speed) the loop ends at the end of the deciding epoch, which the
 requester's callback, seeing the same losses, names too; before, the callback's request arrived about a second
@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from ravdl.v2 import NeuralNetwork
-from ravdl.v2.callbacks import EarlyStopping
+from ravdl.v2.callbacks import EarlyStopping, TerminateOnNaN
 from ravdl.v2.layers import Activation, Dense
+from ravdl.v2.nonfinite import NonFiniteWarning
 from ravdl.v2.optimizers import Adam
 import ravop as R
 from ravop.core import graph_states
@@ -68,3 +69,19 @@ def test_early_stopping_ends_the_loop_at_the_epoch_that_decides(engine, module_w
     net.predict(X).persist_op("prediction")
     run()
     assert torch.equal(R.fetch_persisting_op("prediction"), prediction)
+
+
+def test_terminate_on_nan_ends_the_loop_at_the_end_of_the_epoch_of_the_first_non_finite_loss(engine, module_workers):
+    R.Graph(name="nan in the loop")
+    net, X, y = fast_model(validation=False)
+    y = y.copy()
+    y[40, 0] = np.nan                  # the last batch of every epoch: its loss is NaN from epoch 1 on
+    with pytest.warns(NonFiniteWarning):
+        history = net.fit(X, y, n_epochs=400, batch_size=16, callbacks=[TerminateOnNaN()])
+        run()
+    meta = store_graphs.read_state(engine.client, engine.keys())
+    assert meta["state"] == graph_states.DONE
+    assert history.stopped_after == 1 and decisions("terminate_on_nan_1", 1) == [True]
+    assert meta["stopped"] == ("stopped early at epoch 1 of 400 (TerminateOnNaN: training loss not finite in this "
+                               "epoch)")
+    assert len(history.batch_losses) == 3 and np.isnan(history.batch_losses[2])

@@ -15,8 +15,8 @@ the first NaN or infinite loss, callbacks or not (without callbacks it reads the
     on_train_end(logs)            when the graph has ended; logs {'state', 'stopped_after' (epochs run when a stop
                                   ended the training early, else None)}
 
-EarlyStopping (in a fit without a strategy) is decided in the loop itself, at the end of each epoch
-(ravdl.v2.loop_stopping): the loop ends at the epoch that decides, whatever the epoch rate. Any other callback
+EarlyStopping and TerminateOnNaN (in a fit without a strategy) are decided in the loop itself, at the end of each
+epoch (ravdl.v2.loop_stopping): the loop ends at the epoch that decides, whatever the epoch rate. Any other callback
 stops the training by setting `self.model.stop_training = True` (as in Keras; set `stop_reason` on itself to say
 why): the requester asks the graph to stop (`ravop.tools.status.request_stop`), and the worker ends the loop at its
 next epoch boundary, as if the fit had been recorded with that many epochs: the model's parameters
@@ -197,13 +197,20 @@ class EarlyStopping(Callback):
 
 
 class TerminateOnNaN(Callback):
-    """Stop the training at the first NaN or infinite training loss (as Keras's): the loop ends at its next epoch
-    boundary (see the module's docstring), with the parameters it has then, which may be NaN already."""
+    """Stop the training at the first NaN or infinite training loss (as Keras's): the loop ends at the end of that
+    epoch (decided in the loop without a strategy, ravdl.v2.loop_stopping; else by request, the module's
+    docstring), with the parameters it has then, which may be NaN already."""
+
+    in_loop = False   # recorded into the fit's loop, which ends itself (ravdl.v2.loop_stopping)
+
+    def check(self, validation: bool) -> None:
+        self.in_loop = False   # until this fit records it into its loop (not under a strategy)
 
     def on_batch_end(self, batch: int, logs: Any = None) -> None:
         if self.stop_reason is None and not math.isfinite(logs["loss"]):
             self.stop_reason = f"TerminateOnNaN: training loss {logs['loss']} at step {logs['step']}"
-            self.model.stop_training = True
+            if not self.in_loop:   # the loop ends at this epoch's end itself
+                self.model.stop_training = True
 
 
 class MLflow(Callback):

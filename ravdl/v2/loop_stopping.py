@@ -1,14 +1,16 @@
-"""EarlyStopping decided inside the fit's loop, at each epoch's end, where the losses are computed: the loop ends
-at the next epoch boundary after the decision (`ravop.record.loop.Step.stop_if`), whatever the epoch rate. Its
-callback on the requester (ravdl.v2.callbacks) still sees the same epochs and reaches the same decision; it no longer
-asks the graph to stop, which a requester polling once a second did tens of epochs late on a fast model.
+"""EarlyStopping and TerminateOnNaN decided inside the fit's loop, at each epoch's end, where the losses are
+computed: the loop ends at the next epoch boundary after the decision (`ravop.record.loop.Step.stop_if`), whatever
+the epoch rate. Their callbacks on the requester (ravdl.v2.callbacks) still see the same epochs and reach the same
+decision; they no longer ask the graph to stop, which a requester polling once a second did hundreds of epochs late
+on a fast model.
 
-The rule as ops, one scalar each carried from epoch to epoch: `best` (the best value so far, as a minimum: the
-monitored value times -1 in 'max' mode), `wait` (epochs since it improved) and, monitoring the training loss, the
-sum of the epoch's batch losses (their mean is the epoch's `loss`, as History and the callbacks compute it). At an
-epoch's end, as EarlyStopping.on_epoch_end: improved = current < best - min_delta; then best, wait; stop once
-wait > patience. The decision of each epoch is persisted as `early_stopping_{k}_epoch_{e}` (k: the fit's k-th
-EarlyStopping, e: the epoch, both from 1)."""
+Each rule is a few scalar ops carried from epoch to epoch. EarlyStopping: `best` (the best value so far, as a
+minimum: the monitored value times -1 in 'max' mode), `wait` (epochs since it improved) and, monitoring the
+training loss, the sum of the epoch's batch losses (their mean is the epoch's `loss`, as History and the callbacks
+compute it); at an epoch's end, as EarlyStopping.on_epoch_end: improved = current < best - min_delta; then best,
+wait; stop once wait > patience. TerminateOnNaN: whether a batch loss of the epoch was NaN or infinite. The decision
+of each epoch is persisted as `early_stopping_{k}_epoch_{e}` or `terminate_on_nan_{k}_epoch_{e}` (k: the fit's
+k-th such callback, e: the epoch, both from 1)."""
 import math
 from typing import Any, Optional, Sequence
 
@@ -16,13 +18,25 @@ import torch
 
 import ravop as R
 
-from .callbacks import Callback, EarlyStopping
+from .callbacks import Callback, EarlyStopping, TerminateOnNaN
 
 
 class LoopStopping:
-    """One EarlyStopping of a fit, recorded into its loop: `initial()` values join what the loop carries; each
-    training step passes them through `after_batch`, the epoch's last step through `at_epoch_end`."""
+    """A stopping callback of a fit, recorded into its loop: `initial()` values join what the loop carries; each
+    training step passes them through `after_batch`, the epoch's end step through `at_epoch_end`."""
 
+    def initial(self) -> list[Any]:
+        raise NotImplementedError
+
+    def after_batch(self, values: Sequence[Any], loss: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def at_epoch_end(self, step: Any, values: Sequence[Any], validation_loss: Optional[Any], steps_per_epoch: int,
+                     epochs: range) -> list[Any]:
+        raise NotImplementedError
+
+
+class EarlyStoppingInLoop(LoopStopping):
     def __init__(self, rule: EarlyStopping, index: int) -> None:
         self.rule, self.index = rule, index
         self.on_loss = rule.monitor == "loss"
@@ -52,7 +66,28 @@ class LoopStopping:
         return [best, wait] + [R.t(torch.tensor(0.0))] * self.on_loss
 
 
+class TerminateOnNaNInLoop(LoopStopping):
+    def __init__(self, rule: TerminateOnNaN, index: int) -> None:
+        self.index = index
+        rule.in_loop = True
+
+    def initial(self) -> list[Any]:
+        return [R.t(torch.tensor(False))]   # a batch loss of this epoch was NaN or infinite
+
+    def after_batch(self, values: Sequence[Any], loss: Any) -> list[Any]:
+        not_finite = R.logical_or(R.not_equal(loss, loss), R.equal(R.abs(loss), math.inf))
+        return [R.logical_or(values[0], not_finite)]
+
+    def at_epoch_end(self, step: Any, values: Sequence[Any], validation_loss: Optional[Any], steps_per_epoch: int,
+                     epochs: range) -> list[Any]:
+        step.stop_if(values[0], [f"terminate_on_nan_{self.index}_epoch_{e}" for e in epochs],
+                     "TerminateOnNaN: training loss not finite in this epoch")
+        return [R.t(torch.tensor(False))]
+
+
 def of(callbacks: Sequence[Callback]) -> list[LoopStopping]:
-    """The EarlyStopping callbacks of a fit, to record into its loop."""
-    rules = [callback for callback in callbacks if isinstance(callback, EarlyStopping)]
-    return [LoopStopping(rule, k) for k, rule in enumerate(rules, 1)]
+    """The EarlyStopping and TerminateOnNaN callbacks of a fit, to record into its loop."""
+    early = [callback for callback in callbacks if isinstance(callback, EarlyStopping)]
+    nan = [callback for callback in callbacks if isinstance(callback, TerminateOnNaN)]
+    return ([EarlyStoppingInLoop(rule, k) for k, rule in enumerate(early, 1)] +
+            [TerminateOnNaNInLoop(rule, k) for k, rule in enumerate(nan, 1)])
