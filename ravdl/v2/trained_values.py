@@ -10,7 +10,7 @@ of three places, a `Place`:
   is an error naming that call when a new graph needs it, never fresh random weights.
 A pickle keeps places, not Ops, so an unpickled model reads its values in a later session as well.
 """
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import torch
 
@@ -29,12 +29,6 @@ class Stored:
     def __init__(self, graph_id: str, graph_name: str, name: str) -> None:
         self.graph_id, self.graph_name, self.name = graph_id, graph_name, name
 
-    def __getstate__(self) -> tuple[str, str, str]:
-        return self.graph_id, self.graph_name, self.name
-
-    def __setstate__(self, state: tuple[str, str, str]) -> None:
-        self.graph_id, self.graph_name, self.name = state
-
 
 class NotStored:
     """A value of graph `graph_name` that was not persisted; `what` names it (a layer's parameter)."""
@@ -42,12 +36,6 @@ class NotStored:
 
     def __init__(self, graph_name: str, what: str) -> None:
         self.graph_name, self.what = graph_name, what
-
-    def __getstate__(self) -> tuple[str, str]:
-        return self.graph_name, self.what
-
-    def __setstate__(self, state: tuple[str, str]) -> None:
-        self.graph_name, self.what = state
 
 
 Place = Union[torch.Tensor, Stored, NotStored]
@@ -66,10 +54,10 @@ def place_of(op: Any, what: str) -> Place:
     graph = op.graph
     if op.id in graph.constants:
         return graph.constants[op.id]
-    names = [name for name, persisted in graph.persisted.items() if persisted is op]
-    if not names:
-        return NotStored(graph.name, what)
-    return Stored(graph.id, graph.name, names[0])
+    name: Optional[str] = f"{PREFIX}{op.id}"   # fit's name for it, else any (persist_weights'), found by a scan
+    if graph.persisted.get(name) is not op:
+        name = next((name for name, persisted in graph.persisted.items() if persisted is op), None)
+    return NotStored(graph.name, what) if name is None else Stored(graph.id, graph.name, name)
 
 
 def read(place: Place, purpose: str) -> torch.Tensor:
