@@ -183,6 +183,8 @@ def test_a_pytorch_model_trains_on_in_the_next_graph(engine, module_workers):
     run()
     fetched = R.fetch_persisting_op("trained")
     assert more.history["loss"][0] < first.history["loss"][0]
+    with pytest.raises(TypeError, match=r"Pytorch_Model is not pickled.*save_model\(name\) before R.activate"):
+        pickle.dumps(model)
     with torch.no_grad():
         expected = F.mse_loss(fetched(torch.as_tensor(DATA)), torch.as_tensor(TARGET))
     assert float(expected) < first.history["loss"][0]

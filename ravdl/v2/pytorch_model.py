@@ -133,6 +133,12 @@ class Pytorch_Model(KerasHabits, LossTraining):
         return fit_model(self, X, y, n_epochs, batch_size, loss or self.compiled_loss or "CrossEntropy", strategy,
                          shuffle, seed, callbacks, validation_data)
 
+    def __getstate__(self) -> NoReturn:
+        raise TypeError("a Pytorch_Model is not pickled (its code is a TorchScript module): call "
+                        "model.save_model(name) before R.activate(); once the graph ran, R.fetch_persisting_op(name) "
+                        "returns a torch.nn.Module with the trained values (torch.save its state_dict). In this "
+                        "process the model itself goes on in the next graph from them")
+
     def save(self, path: str) -> NoReturn:
         """Keras' `model.save(path)`, refused with the way to keep a Pytorch_Model."""
         raise NotImplementedError(
