@@ -41,12 +41,15 @@ compiled = compile_graph(graph)
 print("summary:", {k: compiled.summary[k] for k in ("recorded_ops", "compiled_ops", "subgraphs", "loop_steps")})
 for sub in compiled.plan.subgraphs:
     # A loop's losses are not outputs: the loop writes them itself as it goes, so they can be read while it trains.
+    # Its outputs (`tuple_get`s of the `loop` op) are the carried values at the end, which fit persists so that a
+    # later graph starts from them (ravdl/v2/trained_values.py).
     print(f"subgraph {sub.id}: {len(sub.nodes.id)} ops {list(sub.nodes.op)[:6]}, reads {len(sub.inputs)} values,"
           f" writes {len(sub.outputs)}, waits for {sub.n_predecessors}")
     for template in sub.loop.templates:    # a loop's step: the ops a worker builds once and runs n_steps times
         ops = list(template.nodes.op)
         print(f"  loop template: {len(ops)} ops, e.g. {ops[:4]} ... {ops[-3:]}; {sub.loop.n_steps} steps")
-print("persisted names (first 3):", sorted(compiled.plan.persisted)[:3])
+losses_first = sorted(compiled.plan.persisted, key=lambda name: (name.startswith("trained"), name))
+print("persisted names (first 3):", losses_first[:3])
 
 # 3. Run in process. A worker would claim each subgraph from Redis, fetch its inputs, run it with
 #    `ravop.runtime.runner.Runner` (a loop through `ravop.runtime.loop_run`) and store the outputs;

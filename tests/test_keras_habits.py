@@ -1,5 +1,6 @@
 """What a Keras user reaches for on a ravdl model: compile (optimizer and loss; metrics refused), predict and
-evaluate (lazy Ops), fit's validation_data on every model kind, and save refused with the ravdl way."""
+evaluate (lazy Ops), fit's validation_data on every model kind, and a Pytorch_Model's save refused with the ravdl
+way."""
 import numpy as np
 import pytest
 import torch
@@ -60,8 +61,9 @@ def test_what_keras_has_and_ravdl_does_not_is_refused_naming_the_ravdl_way():
         model.compile(run_eagerly=True)
     with pytest.raises(ValueError, match="unknown loss 'mse'"):
         model.compile(loss="mse")
-    with pytest.raises(NotImplementedError, match=r"model.save_model\(name\) before R.activate\(\).*ravop fetch"):
-        model.save("model.keras")
+    with pytest.raises(NotImplementedError, match=r"Pytorch_Model.save\(path\) is not implemented.*"
+                                                  r"model.save_model\(name\) before R.activate\(\).*ravop fetch"):
+        Pytorch_Model(R.model(torch.nn.Linear(4, 1))).save("model.keras")
     with pytest.raises(ValueError, match=r"TwoLayers has no loss yet: give evaluate\(X, y, loss=...\)"):
         TwoLayers().evaluate(X, Y)
     with pytest.raises(ValueError, match=r"validation_data must be a pair"):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as TF
 from torch import nn
 
-from ravdl.v2 import Functional, NeuralNetwork, export
+from ravdl.v2 import Functional, NeuralNetwork, export, trained_values
 from ravdl.v2.layers import (Activation, BatchNormalization1D, BatchNormalization2D, Conv2D, CustomLayer, Dense,
                              Dropout, Flatten, LayerNormalization, MaxPooling2D)
 from ravdl.v2.optimizers import Adam, RMSprop
@@ -112,7 +112,10 @@ def test_fit_persists_batch_and_validation_losses_and_learns():
     assert history[0] == "training_loss_epoch_1_batch_1" and history[-1] == "training_loss_epoch_30_batch_3"
     values = evaluate_persisted(current_graph())
     assert "training_loss_epoch_1_batch_4" not in values
-    assert set(values) == set(history) | {f"validation_loss_epoch_{e}" for e in range(1, 31)}
+    # the losses, and the values the next graph starts from (ravdl.v2.trained_values)
+    assert {name for name in values if not name.startswith(trained_values.PREFIX)} == \
+        set(history) | {f"validation_loss_epoch_{e}" for e in range(1, 31)}
+    assert len(values) - len(history) - 30 == 4 + 4 * 2   # 2 layers' weight and bias, and Adam's 2 moments of each
     assert float(values["validation_loss_epoch_30"]) < 0.5 * float(values["validation_loss_epoch_1"])
 
 
@@ -333,8 +336,10 @@ def test_training_again_in_a_new_graph_repeats_the_run_and_old_models_stay_in_th
     first_model, first = run()
     _, second = run()
     torch.testing.assert_close(first, second, rtol=0, atol=0)
-    with pytest.raises(GraphStateError, match="build a new model"):
-        first_model.predict(X)
+    with pytest.raises(GraphStateError, match="trained values are in graph 'again', which has not run to its end: "
+                                              r"R.activate\(\), R.execute\(\) and R.track_progress\(\) it before "
+                                              "using the model in graph 'again'"):
+        first_model.predict(X)   # in a new graph, once its own has run (tests/test_fit_then_use.py)
 
 
 def test_untrained_model_saves_from_its_declared_input_shape():

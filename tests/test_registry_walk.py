@@ -13,9 +13,10 @@ from ravop.record.graph import to_tensor
 from ravop.runtime.evaluate import evaluate, run_op
 from tests.samples import all_samples
 
-# Not user-callable: R.t makes constants, every multi-output sample exercises tuple_get, and loops and their
-# holes are recorded by ravop.record.loop (tests/test_loops.py).
-INTERNAL = ("const", "tuple_get", "loop", "loop_hole")
+# Not user-callable: R.t makes constants, every multi-output sample exercises tuple_get, and loops, their
+# holes and their decisions to stop are recorded by ravop.record.loop (tests/test_loops.py,
+# tests/test_loop_stopping.py).
+INTERNAL = ("const", "tuple_get", "loop", "loop_hole", "loop_stop")
 GRAD_RTOL, GRAD_ATOL = 1e-10, 1e-12
 
 SAMPLES = all_samples()

@@ -15,13 +15,16 @@ the first NaN or infinite loss, callbacks or not (without callbacks it reads the
     on_train_end(logs)            when the graph has ended; logs {'state', 'stopped_after' (epochs run when a stop
                                   ended the training early, else None)}
 
-A callback stops the training by setting `self.model.stop_training = True` (as in Keras; set `stop_reason` on
-itself to say why): the requester asks the graph to stop (`ravop.tools.status.request_stop`), and the worker ends the
-loop at its next epoch boundary, as if the fit had been recorded with that many epochs: the model's parameters
+EarlyStopping and TerminateOnNaN (in a fit without a strategy) are decided in the loop itself, at the end of each
+epoch (ravdl.v2.loop_stopping): the loop ends at the epoch that decides, whatever the epoch rate. Any other callback
+stops the training by setting `self.model.stop_training = True` (as in Keras; set `stop_reason` on itself to say
+why): the requester asks the graph to stop (`ravop.tools.status.request_stop`), and the worker ends the loop at its
+next epoch boundary, as if the fit had been recorded with that many epochs: the model's parameters
 and optimizer state are those of that epoch, bit for bit, what was recorded after `fit` (predictions,
 `save_model`) is computed from them, and the graph ends done. The worker learns of the request within about a
-second and may have begun a later epoch by then: the training then ends after that one, so `History` (and the
-callbacks' events) may hold an epoch or two after the one the callback stopped at, all of them trained.
+second and may have run later epochs by then (hundreds on a fast model): the training ends at the boundary it
+reaches next, so `History` (and the callbacks' events) may hold those epochs after the one the callback stopped
+at, all of them trained.
 A training that ends before the request lands keeps every epoch. Loops that run in segments or exchange values
 with other loops (the parallel strategies) do not stop early: they train to the end.
 """
@@ -143,7 +146,9 @@ class CSVLogger(Callback):
 class EarlyStopping(Callback):
     """Stop the training when `monitor` ('val_loss' or 'loss') has not improved by more than `min_delta` for
     `patience` epochs (`mode` 'min', 'max' or 'auto': min for a loss). The model keeps the parameters of the
-    epoch where the loop stopped (see the module's docstring); Keras's `restore_best_weights` is refused."""
+    epoch where the loop stopped; Keras's `restore_best_weights` is refused. In a fit without a strategy the
+    decision is made in the loop itself, at the end of the epoch that decides (ravdl.v2.loop_stopping): the loop
+    ends there whatever the epoch rate; under a strategy, as the other callbacks (the module's docstring)."""
 
     def __init__(self, monitor: str = "val_loss", patience: int = 0, min_delta: float = 0.0, mode: str = "auto",
                  restore_best_weights: bool = False) -> None:
@@ -162,8 +167,10 @@ class EarlyStopping(Callback):
         self.best_epoch: Optional[int] = None
         self.stopped_epoch: Optional[int] = None
         self.best, self.wait = math.inf, 0
+        self.in_loop = False   # recorded into the fit's loop, which ends itself (ravdl.v2.loop_stopping)
 
     def check(self, validation: bool) -> None:
+        self.in_loop = False   # until this fit records it into its loop (not under a strategy)
         if self.monitor == "val_loss" and not validation:
             raise ValueError("EarlyStopping(monitor='val_loss') needs validation losses: give the model "
                              "validation_data, or monitor='loss'")
@@ -185,17 +192,25 @@ class EarlyStopping(Callback):
             best = ("no finite value" if self.best_epoch is None
                     else f"best {self.sign * self.best:.6g} after epoch {self.best_epoch + 1}")
             self.stop_reason = f"EarlyStopping: {self.monitor} did not improve for {self.wait} epochs ({best})"
-            self.model.stop_training = True
+            if not self.in_loop:   # the loop has already ended there itself
+                self.model.stop_training = True
 
 
 class TerminateOnNaN(Callback):
-    """Stop the training at the first NaN or infinite training loss (as Keras's): the loop ends at its next epoch
-    boundary (see the module's docstring), with the parameters it has then, which may be NaN already."""
+    """Stop the training at the first NaN or infinite training loss (as Keras's): the loop ends at the end of that
+    epoch (decided in the loop without a strategy, ravdl.v2.loop_stopping; else by request, the module's
+    docstring), with the parameters it has then, which may be NaN already."""
+
+    in_loop = False   # recorded into the fit's loop, which ends itself (ravdl.v2.loop_stopping)
+
+    def check(self, validation: bool) -> None:
+        self.in_loop = False   # until this fit records it into its loop (not under a strategy)
 
     def on_batch_end(self, batch: int, logs: Any = None) -> None:
         if self.stop_reason is None and not math.isfinite(logs["loss"]):
             self.stop_reason = f"TerminateOnNaN: training loss {logs['loss']} at step {logs['step']}"
-            self.model.stop_training = True
+            if not self.in_loop:   # the loop ends at this epoch's end itself
+                self.model.stop_training = True
 
 
 class MLflow(Callback):
@@ -297,7 +312,8 @@ class FitFollower:
         if not self.started:
             self._begin()
         if self.stopped_step is not None:   # why: the graph's record (a callback's reason, `ravop stop --reason`)
-            why = (client.hget(keys.meta, "stop") or b"a stop was requested").decode(errors="replace")
+            why = (client.hget(keys.meta, "stop") or client.hget(keys.meta, "stopped") or b"a stop was requested"
+                   ).decode(errors="replace")   # "stopped": the loop's own decision (ravdl.v2.loop_stopping)
             self.history.stopped(self.stopped_step // self.per_epoch, why)
         logs = {"state": state, "stopped_after": self.history.stopped_after}
         for callback in self.callbacks:

@@ -12,8 +12,9 @@ from typing import Any, Callable, Hashable, Optional, Sequence, cast
 from ravop.core.loss_names import training_loss_name, validation_loss_name
 from ravop.record.loop import Batches, Loop
 
-from . import traps
+from . import traps, trained_values
 from .layers.base import as_input
+from .loop_stopping import LoopStopping
 from .optimizers import Optimizer
 
 
@@ -83,11 +84,13 @@ def optimizer_slots(optimizer: Optimizer, params: Sequence[tuple[Hashable, Any]]
 
 
 def record_fit(model: Any, train_step: Callable[[Any, Any], Any], X: Any, y: Any, n_epochs: int, batch_size: int,
-               shuffle: bool = False, seed: int = 0, validation: Optional[Callable[[], Any]] = None) -> list[str]:
+               shuffle: bool = False, seed: int = 0, validation: Optional[Callable[[], Any]] = None,
+               stopping: Sequence[LoopStopping] = ()) -> list[str]:
     """Record `n_epochs` of `train_step(X_batch, y_batch) -> loss` over (X, y) in batches of `batch_size`;
-    persists each loss as `ravop.core.loss_names.training_loss_name(e, b)` and, with `validation() -> loss` (recorded
-    in eval mode after each epoch), `validation_loss_name(e)` (1-based). Returns the training loss names
-    in order."""
+    persists each loss as `ravop.core.loss_names.training_loss_name(e, b)`, the carried values after the last
+    step (`ravdl.v2.trained_values`) and, with `validation() -> loss` (recorded
+    in eval mode after each epoch), `validation_loss_name(e)` (1-based). `stopping`: EarlyStopping rules decided
+    in the loop at each epoch's end (ravdl.v2.loop_stopping). Returns the training loss names in order."""
     if int(n_epochs) < 1:
         raise ValueError(f"n_epochs must be >= 1, not {n_epochs}")
     X, y = as_input(X), as_input(y)
@@ -100,7 +103,10 @@ def record_fit(model: Any, train_step: Callable[[Any, Any], Any], X: Any, y: Any
     state = model.train_state(X)
     slots, counters = state.carried, state.counters
     starts = [counter.get() for counter in counters]
-    loop = Loop([slot.get() for slot in slots], Batches(n_rows, batch_size, shuffle, seed))
+    rules = [(rule, len(rule.initial())) for rule in stopping]
+    loop = Loop([slot.get() for slot in slots] + [value for rule in stopping for value in rule.initial()],
+                Batches(n_rows, batch_size, shuffle, seed))
+    n_slots = len(slots)
     n_full, short = divmod(n_rows, batch_size)
     epochs = range(1, n_epochs + 1)
     schedule: list[tuple[int, int]] = []
@@ -114,7 +120,8 @@ def record_fit(model: Any, train_step: Callable[[Any, Any], Any], X: Any, y: Any
         with loop.step() as step:
             _bind(slots, step.carried)
             loss = train_step(step.rows(X, rows), step.rows(y, rows))
-            step.carry([slot.get() for slot in slots])
+            step.carry([slot.get() for slot in slots] + [value for rule, values in _split(rules, step.carried[n_slots:])
+                                                         for value in rule.after_batch(values, loss)])
             step.persist(loss, [training_loss_name(e, b) for e in epochs for b in batches])
         moved = [counter.get() - start for counter, start in zip(counters, starts)]
         if advance is not None and moved != advance:
@@ -122,16 +129,30 @@ def record_fit(model: Any, train_step: Callable[[Any, Any], Any], X: Any, y: Any
         advance = moved
         schedule.append((len(schedule), len(batches)))
         steps_per_epoch += len(batches)
-    if validation is not None:
+    if validation is not None or rules:   # the epoch's end: its validation loss, the stopping rules' decisions
         with loop.step(counts=False) as step:
             _bind(slots, step.carried)
-            step.persist(validation(), [validation_loss_name(e) for e in epochs])
-            step.carry([slot.get() for slot in slots])
+            validation_loss = validation() if validation is not None else None
+            if validation_loss is not None:
+                step.persist(validation_loss, [validation_loss_name(e) for e in epochs])
+            step.carry([slot.get() for slot in slots] + [
+                value for rule, values in _split(rules, step.carried[n_slots:])
+                for value in rule.at_epoch_end(step, values, validation_loss, steps_per_epoch, epochs)])
         schedule.append((len(schedule), 1))
     _bind(slots, loop.run(schedule, rounds=n_epochs))
+    trained_values.persist([slot.get() for slot in slots])   # where the next graph starts from
     for counter, start, moved in zip(counters, starts, cast(list[Any], advance)):   # Batches: n_rows >= 1
         counter.set(start + moved * steps_per_epoch * n_epochs)
     return [training_loss_name(e, b) for e in epochs for b in range(1, n_full + (short > 0) + 1)]
+
+
+def _split(rules: Sequence[tuple[LoopStopping, int]], values: Sequence[Any]) -> list[tuple[LoopStopping, list[Any]]]:
+    """Each stopping rule with its share of the carried values after the model's (`rules`: rule, share size)."""
+    shares, start = [], 0
+    for rule, size in rules:
+        shares.append((rule, list(values[start:start + size])))
+        start += size
+    return shares
 
 
 def _bind(slots: Sequence[Slot], values: Sequence[Any]) -> None:

@@ -1,8 +1,8 @@
 """What a Keras user reaches for on any ravdl model (NeuralNetwork, Functional, Pytorch_Model), each either
 a thin equivalent that does what Keras' does, lazily as everything here, or a clear error pointing at the
 ravdl way: compile (the optimizer and loss, no metrics), predict and evaluate (Ops, to persist and fetch),
-save (refused: there is no trained value to write before the graph runs) and fit's validation_data."""
-from typing import Any, Callable, NoReturn, Optional, Sequence, Union
+and fit's validation_data (`save(path)` is each model kind's own: ravdl.v2.model_file, or Pytorch_Model's refusal)."""
+from typing import Any, Callable, Optional, Sequence, Union
 
 import ravop as R
 
@@ -51,13 +51,6 @@ class KerasHabits:
             raise ValueError(f"{type(self).__name__} has no loss yet: give evaluate(X, y, loss=...) or "
                              "compile(loss=...)")
         return loss_function(as_input(y), self.predict(X))
-
-    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise NotImplementedError(
-            "model.save(path) would write a file now, but a ravdl model has trained values only once its graph "
-            "ran: call model.save_model(name) before R.activate(); afterwards R.fetch_persisting_op(name) returns "
-            "a torch.nn.Module (torch.jit.script and torch.jit.save it), or run `ravop fetch GRAPH name -o "
-            "model.pt`")
 
 
 def validation_loss(model: Any, validation_data: Optional[Sequence[Any]]) -> Optional[Callable[[], R.Op]]:

@@ -11,8 +11,9 @@ from typing import Any, Iterator, Optional, Sequence, cast
 import torch
 
 import ravop as R
+from ravop.record.graph import current_graph
 
-from . import export, gradients, onnx_export, traps
+from . import export, gradients, model_file, onnx_export, traps
 from .fit import LossTraining, Slot, TrainState, optimizer_slots
 from .keras_habits import KerasHabits
 from .layers.base import CustomLayer, Layer, Shape, leaf_layers
@@ -70,8 +71,9 @@ class Model(KerasHabits, LossTraining):
     def train_state(self, X: R.Op) -> TrainState:
         """The `TrainState` of training on data like `X` (an Op). Layers not built yet are built first from one
         row of `X`: a loop step must read parameters that exist before it (the eval-mode pass recorded for that
-        is read by nothing, so it is never run)."""
-        if not all(layer.built for _, layer in self.leaf_layers()):
+        is read by nothing, so it is never run); layers trained in an earlier graph enter this one the same way,
+        with their trained values."""
+        if not all(layer.graph is X.graph for _, layer in self.leaf_layers()):
             self._forward_pass(X[0:1], training=False)
         if self.optimizer is None:
             raise ValueError(f"{type(self).__name__} has no optimizer to train with")
@@ -148,10 +150,17 @@ class Model(KerasHabits, LossTraining):
         export.save(self, name)
         self.saved_as = name
 
+    def save(self, path: str) -> None:
+        """Write the model with its current values to `path`, once the graph that trained it has run;
+        `ravdl.v2.load_model(path)` gives it back, in any later session (ravdl.v2.model_file)."""
+        model_file.save(self, path)
+
     def persist_weights(self) -> None:
         """Persist every layer's current values, each under its torch state_dict key ("Dense_1.weight",
         "BatchNormalization1D_1.running_mean"), to fetch as tensors."""
         for layer_name, layer in self.leaf_layers():
+            if layer.graph is not current_graph() and (layer.built or layer.places is not None):
+                layer.enter(cast(Shape, layer.input_shape))   # values of an earlier graph are persisted here
             for key, op in layer.state().items():
                 op.persist_op(f"{layer_name}.{key}")
 

@@ -12,7 +12,9 @@ from typing import Any, Hashable, Optional, Sequence
 
 import ravop as R
 from ravop.core.dtypes import NAMES
+from ravop.record.graph import Op
 
+from . import trained_values
 from .lr_schedules import Schedule, schedule_spec
 
 
@@ -24,7 +26,13 @@ class Optimizer:
         self.state: dict[Hashable, dict[str, Any]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**vars(self), "state": {}}   # the moments are graph values: a pickle keeps the configuration
+        """The configuration, and per parameter its step count and where its moments are
+        (ravdl.v2.trained_values), not the Ops of a graph."""
+        used = self.used_state()
+        return {**vars(self), "state": {slot: {name: value if name == "step" or not isinstance(value, Op)
+                                                else trained_values.place_of(value, f"the optimizer's {name}")
+                                                for name, value in state.items() if name == "step" or name in used}
+                                         for slot, state in self.state.items()}}
 
     def used_state(self) -> tuple[str, ...]:
         """The state names this configuration updates; the others pass through the step unchanged."""
@@ -37,6 +45,13 @@ class Optimizer:
             state = {name: R.zeros(shape=param.shape, dtype=NAMES[param.dtype]) for name in self.state_names}
             state["step"] = 0
             self.state[slot] = state
+        elif any(not isinstance(state.get(name), Op) or state[name].graph is not param.graph
+                 for name in self.state_names):
+            # trained in an earlier graph (or unpickled): the moments this configuration uses continue from
+            # their values there; the others are zeros the step passes through
+            used = self.used_state()
+            state.update((name, trained_values.here(state[name], f"the optimizer's {name}") if name in used
+                          else R.zeros(shape=param.shape, dtype=NAMES[param.dtype])) for name in self.state_names)
         return state
 
     def update(self, slot: Hashable, param: R.Op, grad: R.Op) -> R.Op:

@@ -31,6 +31,7 @@ from ravop.parallel.replicas import Carried, weighted_sum
 from ravop.record.graph import Op, current_graph
 from ravop.record.loop import Batches, Loop, Step
 
+from . import trained_values
 from .layers.base import as_input
 from .pipeline_fit import record_pipeline
 
@@ -45,7 +46,10 @@ def record_parallel_fit(model: Any, X: Any, y: Any, n_epochs: int, batch_size: i
     graph.parallel_fits.append(check_strategy(strategy))   # compile_graph leaves it unfolded
     fit = ParallelFit(model, X, y, n_epochs, batch_size, shuffle, seed)
     graph.parallel_loops.append(fit.loops)   # ravop.client.placement names the workers that ran them
-    return strategy.record_fit(fit)
+    names: list[str] = strategy.record_fit(fit)
+    # where the next graph starts from (ravdl.v2.trained_values)
+    trained_values.persist([slot.get() for slot in model.train_state(_shard(X, 0, 1)).carried])
+    return names
 
 
 class _Steps:

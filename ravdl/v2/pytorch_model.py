@@ -14,14 +14,13 @@ plain nn.Module with the trained weights under the original names (`ravop.client
 `ravop.record.torchscript_import.load_module`, so fetching needs only ravop).
 """
 from functools import partial
-from typing import Any, Never, Optional, Sequence, Union, cast
+from typing import Any, Never, NoReturn, Optional, Sequence, Union, cast
 
 import ravop as R
-from ravop.core.errors import GraphStateError
 from ravop.record.graph import current_graph
 from ravop.record.torchscript_import import BLOB_KEY, BUNDLE_KIND, Model
 
-from . import gradients, traps
+from . import gradients, trained_values, traps
 from .fit import LossTraining, Slot, TrainState, optimizer_slots
 from .callbacks import Callback
 from .history import History
@@ -57,9 +56,11 @@ class Pytorch_Model(KerasHabits, LossTraining):
             self.params = [graph.constant(p) for p in self.model.params]
             self.buffers = [graph.constant(b) for b in self.model.buffers]
             self.graph = graph
-        elif graph is not self.graph:
-            raise GraphStateError(f"this Pytorch_Model's trained values live in graph {self.graph.name!r}; "
-                                  f"make a new Pytorch_Model for graph {graph.name!r}")
+        elif graph is not self.graph:   # trained in an earlier graph: continue from its values (read once)
+            model = self.model
+            self.params = [trained_values.here(p, f"parameter {n}") for p, n in zip(self.params, model.param_names)]
+            self.buffers = [trained_values.here(b, f"buffer {n}") for b, n in zip(self.buffers, model.buffer_names)]
+            self.graph = graph
         return graph
 
     def _forward_pass(self, X: Any, training: bool = True, **kwargs: Any) -> Any:
@@ -131,6 +132,19 @@ class Pytorch_Model(KerasHabits, LossTraining):
         traps.refuse_fit_keywords(self, unexpected)
         return fit_model(self, X, y, n_epochs, batch_size, loss or self.compiled_loss or "CrossEntropy", strategy,
                          shuffle, seed, callbacks, validation_data)
+
+    def __getstate__(self) -> NoReturn:
+        raise TypeError("a Pytorch_Model is not pickled (its code is a TorchScript module): call "
+                        "model.save_model(name) before R.activate(); once the graph ran, R.fetch_persisting_op(name) "
+                        "returns a torch.nn.Module with the trained values (torch.save its state_dict). In this "
+                        "process the model itself goes on in the next graph from them")
+
+    def save(self, path: str) -> NoReturn:
+        """Keras' `model.save(path)`, refused with the way to keep a Pytorch_Model."""
+        raise NotImplementedError(
+            "Pytorch_Model.save(path) is not implemented (NeuralNetwork and Functional have it): call "
+            "model.save_model(name) before R.activate(); once the graph ran, R.fetch_persisting_op(name) returns "
+            "a torch.nn.Module (torch.save its state_dict), or run `ravop fetch GRAPH name -o model.pt`")
 
     def save_model(self, name: str) -> None:
         """Persist the model under `name`: its code and current parameter and buffer values."""

@@ -5,7 +5,7 @@ from typing import Any, Never, Optional, Sequence, Union
 import ravop as R
 from ravop.record.graph import current_graph
 
-from . import losses, nonfinite, traps
+from . import loop_stopping, losses, nonfinite, traps
 from .callbacks import Callback, checked, follow
 from .fit import record_fit
 from .fit_data import training_data
@@ -101,7 +101,8 @@ class NeuralNetwork(Model):
         seed = seed if seed is not None else graph.seed
         strategy = strategy if strategy is not None else graph.strategy
         if strategy is None:
-            names = record_fit(self, self.train_on_batch, X, y, n_epochs, batch_size, shuffle, seed, validation)
+            names = record_fit(self, self.train_on_batch, X, y, n_epochs, batch_size, shuffle, seed, validation,
+                               loop_stopping.of(callbacks))
         elif validation is not None:
             raise NotImplementedError("validation_data with a parallel strategy is not implemented: evaluate the "
                                       "trained model with predict() after fit")

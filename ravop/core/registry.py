@@ -36,9 +36,10 @@ Conventions an op definition follows:
 - `kind` marks the few ops the graph machinery makes itself (ravop/ops/graph_machinery.py), which are not `R.<op>`
   functions: INPUT (a value from the tensor store, not a kernel: constants), PROJECTION (output i of a
   multi-output node, its param `PICKS`; `Op.output(i)`), LOOP (a training loop run as a whole, `ravop.record.loop`;
-  its param `LOOP_INDEX` says which of the graph's loops) and HOLE (a value a
-  loop's step reads). Code asks an OpDef's flags (`is_input`, `is_projection`, `free`, ...) or, in hot loops,
-  the name sets below, never an op's name.
+  its param `LOOP_INDEX` says which of the graph's loops), HOLE (a value a loop's step reads) and LOOP_STOP (a
+  step's decision to end its loop at the next epoch boundary: `ravop.record.loop.Step.stop_if`). Code asks an
+  OpDef's flags (`is_input`, `is_projection`, `free`, ...) or, in hot loops, the name sets below, never an op's
+  name.
 - Flags a loop step reads (ravop.record.loop, ravop.runtime.loop_run, compiler/passes/loops.py), declared by the op
   so that no code matches op names or params' text: `counter` names the required int param that counts training steps
   (1-based, as torch.optim's `step`); `seed_param` names the int param that holds another op's stream seed
@@ -61,6 +62,7 @@ import torch
 
 REQUIRED: Any = object()  # default of a param the caller must give
 INPUT, PROJECTION, LOOP, HOLE = "input", "projection", "loop_run", "hole"   # the kinds of `register(kind=...)`
+LOOP_STOP = "ends_loop"   # ... and the op whose true value, persisted by a loop's step, ends the loop
 PICKS, LOOP_INDEX = "index", "loop"   # the params of the PROJECTION op (which output) and the LOOP op (its loop)
 
 Kernel = Callable[..., Any]
@@ -210,6 +212,7 @@ INPUTS: set[str] = set()
 PROJECTIONS: set[str] = set()
 LOOPS: set[str] = set()
 HOLES: set[str] = set()
+LOOP_STOPS: set[str] = set()
 FREE: set[str] = set()
 NOT_KERNELS: set[str] = set()
 _OF_KIND: dict[str, str] = {}  # kind -> the name of the one op of that kind
@@ -237,7 +240,8 @@ def register(name: str, *, inputs: tuple[str, ...] = ("x",), params: Optional[di
                 raise ValueError(f"ops {_OF_KIND[kind]!r} and {name!r} are both of kind {kind!r}")
             _OF_KIND[kind] = name
             for names, flag in ((INPUTS, opdef.is_input), (PROJECTIONS, opdef.is_projection),
-                                (LOOPS, opdef.is_loop), (HOLES, kind == HOLE), (FREE, opdef.free),
+                                (LOOPS, opdef.is_loop), (HOLES, kind == HOLE), (LOOP_STOPS, kind == LOOP_STOP),
+                                (FREE, opdef.free),
                                 (NOT_KERNELS, kind in (INPUT, LOOP, HOLE))):
                 if flag:
                     names.add(name)
@@ -246,7 +250,8 @@ def register(name: str, *, inputs: tuple[str, ...] = ("x",), params: Optional[di
 
 
 def op_of_kind(kind: str) -> str:
-    """The name of the op of `kind` (INPUT, PROJECTION, LOOP, HOLE), for the code that makes such nodes."""
+    """The name of the op of `kind` (INPUT, PROJECTION, LOOP, HOLE, LOOP_STOP), for the code that makes such
+    nodes."""
     return _OF_KIND[kind]
 
 

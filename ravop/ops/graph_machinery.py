@@ -3,7 +3,7 @@ reducing a broadcast gradient back to an input's shape."""
 import torch
 
 from ..core import op_functions as R
-from ..core.registry import HOLE, INPUT, LOOP, LOOP_INDEX, PICKS, PROJECTION, REQUIRED, register
+from ..core.registry import HOLE, INPUT, LOOP, LOOP_INDEX, LOOP_STOP, PICKS, PROJECTION, REQUIRED, register
 from .rules import broadcast
 
 
@@ -29,6 +29,14 @@ register("loop", inputs=("*values",), params={LOOP_INDEX: REQUIRED}, method=Fals
          shape=lambda *values, loop: ((), torch.float32), kind=LOOP)(_loop_kernel)
 register("loop_hole", inputs=(), params={"hole": REQUIRED}, method=False, deterministic=False,
          shape=lambda hole: ((), torch.float32), kind=HOLE)(_loop_hole_kernel)
+
+
+# A loop step's decision to end its loop (ravop.record.loop.Step.stop_if): true ends it at its next boundary
+# (ravop.runtime.loop_run); `reason` says why, in the graph's record. Never folded or merged: it is a decision.
+@register("loop_stop", inputs=("flag",), params={"reason": REQUIRED}, method=False, deterministic=False,
+          shape=lambda flag, reason: ((), torch.bool), kind=LOOP_STOP)
+def _loop_stop_kernel(flag, reason):
+    return flag.reshape(()).to(torch.bool)
 
 
 def _tuple_get_shape(x, index):

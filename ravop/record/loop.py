@@ -7,6 +7,7 @@
         ...                                   # the step, recorded as usual, reading those Ops
         step.carry(new_values)                # the carried values after the step
         step.persist(loss, names)             # `loss` persisted as names[k] at the step's k-th run
+        step.stop_if(flag, names, reason)     # (optional) the loop ends at its next boundary after a true flag
     finals = loop.run([(0, times)], rounds)   # the loop op; its outputs are the carried values at the end
 
 A step's ops are recorded into the graph like any others, between two marks; the compiler takes them out of
@@ -34,6 +35,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Optional, Sequence
+
+import torch
 
 from ..core import registry
 from ..core.errors import GraphStateError
@@ -332,6 +335,17 @@ class Step:
         for name in names:
             graph.step_outputs[name] = op
         self.outputs.append((op, names))
+
+    def stop_if(self, flag: Op, names: Iterable[str], reason: str) -> None:
+        """End the loop at its next boundary (before the next round; `ravop.runtime.loop_run`) after a run where
+        `flag` (a scalar) is true, as if it had been recorded with the rounds run so far; the decision is persisted
+        as names[k] at the k-th run, and `reason` is written in the graph's record (`stopped`). Where the losses
+        are computed, so a fast loop stops at once, not when a requester's poll sees them."""
+        if tuple(flag.shape) not in ((), (1,)):
+            raise ValueError(f"stop_if takes a scalar flag, not one of shape {tuple(flag.shape)}")
+        decision = self.loop.graph.add_node(op_of_kind(registry.LOOP_STOP), (flag,), {"reason": str(reason)}, (),
+                                            torch.bool, user_source())
+        self.persist(decision, names)
 
     def finish(self) -> None:
         loop, graph = self.loop, self.loop.graph

@@ -289,6 +289,13 @@ class LoopRun:
             n = loop.runs(t)
             if step.runs() not in (None, n):
                 raise PlanError(f"loop step {t} runs {n} times but has values for {step.runs()} runs")
+        # per template: (position among its persisted values, reason) of its decisions to end the loop
+        self.decisions = [[(k, node.params["reason"]) for k, node in enumerate(map({n.id: n for n in t.nodes}.get,
+                                                                                     t.output_nodes))
+                           if node is not None and node.op in registry.LOOP_STOPS] for t in loop.templates]
+        if any(self.decisions) and not self.stoppable():
+            raise PlanError("a loop that ends itself (a step's stop_if) must be whole and exchange nothing")
+        self.stop_reason: Optional[str] = None   # the reason of the decision that ended the loop, if one did
         self.device = device
 
     def positions(self) -> Iterator[tuple[int, int, int, int, int]]:
@@ -350,7 +357,8 @@ class LoopRun:
         step `on_step(steps done, template, run index, persisted values, carried values)`, counted from the
         loop's first step (a segment's `first_step`). `exchange`: how steps that send or receive values reach the
         other loops (`Exchange`). `stop()`, asked at each boundary (before a round, an epoch, of a loop of
-        several; before each step of a loop of one round), ends the loop there if true: it returns the carried
+        several; before each step of a loop of one round), ends the loop there if true, as does a true decision
+        of a step's own (`ravop.record.loop.Step.stop_if`, its reason then in `stop_reason`): it returns the carried
         values of that point, which the loop recorded with that many rounds (or steps) gives, and `stopped_at`
         says where, as (steps run, rounds run, training steps run). Returns the carried values after the last
         step."""
@@ -365,14 +373,15 @@ class LoopRun:
         order, order_round = None, -1
         first = loop.first_step
         first_runs = [0] * len(self.steps)   # each template's runs before the segment
-        self.stopped_at = None
+        self.stopped_at = self.stop_reason = None
         every_step, last_round = loop.rounds == 1, -1
         if stop is not None and not self.stoppable():
             raise PlanError("this loop cannot stop early: it is a segment of a replica's, or exchanges values")
         with torch.no_grad():
             for index, (t, r, position, count, run) in enumerate(self.positions()):
                 boundary, last_round = every_step or r != last_round, r
-                if stop is not None and boundary and index >= first + start and stop():
+                if boundary and index >= first + start and (self.stop_reason is not None or
+                                                            (stop is not None and stop())):
                     self.stopped_at = (index - first, r, count)
                     break
                 if rng is not None and r != order_round:
@@ -398,6 +407,9 @@ class LoopRun:
                 carried, outputs = step(carried, rows, count, index, run, received)
                 if step.send_slots and exchange is not None:
                     exchange.send(step.send_channels, run, step.sent())
+                for k, reason in self.decisions[t]:
+                    if self.stop_reason is None and bool(outputs[k]):
+                        self.stop_reason = reason   # taken at the next boundary, where the loop's rounds end
                 if on_step is not None:
                     on_step(index + 1 - first, t, run - first_runs[t], outputs, carried)
         return carried

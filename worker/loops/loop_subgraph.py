@@ -519,7 +519,8 @@ def run_loop(ctx):
             else:
                 writer.write(spec.n_steps, carried)
         else:   # a checkpoint at the stop: under verify='spot' it also ends the last segment to check
-            writer.write(runner.stopped_at[0], carried, stopped_record(spec, *runner.stopped_at, graph.stop_reason))
+            writer.write(runner.stopped_at[0], carried,   # the loop's own decision (Step.stop_if), or a request
+                         stopped_record(spec, *runner.stopped_at, runner.stop_reason or graph.stop_reason))
         if segments is not None:
             segments.wait_settled()
         if loop_start is not None:   # its record as written: the worker's metrics need not read it back

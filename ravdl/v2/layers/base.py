@@ -20,11 +20,12 @@ import torch
 
 import ravop as R
 from ravop.core import registry
-from ravop.core.errors import GraphStateError
 from ravop.core.sizes import numel
 from ravop.ops.rules import Like
 from ravop.record.graph import Op, current_graph
 
+from .. import trained_values
+from ..trained_values import Place
 from . import init
 
 Shape = tuple[int, ...]     # a value's shape without the batch dimension
@@ -59,6 +60,8 @@ class Layer:
         self.params: dict[str, R.Op] = {}        # torch parameter name -> Op holding its current value
         self.buffers: dict[str, R.Op] = {}       # torch buffer name -> Op (state the forward pass moves: running stats)
         self.graph: Optional[R.Graph] = None     # where the values live, once built
+        # (params, buffers) where an unpickled layer's trained values are (ravdl.v2.trained_values)
+        self.places: Optional[tuple[dict[str, Place], dict[str, Place]]] = None
         self.last_output_shape: Optional[Shape] = None
 
     @property
@@ -66,22 +69,38 @@ class Layer:
         return self.graph is not None
 
     def __getstate__(self) -> dict[str, Any]:
-        """A pickled layer keeps its configuration and learnt input shape; its values live in a graph, so an
-        unpickled layer is unbuilt (saved models are fetched by name: `R.fetch_persisting_op`)."""
-        return {**vars(self), "params": {}, "buffers": {}, "graph": None}
+        """A pickled layer keeps its configuration, learnt input shape and where its values are (tensors, or
+        references to the store: `ravdl.v2.trained_values`), not the Ops of a graph: unpickled in a later
+        session, it starts from its trained values, never from fresh random ones."""
+        places = self.places if self.graph is None else self._places()
+        return {**vars(self), "params": {}, "buffers": {}, "graph": None, "places": places}
+
+    def _places(self) -> tuple[dict[str, Place], dict[str, Place]]:
+        return ({k: trained_values.place_of(op, f"{self.label}.{k}") for k, op in self.params.items()},
+                {k: trained_values.place_of(op, f"{self.label}.{k}") for k, op in self.buffers.items()})
 
     def _forward_pass(self, X: Any, training: bool = True) -> Any:
         X = self.cast_input(as_input(X))
-        if self.graph is None:
-            self.build(tuple(X.shape[1:]))
-        elif X.graph is not self.graph:
-            raise GraphStateError(f"layer {self.label} was built in graph {self.graph.name!r} and its trained "
-                                  f"values live there; build a new model for graph {X.graph.name!r}")
+        if self.graph is not X.graph:
+            self.enter(tuple(X.shape[1:]))
         out = self.forward(X, training)
         self.last_output_shape = tuple((out[0] if isinstance(out, tuple) else out).shape[1:])
         if _calls is not None:
             _calls.append((self, X, out))
         return out
+
+    def enter(self, input_shape: Shape) -> None:
+        """Give the layer its values in the current graph: drawn at random the first time (`build`), else the
+        values it had at the end of the graph it was in (or was unpickled with), read once (a graph that has not
+        run, or values no one persisted, raise GraphStateError naming what to do)."""
+        values = (self.params, self.buffers) if self.graph is not None else self.places
+        if values is None:
+            self.build(input_shape)
+            return
+        params, buffers = values
+        self.params = {k: trained_values.here(value, f"{self.label}.{k}") for k, value in params.items()}
+        self.buffers = {k: trained_values.here(value, f"{self.label}.{k}") for k, value in buffers.items()}
+        self.graph, self.places = current_graph(), None
 
     def cast_input(self, X: R.Op) -> R.Op:
         """The input in the layer's dtype: as in the original, layers compute in float32 whatever the
