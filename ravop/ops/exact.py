@@ -1,0 +1,106 @@
+"""Sums and matrix products whose result does not depend on the order of their additions: the building blocks of
+the reproducible numerics mode (ravop/ops/reproducible.py).
+
+A float's bits depend on the order its additions ran in, and that order is what differs between CPUs (vector
+widths, FMA), libraries (MKL's code path, oneDNN's ISA) and thread counts (how a reduction is split). Integers
+add in any order to the same result, so each operand is written as integers first (the Ozaki scheme): per row
+(or column) a power-of-two scale, then `SLICES` slices of `bits` bits each, integer-valued float64 values. Slices
+are chosen so that every product and every partial sum of slices stays below 2**53: float64 adds them exactly in
+any order, on any BLAS and any number of threads. The exact slice results are then combined in a fixed order by
+elementwise float64 operations (one IEEE rounding each, the same on every CPU) and rounded once to the result's
+dtype. The slices cover 2 * bits >= 40 bits below each row's largest magnitude, more than float32's 24: what
+they drop is far below float32's own rounding error.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+MANTISSA = 53          # float64 adds integers below 2**53 exactly
+SLICES = 2             # slices per operand: hi and lo
+MAX_TERMS = 2 ** 26    # beyond this a sum's slices would be too narrow (< 13 bits) to keep float32's precision
+
+
+def _bits(terms: int, factors: int) -> int:
+    """Bits per slice so that `terms` products of `factors` slices each add exactly in float64."""
+    if terms > MAX_TERMS:
+        raise ValueError(f"reproducible numerics: a sum of {terms} terms is over the exact sum's limit of "
+                         f"{MAX_TERMS}")
+    return (MANTISSA - 1 - math.ceil(math.log2(max(terms, 2)))) // factors
+
+
+def _split(x: Tensor, dim: int, bits: int) -> tuple[Tensor, list[Tensor]]:
+    """x as scale * sum_t slice_t * 2**(-bits * (t + 1)): `scale` a power of two per position of the other dims
+    (shared along `dim`, kept there with size 1), each slice integer-valued float64 below 2**bits. Every step is
+    exact (scaling by powers of two, truncation, subtraction of the truncated part)."""
+    xd = x.double()
+    _, exponent = torch.frexp(xd.abs().amax(dim, keepdim=True))   # |x| < 2**exponent along `dim`
+    rest = xd * _pow2(bits - exponent)
+    slices = []
+    for t in range(SLICES):
+        whole = torch.trunc(rest)
+        slices.append(whole)
+        if t + 1 < SLICES:
+            rest = (rest - whole) * float(2 ** bits)
+    return exponent, slices
+
+
+def _combine(parts: Sequence[Tensor], bits: int, exponent: Tensor) -> Tensor:
+    """sum_t parts[t] * 2**(-bits * (t + 1)), scaled by 2**exponent: a fixed order of float64 operations."""
+    total = parts[-1]
+    for part in reversed(parts[:-1]):
+        total = part + total * 2.0 ** -bits
+    return total * _pow2(exponent - bits)
+
+
+def _pow2(exponent: Tensor) -> Tensor:
+    """2.0 ** exponent in float64 made from its bits (torch.ldexp goes through pow, whose last bit may differ by
+    CPU); `exponent` stays within float64's normal range for float32 and float64 operands' slices."""
+    return ((exponent.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
+def exact_sum(x: Tensor, dims: Sequence[int], keepdim: bool = False) -> Tensor:
+    """torch.sum(x, dims, keepdim) for a floating x, the same bits on every CPU and thread count."""
+    dims = sorted({d % x.dim() for d in dims}) if x.dim() else []
+    if not dims:
+        return x.clone()
+    kept = [d for d in range(x.dim()) if d not in dims]
+    moved = x.permute(kept + dims).reshape([x.shape[d] for d in kept] + [-1])
+    bits = _bits(moved.shape[-1], 1)
+    exponent, slices = _split(moved, -1, bits)
+    total = _combine([s.sum(-1, keepdim=True) for s in slices], bits, exponent).to(x.dtype)
+    shape = [1 if d in dims else n for d, n in enumerate(x.shape)] if keepdim else [x.shape[d] for d in kept]
+    return total.reshape(shape)
+
+
+def exact_mean(x: Tensor, dims: Sequence[int], keepdim: bool = False) -> Tensor:
+    count = math.prod(x.shape[d] for d in dims) if x.dim() else 1
+    return exact_sum(x, dims, keepdim) / count
+
+
+def exact_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """torch.matmul(a, b) for floating a and b (batched and broadcast as torch's), the same bits on every CPU,
+    BLAS and thread count: two float64 products of integer slices, each exact (hi @ hi, and the two cross terms as
+    one product over 2k), combined in a fixed order. The lo @ lo term (2**(-4 * bits)) is left out."""
+    squeeze_a, squeeze_b = a.dim() == 1, b.dim() == 1
+    if squeeze_a:
+        a = a.unsqueeze(0)
+    if squeeze_b:
+        b = b.unsqueeze(-1)
+    k = a.shape[-1]
+    if b.shape[-2] != k:
+        raise ValueError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain")
+    bits = _bits(2 * k, 2)
+    ea, (a_hi, a_lo) = _split(a, -1, bits)
+    eb, (b_hi, b_lo) = _split(b, -2, bits)
+    high = torch.matmul(a_hi, b_hi)
+    cross = torch.matmul(torch.cat((a_hi, a_lo), -1), torch.cat((b_lo, b_hi), -2))
+    out = _combine([high, cross], bits, ea + eb - bits).to(torch.promote_types(a.dtype, b.dtype))
+    if squeeze_a:
+        out = out.squeeze(-2)
+    if squeeze_b:
+        out = out.squeeze(-1)
+    return out

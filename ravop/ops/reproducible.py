@@ -1,0 +1,390 @@
+"""The reproducible numerics mode's kernels (`RAVOP_NUMERICS=reproducible`, ravop/core/numerics_mode.py): for each
+op, a kernel giving the same bits on every x86 CPU class and every thread count, and the one table saying which
+op runs which (`declare_reproducible` sets `OpDef.reproducible`; the runner picks it, and refuses an op without).
+
+Three ways, per op (docs/reports/reproducible_numerics.md measures each):
+- ORDER_FREE: the op's own kernel, because no output depends on an order of additions: copies, comparisons, one
+  correctly rounded IEEE operation per element (+ - * / sqrt), and the transcendental functions whose vectorised
+  and scalar code measured the same bits on the three classes (exp, log, tanh, erf).
+- exact sums and products (ravop/ops/exact.py): reductions, matmul, linear, convolution (unfold, then an exact
+  product), and everything built on a reduction (softmax, normalisation, losses).
+- composed: ops whose ATen kernel fuses its arithmetic differently per CPU (FMA, polynomial sigmoid, lerp,
+  addcmul) written as a fixed sequence of the ORDER_FREE operations above.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..core import registry
+from . import rules
+from .exact import exact_matmul, exact_mean, exact_sum
+from .masked import keep_masked
+from .lr_schedule import scheduled_lr
+from .nn import _normalized, _pad_backward, _pad_input, _pair, conv_padding
+from .optim import _counted
+
+ORDER_FREE = (
+    "add sub mul div neg pos abs sign square cube square_root exp natlog round clip "
+    "equal not_equal greater greater_equal less less_equal logical_and logical_or logical_xor logical_not where "
+    "reshape transpose flatten squeeze expand_dims ravel broadcast_to concat stack split slice index gather "
+    "take_along_axis pad tile repeat reverse shape size cast one_hot_encoding zeros arange step_row "
+    "relu relu_backward threshold threshold_backward hardtanh hardtanh_backward leaky_relu leaky_relu_backward "
+    "hardshrink hardshrink_backward softshrink softshrink_backward tanh max min argmax argmin "
+    "max_pool2d max_pool2d_backward max_pool2d_indices_backward embedding dropout dropout_backward random "
+    "random_uniform tuple_get").split()
+
+
+def _float(x: Tensor) -> Tensor:
+    return x if x.is_floating_point() else x.to(rules.float_dtype(x.dtype))
+
+
+def _dims(x: Tensor, axis: Any) -> list[int]:
+    return [d % max(x.dim(), 1) for d in rules.kernel_dims(x, axis)]
+
+
+# ------------------------------------------------------------------------------------------------ reductions
+
+def sum_(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    dims = _dims(x, axis)
+    if not x.is_floating_point():   # integers add exactly in any order: torch's own sum
+        return torch.sum(x, dim=dims, keepdim=keepdims) if dims or not x.dim() else x.to(rules.sum_dtype(x.dtype))
+    return exact_sum(x, dims, keepdims) if dims else x.clone()
+
+
+def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    x = _float(x)
+    dims = _dims(x, axis)
+    return exact_mean(x, dims, keepdims) if dims else x.clone()
+
+
+def sum_to(x: Tensor, shape: Any) -> Tensor:
+    shape = tuple(shape)
+    if tuple(x.shape) == shape:
+        return x
+    lead = x.dim() - len(shape)
+    dims = list(range(lead)) + [lead + i for i, d in enumerate(shape) if d == 1 and x.shape[lead + i] != 1]
+    return sum_(x, tuple(dims), True).reshape(shape) if dims else x.reshape(shape)
+
+
+def variance(x: Tensor, axis: Any = None, ddof: int = 0, keepdims: bool = False) -> Tensor:
+    x = _float(x)
+    dims = _dims(x, axis)
+    centred = x - exact_mean(x, dims, True)
+    count = math.prod(x.shape[d] for d in dims)
+    return exact_sum(centred * centred, dims, keepdims) / (count - ddof)
+
+
+def std(x: Tensor, axis: Any = None, ddof: int = 0, keepdims: bool = False) -> Tensor:
+    return torch.sqrt(variance(x, axis, ddof, keepdims))
+
+
+# ------------------------------------------------------------------------------------------------ products
+
+def matmul(x: Tensor, y: Tensor) -> Tensor:
+    return exact_matmul(_float(x), _float(y))
+
+
+def linear(x: Tensor, w: Tensor, b: Optional[Tensor] = None) -> Tensor:
+    out = exact_matmul(x, w.t())
+    return out if b is None else out + b
+
+
+def linear_backward(g: Tensor, x: Tensor, w: Tensor, mask: tuple[bool, ...]) -> tuple[Tensor, ...]:
+    g2 = g.reshape(-1, g.shape[-1])
+    x2 = x.reshape(-1, x.shape[-1])
+    gx = exact_matmul(g2, w).reshape(x.shape) if mask[0] else None
+    gw = exact_matmul(g2.t(), x2) if mask[1] else None
+    gb = exact_sum(g2, [0]) if mask[2] else None
+    return keep_masked(mask, gx, gw, gb)
+
+
+def _unfolded(x: Tensor, w: Tensor, stride: Any, pad: Any, dilation: Any) -> Tensor:
+    """im2col: (N, C*kh*kw, L), copies only."""
+    return F.unfold(x, tuple(w.shape[2:]), _pair(dilation), pad if isinstance(pad, tuple) else _pair(pad),
+                    _pair(stride))
+
+
+def _out_hw(x: Tensor, w: Tensor, stride: Any, pad: Any, dilation: Any) -> tuple[int, int]:
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(pad), _pair(dilation)
+    kh, kw = w.shape[2:]
+    return ((x.shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (x.shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
+
+
+def conv2d(x: Tensor, w: Tensor, b: Optional[Tensor] = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+           groups: int = 1, padding_mode: str = "zeros") -> Tensor:
+    explicit, pad = conv_padding(w.shape[2:], stride, padding, dilation, padding_mode)
+    if explicit is not None:
+        x = _pad_input(x, explicit, padding_mode)
+    n, o = x.shape[0], w.shape[0]
+    oh, ow = _out_hw(x, w, stride, pad, dilation)
+    cols = _unfolded(x, w, stride, pad, dilation)            # (N, C*k, L)
+    cols = cols.reshape(n, groups, -1, oh * ow)              # per group (N, G, C/G*k, L)
+    weights = w.reshape(groups, o // groups, -1)             # (G, O/G, C/G*k)
+    out = exact_matmul(weights, cols).reshape(n, o, oh, ow)
+    return out if b is None else out + b.reshape(1, -1, 1, 1)
+
+
+def conv2d_backward(g: Tensor, x: Tensor, w: Tensor, stride: Any, padding: Any, dilation: Any, groups: int,
+                    padding_mode: str, mask: tuple[bool, ...]) -> tuple[Tensor, ...]:
+    """Gradients of conv2d: the weight's an exact product of g with the unfolded input over (N, L); the input's an
+    exact product of the weight with g, folded back (col2im adds each pixel's contributions in its fixed loop
+    order, in float64, then rounds once)."""
+    explicit, pad = conv_padding(w.shape[2:], stride, padding, dilation, padding_mode)
+    padded = x if explicit is None else _pad_input(x, explicit, padding_mode)
+    n, o = g.shape[:2]
+    g3 = g.reshape(n, groups, o // groups, -1)               # (N, G, O/G, L)
+    gx = gw = gb = None
+    if mask[1]:
+        cols = _unfolded(padded, w, stride, pad, dilation).reshape(n, groups, -1, g3.shape[-1])
+        gw = exact_matmul(g3.permute(1, 2, 0, 3).reshape(groups, o // groups, -1),
+                          cols.permute(1, 0, 3, 2).reshape(groups, -1, cols.shape[2])).reshape(w.shape)
+    if mask[0]:
+        weights = w.reshape(groups, o // groups, -1).transpose(1, 2)          # (G, C/G*k, O/G)
+        cols = exact_matmul(weights.double(), g3.double()).reshape(n, -1, g3.shape[-1])
+        gx = F.fold(cols, tuple(padded.shape[2:]), tuple(w.shape[2:]), _pair(dilation),
+                    pad if isinstance(pad, tuple) else _pair(pad), _pair(stride)).to(g.dtype)
+        if explicit is not None:
+            gx = _pad_backward(gx, x, explicit, padding_mode)
+    if mask[2]:
+        gb = exact_sum(g, [0, 2, 3])
+    return keep_masked(mask, gx, gw, gb)
+
+
+# ---------------------------------------------------------------------------------------- softmax family
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    e = torch.exp(x - x.amax(axis, keepdim=True))
+    return e / exact_sum(e, [axis], True)
+
+
+def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    shifted = x - x.amax(axis, keepdim=True)
+    return shifted - torch.log(exact_sum(torch.exp(shifted), [axis], True))
+
+
+def softmin(x: Tensor, axis: int = -1) -> Tensor:
+    return softmax(-x, axis)
+
+
+def softmax_backward(g: Tensor, y: Tensor, axis: int = -1) -> Tensor:
+    gy = g * y
+    return gy - y * exact_sum(gy, [axis], True)
+
+
+def log_softmax_backward(g: Tensor, y: Tensor, axis: int = -1) -> Tensor:
+    return g - torch.exp(y) * exact_sum(g, [axis], True)
+
+
+def softmin_backward(g: Tensor, y: Tensor, axis: int = -1) -> Tensor:
+    return -softmax_backward(g, y, axis)
+
+
+# ------------------------------------------------------------------------------- activations and losses
+
+def sigmoid(x: Tensor) -> Tensor:
+    return 1 / (1 + torch.exp(-x))   # torch.sigmoid's vectorised kernel differs by CPU; exp does not
+
+
+def sigmoid_backward(g: Tensor, y: Tensor) -> Tensor:
+    return g * (y * (1 - y))
+
+
+def tanh_backward(g: Tensor, y: Tensor) -> Tensor:
+    return g * (1 - y * y)
+
+
+_SQRT1_2, _SQRT_2_PI = 0.7071067811865476, 0.7978845608028654
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    if approximate == "tanh":
+        return 0.5 * x * (1 + torch.tanh(_SQRT_2_PI * (x + 0.044715 * (x * x * x))))
+    if approximate != "none":
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', not {approximate!r}")
+    return 0.5 * x * (1 + torch.erf(x * _SQRT1_2))
+
+
+def gelu_backward(g: Tensor, x: Tensor, approximate: str = "none") -> Tensor:
+    if approximate == "tanh":
+        inner = _SQRT_2_PI * (x + 0.044715 * (x * x * x))
+        t = torch.tanh(inner)
+        d_inner = _SQRT_2_PI * (1 + 3 * 0.044715 * (x * x))
+        return g * (0.5 * (1 + t) + 0.5 * x * ((1 - t * t) * d_inner))
+    if approximate != "none":
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', not {approximate!r}")
+    cdf = 0.5 * (1 + torch.erf(x * _SQRT1_2))
+    pdf = torch.exp(-0.5 * (x * x)) * (_SQRT_2_PI * 0.5)
+    return g * (cdf + x * pdf)
+
+
+def _ce_inputs(y_true: Tensor, y_pred: Tensor, reshape_target: Any, reshape_label: Any,
+               ignore_index: Any) -> tuple[Tensor, Tensor, int]:
+    pred = y_pred if reshape_target is None else y_pred.reshape(reshape_target)
+    label = y_true if reshape_label is None else y_true.reshape(reshape_label)
+    if ignore_index is not None:
+        raise ValueError("reproducible numerics: cross_entropy_loss with ignore_index has no reproducible kernel yet")
+    label = label.to(pred.dtype) if label.is_floating_point() else label.long()
+    return label, pred, 0 if pred.dim() == 1 else 1
+
+
+def _targets(label: Tensor, pred: Tensor, class_dim: int) -> tuple[Tensor, int]:
+    """Probabilities for every position (one-hot for class indices) and the count the mean divides by."""
+    if label.is_floating_point():
+        return label, pred.numel() // pred.shape[class_dim]
+    onehot = F.one_hot(label, pred.shape[class_dim]).to(pred.dtype)
+    return onehot.movedim(-1, class_dim), label.numel()
+
+
+def cross_entropy_loss(y_true: Tensor, y_pred: Tensor, ignore_index: Any = None, reshape_target: Any = None,
+                       reshape_label: Any = None) -> Tensor:
+    label, pred, class_dim = _ce_inputs(y_true, y_pred, reshape_target, reshape_label, ignore_index)
+    target, count = _targets(label, pred, class_dim)
+    return -exact_sum(log_softmax(pred, class_dim) * target, list(range(pred.dim()))) / count
+
+
+def cross_entropy_loss_backward(g: Tensor, y_true: Tensor, y_pred: Tensor, ignore_index: Any = None,
+                                reshape_target: Any = None, reshape_label: Any = None,
+                                mask: tuple[bool, ...] = (False, True)) -> tuple[Tensor, ...]:
+    label, pred, class_dim = _ce_inputs(y_true, y_pred, reshape_target, reshape_label, ignore_index)
+    target, count = _targets(label, pred, class_dim)
+    logp = log_softmax(pred, class_dim)
+    scaled = -(g / count)
+    g_true = (scaled * logp).reshape(y_true.shape) if mask[0] and label.is_floating_point() else None
+    g_pred = None
+    if mask[1]:
+        g_logp = scaled * target
+        g_pred = log_softmax_backward(g_logp, logp, class_dim).reshape(y_pred.shape)
+    return keep_masked(mask, g_true, g_pred)
+
+
+def square_loss(y_true: Tensor, y_pred: Tensor) -> Tensor:
+    diff = y_pred - y_true.to(y_pred.dtype)
+    return exact_mean(diff * diff, list(range(diff.dim())))
+
+
+def square_loss_backward(g: Tensor, y_true: Tensor, y_pred: Tensor, mask: tuple[bool, ...]) -> tuple[Tensor, ...]:
+    diff = y_pred - y_true.to(y_pred.dtype)
+    scaled = diff * (2 * g / max(diff.numel(), 1))
+    return keep_masked(mask, -scaled if mask[0] else None, scaled if mask[1] else None)
+
+
+# --------------------------------------------------------------------------------------------- normalisation
+
+def _normalise(x: Tensor, dims: list[int], eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(x - mean) * rstd over `dims`, with the mean and the biased variance (kept dims)."""
+    mu = exact_mean(x, dims, True)
+    centred = x - mu
+    var = exact_mean(centred * centred, dims, True)
+    return centred * torch.rsqrt(var + eps), mu, var
+
+
+def batch_norm(x: Tensor, running_mean: Tensor, running_var: Tensor, weight: Optional[Tensor] = None,
+               bias: Optional[Tensor] = None, training: bool = True, momentum: float = 0.1,
+               eps: float = 1e-5) -> tuple[Tensor, Tensor, Tensor]:
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    dims = [0] + list(range(2, x.dim()))
+    if training:
+        xhat, mu, var = _normalise(x, dims, eps)
+        count = x.numel() // x.shape[1]
+        unbiased = var.reshape(-1) * (count / max(count - 1, 1))
+        mean_out = running_mean * (1 - momentum) + mu.reshape(-1) * momentum
+        var_out = running_var * (1 - momentum) + unbiased * momentum
+    else:
+        xhat = (x - running_mean.reshape(shape)) * torch.rsqrt(running_var.reshape(shape) + eps)
+        mean_out, var_out = running_mean.clone(), running_var.clone()
+    y = xhat if weight is None else xhat * weight.reshape(shape)
+    return (y if bias is None else y + bias.reshape(shape)), mean_out, var_out
+
+
+def batch_norm_backward(g: Tensor, x: Tensor, running_mean: Tensor, running_var: Tensor,
+                        weight: Optional[Tensor] = None, training: bool = True, eps: float = 1e-5,
+                        mask: tuple[bool, ...] = (True, True, True)) -> tuple[Tensor, ...]:
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    dims = [0] + list(range(2, x.dim()))
+    if training:
+        xhat, _, var = _normalise(x, dims, eps)
+        rstd = torch.rsqrt(var + eps)
+    else:
+        rstd = torch.rsqrt(running_var.reshape(shape) + eps)
+        xhat = (x - running_mean.reshape(shape)) * rstd
+    gb = exact_sum(g, dims)
+    gw = exact_sum(g * xhat, dims)
+    scale = rstd if weight is None else rstd * weight.reshape(shape)
+    if training:
+        count = x.numel() // x.shape[1]
+        gx = scale * (g - gb.reshape(shape) / count - xhat * (gw.reshape(shape) / count))
+    else:
+        gx = g * scale
+    return keep_masked(mask, gx, gw if mask[1] else None, gb if mask[2] else None)
+
+
+def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+               normalized_shape: Any = None, eps: float = 1e-5) -> Tensor:
+    dims = list(range(x.dim() - len(_normalized(normalized_shape)), x.dim()))
+    y, _, _ = _normalise(x, dims, eps)
+    y = y if weight is None else y * weight
+    return y if bias is None else y + bias
+
+
+def layer_norm_backward(g: Tensor, x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                        normalized_shape: Any = None, eps: float = 1e-5,
+                        mask: tuple[bool, ...] = (True, True, True)) -> tuple[Tensor, ...]:
+    n = len(_normalized(normalized_shape))
+    dims, lead = list(range(x.dim() - n, x.dim())), list(range(x.dim() - n))
+    xhat, _, var = _normalise(x, dims, eps)
+    gxhat = g if weight is None else g * weight
+    gx = torch.rsqrt(var + eps) * (gxhat - exact_mean(gxhat, dims, True) - xhat * exact_mean(gxhat * xhat, dims, True))
+    gw = exact_sum(g * xhat, lead) if mask[1] and weight is not None else None
+    gb = exact_sum(g, lead) if mask[2] and bias is not None else None
+    return keep_masked(mask, gx, gw, gb)
+
+
+# ----------------------------------------------------------------------------------------------------- Adam
+
+def _adam(decoupled: bool, decay: float) -> registry.Kernel:
+    """torch.optim.Adam's single-tensor step (AdamW's with `decoupled`) written out in + - * / sqrt: torch's lerp_
+    and addcmul_ fuse differently per CPU."""
+    def step_(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, max_exp_avg_sq: Tensor, step: int,
+              lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+              weight_decay: float = decay, amsgrad: bool = False, maximize: bool = False, lr_schedule: Any = None,
+              fused: bool = False) -> tuple[Tensor, ...]:
+        _counted(step)
+        lr = scheduled_lr(lr, lr_schedule, step)
+        grad = -grad if maximize else grad
+        if weight_decay != 0:
+            if decoupled:
+                param = param * (1 - lr * weight_decay)
+            else:
+                grad = grad + param * weight_decay
+        exp_avg = exp_avg + (grad - exp_avg) * (1 - beta1)
+        exp_avg_sq = exp_avg_sq * beta2 + (grad * grad) * (1 - beta2)
+        if amsgrad:
+            max_exp_avg_sq = torch.maximum(max_exp_avg_sq, exp_avg_sq)
+        second = max_exp_avg_sq if amsgrad else exp_avg_sq
+        step_size = lr / (1 - beta1 ** float(step))
+        denom = torch.sqrt(second) / ((1 - beta2 ** float(step)) ** 0.5) + eps
+        return param - (exp_avg / denom) * step_size, exp_avg, exp_avg_sq, max_exp_avg_sq
+    return step_
+
+
+KERNELS: dict[str, registry.Kernel] = {
+    "sum": sum_, "mean": mean, "sum_to": sum_to, "variance": variance, "std": std,
+    "matmul": matmul, "linear": linear, "linear_backward": linear_backward,
+    "conv2d": conv2d, "conv2d_backward": conv2d_backward,
+    "softmax": softmax, "log_softmax": log_softmax, "softmin": softmin, "softmax_backward": softmax_backward,
+    "log_softmax_backward": log_softmax_backward, "softmin_backward": softmin_backward,
+    "sigmoid": sigmoid, "sigmoid_backward": sigmoid_backward, "tanh_backward": tanh_backward,
+    "gelu": gelu, "gelu_backward": gelu_backward,
+    "cross_entropy_loss": cross_entropy_loss, "cross_entropy_loss_backward": cross_entropy_loss_backward,
+    "square_loss": square_loss, "square_loss_backward": square_loss_backward,
+    "batch_norm": batch_norm, "batch_norm_backward": batch_norm_backward,
+    "layer_norm": layer_norm, "layer_norm_backward": layer_norm_backward,
+    "adam_step": _adam(False, 0.0), "adamw_step": _adam(True, 0.01),
+}
+
+registry.declare_reproducible({**{name: registry.get(name).kernel for name in ORDER_FREE}, **KERNELS})
