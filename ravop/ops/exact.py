@@ -36,9 +36,8 @@ def _split(x: Tensor, dim: int, bits: int) -> tuple[Tensor, list[Tensor]]:
     """x as scale * sum_t slice_t * 2**(-bits * (t + 1)): `scale` a power of two per position of the other dims
     (shared along `dim`, kept there with size 1), each slice integer-valued float64 below 2**bits. Every step is
     exact (scaling by powers of two, truncation, subtraction of the truncated part)."""
-    xd = x.double()
-    _, exponent = torch.frexp(xd.abs().amax(dim, keepdim=True))   # |x| < 2**exponent along `dim`
-    rest = xd * _pow2(bits - exponent)
+    _, exponent = torch.frexp(x.abs().amax(dim, keepdim=True))   # |x| < 2**exponent along `dim`
+    rest = x.double() * _pow2(bits - exponent)
     slices = []
     for t in range(SLICES):
         whole = torch.trunc(rest)
@@ -68,7 +67,10 @@ def exact_sum(x: Tensor, dims: Sequence[int], keepdim: bool = False) -> Tensor:
     if not dims:
         return x.clone()
     kept = [d for d in range(x.dim()) if d not in dims]
-    moved = x.permute(kept + dims).reshape([x.shape[d] for d in kept] + [-1])
+    terms = math.prod(x.shape[d] for d in dims)
+    if not terms or not x.numel():
+        return torch.sum(x, dims, keepdim)   # nothing to add: zeros (or an empty result)
+    moved = x.permute(kept + dims).reshape([x.shape[d] for d in kept] + [terms])
     bits = _bits(moved.shape[-1], 1)
     exponent, slices = _split(moved, -1, bits)
     total = _combine([s.sum(-1, keepdim=True) for s in slices], bits, exponent).to(x.dtype)
@@ -83,8 +85,8 @@ def exact_mean(x: Tensor, dims: Sequence[int], keepdim: bool = False) -> Tensor:
 
 def exact_matmul(a: Tensor, b: Tensor) -> Tensor:
     """torch.matmul(a, b) for floating a and b (batched and broadcast as torch's), the same bits on every CPU,
-    BLAS and thread count: two float64 products of integer slices, each exact (hi @ hi, and the two cross terms as
-    one product over 2k), combined in a fixed order. The lo @ lo term (2**(-4 * bits)) is left out."""
+    BLAS and thread count: three float64 products of integer slices, each exact (hi @ hi and the two cross terms),
+    combined in a fixed order. The lo @ lo term (2**(-4 * bits) of the scales) is left out."""
     squeeze_a, squeeze_b = a.dim() == 1, b.dim() == 1
     if squeeze_a:
         a = a.unsqueeze(0)
@@ -93,11 +95,14 @@ def exact_matmul(a: Tensor, b: Tensor) -> Tensor:
     k = a.shape[-1]
     if b.shape[-2] != k:
         raise ValueError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain")
+    if not k or not a.numel() or not b.numel():
+        out = torch.matmul(a, b)   # nothing to add: zeros (or an empty result)
+        return out.squeeze(-2) if squeeze_a else out.squeeze(-1) if squeeze_b else out
     bits = _bits(2 * k, 2)
     ea, (a_hi, a_lo) = _split(a, -1, bits)
     eb, (b_hi, b_lo) = _split(b, -2, bits)
     high = torch.matmul(a_hi, b_hi)
-    cross = torch.matmul(torch.cat((a_hi, a_lo), -1), torch.cat((b_lo, b_hi), -2))
+    cross = torch.matmul(a_hi, b_lo) + torch.matmul(a_lo, b_hi)   # each below 2**52, their sum below 2**53: exact
     out = _combine([high, cross], bits, ea + eb - bits).to(torch.promote_types(a.dtype, b.dtype))
     if squeeze_a:
         out = out.squeeze(-2)

@@ -24,6 +24,8 @@ from ..core import registry
 from . import rules
 from .exact import exact_matmul, exact_mean, exact_sum
 from .masked import keep_masked
+from ..core.dtypes import as_dtype
+from .creation import _size
 from .lr_schedule import scheduled_lr
 from .nn import _normalized, _pad_backward, _pad_input, _pair, conv_padding
 from .optim import _counted
@@ -36,7 +38,7 @@ ORDER_FREE = (
     "relu relu_backward threshold threshold_backward hardtanh hardtanh_backward leaky_relu leaky_relu_backward "
     "hardshrink hardshrink_backward softshrink softshrink_backward tanh max min argmax argmin "
     "max_pool2d max_pool2d_backward max_pool2d_indices_backward embedding dropout dropout_backward random "
-    "random_uniform tuple_get").split()
+    "tuple_get").split()
 
 
 def _float(x: Tensor) -> Tensor:
@@ -123,8 +125,9 @@ def conv2d(x: Tensor, w: Tensor, b: Optional[Tensor] = None, stride: Any = 1, pa
     n, o = x.shape[0], w.shape[0]
     oh, ow = _out_hw(x, w, stride, pad, dilation)
     cols = _unfolded(x, w, stride, pad, dilation)            # (N, C*k, L)
-    cols = cols.reshape(n, groups, -1, oh * ow)              # per group (N, G, C/G*k, L)
-    weights = w.reshape(groups, o // groups, -1)             # (G, O/G, C/G*k)
+    per_group = w[0].numel()                                 # C/G * kh * kw
+    cols = cols.reshape(n, groups, per_group, oh * ow)       # per group (N, G, C/G*k, L)
+    weights = w.reshape(groups, o // groups, per_group)      # (G, O/G, C/G*k)
     out = exact_matmul(weights, cols).reshape(n, o, oh, ow)
     return out if b is None else out + b.reshape(1, -1, 1, 1)
 
@@ -140,12 +143,12 @@ def conv2d_backward(g: Tensor, x: Tensor, w: Tensor, stride: Any, padding: Any, 
     g3 = g.reshape(n, groups, o // groups, -1)               # (N, G, O/G, L)
     gx = gw = gb = None
     if mask[1]:
-        cols = _unfolded(padded, w, stride, pad, dilation).reshape(n, groups, -1, g3.shape[-1])
-        gw = exact_matmul(g3.permute(1, 2, 0, 3).reshape(groups, o // groups, -1),
-                          cols.permute(1, 0, 3, 2).reshape(groups, -1, cols.shape[2])).reshape(w.shape)
+        cols = _unfolded(padded, w, stride, pad, dilation).reshape(n, groups, w[0].numel(), g3.shape[-1])
+        gw = exact_matmul(g3.permute(1, 2, 0, 3).reshape(groups, o // groups, n * g3.shape[-1]),
+                          cols.permute(1, 0, 3, 2).reshape(groups, n * g3.shape[-1], w[0].numel())).reshape(w.shape)
     if mask[0]:
         weights = w.reshape(groups, o // groups, -1).transpose(1, 2)          # (G, C/G*k, O/G)
-        cols = exact_matmul(weights.double(), g3.double()).reshape(n, -1, g3.shape[-1])
+        cols = exact_matmul(weights.double(), g3.double()).reshape(n, groups * w[0].numel(), g3.shape[-1])
         gx = F.fold(cols, tuple(padded.shape[2:]), tuple(w.shape[2:]), _pair(dilation),
                     pad if isinstance(pad, tuple) else _pair(pad), _pair(stride)).to(g.dtype)
         if explicit is not None:
@@ -223,42 +226,37 @@ def gelu_backward(g: Tensor, x: Tensor, approximate: str = "none") -> Tensor:
 
 
 def _ce_inputs(y_true: Tensor, y_pred: Tensor, reshape_target: Any, reshape_label: Any,
-               ignore_index: Any) -> tuple[Tensor, Tensor, int]:
+               ignore_index: Any) -> tuple[Tensor, Tensor, int, Tensor]:
+    """(target probabilities per position, logits, class dim, the count the mean divides by): class indices
+    become one-hot rows, zero where the target is `ignore_index`, and the mean is over the others (as torch)."""
     pred = y_pred if reshape_target is None else y_pred.reshape(reshape_target)
     label = y_true if reshape_label is None else y_true.reshape(reshape_label)
-    if ignore_index is not None:
-        raise ValueError("reproducible numerics: cross_entropy_loss with ignore_index has no reproducible kernel yet")
-    label = label.to(pred.dtype) if label.is_floating_point() else label.long()
-    return label, pred, 0 if pred.dim() == 1 else 1
-
-
-def _targets(label: Tensor, pred: Tensor, class_dim: int) -> tuple[Tensor, int]:
-    """Probabilities for every position (one-hot for class indices) and the count the mean divides by."""
+    class_dim = 0 if pred.dim() == 1 else 1
     if label.is_floating_point():
-        return label, pred.numel() // pred.shape[class_dim]
-    onehot = F.one_hot(label, pred.shape[class_dim]).to(pred.dtype)
-    return onehot.movedim(-1, class_dim), label.numel()
+        return label.to(pred.dtype), pred, class_dim, torch.tensor(pred.numel() // pred.shape[class_dim])
+    label = label.long()
+    kept = torch.ones_like(label, dtype=torch.bool) if ignore_index is None else label != ignore_index
+    onehot = F.one_hot(torch.where(kept, label, 0), pred.shape[class_dim]).to(pred.dtype)
+    onehot = onehot * kept.unsqueeze(-1).to(pred.dtype)
+    return onehot.movedim(-1, class_dim), pred, class_dim, kept.sum()
 
 
 def cross_entropy_loss(y_true: Tensor, y_pred: Tensor, ignore_index: Any = None, reshape_target: Any = None,
                        reshape_label: Any = None) -> Tensor:
-    label, pred, class_dim = _ce_inputs(y_true, y_pred, reshape_target, reshape_label, ignore_index)
-    target, count = _targets(label, pred, class_dim)
-    return -exact_sum(log_softmax(pred, class_dim) * target, list(range(pred.dim()))) / count
+    target, pred, class_dim, count = _ce_inputs(y_true, y_pred, reshape_target, reshape_label, ignore_index)
+    return -exact_sum(log_softmax(pred, class_dim) * target, list(range(pred.dim()))) / count.to(pred.dtype)
 
 
 def cross_entropy_loss_backward(g: Tensor, y_true: Tensor, y_pred: Tensor, ignore_index: Any = None,
                                 reshape_target: Any = None, reshape_label: Any = None,
                                 mask: tuple[bool, ...] = (False, True)) -> tuple[Tensor, ...]:
-    label, pred, class_dim = _ce_inputs(y_true, y_pred, reshape_target, reshape_label, ignore_index)
-    target, count = _targets(label, pred, class_dim)
+    target, pred, class_dim, count = _ce_inputs(y_true, y_pred, reshape_target, reshape_label, ignore_index)
     logp = log_softmax(pred, class_dim)
-    scaled = -(g / count)
-    g_true = (scaled * logp).reshape(y_true.shape) if mask[0] and label.is_floating_point() else None
+    scaled = -(g / count.to(pred.dtype))
+    g_true = (scaled * logp).reshape(y_true.shape) if mask[0] and y_true.is_floating_point() else None
     g_pred = None
     if mask[1]:
-        g_logp = scaled * target
-        g_pred = log_softmax_backward(g_logp, logp, class_dim).reshape(y_pred.shape)
+        g_pred = log_softmax_backward(scaled * target, logp, class_dim).reshape(y_pred.shape)
     return keep_masked(mask, g_true, g_pred)
 
 
@@ -344,6 +342,14 @@ def layer_norm_backward(g: Tensor, x: Tensor, weight: Optional[Tensor] = None, b
     return keep_masked(mask, gx, gw, gb)
 
 
+def random_uniform(low: float = 0.0, high: float = 1.0, size: Any = None, dtype: str = "float32", *,
+                   generator: torch.Generator) -> Tensor:
+    """Uniform draws in [0, 1) (the same bits on every class), then scaled by separate IEEE operations: torch's
+    uniform_(low, high) scales them with a fused multiply-add on some CPUs."""
+    unit = torch.rand(_size(size), generator=generator, dtype=as_dtype(dtype), device=generator.device)
+    return unit * (high - low) + low
+
+
 # ----------------------------------------------------------------------------------------------------- Adam
 
 def _adam(decoupled: bool, decay: float) -> registry.Kernel:
@@ -384,7 +390,7 @@ KERNELS: dict[str, registry.Kernel] = {
     "square_loss": square_loss, "square_loss_backward": square_loss_backward,
     "batch_norm": batch_norm, "batch_norm_backward": batch_norm_backward,
     "layer_norm": layer_norm, "layer_norm_backward": layer_norm_backward,
-    "adam_step": _adam(False, 0.0), "adamw_step": _adam(True, 0.01),
+    "random_uniform": random_uniform, "adam_step": _adam(False, 0.0), "adamw_step": _adam(True, 0.01),
 }
 
 registry.declare_reproducible({**{name: registry.get(name).kernel for name in ORDER_FREE}, **KERNELS})
