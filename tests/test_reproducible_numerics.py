@@ -25,6 +25,7 @@ from ravop.core.errors import PlanError
 from ravop.local.embedded import start_worker, worker_environment
 from ravop.record.graph import current_graph
 from ravop.runtime.evaluate import evaluate
+from ravop.runtime.loop_run import LoopRun
 from ravop.store.keys import worker_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +34,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import bench_contention  # noqa: E402
 import bench_ravdl  # noqa: E402
+import bench_step  # noqa: E402
 import reproducible_probe  # noqa: E402
 from example_data import digits_data  # noqa: E402
 
@@ -103,6 +105,21 @@ def test_an_op_without_a_reproducible_kernel_is_refused(monkeypatch):
         evaluate([R.sum(x)])
 
 
+def test_the_step_compiler_keeps_the_mode_kernels(monkeypatch):
+    """A compiled step rewrites only ops whose mode kernel is their own (dropout masks kept, pooling channels-last):
+    none of the default kernels' batch-norm statistics, log-softmax or grouped Adam come back in."""
+    X, _, y, _ = digits_data()
+    monkeypatch.setenv(numerics_mode.ENV, numerics_mode.REPRODUCIBLE)
+    spec, inputs, seed = bench_step.recorded_loop(lambda: bench_contention.record_cnn(1, 32, X[:128], y[:128]))
+    plain = LoopRun(spec, inputs, seed, decisions=None)
+    compiled = LoopRun(spec, inputs, seed, decisions=bench_step.Always())
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(plain.run(), compiled.run()))
+    rewrites = compiled.steps[0].tuned.compiled.rewrites
+    assert rewrites["dropout_masks_kept"] and rewrites["channels_last_pools"]
+    assert rewrites["batch_norm_stats_kept"] == rewrites["log_softmax_kept"] == rewrites["optimizer_groups"] == 0
+
+
 def _start(url, name, threads, log_dir):
     worker = f"repro-{name}-{threads}-{uuid.uuid4().hex[:4]}"
     previous = dict(os.environ)
@@ -158,3 +175,30 @@ def test_fits_on_workers_of_different_classes_give_the_same_losses_and_weights(s
             other_losses, other_weights = results[(name, model)]
             assert all(torch.equal(a, b) for a, b in zip(losses, other_losses)), f"{model} losses differ on {name}"
             assert all(torch.equal(a, b) for a, b in zip(weights, other_weights)), f"{model} weights differ on {name}"
+
+
+EMBEDDED = """
+import os, sys, time
+import ravop as R
+session = R.initialize(numerics="reproducible", workers=1)
+assert os.environ["RAVOP_NUMERICS"] == "reproducible"
+log = session.embedded.workers[0][1]
+deadline = time.monotonic() + 240
+while "serving" not in (open(log).read() if os.path.exists(log) else ""):
+    assert time.monotonic() < deadline, "the embedded worker did not start"
+    time.sleep(0.1)
+print(open(log).read())
+try:
+    R.initialize(redis_url=session.url, numerics="reproducible")
+except ValueError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_initialize_starts_embedded_workers_in_the_mode(tmp_path):
+    env = {k: v for k, v in worker_environment().items() if k != numerics_mode.ENV}
+    env["RAVOP_DATA_DIR"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", EMBEDDED], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "reproducible numerics" in done.stdout
+    assert "refused: numerics= chooses the embedded workers' kernels" in done.stdout
