@@ -4,12 +4,16 @@ the reproducible numerics mode (ravop/ops/reproducible.py).
 A float's bits depend on the order its additions ran in, and that order is what differs between CPUs (vector
 widths, FMA), libraries (MKL's code path, oneDNN's ISA) and thread counts (how a reduction is split). Integers
 add in any order to the same result, so each operand is written as integers first (the Ozaki scheme): per row
-(or column) a power-of-two scale, then `SLICES` slices of `bits` bits each, integer-valued float64 values. Slices
-are chosen so that every product and every partial sum of slices stays below 2**53: float64 adds them exactly in
-any order, on any BLAS and any number of threads. The exact slice results are then combined in a fixed order by
-elementwise float64 operations (one IEEE rounding each, the same on every CPU) and rounded once to the result's
-dtype. The slices cover 2 * bits >= 40 bits below each row's largest magnitude, more than float32's 24: what
-they drop is far below float32's own rounding error.
+(or column) a power-of-two scale, then one or two slices of integer-valued float64 values. Slices are chosen so
+that every product and every partial sum of slices stays below 2**53: float64 adds them exactly in any order, on
+any BLAS and any number of threads. The exact slice results are then combined in a fixed order by elementwise
+float64 operations (one IEEE rounding each, the same on every CPU) and rounded once to the result's dtype. For
+k < 2**16 terms the slices keep more than float32's 24 bits below each row's (column's) largest magnitude: what
+they drop is below float32's own rounding error.
+
+Measured alternatives: slices of int8 multiplied by torch._int_mm (exact int32 sums; the int8 GEMM itself is 8x
+faster than float32's here) lost to making the slices (int64 shifts over 4x the data): 1.5x slower than these
+float64 products at the MNIST MLP's 128x784 @ 784x256 (docs/reports/reproducible_numerics.md).
 """
 from __future__ import annotations
 
@@ -20,29 +24,30 @@ import torch
 from torch import Tensor
 
 MANTISSA = 53          # float64 adds integers below 2**53 exactly
-SLICES = 2             # slices per operand: hi and lo
 MAX_TERMS = 2 ** 26    # beyond this a sum's slices would be too narrow (< 13 bits) to keep float32's precision
 
 
-def _bits(terms: int, factors: int) -> int:
-    """Bits per slice so that `terms` products of `factors` slices each add exactly in float64."""
+def _bits(terms: int) -> int:
+    """Bits a slice (or a product of two slices, together) may have so that `terms` of them add exactly in
+    float64."""
     if terms > MAX_TERMS:
         raise ValueError(f"reproducible numerics: a sum of {terms} terms is over the exact sum's limit of "
                          f"{MAX_TERMS}")
-    return (MANTISSA - 1 - math.ceil(math.log2(max(terms, 2)))) // factors
+    return MANTISSA - 1 - math.ceil(math.log2(max(terms, 2)))
 
 
-def _split(x: Tensor, dim: int, bits: int) -> tuple[Tensor, list[Tensor]]:
-    """x as scale * sum_t slice_t * 2**(-bits * (t + 1)): `scale` a power of two per position of the other dims
-    (shared along `dim`, kept there with size 1), each slice integer-valued float64 below 2**bits. Every step is
-    exact (scaling by powers of two, truncation, subtraction of the truncated part)."""
+def _split(x: Tensor, dim: int, bits: int, count: int = 2) -> tuple[Tensor, list[Tensor]]:
+    """x as scale * sum_t slice_t * 2**(-bits * (t + 1)), `count` slices: `scale` a power of two per position of the
+    other dims
+    (shared along `dim`, kept there with size 1), each slice integer-valued float64 of magnitude at most 2**bits.
+    Every step is exact (scaling by powers of two, floor, subtraction of the floor)."""
     _, exponent = torch.frexp(x.abs().amax(dim, keepdim=True))   # |x| < 2**exponent along `dim`
     rest = x.double() * _pow2(bits - exponent)
     slices = []
-    for t in range(SLICES):
-        whole = torch.trunc(rest)
+    for t in range(count):
+        whole = torch.floor(rest)   # floor, not trunc: the same exactness, and torch's trunc is 10x slower
         slices.append(whole)
-        if t + 1 < SLICES:
+        if t + 1 < count:
             rest = (rest - whole) * float(2 ** bits)
     return exponent, slices
 
@@ -71,7 +76,7 @@ def exact_sum(x: Tensor, dims: Sequence[int], keepdim: bool = False) -> Tensor:
     if not terms or not x.numel():
         return torch.sum(x, dims, keepdim)   # nothing to add: zeros (or an empty result)
     moved = x.permute(kept + dims).reshape([x.shape[d] for d in kept] + [terms])
-    bits = _bits(moved.shape[-1], 1)
+    bits = _bits(moved.shape[-1])
     exponent, slices = _split(moved, -1, bits)
     total = _combine([s.sum(-1, keepdim=True) for s in slices], bits, exponent).to(x.dtype)
     shape = [1 if d in dims else n for d, n in enumerate(x.shape)] if keepdim else [x.shape[d] for d in kept]
@@ -85,25 +90,28 @@ def exact_mean(x: Tensor, dims: Sequence[int], keepdim: bool = False) -> Tensor:
 
 def exact_matmul(a: Tensor, b: Tensor) -> Tensor:
     """torch.matmul(a, b) for floating a and b (batched and broadcast as torch's), the same bits on every CPU,
-    BLAS and thread count: three float64 products of integer slices, each exact (hi @ hi and the two cross terms),
-    combined in a fixed order. The lo @ lo term (2**(-4 * bits) of the scales) is left out."""
+    BLAS and thread count. a's rows in two slices of b1 bits, b's columns in one of b2 bits (b1 + b2 + log2(k) <= 52,
+    b2 ~ 2 * b1: both cover 2/3 of float64's bits below their largest magnitude), one float64 product of the stacked
+    slices of a with b's, exact, and the two halves combined in a fixed order."""
     squeeze_a, squeeze_b = a.dim() == 1, b.dim() == 1
     if squeeze_a:
         a = a.unsqueeze(0)
     if squeeze_b:
         b = b.unsqueeze(-1)
-    k = a.shape[-1]
+    m, k = a.shape[-2:]
     if b.shape[-2] != k:
         raise ValueError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain")
     if not k or not a.numel() or not b.numel():
         out = torch.matmul(a, b)   # nothing to add: zeros (or an empty result)
-        return out.squeeze(-2) if squeeze_a else out.squeeze(-1) if squeeze_b else out
-    bits = _bits(2 * k, 2)
-    ea, (a_hi, a_lo) = _split(a, -1, bits)
-    eb, (b_hi, b_lo) = _split(b, -2, bits)
-    high = torch.matmul(a_hi, b_hi)
-    cross = torch.matmul(a_hi, b_lo) + torch.matmul(a_lo, b_hi)   # each below 2**52, their sum below 2**53: exact
-    out = _combine([high, cross], bits, ea + eb - bits).to(torch.promote_types(a.dtype, b.dtype))
+    else:
+        bits = _bits(k)
+        bits_a = bits // 3
+        bits_b = bits - bits_a
+        ea, (a_hi, a_lo) = _split(a, -1, bits_a, 2)
+        eb, (b_one,) = _split(b, -2, bits_b, 1)
+        high, low = torch.matmul(torch.cat((a_hi, a_lo), -2), b_one).split(m, -2)
+        out = _combine([high, low], bits_a, ea) * _pow2(eb - bits_b)
+        out = out.to(torch.promote_types(a.dtype, b.dtype))
     if squeeze_a:
         out = out.squeeze(-2)
     if squeeze_b:
