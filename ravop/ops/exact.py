@@ -37,32 +37,32 @@ def _bits(terms: int) -> int:
 
 
 def _split(x: Tensor, dim: int, bits: int, count: int = 2) -> tuple[Tensor, list[Tensor]]:
-    """x as scale * sum_t slice_t * 2**(-bits * (t + 1)), `count` slices: `scale` a power of two per position of the
-    other dims
-    (shared along `dim`, kept there with size 1), each slice integer-valued float64 of magnitude at most 2**bits.
-    Every step is exact (scaling by powers of two, floor, subtraction of the floor)."""
+    """(scale, slices): x ~= scale * sum_t slices[t] * 2**(-bits * t), `count` slices, `scale` a power of two per
+    position of the other dims (shared along `dim`, kept there with size 1), each slice integer-valued float64 of
+    magnitude at most 2**bits. Every step is exact (scaling by powers of two, floor, subtraction of the floor)."""
     _, exponent = torch.frexp(x.abs().amax(dim, keepdim=True))   # |x| < 2**exponent along `dim`
-    rest = x.double() * _pow2(bits - exponent)
+    up = _pow2(bits - exponent)
+    rest = x.double() * up
     slices = []
     for t in range(count):
         whole = torch.floor(rest)   # floor, not trunc: the same exactness, and torch's trunc is 10x slower
         slices.append(whole)
         if t + 1 < count:
             rest = (rest - whole) * float(2 ** bits)
-    return exponent, slices
+    return torch.reciprocal(up), slices   # the reciprocal of a power of two: exact
 
 
-def _combine(parts: Sequence[Tensor], bits: int, exponent: Tensor) -> Tensor:
-    """sum_t parts[t] * 2**(-bits * (t + 1)), scaled by 2**exponent: a fixed order of float64 operations."""
+def _combine(parts: Sequence[Tensor], bits: int, scale: Tensor) -> Tensor:
+    """scale * sum_t parts[t] * 2**(-bits * t): a fixed order of float64 operations."""
     total = parts[-1]
     for part in reversed(parts[:-1]):
         total = part + total * 2.0 ** -bits
-    return total * _pow2(exponent - bits)
+    return total * scale
 
 
 def _pow2(exponent: Tensor) -> Tensor:
     """2.0 ** exponent in float64 made from its bits (torch.ldexp goes through pow, whose last bit may differ by
-    CPU); `exponent` stays within float64's normal range for float32 and float64 operands' slices."""
+    CPU); `exponent` stays within float64's normal range for float32 operands, and for float64 ones above 2**-960."""
     return ((exponent.to(torch.int64) + 1023) << 52).view(torch.float64)
 
 
@@ -77,8 +77,11 @@ def exact_sum(x: Tensor, dims: Sequence[int], keepdim: bool = False) -> Tensor:
         return torch.sum(x, dims, keepdim)   # nothing to add: zeros (or an empty result)
     moved = x.permute(kept + dims).reshape([x.shape[d] for d in kept] + [terms])
     bits = _bits(moved.shape[-1])
-    exponent, slices = _split(moved, -1, bits)
-    total = _combine([s.sum(-1, keepdim=True) for s in slices], bits, exponent).to(x.dtype)
+    # One slice holds float32's 24 bits (and 6 more) below the row's largest magnitude up to 2**22 terms; float64
+    # and longer sums take two.
+    count = 1 if x.dtype in (torch.float32, torch.float16, torch.bfloat16) and bits >= 30 else 2
+    scale, slices = _split(moved, -1, bits, count)
+    total = _combine([s.sum(-1, keepdim=True) for s in slices], bits, scale).to(x.dtype)
     shape = [1 if d in dims else n for d, n in enumerate(x.shape)] if keepdim else [x.shape[d] for d in kept]
     return total.reshape(shape)
 
@@ -107,10 +110,10 @@ def exact_matmul(a: Tensor, b: Tensor) -> Tensor:
         bits = _bits(k)
         bits_a = bits // 3
         bits_b = bits - bits_a
-        ea, (a_hi, a_lo) = _split(a, -1, bits_a, 2)
-        eb, (b_one,) = _split(b, -2, bits_b, 1)
+        scale_a, (a_hi, a_lo) = _split(a, -1, bits_a, 2)
+        scale_b, (b_one,) = _split(b, -2, bits_b, 1)
         high, low = torch.matmul(torch.cat((a_hi, a_lo), -2), b_one).split(m, -2)
-        out = _combine([high, low], bits_a, ea) * _pow2(eb - bits_b)
+        out = _combine([high, low], bits_a, scale_a) * scale_b
         out = out.to(torch.promote_types(a.dtype, b.dtype))
     if squeeze_a:
         out = out.squeeze(-2)

@@ -250,13 +250,17 @@ def cross_entropy_loss(y_true: Tensor, y_pred: Tensor, ignore_index: Any = None,
 def cross_entropy_loss_backward(g: Tensor, y_true: Tensor, y_pred: Tensor, ignore_index: Any = None,
                                 reshape_target: Any = None, reshape_label: Any = None,
                                 mask: tuple[bool, ...] = (False, True)) -> tuple[Tensor, ...]:
+    """-(g / count) * (target - softmax * sum(target over classes)); for class indices that sum is 1 (0 where
+    ignored): no reduction at all."""
     target, pred, class_dim, count = _ce_inputs(y_true, y_pred, reshape_target, reshape_label, ignore_index)
     logp = log_softmax(pred, class_dim)
     scaled = -(g / count.to(pred.dtype))
     g_true = (scaled * logp).reshape(y_true.shape) if mask[0] and y_true.is_floating_point() else None
     g_pred = None
     if mask[1]:
-        g_pred = log_softmax_backward(scaled * target, logp, class_dim).reshape(y_pred.shape)
+        weight = exact_sum(target, [class_dim], True) if y_true.is_floating_point() else \
+            target.amax(class_dim, keepdim=True)
+        g_pred = (scaled * (target - torch.exp(logp) * weight)).reshape(y_pred.shape)
     return keep_masked(mask, g_true, g_pred)
 
 
