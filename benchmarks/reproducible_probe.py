@@ -1,6 +1,6 @@
 """Every op the reproducible numerics mode covers, run in this process on fixed inputs: prints one JSON object,
 case -> {"mode": digest of the reproducible kernel's outputs, "default": digest of the op's own kernel's,
-"gap": their largest difference here, relative} or {"error": ...}.
+"gap": their largest difference here, relative, "like": whether their dtypes and shapes agree} or {"error": ...}.
 
 Run it once per CPU class and thread count, each class's variables set before Python starts (its libraries read
 them when they load), and compare the digests: tests/test_reproducible_numerics.py and
@@ -142,7 +142,14 @@ def run_case(op: str, inputs: list[Any], params: dict[str, Any]) -> dict[str, An
         return {"error": f"{type(exc).__name__}: {exc}"}
     default = run_op(opdef, [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs], params, 1, 7,
                      kernel=opdef.kernel)
-    return {"mode": digest(mode), "default": digest(default), "gap": gap(mode, default)}
+    return {"mode": digest(mode), "default": digest(default), "gap": gap(mode, default),
+            "like": kinds(mode) == kinds(default)}
+
+
+def kinds(value: Any) -> list[Any]:
+    """Each output's dtype and shape (a mode kernel must give the op's)."""
+    return [(str(v.dtype), tuple(v.shape)) if isinstance(v, torch.Tensor) else type(v).__name__
+            for v in (value if isinstance(value, (tuple, list)) else [value])]
 
 
 def main() -> None:

@@ -84,6 +84,8 @@ def test_every_covered_op_gives_the_same_bits_on_every_class_and_thread_count(pr
     differ = {case: {run: probes[run][case]["mode"] for run in RUNS} for case in cases
               if len({probes[run][case]["mode"] for run in RUNS}) > 1}
     assert not differ, f"mode kernels whose bits differ by class or threads: {differ}"
+    unlike = [case for case in cases if not first[case]["like"]]
+    assert not unlike, f"mode kernels giving other dtypes or shapes than the op's: {unlike}"
     far = {case: first[case]["gap"] for case in cases if first[case]["gap"] > CLOSE}
     assert not far, f"mode kernels far from the default kernels' values: {far}"
 

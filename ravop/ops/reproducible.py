@@ -26,6 +26,7 @@ from .exact import exact_matmul, exact_mean, exact_sum
 from .masked import keep_masked
 from ..core.dtypes import as_dtype
 from .creation import _size
+from .linalg import _promoted
 from .lr_schedule import scheduled_lr
 from .nn import _normalized, _pad_backward, _pad_input, _pair, conv_padding
 from .optim import _counted
@@ -88,7 +89,8 @@ def std(x: Tensor, axis: Any = None, ddof: int = 0, keepdims: bool = False) -> T
 # ------------------------------------------------------------------------------------------------ products
 
 def matmul(x: Tensor, y: Tensor) -> Tensor:
-    return exact_matmul(_float(x), _float(y))
+    x, y = _promoted(x, y)
+    return exact_matmul(x, y) if x.is_floating_point() else torch.matmul(x, y)   # integers: exact in any order
 
 
 def linear(x: Tensor, w: Tensor, b: Optional[Tensor] = None) -> Tensor:
