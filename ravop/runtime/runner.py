@@ -17,6 +17,9 @@ Seeding: a random op's stream is its node id, or, in a loop step, one per run (`
 `counter`, are set per run the same way; one listed as following itself whose recorded seed is not its own
 stream's draws the stream that seed names, per training step (`step_seed`, `ravop.record.loop.Step.seed_by_step`).
 
+Kernels: each op's own, or in the reproducible numerics mode (`RAVOP_NUMERICS=reproducible`, read when a runner is
+built) its `reproducible` kernel; an op without one is refused then (`chosen_kernel`), never run the default way.
+
 A kernel that raises, or whose output the watcher refuses, is reported as an `OpError` naming its node (as
 torch.fx's Interpreter does), with the sizes of its inputs; the runner's values are dropped first, so that
 memory is free again when the error is handled.
