@@ -1,10 +1,11 @@
 """The reproducible numerics mode's cost, in one run: the digits MLP and CNN (5 epochs, batch 32, as
 benchmarks/bench_contention.py) and the MNIST-sized MLP (1 epoch, batch 128, benchmarks/bench_ravdl.py) fitted end to
-end on one worker with the default kernels, then on one worker with `--numerics reproducible`, and in eager PyTorch;
-prints each one's best time and the ratios (target: the mode <= 1.5x the default kernels), then where the mode's
-time goes, op by op, in one loop of each model run in this process (benchmarks/bench_step.py's profile).
+end on one worker with the default kernels, on one worker with `--numerics reproducible`, and in eager PyTorch, the
+three taking turns; prints each one's best time and the ratios (target: the mode <= 1.5x the default kernels), then
+where the time goes, op by op, in one loop of each model run in this process with each kind of kernels
+(benchmarks/bench_step.py's profile).
 
-    python benchmarks/bench_reproducible.py [--repeats 2] [--threads 1] [--no-profile]
+    python benchmarks/bench_reproducible.py [--repeats 3] [--threads 1] [--no-profile]
     python benchmarks/bench_reproducible.py --table    # op x CPU class x threads -> identical, as markdown
 
 `--table` runs benchmarks/reproducible_probe.py under the three emulated CPU classes (avx2: this machine; avx,
@@ -72,28 +73,24 @@ def one_worker(url, numerics, threads):
     return proc
 
 
-def fits(url, numerics, threads, repeats, records):
-    """label -> (best seconds, losses) of each fit on one worker of `numerics`."""
+def fits(url, numerics, threads, records):
+    """label -> (seconds, losses) of each fit on one worker of `numerics`."""
     proc = one_worker(url, numerics, threads)
     try:
-        best = {}
-        for label, record in records:
-            runs = [bench_ravdl.engine(f"{label}-{numerics}", record) for _ in range(repeats)]
-            best[label] = (min(times["total"] for times, _, _ in runs), runs[0][2])
-        return best
+        return {label: bench_ravdl.engine(f"{label}-{numerics}", record) for label, record in records}
     finally:
         proc.terminate()
         proc.wait(timeout=60)
 
 
-def profile_mode(label, record):
-    """The op-by-op profile of one loop of `record` with the mode's kernels, in this process."""
-    os.environ[numerics_mode.ENV] = numerics_mode.REPRODUCIBLE
+def profile(label, record, numerics):
+    """The op-by-op profile of one loop of `record` with `numerics`' kernels, in this process."""
+    os.environ[numerics_mode.ENV] = numerics
     try:
         with contextlib.redirect_stderr(io.StringIO()):
             spec, inputs, seed = bench_step.recorded_loop(record)
         with torch.no_grad():
-            bench_step.profile(LoopRun(spec, inputs, seed, decisions=bench_step.Always()), f"{label}, reproducible")
+            bench_step.profile(LoopRun(spec, inputs, seed, decisions=bench_step.Always()), f"{label}, {numerics}")
     finally:
         del os.environ[numerics_mode.ENV]
 
@@ -101,25 +98,32 @@ def profile_mode(label, record):
 def timings(args):
     torch.set_num_threads(args.threads)
     server = LocalServer()
+    modes = (numerics_mode.DEFAULT, numerics_mode.REPRODUCIBLE)
     try:
         R.initialize(token="bench-reproducible", redis_url=server.url)
         table = cases()
         records = [(label, record) for label, record, _ in table]
-        default = fits(server.url, numerics_mode.DEFAULT, args.threads, args.repeats, records)
-        mode = fits(server.url, numerics_mode.REPRODUCIBLE, args.threads, args.repeats, records)
-        eager = {label: min(run() for _ in range(args.repeats)) for label, _, run in table}
+        runs = {mode: [] for mode in modes}
+        eager = {label: [] for label, _, _ in table}
+        for _ in range(args.repeats):   # the sides take turns: a shared machine's load falls on both alike
+            for mode in modes:
+                runs[mode].append(fits(server.url, mode, args.threads, records))
+            for label, _, run in table:
+                eager[label].append(run())
     finally:
         server.stop()
+    best = {mode: {label: min(r[label][0]["total"] for r in runs[mode]) for label, _, _ in table} for mode in modes}
     print(f"{'case':<12}{'eager s':>9}{'default s':>11}{'mode s':>9}{'mode/default':>14}{'mode/eager':>12}"
           f"{'default/eager':>15}{'loss gap':>10}")
     for label, _, _ in table:
-        d, m = default[label], mode[label]
-        gap = float((d[1] - m[1]).abs().max())
-        print(f"{label:<12}{eager[label]:>9.3f}{d[0]:>11.3f}{m[0]:>9.3f}{m[0] / d[0]:>14.2f}{m[0] / eager[label]:>12.2f}"
-              f"{d[0] / eager[label]:>15.2f}{gap:>10.1e}", flush=True)
+        d, m, e = best[modes[0]][label], best[modes[1]][label], min(eager[label])
+        gap = float((runs[modes[0]][0][label][2] - runs[modes[1]][0][label][2]).abs().max())
+        print(f"{label:<12}{e:>9.3f}{d:>11.3f}{m:>9.3f}{m / d:>14.2f}{m / e:>12.2f}{d / e:>15.2f}{gap:>10.1e}",
+              flush=True)
     if args.profile:
         for label, record, _ in table:
-            profile_mode(label, record)
+            for mode in modes:
+                profile(label, record, mode)
 
 
 def table(args):
@@ -155,7 +159,7 @@ def table(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--table", action="store_true")
