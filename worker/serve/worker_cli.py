@@ -172,6 +172,6 @@ def main(argv=None):
     memory.enforce(worker.device, worker.memory_budget)
     print(f"ravop-worker {args.name}: serving {worker.device} with {threads} torch thread{'s' * (threads > 1)} "
           f"(of {machine_cores()} cores{'' if args.threads else '; --threads to change'}; "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; {args.numerics} numerics)", flush=True)
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}), {args.numerics} numerics", flush=True)
     gc.freeze()   # what is loaded by now lives as long as the process: the cyclic GC need not rescan it
     return worker.run()
