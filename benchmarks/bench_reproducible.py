@@ -113,6 +113,7 @@ def timings(args):
     finally:
         server.stop()
     best = {mode: {label: min(r[label][0]["total"] for r in runs[mode]) for label, _, _ in table} for mode in modes}
+    print(f"load average {os.getloadavg()[0]:.1f} at the end ({os.cpu_count()} cores)")
     print(f"{'case':<12}{'eager s':>9}{'default s':>11}{'mode s':>9}{'mode/default':>14}{'mode/eager':>12}"
           f"{'default/eager':>15}{'loss gap':>10}")
     for label, _, _ in table:
