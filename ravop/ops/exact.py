@@ -18,7 +18,7 @@ float64 products at the MNIST MLP's 128x784 @ 784x256 (docs/reports/reproducible
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -91,11 +91,12 @@ def exact_mean(x: Tensor, dims: Sequence[int], keepdim: bool = False) -> Tensor:
     return exact_sum(x, dims, keepdim) / count
 
 
-def exact_matmul(a: Tensor, b: Tensor) -> Tensor:
+def exact_matmul(a: Tensor, b: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
     """torch.matmul(a, b) for floating a and b (batched and broadcast as torch's), the same bits on every CPU,
     BLAS and thread count. a's rows in two slices of b1 bits, b's columns in one of b2 bits (b1 + b2 + log2(k) <= 52,
     b2 ~ 2 * b1: both cover 2/3 of float64's bits below their largest magnitude), one float64 product of the stacked
-    slices of a with b's, exact, and the two halves combined in a fixed order."""
+    slices of a with b's, exact, and the two halves combined in a fixed order. `dtype`: the result's (default: a's
+    and b's promoted), float64 for one that more additions follow."""
     squeeze_a, squeeze_b = a.dim() == 1, b.dim() == 1
     if squeeze_a:
         a = a.unsqueeze(0)
@@ -105,7 +106,7 @@ def exact_matmul(a: Tensor, b: Tensor) -> Tensor:
     if b.shape[-2] != k:
         raise ValueError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain")
     if not k or not a.numel() or not b.numel():
-        out = torch.matmul(a, b)   # nothing to add: zeros (or an empty result)
+        out = torch.matmul(a, b) if dtype is None else torch.matmul(a, b).to(dtype)   # nothing to add: zeros
     else:
         bits = _bits(k)
         bits_a = bits // 3
@@ -114,7 +115,7 @@ def exact_matmul(a: Tensor, b: Tensor) -> Tensor:
         scale_b, (b_one,) = _split(b, -2, bits_b, 1)
         high, low = torch.matmul(torch.cat((a_hi, a_lo), -2), b_one).split(m, -2)
         out = _combine([high, low], bits_a, scale_a) * scale_b
-        out = out.to(torch.promote_types(a.dtype, b.dtype))
+        out = out.to(torch.promote_types(a.dtype, b.dtype) if dtype is None else dtype)
     if squeeze_a:
         out = out.squeeze(-2)
     if squeeze_b:

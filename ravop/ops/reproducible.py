@@ -119,6 +119,14 @@ def _out_hw(x: Tensor, w: Tensor, stride: Any, pad: Any, dilation: Any) -> tuple
     return ((x.shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (x.shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
 
 
+def _grouped_product(weights: Tensor, cols: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
+    """(N, G, P, L) from weights (G, P, Q) and columns (N, G, Q, L): per group one exact product over all N * L
+    columns at once (a batch of N small products costs N times the calls' overhead); `dtype` as exact_matmul's."""
+    n, groups, q, positions = cols.shape
+    return torch.stack([exact_matmul(weights[i], cols[:, i].transpose(0, 1).reshape(q, n * positions), dtype)
+                        .reshape(weights.shape[1], n, positions).transpose(0, 1) for i in range(groups)], 1)
+
+
 def conv2d(x: Tensor, w: Tensor, b: Optional[Tensor] = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
            groups: int = 1, padding_mode: str = "zeros") -> Tensor:
     explicit, pad = conv_padding(w.shape[2:], stride, padding, dilation, padding_mode)
@@ -130,7 +138,7 @@ def conv2d(x: Tensor, w: Tensor, b: Optional[Tensor] = None, stride: Any = 1, pa
     per_group = w[0].numel()                                 # C/G * kh * kw
     cols = cols.reshape(n, groups, per_group, oh * ow)       # per group (N, G, C/G*k, L)
     weights = w.reshape(groups, o // groups, per_group)      # (G, O/G, C/G*k)
-    out = exact_matmul(weights, cols).reshape(n, o, oh, ow)
+    out = _grouped_product(weights, cols).reshape(n, o, oh, ow)
     return out if b is None else out + b.reshape(1, -1, 1, 1)
 
 
@@ -150,7 +158,7 @@ def conv2d_backward(g: Tensor, x: Tensor, w: Tensor, stride: Any, padding: Any, 
                           cols.permute(1, 0, 3, 2).reshape(groups, n * g3.shape[-1], w[0].numel())).reshape(w.shape)
     if mask[0]:
         weights = w.reshape(groups, o // groups, -1).transpose(1, 2)          # (G, C/G*k, O/G)
-        cols = exact_matmul(weights.double(), g3.double()).reshape(n, groups * w[0].numel(), g3.shape[-1])
+        cols = _grouped_product(weights, g3, torch.float64).reshape(n, groups * w[0].numel(), g3.shape[-1])
         gx = F.fold(cols, tuple(padded.shape[2:]), tuple(w.shape[2:]), _pair(dilation),
                     pad if isinstance(pad, tuple) else _pair(pad), _pair(stride)).to(g.dtype)
         if explicit is not None:
