@@ -26,7 +26,8 @@ from .exact import exact_matmul, exact_mean, exact_sum
 from .masked import keep_masked
 from ..core.dtypes import as_dtype
 from .creation import _size
-from .linalg import _promoted
+from .activations import SELU_ALPHA, SELU_SCALE
+from .linalg import _promoted, _tensordot_axes
 from .lr_schedule import scheduled_lr
 from .nn import _normalized, _pad_backward, _pad_input, _pair, conv_padding
 from .optim import _counted
@@ -37,7 +38,9 @@ ORDER_FREE = (
     "reshape transpose flatten squeeze expand_dims ravel broadcast_to concat stack split slice index gather "
     "take_along_axis pad tile repeat reverse shape size cast one_hot_encoding zeros arange step_row "
     "relu relu_backward threshold threshold_backward hardtanh hardtanh_backward leaky_relu leaky_relu_backward "
-    "hardshrink hardshrink_backward softshrink softshrink_backward tanh max min argmax argmin "
+    "hardshrink hardshrink_backward softshrink softshrink_backward tanh max min argmax argmin softsign "
+    "softsign_backward tanhshrink combine_to_list join_to_list set_value find_indices ravint argsort sort unique "
+    "median mode "
     "max_pool2d max_pool2d_backward max_pool2d_indices_backward embedding dropout dropout_backward random "
     "tuple_get").split()
 
@@ -105,6 +108,33 @@ def linear_backward(g: Tensor, x: Tensor, w: Tensor, mask: tuple[bool, ...]) -> 
     gw = exact_matmul(g2.t(), x2) if mask[1] else None
     gb = exact_sum(g2, [0]) if mask[2] else None
     return keep_masked(mask, gx, gw, gb)
+
+
+def tensordot(x: Tensor, y: Tensor, axes: Any = 2) -> Tensor:
+    """torch.tensordot as one exact product: x's free dims by its contracted ones, y's contracted by its free."""
+    x, y = _promoted(x, y)
+    ax, ay = _tensordot_axes(axes, x.dim(), y.dim())
+    if not x.is_floating_point():
+        return torch.tensordot(x, y, dims=(list(ax), list(ay)))   # integers: exact in any order
+    free_x = [d for d in range(x.dim()) if d not in ax]
+    free_y = [d for d in range(y.dim()) if d not in ay]
+    k = math.prod(x.shape[d] for d in ax)
+    rows = x.permute(free_x + list(ax)).reshape(-1, k)
+    cols = y.permute(list(ay) + free_y).reshape(k, -1)
+    return exact_matmul(rows, cols).reshape([x.shape[d] for d in free_x] + [y.shape[d] for d in free_y])
+
+
+def dot(x: Tensor, y: Tensor) -> Tensor:
+    if not x.dim() or not y.dim():
+        return torch.mul(x, y)
+    return tensordot(x, y, ([x.dim() - 1], [max(y.dim() - 2, 0)]))
+
+
+def embedding_backward(g: Tensor, indices: Tensor, num_weights: int) -> Tensor:
+    """The rows of g added per index: one-hot(indices)^T @ g, an exact product (ATen's scatter-add order varies)."""
+    rows = g.reshape(-1, g.shape[-1])
+    onehot = F.one_hot(indices.reshape(-1).long(), num_weights).to(g.dtype)
+    return exact_matmul(onehot.t(), rows)
 
 
 def _unfolded(x: Tensor, w: Tensor, stride: Any, pad: Any, dilation: Any) -> Tensor:
@@ -209,6 +239,45 @@ def sigmoid_backward(g: Tensor, y: Tensor) -> Tensor:
 
 def tanh_backward(g: Tensor, y: Tensor) -> Tensor:
     return g * (1 - y * y)
+
+
+def tanhshrink_backward(g: Tensor, x: Tensor) -> Tensor:
+    t = torch.tanh(x)
+    return g - tanh_backward(g, t)
+
+
+def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    scaled = x * beta
+    return torch.where(scaled > threshold, x, torch.log(1 + torch.exp(scaled)) / beta)   # log1p varies by CPU
+
+
+def softplus_backward(g: Tensor, x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    scaled = x * beta
+    return torch.where(scaled > threshold, g, g / (1 + torch.exp(-scaled)))
+
+
+def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
+    return torch.where(x > 0, x, (torch.exp(x) - 1) * alpha)   # expm1 varies by CPU
+
+
+def elu_backward(g: Tensor, x: Tensor, alpha: float = 1.0) -> Tensor:
+    return torch.where(x > 0, g, g * (torch.exp(x) * alpha))
+
+
+def selu(x: Tensor) -> Tensor:
+    return elu(x, SELU_ALPHA) * SELU_SCALE
+
+
+def selu_backward(g: Tensor, x: Tensor) -> Tensor:
+    return torch.where(x > 0, g * SELU_SCALE, g * (torch.exp(x) * (SELU_ALPHA * SELU_SCALE)))
+
+
+def logsigmoid(x: Tensor) -> Tensor:
+    return torch.minimum(x, torch.zeros_like(x)) - torch.log(1 + torch.exp(-torch.abs(x)))
+
+
+def logsigmoid_backward(g: Tensor, x: Tensor) -> Tensor:
+    return g / (1 + torch.exp(x))
 
 
 _SQRT1_2, _SQRT_2_PI = 0.7071067811865476, 0.7978845608028654
@@ -394,7 +463,10 @@ def _adam(decoupled: bool, decay: float) -> registry.Kernel:
 
 KERNELS: dict[str, registry.Kernel] = {
     "sum": sum_, "mean": mean, "sum_to": sum_to, "variance": variance, "std": std,
-    "matmul": matmul, "linear": linear, "linear_backward": linear_backward,
+    "matmul": matmul, "tensordot": tensordot, "dot": dot, "embedding_backward": embedding_backward,
+    "tanhshrink_backward": tanhshrink_backward, "softplus": softplus, "softplus_backward": softplus_backward,
+    "elu": elu, "elu_backward": elu_backward, "selu": selu, "selu_backward": selu_backward,
+    "logsigmoid": logsigmoid, "logsigmoid_backward": logsigmoid_backward, "linear": linear, "linear_backward": linear_backward,
     "conv2d": conv2d, "conv2d_backward": conv2d_backward,
     "softmax": softmax, "log_softmax": log_softmax, "softmin": softmin, "softmax_backward": softmax_backward,
     "log_softmax_backward": log_softmax_backward, "softmin_backward": softmin_backward,
