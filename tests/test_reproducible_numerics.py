@@ -1,6 +1,7 @@
 """The reproducible numerics mode (`ravop-worker --numerics reproducible`): every op it covers gives the same bits
 on three emulated x86 CPU classes and on 1 and 2 threads, fits of the digits MLP and CNN on workers of different
-classes give the same losses and weights, and an op it does not cover is refused, never run the default way.
+classes give the same losses and weights, and an op it does not cover is refused (in process and by a worker: the
+graph fails naming it), never run the default way.
 
 CPU classes are emulated by the variables torch's libraries read when they load (so each run is a fresh process
 with them set): avx2 is this machine untouched; avx and sse4 pin ATen's vector code, MKL's code path and oneDNN's
@@ -150,6 +151,16 @@ def _fit(record, graph_name):
     return ([R.fetch_persisting_op(n) for n in names], [R.fetch_persisting_op(n) for n in weights])
 
 
+def _assert_the_worker_refuses_an_uncovered_op():
+    R.flush()
+    R.Graph(name="repro-refused")
+    (R.prod(R.random(size=(10, 10)), axis=1) + 1.0).persist_op("product")   # random: not folded, the worker runs it
+    R.activate()
+    R.execute()
+    with pytest.raises(R.GraphFailedError, match="op 'prod' has no kernel in the reproducible numerics mode"):
+        R.track_progress(progress_bar=False, timeout=120)
+
+
 def test_fits_on_workers_of_different_classes_give_the_same_losses_and_weights(server, client, tmp_path):
     X, _, y, _ = digits_data()
     models = {"mlp": lambda: bench_contention.record_mlp(2, 32, X, y),
@@ -165,6 +176,8 @@ def test_fits_on_workers_of_different_classes_give_the_same_losses_and_weights(s
                 time.sleep(0.05)
             for model, record in models.items():
                 results[(name, model)] = _fit(record, f"repro-{model}-{name}")
+            if name == "avx2":
+                _assert_the_worker_refuses_an_uncovered_op()
         finally:
             proc.terminate()
             proc.wait(timeout=60)
