@@ -21,17 +21,19 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..core import registry
-from . import rules
-from .exact import exact_matmul, exact_mean, exact_sum
-from .masked import keep_masked
 from ..core.dtypes import as_dtype
-from .creation import _size
+from . import rules
 from .activations import SELU_ALPHA, SELU_SCALE
+from .creation import _size
+from .exact import exact_matmul, exact_mean, exact_sum
 from .linalg import _promoted, _tensordot_axes
 from .lr_schedule import scheduled_lr
+from .masked import keep_masked
 from .nn import _normalized, _pad_backward, _pad_input, _pair, conv_padding
 from .optim import _counted
 
+# Ops whose own kernel is already reproducible (checked on every class and thread count by
+# tests/test_reproducible_numerics.py, as every op of this module is).
 ORDER_FREE = (
     "add sub mul div neg pos abs sign square cube square_root exp natlog round clip "
     "equal not_equal greater greater_equal less less_equal logical_and logical_or logical_xor logical_not where "
