@@ -53,12 +53,14 @@ def record_mlp(epochs, batch, X, y, fused=False):
     model.add(Dense(10))
     model.add(Activation("softmax"))
     model.fit(X.reshape(len(X), -1), y, n_epochs=epochs, batch_size=batch, shuffle=True)
+    return model
 
 
 def record_cnn(epochs, batch, X, y, fused=False):
     model = digits_cnn_sequential.untrained_model()
     model.optimizer = Adam(lr=model.optimizer.hyper["lr"], fused=fused)
     model.fit(X, y, n_epochs=epochs, batch_size=batch, shuffle=True)
+    return model
 
 
 def eager_mlp():

@@ -21,11 +21,13 @@ BUDGET = {
     #                             fit-then-use (trained_values, model_file; issue 45), 2,671 with EarlyStopping
     #                             in the loop (loop_stopping), 2,712 with DiLoCo's unequal shares in parallel_fit
     "ravop/client": 1160,       # 1,101 at the layout by role
-    "ravop/core": 520,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef
+    "ravop/core": 545,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
+                                # the numerics mode (issue 42) and the loop-stop op kind (issue 45)
     "ravop/federated": 400,     # 380 at the layout by role
     "ravop/local": 680,         # 646 at the layout by role
-    "ravop/ops": 3260,          # 2,776 at the layout by role; +156 the TorchScript forward kept for its VJP, +259 the
-                                # TorchScript sandbox (issue 44)
+    "ravop/ops": 3530,          # 2,776 at the layout by role; +156 the TorchScript forward kept for its VJP, +259 the
+                                # TorchScript sandbox (issue 44); +250 the reproducible numerics mode's kernels and
+                                # exact sums and products (ravop/ops/reproducible.py, ravop/ops/exact.py, issue 42)
     "ravop/parallel": 880,      # 671 at the layout by role; 741 with the Strategy protocol (ravop/parallel/protocol.py);
                                 # 809 with DiLoCo rounds of unequal shares (ravop/parallel/rounds.py, issue 43); 855
                                 # with rounds that close with the replicas present (close_after, issue 43)
@@ -38,7 +40,7 @@ BUDGET = {
     "worker/loops": 1100,       # 963 at the layout by role; 1,027 with the exchange's bounded wait for optional values
                                 # (DiLoCo's close_after, issue 43); +24: loops yield to other tokens (turns, issue 44)
     "worker/provider": 350,     # 325 at the layout by role
-    "worker/serve": 1345,       # 1,234 at the layout by role; +39: the tokens' quotas (token_usage)
+    "worker/serve": 1360,       # 1,234 at the layout by role; +39: the tokens' quotas (token_usage); +7 --numerics
     "worker/verify": 410,       # 382 at the layout by role
 }
 SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,

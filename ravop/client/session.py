@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 import redis
 import torch
 
+from ..core import numerics_mode
 from ..core.errors import ConnectionFailed, GraphStateError
 from ..local import last_session
 from ..record.graph import set_current, unactivated_graph
@@ -80,7 +81,8 @@ _session: Optional[Session] = None
 
 def initialize(token: Optional[str] = None, redis_url: Optional[str] = None, workers: Optional[int] = None,
                device: str = "cpu", timeout: float = 5.0, data: Union[None, str, Sequence[Any]] = None,
-               dashboard: Union[bool, int] = False, ravenverse_token: Optional[str] = None) -> Session:
+               dashboard: Union[bool, int] = False, ravenverse_token: Optional[str] = None,
+               numerics: Optional[str] = None) -> Session:
     """Connect to Redis at `redis_url` (or $RAVOP_REDIS_URL); with neither, start the embedded default: a
     private server and `workers` local worker processes on `device` (default $RAVOP_WORKERS or 2).
 
@@ -91,7 +93,9 @@ def initialize(token: Optional[str] = None, redis_url: Optional[str] = None, wor
     `ravop admin token` user), else "local") names the requester and
     namespaces its graphs and results: a token that is not a short name is a secret of any length, and only
     a digest of it is used (`ravop.store.keys.token_namespace`). An unreachable URL raises `ConnectionFailed` within about `timeout` seconds. `dashboard=True` (or a port
-    number) serves the read-only web dashboard of this session on 127.0.0.1 and prints its URL."""
+    number) serves the read-only web dashboard of this session on 127.0.0.1 and prints its URL. `numerics`
+    ("default" or "reproducible", default $RAVOP_NUMERICS) is the embedded workers' `ravop-worker --numerics`, and this
+    process's too (its compiler folds constants with the same kernels); a cluster's workers choose their own."""
     global _session
     if gc.get_freeze_count() == 0:
         # Recording allocates one tracked object per op; without this, each full garbage collection would also
@@ -104,6 +108,12 @@ def initialize(token: Optional[str] = None, redis_url: Optional[str] = None, wor
     if token is not None and ravenverse_token is not None and token != ravenverse_token:
         raise ValueError("initialize() got two different tokens (token= and ravenverse_token=): give one")
     url = redis_url or os.environ.get("RAVOP_REDIS_URL")
+    if numerics is not None:
+        if url:
+            raise ValueError("numerics= chooses the embedded workers' kernels; on a cluster each worker chooses its "
+                             "own (ravop-worker --numerics)")
+        os.environ[numerics_mode.ENV] = numerics_mode.check(numerics)
+    numerics = numerics_mode.current()
     token = token_namespace(token or ravenverse_token or os.environ.get("RAVOP_TOKEN") or (url and url_user(url))
                             or DEFAULT_TOKEN)
     data = _provider_data(data if data is not None else os.environ.get("RAVOP_DATA"))
@@ -114,7 +124,7 @@ def initialize(token: Optional[str] = None, redis_url: Optional[str] = None, wor
                              "runs ravop-worker --data PATH")
         client = connect(url, timeout)
     elif _session is not None and _session.embedded is not None and _session.embedded.data == data \
-            and _session.embedded.running():
+            and _session.embedded.numerics == numerics and _session.embedded.running():
         embedded, url, client = _session.embedded, _session.url, _session.client  # keep the running one
     else:
         from ..local.embedded import EmbeddedCluster, default_data_dir
@@ -122,7 +132,7 @@ def initialize(token: Optional[str] = None, redis_url: Optional[str] = None, wor
                                                         len(data))
         if count < len(data):
             raise ValueError(f"data= names {len(data)} providers but workers={count}: each provider is a worker")
-        embedded = EmbeddedCluster(count, device, data=data, data_dir=default_data_dir())
+        embedded = EmbeddedCluster(count, device, data=data, data_dir=default_data_dir(), numerics=numerics)
         if count and torch.get_num_threads() > embedded.threads:
             # This process would compete with its own workers for the cores; on as many threads as one of
             # them, the user's eager PyTorch here also sums in the workers' order and reproduces their numbers.

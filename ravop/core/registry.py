@@ -53,6 +53,9 @@ Conventions an op definition follows:
   optimizer step's foreach or fused kernel); `reuses` (a `Reuses`, on a backward op): what its forward computed in
   the same run is kept for it instead of being computed again (a dropout's mask, batch-norm statistics);
   `cpu_variant` (a `Variant`): a kernel giving the same bits faster on a CPU (max pooling on a channels-last copy).
+- `reproducible`: the kernel the reproducible numerics mode runs (the same bits on every CPU class and thread count),
+  None where the mode has none yet (the runner then refuses the op); set for all ops at once by
+  ravop/ops/reproducible.py (`declare_reproducible`), the one table of which op runs which way.
 """
 from __future__ import annotations
 
@@ -119,7 +122,7 @@ class OpDef:
     __slots__ = ("name", "inputs", "params", "kernel", "shape", "vjp", "random", "deterministic",
                  "method", "aliases", "flops", "torch_function", "torch_module", "kind", "variadic",
                  "n_required_inputs", "creates", "doc", "counter", "seed_param", "in_place", "group_update",
-                 "reuses", "cpu_variant", "operators")
+                 "reuses", "cpu_variant", "operators", "reproducible")
 
     name: str
     kernel: Kernel
@@ -136,6 +139,7 @@ class OpDef:
     reuses: Optional[Reuses]
     cpu_variant: Optional[Variant]
     operators: tuple[str, ...]
+    reproducible: Optional[Kernel]
 
     def __init__(self, name: str, kernel: Kernel, inputs: tuple[str, ...], params: dict[str, Any],
                  shape: Optional[Callable[..., Any]], vjp: Optional[Callable[..., Any]], random: bool,
@@ -172,6 +176,7 @@ class OpDef:
             raise ValueError(f"op {name!r} reuses its forward's values but says neither what both read nor a seed")
         self.group_update, self.reuses, self.cpu_variant = group_update, reuses, cpu_variant
         self.operators = tuple(operators)
+        self.reproducible = None
 
     @property
     def differentiable(self) -> bool:
@@ -247,6 +252,12 @@ def register(name: str, *, inputs: tuple[str, ...] = ("x",), params: Optional[di
                     names.add(name)
         return kernel
     return decorate
+
+
+def declare_reproducible(kernels: dict[str, Kernel]) -> None:
+    """Set each named op's kernel of the reproducible numerics mode (op name -> kernel)."""
+    for name, kernel in kernels.items():
+        get(name).reproducible = kernel
 
 
 def op_of_kind(kind: str) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 import redis
 import torch
 
+from ..core import numerics_mode
 from ..core.cpu_threads import passive_waiting, per_worker
 from ..core.errors import ConnectionFailed, DeviceUnavailable, RavopError
 from ..store import workers as liveness
@@ -269,9 +270,9 @@ def _clean_up_on_sigterm():
 class EmbeddedCluster:
     """A `LocalServer` (keeping its data in `data_dir`, if given) and `workers` worker processes on `device`,
     stopped at exit. `data` lists the files of each data provider (worker i gets `--data` data[i]) for
-    federated graphs."""
+    federated graphs. `numerics`: the workers' `--numerics` (ravop/core/numerics_mode.py)."""
 
-    def __init__(self, workers=2, device="cpu", threads=None, data=(), data_dir=None):
+    def __init__(self, workers=2, device="cpu", threads=None, data=(), data_dir=None, numerics=numerics_mode.DEFAULT):
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise DeviceUnavailable(f"R.initialize(device={device!r}) starts local workers on a GPU, but torch "
                                     f"sees no CUDA device on this machine: {_CLUSTER_HINT}, or use device='cpu'")
@@ -291,6 +292,7 @@ class EmbeddedCluster:
             raise
         self.device = device
         self.data = list(data)
+        self.numerics = numerics_mode.check(numerics)
         # The workers split the machine's cores: more threads than cores stall small kernels many times over
         # as soon as anything else runs. R.initialize() gives the requester no more threads than one worker:
         # some training steps amplify rounding noise (Adam on a bias followed by BatchNorm), and a different
@@ -318,7 +320,7 @@ class EmbeddedCluster:
         name = f"embedded-{os.getpid()}-{i}"
         log = os.path.join(self.server.dir, f"{name}.log")
         files = ["--data", *self.data[i]] if i < len(self.data) else []
-        share = ["--workers-on-machine", str(self.count)]   # each takes its share of the memory
+        share = ["--workers-on-machine", str(self.count), "--numerics", self.numerics]   # its share of the memory
         with self._starting:
             if not self._stopping and self.server.process.poll() is None:
                 process = start_worker(self.url, name, self.device, self.threads, log, os.getpid(), files + share,

@@ -6,3 +6,4 @@ from . import (kernel_vjp, linalg, shape, reduce, compare, indexing, gather, joi
 from . import federated_stats  # noqa: F401  (a provider's partial and the statistics released from partials)
 from . import torchscript  # noqa: F401  (TorchScript models recorded by R.model)
 from . import step_table  # noqa: F401  (per-step values of a loop: Gossip's pairs, learning rate schedules)
+from . import reproducible  # noqa: F401  (last: each op's kernel of the reproducible numerics mode)

@@ -17,7 +17,7 @@ import threading
 import numpy as np
 import torch
 
-from ..core import registry
+from ..core import numerics_mode, registry
 from ..core.alignment import aligned
 from . import step_compiler
 from ..core.errors import PlanError
@@ -140,6 +140,8 @@ class StepFunction:
         """Give the trailing ops that declare an in-place variant (optimizer steps) that kernel where every value
         they overwrite is an owned carried value (see `LoopRun`) that nothing reads after them and the step does
         not hand on."""
+        if numerics_mode.reproducible():
+            return   # the in-place variants are the default kernels' (torch's lerp_, addcmul_): copies instead
         runner = self.runner
         kept = set(self.next_slots) | set(self.output_slots) | set(self.send_slots)
         last_read = {}

@@ -17,6 +17,9 @@ Seeding: a random op's stream is its node id, or, in a loop step, one per run (`
 `counter`, are set per run the same way; one listed as following itself whose recorded seed is not its own
 stream's draws the stream that seed names, per training step (`step_seed`, `ravop.record.loop.Step.seed_by_step`).
 
+Kernels: each op's own, or in the reproducible numerics mode (`RAVOP_NUMERICS=reproducible`, read when a runner is
+built) its `reproducible` kernel; an op without one is refused then (`chosen_kernel`), never run the default way.
+
 A kernel that raises, or whose output the watcher refuses, is reported as an `OpError` naming its node (as
 torch.fx's Interpreter does), with the sizes of its inputs; the runner's values are dropped first, so that
 memory is free again when the error is handled.
@@ -36,7 +39,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Proto
 import torch
 from torch import Tensor
 
-from ..core import registry
+from ..core import numerics_mode, registry
 from ..core.errors import PlanError, RavopError
 from ..core.node import Node
 from ..core.registry import OpDef
@@ -112,14 +115,27 @@ def run_op(opdef: OpDef, args: list[Any], params: Mapping[str, Any], graph_seed:
            device: str = "cpu", kernel: Optional[registry.Kernel] = None) -> Any:
     """Apply one op's kernel (or `kernel`, a variant of a random op's taking the same generator) to tensors
     (`args`, on `device`) with its params; the result is on `device` (the device rule of the module docstring)."""
+    kernel = chosen_kernel(opdef, numerics_mode.reproducible()) if kernel is None else kernel
     if opdef.random:
         generator = torch.Generator().manual_seed(op_seed(graph_seed, node_id))
-        out = (opdef.kernel if kernel is None else kernel)(*args, generator=generator, **params)
+        out = kernel(*args, generator=generator, **params)
         return out if device == "cpu" else _to(out, device)
     if opdef.creates and device != "cpu":
         with torch.device(device):
-            return opdef.kernel(*args, **params)
-    return opdef.kernel(*args, **params)
+            return kernel(*args, **params)
+    return kernel(*args, **params)
+
+
+def chosen_kernel(opdef: OpDef, reproducible: bool, node: Any = None) -> registry.Kernel:
+    """The op's kernel in this numerics mode (ravop/core/numerics_mode.py): its reproducible one where the mode is
+    on, and a PlanError for an op that has none, never its default kernel in its place."""
+    if not reproducible:
+        return opdef.kernel
+    if opdef.reproducible is None:
+        raise PlanError(f"op {opdef.name!r} has no kernel in the reproducible numerics mode yet "
+                        f"({numerics_mode.ENV}={numerics_mode.REPRODUCIBLE}; ravop/ops/reproducible.py lists the ops "
+                        "it covers)", node)
+    return opdef.reproducible
 
 
 def _to(out: Any, device: str) -> Any:
@@ -200,6 +216,7 @@ class Runner:
         n_inputs = len(self.slot)
         slot, table, not_kernels = self.slot, registry.REGISTRY, registry.NOT_KERNELS
         bound: dict[str, tuple[OpDef, registry.Kernel]] = {}   # op -> (OpDef, its kernel on the device)
+        reproducible = numerics_mode.reproducible()
         kernels, arguments, varying = [], [], []
         last_read: dict[int, int] = {}   # slot -> index of its last reader
         per_run = per_run or {}
@@ -211,7 +228,8 @@ class Runner:
                 opdef = table.get(op)
                 if opdef is None or op in not_kernels:
                     raise PlanError(f"unknown op {op!r}", node)
-                found = bound[op] = (opdef, opdef.kernel if opdef.random else on_device(opdef, device))
+                chosen = chosen_kernel(opdef, reproducible, node)
+                found = bound[op] = (opdef, chosen if opdef.random else on_device(opdef, device, chosen))
             opdef, kernel = found
             try:
                 args = tuple(map(slot.__getitem__, node.inputs))   # map: no frame per op, as a comprehension has

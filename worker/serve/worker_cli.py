@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from ravop.core import numerics_mode
 from ravop.core.cpu_threads import machine_cores
 from ravop.core.errors import ConnectionFailed
 from ravop.store import connect
@@ -89,6 +90,11 @@ def parse_args(argv=None):
                              "much epsilon of the --data files (ledger: <first file>.privacy-ledger.json)")
     parser.add_argument("--test-wrong-outputs", nargs="?", const="always", default=None,
                         help=argparse.SUPPRESS)  # tests of verify=: 'always' or 'after:N' (verify/redundant.py Liar)
+    parser.add_argument("--numerics", choices=numerics_mode.MODES,
+                        default=os.environ.get(numerics_mode.ENV, numerics_mode.DEFAULT),
+                        help="default: torch's kernels (last bits vary by CPU and thread count); reproducible: the "
+                             "same bits on every x86 CPU and thread count, slower, refusing ops it does not cover "
+                             f"yet (sets {numerics_mode.ENV}; default: that variable, else default)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every start and stop")
     return parser.parse_args(argv)
 
@@ -112,6 +118,7 @@ def _connect(url, parent_pid):
 
 def main(argv=None):
     args = parse_args(argv)
+    os.environ[numerics_mode.ENV] = args.numerics   # read where kernels are chosen (ravop.runtime.runner)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not args.redis:
@@ -165,6 +172,6 @@ def main(argv=None):
     memory.enforce(worker.device, worker.memory_budget)
     print(f"ravop-worker {args.name}: serving {worker.device} with {threads} torch thread{'s' * (threads > 1)} "
           f"(of {machine_cores()} cores{'' if args.threads else '; --threads to change'}; "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')})", flush=True)
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}), {args.numerics} numerics", flush=True)
     gc.freeze()   # what is loaded by now lives as long as the process: the cyclic GC need not rescan it
     return worker.run()
