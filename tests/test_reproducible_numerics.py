@@ -203,6 +203,19 @@ while "serving" not in (open(log).read() if os.path.exists(log) else ""):
     assert time.monotonic() < deadline, "the embedded worker did not start"
     time.sleep(0.1)
 print(open(log).read())
+# A fit whose EarlyStopping is decided in the loop (its loop_stop op runs in the mode too)
+import numpy as np
+from ravdl.v2 import NeuralNetwork
+from ravdl.v2.callbacks import EarlyStopping
+from ravdl.v2.layers import Activation, Dense
+from ravdl.v2.optimizers import Adam
+X = np.random.default_rng(0).standard_normal((64, 4)).astype("float32")
+R.Graph(name="stops")
+model = NeuralNetwork(optimizer=Adam(), loss="CrossEntropy")
+model.add(Dense(8, input_shape=(4,))); model.add(Activation("relu")); model.add(Dense(2))
+model.fit(X, (X[:, 0] > 0).astype("int64"), n_epochs=5, batch_size=16, callbacks=[EarlyStopping(monitor="loss")])
+R.activate(); R.execute(); R.track_progress(progress_bar=False)
+print("fit with EarlyStopping done")
 try:
     R.initialize(redis_url=session.url, numerics="reproducible")
 except ValueError as exc:
@@ -216,4 +229,5 @@ def test_initialize_starts_embedded_workers_in_the_mode(tmp_path):
     done = subprocess.run([sys.executable, "-c", EMBEDDED], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "reproducible numerics" in done.stdout
+    assert "fit with EarlyStopping done" in done.stdout
     assert "refused: numerics= chooses the embedded workers' kernels" in done.stdout

@@ -44,7 +44,7 @@ ORDER_FREE = (
     "softsign_backward tanhshrink combine_to_list join_to_list set_value find_indices ravint argsort sort unique "
     "median mode "
     "max_pool2d max_pool2d_backward max_pool2d_indices_backward embedding dropout dropout_backward random "
-    "tuple_get").split()
+    "tuple_get loop_stop").split()
 
 
 def _float(x: Tensor) -> Tensor:
