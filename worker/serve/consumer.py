@@ -5,7 +5,8 @@ cluster, the ack and the enqueueing are a second round trip to the work streams'
 Delivery is at-least-once. A message is acked only by the completion or failure scripts, after the outputs
 are stored; a message held by a worker that died is taken over once its heartbeat has been silent for
 `dead_after` seconds, and any message nobody works on after `reclaim_idle` (worker/serve/takeover.py); after
-`max_attempts` deliveries it is given up on. Whatever a message holds
+`max_attempts` redeliveries in a row without progress (a loop that checkpointed past where it resumed made some:
+worker/serve/attempts.py) it is given up on. Whatever a message holds
 (garbage, unknown ops, absurd shapes) fails its graph and lands in the dead-letter stream, and the worker
 goes on; a kernel error fails the graph at once (it would fail again on any worker: no retries).
 """
@@ -48,7 +49,7 @@ from ..loops.loop_subgraph import (
 from ..verify import redundant
 from ..verify.spot import SpotChecks
 from ..verify.spot_loop import LoopSegments, check_segment, drop_segments
-from . import calibrate, warm_connections
+from . import attempts, calibrate, warm_connections
 from .heartbeat import Heartbeat
 from .inbox_watch import InboxWatch
 from .worker_metrics import WorkerMetrics, loop_record
@@ -156,6 +157,7 @@ class Worker:
                                    self.stopping, parent_pid, provider.data.names() if provider is not None else None,
                                    info={**self._advertised(), **calibrate.measure(self.device, client, name)})
         self.completed = 0
+        self._predecessor_gone = False   # until a look finds nothing held under this name (Takeover.predecessor)
         self.metrics = WorkerMetrics(name, self.device)  # served by `ravop-worker --metrics-port`
         self._bans = {}  # token -> (when to look again, whether it banned this worker)
         self.wrong_outputs = wrong_outputs  # tests only: a worker.verify.redundant.Liar that perturbs outputs, or None
@@ -228,8 +230,15 @@ class Worker:
 
     def _next(self, resume_own=False):
         """(message id, fields, deliveries): after a lost connection, what this worker held when it was lost;
-        then work held by a dead or silent worker, then new work."""
+        at start, what a dead process under this worker's name held; then work held by a dead or silent worker,
+        then new work."""
         found = self.takeover.own() if resume_own else None
+        if found is None and not self._predecessor_gone:   # a restart under this name: its predecessor's work
+            found = self.takeover.predecessor()
+            self._predecessor_gone = found is None
+            if found is not None:
+                self.metrics.took_over()
+                return found
         if found is None:
             found = self.takeover.next()
             if found is not None:
@@ -289,9 +298,11 @@ class Worker:
     def _claim(self, keys, subgraph_id, message_id, deliveries, fields):
         """(graph seed, the subgraph's plan bytes, copies to run) if this worker is to run the subgraph now; else
         None, the message having been given up on, passed on or acked as the claim says."""
-        if deliveries > self.max_attempts:
-            self._give_up_retries(keys, subgraph_id, message_id, deliveries)
-            return None
+        if deliveries > 1:   # taken over: a failed attempt unless the loop checkpointed past where it resumed
+            attempt = attempts.count(self.client, keys, subgraph_id, message_id, deliveries)
+            if attempt.failures >= self.max_attempts:
+                self._give_up_retries(keys, subgraph_id, message_id, deliveries, attempt)
+                return None
         reply, banned = self._claim_unless_banned(keys, subgraph_id)
         if banned:
             self._pass_on(message_id, fields)
@@ -551,7 +562,7 @@ class Worker:
                           op=node.op if node is not None else "", source=node.source if node is not None else "",
                           error=error, reason=reason, message=message, fail_graph=fail_graph)
 
-    def _give_up_retries(self, keys, subgraph_id, message_id, deliveries):
+    def _give_up_retries(self, keys, subgraph_id, message_id, deliveries, attempt):
         pipe = self.client.pipeline(transaction=False)
         pipe.hget(keys.taken, subgraph_id)
         pipe.hget(keys.subgraphs, subgraph_id)
@@ -565,8 +576,9 @@ class Worker:
                 pass  # named by id only; the plan itself is refused by whoever runs it next
         ops = f" (ops from {node.op!r} on)" if node is not None else ""
         self._give_up(keys, message_id, subgraph_id,
-                      f"subgraph {subgraph_id}{ops} was delivered {deliveries} times and never finished: the "
-                      f"workers running it stopped responding (the last was {(taken or b'?').decode()})",
+                      f"subgraph {subgraph_id}{ops} was delivered {deliveries} times and never finished, "
+                      f"{attempt.failures} times in a row without progress: the workers running it stopped "
+                      f"responding (the last was {(taken or b'?').decode()}){attempt.where()}",
                       "too many deliveries", node)
 
     def _work_waiting(self):
