@@ -44,7 +44,7 @@ from ..execute.validate import check
 from ..loops.hand_back import HandBack
 from ..loops.loop_start import LoopStart
 from ..loops.loop_subgraph import (
-    CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, drop_checkpoint,
+    RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, drop_checkpoint,
     run_loop, unpaced)
 from ..verify import redundant
 from ..verify.spot import SpotChecks
@@ -120,7 +120,7 @@ class Worker:
     def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
                  max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
                  max_memory_bytes=None, provider=None, checkpoint_steps=None,
-                 checkpoint_seconds=CHECKPOINT_SECONDS, wrong_outputs=None, workers_on_machine=None,
+                 checkpoint_seconds=None, wrong_outputs=None, workers_on_machine=None,
                  resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS, pacing=None):
         if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
@@ -144,7 +144,8 @@ class Worker:
         self.memory_budget = max_memory_bytes or memory.default_budget(self.limit)
         self.value_bytes = stored.fit_to_server(client)  # the largest value written in one piece on this server
         self.server_gone_after = server_gone_after
-        if (checkpoint_steps is not None and checkpoint_steps < 0) or checkpoint_seconds <= 0 or \
+        if (checkpoint_steps is not None and checkpoint_steps < 0) or \
+                (checkpoint_seconds is not None and checkpoint_seconds <= 0) or \
                 resident_checkpoint_seconds < 0:
             raise ValueError(f"need checkpoint_steps >= 0, checkpoint_seconds > 0 and resident_checkpoint_seconds "
                              f">= 0, not {checkpoint_steps}, {checkpoint_seconds} and {resident_checkpoint_seconds}")
