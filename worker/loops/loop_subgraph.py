@@ -405,20 +405,33 @@ def _host_copy(value):
     return host.clone() if host is value else host
 
 
-def _resume(client, keys, subgraph_id, n_carried, device, cache=None, saved=None):
-    """(step, carried values, {k: digest} of those shared with other loops' checkpoints) of the loop's
-    checkpoint, or (None, None, {}) without a usable one; its tensors from `cache` where this worker kept them
-    when it handed the loop back (worker/loops/held_values.py). The references of the checkpoint it replaced are
-    released (again: a worker may have died before it did). `saved`: its record, where the worker read it
-    already (worker/loops/loop_start.py)."""
-    if saved is None:
-        saved = client.hgetall(keys.checkpoint(subgraph_id))
-    if not saved:
-        return None, None, {}
+def checkpoint_record(keys, subgraph_id, saved):
+    """(step, n, same, shared, {k: key} of the tensors to read) of a checkpoint record (its hash, non-empty): a value
+    aliased to an earlier one (`same`) is not read, a shared one is read under its digest's key; `PlanError` if the
+    record is malformed."""
     try:
         step, n = int(saved[b"step"]), int(saved[b"n"])
         same = checkpoint_aliases.decode(saved.get(b"same"), n)
         shared = shared_checkpoint.decode(saved.get(b"shared"), n)
+    except (KeyError, ValueError) as exc:
+        raise PlanError(f"the checkpoint of loop subgraph {subgraph_id} is malformed: {exc}") from None
+    names = {k: shared_checkpoint.value_key(keys, shared[k]) if k in shared else
+             checkpoint_tensor_key(keys, subgraph_id, step, k) for k in range(n) if k not in same}
+    return step, n, same, shared, names
+
+
+def _resume(client, keys, subgraph_id, n_carried, device, cache=None, saved=None, prefetched=None):
+    """(step, carried values, {k: digest} of those shared with other loops' checkpoints) of the loop's
+    checkpoint, or (None, None, {}) without a usable one; its tensors from `cache` where this worker kept them
+    when it handed the loop back (worker/loops/held_values.py), else from `prefetched` ({key: bytes}) or the store
+    in one round trip. The references of the checkpoint it replaced are released (again: a worker may have died
+    before it did). `saved`: its record, where the worker read it already (worker/loops/loop_start.py)."""
+    if saved is None:
+        saved = client.hgetall(keys.checkpoint(subgraph_id))
+    if not saved:
+        return None, None, {}
+    step, n, same, shared, names = checkpoint_record(keys, subgraph_id, saved)
+    try:
         replaced = shared_checkpoint.decode(saved.get(b"replaced"), n)
         if replaced:
             shared_checkpoint.release(client, keys, replaced,
@@ -428,9 +441,7 @@ def _resume(client, keys, subgraph_id, n_carried, device, cache=None, saved=None
     if n != n_carried:
         raise PlanError(f"the checkpoint of loop subgraph {subgraph_id} holds {n} values, the loop carries "
                         f"{n_carried}")
-    read = held_values.read(client, cache, {k: shared_checkpoint.value_key(keys, shared[k]) if k in shared else
-                                            checkpoint_tensor_key(keys, subgraph_id, step, k)
-                                            for k in range(n) if k not in same})
+    read = held_values.read(client, cache, names, prefetched)
     where = f"the checkpoint of loop subgraph {subgraph_id} at step {step}"
     for k in shared:
         if read.get(k) is not None:
@@ -491,7 +502,8 @@ def run_loop(ctx):
         (lambda template: _watcher(spec, template, ctx.max_bytes, ctx.budget))
     meta = loop_start.meta if loop_start is not None else None   # None: each reader reads its own
     start, carried, shared = _resume(ctx.client, ctx.keys, subgraph_id, spec.n_carried, ctx.device, ctx.cache,
-                                     loop_start.checkpoint if loop_start is not None else None)
+                                     loop_start.checkpoint if loop_start is not None else None,
+                                     loop_start.prefetched if loop_start is not None else None)
     first_ids = [t.output_first_ids for t in spec.templates]
     if any(len(ids) != len(t.output_nodes) for ids, t in zip(first_ids, spec.templates)):
         raise PlanError("a loop step's persisted values and their tensor ids do not pair up")

@@ -13,8 +13,8 @@ What the last redelivery found is kept per subgraph in the graph's `attempts` ha
 "message id, deliveries, step resumed from, failures": only the worker that won the message's XCLAIM writes it,
 and a worker resuming its own message after an outage (the same delivery) finds its own record and counts nothing.
 """
-from dataclasses import dataclass
-from typing import Any, Optional, Union
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Union
 
 NO_CHECKPOINT = -1   # the step "resumed from" by an attempt that starts from the loop's beginning
 
@@ -24,6 +24,7 @@ class Attempt:
     failures: int          # redeliveries in a row that found no progress since the attempt before
     resumed_from: int      # the checkpoint step this delivery resumes from (NO_CHECKPOINT: none)
     steps_done: Optional[int]   # the loop's last recorded progress (steps), None for a plain subgraph
+    checkpoint: Dict[bytes, bytes] = field(default_factory=dict)   # the loop's checkpoint record as read ({}: none)
 
     def where(self) -> str:
         """Where the failing attempts stopped, for the dead letter ('' for a plain subgraph)."""
@@ -41,12 +42,13 @@ def _record(message_id: Union[bytes, str], deliveries: int, resumed_from: int, f
 
 def count(client: Any, keys: Any, subgraph_id: int, message_id: Union[bytes, str], deliveries: int) -> Attempt:
     """The Attempt of a redelivered message (`deliveries` > 1), recorded for the next redelivery: one round trip
-    to read what the previous one found with the loop's checkpoint step and progress, one to write it."""
+    to read what the previous one found with the loop's checkpoint record and progress, one to write it."""
     pipe = client.pipeline(transaction=False)
     pipe.hget(keys.attempts, subgraph_id)
-    pipe.hget(keys.checkpoint(subgraph_id), "step")
+    pipe.hgetall(keys.checkpoint(subgraph_id))   # whole: the loop reads the tensors it names with its inputs
     pipe.hget(keys.steps, subgraph_id)
-    record, saved, steps = pipe.execute()
+    record, checkpoint, steps = pipe.execute()
+    saved = checkpoint.get(b"step")
     resumed_from = NO_CHECKPOINT if saved is None else int(saved)
     steps_done = None if steps is None else int(steps)
     # no record: the redeliveries before this one went unrecorded (claimed by hand, or by an older worker) and
@@ -55,8 +57,8 @@ def count(client: Any, keys: Any, subgraph_id: int, message_id: Union[bytes, str
     if record is not None:
         message, seen, last_from_text, failures_text = record.decode().split(" ")
         if _record(message_id, deliveries, 0, 0).split(" ")[:2] == [message, seen]:
-            return Attempt(int(failures_text), int(last_from_text), steps_done)   # the same delivery resumed
+            return Attempt(int(failures_text), int(last_from_text), steps_done, checkpoint)   # the same delivery
         last_from, failures = int(last_from_text), int(failures_text)
     failures = 0 if resumed_from > last_from else failures + 1
     client.hset(keys.attempts, subgraph_id, _record(message_id, deliveries, resumed_from, failures))
-    return Attempt(failures, resumed_from, steps_done)
+    return Attempt(failures, resumed_from, steps_done, checkpoint)

@@ -44,7 +44,7 @@ from ..execute.validate import check
 from ..loops.hand_back import HandBack
 from ..loops.loop_start import LoopStart
 from ..loops.loop_subgraph import (
-    RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, drop_checkpoint,
+    RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, checkpoint_record, drop_checkpoint,
     run_loop, unpaced)
 from ..verify import redundant
 from ..verify.spot import SpotChecks
@@ -158,6 +158,7 @@ class Worker:
                                    self.stopping, parent_pid, provider.data.names() if provider is not None else None,
                                    info={**self._advertised(), **calibrate.measure(self.device, client, name)})
         self.completed = 0
+        self._prefetch = []   # the checkpoint tensors a taken-over loop reads with its inputs (Worker._claim)
         self._predecessor_gone = False   # until a look finds nothing held under this name (Takeover.predecessor)
         self.metrics = WorkerMetrics(name, self.device)  # served by `ravop-worker --metrics-port`
         self._bans = {}  # token -> (when to look again, whether it banned this worker)
@@ -299,11 +300,13 @@ class Worker:
     def _claim(self, keys, subgraph_id, message_id, deliveries, fields):
         """(graph seed, the subgraph's plan bytes, copies to run) if this worker is to run the subgraph now; else
         None, the message having been given up on, passed on or acked as the claim says."""
+        self._prefetch = []
         if deliveries > 1:   # taken over: a failed attempt unless the loop checkpointed past where it resumed
             attempt = attempts.count(self.client, keys, subgraph_id, message_id, deliveries)
             if attempt.failures >= self.max_attempts:
                 self._give_up_retries(keys, subgraph_id, message_id, deliveries, attempt)
                 return None
+            self._prefetch = self._checkpoint_names(keys, subgraph_id, attempt.checkpoint)
         reply, banned = self._claim_unless_banned(keys, subgraph_id)
         if banned:
             self._pass_on(message_id, fields)
@@ -323,6 +326,16 @@ class Worker:
                 self._pass_on(message_id, fields)  # this worker ran it already (another one must), or is banned
                 return None
         return seed, data, copies, spot
+
+    @staticmethod
+    def _checkpoint_names(keys, subgraph_id, checkpoint):
+        """The keys of the tensors a loop's checkpoint record names, read with the loop's inputs ([] for none)."""
+        if not checkpoint:
+            return []
+        try:
+            return list(checkpoint_record(keys, subgraph_id, checkpoint)[4].values())
+        except PlanError:   # malformed: the resume says so
+            return []
 
     def _checked(self, keys, subgraph_id, message_id, data, max_bytes, seed):
         """(plan_pb2.Subgraph, worker.execute.validate.Program, its runner built) of a claimed subgraph's plan; None if
@@ -397,7 +410,8 @@ class Worker:
     def _compute(self, keys, subgraph_id, subgraph, program, seed, max_bytes, spot=False):
         """{output id: tensor} of a checked subgraph: a loop's (with its checkpoints) or a plain one's."""
         # a loop's other reads before its first step ride in its inputs' round trip (worker/loops/loop_start.py)
-        loop_start = LoopStart(keys, subgraph_id) if subgraph.HasField("loop") and self.scripts.direct else None
+        loop_start = LoopStart(keys, subgraph_id, self._prefetch) \
+            if subgraph.HasField("loop") and self.scripts.direct else None
         inputs = self._inputs(keys, subgraph, loop_start)
         if subgraph.HasField("loop"):
             self.metrics.loop_started(loop_record(self.client, keys, subgraph_id),
