@@ -96,6 +96,8 @@ def run_fit(data, epochs, strategy, fleet=None, period=None):
         killer.start()
     try:
         R.track_progress(progress_bar=False, timeout=3600)
+    except R.GraphFailedError as exc:   # reported as the row's result
+        return time.perf_counter() - start, str(exc)
     finally:
         done.set()
         if killer is not None:
@@ -153,9 +155,12 @@ def main():
                 churned, got = run_fit(data, epochs, strategy, fleet, args.period)
             finally:
                 fleet.stop()
-            same = all(torch.equal(torch.as_tensor(got[name]), torch.as_tensor(value)) for name, value in want.items())
-            rows.append((fit, epochs, calm, churned, len(fleet.kills), same, len(want)))
-            print(f"{fit}: kills at " + ", ".join(f"{t:.1f} s" for t, _ in fleet.kills), flush=True)
+            same = isinstance(got, dict) and \
+                all(torch.equal(torch.as_tensor(got[name]), torch.as_tensor(value)) for name, value in want.items())
+            rows.append((fit, epochs, calm, churned, len(fleet.kills), same if isinstance(got, dict) else got,
+                         len(want)))
+            print(f"{fit}: undisturbed {calm:.1f} s, disturbed {churned:.1f} s, same bits {rows[-1][5]}; kills at "
+                  + ", ".join(f"{t:.1f} s" for t, _ in fleet.kills), flush=True)
     finally:
         server.stop()
     settings = " ".join(extra)
@@ -165,7 +170,8 @@ def main():
     print(f"{'fit':<22}{'undisturbed s':>14}{'disturbed s':>13}{'kills':>7}{'goodput':>9}  same bits")
     for fit, epochs, calm, churned, kills, same, n in rows:
         label = f"{fit} ({epochs} epochs)" if fit == "plain" else f"DiLoCo(3, {args.inner_steps}) ({epochs} ep.)"
-        print(f"{label:<22}{calm:>14.1f}{churned:>13.1f}{kills:>7}{calm / churned:>9.2f}  {same} ({n} values)")
+        result = f"{same} ({n} values)" if isinstance(same, bool) else f"failed: {same}"
+        print(f"{label:<22}{calm:>14.1f}{churned:>13.1f}{kills:>7}{calm / churned:>9.2f}  {result}")
 
 
 if __name__ == "__main__":

@@ -79,8 +79,12 @@ MIN_CHECKPOINT_SECONDS = 0.5
 # worker/loops/shared_checkpoint.py), about this often (in rounds agreed by the graph's loops:
 # worker/loops/sync_cadence.py) unless steps are asked for: its state (parameters, optimizer moments, residuals, the
 # global model) is many times what a round exchanges, so a 10 s or 1000-step cadence would send more checkpoint than
-# pseudo-gradient up the provider's link.
-RESIDENT_CHECKPOINT_SECONDS = 60.0
+# pseudo-gradient up the provider's link; the agreed rounds keep a checkpoint within a quarter of what the rounds
+# between two send (sync_cadence.BYTES_SHARE), whatever these seconds. A replica killed before its first checkpoint
+# restarts from the fit's start, and the others wait for it at every round: at 60 s, replicas killed about once a
+# minute never got past the first (a resident DiLoCo(3) fit was dead-lettered, issue 43), so 2 s, where the bytes'
+# floor rules on slow links (docs/reports/benchmarks.md, 2026-11-29).
+RESIDENT_CHECKPOINT_SECONDS = 2.0
 
 
 class LoopAbandoned(Exception):
