@@ -35,7 +35,7 @@ declared sizes must fit the worker's limit, and each output is checked against i
 import functools
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import redis
 
@@ -68,10 +68,10 @@ CHECKPOINT_SECONDS = 10.0
 CHECKPOINT_STEPS = 1000
 # Unless --checkpoint-seconds is given, a loop checkpoints as often as its checkpoints' measured cost allows: every
 # CHECKPOINT_SPACING times what the last one cost (its host copy in the loop, its write beside it: 2% of the
-# loop's time), at least MIN_CHECKPOINT_SECONDS and at most CHECKPOINT_SECONDS apart. A provider that leaves costs the steps since the last
-# checkpoint: half the interval on average, so for the MNIST-sized MLP (2.4 MB of state, 1-4 ms a checkpoint) a
-# kill every 20 s loses ~0.25 s instead of ~5 s at 10 s (Young's optimum sqrt(2 x cost x mean time between
-# failures) is 0.3-0.4 s there; docs/reports/benchmarks.md, 2026-11-29).
+# loop's time), at least MIN_CHECKPOINT_SECONDS and at most CHECKPOINT_SECONDS apart. A provider that leaves
+# costs the steps since the last checkpoint: half the interval on average, so for the MNIST-sized MLP (2.4 MB of
+# state, 1-4 ms a checkpoint) a kill every 20 s loses ~0.25 s instead of ~5 s at 10 s (Young's optimum
+# sqrt(2 x cost x mean time between failures) is 0.3-0.4 s there; docs/reports/benchmarks.md, 2026-11-29).
 CHECKPOINT_SPACING = 50
 MIN_CHECKPOINT_SECONDS = 0.5
 # A loop that exchanges values (a resident replica) checkpoints at a synchronisation, when its parameters equal
@@ -409,7 +409,8 @@ def _host_copy(value):
     return host.clone() if host is value else host
 
 
-def checkpoint_record(keys, subgraph_id, saved):
+def checkpoint_record(keys: Any, subgraph_id: Any,
+                      saved: Dict[bytes, bytes]) -> Tuple[int, int, Dict, Dict, Dict[int, str]]:
     """(step, n, same, shared, {k: key} of the tensors to read) of a checkpoint record (its hash, non-empty): a value
     aliased to an earlier one (`same`) is not read, a shared one is read under its digest's key; `PlanError` if the
     record is malformed."""

@@ -16,6 +16,7 @@ import random
 import socket
 import threading
 import time
+from typing import Dict, List
 
 import redis
 import torch
@@ -328,7 +329,7 @@ class Worker:
         return seed, data, copies, spot
 
     @staticmethod
-    def _checkpoint_names(keys, subgraph_id, checkpoint):
+    def _checkpoint_names(keys: GraphKeys, subgraph_id: int, checkpoint: Dict[bytes, bytes]) -> List[str]:
         """The keys of the tensors a loop's checkpoint record names, read with the loop's inputs ([] for none)."""
         if not checkpoint:
             return []

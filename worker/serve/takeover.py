@@ -14,6 +14,7 @@ On a cluster the same look also delivers what requesters that died while startin
 (ravop.store.handoff).
 """
 import time
+from typing import Dict, Optional, Tuple
 
 from ravop.store import GROUP
 from ravop.store import workers as liveness
@@ -57,7 +58,7 @@ class Takeover:
         found = self.client.xrange(self.stream, message_id, message_id)
         return (message_id, found[0][1], entries[0]["times_delivered"]) if found else None
 
-    def predecessor(self):
+    def predecessor(self) -> Optional[Tuple[bytes, Dict[bytes, bytes], int]]:
         """(message id, fields, deliveries) of a message held under this worker's name by a process that died (a
         worker restarted under the same name, as systemd does), taken over at once, or None. Called before this
         process has taken anything, so whatever its name holds is a predecessor's: each process is an incarnation
