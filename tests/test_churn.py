@@ -14,6 +14,7 @@ from differential import ARCHS, OPTIMS, EagerTraining, build
 from helpers import wait_for
 from ravop.store import DEAD_LETTER, GraphKeys
 from test_differential_engine import BATCH, ROWS, check, record_after_training
+from worker.serve import attempts
 
 # a checkpoint every 5 steps, and steps paced to ~4 ms so that the kills land mid-loop
 PACED = ("--checkpoint-steps", "5", "--emulate-device-flops", "4e6")
@@ -138,3 +139,24 @@ def test_a_loop_that_kills_every_worker_at_the_same_step_is_dead_lettered_naming
                     "the dead letter")
     assert dead[0][b"reason"] == b"too many deliveries"
     assert f"step {reached}".encode() in dead[0][b"error"]
+
+
+def test_redeliveries_count_as_failures_only_without_a_newer_checkpoint(client):
+    """The count itself, on a real server: what each takeover of one message finds."""
+    keys = GraphKeys("attempts-test", "g1")
+    client.delete(keys.attempts, keys.checkpoint(0), keys.steps)
+    first = attempts.count(client, keys, 0, b"1-0", 2)   # no record, no checkpoint: the first attempt failed
+    assert (first.failures, first.resumed_from, first.where()) == (1, attempts.NO_CHECKPOINT, "")
+    assert attempts.count(client, keys, 0, b"1-0", 2).failures == 1   # the same delivery resumed: not again
+    client.hset(keys.checkpoint(0), mapping={"step": 40, "n": 1})
+    client.hset(keys.steps, 0, 43)
+    assert attempts.count(client, keys, 0, b"1-0", 3).failures == 0   # it checkpointed past where it resumed
+    assert attempts.count(client, keys, 0, b"1-0", 4).failures == 1
+    last = attempts.count(client, keys, 0, b"1-0", 5)
+    assert last.failures == 2
+    assert last.where() == " each resumed from its checkpoint at step 40 and died before the next checkpoint; " \
+                           "the last progress recorded was step 43"
+    # a handed-back loop is a new message: its deliveries count again from 1, its failures go on
+    assert attempts.count(client, keys, 0, b"2-0", 2).failures == 3
+    assert attempts.count(client, keys, 0, b"3-0", 5).failures == 4   # from the record, whatever the deliveries
+    client.delete(keys.attempts, keys.checkpoint(0), keys.steps)
