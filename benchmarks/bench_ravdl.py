@@ -70,12 +70,12 @@ def mnist_weights():
     return [t.detach().clone() for t in (first.weight, first.bias, second.weight, second.bias)]
 
 
-def record_mnist(epochs, X, y, weights, fused=False):
+def record_mnist(epochs, X, y, weights, fused=False, strategy=None):
     model = NeuralNetwork(optimizer=Adam(lr=0.001, fused=fused), loss="CrossEntropy")
     model.add(Dense(256, input_shape=(784,), initial_W=weights[0].numpy(), initial_w0=weights[1].numpy()))
     model.add(Activation("relu"))
     model.add(Dense(10, initial_W=weights[2].numpy(), initial_w0=weights[3].numpy()))
-    model.fit(X, y, n_epochs=epochs, batch_size=128, shuffle=True)
+    model.fit(X, y, n_epochs=epochs, batch_size=128, shuffle=True, strategy=strategy)
     return model
 
 

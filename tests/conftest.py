@@ -77,15 +77,17 @@ class Workers:
         self.procs = {}
         self.client = connect(url)
 
-    def start(self, count=1, reclaim_idle=1.0, max_attempts=3, extra=(), prefix="w"):
-        """Start `count` workers, wait until all have registered, and return their names."""
+    def start(self, count=1, reclaim_idle=1.0, max_attempts=3, extra=(), prefix="w", name=None):
+        """Start `count` workers, wait until all have registered, and return their names; `name`: one worker under
+        that name (a worker restarted under the name of one that died)."""
         names = []
         for _ in range(count):
-            name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-            self.procs[name] = start_worker(self.url, name, "cpu", threads=1, log_path=str(self.log_path(name)),
-                                            extra_args=["--reclaim-idle", str(reclaim_idle), "--max-attempts",
-                                                        str(max_attempts), *extra])
-            names.append(name)
+            worker = name or f"{prefix}-{uuid.uuid4().hex[:6]}"
+            self.procs[worker] = start_worker(self.url, worker, "cpu", threads=1,
+                                              log_path=str(self.log_path(worker)),
+                                              extra_args=["--reclaim-idle", str(reclaim_idle), "--max-attempts",
+                                                          str(max_attempts), *extra])
+            names.append(worker)
         deadline = time.monotonic() + START_TIMEOUT
         for name in names:
             while not self.client.exists(worker_key(name)):

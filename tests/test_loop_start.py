@@ -4,9 +4,11 @@ and exchange readers) is one round trip, and a worker's first claim is one round
 the worker's own thread makes (a pipeline is one), on a real server; the worker runs in this process so that its
 thread can be watched, and the results are checked against the in-process run (the same bits)."""
 import threading
+import time
 import uuid
 
 import numpy as np
+import pytest
 import redis.connection
 import torch
 
@@ -159,3 +161,52 @@ def test_connections_opened_ahead_wait_idle_and_a_new_one_costs_no_client_setinf
     connection.disconnect()
     assert "CLIENT" not in trips.sent and len(trips.sent) <= 2, trips.sent   # HELLO and its health check
     client.close()
+
+
+class _Died(BaseException):
+    """A worker's death in the middle of a step: nothing of the worker's handles it."""
+
+
+def test_a_taken_over_loop_reads_its_checkpoint_with_its_inputs(engine, server, monkeypatch):
+    """A worker dies after its loop checkpointed (its message stays pending, its heartbeat silent); the worker that
+    takes it over reads the checkpoint's tensors in the round trip of the loop's inputs (the takeover's count of
+    attempts named them: worker/serve/attempts.py), and the results are the in-process run's bits."""
+    graph = R.Graph(name="loop takeover", seed=4)
+    record_fit()
+    R.activate()
+    keys = GraphKeys(engine.token, graph.id)
+    dying = Worker(connect(server.url), f"dying-{uuid.uuid4().hex[:6]}", checkpoint_steps=1)
+    on_step = loop_subgraph._Writer.on_step
+
+    def dies_at_step_5(self, done, *args):
+        on_step(self, done, *args)
+        if done == 5:
+            raise _Died()
+    monkeypatch.setattr(loop_subgraph._Writer, "on_step", dies_at_step_5)
+    R.execute()
+    with pytest.raises(_Died):
+        serve_until_done(dying, keys)
+    monkeypatch.setattr(loop_subgraph._Writer, "on_step", on_step)
+    assert int(dying.client.hget(keys.checkpoint(0), "step")) >= 4
+    survivor = Worker(connect(server.url), f"survivor-{uuid.uuid4().hex[:6]}", dead_after=0.1)
+    time.sleep(0.2)   # the dead worker's message idle for dead_after
+    trips = RoundTrips(monkeypatch)
+    inputs, run = consumer.Worker._inputs, loop_subgraph.LoopRun.run
+
+    def reading_inputs(self, keys, subgraph, loop_start=None):
+        if subgraph.HasField("loop"):
+            trips.mark("inputs")
+        return inputs(self, keys, subgraph, loop_start)
+
+    def running(self, *args, **kwargs):
+        trips.mark("first step")
+        return run(self, *args, **kwargs)
+    monkeypatch.setattr(consumer.Worker, "_inputs", reading_inputs)
+    monkeypatch.setattr(loop_subgraph.LoopRun, "run", running)
+    serve_until_done(survivor, keys)
+    assert client_state(survivor, keys) == DONE
+    assert survivor.client.hget(keys.ran, 0).decode() == survivor.name   # resumed by the survivor
+    assert len(trips.between("inputs", "first step")) == 1, trips.between("inputs", "first step")
+    want = evaluate_persisted(graph)
+    for name, value in want.items():
+        assert torch.equal(R.fetch_persisting_op(name), value), name

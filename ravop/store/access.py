@@ -101,10 +101,12 @@ def worker_grants() -> List[Grant]:
         # exchanged values every reader has checkpointed past (DEL only: no worker code sends UNLINK)
         Grant("graph keys: deletable", _graph("t:*", "ckpt:*", "x:*"), ("del",)),
         # completion and failure (meta, taken, ran: the scripts), hand-off (outbox), loops (steps, ckpt:*),
-        # R.Graph(verify=k) and verify='spot' (votes:*, a loop's segments segs:*, dispute traces traces:*),
+        # takeovers (attempts: worker/serve/attempts.py), R.Graph(verify=k) and verify='spot' (votes:*, a
+        # loop's segments segs:*, dispute traces traces:*),
         # federated providers (clients, partials, public_keys)
-        Grant("graph keys: progress", _graph("meta", "taken", "ran", "outbox", "steps", "t:*", "ckpt:*", "votes:*",
-                                             "segs:*", "traces:*", "clients", "partials", "public_keys"), ("hset",)),
+        Grant("graph keys: progress", _graph("meta", "taken", "ran", "outbox", "steps", "attempts", "t:*", "ckpt:*",
+                                             "votes:*", "segs:*", "traces:*", "clients", "partials",
+                                             "public_keys"), ("hset",)),
         Grant("graph keys: first dispute narrowing", _graph("votes:*"), ("hsetnx",)),
         # the checkpoints that name a checkpoint value shared by several loops (ckpt:v:*:refs,
         # worker/loops/shared_checkpoint.py)

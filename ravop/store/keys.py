@@ -202,7 +202,7 @@ class TokenKeys:
 class GraphKeys:
     """The keys of one graph of one token."""
     __slots__ = ("token", "graph_id", "prefix", "meta", "subgraphs", "info", "deps", "done", "refs", "persist",
-                 "bundles", "taken", "ran", "events", "outbox", "steps", "disputes", "tensor_prefix")
+                 "bundles", "taken", "ran", "events", "outbox", "steps", "disputes", "attempts", "tensor_prefix")
 
     def __init__(self, token: str, graph_id: str) -> None:
         self.token = check_name(token)
@@ -212,6 +212,7 @@ class GraphKeys:
         self.done, self.refs, self.persist, self.bundles = p + "done", p + "refs", p + "persist", p + "bundles"
         self.taken, self.ran, self.events, self.steps = p + "taken", p + "ran", p + "events", p + "steps"
         self.outbox, self.disputes = p + "outbox", p + "disputes"
+        self.attempts = p + "attempts"   # what takeovers of each subgraph found (worker/serve/attempts.py)
         self.tensor_prefix = p + "t:"
 
     def tensor(self, node_id: Union[int, str]) -> str:

@@ -20,16 +20,22 @@ def keep(cache, names, carried):
         cache.put(name, value.detach().clone(memory_format=torch.contiguous_format))
 
 
-def read(client, cache, names):
+def read(client, cache, names, prefetched=None):
     """{k: tensor} of the checkpoint tensors `names` ({k: key}): fresh copies of those this worker kept (the loop
-    resumed from them updates them in place), the others from the store (None where it has none)."""
+    resumed from them updates them in place), the others from `prefetched` ({key: stored bytes}, read with the
+    loop's inputs: worker/loops/loop_start.py) or the store, in one MGET (None where it has none)."""
+    prefetched = prefetched or {}
+    kept = {k: cache.get(name) if cache is not None else None for k, name in names.items()}
+    # a value prefetched as absent is read again: the checkpoint that named it may have been replaced meanwhile
+    missing = [name for k, name in names.items() if kept[k] is None and prefetched.get(name) is None]
+    data = {**prefetched, **dict(zip(missing, client.mget(missing)))} if missing else prefetched
     values, from_store = {}, 0
     for k, name in names.items():
-        value = cache.get(name) if cache is not None else None
-        if value is None:
-            value, from_store = stored.read(client, name), from_store + 1
+        if kept[k] is None:
+            value, from_store = None if data[name] is None else stored.decode(client, name, data[name]), \
+                from_store + 1
         else:
-            value = value.clone()
+            value = kept[k].clone()
         values[k] = value
     if from_store < len(names):
         log.info("checkpoint %s: %d of %d values kept by this worker, not read from the store",

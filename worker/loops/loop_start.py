@@ -2,6 +2,7 @@
 
 A loop read, one after the other: its inputs (one MGET), the same-host reference of each chunked input (the data
 shard: `ravop.store.same_host`), its checkpoint record (to resume from) and step count (the worker's metrics),
+a taken-over loop its checkpoint's tensors (named by the record the takeover's count of attempts read),
 its exchanges' readers (a resident replica's `StoreExchange`) and the graph's state and stop request
 (`GraphWatch`'s first look). Over a slow link
 each is a round trip before the first step (50 ms apiece on the WAN lab's `internet` profile), so the worker
@@ -25,10 +26,13 @@ class LoopStart:
     and `reference(key)` hold what was read. `ended`: the same pair as the loop left it, set by the loop when it
     completes here (None until then: the metrics read it from the store)."""
 
-    def __init__(self, keys, subgraph_id):
+    def __init__(self, keys, subgraph_id, prefetch=()):
         self.keys, self.subgraph_id = keys, subgraph_id
         self.checkpoint = self.meta = self.progress = self.ended = None
         self.references = {}
+        # a takeover's: the keys of the checkpoint tensors its count of attempts found (worker/serve/attempts.py),
+        # read here too ({key: bytes}), and used if the checkpoint read here is still that one
+        self.prefetch, self.prefetched = list(prefetch), {}
 
     def read(self, client, input_keys):
         """The values stored under `input_keys` (None where there is none), read with the rest."""
@@ -36,10 +40,14 @@ class LoopStart:
         pipe.hgetall(self.keys.checkpoint(self.subgraph_id))
         pipe.hmget(self.keys.meta, *META_FIELDS)
         pipe.hget(self.keys.steps, self.subgraph_id)
+        if self.prefetch:
+            pipe.mget(self.prefetch)
         if input_keys:
             pipe.mget(input_keys)
             pipe.mget([same_host.reference_key(key) for key in input_keys])
         checkpoint, meta, steps, *inputs = pipe.execute()
+        if self.prefetch:
+            self.prefetched = dict(zip(self.prefetch, inputs.pop(0)))
         self.checkpoint, self.meta = checkpoint, dict(zip(META_FIELDS, meta))
         saved = checkpoint.get(b"step")
         self.progress = (int(steps or 0), None if saved is None else int(saved))

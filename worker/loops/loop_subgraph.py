@@ -5,7 +5,8 @@ allocation that fails in a step is reported as on any subgraph, with the step's 
 
 While it runs, the worker writes what the steps persist (the batch losses) every `FLUSH_SECONDS`, with the
 number of steps done (what `R.track_progress` shows), and a checkpoint of the carried values every
-`checkpoint_steps` steps or `checkpoint_seconds` seconds, whichever comes first. Each write is one MULTI/EXEC,
+`checkpoint_steps` steps or `checkpoint_seconds` seconds (by default as often as their measured cost allows),
+whichever comes first. Each write is one MULTI/EXEC,
 so a checkpoint and the persisted values up to it land together. The writes run in a thread beside the loop, in
 order (worker/loops/background_writes.py: over a slow link a checkpoint is seconds of upload the loop need not wait
 for); a checkpoint holds its step's values, and a failed write stops the loop at its next step with nothing
@@ -34,7 +35,7 @@ declared sizes must fit the worker's limit, and each output is checked against i
 import functools
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import redis
 
@@ -65,13 +66,25 @@ FLUSH_SECONDS = 0.25
 FLUSH_SPACING = 20
 CHECKPOINT_SECONDS = 10.0
 CHECKPOINT_STEPS = 1000
+# Unless --checkpoint-seconds is given, a loop checkpoints as often as its checkpoints' measured cost allows: every
+# CHECKPOINT_SPACING times what the last one cost (its host copy in the loop, its write beside it: 2% of the
+# loop's time), at least MIN_CHECKPOINT_SECONDS and at most CHECKPOINT_SECONDS apart. A provider that leaves
+# costs the steps since the last checkpoint: half the interval on average, so for the MNIST-sized MLP (2.4 MB of
+# state, 1-4 ms a checkpoint) a kill every 20 s loses ~0.25 s instead of ~5 s at 10 s (Young's optimum
+# sqrt(2 x cost x mean time between failures) is 0.3-0.4 s there; docs/reports/benchmarks.md, 2026-11-29).
+CHECKPOINT_SPACING = 50
+MIN_CHECKPOINT_SECONDS = 0.5
 # A loop that exchanges values (a resident replica) checkpoints at a synchronisation, when its parameters equal
 # the global model it carries (stored once: worker/loops/checkpoint_aliases.py, and once for all replicas:
 # worker/loops/shared_checkpoint.py), about this often (in rounds agreed by the graph's loops:
 # worker/loops/sync_cadence.py) unless steps are asked for: its state (parameters, optimizer moments, residuals, the
 # global model) is many times what a round exchanges, so a 10 s or 1000-step cadence would send more checkpoint than
-# pseudo-gradient up the provider's link.
-RESIDENT_CHECKPOINT_SECONDS = 60.0
+# pseudo-gradient up the provider's link; the agreed rounds keep a checkpoint within a quarter of what the rounds
+# between two send (sync_cadence.BYTES_SHARE), whatever these seconds. A replica killed before its first checkpoint
+# restarts from the fit's start, and the others wait for it at every round: at 60 s, replicas killed about once a
+# minute never got past the first (a resident DiLoCo(3) fit was dead-lettered, issue 43), so 2 s, where the bytes'
+# floor rules on slow links (docs/reports/benchmarks.md, 2026-11-29).
+RESIDENT_CHECKPOINT_SECONDS = 2.0
 
 
 class LoopAbandoned(Exception):
@@ -163,13 +176,19 @@ class _Writer:
         self.client, self.keys, self.subgraph_id = client, keys, subgraph_id
         self.metrics = metrics    # the worker's WorkerMetrics: the bytes each write stores are counted, or None
         self.first_ids = first_ids
-        self.checkpoint_steps, self.checkpoint_seconds = checkpoint_steps, checkpoint_seconds
+        # checkpoint_seconds None: adaptive, the interval set from each checkpoint's cost (under verify='spot' each
+        # checkpoint ends a segment that may be re-run, so there it stays CHECKPOINT_SECONDS)
+        self.adaptive = checkpoint_seconds is None and segments is None
+        self.checkpoint_steps = checkpoint_steps
+        self.checkpoint_seconds = CHECKPOINT_SECONDS if checkpoint_seconds is None else checkpoint_seconds
         self.n_steps, self.stop, self.graph = n_steps, stop, graph   # graph: its GraphWatch, or None
         self.pending = {}
         now = time.monotonic()
         self.last_flush = self.last_checkpoint = now
         self.flush_every = FLUSH_SECONDS
         self.checkpointed = resumed_at or 0
+        self.checkpoint_every = MIN_CHECKPOINT_SECONDS if self.adaptive else self.checkpoint_seconds
+        self.copy_seconds = 0.0   # what the last checkpoint's host copy cost the loop
         self.saved = resumed_at   # the step of the checkpoint in Redis (None: none)
         self.last = None          # (steps done, carried values) after the last step run here
         self.work_waiting = None  # () -> whether to give the worker up while waiting (worker/loops/hand_back.py)
@@ -237,7 +256,7 @@ class _Writer:
             raise LoopHandedBack(done)
         due = bool(self.checkpoint_steps and done - self.checkpointed >= self.checkpoint_steps)
         if self.cadence is None:
-            due = due or now - self.last_checkpoint >= self.checkpoint_seconds
+            due = due or now - self.last_checkpoint >= self.checkpoint_every
         elif template == self.sync_first or template == self.sync_end:
             due = self._at_sync(template, run, now, carried) or due
         if due and self.sync_end in (None, template):
@@ -281,7 +300,9 @@ class _Writer:
         pending, self.pending = self.pending, {}
         host = reads = None
         if carried is not None and done != self.taken:
+            began = time.monotonic()
             host = [_host_copy(value) if copy else devices.to_host(value) for value in carried]
+            self.copy_seconds = time.monotonic() - began
             reads = self.exchange.take_reads() if self.exchange is not None else None
             self.taken, self.checkpointed, self.last_checkpoint = done, done, time.monotonic()
             if self.cadence is not None:
@@ -326,6 +347,10 @@ class _Writer:
                           checkpoint_tensor_key(keys, self.subgraph_id, done, k) for k in range(len(host))]
             if self.exchange is not None:
                 self.exchange.release(reads)   # exchanged values read before it are no longer needed here
+            elif self.adaptive:
+                cost = self.copy_seconds + time.monotonic() - began
+                self.checkpoint_every = min(self.checkpoint_seconds,
+                                            max(MIN_CHECKPOINT_SECONDS, CHECKPOINT_SPACING * cost))
         self.last_flush = time.monotonic()
         if host is None:
             self.flush_every = max(FLUSH_SECONDS, FLUSH_SPACING * (self.last_flush - began))
@@ -388,20 +413,34 @@ def _host_copy(value):
     return host.clone() if host is value else host
 
 
-def _resume(client, keys, subgraph_id, n_carried, device, cache=None, saved=None):
-    """(step, carried values, {k: digest} of those shared with other loops' checkpoints) of the loop's
-    checkpoint, or (None, None, {}) without a usable one; its tensors from `cache` where this worker kept them
-    when it handed the loop back (worker/loops/held_values.py). The references of the checkpoint it replaced are
-    released (again: a worker may have died before it did). `saved`: its record, where the worker read it
-    already (worker/loops/loop_start.py)."""
-    if saved is None:
-        saved = client.hgetall(keys.checkpoint(subgraph_id))
-    if not saved:
-        return None, None, {}
+def checkpoint_record(keys: Any, subgraph_id: Any,
+                      saved: Dict[bytes, bytes]) -> Tuple[int, int, Dict, Dict, Dict[int, str]]:
+    """(step, n, same, shared, {k: key} of the tensors to read) of a checkpoint record (its hash, non-empty): a value
+    aliased to an earlier one (`same`) is not read, a shared one is read under its digest's key; `PlanError` if the
+    record is malformed."""
     try:
         step, n = int(saved[b"step"]), int(saved[b"n"])
         same = checkpoint_aliases.decode(saved.get(b"same"), n)
         shared = shared_checkpoint.decode(saved.get(b"shared"), n)
+    except (KeyError, ValueError) as exc:
+        raise PlanError(f"the checkpoint of loop subgraph {subgraph_id} is malformed: {exc}") from None
+    names = {k: shared_checkpoint.value_key(keys, shared[k]) if k in shared else
+             checkpoint_tensor_key(keys, subgraph_id, step, k) for k in range(n) if k not in same}
+    return step, n, same, shared, names
+
+
+def _resume(client, keys, subgraph_id, n_carried, device, cache=None, saved=None, prefetched=None):
+    """(step, carried values, {k: digest} of those shared with other loops' checkpoints) of the loop's
+    checkpoint, or (None, None, {}) without a usable one; its tensors from `cache` where this worker kept them
+    when it handed the loop back (worker/loops/held_values.py), else from `prefetched` ({key: bytes}) or the store
+    in one round trip. The references of the checkpoint it replaced are released (again: a worker may have died
+    before it did). `saved`: its record, where the worker read it already (worker/loops/loop_start.py)."""
+    if saved is None:
+        saved = client.hgetall(keys.checkpoint(subgraph_id))
+    if not saved:
+        return None, None, {}
+    step, n, same, shared, names = checkpoint_record(keys, subgraph_id, saved)
+    try:
         replaced = shared_checkpoint.decode(saved.get(b"replaced"), n)
         if replaced:
             shared_checkpoint.release(client, keys, replaced,
@@ -411,9 +450,7 @@ def _resume(client, keys, subgraph_id, n_carried, device, cache=None, saved=None
     if n != n_carried:
         raise PlanError(f"the checkpoint of loop subgraph {subgraph_id} holds {n} values, the loop carries "
                         f"{n_carried}")
-    read = held_values.read(client, cache, {k: shared_checkpoint.value_key(keys, shared[k]) if k in shared else
-                                            checkpoint_tensor_key(keys, subgraph_id, step, k)
-                                            for k in range(n) if k not in same})
+    read = held_values.read(client, cache, names, prefetched)
     where = f"the checkpoint of loop subgraph {subgraph_id} at step {step}"
     for k in shared:
         if read.get(k) is not None:
@@ -445,7 +482,7 @@ class LoopContext:
     device: Any
     checkpoint_steps: Optional[int] = None   # a checkpoint every ... steps (None: CHECKPOINT_STEPS); a loop that
     #                                          exchanges values: at a synchronisation, when given
-    checkpoint_seconds: float = CHECKPOINT_SECONDS   # ... or seconds, whichever comes first
+    checkpoint_seconds: Optional[float] = None   # ... or seconds, whichever comes first (None: by their cost)
     resident_checkpoint_seconds: float = RESIDENT_CHECKPOINT_SECONDS   # a loop that exchanges values: this often
     max_bytes: Optional[int] = None   # the worker's memory rules for the templates (None: unchecked) ...
     budget: Optional[int] = None      # ... and its memory budget
@@ -476,7 +513,8 @@ def run_loop(ctx):
         (lambda template: _watcher(spec, template, ctx.max_bytes, ctx.budget))
     meta = loop_start.meta if loop_start is not None else None   # None: each reader reads its own
     start, carried, shared = _resume(ctx.client, ctx.keys, subgraph_id, spec.n_carried, ctx.device, ctx.cache,
-                                     loop_start.checkpoint if loop_start is not None else None)
+                                     loop_start.checkpoint if loop_start is not None else None,
+                                     loop_start.prefetched if loop_start is not None else None)
     first_ids = [t.output_first_ids for t in spec.templates]
     if any(len(ids) != len(t.output_nodes) for ids, t in zip(first_ids, spec.templates)):
         raise PlanError("a loop step's persisted values and their tensor ids do not pair up")

@@ -5,7 +5,8 @@ cluster, the ack and the enqueueing are a second round trip to the work streams'
 Delivery is at-least-once. A message is acked only by the completion or failure scripts, after the outputs
 are stored; a message held by a worker that died is taken over once its heartbeat has been silent for
 `dead_after` seconds, and any message nobody works on after `reclaim_idle` (worker/serve/takeover.py); after
-`max_attempts` deliveries it is given up on. Whatever a message holds
+`max_attempts` redeliveries in a row without progress (a loop that checkpointed past where it resumed made some:
+worker/serve/attempts.py) it is given up on. Whatever a message holds
 (garbage, unknown ops, absurd shapes) fails its graph and lands in the dead-letter stream, and the worker
 goes on; a kernel error fails the graph at once (it would fail again on any worker: no retries).
 
@@ -19,6 +20,7 @@ import random
 import socket
 import threading
 import time
+from typing import Dict, List
 
 import redis
 import torch
@@ -48,12 +50,12 @@ from ..loops.hand_back import HandBack
 from ..loops.loop_start import LoopStart
 from ..loops.turns import Turns
 from ..loops.loop_subgraph import (
-    CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, drop_checkpoint,
+    RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, checkpoint_record, drop_checkpoint,
     run_loop, unpaced)
 from ..verify import redundant
 from ..verify.spot import SpotChecks
 from ..verify.spot_loop import LoopSegments, check_segment, drop_segments
-from . import calibrate, warm_connections
+from . import attempts, calibrate, warm_connections
 from .heartbeat import Heartbeat
 from .inbox_watch import InboxWatch
 from .worker_metrics import WorkerMetrics, loop_record
@@ -125,7 +127,7 @@ class Worker:
     def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
                  max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
                  max_memory_bytes=None, provider=None, checkpoint_steps=None,
-                 checkpoint_seconds=CHECKPOINT_SECONDS, wrong_outputs=None, workers_on_machine=None,
+                 checkpoint_seconds=None, wrong_outputs=None, workers_on_machine=None,
                  resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS, pacing=None):
         if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
@@ -149,7 +151,8 @@ class Worker:
         self.memory_budget = max_memory_bytes or memory.default_budget(self.limit)
         self.value_bytes = stored.fit_to_server(client)  # the largest value written in one piece on this server
         self.server_gone_after = server_gone_after
-        if (checkpoint_steps is not None and checkpoint_steps < 0) or checkpoint_seconds <= 0 or \
+        if (checkpoint_steps is not None and checkpoint_steps < 0) or \
+                (checkpoint_seconds is not None and checkpoint_seconds <= 0) or \
                 resident_checkpoint_seconds < 0:
             raise ValueError(f"need checkpoint_steps >= 0, checkpoint_seconds > 0 and resident_checkpoint_seconds "
                              f">= 0, not {checkpoint_steps}, {checkpoint_seconds} and {resident_checkpoint_seconds}")
@@ -162,6 +165,8 @@ class Worker:
                                    self.stopping, parent_pid, provider.data.names() if provider is not None else None,
                                    info={**self._advertised(), **calibrate.measure(self.device, client, name)})
         self.completed = 0
+        self._prefetch = []   # the checkpoint tensors a taken-over loop reads with its inputs (Worker._claim)
+        self._predecessor_gone = False   # until a look finds nothing held under this name (Takeover.predecessor)
         self.metrics = WorkerMetrics(name, self.device)  # served by `ravop-worker --metrics-port`
         self._bans = {}  # token -> (when to look again, whether it banned this worker)
         self.usage = TokenUsage(client, name)   # the tokens' quotas and worker time (worker/serve/token_usage.py)
@@ -235,8 +240,15 @@ class Worker:
 
     def _next(self, resume_own=False):
         """(message id, fields, deliveries): after a lost connection, what this worker held when it was lost;
-        then work held by a dead or silent worker, then new work."""
+        at start, what a dead process under this worker's name held; then work held by a dead or silent worker,
+        then new work."""
         found = self.takeover.own() if resume_own else None
+        if found is None and not self._predecessor_gone:   # a restart under this name: its predecessor's work
+            found = self.takeover.predecessor()
+            self._predecessor_gone = found is None
+            if found is not None:
+                self.metrics.took_over()
+                return found
         if found is None:
             found = self.takeover.next()
             if found is not None:
@@ -302,9 +314,13 @@ class Worker:
     def _claim(self, keys, subgraph_id, message_id, deliveries, fields):
         """(graph seed, the subgraph's plan bytes, copies to run) if this worker is to run the subgraph now; else
         None, the message having been given up on, passed on or acked as the claim says."""
-        if deliveries > self.max_attempts:
-            self._give_up_retries(keys, subgraph_id, message_id, deliveries)
-            return None
+        self._prefetch = []
+        if deliveries > 1:   # taken over: a failed attempt unless the loop checkpointed past where it resumed
+            attempt = attempts.count(self.client, keys, subgraph_id, message_id, deliveries)
+            if attempt.failures >= self.max_attempts:
+                self._give_up_retries(keys, subgraph_id, message_id, deliveries, attempt)
+                return None
+            self._prefetch = self._checkpoint_names(keys, subgraph_id, attempt.checkpoint)
         reply, banned = self._claim_unless_banned(keys, subgraph_id)
         if banned:
             self._pass_on(message_id, fields)
@@ -331,6 +347,16 @@ class Worker:
                 self._give_up(keys, message_id, subgraph_id, over[1], "quota")
             return None
         return seed, data, copies, spot
+
+    @staticmethod
+    def _checkpoint_names(keys: GraphKeys, subgraph_id: int, checkpoint: Dict[bytes, bytes]) -> List[str]:
+        """The keys of the tensors a loop's checkpoint record names, read with the loop's inputs ([] for none)."""
+        if not checkpoint:
+            return []
+        try:
+            return list(checkpoint_record(keys, subgraph_id, checkpoint)[4].values())
+        except PlanError:   # malformed: the resume says so
+            return []
 
     def _checked(self, keys, subgraph_id, message_id, data, max_bytes, seed):
         """(plan_pb2.Subgraph, worker.execute.validate.Program, its runner built) of a claimed subgraph's plan; None if
@@ -407,7 +433,8 @@ class Worker:
     def _compute(self, keys, subgraph_id, subgraph, program, seed, max_bytes, spot=False):
         """{output id: tensor} of a checked subgraph: a loop's (with its checkpoints) or a plain one's."""
         # a loop's other reads before its first step ride in its inputs' round trip (worker/loops/loop_start.py)
-        loop_start = LoopStart(keys, subgraph_id) if subgraph.HasField("loop") and self.scripts.direct else None
+        loop_start = LoopStart(keys, subgraph_id, self._prefetch) \
+            if subgraph.HasField("loop") and self.scripts.direct else None
         inputs = self._inputs(keys, subgraph, loop_start)
         if subgraph.HasField("loop"):
             self.metrics.loop_started(loop_record(self.client, keys, subgraph_id),
@@ -575,7 +602,7 @@ class Worker:
                           op=node.op if node is not None else "", source=node.source if node is not None else "",
                           error=error, reason=reason, message=message, fail_graph=fail_graph)
 
-    def _give_up_retries(self, keys, subgraph_id, message_id, deliveries):
+    def _give_up_retries(self, keys, subgraph_id, message_id, deliveries, attempt):
         pipe = self.client.pipeline(transaction=False)
         pipe.hget(keys.taken, subgraph_id)
         pipe.hget(keys.subgraphs, subgraph_id)
@@ -589,8 +616,9 @@ class Worker:
                 pass  # named by id only; the plan itself is refused by whoever runs it next
         ops = f" (ops from {node.op!r} on)" if node is not None else ""
         self._give_up(keys, message_id, subgraph_id,
-                      f"subgraph {subgraph_id}{ops} was delivered {deliveries} times and never finished: the "
-                      f"workers running it stopped responding (the last was {(taken or b'?').decode()})",
+                      f"subgraph {subgraph_id}{ops} was delivered {deliveries} times and never finished, "
+                      f"{attempt.failures} times in a row without progress: the workers running it stopped "
+                      f"responding (the last was {(taken or b'?').decode()}){attempt.where()}",
                       "too many deliveries", node)
 
     def _work_waiting(self):

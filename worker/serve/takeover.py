@@ -4,8 +4,9 @@ Every worker renews a liveness key (TTL `dead_after` seconds) from its heartbeat
 time of the message it is running. So a message whose consumer's key has expired, and that has been idle for
 `dead_after`, belongs to a dead worker: it is taken over (XCLAIM, which counts a delivery) within a few seconds
 of the death. A slow worker is never robbed: its heartbeat runs while its kernels do, keeping both its key and
-its message's idle time fresh. As a fallback, a message idle for `stale_after` is taken over whoever holds it
-(a worker that lost the server mid-subgraph and went on with other work, or one restarted under the same name).
+its message's idle time fresh. A worker restarted under the same name takes what its name held at once
+(`predecessor`). As a fallback, a message idle for `stale_after` is taken over whoever holds it (a worker that lost
+the server mid-subgraph and went on with other work).
 
 Several idle workers may race for one message; XCLAIM's minimum idle time lets only the first one have it.
 
@@ -13,6 +14,7 @@ On a cluster the same look also delivers what requesters that died while startin
 (ravop.store.handoff).
 """
 import time
+from typing import Dict, Optional, Tuple
 
 from ravop.store import GROUP
 from ravop.store import workers as liveness
@@ -55,6 +57,16 @@ class Takeover:
         self.client.xclaim(self.stream, GROUP, self.name, 0, [message_id], justid=True)   # idle time reset
         found = self.client.xrange(self.stream, message_id, message_id)
         return (message_id, found[0][1], entries[0]["times_delivered"]) if found else None
+
+    def predecessor(self) -> Optional[Tuple[bytes, Dict[bytes, bytes], int]]:
+        """(message id, fields, deliveries) of a message held under this worker's name by a process that died (a
+        worker restarted under the same name, as systemd does), taken over at once, or None. Called before this
+        process has taken anything, so whatever its name holds is a predecessor's: each process is an incarnation
+        of its own, and its first heartbeat must not make the dead one's message look alive until `stale_after`.
+        The claim counts a delivery (worker/serve/attempts.py) and needs the idle time XPENDING showed: if another
+        worker took the message over in between, its claim reset that time and this one is refused."""
+        entries = self.client.xpending_range(self.stream, GROUP, "-", "+", 1, consumername=self.name)
+        return self._claim(entries[0], entries[0]["time_since_delivered"]) if entries else None
 
     def claimable(self):
         """Ids of the messages dead workers hold that this worker could take over (without taking any)."""

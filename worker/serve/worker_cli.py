@@ -19,7 +19,8 @@ from ravop.store import workers as liveness
 from ravop.store.failure_lines import one_line
 
 from ..execute import emulated_device, memory
-from ..loops.loop_subgraph import CHECKPOINT_SECONDS, CHECKPOINT_STEPS, RESIDENT_CHECKPOINT_SECONDS
+from ..loops.loop_subgraph import (CHECKPOINT_SECONDS, CHECKPOINT_SPACING, CHECKPOINT_STEPS, MIN_CHECKPOINT_SECONDS,
+                                     RESIDENT_CHECKPOINT_SECONDS)
 from ..verify.redundant import Liar
 from .consumer import Worker
 from .parent_death import die_with_parent
@@ -40,7 +41,9 @@ def parse_args(argv=None):
                         help="take over a subgraph nobody has worked on for this long, even if its worker is "
                              "alive (default: 30)")
     parser.add_argument("--max-attempts", type=int, default=3,
-                        help="deliveries of a subgraph before it is dead-lettered and its graph failed (default: 3)")
+                        help="redeliveries of a subgraph in a row without progress (a training loop that "
+                             "checkpointed past where its attempt resumed made some) before it is dead-lettered and "
+                             "its graph failed (default: 3)")
     parser.add_argument("--cache-mib", type=int, default=256,
                         help="local cache of tensors this worker produced or fetched (default: 256 MiB)")
     parser.add_argument("--max-subgraph-bytes", type=int, default=None,
@@ -56,8 +59,10 @@ def parse_args(argv=None):
     parser.add_argument("--checkpoint-steps", type=int, default=None,
                         help="a training loop checkpoints its state to Redis every this many steps (0: by time "
                              f"only; default: {CHECKPOINT_STEPS}, and by time only for resident replicas)")
-    parser.add_argument("--checkpoint-seconds", type=float, default=CHECKPOINT_SECONDS,
-                        help=f"... and at least every this many seconds (default: {CHECKPOINT_SECONDS:g})")
+    parser.add_argument("--checkpoint-seconds", type=float, default=None,
+                        help=f"... and every this many seconds (default: as often as checkpoints are cheap: every "
+                             f"{CHECKPOINT_SPACING}x what the last one cost, between {MIN_CHECKPOINT_SECONDS:g} and "
+                             f"{CHECKPOINT_SECONDS:g} s apart)")
     parser.add_argument("--resident-checkpoint-seconds", type=float, default=RESIDENT_CHECKPOINT_SECONDS,
                         help="a loop that exchanges values (a resident replica) checkpoints instead at a "
                              "synchronisation at least this many seconds after its last checkpoint (0: at every "
