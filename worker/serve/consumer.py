@@ -37,6 +37,7 @@ from ravop.store import tensors as stored
 from ravop.store import workers as liveness
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
+from ravop.store.keys import quota_key
 from ravop.store.scripts import CLAIM_FINISHED, CLAIM_GONE, CLAIM_RUN, CLAIM_UNKNOWN, CLAIM_WAITING
 from ravop.store.server_replies import kind_of as server_error_kind
 from ravop.wire import plan_pb2, unpack_nodes
@@ -547,10 +548,16 @@ class Worker:
             return self.scripts.claim(keys, subgraph_id, self.name), False
         pipe = self.client.pipeline(transaction=False)
         pipe.sismember(TokenKeys(keys.token).banned, self.name)
+        stale_quota = self.usage.quota_stale(keys.token)   # read in this round trip too, for `usage.admit`
+        if stale_quota:
+            pipe.hgetall(quota_key(keys.token))
         self.scripts.claim_in(pipe, keys, subgraph_id, self.name)
-        banned, reply = pipe.execute(raise_on_error=False)
-        if isinstance(banned, Exception):
-            raise banned
+        banned, *quota, reply = pipe.execute(raise_on_error=False)
+        for answer in (banned, *quota):
+            if isinstance(answer, Exception):
+                raise answer
+        if stale_quota:
+            self.usage.note_quota(keys.token, quota[0])
         if isinstance(reply, redis.exceptions.NoScriptError):   # the server lost its scripts: loaded again
             reply = self.scripts.claim(keys, subgraph_id, self.name)
         elif isinstance(reply, Exception):

@@ -26,13 +26,20 @@ class TokenUsage:
         self._flushed = time.monotonic()
 
     def quota(self, token: str) -> quotas.Quota:
-        now = time.monotonic()
+        if self.quota_stale(token):
+            self.note_quota(token, self.client.hgetall(quotas.quota_key(token)))
+        return self._quotas[token][1]
+
+    def quota_stale(self, token: str) -> bool:
+        """Whether the token's quota must be read again (the claim reads it in its own round trip then)."""
         cached = self._quotas.get(token)
-        if cached is None or cached[0] < now:
-            if len(self._quotas) > 1000:
-                self._quotas.clear()
-            cached = self._quotas[token] = (now + QUOTA_SECONDS, quotas.read(self.client, token))
-        return cached[1]
+        return cached is None or cached[0] < time.monotonic()
+
+    def note_quota(self, token: str, raw: dict) -> None:
+        """Keep the token's quota hash as read (HGETALL) for QUOTA_SECONDS."""
+        if len(self._quotas) > 1000:
+            self._quotas.clear()
+        self._quotas[token] = (time.monotonic() + QUOTA_SECONDS, quotas.decode(raw))
 
     def admit(self, keys: GraphKeys, subgraph_id: int) -> Optional[Tuple[str, str]]:
         """None if this worker may run the claimed subgraph now, and starts its clock; else (PASS, why): the token
