@@ -5,13 +5,29 @@ won a dispute) are made by the server-side script `SPOT` (ravop/store/spot_scrip
 A worker's result is re-run by `copies - 1` other workers and compared by digest on every result until the
 worker has `trust_after` consecutive confirmed results (per requester token and device type), then with
 probability `rate`. The draw is made after the worker has handed in the digest of its result, so it cannot
-tell a checked result from an unchecked one before it has returned it. Any mismatch resets its trust."""
+tell a checked result from an unchecked one before it has returned it. Any mismatch resets its trust.
+
+Honest workers of different numerics classes (ravop/core/numerics_class.py) may differ in the last bits, so a
+re-run goes to a worker of the runner's class where one of another user is live; a checker of another class
+vouches for the runner when their values differ by at most `tolerance` (see `scaled_difference`). Votes and
+trust are per principal, the worker's ACL user: runs of one user count once, and a re-run never goes to the user
+whose run it checks. A check that cannot settle within `settle_seconds` ends with a verdict (accepted
+unverified, or the graph fails) instead of waiting for a worker that may never come."""
 from dataclasses import dataclass
 from typing import Optional, Union
 
 DEFAULT_RATE = 0.1
 DEFAULT_TRUST_AFTER = 10
 DEFAULT_COPIES = 2
+# Issue 42 measured honest pairs of different classes after one step of the digits MLP/CNN at <= 4.5e-7 on every
+# carried value (1e-7 on parameters), and every cheat tried at >= 1.4e-3 (1.3e-5 on parameters). 1e-4, judged per
+# segment from the shared start state of segments of at most SPOT_SEGMENT_STEPS steps, sits ~14x under the cheats
+# and >100x over the honest one-step spread (tests/test_spot_classes.py logs the spread of its runs).
+DEFAULT_TOLERANCE = 1e-4
+DEFAULT_SETTLE_SECONDS = 120.0
+# A spot-checked loop checkpoints (ends a segment) at least this often: honest drift across classes grows with
+# the steps of a segment (chaotic models reach the liar's distance after ~1,000 steps), so segments stay short.
+SPOT_SEGMENT_STEPS = 10
 
 
 @dataclass(frozen=True)
@@ -23,6 +39,8 @@ class Verify:
     rate: float = DEFAULT_RATE
     trust_after: int = DEFAULT_TRUST_AFTER
     copies: int = DEFAULT_COPIES
+    tolerance: float = DEFAULT_TOLERANCE
+    settle_seconds: float = DEFAULT_SETTLE_SECONDS
 
     def __post_init__(self) -> None:
         if isinstance(self.rate, bool) or not isinstance(self.rate, (int, float)) or not 0 <= self.rate <= 1:
@@ -34,18 +52,23 @@ class Verify:
         if type(self.copies) is not int or not 2 <= self.copies <= 9:
             raise ValueError(f"Verify(copies=...) is the number of runs compared per check, an int from 2 to 9, "
                              f"not {self.copies!r}")
+        for knob in ("tolerance", "settle_seconds"):
+            value = getattr(self, knob)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"Verify({knob}=...) must be a positive finite number, not {value!r}")
 
     def encode(self) -> str:
-        """How the graph's meta holds it (field `spot`): "rate;trust_after;copies"."""
-        return f"{float(self.rate)!r};{self.trust_after};{self.copies}"
+        """How the graph's meta holds it (field `spot`): "rate;trust_after;copies;tolerance;settle_seconds"."""
+        return f"{float(self.rate)!r};{self.trust_after};{self.copies};{float(self.tolerance)!r};" \
+               f"{float(self.settle_seconds)!r}"
 
     @classmethod
     def decode(cls, text: Union[str, bytes]) -> "Verify":
         if isinstance(text, bytes):
             text = text.decode()
         try:
-            rate, trust_after, copies = text.split(";")
-            return cls(float(rate), int(trust_after), int(copies))
+            rate, trust_after, copies, tolerance, settle = text.split(";")
+            return cls(float(rate), int(trust_after), int(copies), float(tolerance), float(settle))
         except ValueError as exc:
             raise ValueError(f"malformed spot-check policy {text!r} in a graph's meta: {exc}") from None
 
@@ -63,9 +86,43 @@ def parse_verify(verify: object) -> tuple[int, Optional[Verify]]:
     return verify, None
 
 
-def trust_member(worker: str, kind: str) -> str:
-    """Who trust is kept for: one worker on one device type ("w-1@cpu")."""
-    return f"{worker}@{kind}"
+def trust_member(principal: str, numerics_class: str) -> str:
+    """Who trust is kept for: one principal (a worker's ACL user) in one numerics class ("alice@cpu/torch...")."""
+    return f"{principal}@{numerics_class}"
+
+
+def principal_of(acl_user: str, worker: str) -> str:
+    """Whose vote a worker's is: its ACL user, or its own name on a server without users (the default user
+    names nobody: every worker of an open server is its own principal). ValueError for a name that the SPOT
+    script's separators would split."""
+    principal = worker if acl_user == "default" else acl_user
+    if not principal or any(c in principal for c in ":,@;# "):
+        raise ValueError(f"a worker's principal (ACL user or worker name) may not be empty nor hold any of "
+                         f"': , @ ; #' or a space, not {principal!r}")
+    return principal
+
+
+def scaled_difference(mine: list, theirs: list) -> float:
+    """How far two runs' values are apart: the largest |a - b| / (1 + |b|) over every element of every value
+    (absolute for small values, relative for large ones); inf where a value's dtype or shape differs or where
+    values that are not floating point differ at all (counters, masks and random states agree exactly)."""
+    import torch
+
+    if len(mine) != len(theirs):
+        return float("inf")
+    worst = 0.0
+    for a, b in zip(mine, theirs):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return float("inf")
+        if not a.is_floating_point():
+            if not torch.equal(a, b):
+                return float("inf")
+            continue
+        if a.numel():
+            a64, b64 = a.double(), b.double()
+            diff = ((a64 - b64).abs() / (1 + b64.abs())).masked_fill((a64 == b64) | (a64.isnan() & b64.isnan()), 0)
+            worst = max(worst, diff.nan_to_num(nan=float("inf")).max().item())
+    return worst
 
 
 TRUST_FIELDS = ("streak", "confirmed", "mismatches", "unchecked")

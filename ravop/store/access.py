@@ -50,7 +50,8 @@ _CONNECTION = ("ping", "hello", "auth", "select", "echo", "quit", "reset", "clus
 REQUESTER_KEYLESS = _CONNECTION + ("scan", "publish")
 # Workers run the project's scripts (they load them after a server restart). See docs/operators/security.md for
 # what a script may cost the server and how long it may block it.
-WORKER_KEYLESS = _CONNECTION + ("script|load", "script|exists", "subscribe", "unsubscribe")
+# ACL WHOAMI: a worker's votes count per ACL user (ravop.core.spot_policy.principal_of).
+WORKER_KEYLESS = _CONNECTION + ("script|load", "script|exists", "subscribe", "unsubscribe", "acl|whoami")
 CHANNELS = (STARTED,)  # the only pub/sub channel either role may use
 
 _READ_STRING = ("get", "mget", "strlen", "exists")

@@ -22,6 +22,8 @@ from google.protobuf.message import DecodeError
 from redis.exceptions import RedisClusterException
 
 from ravop.core import plan_limits
+from ravop.core.numerics_class import numerics_class
+from ravop.core.spot_policy import SPOT_SEGMENT_STEPS, principal_of
 from ravop.core.errors import PlanError, StoreLimitError, UploadIncompleteError, WireFormatError
 from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, queue
 from ravop.store import federated_schema as federated_store
@@ -47,7 +49,7 @@ from ..loops.loop_subgraph import (
     run_loop, unpaced)
 from ..verify import redundant
 from ..verify.spot import SpotChecks
-from ..verify.spot_loop import LoopSegments, check_segment, drop_segments
+from ..verify.spot_loop import CheckFailed, LoopSegments, check_segment, drop_segments
 from . import calibrate, warm_connections
 from .heartbeat import Heartbeat
 from .inbox_watch import InboxWatch
@@ -129,6 +131,9 @@ class Worker:
         self.device = devices.parse(device)
         devices.use_full_precision(self.device)
         self.kind = self.device.type
+        # whose votes this worker's are (its ACL user; its name on an open server) and what decides its bits
+        self.principal = principal_of(liveness.acl_user(client), name)
+        self.numerics = numerics_class(self.kind, torch.get_num_threads())
         self.stream = queue(self.kind)  # a CPU worker never reads the GPU stream, and vice versa
         self.scripts = Scripts(client)
         self.handoff = Handoff(client, self.scripts)
@@ -168,7 +173,14 @@ class Worker:
     def _advertised(self):
         """What `ravop status` shows of this worker besides its state (`ravop.store.worker_info`)."""
         return {"device": str(self.device), "kind": self.kind, "threads": torch.get_num_threads(),
-                "memory_limit": self.limit, "host": socket.gethostname(), "pid": os.getpid()}
+                "memory_limit": self.limit, "host": socket.gethostname(), "pid": os.getpid(),
+                "principal": self.principal, "numerics": self.numerics}
+
+    def _segment_steps(self):
+        """Steps between a spot-checked loop's checkpoints: at most SPOT_SEGMENT_STEPS, so that honest drift
+        across numerics classes stays within the check's tolerance (ravop.core.spot_policy)."""
+        steps = self.checkpoint_steps
+        return SPOT_SEGMENT_STEPS if not steps else min(steps, SPOT_SEGMENT_STEPS)
 
     def stop(self):
         """Stop after the subgraph being run, if any, is finished (safe from a signal handler)."""
@@ -303,11 +315,19 @@ class Worker:
         if deliveries > 1:   # taken over: the last holder may have left keys no record names (ravop.store.flush)
             self.client.hset(keys.meta, "redelivered", 1)
         if spot and (not self.spot.may_run(keys, subgraph_id) or self._banned(keys.token, fresh=True)):
+            verdict = self.spot.settle(keys, subgraph_id)   # nobody else may come: a check ends by its deadline
+            if verdict[0] == "unverified" and not self._banned(keys.token):
+                return seed, data, copies, False   # the runner's user's result stands, as this run recomputes it
+            if verdict[0] == "split":
+                self._give_up(keys, message_id, subgraph_id, f"verification failed: subgraph {subgraph_id}: a "
+                              f"dispute among {', '.join(verdict[1:])} found no majority in time", "verification "
+                              "failed", worker=",".join(verdict[1:]))
+                return None
             self._pass_on(message_id, fields)   # a check of this worker's own result must be someone else's
             return None
         if copies > 1:
             votes = self.client.hgetall(keys.votes(subgraph_id))
-            if (self.name.encode() in votes and len(votes) < copies) or self._banned(keys.token, fresh=True):
+            if (self.principal.encode() in votes and len(votes) < copies) or self._banned(keys.token, fresh=True):
                 self._pass_on(message_id, fields)  # this worker ran it already (another one must), or is banned
                 return None
         return seed, data, copies, spot
@@ -359,6 +379,8 @@ class Worker:
             self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
         except LoopAbandoned:
             self._ack(message_id)
+        except CheckFailed as exc:   # a segment's dispute found no majority by its deadline
+            self._give_up(keys, message_id, subgraph_id, str(exc), "verification failed", worker=",".join(exc.workers))
         except _MissingInput as exc:
             if self.client.sismember(keys.done, subgraph_id):
                 self._ack(message_id)  # another worker finished it meanwhile and its inputs were released
@@ -393,8 +415,8 @@ class Worker:
             try:
                 return run_loop(LoopContext(
                     self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
-                    checkpoint_steps=self.checkpoint_steps, checkpoint_seconds=self.checkpoint_seconds,
-                    resident_checkpoint_seconds=self.resident_checkpoint_seconds, max_bytes=max_bytes,
+                    checkpoint_steps=self._segment_steps() if spot else self.checkpoint_steps,
+                    checkpoint_seconds=self.checkpoint_seconds, resident_checkpoint_seconds=self.resident_checkpoint_seconds, max_bytes=max_bytes,
                     budget=self.memory_budget, stop=self.stopping, work_waiting=self._work_waiting,
                     segments=LoopSegments(self, keys, subgraph_id) if spot else None, cache=self.cache,
                     metrics=self.metrics, loop_start=loop_start, pace_steps=self._pace_steps))
@@ -475,7 +497,7 @@ class Worker:
         now = time.monotonic()
         cached = self._bans.get(token)
         if fresh or cached is None or cached[0] < now:
-            return self._note_ban(token, self.client.sismember(TokenKeys(token).banned, self.name))
+            return self._note_ban(token, self.client.sismember(TokenKeys(token).banned, self.principal))
         return cached[1]
 
     def _note_ban(self, token, banned):
@@ -495,7 +517,7 @@ class Worker:
                 return None, True
             return self.scripts.claim(keys, subgraph_id, self.name), False
         pipe = self.client.pipeline(transaction=False)
-        pipe.sismember(TokenKeys(keys.token).banned, self.name)
+        pipe.sismember(TokenKeys(keys.token).banned, self.principal)
         self.scripts.claim_in(pipe, keys, subgraph_id, self.name)
         banned, reply = pipe.execute(raise_on_error=False)
         if isinstance(banned, Exception):
@@ -521,7 +543,7 @@ class Worker:
         """Vote with these outputs. True if this worker should store them and complete the subgraph (the
         votes are in and agree); otherwise the message is acked: a vote still missing, or a disagreement,
         which fails the graph naming the workers and bans those a majority outvoted."""
-        votes = self.scripts.vote(keys, subgraph_id, self.name, redundant.digest(outputs), copies)
+        votes = self.scripts.vote(keys, subgraph_id, self.principal, redundant.digest(outputs), copies)
         if not votes:
             self._ack(message_id)   # counted; the last of the k workers stores the outputs
             return False
