@@ -77,15 +77,26 @@ class Workers:
         self.procs = {}
         self.client = connect(url)
 
-    def start(self, count=1, reclaim_idle=1.0, max_attempts=3, extra=(), prefix="w"):
-        """Start `count` workers, wait until all have registered, and return their names."""
+    def start(self, count=1, reclaim_idle=1.0, max_attempts=3, extra=(), prefix="w", threads=1, env=None):
+        """Start `count` workers (of `threads` torch threads, with the variables of `env` added to their
+        environment), wait until all have registered, and return their names."""
         names = []
-        for _ in range(count):
-            name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-            self.procs[name] = start_worker(self.url, name, "cpu", threads=1, log_path=str(self.log_path(name)),
-                                            extra_args=["--reclaim-idle", str(reclaim_idle), "--max-attempts",
-                                                        str(max_attempts), *extra])
-            names.append(name)
+        saved = {name: os.environ.get(name) for name in env or {}}
+        os.environ.update(env or {})   # the workers' environment is this process's (embedded.worker_environment)
+        try:
+            for _ in range(count):
+                name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+                self.procs[name] = start_worker(self.url, name, "cpu", threads=threads,
+                                                log_path=str(self.log_path(name)),
+                                                extra_args=["--reclaim-idle", str(reclaim_idle), "--max-attempts",
+                                                            str(max_attempts), *extra])
+                names.append(name)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         deadline = time.monotonic() + START_TIMEOUT
         for name in names:
             while not self.client.exists(worker_key(name)):

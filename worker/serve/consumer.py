@@ -23,7 +23,7 @@ from redis.exceptions import RedisClusterException
 
 from ravop.core import plan_limits
 from ravop.core.numerics_class import numerics_class
-from ravop.core.spot_policy import SPOT_SEGMENT_STEPS, principal_of
+from ravop.core.spot_policy import SPOT_SEGMENT_STEPS, Verify, principal_of
 from ravop.core.errors import PlanError, StoreLimitError, UploadIncompleteError, WireFormatError
 from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, queue
 from ravop.store import federated_schema as federated_store
@@ -47,7 +47,7 @@ from ..loops.loop_start import LoopStart
 from ..loops.loop_subgraph import (
     CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, drop_checkpoint,
     run_loop, unpaced)
-from ..verify import redundant
+from ..verify import cross_class, redundant
 from ..verify.spot import SpotChecks
 from ..verify.spot_loop import CheckFailed, LoopSegments, check_segment, drop_segments
 from . import calibrate, warm_connections
@@ -357,8 +357,9 @@ class Worker:
                 outputs = redundant.perturb(outputs)
             if copies > 1 and not self._verified(keys, subgraph_id, message_id, outputs, copies, program):
                 return
-            if spot and not is_loop and not self.spot.accepted(keys, subgraph_id, message_id, redundant.digest(outputs),
-                                               program.steps[0] if program.steps else None):
+            if spot and not is_loop and not self.spot.accepted(keys, subgraph_id, message_id,
+                                                               self._spot_vote(keys, subgraph_id, outputs),
+                                                               program.steps[0] if program.steps else None):
                 return
             self._finish(keys, subgraph_id, message_id, outputs)
             if is_loop:
@@ -538,6 +539,13 @@ class Worker:
         # jittered: workers passing on each other's messages in lockstep (one may run only A, the other only B,
         # and each always reads the other's) would never get theirs
         self.stopping.wait(PASS_ON_SECONDS * random.uniform(0.5, 1.5))
+
+    def _spot_vote(self, keys, subgraph_id, outputs):
+        """The digest this worker votes for its outputs of a spot-checked subgraph: its own, or that of a run of
+        another numerics class within the graph's tolerance (worker/verify/cross_class.py)."""
+        tolerance = Verify.decode(self.client.hget(keys.meta, "spot")).tolerance
+        return cross_class.vote(self, keys, subgraph_id, None, [outputs[k] for k in sorted(outputs)],
+                                redundant.digest(outputs), tolerance)
 
     def _verified(self, keys, subgraph_id, message_id, outputs, copies, program):
         """Vote with these outputs. True if this worker should store them and complete the subgraph (the

@@ -278,8 +278,8 @@ def check_segment(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], me
     if not trace_for:
         if worker.wrong_outputs is not None:
             worker.wrong_outputs.lies()
-        digest = cross_class.vote(worker, keys, subgraph_id, segment, end, carried,
-                                  redundant.digest(dict(enumerate(carried))), Verify.decode(policy).tolerance)
+        digest = cross_class.vote(worker, keys, subgraph_id, segment, carried,
+                                  redundant.digest(dict(enumerate(carried))), Verify.decode(policy).tolerance, end)
         reply = spot.submit(keys, subgraph_id, digest, segment)
         if reply[0] == "split":
             worker._give_up(keys, message_id, subgraph_id, f"verification failed: loop segment {segment} gave "
