@@ -362,6 +362,8 @@ class Worker:
                                                                program.steps[0] if program.steps else None):
                 return
             self._finish(keys, subgraph_id, message_id, outputs)
+            if spot and not is_loop:   # the values its voters kept for a check of another class
+                cross_class.drop(self.client, keys, subgraph_id, None, len(outputs))
             if is_loop:
                 if spot:
                     drop_segments(self.client, keys, subgraph_id)

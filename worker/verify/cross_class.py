@@ -75,3 +75,12 @@ def vote(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], segment: Op
         return best[1]
     store(worker, keys, subgraph_id, segment, host)
     return digest
+
+
+def drop(client: Any, keys: GraphKeys, subgraph_id: Union[int, str], segment: Optional[str], n: int) -> None:
+    """Delete the `n` values each voter on a settled result stored for its check."""
+    voters = [m.decode() for m in client.hkeys(keys.votes(subgraph_id, segment)) if not m.startswith(b"#")]
+    doomed = [key for member in voters for k in range(n)
+              for key in stored.keys_of(values_key(keys, subgraph_id, segment, member, k))]
+    if doomed:
+        client.delete(*doomed)

@@ -170,11 +170,7 @@ def drop_segments(client: Any, keys: GraphKeys, subgraph_id: Union[int, str]) ->
     if n is not None:   # the values checkers of other classes stored for their disputes (worker/verify/cross_class.py)
         for segment in (f.decode() for f in client.hkeys(keys.segments(subgraph_id))):
             if _SEGMENT.fullmatch(segment):
-                voters = [m.decode() for m in client.hkeys(keys.votes(subgraph_id, segment)) if not m.startswith(b"#")]
-                doomed = [key for m in voters for k in range(int(n))
-                          for key in stored.keys_of(cross_class.values_key(keys, subgraph_id, segment, m, k))]
-                if doomed:
-                    client.delete(*doomed)
+                cross_class.drop(client, keys, subgraph_id, segment, int(n))
 
 
 class _Reached(Exception):
