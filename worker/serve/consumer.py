@@ -48,7 +48,7 @@ from ..loops.loop_subgraph import (
     CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, drop_checkpoint,
     run_loop, unpaced)
 from ..verify import cross_class, redundant
-from ..verify.spot import SpotChecks
+from ..verify.spot import SPLIT, SpotChecks
 from ..verify.spot_loop import CheckFailed, LoopSegments, check_segment, drop_segments
 from . import calibrate, warm_connections
 from .heartbeat import Heartbeat
@@ -318,7 +318,7 @@ class Worker:
             verdict = self.spot.settle(keys, subgraph_id)   # nobody else may come: a check ends by its deadline
             if verdict[0] == "unverified" and not self._banned(keys.token):
                 return seed, data, copies, False   # the runner's user's result stands, as this run recomputes it
-            if verdict[0] == "split":
+            if verdict[0] == SPLIT:
                 self._give_up(keys, message_id, subgraph_id, f"verification failed: subgraph {subgraph_id}: a "
                               f"dispute among {', '.join(verdict[1:])} found no majority in time", "verification "
                               "failed", worker=",".join(verdict[1:]))

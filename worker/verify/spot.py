@@ -13,6 +13,7 @@ from ravop.store.spot_scripts import SpotScript
 
 log = logging.getLogger("ravop.worker")
 ACCEPTED = ("unchecked", "confirmed", "complete", "unverified")
+SPLIT = "split"   # the SPOT script's verdict when the runs have no majority (the graph fails)
 DISPUTE_LOG_LEN = 1000   # entries kept in a graph's disputes stream
 
 
@@ -61,7 +62,7 @@ class SpotChecks:
                             f"{what}: {', '.join(named)} differ from {self.member} and the majority; banned "
                             "from this token's work")
             return True
-        if verdict == "split":
+        if verdict == SPLIT:
             self.worker._give_up(keys, message_id, subgraph_id, f"verification failed: {what} gave different "
                                  f"results on different workers: no majority among {', '.join(named)}",
                                  "verification failed", node, worker=",".join(named))
