@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+import redis
 import torch
 
 import ravop as R
@@ -17,6 +18,7 @@ from ravdl.v2.optimizers import Adam
 from ravop.core.spot_policy import read_trust
 from ravop.runtime.evaluate import evaluate_persisted
 from ravop.store import TokenKeys, worker_info
+from ravop.store.spot_scripts import SpotScript
 from ravop.tools import admin, status
 
 from conftest import Workers
@@ -132,6 +134,11 @@ def test_two_liars_of_one_user_do_not_outvote_an_honest_worker(engine, workers, 
         voters = {m for m in client.hkeys(keys.votes(0, segment.decode())) if not m.startswith(b"#")}
         assert voters <= {b"mallory", honest.encode()}, voters   # the user's two processes vote as one
     assert not client.sismember(keys.done, 0)   # the liars' values were never accepted
+    # the server, not the worker, says whose vote it is: mallory's scripts may name only mallory's key
+    as_mallory = redis.Redis.from_url(worker_user.url)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        SpotScript(as_mallory).submit(keys, 0, honest, "0" * 64, "cpu", "0-5:" + honest)
+    as_mallory.close()
 
 
 def test_a_check_that_cannot_settle_ends_with_a_verdict(engine, workers, client, no_loop_folding):

@@ -22,7 +22,7 @@ from fnmatch import fnmatchcase
 from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from .keys import (ANY, DEAD_LETTER, FEDERATED_OPEN, PROVIDERS, STARTED, STARTING, TOKENS, banned_pattern, graph_prefix,
-                   inbox_pattern, info_key, provider_key, queue, token_pattern, trust_pattern, worker_key,
+                   inbox_pattern, info_key, principal_key, provider_key, queue, token_pattern, trust_pattern, worker_key,
                    workers_set)
 
 REQUESTER, WORKER = "requester", "worker"
@@ -84,8 +84,9 @@ def _graph(*suffixes: str) -> Tuple[str, ...]:
     return tuple(graph_prefix(ANY, ANY) + suffix for suffix in suffixes)
 
 
-def worker_grants() -> List[Grant]:
-    """What a worker user may do (besides WORKER_KEYLESS): each write command only where the protocol sends it."""
+def worker_grants(user: str = "") -> List[Grant]:
+    """What worker user `user` may do (besides WORKER_KEYLESS): each write command only where the protocol sends
+    it. Its scripts may name its own principal key only: its spot-check votes are its user's, whatever it claims."""
     streams = (queue(ANY),)
     return [
         Grant("graph keys: read", _graph(ANY), _READ_STRING + _READ_HASH + ("smembers", "sismember", "watch")),
@@ -130,8 +131,8 @@ def worker_grants() -> List[Grant]:
         Grant("federated open", (FEDERATED_OPEN,), ("smembers", "sadd", "srem")),
         # The scripts name graph keys, the work streams and the dead letters; each command inside is checked
         # against the grants above.
-        Grant("scripts", _graph(ANY) + streams + (DEAD_LETTER, trust_pattern(), banned_pattern()),
-              ("eval", "evalsha")),
+        Grant("scripts", _graph(ANY) + streams + (DEAD_LETTER, trust_pattern(), banned_pattern())
+              + ((principal_key(user),) if user else ()), ("eval", "evalsha")),
     ]
 
 
@@ -140,7 +141,7 @@ def grants_of(role: str, namespace: str = "") -> Tuple[Tuple[str, ...], List[Gra
     if role == REQUESTER:
         return REQUESTER_KEYLESS, requester_grants(namespace)
     if role == WORKER:
-        return WORKER_KEYLESS, worker_grants()
+        return WORKER_KEYLESS, worker_grants(namespace)
     raise ValueError(f"role must be {REQUESTER!r} or {WORKER!r}, not {role!r}")
 
 
@@ -156,9 +157,9 @@ def requester_rules(namespace: str) -> List[str]:
     return _rules(*grants_of(REQUESTER, namespace))
 
 
-def worker_rules() -> List[str]:
-    """ACL SETUSER arguments (after the name) of a worker."""
-    return _rules(*grants_of(WORKER))
+def worker_rules(user: str) -> List[str]:
+    """ACL SETUSER arguments (after the name) of worker user `user`."""
+    return _rules(*grants_of(WORKER, user))
 
 
 def allows(role: str, command: str, key: Optional[str], namespace: str = "") -> bool:

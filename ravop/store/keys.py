@@ -134,6 +134,13 @@ def workers_set(kind: str) -> str:
     return f"{SHARED}workers:{kind}"
 
 
+def principal_key(principal: str) -> str:
+    """A key that names a worker's principal (its ACL user) to the SPOT script. Never written: a worker user's
+    scripts may name only its own (ravop.store.access), so the server, not the worker, vouches for whose vote
+    it is."""
+    return f"{SHARED}principal:{principal}:vote"
+
+
 def info_key(name: str) -> str:
     """What a live worker advertises with each heartbeat (ravop.store.worker_info)."""
     return f"{SHARED}winfo:{name}"

@@ -27,10 +27,11 @@ the graph's keys; `R.activate` refuses verify='spot' there).
 from typing import List, Optional, Union
 
 from .client_types import Client
-from .keys import GraphKeys, TokenKeys, queue
+from .keys import GraphKeys, TokenKeys, principal_key, queue
 
-# KEYS: meta, votes, trust, banned, the submitting worker's work stream; for a loop segment also the loop's
-# segments, checkpoint and taken hashes.
+# KEYS: meta, votes, trust, banned, the submitting worker's work stream, its principal's key (keys.principal_key:
+# the ACL lets a worker user name only its own); for a loop segment also the loop's segments, checkpoint and taken
+# hashes.
 # ARGV: principal, digest ('' for the deadline check), token, graph id, subgraph id, segment ('' for a plain
 # subgraph), the worker's numerics class.
 # A segment is "start-end:runner" (worker/verify/spot_loop.py). Its state is mirrored in the loop's segments hash
@@ -42,7 +43,12 @@ local policy = redis.call('HGET', KEYS[1], 'spot')
 if not policy then return redis.error_reply('NOSPOT the graph has no spot-check policy') end
 local rate, trust_after, copies, _, settle = string.match(policy, '^([^;]+);([^;]+);([^;]+);([^;]+);([^;]+)$')
 rate, trust_after, copies, settle = tonumber(rate), tonumber(trust_after), tonumber(copies), tonumber(settle)
-local member, digest, class = ARGV[1], ARGV[2], ARGV[7]
+-- whose vote it is: the principal its key names (a worker user's scripts may name only its own key)
+local member = string.match(KEYS[6], '^ravop:_:principal:(.+):vote$')
+if not member or member ~= ARGV[1] then
+  return redis.error_reply('NOPRINCIPAL ' .. KEYS[6] .. ' is not the key of principal ' .. ARGV[1])
+end
+local digest, class = ARGV[2], ARGV[7]
 local votes, trust = KEYS[2], KEYS[3]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -63,7 +69,7 @@ local function reset(m)
   local c = redis.call('HGET', votes, '#c:' .. m) or class
   redis.call('HSET', trust, m .. '@' .. c .. ':streak', 0)
 end
-local segs = KEYS[6]
+local segs = KEYS[7]
 local function mark(state)
   if segs and redis.call('HEXISTS', segs, ARGV[6]) == 1 then redis.call('HSET', segs, ARGV[6] .. ':state', state) end
 end
@@ -102,8 +108,8 @@ local function rewind(losers)
   for _, entry in ipairs(entries) do
     if entry[1] >= at then redis.call('HDEL', segs, entry[3], entry[3] .. ':state') end
   end
-  if at == 0 then redis.call('DEL', KEYS[7]) else redis.call('HSET', KEYS[7], 'step', at) end
-  redis.call('HSET', KEYS[8], ARGV[5], '-')
+  if at == 0 then redis.call('DEL', KEYS[8]) else redis.call('HSET', KEYS[8], 'step', at) end
+  redis.call('HSET', KEYS[9], ARGV[5], '-')
   redis.call('XADD', KEYS[5], '*', 'token', ARGV[3], 'graph', ARGV[4], 'subgraph', ARGV[5])
 end
 local function voters()
@@ -223,7 +229,7 @@ class SpotScript:
         token = TokenKeys(keys.token)
         loop = [] if segment is None else [keys.segments(subgraph_id), keys.checkpoint(subgraph_id), keys.taken]
         reply = self._spot(keys=[keys.meta, keys.votes(subgraph_id, segment), token.trust, token.banned,
-                                 queue(kind), *loop],
+                                 queue(kind), principal_key(member), *loop],
                            args=[member, digest, keys.token, keys.graph_id, subgraph_id,
                                  "" if segment is None else segment, numerics_class or kind])
         return [part.decode() if isinstance(part, bytes) else str(part) for part in reply]
