@@ -93,6 +93,10 @@ def test_verify_spot_is_checked():
         R.Verify(trust_after=-1)
     with pytest.raises(ValueError, match="copies"):
         R.Verify(copies=1)
+    with pytest.raises(ValueError, match="tolerance=.*positive finite"):
+        R.Verify(tolerance=0)
+    with pytest.raises(ValueError, match="settle_seconds=.*positive finite"):
+        R.Verify(settle_seconds=float("inf"))
     with pytest.raises(ValueError, match="does not apply to a federated graph"):
         R.Graph(approach="federated", rules='{"rules": {"age": {}}, "max_clients": 1}', verify="spot")
     assert R.Graph(verify="spot").spot == R.Verify()
@@ -178,7 +182,7 @@ def test_a_trace_names_the_first_differing_step_and_op():
 
 
 def test_a_policy_travels_in_the_meta_unchanged():
-    policy = R.Verify(rate=0.25, trust_after=3, copies=3)
+    policy = R.Verify(rate=0.25, trust_after=3, copies=3, tolerance=1e-5, settle_seconds=30)
     assert Verify.decode(policy.encode().encode()) == policy
     with pytest.raises(ValueError, match="malformed spot-check policy"):
         Verify.decode("0.1;ten;2")

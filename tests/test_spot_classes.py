@@ -20,6 +20,7 @@ from ravop.runtime.evaluate import evaluate_persisted
 from ravop.store import TokenKeys, worker_info
 from ravop.store.spot_scripts import SpotScript
 from ravop.tools import admin, status
+from ravop.tools.cluster_cli import _status_text
 
 from conftest import Workers
 from test_spot_checks import branches
@@ -76,6 +77,8 @@ def test_honest_workers_of_four_classes_complete_a_fit_and_nobody_is_accused(eng
     honest = start_classes(workers)
     classes = {w["name"]: w["numerics"] for w in worker_info.read_all(client)}
     assert len({classes[n] for n in honest}) == 4, classes   # each advertises its own class
+    text = _status_text(status.cluster(client, engine.token), "redis://example")   # `ravop status`
+    assert all(re.search(rf"{n}\s+{n}\s+cpu.*\s{re.escape(classes[n])}\s", text) for n in honest), text
     graph, names = record_fit("fit", "spot")
     run()
     assert not client.exists(TokenKeys(engine.token).banned), (
@@ -159,3 +162,31 @@ def test_a_check_that_cannot_settle_ends_with_a_verdict(engine, workers, client,
     assert [f for f in verdicts if re.search(r"segment \d+-\d+:\S+: no worker", f["error"])], verdicts
     assert_close_to_one_class(graph, names)
     print(f"a fit whose every check ended unverified: {time.monotonic() - began:.1f} s")
+
+
+def test_a_numerics_class_names_what_decides_the_bits():
+    from ravop.core.numerics_class import numerics_class
+    version = torch.__version__.split("+")[0]
+    plain = numerics_class("cpu", 2, {})
+    assert plain.startswith(f"cpu/torch{version}/") and plain.endswith("/mkl=-/isa=-/t2")
+    assert numerics_class("cpu", 1, {"MKL_CBWR": "AVX", "ONEDNN_MAX_CPU_ISA": "AVX"}).endswith("/mkl=AVX/isa=AVX/t1")
+    # the reproducible mode promises the same bits on any CPU and thread count: neither is part of its class
+    assert numerics_class("cpu", 8, {"RAVOP_NUMERICS": "reproducible", "MKL_CBWR": "AVX"}) == \
+        f"reproducible/torch{version}/cpu"
+    with pytest.raises(ValueError, match="RAVOP_NUMERICS must be one of default, reproducible, not 'fast'"):
+        numerics_class("cpu", 1, {"RAVOP_NUMERICS": "fast"})
+
+
+def test_the_distance_between_two_runs_values():
+    from ravop.core.spot_policy import principal_of, scaled_difference
+    a = [torch.tensor([1.0, 1000.0]), torch.tensor([3, 4])]
+    assert scaled_difference(a, [t.clone() for t in a]) == 0
+    assert scaled_difference(a, [torch.tensor([1.0 + 2e-6, 1000.0]), a[1]]) == pytest.approx(1e-6, rel=0.05)  # float32
+    assert scaled_difference(a, [torch.tensor([1.0, 1001.0]), a[1]]) == pytest.approx(1 / 1001)   # relative
+    assert scaled_difference(a, [a[0], torch.tensor([3, 5])]) == float("inf")   # integers agree exactly
+    assert scaled_difference(a, [a[0].double(), a[1]]) == float("inf")
+    assert scaled_difference([torch.tensor([float("nan")])], [torch.tensor([float("nan")])]) == 0
+    assert scaled_difference([torch.tensor([float("nan")])], [torch.tensor([0.0])]) == float("inf")
+    assert principal_of("default", "w-1") == "w-1" and principal_of("mallory", "w-1") == "mallory"
+    with pytest.raises(ValueError, match="may not be empty nor hold"):
+        principal_of("a:b", "w-1")
