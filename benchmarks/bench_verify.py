@@ -12,6 +12,8 @@ store: every checked result costs `copies - 1` re-runs). Eager PyTorch runs the 
 Part 3, across numerics classes (issue 42): every result checked (rate 1), by a worker of the runner's class
 (bitwise digests, as before) or of an emulated older CPU (AVX: values compared within the tolerance), each
 against no verification on the same pair; with the largest honest distance measured (`--classes-only`).
+Part 4, drift: an eager digits-shaped MLP with Adam from one state in processes of each class (and a run with
++1e-4 on one layer's output, a subtle cheat): the distance the check's tolerance bounds, after 1 to 1,000 steps.
 
 Part 2, detection: the engine's own SPOT script (ravop/store/spot_scripts.py) on a private server, driven by a
 model of workers in Python: each result is a digest handed in as a worker would, checks are answered by honest
@@ -157,6 +159,7 @@ def overhead(args):
 # ------------------------------------------------------------------------------ part 3: across numerics classes
 
 AVX = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "AVX", "ONEDNN_MAX_CPU_ISA": "AVX"}   # an emulated older CPU
+SSE4 = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
 SPREAD = re.compile(r"'s values are (\S+) from this worker's")
 
 
@@ -217,6 +220,55 @@ def across_classes(args):
             print(f"{pair:15} {'':9} values compared by tolerance: {a}, largest honest distance {b:.3g}")
         else:
             print(f"{pair:15} {graph:9} {a:9.2f} {b:9.2f} {b / a:10.2f}")
+
+
+DRIFT_STEPS = (1, 5, 10, 100, 1000)
+# One eager digits-shaped MLP (64-32-10, cross-entropy, Adam) from one seed, in a process of the class under
+# test; with CHEAT set, its first layer's output gets +CHEAT at every step (a subtly wrong kernel).
+DRIFT = """
+import os, sys, torch
+torch.set_num_threads(int(sys.argv[2]))
+torch.manual_seed(0)
+x, y = torch.randn(512, 64), torch.randint(0, 10, (512,))
+model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+cheat = float(os.environ.get("CHEAT", "0"))
+if cheat:
+    model[0].register_forward_hook(lambda m, i, out: out + cheat)
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+kept = {}
+for step in range(1, %d + 1):
+    batch = slice((step * 64) %% 512, (step * 64) %% 512 + 64)
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+    opt.step()
+    if step in %r:
+        kept[step] = [p.detach().clone() for p in model.parameters()] + \
+            [v.clone() for s in opt.state.values() for v in (s["exp_avg"], s["exp_avg_sq"])]
+torch.save(kept, sys.argv[1])
+"""
+
+
+def drift():
+    """How far honest runs of other classes (and a +1e-4 cheat) are from the machine's own after 1..1000 steps
+    from one state: the largest scaled difference (spot_policy.scaled_difference) over parameters and Adam's
+    moments, the quantity the check's tolerance bounds."""
+    import subprocess
+    from ravop.core.spot_policy import DEFAULT_TOLERANCE, scaled_difference
+    folder = Path(tempfile.mkdtemp(prefix="bench-verify-drift-"))
+    script = DRIFT % (max(DRIFT_STEPS), DRIFT_STEPS)
+    runs = {"avx2 t1": ({}, 1), "avx t1": (AVX, 1), "sse4 t1": (SSE4, 1), "avx2 t2": ({}, 2),
+            "cheat 1e-4": ({"CHEAT": "1e-4"}, 1)}
+    kept = {}
+    for name, (env, threads) in runs.items():
+        path = folder / f"{name.replace(' ', '-')}.pt"
+        subprocess.run([sys.executable, "-c", script, str(path), str(threads)], env={**os.environ, **env}, check=True)
+        kept[name] = torch.load(path)
+    print(f"\nPart 4: distance from the machine's own class (avx2 t1) after n steps from one state "
+          f"(tolerance {DEFAULT_TOLERANCE:g})")
+    print(f"{'run':12} " + " ".join(f"{n:>10}" for n in DRIFT_STEPS))
+    for name in list(runs)[1:]:
+        print(f"{name:12} " + " ".join(f"{scaled_difference(kept[name][n], kept['avx2 t1'][n]):10.2e}"
+                                       for n in DRIFT_STEPS))
 
 
 # ------------------------------------------------------------------------------------------ part 2: detection
@@ -339,15 +391,18 @@ def main(argv=None):
     parser.add_argument("--trials", type=int, default=400)
     parser.add_argument("--honest", type=int, default=10_000)
     parser.add_argument("--skip-overhead", action="store_true", help="only the detection part")
-    parser.add_argument("--classes-only", action="store_true", help="only part 3, checks across numerics classes")
+    parser.add_argument("--classes-only", action="store_true",
+                        help="only parts 3 and 4: checks across numerics classes, and the drift they judge")
     args = parser.parse_args(argv)
     random.seed(0)
     if args.classes_only:
         across_classes(args)
+        drift()
         return
     if not args.skip_overhead:
         overhead(args)
         across_classes(args)
+        drift()
     server = LocalServer()
     try:
         client = connect(server.url)
