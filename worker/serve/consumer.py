@@ -314,9 +314,12 @@ class Worker:
         seed, data, copies, spot = int(reply[1]), reply[2], int(reply[3]), bool(reply[4])
         if deliveries > 1:   # taken over: the last holder may have left keys no record names (ravop.store.flush)
             self.client.hset(keys.meta, "redelivered", 1)
-        if spot and (not self.spot.may_run(keys, subgraph_id) or self._banned(keys.token, fresh=True)):
+        if spot and self._banned(keys.token, fresh=True):
+            self._pass_on(message_id, fields)
+            return None
+        if spot and not self.spot.may_run(keys, subgraph_id):
             verdict = self.spot.settle(keys, subgraph_id)   # nobody else may come: a check ends by its deadline
-            if verdict[0] == "unverified" and not self._banned(keys.token):
+            if verdict[0] == "unverified":
                 return seed, data, copies, False   # the runner's user's result stands, as this run recomputes it
             if verdict[0] == SPLIT:
                 self._give_up(keys, message_id, subgraph_id, f"verification failed: subgraph {subgraph_id}: a "
