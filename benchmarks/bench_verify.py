@@ -12,7 +12,7 @@ store: every checked result costs `copies - 1` re-runs). Eager PyTorch runs the 
 Part 3, across numerics classes (issue 42): every result checked (rate 1), by a worker of the runner's class
 (bitwise digests, as before) or of an emulated older CPU (AVX: values compared within the tolerance), each
 against no verification on the same pair; with the largest honest distance measured (`--classes-only`).
-Part 4, drift: an eager digits-shaped MLP with Adam from one state in processes of each class (and a run with
+Part 4, drift: an eager digits-shaped MLP and CNN with Adam from one state in processes of each class (and a run with
 +1e-4 on one layer's output, a subtle cheat): the distance the check's tolerance bounds, after 1 to 1,000 steps.
 
 Part 2, detection: the engine's own SPOT script (ravop/store/spot_scripts.py) on a private server, driven by a
@@ -223,14 +223,22 @@ def across_classes(args):
 
 
 DRIFT_STEPS = (1, 5, 10, 100, 1000)
-# One eager digits-shaped MLP (64-32-10, cross-entropy, Adam) from one seed, in a process of the class under
-# test; with CHEAT set, its first layer's output gets +CHEAT at every step (a subtly wrong kernel).
+# One eager digits-shaped model (an MLP 64-32-10, or a CNN on 8x8 images: conv 16, pool, conv 32, linear;
+# cross-entropy, Adam) from one seed, in a process of the class under test; with CHEAT set, its first layer's
+# output gets +CHEAT at every step (a subtly wrong kernel).
 DRIFT = """
 import os, sys, torch
 torch.set_num_threads(int(sys.argv[2]))
 torch.manual_seed(0)
-x, y = torch.randn(512, 64), torch.randint(0, 10, (512,))
-model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+nn = torch.nn
+if sys.argv[3] == "mlp":
+    x = torch.randn(512, 64)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+else:
+    x = torch.randn(512, 1, 8, 8)
+    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1),
+                          nn.ReLU(), nn.Flatten(), nn.Linear(32 * 16, 10))
+y = torch.randint(0, 10, (512,))
 cheat = float(os.environ.get("CHEAT", "0"))
 if cheat:
     model[0].register_forward_hook(lambda m, i, out: out + cheat)
@@ -250,25 +258,27 @@ torch.save(kept, sys.argv[1])
 
 def drift():
     """How far honest runs of other classes (and a +1e-4 cheat) are from the machine's own after 1..1000 steps
-    from one state: the largest scaled difference (spot_policy.scaled_difference) over parameters and Adam's
-    moments, the quantity the check's tolerance bounds."""
+    from one state: the distance the check's tolerance bounds (spot_policy.scaled_difference) over parameters
+    and Adam's moments."""
     import subprocess
     from ravop.core.spot_policy import DEFAULT_TOLERANCE, scaled_difference
     folder = Path(tempfile.mkdtemp(prefix="bench-verify-drift-"))
     script = DRIFT % (max(DRIFT_STEPS), DRIFT_STEPS)
     runs = {"avx2 t1": ({}, 1), "avx t1": (AVX, 1), "sse4 t1": (SSE4, 1), "avx2 t2": ({}, 2),
             "cheat 1e-4": ({"CHEAT": "1e-4"}, 1)}
-    kept = {}
-    for name, (env, threads) in runs.items():
-        path = folder / f"{name.replace(' ', '-')}.pt"
-        subprocess.run([sys.executable, "-c", script, str(path), str(threads)], env={**os.environ, **env}, check=True)
-        kept[name] = torch.load(path)
     print(f"\nPart 4: distance from the machine's own class (avx2 t1) after n steps from one state "
           f"(tolerance {DEFAULT_TOLERANCE:g})")
-    print(f"{'run':12} " + " ".join(f"{n:>10}" for n in DRIFT_STEPS))
-    for name in list(runs)[1:]:
-        print(f"{name:12} " + " ".join(f"{scaled_difference(kept[name][n], kept['avx2 t1'][n]):10.2e}"
-                                       for n in DRIFT_STEPS))
+    print(f"{'model':6}{'run':12} " + " ".join(f"{n:>10}" for n in DRIFT_STEPS))
+    for model in ("mlp", "cnn"):
+        kept = {}
+        for name, (env, threads) in runs.items():
+            path = folder / f"{model}-{name.replace(' ', '-')}.pt"
+            subprocess.run([sys.executable, "-c", script, str(path), str(threads), model], env={**os.environ, **env},
+                           check=True)
+            kept[name] = torch.load(path)
+        for name in list(runs)[1:]:
+            print(f"{model:6}{name:12} " + " ".join(f"{scaled_difference(kept[name][n], kept['avx2 t1'][n]):10.2e}"
+                                                  for n in DRIFT_STEPS))
 
 
 # ------------------------------------------------------------------------------------------ part 2: detection

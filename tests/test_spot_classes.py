@@ -181,8 +181,8 @@ def test_the_distance_between_two_runs_values():
     from ravop.core.spot_policy import principal_of, scaled_difference
     a = [torch.tensor([1.0, 1000.0]), torch.tensor([3, 4])]
     assert scaled_difference(a, [t.clone() for t in a]) == 0
-    assert scaled_difference(a, [torch.tensor([1.0 + 2e-6, 1000.0]), a[1]]) == pytest.approx(1e-6, rel=0.05)  # float32
-    assert scaled_difference(a, [torch.tensor([1.0, 1001.0]), a[1]]) == pytest.approx(1 / 1002)   # relative: /(1 + 1001)
+    assert scaled_difference(a, [torch.tensor([1.0 + 2e-6, 1000.0]), a[1]]) == pytest.approx(1e-6 / 2 ** 0.5, rel=0.05)  # RMS over 2
+    assert scaled_difference(a, [torch.tensor([1.0, 1001.0]), a[1]]) == pytest.approx(1 / 1002 / 2 ** 0.5)   # relative: /(1 + 1001)
     assert scaled_difference(a, [a[0], torch.tensor([3, 5])]) == float("inf")   # integers agree exactly
     assert scaled_difference(a, [a[0].double(), a[1]]) == float("inf")
     assert scaled_difference([torch.tensor([float("nan")])], [torch.tensor([float("nan")])]) == 0

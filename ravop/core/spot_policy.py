@@ -19,14 +19,14 @@ from typing import Optional, Union
 DEFAULT_RATE = 0.1
 DEFAULT_TRUST_AFTER = 10
 DEFAULT_COPIES = 2
-# Issue 42 measured honest pairs of different classes after one step of the digits MLP/CNN at <= 4.5e-7 on every
-# carried value (1e-7 on parameters), and every cheat tried at >= 1.4e-3 (1.3e-5 on parameters). 1e-4, judged per
-# segment from the shared start state of segments of at most SPOT_SEGMENT_STEPS steps, sits ~14x under the cheats
-# and >100x over the honest one-step spread (tests/test_spot_classes.py logs the spread of its runs).
-DEFAULT_TOLERANCE = 1e-4
+# Measured (benchmarks/bench_verify.py part 4, `scaled_difference` over parameters and Adam's moments, digits-
+# shaped MLP and CNN from one state): honest classes <= 7.8e-7 apart after 10 steps (a CNN up to 5.5e-3 after
+# 100), a +1e-4 perturbation of one layer's output >= 6.4e-5 after 10 steps, the cheats of issue 42 further still.
+# 1e-5 over segments of at most SPOT_SEGMENT_STEPS sits >10x over the honest spread and >6x under that cheat.
+DEFAULT_TOLERANCE = 1e-5
 DEFAULT_SETTLE_SECONDS = 120.0
 # A spot-checked loop checkpoints (ends a segment) at least this often: honest drift across classes grows with
-# the steps of a segment (chaotic models reach the liar's distance after ~1,000 steps), so segments stay short.
+# the steps of a segment (a CNN's passes the tolerance within 100 steps), so segments stay short.
 SPOT_SEGMENT_STEPS = 10
 
 
@@ -103,9 +103,12 @@ def principal_of(acl_user: str, worker: str) -> str:
 
 
 def scaled_difference(mine: list, theirs: list) -> float:
-    """How far two runs' values are apart: the largest |a - b| / (1 + |b|) over every element of every value
-    (absolute for small values, relative for large ones); inf where a value's dtype or shape differs or where
-    values that are not floating point differ at all (counters, masks and random states agree exactly)."""
+    """How far two runs' values are apart: over the values, the largest root mean square of |a - b| / (1 + |b|)
+    (absolute for small elements, relative for large ones); inf where a value's dtype or shape differs or where
+    values that are not floating point differ at all (counters, masks and random states agree exactly). The mean
+    over a value's elements, not its largest element: Adam turns rounding noise in a near-zero gradient into a
+    step of up to `lr` in that one element (honest classes part by 5.5e-5 in one element of a CNN's weights
+    after 10 steps, 8e-7 in RMS), while a wrong kernel moves every element it feeds."""
     import torch
 
     if len(mine) != len(theirs):
@@ -121,7 +124,7 @@ def scaled_difference(mine: list, theirs: list) -> float:
         if a.numel():
             a64, b64 = a.double(), b.double()
             diff = ((a64 - b64).abs() / (1 + b64.abs())).masked_fill((a64 == b64) | (a64.isnan() & b64.isnan()), 0)
-            worst = max(worst, diff.nan_to_num(nan=float("inf")).max().item())
+            worst = max(worst, diff.nan_to_num(nan=float("inf")).pow(2).mean().sqrt().item())
     return worst
 
 
