@@ -222,12 +222,25 @@ def test_a_token_user_stops_and_cancels_running_loops(run):
     _no_errors(run.pool)
 
 
-def test_a_token_user_stops_a_spot_checked_fit(run):
+def test_a_token_user_stops_a_spot_checked_fit(run, honest_urls, tmp_path):
     """A stop asked from the API (ravop.tools.status.request_stop: STOP's fields written without a script by a token
-    user) of a fit under verify='spot' on two workers checkpointing every 5 steps (one segment an epoch): the loop
-    ends at an epoch boundary, its last segment checked, with the prediction of the fit recorded that long."""
+    user) of a fit under verify='spot' on workers of two worker users checkpointing every 5 steps (one segment an
+    epoch): the loop ends at an epoch boundary, its last segment checked, with the prediction of the fit recorded
+    that long."""
+    run.pool.start(1, extra=("--checkpoint-steps", "5"))
+    user, url = next(iter(honest_urls.items()))   # a check needs a worker of another user
+    (tmp_path / user).mkdir()
+    other = Workers(url, tmp_path / user)
+    other.start(1, extra=("--checkpoint-steps", "5"))
+    try:
+        _stop_a_spot_checked_fit(run)
+    finally:
+        other.stop_all()
+    _no_errors(other)
+
+
+def _stop_a_spot_checked_fit(run):
     from test_spot_checks import record_fit
-    run.pool.start(2, extra=("--checkpoint-steps", "5"))
     record_fit("long", "spot", epochs=2000)
     R.activate()
     R.execute()
