@@ -144,11 +144,13 @@ def test_two_liars_of_one_user_do_not_outvote_an_honest_worker(engine, workers, 
     as_mallory.close()
 
 
-def test_a_check_that_cannot_settle_ends_with_a_verdict(engine, workers, client, no_loop_folding):
+def test_a_check_that_cannot_settle_ends_with_a_verdict(engine, workers, client, no_loop_folding, capsys):
     """One worker: nobody of another user can check it. Plain subgraphs and a fit's segments end unverified at
     the deadline, named in `ravop logs`, and the graphs complete."""
     workers.start(1, extra=SEGMENT)
     _, checked = branches("unsettled", R.Verify(settle_seconds=3))
+    assert "but 1 workers are connected; a check waits for more for 3 s, then ends unverified" in \
+        capsys.readouterr().err   # R.execute() says so
     verdicts = [f for f in status.failures(client, engine.keys()) if f["reason"] == "unverified"]
     _, plain = branches("plain", 1)
     assert torch.equal(checked, plain)
