@@ -35,7 +35,9 @@ class Verify:
     """`R.Graph(verify=R.Verify(rate=0.1, trust_after=10, copies=2))`: adaptive spot checks with these knobs
     (`verify='spot'` is this with the defaults). `rate`: the chance that a trusted worker's result is checked;
     `trust_after`: consecutive confirmed results that make a worker trusted; `copies`: runs compared per check
-    (the worker's and `copies - 1` others')."""
+    (the worker's and `copies - 1` others'); `tolerance`: the largest `scaled_difference` at which a check of
+    another numerics class vouches for a result; `settle_seconds`: how long a check may wait for workers of
+    other users before it ends (unverified, or the graph fails on a dispute nobody broke)."""
     rate: float = DEFAULT_RATE
     trust_after: int = DEFAULT_TRUST_AFTER
     copies: int = DEFAULT_COPIES
