@@ -9,6 +9,12 @@ under verify=R.Verify(rate=0.1) once both workers are trusted, best of `--repeat
 steps of a 64-512-512-8 MLP, checkpoints every 10 steps) both ways. Rows: wall time, and extra compute (re-runs over results, counted from the
 store: every checked result costs `copies - 1` re-runs). Eager PyTorch runs the branches in this process for scale.
 
+Part 3, across numerics classes (issue 42): every result checked (rate 1), by a worker of the runner's class
+(bitwise digests, as before) or of an emulated older CPU (AVX: values compared within the tolerance), each
+against no verification on the same pair; with the largest honest distance measured (`--classes-only`).
+Part 4, drift: an eager digits-shaped MLP and CNN with Adam from one state in processes of each class (and a run with
++1e-4 on one layer's output, a subtle cheat): the distance the check's tolerance bounds, after 1 to 1,000 steps.
+
 Part 2, detection: the engine's own SPOT script (ravop/store/spot_scripts.py) on a private server, driven by a
 model of workers in Python: each result is a digest handed in as a worker would, checks are answered by honest
 workers, and a worker is caught when the script bans it. Nothing of the policy is re-implemented here.
@@ -20,7 +26,9 @@ workers, and a worker is caught when the script bans it. Nothing of the policy i
   accepted unchecked, honest workers banned.
 """
 import argparse
+import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -35,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from compiler.cost import DEVICES  # noqa: E402
 import ravop as R  # noqa: E402
 from ravop.client.session import require  # noqa: E402
-from ravop.core.spot_policy import Verify, read_trust, trust_member  # noqa: E402
+from ravop.core.spot_policy import Verify, read_trust  # noqa: E402
 from ravop.local.embedded import LocalServer, start_worker  # noqa: E402
 from ravop.store import GraphKeys, TokenKeys, connect, queue  # noqa: E402
 from ravop.store.keys import worker_key  # noqa: E402
@@ -112,10 +120,10 @@ def overhead(args):
         token = f"bench-{uuid.uuid4().hex[:6]}"
         R.initialize(token=token, redis_url=server.url)
         policy = Verify(rate=0.1, trust_after=10)
-        members = [trust_member(f"bench-{k}", "cpu") for k in range(2)]
         while True:   # earn trust: every result is checked until 10 in a row are confirmed
-            trust = read_trust(client.hgetall(TokenKeys(token).trust))
-            if all(trust.get(m, {}).get("streak", 0) >= policy.trust_after for m in members):
+            trust = read_trust(client.hgetall(TokenKeys(token).trust))   # per principal@numerics class
+            if all(any(m.startswith(f"bench-{k}@") and t["streak"] >= policy.trust_after for m, t in trust.items())
+                   for k in range(2)):
                 break
             record_branches(args.branches, policy)
             timed_run(client, token)
@@ -148,6 +156,131 @@ def overhead(args):
         server.stop()
 
 
+# ------------------------------------------------------------------------------ part 3: across numerics classes
+
+AVX = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "AVX", "ONEDNN_MAX_CPU_ISA": "AVX"}   # an emulated older CPU
+SSE4 = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
+SPREAD = re.compile(r"'s values are (\S+) from this worker's")
+
+
+def start_pair(server, logs, tag, env):
+    """Two workers (one thread each), the second with `env` added to its environment; their names."""
+    names = [f"{tag}-0", f"{tag}-1"]
+    procs = [start_worker(server.url, names[0], "cpu", threads=1, log_path=str(logs / f"{names[0]}.log"),
+                          extra_args=["--checkpoint-steps", "10"])]
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        procs.append(start_worker(server.url, names[1], "cpu", threads=1, log_path=str(logs / f"{names[1]}.log"),
+                                  extra_args=["--checkpoint-steps", "10"]))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return names, procs
+
+
+def across_classes(args):
+    """Every result checked (rate 1, never trusted), by a worker of the runner's class (today's bitwise
+    comparison) or of another (the comparison by tolerance, reading the runner's values): wall time of the
+    branches and the fit, against no verification on the same pair."""
+    server = LocalServer()
+    client = connect(server.url)
+    logs = Path(tempfile.mkdtemp(prefix="bench-verify-classes-"))
+    every = Verify(rate=1.0, trust_after=10**6)
+    rows = []
+    try:
+        for what, env in (("same class", {}), ("across classes", AVX)):
+            names, procs = start_pair(server, logs, what.split()[0], env)
+            try:
+                while not all(client.exists(worker_key(n)) for n in names):
+                    time.sleep(0.1)
+                R.initialize(token=f"bench-{uuid.uuid4().hex[:6]}", redis_url=server.url)
+                for graph, record in (("branches", lambda v: record_branches(args.branches, v)), ("fit", record_fit)):
+                    plain, spot = [], []
+                    for _ in range(args.repeats):
+                        record(1)
+                        plain.append(timed_run(client, None)[0])
+                        record(every)
+                        spot.append(timed_run(client, None)[0])
+                    rows.append((what, graph, min(plain), min(spot)))
+                spreads = [float(v) for n in names for v in SPREAD.findall((logs / f"{n}.log").read_text())]
+                rows.append((what, "compared", len(spreads), max(spreads, default=0.0)))
+            finally:
+                for proc in procs:
+                    proc.terminate()
+                for proc in procs:
+                    proc.wait(timeout=60)
+    finally:
+        server.stop()
+    print(f"\nPart 3: every result checked (rate 1), checker of the runner's class vs of another (best of "
+          f"{args.repeats})")
+    print(f"{'pair':15} {'graph':9} {'none (s)':>9} {'spot (s)':>9} {'spot/none':>10}")
+    for pair, graph, a, b in rows:
+        if graph == "compared":
+            print(f"{pair:15} {'':9} values compared by tolerance: {a}, largest honest distance {b:.3g}")
+        else:
+            print(f"{pair:15} {graph:9} {a:9.2f} {b:9.2f} {b / a:10.2f}")
+
+
+DRIFT_STEPS = (1, 5, 10, 100, 1000)
+# One eager digits-shaped model (an MLP 64-32-10, or a CNN on 8x8 images: conv 16, pool, conv 32, linear;
+# cross-entropy, Adam) from one seed, in a process of the class under test; with CHEAT set, its first layer's
+# output gets +CHEAT at every step (a subtly wrong kernel).
+DRIFT = """
+import os, sys, torch
+torch.set_num_threads(int(sys.argv[2]))
+torch.manual_seed(0)
+nn = torch.nn
+if sys.argv[3] == "mlp":
+    x = torch.randn(512, 64)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+else:
+    x = torch.randn(512, 1, 8, 8)
+    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1),
+                          nn.ReLU(), nn.Flatten(), nn.Linear(32 * 16, 10))
+y = torch.randint(0, 10, (512,))
+cheat = float(os.environ.get("CHEAT", "0"))
+if cheat:
+    model[0].register_forward_hook(lambda m, i, out: out + cheat)
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+kept = {}
+for step in range(1, %d + 1):
+    batch = slice((step * 64) %% 512, (step * 64) %% 512 + 64)
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+    opt.step()
+    if step in %r:
+        kept[step] = [p.detach().clone() for p in model.parameters()] + \
+            [v.clone() for s in opt.state.values() for v in (s["exp_avg"], s["exp_avg_sq"])]
+torch.save(kept, sys.argv[1])
+"""
+
+
+def drift():
+    """How far honest runs of other classes (and a +1e-4 cheat) are from the machine's own after 1..1000 steps
+    from one state: the distance the check's tolerance bounds (spot_policy.scaled_difference) over parameters
+    and Adam's moments."""
+    import subprocess
+    from ravop.core.spot_policy import DEFAULT_TOLERANCE, scaled_difference
+    folder = Path(tempfile.mkdtemp(prefix="bench-verify-drift-"))
+    script = DRIFT % (max(DRIFT_STEPS), DRIFT_STEPS)
+    runs = {"avx2 t1": ({}, 1), "avx t1": (AVX, 1), "sse4 t1": (SSE4, 1), "avx2 t2": ({}, 2),
+            "cheat 1e-4": ({"CHEAT": "1e-4"}, 1)}
+    print(f"\nPart 4: distance from the machine's own class (avx2 t1) after n steps from one state "
+          f"(tolerance {DEFAULT_TOLERANCE:g})")
+    print(f"{'model':6}{'run':12} " + " ".join(f"{n:>10}" for n in DRIFT_STEPS))
+    for model in ("mlp", "cnn"):
+        kept = {}
+        for name, (env, threads) in runs.items():
+            path = folder / f"{model}-{name.replace(' ', '-')}.pt"
+            subprocess.run([sys.executable, "-c", script, str(path), str(threads), model], env={**os.environ, **env},
+                           check=True)
+            kept[name] = torch.load(path)
+        for name in list(runs)[1:]:
+            print(f"{model:6}{name:12} " + " ".join(f"{scaled_difference(kept[name][n], kept['avx2 t1'][n]):10.2e}"
+                                                  for n in DRIFT_STEPS))
+
+
 # ------------------------------------------------------------------------------------------ part 2: detection
 
 class Policy:
@@ -168,12 +301,12 @@ class Policy:
         re-runs the script asks for, from `checkers` in turn. True if the result was checked."""
         self.result += 1
         digest = lambda worker: "bad-" + worker if lies(worker) else "good"   # noqa: E731
-        reply = self.script.submit(self.keys, self.result, trust_member(runner, "cpu"), digest(runner), "cpu")
+        reply = self.script.submit(self.keys, self.result, runner, digest(runner), "cpu")
         checked = reply[0] == "hold"
         for checker in checkers:
             if reply[0] != "hold":
                 break
-            reply = self.script.submit(self.keys, self.result, trust_member(checker, "cpu"), digest(checker), "cpu")
+            reply = self.script.submit(self.keys, self.result, checker, digest(checker), "cpu")
         return checked
 
     def drop(self):
@@ -268,10 +401,18 @@ def main(argv=None):
     parser.add_argument("--trials", type=int, default=400)
     parser.add_argument("--honest", type=int, default=10_000)
     parser.add_argument("--skip-overhead", action="store_true", help="only the detection part")
+    parser.add_argument("--classes-only", action="store_true",
+                        help="only parts 3 and 4: checks across numerics classes, and the drift they judge")
     args = parser.parse_args(argv)
     random.seed(0)
+    if args.classes_only:
+        across_classes(args)
+        drift()
+        return
     if not args.skip_overhead:
         overhead(args)
+        across_classes(args)
+        drift()
     server = LocalServer()
     try:
         client = connect(server.url)

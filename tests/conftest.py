@@ -77,17 +77,28 @@ class Workers:
         self.procs = {}
         self.client = connect(url)
 
-    def start(self, count=1, reclaim_idle=1.0, max_attempts=3, extra=(), prefix="w", name=None):
-        """Start `count` workers, wait until all have registered, and return their names; `name`: one worker under
-        that name (a worker restarted under the name of one that died)."""
+    def start(self, count=1, reclaim_idle=1.0, max_attempts=3, extra=(), prefix="w", name=None, threads=1,
+              env=None):
+        """Start `count` workers (of `threads` torch threads, with the variables of `env` added to their
+        environment), wait until all have registered, and return their names; `name`: one worker under that name (a
+        worker restarted under the name of one that died)."""
         names = []
-        for _ in range(count):
-            worker = name or f"{prefix}-{uuid.uuid4().hex[:6]}"
-            self.procs[worker] = start_worker(self.url, worker, "cpu", threads=1,
-                                              log_path=str(self.log_path(worker)),
-                                              extra_args=["--reclaim-idle", str(reclaim_idle), "--max-attempts",
-                                                          str(max_attempts), *extra])
-            names.append(worker)
+        saved = {key: os.environ.get(key) for key in env or {}}
+        os.environ.update(env or {})   # the workers' environment is this process's (embedded.worker_environment)
+        try:
+            for _ in range(count):
+                worker = name or f"{prefix}-{uuid.uuid4().hex[:6]}"
+                self.procs[worker] = start_worker(self.url, worker, "cpu", threads=threads,
+                                                  log_path=str(self.log_path(worker)),
+                                                  extra_args=["--reclaim-idle", str(reclaim_idle), "--max-attempts",
+                                                              str(max_attempts), *extra])
+                names.append(worker)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         deadline = time.monotonic() + START_TIMEOUT
         for name in names:
             while not self.client.exists(worker_key(name)):

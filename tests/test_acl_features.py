@@ -21,7 +21,7 @@ from ravop.store import ensure_queues
 from ravop.store import graphs as store_graphs
 from ravop.store.keys import TOKENS, GraphKeys, TokenKeys
 from ravop.store.threat_model import TOKEN_A, TOKEN_B
-from ravop.tools import status
+from ravop.tools import admin, status
 
 from conftest import Workers
 from helpers import assert_a_valid_graph_runs, on_one_thread, wait_for
@@ -30,11 +30,15 @@ from test_cli import ravop
 from test_spot_checks import assert_honest_bits
 
 WORKER = "wk"
+# Two more worker users: spot checks count one vote per user, so the liar (a process of WORKER) is checked by
+# workers of the others.
+HONEST_USERS = ("wk-b", "wk-c")
 # Refusals that are the design (tests/test_acl.py): the requester's script probe (it then goes without) and the
 # streams' group (the workers' to make), CONFIG GET and redis-py's CLIENT SETINFO. `ravop logs` as a token user
 # does not ask for the dead letters (every token's failures, not granted: its graph's failure is in its meta).
 PROBES = {(TOKEN_A, "evalsha"), (TOKEN_A, "xgroup|create")} | {
-    (user, command) for user in (TOKEN_A, TOKEN_B, WORKER) for command in ("config|get", "client|setinfo")}
+    (user, command) for user in (TOKEN_A, TOKEN_B, WORKER, *HONEST_USERS)
+    for command in ("config|get", "client|setinfo")}
 
 
 def _fresh(server):
@@ -55,6 +59,15 @@ def _refusals(admin):
     found = {(e["username"], e["object"], e["reason"], e["context"],
               re.search(r"cmd=(\S+)", e.get("client-info", "")).group(1)) for e in entries}
     return {entry for entry in found if entry[:2] not in PROBES}
+
+
+@pytest.fixture(scope="module")
+def honest_urls(acl_server):
+    """{user: URL} of the two more worker users."""
+    admin_client = redis.Redis.from_url(acl_server.url)
+    urls = {user: admin.create(admin_client, acl_server.url, "worker", user)[0] for user in HONEST_USERS}
+    admin_client.close()
+    return urls
 
 
 @pytest.fixture
@@ -80,36 +93,50 @@ def _no_errors(pool):
         assert "NOPERM" not in log and "Traceback" not in log, (name, log)
 
 
-def test_spot_checks_with_a_liar_as_a_token_user_on_worker_users(run, no_loop_folding):
-    """Three worker processes of the worker user, one a liar: the spot checks write the token's trust, the
-    graph's votes and the disputes; the liar is banned for the token and named in `ravop status` and `ravop
-    logs` run with the token user's URL."""
+def test_spot_checks_with_a_liar_as_a_token_user_on_worker_users(run, honest_urls, tmp_path, no_loop_folding):
+    """Worker processes of three worker users, the liar's user (WORKER) with one: the spot checks write the token's
+    trust, the graph's votes and the disputes; the liar's user is banned for the token and named in `ravop status`
+    and `ravop logs` run with the token user's URL."""
     from test_spot_checks import branches
-    run.pool.start(2)
-    _, plain = branches("plain", 1)
-    [liar] = run.pool.start(1, extra=["--test-wrong-outputs"], prefix="liar")
-    banned = TokenKeys(TOKEN_A).banned
-    for attempt in range(6):   # until the liar took part in a check (it races two honest workers for work)
-        _, checked = branches(f"spot-{attempt}", "spot")
-        assert torch.equal(checked, plain)
-        if run.owner.sismember(banned, liar):
-            break
-    assert run.owner.smembers(banned) == {liar.encode()}
-    trust = read_trust(run.owner.hgetall(TokenKeys(TOKEN_A).trust))
-    assert trust[f"{liar}@cpu"]["mismatches"] >= 1
-    report = json.loads(ravop("status", "--redis", run.url, "--json").stdout)
-    rows = {row["worker"]: row for row in report["trust"]}
-    assert rows[liar]["banned"] and rows[liar]["mismatches"] >= 1
-    text = ravop("status", "--redis", run.url).stdout
-    assert "trust (verify='spot')" in text and re.search(rf"{liar}\s+cpu\s+\d+\s+0\s+\d+\s+[1-9]\d*\s+yes", text)
-    logs = ravop("logs", run.session.keys().graph_id, "--redis", run.url).stdout
-    assert "verification dispute" in logs and liar in logs, logs
-    _no_errors(run.pool)
+    pools = []
+    for user, url in honest_urls.items():
+        (tmp_path / user).mkdir(exist_ok=True)
+        pools.append(Workers(url, tmp_path / user))
+    try:
+        for pool in pools:
+            pool.start(1)
+        _, plain = branches("plain", 1)
+        run.pool.start(1, extra=["--test-wrong-outputs"], prefix="liar")
+        banned = TokenKeys(TOKEN_A).banned
+        for attempt in range(6):   # until the liar took part in a check (it races two honest workers for work)
+            _, checked = branches(f"spot-{attempt}", "spot")
+            assert torch.equal(checked, plain)
+            if run.owner.sismember(banned, WORKER):
+                break
+        assert run.owner.smembers(banned) == {WORKER.encode()}   # votes, bans and trust are per user
+        trust = read_trust(run.owner.hgetall(TokenKeys(TOKEN_A).trust))
+        [liar_trust] = [t for member, t in trust.items() if member.startswith(f"{WORKER}@")]
+        assert liar_trust["mismatches"] >= 1
+        report = json.loads(ravop("status", "--redis", run.url, "--json").stdout)
+        rows = {row["worker"]: row for row in report["trust"]}
+        assert rows[WORKER]["banned"] and rows[WORKER]["mismatches"] >= 1
+        assert not any(rows[user]["banned"] for user in HONEST_USERS if user in rows)
+        text = ravop("status", "--redis", run.url).stdout
+        assert "trust (verify='spot')" in text and re.search(rf"{WORKER}\s+cpu/\S+\s+\d+\s+0\s+\d+\s+[1-9]\d*\s+yes",
+                                                               text)
+        logs = ravop("logs", run.session.keys().graph_id, "--redis", run.url).stdout
+        assert "verification dispute" in logs and WORKER in logs, logs
+        for pool in (run.pool, *pools):
+            _no_errors(pool)
+    finally:
+        for pool in pools:
+            pool.stop_all()
 
 
-def test_a_liar_in_a_fit_under_spot_checks_as_a_token_user(run, monkeypatch):
-    """A loop under spot checks: checkpoints every 5 steps (segments; in chunks of 128 bytes), a liar from its second
-    segment on (`--test-wrong-outputs=after:1`), dispute traces narrowed to the op, a rewind, an honest finish."""
+def test_a_liar_in_a_fit_under_spot_checks_as_a_token_user(run, honest_urls, tmp_path, monkeypatch):
+    """A loop under spot checks: checkpoints every 5 steps (segments; in chunks of 128 bytes), a liar of user
+    WORKER from its second segment on (`--test-wrong-outputs=after:1`), checked by workers of two other users:
+    dispute traces narrowed to the op, a rewind, an honest finish."""
     from test_spot_checks import record_fit
     monkeypatch.setenv("RAVOP_CHUNK_BYTES", "128")   # the workers inherit it: checkpoints and outputs in chunks
     [liar] = run.pool.start(1, extra=("--test-wrong-outputs=after:1", "--checkpoint-steps", "5"), prefix="liar")
@@ -118,16 +145,26 @@ def test_a_liar_in_a_fit_under_spot_checks_as_a_token_user(run, monkeypatch):
     R.execute()
     keys = run.session.keys()
     wait_for(lambda: run.owner.hget(keys.taken, 0) == liar.encode(), "the liar to take the loop")
-    honest = run.pool.start(2, extra=("--checkpoint-steps", "5"))
-    R.track_progress(progress_bar=False, timeout=600)
-    assert_honest_bits(graph, names)
-    assert run.owner.smembers(TokenKeys(TOKEN_A).banned) == {liar.encode()}
-    assert run.owner.hget(keys.ran, 0).decode() in honest
-    lines = [f["error"] for f in status.failures(run.owner, keys)]
-    assert any(re.match(rf"worker {liar} and ({'|'.join(honest)}) differ first at step \d+, op '", line)
-               for line in lines), lines
-    assert f"worker {liar} and " in ravop("logs", keys.graph_id, "--redis", run.url).stdout
-    _no_errors(run.pool)
+    pools = []
+    for user, url in honest_urls.items():
+        (tmp_path / user).mkdir(exist_ok=True)
+        pools.append(Workers(url, tmp_path / user))
+    try:
+        honest = [pool.start(1, extra=("--checkpoint-steps", "5"))[0] for pool in pools]
+        R.track_progress(progress_bar=False, timeout=600)
+        assert_honest_bits(graph, names)
+        assert run.owner.smembers(TokenKeys(TOKEN_A).banned) == {WORKER.encode()}
+        assert run.owner.hget(keys.ran, 0).decode() in honest
+        lines = [f["error"] for f in status.failures(run.owner, keys)]
+        # a dispute names the disputants by user
+        assert any(re.match(rf"worker {WORKER} and ({'|'.join(HONEST_USERS)}) differ first at step \d+, op '", line)
+                   for line in lines), lines
+        assert f"worker {WORKER} and " in ravop("logs", keys.graph_id, "--redis", run.url).stdout
+        for pool in (run.pool, *pools):
+            _no_errors(pool)
+    finally:
+        for pool in pools:
+            pool.stop_all()
 
 
 def test_a_token_user_stops_and_cancels_running_loops(run):
@@ -185,12 +222,25 @@ def test_a_token_user_stops_and_cancels_running_loops(run):
     _no_errors(run.pool)
 
 
-def test_a_token_user_stops_a_spot_checked_fit(run):
+def test_a_token_user_stops_a_spot_checked_fit(run, honest_urls, tmp_path):
     """A stop asked from the API (ravop.tools.status.request_stop: STOP's fields written without a script by a token
-    user) of a fit under verify='spot' on two workers checkpointing every 5 steps (one segment an epoch): the loop
-    ends at an epoch boundary, its last segment checked, with the prediction of the fit recorded that long."""
+    user) of a fit under verify='spot' on workers of two worker users checkpointing every 5 steps (one segment an
+    epoch): the loop ends at an epoch boundary, its last segment checked, with the prediction of the fit recorded
+    that long."""
+    run.pool.start(1, extra=("--checkpoint-steps", "5"))
+    user, url = next(iter(honest_urls.items()))   # a check needs a worker of another user
+    (tmp_path / user).mkdir()
+    other = Workers(url, tmp_path / user)
+    other.start(1, extra=("--checkpoint-steps", "5"))
+    try:
+        _stop_a_spot_checked_fit(run)
+    finally:
+        other.stop_all()
+    _no_errors(other)
+
+
+def _stop_a_spot_checked_fit(run):
     from test_spot_checks import record_fit
-    run.pool.start(2, extra=("--checkpoint-steps", "5"))
     record_fit("long", "spot", epochs=2000)
     R.activate()
     R.execute()

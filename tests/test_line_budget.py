@@ -21,8 +21,9 @@ BUDGET = {
     #                             fit-then-use (trained_values, model_file; issue 45), 2,671 with EarlyStopping
     #                             in the loop (loop_stopping), 2,712 with DiLoCo's unequal shares in parallel_fit
     "ravop/client": 1160,       # 1,101 at the layout by role
-    "ravop/core": 545,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
-                                # the numerics mode (issue 42) and the loop-stop op kind (issue 45)
+    "ravop/core": 590,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
+                                # the numerics mode (issue 42) and the loop-stop op kind (issue 45); +56 numerics
+                                # classes and the cross-class tolerance (issue 42)
     "ravop/federated": 400,     # 380 at the layout by role
     "ravop/local": 680,         # 646 at the layout by role
     "ravop/ops": 3530,          # 2,776 at the layout by role; +156 the TorchScript forward kept for its VJP, +259 the
@@ -33,7 +34,8 @@ BUDGET = {
                                 # with rounds that close with the replicas present (close_after, issue 43)
     "ravop/record": 1550,       # 1,468 at the layout by role
     "ravop/runtime": 1220,      # 1,160 at the layout by role
-    "ravop/store": 2145,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44)
+    "ravop/store": 2200,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
+                                # with votes per principal in the SPOT script and the attempts hash (issues 42, 43)
     "ravop/tools": 745,         # 680 at the layout by role; +17: ravop admin token set, shares in status
     "ravop/wire": 320,          # 304 at the layout by role
     "worker/execute": 540,      # 506 at the layout by role
@@ -41,9 +43,10 @@ BUDGET = {
                                 # (DiLoCo's close_after, issue 43); +24: loops yield to other tokens (turns, issue 44);
                                 # 1,113 with the checkpoint read in the inputs' round trip (issue 43)
     "worker/provider": 350,     # 325 at the layout by role
-    "worker/serve": 1440,       # 1,234 at the layout by role; +39: the tokens' quotas (token_usage); +7 --numerics;
-                                # +40 for attempts that count failures (attempts, issue 43)
-    "worker/verify": 410,       # 382 at the layout by role
+    "worker/serve": 1480,       # 1,234 at the layout by role; +39: the tokens' quotas (token_usage); +7 --numerics;
+                                # +40 for attempts that count failures (attempts, issue 43); + votes per principal
+    "worker/verify": 530,       # 382 at the layout by role; 521 with cross-class checks by tolerance, votes per
+                                # principal and checks ended by a deadline (issue 42)
 }
 SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,
            tokenize.ENDMARKER}

@@ -69,10 +69,12 @@ def execute(timeout: Optional[float] = None, participants: Optional[int] = None)
         meta = read_meta(session, keys)
         connected = sum(len(liveness.alive(session.client, k)) for k in meta.get("devices", "").split(",") if k)
         if connected < copies:
-            needs = (f"verify='spot' checks results on {copies} different workers ({copies + 1} for a disputed "
-                     "one)" if spot else
-                     f"verify={copies} runs each subgraph on {copies} different workers")
-            print(f"graph {meta['name']!r}: {needs}, but {connected} are connected; it waits for more",
+            waits = (f"a check waits for more for {Verify.decode(spot).settle_seconds:g} s, then ends unverified"
+                     if spot else "it waits for more")
+            needs = (f"verify='spot' checks results on workers of {copies} different users ({copies + 1} for a "
+                     "disputed one)" if spot else
+                     f"verify={copies} runs each subgraph on workers of {copies} different users")
+            print(f"graph {meta['name']!r}: {needs}, but {connected} workers are connected; {waits}",
                   file=sys.stderr)
     if participants is not None:
         if session.embedded is not None:

@@ -7,6 +7,7 @@ thread count (docs/reports/reproducible_numerics.md); an op without one is refus
 from __future__ import annotations
 
 import os
+from typing import Mapping, Optional
 
 ENV = "RAVOP_NUMERICS"
 DEFAULT, REPRODUCIBLE = "default", "reproducible"
@@ -20,9 +21,9 @@ def check(mode: str) -> str:
     return mode
 
 
-def current() -> str:
-    """This process's mode, from its environment (unset: default)."""
-    value = os.environ.get(ENV, DEFAULT)
+def current(environ: Optional[Mapping[str, str]] = None) -> str:
+    """This process's mode, from its environment or `environ` (unset or empty: default)."""
+    value = (os.environ if environ is None else environ).get(ENV) or DEFAULT
     if value not in MODES:
         raise ValueError(f"{ENV}={value!r}: must be one of {', '.join(MODES)}")
     return value

@@ -22,8 +22,8 @@ from fnmatch import fnmatchcase
 from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from .keys import (ANY, DEAD_LETTER, FEDERATED_OPEN, PROVIDERS, STARTED, STARTING, TOKENS, banned_pattern, graph_prefix,
-                   inbox_pattern, info_key, provider_key, queue, quota_key, token_pattern, token_prefix,
-                   trust_pattern, usage_key, worker_key, workers_set)
+                   inbox_pattern, info_key, principal_key, provider_key, queue, quota_key, token_pattern,
+                   token_prefix, trust_pattern, usage_key, worker_key, workers_set)
 
 REQUESTER, WORKER = "requester", "worker"
 
@@ -51,7 +51,8 @@ REQUESTER_KEYLESS = _CONNECTION + ("scan", "publish")
 # Workers run the project's scripts (they load them after a server restart). See docs/operators/security.md for
 # what a script may cost the server and how long it may block it.
 # SCAN: the keys of a token with a memory quota are sized before its outputs are stored (ravop.store.quotas).
-WORKER_KEYLESS = _CONNECTION + ("script|load", "script|exists", "subscribe", "unsubscribe", "scan")
+# ACL WHOAMI: a worker's votes count per ACL user (ravop.core.spot_policy.principal_of).
+WORKER_KEYLESS = _CONNECTION + ("script|load", "script|exists", "subscribe", "unsubscribe", "scan", "acl|whoami")
 CHANNELS = (STARTED,)  # the only pub/sub channel either role may use
 
 _READ_STRING = ("get", "mget", "strlen", "exists")
@@ -87,8 +88,9 @@ def _graph(*suffixes: str) -> Tuple[str, ...]:
     return tuple(graph_prefix(ANY, ANY) + suffix for suffix in suffixes)
 
 
-def worker_grants() -> List[Grant]:
-    """What a worker user may do (besides WORKER_KEYLESS): each write command only where the protocol sends it."""
+def worker_grants(user: str = "") -> List[Grant]:
+    """What worker user `user` may do (besides WORKER_KEYLESS): each write command only where the protocol sends
+    it. Its scripts may name its own principal key only: its spot-check votes are its user's, whatever it claims."""
     streams = (queue(ANY),)
     return [
         Grant("graph keys: read", _graph(ANY), _READ_STRING + _READ_HASH + ("smembers", "sismember", "watch")),
@@ -140,8 +142,8 @@ def worker_grants() -> List[Grant]:
         Grant("federated open", (FEDERATED_OPEN,), ("smembers", "sadd", "srem")),
         # The scripts name graph keys, the work streams and the dead letters; each command inside is checked
         # against the grants above.
-        Grant("scripts", _graph(ANY) + streams + (DEAD_LETTER, trust_pattern(), banned_pattern()),
-              ("eval", "evalsha")),
+        Grant("scripts", _graph(ANY) + streams + (DEAD_LETTER, trust_pattern(), banned_pattern())
+              + ((principal_key(user),) if user else ()), ("eval", "evalsha")),
     ]
 
 
@@ -150,7 +152,7 @@ def grants_of(role: str, namespace: str = "") -> Tuple[Tuple[str, ...], List[Gra
     if role == REQUESTER:
         return REQUESTER_KEYLESS, requester_grants(namespace)
     if role == WORKER:
-        return WORKER_KEYLESS, worker_grants()
+        return WORKER_KEYLESS, worker_grants(namespace)
     raise ValueError(f"role must be {REQUESTER!r} or {WORKER!r}, not {role!r}")
 
 
@@ -166,9 +168,9 @@ def requester_rules(namespace: str) -> List[str]:
     return _rules(*grants_of(REQUESTER, namespace))
 
 
-def worker_rules() -> List[str]:
-    """ACL SETUSER arguments (after the name) of a worker."""
-    return _rules(*grants_of(WORKER))
+def worker_rules(user: str) -> List[str]:
+    """ACL SETUSER arguments (after the name) of worker user `user`."""
+    return _rules(*grants_of(WORKER, user))
 
 
 def allows(role: str, command: str, key: Optional[str], namespace: str = "") -> bool:

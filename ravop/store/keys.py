@@ -5,7 +5,7 @@ Per token (one requester), under `ravop:{token}:`:
   current             string  the graph id that R.track_progress and R.fetch_persisting_op use
   banned              set     workers whose outputs disagreed with the majority (R.Graph(verify=k)): they
                               take no more of this token's work
-  trust               hash    R.Graph(verify='spot'): "worker@kind:streak|confirmed|mismatches|unchecked" ->
+  trust               hash    R.Graph(verify='spot'): "user@class:streak|confirmed|mismatches|unchecked" ->
                               count (ravop.core.spot_policy); written only by the SPOT script
   inbox               zset    graph id -> when: graphs a `ravop admin` token user started; it may not write
                               the work streams, so workers start them for it (ravop.store.inbox)
@@ -137,6 +137,13 @@ def worker_key(name: str) -> str:
 
 def workers_set(kind: str) -> str:
     return f"{SHARED}workers:{kind}"
+
+
+def principal_key(principal: str) -> str:
+    """A key that names a worker's principal (its ACL user) to the SPOT script. Never written: a worker user's
+    scripts may name only its own (ravop.store.access), so the server, not the worker, vouches for whose vote
+    it is."""
+    return f"{SHARED}principal:{principal}:vote"
 
 
 def info_key(name: str) -> str:

@@ -11,7 +11,15 @@ Replies (first element):
              the rest of the reply names the workers it outvoted (banned from the token's work, trust reset).
 - complete:  a retry of an accepted result with the same digest (its first runner died before completing).
 - again:     this worker voted on it already: ack, nothing to do.
-- split:     no majority after `copies + 2` runs; the rest names the workers: the graph fails.
+- split:     no majority after `copies + 2` runs, or a dispute with no majority by its deadline; the rest names
+             the principals: the graph fails.
+- unverified: (a deadline check only) no other principal checked it by the deadline: the runner's result is
+             accepted as it is; the rest says why.
+
+Votes are per principal (a worker's ACL user, ravop.core.spot_policy.principal_of): a user's second run of the same
+result is answered `again`, and losers are banned by principal. Trust is kept per principal and numerics class.
+A digest of '' asks for the deadline check: a check still open `settle_seconds` after it began (or after its
+dispute began) ends there, unverified (nobody disagreed) or split (a dispute nobody broke).
 
 Trust lives in the token's `trust` hash, so a standalone server is needed (on a cluster it is in another slot than
 the graph's keys; `R.activate` refuses verify='spot' there).
@@ -19,11 +27,13 @@ the graph's keys; `R.activate` refuses verify='spot' there).
 from typing import List, Optional, Union
 
 from .client_types import Client
-from .keys import GraphKeys, TokenKeys, queue
+from .keys import GraphKeys, TokenKeys, principal_key, queue
 
-# KEYS: meta, votes, trust, banned, the submitting worker's work stream; for a loop segment also the loop's
-# segments, checkpoint and taken hashes.
-# ARGV: member (worker@kind), digest, token, graph id, subgraph id, segment ('' for a plain subgraph).
+# KEYS: meta, votes, trust, banned, the submitting worker's work stream, its principal's key (keys.principal_key:
+# the ACL lets a worker user name only its own); for a loop segment also the loop's segments, checkpoint and taken
+# hashes.
+# ARGV: principal, digest ('' for the deadline check), token, graph id, subgraph id, segment ('' for a plain
+# subgraph), the worker's numerics class.
 # A segment is "start-end:runner" (worker/verify/spot_loop.py). Its state is mirrored in the loop's segments hash
 # (seg -> runner, seg:state -> state), which the runner waits on before completing; a disputed segment also
 # asks both disputants to re-run it with per-op digests (a message with `trace` = the disputant), and one that
@@ -31,10 +41,17 @@ from .keys import GraphKeys, TokenKeys, queue
 SPOT = """
 local policy = redis.call('HGET', KEYS[1], 'spot')
 if not policy then return redis.error_reply('NOSPOT the graph has no spot-check policy') end
-local rate, trust_after, copies = string.match(policy, '^([^;]+);([^;]+);([^;]+)$')
-rate, trust_after, copies = tonumber(rate), tonumber(trust_after), tonumber(copies)
-local member, digest = ARGV[1], ARGV[2]
+local rate, trust_after, copies, _, settle = string.match(policy, '^([^;]+);([^;]+);([^;]+);([^;]+);([^;]+)$')
+rate, trust_after, copies, settle = tonumber(rate), tonumber(trust_after), tonumber(copies), tonumber(settle)
+-- whose vote it is: the principal its key names (a worker user's scripts may name only its own key)
+local member = string.match(KEYS[6], '^ravop:_:principal:(.+):vote$')
+if not member or member ~= ARGV[1] then
+  return redis.error_reply('NOPRINCIPAL ' .. KEYS[6] .. ' is not the key of principal ' .. ARGV[1])
+end
+local digest, class = ARGV[2], ARGV[7]
 local votes, trust = KEYS[2], KEYS[3]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local function enqueue(n)
   for _ = 1, n do
     if ARGV[6] == '' then
@@ -44,8 +61,15 @@ local function enqueue(n)
     end
   end
 end
-local function bump(m, field, by) redis.call('HINCRBY', trust, m .. ':' .. field, by) end
-local segs = KEYS[6]
+local function bump(m, field, by)
+  local c = redis.call('HGET', votes, '#c:' .. m) or class
+  redis.call('HINCRBY', trust, m .. '@' .. c .. ':' .. field, by)
+end
+local function reset(m)
+  local c = redis.call('HGET', votes, '#c:' .. m) or class
+  redis.call('HSET', trust, m .. '@' .. c .. ':streak', 0)
+end
+local segs = KEYS[7]
 local function mark(state)
   if segs and redis.call('HEXISTS', segs, ARGV[6]) == 1 then redis.call('HSET', segs, ARGV[6] .. ':state', state) end
 end
@@ -75,7 +99,7 @@ local function rewind(losers)
     for _, entry in ipairs(entries) do
       local state = redis.call('HGET', segs, entry[3] .. ':state')
       if entry[1] == at and entry[2] > at and entry[3] ~= ARGV[6] and
-          (state == 'confirmed' or (state == 'unchecked' and not losers[entry[4]])) then
+          (state == 'confirmed' or ((state == 'unchecked' or state == 'unverified') and not losers[entry[4]])) then
         at, moved = entry[2], true
         break
       end
@@ -84,24 +108,51 @@ local function rewind(losers)
   for _, entry in ipairs(entries) do
     if entry[1] >= at then redis.call('HDEL', segs, entry[3], entry[3] .. ':state') end
   end
-  if at == 0 then redis.call('DEL', KEYS[7]) else redis.call('HSET', KEYS[7], 'step', at) end
-  redis.call('HSET', KEYS[8], ARGV[5], '-')
+  if at == 0 then redis.call('DEL', KEYS[8]) else redis.call('HSET', KEYS[8], 'step', at) end
+  redis.call('HSET', KEYS[9], ARGV[5], '-')
   redis.call('XADD', KEYS[5], '*', 'token', ARGV[3], 'graph', ARGV[4], 'subgraph', ARGV[5])
 end
+local function voters()
+  local members = {}
+  local all = redis.call('HGETALL', votes)
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 1) ~= '#' then table.insert(members, all[i]) end
+  end
+  return members
+end
 local state = redis.call('HGET', votes, '#state')
-if state == 'unchecked' or state == 'confirmed' then
+if digest == '' then   -- the deadline check
+  if state ~= 'checking' and state ~= 'disputed' then return {'again'} end
+  local waited = now - tonumber(redis.call('HGET', votes, '#since') or now)
+  if waited < settle then return {'hold'} end
+  local runner = redis.call('HGET', votes, '#runner')
+  if state == 'checking' then
+    redis.call('HSET', votes, '#state', 'unverified', '#accepted', redis.call('HGET', votes, runner))
+    mark('unverified')
+    bump(runner, 'unchecked', 1)
+    return {'unverified', 'no worker of another user checked it within ' .. settle .. ' s'}
+  end
+  redis.call('HSET', votes, '#state', 'split')
+  mark('split')
+  local reply = {'split'}
+  for _, m in ipairs(voters()) do
+    reset(m)
+    table.insert(reply, m)
+  end
+  return reply
+end
+if state == 'unchecked' or state == 'confirmed' or state == 'unverified' then
   if digest == redis.call('HGET', votes, '#accepted') then return {'complete'} end
   if redis.call('HEXISTS', votes, member) == 1 then return {'again'} end
   state = 'disputed'   -- a retry by another worker disagrees with what was accepted: settle it
-  redis.call('HSET', votes, '#state', state)
+  redis.call('HSET', votes, '#state', state, '#since', now)
 elseif state == 'split' then
   return {'again'}
 end
 if redis.call('HEXISTS', votes, member) == 1 then return {'again'} end
-redis.call('HSET', votes, member, digest)
+redis.call('HSET', votes, member, digest, '#c:' .. member, class)
 if not state then
-  local streak = tonumber(redis.call('HGET', trust, member .. ':streak') or '0')
-  local t = redis.call('TIME')
+  local streak = tonumber(redis.call('HGET', trust, member .. '@' .. class .. ':streak') or '0')
   local draw = tonumber(string.sub(redis.sha1hex(t[1] .. t[2] .. math.random() .. member .. ARGV[5] .. ARGV[6]),
                                    1, 8), 16) / 4294967296
   if segs then redis.call('HSET', segs, ARGV[6], member) end
@@ -111,18 +162,15 @@ if not state then
     bump(member, 'unchecked', 1)
     return {'unchecked'}
   end
-  redis.call('HSET', votes, '#state', 'checking', '#runner', member)
+  redis.call('HSET', votes, '#state', 'checking', '#runner', member, '#since', now)
   mark('checking')
   enqueue(copies - 1)
   return {'hold'}
 end
-local members, count = {}, {}
-local all = redis.call('HGETALL', votes)
-for i = 1, #all, 2 do
-  if string.sub(all[i], 1, 1) ~= '#' then
-    table.insert(members, all[i])
-    count[all[i + 1]] = (count[all[i + 1]] or 0) + 1
-  end
+local members, count = voters(), {}
+for _, m in ipairs(members) do
+  local d = redis.call('HGET', votes, m)
+  count[d] = (count[d] or 0) + 1
 end
 local n = #members
 if n < copies and state == 'checking' then return {'hold'} end
@@ -130,19 +178,16 @@ local top, top_count = nil, 0
 for d, c in pairs(count) do if c > top_count then top, top_count = d, c end end
 if top_count * 2 > n and digest == top then
   local losers, lost = {'confirmed'}, {}
-  for i = 1, #all, 2 do
-    local m = all[i]
-    if string.sub(m, 1, 1) ~= '#' then
-      if all[i + 1] == top then
-        bump(m, 'confirmed', 1)
-        bump(m, 'streak', 1)
-      else
-        redis.call('HSET', trust, m .. ':streak', 0)
-        bump(m, 'mismatches', 1)
-        redis.call('SADD', KEYS[4], string.match(m, '^(.*)@[^@]*$') or m)
-        table.insert(losers, m)
-        lost[m] = true
-      end
+  for _, m in ipairs(members) do
+    if redis.call('HGET', votes, m) == top then
+      bump(m, 'confirmed', 1)
+      bump(m, 'streak', 1)
+    else
+      reset(m)
+      bump(m, 'mismatches', 1)
+      redis.call('SADD', KEYS[4], m)
+      table.insert(losers, m)
+      lost[m] = true
     end
   end
   redis.call('HSET', votes, '#state', 'confirmed', '#accepted', top, '#losers', table.concat(losers, ',', 2))
@@ -153,12 +198,15 @@ end
 if n >= copies + 2 then
   redis.call('HSET', votes, '#state', 'split')
   mark('split')
-  for _, m in ipairs(members) do redis.call('HSET', trust, m .. ':streak', 0) end
+  for _, m in ipairs(members) do reset(m) end
   local reply = {'split'}
   for _, m in ipairs(members) do table.insert(reply, m) end
   return reply
 end
-if state ~= 'disputed' then ask_traces(members) end
+if state ~= 'disputed' then
+  ask_traces(members)
+  redis.call('HSET', votes, '#since', now)
+end
 redis.call('HSET', votes, '#state', 'disputed')
 mark('disputed')
 enqueue(1)
@@ -173,13 +221,15 @@ class SpotScript:
         self._spot = client.register_script(SPOT)
 
     def submit(self, keys: GraphKeys, subgraph_id: Union[int, str], member: str, digest: str, kind: str,
-               segment: Optional[str] = None) -> List[str]:
-        """The reply (see the module docstring) to `member`'s digest of subgraph `subgraph_id`'s outputs, or of
-        loop segment `segment`'s carried values; re-runs go to the work stream of device `kind`."""
+               segment: Optional[str] = None, numerics_class: str = "") -> List[str]:
+        """The reply (see the module docstring) to principal `member`'s digest of subgraph `subgraph_id`'s
+        outputs, or of loop segment `segment`'s carried values ('': the deadline check), from a worker of
+        numerics class `numerics_class` (its trust is kept under it); re-runs go to the work stream of device
+        `kind`."""
         token = TokenKeys(keys.token)
         loop = [] if segment is None else [keys.segments(subgraph_id), keys.checkpoint(subgraph_id), keys.taken]
         reply = self._spot(keys=[keys.meta, keys.votes(subgraph_id, segment), token.trust, token.banned,
-                                 queue(kind), *loop],
+                                 queue(kind), principal_key(member), *loop],
                            args=[member, digest, keys.token, keys.graph_id, subgraph_id,
-                                 "" if segment is None else segment])
+                                 "" if segment is None else segment, numerics_class or kind])
         return [part.decode() if isinstance(part, bytes) else str(part) for part in reply]

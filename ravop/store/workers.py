@@ -57,3 +57,13 @@ def forget(client: Client, key: str, names: Iterable[str]) -> None:
             client.srem(key, *names)
         except redis.exceptions.NoPermissionError:
             pass
+
+
+def acl_user(client: Client) -> str:
+    """The ACL user `client` is signed in as ('default' on a server without users, or one older than ACLs):
+    whose vote a worker's is under verify= (ravop.core.spot_policy.principal_of)."""
+    try:
+        user = client.acl_whoami()
+    except redis.exceptions.ResponseError:   # no ACL command (Redis < 6): every client is the default user
+        return "default"
+    return user.decode() if isinstance(user, bytes) else str(user)

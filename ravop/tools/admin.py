@@ -92,7 +92,7 @@ def create(client, admin_url, kind, name, quota=None):
     if _user(client, name) is not None:
         raise RavopError(f"a Redis user {name!r} exists already: revoke it first or pick another name")
     secret = secrets.token_urlsafe(32)
-    rules = requester_rules(name) if kind == "token" else worker_rules()
+    rules = requester_rules(name) if kind == "token" else worker_rules(name)
     _acl(client, "SETUSER", name, "reset", "on", "#" + hashlib.sha256(secret.encode()).hexdigest(), *rules,
          **_everywhere(client))
     ensure_queues(client)

@@ -162,9 +162,11 @@ def _status_text(report, url):
     workers = report["workers"]
     return "\n".join([
         f"server {redact(url)}, token {report['token']!r}", "", f"workers ({len(workers)})",
-        _table(("name", "device", "state", "running", "threads", "memory (rss / limit)", "heartbeat"), [
-            (w["name"], w.get("device", "?"), w.get("state", "?"),
+        _table(("name", "user", "device", "state", "running", "threads", "numerics class", "memory (rss / limit)",
+                "heartbeat"), [
+            (w["name"], w.get("principal", "?"), w.get("device", "?"), w.get("state", "?"),
              f"{w['graph']} subgraph {w['subgraph']}" if w.get("graph") else "-", w.get("threads", "?"),
+             w.get("numerics", "?"),
              f"{_mib(w.get('rss'))} / {_mib(w.get('memory_limit'))}", _ago(w["last_heartbeat_age"]) + " ago")
             for w in workers]),
         "", f"graphs ({len(report['graphs'])})", _table(_GRAPH_HEADERS, _graph_rows(report["graphs"])),
@@ -190,7 +192,7 @@ def _trust_text(rows):
     if not rows:
         return []
     return ["", "trust (verify='spot')", _table(
-        ("worker", "device", "confirmed", "in a row", "unchecked", "mismatches", "banned"),
+        ("user", "numerics class", "confirmed", "in a row", "unchecked", "mismatches", "banned"),
         [(r["worker"], r["kind"] or "-", r["confirmed"], r["streak"], r["unchecked"], r["mismatches"],
           "yes" if r["banned"] else "no") for r in rows])]
 

@@ -66,9 +66,10 @@ def shares(client, token: str) -> list:
 
 
 def trust(client, token):
-    """This token's record of each worker under verify='spot' (ravop.core.spot_policy), by worker and device type:
-    [{'worker', 'kind', 'streak', 'confirmed', 'mismatches', 'unchecked', 'banned'}], and workers banned
-    without a record (verify=k)."""
+    """This token's record of each principal under verify='spot' (ravop.core.spot_policy), by principal (a
+    worker's ACL user, or its name on an open server) and numerics class: [{'worker' (the principal), 'kind' (the
+    class), 'streak', 'confirmed', 'mismatches', 'unchecked', 'banned'}], and principals banned without a record
+    (verify=k)."""
     token_keys = TokenKeys(token)
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(token_keys.trust)
@@ -77,7 +78,7 @@ def trust(client, token):
     banned = {b.decode() for b in banned}
     rows = []
     for member, counts in sorted(read_trust(raw).items()):
-        worker, _, kind = member.rpartition("@")
+        worker, _, kind = member.partition("@")   # a principal holds no '@' (spot_policy.principal_of)
         rows.append({"worker": worker, "kind": kind, **counts, "banned": worker in banned})
     known = {row["worker"] for row in rows}
     rows += [{"worker": w, "kind": "", **dict.fromkeys(TRUST_FIELDS, 0), "banned": True}

@@ -29,6 +29,8 @@ from redis.exceptions import RedisClusterException
 
 from ravop.core import plan_limits
 from ravop.core.errors import PlanError, QuotaError, StoreLimitError, UploadIncompleteError, WireFormatError
+from ravop.core.numerics_class import numerics_class
+from ravop.core.spot_policy import SPOT_SEGMENT_STEPS, Verify, principal_of
 from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, queue
 from ravop.store import federated_schema as federated_store
 from ravop.store import background_upload as uploads
@@ -53,9 +55,9 @@ from ..loops.turns import Turns
 from ..loops.loop_subgraph import (
     RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, checkpoint_record, drop_checkpoint,
     run_loop, unpaced)
-from ..verify import redundant
-from ..verify.spot import SpotChecks
-from ..verify.spot_loop import LoopSegments, check_segment, drop_segments
+from ..verify import cross_class, redundant
+from ..verify.spot import SPLIT, SpotChecks
+from ..verify.spot_loop import CheckFailed, LoopSegments, check_segment, drop_segments
 from . import attempts, calibrate, warm_connections
 from .heartbeat import Heartbeat
 from .inbox_watch import InboxWatch
@@ -138,6 +140,9 @@ class Worker:
         self.device = devices.parse(device)
         devices.use_full_precision(self.device)
         self.kind = self.device.type
+        # whose votes this worker's are (its ACL user; its name on an open server) and what decides its bits
+        self.principal = principal_of(liveness.acl_user(client), name)
+        self.numerics = numerics_class(self.kind, torch.get_num_threads())
         self.stream = queue(self.kind)  # a CPU worker never reads the GPU stream, and vice versa
         self.scripts = Scripts(client)
         self.handoff = Handoff(client, self.scripts)
@@ -181,7 +186,14 @@ class Worker:
     def _advertised(self):
         """What `ravop status` shows of this worker besides its state (`ravop.store.worker_info`)."""
         return {"device": str(self.device), "kind": self.kind, "threads": torch.get_num_threads(),
-                "memory_limit": self.limit, "host": socket.gethostname(), "pid": os.getpid()}
+                "memory_limit": self.limit, "host": socket.gethostname(), "pid": os.getpid(),
+                "principal": self.principal, "numerics": self.numerics}
+
+    def _segment_steps(self):
+        """Steps between a spot-checked loop's checkpoints: at most SPOT_SEGMENT_STEPS, so that honest drift
+        across numerics classes stays within the check's tolerance (ravop.core.spot_policy)."""
+        steps = self.checkpoint_steps
+        return SPOT_SEGMENT_STEPS if not steps else min(steps, SPOT_SEGMENT_STEPS)
 
     def stop(self):
         """Stop after the subgraph being run, if any, is finished (safe from a signal handler)."""
@@ -332,12 +344,23 @@ class Worker:
         seed, data, copies, spot = int(reply[1]), reply[2], int(reply[3]), bool(reply[4])
         if deliveries > 1:   # taken over: the last holder may have left keys no record names (ravop.store.flush)
             self.client.hset(keys.meta, "redelivered", 1)
-        if spot and (not self.spot.may_run(keys, subgraph_id) or self._banned(keys.token, fresh=True)):
+        if spot and self._banned(keys.token, fresh=True):
+            self._pass_on(message_id, fields)
+            return None
+        if spot and not self.spot.may_run(keys, subgraph_id):
+            verdict = self.spot.settle(keys, subgraph_id)   # nobody else may come: a check ends by its deadline
+            if verdict[0] == "unverified":
+                return seed, data, copies, False   # the runner's user's result stands, as this run recomputes it
+            if verdict[0] == SPLIT:
+                self._give_up(keys, message_id, subgraph_id, f"verification failed: subgraph {subgraph_id}: a "
+                              f"dispute among {', '.join(verdict[1:])} found no majority in time", "verification "
+                              "failed", worker=",".join(verdict[1:]))
+                return None
             self._pass_on(message_id, fields)   # a check of this worker's own result must be someone else's
             return None
         if copies > 1:
             votes = self.client.hgetall(keys.votes(subgraph_id))
-            if (self.name.encode() in votes and len(votes) < copies) or self._banned(keys.token, fresh=True):
+            if (self.principal.encode() in votes and len(votes) < copies) or self._banned(keys.token, fresh=True):
                 self._pass_on(message_id, fields)  # this worker ran it already (another one must), or is banned
                 return None
         over = self.usage.admit(keys, subgraph_id)   # the token's quotas (ravop.store.quotas)
@@ -384,10 +407,13 @@ class Worker:
                 outputs = redundant.perturb(outputs)
             if copies > 1 and not self._verified(keys, subgraph_id, message_id, outputs, copies, program):
                 return
-            if spot and not is_loop and not self.spot.accepted(keys, subgraph_id, message_id, redundant.digest(outputs),
-                                               program.steps[0] if program.steps else None):
+            if spot and not is_loop and not self.spot.accepted(keys, subgraph_id, message_id,
+                                                               self._spot_vote(keys, subgraph_id, outputs),
+                                                               program.steps[0] if program.steps else None):
                 return
             self._finish(keys, subgraph_id, message_id, outputs)
+            if spot and not is_loop:   # the values its voters kept for a check of another class
+                cross_class.drop(self.client, keys, subgraph_id, None, len(outputs))
             if is_loop:
                 if spot:
                     drop_segments(self.client, keys, subgraph_id)
@@ -406,6 +432,8 @@ class Worker:
             self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
         except LoopAbandoned:
             self._ack(message_id)
+        except CheckFailed as exc:   # a segment's dispute found no majority by its deadline
+            self._give_up(keys, message_id, subgraph_id, str(exc), "verification failed", worker=",".join(exc.workers))
         except _MissingInput as exc:
             if self.client.sismember(keys.done, subgraph_id):
                 self._ack(message_id)  # another worker finished it meanwhile and its inputs were released
@@ -443,8 +471,8 @@ class Worker:
             try:
                 return run_loop(LoopContext(
                     self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
-                    checkpoint_steps=self.checkpoint_steps, checkpoint_seconds=self.checkpoint_seconds,
-                    resident_checkpoint_seconds=self.resident_checkpoint_seconds, max_bytes=max_bytes,
+                    checkpoint_steps=self._segment_steps() if spot else self.checkpoint_steps,
+                    checkpoint_seconds=self.checkpoint_seconds, resident_checkpoint_seconds=self.resident_checkpoint_seconds, max_bytes=max_bytes,
                     budget=self.memory_budget, stop=self.stopping, work_waiting=self._work_waiting,
                     segments=LoopSegments(self, keys, subgraph_id) if spot else None, cache=self.cache,
                     metrics=self.metrics, loop_start=loop_start, pace_steps=self._pace_steps,
@@ -527,7 +555,7 @@ class Worker:
         now = time.monotonic()
         cached = self._bans.get(token)
         if fresh or cached is None or cached[0] < now:
-            return self._note_ban(token, self.client.sismember(TokenKeys(token).banned, self.name))
+            return self._note_ban(token, self.client.sismember(TokenKeys(token).banned, self.principal))
         return cached[1]
 
     def _note_ban(self, token, banned):
@@ -547,7 +575,7 @@ class Worker:
                 return None, True
             return self.scripts.claim(keys, subgraph_id, self.name), False
         pipe = self.client.pipeline(transaction=False)
-        pipe.sismember(TokenKeys(keys.token).banned, self.name)
+        pipe.sismember(TokenKeys(keys.token).banned, self.principal)
         stale_quota = self.usage.quota_stale(keys.token)   # read in this round trip too, for `usage.admit`
         if stale_quota:
             pipe.hgetall(quota_key(keys.token))
@@ -575,11 +603,18 @@ class Worker:
         # and each always reads the other's) would never get theirs
         self.stopping.wait(PASS_ON_SECONDS * random.uniform(0.5, 1.5))
 
+    def _spot_vote(self, keys, subgraph_id, outputs):
+        """The digest this worker votes for its outputs of a spot-checked subgraph: its own, or that of a run of
+        another numerics class within the graph's tolerance (worker/verify/cross_class.py)."""
+        tolerance = Verify.decode(self.client.hget(keys.meta, "spot")).tolerance
+        return cross_class.vote(self, keys, subgraph_id, None, [outputs[k] for k in sorted(outputs)],
+                                redundant.digest(outputs), tolerance)
+
     def _verified(self, keys, subgraph_id, message_id, outputs, copies, program):
         """Vote with these outputs. True if this worker should store them and complete the subgraph (the
         votes are in and agree); otherwise the message is acked: a vote still missing, or a disagreement,
         which fails the graph naming the workers and bans those a majority outvoted."""
-        votes = self.scripts.vote(keys, subgraph_id, self.name, redundant.digest(outputs), copies)
+        votes = self.scripts.vote(keys, subgraph_id, self.principal, redundant.digest(outputs), copies)
         if not votes:
             self._ack(message_id)   # counted; the last of the k workers stores the outputs
             return False

@@ -8,7 +8,13 @@ On a mismatch a third worker breaks the tie; if the loop's runner lost, the scri
 its confirmed segments and queues it again, the runner notices at its next write and stops, and an honest worker
 recomputes the rest, overwriting the persisted values (the losses) of the unconfirmed steps. The disputants and
 the tie-breaker re-run the segment with per-op digests (worker/verify/dispute_trace.py), and the first step and op where
-the loser parts from the winners goes to the graph's disputes (`ravop logs`)."""
+the loser parts from the winners goes to the graph's disputes (`ravop logs`).
+
+Across numerics classes (issue 42) the bits of honest runs may differ: a re-run goes to a live worker of the
+runner's class and of another user where there is one (for the first half of the settle time), and a checker of
+another class votes by tolerance (worker/verify/cross_class.py). A check that stays open past the graph's
+`settle_seconds` is ended by the deadline check of whoever meets it (the runner at its checkpoints and at the end,
+a worker passing the re-run on): accepted unverified, or the graph fails (CheckFailed) naming the disputants."""
 import logging
 import re
 import time
@@ -17,21 +23,25 @@ from typing import Any, Optional, Union
 from ravop.core import graph_states
 from ravop.core.loop_template import LoopSpec
 from ravop.core.node import Node
+from ravop.core.spot_policy import Verify
 from ravop.runtime.loop_run import LoopRun
 from ravop.store import GraphKeys, TokenKeys
 from ravop.store import tensors as stored
+from ravop.store import worker_info
 from ravop.wire import plan_pb2, unpack_loop
 
 from ..execute import device as devices
 from ..execute.validate import Program, check
 from ..loops.loop_subgraph import (
     LoopAbandoned, LoopHandedBack, _watcher, check_loop_program, checkpoint_keys, checkpoint_tensor_key, loop_inputs)
-from . import redundant
+from . import cross_class, redundant
 from .dispute_trace import Tracer, first_difference, unpack
 
 log = logging.getLogger("ravop.worker")
-SETTLED = (b"unchecked", b"confirmed")
+SETTLED = (b"unchecked", b"confirmed", b"unverified")
+OPEN = (b"checking", b"disputed")
 POLL_SECONDS = 0.05
+DEADLINE_CHECK_SECONDS = 1.0   # how often the runner asks whether its open checks are past their deadline
 # How long a finished loop waits for the disputants of its segments to hand in their traces: a banned worker
 # that never does leaves its dispute named by segment only.
 NARROW_WAIT_SECONDS = 120.0
@@ -50,6 +60,14 @@ def parse_segment(text: str) -> tuple[int, int, str]:
     return int(found.group(1)), int(found.group(2)), found.group(3)
 
 
+class CheckFailed(Exception):
+    """A segment's check ended by its deadline with no majority: the graph fails naming `workers`."""
+
+    def __init__(self, text: str, workers: list[str]) -> None:
+        super().__init__(text)
+        self.workers = workers
+
+
 class LoopSegments:
     """The running worker's side: `run_loop` (`LoopContext.segments`) calls `guard` before each write,
     `on_checkpoint` after each checkpoint, `instrument` once and `wait_settled` after the last step."""
@@ -57,12 +75,13 @@ class LoopSegments:
     def __init__(self, worker: Any, keys: GraphKeys, subgraph_id: Union[int, str]) -> None:
         self.worker, self.keys, self.subgraph_id = worker, keys, subgraph_id
         self.last_end = 0
+        self.next_deadline_check = 0.0
 
     def guard(self) -> None:
         """LoopAbandoned unless this worker still runs the loop (a lost dispute rewinds it to another)."""
         pipe = self.worker.client.pipeline(transaction=False)
         pipe.hget(self.keys.taken, self.subgraph_id)
-        pipe.sismember(TokenKeys(self.keys.token).banned, self.worker.name)
+        pipe.sismember(TokenKeys(self.keys.token).banned, self.worker.principal)
         taken, banned = pipe.execute()
         if banned or taken != self.worker.name.encode():
             log.info("worker %s stops loop subgraph %s of graph %s: %s", self.worker.name, self.subgraph_id,
@@ -78,6 +97,24 @@ class LoopSegments:
                  self.keys.graph_id, start, end)
         self.worker.spot.submit(self.keys, self.subgraph_id, redundant.digest(dict(enumerate(carried))),
                                 segment_id(start, end, self.worker.spot.member))
+        self.settle_open()
+
+    def settle_open(self, segments: Optional[dict[bytes, bytes]] = None) -> None:
+        """Run the deadline check of the loop's open checks (at most every DEADLINE_CHECK_SECONDS); CheckFailed
+        if one ended in a dispute nobody broke."""
+        if time.monotonic() < self.next_deadline_check:
+            return
+        self.next_deadline_check = time.monotonic() + DEADLINE_CHECK_SECONDS
+        if segments is None:
+            segments = self.worker.client.hgetall(self.keys.segments(self.subgraph_id))
+        for field, state in segments.items():
+            if field.endswith(b":state") and state in OPEN:
+                segment = field[:-len(b":state")].decode()
+                reply = self.worker.spot.settle(self.keys, self.subgraph_id, segment)
+                if reply[0] == "split":
+                    raise CheckFailed(f"verification failed: loop segment {segment} was disputed among "
+                                      f"{', '.join(reply[1:])} and no majority came within the settle time",
+                                      reply[1:])
 
     def instrument(self, loop_run: LoopRun) -> None:
         if self.worker.wrong_outputs is not None:
@@ -96,6 +133,7 @@ class LoopSegments:
             segments, state = pipe.execute()
             if state != graph_states.RUNNING.encode():
                 raise LoopAbandoned(state)
+            self.settle_open(segments)
             if all(v in SETTLED for k, v in segments.items() if k.endswith(b":state")):
                 narrow_by = narrow_by or time.monotonic() + NARROW_WAIT_SECONDS
                 if time.monotonic() > narrow_by or not self._unnarrowed(segments):
@@ -129,6 +167,10 @@ def drop_segments(client: Any, keys: GraphKeys, subgraph_id: Union[int, str]) ->
         steps.update((start, end))
     if n is not None and steps:
         client.delete(*[key for step in steps for key in checkpoint_keys(keys, subgraph_id, step, int(n))])
+    if n is not None:   # the values checkers of other classes stored for their disputes (worker/verify/cross_class.py)
+        for segment in (f.decode() for f in client.hkeys(keys.segments(subgraph_id))):
+            if _SEGMENT.fullmatch(segment):
+                cross_class.drop(client, keys, subgraph_id, segment, int(n))
 
 
 class _Reached(Exception):
@@ -206,8 +248,18 @@ def check_segment(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], me
     elif not current or settled in SETTLED:
         worker._ack(message_id)   # rewound away, or checked already
         return
-    elif mine is not None or worker._banned(keys.token, fresh=True):
-        worker._pass_on(message_id, fields)   # its own segment, or a second vote: someone else's
+    elif mine is not None or worker._banned(keys.token, fresh=True) or _peer_waits(worker, keys, votes_key, policy):
+        # its own user's segment, a second vote, or a check a worker of the runner's class may make: someone
+        # else's, unless nobody came by the deadline
+        reply = spot.settle(keys, subgraph_id, segment)
+        if reply[0] == "split":
+            worker._give_up(keys, message_id, subgraph_id, f"verification failed: loop segment {segment} was "
+                            f"disputed among {', '.join(reply[1:])} and no majority came within the settle time",
+                            "verification failed", worker=",".join(reply[1:]))
+        elif reply[0] == "unverified":
+            worker._ack(message_id)
+        else:
+            worker._pass_on(message_id, fields)
         return
     subgraph = plan_pb2.Subgraph.FromString(data)
     program = check(subgraph, devices.budget(worker.device, worker.limit), str(worker.device), int(seed or 0))
@@ -222,7 +274,9 @@ def check_segment(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], me
     if not trace_for:
         if worker.wrong_outputs is not None:
             worker.wrong_outputs.lies()
-        reply = spot.submit(keys, subgraph_id, redundant.digest(dict(enumerate(carried))), segment)
+        digest = cross_class.vote(worker, keys, subgraph_id, segment, carried,
+                                  redundant.digest(dict(enumerate(carried))), Verify.decode(policy).tolerance, end)
+        reply = spot.submit(keys, subgraph_id, digest, segment)
         if reply[0] == "split":
             worker._give_up(keys, message_id, subgraph_id, f"verification failed: loop segment {segment} gave "
                             f"different results on different workers: no majority among {', '.join(reply[1:])}",
@@ -234,6 +288,25 @@ def check_segment(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], me
                         f"from {spot.member} and the majority; banned from this token's work")
     narrow(worker, keys, subgraph_id, segment, spec)
     worker._ack(message_id)
+
+
+def _peer_waits(worker: Any, keys: GraphKeys, votes_key: str, policy: bytes) -> bool:
+    """Whether a check by this worker should wait for a live worker of the runner's numerics class: one of
+    another user than the runner's that has not voted, while the check is in the first half of its settle time
+    (then anyone of another user checks it, by tolerance)."""
+    votes = worker.client.hgetall(votes_key)
+    runner = votes.get(b"#runner")
+    runner_class = votes.get(b"#c:" + runner, b"").decode() if runner else ""
+    if not runner_class or runner_class == worker.numerics:
+        return False
+    seconds, micros = worker.client.time()   # the server's clock, which `#since` was read from
+    if seconds + micros / 1e6 - float(votes.get(b"#since", 0)) > Verify.decode(policy).settle_seconds / 2:
+        return False
+    voted = {m for m in votes if not m.startswith(b"#")}
+    banned = {b.decode() for b in worker.client.smembers(TokenKeys(keys.token).banned)}
+    return any(info.get("numerics") == runner_class and info.get("principal") not in banned
+               and info.get("principal", "").encode() not in voted and info["name"] != worker.name
+               for info in worker_info.read_all(worker.client))
 
 
 def narrow(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], segment: str, spec: LoopSpec) -> None:
@@ -268,6 +341,8 @@ def narrow(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], segment: 
             node = nodes[min(index, len(nodes) - 1)]
             text = (f"{names} differ first at step {start + offset + 1:,}, op {node.op!r} recorded at "
                     f"{node.source or '(no source recorded)'}")
+            if votes.get(f"#c:{loser}".encode()) != votes.get(b"#c:" + winner):   # honest bits may part first
+                text += " (of different numerics classes: the first bitwise difference)"
         worker.spot.record(keys, subgraph_id, segment, [loser], node, text)
     if all(f"#narrowed:{loser}".encode() in client.hkeys(votes_key) for loser in losers):
         client.hset(votes_key, "#narrowed", 1)
