@@ -71,7 +71,7 @@ def from_graph(graph: "Graph") -> IR:
         raise GraphStateError("a loop step is still being recorded: finish it and run the loop first")
     run = {i for record in graph.loops.values() for template in record.spec.templates
            for i in template.output_nodes}
-    unrun = {op.id: op for op in graph.step_outputs.values() if op.id not in run}
+    unrun = {op.id: op for op in graph.step_outputs.ops() if op.id not in run}
     if unrun:
         op = next(iter(unrun.values()))
         raise GraphStateError(f"the loop step that recorded {op.op!r} at {op.source} was never run: call "

@@ -9,7 +9,7 @@ Pytorch_Model do, and R.parallel's strategies use the same interface (ravdl/v2/p
 from functools import partial
 from typing import Any, Callable, Hashable, Optional, Sequence, cast
 
-from ravop.core.loss_names import training_loss_name, validation_loss_name
+from ravop.core.loss_names import TRAINING_BATCH_RULE, VALIDATION_RULE, RunNames
 from ravop.record.loop import Batches, Loop
 
 from . import traps, trained_values
@@ -85,12 +85,12 @@ def optimizer_slots(optimizer: Optimizer, params: Sequence[tuple[Hashable, Any]]
 
 def record_fit(model: Any, train_step: Callable[[Any, Any], Any], X: Any, y: Any, n_epochs: int, batch_size: int,
                shuffle: bool = False, seed: int = 0, validation: Optional[Callable[[], Any]] = None,
-               stopping: Sequence[LoopStopping] = ()) -> list[str]:
+               stopping: Sequence[LoopStopping] = ()) -> RunNames:
     """Record `n_epochs` of `train_step(X_batch, y_batch) -> loss` over (X, y) in batches of `batch_size`;
-    persists each loss as `ravop.core.loss_names.training_loss_name(e, b)`, the carried values after the last
+    persists each loss as `ravop.core.loss_names.training_loss_name(e, b)` (by rule, `RunNames`: O(1) in the epochs), the carried values after the last
     step (`ravdl.v2.trained_values`) and, with `validation() -> loss` (recorded
     in eval mode after each epoch), `validation_loss_name(e)` (1-based). `stopping`: EarlyStopping rules decided
-    in the loop at each epoch's end (ravdl.v2.loop_stopping). Returns the training loss names in order."""
+    in the loop at each epoch's end (ravdl.v2.loop_stopping). Returns the training loss names in order (a `RunNames`)."""
     if int(n_epochs) < 1:
         raise ValueError(f"n_epochs must be >= 1, not {n_epochs}")
     X, y = as_input(X), as_input(y)
@@ -112,7 +112,7 @@ def record_fit(model: Any, train_step: Callable[[Any, Any], Any], X: Any, y: Any
     schedule: list[tuple[int, int]] = []
     steps_per_epoch = 0
     advance: Optional[list[Any]] = None
-    for rows, batches in ((batch_size, range(1, n_full + 1)), (short, [n_full + 1] if short else [])):
+    for rows, batches in ((batch_size, range(1, n_full + 1)), (short, range(n_full + 1, n_full + 1 + (short > 0)))):
         if not batches:
             continue
         for counter, start in zip(counters, starts):
@@ -122,7 +122,7 @@ def record_fit(model: Any, train_step: Callable[[Any, Any], Any], X: Any, y: Any
             loss = train_step(step.rows(X, rows), step.rows(y, rows))
             step.carry([slot.get() for slot in slots] + [value for rule, values in _split(rules, step.carried[n_slots:])
                                                          for value in rule.after_batch(values, loss)])
-            step.persist(loss, [training_loss_name(e, b) for e in epochs for b in batches])
+            step.persist(loss, RunNames(TRAINING_BATCH_RULE, epochs, batches))
         moved = [counter.get() - start for counter, start in zip(counters, starts)]
         if advance is not None and moved != advance:
             raise ValueError("the short last batch's step advances the model's counters differently")
@@ -134,7 +134,7 @@ def record_fit(model: Any, train_step: Callable[[Any, Any], Any], X: Any, y: Any
             _bind(slots, step.carried)
             validation_loss = validation() if validation is not None else None
             if validation_loss is not None:
-                step.persist(validation_loss, [validation_loss_name(e) for e in epochs])
+                step.persist(validation_loss, RunNames(VALIDATION_RULE, epochs))
             step.carry([slot.get() for slot in slots] + [
                 value for rule, values in _split(rules, step.carried[n_slots:])
                 for value in rule.at_epoch_end(step, values, validation_loss, steps_per_epoch, epochs)])
@@ -143,7 +143,7 @@ def record_fit(model: Any, train_step: Callable[[Any, Any], Any], X: Any, y: Any
     trained_values.persist([slot.get() for slot in slots])   # where the next graph starts from
     for counter, start, moved in zip(counters, starts, cast(list[Any], advance)):   # Batches: n_rows >= 1
         counter.set(start + moved * steps_per_epoch * n_epochs)
-    return [training_loss_name(e, b) for e in epochs for b in range(1, n_full + (short > 0) + 1)]
+    return RunNames(TRAINING_BATCH_RULE, epochs, range(1, n_full + (short > 0) + 1))
 
 
 def _split(rules: Sequence[tuple[LoopStopping, int]], values: Sequence[Any]) -> list[tuple[LoopStopping, list[Any]]]:

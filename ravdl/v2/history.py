@@ -8,10 +8,12 @@ are fetched lazily, the first time they are read once the graph has run, all in 
     history.batch_losses         # numpy array, one loss per step
     history.plot()               # matplotlib (pip install 'ravop-engine[plot]')
 
-It is also the list of the training loss names in order, as `fit` returned before it returned a History.
+It is also the sequence of the training loss names in order, as `fit` returned before it returned a History (by
+rule, `ravop.core.loss_names.RunNames`, for a fit without a strategy: O(1) in the epochs, not a list).
 """
 import html
-from typing import Any, Optional, Sequence, cast
+from collections.abc import Sequence
+from typing import Any, Optional, Union, cast, overload
 
 import ravop as R
 from ravop.client.placement import contributions, held_by
@@ -22,20 +24,37 @@ from ravop.core.errors import GraphFailedError, NotComputedError
 from .notebook import html_table
 
 
-class History(list[str]):
+class History(Sequence[str]):
     def __init__(self, loss_names: Sequence[str], graph: R.Graph, epochs: int, validation: bool) -> None:
-        super().__init__(loss_names)
+        self.names = loss_names   # kept as given: a rule stays a rule
         self.graph = graph
-        self.epoch = list(range(epochs))  # as Keras: the epoch indices, from 0
+        self.epochs_run = epochs   # counted, not listed, until `epoch` is read
         self.params = {"epochs": epochs, "steps": len(loss_names), "validation": validation}
         self._losses: Optional[Losses] = None
         self.stopped_after: Optional[int] = None   # the epochs run when a stop request ended the training early
         self.stop_reason: Optional[str] = None
 
+    @property
+    def epoch(self) -> list[int]:
+        """As Keras: the indices of the epochs run, from 0."""
+        return list(range(self.epochs_run))
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @overload
+    def __getitem__(self, k: int) -> str: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, k: Union[int, slice]) -> Union[str, Sequence[str]]:
+        return self.names[k]
+
     def stopped(self, epochs: int, reason: str) -> None:
         """A stop request ended the training after `epochs` epochs: the history ends there."""
         self.stopped_after, self.stop_reason = epochs, reason
-        self.epoch = list(range(epochs))
+        self.epochs_run = epochs
 
     def _fetched(self) -> Losses:
         if self._losses is None:
@@ -109,7 +128,7 @@ class History(list[str]):
         losses = self._fetched()
         if ax is None:
             ax = plt.figure().gca()
-        steps_per_epoch = len(losses.batch) / max(len(self.epoch), 1)
+        steps_per_epoch = len(losses.batch) / max(self.epochs_run, 1)
         ax.plot([(i + 1) / steps_per_epoch for i in range(len(losses.batch))], losses.batch, lw=0.8, alpha=0.5,
                 label="batch loss")
         epochs = [e + 1 for e in self.epoch]

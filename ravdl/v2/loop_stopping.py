@@ -18,6 +18,8 @@ import torch
 
 import ravop as R
 
+from ravop.core.loss_names import RunNames
+
 from .callbacks import Callback, EarlyStopping, TerminateOnNaN
 
 
@@ -61,7 +63,7 @@ class EarlyStoppingInLoop(LoopStopping):
         improved = R.less(current, best - rule.min_delta)
         best, wait = R.where(improved, current, best), R.where(improved, 0.0, wait + 1.0)
         step.stop_if(R.greater(wait, float(rule.patience)),
-                     [f"early_stopping_{self.index}_epoch_{e}" for e in epochs],
+                     RunNames(f"early_stopping_{self.index}_epoch_{{e}}", epochs),
                      f"EarlyStopping: {rule.monitor} did not improve for {rule.patience + 1} epochs")
         return [best, wait] + [R.t(torch.tensor(0.0))] * self.on_loss
 
@@ -80,7 +82,7 @@ class TerminateOnNaNInLoop(LoopStopping):
 
     def at_epoch_end(self, step: Any, values: Sequence[Any], validation_loss: Optional[Any], steps_per_epoch: int,
                      epochs: range) -> list[Any]:
-        step.stop_if(values[0], [f"terminate_on_nan_{self.index}_epoch_{e}" for e in epochs],
+        step.stop_if(values[0], RunNames(f"terminate_on_nan_{self.index}_epoch_{{e}}", epochs),
                      "TerminateOnNaN: training loss not finite in this epoch")
         return [R.t(torch.tensor(False))]
 

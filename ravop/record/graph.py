@@ -13,11 +13,13 @@ import torch
 from ..core import recorder, registry
 from ..core.dtypes import DTYPES
 from ..core.errors import GraphStateError, ShapeError
+from ..core.loss_names import RunNames
 from ..core.sizes import numel
 from ..core.spot_policy import parse_verify
 from ..federated.column_rules import parse_rules
 from ..parallel import check_strategy
 from .source import user_source
+from .step_outputs import StepOutputs
 
 
 class Shape(tuple):
@@ -159,7 +161,7 @@ class Graph:
         self.persisted = {}       # persist name -> Op
         self.bundles = {}         # name -> (kind, spec, {key: persist name}): objects rebuilt at fetch
         self.loops = {}           # loop node id -> ravop.record.loop.LoopRecord
-        self.step_outputs = {}    # persist name -> Op of a loop step persisted at one of its runs
+        self.step_outputs = StepOutputs()  # persist name -> Op of a loop step persisted at one of its runs
         self.step_ids = set()     # ids of the ops recorded inside loop steps (templates, not values)
         self.recording_step = None  # the ravop.record.loop.Step being recorded, if any
         self.activated = False
@@ -235,6 +237,20 @@ class Graph:
             raise ValueError(f"persist name must be a non-empty string, not {name!r}")
         if name in self.persisted or name in self.step_outputs or name in self.bundles:
             raise ValueError(f"persist name {name!r} is already used in graph {self.name!r}")
+
+    def check_persist_names(self, names):
+        """`check_persist_name` for each of a loop step's `names`; a rule (RunNames) is checked in O(1) against
+        the other rules and against the names given one by one, not name by name."""
+        if not isinstance(names, RunNames):
+            for name in names:
+                self.check_persist_name(name)
+            return
+        self.check_open()
+        taken = next((name for name in (*self.persisted, *self.bundles, *self.step_outputs.listed())
+                      if name in names), None)
+        clash = next((rule for rule in self.step_outputs.rules() if rule.overlaps(names)), taken)
+        if clash is not None:
+            raise ValueError(f"persist names {names!r} take {clash!r}, already used in graph {self.name!r}")
 
     def save_bundle(self, name, kind, spec, tensors):
         """Persist an object made of several tensors (a trained model) under one name.

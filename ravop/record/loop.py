@@ -41,6 +41,7 @@ import torch
 from ..core import registry
 from ..core.errors import GraphStateError
 from ..core.loop_template import LoopRecord, LoopSpec, StepTemplate
+from ..core.loss_names import RunNames
 from ..core.node import Node
 from ..core.registry import HOLE, INPUTS, LOOP, LOOP_INDEX, op_of_kind
 from ..runtime.runner import op_seed
@@ -145,16 +146,23 @@ class Loop:
         self._check_sync(schedule, sync, sync_every, segment)
         if any(t.recv_optional for t in self.templates) and not close_after_s > 0:
             raise ValueError(f"a step receives optional values: give close_after_s > 0, not {close_after_s!r}")
-        order = [t for _ in range(rounds) for t, times in schedule for _ in range(times)]
         before_first = [t for t in sync if self.before_first[t]]
-        if sync:
+        if sync:   # a resident replica's loop: its syncs placed step by step, O(steps) (ravop.parallel)
+            order = [t for _ in range(rounds) for t, times in schedule for _ in range(times)]
             order = before_first + _with_syncs(order, [self.templates[t].counts for t in order], sync, sync_every)
-        first, n_steps = (0, len(order)) if segment is None else (int(segment[0]), int(segment[1]))
-        if first < 0 or n_steps < 1 or first + n_steps > len(order):
-            raise ValueError(f"segment {segment} is not within the loop's {len(order)} steps")
-        runs = [0] * len(self.templates)
-        for t in order[first:first + n_steps]:
-            runs[t] += 1
+            total = len(order)
+        else:
+            total = rounds * sum(times for _, times in schedule)
+        first, n_steps = (0, total) if segment is None else (int(segment[0]), int(segment[1]))
+        if first < 0 or n_steps < 1 or first + n_steps > total:
+            raise ValueError(f"segment {segment} is not within the loop's {total} steps")
+        if sync:
+            runs = [0] * len(self.templates)
+            for t in order[first:first + n_steps]:
+                runs[t] += 1
+        else:   # counted, not listed: a loop of 10**9 steps records in O(1)
+            runs = [end - start for start, end in zip(_runs_before(schedule, len(self.templates), first),
+                                                      _runs_before(schedule, len(self.templates), first + n_steps))]
         for t, (template, names) in enumerate(zip(self.templates, self.names)):
             for node, per_run in zip(template.output_nodes, names):
                 if len(per_run) != runs[t]:
@@ -209,6 +217,16 @@ class Loop:
                 position += rows
         if position != n:
             raise ValueError(f"one round of the loop reads {position} rows of {n}")
+
+
+def _runs_before(schedule: list[tuple[int, int]], n_templates: int, step: int) -> list[int]:
+    """How often each template runs in the first `step` steps of the rounds of `schedule`, in O(len(schedule))."""
+    rounds, rest = divmod(step, sum(times for _, times in schedule))
+    runs = [0] * n_templates
+    for t, times in schedule:
+        runs[t] += rounds * times + min(times, rest)
+        rest -= min(times, rest)
+    return runs
 
 
 def _with_syncs(order: list[int], counts: list[bool], sync: list[int], every: int) -> list[int]:
@@ -325,15 +343,14 @@ class Step:
         self.next = values
 
     def persist(self, op: Op, names: Iterable[str]) -> None:
-        """Persist `op` at every run of this step, as names[k] at the k-th run."""
-        names = list(names)
+        """Persist `op` at every run of this step, as names[k] at the k-th run (`names`: a list, or a rule,
+        `ravop.core.loss_names.RunNames`, which keeps recording O(1) in the runs)."""
+        names = names if isinstance(names, RunNames) else list(names)   # a rule stays one: O(1) in the runs
         graph = self.loop.graph
-        for name in names:
-            graph.check_persist_name(name)
+        graph.check_persist_names(names)
         if isinstance(op.dtype, tuple):
             raise ValueError(f"cannot persist multi-output op {op.op!r}; persist one of its outputs")
-        for name in names:
-            graph.step_outputs[name] = op
+        graph.step_outputs.add(names, op)
         self.outputs.append((op, names))
 
     def stop_if(self, flag: Op, names: Iterable[str], reason: str) -> None:
