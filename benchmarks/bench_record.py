@@ -1,4 +1,6 @@
-"""Recording cost: microseconds per op for 100k recorded small elementwise ops (goal: <= 2 us/op, issue 29).
+"""Recording cost: microseconds per op for 100k recorded small elementwise ops (goal: <= 2 us/op, issue 29), and
+the time and peak memory (tracemalloc) of recording `fit` and a hand-written loop against their length (goal: the
+same at 10 epochs and 10**6, issue 44: persist names by rule, a loop's runs counted, not listed).
 
 Recording is the requester's hot path: it appends a node, runs the op's shape/dtype rule and notes the
 user's source line, with no network call. Each case is measured twice: alone, then with the embedded default
@@ -9,11 +11,16 @@ meaningful on a machine shared with other jobs.
     python benchmarks/bench_record.py                  # 100k ops per row, best of 3, alone and embedded
     python benchmarks/bench_record.py --quick          # 20k ops per row, best of 1
     python benchmarks/bench_record.py --no-embedded    # alone only (no server or workers started)
+    python benchmarks/bench_record.py --loops-only     # only the fit / loop table
 """
 import argparse
 import gc
 import os
 import time
+import tracemalloc
+
+import numpy as np
+import torch
 
 import ravop as R
 from ravop.client import requester  # noqa: F401  (R's names load on first use: now, before the freeze below)
@@ -81,12 +88,62 @@ def table(title, n_ops, repeats):
     return worst
 
 
+def _fit(n_epochs):
+    from ravdl.v2 import NeuralNetwork
+    from ravdl.v2.layers import Activation, Dense
+    from ravdl.v2.optimizers import Adam
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(70, 6)).astype(np.float32)
+    net = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss", validation_data=(X[:10], X[:10, :1]))
+    net.add(Dense(12, input_shape=(6,)))
+    net.add(Activation("tanh"))
+    net.add(Dense(1))
+    net.fit(X, X[:, :1], n_epochs=n_epochs, batch_size=16, shuffle=True)   # 5 steps an epoch, the last short
+
+
+def _loop(n_steps):
+    from ravop.record.loop import Loop
+    loop = Loop([R.t(torch.zeros(3))])
+    with loop.step() as step:
+        (w,) = step.carried
+        step.carry([w + 1])
+    loop.run([(0, n_steps)])
+
+
+def loops_table():
+    """Time and peak traced memory of recording a fit of n epochs (5 steps an epoch, a validation step) and a
+    hand-written loop of n steps, each with its ratio to n = 10's."""
+    print(f"\nrecording a loop against its length (time: best of 3, peak: worst of 3)\n{'case':<24} {'n':>14} {'ms':>8} {'peak KiB':>9} "
+          f"{'x n=10 time':>12} {'x n=10 peak':>12}")
+    for label, record_one, lengths in (("fit(n_epochs=n)", _fit, (10, 10**3, 10**6)),
+                                       ("R loop of n steps", _loop, (10, 10**3, 10**6, 10**9))):
+        base = None
+        for n in lengths:
+            runs = []
+            for _ in range(3):
+                gc.collect()
+                R.Graph(name="bench_record_loop")
+                tracemalloc.start()
+                start = time.perf_counter()
+                record_one(n)
+                runs.append((time.perf_counter() - start, tracemalloc.get_traced_memory()[1]))
+                tracemalloc.stop()
+            seconds, peak = min(r[0] for r in runs), max(r[1] for r in runs)
+            base = base or (seconds, peak)
+            print(f"{label:<24} {n:>14,} {seconds * 1e3:>8.2f} {peak / 1024:>9.1f} {seconds / base[0]:>12.2f} "
+                  f"{peak / base[1]:>12.2f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="20k ops per row, one repeat")
     parser.add_argument("--no-embedded", action="store_true",
                         help="skip the second table (recording with the embedded default's server and workers up)")
+    parser.add_argument("--loops-only", action="store_true", help="only the table of fits and loops by length")
     args = parser.parse_args()
+    if args.loops_only:
+        loops_table()
+        return
     n_ops, repeats = (20_000, 1) if args.quick else (100_000, 3)
     print(f"load average {os.getloadavg()[0]:.2f}")
     worst = {"alone": table("alone", n_ops, repeats)}
@@ -96,6 +153,7 @@ def main():
         worst["embedded default up"] = table("\nwith the embedded default up (R.initialize(), workers idle)", n_ops,
                                              repeats)
         session.close()
+    loops_table()
     print()
     for title, seconds in worst.items():
         print(f"{title}: slowest case {seconds * 1e6:.2f} us/op; goal <= {GOAL_US} us/op: "

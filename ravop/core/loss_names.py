@@ -2,7 +2,7 @@
 `training_loss_epoch_{e}_batch_{b}` and, with validation data, `validation_loss_epoch_{e}` (both 1-based); a
 hand-written loop may persist `training_loss_step_{s}`. `R.fetch_losses`, History and the dashboard read them back."""
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from string import Formatter
 from typing import Any, Final, Optional, Union, overload
 
@@ -66,6 +66,12 @@ class RunNames(Sequence[str]):
             return [self[i] for i in range(*k.indices(len(self)))]
         k = range(len(self))[k]   # IndexError past the end, as a list's
         return self.template.format(e=self.epochs[k // len(self.batches)], b=self.batches[k % len(self.batches)])
+
+    def __iter__(self) -> Iterator[str]:   # not by index: the plan lists every name at activation
+        template = self.template
+        for epoch in self.epochs:
+            for batch in self.batches:
+                yield template.format(e=epoch, b=batch)
 
     def index(self, name: Any, start: int = 0, stop: Optional[int] = None) -> int:
         """The run whose name is `name` (ValueError if none, as list.index), from the name's numbers."""
