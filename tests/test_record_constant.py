@@ -1,7 +1,9 @@
 """Recording a training loop costs O(1) in its steps: `fit(n_epochs=10**6)` and a hand-written loop of 10**9 steps
 record in a fraction of a second and a fixed memory (persist names by rule, `ravop.core.loss_names.RunNames`; a
 loop's runs counted, not listed), and both run: the fit until EarlyStopping ends it, the loop until a stop
-request does, on a real server and worker processes, with the values of the same loop recorded that short."""
+request does, on a real server and worker processes, with the values of the same loop recorded that short.
+Activating the fit is still O(n) in its persisted names (the plan and the store list one per step and epoch: about
+2.5 minutes for these 2 million here, most of this file's time; docs/reports/benchmarks.md, issue 44)."""
 import time
 import tracemalloc
 
