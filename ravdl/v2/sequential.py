@@ -101,7 +101,7 @@ class NeuralNetwork(Model):
         seed = seed if seed is not None else graph.seed
         strategy = strategy if strategy is not None else graph.strategy
         if strategy is None:
-            names = record_fit(self, self.train_on_batch, X, y, n_epochs, batch_size, shuffle, seed, validation,
+            names: Sequence[str] = record_fit(self, self.train_on_batch, X, y, n_epochs, batch_size, shuffle, seed, validation,
                                loop_stopping.of(callbacks))
         elif validation is not None:
             raise NotImplementedError("validation_data with a parallel strategy is not implemented: evaluate the "

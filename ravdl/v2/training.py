@@ -30,7 +30,7 @@ def fit_model(model: Any, X: Any, y: Any, n_epochs: int, batch_size: Optional[in
     seed = seed if seed is not None else graph.seed
     strategy = strategy if strategy is not None else graph.strategy
     if strategy is None:
-        names = record_fit(model, model.train_step, X, y, n_epochs, batch_size, shuffle, seed, validation,
+        names: Sequence[str] = record_fit(model, model.train_step, X, y, n_epochs, batch_size, shuffle, seed, validation,
                            loop_stopping.of(callbacks))
     elif validation is not None:
         raise NotImplementedError("validation_data with a parallel strategy is not implemented: evaluate the "

@@ -6,6 +6,7 @@ fields mirror plan.proto's `LoopTemplate` and `Loop`, where each is described.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from .node import Node
 
@@ -85,10 +86,10 @@ class LoopSpec:
 
 class LoopRecord:
     """What the graph keeps of a loop: its `LoopSpec` (without tensor ids for the persisted values) and, per
-    template, the persist names of each of its outputs (one per run)."""
+    template, the persist names of each of its outputs (one per run: a list, or a rule, `loss_names.RunNames`)."""
     __slots__ = ("spec", "names")
 
-    def __init__(self, spec: LoopSpec, names: list[list[list[str]]]) -> None:
+    def __init__(self, spec: LoopSpec, names: Sequence[Sequence[Sequence[str]]]) -> None:
         self.spec, self.names = spec, names
 
 

@@ -98,7 +98,7 @@ class Loop:
         self.graph = graph
         self.batches = batches
         self.templates: list[StepTemplate] = []
-        self.names: list[list[list[str]]] = []   # per template: a list of names per output
+        self.names: list[list[Sequence[str]]] = []   # per template: the names (a list or a rule) per output
         self.rows_per_step: list[int] = []
         self.before_first: list[bool] = []   # per template: a sync template that also runs before the first step
         self.outer: dict[int, Op] = {}   # id -> Op recorded before the loop that a step reads, in first-read order
@@ -272,7 +272,7 @@ class Step:
                              for k, op in enumerate(loop.initial))
         self.row_holes: list[tuple[Op, Op]] = []   # (hole Op, data Op)
         self.next: Optional[list[Op]] = None
-        self.outputs: list[tuple[Op, list[str]]] = []
+        self.outputs: list[tuple[Op, Sequence[str]]] = []
         self.received: list[tuple[Op, str]] = []   # (hole Op, channel)
         self.optional: list[bool] = []              # per received value: whether a round may close without it
         self.sent: list[tuple[Op, str]] = []       # (value, channel)
