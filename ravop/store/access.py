@@ -129,7 +129,9 @@ def worker_grants(user: str = "") -> List[Grant]:
         Grant("worker registry: liveness", (worker_key(ANY), provider_key(ANY)), ("set", "del")),
         Grant("worker registry: sets", (workers_set(ANY), PROVIDERS), ("sadd", "srem")),
         Grant("worker registry: advertisements", (info_key(ANY),), ("del", "hset", "pexpire")),
-        Grant("banned sets", (banned_pattern(),), ("sismember", "smembers", "sadd")),  # it cannot unban itself
+        # read only (issue 44): a token's bans are written by its requester on the votes' evidence
+        # (ravop.client.bans), never by a worker user, whose raw SADD would stop all of a token's graphs
+        Grant("banned sets", (banned_pattern(),), ("sismember", "smembers")),
         # verify='spot': a token's record of each worker's checked results, kept by the SPOT script
         Grant("trust records", (trust_pattern(),), _READ_HASH + ("hset", "hincrby")),
         Grant("token registry", (TOKENS,), ("smembers",)),
@@ -142,7 +144,7 @@ def worker_grants(user: str = "") -> List[Grant]:
         Grant("federated open", (FEDERATED_OPEN,), ("smembers", "sadd", "srem")),
         # The scripts name graph keys, the work streams and the dead letters; each command inside is checked
         # against the grants above.
-        Grant("scripts", _graph(ANY) + streams + (DEAD_LETTER, trust_pattern(), banned_pattern())
+        Grant("scripts", _graph(ANY) + streams + (DEAD_LETTER, trust_pattern())
               + ((principal_key(user),) if user else ()), ("eval", "evalsha")),
     ]
 

@@ -30,7 +30,7 @@ from redis.exceptions import RedisClusterException
 from ravop.core import plan_limits
 from ravop.core.errors import PlanError, QuotaError, StoreLimitError, UploadIncompleteError, WireFormatError
 from ravop.core.numerics_class import numerics_class
-from ravop.core.spot_policy import SPOT_SEGMENT_STEPS, Verify, principal_of
+from ravop.core.spot_policy import SPOT_SEGMENT_STEPS, Verify, principal_of, tally
 from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, queue
 from ravop.store import federated_schema as federated_store
 from ravop.store import background_upload as uploads
@@ -620,9 +620,8 @@ class Worker:
             return False
         if len(set(votes.values())) == 1:
             return True
-        agreeing, outvoted = redundant.tally(votes)
-        if outvoted:
-            self.client.sadd(TokenKeys(keys.token).banned, *outvoted)
+        agreeing, outvoted = tally(votes)
+        if outvoted:   # banned by the graph's requester, on these votes (ravop.client.bans)
             who = f"{', '.join(agreeing)} agree; {', '.join(outvoted)} differ (banned from this token's work)"
         else:
             who = f"no majority among {', '.join(sorted(votes))}"
