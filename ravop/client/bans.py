@@ -16,11 +16,12 @@ REASON = ("outvoted: its results differed from a strict majority of other worker
           "bans are this token's own (SREM the principal from its `banned` set to lift one)")
 
 
-def apply(session: Session, keys: GraphKeys, meta: Mapping[str, str]) -> List[str]:
+def apply(session: Session, keys: GraphKeys) -> List[str]:
     """Ban, for the token, the principals the ended graph's votes outvoted; the ones banned now."""
-    if int(meta.get("verify") or 1) < 2 and not meta.get("spot"):
-        return []
     client = session.client
+    copies, spot = client.hmget(keys.meta, "verify", "spot")
+    if int(copies or 1) < 2 and not spot:
+        return []
     outvoted = set()
     for key in client.scan_iter(match=keys.votes("*"), count=1000):
         outvoted.update(tally(_principals(client.hgetall(key)))[1])

@@ -303,7 +303,7 @@ def _track(session: Session, keys: GraphKeys, meta: Dict[str, str], progress_bar
                 for watcher in watchers:
                     watcher.ended(session.client, keys, meta["state"])
                 watching.forget(keys.graph_id)
-                banned = bans.apply(session, keys, meta)
+                banned = bans.apply(session, keys)
                 if banned:
                     print(f"graph {meta['name']!r}: {', '.join(banned)} banned from the work of token {keys.token!r} "
                           f"({bans.REASON})", file=sys.stderr)

@@ -110,6 +110,10 @@ def worker_grants(user: str = "") -> List[Grant]:
                                              "votes:*", "segs:*", "traces:*", "clients", "partials",
                                              "public_keys"), ("hset",)),
         Grant("graph keys: first dispute narrowing", _graph("votes:*"), ("hsetnx",)),
+        # results sealed by the vote (ravop.store.seals): who sealed a value, and its own seals only, so that a
+        # worker user adds one vote to a value's seal and cannot change another user's
+        Grant("graph keys: sealers of results", _graph("sealers:*"), ("sadd",)),
+        *([Grant("graph keys: its own seals of results", _graph(f"seal:*:{user}"), ("set",))] if user else []),
         # the checkpoints that name a checkpoint value shared by several loops (ckpt:v:*:refs,
         # worker/loops/shared_checkpoint.py)
         Grant("graph keys: shared checkpoint values' references", _graph("ckpt:*"), ("sadd", "srem")),

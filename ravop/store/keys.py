@@ -238,6 +238,15 @@ class GraphKeys:
     def traces(self, subgraph_id: Union[int, str], segment: str) -> str:
         return f"{self.prefix}traces:{subgraph_id}:{segment}"
 
+    def seal(self, node_id: Union[int, str], principal: str) -> str:
+        """The digest of node `node_id`'s value that `principal` computed under a vote (ravop.store.seals): a worker
+        user may write only its own (ravop.store.access)."""
+        return f"{self.prefix}seal:{node_id}:{principal}"
+
+    def sealers(self, node_id: Union[int, str]) -> str:
+        """The principals that sealed node `node_id`'s value (ravop.store.seals)."""
+        return f"{self.prefix}sealers:{node_id}"
+
     def segments(self, subgraph_id: Union[int, str]) -> str:
         return f"{self.prefix}segs:{subgraph_id}"
 

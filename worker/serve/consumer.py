@@ -36,6 +36,7 @@ from ravop.store import federated_schema as federated_store
 from ravop.store import background_upload as uploads
 from ravop.store import same_host
 from ravop.store import tensors as stored
+from ravop.store import seals
 from ravop.store import workers as liveness
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
@@ -405,6 +406,8 @@ class Worker:
             is_loop = subgraph.HasField("loop")   # under verify='spot' checked per segment, as it runs
             if self.wrong_outputs is not None and not (spot and is_loop) and self.wrong_outputs.lies():
                 outputs = redundant.perturb(outputs)
+            if copies > 1 or (spot and not is_loop):   # before the vote: what the requester checks at fetch
+                self._seal(keys, outputs)
             if copies > 1 and not self._verified(keys, subgraph_id, message_id, outputs, copies, program):
                 return
             if spot and not is_loop and not self.spot.accepted(keys, subgraph_id, message_id,
@@ -609,6 +612,12 @@ class Worker:
         tolerance = Verify.decode(self.client.hget(keys.meta, "spot")).tolerance
         return cross_class.vote(self, keys, subgraph_id, None, [outputs[k] for k in sorted(outputs)],
                                 redundant.digest(outputs), tolerance)
+
+    def _seal(self, keys, outputs):
+        """Record this principal's digests of its outputs (ravop.store.seals)."""
+        pipe = self.client.pipeline(transaction=False)
+        seals.write(pipe, keys, self.principal, {k: devices.to_host(v) for k, v in outputs.items()})
+        pipe.execute()
 
     def _verified(self, keys, subgraph_id, message_id, outputs, copies, program):
         """Vote with these outputs. True if this worker should store them and complete the subgraph (the
