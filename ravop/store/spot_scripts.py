@@ -8,8 +8,9 @@ Replies (first element):
 - unchecked: nobody re-runs it; the worker stores its result and completes.
 - hold:      checked (or still disputed): the worker acks and goes; re-runs were enqueued.
 - confirmed: this run settles the check, and agrees with the majority: it stores the result and completes;
-             the rest of the reply names the workers it outvoted (trust reset; the token's requester bans them on
-             these votes when the graph ends, ravop.client.bans: a worker user may not write a banned set).
+             the rest of the reply names the workers it outvoted (trust reset; kept from the graph's work by its
+             meta's `outvoted`, and banned from the token's by its requester on these votes when the graph
+             ends, ravop.client.bans: a worker user may not write a banned set).
 - complete:  a retry of an accepted result with the same digest (its first runner died before completing).
 - again:     this worker voted on it already: ack, nothing to do.
 - split:     no majority after `copies + 2` runs, or a dispute with no majority by its deadline; the rest names
@@ -187,6 +188,9 @@ if top_count * 2 > n and digest == top then
     else
       reset(m)
       bump(m, 'mismatches', 1)
+      -- kept from this graph's work at once; banned from the token's when the graph ends (by its requester)
+      local out = redis.call('HGET', KEYS[1], 'outvoted') or ','
+      if not string.find(out, ',' .. m .. ',', 1, true) then redis.call('HSET', KEYS[1], 'outvoted', out .. m .. ',') end
       table.insert(losers, m)
       lost[m] = true
     end

@@ -345,7 +345,7 @@ class Worker:
         seed, data, copies, spot = int(reply[1]), reply[2], int(reply[3]), bool(reply[4])
         if deliveries > 1:   # taken over: the last holder may have left keys no record names (ravop.store.flush)
             self.client.hset(keys.meta, "redelivered", 1)
-        if spot and self._banned(keys.token, fresh=True):
+        if spot and (self._banned(keys.token, fresh=True) or self._outvoted(keys)):
             self._pass_on(message_id, fields)
             return None
         if spot and not self.spot.may_run(keys, subgraph_id):
@@ -560,6 +560,11 @@ class Worker:
         if fresh or cached is None or cached[0] < now:
             return self._note_ban(token, self.client.sismember(TokenKeys(token).banned, self.principal))
         return cached[1]
+
+    def _outvoted(self, keys):
+        """Whether a spot check of this graph outvoted this worker's user (the SPOT script's `outvoted`; its
+        requester bans it from the token's work when the graph ends, ravop.client.bans)."""
+        return f",{self.principal},".encode() in (self.client.hget(keys.meta, "outvoted") or b"")
 
     def _note_ban(self, token, banned):
         if len(self._bans) > 1000:
