@@ -406,14 +406,18 @@ class Worker:
             is_loop = subgraph.HasField("loop")   # under verify='spot' checked per segment, as it runs
             if self.wrong_outputs is not None and not (spot and is_loop) and self.wrong_outputs.lies():
                 outputs = redundant.perturb(outputs)
-            if copies > 1 or (spot and not is_loop):   # before the vote: what the requester checks at fetch
+            if copies > 1:   # sealed before the vote: what the requester checks at fetch
                 self._seal(keys, outputs)
-            if copies > 1 and not self._verified(keys, subgraph_id, message_id, outputs, copies, program):
-                return
-            if spot and not is_loop and not self.spot.accepted(keys, subgraph_id, message_id,
-                                                               self._spot_vote(keys, subgraph_id, outputs),
-                                                               program.steps[0] if program.steps else None):
-                return
+                if not self._verified(keys, subgraph_id, message_id, outputs, copies, program):
+                    return
+            if spot and not is_loop:
+                vote = self._spot_vote(keys, subgraph_id, outputs)
+                if vote != redundant.digest(outputs):   # another class's run within tolerance: its bits are
+                    outputs = cross_class.adopted(self, keys, subgraph_id, vote, outputs)   # the result's
+                self._seal(keys, outputs)
+                if not self.spot.accepted(keys, subgraph_id, message_id, vote,
+                                          program.steps[0] if program.steps else None):
+                    return
             self._finish(keys, subgraph_id, message_id, outputs)
             if spot and not is_loop:   # the values its voters kept for a check of another class
                 cross_class.drop(self.client, keys, subgraph_id, None, len(outputs))
