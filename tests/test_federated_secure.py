@@ -170,3 +170,47 @@ def test_extremes_and_quantiles_are_not_released_under_secure(engine, setup):
     R.federated_max().persist_op("x")
     with pytest.raises(GraphStateError, match="\"secure\" in its rules, under which max"):
         R.activate()
+
+
+def test_a_public_key_rewritten_after_registration_fails_the_query_naming_it(engine, setup, client):
+    """Issue 44: a worker user may HSET a graph's public keys. It rewrites provider s0's key once the three real
+    providers published theirs, then joins as a fourth (so the others mask with the forged key) and sends a
+    partial: the release refuses, naming s0's key, instead of an aggregate whose masks it could undo."""
+    R.Graph(name="secure", approach="federated", rules=json.dumps({"rules": RULES, "max_clients": 4,
+                                                                   "secure": True}))
+    R.federated_mean().persist_op("mean")
+    R.activate()
+    R.execute()
+    keys = engine.keys()
+    wait_for(lambda: len(public_keys(client, keys)) == 3, "the three providers' public keys")
+    [victim] = [name for name in public_keys(client, keys) if name.startswith("s0")]
+    mine = secure.MaskingKey()
+    client.hset(public_keys_key(keys), victim, secure.MaskingKey().public())   # the rewrite
+    scripts = FederatedScripts(client)
+    assert scripts.join(keys, "attacker") == "joined"
+    scripts.publish_key(keys, "attacker", mine.public())
+    fed = FederatedKeys(keys)
+    wait_for(lambda: client.hlen(fed.partials) == 3, "the three providers' masked partials")
+    layout = secure.kinds(len(RULES), [])
+    publics = public_keys(client, keys)
+    scripts.contribute(keys, "attacker", {"withheld": {}, "k": K, "public": mine.public(), "keys": publics,
+                                          "secure": secure.pack(mine.mask([0] * len(layout), layout, "attacker",
+                                                                          publics, ""), layout)})
+    R.track_progress(progress_bar=False, timeout=60)
+    with pytest.raises(secure.TamperedAggregate, match=f"the public key of provider {victim} was rewritten after it "
+                                                       f"registered: provider \\S+ masked with a key {victim} never "
+                                                       "published; the query is refused"):
+        R.fetch_persisting_op("mean")
+
+
+def test_an_inconsistent_aggregate_is_refused_before_it_is_returned():
+    """Masks that did not cancel (a partial rewritten) give a garbage count or sums outside the range."""
+    with pytest.raises(secure.TamperedAggregate, match="column 'age' is not consistent: count 7.27e\\+17 is "
+                                                      "outside \\[0, 2\\^48\\]"):
+        secure.check_sums("age", 7.27e17, 0.0, 0.0, 31.0, noisy=False)
+    with pytest.raises(secure.TamperedAggregate, match="column 'age' is not consistent: count -3 "):
+        secure.check_sums("age", -3, 0.0, 0.0, 31.0, noisy=False)
+    with pytest.raises(secure.TamperedAggregate, match="outside the column's range"):
+        secure.check_sums("age", 100, 100 * 40.0, 0.0, 31.0, noisy=False)    # mean 40 from a centre 31 wide
+    secure.check_sums("age", 100, 100 * 30.0, 100 * 30.0 ** 2, 31.0, noisy=False)   # at the edge: consistent
+    secure.check_sums("fund", 100, 1e9, 1e12, None, noisy=False)   # an open range bounds only the count

@@ -20,12 +20,14 @@ BUDGET = {
     "ravdl": 2750,              # 2,293 at the layout by role; 2,439 annotated; 2,494 with its traps, 2,617 with
     #                             fit-then-use (trained_values, model_file; issue 45), 2,671 with EarlyStopping
     #                             in the loop (loop_stopping), 2,712 with DiLoCo's unequal shares in parallel_fit
-    "ravop/client": 1160,       # 1,101 at the layout by role
-    "ravop/core": 640,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
+    "ravop/client": 1230,       # 1,101 at the layout by role; 1,198 with bans by the requester, seals checked at
+                                # fetch and dropped starts posted again (issue 44)
+    "ravop/core": 660,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
                                 # the numerics mode (issue 42) and the loop-stop op kind (issue 45); +56 numerics
                                 # classes and the cross-class tolerance (issue 42); +45 RunNames, the persisted
-                                # losses' names by rule, so recording a fit is O(1) in its epochs (issue 44)
-    "ravop/federated": 400,     # 380 at the layout by role
+                                # losses' names by rule, so recording a fit is O(1) in its epochs (issue 44); + tally
+    "ravop/federated": 420,     # 380 at the layout by role; 408 with public keys pinned and aggregates checked for
+                                # consistency before release (issue 44)
     "ravop/local": 680,         # 646 at the layout by role
     "ravop/ops": 3530,          # 2,776 at the layout by role; +156 the TorchScript forward kept for its VJP, +259 the
                                 # TorchScript sandbox (issue 44); +250 the reproducible numerics mode's kernels and
@@ -35,8 +37,9 @@ BUDGET = {
                                 # with rounds that close with the replicas present (close_after, issue 43)
     "ravop/record": 1550,       # 1,468 at the layout by role
     "ravop/runtime": 1220,      # 1,160 at the layout by role
-    "ravop/store": 2200,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
-                                # with votes per principal in the SPOT script and the attempts hash (issues 42, 43)
+    "ravop/store": 2290,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
+                                # with votes per principal in the SPOT script and the attempts hash (issues 42, 43);
+                                # 2,239 with results sealed by the vote (ravop/store/seals.py, issue 44)
     "ravop/tools": 745,         # 680 at the layout by role; +17: ravop admin token set, shares in status
     "ravop/wire": 320,          # 304 at the layout by role
     "worker/execute": 540,      # 506 at the layout by role

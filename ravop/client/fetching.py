@@ -13,6 +13,7 @@ from ..store import GraphKeys
 from ..store.lookup import find_graph
 from .fetched_tensor import fetched
 from .graph_kinds import kind_of
+from ..store import seals
 from .session import Session, require
 from .stored_values import done_value, done_values, fetch_tensor
 from .training_losses import Losses, losses_of, read
@@ -39,7 +40,9 @@ def fetch_persisting_op(op_name: Union[str, Op], wait: bool = False, timeout: Op
         if node_id is not None:   # a value of the graph this session activated: no lookup in Redis
             value = done_value(session, keys, op_name)
             if value is None:
-                value = fetch_tensor(session, keys, op_name, node_id, wait, deadline)
+                value = fetch_tensor(session, keys, op_name, node_id, wait, deadline)   # checks its seal
+            elif session.sealed(keys):
+                seals.check(session.client, keys, op_name, node_id, value)
             return fetched(value)
         kind = kind_of(session.client.hget(keys.meta, "approach"))
         return kind.fetch(session, keys, op_name, wait, deadline)

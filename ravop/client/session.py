@@ -20,6 +20,7 @@ from ..record.graph import set_current, unactivated_graph
 from ..store import GraphKeys, Scripts, TokenKeys, connect, ensure_queues, token_namespace
 from ..store import background_upload
 from ..store import worker_info
+from ..store import seals
 from ..store.client_types import Client
 from ..store.connect import redact, url_user
 from ..store.flush import delete_token
@@ -46,6 +47,7 @@ class Session:
         # training run adds up). Saved objects (bundles) still go through Redis.
         self.activated_names: Dict[str, int] = {}
         self.done_values: Optional[DoneValues] = None   # small values of the finished graph last fetched from
+        self.verified: Dict[str, bool] = {}   # graph id -> whether its values are sealed (`sealed`)
         self.dashboard: "Optional[Dashboard]" = None  # a ravop.tools.dashboard.Dashboard serving it (dashboard=True)
 
     def keys(self) -> GraphKeys:
@@ -66,6 +68,14 @@ class Session:
         if keys is None or keys.graph_id != self.graph_id:   # made once per graph: a fetch per loss asks for them
             keys = self._keys = GraphKeys(self.token, self.graph_id)
         return keys
+
+    def sealed(self, keys: GraphKeys) -> bool:
+        """Whether the graph at `keys` runs under a vote, so that its values are sealed (ravop.store.seals); read
+        once per graph: it never changes after R.activate()."""
+        known = self.verified.get(keys.graph_id)
+        if known is None:
+            known = self.verified[keys.graph_id] = seals.verified(self.client, keys)
+        return known
 
     def close(self) -> None:
         if self.dashboard is not None:

@@ -10,7 +10,7 @@ from ..core import graph_states, progress
 from ..core.errors import GraphCancelledError, GraphFailedError, GraphStateError, NotComputedError, UnknownPersistName
 from ..store import GraphKeys
 from ..store import graphs as store_graphs
-from ..store import server_replies
+from ..store import seals, server_replies
 from ..store import tensors as stored
 from ..store.small_values import read_small_values
 from ..wire.codec import decode_alike, decode_tensor, is_chunked
@@ -118,6 +118,8 @@ def fetch_tensor(session: "Session", keys: GraphKeys, name: str, node_id: Union[
         # A big value shows its download in bytes.
         tensor = None if data is None or not started else stored.decode(session.client, key, data, desc=f"fetching {name!r}")
         if tensor is not None:
+            if session.sealed(keys):   # checked at each fetch: a worker user may rewrite a value at any time
+                seals.check(session.client, keys, name, int(node_id), tensor)
             return tensor
         if meta.get("state") == graph_states.DONE:
             raise GraphStateError(f"graph {meta['name']!r} is done but {name!r} is not in Redis")

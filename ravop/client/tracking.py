@@ -20,7 +20,7 @@ from ..store import cluster_health, server_replies
 from ..store.connect import Outage, redact
 from ..store.keys import usage_key
 from ..store.quotas import HELD
-from . import watching
+from . import bans, watching
 from .graph_kinds import kind_of
 from .session import Session, require
 from .stored_values import failure, read_meta
@@ -28,6 +28,9 @@ from .stored_values import failure, read_meta
 POLL_SECONDS = 0.2    # how often a tracker refreshes the progress bar
 START_POLL_SECONDS = (0.002, 0.1)  # a token user looks whether a worker started its graph: first, longest pause
 START_WAIT_SECONDS = 10.0  # how long R.execute() waits for that while workers are connected
+# A start dropped from the inbox unstarted (a worker user may ZREM any inbox) is posted again this many times, then
+# the requester is told who can do that
+RESENDS = 3
 
 
 def execute(timeout: Optional[float] = None, participants: Optional[int] = None) -> None:
@@ -108,7 +111,8 @@ def track_progress(progress_bar: bool = True, timeout: Optional[float] = None) -
     session = require()
     keys = session.keys()
     meta = _first_meta(session, keys)
-    if meta["state"] == graph_states.ACTIVATED and session.client.zscore(TokenKeys(keys.token).inbox, keys.graph_id):
+    if meta["state"] == graph_states.ACTIVATED and (keys.graph_id in session.handoff.posted or
+                                                    session.client.zscore(TokenKeys(keys.token).inbox, keys.graph_id)):
         _wait_for_start(session, keys, timeout)
         meta = read_meta(session, keys)
     if meta["state"] == graph_states.ACTIVATED:
@@ -141,12 +145,26 @@ def _wait_for_start(session: Session, keys: GraphKeys, timeout: Optional[float],
     work waits to be run: R.execute() returns, R.track_progress() waits)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = START_POLL_SECONDS[0]
-    while _in_inbox(session, keys) and not (until_held and _held_back(session, keys)):
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"graph {keys.graph_id} was not started within {timeout} s: no worker took it from "
-                               f"token {keys.token!r}'s inbox (are workers connected?)")
-        time.sleep(pause)
-        pause = min(pause * 2, START_POLL_SECONDS[1])
+    resent = 0
+    while True:
+        while _in_inbox(session, keys) and not (until_held and _held_back(session, keys)):
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"graph {keys.graph_id} was not started within {timeout} s: no worker took it "
+                                   f"from token {keys.token!r}'s inbox (are workers connected?)")
+            time.sleep(pause)
+            pause = min(pause * 2, START_POLL_SECONDS[1])
+        # a worker starts a graph before it takes it out of the inbox: out of it and not started is dropped
+        if (keys.graph_id not in session.handoff.posted or _in_inbox(session, keys) or
+                read_meta(session, keys)["state"] != graph_states.ACTIVATED):
+            return
+        if resent == RESENDS:
+            raise GraphStateError(f"graph {keys.graph_id}'s start was removed from the inbox of token {keys.token!r} "
+                                  f"{RESENDS + 1} times without being started: a worker user is dropping it (ZREM "
+                                  "on inboxes is granted to workers; docs/operators/security.md)")
+        resent += 1
+        print(f"ravop: graph {keys.graph_id}'s start was removed from the inbox of token {keys.token!r} without being "
+              "started; posted again", file=sys.stderr)
+        session.handoff.start(keys)
 
 
 def _held_back(session: Session, keys: GraphKeys) -> bool:
@@ -285,6 +303,10 @@ def _track(session: Session, keys: GraphKeys, meta: Dict[str, str], progress_bar
                 for watcher in watchers:
                     watcher.ended(session.client, keys, meta["state"])
                 watching.forget(keys.graph_id)
+                banned = bans.apply(session, keys)
+                if banned:
+                    print(f"graph {meta['name']!r}: {', '.join(banned)} banned from the work of token {keys.token!r} "
+                          f"({bans.REASON})", file=sys.stderr)
                 if meta["state"] != graph_states.DONE:
                     raise failure(meta)
                 if meta.get("stopped"):   # a stop was asked for (EarlyStopping, `ravop stop`): not an error
@@ -305,7 +327,7 @@ def _track(session: Session, keys: GraphKeys, meta: Dict[str, str], progress_bar
                     print(f"graph {meta['name']!r}: {_waiting_text(missing)} (none is connected to "
                           f"{redact(session.url)})", file=sys.stderr)
                 bar.set_postfix_str(_waiting_text(missing))
-                besides = kind.waiting(session.client, keys, meta)
+                besides = kind.waiting(session.client, keys, meta) or bans.waiting(session, keys)
                 if besides and besides not in warned:
                     warned.add(besides)
                     print(f"graph {meta['name']!r}: {besides}", file=sys.stderr)
@@ -315,7 +337,7 @@ def _track(session: Session, keys: GraphKeys, meta: Dict[str, str], progress_bar
                 missing = _missing_workers(session, meta)
                 why = "; " + ", ".join(f"no {'GPU' if k == 'cuda' else 'CPU'} worker is running" for k in missing) \
                     if missing else ""
-                besides = kind.waiting(session.client, keys, meta)
+                besides = kind.waiting(session.client, keys, meta) or bans.waiting(session, keys)
                 if besides:
                     why += "; " + besides
                 raise TimeoutError(f"graph {meta['name']!r} is not done after {timeout} s: {meta['ops_done']} of "

@@ -13,8 +13,9 @@ vouches for the runner when their values differ by at most `tolerance` (see `sca
 trust are per principal, the worker's ACL user: runs of one user count once, and a re-run never goes to the user
 whose run it checks. A check that cannot settle within `settle_seconds` ends with a verdict (accepted
 unverified, or the graph fails) instead of waiting for a worker that may never come."""
+from collections import Counter
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Mapping, Optional, Union
 
 DEFAULT_RATE = 0.1
 DEFAULT_TRUST_AFTER = 10
@@ -148,3 +149,14 @@ def read_trust(raw: dict) -> dict:
         if what in TRUST_FIELDS and member:
             table.setdefault(member, dict.fromkeys(TRUST_FIELDS, 0))[what] = int(value)
     return table
+
+
+def tally(votes: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """(agreeing principals, outvoted principals) of {principal: digest}: the agreeing ones hold a strict majority's
+    digest; with no strict majority nobody is outvoted (there is no telling who is wrong)."""
+    if not votes:
+        return [], []
+    digest_, count = Counter(votes.values()).most_common(1)[0]
+    if count * 2 <= len(votes):
+        return [], []
+    return (sorted(w for w, d in votes.items() if d == digest_), sorted(w for w, d in votes.items() if d != digest_))

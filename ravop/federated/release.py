@@ -52,6 +52,7 @@ def unmask(rules: Rules, queries: List[Query], partials: Dict[str, Any]) -> Tupl
     per_column = 3 + sum(query.bins for query in histograms)
     layout = secure.kinds(len(rules.columns), [query.bins for query in histograms])
     vectors, withheld, k = [], {}, rules.min_group_size
+    secure.check_keys(partials)
     for provider, contribution in partials.items():
         if not isinstance(contribution, dict) or not isinstance(contribution.get("withheld"), dict):
             raise ValueError(f"provider {provider}'s contribution to a secure graph is not a masked partial")
@@ -66,7 +67,9 @@ def unmask(rules: Rules, queries: List[Query], partials: Dict[str, Any]) -> Tupl
     merged = {}
     for i, (column, (low, high)) in enumerate(rules.columns.items()):
         count, shifted, squares, *bins = sums[i * per_column:(i + 1) * per_column]
-        count = max(int(round(count)), 0)
+        half = (high - low) / 2 if low is not None and high is not None else None
+        secure.check_sums(column, count, shifted, squares, half, rules.privacy is not None)
+        count = max(int(round(count)), 0)   # under privacy, noise may take a tiny count below 0
         if column in withheld:
             continue
         if count < k or not count:

@@ -14,8 +14,14 @@ secrets.
 
 A provider that stops after the keys are exchanged leaves masks that nothing cancels: the query cannot be
 answered, and R.track_progress names the provider (the graph waits for it; its timeout= gives up). There is no
-recovery through secret shares. The public keys are trusted as the store gives them (an honest-but-curious
-store: one that rewrote them could read the partials).
+recovery through secret shares.
+
+Public keys are pinned (issue 44: HSET on a graph's `public_keys` is granted to every worker user, whose
+rewrite of one key let it read that provider's sums): each provider's contribution names the public key it
+published and the keys it masked with, and the release (`check_keys`) refuses, naming the provider, a key that
+some provider masked with and its owner never published. A released aggregate is checked for consistency first
+(`check_sums`): a count in [0, 2^48] and, for a closed range without privacy noise, sums that values in the range
+can give; masks that did not cancel give uniformly random residues, which fail these with overwhelming odds.
 """
 import base64
 import binascii
@@ -118,6 +124,44 @@ def _mask_stream(shared: bytes, context: str, me: str, other: str, layout: str) 
     key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
     cipher = Cipher(algorithms.ChaCha20(key, b"\0" * 16), mode=None).encryptor()
     return _split(cipher.update(bytes(sum(WIDTH[kind] for kind in layout))), layout)
+
+
+MAX_COUNT = 1 << 48   # more rows than any provider holds; a garbage count is uniform over 2^64
+
+
+class TamperedAggregate(ValueError):
+    """A secure graph's partials do not add up to an aggregate its providers could have sent."""
+
+
+def check_keys(contributions: Mapping[str, Mapping[str, object]]) -> None:
+    """TamperedAggregate naming the provider whose public key some provider masked with though it published
+    another (its key rewritten in the store after it registered)."""
+    published = {name: c.get("public") for name, c in contributions.items()}
+    for name, contribution in sorted(contributions.items()):
+        used = contribution.get("keys")
+        if not isinstance(used, dict) or not isinstance(published[name], str):
+            raise TamperedAggregate(f"provider {name}'s contribution does not name the public keys it used")
+        for owner, key in sorted(used.items()):
+            if owner in published and key != published[owner]:
+                raise TamperedAggregate(f"the public key of provider {owner} was rewritten after it registered: "
+                                        f"provider {name} masked with a key {owner} never published; the query "
+                                        "is refused (docs/operators/security.md)")
+
+
+def check_sums(column: str, count: float, shifted: float, squares: float, half: Optional[float],
+               noisy: bool) -> None:
+    """TamperedAggregate unless a column's summed count, sum and sum of squares (of values less the range's
+    centre; `half`: half the range's width, None for an open one) are what values in the range could give."""
+    slack = 1e-9
+    why = ""
+    if not (-MAX_COUNT if noisy else 0) <= count <= MAX_COUNT:
+        why = f"count {count:.6g} is outside [0, 2^48]"
+    elif half is not None and not noisy and (abs(shifted) > count * half * (1 + slack) + 1e-6 or
+                                             not 0 <= squares <= count * half * half * (1 + slack) + 1e-6):
+        why = f"its sums (mean {shifted / count if count else 0:.6g} from the centre) are outside the column's range"
+    if why:
+        raise TamperedAggregate(f"the secure aggregate of column {column!r} is not consistent: {why}; a partial or "
+                                "public key was rewritten or masks did not cancel (docs/operators/security.md)")
 
 
 def centre(low: Optional[float], high: Optional[float]) -> float:

@@ -110,6 +110,10 @@ def worker_grants(user: str = "") -> List[Grant]:
                                              "votes:*", "segs:*", "traces:*", "clients", "partials",
                                              "public_keys"), ("hset",)),
         Grant("graph keys: first dispute narrowing", _graph("votes:*"), ("hsetnx",)),
+        # results sealed by the vote (ravop.store.seals): who sealed a value, and its own seals only, so that a
+        # worker user adds one vote to a value's seal and cannot change another user's
+        Grant("graph keys: sealers of results", _graph("sealers:*"), ("sadd",)),
+        *([Grant("graph keys: its own seals of results", _graph(f"seal:*:{user}"), ("set",))] if user else []),
         # the checkpoints that name a checkpoint value shared by several loops (ckpt:v:*:refs,
         # worker/loops/shared_checkpoint.py)
         Grant("graph keys: shared checkpoint values' references", _graph("ckpt:*"), ("sadd", "srem")),
@@ -129,7 +133,9 @@ def worker_grants(user: str = "") -> List[Grant]:
         Grant("worker registry: liveness", (worker_key(ANY), provider_key(ANY)), ("set", "del")),
         Grant("worker registry: sets", (workers_set(ANY), PROVIDERS), ("sadd", "srem")),
         Grant("worker registry: advertisements", (info_key(ANY),), ("del", "hset", "pexpire")),
-        Grant("banned sets", (banned_pattern(),), ("sismember", "smembers", "sadd")),  # it cannot unban itself
+        # read only (issue 44): a token's bans are written by its requester on the votes' evidence
+        # (ravop.client.bans), never by a worker user, whose raw SADD would stop all of a token's graphs
+        Grant("banned sets", (banned_pattern(),), ("sismember", "smembers")),
         # verify='spot': a token's record of each worker's checked results, kept by the SPOT script
         Grant("trust records", (trust_pattern(),), _READ_HASH + ("hset", "hincrby")),
         Grant("token registry", (TOKENS,), ("smembers",)),
@@ -142,7 +148,7 @@ def worker_grants(user: str = "") -> List[Grant]:
         Grant("federated open", (FEDERATED_OPEN,), ("smembers", "sadd", "srem")),
         # The scripts name graph keys, the work streams and the dead letters; each command inside is checked
         # against the grants above.
-        Grant("scripts", _graph(ANY) + streams + (DEAD_LETTER, trust_pattern(), banned_pattern())
+        Grant("scripts", _graph(ANY) + streams + (DEAD_LETTER, trust_pattern())
               + ((principal_key(user),) if user else ()), ("eval", "evalsha")),
     ]
 

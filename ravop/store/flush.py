@@ -11,7 +11,8 @@ A graph whose records may not name all of its keys is deleted by the SCAN as bef
 token where one is: one still running or not ended done (a worker may be writing, or died writing a
 checkpoint), one where a worker took over a subgraph another held (`redelivered`: the one that died may have
 left a checkpoint's tensors under a step no record names), one that still holds a checkpoint, a spot-checked
-one (its segments' checkpoints), one whose loops exchange values (`exchange_readers`: per-run keys), a
+one (its segments' checkpoints), one under R.Graph(verify=k) (its results' seals, one key per principal,
+ravop.store.seals), one whose loops exchange values (`exchange_readers`: per-run keys), a
 federated one, and one listed by a version that did not record `owned` (in `graphs` but not `owned`) (a
 checkpoint is looked for in the round trip that deletes the named keys; the SCAN then deletes what is left)."""
 from typing import List, Optional, Tuple
@@ -25,7 +26,7 @@ from .tensors import keys_of
 # Every fixed key of a graph (ravop.store.keys.GraphKeys), by attribute.
 _FIXED = ("meta", "subgraphs", "info", "deps", "done", "refs", "persist", "bundles", "taken", "ran", "events",
           "outbox", "steps", "disputes", "attempts")
-_META = ("state", "redelivered", "spot", "exchange_readers", "approach")
+_META = ("state", "redelivered", "spot", "exchange_readers", "approach", "verify")
 _BY_NAME = (graph_states.DONE, graph_states.ACTIVATED)   # nothing writes to these any more, or has yet
 
 
@@ -82,10 +83,10 @@ def _named(token_keys: TokenKeys, graphs: List[GraphKeys],
                                token_keys.inbox, token_keys.owned)]
     checkpoints = []
     for keys, meta, info, persisted in zip(graphs, replies[::3], replies[1::3], replies[2::3]):
-        state, redelivered, spot, exchanges, approach = meta
+        state, redelivered, spot, exchanges, approach, copies = meta
         # no state: gone, or an upload that stopped before its meta (its records come before its constants)
         if state is not None and (state.decode() not in _BY_NAME or redelivered or spot or exchanges or
-                                  approach == b"federated"):
+                                  approach == b"federated" or int(copies or 1) > 1):
             return None
         named = [getattr(keys, name) for name in _FIXED]
         ids = {int(i) for i in persisted}

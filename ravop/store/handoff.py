@@ -22,7 +22,7 @@ start is refused with NOPERM, and from then on it names its graphs in its inbox 
 (`confined`, ravop.store.inbox).
 """
 import time
-from typing import Iterable, Optional, Tuple
+from typing import Iterable, Optional, Set, Tuple
 
 import redis
 
@@ -49,6 +49,9 @@ class Handoff:
     def __init__(self, client: Client, scripts: Scripts) -> None:
         self.client, self.scripts = client, scripts
         self.confined = False  # a token user's: its starts go through its inbox
+        # graphs this session named in its inbox: one found neither there nor started was dropped (a worker user
+        # may ZREM any inbox), and its requester posts it again (ravop.client.tracking)
+        self.posted: Set[str] = set()
 
     def start(self, keys: GraphKeys) -> int:
         """Start the graph (START) and get its first subgraphs onto the work streams; 1 if it started now, 0
@@ -62,6 +65,7 @@ class Handoff:
         if not self.client.exists(keys.meta):
             raise redis.ResponseError(f"NOGRAPH graph {keys.graph_id} is not in Redis")
         self.client.zadd(TokenKeys(keys.token).inbox, {keys.graph_id: time.time()})
+        self.posted.add(keys.graph_id)
         try:
             self.client.publish(STARTED, keys.token)  # wakes the workers' inbox watchers (worker/serve/inbox_watch.py)
         except redis.exceptions.NoPermissionError:

@@ -3,8 +3,9 @@
 Per token (one requester), under `ravop:{token}:`:
   graphs              zset    graph id -> creation time: the token's graphs, oldest first
   current             string  the graph id that R.track_progress and R.fetch_persisting_op use
-  banned              set     workers whose outputs disagreed with the majority (R.Graph(verify=k)): they
-                              take no more of this token's work
+  banned              set     principals whose outputs a majority outvoted (R.Graph(verify=k) or 'spot'): they
+                              take no more of this token's work; written by the token's requester only
+                              (ravop.client.bans), read by workers
   trust               hash    R.Graph(verify='spot'): "user@class:streak|confirmed|mismatches|unchecked" ->
                               count (ravop.core.spot_policy); written only by the SPOT script
   inbox               zset    graph id -> when: graphs a `ravop admin` token user started; it may not write
@@ -18,7 +19,9 @@ graphs spread over the shards:
                               done, failed), n_subgraphs, done_subgraphs, n_ops, ops_done, created,
                               started, finished, summary; a failed graph also has error, error_op,
                               error_source, error_worker, error_subgraph; `redelivered` once a worker took
-                              over a subgraph another one held (keys it may have left: ravop.store.flush)
+                              over a subgraph another one held (keys it may have left: ravop.store.flush);
+                              `outvoted` (",a,b,"): principals a spot check of this graph outvoted, kept
+                              from its work at once (the SPOT script)
   subgraphs           hash    subgraph id -> Subgraph protobuf bytes
   info                hash    subgraph id -> "device;n_ops;successor,...;input to release,..." (for Lua)
   deps                hash    subgraph id -> predecessors not finished yet
@@ -42,6 +45,9 @@ graphs spread over the shards:
   votes:{sid}         hash    R.Graph(verify=k): worker -> digest of its outputs of the subgraph; under
                               verify='spot', "worker@kind" -> digest, and #state, #runner, #accepted, #losers
   votes:{sid}:{seg}   hash    the same for segment `seg` of a loop subgraph (verify='spot')
+  seal:{node}:{user}  string  worker user `user`'s digest of node's value computed under a vote; only that
+                              user may write it (ravop.store.seals)
+  sealers:{node}      set     the principals that sealed node's value
   traces:{sid}:{seg}  hash    a disputed loop segment's re-runs: "worker@kind" -> per-op digests of each step
                               (worker/verify/dispute_trace.py)
   disputes            stream  settled spot-check disputes: subgraph, segment, worker (the losers), op, source,
@@ -237,6 +243,15 @@ class GraphKeys:
 
     def traces(self, subgraph_id: Union[int, str], segment: str) -> str:
         return f"{self.prefix}traces:{subgraph_id}:{segment}"
+
+    def seal(self, node_id: Union[int, str], principal: str) -> str:
+        """The digest of node `node_id`'s value that `principal` computed under a vote (ravop.store.seals): a worker
+        user may write only its own (ravop.store.access)."""
+        return f"{self.prefix}seal:{node_id}:{principal}"
+
+    def sealers(self, node_id: Union[int, str]) -> str:
+        """The principals that sealed node `node_id`'s value (ravop.store.seals)."""
+        return f"{self.prefix}sealers:{node_id}"
 
     def segments(self, subgraph_id: Union[int, str]) -> str:
         return f"{self.prefix}segs:{subgraph_id}"

@@ -8,7 +8,9 @@ Replies (first element):
 - unchecked: nobody re-runs it; the worker stores its result and completes.
 - hold:      checked (or still disputed): the worker acks and goes; re-runs were enqueued.
 - confirmed: this run settles the check, and agrees with the majority: it stores the result and completes;
-             the rest of the reply names the workers it outvoted (banned from the token's work, trust reset).
+             the rest of the reply names the workers it outvoted (trust reset; kept from the graph's work by its
+             meta's `outvoted`, and banned from the token's by its requester on these votes when the graph
+             ends, ravop.client.bans: a worker user may not write a banned set).
 - complete:  a retry of an accepted result with the same digest (its first runner died before completing).
 - again:     this worker voted on it already: ack, nothing to do.
 - split:     no majority after `copies + 2` runs, or a dispute with no majority by its deadline; the rest names
@@ -17,7 +19,8 @@ Replies (first element):
              accepted as it is; the rest says why.
 
 Votes are per principal (a worker's ACL user, ravop.core.spot_policy.principal_of): a user's second run of the same
-result is answered `again`, and losers are banned by principal. Trust is kept per principal and numerics class.
+result is answered `again`, and losers are banned by principal (by the
+token's requester, ravop.client.bans). Trust is kept per principal and numerics class.
 A digest of '' asks for the deadline check: a check still open `settle_seconds` after it began (or after its
 dispute began) ends there, unverified (nobody disagreed) or split (a dispute nobody broke).
 
@@ -29,7 +32,7 @@ from typing import List, Optional, Union
 from .client_types import Client
 from .keys import GraphKeys, TokenKeys, principal_key, queue
 
-# KEYS: meta, votes, trust, banned, the submitting worker's work stream, its principal's key (keys.principal_key:
+# KEYS: meta, votes, trust, the submitting worker's work stream, its principal's key (keys.principal_key:
 # the ACL lets a worker user name only its own); for a loop segment also the loop's segments, checkpoint and taken
 # hashes.
 # ARGV: principal, digest ('' for the deadline check), token, graph id, subgraph id, segment ('' for a plain
@@ -44,9 +47,9 @@ if not policy then return redis.error_reply('NOSPOT the graph has no spot-check 
 local rate, trust_after, copies, _, settle = string.match(policy, '^([^;]+);([^;]+);([^;]+);([^;]+);([^;]+)$')
 rate, trust_after, copies, settle = tonumber(rate), tonumber(trust_after), tonumber(copies), tonumber(settle)
 -- whose vote it is: the principal its key names (a worker user's scripts may name only its own key)
-local member = string.match(KEYS[6], '^ravop:_:principal:(.+):vote$')
+local member = string.match(KEYS[5], '^ravop:_:principal:(.+):vote$')
 if not member or member ~= ARGV[1] then
-  return redis.error_reply('NOPRINCIPAL ' .. KEYS[6] .. ' is not the key of principal ' .. ARGV[1])
+  return redis.error_reply('NOPRINCIPAL ' .. KEYS[5] .. ' is not the key of principal ' .. ARGV[1])
 end
 local digest, class = ARGV[2], ARGV[7]
 local votes, trust = KEYS[2], KEYS[3]
@@ -55,9 +58,9 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local function enqueue(n)
   for _ = 1, n do
     if ARGV[6] == '' then
-      redis.call('XADD', KEYS[5], '*', 'token', ARGV[3], 'graph', ARGV[4], 'subgraph', ARGV[5])
+      redis.call('XADD', KEYS[4], '*', 'token', ARGV[3], 'graph', ARGV[4], 'subgraph', ARGV[5])
     else
-      redis.call('XADD', KEYS[5], '*', 'token', ARGV[3], 'graph', ARGV[4], 'subgraph', ARGV[5], 'segment', ARGV[6])
+      redis.call('XADD', KEYS[4], '*', 'token', ARGV[3], 'graph', ARGV[4], 'subgraph', ARGV[5], 'segment', ARGV[6])
     end
   end
 end
@@ -69,7 +72,7 @@ local function reset(m)
   local c = redis.call('HGET', votes, '#c:' .. m) or class
   redis.call('HSET', trust, m .. '@' .. c .. ':streak', 0)
 end
-local segs = KEYS[7]
+local segs = KEYS[6]
 local function mark(state)
   if segs and redis.call('HEXISTS', segs, ARGV[6]) == 1 then redis.call('HSET', segs, ARGV[6] .. ':state', state) end
 end
@@ -77,7 +80,7 @@ local function ask_traces(members)
   if not segs then return end
   redis.call('HSET', segs, '#disputes', (redis.call('HGET', segs, '#disputes') or '') .. ARGV[6] .. ',')
   for _, m in ipairs(members) do
-    redis.call('XADD', KEYS[5], '*', 'token', ARGV[3], 'graph', ARGV[4], 'subgraph', ARGV[5], 'segment', ARGV[6],
+    redis.call('XADD', KEYS[4], '*', 'token', ARGV[3], 'graph', ARGV[4], 'subgraph', ARGV[5], 'segment', ARGV[6],
                'trace', m)
   end
 end
@@ -108,9 +111,9 @@ local function rewind(losers)
   for _, entry in ipairs(entries) do
     if entry[1] >= at then redis.call('HDEL', segs, entry[3], entry[3] .. ':state') end
   end
-  if at == 0 then redis.call('DEL', KEYS[8]) else redis.call('HSET', KEYS[8], 'step', at) end
-  redis.call('HSET', KEYS[9], ARGV[5], '-')
-  redis.call('XADD', KEYS[5], '*', 'token', ARGV[3], 'graph', ARGV[4], 'subgraph', ARGV[5])
+  if at == 0 then redis.call('DEL', KEYS[7]) else redis.call('HSET', KEYS[7], 'step', at) end
+  redis.call('HSET', KEYS[8], ARGV[5], '-')
+  redis.call('XADD', KEYS[4], '*', 'token', ARGV[3], 'graph', ARGV[4], 'subgraph', ARGV[5])
 end
 local function voters()
   local members = {}
@@ -185,7 +188,9 @@ if top_count * 2 > n and digest == top then
     else
       reset(m)
       bump(m, 'mismatches', 1)
-      redis.call('SADD', KEYS[4], m)
+      -- kept from this graph's work at once; banned from the token's when the graph ends (by its requester)
+      local out = redis.call('HGET', KEYS[1], 'outvoted') or ','
+      if not string.find(out, ',' .. m .. ',', 1, true) then redis.call('HSET', KEYS[1], 'outvoted', out .. m .. ',') end
       table.insert(losers, m)
       lost[m] = true
     end
@@ -228,8 +233,8 @@ class SpotScript:
         `kind`."""
         token = TokenKeys(keys.token)
         loop = [] if segment is None else [keys.segments(subgraph_id), keys.checkpoint(subgraph_id), keys.taken]
-        reply = self._spot(keys=[keys.meta, keys.votes(subgraph_id, segment), token.trust, token.banned,
-                                 queue(kind), principal_key(member), *loop],
+        reply = self._spot(keys=[keys.meta, keys.votes(subgraph_id, segment), token.trust, queue(kind),
+                                 principal_key(member), *loop],
                            args=[member, digest, keys.token, keys.graph_id, subgraph_id,
                                  "" if segment is None else segment, numerics_class or kind])
         return [part.decode() if isinstance(part, bytes) else str(part) for part in reply]

@@ -9,8 +9,9 @@ from .keys import (DEAD_LETTER, FEDERATED_OPEN, STARTING, TOKENS, GraphKeys, Tok
                    usage_key, worker_key, workers_set)
 
 TOKEN_A, TOKEN_B = "alice", "bob"  # the two token users of the table (any names give the same table)
+WORKER_USER = "wk"   # the worker user of the table (its own seals are its user's)
 PRINCIPALS: Tuple[Tuple[str, str, str], ...] = (("token user A", REQUESTER, TOKEN_A),
-                                                ("token user B", REQUESTER, TOKEN_B), ("a worker", WORKER, ""))
+                                                ("token user B", REQUESTER, TOKEN_B), ("a worker", WORKER, WORKER_USER))
 
 
 def key_classes(a: str = TOKEN_A, graph: str = "g1") -> List[Tuple[str, Optional[str]]]:
@@ -31,6 +32,9 @@ def key_classes(a: str = TOKEN_A, graph: str = "g1") -> List[Tuple[str, Optional
         ("A's graph: checkpoints", ga.checkpoint(1)),
         ("A's graph: values resident replicas exchange", ga.exchange("r0", 1)),
         ("A's graph: votes and spot-checked segments", ga.votes(1)),
+        ("A's graph: who sealed a result (ravop.store.seals)", ga.sealers(5)),
+        ("A's graph: a result's seal by this worker's user", ga.seal(5, WORKER_USER)),
+        ("A's graph: a result's seal by another worker user", ga.seal(5, "other")),
         ("A's graph: settled disputes", ga.disputes),
         ("A's graph: end events", ga.events),
         ("work streams", queue("cpu")),

@@ -205,7 +205,9 @@ class Provider:
         del self._pending[ref]
         layout = contribution.pop("layout")
         masked = key.mask(residues, layout, self.name, publics, ref)
-        self.scripts.contribute(keys, self.name, {**contribution, "secure": secure.pack(masked, layout)})
+        # the keys it published and masked with: a key rewritten in the store is named at the release
+        self.scripts.contribute(keys, self.name, {**contribution, "secure": secure.pack(masked, layout),
+                                                  "public": key.public(), "keys": publics})
         log.info("provider %s: sent masked sums of %s to graph %s", self.name, rules.describe_columns(), keys.graph_id)
 
     def secure_sums(self, rules: Rules, queries: Sequence[Query], graph: str = ""

@@ -30,12 +30,13 @@ from redis.exceptions import RedisClusterException
 from ravop.core import plan_limits
 from ravop.core.errors import PlanError, QuotaError, StoreLimitError, UploadIncompleteError, WireFormatError
 from ravop.core.numerics_class import numerics_class
-from ravop.core.spot_policy import SPOT_SEGMENT_STEPS, Verify, principal_of
+from ravop.core.spot_policy import SPOT_SEGMENT_STEPS, Verify, principal_of, tally
 from ravop.store import GROUP, GraphKeys, Scripts, TokenKeys, queue
 from ravop.store import federated_schema as federated_store
 from ravop.store import background_upload as uploads
 from ravop.store import same_host
 from ravop.store import tensors as stored
+from ravop.store import seals
 from ravop.store import workers as liveness
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
@@ -344,7 +345,7 @@ class Worker:
         seed, data, copies, spot = int(reply[1]), reply[2], int(reply[3]), bool(reply[4])
         if deliveries > 1:   # taken over: the last holder may have left keys no record names (ravop.store.flush)
             self.client.hset(keys.meta, "redelivered", 1)
-        if spot and self._banned(keys.token, fresh=True):
+        if spot and (self._banned(keys.token, fresh=True) or self._outvoted(keys)):
             self._pass_on(message_id, fields)
             return None
         if spot and not self.spot.may_run(keys, subgraph_id):
@@ -405,12 +406,18 @@ class Worker:
             is_loop = subgraph.HasField("loop")   # under verify='spot' checked per segment, as it runs
             if self.wrong_outputs is not None and not (spot and is_loop) and self.wrong_outputs.lies():
                 outputs = redundant.perturb(outputs)
-            if copies > 1 and not self._verified(keys, subgraph_id, message_id, outputs, copies, program):
-                return
-            if spot and not is_loop and not self.spot.accepted(keys, subgraph_id, message_id,
-                                                               self._spot_vote(keys, subgraph_id, outputs),
-                                                               program.steps[0] if program.steps else None):
-                return
+            if copies > 1:   # sealed before the vote: what the requester checks at fetch
+                self._seal(keys, outputs)
+                if not self._verified(keys, subgraph_id, message_id, outputs, copies, program):
+                    return
+            if spot and not is_loop:
+                vote = self._spot_vote(keys, subgraph_id, outputs)
+                if vote != redundant.digest(outputs):   # another class's run within tolerance: its bits are
+                    outputs = cross_class.adopted(self, keys, subgraph_id, vote, outputs)   # the result's
+                self._seal(keys, outputs)
+                if not self.spot.accepted(keys, subgraph_id, message_id, vote,
+                                          program.steps[0] if program.steps else None):
+                    return
             self._finish(keys, subgraph_id, message_id, outputs)
             if spot and not is_loop:   # the values its voters kept for a check of another class
                 cross_class.drop(self.client, keys, subgraph_id, None, len(outputs))
@@ -558,6 +565,11 @@ class Worker:
             return self._note_ban(token, self.client.sismember(TokenKeys(token).banned, self.principal))
         return cached[1]
 
+    def _outvoted(self, keys):
+        """Whether a spot check of this graph outvoted this worker's user (the SPOT script's `outvoted`; its
+        requester bans it from the token's work when the graph ends, ravop.client.bans)."""
+        return f",{self.principal},".encode() in (self.client.hget(keys.meta, "outvoted") or b"")
+
     def _note_ban(self, token, banned):
         if len(self._bans) > 1000:
             self._bans.clear()
@@ -610,6 +622,12 @@ class Worker:
         return cross_class.vote(self, keys, subgraph_id, None, [outputs[k] for k in sorted(outputs)],
                                 redundant.digest(outputs), tolerance)
 
+    def _seal(self, keys, outputs):
+        """Record this principal's digests of its outputs (ravop.store.seals)."""
+        pipe = self.client.pipeline(transaction=False)
+        seals.write(pipe, keys, self.principal, {k: devices.to_host(v) for k, v in outputs.items()})
+        pipe.execute()
+
     def _verified(self, keys, subgraph_id, message_id, outputs, copies, program):
         """Vote with these outputs. True if this worker should store them and complete the subgraph (the
         votes are in and agree); otherwise the message is acked: a vote still missing, or a disagreement,
@@ -620,9 +638,8 @@ class Worker:
             return False
         if len(set(votes.values())) == 1:
             return True
-        agreeing, outvoted = redundant.tally(votes)
-        if outvoted:
-            self.client.sadd(TokenKeys(keys.token).banned, *outvoted)
+        agreeing, outvoted = tally(votes)
+        if outvoted:   # banned by the graph's requester, on these votes (ravop.client.bans)
             who = f"{', '.join(agreeing)} agree; {', '.join(outvoted)} differ (banned from this token's work)"
         else:
             who = f"no majority among {', '.join(sorted(votes))}"

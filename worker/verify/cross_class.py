@@ -77,6 +77,19 @@ def vote(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], segment: Op
     return digest
 
 
+def adopted(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], vote: str,
+            outputs: dict[int, Any]) -> dict[int, Any]:
+    """The outputs of the run whose digest `vote` adopted (another numerics class's, within tolerance), as
+    stored for this check, in place of this worker's own: the accepted result is that run's bits, which its
+    voters seal (ravop.store.seals) and the one that completes stores. Its own if they are gone."""
+    votes = worker.client.hgetall(keys.votes(subgraph_id))
+    member = next((m.decode() for m, d in votes.items() if not m.startswith(b"#") and d.decode() == vote), None)
+    if member is None:
+        return outputs
+    others = _stored(worker.client, [values_key(keys, subgraph_id, None, member, k) for k in range(len(outputs))])
+    return outputs if others is None else dict(zip(sorted(outputs), others))
+
+
 def drop(client: Any, keys: GraphKeys, subgraph_id: Union[int, str], segment: Optional[str], n: int) -> None:
     """Delete the `n` values each voter on a settled result stored for its check."""
     voters = [m.decode() for m in client.hkeys(keys.votes(subgraph_id, segment)) if not m.startswith(b"#")]

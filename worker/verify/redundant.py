@@ -1,10 +1,10 @@
 """Redundant execution (`R.Graph(verify=k)`): each subgraph runs on k distinct workers, which vote with a
 digest of their outputs; the engine is deterministic (same graph, seed, torch version and thread count give the
 same bits), so honest workers agree bit for bit. A disagreement fails the graph naming the workers, and a
-worker outvoted by a majority is banned from that requester's work."""
+worker outvoted by a majority is banned from that requester's work by its requester, on the votes'
+evidence (ravop.client.bans; ravop.core.spot_policy.tally)."""
 import hashlib
 import logging
-from collections import Counter
 from typing import Any, Mapping
 
 import torch
@@ -25,15 +25,6 @@ def digest(outputs: Mapping[int, Any]) -> str:
         h.update(node_id.to_bytes(8, "little"))
         h.update(encode_tensor(devices.to_host(outputs[node_id]).contiguous()))
     return h.hexdigest()
-
-
-def tally(votes: Mapping[str, str]) -> tuple[list[str], list[str]]:
-    """(agreeing workers, outvoted workers) of {worker: digest}: the agreeing ones hold a strict majority's
-    digest; with no strict majority nobody is outvoted (there is no telling who is wrong)."""
-    digest_, count = Counter(votes.values()).most_common(1)[0]
-    if count * 2 <= len(votes):
-        return [], []
-    return (sorted(w for w, d in votes.items() if d == digest_), sorted(w for w, d in votes.items() if d != digest_))
 
 
 class Liar:

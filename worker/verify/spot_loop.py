@@ -82,7 +82,9 @@ class LoopSegments:
         pipe = self.worker.client.pipeline(transaction=False)
         pipe.hget(self.keys.taken, self.subgraph_id)
         pipe.sismember(TokenKeys(self.keys.token).banned, self.worker.principal)
-        taken, banned = pipe.execute()
+        pipe.hget(self.keys.meta, "outvoted")   # the graph's own record, until its requester bans it
+        taken, banned, outvoted = pipe.execute()
+        banned = banned or f",{self.worker.principal},".encode() in (outvoted or b"")
         if banned or taken != self.worker.name.encode():
             log.info("worker %s stops loop subgraph %s of graph %s: %s", self.worker.name, self.subgraph_id,
                      self.keys.graph_id, "banned" if banned else f"rewound (now {taken})")
@@ -248,7 +250,7 @@ def check_segment(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], me
     elif not current or settled in SETTLED:
         worker._ack(message_id)   # rewound away, or checked already
         return
-    elif mine is not None or worker._banned(keys.token, fresh=True) or _peer_waits(worker, keys, votes_key, policy):
+    elif mine is not None or worker._banned(keys.token, fresh=True) or worker._outvoted(keys) or _peer_waits(worker, keys, votes_key, policy):
         # its own user's segment, a second vote, or a check a worker of the runner's class may make: someone
         # else's, unless nobody came by the deadline
         reply = spot.settle(keys, subgraph_id, segment)

@@ -1,0 +1,121 @@
+"""What a worker user may no longer decide for a token (issue 44), on a real server with `ravop admin` users and
+real worker processes: it may not ban a token's workers (a raw SADD is refused; a token's bans are its requester's,
+on the votes' evidence), a graph stopped by bans says who is banned and why instead of timing out silently, a
+result it overwrites after the vote is refused at fetch (ravop.store.seals), and a start it drops from a token's
+inbox is posted again by the requester, which names the attack if it keeps happening."""
+import threading
+import time
+
+import pytest
+import redis
+import torch
+
+import ravop as R
+from ravop.core.errors import GraphStateError
+from ravop.store import TokenKeys
+from ravop.store.seals import SealBroken, digest
+from ravop.wire import encode_tensor
+
+from conftest import Workers
+from test_security import create_user, run_graph, users  # noqa: F401  (users: two token users and a worker user)
+
+
+def record_graph(name):
+    R.Graph(name=name)
+    x = R.t(torch.full((128, 128), 2.0))
+    (x @ x).persist_op("product")
+    assert R.activate()["subgraphs"] == 1
+
+
+def test_a_worker_user_may_not_ban_and_a_graph_stopped_by_bans_says_why(server, users):  # noqa: F811
+    names, urls, _ = users
+    banned = TokenKeys(names["a"]).banned
+    attacker = redis.Redis.from_url(urls["w"])
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        attacker.sadd(banned, "h0", "h1")
+    assert attacker.sismember(banned, "h0") == 0   # it still reads them: its worker honours them
+    attacker.close()
+
+    R.initialize(redis_url=urls["a"])
+    assert torch.equal(run_graph("before", 1), torch.full((128, 128), 128.0))
+    owner = redis.Redis.from_url(urls["a"])
+    owner.sadd(banned, names["w"])      # the token's own ban of the only worker user
+    time.sleep(2.5)     # a worker's knowledge of a ban may be BAN_CHECK_SECONDS (2 s) stale
+    record_graph("stopped")
+    R.execute()
+    with pytest.raises(TimeoutError, match=f"every connected worker is banned from the work of token '{names['a']}' "
+                                           rf"\({names['w']}: outvoted"):
+        R.track_progress(progress_bar=False, timeout=6)
+    owner.srem(banned, names["w"])      # lifted by its owner: the graph runs
+    R.track_progress(progress_bar=False, timeout=120)
+    assert torch.equal(R.fetch_persisting_op("product"), torch.full((128, 128), 4.0 * 128))
+    owner.close()
+
+
+def test_a_start_dropped_from_the_inbox_is_posted_again_or_named(server, users, capsys):  # noqa: F811
+    names, urls, pool = users
+    pool.stop_all()     # nobody starts it while the attacker drops it
+    R.initialize(redis_url=urls["a"])
+    record_graph("dropped")
+    inbox = TokenKeys(names["a"]).inbox
+    attacker = redis.Redis.from_url(urls["w"])
+    stop = threading.Event()
+
+    def drop():
+        while not stop.is_set():
+            for graph_id in attacker.zrange(inbox, 0, -1):
+                attacker.zrem(inbox, graph_id)
+            stop.wait(0.002)
+
+    R.execute()
+    dropper = threading.Thread(target=drop)
+    dropper.start()
+    try:
+        with pytest.raises(GraphStateError, match=rf"start was removed from the inbox of token '{names['a']}' 4 times "
+                                                  "without being started: a worker user is dropping it"):
+            R.track_progress(progress_bar=False, timeout=60)
+    finally:
+        stop.set()
+        dropper.join()
+    attacker.close()
+    assert "posted again" in capsys.readouterr().err
+    pool.start(1)
+    R.track_progress(progress_bar=False, timeout=120)   # dropped once more (the last time): posted again, and run
+    assert "posted again" in capsys.readouterr().err
+    assert torch.equal(R.fetch_persisting_op("product"), torch.full((128, 128), 4.0 * 128))
+
+
+def test_a_result_overwritten_after_the_vote_is_refused_at_fetch(server, users, tmp_path):  # noqa: F811
+    names, urls, _ = users
+    other = names["w"].replace("prov", "prov2")
+    honest = Workers(create_user(server.url, "worker", other), tmp_path)
+    honest.start(1)     # verify=2 runs each subgraph on workers of 2 users
+    try:
+        R.initialize(redis_url=urls["a"])
+        R.Graph(name="sealed", verify=2)
+        x = R.t(torch.full((128, 128), 2.0))
+        (x @ x).persist_op("product")
+        assert R.activate()["subgraphs"] == 1
+        R.execute()
+        R.track_progress(progress_bar=False, timeout=120)
+        truth = torch.full((128, 128), 4.0 * 128)
+        assert torch.equal(R.fetch_persisting_op("product"), truth)
+        keys = R.initialize(redis_url=urls["a"]).keys()
+        node = int(redis.Redis.from_url(urls["a"]).hget(keys.persist, "product"))
+        attacker = redis.Redis.from_url(urls["w"])
+        forged = torch.full((128, 128), 12345.0)
+        attacker.set(keys.tensor(node), encode_tensor(forged))   # granted: workers store outputs
+        with pytest.raises(SealBroken, match=rf"'product' \(node {node} of graph {keys.graph_id}\) was changed "
+                                             "after the vote: its stored value's digest"):
+            R.fetch_persisting_op("product")
+        with pytest.raises(redis.exceptions.NoPermissionError):   # the other user's seal is not its own
+            attacker.set(keys.seal(node, other), "0" * 64)
+        attacker.set(keys.seal(node, names["w"]), digest(forged))   # its own: one vote against one
+        with pytest.raises(SealBroken, match="recorded no strict majority's digest at the vote"):
+            R.fetch_persisting_op("product")
+        attacker.close()
+    finally:
+        honest.stop_all()
+        admin = redis.Redis.from_url(server.url)
+        admin.execute_command("ACL", "DELUSER", other)
+        admin.close()
