@@ -2,15 +2,11 @@
 user runs them (a subprocess, the embedded default), on reduced epochs that still reach the accuracy of this
 project's own examples; full-length figures are in
 docs/users/examples.md."""
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from example_runs import run_example
 
 # script -> (reduced epochs, printed metric, threshold the reduced run must reach)
 SCRIPTS = {
@@ -26,14 +22,10 @@ SCRIPTS = {
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_original_style_script_reaches_its_metric(script, tmp_path):
     epochs, metric, threshold = SCRIPTS[script]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("RAVOP_REDIS_URL", None)
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / script), str(epochs), str(tmp_path)],
-                          cwd=ROOT / "examples", env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, f"{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    found = re.findall(rf"^{metric}: ([0-9.]+)$", done.stdout, flags=re.MULTILINE)
-    assert found and float(found[0]) >= threshold, done.stdout[-2000:]
+    stdout = run_example(script, args=(str(epochs), str(tmp_path)), timeout=900)
+    found = re.findall(rf"^{metric}: ([0-9.]+)$", stdout, flags=re.MULTILINE)
+    assert found and float(found[0]) >= threshold, stdout[-2000:]
     if script == "original_cnn_torchscript.py":   # the fetched TorchScript module agrees with the graph
-        assert re.search(rf"^accuracy of loaded model: {found[0]}$", done.stdout, flags=re.MULTILINE)
+        assert re.search(rf"^accuracy of loaded model: {found[0]}$", stdout, flags=re.MULTILINE)
     if script == "original_ann_sequential.py":    # pickled, reloaded and exported
         assert (tmp_path / "model.pkl").exists() and (tmp_path / "test_ann.onnx").exists()
