@@ -15,14 +15,20 @@ from ravop.record.graph import set_current
 from ravop.store import connect
 from ravop.store.keys import worker_key
 
+import file_budgets
 import process_reaper
 from helpers import run_ops
 
 START_TIMEOUT = 120  # seconds for a worker to import torch and register, on a busy 2-core machine
 
 
+def pytest_addoption(parser):
+    file_budgets.add_option(parser)
+
+
 def pytest_configure(config):
     process_reaper.install()
+    file_budgets.install(config)   # a stated budget per test file: tests/durations.toml
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,7 +1,7 @@
 """The RavDL example scripts run as a user runs them (a subprocess, the embedded default engine), on reduced
 epoch counts that still reach the issue's thresholds; full-length figures are in
-docs/users/examples.md."""
-import os
+docs/users/examples.md. Each run leaves no file behind (tests/example_runs.py), and every example is run by
+a test."""
 import re
 import subprocess
 import sys
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from example_runs import ROOT, run_example
 
 # script -> (reduced epochs or steps, printed metric, threshold the reduced run must reach)
 EXAMPLES = {
@@ -20,25 +20,6 @@ EXAMPLES = {
     "gpt_sort.py": (100, "held-out sequences sorted", 0.9),
     "parallel_training.py": (3, "DiLoCo test accuracy", 0.8),   # after LocalSGD's, DataParallel's and Gossip's
 }
-
-
-def untracked():
-    """The files git sees as new and not ignored: what an example must not leave in the checkout."""
-    done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr   # the tests run in a git checkout
-    return {line[3:] for line in done.stdout.splitlines() if line.startswith("??")}
-
-
-def run_example(script, epochs, cwd=ROOT, env=None):
-    env = {**os.environ, "RAVDL_EPOCHS": str(epochs), "PYTHONPATH": str(ROOT), **(env or {})}
-    env.pop("RAVOP_REDIS_URL", None)   # the embedded default, as a first-time user runs it
-    before = untracked()
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / script)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    assert not untracked() - before, f"{script} left files in the checkout: {sorted(untracked() - before)}"
-    return done.stdout
 
 
 @pytest.mark.parametrize("script", sorted(EXAMPLES))
@@ -63,18 +44,6 @@ def test_linear_regression_example_matches_numpy():
     assert difference < 1e-9
 
 
-@pytest.mark.parametrize("script, files", [("original_ann_sequential.py", {"model.pkl", "test_ann.onnx"}),
-                                           ("original_cnn_torchscript.py", {"test_model.pt"}),
-                                           ("original_mingpt_sorter.py", {"sorter_gpt.pt"})])
-def test_an_example_writes_its_files_into_the_folder_it_prints_not_the_working_directory(script, files, tmp_path):
-    out, cwd = tmp_path / "out", tmp_path / "cwd"
-    cwd.mkdir()
-    stdout = run_example(script, 1, cwd=cwd, env={"RAVOP_EXAMPLES_OUTPUT": str(out)})
-    assert f"writing files to {out}" in stdout.splitlines()
-    assert files <= {path.name for path in out.iterdir()}
-    assert not list(cwd.iterdir())
-
-
 def test_the_examples_default_output_folder_is_ignored_by_git(monkeypatch):
     """Without a folder argument or $RAVOP_EXAMPLES_OUTPUT, examples/output/: in the checkout, ignored by git."""
     monkeypatch.syspath_prepend(str(ROOT / "examples"))
@@ -86,3 +55,15 @@ def test_the_examples_default_output_folder_is_ignored_by_git(monkeypatch):
     probe = folder / "probe.pt"
     done = subprocess.run(["git", "check-ignore", "-q", str(probe)], cwd=ROOT)
     assert done.returncode == 0, "examples/output/ is not ignored by git"
+
+
+HELPERS = {"example_data.py"}   # imported by the examples, not run
+
+
+def test_every_example_is_run_by_a_test_that_checks_it_leaves_no_file():
+    """A script under examples/ is named in a test file that runs examples through example_runs.run_example."""
+    runners = [path.read_text() for path in Path(__file__).parent.glob("test_*.py")
+               if "from example_runs import" in path.read_text()]
+    scripts = {path.name for path in (ROOT / "examples").glob("*.py")} - HELPERS
+    unrun = sorted(script for script in scripts if not any(f'"{script}"' in text for text in runners))
+    assert not unrun, f"examples no test runs through example_runs.run_example: {unrun}"

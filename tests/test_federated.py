@@ -24,7 +24,7 @@ from worker.provider.data import DataError, ProviderData
 
 from conftest import Workers
 from helpers import commands_seen
-from test_examples import ROOT, run_example
+from example_runs import ROOT, run_example
 
 RULES = {"age": {"min": 18, "max": 80}, "salary": {"min": 1, "max": 5}, "bonus": {"min": 0, "max": 10},
          "fund": {}}
@@ -335,9 +335,8 @@ def test_the_issue_script_runs_on_embedded_providers_given_by_environment(data, 
     assert sum(matches) == 1
 
 
-def test_the_example_matches_numpy(tmp_path):
-    out = run_example("federated_analytics.py", 1, env={"TMPDIR": str(tmp_path)})
-    assert not list(tmp_path.glob("federated-example-*"))   # its providers' CSVs go with the run
+def test_the_example_matches_numpy():
+    out = run_example("federated_analytics.py", 1)   # its providers' CSVs go with the run: its $TMPDIR stays empty
     assert re.search(r"^mean: age [0-9.]+, salary [0-9.]+, bonus [0-9.]+, fund [0-9.]+$", out, re.MULTILINE)
     difference = float(re.search(r"max \|federated - numpy\| = ([-0-9.e]+)$", out, re.MULTILINE).group(1))
     assert difference < 1e-9

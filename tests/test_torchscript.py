@@ -516,19 +516,11 @@ def test_cpu_workers_leave_gpu_work_alone(engine, module_workers, capsys):
 
 
 def test_digits_example_fetched_module_matches_the_persisted_prediction():
-    import os
     import re
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "RAVDL_EPOCHS": "2", "PYTHONPATH": str(root)}
-    env.pop("RAVOP_REDIS_URL", None)
-    done = subprocess.run([sys.executable, str(root / "examples" / "digits_torchscript.py")], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    persisted = re.search(r"^test accuracy: ([0-9.]+)$", done.stdout, re.MULTILINE)
-    fetched = re.search(r"^saved model's test accuracy: ([0-9.]+)$", done.stdout, re.MULTILINE)
-    assert persisted and fetched, done.stdout[-2000:]
+    from example_runs import run_example
+    stdout = run_example("digits_torchscript.py", 2)
+    persisted = re.search(r"^test accuracy: ([0-9.]+)$", stdout, re.MULTILINE)
+    fetched = re.search(r"^saved model's test accuracy: ([0-9.]+)$", stdout, re.MULTILINE)
+    assert persisted and fetched, stdout[-2000:]
     assert fetched.group(1) == persisted.group(1)
     assert float(persisted.group(1)) > 0.5   # 2 epochs learn something; the full run: docs/users/examples.md
