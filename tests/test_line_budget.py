@@ -34,9 +34,12 @@ BUDGET = {
                                 # with rounds that close with the replicas present (close_after, issue 43)
     "ravop/record": 1550,       # 1,468 at the layout by role
     "ravop/runtime": 1220,      # 1,160 at the layout by role
-    "ravop/store": 2200,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
-                                # with votes per principal in the SPOT script and the attempts hash (issues 42, 43)
-    "ravop/tools": 745,         # 680 at the layout by role; +17: ravop admin token set, shares in status
+    "ravop/store": 2250,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
+                                # with votes per principal in the SPOT script and the attempts hash (issues 42, 43);
+                                # +50: each replica's holders over time and contributions, read by the session and
+                                # `ravop status` alike (store/contributions.py, moved from client/placement.py: -30)
+    "ravop/tools": 760,         # 680 at the layout by role; +17: ravop admin token set, shares in status; +15: the
+                                # replicas of running fits in status (issue 43)
     "ravop/wire": 320,          # 304 at the layout by role
     "worker/execute": 540,      # 506 at the layout by role
     "worker/loops": 1130,       # 963 at the layout by role; 1,027 with the exchange's bounded wait for optional values
