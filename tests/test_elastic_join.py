@@ -45,3 +45,23 @@ def test_a_worker_that_starts_mid_fit_claims_a_waiting_replica_and_the_bits_are_
     R.track_progress(timeout=300, progress_bar=False)
     assert all(R.fetch_persisting_op(name).equal(got[name]) for name in names)
     assert not status.replicas(client, engine.token, status.graphs(client, engine.token))   # none running now
+
+
+def test_with_close_after_the_rounds_before_a_joiner_go_without_the_replicas_not_held(engine, workers):
+    # two workers for three replicas, each round closed after 0.3 s: replica 0 does not wait for the one queued
+    first = workers.start(2, extra=["--emulate-device-flops", "1e5"])
+    strategy = R.parallel.DiLoCo(3, 3, resident=True, close_after=0.3)
+    graph, names = fit_graph("late joiner, islands", strategy, n_epochs=24)
+    R.execute()
+    wait_for(lambda: max(seen["steps_done"] for seen in contributions(graph)[repr(strategy)].values()) >= 6,
+             "two rounds done")
+    late, = workers.start(1, prefix="late", extra=["--emulate-device-flops", "1e5"])
+    R.track_progress(timeout=300, progress_bar=False)
+    seen = contributions(graph)[repr(strategy)]
+    assert any(late in role["workers"] for role in seen.values()), seen
+    assert {w for role in seen.values() for w in role["workers"]} <= set(first) | {late}
+    assert seen["replica 0"]["rounds_without"] == []   # the coordinator is never skipped
+    # every replica ran all its rounds (a late round is dropped, not skipped: its steps are run)
+    assert all(role["steps_done"] == role["steps"] == 96 for role in seen.values()), seen
+    assert any(role["rounds_without"] for role in seen.values()), seen   # some round closed without a replica
+    assert all(R.fetch_persisting_op(name).isfinite().all() for name in names)
