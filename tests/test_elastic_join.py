@@ -4,9 +4,13 @@ waiting replica and contributes, `history.contributions` and `ravop status` name
 fixed at record time, the bits are those of the undisturbed fit. A takeover names a second worker for the replica
 (tests/test_resident_replicas.py)."""
 import time
+import uuid
 
 import ravop as R
 from ravop.client.placement import contributions
+from ravop.core.graph_states import RUNNING
+from ravop.store import GraphKeys, Scripts
+from ravop.store.scripts import CLAIM_REPLIES, HELD_CHARS
 from ravop.tools import status
 from ravop.tools.cluster_cli import _status_text
 from test_diloco_islands import fit_graph
@@ -65,3 +69,19 @@ def test_with_close_after_the_rounds_before_a_joiner_go_without_the_replicas_not
     assert all(role["steps_done"] == role["steps"] == 96 for role in seen.values()), seen
     assert any(role["rounds_without"] for role in seen.values()), seen   # some round closed without a replica
     assert all(R.fetch_persisting_op(name).isfinite().all() for name in names)
+
+
+def test_a_claim_by_another_worker_appends_it_to_the_holders_and_the_record_is_bounded(client):
+    keys = GraphKeys(f"t{uuid.uuid4().hex[:6]}", uuid.uuid4().hex[:12])
+    client.hset(keys.meta, "state", RUNNING)
+    client.hset(keys.subgraphs, 0, b"plan bytes")
+    scripts = Scripts(client)
+    for worker in ("a", "a", "b", "a"):   # the same worker again (its own turn resumed) adds nothing
+        assert scripts.claim(keys, 0, worker)[0].decode() == CLAIM_REPLIES["RUN"]
+    assert client.hget(keys.held, 0) == b"a,b,a"
+    for k in range(600):
+        scripts.claim(keys, 0, f"worker-{k}")
+    held = client.hget(keys.held, 0).decode().split(",")
+    assert len(",".join(held)) <= HELD_CHARS + len("worker-599") and held[-1] == "worker-599"
+    assert held[0].startswith("worker-") and held == [f"worker-{k}" for k in range(600 - len(held), 600)]
+    client.delete(*client.keys(keys.prefix + "*"))

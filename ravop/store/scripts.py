@@ -130,7 +130,8 @@ if tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0') > 0 then return {'@CLAI
 if redis.call('HGET', KEYS[4], ARGV[1]) ~= ARGV[2] then
   local held = redis.call('HGET', KEYS[7], ARGV[1])
   if held and string.len(held) > HELD_CHARS then
-    held = string.sub(held, string.find(held, ',', -HELD_CHARS, true) + 1)
+    local cut = string.find(held, ',', -HELD_CHARS, true)
+    held = cut and string.sub(held, cut + 1)
   end
   redis.call('HSET', KEYS[7], ARGV[1], held and (held .. ',' .. ARGV[2]) or ARGV[2])
 end
