@@ -37,7 +37,8 @@ BUDGET = {
     "ravop/store": 2250,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
                                 # with votes per principal in the SPOT script and the attempts hash (issues 42, 43);
                                 # +50: each replica's holders over time and contributions, read by the session and
-                                # `ravop status` alike (store/contributions.py, moved from client/placement.py: -30)
+                                # `ravop status` alike (ravop/store/contributions.py, moved from
+                                # ravop/client/placement.py: -30)
     "ravop/tools": 760,         # 680 at the layout by role; +17: ravop admin token set, shares in status; +15: the
                                 # replicas of running fits in status (issue 43)
     "ravop/wire": 320,          # 304 at the layout by role
