@@ -103,6 +103,9 @@ def test_unequal_rounds_on_two_workers_give_the_in_process_bits(engine, workers,
              seen[f"replica {r}"]["rounds"], seen[f"replica {r}"]["rounds_without"]) for r in range(2)] == \
         [(4, 16, 4, []), (2, 8, 4, [])]
     assert all(len(seen[f"replica {r}"]["workers"]) >= 1 for r in range(2))
+    # done: every inner step, resident or as segments (a loop's recorded steps count its sync templates too)
+    assert [(seen[f"replica {r}"]["steps_done"], seen[f"replica {r}"]["samples_done"]) for r in range(2)] == \
+        [(16, 64), (8, 32)]
     assert_same_as_in_process(graph, persisted + ["prediction"])
     _, _, want_prediction = diloco_reference(2, 4, 2, 4, True, 3, 0.7, 0.9, True, steps=[4, 2])
     assert torch.allclose(R.fetch_persisting_op("prediction"), want_prediction, atol=1e-5)

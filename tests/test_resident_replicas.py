@@ -16,7 +16,7 @@ from helpers import on_one_thread, wait_for
 from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
-from ravop.client.placement import held_by
+from ravop.client.placement import contributions, held_by
 from ravop.runtime.evaluate import evaluate_persisted
 from ravop.runtime.loop_run import MemoryExchange
 from ravop.store import GraphKeys
@@ -270,8 +270,11 @@ def test_a_provider_killed_mid_round_is_resumed_elsewhere_with_the_same_bits(eng
     keys, loop_id, holder = run_killing_a_replica(engine, workers, client, graph)
     assert client.hget(keys.ran, loop_id).decode() in set(names) - {holder}   # a spare took the replica over
     (replicas,) = held_by(graph).values()
-    assert client.hget(keys.ran, loop_id).decode() in sum(replicas.values(), [])   # named where it ended
-    assert holder not in sum(replicas.values(), [])
+    taker = client.hget(keys.ran, loop_id).decode()
+    # the takeover shows as a second worker for the replica: the killed one first, then the one that ended it
+    assert [holder, taker] in replicas.values(), replicas
+    (seen,) = contributions(graph).values()
+    assert [holder, taker] in [role["workers"] for role in seen.values()]
     assert_same_as_in_process(graph, persisted)
 
 

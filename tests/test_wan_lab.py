@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.wan import harness, link, profiles, tbf_check  # noqa: E402
+from benchmarks.wan import harness, link, profiles, report, tbf_check  # noqa: E402
 from benchmarks.wan.lab import PREFIX, Lab, namespaces  # noqa: E402
 from worker.execute import emulated_device  # noqa: E402
 
@@ -161,6 +161,12 @@ def test_two_providers_over_shaped_links_are_measured():
         parts = [p[k] for k in ("before_first_s", "after_last_s", "exchange_s", "writes_s")]
         assert all(part >= 0 for part in parts) and sum(parts) <= p["network_wait_s"] * 1.01 + 0.01
     assert result["synchronisations"] == 1 and result["test_accuracy"] > 0
+    # who ran each replica (over time) and its steps, in the JSON and in --detail's lines
+    providers = {p["provider"] for p in result["providers_detail"]}
+    assert set(result["contributions"]) == {"replica 0", "replica 1"}
+    assert all(set(seen["workers"]) <= providers and seen["steps_done"] == seen["steps"] == 8
+               for seen in result["contributions"].values()), result["contributions"]
+    assert "  replica 1: " in report.table([result], detail=True)
     assert len(result["pids"]) == 4 and alive(result["pids"]) == []   # the store, the links, 2 providers
     assert leftovers() == ([], [], [])
     assert subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0

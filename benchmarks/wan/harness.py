@@ -30,7 +30,7 @@ from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 import ravop as R
-from ravop.client.placement import held_by
+from ravop.client.placement import contributions, held_by
 from ravop.core.graph_states import DONE, FAILED
 from ravop.store import workers
 from ravop.store.graphs import list_graphs
@@ -260,6 +260,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
         started_pids = [process.pid for process in lab.processes]   # for checking that none outlives the lab
         losses = R.fetch_losses()
         held = held_roles(repr(strategy))
+        contributed = contributions().get(repr(strategy), {})   # who ran each replica over time, and its steps
         weights = {name: R.fetch_persisting_op(name) for name in
                    ("Dense_1.weight", "Dense_1.bias", "Dense_2.weight", "Dense_2.bias")}
     trained = torch_mlp(hidden)
@@ -308,7 +309,7 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
         "final_loss": float(np.nanmean(last_epoch)) if len(last_epoch) else None,
         "test_accuracy": accuracy(trained, X_test, y_test),
         "one_worker": one_worker_baseline(X, y, X_test, y_test, hidden, batch, epochs),
-        "loss_names": len(loss_names), "providers_detail": per_provider,
+        "loss_names": len(loss_names), "providers_detail": per_provider, "contributions": contributed,
         "churn": None if churn is None else {"every_s": churn_every, "restart_after_s": churn_restart,
                                              "events": [{k: (v / dilation if isinstance(v, float) else v)
                                                          for k, v in e.items()} for e in churn.events],

@@ -49,6 +49,9 @@ def table(results, detail=False):
         lines.append(row(result))
         if detail:
             lines.extend(provider_rows(result))
+            lines.extend(f"  {role}: {' -> '.join(seen['workers'])} (over time), {seen['steps_done']} steps, "
+                         f"{len(seen['rounds_without'])} of {seen['rounds']} rounds closed without it"
+                         for role, seen in result.get("contributions", {}).items())
             lines.append(f"  link process CPU: {result['link_cpu_s']:.2f} s ({result['link_cpu_share']:.1%} of the "
                          f"run's wall time); dilation {result['dilation']:g}; synchronisations "
                          f"{result['synchronisations']}; load average {result['machine_load'][0]:.2f}")

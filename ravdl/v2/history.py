@@ -86,8 +86,10 @@ class History(Sequence[str]):
     @property
     def contributions(self) -> dict[str, dict[str, dict[str, Any]]]:
         """{strategy: {role ('replica r'): {"workers", "steps_per_round", "samples_per_round", "rounds",
-        "rounds_without"}}}: what each replica of the graph's fits on shards contributed per round, and the rounds
-        that closed without it (DiLoCo's `close_after`; ravop.client.placement.contributions)."""
+        "steps_done", "samples_done", "rounds_without"}}}: the workers that ran each replica of the graph's fits on
+        shards over time (a takeover, or a provider that joined and took a waiting replica, names one more), what
+        it contributes per round and has done so far, and the rounds that closed without it (DiLoCo's
+        `close_after`; ravop.client.placement.contributions)."""
         return contributions(self.graph)
 
     @property

@@ -261,7 +261,8 @@ class ParallelFit:
                      for r, steps in enumerate(steps_of)]
         current_graph().parallel_rounds[repr(strategy)] = {
             f"replica {r}": {"steps_per_round": n, "samples_per_round": n * self.batch_size * per_update,
-                             "rounds": -(-len(steps_of[r].order) // n)} for r, n in enumerate(per_round)}
+                             "rounds": -(-len(steps_of[r].order) // n), "steps": len(steps_of[r].order)}
+            for r, n in enumerate(per_round)}
         for slot, value in zip(slots, sync.finish(states)):
             slot.set(value)
         # the counters (the optimizer's step) as replica 0 advanced them: the model after fit is the global one

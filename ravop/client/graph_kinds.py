@@ -79,7 +79,9 @@ class PlannedGraphs:
             summary["placement"] = {repr(s): parallel.forecast(s, workers, kind) for s in strategies}
         if graph.parallel_fits:
             summary["replica_subgraphs"] = replica_subgraphs(graph, compiled.plan)   # read back by held_by
-            summary["replica_rounds"] = graph.parallel_rounds                        # ... and by contributions
+            summary["replica_rounds"] = graph.parallel_rounds                        # ... and by contributions,
+            summary["loop_steps"] = {s.id: s.loop.n_steps for s in compiled.plan.subgraphs   # with each loop's
+                                     if s.HasField("loop")}                                 # steps, syncs included
         if graph.verify > 1 and compiled.plan.n_steps:
             raise GraphStateError(f"graph {graph.name!r} has training loops, which verify={graph.verify} does not "
                                   "cover yet (a loop runs as a whole on one worker): leave verify= out")

@@ -102,11 +102,11 @@ def worker_grants(user: str = "") -> List[Grant]:
         # released inputs (COMPLETE), checkpoints a loop replaces, outputs of a graph flushed meanwhile,
         # exchanged values every reader has checkpointed past (DEL only: no worker code sends UNLINK)
         Grant("graph keys: deletable", _graph("t:*", "ckpt:*", "x:*"), ("del",)),
-        # completion and failure (meta, taken, ran: the scripts), hand-off (outbox), loops (steps, ckpt:*),
+        # completion and failure (meta, taken, ran, held: the scripts), hand-off (outbox), loops (steps, ckpt:*),
         # takeovers (attempts: worker/serve/attempts.py), R.Graph(verify=k) and verify='spot' (votes:*, a
         # loop's segments segs:*, dispute traces traces:*),
         # federated providers (clients, partials, public_keys)
-        Grant("graph keys: progress", _graph("meta", "taken", "ran", "outbox", "steps", "attempts", "t:*", "ckpt:*",
+        Grant("graph keys: progress", _graph("meta", "taken", "ran", "held", "outbox", "steps", "attempts", "t:*", "ckpt:*",
                                              "votes:*", "segs:*", "traces:*", "clients", "partials",
                                              "public_keys"), ("hset",)),
         Grant("graph keys: first dispute narrowing", _graph("votes:*"), ("hsetnx",)),

@@ -24,8 +24,8 @@ from .keys import GraphKeys, TokenKeys
 from .tensors import keys_of
 
 # Every fixed key of a graph (ravop.store.keys.GraphKeys), by attribute.
-_FIXED = ("meta", "subgraphs", "info", "deps", "done", "refs", "persist", "bundles", "taken", "ran", "events",
-          "outbox", "steps", "disputes", "attempts")
+_FIXED = ("meta", "subgraphs", "info", "deps", "done", "refs", "persist", "bundles", "taken", "ran", "held",
+          "events", "outbox", "steps", "disputes", "attempts")
 _META = ("state", "redelivered", "spot", "exchange_readers", "approach", "verify")
 _BY_NAME = (graph_states.DONE, graph_states.ACTIVATED)   # nothing writes to these any more, or has yet
 

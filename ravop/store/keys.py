@@ -32,6 +32,8 @@ graphs spread over the shards:
   bundles             hash    bundle name -> JSON {kind, spec, keys}
   taken               hash    subgraph id -> the worker that last started it
   ran                 hash    subgraph id -> the worker that finished it
+  held                hash    subgraph id -> the workers that claimed it, in order, comma-separated (a name
+                              again only after another's claim: a takeover, a turn; ravop.store.contributions)
   events              stream  one entry when the graph ends (done or failed), for trackers to block on
   outbox              hash    on a cluster, subgraph id -> device of subgraphs that became ready and were
                               not claimed yet (ravop.store.handoff)
@@ -215,7 +217,8 @@ class TokenKeys:
 class GraphKeys:
     """The keys of one graph of one token."""
     __slots__ = ("token", "graph_id", "prefix", "meta", "subgraphs", "info", "deps", "done", "refs", "persist",
-                 "bundles", "taken", "ran", "events", "outbox", "steps", "disputes", "attempts", "tensor_prefix")
+                 "bundles", "taken", "ran", "held", "events", "outbox", "steps", "disputes", "attempts",
+                 "tensor_prefix")
 
     def __init__(self, token: str, graph_id: str) -> None:
         self.token = check_name(token)
@@ -224,7 +227,7 @@ class GraphKeys:
         self.meta, self.subgraphs, self.info, self.deps = p + "meta", p + "subgraphs", p + "info", p + "deps"
         self.done, self.refs, self.persist, self.bundles = p + "done", p + "refs", p + "persist", p + "bundles"
         self.taken, self.ran, self.events, self.steps = p + "taken", p + "ran", p + "events", p + "steps"
-        self.outbox, self.disputes = p + "outbox", p + "disputes"
+        self.outbox, self.disputes, self.held = p + "outbox", p + "disputes", p + "held"
         self.attempts = p + "attempts"   # what takeovers of each subgraph found (worker/serve/attempts.py)
         self.tensor_prefix = p + "t:"
 

@@ -110,11 +110,14 @@ end
 return {1, handed}
 """)
 
-# KEYS: meta, done, subgraphs, taken, deps, outbox.  ARGV: subgraph id, worker.
+# KEYS: meta, done, subgraphs, taken, deps, outbox, held.  ARGV: subgraph id, worker.
+# A claim by another worker than the last one appends it to the subgraph's holders (`held`: who ran a resident
+# replica over time, a takeover or a turn a new name; the oldest dropped past HELD_CHARS characters).
 # Anyone who may enqueue (every requester) can put a message naming another token's graph on a stream, so
 # a message is only acted on if the plan has its subgraph and that subgraph is ready: a forged one is
 # 'unknown' or 'waiting' and cannot fail or disturb the graph it names. A message for the subgraph is on a
 # stream, so its outbox entry (a cluster's hand-off) is delivered: dropped.
+HELD_CHARS = 2000   # the most of a subgraph's holders kept (`held`): about 200 names of workers
 CLAIM = with_claim_replies(with_states("""
 local meta = redis.call('HMGET', KEYS[1], 'state', 'seed', 'verify', 'spot')
 if not meta[1] then return {'@CLAIM_GONE@'} end
@@ -124,9 +127,17 @@ if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {'@CLAIM_FINISHED@
 local data = redis.call('HGET', KEYS[3], ARGV[1])
 if not data then return {'@CLAIM_UNKNOWN@'} end
 if tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0') > 0 then return {'@CLAIM_WAITING@'} end
+if redis.call('HGET', KEYS[4], ARGV[1]) ~= ARGV[2] then
+  local held = redis.call('HGET', KEYS[7], ARGV[1])
+  if held and string.len(held) > HELD_CHARS then
+    local cut = string.find(held, ',', -HELD_CHARS, true)
+    held = cut and string.sub(held, cut + 1)
+  end
+  redis.call('HSET', KEYS[7], ARGV[1], held and (held .. ',' .. ARGV[2]) or ARGV[2])
+end
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
 return {'@CLAIM_RUN@', meta[2] or '0', data, meta[3] or '1', meta[4] or ''}
-"""))
+""")).replace("HELD_CHARS", str(HELD_CHARS))
 
 # KEYS: the subgraph's votes.  ARGV: worker, digest of its outputs, copies wanted.
 # The votes once `copies` workers have voted (to the voter that completed them, and to any later one), else {}.
@@ -263,7 +274,7 @@ class Scripts:
 
     @staticmethod
     def _claim_keys(keys: GraphKeys) -> List[str]:
-        return [keys.meta, keys.done, keys.subgraphs, keys.taken, keys.deps, keys.outbox]
+        return [keys.meta, keys.done, keys.subgraphs, keys.taken, keys.deps, keys.outbox, keys.held]
 
     def claim_in(self, pipe: Pipeline, keys: GraphKeys, subgraph_id: Union[int, str], worker: str) -> None:
         """Queue the claim in `pipe` (with other reads of its round trip); its reply is `claim`'s. EVALSHA directly,

@@ -170,7 +170,18 @@ def _status_text(report, url):
              f"{_mib(w.get('rss'))} / {_mib(w.get('memory_limit'))}", _ago(w["last_heartbeat_age"]) + " ago")
             for w in workers]),
         "", f"graphs ({len(report['graphs'])})", _table(_GRAPH_HEADERS, _graph_rows(report["graphs"])),
-        *_trust_text(report.get("trust", [])), *_shares_text(report.get("shares", []))])
+        *_replicas_text(report.get("replicas", [])), *_trust_text(report.get("trust", [])),
+        *_shares_text(report.get("shares", []))])
+
+
+def _replicas_text(rows: list) -> list:
+    """Who runs each replica of the running fits and what it has contributed (ravop.store.contributions)."""
+    if not rows:
+        return []
+    return ["", "replicas of running fits (workers over time)", _table(
+        ("graph", "strategy", "replica", "workers", "steps", "samples", "rounds without it"),
+        [(r["graph"], r["strategy"].split("(")[0], r["replica"].split()[-1], " -> ".join(r["workers"]) or "-",
+          r["steps_done"], r["samples_done"], f"{len(r['rounds_without'])} of {r['rounds']}") for r in rows])]
 
 
 def _shares_text(rows: list) -> list:

@@ -1,6 +1,7 @@
 """What `ravop status`, `ravop graphs`, `ravop logs` and the dashboard show, as plain JSON-ready dicts read
 from Redis: live workers, their trust with the token (verify='spot'), a token's graphs with progress and ETA,
-one graph's subgraphs as a DAG coloured by state, its failures and disputes, and cancelling or stopping it.
+one graph's subgraphs as a DAG coloured by state, its failures and disputes, what each replica of a running fit has
+contributed and who ran it, and cancelling or stopping it.
 Read-only except `cancel` and `request_stop`."""
 import getpass
 import os
@@ -11,7 +12,8 @@ import redis
 
 from ..core import graph_states
 from ..core.spot_policy import TRUST_FIELDS, read_trust
-from ..store import DEAD_LETTER, Scripts, TokenKeys, access
+from ..store import DEAD_LETTER, GraphKeys, Scripts, TokenKeys, access
+from ..store.contributions import contributions
 from ..store import graphs as store_graphs
 from ..store import quotas
 from ..store.keys import TOKENS
@@ -49,8 +51,23 @@ def cluster(client, token):
     workers = worker_info.read_all(client)
     for worker in workers:
         worker["last_heartbeat_age"] = now - worker["heartbeat"]
-    return {"time": now, "token": token, "workers": workers, "graphs": graphs(client, token, now),
-            "trust": trust(client, token), "shares": shares(client, token)}
+    listed = graphs(client, token, now)
+    return {"time": now, "token": token, "workers": workers, "graphs": listed,
+            "replicas": replicas(client, token, listed), "trust": trust(client, token), "shares": shares(client, token)}
+
+
+def replicas(client, token: str, listed: list) -> list:
+    """Per replica of the running graphs' fits under a strategy: [{'graph', 'strategy', 'replica', 'workers' (over
+    time: a takeover or a provider that joined names one more), 'steps_done', 'samples_done', 'rounds',
+    'rounds_without'}] (ravop.store.contributions)."""
+    rows = []
+    for graph in listed:
+        if graph["state"] == graph_states.RUNNING:
+            found = contributions(client, GraphKeys(token, graph["id"]))
+            rows += [{"graph": graph["id"], "strategy": strategy, "replica": role, **{k: seen[k] for k in (
+                "workers", "steps_done", "samples_done", "rounds", "rounds_without")}}
+                for strategy, roles in found.items() for role, seen in roles.items()]
+    return rows
 
 
 def shares(client, token: str) -> list:

@@ -64,6 +64,24 @@ function renderWorkers(workers) {
   }
 }
 
+// who runs each replica of the running fits, and what it has contributed (ravop/store/contributions.py)
+function renderReplicas(rows) {
+  $("replicas-section").hidden = !rows.length;
+  const body = $("replicas").tBodies[0];
+  body.replaceChildren();
+  $("replicas-count").textContent = "(" + rows.length + ")";
+  for (const r of rows) {
+    const row = body.insertRow();
+    cell(row, r.graph);
+    cell(row, r.strategy.split("(")[0]);
+    cell(row, r.replica.split(" ").pop());
+    cell(row, r.workers.join(" \u2192 ") || "-");
+    cell(row, r.steps_done);
+    cell(row, r.samples_done);
+    cell(row, r.rounds_without.length + " of " + r.rounds);
+  }
+}
+
 function renderTrust(rows) {
   $("trust-section").hidden = !rows.length;
   const body = $("trust").tBodies[0];
@@ -218,6 +236,7 @@ async function refresh() {
     const status = await getJSON("/api/status");
     $("token").textContent = "token " + status.token;
     renderWorkers(status.workers);
+    renderReplicas(status.replicas || []);
     renderTrust(status.trust || []);
     renderGraphs(status.graphs, status.admin);
     if (selected !== null) {
