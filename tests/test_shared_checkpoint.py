@@ -148,7 +148,7 @@ def test_a_loop_checkpoints_on_the_multiples_of_the_agreed_rounds():
     cadence = SyncCadence(60.0, now=0.0)
     assert cadence.at_sync(1, 10.0, 1000, 100) == (False, None)   # its clock is not due
     due, rounds = cadence.at_sync(30, 61.0, 1000, 30_000)   # due: proposes the 30 rounds it ran, and a lead
-    assert not due and rounds == proposal(30, 1000, 30_000) == 30 + 4
+    assert not due and rounds == proposal(30, 1000, 30_000, 61.0) == 30 + 4
     assert cadence.at_sync(31, 62.0, 1000, 31_000) == (False, None)   # proposed once
     cadence.agreed(32)   # another loop's proposal stood
     assert [k for k in range(32, 100) if cadence.at_sync(k, 70.0, 1000, 100)[0]] == [32, 64, 96]
@@ -163,3 +163,12 @@ def test_a_checkpoint_far_bigger_than_what_a_round_sends_is_taken_less_often():
     # 30 rounds in the cadence, but the state is 24 times what a round sends: at most a quarter of those bytes
     assert proposal(30, state_bytes=24_000, sent_bytes=30 * 1000) == 96 + 12
     assert proposal(1, 0, 0) == 1 + 2
+
+
+def test_long_rounds_checkpoint_within_the_max_gap_whatever_the_bytes_floor():
+    # the WAN lab's DiLoCo: one round of 29 s sends a small share of the state: the bytes' floor alone says 126 rounds
+    assert proposal(1, state_bytes=600_000, sent_bytes=20_000) > 100
+    assert proposal(1, state_bytes=600_000, sent_bytes=20_000, elapsed=29.0) == 1 + 2   # 30 s: one round, a lead
+    # short rounds: the floor stands while its rounds fit in the gap (30 rounds in 3 s: up to 300 rounds)
+    assert proposal(30, 24_000, 30 * 1000, elapsed=3.0) == 96 + 12
+    assert proposal(30, 2_400_000, 30 * 1000, elapsed=3.0) == 300 + 38

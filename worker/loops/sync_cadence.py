@@ -23,6 +23,10 @@ from ravop.core.errors import PlanError
 
 BYTES_SHARE = 0.25   # a checkpoint's state at most this share of what the rounds between two checkpoints send
 LEAD = 8             # the first common checkpoint comes rounds / LEAD rounds (at least 2) after the proposal
+# Long rounds (much compute, compressed exchanges: a round of 29 s sending a small share of the state) made the
+# bytes' floor 126 rounds, and replicas killed once a minute never checkpointed (WAN lab, docs/reports/wan_lab.md,
+# 2026-11-29): a checkpoint that small against a round that long costs little link time whatever the share.
+MAX_GAP_SECONDS = 30.0
 
 
 def rounds_key(keys):
@@ -54,11 +58,13 @@ def _rounds(keys, value):
     return rounds
 
 
-def proposal(ran, state_bytes, sent_bytes):
-    """Rounds between checkpoints for a loop that ran `ran` rounds in the cadence's seconds, carries
-    `state_bytes` and sent `sent_bytes` to the other loops in those rounds."""
+def proposal(ran, state_bytes, sent_bytes, elapsed=0.0):
+    """Rounds between checkpoints for a loop that ran `ran` rounds in `elapsed` seconds (the cadence's seconds or
+    more), carries `state_bytes` and sent `sent_bytes` to the other loops in those rounds."""
     floor = math.ceil(state_bytes / (BYTES_SHARE * sent_bytes / ran)) if sent_bytes and ran else 1
     rounds = max(ran, floor, 1)
+    if elapsed > 0:   # the bytes' floor never spaces checkpoints more than MAX_GAP_SECONDS of rounds apart
+        rounds = min(rounds, max(ran, 1, math.floor(MAX_GAP_SECONDS * ran / elapsed)))
     return rounds + max(2, math.ceil(rounds / LEAD))
 
 
@@ -84,7 +90,7 @@ class SyncCadence:
         if self.proposed or now - self.since < self.seconds:
             return False, None
         self.proposed = True
-        return False, proposal(k - self.first, state_bytes, sent_bytes)
+        return False, proposal(k - self.first, state_bytes, sent_bytes, now - self.since)
 
     def agreed(self, rounds):
         if rounds is not None and self.rounds is None:
