@@ -24,30 +24,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import ravop as R  # noqa: E402
 from ravop.client.session import require  # noqa: E402
 from ravop.local.embedded import LocalServer  # noqa: E402
-from ravop.record.loop import Loop  # noqa: E402
 from ravop.store import GROUP, queue  # noqa: E402
 from ravop.store import graphs as store_graphs  # noqa: E402
 from ravop.tools import admin, status  # noqa: E402
 from conftest import Workers  # noqa: E402
+from test_fair_share import endless_loop as endless  # noqa: E402
 
 
 def token(client, url):
     name = f"t{uuid.uuid4().hex[:8]}"
     return name, admin.create(client, url, "token", name)[0]
-
-
-def endless(name, steps):
-    R.Graph(name=name, seed=1)
-    loop = Loop([R.t(torch.ones(64, 64))])
-    m = R.t(torch.eye(64) * 0.5)
-    with loop.step() as step:
-        (w,) = step.carried
-        step.carry([w @ m + 1])
-    [final] = loop.run([(0, steps)])
-    final.persist_op("w")
-    R.activate()
-    R.execute()
-    return require().keys()
 
 
 def small(name):

@@ -51,15 +51,15 @@ def token(admin_client, server, **quota):
     return name, url
 
 
-def endless_loop(name):
-    """Start a graph whose loop runs ENDLESS steps; its keys."""
+def endless_loop(name, steps=ENDLESS):
+    """Start a graph whose loop runs `steps` steps (benchmarks/bench_fair_share.py's too); its keys."""
     R.Graph(name=name, seed=1)
     loop = Loop([R.t(torch.ones(64, 64))])
     m = R.t(torch.eye(64) * 0.5)
     with loop.step() as step:
         (w,) = step.carried
         step.carry([w @ m + 1])
-    [final] = loop.run([(0, ENDLESS)])
+    [final] = loop.run([(0, steps)])
     final.persist_op("w")
     R.activate()
     R.execute()
