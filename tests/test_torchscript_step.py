@@ -202,7 +202,7 @@ def test_two_backward_passes_of_one_forward_in_a_step_give_the_plain_bits(monkey
         model._backward_pass(first, step=False)
         model._backward_pass(second)
         return first
-    names = record_fit_step(model, train_step, X, y, n_epochs=2, batch_size=16)
+    names = list(record_fit_step(model, train_step, X, y, n_epochs=2, batch_size=16))
     for k, value in enumerate(model.params + model.buffers):
         value.persist_op(f"state_{k}")
         names.append(f"state_{k}")
