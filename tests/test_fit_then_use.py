@@ -188,3 +188,16 @@ def test_a_pytorch_model_trains_on_in_the_next_graph(engine, module_workers):
     with torch.no_grad():
         expected = F.mse_loss(fetched(torch.as_tensor(DATA)), torch.as_tensor(TARGET))
     assert float(expected) < first.history["loss"][0]
+
+
+class _Hostile:
+    def __reduce__(self):
+        import os
+        return (os.system, ("echo owned",))
+
+
+def test_load_model_refuses_a_file_that_names_another_callable(tmp_path):
+    path = tmp_path / "hostile.pkl"
+    path.write_bytes(pickle.dumps(_Hostile()))
+    with pytest.raises(pickle.UnpicklingError, match="may not name (posix|nt|os).system"):
+        load_model(str(path))
