@@ -48,6 +48,18 @@ def checkpoint_of(client, keys):
     return None
 
 
+def chunks_of_a_steady_checkpoint(client, keys):
+    """(loop subgraph id, chunk counts of its checkpoint's tensors), or None while there is none or a newer one replaced it mid-read
+    (the worker drops a checkpoint's tensors once the next is written)."""
+    before = checkpoint_of(client, keys)
+    if before is None:
+        return None
+    loop_id, step = before
+    record = keys.checkpoint(loop_id)
+    counts = [client.hlen(chunks_key(f"{record}:{step}:{k}")) for k in range(int(client.hget(record, "n") or 0))]
+    return (loop_id, counts) if counts and checkpoint_of(client, keys) == before else None
+
+
 def assert_same_as_in_process(graph, names):
     want = on_one_thread(evaluate_persisted, graph, names)
     for name in names:
@@ -61,9 +73,7 @@ def test_a_checkpoint_in_chunks_resumes_on_another_worker_with_the_same_bits(eng
     R.activate()
     R.execute()
     keys = GraphKeys(engine.token, graph.id)
-    loop_id, step = wait_for(lambda: checkpoint_of(client, keys), "a checkpoint")
-    tensors = [f"{keys.checkpoint(loop_id)}:{step}:{k}" for k in range(int(client.hget(keys.checkpoint(loop_id), "n")))]
-    chunk_counts = [client.hlen(chunks_key(key)) for key in tensors]
+    loop_id, chunk_counts = wait_for(lambda: chunks_of_a_steady_checkpoint(client, keys), "a checkpoint")
     assert max(chunk_counts) >= 8   # the 32 x 64 weight and its Adam moments, in 1 KiB chunks
     holder = client.hget(keys.taken, loop_id).decode()
     workers.kill(holder)

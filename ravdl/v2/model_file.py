@@ -51,7 +51,7 @@ def _read(places: dict[str, Place]) -> dict[str, torch.Tensor]:
 
 
 # What a model file may name besides ravdl's and ravop's own classes (torch's tensor pickling, numpy's arrays)
-_BUILTINS = {"set", "frozenset", "slice", "complex", "range", "bytearray"}
+_BUILTINS = {kind.__name__ for kind in (set, frozenset, slice, complex, range, bytearray)}
 _FUNCTIONS = {("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_parameter"),
               ("torch._utils", "_rebuild_tensor"), ("collections", "OrderedDict"), ("collections", "Counter"),
               ("collections", "defaultdict"), ("collections", "deque"),
