@@ -9,7 +9,7 @@ where the time goes, op by op, in one loop of each model run in this process wit
     python benchmarks/bench_reproducible.py --table    # op x CPU class x threads -> identical, as markdown
 
 `--table` runs benchmarks/reproducible_probe.py under the three emulated CPU classes (avx2: this machine; avx,
-sse4: their libraries' variables, tests/test_reproducible_numerics.py) on 1 and 2 threads and prints, per op, whether
+sse4: their libraries' variables, tests/ops/test_reproducible_numerics.py) on 1 and 2 threads and prints, per op, whether
 the mode's bits and the default kernels' bits agree on all six runs.
 """
 import argparse

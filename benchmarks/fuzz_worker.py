@@ -11,7 +11,7 @@ missing or corrupt. Then a valid graph must run and give the exact result. Print
 and what became of them per dead-letter reason. Exits 1 if any case was not dead-lettered (or run, for a
 mutation that left a valid plan), a worker died, or the valid graph failed.
 
-`run_fuzz` is also what tests/test_fuzz.py runs, with a few hundred cases.
+`run_fuzz` is also what tests/worker/execute/test_fuzz.py runs, with a few hundred cases.
 """
 import argparse
 import json

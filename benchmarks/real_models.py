@@ -96,7 +96,7 @@ class DecoderBlock(nn.Module):
 
 class GPT(nn.Module):
     """A GPT (nanoGPT's layout): 2 pre-norm decoder blocks, d_model 128, 4 heads, sequences of 64, vocabulary 512;
-    a tied LM head (tests/test_torchscript_step.py trains a tiny one)."""
+    a tied LM head (tests/runtime/test_torchscript_step.py trains a tiny one)."""
 
     def __init__(self, vocab=VOCAB, seq=SEQ, d_model=128, heads=4, layers=2, dropout=0.1, fused=True):
         super().__init__()

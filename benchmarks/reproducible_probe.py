@@ -3,7 +3,7 @@ case -> {"mode": digest of the reproducible kernel's outputs, "default": digest 
 "gap": their largest difference here, relative, "like": whether their dtypes and shapes agree} or {"error": ...}.
 
 Run it once per CPU class and thread count, each class's variables set before Python starts (its libraries read
-them when they load), and compare the digests: tests/test_reproducible_numerics.py and
+them when they load), and compare the digests: tests/ops/test_reproducible_numerics.py and
 `bench_reproducible.py --table` do.
 
     python benchmarks/reproducible_probe.py INPUTS.npz THREADS

@@ -6,7 +6,7 @@ temporary folder); its figures are read from its output with the patterns below,
 machine's load average (1 minute) before and after, into docs/examples_results.json. The tables of
 docs/users/examples.md between the `<!-- examples:begin -->`/`<!-- examples:end -->` and
 `<!-- original-examples:... -->` markers are rendered from that file, so a figure there is always one a script
-printed (tests/test_readme_examples.py checks that the page matches the file; the README links to the page).
+printed (tests/project/test_readme_examples.py checks that the page matches the file; the README links to the page).
 
     python scripts/readme_examples.py                      # run every example, rewrite the page
     python scripts/readme_examples.py gpt_sort.py ...      # run these again, keep the others' results

@@ -1,4 +1,4 @@
-"""The differential matrix's pieces (tests/test_differential*.py): models of every layer kind built three ways
+"""The differential matrix's pieces (tests/differential/test_differential*.py): models of every layer kind built three ways
 (NeuralNetwork, Functional, Pytorch_Model) beside the same model in eager PyTorch with the same initial values,
 optimizers paired with their torch.optim counterparts, and eager training of the same batches.
 

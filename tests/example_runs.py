@@ -1,7 +1,7 @@
 """Runs an example script as a user runs it (a subprocess, the embedded default engine) in a private working
 directory and temp dir, and asserts it leaves no file behind: none new in the checkout (examples/ included, ignored
 files too), in its working directory or in its temp dir. Every test that runs an example goes through
-`run_example`; tests/test_examples.py checks that each script under examples/ is run by one."""
+`run_example`; tests/project/test_examples.py checks that each script under examples/ is run by one."""
 import getpass
 import os
 import subprocess

@@ -1,7 +1,7 @@
 """DiLoCo's outer settings for the WAN lab's task, found without the lab: the lab's task (benchmarks/wan/harness.py:
 the MLP 784-256-10, Adam(lr=0.001), cross entropy, batch 128, shards in order, no shuffle) trained by DiLoCo in
-eager PyTorch, in one process, with the replicas batched by torch.func.vmap (tests/test_diloco_sweep.py checks it
-against the eager reference tests/test_diloco.py checks R.parallel.DiLoCo with), and the final test accuracy
+eager PyTorch, in one process, with the replicas batched by torch.func.vmap (tests/parallel/test_diloco_sweep.py checks it
+against the eager reference tests/parallel/test_diloco.py checks R.parallel.DiLoCo with), and the final test accuracy
 set beside one-worker training on the same samples (the lab's "1w acc").
 
     python -m benchmarks.wan.overlap_sweep --inner-steps 128 --outer-lr 0.5 --outer-momentum 0.5 --overlap
@@ -81,7 +81,7 @@ def simulate(net, X, y, replicas, inner_steps, epochs, batch, lr=0.001, outer_lr
     """The global model (a copy of `net`) after DiLoCo over (X, y): replica r trains on rows
     [r * size, (r + 1) * size) in order, batches of `batch`, Adam(lr); every `inner_steps` steps and after the
     last one, outer SGD on the mean pseudo-gradient, compressed with error feedback both ways, as
-    tests/test_diloco.py's diloco_reference (`overlap`: the one-round-delayed outer step of R.parallel.DiLoCo,
+    tests/parallel/test_diloco.py's diloco_reference (`overlap`: the one-round-delayed outer step of R.parallel.DiLoCo,
     or with mode='eager' the eager update described in the module docstring). Nets without buffers only."""
     if mode not in MODES:
         raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")

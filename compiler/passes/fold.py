@@ -9,7 +9,7 @@ plan does not depend on the machine. Data-dependent shapes (-1) are left to the 
 whose kernel raises or returns something other than what was declared: the worker reports that error with
 the op's source line, exactly as it would without folding. Folding computes on one torch thread, as the embedded
 workers run: the requester's thread count must not change a folded value's bits (a reduction split among two
-threads rounds otherwise; found by the differential matrix, tests/test_differential_engine.py).
+threads rounds otherwise; found by the differential matrix, tests/differential/test_differential_engine.py).
 
 Inside a loop template the same rule applies to an op that reads only constants: it computes the same value at
 every run, so it is computed once, here, and the step reads it as an input of the loop."""

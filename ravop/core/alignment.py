@@ -5,7 +5,7 @@ other losses (issue 40: a resident Pipeline against its segments). Tensors that 
 decodes and that numpy allocates start on such a boundary; a view at an offset need not, so the ops that hand out
 views of their input at an offset (index, split, slice, pad's VJP, the federated releases) return `aligned` values,
 the view itself where it is aligned and a copy where it is not, and constants made from a slice of an array are
-read aligned (tests/test_value_alignment.py walks the registry for ops that do not)."""
+read aligned (tests/core/test_value_alignment.py walks the registry for ops that do not)."""
 import torch
 
 ALIGNMENT = 16   # bytes; MKL 2024.2 gives the bits of 64-byte aligned data at 16, 32 and 48 bytes, not at 4, 8, 12

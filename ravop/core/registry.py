@@ -16,7 +16,7 @@ Conventions an op definition follows:
   runs with the worker's device as torch's default device, so `torch.zeros(...)` lands there; a random op
   draws on the host generator and the runner moves what it returns to the device (the same numbers on a CPU
   and a GPU worker); any other kernel makes its helper tensors on its inputs' device (`device=x.device`).
-  `tests/test_device.py` runs every op on a device other than the CPU and checks all of this.
+  `tests/worker/execute/test_device.py` runs every op on a device other than the CPU and checks all of this.
 - `shape(*inputs, **params)` sees the input `Op`s (their `.shape` and `.dtype`) and returns `(shape, dtype)`,
   or a list of them for a multi-output op. With `shape=None` the kernel itself is run on meta tensors.
 - `vjp(node, grad, wants)` records the backward ops and returns one gradient `Op` (or `None`) per input;

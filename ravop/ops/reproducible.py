@@ -33,7 +33,7 @@ from .nn import _normalized, _pad_backward, _pad_input, _pair, conv_padding
 from .optim import _counted
 
 # Ops whose own kernel is already reproducible (checked on every class and thread count by
-# tests/test_reproducible_numerics.py, as every op of this module is).
+# tests/ops/test_reproducible_numerics.py, as every op of this module is).
 ORDER_FREE = (
     "add sub mul div neg pos abs sign square cube square_root exp natlog round clip "
     "equal not_equal greater greater_equal less less_equal logical_and logical_or logical_xor logical_not where "

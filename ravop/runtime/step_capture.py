@@ -14,7 +14,7 @@ inputs, bit for bit, before it is used; a capture that fails or differs is logge
 `CapturedStep` copies each run's inputs into the graph's static input tensors, replays, and hands out the
 graph's static outputs (the step's next carried values are copied into the inputs at the next run, so they are
 never overwritten while read). The graph class is a parameter so that the plumbing is tested on a CPU with a
-stand-in that runs the recorded function again (tests/test_step_capture.py); with a GPU it is
+stand-in that runs the recorded function again (tests/runtime/test_step_capture.py); with a GPU it is
 `torch.cuda.CUDAGraph` (not measured yet: no GPU was lent when this was written).
 """
 from __future__ import annotations

@@ -34,7 +34,7 @@ only are made on a CPU only. Today's declarations:
 
 In the reproducible numerics mode (ravop/core/numerics_mode.py) the runner binds each op's `reproducible` kernel,
 and every rewrite above applies only to a call still bound to the op's own kernel: only ops whose mode kernel is
-their own (dropout, max pooling) are rewritten, so no default kernel comes back (tests/test_reproducible_numerics.py).
+their own (dropout, max pooling) are rewritten, so no default kernel comes back (tests/ops/test_reproducible_numerics.py).
 
 Which runs faster is measured, not assumed (`Tuned`): after a warm-up the step alternates between the plain and
 the compiled calls for a few runs each, keeps the faster, and the decision is kept per template digest and

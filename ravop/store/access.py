@@ -2,7 +2,7 @@
 (`ravop admin`, ravop/tools/admin.py), as allow-lists. Each role is granted exactly the commands its protocol
 sends, each on the key patterns it sends them to (ACL selectors); everything else is refused by the server
 itself, so a requester or a worker running modified code is held to these grants, not to what our code
-happens to send. tests/test_acl.py records what real runs send and checks it against these tables, and
+happens to send. tests/security/test_acl.py records what real runs send and checks it against these tables, and
 tries every write and administrative command of the server's COMMAND DOCS on every key class.
 
 Scripts run with the caller's permissions (Redis 6.2 and 7+, Valkey: a script cannot do what its caller
@@ -181,7 +181,7 @@ def worker_rules(user: str) -> List[str]:
 
 def allows(role: str, command: str, key: Optional[str], namespace: str = "") -> bool:
     """Whether `role` may send `command` (lower case, `container|sub`) naming `key` (None: a keyless command),
-    by the tables above: what the server must enforce (tests/test_acl.py)."""
+    by the tables above: what the server must enforce (tests/security/test_acl.py)."""
     keyless, grants = grants_of(role, namespace)
     container = command.split("|", 1)[0]
     if key is None:

@@ -2,7 +2,7 @@
 
 Only `upload` handles tensors: it imports the modules that load torch (tensors, same_host, background_upload) when
 it runs, so that reading a graph's state (`ravop status`, `graphs`, `logs`, `cancel`, `stop`, `admin`) starts in
-a fraction of a second without torch (tests/test_cli_no_torch.py)."""
+a fraction of a second without torch (tests/tools/test_cli_no_torch.py)."""
 import json
 import time
 from collections import Counter

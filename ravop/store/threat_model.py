@@ -1,5 +1,5 @@
 """The threat model's table: what each role may write on each class of keys, derived from the grants of
-ravop.store.access. The table in docs/operators/security.md is this one (tests/test_acl.py compares them), and
+ravop.store.access. The table in docs/operators/security.md is this one (tests/security/test_acl.py compares them), and
 the same test checks on a real server that every write and administrative command of its COMMAND DOCS is
 refused or allowed exactly as the table says, for token user A, token user B and a worker."""
 from typing import Callable, List, Optional, Tuple

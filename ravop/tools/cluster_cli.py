@@ -224,7 +224,7 @@ def _failures_text(graph_id, failures):
 def _fetch(url, token, keys, name, output):
     """Save the value persisted as `name` in the graph at `keys`; returns what was written."""
     # The one command that handles tensors imports torch here: the others only read Redis and start in a fraction
-    # of a second without it (tests/test_cli_no_torch.py).
+    # of a second without it (tests/tools/test_cli_no_torch.py).
     import numpy as np
     import torch
 

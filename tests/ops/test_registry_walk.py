@@ -14,8 +14,8 @@ from ravop.runtime.evaluate import evaluate, run_op
 from tests.samples import all_samples
 
 # Not user-callable: R.t makes constants, every multi-output sample exercises tuple_get, and loops, their
-# holes and their decisions to stop are recorded by ravop.record.loop (tests/test_loops.py,
-# tests/test_loop_stopping.py).
+# holes and their decisions to stop are recorded by ravop.record.loop (tests/worker/loops/test_loops.py,
+# tests/ravdl/test_loop_stopping.py).
 INTERNAL = ("const", "tuple_get", "loop", "loop_hole", "loop_stop")
 GRAD_RTOL, GRAD_ATOL = 1e-10, 1e-12
 

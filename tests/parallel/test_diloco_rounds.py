@@ -1,6 +1,6 @@
 """DiLoCo's rounds for providers of unequal speeds (`round=R.parallel.Shares(...)`, ravop/parallel/rounds.py):
 replicas running steps per round in proportion to their shares on shards in proportion, their means weighted by
-their samples, against the eager PyTorch reference of tests/test_diloco.py; the same bits on real workers
+their samples, against the eager PyTorch reference of tests/parallel/test_diloco.py; the same bits on real workers
 (resident and as segments) as in-process for the fixed schedule; and the accuracy of one-process training."""
 import numpy as np
 import pytest

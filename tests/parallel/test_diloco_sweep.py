@@ -1,5 +1,5 @@
 """benchmarks/wan/overlap_sweep.py's batched DiLoCo simulation (the WAN lab's task without the lab) computes
-what tests/test_diloco.py's eager reference computes, the reference R.parallel.DiLoCo is checked against: with and
+what tests/parallel/test_diloco.py's eager reference computes, the reference R.parallel.DiLoCo is checked against: with and
 without overlap (and overlap_start='local', the sweep's mode 'local'), fp32 and int8."""
 import pytest
 import torch

@@ -2,7 +2,7 @@
 than replicas runs its replicas in turns (worker/loops/hand_back.py); a worker started a few rounds in claims a
 waiting replica and contributes, `history.contributions` and `ravop status` name it, and the schedule being
 fixed at record time, the bits are those of the undisturbed fit. A takeover names a second worker for the replica
-(tests/test_resident_replicas.py)."""
+(tests/parallel/test_resident_replicas.py)."""
 import time
 import uuid
 

@@ -1,7 +1,7 @@
 """R.parallel's strategies (ravdl/v2/parallel_fit.py) compute what eager PyTorch computes for the same algorithm
 on a small MLP: LocalSGD (replicas on shards, averaged every sync_every steps), DataParallel (the losses of
 one-worker training), Gossip (seeded pairs, dpwa's interpolations). Run in-process (ravop.runtime.evaluate); the
-engine runs of tests/test_parallel_engine.py check the same plans across worker processes."""
+engine runs of tests/parallel/test_parallel_engine.py check the same plans across worker processes."""
 import copy
 
 import numpy as np

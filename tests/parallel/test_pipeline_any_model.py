@@ -227,7 +227,7 @@ def test_auto_stages_fit_each_workers_memory_and_cut_where_the_least_crosses():
 
 def test_pytorch_model_stages_run_on_two_workers_with_the_in_process_bits(engine, workers, client):
     names = workers.start(2)
-    # segments: with two live workers resident=None would make the stages resident (tests/test_pipeline_resident.py)
+    # segments: with two live workers resident=None would make the stages resident (tests/parallel/test_pipeline_resident.py)
     graph, persisted = engine_fit(bn_dropout_net, R.parallel.Pipeline(stages=2, micro_batches=2, resident=False), 2,
                                   12)
     # One thread: compiling folds the first micro-batch's stage 0 forward (it reads only constants), whose

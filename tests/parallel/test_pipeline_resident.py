@@ -1,5 +1,5 @@
 """Resident pipeline stages (Pipeline(..., resident=True), ravdl/v2/pipeline_resident.py): one loop per stage for
-the whole fit. Checked against the eager GPipe reference of tests/test_pipeline_any_model.py (same tolerances, with
+the whole fit. Checked against the eager GPipe reference of tests/parallel/test_pipeline_any_model.py (same tolerances, with
 BatchNorm and Dropout) and bit for bit against the segment recording, for Pytorch_Model and NeuralNetwork; the plan
 does not grow with the steps; on a real server the stages run on workers with the in-process bits, a stage's worker
 SIGKILLed mid-run is resumed with the same bits, and the bytes per step through the server are measured against
@@ -98,7 +98,7 @@ def test_a_stage_loop_is_one_loop_for_the_whole_fit_with_its_own_templates():
                                         pytest.param(any_model.ChainedDense, id="Functional")])
 def test_resident_stages_of_a_functional_and_a_pytorch_model_give_one_workers_mathematics(make_model):
     """Without BatchNorm and Dropout GPipe's micro-batches give one worker's training (as
-    tests/test_strategies_any_model.py checks the segments)."""
+    tests/parallel/test_strategies_any_model.py checks the segments)."""
     R.Graph(name="resident any model", seed=11)
     n_rows = 40   # batches of 8 divide them
     X_, Y_ = any_model.X[:n_rows], any_model.Y[:n_rows]

@@ -1,6 +1,6 @@
 """Every strategy trains any model through the same train-state interface: `Pytorch_Model.fit` over an
 nn.Module and `Functional.fit` give what eager PyTorch computes for the same algorithm (the references of
-tests/test_parallel_math.py and tests/test_diloco.py), a Pytorch_Model with BatchNorm averages its statistics
+tests/parallel/test_parallel_math.py and tests/parallel/test_diloco.py), a Pytorch_Model with BatchNorm averages its statistics
 under DiLoCo, Pipeline cuts a Pytorch_Model or a Functional whose layers form a chain and refuses one that does
 not, and on the engine a DiLoCo fit of a Pytorch_Model gives the in-process bits and saves the global model."""
 import numpy as np
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
 def bn_net():
     # No bias before BatchNorm: its gradient is rounding noise, which Adam scales up to lr-sized steps
-    # (tests/test_torchscript.py's DigitsNet).
+    # (tests/record/test_torchscript.py's DigitsNet).
     torch.manual_seed(1)
     return torch.nn.Sequential(torch.nn.Linear(5, 8, bias=False), torch.nn.BatchNorm1d(8), torch.nn.Tanh(),
                                torch.nn.Linear(8, 3))
@@ -89,7 +89,7 @@ def assert_replica_losses(got, losses, n_epochs, replicas, atol):
                          ids=["one worker", "DataParallel", "Pipeline", "Pipeline with replicas"])
 def test_one_worker_mathematics(make_model, strategy):
     """GPipe's micro-batches, without BatchNorm and Dropout, give one worker's gradients too
-    (tests/test_pipeline_any_model.py has BatchNorm and Dropout)."""
+    (tests/parallel/test_pipeline_any_model.py has BatchNorm and Dropout)."""
     R.Graph(name="any model", seed=11)
     got, names, prediction = fit(make_model(), strategy, 2, 10)
     net = torch_net()

@@ -139,7 +139,7 @@ class OuterSGD:
     """DiLoCo's synchronisation: the mean pseudo-gradient `start - params` (each sent with `compression` and its
     replica's error feedback) as the gradient of torch.optim.SGD over the global model, whose change is sent back
     the same way; every replica restarts from the global model, or with `overlap` from the one before this outer
-    step (as tests/test_diloco.py's reference)."""
+    step (as tests/parallel/test_diloco.py's reference)."""
 
     def __init__(self, start, lr, momentum, nesterov, compression=None, overlap=False):
         self.glob = [torch.as_tensor(p).clone().requires_grad_() for p in start]

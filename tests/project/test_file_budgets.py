@@ -1,6 +1,8 @@
 """Issue 45: every test file has a stated budget in tests/durations.toml; the plugin (tests/file_budgets.py) sums a
 file's setup, call and teardown, lists the files over budget as a warning, and fails a run only for a file with
 no budget."""
+import tomllib
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -9,6 +11,7 @@ import pytest
 import file_budgets
 
 TESTS = Path(__file__).resolve().parents[1]   # tests/, whose folders hold the test files
+ROOT = TESTS.parent
 
 
 def report(nodeid: str, when: str, duration: float) -> pytest.TestReport:
@@ -20,6 +23,17 @@ def test_every_test_file_has_a_budget_and_every_budget_a_file():
     files = {path.name for path in TESTS.rglob("test_*.py")}
     assert file_budgets.unbudgeted(files, budgets) == [], "give each new test file a budget in tests/durations.toml"
     assert sorted(set(budgets) - files) == [], "a budget names a test file that no longer exists"
+
+
+def test_test_files_have_unique_basenames_and_their_folders_are_on_the_path():
+    """Budgets are keyed by basename, and a test module imports another's fixtures by its basename from any folder
+    (docs/developers/testing.md, "Where a test goes")."""
+    paths = list(TESTS.rglob("test_*.py"))
+    assert len(paths) > 100
+    assert [name for name, count in Counter(path.name for path in paths).items() if count > 1] == []
+    pythonpath = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["pythonpath"]
+    folders = {path.parent.relative_to(ROOT).as_posix() for path in paths}
+    assert sorted(folders - set(pythonpath)) == [], "add the new folder to pyproject's pythonpath"
 
 
 def test_a_file_sums_its_phases_and_over_budget_is_listed_slowest_first():

@@ -3,7 +3,7 @@ compiler and of ravdl stay under the figures below, set at the layout by role (i
 Raising one is a deliberate commit that says why; a change that makes a package smaller may lower its figure.
 
 A line of code holds a token other than a comment or a docstring; blank lines, comments and docstrings are free,
-and so are generated files (`*_pb2.py`). `python tests/test_line_budget.py` prints today's figures."""
+and so are generated files (`*_pb2.py`). `python tests/project/test_line_budget.py` prints today's figures."""
 import ast
 import io
 import tokenize

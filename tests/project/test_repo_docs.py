@@ -75,7 +75,7 @@ def test_paths_the_readme_and_the_docs_name_exist():
     """A file moved or removed leaves no doc pointing at it: the README and every page under docs/, at any depth."""
     named = {(page.relative_to(ROOT).as_posix(), path) for page in PAGES for path in PATH.findall(page.read_text())}
     assert ("README.md", "docs/users/determinism.md") in named
-    assert ("docs/developers/layout.md", "tests/test_layering.py") in named
+    assert ("docs/developers/layout.md", "tests/project/test_layering.py") in named
     assert [f"{page}: {path}" for page, path in sorted(named) if not (ROOT / path).exists()] == []
 
 

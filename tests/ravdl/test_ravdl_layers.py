@@ -1,7 +1,7 @@
 """RavDL layers: default initialisation equals the torch module's, and 20 training steps of each layer with
 Adam and RMSprop give the losses and weights of the same model in eager PyTorch (same initial weights, same
 batches) to 1e-5. The recorded programs run in-process here (`ravop.runtime.evaluate.evaluate`); the engine runs
-the same programs in tests/test_ravdl_engine.py."""
+the same programs in tests/ravdl/test_ravdl_engine.py."""
 import math
 
 import pytest

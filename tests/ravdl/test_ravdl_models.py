@@ -339,7 +339,7 @@ def test_training_again_in_a_new_graph_repeats_the_run_and_old_models_stay_in_th
     with pytest.raises(GraphStateError, match="trained values are in graph 'again', which has not run to its end: "
                                               r"R.activate\(\), R.execute\(\) and R.track_progress\(\) it before "
                                               "using the model in graph 'again'"):
-        first_model.predict(X)   # in a new graph, once its own has run (tests/test_fit_then_use.py)
+        first_model.predict(X)   # in a new graph, once its own has run (tests/ravdl/test_fit_then_use.py)
 
 
 def test_untrained_model_saves_from_its_declared_input_shape():

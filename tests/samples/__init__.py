@@ -1,4 +1,4 @@
-"""Sample inputs for the registry walk (tests/test_registry_walk.py): every registered op needs at least one.
+"""Sample inputs for the registry walk (tests/ops/test_registry_walk.py): every registered op needs at least one.
 
 Each family module (tests/samples/<family>.py) defines `SAMPLES = {op_name: [Sample, ...]}`. The walk
 records the op on the sample's inputs, runs it, and checks:

@@ -1,5 +1,5 @@
 """Samples for the random ops (ravop/ops/random.py): the walk compares each with its kernel run on the same
-seeded generator; tests/test_ops_random.py checks ranges and reproducibility."""
+seeded generator; tests/ops/test_ops_random.py checks ranges and reproducibility."""
 from . import Sample
 
 SAMPLES = {

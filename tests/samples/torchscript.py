@@ -4,7 +4,7 @@ The forward's reference is the eager nn.Module the model was scripted from, call
 parameter and buffer values (torch.func.functional_call) and the same seeded RNG: training mode with
 dropout and BatchNorm (whose updated running stats are extra outputs), eval mode, and a model with a tuple
 output and a keyword input. The registry walk's gradient check compares R.grad (torchscript_vjp) with
-torch.autograd through the forward kernel; tests/test_torchscript.py checks the VJP against eager autograd.
+torch.autograd through the forward kernel; tests/record/test_torchscript.py checks the VJP against eager autograd.
 """
 import torch
 from torch import nn

@@ -2,7 +2,7 @@
 worker user, on a server of their own: spot checks with a liar (a dispute on plain subgraphs and on a fit's
 segments), a stop and a cancel of a running loop by the token user (the CLI with its URL, and the API), resident
 replicas releasing their exchanges, `ravop status` with the trust table and `ravop logs` with the disputes. After
-each, the server's ACL LOG holds nothing but the probes refused by design (tests/test_acl.py)."""
+each, the server's ACL LOG holds nothing but the probes refused by design (tests/security/test_acl.py)."""
 import json
 import re
 from types import SimpleNamespace
@@ -33,7 +33,7 @@ WORKER = "wk"
 # Two more worker users: spot checks count one vote per user, so the liar (a process of WORKER) is checked by
 # workers of the others.
 HONEST_USERS = ("wk-b", "wk-c")
-# Refusals that are the design (tests/test_acl.py): the requester's script probe (it then goes without) and the
+# Refusals that are the design (tests/security/test_acl.py): the requester's script probe (it then goes without) and the
 # streams' group (the workers' to make), CONFIG GET and redis-py's CLIENT SETINFO. `ravop logs` as a token user
 # does not ask for the dead letters (every token's failures, not granted: its graph's failure is in its meta).
 PROBES = {(TOKEN_A, "evalsha"), (TOKEN_A, "xgroup|create")} | {

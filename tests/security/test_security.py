@@ -97,7 +97,7 @@ def test_tokens_see_only_their_own_graphs(server, users, capsys):
     listed = json.loads(ravop("graphs", "--redis", urls["a"], "--json").stdout)
     assert [g["name"] for g in listed["graphs"]] == ["secret-work"]
 
-    # B may not write the work streams (tests/test_acl.py tries every command); what it can write, its own
+    # B may not write the work streams (tests/security/test_acl.py tries every command); what it can write, its own
     # inbox, names graphs of its own token only: A's graph id there is dropped, and A's graph is untouched.
     R.Graph(name="long-wait", gpu_required="yes")                 # running, waiting for a GPU worker
     x = R.t(torch.ones(128, 128))

@@ -1,4 +1,4 @@
-"""A requester script as a user writes it: tests/test_typing.py runs mypy over it and ravop's stub, so the
+"""A requester script as a user writes it: tests/project/test_typing.py runs mypy over it and ravop's stub, so the
 generated signatures stay usable (this file is type-checked, never run)."""
 import numpy as np
 import torch

@@ -11,7 +11,7 @@ from ravop.runtime.evaluate import evaluate
 from helpers import on_one_thread
 
 # The failover tests build chains of identical steps to get many subgraphs; folded into one loop they would
-# test the loop's checkpoints instead (tests/test_loop_workers.py does that).
+# test the loop's checkpoints instead (tests/worker/loops/test_loop_workers.py does that).
 pytestmark = pytest.mark.usefixtures("no_loop_folding")
 
 ONE_SUBGRAPH = {"min_subgraph_seconds": 1e6, "max_subgraph_seconds": 1e6}  # compile a chain as one subgraph
