@@ -84,10 +84,10 @@ class Workers:
         self.client = connect(url)
 
     def start(self, count=1, reclaim_idle=1.0, max_attempts=3, extra=(), prefix="w", name=None, threads=1,
-              env=None):
+              env=None, wait=True):
         """Start `count` workers (of `threads` torch threads, with the variables of `env` added to their
-        environment), wait until all have registered, and return their names; `name`: one worker under that name (a
-        worker restarted under the name of one that died)."""
+        environment), wait until all have registered (unless `wait=False`), and return their names; `name`: one
+        worker under that name (a worker restarted under the name of one that died)."""
         names = []
         saved = {key: os.environ.get(key) for key in env or {}}
         os.environ.update(env or {})   # the workers' environment is this process's (embedded.worker_environment)
@@ -106,7 +106,7 @@ class Workers:
                 else:
                     os.environ[key] = value
         deadline = time.monotonic() + START_TIMEOUT
-        for name in names:
+        for name in names if wait else ():
             while not self.client.exists(worker_key(name)):
                 assert self.procs[name].poll() is None, f"worker {name} exited at start:\n{self.log(name)}"
                 assert time.monotonic() < deadline, f"worker {name} did not register:\n{self.log(name)}"
