@@ -61,7 +61,7 @@ class StoreExchange:
     loop's thread: it raises to stop the wait. `meta`: the graph meta's fields as the worker read them before the
     loop (worker/loops/loop_start.py), or None (its `exchange_readers` is read here). `close()` when the loop ends."""
 
-    def __init__(self, client, keys, device, on_wait, attention=None, meta=None):
+    def __init__(self, client, keys, device, on_wait, attention=None, meta=None) -> None:
         self.client, self.keys, self.device, self.on_wait, self.attention = client, keys, device, on_wait, attention
         self.sent_bytes = self.received_bytes = 0
         self.readers = _readers(client.hget(keys.meta, "exchange_readers") if meta is None
@@ -75,7 +75,7 @@ class StoreExchange:
         reads, self.read_keys = self.read_keys, []
         return reads
 
-    def release(self, reads):
+    def release(self, reads) -> None:
         """After a checkpoint: count this loop on every value it read before it (`reads`, from `take_reads` when
         the checkpoint was taken: it may be written beside the loop, which reads on meanwhile), deleting those
         every reader has counted itself on."""
@@ -95,7 +95,7 @@ class StoreExchange:
                             "admin worker create`): they stay in the store until the graph is flushed")
                 self.readers = {}
 
-    def send(self, channels, run, values):
+    def send(self, channels, run, values) -> None:
         """Queue the values' writes (encoded now: the loop may update the tensors in place afterwards)."""
         check_channels(channels)
         items = []
@@ -105,7 +105,7 @@ class StoreExchange:
             items.append((self.keys.exchange(channel, run), data))
         self.sends.put(functools.partial(_write_sent, self.client, items))
 
-    def flush(self):
+    def flush(self) -> None:
         """Wait until every value sent is in the store (before a checkpoint, and at the loop's end)."""
         self.sends.drain()
 
@@ -176,7 +176,7 @@ class StoreExchange:
         return [None if k in without else devices.to_device(decode_tensor(found[k]), self.device)
                 for k in range(len(channels))]
 
-    def close(self):
+    def close(self) -> None:
         """Stop fetching ahead and the sender (what was queued is written first, unless a write failed)."""
         for fetch in self.prefetched.values():
             fetch.stop()
@@ -188,14 +188,14 @@ class _Check:
     """One look beside the loop at whether a waiting loop must act: the graph's state, then `attention()` (each is
     a round trip or more). The loop reads the answer when `done` is set, or drops it once its values are here."""
 
-    def __init__(self, client, meta, attention):
+    def __init__(self, client, meta, attention) -> None:
         self.client, self.meta, self.attention = client, meta, attention
         self.state = self.error = None
         self.must = False
         self.done = threading.Event()
         threading.Thread(target=self._run, daemon=True, name="exchange-check").start()
 
-    def _run(self):
+    def _run(self) -> None:
         try:
             self.state = self.client.hget(self.meta, "state")
             self.must = self.state != graph_states.RUNNING.encode() or bool(self.attention and self.attention())
@@ -216,7 +216,7 @@ class _Fetch:
     once written). In the background, a thread polls until all are there; else `wait` polls in the caller's
     thread for up to `POLL_SECONDS[1]` (the caller checks the graph's state between waits)."""
 
-    def __init__(self, client, names, background=False):
+    def __init__(self, client, names, background=False) -> None:
         self.client, self.names, self.background = client, names, background
         self.found = [None] * len(names)
         self.pause = POLL_SECONDS[0]
@@ -233,7 +233,7 @@ class _Fetch:
             self.done.set()
         return self.done.is_set()
 
-    def _run(self):
+    def _run(self) -> None:
         try:
             while not self.stopped.is_set() and not self._poll():
                 self.stopped.wait(self.pause)
@@ -261,11 +261,11 @@ class _Fetch:
     def values(self):
         return list(self.found)
 
-    def stop(self):
+    def stop(self) -> None:
         self.stopped.set()
 
 
-def _write_sent(client, items):
+def _write_sent(client, items) -> None:
     """One send's values (SET NX: a replica resumed from its checkpoint sends the same bits again, and the first
     write stands)."""
     pipe = client.pipeline(transaction=False)

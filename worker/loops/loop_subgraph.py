@@ -94,12 +94,12 @@ class LoopAbandoned(Exception):
 class LoopHandedBack(Exception):
     """The worker is stopping: the loop was checkpointed after `steps` steps, for another worker to go on."""
 
-    def __init__(self, steps):
+    def __init__(self, steps) -> None:
         super().__init__(f"handed back after {steps} steps")
         self.steps = steps
 
 
-def checkpoint_tensor_key(keys, subgraph_id, step, k):
+def checkpoint_tensor_key(keys, subgraph_id, step, k) -> str:
     return f"{keys.checkpoint(subgraph_id)}:{step}:{k}"
 
 
@@ -108,7 +108,7 @@ def checkpoint_keys(keys, subgraph_id, step, n):
     return [key for k in range(n) for key in stored.keys_of(checkpoint_tensor_key(keys, subgraph_id, step, k))]
 
 
-def drop_checkpoint(client, keys, subgraph_id):
+def drop_checkpoint(client, keys, subgraph_id) -> None:
     """Delete a loop's published checkpoint: its hash and the tensors it names. Found from that record, not a
     SCAN, which a worker's ACL user may not run (ravop.store.access); the tensors of a checkpoint a worker
     died writing before publishing it stay until the graph is flushed."""
@@ -172,7 +172,7 @@ class _Writer:
     """Collects what the steps persist and writes it, with progress and checkpoints, as the loop goes."""
 
     def __init__(self, client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds, n_steps,
-                 resumed_at=None, stop=None, graph=None, segments=None, metrics=None, resumed_shared=None):
+                 resumed_at=None, stop=None, graph=None, segments=None, metrics=None, resumed_shared=None) -> None:
         self.client, self.keys, self.subgraph_id = client, keys, subgraph_id
         self.metrics = metrics    # the worker's WorkerMetrics: the bytes each write stores are counted, or None
         self.first_ids = first_ids
@@ -211,7 +211,7 @@ class _Writer:
         self.cache = None      # the worker's TensorCache: a loop handed back to take turns keeps its values there
         self.turns = None      # its Turns (worker/loops/turns.py) when it yields to other tokens' waiting work
 
-    def checkpoint_at_syncs(self, sync_templates, checkpoint_steps, checkpoint_seconds):
+    def checkpoint_at_syncs(self, sync_templates, checkpoint_steps, checkpoint_seconds) -> None:
         """A loop that exchanges values: periodic checkpoints every `checkpoint_steps` (0: by time only) or
         at the synchronisations the graph's loops agreed on for `checkpoint_seconds` (worker/loops/sync_cadence.py),
         taken once the synchronisation due next has run."""
@@ -277,14 +277,14 @@ class _Writer:
             self._queue(lambda: self.cadence.agreed(agree(self.client, self.keys, rounds)))
         return due
 
-    def _queue(self, write):
+    def _queue(self, write) -> None:
         """`write()` beside the loop, in order with the writes (in the loop's thread under verify='spot')."""
         if self.writes is not None:
             self.writes.put(write)
         else:
             write()
 
-    def write(self, done, carried=None, record=None, wait=True):
+    def write(self, done, carried=None, record=None, wait=True) -> None:
         """Persisted values, progress, and a checkpoint of `carried` if given, in one transaction, after the writes
         queued before it; `record`: fields to set on the graph's meta with them. `wait=False`: written beside the
         loop (what it writes is taken now: the loop may update its tensors in place afterwards)."""
@@ -357,7 +357,7 @@ class _Writer:
         if state != graph_states.RUNNING.encode():
             raise LoopAbandoned(state)
 
-    def drain(self):
+    def drain(self) -> None:
         """Wait for the writes queued beside the loop; raises the first that failed."""
         if self.writes is not None:
             self.writes.drain()
@@ -402,7 +402,7 @@ class _Writer:
             self.metrics.written_bytes(written + sum(value.nbytes for value, flag in zip(values, new) if flag))
         return replies[-1]
 
-    def close(self):
+    def close(self) -> None:
         if self.writes is not None:
             self.writes.close()
 

@@ -79,24 +79,24 @@ class _MissingInput(Exception):
 
 def _forged(why):
     """A message no engine sends (someone else put it on the stream): dropped, its graph left alone."""
-    def drop(worker, keys, subgraph_id, message_id):
+    def drop(worker, keys, subgraph_id, message_id) -> None:
         worker._give_up(keys, message_id, subgraph_id, why.format(subgraph_id), "forged message", fail_graph=False)
     return drop
 
 
-def _gone(worker, keys, subgraph_id, message_id):
+def _gone(worker, keys, subgraph_id, message_id) -> None:
     """Flushed since it was queued, or never there: logged, for an operator."""
     worker._give_up(keys, message_id, subgraph_id, f"graph {keys.graph_id} of token {keys.token} is not in Redis",
                     "no such graph", fail_graph=False)
 
 
-def _finished(worker, keys, subgraph_id, message_id):
+def _finished(worker, keys, subgraph_id, message_id) -> None:
     """Completed by a worker that may have died before delivering what it made ready: delivered, acked."""
     worker.handoff.drain(keys)
     worker._ack(message_id)
 
 
-def _ended(worker, keys, subgraph_id, message_id):
+def _ended(worker, keys, subgraph_id, message_id) -> None:
     """The graph is not running (failed, done, cancelled, or not started): acked."""
     worker._ack(message_id)
 
@@ -132,7 +132,7 @@ class Worker:
                  max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
                  max_memory_bytes=None, provider=None, checkpoint_steps=None,
                  checkpoint_seconds=None, wrong_outputs=None, workers_on_machine=None,
-                 resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS, pacing=None):
+                 resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS, pacing=None) -> None:
         if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
                              f"{dead_after} and {max_attempts}")
@@ -196,11 +196,11 @@ class Worker:
         steps = self.checkpoint_steps
         return SPOT_SEGMENT_STEPS if not steps else min(steps, SPOT_SEGMENT_STEPS)
 
-    def stop(self):
+    def stop(self) -> None:
         """Stop after the subgraph being run, if any, is finished (safe from a signal handler)."""
         self.stopping.set()
 
-    def run(self):
+    def run(self) -> int:
         """Serve until `stop()`. Returns 0, or 1 if the server stayed unreachable for `server_gone_after` s or
         refused this worker's credentials (its user was revoked). Any other server error is ridden out."""
         errors = ServerErrors(self.client, self.name)
@@ -244,7 +244,7 @@ class Worker:
         log.info("worker %s stopped after %d subgraphs", self.name, self.completed)
         return 0
 
-    def _load_scripts(self):
+    def _load_scripts(self) -> None:
         """Put the scripts on the server before registering, so that a first claim costs one round trip; a server
         that refuses SCRIPT LOAD to this worker's user leaves them to load on first use, as before."""
         try:
@@ -297,7 +297,7 @@ class Worker:
             log.exception("worker %s: subgraph %s of graph %s", self.name, subgraph_id, keys.graph_id)
             self._give_up(keys, message_id, subgraph_id, f"{type(exc).__name__}: {exc}", "worker error")
 
-    def _run_message(self, keys, subgraph_id, message_id, deliveries, fields):
+    def _run_message(self, keys, subgraph_id, message_id, deliveries, fields) -> None:
         """Claim the subgraph, check its plan, run it and deliver what it made (or why it failed)."""
         if b"segment" in fields:   # a re-run of a spot-checked loop's segment (worker/verify/spot_loop.py)
             check_segment(self, keys, subgraph_id, message_id, deliveries, fields)
@@ -310,7 +310,7 @@ class Worker:
         finally:
             self.usage.done(keys.token)   # its worker time, charged to its token
 
-    def _run_claimed(self, keys, subgraph_id, message_id, claimed):
+    def _run_claimed(self, keys, subgraph_id, message_id, claimed) -> None:
         seed, data, copies, spot = claimed
         max_bytes = devices.budget(self.device, self.limit)
         checked = self._checked(keys, subgraph_id, message_id, data, max_bytes, seed)
@@ -398,7 +398,7 @@ class Worker:
             self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
         return None
 
-    def _execute(self, keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes, spot=False):
+    def _execute(self, keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes, spot=False) -> None:
         """Run a checked subgraph and store its outputs; a failure gives the message up with its reason."""
         failed = False
         try:
@@ -459,7 +459,7 @@ class Worker:
         if failed:   # out of the except block: the error's traceback no longer holds the kernel's values
             self._return_memory()
 
-    def _return_memory(self):
+    def _return_memory(self) -> None:
         """Give what a failed kernel allocated back to the OS (worker/execute/memory.py), logging the RSS it saved."""
         rss = memory.return_to_os()
         if rss is not None:
@@ -519,7 +519,7 @@ class Worker:
             env[i] = tensor
         return env
 
-    def _finish(self, keys, subgraph_id, message_id, outputs):
+    def _finish(self, keys, subgraph_id, message_id, outputs) -> None:
         """Store the outputs (the same bytes under the same keys if this is a retry) and complete the subgraph,
         in one MULTI/EXEC (a big output's chunks just before it): if the server refuses the writes (out of
         memory), the completion does not run."""
@@ -565,7 +565,7 @@ class Worker:
             return self._note_ban(token, self.client.sismember(TokenKeys(token).banned, self.principal))
         return cached[1]
 
-    def _outvoted(self, keys):
+    def _outvoted(self, keys) -> bool:
         """Whether a spot check of this graph outvoted this worker's user (the SPOT script's `outvoted`; its
         requester bans it from the token's work when the graph ends, ravop.client.bans)."""
         return f",{self.principal},".encode() in (self.client.hget(keys.meta, "outvoted") or b"")
@@ -604,7 +604,7 @@ class Worker:
             raise reply
         return reply, self._note_ban(keys.token, banned)
 
-    def _pass_on(self, message_id, fields):
+    def _pass_on(self, message_id, fields) -> None:
         """Put the message back at the end of the stream for another worker, and give them a moment to take it."""
         pipe = self.client.pipeline(transaction=True)
         pipe.xadd(self.stream, fields)
@@ -622,13 +622,13 @@ class Worker:
         return cross_class.vote(self, keys, subgraph_id, None, [outputs[k] for k in sorted(outputs)],
                                 redundant.digest(outputs), tolerance)
 
-    def _seal(self, keys, outputs):
+    def _seal(self, keys, outputs) -> None:
         """Record this principal's digests of its outputs (ravop.store.seals)."""
         pipe = self.client.pipeline(transaction=False)
         seals.write(pipe, keys, self.principal, {k: devices.to_host(v) for k, v in outputs.items()})
         pipe.execute()
 
-    def _verified(self, keys, subgraph_id, message_id, outputs, copies, program):
+    def _verified(self, keys, subgraph_id, message_id, outputs, copies, program) -> bool:
         """Vote with these outputs. True if this worker should store them and complete the subgraph (the
         votes are in and agree); otherwise the message is acked: a vote still missing, or a disagreement,
         which fails the graph naming the workers and bans those a majority outvoted."""
@@ -652,7 +652,7 @@ class Worker:
     # ------------------------------------------------------------------------------------------ giving up
 
     def _give_up(self, keys, message_id, subgraph_id, error, reason, node=None, message="", fail_graph=True,
-                 worker=None):
+                 worker=None) -> None:
         """Ack the message, log it to the dead-letter stream and fail its graph (if it names one, unless
         `fail_graph` is False), naming `worker` (default: this one)."""
         log.warning("worker %s gives up on %s: %s: %s", self.name, message_id, reason, error)
@@ -661,7 +661,7 @@ class Worker:
                           op=node.op if node is not None else "", source=node.source if node is not None else "",
                           error=error, reason=reason, message=message, fail_graph=fail_graph)
 
-    def _give_up_retries(self, keys, subgraph_id, message_id, deliveries, attempt):
+    def _give_up_retries(self, keys, subgraph_id, message_id, deliveries, attempt) -> None:
         pipe = self.client.pipeline(transaction=False)
         pipe.hget(keys.taken, subgraph_id)
         pipe.hget(keys.subgraphs, subgraph_id)
@@ -680,7 +680,7 @@ class Worker:
                       f"responding (the last was {(taken or b'?').decode()}){attempt.where()}",
                       "too many deliveries", node)
 
-    def _work_waiting(self):
+    def _work_waiting(self) -> bool:
         """Whether the loop this worker runs, waiting for another loop's values, should hand itself back: loops
         wait for a worker that idle ones cannot take (worker/loops/hand_back.py: as many yield as are missing)."""
         if self.hand_back.now():
@@ -688,7 +688,7 @@ class Worker:
             return True
         return False
 
-    def _hand_back(self, keys, subgraph_id, message_id):
+    def _hand_back(self, keys, subgraph_id, message_id) -> None:
         """Queue the subgraph again as a new message and drop this one, in one transaction: an idle worker
         takes it at once (from its checkpoint) instead of waiting for this one to be declared dead."""
         pipe = self.client.pipeline(transaction=True)
@@ -697,13 +697,13 @@ class Worker:
         pipe.xdel(self.stream, message_id)
         pipe.execute()
 
-    def _ack(self, message_id):
+    def _ack(self, message_id) -> None:
         pipe = self.client.pipeline(transaction=False)
         pipe.xack(self.stream, GROUP, message_id)
         pipe.xdel(self.stream, message_id)
         pipe.execute()
 
-    def _leave(self):
+    def _leave(self) -> None:
         """Unregister; drop this consumer from the group unless it still holds a message (for reclaiming)."""
         try:
             self.usage.flush()   # the tokens' worker time not added yet

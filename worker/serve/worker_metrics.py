@@ -15,12 +15,12 @@ from ..execute.memory import resident_bytes
 class _Clock:
     """Seconds spent busy (running a subgraph) and idle, the running interval included when read."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self.busy = self.idle = 0.0
         self.running, self.since = False, time.monotonic()
 
-    def switch(self, running):
+    def switch(self, running) -> None:
         with self._lock:
             now = time.monotonic()
             if self.running:
@@ -40,7 +40,7 @@ class _Live(Collector):
     """What is read at scrape time: busy/idle seconds, loop steps and checkpoints of the loop being run (read
     from the loop's own progress record in Redis), memory."""
 
-    def __init__(self, metrics):
+    def __init__(self, metrics) -> None:
         self.metrics = metrics
 
     def collect(self):
@@ -89,7 +89,7 @@ class WorkerMetrics:
     """The metrics of worker `name` on `device`. The worker loop calls the small methods below at its events;
     `loop_progress` is a callable () -> (steps done, checkpoint step) of the loop being run, or None."""
 
-    def __init__(self, name, device="cpu"):
+    def __init__(self, name, device="cpu") -> None:
         self.name, self.device = name, device
         self.registry = CollectorRegistry()
         self.clock = _Clock()
@@ -113,35 +113,35 @@ class WorkerMetrics:
         self._server = None
 
     # events ----------------------------------------------------------------------------------------------
-    def running(self, running):
+    def running(self, running) -> None:
         self.clock.switch(running)
 
-    def subgraph_done(self):
+    def subgraph_done(self) -> None:
         self._subgraphs.inc()
 
-    def read_bytes(self, n):
+    def read_bytes(self, n) -> None:
         self._read.inc(n)
 
-    def written_bytes(self, n):
+    def written_bytes(self, n) -> None:
         self._written.inc(n)
 
-    def failed(self, reason):
+    def failed(self, reason) -> None:
         self._failures.labels(self.name, reason or "unknown").inc()
 
-    def spot_verdict(self, verdict):
+    def spot_verdict(self, verdict) -> None:
         self._verdicts.labels(self.name, verdict).inc()
 
-    def took_over(self):
+    def took_over(self) -> None:
         self._takeovers.inc()
 
-    def loop_started(self, progress, now=None):
+    def loop_started(self, progress, now=None) -> None:
         """A loop subgraph starts; `progress() -> (steps done, step of its checkpoint or None)` reads its record;
         `now`: that pair where the worker read it already (with the loop's inputs: worker/loops/loop_start.py)."""
         steps, saved = progress() if now is None else now
         with self._lock:
             self._loop = [progress, steps, saved]
 
-    def loop_ended(self, now=None):
+    def loop_ended(self, now=None) -> None:
         """The loop finished, failed or was handed back: fold what it did into the totals; `now`: its (steps done,
         checkpoint step) where the worker knows them (a loop that completed: not read again before its outputs
         are written)."""
