@@ -65,12 +65,16 @@ def claim_key(keys: GraphKeys, name: str) -> str:
     return f"{value_key(keys, name)}:claim"
 
 
-def settle(client: Client, keys: GraphKeys, host: Sequence[Any], shared: dict[int, str], who: str) -> None:
+def settle(client: Client, keys: GraphKeys, host: Optional[Sequence[Any]], shared: dict[int, str], who: str) -> None:
     """Claim for checkpoint `who` the values of `shared` ({k: digest}) the store lacks, and wait for those another
     loop claimed until they are there (or their claim lapsed: its holder died; then this one claims them). Claims
     are taken in the order of the digests and none is held past one being waited for, so no two loops wait on
     each other. The values claimed here are uploaded by the checkpoint's transaction (`write`). One round trip a
     look (two when it lets claims go)."""
+    if not shared:
+        return   # no checkpoint (`host` None), or none of its values shared
+    if host is None:
+        raise ValueError("shared checkpoint values without the checkpoint's values")
     first: dict[str, int] = {}
     for k, name in shared.items():
         first.setdefault(name, k)

@@ -78,7 +78,8 @@ class SyncCadence:
 
     def __init__(self, seconds: float, now: float) -> None:
         self.seconds, self.since = seconds, now
-        self.rounds: Optional[int] = 1 if seconds == 0 else None   # agreed rounds between checkpoints (None: not known yet)
+        # agreed rounds between checkpoints (None: not known yet)
+        self.rounds: Optional[int] = 1 if seconds == 0 else None
         self.first: Optional[int] = None      # the synchronisation before the first one this loop ran here
         self.last: Optional[int] = None       # the synchronisation of its last checkpoint here
         self.proposed = False
