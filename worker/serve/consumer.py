@@ -20,7 +20,7 @@ import random
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
 
 import redis
 import torch
@@ -49,12 +49,10 @@ from ravop.wire import plan_pb2, unpack_nodes
 from ..execute import device as devices
 from ..execute import memory
 from ..execute.cache import TensorCache
-from ..execute.emulated_device import Pacing
 from ..execute.run import OVER_BUDGET, KernelError, run
 from ..execute.validate import Program, check
 from ..loops.hand_back import HandBack
 from ..loops.loop_start import LoopStart
-from ..provider.data_provider import Provider
 from ..loops.turns import Turns
 from ..loops.loop_subgraph import (
     RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, checkpoint_record, drop_checkpoint,
@@ -69,6 +67,10 @@ from .worker_metrics import WorkerMetrics, loop_record
 from .server_errors import ServerErrors
 from .takeover import Taken, Takeover
 from .token_usage import PASS, TokenUsage
+
+if TYPE_CHECKING:   # a worker loads neither unless it provides data (--data) or is paced (benchmarks)
+    from ..execute.emulated_device import Pacing
+    from ..provider.data_provider import Provider
 
 log = logging.getLogger("ravop.worker")
 BLOCK_MS = 1000  # longest wait for new work, so a stop request is noticed within a second
@@ -141,11 +143,11 @@ class Worker:
                  max_attempts: int = 3, cache_bytes: int = 256 * 2**20, max_subgraph_bytes: Optional[int] = None,
                  parent_pid: Optional[int] = None, server_gone_after: Optional[float] = None,
                  dead_after: float = liveness.TTL, max_memory_bytes: Optional[int] = None,
-                 provider: Optional[Provider] = None, checkpoint_steps: Optional[int] = None,
+                 provider: Optional["Provider"] = None, checkpoint_steps: Optional[int] = None,
                  checkpoint_seconds: Optional[float] = None, wrong_outputs: Optional[redundant.Liar] = None,
                  workers_on_machine: Optional[int] = None,
                  resident_checkpoint_seconds: float = RESIDENT_CHECKPOINT_SECONDS,
-                 pacing: Optional[Pacing] = None) -> None:
+                 pacing: Optional["Pacing"] = None) -> None:
         if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
                              f"{dead_after} and {max_attempts}")
