@@ -125,6 +125,7 @@ class Graph:
         self.parallel_fits = []   # strategies fits recorded with; their segments and averagings are not folded
         self.parallel_loops = []  # per such fit: role ('replica r') -> its loop op ids (ravop.client.placement)
         self.parallel_rounds = {}  # strategy repr -> role -> its rounds' schedule (ravop.client.placement)
+        self.forms = []           # parts recorded in more than one form, one chosen at activation (record/forms.py)
         self.nodes = []           # append-only op table; node.id is its index
         self.constants = {}       # node id -> torch.Tensor held by the requester until upload
         self.persisted = {}       # persist name -> Op
