@@ -259,8 +259,8 @@ def set_current(graph):
 
 @contextmanager
 def scratch_graph(name, seed=0):
-    """A graph to record into apart from the user's (the compiler records a strategy's replicas of a folded loop
-    in one); the graph that was current before is current again after."""
+    """A graph to record into apart from the user's (the session records a strategy's replicas of a folded loop
+    in one at activation); the graph that was current before is current again after."""
     previous = _current
     try:
         yield Graph(name=name, seed=seed)
