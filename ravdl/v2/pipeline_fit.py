@@ -56,7 +56,7 @@ def _forms(strategy: Any, n_rows: int, batch_size: int) -> list[str]:
     live workers can hold every stage at once); resident=True where they cannot be is an error naming why."""
     if strategy.resident is False:
         return [SEGMENTS]
-    reason = resident_reason(strategy, n_rows, batch_size, None)
+    reason = resident_reason(strategy, n_rows, batch_size)
     if reason is not None and strategy.resident:
         error = NotImplementedError if strategy.replicas > 1 else ValueError
         raise error(f"{strategy!r} cannot keep its stages resident: {reason}; use resident=None or False for "
