@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ravop as R  # noqa: E402
 from bench_ravdl import Workers, mnist_data  # noqa: E402
-from compiler import compile_graph  # noqa: E402
+from ravop.client.graph_kinds import compile_planned  # noqa: E402
 from ravop.local.embedded import LocalServer  # noqa: E402
 from ravop.record.graph import current_graph  # noqa: E402
 
@@ -120,7 +120,7 @@ def main():
             for steps in (args.steps, 2 * args.steps):
                 R.flush()
                 hand_written(X, y, steps, strategy)
-                summary = compile_graph(current_graph()).summary
+                summary = compile_planned(current_graph()).summary
                 sizes.append((label, steps, summary["compiled_ops"], summary["subgraphs"]))
     finally:
         server.stop()

@@ -1,12 +1,13 @@
 """compile_graph: recorded graph -> IR -> passes -> fused chains, cost model -> partition -> protobuf plan."""
 import gc
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 from . import cost, ir as ir_module
 from .partition import coarse_graph, max_parallel_width, partition
-from .pass_manager import PIPELINE, UNFOLDED_PIPELINE, run_pipeline, strategy_pipeline
+from .pass_manager import PIPELINE, UNFOLDED_PIPELINE, Passes, run_pipeline, strategy_pipeline, strategy_point
 from .passes import fuse_linear_chains
+from .passes.strategy import FoldedLoop, folded_loops as replicated_loops
 from .plan import emit_plan
 
 if TYPE_CHECKING:
@@ -49,19 +50,51 @@ def handoff_seconds(plan: Any, costs: cost.Costs) -> float:
     return moved / costs.handoff_bytes_per_s
 
 
+def _passes(graph: "Graph") -> Passes:
+    return PIPELINE if graph.verify == 1 and not graph.parallel_fits else UNFOLDED_PIPELINE
+
+
+def _hand_written_under_strategy(graph: "Graph") -> bool:
+    return graph.strategy is not None and not graph.parallel_fits
+
+
+def folded_loops(graph: "Graph") -> list[FoldedLoop]:
+    """What the client records the replicas of `graph`'s hand-written loops from, when its strategy is theirs (no
+    fit used it): the loops the passes fold, each a `FoldedLoop` ([] for any other graph). The compiler records
+    nothing; `ravop.parallel.hand_written.record_replica_loops` does, and `compile_graph(..., replicas=)` splices."""
+    if not _hand_written_under_strategy(graph):
+        return []
+    passes = _passes(graph)
+    with _cyclic_gc_paused():
+        ir, _ = run_pipeline(ir_module.from_graph(graph), passes[:strategy_point(passes)])
+    return replicated_loops(ir, graph.strategy, set(graph.loops))
+
+
 def compile_graph(graph: "Graph", min_subgraph_seconds: float = MIN_SUBGRAPH_SECONDS,
                   max_subgraph_seconds: float = MAX_SUBGRAPH_SECONDS,
-                  devices: dict[str, cost.DeviceModel] = cost.DEVICES) -> CompiledGraph:
-    """Compile a recorded `ravop.record.graph.Graph` (which is not modified) into a plan of subgraphs. `devices`: the
-    cost model's figures per device kind (`compiler.cost.calibrated` makes them from the workers' own)."""
+                  devices: dict[str, cost.DeviceModel] = cost.DEVICES,
+                  replicas: Optional[Sequence[Any]] = None, forms: Optional[Sequence[str]] = None) -> CompiledGraph:
+    """Compile a recorded `ravop.record.graph.Graph` (which is not modified; nothing is recorded) into a plan of
+    subgraphs. `devices`: the cost model's figures per device kind (`compiler.cost.calibrated` makes them from the
+    workers' own). `replicas`: for a graph whose strategy is its hand-written loops', the replicas recorded for
+    each of `folded_loops(graph)` (`ravop.client.graph_kinds.compile_planned` records them and compiles). `forms`:
+    the form that runs of each part the graph records in several (`graph.forms`: a fit's resident replicas or
+    segments, ravop/record/forms.py), which the session chooses at activation; None: the last recorded of each."""
     if not 0 <= min_subgraph_seconds <= max_subgraph_seconds:
         raise ValueError(f"need 0 <= min_subgraph_seconds <= max_subgraph_seconds, got "
                          f"{min_subgraph_seconds} and {max_subgraph_seconds}")
+    if _hand_written_under_strategy(graph) and replicas is None:
+        raise TypeError(f"graph {graph.name!r} has strategy={graph.strategy!r} over hand-written loops: give "
+                        "the replicas recorded from compiler.folded_loops(graph) as replicas= (R.activate() does: "
+                        "ravop.client.graph_kinds.compile_planned)")
+    if replicas is not None and not _hand_written_under_strategy(graph):
+        raise ValueError(f"replicas= applies to a graph whose strategy is its hand-written loops', not to graph "
+                         f"{graph.name!r}")
     with _cyclic_gc_paused():
-        passes = PIPELINE if graph.verify == 1 and not graph.parallel_fits else UNFOLDED_PIPELINE
-        if graph.strategy is not None and not graph.parallel_fits:   # a hand-written loop under a strategy
-            passes = strategy_pipeline(passes, graph.strategy, set(graph.loops))
-        ir, counts = run_pipeline(ir_module.from_graph(graph), passes)
+        passes = _passes(graph)
+        if replicas is not None:   # a hand-written loop under a strategy
+            passes = strategy_pipeline(passes, graph.strategy, set(graph.loops), replicas)
+        ir, counts = run_pipeline(ir_module.from_graph(graph, forms), passes)
         chained, counts["fused_chains"] = fuse_linear_chains(ir)
         costs = cost.estimate(ir, devices)
         windows = partition(ir, costs, chained, min_subgraph_seconds, max_subgraph_seconds)

@@ -1,6 +1,6 @@
 """Run the passes in order and check the IR's invariants after each, as torch.fx's PassManager does: a pass
 that breaks the IR is named at once instead of surfacing as a wrong result on a worker."""
-from typing import Callable, Collection, Optional
+from typing import Any, Callable, Collection, Optional, Sequence
 
 from ravop.core.errors import RavopError
 from ravop.core.loop_template import StepTemplate
@@ -30,13 +30,21 @@ PIPELINE: Passes = (
 UNFOLDED_PIPELINE: Passes = tuple(entry for entry in PIPELINE if entry[1] is not fold_repeated_steps)
 
 
-def strategy_pipeline(passes: Passes, strategy: object, recorded_loops: Collection[int]) -> Passes:
-    """`passes` for a graph whose `strategy` no fit used: the loops folded from its hand-written steps become the
-    strategy's replicas right after folding (compiler/passes/strategy.py), which refuses a graph that folds
-    nothing (UNFOLDED_PIPELINE's)."""
+def strategy_point(passes: Passes) -> int:
+    """Where the strategy's pass goes in `passes`: right after folding (before constant folding where nothing
+    folds, UNFOLDED_PIPELINE's, which it then refuses)."""
     runs = [run for _, run in passes]
-    at = runs.index(fold_repeated_steps) + 1 if fold_repeated_steps in runs else runs.index(fold_constants)
-    return passes[:at] + (("loops_replicated", replicate_folded_loops(strategy, recorded_loops)),) + passes[at:]
+    return runs.index(fold_repeated_steps) + 1 if fold_repeated_steps in runs else runs.index(fold_constants)
+
+
+def strategy_pipeline(passes: Passes, strategy: object, recorded_loops: Collection[int],
+                      replicas: Sequence[Any]) -> Passes:
+    """`passes` for a graph whose `strategy` no fit used: the loops folded from its hand-written steps become the
+    strategy's `replicas` (recorded by the client from `compiler.folded_loops`) right after folding
+    (compiler/passes/strategy.py)."""
+    at = strategy_point(passes)
+    return passes[:at] + (("loops_replicated", replicate_folded_loops(strategy, recorded_loops, replicas)),) + \
+        passes[at:]
 
 
 class InvariantError(RavopError, RuntimeError):

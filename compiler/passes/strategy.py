@@ -11,7 +11,8 @@ not grow with the number of steps (docs/users/strategies.md, "Hand-written loops
   recorded for them, persisting their values under their names), each replica a copy of the loop with its own
   optimizer step counts from the loop's first, its random ops drawing the streams of the steps it runs. The last
   `n_steps % R` steps, which make no full round, run once after the replicas, as the steps after the loop do.
-- The strategy's own resident hooks (ravop.parallel.hand_written) give the replicas' extra carried values, their
+- The strategy's own resident hooks (ravop.parallel.hand_written, recorded by the client at activation from what
+  `folded_loops` says of each loop: the compiler records nothing) give the replicas' extra carried values, their
   sync templates (run after every `interval` steps of a replica and after its last) and the model after training,
   which everything recorded after the loop reads. Steps the folding leaves outside the loop (the first, which
   makes the optimizer state from constants; the last, whose values are persisted) run once, as recorded (their
@@ -22,13 +23,13 @@ The replicas' loops and the strategy's ops get ids after the recorded ones, and 
 moved after them (ids ascend in topological order); a random op moved draws the stream of its new id.
 """
 from dataclasses import replace
-from typing import Any, Callable, Collection, Optional, Sequence, cast
+from typing import Any, Callable, Collection, NamedTuple, Optional, Sequence, cast
 
 from ravop.core.errors import GraphStateError
 from ravop.core.loop_template import LoopRecord, LoopSpec, StepTemplate
 from ravop.core.node import Node
 from ravop.core.registry import HOLE, INPUTS, LOOP_INDEX, PICKS, PROJECTION, PROJECTIONS, REGISTRY, op_of_kind
-from ravop.parallel.hand_written import check_loop_strategy, record_replica_loops
+from ravop.parallel.hand_written import check_loop_strategy
 from ravop.parallel.replicas import Carried
 from ravop.record.loop import seed_of
 from ravop.runtime.runner import op_seed
@@ -39,29 +40,50 @@ from ..ir import IR
 PARAM, BUFFER, OPTIMIZER = "parameter", "buffer", "optimizer state"
 
 
-def replicate_folded_loops(strategy: Any, recorded_loops: Collection[int]) -> Callable[[IR], tuple[IR, int]]:
-    """The pass for a graph whose strategy no fit used: every loop the folding made (not those in
-    `recorded_loops`, the ids of loops recorded with ravop.record.loop) becomes the strategy's replicas."""
-    check_loop_strategy(strategy)
+class FoldedLoop(NamedTuple):
+    """What a strategy's replicas of one folded loop are recorded from (`ravop.parallel.hand_written
+    .record_replica_loops`, by the client at activation: the compiler records nothing): the loop's carried values
+    ((shape, dtype), in the layout's order), their `layout` (a `ravop.parallel.replicas.Carried`) and the training
+    steps each replica runs."""
+    carried: list[tuple[Any, Any]]
+    layout: Carried
+    steps_per_replica: int
 
+
+def folded_loops(ir: IR, strategy: Any, recorded_loops: Collection[int]) -> list[FoldedLoop]:
+    """The loops the folding made in `ir` that `strategy` replicates (not those in `recorded_loops`, the ids of
+    loops recorded with ravop.record.loop), in id order; a clear error where it cannot."""
+    check_loop_strategy(strategy)
+    if recorded_loops:
+        raise NotImplementedError(f"{strategy!r} over a loop recorded with ravop.record.loop.Loop is not "
+                                  "implemented: a strategy applies to fit(..., strategy=...) and to hand-written "
+                                  "loops the compiler folds")
+    if not ir.loops:
+        raise GraphStateError(f"the graph has strategy={strategy!r} but no fit used it and no hand-written "
+                              "training loop folded (a loop needs at least two alike steps, each reading its "
+                              "batch as a constant, R.t(X_batch); verify=k graphs do not fold)")
+    return [_folded(ir, loop_id, strategy)[0] for loop_id in ir.loops]
+
+
+def replicate_folded_loops(strategy: Any, recorded_loops: Collection[int],
+                           replicas: Sequence[Any]) -> Callable[[IR], tuple[IR, int]]:
+    """The pass for a graph whose strategy no fit used: every loop the folding made becomes the strategy's
+    replicas, spliced from `replicas` (a `ravop.parallel.hand_written.ReplicaLoops` per loop of `folded_loops`,
+    recorded by the client from them)."""
     def replicate(ir: IR) -> tuple[IR, int]:
-        if recorded_loops:
-            raise NotImplementedError(f"{strategy!r} over a loop recorded with ravop.record.loop.Loop is not "
-                                      "implemented: a strategy applies to fit(..., strategy=...) and to hand-written "
-                                      "loops the compiler folds")
-        folded = list(ir.loops.values())
-        if not folded:
-            raise GraphStateError(f"the graph has strategy={strategy!r} but no fit used it and no hand-written "
-                                  "training loop folded (a loop needs at least two alike steps, each reading its "
-                                  "batch as a constant, R.t(X_batch); verify=k graphs do not fold)")
-        for record in folded:
-            loop_id = next(id for id, r in ir.loops.items() if r is record)
-            ir = _replicate(ir, loop_id, strategy)
+        folded = folded_loops(ir, strategy, recorded_loops)
+        if len(replicas) != len(folded):
+            raise GraphStateError(f"{len(folded)} hand-written loops fold under {strategy!r}, and {len(replicas)} "
+                                  "recordings of their replicas were given: record them from compiler.folded_loops")
+        for record, scratch in zip(list(ir.loops.values()), replicas):
+            loop_id = next(id for id, r in ir.loops.items() if r is record)   # a splice before moved its readers
+            ir = _replicate(ir, loop_id, strategy, scratch)
         return ir, len(folded)
     return replicate
 
 
-def _replicate(ir: IR, loop_id: int, strategy: Any) -> IR:
+def _folded(ir: IR, loop_id: int, strategy: Any) -> tuple[FoldedLoop, list[int], str]:
+    """(FoldedLoop, the folded step's carried values in the layout's order, the loop's source) of loop `loop_id`."""
     record = ir.loops[loop_id]
     spec, loop_node = record.spec, ir.nodes[loop_id]
     template = spec.templates[0]
@@ -82,7 +104,16 @@ def _replicate(ir: IR, loop_id: int, strategy: Any) -> IR:
     layout = Carried(*(kinds.count(kind) for kind in (PARAM, BUFFER, OPTIMIZER)))
     initial = loop_node.inputs[:spec.n_carried]
     carried = [(ir.nodes[initial[k]].shape, ir.nodes[initial[k]].dtype) for k in order]
-    scratch = record_replica_loops(strategy, carried, layout, n_steps // replicas, ir.seed)
+    return FoldedLoop(carried, layout, n_steps // replicas), order, source
+
+
+def _replicate(ir: IR, loop_id: int, strategy: Any, scratch: Any) -> IR:
+    folded, order, source = _folded(ir, loop_id, strategy)
+    if len(scratch.placeholders) != len(folded.carried) or len(scratch.loops) != strategy.replicas:
+        raise GraphStateError(f"the replicas given for the hand-written loop at {source} carry "
+                              f"{len(scratch.placeholders)} values in {len(scratch.loops)} loops, not "
+                              f"{len(folded.carried)} in {strategy.replicas}: record them from its FoldedLoop")
+    initial = ir.nodes[loop_id].inputs[:ir.loops[loop_id].spec.n_carried]
     return _splice(ir, loop_id, scratch, [initial[k] for k in order], order, source)
 
 

@@ -1,8 +1,10 @@
 """`fit(..., strategy=...)` (ravop.parallel): the trainer the strategies' hooks drive. It records the training
 as loop segments, one per replica between two synchronisations, and whatever the strategy records between them
-as ordinary ops; or, when the strategy's `resident_sync` gives sync templates (resident replicas of LocalSGD,
-Gossip, DiLoCo), one loop per replica for the whole fit whose sync templates exchange values with the others
-(ravop.parallel.resident, ravop.parallel.resident_averaging). A segment is a loop op
+as ordinary ops; or, with the strategy's `resident_templates` (resident replicas of LocalSGD, Gossip, DiLoCo), one
+loop per replica for the whole fit whose sync templates exchange values with the others (ravop.parallel.resident,
+ravop.parallel.resident_averaging). Which of the two is the strategy's `resident_forms`: with both (resident=None)
+both are recorded, and the session picks one at activation by its live workers (ravop/record/forms.py): recording
+never asks the cluster. A segment is a loop op
 (`Loop.run(..., segment=...)`): its own subgraph, run with the replica's state in memory, checkpointed and resumed
 like any loop, so the replicas of one synchronisation interval are independent subgraphs that idle workers run at
 once.
@@ -22,12 +24,11 @@ import numpy as np
 import torch
 
 import ravop as R
-from ravop.client.session import live_workers
-from ravop.core.errors import GraphStateError
 from ravop.core.loss_names import training_loss_name
 from ravop.parallel.protocol import (
     GradientReplicas, PipelineStages, ResidentSync, ShardReplicas, Synchronizer, check_hooks, check_strategy)
 from ravop.parallel.replicas import Carried, weighted_sum
+from ravop.record.forms import RESIDENT, record_forms
 from ravop.record.graph import Op, current_graph
 from ravop.record.loop import Batches, Loop, Step
 
@@ -114,15 +115,6 @@ class _StatePart:
         self.step.persist(op, names)
 
 
-def _enough_workers(replicas: int) -> bool:
-    """Whether the session's live workers can run every replica at once (resident replicas wait for each other
-    at every round; with fewer workers the replicas run as segments, with the same bits)."""
-    try:
-        return len(live_workers()) >= replicas
-    except GraphStateError:
-        return False
-
-
 def _loss_name(epoch: int, batch: int) -> str:
     return training_loss_name(epoch + 1, batch + 1)
 
@@ -205,16 +197,9 @@ class ParallelFit:
         first_batch = [0] * replicas if equal else [int(a) // self.batch_size for a in bounds[:-1]]
         initial = [slot.get() for slot in slots]
         n_steps = len(steps_of[0].order)   # replica 0's (the resident sync reads it for Gossip's table: equal)
-        resident = strategy.resident_sync(initial, layout, lambda: _enough_workers(replicas), n_steps,
-                                          current_graph().seed)
-        sync = check_hooks(resident, ResidentSync, "its resident sync") if resident is not None else \
-            check_hooks(strategy.synchronizer(initial, layout, current_graph().seed), Synchronizer, "its synchronizer")
-        states = [list(initial) for _ in range(replicas)]
-        losses: list[Any] = [None] * replicas
         names: dict[str, tuple[int, int]] = {}
         moved: dict[int, list[int]] = {}   # template -> how far its step moves each counter
         with_loss = strategy.needs_loss   # then a segment carries its last loss
-        loss_slot = [R.zeros(shape=(), dtype="float32")] * with_loss
 
         def train(r: int, X_shard: Any, y_shard: Any) -> Callable[[Any, int, list[tuple[int, int]]], None]:
             def record_step(step: Any, rows: int, runs: list[tuple[int, int]]) -> None:
@@ -238,32 +223,54 @@ class ParallelFit:
         def batches(r: int) -> Batches:
             return Batches(sizes[r], self.batch_size * per_update, self.shuffle, self.seed + r)
 
-        if resident is not None:   # one loop per replica for the whole fit, its state kept where it runs
+        def resident_replicas() -> tuple[list[list[Any]], list[int], Callable[[list[list[Any]]], Any]]:
+            """One loop per replica for the whole fit, its state kept where it runs: (states, steps per round,
+            finish)."""
+            resident = check_hooks(strategy.resident_templates(initial, layout, n_steps, current_graph().seed),
+                                   ResidentSync, "its resident sync")
+            loss_slot = [R.zeros(shape=(), dtype="float32")] * with_loss
+            states = [list(initial) for _ in range(replicas)]
             for r, (X_shard, y_shard) in enumerate(shards):
                 states[r] = _record_replica(states[r] + loss_slot, resident, r, batches(r), steps_of[r],
                                             train(r, X_shard, y_shard))
                 self._ran_as(f"replica {r}")
-        rounds = [] if resident is not None else \
-            [strategy.segments(len(steps.order), r) for r, steps in enumerate(steps_of)]
-        if len({len(runs) for runs in rounds}) > 1:
-            raise ValueError(f"{strategy!r} gives its replicas {[len(runs) for runs in rounds]} runs between "
-                             "synchronisations: they must be as many")
-        for segments in zip(*rounds):
-            for r, (X_shard, y_shard) in enumerate(shards):
-                after = _record_segment(states[r] + loss_slot, batches(r), steps_of[r], segments[r],
-                                        train(r, X_shard, y_shard))
-                self._ran_as(f"replica {r}")
-                states[r], losses[r] = list(after[:len(slots)]), after[len(slots):]
-            sync.exchange(states, losses, sum(segments[0]))
-        # what each replica contributes per round (History.contributions): its steps, their samples (a full
-        # round's: an epoch's last batch may be short), its rounds
-        per_round = [resident.interval(r) if resident is not None else strategy.segments(len(steps.order), r)[0][1]
-                     for r, steps in enumerate(steps_of)]
-        current_graph().parallel_rounds[repr(strategy)] = {
-            f"replica {r}": {"steps_per_round": n, "samples_per_round": n * self.batch_size * per_update,
-                             "rounds": -(-len(steps_of[r].order) // n), "steps": len(steps_of[r].order)}
-            for r, n in enumerate(per_round)}
-        for slot, value in zip(slots, sync.finish(states)):
+            return states, [resident.interval(r) for r in range(replicas)], resident.finish
+
+        def segments() -> tuple[list[list[Any]], list[int], Callable[[list[list[Any]]], Any]]:
+            """A loop op per replica and round, the synchronisation recorded between them as ops."""
+            sync = check_hooks(strategy.synchronizer(initial, layout, current_graph().seed), Synchronizer,
+                               "its synchronizer")
+            loss_slot = [R.zeros(shape=(), dtype="float32")] * with_loss
+            rounds = [strategy.segments(len(steps.order), r) for r, steps in enumerate(steps_of)]
+            if len({len(runs) for runs in rounds}) > 1:
+                raise ValueError(f"{strategy!r} gives its replicas {[len(runs) for runs in rounds]} runs between "
+                                 "synchronisations: they must be as many")
+            states = [list(initial) for _ in range(replicas)]
+            losses: list[Any] = [None] * replicas
+            for intervals in zip(*rounds):
+                for r, (X_shard, y_shard) in enumerate(shards):
+                    after = _record_segment(states[r] + loss_slot, batches(r), steps_of[r], intervals[r],
+                                            train(r, X_shard, y_shard))
+                    self._ran_as(f"replica {r}")
+                    states[r], losses[r] = list(after[:len(slots)]), after[len(slots):]
+                sync.exchange(states, losses, sum(intervals[0]))
+            return states, [runs[0][1] for runs in rounds], sync.finish
+
+        def record(form: str) -> list[Any]:
+            states, per_round, finish = resident_replicas() if form == RESIDENT else segments()
+            # what each replica contributes per round (History.contributions): its steps, their samples (a full
+            # round's: an epoch's last batch may be short), its rounds
+            current_graph().parallel_rounds[repr(strategy)] = {
+                f"replica {r}": {"steps_per_round": n, "samples_per_round": n * self.batch_size * per_update,
+                                 "rounds": -(-len(steps_of[r].order) // n), "steps": len(steps_of[r].order)}
+                for r, n in enumerate(per_round)}
+            return list(finish(states))
+
+        # resident replicas or segments: the same values; where the strategy leaves it open (resident=None), both
+        # are recorded and the session picks at activation by its live workers (ravop/record/forms.py)
+        final = record_forms(current_graph(), f"{strategy!r}'s replicas", replicas, strategy.resident_forms(),
+                             record)
+        for slot, value in zip(slots, final):
             slot.set(value)
         # the counters (the optimizer's step) as replica 0 advanced them: the model after fit is the global one
         for k, (counter, start) in enumerate(zip(counters, starts)):

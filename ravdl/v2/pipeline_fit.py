@@ -3,7 +3,8 @@ NeuralNetwork's top-level layers, a Pytorch_Model's top-level children; ravdl/v2
 each stage's forward of each micro-batch, then each stage's backward (its forward recomputed with the forward's
 dropout masks, its BatchNorm statistics updated by the forward only) from the last stage to the first, one-step
 segments all; then one optimizer step on the micro-batches' gradients weighted by their sizes. Resident stages
-(one loop per stage for the whole fit) are recorded by ravdl/v2/pipeline_resident.py."""
+(one loop per stage for the whole fit) are recorded by ravdl/v2/pipeline_resident.py; with resident=None both are
+recorded and the session picks at activation (ravop/record/forms.py)."""
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -15,6 +16,7 @@ from ravop.core.errors import GraphStateError
 from ravop.core.loss_names import training_loss_name
 from ravop.parallel.pipeline import stage_seed
 from ravop.parallel.replicas import weighted_sum
+from ravop.record.forms import RESIDENT, SEGMENTS, record_forms
 from ravop.record.graph import Op, current_graph
 from ravop.record.loop import Loop
 
@@ -48,24 +50,18 @@ def _steps(n_rows: int, batch_size: int, n_epochs: int) -> list[tuple[int, int]]
     return [(e, b) for e in range(n_epochs) for b in range(per_epoch)]
 
 
-def _live_count() -> int:
-    try:
-        return len(live_workers())
-    except GraphStateError:
-        return 0
-
-
-def _resident(strategy: Any, n_rows: int, batch_size: int) -> bool:
-    """Whether the stages are resident (`strategy.resident`: None when possible and the live workers can hold
-    every stage at once); True where they cannot be is an error naming why."""
+def _forms(strategy: Any, n_rows: int, batch_size: int) -> list[str]:
+    """The forms the stages are recorded in (ravop/record/forms.py): resident, segments, or both where
+    `strategy.resident` is None and they can be resident, the session choosing at activation (resident when its
+    live workers can hold every stage at once); resident=True where they cannot be is an error naming why."""
     if strategy.resident is False:
-        return False
-    reason = resident_reason(strategy, n_rows, batch_size, None if strategy.resident else _live_count())
+        return [SEGMENTS]
+    reason = resident_reason(strategy, n_rows, batch_size)
     if reason is not None and strategy.resident:
         error = NotImplementedError if strategy.replicas > 1 else ValueError
         raise error(f"{strategy!r} cannot keep its stages resident: {reason}; use resident=None or False for "
                     "segments")
-    return reason is None
+    return [SEGMENTS] if reason is not None else [RESIDENT] if strategy.resident else [RESIDENT, SEGMENTS]
 
 
 def record_pipeline(model: Any, X: Any, y: Any, n_epochs: int, batch_size: int, shuffle: bool, seed: int,
@@ -77,22 +73,40 @@ def record_pipeline(model: Any, X: Any, y: Any, n_epochs: int, batch_size: int, 
     X, y = np.asarray(X), np.asarray(y)
     if X.ndim < 1 or y.ndim < 1 or len(X) != len(y):
         raise ValueError(f"X and y must have the same number of rows, not shapes {X.shape} and {y.shape}")
-    model.train_state(as_input(X[:1]))   # builds the layers; its checks: an optimizer, no gradients waiting
+    state = model.train_state(as_input(X[:1]))   # builds the layers; its checks: an optimizer, no gradients waiting
     micro_rows = max(stop - start for start, stop in strategy.micro_slices(min(batch_size, len(X))))
     units = model.pipeline_units(torch.as_tensor(X[:micro_rows]), micro_rows)
     if strategy.stages == "auto":
         strategy = strategy.fit_to_workers(units.memory, units.boundary, _advertising_workers())
         current_graph().parallel_fits[-1] = strategy   # the summary's forecast names the stages chosen
     stages = [units.stage(start, stop) for start, stop in strategy.cut(units.memory)]
-    if _resident(strategy, len(X), batch_size):
-        names = [training_loss_name(epoch + 1, batch + 1) for epoch, batch in _steps(len(X), batch_size, n_epochs)]
-        record_resident_pipeline(model, X, y, stages, strategy, n_epochs, batch_size, shuffle, seed, names,
-                                 {} if loops is None else loops)
-        return names
+    names = [training_loss_name(epoch + 1, batch + 1) for epoch, batch in _steps(len(X), batch_size, n_epochs)]
+    initial, starts = [slot.get() for slot in state.carried], [counter.get() for counter in state.counters]
+
+    def record(form: str) -> list[Any]:
+        for slot, value in zip(state.carried, initial):   # each form trains from the model before the fit
+            slot.set(value)
+        for counter, start in zip(state.counters, starts):
+            counter.set(start)
+        if form == RESIDENT:
+            record_resident_pipeline(model, X, y, stages, strategy, n_epochs, batch_size, shuffle, seed, names,
+                                     {} if loops is None else loops)
+        else:
+            _record_segments(model, X, y, stages, strategy, n_epochs, batch_size, shuffle, seed)
+        return [slot.get() for slot in state.carried]
+
+    record_forms(current_graph(), f"{strategy!r}'s stages", strategy.stages, _forms(strategy, len(X), batch_size),
+                 record)
+    return names
+
+
+def _record_segments(model: Any, X: Any, y: Any, stages: list[Any], strategy: Any, n_epochs: int, batch_size: int,
+                     shuffle: bool, seed: int) -> None:
+    """GPipe as one-step loop segments per (stage, micro-batch), forward and backward, and each step's update as
+    ops, the losses persisted under their names."""
     graph_seed = current_graph().seed
     rng = np.random.default_rng(seed)
     orders = [rng.permutation(len(X)) if shuffle else np.arange(len(X)) for _ in range(n_epochs)]
-    names = []
     for index, (epoch, batch) in enumerate(_steps(len(X), batch_size, n_epochs)):
         rows = orders[epoch][batch * batch_size:(batch + 1) * batch_size]
         bounds = strategy.micro_slices(len(rows))
@@ -143,10 +157,7 @@ def record_pipeline(model: Any, X: Any, y: Any, n_epochs: int, batch_size: int, 
                     stage_grads = stage_grads[:len(wrt)]
                 g_out = stage_grads.pop() if s > 0 else None
                 grads[s].append(stage_grads)
-        name = training_loss_name(epoch + 1, batch + 1)
-        weighted_sum(losses, weights).persist_op(name)
-        names.append(name)
+        weighted_sum(losses, weights).persist_op(training_loss_name(epoch + 1, batch + 1))
         for stage, stage_grads in zip(stages, grads):
             for k in range(len(stage_grads[0])):
                 stage.apply(k, weighted_sum([per_micro[k] for per_micro in stage_grads], weights))
-    return names

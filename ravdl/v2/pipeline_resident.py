@@ -32,16 +32,14 @@ from .layers.base import as_input
 from .optimizers import Optimizer
 
 
-def resident_reason(strategy: Any, n_rows: int, batch_size: int, n_workers: Optional[int]) -> Optional[str]:
-    """Why `strategy`'s stages cannot be resident in this fit (None: they can); with `n_workers`, whether the live
-    workers can hold every stage at once (resident=None asks)."""
+def resident_reason(strategy: Any, n_rows: int, batch_size: int) -> Optional[str]:
+    """Why `strategy`'s stages cannot be resident in this fit (None: they can). Whether the live workers can hold
+    every stage at once is the session's to say, at activation (ravop/record/forms.py)."""
     if strategy.replicas > 1:
         return "replicas > 1 (its copies of a stage would exchange gradients every step)"
     if n_rows % batch_size:
         return (f"a batch_size of {batch_size} leaves a short last batch of {n_rows % batch_size} of the {n_rows} "
                 "rows, and a loop's carried micro-batches keep one shape: give a batch_size that divides the rows")
-    if n_workers is not None and n_workers < strategy.stages:
-        return f"{n_workers} live workers cannot hold {strategy.stages} stages at once"
     return None
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol, Tuple, Union
 from .. import parallel
 from ..core import progress
 from ..core.errors import GraphStateError, UnknownPersistName
+from ..parallel.hand_written import record_replica_loops
 from ..store import GraphKeys
 from ..store import graphs as store_graphs
 from ..store import worker_info
@@ -58,6 +59,17 @@ class Summary(dict):
                           for strategy, where in self.get("placement", {}).items()))
 
 
+def compile_planned(graph: "Graph", **compile_options: Any) -> Any:
+    """`compiler.compile_graph` of `graph`; a graph whose strategy is its hand-written loops' has the strategy's
+    replicas of each loop the compiler folds recorded here first (the compiler rewrites what it is given and
+    records nothing)."""
+    from compiler import compile_graph, folded_loops  # ravop depends on the compiler only here (architecture.md)
+    replicas = [record_replica_loops(graph.strategy, *loop, graph.seed) for loop in folded_loops(graph)]
+    if replicas:
+        compile_options["replicas"] = replicas
+    return compile_graph(graph, **compile_options)
+
+
 class PlannedGraphs:
     """A graph compiled to a plan of subgraphs, uploaded with its constants, run by the workers."""
 
@@ -66,13 +78,16 @@ class PlannedGraphs:
         if not graph.persisted and not graph.step_outputs:
             raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                                   "op.persist_op(name) on the values to fetch, then R.activate()")
-        from compiler import compile_graph  # ravop depends on the compiler only here (docs/developers/architecture.md)
         from compiler.cost import calibrated
         workers = worker_info.read_all(session.client)   # their measured cost figures, and placement below
         compile_options.setdefault("devices", calibrated(workers))
+        # a part recorded in several forms (a fit's resident replicas or segments): the one these workers suit
+        forms = compile_options.setdefault("forms", [part.choose(len(workers)) for part in graph.forms])
         with progress.busy(f"compiling {graph.name!r} ({len(graph.nodes):,} ops)"):
-            compiled = compile_graph(graph, **compile_options)
+            compiled = compile_planned(graph, **compile_options)
         summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
+        if graph.forms:
+            summary["forms"] = {part.what: form for part, form in zip(graph.forms, forms)}
         strategies = graph.parallel_fits or [graph.strategy] * (graph.strategy is not None)   # or hand-written loops
         if strategies:
             kind = "cuda" if graph.gpu_required else "cpu"   # the stream a worker of that kind reads

@@ -2,9 +2,10 @@
 the worker that last started and the one that finished each subgraph), not the forecast R.activate() prints.
 
 At record time a fit under a strategy notes the loop ops of each replica (`Graph.parallel_loops`: one resident
-loop, or one segment per synchronisation interval); at activation `replica_subgraphs` maps them to the plan's
-subgraph ids, kept in the graph's stored summary; `held_by` reads who ran them, `contributions` what each
-replica contributed (both read in ravop/store/contributions.py, which `ravop status` shares)."""
+loop, or one segment per synchronisation interval; those of both forms where both are recorded); at activation
+`replica_subgraphs` maps those the plan holds (the chosen form's) to its subgraph ids, kept in the graph's stored
+summary; `held_by` reads who ran them, `contributions` what each replica contributed (both read in
+ravop/store/contributions.py, which `ravop status` shares)."""
 from typing import Any, Dict, List, Tuple, Union
 
 from ..record.graph import Graph, current_graph

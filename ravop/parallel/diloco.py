@@ -34,7 +34,8 @@ start made replicas learn again what round k taught, so the outer step counted i
 / Nesterov 0.9 diverged, and the settings that trained stayed 2-3 points under one worker in the WAN lab's task;
 the local start trains with the paper's settings to one worker's accuracy there (docs/reports/wan_lab.md).
 
-`resident` (None: when the session's live workers can hold every replica at once; True; False): each replica is
+`resident` (None: the session picks at activation, resident where its live workers can hold every replica at
+once; True; False): each replica is
 one loop op for the whole fit whose state stays where it runs, and only (compressed) pseudo-gradients and
 updates cross the store (ravop.parallel.resident); otherwise each round of each replica is a loop segment whose
 carried values go through the store. Both give the same bits, with or without `overlap`.
@@ -53,8 +54,9 @@ which replicas a round went without is recorded in the store, so a replay of rep
 Rounds that went without no one give the bits of the same fit without `close_after`; one that went without a
 replica gives bits that depend on the machines' timing. Replica 0 itself is never skipped: the others wait for it.
 """
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, Tuple
 
+from ..record.forms import RESIDENT
 from .compression import check_compression, send
 from .resident import ResidentDiLoCo
 from .replicas import OnShards, check_replicas, check_resident, check_update_frequency, every, weighted_mean
@@ -102,13 +104,11 @@ class DiLoCo(OnShards):
                              "leave resident=False out")
         self.close_after = None if close_after is None else float(close_after)
 
-    def resident_sync(self, initial: Sequence[Any], layout: Any, workers_hold_all: Callable[[], bool], n_steps: int,
-                      graph_seed: int) -> Optional[ResidentDiLoCo]:
-        sync = super().resident_sync(initial, layout, workers_hold_all, n_steps, graph_seed)
-        if sync is None and self.close_after is not None:
-            raise ValueError(f"{self!r}: close_after needs resident replicas, and the session's live workers "
-                             f"cannot hold all {self.replicas} at once (start more, or leave close_after out)")
-        return sync
+    def resident_forms(self) -> List[str]:
+        """close_after needs resident replicas (segments wait for each other at every round): with it, resident=None
+        records the resident form only (a replica waiting for a late one is handed back to take turns where the
+        live workers cannot hold them all: worker/loops/hand_back.py)."""
+        return [RESIDENT] if self.close_after is not None else super().resident_forms()
 
     def shard_rows(self, n_rows: int, rows_per_step: int) -> List[int]:
         if len(set(self.steps)) == 1:

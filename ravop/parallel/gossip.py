@@ -9,7 +9,8 @@ and the same bits; each replica then moves towards its peer, `p <- p + a * (peer
 With `divergence_threshold` > 0 (dpwa's "diverge models when the loss reaches it"), a replica whose last loss is
 below the threshold keeps its own parameters. With an odd number of replicas one sits each step out.
 
-`resident` (None: when the session's live workers can hold every replica at once; True; False): each replica is
+`resident` (None: the session picks at activation, resident where its live workers can hold every replica at
+once; True; False): each replica is
 one loop op for the whole fit whose state and shard stay where it runs, exchanging its model after every step
 (ravop.parallel.resident_averaging); otherwise each step of each replica is a loop segment. Both give the same
 bits."""

@@ -1,7 +1,8 @@
 """`R.Graph(..., strategy=...)` over a hand-written training loop that the compiler folds
-(compiler/passes/strategy.py). The compiler finds the loop and its carried values; this records what the strategy
-makes of it, with the hooks a fit's resident replicas use (`resident_templates`: `extra`, `sync_steps`,
-`interval`, `finish`), into a scratch graph the compiler splices in place of the folded loop. Each replica's
+(compiler/passes/strategy.py). The compiler finds the loop and its carried values (`compiler.folded_loops`); this
+records what the strategy makes of it, at activation by the session (the compiler records nothing), with the
+hooks a fit's resident replicas use (`resident_templates`: `extra`, `sync_steps`, `interval`, `finish`), into a
+scratch graph the compiler splices in place of the folded loop (`compile_graph(..., replicas=)`). Each replica's
 loop is recorded with a stand-in training step, which the compiler replaces by the folded step (its batches
 being the replica's share of the loop's steps); its sync templates and the model after training are the
 strategy's own, so a hand-written loop synchronises exactly as a fit does."""

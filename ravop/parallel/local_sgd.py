@@ -7,7 +7,8 @@ the data (replica r on rows [r * n / replicas, (r + 1) * n / replicas), shuffled
 sums `.grad` over k backward calls; an epoch's last step takes the batches left (fewer than k). `sync_every`
 counts such steps, as Ravnest's `reduce_factor` counts updates.
 
-`resident` (None: when the session's live workers can hold every replica at once; True; False): each replica is
+`resident` (None: the session picks at activation, resident where its live workers can hold every replica at
+once; True; False): each replica is
 one loop op for the whole fit whose state and shard stay where it runs, averaged through replica 0
 (ravop.parallel.resident_averaging); otherwise each interval of each replica is a loop segment whose carried
 values go through the store. Both give the same bits."""

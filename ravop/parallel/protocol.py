@@ -13,7 +13,7 @@ strategy picks one of three recordings, each of which reads the hooks of its own
 A graph whose strategy no fit used hands it to the compiler (compiler/passes/strategy.py), whose hand-written
 loops run as the `ShardReplicas`' resident replicas (ravop/parallel/hand_written.py).
 At activation the summary's forecast (ravop/parallel/forecast.py) calls `roles()`."""
-from typing import Any, Callable, List, Optional, Protocol, Sequence, Tuple, Type, TypeVar
+from typing import Any, List, Optional, Protocol, Sequence, Tuple, Type, TypeVar
 
 T = TypeVar("T")
 
@@ -46,8 +46,8 @@ class ShardReplicas(Strategy, Protocol):
     """A strategy whose `record_fit` calls `fit.replicated(self)`: replicas on shards of the data (LocalSGD,
     Gossip, DiLoCo); the compiler's hand-written loops take these too."""
     resident: Optional[bool]
-    """Read by `resident_sync` and by the hand-written loops' check: None (resident when the live workers can
-    hold every replica at once), True or False."""
+    """Read by `resident_forms` and by the hand-written loops' check: None (the session picks at activation:
+    resident when its live workers can hold every replica at once), True or False."""
     update_frequency: int
     """Read by `ParallelFit.replicated` once per fit: batches whose gradients one optimizer step sums."""
     needs_loss: bool
@@ -69,16 +69,16 @@ class ShardReplicas(Strategy, Protocol):
         segment is recorded: the fit's synchronisation, from the `initial` carried values (Ops, in the order of
         `layout`, a `ravop.parallel.replicas.Carried`)."""
 
-    def resident_sync(self, initial: Sequence[Any], layout: Any, workers_hold_all: Callable[[], bool],
-                      n_steps: int, graph_seed: int) -> Optional["ResidentSync"]:
-        """Called by `ParallelFit.replicated` once per fit, before anything of it is recorded: the resident
-        replicas' sync (`resident_templates`), or None for segments. `workers_hold_all()`: whether the session's
-        live workers can run every replica at once (asked only when `resident` is None)."""
+    def resident_forms(self) -> List[str]:
+        """Called by `ParallelFit.replicated` once per fit, before anything of it is recorded: the forms its
+        replicas are recorded in, `ravop.record.forms.RESIDENT` and/or `SEGMENTS`; with both, the session picks
+        one at activation (ravop/record/forms.py: recording never asks the cluster)."""
 
     def resident_templates(self, initial: Sequence[Any], layout: Any, n_steps: int,
                            graph_seed: int) -> "ResidentSync":
-        """Called by `resident_sync`, and by ravop/parallel/hand_written.py once per folded loop the compiler
-        replicates: the sync of replicas that each run as one loop of `n_steps` steps."""
+        """Called by `ParallelFit.replicated` once per fit recorded in the resident form, before its loops, and by
+        the session once per folded loop of a hand-written loop's replicas at activation
+        (ravop/parallel/hand_written.py): the sync of replicas that each run as one loop of `n_steps` steps."""
 
 
 class PipelineStages(Strategy, Protocol):

@@ -2,6 +2,7 @@
 values, and averaging recorded as ops."""
 from typing import Any, List, Optional
 
+from ..record.forms import RESIDENT, SEGMENTS
 
 
 class OnShards:
@@ -26,13 +27,11 @@ class OnShards:
                              "replicas")
         return [n_rows // self.replicas] * self.replicas
 
-    def resident_sync(self, initial, layout, workers_hold_all, n_steps, graph_seed):
-        """The sync templates of resident replicas (one loop per replica for the whole fit: `resident_templates`),
-        or None: the replicas run as segments synchronised by `synchronizer`. `workers_hold_all()`: whether the
-        session's live workers can run every replica at once."""
-        if self.resident is False or (self.resident is None and not workers_hold_all()):
-            return None
-        return self.resident_templates(initial, layout, n_steps, graph_seed)
+    def resident_forms(self):
+        """The forms the replicas are recorded in (ravop/record/forms.py): resident (one loop per replica for the
+        whole fit, `resident_templates`), segments (synchronised by `synchronizer`), or both for resident=None,
+        the session choosing at activation: resident when its live workers can hold every replica at once."""
+        return [RESIDENT] if self.resident else [SEGMENTS] if self.resident is False else [RESIDENT, SEGMENTS]
 
 
 def check_resident(resident):

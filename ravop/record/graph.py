@@ -15,9 +15,7 @@ from ..core.dtypes import DTYPES
 from ..core.errors import GraphStateError, ShapeError
 from ..core.loss_names import RunNames
 from ..core.sizes import numel
-from ..core.spot_policy import parse_verify
-from ..federated.column_rules import parse_rules
-from ..parallel import check_strategy
+from .job_settings import job_settings
 from .source import user_source
 from .step_outputs import StepOutputs
 
@@ -122,40 +120,12 @@ class Graph:
 
     def __init__(self, name="graph", algorithm="", approach="distributed", gpu_required="no", rules=None,
                  seed=0, verify=1, strategy=None):
-        if approach not in ("distributed", "federated"):
-            raise ValueError(f"approach must be 'distributed' or 'federated', not {approach!r}")
-        if gpu_required not in ("yes", "no", True, False):
-            raise ValueError(f"gpu_required must be 'yes' or 'no', not {gpu_required!r}")
-        if approach == "federated":
-            if rules is None:
-                raise ValueError("a federated graph needs rules, e.g. rules=json.dumps({\"rules\": {\"age\": "
-                                 "{\"min\": 18, \"max\": 80}}, \"max_clients\": 1})")
-            if gpu_required in ("yes", True):
-                raise ValueError("gpu_required='yes' does not apply to a federated graph: its statistics are "
-                                 "computed by the providers that hold the data")
-            rules = parse_rules(rules)
-        elif rules is not None:
-            raise ValueError("rules apply only to approach='federated' graphs")
-        verify, spot = parse_verify(verify)
-        if (verify > 1 or spot is not None) and approach == "federated":
-            raise ValueError("verify= does not apply to a federated graph: each provider's data is its own")
-        if strategy is not None:
-            check_strategy(strategy)
-            if approach == "federated":
-                raise ValueError("strategy= does not apply to a federated graph: each provider's data is its own")
         self.id = uuid.uuid4().hex[:12]
-        self.name = name
-        self.algorithm = algorithm
-        self.approach = approach
-        self.gpu_required = gpu_required in ("yes", True)
-        self.rules = rules        # ravop.federated.column_rules.Rules of a federated graph
-        self.seed = int(seed)
-        self.verify = verify      # run each subgraph on this many distinct workers and compare their outputs
-        self.spot = spot          # ravop.core.spot_policy.Verify: adaptive spot checks instead (verify='spot'), or None
-        self.strategy = strategy  # ravop.parallel strategy of its fits, or of its hand-written loops without one
+        self.settings = job_settings(name, algorithm, approach, gpu_required, rules, seed, verify, strategy)
         self.parallel_fits = []   # strategies fits recorded with; their segments and averagings are not folded
         self.parallel_loops = []  # per such fit: role ('replica r') -> its loop op ids (ravop.client.placement)
         self.parallel_rounds = {}  # strategy repr -> role -> its rounds' schedule (ravop.client.placement)
+        self.forms = []           # parts recorded in more than one form, one chosen at activation (record/forms.py)
         self.nodes = []           # append-only op table; node.id is its index
         self.constants = {}       # node id -> torch.Tensor held by the requester until upload
         self.persisted = {}       # persist name -> Op
@@ -170,6 +140,17 @@ class Graph:
         self.labels = {}          # node id -> the name a user gave it (R.t(..., name=...))
         self.projections = {}     # multi-output node id -> its outputs (Ops picking each; see `add_outputs`)
         set_current(self)
+
+    # The job settings as attributes, as the original's Graph had them (read-only: they are the script's).
+    name = property(lambda self: self.settings.name)
+    algorithm = property(lambda self: self.settings.algorithm)
+    approach = property(lambda self: self.settings.approach)
+    gpu_required = property(lambda self: self.settings.gpu_required)
+    rules = property(lambda self: self.settings.rules)
+    seed = property(lambda self: self.settings.seed)
+    verify = property(lambda self: self.settings.verify)
+    spot = property(lambda self: self.settings.spot)
+    strategy = property(lambda self: self.settings.strategy)
 
     def __repr__(self):
         return f"<Graph {self.name!r} id={self.id} ops={len(self.nodes)}>"
@@ -278,8 +259,8 @@ def set_current(graph):
 
 @contextmanager
 def scratch_graph(name, seed=0):
-    """A graph to record into apart from the user's (the compiler records a strategy's replicas of a folded loop
-    in one); the graph that was current before is current again after."""
+    """A graph to record into apart from the user's (the session records a strategy's replicas of a folded loop
+    in one at activation); the graph that was current before is current again after."""
     previous = _current
     try:
         yield Graph(name=name, seed=seed)

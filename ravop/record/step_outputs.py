@@ -21,6 +21,12 @@ class StepOutputs(Mapping[str, Any]):
         else:
             self._listed.update(dict.fromkeys(names, op))
 
+    def copy(self) -> StepOutputs:
+        """Another StepOutputs holding the same names, which later additions to either do not change."""
+        other = StepOutputs()
+        other._listed, other._rules = dict(self._listed), list(self._rules)
+        return other
+
     def listed(self) -> list[str]:
         """The names given one by one."""
         return list(self._listed)

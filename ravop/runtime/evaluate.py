@@ -46,10 +46,14 @@ def evaluate_persisted(graph: Any, names: Optional[Iterable[str]] = None,
     wanted = {n for n in names if n in graph.step_outputs}
     # the loops that persist a value asked for, and those that send values to other loops (a resident pipeline
     # stage without parameters: nothing reads its results, yet the others wait for what it sends), as the compiler
-    # keeps every loop
+    # keeps every loop; of a part recorded in several forms, the last form's (what later ops read:
+    # ravop/record/forms.py)
+    others = [range(form.start, form.stop) for part in graph.forms for name, form in part.forms.items()
+              if name != part.last]
     loops = [node_id for node_id, record in graph.loops.items()
-             if any(n in wanted for per_template in record.names for per_output in per_template for n in per_output)
-             or any(template.send_channels for template in record.spec.templates)]
+             if not any(node_id in ids for ids in others) and (
+                 any(n in wanted for per_template in record.names for per_output in per_template for n in per_output)
+                 or any(template.send_channels for template in record.spec.templates))]
     found: dict[str, Any] = {}
     values = _evaluate(graph, ops, loops, graph_seed, step_values=found)
     result = dict(zip([n for n in names if n in graph.persisted], values))

@@ -26,7 +26,7 @@ from typing import Iterable, Optional, Set, Tuple
 
 import redis
 
-from .client_types import Client
+from .client_types import Client, MessageId
 from .keys import GROUP, STARTED, STARTING, GraphKeys, TokenKeys, device_kind, graph_ref, queue
 from .scripts import Scripts
 
@@ -81,13 +81,13 @@ class Handoff:
         self.deliver(keys, handed, unmark=ref)
         return started
 
-    def completed(self, keys: GraphKeys, handed: Iterable[bytes], stream: str, message_id: str) -> None:
+    def completed(self, keys: GraphKeys, handed: Iterable[bytes], stream: str, message_id: MessageId) -> None:
         """After COMPLETE: deliver what it handed off and ack the message (a standalone server's script did)."""
         if not self.scripts.direct:
             self.deliver(keys, handed, stream, message_id)
 
-    def deliver(self, keys: GraphKeys, entries: Iterable[bytes], stream: Optional[str] = None, message_id: str = "",
-                unmark: Optional[str] = None) -> None:
+    def deliver(self, keys: GraphKeys, entries: Iterable[bytes], stream: Optional[str] = None,
+                message_id: MessageId = "", unmark: Optional[str] = None) -> None:
         """Put outbox `entries` ("device;subgraph id;copies") of the graph on their work streams, ack
         `message_id` of `stream` and clear the starting mark `unmark`, in one transaction."""
         pipe = self.client.pipeline(transaction=True)

@@ -30,7 +30,7 @@ from typing import Any, Dict, Final, List, Optional, Tuple, Union
 from redis.cluster import RedisCluster
 
 from ..core import graph_states
-from .client_types import Client, Pipeline
+from .client_types import Client, MessageId, Pipeline
 from .keys import DEAD_LETTER, GROUP, GraphKeys, queue
 
 def with_states(lua: str) -> str:
@@ -299,20 +299,20 @@ class Scripts:
         return {reply[i].decode(): reply[i + 1].decode() for i in range(0, len(reply), 2)}
 
     def _complete_call(self, keys: GraphKeys, subgraph_id: Union[int, str], worker: str, stream: str,
-                       message_id: str) -> Tuple[List[str], List[Any]]:
+                       message_id: MessageId) -> Tuple[List[str], List[Any]]:
         return ([keys.meta, keys.done, keys.info, keys.deps, keys.ran, keys.refs, keys.events, keys.outbox,
                  *self._streams(stream)],
                 [subgraph_id, worker, keys.token, keys.graph_id, message_id, GROUP, keys.tensor_prefix])
 
     def complete(self, keys: GraphKeys, subgraph_id: Union[int, str], worker: str, stream: str,
-                 message_id: str) -> Tuple[Any, List[bytes]]:
+                 message_id: MessageId) -> Tuple[Any, List[bytes]]:
         """(status, outbox entries to deliver): see COMPLETE. Acks the message itself only if `direct`."""
         call_keys, args = self._complete_call(keys, subgraph_id, worker, stream, message_id)
         status, handed = self._complete(keys=call_keys, args=args)
         return status, handed
 
     def complete_in(self, pipe: Pipeline, keys: GraphKeys, subgraph_id: Union[int, str], worker: str, stream: str,
-                    message_id: str) -> None:
+                    message_id: MessageId) -> None:
         """Queue the completion in `pipe` after the output writes, so the whole finish is one round trip; its
         reply is COMPLETE's. EVALSHA directly: redis-py would otherwise check SCRIPT EXISTS first, a second round
         trip; the caller falls back to `complete` on NoScriptError (only after a server restart). Through
@@ -321,7 +321,7 @@ class Scripts:
         call_keys, args = self._complete_call(keys, subgraph_id, worker, stream, message_id)
         pipe.execute_command("EVALSHA", self._complete.sha, len(call_keys), *call_keys, *args)
 
-    def fail(self, keys: Optional[GraphKeys], stream: str, message_id: str, subgraph_id: Union[int, str] = "",
+    def fail(self, keys: Optional[GraphKeys], stream: str, message_id: MessageId, subgraph_id: Union[int, str] = "",
              worker: str = "", op: str = "", source: str = "", error: str = "", reason: str = "", message: str = "",
              fail_graph: bool = True) -> None:
         """Fail the message's graph (unless `keys` is None, for a message that names no valid graph, or

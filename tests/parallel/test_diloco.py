@@ -195,7 +195,7 @@ def test_overlapped_rounds_do_not_wait_for_the_outer_step():
     worker run them while another runs the outer step."""
     def segment_inputs(overlap):
         graph = R.Graph(name="overlap", seed=1)
-        ravdl_net(torch_net()).fit(X, Y, 1, 4, strategy=R.parallel.DiLoCo(2, 2, overlap=overlap))
+        ravdl_net(torch_net()).fit(X, Y, 1, 4, strategy=R.parallel.DiLoCo(2, 2, overlap=overlap, resident=False))
         loops = [node for node in graph.nodes if node.op == "loop"]
         return graph, loops
 

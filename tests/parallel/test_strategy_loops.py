@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from compiler import compile_graph, ir as ir_module
+from compiler import ir as ir_module
 from compiler.pass_manager import PIPELINE, run_pipeline
 from compiler.passes.strategy import carried_kinds
 from ravdl.v2 import Functional
@@ -17,6 +17,7 @@ from ravdl.v2.layers import BatchNormalization1D, Dense, Dropout
 from ravdl.v2.optimizers import Adam
 from ravdl.v2.utils import batch_iterator
 import ravop as R
+from ravop.client.graph_kinds import compile_planned
 from ravop.core.errors import GraphStateError
 from ravop.record.loop import Loop
 from test_resident_replicas import run_killing_a_replica
@@ -263,7 +264,7 @@ def replica_loops(compiled):
 def test_the_plan_does_not_grow_with_the_number_of_steps(strategy):
     plans = []
     for steps in (8, 20):
-        compiled = compile_graph(hand_written_loop(steps, strategy))
+        compiled = compile_planned(hand_written_loop(steps, strategy))
         loops = replica_loops(compiled)
         assert len(loops) == strategy.replicas and compiled.summary["loops_replicated"] == 1
         share = (steps - 2) // 2   # the loop's steps (the first and last run once) dealt to 2 replicas
@@ -276,7 +277,7 @@ def test_the_plan_does_not_grow_with_the_number_of_steps(strategy):
 
 
 def test_each_replica_reads_only_the_batches_of_its_steps():
-    compiled = compile_graph(hand_written_loop(8, R.parallel.LocalSGD(2, sync_every=2)))
+    compiled = compile_planned(hand_written_loop(8, R.parallel.LocalSGD(2, sync_every=2)))
     loops = replica_loops(compiled)
     shares = [set(loop.templates[0].run_values) for loop in loops]
     assert shares[0] and shares[1] and not shares[0] & shares[1]
@@ -293,19 +294,19 @@ def test_each_replica_reads_only_the_batches_of_its_steps():
     (R.parallel.DiLoCo(2, inner_steps=2, resident=False), "resident=False")])
 def test_strategies_a_hand_written_loop_cannot_take_are_refused_by_name(strategy, words):
     with pytest.raises((NotImplementedError, ValueError), match=words) as raised:
-        compile_graph(hand_written_loop(8, strategy))
+        compile_planned(hand_written_loop(8, strategy))
     if isinstance(raised.value, NotImplementedError):
         assert "LocalSGD, DiLoCo" in str(raised.value)
 
 
 def test_a_loop_of_fewer_steps_than_replicas_is_refused():
     with pytest.raises(ValueError, match="folds into 2 alike steps, fewer than LocalSGD.* replicas"):
-        compile_graph(hand_written_loop(4, R.parallel.LocalSGD(3, sync_every=2)))
+        compile_planned(hand_written_loop(4, R.parallel.LocalSGD(3, sync_every=2)))
 
 
 def test_the_steps_of_no_full_round_run_once_after_the_replicas():
     """A loop of 13 steps under 2 replicas: 6 each, and the 13th in a loop of its own reading their final model."""
-    compiled = compile_graph(hand_written_loop(15, R.parallel.LocalSGD(2, sync_every=2)))
+    compiled = compile_planned(hand_written_loop(15, R.parallel.LocalSGD(2, sync_every=2)))
     loops = replica_loops(compiled)
     assert [loop.n_steps - len(loop.sync_templates) * 3 for loop in loops] == [6, 6, 1]
     tail = loops[2].templates[0]
@@ -320,7 +321,7 @@ def test_a_loop_without_batches_per_step_is_refused():
         w = w - 0.1 * R.grad(loss, [w])[0]
     w.persist_op("w")
     with pytest.raises(ValueError, match="no batches to share"):
-        compile_graph(graph)
+        compile_planned(graph)
 
 
 def test_a_loop_that_carries_no_parameter_is_refused():
@@ -330,14 +331,14 @@ def test_a_loop_that_carries_no_parameter_is_refused():
         seen = seen + R.argmax(R.abs(R.t(X[s * 8:(s + 1) * 8]) * 2.0 + 1.0))   # an int64 count, no parameter
     seen.persist_op("seen")
     with pytest.raises(ValueError, match="carries no parameter"):
-        compile_graph(graph)
+        compile_planned(graph)
 
 
 def test_a_strategy_graph_with_no_fit_and_nothing_folded_is_refused():
     graph = R.Graph(name="nothing", strategy=R.parallel.LocalSGD(2, sync_every=2))
     (R.t([1.0, 2.0]) * 2.0).persist_op("twice")
     with pytest.raises(GraphStateError, match="no fit used it and no hand-written training loop folded"):
-        compile_graph(graph)
+        compile_planned(graph)
 
 
 def test_a_loop_recorded_with_ravop_loop_under_a_strategy_is_refused():
@@ -347,7 +348,7 @@ def test_a_loop_recorded_with_ravop_loop_under_a_strategy_is_refused():
         step.carry([step.carried[0] * 0.5])
     loop.run([(0, 4)])[0].persist_op("w")
     with pytest.raises(NotImplementedError, match="ravop.record.loop.Loop"):
-        compile_graph(graph)
+        compile_planned(graph)
 
 
 # ------------------------------------------------------------------------------ a ravdl model's loop, on workers
@@ -398,7 +399,7 @@ def test_one_replica_gives_the_folded_loops_bits(lr_per_epoch, engine, workers):
     learning rate per epoch each epoch's loop is replicated, the next one reading the previous one's model."""
     workers.start(1)
     graph = ravdl_loop(R.parallel.LocalSGD(1, sync_every=3), epochs=3, lr_per_epoch=lr_per_epoch)
-    assert compile_graph(graph).summary["loops_replicated"] == (3 if lr_per_epoch else 1)
+    assert compile_planned(graph).summary["loops_replicated"] == (3 if lr_per_epoch else 1)
     got = run_all(graph)
     want = run_all(ravdl_loop(None, epochs=3, lr_per_epoch=lr_per_epoch))
     assert set(got) == set(want) and len(want) == 25

@@ -1,8 +1,8 @@
 """The core interfaces the loop path runs through are annotated and mypy accepts them: the registry and its
 OpDef, Node, the runner and the loop runner, loop recording and its templates, the wire's pack/unpack, and the
 worker's checks and runs. Every function there has annotations (--disallow-untyped-defs), and their bodies are
-checked (--check-untyped-defs). So are whole packages (PACKAGES): the compiler, the worker's execution,
-verification and data-provider sides, and ravdl.v2 (which, with the compiler, ships py.typed)."""
+checked (--check-untyped-defs). So are whole packages (PACKAGES): the compiler, the worker (serving, execution, loops,
+verification and data-provider sides), and ravdl.v2 (which, with the compiler, ships py.typed)."""
 import pathlib
 import subprocess
 import sys
@@ -12,7 +12,7 @@ CORE = ["ravop/core/registry.py", "ravop/core/node.py", "ravop/runtime/runner.py
         "ravop/core/loop_template.py", "ravop/record/loop.py", "ravop/runtime/evaluate.py", "ravop/wire/codec.py",
         "ravop/wire/nodes.py", "ravop/wire/loop_message.py", "worker/execute/run.py", "worker/execute/validate.py"]
 # Every function of these annotated, bodies checked, and no `type: ignore` left that mypy no longer needs.
-PACKAGES = ["compiler", "worker/execute", "worker/verify", "worker/provider", "ravdl/v2"]
+PACKAGES = ["compiler", "worker/serve", "worker/execute", "worker/loops", "worker/verify", "worker/provider", "ravdl/v2"]
 
 
 def test_mypy_accepts_the_annotated_core(tmp_path):

@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import socket
+import sys
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
@@ -158,8 +159,10 @@ class Watcher:
     __slots__ = ("steps", "limits", "budget")
     limits: Sequence[int]
 
-    def __init__(self, program: "Program", budget: int) -> None:
-        self.steps, self.limits, self.budget = program.steps, program.limits, budget
+    def __init__(self, program: "Program", budget: Optional[int]) -> None:
+        # without a budget (a LoopContext given max_bytes only) the declared sizes alone bound the outputs
+        self.steps, self.limits = program.steps, program.limits
+        self.budget = budget if budget is not None else sys.maxsize
 
     def problem(self, index: int, value: Any) -> Optional[str]:
         return oversized(self.steps[index], self.limits[index], value, self.budget)

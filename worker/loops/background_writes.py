@@ -5,6 +5,7 @@ the graph stopped) is raised in the loop's thread at its next `check`, `put` or 
 after it are dropped, so a checkpoint never lands after a lost write of the steps before it."""
 import queue
 import threading
+from typing import Callable, Optional
 
 # at most this many writes wait behind the one running: a loop that outruns the link waits for it rather than
 # holding copies of its carried state without bound
@@ -14,15 +15,15 @@ QUEUED = 2
 class BackgroundWrites:
     """One thread's queue of writes (callables), run in order; `queued`: how many may wait (0: no bound)."""
 
-    def __init__(self, queued=QUEUED, name="loop-writes"):
-        self.queue = queue.Queue(queued)
+    def __init__(self, queued: int = QUEUED, name: str = "loop-writes") -> None:
+        self.queue: "queue.Queue[Optional[Callable[[], object]]]" = queue.Queue(queued)   # None: stop
         self.name = name
-        self.error = None     # the failure the loop has not been told of yet
+        self.error: Optional[BaseException] = None     # the failure the loop has not been told of yet
         self.failed = False   # once a write failed, none after it runs (even once the loop was told)
-        self.thread = None
+        self.thread: Optional[threading.Thread] = None
         self.running = False
 
-    def put(self, write):
+    def put(self, write: Callable[[], object]) -> None:
         """Queue `write()` after the writes queued before it (waits while `queued` are waiting already)."""
         self.check()
         if self.thread is None:
@@ -30,11 +31,11 @@ class BackgroundWrites:
             self.thread.start()
         self.queue.put(write)
 
-    def busy(self):
+    def busy(self) -> bool:
         """Whether a write is running or queued (a flush of losses can wait for the next step then)."""
         return self.running or not self.queue.empty()
 
-    def _run(self):
+    def _run(self) -> None:
         while True:
             write = self.queue.get()
             self.running = True
@@ -49,17 +50,17 @@ class BackgroundWrites:
                 self.running = False
                 self.queue.task_done()
 
-    def check(self):
+    def check(self) -> None:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
 
-    def drain(self):
+    def drain(self) -> None:
         """Return once every queued write is done; raises the first that failed."""
         self.queue.join()
         self.check()
 
-    def close(self):
+    def close(self) -> None:
         """Finish the queued writes (those after a failed one are dropped) and stop the thread; errors are left
         for `check` (the loop is ending: it raised already, or it drained before its last write)."""
         if self.thread is not None:

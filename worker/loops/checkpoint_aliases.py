@@ -4,12 +4,15 @@ just restarted from the global model), as are the zero-filled optimizer moments 
 before the first steps: storing them twice would be bytes up the provider's link for nothing. A later value
 equal to an earlier one (same dtype, shape and bits) is written as an alias of it, "k=j" in the checkpoint's
 `same` field; resuming copies value j into slot k, so the loop resumes with the same bits."""
+from typing import Any, Optional, Sequence
+
 import torch
 
 
-def aliases(values):
+def aliases(values: Sequence[Any]) -> dict[int, int]:
     """{k: j} for each value k bit-equal to an earlier value j (the first such j), among host tensors."""
-    found, seen = {}, {}
+    found: dict[int, int] = {}
+    seen: dict[tuple[Any, ...], list[int]] = {}
     for k, value in enumerate(values):
         if not isinstance(value, torch.Tensor):
             continue
@@ -23,7 +26,7 @@ def aliases(values):
     return found
 
 
-def _same_bits(a, b):
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal bit for bit: torch.equal says -0.0 equals 0.0 and NaN differs from itself, so floats compare as
     integers of their width."""
     if a.is_floating_point() or a.is_complex():
@@ -31,7 +34,7 @@ def _same_bits(a, b):
     return torch.equal(a, b)
 
 
-def _as_bits(value):
+def _as_bits(value: torch.Tensor) -> torch.Tensor:
     width = value.element_size()
     view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(width)
     if view is None:   # complex128 and wider: compare their bytes
@@ -39,20 +42,20 @@ def _as_bits(value):
     return value.contiguous().view(view)
 
 
-def encode(found):
+def encode(found: dict[int, int]) -> str:
     """The checkpoint hash's `same` field: "k=j,..." ("" without aliases)."""
     return ",".join(f"{k}={j}" for k, j in sorted(found.items()))
 
 
-def decode(field, n):
+def decode(field: Optional[bytes], n: int) -> dict[int, int]:
     """{k: j} from a `same` field (bytes, or None for a checkpoint written without one); ValueError if
     malformed: an alias must name an earlier, stored slot of the `n`."""
     if not field:
         return {}
-    found = {}
+    found: dict[int, int] = {}
     for pair in field.decode().split(","):
-        k, sep, j = pair.partition("=")
-        k, j = int(k), int(j)
+        later, sep, earlier = pair.partition("=")
+        k, j = int(later), int(earlier)
         if not sep or not 0 <= j < k < n or j in found:
             raise ValueError(f"bad checkpoint alias {pair!r}")
         found[k] = j

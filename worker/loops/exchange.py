@@ -30,12 +30,14 @@ import logging
 import re
 import threading
 import time
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Union
 
 from redis.exceptions import NoPermissionError
 
 from ravop.core import graph_states
 from ravop.core.errors import PlanError
+from ravop.store.client_types import Client
+from ravop.store.keys import GraphKeys
 from ravop.wire import decode_tensor, encode_tensor
 
 from ..execute import device as devices
@@ -47,7 +49,7 @@ POLL_SECONDS = (0.0005, 0.02)   # first and longest pause between two looks at t
 STATE_SECONDS = 0.5             # how often a waiting loop checks that its graph still runs
 
 
-def check_channels(channels):
+def check_channels(channels: Iterable[object]) -> None:
     for channel in channels:
         if not isinstance(channel, str) or not CHANNEL.fullmatch(channel):
             raise PlanError(f"a loop exchange channel must be 1 to 64 letters, digits, '_', '.' or '-', not "
@@ -61,21 +63,25 @@ class StoreExchange:
     loop's thread: it raises to stop the wait. `meta`: the graph meta's fields as the worker read them before the
     loop (worker/loops/loop_start.py), or None (its `exchange_readers` is read here). `close()` when the loop ends."""
 
-    def __init__(self, client, keys, device, on_wait, attention=None, meta=None):
+    def __init__(self, client: Client, keys: GraphKeys, device: Union[str, Any],
+                 on_wait: Callable[[Optional[bytes]], None],
+                 attention: Optional[Callable[[], bool]] = None,
+                 meta: Optional[Mapping[str, Optional[bytes]]] = None) -> None:
         self.client, self.keys, self.device, self.on_wait, self.attention = client, keys, device, on_wait, attention
         self.sent_bytes = self.received_bytes = 0
         self.readers = _readers(client.hget(keys.meta, "exchange_readers") if meta is None
                                 else meta["exchange_readers"])
-        self.read_keys = []   # keys read since the last checkpoint, with their channel
+        self.read_keys: list[tuple[str, str]] = []   # keys read since the last checkpoint, with their channel
         self.sends = BackgroundWrites(queued=0, name="exchange-send")   # in order, beside the loop
-        self.prefetched = {}  # (channels, run) -> the _Fetch running ahead for it
+        # (channels, run) -> the _Fetch running ahead for it
+        self.prefetched: dict[tuple[tuple[str, ...], int], _Fetch] = {}
 
-    def take_reads(self):
+    def take_reads(self) -> list[tuple[str, str]]:
         """The (key, channel) pairs read since the last call: what a checkpoint taken now read before it."""
         reads, self.read_keys = self.read_keys, []
         return reads
 
-    def release(self, reads):
+    def release(self, reads: Optional[Sequence[tuple[str, str]]]) -> None:
         """After a checkpoint: count this loop on every value it read before it (`reads`, from `take_reads` when
         the checkpoint was taken: it may be written beside the loop, which reads on meanwhile), deleting those
         every reader has counted itself on."""
@@ -95,21 +101,22 @@ class StoreExchange:
                             "admin worker create`): they stay in the store until the graph is flushed")
                 self.readers = {}
 
-    def send(self, channels, run, values):
+    def send(self, channels: Sequence[str], run: int, values: Sequence[Any]) -> None:
         """Queue the values' writes (encoded now: the loop may update the tensors in place afterwards)."""
         check_channels(channels)
-        items = []
+        items: list[tuple[str, bytes]] = []
         for channel, value in zip(channels, values):
             data = encode_tensor(devices.to_host(value).contiguous())
             self.sent_bytes += len(data)
             items.append((self.keys.exchange(channel, run), data))
         self.sends.put(functools.partial(_write_sent, self.client, items))
 
-    def flush(self):
+    def flush(self) -> None:
         """Wait until every value sent is in the store (before a checkpoint, and at the loop's end)."""
         self.sends.drain()
 
-    def receive(self, channels, run, optional=(), close_after=0.0):
+    def receive(self, channels: Sequence[str], run: int, optional: Sequence[bool] = (),
+                close_after: float = 0.0) -> List[Any]:
         check_channels(channels)
         self.sends.check()
         if any(optional):
@@ -117,7 +124,7 @@ class StoreExchange:
         key = (tuple(channels), run)
         fetch = self.prefetched.pop(key, None) or _Fetch(self.client, [self.keys.exchange(c, run) for c in channels])
         self._wait(fetch)
-        found = fetch.values()
+        found = fetch.complete()
         self.received_bytes += sum(len(data) for data in found)
         self.read_keys += zip(fetch.names, channels)
         ahead = (tuple(channels), run + 1)
@@ -150,7 +157,7 @@ class StoreExchange:
         names = [self.keys.exchange(c, run) for c in channels]
         required = [k for k, flag in enumerate(optional) if not flag]
         flagged = [k for k, flag in enumerate(optional) if flag]
-        found = [None] * len(channels)
+        found: list[Any] = [None] * len(channels)   # bytes where read
         for group, until in [(group, until) for group, until in ((required, None), (flagged, deadline)) if group]:
             fetch = _Fetch(self.client, [names[k] for k in group])
             self._wait(fetch, until)
@@ -176,7 +183,7 @@ class StoreExchange:
         return [None if k in without else devices.to_device(decode_tensor(found[k]), self.device)
                 for k in range(len(channels))]
 
-    def close(self):
+    def close(self) -> None:
         """Stop fetching ahead and the sender (what was queued is written first, unless a write failed)."""
         for fetch in self.prefetched.values():
             fetch.stop()
@@ -188,14 +195,15 @@ class _Check:
     """One look beside the loop at whether a waiting loop must act: the graph's state, then `attention()` (each is
     a round trip or more). The loop reads the answer when `done` is set, or drops it once its values are here."""
 
-    def __init__(self, client, meta, attention):
+    def __init__(self, client: Client, meta: str, attention: Optional[Callable[[], bool]]) -> None:
         self.client, self.meta, self.attention = client, meta, attention
-        self.state = self.error = None
+        self.state: Optional[bytes] = None
+        self.error: Optional[Exception] = None
         self.must = False
         self.done = threading.Event()
         threading.Thread(target=self._run, daemon=True, name="exchange-check").start()
 
-    def _run(self):
+    def _run(self) -> None:
         try:
             self.state = self.client.hget(self.meta, "state")
             self.must = self.state != graph_states.RUNNING.encode() or bool(self.attention and self.attention())
@@ -204,7 +212,7 @@ class _Check:
         finally:
             self.done.set()
 
-    def act(self):
+    def act(self) -> bool:
         """Whether the loop must call `on_wait` (after `done`); raises the read's error."""
         if self.error is not None:
             raise self.error
@@ -216,16 +224,16 @@ class _Fetch:
     once written). In the background, a thread polls until all are there; else `wait` polls in the caller's
     thread for up to `POLL_SECONDS[1]` (the caller checks the graph's state between waits)."""
 
-    def __init__(self, client, names, background=False):
+    def __init__(self, client: Client, names: Sequence[str], background: bool = False) -> None:
         self.client, self.names, self.background = client, names, background
-        self.found = [None] * len(names)
+        self.found: list[Optional[bytes]] = [None] * len(names)
         self.pause = POLL_SECONDS[0]
         self.done, self.stopped = threading.Event(), threading.Event()
-        self.error = None
+        self.error: Optional[Exception] = None
         if background:
             threading.Thread(target=self._run, daemon=True, name="exchange-fetch").start()
 
-    def _poll(self):
+    def _poll(self) -> bool:
         missing = [k for k, data in enumerate(self.found) if data is None]
         for k, data in zip(missing, self.client.mget([self.names[k] for k in missing])):
             self.found[k] = data
@@ -233,7 +241,7 @@ class _Fetch:
             self.done.set()
         return self.done.is_set()
 
-    def _run(self):
+    def _run(self) -> None:
         try:
             while not self.stopped.is_set() and not self._poll():
                 self.stopped.wait(self.pause)
@@ -242,7 +250,7 @@ class _Fetch:
             self.error = exc
             self.done.set()
 
-    def wait(self, timeout):
+    def wait(self, timeout: Optional[float]) -> bool:
         """Whether every value is here (polling once, or waiting up to `timeout` s for the thread)."""
         if not self.background:
             if self._poll():
@@ -258,14 +266,21 @@ class _Fetch:
             return self.wait(timeout)
         return True
 
-    def values(self):
+    def values(self) -> list[Optional[bytes]]:
         return list(self.found)
 
-    def stop(self):
+    def complete(self) -> list[bytes]:
+        """Every value, once a wait without a deadline returned (it returns only when all are here)."""
+        found = [data for data in self.found if data is not None]
+        if len(found) < len(self.found):
+            raise RuntimeError(f"exchange values {self.names} read before they were all there")
+        return found
+
+    def stop(self) -> None:
         self.stopped.set()
 
 
-def _write_sent(client, items):
+def _write_sent(client: Client, items: Sequence[tuple[str, bytes]]) -> None:
     """One send's values (SET NX: a replica resumed from its checkpoint sends the same bits again, and the first
     write stands)."""
     pipe = client.pipeline(transaction=False)
@@ -274,7 +289,7 @@ def _write_sent(client, items):
     pipe.execute()
 
 
-def _readers(meta_field):
+def _readers(meta_field: Optional[Union[bytes, str]]) -> dict[str, int]:
     """{channel: readers} from the graph meta (a plan from before it, or a malformed field: {}, nothing is
     deleted)."""
     try:

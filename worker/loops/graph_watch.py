@@ -4,16 +4,19 @@ a fraction of a second, whatever its flushes' spacing (worker/loops/loop_subgrap
 on a slow link), at the cost of one attribute read per step. The loop never waits for this round trip; a
 lost connection here is ignored (the loop's own writes report it).
 
-One thread of the process looks for every loop it runs (`_Looker`), started with the first: a thread started and
+One thread of the process looks for every loop it runs (`Looker`), started with the first: a thread started and
 joined per loop cost a short loop (a digits fit, 40 ms) ~0.35 ms of its time."""
 import logging
 import os
 import threading
 import time
+from typing import Mapping, Optional, Protocol
 
 import redis
 
 from ravop.core import graph_states
+from ravop.store.client_types import Client
+from ravop.store.keys import GraphKeys
 
 log = logging.getLogger("ravop.worker")
 
@@ -22,27 +25,36 @@ CLOSE_WAIT_SECONDS = 1.0   # how long `close` waits for its look under way (in a
 _RUNNING = graph_states.RUNNING.encode()
 
 
+class Watched(Protocol):
+    """What the looking thread looks at: a GraphWatch, or a loop's turns (worker/loops/turns.py)."""
+    keys: GraphKeys
+    interval: float
+
+    def look(self) -> None: ...
+
+
 class GraphWatch:
     """`ended`: the graph's state once it is no longer running (bytes), else None; `stop_reason`: why a stop was
     requested (str), else None. The first look is taken by `start`, before the loop runs its first step (or given
     to it: the meta's fields as the worker read them with the loop's inputs, worker/loops/loop_start.py); the next ones
     every `interval` seconds after the end of the one before, until `close`."""
 
-    def __init__(self, client, keys, interval=WATCH_SECONDS):
+    def __init__(self, client: Client, keys: GraphKeys, interval: float = WATCH_SECONDS) -> None:
         self.client, self.keys, self.interval = client, keys, interval
-        self.ended = self.stop_reason = None
-        self.looker = None   # the _Looker it was given to by `start`
+        self.ended: Optional[bytes] = None
+        self.stop_reason: Optional[str] = None
+        self.looker: Optional[Looker] = None   # the Looker it was given to by `start`
 
-    def look(self):
+    def look(self) -> None:
         self._seen(*self.client.hmget(self.keys.meta, "state", "stop"))
 
-    def _seen(self, state, stop):
+    def _seen(self, state: Optional[bytes], stop: Optional[bytes]) -> None:
         if stop is not None:
             self.stop_reason = stop.decode(errors="replace")
         if state != _RUNNING:
             self.ended = state if state is not None else b"gone"
 
-    def start(self, meta=None):
+    def start(self, meta: Optional[Mapping[str, Optional[bytes]]] = None) -> None:
         """Look (or take `meta`'s "state" and "stop"), then go on looking beside the loop."""
         if meta is None:
             self.look()
@@ -51,36 +63,36 @@ class GraphWatch:
         self.looker = _looker()
         self.looker.add(self)
 
-    def stop_requested(self):
+    def stop_requested(self) -> bool:
         return self.stop_reason is not None
 
-    def close(self):
+    def close(self) -> None:
         """Stop looking; waits for a look under way only briefly (CLOSE_WAIT_SECONDS)."""
         if self.looker is not None:
             self.looker.remove(self)
 
 
-class _Looker(threading.Thread):
+class Looker(threading.Thread):
     """The process's thread that looks for every started GraphWatch when its next look is due."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(name="graph-watch", daemon=True)
         self.pid = os.getpid()
         self.changed = threading.Condition()
-        self.due = {}         # GraphWatch -> time.monotonic() of its next look
-        self.looking = None   # the GraphWatch whose look is under way
+        self.due: dict[Watched, float] = {}         # GraphWatch -> time.monotonic() of its next look
+        self.looking: Optional[Watched] = None   # the GraphWatch whose look is under way
 
-    def add(self, watch):
+    def add(self, watch: Watched) -> None:
         with self.changed:
             self.due[watch] = time.monotonic() + watch.interval
             self.changed.notify()
 
-    def remove(self, watch):
+    def remove(self, watch: Watched) -> None:
         with self.changed:
             self.due.pop(watch, None)
             self.changed.wait_for(lambda: self.looking is not watch, CLOSE_WAIT_SECONDS)
 
-    def run(self):
+    def run(self) -> None:
         with self.changed:
             while True:
                 if not self.due:
@@ -114,20 +126,20 @@ class _Looker(threading.Thread):
 
 
 _lock = threading.Lock()
-_instance = None
+_instance: Optional[Looker] = None
 
 
-def _looker():
-    """The process's _Looker, started on first use (again in a forked child: threads do not survive a fork)."""
+def _looker() -> Looker:
+    """The process's Looker, started on first use (again in a forked child: threads do not survive a fork)."""
     global _instance
     with _lock:
         if _instance is None or _instance.pid != os.getpid():
-            _instance = _Looker()
+            _instance = Looker()
             _instance.start()
         return _instance
 
 
-def look_beside(watch):
+def look_beside(watch: Watched) -> Looker:
     """Look at `watch` (anything with `look()`, `keys` and `interval`: worker/loops/turns.py) every interval in the
     process's looking thread too; returns that thread, to `remove` it from."""
     looker = _looker()

@@ -27,9 +27,13 @@ last delivered entry, its pending list) and the liveness keys: no key is added, 
 moment reach the same answer.
 """
 import time
+from typing import Any, Union
 
 from ravop.store import GROUP
 from ravop.store import workers as liveness
+from ravop.store.client_types import Client
+
+from ..serve.takeover import Takeover
 
 DEMAND_SCAN = 1000         # unread messages counted at most
 PATIENCE_DEAD_AFTERS = 4   # how long, in `dead_after`s, a message may wait with idle workers before one yields
@@ -38,12 +42,13 @@ PATIENCE_DEAD_AFTERS = 4   # how long, in `dead_after`s, a message may wait with
 class HandBack:
     """The rule, for worker `name` on `stream`; `now()` asks it (from the loop's wait, twice a second)."""
 
-    def __init__(self, client, stream, kind, name, takeover, dead_after):
+    def __init__(self, client: Client, stream: str, kind: str, name: str, takeover: Takeover,
+                 dead_after: float) -> None:
         self.client, self.stream, self.kind, self.name, self.takeover = client, stream, kind, name, takeover
         self.patience = PATIENCE_DEAD_AFTERS * dead_after
-        self._seen = {}   # id of a waiting message -> when this worker first saw it waiting
+        self._seen: dict[bytes, float] = {}   # id of a waiting message -> when this worker first saw it waiting
 
-    def now(self):
+    def now(self) -> bool:
         """Whether this worker, waiting in a loop, should hand it back now."""
         waiting = self.waiting()
         at = time.monotonic()
@@ -58,13 +63,13 @@ class HandBack:
             shortfall = max(shortfall, 1)     # idle workers let it wait: they cannot take it
         return shortfall > 0 and self.name in sorted(busy)[:shortfall]
 
-    def waiting(self):
+    def waiting(self) -> list[bytes]:
         """Ids of the messages waiting for a worker: those of the stream no worker has read yet (at most
         DEMAND_SCAN), and those dead workers hold."""
         group = next((g for g in self.client.xinfo_groups(self.stream) if g["name"] in (GROUP, GROUP.encode())),
                      None)
         last = self.client.xinfo_stream(self.stream)["last-generated-id"]
-        unread = []
+        unread: list[bytes] = []
         if group is not None and group["last-delivered-id"] != last:
             delivered = group["last-delivered-id"]
             entries = self.client.xrange(self.stream, min=delivered, max="+", count=DEMAND_SCAN + 1)
@@ -72,5 +77,5 @@ class HandBack:
         return unread + self.takeover.claimable()
 
 
-def _text(value):
+def _text(value: Union[bytes, str, Any]) -> Any:
     return value.decode() if isinstance(value, bytes) else value

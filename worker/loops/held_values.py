@@ -6,21 +6,26 @@ bits wherever it ran, so a kept value is used only when the loop's checkpoint st
 worker that took the loop further wrote a later one) and is never stale. The cache's byte bound and LRU order
 apply to them as to any value; an evicted one is read from the store."""
 import logging
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
 from ravop.store import tensors as stored
+from ravop.store.client_types import Client
+
+from ..execute.cache import TensorCache
 
 log = logging.getLogger("ravop.worker")
 
 
-def keep(cache, names, carried):
+def keep(cache: TensorCache, names: Sequence[str], carried: Sequence[torch.Tensor]) -> None:
     """Copies of `carried` (what the checkpoint just written holds) under its tensors' keys `names`."""
     for name, value in zip(names, carried):
         cache.put(name, value.detach().clone(memory_format=torch.contiguous_format))
 
 
-def read(client, cache, names, prefetched=None):
+def read(client: Client, cache: Optional[TensorCache], names: dict[int, str],
+         prefetched: Optional[Mapping[str, Optional[bytes]]] = None) -> dict[int, Optional[torch.Tensor]]:
     """{k: tensor} of the checkpoint tensors `names` ({k: key}): fresh copies of those this worker kept (the loop
     resumed from them updates them in place), the others from `prefetched` ({key: stored bytes}, read with the
     loop's inputs: worker/loops/loop_start.py) or the store, in one MGET (None where it has none)."""
@@ -29,13 +34,15 @@ def read(client, cache, names, prefetched=None):
     # a value prefetched as absent is read again: the checkpoint that named it may have been replaced meanwhile
     missing = [name for k, name in names.items() if kept[k] is None and prefetched.get(name) is None]
     data = {**prefetched, **dict(zip(missing, client.mget(missing)))} if missing else prefetched
-    values, from_store = {}, 0
+    values: dict[int, Optional[torch.Tensor]] = {}
+    from_store = 0
     for k, name in names.items():
-        if kept[k] is None:
-            value, from_store = None if data[name] is None else stored.decode(client, name, data[name]), \
-                from_store + 1
+        held = kept[k]
+        if held is None:
+            raw = data[name]
+            value, from_store = None if raw is None else stored.decode(client, name, raw), from_store + 1
         else:
-            value = kept[k].clone()
+            value = held.clone()
         values[k] = value
     if from_store < len(names):
         log.info("checkpoint %s: %d of %d values kept by this worker, not read from the store",

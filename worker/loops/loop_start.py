@@ -13,7 +13,11 @@ absent: a few bytes), since which inputs are chunked shows only in their values.
 as one read later was: each is written before the loop's message is queued (the plan, the inputs, the
 readers), or is the state of a graph that the loop's own watch goes on reading while it runs (state, stop), or
 is the checkpoint a previous holder of the message wrote before losing it."""
+from typing import Any, Iterable, Optional, Sequence, Union
+
 from ravop.store import same_host
+from ravop.store.client_types import Client
+from ravop.store.keys import GraphKeys
 
 # The graph meta fields read for the loop: GraphWatch's first look, then StoreExchange's readers.
 META_FIELDS = ("state", "stop", "exchange_readers")
@@ -26,15 +30,19 @@ class LoopStart:
     and `reference(key)` hold what was read. `ended`: the same pair as the loop left it, set by the loop when it
     completes here (None until then: the metrics read it from the store)."""
 
-    def __init__(self, keys, subgraph_id, prefetch=()):
+    def __init__(self, keys: GraphKeys, subgraph_id: int, prefetch: Iterable[str] = ()) -> None:
         self.keys, self.subgraph_id = keys, subgraph_id
-        self.checkpoint = self.meta = self.progress = self.ended = None
-        self.references = {}
+        self.checkpoint: Optional[dict[bytes, bytes]] = None
+        self.meta: Optional[dict[str, Optional[bytes]]] = None
+        self.progress: Optional[tuple[int, Optional[int]]] = None
+        self.ended: Optional[tuple[int, Optional[int]]] = None
+        self.references: dict[str, Optional[bytes]] = {}
         # a takeover's: the keys of the checkpoint tensors its count of attempts found (worker/serve/attempts.py),
         # read here too ({key: bytes}), and used if the checkpoint read here is still that one
-        self.prefetch, self.prefetched = list(prefetch), {}
+        self.prefetch = list(prefetch)
+        self.prefetched: dict[str, Optional[bytes]] = {}
 
-    def read(self, client, input_keys):
+    def read(self, client: Client, input_keys: Sequence[str]) -> list[Optional[bytes]]:
         """The values stored under `input_keys` (None where there is none), read with the rest."""
         pipe = client.pipeline(transaction=False)
         pipe.hgetall(self.keys.checkpoint(self.subgraph_id))
@@ -57,6 +65,6 @@ class LoopStart:
         self.references = dict(zip(input_keys, references))
         return values
 
-    def reference(self, key):
+    def reference(self, key: str) -> Union[None, bytes, Any]:
         """The same-host reference read for input `key` (None: it has none; `same_host.UNREAD`: not read here)."""
         return self.references.get(key, same_host.UNREAD)

@@ -33,31 +33,44 @@ The templates follow the rules of ordinary subgraphs (worker/execute/validate.py
 declared sizes must fit the worker's limit, and each output is checked against its declared size and the budget.
 """
 import functools
+import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import redis
 
 from ravop.core import graph_states
 from ravop.core.errors import PlanError
+from ravop.core.loop_template import LoopSpec, StepTemplate
+from ravop.core.node import Node
 from ravop.core.registry import LOOPS, PROJECTIONS
 from ravop.runtime.loop_run import LoopRun
 from ravop.runtime.runner import OpError, run_nodes
 from ravop.store import tensors as stored
 from ravop.store import value_writes
+from ravop.store.client_types import Client
+from ravop.store.keys import GraphKeys
 from ravop.wire import encode_tensors, unpack_loop
 
 from ..execute import device as devices
 from ..execute import memory
 from ..execute.run import kernel_error
-from ..execute.validate import check_nodes
+from ..execute.cache import TensorCache
+from ..execute.validate import Program, check_nodes
 from . import step_decisions
 from . import checkpoint_aliases, held_values, shared_checkpoint
 from .background_writes import BackgroundWrites
 from .exchange import StoreExchange
 from .graph_watch import GraphWatch
+from ..serve.worker_metrics import WorkerMetrics
 from .sync_cadence import SyncCadence, agree, agreed
+from .turns import Turns
+
+# LoopRun.run's hook after each step: (done, template, run, outputs, carried)
+OnStep = Callable[[int, int, int, list[Any], list[Any]], None]
+# what `_Writer._take` hands `_commit`: (done, persisted values, host copies or None, record, exchanged keys read)
+_Taken = Tuple[int, Dict[int, Any], Optional[list[Any]], Optional[Dict[str, Any]], Optional[list[tuple[str, str]]]]
 
 FLUSH_SECONDS = 0.25
 # A flush (persisted values, progress, the graph's state) is one round trip that the loop waits for: over a slow
@@ -94,21 +107,21 @@ class LoopAbandoned(Exception):
 class LoopHandedBack(Exception):
     """The worker is stopping: the loop was checkpointed after `steps` steps, for another worker to go on."""
 
-    def __init__(self, steps):
+    def __init__(self, steps: int) -> None:
         super().__init__(f"handed back after {steps} steps")
         self.steps = steps
 
 
-def checkpoint_tensor_key(keys, subgraph_id, step, k):
+def checkpoint_tensor_key(keys: GraphKeys, subgraph_id: Union[int, str], step: int, k: int) -> str:
     return f"{keys.checkpoint(subgraph_id)}:{step}:{k}"
 
 
-def checkpoint_keys(keys, subgraph_id, step, n):
+def checkpoint_keys(keys: GraphKeys, subgraph_id: Union[int, str], step: int, n: int) -> list[str]:
     """Every Redis key the `n` tensors of the checkpoint taken at `step` may occupy (values and chunks)."""
     return [key for k in range(n) for key in stored.keys_of(checkpoint_tensor_key(keys, subgraph_id, step, k))]
 
 
-def drop_checkpoint(client, keys, subgraph_id):
+def drop_checkpoint(client: Client, keys: GraphKeys, subgraph_id: int) -> None:
     """Delete a loop's published checkpoint: its hash and the tensors it names. Found from that record, not a
     SCAN, which a worker's ACL user may not run (ravop.store.access); the tensors of a checkpoint a worker
     died writing before publishing it stay until the graph is flushed."""
@@ -126,7 +139,7 @@ def drop_checkpoint(client, keys, subgraph_id):
         shared_checkpoint.release(client, keys, shared, shared_checkpoint.holder(subgraph_id, int(step)))
 
 
-def _watcher(spec, template, max_bytes, budget):
+def _watcher(spec: LoopSpec, template: StepTemplate, max_bytes: int, budget: Optional[int]) -> memory.Watcher:
     """A template's memory rules: its declared sizes checked as a subgraph's are (`PlanError` naming the op past
     the limit), and each output against its declared size and the budget as it is made."""
     defined = [*spec.outer_ids, *template.hole_ids()]
@@ -134,7 +147,7 @@ def _watcher(spec, template, max_bytes, budget):
     return memory.Watcher(program, budget)
 
 
-def check_loop_program(program):
+def check_loop_program(program: Program) -> Node:
     """The loop step of a checked subgraph; `PlanError` unless it is fills (ops that read nothing, made here for
     the loop: compiler/partition.py), one loop op and tuple_gets of it, and its outputs are those tuple_gets."""
     steps = program.steps
@@ -156,7 +169,8 @@ def check_loop_program(program):
     return loop_step
 
 
-def loop_inputs(program, loop_step, inputs, seed, device, max_bytes=None, budget=None):
+def loop_inputs(program: Program, loop_step: Node, inputs: Dict[int, Any], seed: int, device: Any,
+                max_bytes: Optional[int] = None, budget: Optional[int] = None) -> list[Any]:
     """The loop op's input values: the subgraph's `inputs`, and the fills ahead of the loop op made here with the
     runner (the same kernels, seeds and bits as in a subgraph of their own, without its hop and upload), each
     checked against its declared size and the budget as any subgraph's output is."""
@@ -170,9 +184,26 @@ def loop_inputs(program, loop_step, inputs, seed, device, max_bytes=None, budget
 
 class _Writer:
     """Collects what the steps persist and writes it, with progress and checkpoints, as the loop goes."""
+    pending: Dict[int, Any]
+    last: Optional[Tuple[int, Sequence[Any]]]
+    work_waiting: Optional[Callable[[], bool]]
+    exchange: Optional[StoreExchange]
+    sync_end: Optional[int]
+    sync_first: Optional[int]
+    sync_index: Optional[int]
+    # an Optional[SyncCadence]: the writes `checkpoint_at_syncs` and `_at_sync` queue read it in lambdas, run once
+    # it is set, where mypy cannot narrow it
+    cadence: Any
+    shared: Dict[int, str]
+    names: Optional[list[str]]
+    cache: Optional[TensorCache]
+    turns: Optional[Turns]
 
-    def __init__(self, client, keys, subgraph_id, first_ids, checkpoint_steps, checkpoint_seconds, n_steps,
-                 resumed_at=None, stop=None, graph=None, segments=None, metrics=None, resumed_shared=None):
+    def __init__(self, client: Client, keys: GraphKeys, subgraph_id: int, first_ids: Sequence[Sequence[int]],
+                 checkpoint_steps: int, checkpoint_seconds: Optional[float], n_steps: int,
+                 resumed_at: Optional[int] = None, stop: Optional[threading.Event] = None,
+                 graph: Optional[GraphWatch] = None, segments: Optional[Any] = None,
+                 metrics: Optional[WorkerMetrics] = None, resumed_shared: Optional[Dict[int, str]] = None) -> None:
         self.client, self.keys, self.subgraph_id = client, keys, subgraph_id
         self.metrics = metrics    # the worker's WorkerMetrics: the bytes each write stores are counted, or None
         self.first_ids = first_ids
@@ -211,7 +242,8 @@ class _Writer:
         self.cache = None      # the worker's TensorCache: a loop handed back to take turns keeps its values there
         self.turns = None      # its Turns (worker/loops/turns.py) when it yields to other tokens' waiting work
 
-    def checkpoint_at_syncs(self, sync_templates, checkpoint_steps, checkpoint_seconds):
+    def checkpoint_at_syncs(self, sync_templates: Sequence[int], checkpoint_steps: int,
+                            checkpoint_seconds: float) -> None:
         """A loop that exchanges values: periodic checkpoints every `checkpoint_steps` (0: by time only) or
         at the synchronisations the graph's loops agreed on for `checkpoint_seconds` (worker/loops/sync_cadence.py),
         taken once the synchronisation due next has run."""
@@ -222,7 +254,7 @@ class _Writer:
         if self.cadence.rounds is None:   # a loop resumed elsewhere falls in with the others at once
             self._queue(lambda: self.cadence.agreed(agreed(self.client, self.keys)))
 
-    def on_wait(self, state):
+    def on_wait(self, state: Optional[bytes]) -> None:
         """Called while the loop waits for a value another loop sends: stop if the graph stopped running, hand
         the loop back (after a checkpoint of what it has) if the worker is stopping or `work_waiting()` says to
         (the replica it waits for may be queued behind it with no idle worker to take it: worker/loops/hand_back.py)."""
@@ -239,7 +271,7 @@ class _Writer:
                                  carried)
             raise LoopHandedBack(self.last[0])
 
-    def on_step(self, done, template, run, outputs, carried):
+    def on_step(self, done: int, template: int, run: int, outputs: Sequence[Any], carried: Sequence[Any]) -> None:
         if self.graph is not None and self.graph.ended is not None:   # cancelled or failed: stop now
             raise LoopAbandoned(self.graph.ended)
         if self.writes is not None:
@@ -264,7 +296,7 @@ class _Writer:
         elif now - self.last_flush >= self.flush_every and not (self.writes is not None and self.writes.busy()):
             self.write(done, wait=False)
 
-    def _at_sync(self, template, run, now, carried):
+    def _at_sync(self, template: int, run: int, now: float, carried: Sequence[Any]) -> bool:
         """Whether the periodic checkpoint is due after this sync template; proposes the graph's cadence when this
         loop's clock is due first (beside the loop, as the writes are)."""
         if template == self.sync_first:
@@ -277,14 +309,15 @@ class _Writer:
             self._queue(lambda: self.cadence.agreed(agree(self.client, self.keys, rounds)))
         return due
 
-    def _queue(self, write):
+    def _queue(self, write: Callable[[], object]) -> None:
         """`write()` beside the loop, in order with the writes (in the loop's thread under verify='spot')."""
         if self.writes is not None:
             self.writes.put(write)
         else:
             write()
 
-    def write(self, done, carried=None, record=None, wait=True):
+    def write(self, done: int, carried: Optional[Sequence[Any]] = None, record: Optional[Dict[str, Any]] = None,
+              wait: bool = True) -> None:
         """Persisted values, progress, and a checkpoint of `carried` if given, in one transaction, after the writes
         queued before it; `record`: fields to set on the graph's meta with them. `wait=False`: written beside the
         loop (what it writes is taken now: the loop may update its tensors in place afterwards)."""
@@ -294,7 +327,8 @@ class _Writer:
         self.drain()
         self._commit(*self._take(done, carried, record, copy=False))
 
-    def _take(self, done, carried, record, copy):
+    def _take(self, done: int, carried: Optional[Sequence[Any]], record: Optional[Dict[str, Any]],
+              copy: bool) -> "_Taken":
         """(done, persisted values, host copies of the carried values or None, record, exchanged keys read so
         far) for `_commit`; a checkpoint is taken once per step."""
         pending, self.pending = self.pending, {}
@@ -309,7 +343,8 @@ class _Writer:
                 self.cadence.taken(self.sync_index, self.last_checkpoint)
         return done, pending, host, record, reads
 
-    def _commit(self, done, pending, host, record, reads):
+    def _commit(self, done: int, pending: Dict[int, Any], host: Optional[list[Any]], record: Optional[Dict[str, Any]],
+                reads: Optional[list[tuple[str, str]]]) -> None:
         keys, client = self.keys, self.client
         began = time.monotonic()
         if self.segments is not None:
@@ -357,12 +392,14 @@ class _Writer:
         if state != graph_states.RUNNING.encode():
             raise LoopAbandoned(state)
 
-    def drain(self):
+    def drain(self) -> None:
         """Wait for the writes queued beside the loop; raises the first that failed."""
         if self.writes is not None:
             self.writes.drain()
 
-    def _transaction(self, done, pending, host, record, same, shared, size):
+    def _transaction(self, done: int, pending: Dict[int, Any], host: Optional[list[Any]],
+                     record: Optional[Dict[str, Any]], same: Dict[int, int], shared: Dict[int, str],
+                     size: Optional[int]) -> Optional[bytes]:
         """Write persisted values, progress and the checkpoint of `host` (if given) in one transaction; the
         graph's state. WatchError if a shared value it found in the store was deleted before it was written."""
         keys, client = self.keys, self.client
@@ -402,12 +439,12 @@ class _Writer:
             self.metrics.written_bytes(written + sum(value.nbytes for value, flag in zip(values, new) if flag))
         return replies[-1]
 
-    def close(self):
+    def close(self) -> None:
         if self.writes is not None:
             self.writes.close()
 
 
-def _host_copy(value):
+def _host_copy(value: Any) -> Any:
     """A copy on the host that the loop's later steps cannot change."""
     host = devices.to_host(value)
     return host.clone() if host is value else host
@@ -429,7 +466,10 @@ def checkpoint_record(keys: Any, subgraph_id: Any,
     return step, n, same, shared, names
 
 
-def _resume(client, keys, subgraph_id, n_carried, device, cache=None, saved=None, prefetched=None):
+def _resume(client: Client, keys: GraphKeys, subgraph_id: int, n_carried: int, device: Any,
+            cache: Optional[TensorCache] = None, saved: Optional[Dict[bytes, bytes]] = None,
+            prefetched: Optional[Dict[str, Optional[bytes]]] = None
+            ) -> Tuple[Optional[int], Optional[list[Any]], Dict[int, str]]:
     """(step, carried values, {k: digest} of those shared with other loops' checkpoints) of the loop's
     checkpoint, or (None, None, {}) without a usable one; its tensors from `cache` where this worker kept them
     when it handed the loop back (worker/loops/held_values.py), else from `prefetched` ({key: bytes}) or the store
@@ -463,7 +503,8 @@ def _resume(client, keys, subgraph_id, n_carried, device, cache=None, saved=None
     return step, [devices.to_device(value, device) for value in carried], shared
 
 
-def unpaced(on_step, loop, values, exchange):
+def unpaced(on_step: OnStep, loop: Any, values: Any, exchange: Optional[StoreExchange]
+            ) -> Tuple[OnStep, Optional[StoreExchange]]:
     """The steps' hooks as they are: `LoopContext.pace_steps` unless a benchmark installed pacing."""
     return on_step, exchange
 
@@ -502,15 +543,15 @@ class LoopContext:
     #                             waiting work (worker/loops/turns.py), or None
 
 
-def run_loop(ctx):
+def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
     """{output id: tensor} of the loop subgraph of `ctx` (a LoopContext); resumes from its checkpoint if an earlier
     run left one."""
     loop_start, segments, stop = ctx.loop_start, ctx.segments, ctx.stop
     program, subgraph_id = ctx.program, ctx.subgraph_id
     loop_step = check_loop_program(program)
     spec = unpack_loop(ctx.subgraph.loop)   # decoded once: the templates' nodes serve the checks and the runner
-    watch = None if ctx.max_bytes is None else \
-        (lambda template: _watcher(spec, template, ctx.max_bytes, ctx.budget))
+    max_bytes = ctx.max_bytes
+    watch = None if max_bytes is None else (lambda template: _watcher(spec, template, max_bytes, ctx.budget))
     meta = loop_start.meta if loop_start is not None else None   # None: each reader reads its own
     start, carried, shared = _resume(ctx.client, ctx.keys, subgraph_id, spec.n_carried, ctx.device, ctx.cache,
                                      loop_start.checkpoint if loop_start is not None else None,
@@ -578,14 +619,14 @@ def run_loop(ctx):
     return {o: env[o].contiguous() for o in program.outputs}
 
 
-def stopped_record(spec, steps, rounds, trained, reason):
+def stopped_record(spec: LoopSpec, steps: int, rounds: int, trained: int, reason: Optional[str]) -> Dict[str, Any]:
     """The graph's meta fields saying where a stop request ended a loop after `steps` steps: `stopped` in words
     and `stopped_step`, the training steps run (`trained`: a validation step after each epoch is not one)."""
     where = f"at epoch {rounds} of {spec.rounds}" if spec.rounds > 1 else f"after step {steps} of {spec.n_steps}"
     return {"stopped": f"stopped early {where} ({reason})", "stopped_step": trained}
 
 
-def _leaving(stop, work_waiting):
+def _leaving(stop: Optional[threading.Event], work_waiting: Optional[Callable[[], bool]]) -> Callable[[], bool]:
     """() -> whether a waiting loop's worker is stopping or should give the loop up: what makes `on_wait` act,
     read beside the loop by its exchange (worker/loops/exchange.py) so that a receive never waits on those reads."""
     return lambda: (stop is not None and stop.is_set()) or bool(work_waiting is not None and work_waiting())

@@ -19,12 +19,15 @@ watches the references (a checkpoint that names the value meanwhile keeps it). A
 against its digest, so a resumed loop gets the bits its checkpoint named or a clear error."""
 import hashlib
 import time
+from typing import Any, Collection, Optional, Sequence
 
 import redis
 import torch
 
 from ravop.core.errors import PlanError
 from ravop.store import tensors as stored
+from ravop.store.client_types import Client, Pipeline
+from ravop.store.keys import GraphKeys
 
 # how long a claim to upload a value holds without the value appearing (its holder died): long enough for an
 # upload at CLAIM_RATE bytes/s, and CLAIM_SECONDS at least
@@ -32,7 +35,7 @@ CLAIM_SECONDS, CLAIM_RATE = 10.0, 1e6
 POLL_SECONDS = (0.005, 0.1)   # first and longest pause between two looks at values others are uploading
 
 
-def digest(value):
+def digest(value: torch.Tensor) -> str:
     """Hex BLAKE2b (128 bits) of a host tensor's dtype, shape and bytes."""
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{value.dtype}:{tuple(value.shape)}:".encode())
@@ -40,35 +43,39 @@ def digest(value):
     return h.hexdigest()
 
 
-def value_key(keys, name):
+def value_key(keys: GraphKeys, name: str) -> str:
     return f"{keys.checkpoint('v')}:{name}"
 
 
-def refs_key(keys, name):
+def refs_key(keys: GraphKeys, name: str) -> str:
     return f"{value_key(keys, name)}:refs"
 
 
-def holder(subgraph_id, step):
+def holder(subgraph_id: int, step: int) -> str:
     """The reference a checkpoint (loop `subgraph_id` at `step`) holds on its shared values."""
     return f"{subgraph_id}:{step}"
 
 
-def choose(host, skip):
+def choose(host: Sequence[Any], skip: Collection[int]) -> dict[int, str]:
     """{k: digest} of the tensors of `host` but for `skip` (aliases of others)."""
     return {k: digest(value) for k, value in enumerate(host) if k not in skip and isinstance(value, torch.Tensor)}
 
 
-def claim_key(keys, name):
+def claim_key(keys: GraphKeys, name: str) -> str:
     return f"{value_key(keys, name)}:claim"
 
 
-def settle(client, keys, host, shared, who):
+def settle(client: Client, keys: GraphKeys, host: Optional[Sequence[Any]], shared: dict[int, str], who: str) -> None:
     """Claim for checkpoint `who` the values of `shared` ({k: digest}) the store lacks, and wait for those another
     loop claimed until they are there (or their claim lapsed: its holder died; then this one claims them). Claims
     are taken in the order of the digests and none is held past one being waited for, so no two loops wait on
     each other. The values claimed here are uploaded by the checkpoint's transaction (`write`). One round trip a
     look (two when it lets claims go)."""
-    first = {}
+    if not shared:
+        return   # no checkpoint (`host` None), or none of its values shared
+    if host is None:
+        raise ValueError("shared checkpoint values without the checkpoint's values")
+    first: dict[str, int] = {}
     for k, name in shared.items():
         first.setdefault(name, k)
     waiting, pause = sorted(first), POLL_SECONDS[0]
@@ -80,7 +87,8 @@ def settle(client, keys, host, shared, who):
             look.set(claim_key(keys, name), who, nx=True, px=int(seconds * 1000))
             look.get(claim_key(keys, name))
         replies = look.execute()
-        blocked, let_go = [], []
+        blocked: list[str] = []
+        let_go: list[str] = []
         for at, name in enumerate(waiting):
             there, _, claimer = replies[3 * at:3 * at + 3]
             if there:
@@ -100,7 +108,7 @@ def settle(client, keys, host, shared, who):
             pause = min(pause * 2, POLL_SECONDS[1])
 
 
-def watch_present(pipe, client, keys, shared):
+def watch_present(pipe: Pipeline, client: Client, keys: GraphKeys, shared: dict[int, str]) -> set[str]:
     """WATCH the shared values named in `shared` on transaction `pipe` and return the digests the store holds
     (call `pipe.multi()` next; the transaction fails with WatchError if one of them is deleted meanwhile)."""
     names = sorted(set(shared.values()))
@@ -113,7 +121,8 @@ def watch_present(pipe, client, keys, shared):
     return {name for name, there in zip(names, look.execute()) if there}
 
 
-def write(pipe, chunks, keys, host, shared, present, who, size):
+def write(pipe: Pipeline, chunks: Optional[Pipeline], keys: GraphKeys, host: Sequence[Any], shared: dict[int, str],
+          present: Collection[str], who: str, size: Optional[int]) -> None:
     """Queue, in the transaction `pipe`, the shared values the store lacks and the checkpoint `who`'s references."""
     written = set(present)
     for k, name in shared.items():
@@ -124,7 +133,7 @@ def write(pipe, chunks, keys, host, shared, present, who, size):
         pipe.sadd(refs_key(keys, name), who)
 
 
-def release(client, keys, shared, who):
+def release(client: Client, keys: GraphKeys, shared: dict[int, str], who: str) -> None:
     """Remove the references checkpoint `who` held on `shared` ({k: digest}) and delete the values no checkpoint
     names any longer (unless one comes to name it meanwhile). Three round trips, whatever the number."""
     names = sorted(set(shared.values()))
@@ -153,27 +162,27 @@ def release(client, keys, shared, who):
                 continue
 
 
-def check(value, name, where):
+def check(value: torch.Tensor, name: str, where: str) -> torch.Tensor:
     """`value` read for a checkpoint's shared value `name`; PlanError (naming `where`) if its bits differ."""
     if digest(value) != name:
         raise PlanError(f"{where}: a shared value read back does not match its digest {name}")
     return value
 
 
-def encode(shared):
+def encode(shared: dict[int, str]) -> str:
     """The checkpoint hash's `shared` field: "k=digest,..." ("" when none)."""
     return ",".join(f"{k}={name}" for k, name in sorted(shared.items()))
 
 
-def decode(field, n):
+def decode(field: Optional[bytes], n: int) -> dict[int, str]:
     """{k: digest} from a `shared` field (bytes, or None for a checkpoint written without one); ValueError if
     malformed."""
     if not field:
         return {}
-    shared = {}
+    shared: dict[int, str] = {}
     for pair in field.decode().split(","):
-        k, sep, name = pair.partition("=")
-        k = int(k)
+        slot, sep, name = pair.partition("=")
+        k = int(slot)
         if not sep or not 0 <= k < n or k in shared or len(name) != 32 or \
                 any(c not in "0123456789abcdef" for c in name):
             raise ValueError(f"bad shared checkpoint value {pair!r}")

@@ -4,6 +4,7 @@ keyed by the template's digest and the machine's key, so that a loop of a templa
 the faster variant, in this worker and the next one started on the machine. Without a cache file
 ($RAVOP_CALIBRATION_CACHE set empty) they are kept for the life of the process."""
 import json
+from typing import Optional, Union
 
 import torch
 
@@ -15,16 +16,16 @@ FIELDS = ("compiled",)
 
 
 class CachedDecisions:
-    def __init__(self, device, path=None):
+    def __init__(self, device: Union[str, torch.device], path: Optional[str] = None) -> None:
         self.path = calibration_cache.default_path() if path is None else path
         self.machine = calibration_cache.machine_key(torch.device(device))
         self.memory = MemoryDecisions()
-        self.missing = set()   # digests the file did not have when first asked
+        self.missing: set[str] = set()   # digests the file did not have when first asked
 
-    def _key(self, digest):
+    def _key(self, digest: str) -> str:
         return json.dumps({"step": digest, "machine": json.loads(self.machine)}, sort_keys=True)
 
-    def load(self, digest):
+    def load(self, digest: str) -> Optional[dict[str, float]]:
         if digest in self.missing:
             return None
         figures = self.memory.load(digest)
@@ -36,18 +37,18 @@ class CachedDecisions:
                 self.memory.store(digest, figures)
         return figures
 
-    def store(self, digest, figures):
+    def store(self, digest: str, figures: dict[str, float]) -> None:
         self.missing.discard(digest)
         self.memory.store(digest, figures)
         calibration_cache.store(self.path, self._key(digest), figures)
 
 
-_by_device = {}
+_by_device: dict[str, CachedDecisions] = {}
 
 
-def for_device(device):
+def for_device(device: Union[str, torch.device]) -> CachedDecisions:
     """The decisions of this process's loops on `device` (one object, so that the file is read once per key)."""
-    device = str(device)
-    if device not in _by_device:
-        _by_device[device] = CachedDecisions(device)
-    return _by_device[device]
+    name = str(device)
+    if name not in _by_device:
+        _by_device[name] = CachedDecisions(name)
+    return _by_device[name]

@@ -18,8 +18,11 @@ once (worker/loops/shared_checkpoint.py). Hence the cadence is agreed in rounds,
 A loaded host or a slow link then changes the seconds between two checkpoints, not the rounds: their share of
 the bytes a round moves stays what it was when agreed. `seconds` 0 checkpoints at every synchronisation."""
 import math
+from typing import Any, Optional
 
 from ravop.core.errors import PlanError
+from ravop.store.client_types import Client
+from ravop.store.keys import GraphKeys
 
 BYTES_SHARE = 0.25   # a checkpoint's state at most this share of what the rounds between two checkpoints send
 LEAD = 8             # the first common checkpoint comes rounds / LEAD rounds (at least 2) after the proposal
@@ -29,11 +32,11 @@ LEAD = 8             # the first common checkpoint comes rounds / LEAD rounds (a
 MAX_GAP_SECONDS = 30.0
 
 
-def rounds_key(keys):
+def rounds_key(keys: GraphKeys) -> str:
     return keys.checkpoint("rounds")
 
 
-def agree(client, keys, proposal):
+def agree(client: Client, keys: GraphKeys, proposal: int) -> int:
     """The graph's rounds between checkpoints: `proposal` if no loop proposed before, else the first proposal."""
     pipe = client.pipeline(transaction=True)
     pipe.set(rounds_key(keys), proposal, nx=True)
@@ -41,13 +44,13 @@ def agree(client, keys, proposal):
     return _rounds(keys, pipe.execute()[-1])
 
 
-def agreed(client, keys):
+def agreed(client: Client, keys: GraphKeys) -> Optional[int]:
     """The graph's rounds between checkpoints if a loop proposed them (a loop resumed elsewhere), else None."""
     value = client.get(rounds_key(keys))
     return None if value is None else _rounds(keys, value)
 
 
-def _rounds(keys, value):
+def _rounds(keys: GraphKeys, value: Any) -> int:
     try:
         rounds = int(value)
     except (TypeError, ValueError):
@@ -58,7 +61,7 @@ def _rounds(keys, value):
     return rounds
 
 
-def proposal(ran, state_bytes, sent_bytes, elapsed=0.0):
+def proposal(ran: int, state_bytes: int, sent_bytes: int, elapsed: float = 0.0) -> int:
     """Rounds between checkpoints for a loop that ran `ran` rounds in `elapsed` seconds (the cadence's seconds or
     more), carries `state_bytes` and sent `sent_bytes` to the other loops in those rounds."""
     floor = math.ceil(state_bytes / (BYTES_SHARE * sent_bytes / ran)) if sent_bytes and ran else 1
@@ -73,14 +76,15 @@ class SyncCadence:
     there and, once its clock is due with no agreed number known, which number to propose (`agree` answers,
     then `agreed`); `taken` after each checkpoint, whatever made it."""
 
-    def __init__(self, seconds, now):
+    def __init__(self, seconds: float, now: float) -> None:
         self.seconds, self.since = seconds, now
-        self.rounds = 1 if seconds == 0 else None   # agreed rounds between checkpoints (None: not known yet)
-        self.first = None      # the synchronisation before the first one this loop ran here
-        self.last = None       # the synchronisation of its last checkpoint here
+        # agreed rounds between checkpoints (None: not known yet)
+        self.rounds: Optional[int] = 1 if seconds == 0 else None
+        self.first: Optional[int] = None      # the synchronisation before the first one this loop ran here
+        self.last: Optional[int] = None       # the synchronisation of its last checkpoint here
         self.proposed = False
 
-    def at_sync(self, k, now, state_bytes, sent_bytes):
+    def at_sync(self, k: int, now: float, state_bytes: int, sent_bytes: int) -> tuple[bool, Optional[int]]:
         """(checkpoint after synchronisation k?, rounds to propose or None)."""
         if self.first is None:
             self.first = k - 1
@@ -92,11 +96,11 @@ class SyncCadence:
         self.proposed = True
         return False, proposal(k - self.first, state_bytes, sent_bytes, now - self.since)
 
-    def agreed(self, rounds):
+    def agreed(self, rounds: Optional[int]) -> None:
         if rounds is not None and self.rounds is None:
             self.rounds = rounds
 
-    def taken(self, k, now):
+    def taken(self, k: Optional[int], now: float) -> None:
         if k is not None:
             self.last = k
         self.since = now

@@ -10,9 +10,11 @@ import time
 from typing import Optional
 
 from ravop.store import GROUP, Scripts, quotas
+from ravop.store.client_types import Client
 from ravop.store.keys import GraphKeys
 
-from .graph_watch import WATCH_SECONDS, look_beside
+from ..serve.token_usage import TokenUsage
+from .graph_watch import WATCH_SECONDS, Looker, look_beside
 
 SLICE_SECONDS = 0.5   # the least a loop runs on a claim before it yields to another token's waiting work
 PEEK = 32             # undelivered messages looked at for another token's
@@ -21,14 +23,14 @@ PEEK = 32             # undelivered messages looked at for another token's
 class Turns:
     """`due`: the loop should yield; set by `look` (from the graph watch's thread)."""
 
-    def __init__(self, client, stream: str, keys: GraphKeys, usage, weight: float = 1.0) -> None:
+    def __init__(self, client: Client, stream: str, keys: GraphKeys, usage: TokenUsage, weight: float = 1.0) -> None:
         self.client, self.stream, self.keys, self.usage = client, stream, keys, usage
         self.interval = WATCH_SECONDS
         self.slice = SLICE_SECONDS * weight
         self.began = time.monotonic()
         self.seen_waiting = False   # another token's work was waiting at the last look
         self.due = False
-        self.looker = None
+        self.looker: Optional[Looker] = None
 
     def start(self) -> None:
         self.looker = look_beside(self)

@@ -4,6 +4,7 @@ compiler (`compiler.cost.calibrated`) instead of the round numbers of one machin
 elementwise memory bytes/s, and the bytes/s of handing a tensor to another worker through Redis (the store's own
 write and read)."""
 import time
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -11,12 +12,13 @@ from ravop.core import registry
 from ravop.core.cost_fields import COST_FIELDS
 from ravop.runtime.evaluate import run_op
 from ravop.store import tensors as stored
+from ravop.store.client_types import Client
 from ravop.store.keys import calibration_key
 
 from ..execute import calibration_cache
 
 
-def _best_seconds(fn, device, repeats):
+def _best_seconds(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
     """The fastest of `repeats` calls (the least disturbed by other processes), after one warm-up call."""
     fn()
     best = float("inf")
@@ -31,7 +33,7 @@ def _best_seconds(fn, device, repeats):
     return best
 
 
-def _handoff_seconds(client, name, tensor, chunk):
+def _handoff_seconds(client: Client, name: str, tensor: torch.Tensor, chunk: int) -> float:
     """One store and fetch of `tensor` by the store's own code (in chunks where the server caps one value)."""
     # A key of the tensor pattern that a worker's ACL user may write and delete; no graph has this id.
     key = calibration_key(name)
@@ -46,7 +48,7 @@ def _handoff_seconds(client, name, tensor, chunk):
         client.delete(*stored.keys_of(key))
 
 
-def measure(device, client, name, cache_path=None):
+def measure(device: torch.device, client: Client, name: str, cache_path: Optional[str] = None) -> dict[str, float]:
     """{field: value} of `COST_FIELDS` for `device`, one significant digit each: the partitioner needs the order of
     magnitude, and the same worker should not advertise a different plan-changing figure at every start. The
     device's own figures come from `cache_path` (default: `calibration_cache.default_path()`; "": none) where it
@@ -62,11 +64,11 @@ def measure(device, client, name, cache_path=None):
     return {**machine, COST_FIELDS[3]: _rounded(handoff_bytes_per_s)}
 
 
-def _rounded(value):
+def _rounded(value: float) -> float:
     return float(f"{value:.0e}")
 
 
-def _measure_device(device):
+def _measure_device(device: torch.device) -> dict[str, float]:
     """{op_s, flops_per_s, bytes_per_s} of `device`, timed now."""
     small = torch.ones(4, device=device)
     side = 512 if device.type == "cpu" else 2048

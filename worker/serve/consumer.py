@@ -20,7 +20,7 @@ import random
 import socket
 import threading
 import time
-from typing import Dict, List
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
 
 import redis
 import torch
@@ -38,6 +38,7 @@ from ravop.store import same_host
 from ravop.store import tensors as stored
 from ravop.store import seals
 from ravop.store import workers as liveness
+from ravop.store.client_types import Client
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
 from ravop.store.keys import quota_key
@@ -49,7 +50,7 @@ from ..execute import device as devices
 from ..execute import memory
 from ..execute.cache import TensorCache
 from ..execute.run import OVER_BUDGET, KernelError, run
-from ..execute.validate import check
+from ..execute.validate import Program, check
 from ..loops.hand_back import HandBack
 from ..loops.loop_start import LoopStart
 from ..loops.turns import Turns
@@ -64,8 +65,12 @@ from .heartbeat import Heartbeat
 from .inbox_watch import InboxWatch
 from .worker_metrics import WorkerMetrics, loop_record
 from .server_errors import ServerErrors
-from .takeover import Takeover
+from .takeover import Taken, Takeover
 from .token_usage import PASS, TokenUsage
+
+if TYPE_CHECKING:   # a worker loads neither unless it provides data (--data) or is paced (benchmarks)
+    from ..execute.emulated_device import Pacing
+    from ..provider.data_provider import Provider
 
 log = logging.getLogger("ravop.worker")
 BLOCK_MS = 1000  # longest wait for new work, so a stop request is noticed within a second
@@ -77,33 +82,39 @@ class _MissingInput(Exception):
     pass
 
 
-def _forged(why):
+# What the worker does with a claim reply: (worker, keys, subgraph id, message id) -> None
+ClaimAction = Callable[["Worker", GraphKeys, int, bytes], None]
+# (graph seed, the subgraph's plan bytes, copies to run, spot-checked) of a subgraph claimed to run now
+Claimed = tuple[int, bytes, int, bool]
+
+
+def _forged(why: str) -> ClaimAction:
     """A message no engine sends (someone else put it on the stream): dropped, its graph left alone."""
-    def drop(worker, keys, subgraph_id, message_id):
+    def drop(worker: "Worker", keys: GraphKeys, subgraph_id: int, message_id: bytes) -> None:
         worker._give_up(keys, message_id, subgraph_id, why.format(subgraph_id), "forged message", fail_graph=False)
     return drop
 
 
-def _gone(worker, keys, subgraph_id, message_id):
+def _gone(worker: "Worker", keys: GraphKeys, subgraph_id: int, message_id: bytes) -> None:
     """Flushed since it was queued, or never there: logged, for an operator."""
     worker._give_up(keys, message_id, subgraph_id, f"graph {keys.graph_id} of token {keys.token} is not in Redis",
                     "no such graph", fail_graph=False)
 
 
-def _finished(worker, keys, subgraph_id, message_id):
+def _finished(worker: "Worker", keys: GraphKeys, subgraph_id: int, message_id: bytes) -> None:
     """Completed by a worker that may have died before delivering what it made ready: delivered, acked."""
     worker.handoff.drain(keys)
     worker._ack(message_id)
 
 
-def _ended(worker, keys, subgraph_id, message_id):
+def _ended(worker: "Worker", keys: GraphKeys, subgraph_id: int, message_id: bytes) -> None:
     """The graph is not running (failed, done, cancelled, or not started): acked."""
     worker._ack(message_id)
 
 
 # What the worker does with each claim reply but CLAIM_RUN (ravop/store/scripts.py); any other reply is the state
 # of a graph that is not running (`_ended`).
-CLAIM_ACTIONS = {
+CLAIM_ACTIONS: dict[bytes, ClaimAction] = {
     CLAIM_UNKNOWN.encode(): _forged("subgraph {} is not in the plan of the graph the message names"),
     CLAIM_WAITING.encode(): _forged("subgraph {} is not ready (its inputs are not computed yet); the engine "
                                     "enqueues it then"),
@@ -113,7 +124,7 @@ CLAIM_ACTIONS = {
 _RUN = CLAIM_RUN.encode()
 
 
-def parse_message(fields):
+def parse_message(fields: dict[bytes, bytes]) -> tuple[GraphKeys, int]:
     """(GraphKeys, subgraph id) of a queue message; ValueError naming what is wrong with it."""
     try:
         token, graph_id = fields[b"token"].decode(), fields[b"graph"].decode()
@@ -128,11 +139,15 @@ def parse_message(fields):
 
 
 class Worker:
-    def __init__(self, client, name, device="cpu", reclaim_idle=30.0, max_attempts=3, cache_bytes=256 * 2**20,
-                 max_subgraph_bytes=None, parent_pid=None, server_gone_after=None, dead_after=liveness.TTL,
-                 max_memory_bytes=None, provider=None, checkpoint_steps=None,
-                 checkpoint_seconds=None, wrong_outputs=None, workers_on_machine=None,
-                 resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS, pacing=None):
+    def __init__(self, client: Client, name: str, device: Union[str, torch.device] = "cpu", reclaim_idle: float = 30.0,
+                 max_attempts: int = 3, cache_bytes: int = 256 * 2**20, max_subgraph_bytes: Optional[int] = None,
+                 parent_pid: Optional[int] = None, server_gone_after: Optional[float] = None,
+                 dead_after: float = liveness.TTL, max_memory_bytes: Optional[int] = None,
+                 provider: Optional["Provider"] = None, checkpoint_steps: Optional[int] = None,
+                 checkpoint_seconds: Optional[float] = None, wrong_outputs: Optional[redundant.Liar] = None,
+                 workers_on_machine: Optional[int] = None,
+                 resident_checkpoint_seconds: float = RESIDENT_CHECKPOINT_SECONDS,
+                 pacing: Optional["Pacing"] = None) -> None:
         if reclaim_idle <= 0 or dead_after <= 0 or max_attempts < 1:
             raise ValueError(f"need reclaim_idle > 0, dead_after > 0 and max_attempts >= 1, not {reclaim_idle}, "
                              f"{dead_after} and {max_attempts}")
@@ -172,10 +187,11 @@ class Worker:
                                    self.stopping, parent_pid, provider.data.names() if provider is not None else None,
                                    info={**self._advertised(), **calibrate.measure(self.device, client, name)})
         self.completed = 0
-        self._prefetch = []   # the checkpoint tensors a taken-over loop reads with its inputs (Worker._claim)
+        # the checkpoint tensors a taken-over loop reads with its inputs (Worker._claim)
+        self._prefetch: list[str] = []
         self._predecessor_gone = False   # until a look finds nothing held under this name (Takeover.predecessor)
         self.metrics = WorkerMetrics(name, self.device)  # served by `ravop-worker --metrics-port`
-        self._bans = {}  # token -> (when to look again, whether it banned this worker)
+        self._bans: dict[str, tuple[float, bool]] = {}  # token -> (when to look again, whether it banned this worker)
         self.usage = TokenUsage(client, name)   # the tokens' quotas and worker time (worker/serve/token_usage.py)
         self.wrong_outputs = wrong_outputs  # tests only: a worker.verify.redundant.Liar that perturbs outputs, or None
         self.spot = SpotChecks(self)        # R.Graph(verify='spot') (worker/verify/spot.py)
@@ -184,23 +200,23 @@ class Worker:
         self._run_subgraph = self._run_plain if pacing is None else pacing.run_subgraph(self._run_plain)
         self._pace_steps = unpaced if pacing is None else pacing.steps
 
-    def _advertised(self):
+    def _advertised(self) -> dict[str, Any]:
         """What `ravop status` shows of this worker besides its state (`ravop.store.worker_info`)."""
         return {"device": str(self.device), "kind": self.kind, "threads": torch.get_num_threads(),
                 "memory_limit": self.limit, "host": socket.gethostname(), "pid": os.getpid(),
                 "principal": self.principal, "numerics": self.numerics}
 
-    def _segment_steps(self):
+    def _segment_steps(self) -> int:
         """Steps between a spot-checked loop's checkpoints: at most SPOT_SEGMENT_STEPS, so that honest drift
         across numerics classes stays within the check's tolerance (ravop.core.spot_policy)."""
         steps = self.checkpoint_steps
         return SPOT_SEGMENT_STEPS if not steps else min(steps, SPOT_SEGMENT_STEPS)
 
-    def stop(self):
+    def stop(self) -> None:
         """Stop after the subgraph being run, if any, is finished (safe from a signal handler)."""
         self.stopping.set()
 
-    def run(self):
+    def run(self) -> int:
         """Serve until `stop()`. Returns 0, or 1 if the server stayed unreachable for `server_gone_after` s or
         refused this worker's credentials (its user was revoked). Any other server error is ridden out."""
         errors = ServerErrors(self.client, self.name)
@@ -244,7 +260,7 @@ class Worker:
         log.info("worker %s stopped after %d subgraphs", self.name, self.completed)
         return 0
 
-    def _load_scripts(self):
+    def _load_scripts(self) -> None:
         """Put the scripts on the server before registering, so that a first claim costs one round trip; a server
         that refuses SCRIPT LOAD to this worker's user leaves them to load on first use, as before."""
         try:
@@ -252,7 +268,7 @@ class Worker:
         except redis.ResponseError as exc:
             log.info("worker %s: scripts not loaded ahead (%s); they load on first use", self.name, exc)
 
-    def _next(self, resume_own=False):
+    def _next(self, resume_own: bool = False) -> Optional[Taken]:
         """(message id, fields, deliveries): after a lost connection, what this worker held when it was lost;
         at start, what a dead process under this worker's name held; then work held by a dead or silent worker,
         then new work."""
@@ -277,7 +293,7 @@ class Worker:
 
     # ------------------------------------------------------------------------------------------ one message
 
-    def _handle(self, message_id, fields, deliveries):
+    def _handle(self, message_id: bytes, fields: dict[bytes, bytes], deliveries: int) -> None:
         try:
             keys, subgraph_id = parse_message(fields)
         except ValueError as exc:
@@ -297,7 +313,8 @@ class Worker:
             log.exception("worker %s: subgraph %s of graph %s", self.name, subgraph_id, keys.graph_id)
             self._give_up(keys, message_id, subgraph_id, f"{type(exc).__name__}: {exc}", "worker error")
 
-    def _run_message(self, keys, subgraph_id, message_id, deliveries, fields):
+    def _run_message(self, keys: GraphKeys, subgraph_id: int, message_id: bytes, deliveries: int,
+                     fields: dict[bytes, bytes]) -> None:
         """Claim the subgraph, check its plan, run it and deliver what it made (or why it failed)."""
         if b"segment" in fields:   # a re-run of a spot-checked loop's segment (worker/verify/spot_loop.py)
             check_segment(self, keys, subgraph_id, message_id, deliveries, fields)
@@ -310,7 +327,7 @@ class Worker:
         finally:
             self.usage.done(keys.token)   # its worker time, charged to its token
 
-    def _run_claimed(self, keys, subgraph_id, message_id, claimed):
+    def _run_claimed(self, keys: GraphKeys, subgraph_id: int, message_id: bytes, claimed: Claimed) -> None:
         seed, data, copies, spot = claimed
         max_bytes = devices.budget(self.device, self.limit)
         checked = self._checked(keys, subgraph_id, message_id, data, max_bytes, seed)
@@ -325,7 +342,8 @@ class Worker:
             self.heartbeat.unwatch()
             self.metrics.running(False)
 
-    def _claim(self, keys, subgraph_id, message_id, deliveries, fields):
+    def _claim(self, keys: GraphKeys, subgraph_id: int, message_id: bytes, deliveries: int,
+               fields: dict[bytes, bytes]) -> Optional[Claimed]:
         """(graph seed, the subgraph's plan bytes, copies to run) if this worker is to run the subgraph now; else
         None, the message having been given up on, passed on or acked as the claim says."""
         self._prefetch = []
@@ -383,7 +401,8 @@ class Worker:
         except PlanError:   # malformed: the resume says so
             return []
 
-    def _checked(self, keys, subgraph_id, message_id, data, max_bytes, seed):
+    def _checked(self, keys: GraphKeys, subgraph_id: int, message_id: bytes, data: bytes, max_bytes: int,
+                 seed: int) -> Optional[tuple[Any, Program]]:
         """(plan_pb2.Subgraph, worker.execute.validate.Program, its runner built) of a claimed subgraph's plan; None if
         it was refused."""
         try:
@@ -398,7 +417,8 @@ class Worker:
             self._give_up(keys, message_id, subgraph_id, str(exc), "rejected plan", exc.node)
         return None
 
-    def _execute(self, keys, subgraph_id, message_id, subgraph, program, seed, copies, max_bytes, spot=False):
+    def _execute(self, keys: GraphKeys, subgraph_id: int, message_id: bytes, subgraph: Any, program: Program, seed: int,
+                 copies: int, max_bytes: int, spot: bool = False) -> None:
         """Run a checked subgraph and store its outputs; a failure gives the message up with its reason."""
         failed = False
         try:
@@ -459,14 +479,16 @@ class Worker:
         if failed:   # out of the except block: the error's traceback no longer holds the kernel's values
             self._return_memory()
 
-    def _return_memory(self):
+    def _return_memory(self) -> None:
         """Give what a failed kernel allocated back to the OS (worker/execute/memory.py), logging the RSS it saved."""
         rss = memory.return_to_os()
         if rss is not None:
             log.info("worker %s: RSS %s after a failed subgraph, %s once its values were collected, %s after "
-                     "returning freed memory to the OS", self.name, *map(memory.mib, rss))
+                     "returning freed memory to the OS", self.name,
+                     *(memory.mib(n) if n is not None else "(unread)" for n in rss))
 
-    def _compute(self, keys, subgraph_id, subgraph, program, seed, max_bytes, spot=False):
+    def _compute(self, keys: GraphKeys, subgraph_id: int, subgraph: Any, program: Program, seed: int, max_bytes: int,
+                 spot: bool = False) -> dict[int, torch.Tensor]:
         """{output id: tensor} of a checked subgraph: a loop's (with its checkpoints) or a plain one's."""
         # a loop's other reads before its first step ride in its inputs' round trip (worker/loops/loop_start.py)
         loop_start = LoopStart(keys, subgraph_id, self._prefetch) \
@@ -488,14 +510,17 @@ class Worker:
                 self.metrics.loop_ended(loop_start.ended if loop_start is not None else None)
         return self._run_subgraph(subgraph, program, inputs, seed)
 
-    def _run_plain(self, subgraph, program, inputs, seed):
+    def _run_plain(self, subgraph: Any, program: Program, inputs: dict[int, torch.Tensor],
+                   seed: int) -> dict[int, torch.Tensor]:
         """{output id: tensor} of a checked plain subgraph (`subgraph`: its plan, which a pacing hook reads)."""
         return run(program, inputs, seed, self.device, self.memory_budget)
 
-    def _inputs(self, keys, subgraph, loop_start=None):
+    def _inputs(self, keys: GraphKeys, subgraph: Any,
+                loop_start: Optional[LoopStart] = None) -> dict[int, torch.Tensor]:
         """Input tensors on this worker's device: from the local cache, the rest in one MGET, in the round trip
         of what `loop_start` (a worker.loops.loop_start.LoopStart, or None) reads for a loop."""
-        env, missing = {}, []
+        env: dict[int, torch.Tensor] = {}
+        missing: list[int] = []
         for i in subgraph.inputs:
             tensor = self.cache.get(keys.tensor(i))
             if tensor is None:
@@ -519,7 +544,7 @@ class Worker:
             env[i] = tensor
         return env
 
-    def _finish(self, keys, subgraph_id, message_id, outputs):
+    def _finish(self, keys: GraphKeys, subgraph_id: int, message_id: bytes, outputs: dict[int, torch.Tensor]) -> None:
         """Store the outputs (the same bytes under the same keys if this is a retry) and complete the subgraph,
         in one MULTI/EXEC (a big output's chunks just before it): if the server refuses the writes (out of
         memory), the completion does not run."""
@@ -555,7 +580,7 @@ class Worker:
 
     # ------------------------------------------------------------------------------------------ verification
 
-    def _banned(self, token, fresh=False):
+    def _banned(self, token: str, fresh: bool = False) -> bool:
         """Whether a requester's graph banned this worker (R.Graph(verify=k)). Looked up at most every
         BAN_CHECK_SECONDS per token, so that checking costs no round trip per subgraph, unless `fresh`
         (a verified graph's subgraph, which costs k runs anyway)."""
@@ -565,18 +590,18 @@ class Worker:
             return self._note_ban(token, self.client.sismember(TokenKeys(token).banned, self.principal))
         return cached[1]
 
-    def _outvoted(self, keys):
+    def _outvoted(self, keys: GraphKeys) -> bool:
         """Whether a spot check of this graph outvoted this worker's user (the SPOT script's `outvoted`; its
         requester bans it from the token's work when the graph ends, ravop.client.bans)."""
         return f",{self.principal},".encode() in (self.client.hget(keys.meta, "outvoted") or b"")
 
-    def _note_ban(self, token, banned):
+    def _note_ban(self, token: str, banned: object) -> bool:
         if len(self._bans) > 1000:
             self._bans.clear()
         self._bans[token] = (time.monotonic() + BAN_CHECK_SECONDS, bool(banned))
         return bool(banned)
 
-    def _claim_unless_banned(self, keys, subgraph_id):
+    def _claim_unless_banned(self, keys: GraphKeys, subgraph_id: int) -> tuple[Any, bool]:
         """(the claim script's reply, or None; whether the graph's requester banned this worker). A ban this worker
         must look up again is read in the claim's round trip (over a slow link, a round trip less before every
         first subgraph of a token): a banned worker that claimed passes the message on, as after a claim whose
@@ -604,7 +629,7 @@ class Worker:
             raise reply
         return reply, self._note_ban(keys.token, banned)
 
-    def _pass_on(self, message_id, fields):
+    def _pass_on(self, message_id: bytes, fields: dict[bytes, bytes]) -> None:
         """Put the message back at the end of the stream for another worker, and give them a moment to take it."""
         pipe = self.client.pipeline(transaction=True)
         pipe.xadd(self.stream, fields)
@@ -615,20 +640,21 @@ class Worker:
         # and each always reads the other's) would never get theirs
         self.stopping.wait(PASS_ON_SECONDS * random.uniform(0.5, 1.5))
 
-    def _spot_vote(self, keys, subgraph_id, outputs):
+    def _spot_vote(self, keys: GraphKeys, subgraph_id: int, outputs: dict[int, torch.Tensor]) -> str:
         """The digest this worker votes for its outputs of a spot-checked subgraph: its own, or that of a run of
         another numerics class within the graph's tolerance (worker/verify/cross_class.py)."""
         tolerance = Verify.decode(self.client.hget(keys.meta, "spot")).tolerance
         return cross_class.vote(self, keys, subgraph_id, None, [outputs[k] for k in sorted(outputs)],
                                 redundant.digest(outputs), tolerance)
 
-    def _seal(self, keys, outputs):
+    def _seal(self, keys: GraphKeys, outputs: dict[int, torch.Tensor]) -> None:
         """Record this principal's digests of its outputs (ravop.store.seals)."""
         pipe = self.client.pipeline(transaction=False)
         seals.write(pipe, keys, self.principal, {k: devices.to_host(v) for k, v in outputs.items()})
         pipe.execute()
 
-    def _verified(self, keys, subgraph_id, message_id, outputs, copies, program):
+    def _verified(self, keys: GraphKeys, subgraph_id: int, message_id: bytes, outputs: dict[int, torch.Tensor],
+                  copies: int, program: Program) -> bool:
         """Vote with these outputs. True if this worker should store them and complete the subgraph (the
         votes are in and agree); otherwise the message is acked: a vote still missing, or a disagreement,
         which fails the graph naming the workers and bans those a majority outvoted."""
@@ -651,8 +677,9 @@ class Worker:
 
     # ------------------------------------------------------------------------------------------ giving up
 
-    def _give_up(self, keys, message_id, subgraph_id, error, reason, node=None, message="", fail_graph=True,
-                 worker=None):
+    def _give_up(self, keys: Optional[GraphKeys], message_id: bytes, subgraph_id: Union[int, str], error: str,
+                 reason: str, node: Optional[Any] = None, message: str = "", fail_graph: bool = True,
+                 worker: Optional[str] = None) -> None:
         """Ack the message, log it to the dead-letter stream and fail its graph (if it names one, unless
         `fail_graph` is False), naming `worker` (default: this one)."""
         log.warning("worker %s gives up on %s: %s: %s", self.name, message_id, reason, error)
@@ -661,7 +688,8 @@ class Worker:
                           op=node.op if node is not None else "", source=node.source if node is not None else "",
                           error=error, reason=reason, message=message, fail_graph=fail_graph)
 
-    def _give_up_retries(self, keys, subgraph_id, message_id, deliveries, attempt):
+    def _give_up_retries(self, keys: GraphKeys, subgraph_id: int, message_id: bytes, deliveries: int,
+                         attempt: attempts.Attempt) -> None:
         pipe = self.client.pipeline(transaction=False)
         pipe.hget(keys.taken, subgraph_id)
         pipe.hget(keys.subgraphs, subgraph_id)
@@ -680,7 +708,7 @@ class Worker:
                       f"responding (the last was {(taken or b'?').decode()}){attempt.where()}",
                       "too many deliveries", node)
 
-    def _work_waiting(self):
+    def _work_waiting(self) -> bool:
         """Whether the loop this worker runs, waiting for another loop's values, should hand itself back: loops
         wait for a worker that idle ones cannot take (worker/loops/hand_back.py: as many yield as are missing)."""
         if self.hand_back.now():
@@ -688,7 +716,7 @@ class Worker:
             return True
         return False
 
-    def _hand_back(self, keys, subgraph_id, message_id):
+    def _hand_back(self, keys: GraphKeys, subgraph_id: int, message_id: bytes) -> None:
         """Queue the subgraph again as a new message and drop this one, in one transaction: an idle worker
         takes it at once (from its checkpoint) instead of waiting for this one to be declared dead."""
         pipe = self.client.pipeline(transaction=True)
@@ -697,13 +725,13 @@ class Worker:
         pipe.xdel(self.stream, message_id)
         pipe.execute()
 
-    def _ack(self, message_id):
+    def _ack(self, message_id: bytes) -> None:
         pipe = self.client.pipeline(transaction=False)
         pipe.xack(self.stream, GROUP, message_id)
         pipe.xdel(self.stream, message_id)
         pipe.execute()
 
-    def _leave(self):
+    def _leave(self) -> None:
         """Unregister; drop this consumer from the group unless it still holds a message (for reclaiming)."""
         try:
             self.usage.flush()   # the tokens' worker time not added yet

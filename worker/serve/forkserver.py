@@ -22,10 +22,11 @@ import sys
 import time
 import traceback
 import warnings
+from typing import IO, Any, NoReturn, Optional, Sequence
 
 from .parent_death import die_with_parent
 
-_KEPT = []      # the requester's standard streams, in a fork server forked from it
+_KEPT: list[IO[str]] = []      # the requester's standard streams, in a fork server forked from it
 GRACE = 10.0   # seconds a worker may take to finish its subgraph after SIGTERM before it is killed
 
 
@@ -33,9 +34,9 @@ class ForkServer:
     """Forks workers on the commands read from `commands_fd` and reports on `events_fd` (the protocol above),
     in one thread: SIGCHLD and SIGTERM only wake its select()."""
 
-    def __init__(self, commands_fd, events_fd):
+    def __init__(self, commands_fd: int, events_fd: int) -> None:
         self.commands_fd, self.events_fd = commands_fd, events_fd
-        self.running = {}   # pid -> command id, until reaped
+        self.running: dict[int, int] = {}   # pid -> command id, until reaped
         self.stopping = False
         self._pending = b""
         self.wake_read, self.wake_write = os.pipe()   # SIGCHLD and SIGTERM wake select() through this
@@ -46,16 +47,16 @@ class ForkServer:
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, signal.SIG_IGN)   # a Ctrl-C reaches the requester, which stops us
 
-    def _stop(self, *_):
+    def _stop(self, *_: object) -> None:
         self.stopping = True
 
-    def emit(self, **event):
+    def emit(self, **event: Any) -> None:
         try:
             os.write(self.events_fd, json.dumps(event).encode() + b"\n")
         except OSError:   # the owner is gone: stop
             self.stopping = True
 
-    def serve(self):
+    def serve(self) -> int:
         """Run commands until told to stop, then stop every worker; returns the exit code."""
         self.emit(ready=os.getpid())
         while not self.stopping:
@@ -68,14 +69,14 @@ class ForkServer:
         self._stop_workers()
         return 0
 
-    def _drain_wakeups(self):
+    def _drain_wakeups(self) -> None:
         try:
             while os.read(self.wake_read, 512):
                 pass
         except BlockingIOError:
             pass
 
-    def _read_commands(self):
+    def _read_commands(self) -> None:
         chunk = os.read(self.commands_fd, 65536)
         if not chunk:
             self.stopping = True   # the owner closed our stdin or died
@@ -87,7 +88,7 @@ class ForkServer:
             except (ValueError, KeyError, TypeError) as exc:   # the owner's bug: say so, serve on
                 print(f"ravop fork server: ignored command {line[:200]!r}: {exc}", file=sys.stderr, flush=True)
 
-    def _run(self, command):
+    def _run(self, command: dict[str, Any]) -> None:
         if "start" in command:
             ident, argv, log = int(command["start"]), [str(a) for a in command["argv"]], str(command["log"])
             pid = self._fork(argv, log)
@@ -101,7 +102,7 @@ class ForkServer:
         else:
             raise KeyError("start or signal")
 
-    def _fork(self, argv, log):
+    def _fork(self, argv: list[str], log: str) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         with warnings.catch_warnings():   # Python 3.12+ warns of any other OS thread: the only ones here are
@@ -111,7 +112,7 @@ class ForkServer:
             self._become_worker(argv, log)   # never returns
         return pid
 
-    def _become_worker(self, argv, log):
+    def _become_worker(self, argv: list[str], log: str) -> NoReturn:
         """In the child: this server's pipes and signal handling undone, output to `log`, then the worker's
         main; always leaves through os._exit (nothing of this server's may run at exit)."""
         code = 1
@@ -141,7 +142,7 @@ class ForkServer:
             finally:
                 os._exit(code)
 
-    def _reap(self):
+    def _reap(self) -> None:
         while self.running:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -153,7 +154,7 @@ class ForkServer:
             if ident is not None:
                 self.emit(exited=ident, code=os.waitstatus_to_exitcode(status))
 
-    def _stop_workers(self):
+    def _stop_workers(self) -> None:
         for pid in self.running:
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + GRACE
@@ -173,14 +174,14 @@ class ForkServer:
                 self.emit(exited=ident, code=os.waitstatus_to_exitcode(status))
 
 
-def _name_this_process(name):
+def _name_this_process(name: bytes) -> None:
     """What `ps -o comm` and top show (Linux): a worker or the fork server, not a copy of its parent's command."""
     if sys.platform.startswith("linux"):
         import ctypes
         ctypes.CDLL(None).prctl(15, name)   # 15 = PR_SET_NAME
 
 
-def serve_forked(commands_fd, events_fd, log_fd, parent_pid):
+def serve_forked(commands_fd: int, events_fd: int, log_fd: int, parent_pid: int) -> NoReturn:
     """Become the fork server in a child just forked from the requester, which had imported torch already (the
     import this saves): what the requester set up for itself is undone (its signal handlers, its logging, its
     descriptors, all closed but the pipes; its atexit handlers never run: this always leaves through os._exit).
@@ -220,7 +221,7 @@ def serve_forked(commands_fd, events_fd, log_fd, parent_pid):
         os._exit(code)
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker.serve.forkserver", description=__doc__.splitlines()[0])
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process exits")
     args = parser.parse_args(argv)

@@ -9,6 +9,7 @@ import logging
 import os
 import threading
 import time
+from typing import Any, Optional, Sequence
 
 import redis
 
@@ -16,6 +17,7 @@ from ravop.store import GROUP
 from ravop.store import federated_schema as federated_store
 from ravop.store import worker_info
 from ravop.store import workers as liveness
+from ravop.store.client_types import Client
 
 from ..execute.memory import resident_bytes
 
@@ -23,8 +25,9 @@ log = logging.getLogger("ravop.worker")
 
 
 class Heartbeat(threading.Thread):
-    def __init__(self, client, name, kind, stream, interval, ttl, stopping, parent_pid=None, data_columns=None,
-                 info=None):
+    def __init__(self, client: Client, name: str, kind: str, stream: str, interval: float, ttl: float,
+                 stopping: threading.Event, parent_pid: Optional[int] = None,
+                 data_columns: Optional[Sequence[str]] = None, info: Optional[dict[str, Any]] = None) -> None:
         super().__init__(name=f"heartbeat-{name}", daemon=True)
         self.info = {**(info or {}), "state": "idle", "started": time.time()}  # advertised with each beat
         self.client, self.name, self.kind, self.stream = client, name, kind, stream
@@ -32,19 +35,19 @@ class Heartbeat(threading.Thread):
         self.stopping = stopping      # threading.Event the worker loop watches
         self.parent_pid = parent_pid
         self.data_columns = data_columns  # a data provider's columns, advertised with its liveness
-        self.message_id = None        # the message being run, if any
+        self.message_id: Optional[bytes] = None   # the message being run, if any
         self.revoked = False          # the server refused this worker's login: its user was revoked
         self._end = threading.Event()
 
-    def watch(self, message_id, graph_id=None, subgraph_id=None):
+    def watch(self, message_id: bytes, graph_id: Optional[str] = None, subgraph_id: Optional[int] = None) -> None:
         self.message_id = message_id
         self.info.update(state="running", graph=graph_id, subgraph=subgraph_id, since=time.time())
 
-    def unwatch(self):
+    def unwatch(self) -> None:
         self.message_id = None
         self.info.update(state="idle", graph=None, subgraph=None, since=None)
 
-    def beat(self):
+    def beat(self) -> None:
         pipe = self.client.pipeline(transaction=False)
         liveness.beat(pipe, self.name, self.kind, ttl=self.ttl)
         worker_info.advertise(pipe, self.name, {**self.info, "rss": resident_bytes()}, self.ttl)
@@ -56,7 +59,7 @@ class Heartbeat(threading.Thread):
             pipe.xclaim(self.stream, GROUP, self.name, 0, [message_id], justid=True)
         pipe.execute()
 
-    def run(self):
+    def run(self) -> None:
         while not self._end.wait(self.interval):
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 log.warning("worker %s: the process that started it has exited; stopping", self.name)
@@ -72,7 +75,7 @@ class Heartbeat(threading.Thread):
             except redis.RedisError as exc:  # the worker loop deals with a lost server; keep beating
                 log.debug("heartbeat of %s failed: %s", self.name, exc)
 
-    def stop(self):
+    def stop(self) -> None:
         self._end.set()
         self.join()
 

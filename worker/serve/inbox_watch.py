@@ -4,9 +4,12 @@ work stream and is woken by the subgraphs this thread hands off there. It never 
 logs, waits and goes on, until the worker stops."""
 import logging
 import threading
+from typing import Any, Optional
 
 import redis
 
+from ravop.store.client_types import Client
+from ravop.store.handoff import Handoff
 from ravop.store.inbox import FALLBACK_SECONDS, HELD_SECONDS, MOVE_SECONDS, Inboxes
 from ravop.store.keys import STARTED
 
@@ -14,13 +17,13 @@ log = logging.getLogger("ravop.worker")
 
 
 class InboxWatch(threading.Thread):
-    def __init__(self, client, handoff, name, stopping):
+    def __init__(self, client: Client, handoff: Handoff, name: str, stopping: threading.Event) -> None:
         super().__init__(name=f"inboxes-{name}", daemon=True)
         self.client, self.inboxes, self.stopping = client, Inboxes(client, handoff), stopping
         self._end = threading.Event()
 
-    def run(self):
-        pubsub = None
+    def run(self) -> None:
+        pubsub: Optional[Any] = None   # redis.client.PubSub, opened on the first look and again after an error
         while not (self._end.is_set() or self.stopping.is_set()):
             try:
                 if pubsub is None:
@@ -42,7 +45,7 @@ class InboxWatch(threading.Thread):
         self._close(pubsub)
 
     @staticmethod
-    def _close(pubsub):
+    def _close(pubsub: Optional[Any]) -> None:
         if pubsub is not None:
             try:
                 pubsub.close()
@@ -50,6 +53,6 @@ class InboxWatch(threading.Thread):
                 pass
         return None
 
-    def stop(self):
+    def stop(self) -> None:
         self._end.set()
         self.join()

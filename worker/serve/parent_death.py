@@ -4,7 +4,7 @@ import signal
 import sys
 
 
-def die_with_parent(parent_pid):
+def die_with_parent(parent_pid: int) -> bool:
     """Have the kernel send SIGTERM when the parent dies, even by SIGKILL (Linux; elsewhere the heartbeat or the
     end of stdin says so). False if the parent is already gone. Imports nothing heavy: a process calls it first."""
     if sys.platform.startswith("linux"):

@@ -10,10 +10,12 @@ it starts and once when it ends, not at every try.
 import logging
 import random
 import time
+from typing import Optional
 
 import redis
 
 from ravop.store import repair
+from ravop.store.client_types import Client
 from ravop.store.server_replies import first_line, kind_of
 
 log = logging.getLogger("ravop.worker")
@@ -25,15 +27,15 @@ class ServerErrors:
     """One worker's episodes of server errors: `met(exc)` says how long to wait before trying again (and repairs
     what is damaged), `ok()` ends an episode."""
 
-    def __init__(self, client, name, rng=None):
+    def __init__(self, client: Client, name: str, rng: Optional[random.Random] = None) -> None:
         self.client, self.name = client, name
         self.rng = rng or random.Random()
-        self.since = None
+        self.since: Optional[float] = None
         self.delay = FIRST
         self.count = 0
-        self.last = None   # the error last logged
+        self.last: Optional[str] = None   # the error last logged
 
-    def met(self, exc):
+    def met(self, exc: BaseException) -> float:
         """Seconds to wait after `exc`, jittered within [delay/2, delay]."""
         kind, text = kind_of(exc), first_line(exc)
         if self.since is None:
@@ -48,7 +50,7 @@ class ServerErrors:
         delay, self.delay = self.delay, min(self.delay * 2, CAP)
         return self.rng.uniform(delay / 2, delay)
 
-    def repair(self):
+    def repair(self) -> None:
         """Make the work streams sound (at start, and after a damaged one was met); a user without the rights
         serves anyway, meeting the damage as errors it rides out until someone with them repairs it."""
         try:
@@ -58,7 +60,7 @@ class ServerErrors:
             log.error("worker %s: cannot repair the work streams (%s); any `ravop admin` command, or a worker "
                       "with the rights, does", self.name, first_line(exc))
 
-    def ok(self):
+    def ok(self) -> None:
         """The server answered normally: end the episode (logged) and reset the backoff."""
         if self.since is None:
             return

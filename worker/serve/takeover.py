@@ -14,21 +14,27 @@ On a cluster the same look also delivers what requesters that died while startin
 (ravop.store.handoff).
 """
 import time
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 from ravop.store import GROUP
 from ravop.store import workers as liveness
+from ravop.store.client_types import Client
+from ravop.store.handoff import Handoff
+
+# (message id, fields, deliveries) of a message taken over
+Taken = Tuple[bytes, Dict[bytes, bytes], int]
 
 
 class Takeover:
-    def __init__(self, client, stream, name, dead_after, stale_after, handoff):
+    def __init__(self, client: Client, stream: str, name: str, dead_after: float, stale_after: float,
+                 handoff: Handoff) -> None:
         self.client, self.stream, self.name, self.handoff = client, stream, name, handoff
         self.dead_after_ms = int(dead_after * 1000)
         self.stale_after_ms = int(stale_after * 1000)
         self.every = min(dead_after, stale_after) / 3
         self._due = 0.0
 
-    def next(self):
+    def next(self) -> Optional[Taken]:
         """(message id, fields, deliveries) of a message to take over, or None. Looks at most every
         `every` seconds, unless the last look found one (more may be waiting)."""
         now = time.monotonic()
@@ -41,12 +47,12 @@ class Takeover:
             self._due = now
         return found
 
-    def look_now(self):
+    def look_now(self) -> None:
         """Make the next `next()` look, however recent the last look (a worker that just gave its loop up for a
         dead worker's must find that one first)."""
         self._due = 0.0
 
-    def own(self):
+    def own(self) -> Optional[Taken]:
         """A message this worker holds itself (it lost the server while running it), or None. Resumed as the
         same delivery (a JUSTID claim counts none): a worker retrying through a long outage must not push the
         message past max_attempts."""
@@ -58,7 +64,7 @@ class Takeover:
         found = self.client.xrange(self.stream, message_id, message_id)
         return (message_id, found[0][1], entries[0]["times_delivered"]) if found else None
 
-    def predecessor(self) -> Optional[Tuple[bytes, Dict[bytes, bytes], int]]:
+    def predecessor(self) -> Optional[Taken]:
         """(message id, fields, deliveries) of a message held under this worker's name by a process that died (a
         worker restarted under the same name, as systemd does), taken over at once, or None. Called before this
         process has taken anything, so whatever its name holds is a predecessor's: each process is an incarnation
@@ -68,11 +74,11 @@ class Takeover:
         entries = self.client.xpending_range(self.stream, GROUP, "-", "+", 1, consumername=self.name)
         return self._claim(entries[0], entries[0]["time_since_delivered"]) if entries else None
 
-    def claimable(self):
+    def claimable(self) -> list[bytes]:
         """Ids of the messages dead workers hold that this worker could take over (without taking any)."""
         return [entry["message_id"] for entry in self._dead_workers_entries()]
 
-    def _dead_workers_entries(self):
+    def _dead_workers_entries(self) -> Iterator[dict[str, Any]]:
         holders = [c["name"].decode() for c in self.client.xpending(self.stream, GROUP)["consumers"]]
         for name in liveness.silent(self.client, [n for n in holders if n != self.name]):
             entries = self.client.xpending_range(self.stream, GROUP, "-", "+", 1, consumername=name,
@@ -80,18 +86,18 @@ class Takeover:
             if entries:
                 yield entries[0]
 
-    def _from_dead_workers(self):
+    def _from_dead_workers(self) -> Optional[Taken]:
         for entry in self._dead_workers_entries():
             found = self._claim(entry, self.dead_after_ms)
             if found is not None:
                 return found
         return None
 
-    def _stale(self):
+    def _stale(self) -> Optional[Taken]:
         entries = self.client.xpending_range(self.stream, GROUP, "-", "+", 1, idle=self.stale_after_ms)
         return self._claim(entries[0], self.stale_after_ms) if entries else None
 
-    def _claim(self, entry, min_idle_ms):
+    def _claim(self, entry: dict[str, Any], min_idle_ms: int) -> Optional[Taken]:
         claimed = self.client.xclaim(self.stream, GROUP, self.name, min_idle_ms, [entry["message_id"]])
         if not claimed or claimed[0][1] is None:  # another worker was first, or the entry was deleted
             return None

@@ -8,6 +8,7 @@ import time
 from typing import Dict, Optional, Tuple
 
 from ravop.store import quotas
+from ravop.store.client_types import Client
 from ravop.store.keys import GraphKeys, usage_key
 
 QUOTA_SECONDS = 2.0   # how stale a worker's copy of a token's quota may be
@@ -16,7 +17,7 @@ PASS, REFUSE = "pass", "refuse"
 
 
 class TokenUsage:
-    def __init__(self, client, name: str) -> None:
+    def __init__(self, client: Client, name: str) -> None:
         self.client, self.name = client, name
         self._quotas: Dict[str, Tuple[float, quotas.Quota]] = {}
         self._lock = threading.Lock()   # the loop's look (worker/loops/turns.py) charges from the watch thread

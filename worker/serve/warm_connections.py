@@ -12,20 +12,22 @@ import threading
 
 import redis
 
+from ravop.store.client_types import Client
+
 log = logging.getLogger("ravop.worker")
 
 WARM = 8   # the threads a worker running a resident replica's loop has talking to the store at once, about
 
 
-def warm(client, count=WARM):
+def warm(client: Client, count: int = WARM) -> None:
     """Open `count` connections of `client`'s pool at once and leave them idle in it; a connection that fails to
     open is left to be opened when needed (a cluster client's pools, per node, open as it finds the nodes)."""
     pool = getattr(client, "connection_pool", None)
     if pool is None:
         return
-    opened = []
+    opened: list[object] = []
 
-    def open_one():
+    def open_one() -> None:
         try:
             opened.append(pool.get_connection())
         except (redis.RedisError, OSError) as exc:

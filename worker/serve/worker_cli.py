@@ -8,6 +8,7 @@ import signal
 import socket
 import sys
 import time
+from typing import Optional, Sequence
 
 import torch
 
@@ -16,6 +17,7 @@ from ravop.core.cpu_threads import machine_cores
 from ravop.core.errors import ConnectionFailed
 from ravop.store import connect
 from ravop.store import workers as liveness
+from ravop.store.client_types import Client
 from ravop.store.failure_lines import one_line
 
 from ..execute import emulated_device, memory
@@ -26,7 +28,7 @@ from .consumer import Worker
 from .parent_death import die_with_parent
 
 
-def parse_args(argv=None):
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="ravop-worker", description=__doc__)
     parser.add_argument("--redis", default=os.environ.get("RAVOP_REDIS_URL"),
                         help="Redis URL, e.g. redis://host:6379/0 or unix:///path/redis.sock "
@@ -107,7 +109,7 @@ def parse_args(argv=None):
 STARTING_SERVER_SECONDS = 300.0   # an embedded worker's patience with its server (loading a big snapshot)
 
 
-def _connect(url, parent_pid):
+def _connect(url: str, parent_pid: Optional[int]) -> Client:
     """A client of `url`. A worker started beside its embedded server (--parent-pid) may be up before the
     server listens or has loaded its snapshot: it tries again while its parent lives (which stops it if the
     server never comes), for at most STARTING_SERVER_SECONDS; any other worker fails at once."""
@@ -121,7 +123,7 @@ def _connect(url, parent_pid):
             time.sleep(0.02)
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     os.environ[numerics_mode.ENV] = args.numerics   # read where kernels are chosen (ravop.runtime.runner)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
