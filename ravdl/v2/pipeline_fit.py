@@ -55,12 +55,15 @@ def _live_count() -> int:
         return 0
 
 
-def _resident(strategy: Any, n_rows: int, batch_size: int) -> bool:
+def _resident(strategy: Any, n_rows: int, batch_size: int, stages: list[Any]) -> bool:
     """Whether the stages are resident (`strategy.resident`: None when possible and the live workers can hold
     every stage at once); True where they cannot be is an error naming why."""
     if strategy.resident is False:
         return False
-    reason = resident_reason(strategy, n_rows, batch_size, None if strategy.resident else _live_count())
+    slots = [slot for stage in stages for slot in stage.optimizer_slots()]
+    reason = resident_reason(strategy, n_rows, batch_size, None if strategy.resident else _live_count()) or (
+        "a parameter is read by two stages (tied), and each resident stage would step its own copy"
+        if len(set(slots)) < len(slots) else None)
     if reason is not None and strategy.resident:
         error = NotImplementedError if strategy.replicas > 1 else ValueError
         raise error(f"{strategy!r} cannot keep its stages resident: {reason}; use resident=None or False for "
@@ -84,7 +87,7 @@ def record_pipeline(model: Any, X: Any, y: Any, n_epochs: int, batch_size: int, 
         strategy = strategy.fit_to_workers(units.memory, units.boundary, _advertising_workers())
         current_graph().parallel_fits[-1] = strategy   # the summary's forecast names the stages chosen
     stages = [units.stage(start, stop) for start, stop in strategy.cut(units.memory)]
-    if _resident(strategy, len(X), batch_size):
+    if _resident(strategy, len(X), batch_size, stages):
         names = [training_loss_name(epoch + 1, batch + 1) for epoch, batch in _steps(len(X), batch_size, n_epochs)]
         record_resident_pipeline(model, X, y, stages, strategy, n_epochs, batch_size, shuffle, seed, names,
                                  {} if loops is None else loops)
@@ -126,8 +129,11 @@ def record_pipeline(model: Any, X: Any, y: Any, n_epochs: int, batch_size: int, 
                     continue
 
                 def backward(step: Any, stage: Any = stage, a: Any = inputs[s], wrt: list[Any] = wrt, last: bool = last,
-                             g_out: Any = g_out, buffers: list[Any] = read[s], seed: Callable[[int], int] = seeds[s]
-                             ) -> None:
+                             g_out: Any = g_out, buffers: list[Any] = read[s], seed: Callable[[int], int] = seeds[s],
+                             takes_input: bool = s > 0) -> None:
+                    if takes_input:   # the input as the step's hole: differentiated apart from the stages before,
+                        a = step.carried[len(wrt) - 1]   # which may read a parameter of this one (a tied head)
+                        wrt = [*wrt[:-1], a]
                     out, after = stage.forward(a, buffers, seed, counts=last)
                     if last:   # the last stage's forward runs here only: its statistics are kept
                         loss = model.loss_function(target, out)
@@ -146,7 +152,25 @@ def record_pipeline(model: Any, X: Any, y: Any, n_epochs: int, batch_size: int, 
         name = training_loss_name(epoch + 1, batch + 1)
         weighted_sum(losses, weights).persist_op(name)
         names.append(name)
-        for stage, stage_grads in zip(stages, grads):
-            for k in range(len(stage_grads[0])):
-                stage.apply(k, weighted_sum([per_micro[k] for per_micro in stage_grads], weights))
+        for (stage, k), per_stage in _by_parameter(stages, grads).items():
+            per_micro = [per_stage[0][m] if len(per_stage) == 1 else _summed([g[m] for g in per_stage])
+                         for m in range(len(weights))]
+            stage.apply(k, weighted_sum(per_micro, weights))
     return names
+
+
+def _summed(ops: list[Any]) -> Any:
+    total = ops[0]
+    for op in ops[1:]:
+        total = total + op
+    return total
+
+
+def _by_parameter(stages: list[Any], grads: list[list[list[Any]]]) -> dict[tuple[Any, int], list[list[Any]]]:
+    """(the first stage that trains a parameter, its index there) -> per stage training it, the parameter's gradient
+    of each micro-batch: a parameter two stages read (a tied LM head and embedding) is stepped once, on the sum."""
+    merged: dict[Any, tuple[tuple[Any, int], list[list[Any]]]] = {}
+    for stage, stage_grads in zip(stages, grads):
+        for k, slot in enumerate(stage.optimizer_slots()):
+            merged.setdefault(slot, ((stage, k), []))[1].append([per_micro[k] for per_micro in stage_grads])
+    return dict(merged.values())

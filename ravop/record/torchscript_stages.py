@@ -106,7 +106,8 @@ def _called_children(module, model):
     return names
 
 
-def _bytes(tensors):
+def stored_bytes(tensors):
+    """Bytes of the storages of `tensors`, each storage once."""
     seen, total = set(), 0
     for t in tensors:
         key = (t.untyped_storage().data_ptr(), t.device) if t.numel() else id(t)
@@ -147,8 +148,8 @@ def chain_of(model, sample, seed=0):
                 raise NotAChain(f"{_described(model, module)}: child {name} returns {type(out).__name__}; Pipeline "
                                 "hands one tensor from stage to stage")
             units.append(Unit(name, held_params, held_buffers,
-                              4 * _bytes(params) + _bytes(list(child.buffers())),
-                              _bytes([t for t in saved if t.data_ptr() not in weights]) + out.numel() *
+                              4 * stored_bytes(params) + stored_bytes(list(child.buffers())),
+                              stored_bytes([t for t in saved if t.data_ptr() not in weights]) + out.numel() *
                               out.element_size(), out.numel() * out.element_size(), tuple(out.shape[1:])))
             x = out.detach()
         torch.manual_seed(seed)
