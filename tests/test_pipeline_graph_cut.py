@@ -140,3 +140,51 @@ def test_gpt_stages_run_on_two_workers_with_the_in_process_bits(engine, workers,
     assert "stage 1 on" in str(on_one_thread(R.activate))
     run_on_both(engine, client, graph, names)
     assert_same_as_in_process(graph, persisted)
+
+
+class Residual(torch.nn.Module):
+    """x + f(x), then a functional relu and a view: three things a chain of children cannot hold."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second, self.third = torch.nn.Linear(5, 5), torch.nn.Linear(5, 6), torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.second(x + self.first(x)))
+        return self.third(h.view(h.shape[0], 2, 3).flatten(1))
+
+
+def rows(n=24):
+    X = np.random.default_rng(5).normal(size=(n, 5)).astype(np.float32)
+    return X, np.tanh(X[:, :3] + X[:, 2:])
+
+
+@pytest.mark.parametrize("stages, micro_batches", [(2, 3), (3, 2)])
+def test_resident_and_segment_stages_of_a_residual_model_equal_eager_gpipe_and_each_other(stages, micro_batches):
+    X, y = rows()
+    values = {}
+    for resident in (True, False):
+        graph, names = engine_fit(Residual, X, y, "SquareLoss", R.parallel.Pipeline(stages, micro_batches,
+                                                                                  resident=resident), 12)
+        values[resident] = evaluate_persisted(graph)
+        assert (len(graph.loops) == stages) == resident   # resident: one loop per stage; segments: one per pass
+    want = eager_gpipe(Residual, X, y, TF.mse_loss, 12, micro_batches)
+    for name, loss_value in zip(names, want):
+        assert abs(float(values[True][name]) - loss_value) < 1e-5, name
+        assert torch.equal(values[True][name], values[False][name]), name
+
+
+def test_resident_stages_refuse_a_parameter_two_stages_read():
+    X, y = tokens(8)
+    with pytest.raises(ValueError, match="a parameter is read by two stages"):
+        engine_fit(gpt, X, y, _token_loss, R.parallel.Pipeline(stages=2, resident=True), 4)
+
+
+def test_resident_residual_stages_run_on_two_workers_with_the_in_process_bits(engine, workers, client):
+    names = workers.start(2)
+    X, y = rows()
+    graph, persisted = engine_fit(Residual, X, y, "SquareLoss", R.parallel.Pipeline(stages=2, micro_batches=2), 12)
+    assert len(graph.loops) == 2   # resident: one loop per stage
+    on_one_thread(R.activate)
+    run_on_both(engine, client, graph, names)
+    assert_same_as_in_process(graph, persisted)

@@ -196,5 +196,5 @@ def torch_units(model: Any, sample: Any) -> Units:
         return Units(cut.memory, cut.boundary, lambda start, stop: TorchStage(
             model, graph_stage_model(model.model, cut, start, stop), cut.out_shape[stop - 1]))
     return Units([unit.memory for unit in units], [unit.output_bytes for unit in units],
-                 lambda start, stop: TorchStage(model, stage_model(model.model, units[start:stop]),
+                 lambda start, stop: TorchStage(model, stage_model(model.model, units[start:stop], start > 0),
                                                 units[stop - 1].output_shape))

@@ -143,7 +143,8 @@ def chain_of(model, sample, seed=0):
             params = [p.requires_grad_() if p.is_floating_point() else p for p in child.parameters()]
             weights = {p.data_ptr() for p in params}   # saved for the backward, but counted as parameters
             with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-                out = child(x.requires_grad_() if x.is_floating_point() and units else x)
+                # a clone of the leaf, as the stage's own clone (`_ClonedInput`): an in-place child may write it
+                out = child(x.requires_grad_().clone() if x.is_floating_point() and units else x)
             if not isinstance(out, torch.Tensor):
                 raise NotAChain(f"{_described(model, module)}: child {name} returns {type(out).__name__}; Pipeline "
                                 "hands one tensor from stage to stage")
@@ -164,12 +165,22 @@ def chain_of(model, sample, seed=0):
     return units
 
 
-def stage_model(model, units):
-    """(the `R.model` Model of `units`, contiguous children of `model`, as an nn.Sequential under their own names;
-    the full model's parameter indices in the stage's slot order; its buffer indices likewise)."""
+class _ClonedInput(torch.nn.Module):
+    """A later stage's first step: its VJP differentiates the stage's input as an autograd leaf, which an in-place
+    first child (torchvision's `ReLU(inplace=True)`) must not write into; a copy changes no value."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+
+def stage_model(model, units, cloned):
+    """(the `R.model` Model of `units`, contiguous children of `model`, as an nn.Sequential under their own names,
+    after a `_ClonedInput` when `cloned` (a stage after the first); the full model's parameter indices in the
+    stage's slot order; its buffer indices likewise)."""
     module = _loaded_with_values(model)
     children = dict(module.named_children())
-    stage = _from_module(torch.nn.Sequential(OrderedDict((unit.name, children[unit.name]) for unit in units)))
+    steps = [("cloned_input", _ClonedInput())] if cloned else []
+    stage = _from_module(torch.nn.Sequential(OrderedDict(steps + [(unit.name, children[unit.name]) for unit in units])))
     param_index = {slot: k for k, slots in enumerate(model.param_slots) for slot in slots}
     buffer_index = {slot: k for k, slots in enumerate(model.buffer_slots) for slot in slots}
     return (stage, [param_index[slots[0]] for slots in stage.param_slots],
