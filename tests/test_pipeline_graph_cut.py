@@ -17,6 +17,7 @@ from ravdl.v2 import Pytorch_Model
 from ravdl.v2.optimizers import Adam
 import ravop as R
 from ravop.parallel.data_parallel import tensor_split
+from ravop.parallel.pipeline import stage_seed
 from ravop.record.graph_stages import NotTraceable, graph_cut
 from ravop.record.torchscript_stages import NotAChain, chain_of
 from ravop.runtime.evaluate import evaluate_persisted
@@ -107,6 +108,11 @@ def test_a_cut_hands_on_every_tensor_that_crosses_it():
     cut = graph_cut(made(CASES["resnet18"][0]), torch.as_tensor(X))
     assert max(len(crossing.packed) for crossing in cut.at.values()) == 2
     assert sum(cut.memory) > 4 * 4 * sum(p.numel() for p in made(CASES["resnet18"][0]).parameters())
+    # stages='auto' over workers that hold half the model each: two stages, each within its worker's memory
+    workers = [{"name": n, "kind": "cpu", "memory_limit": sum(cut.memory) * 0.6, "handoff_bytes_per_s": 1e8,
+                "threads": 1} for n in "ab"]
+    auto = R.parallel.Pipeline("auto").fit_to_workers(cut.memory, cut.boundary, workers)
+    assert auto.stages == 2 and all(sum(cut.memory[a:b]) <= sum(cut.memory) * 0.6 for a, b in auto.cut(cut.memory))
     T, _ = tokens(4)
     cut = graph_cut(made(gpt), torch.as_tensor(T))
     assert any(n.target is getattr and n.args[1] == "shape" for c in cut.at.values() for n in c.recomputed)
@@ -188,3 +194,38 @@ def test_resident_residual_stages_run_on_two_workers_with_the_in_process_bits(en
     on_one_thread(R.activate)
     run_on_both(engine, client, graph, names)
     assert_same_as_in_process(graph, persisted)
+
+
+def test_dropout_in_traced_stages_draws_each_stages_seed_in_forward_and_recompute():
+    """The GPT with dropout 0.1: each stage's forward and its recompute draw the masks of the stage's seed
+    (`stage_seed`), as eager GPipe running the same cut's stages (the traced graph's slices) seeded so; a reference
+    seeded once per micro-batch draws other masks and other losses."""
+    X, y = tokens(8)
+    graph, names = engine_fit(GPT, X, y, _token_loss, R.parallel.Pipeline(stages=2, micro_batches=2), 4)
+    values = evaluate_persisted(graph)
+    cut = graph_cut(made(GPT), torch.as_tensor(X[:2]))
+    modules = [cut.module(a, b) for a, b in R.parallel.Pipeline(2).cut(cut.memory)]
+
+    def losses(seeded):
+        cut.gm.load_state_dict(made(GPT).state_dict())
+        opt = torch.optim.Adam(cut.gm.parameters(), lr=LR)
+        order, out = np.random.default_rng(SHUFFLE_SEED).permutation(len(X)), []
+        for index, start in enumerate(range(0, len(X), 4)):
+            rows = order[start:start + 4]
+            opt.zero_grad()
+            total = 0.0
+            for m, (a, b) in enumerate(tensor_split(4, 2, "micro-batches")):
+                x = torch.as_tensor(X[rows[a:b]])
+                for s, module in enumerate(modules):
+                    if seeded or s == 0:
+                        torch.manual_seed(stage_seed(GRAPH_SEED, index, m, s) if seeded else m)
+                    x = module(x)
+                micro = gpt_loss(x, torch.as_tensor(y[rows[a:b]])) * ((b - a) / 4)
+                micro.backward()
+                total = total + micro.detach()
+            opt.step()
+            out.append(float(total))
+        return out
+    for name, loss_value in zip(names, losses(True)):
+        assert abs(float(values[name]) - loss_value) < 1e-5, name
+    assert any(abs(float(values[n]) - w) > 1e-3 for n, w in zip(names, losses(False)))
