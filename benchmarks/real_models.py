@@ -86,7 +86,7 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-    """torchvision's ResNet (torchvision/models/resnet.py) for BasicBlock, with its initialisation; torchvision is
+    """torchvision's ResNet (its models' resnet module) for BasicBlock, with its initialisation; torchvision is
     not a dependency, so this is a faithful copy."""
 
     def __init__(self, layers=(2, 2, 2, 2), num_classes=1000):

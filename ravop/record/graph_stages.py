@@ -117,19 +117,19 @@ class GraphCut:
         if end == len(self.body):
             g.output(env[self.result])
         else:
-            flat = [g.call_function(torch.flatten, (env[n], 1)) if shape else
-                    g.call_method("unsqueeze", (env[n], 1)) for n, shape in self.at[end].packed]
+            flat = [g.call_function(torch.flatten if shape else torch.unsqueeze, (env[n], 1))
+                    for n, shape in self.at[end].packed]
             g.output(flat[0] if len(flat) == 1 else g.call_function(torch.cat, (flat,), {"dim": 1}))
         return fx.GraphModule(self.gm, g, self.gm.__class__.__name__)
 
     def _unpack(self, g: fx.Graph, env: dict, crossing: Crossing) -> None:
         packed = g.placeholder("packed")
-        rows = g.call_method("size", (packed, 0))
+        rows = g.call_function(operator.getitem, (g.call_function(getattr, (packed, "shape")), 0))
         widths = [_numel(shape) for _, shape in crossing.packed]
         pieces = g.call_function(torch.split, (packed, widths), {"dim": 1}) if len(widths) > 1 else None
         for k, (n, shape) in enumerate(crossing.packed):
             piece = packed if pieces is None else g.call_function(operator.getitem, (pieces, k))
-            env[n] = g.call_method("clone", (g.call_method("reshape", (piece, (rows, *shape))),))
+            env[n] = g.call_function(torch.clone, (g.call_function(torch.reshape, (piece, (rows, *shape))),))
         for n in crossing.recomputed:
             env[n] = g.node_copy(n, lambda x: env[x])
 
