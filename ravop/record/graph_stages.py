@@ -124,17 +124,16 @@ class GraphCut:
 
     def _unpack(self, g: fx.Graph, env: dict, crossing: Crossing) -> None:
         packed = g.placeholder("packed")
-        rows = g.call_function(operator.getitem, (g.call_function(getattr, (packed, "shape")), 0))
         widths = [_numel(shape) for _, shape in crossing.packed]
         pieces = g.call_function(torch.split, (packed, widths), {"dim": 1}) if len(widths) > 1 else None
         for k, (n, shape) in enumerate(crossing.packed):
             piece = packed if pieces is None else g.call_function(operator.getitem, (pieces, k))
-            env[n] = g.call_function(torch.clone, (g.call_function(torch.reshape, (piece, (rows, *shape))),))
+            env[n] = g.call_function(torch.clone, (g.call_function(torch.reshape, (piece, (-1, *shape))),))
         for n in crossing.recomputed:
             env[n] = g.node_copy(n, lambda x: env[x])
 
 
-def _crossing(gm: fx.GraphModule, body: list[fx.Node], result: fx.Node, p: int, position: dict[fx.Node, int],
+def _crossing(body: list[fx.Node], result: fx.Node, p: int, position: dict[fx.Node, int],
               first: dict[fx.Node, Any], second: dict[fx.Node, Any], rows: int) -> Optional[Crossing]:
     """The crossing of a cut before body[p], or None when a value read after it can be neither packed nor
     recomputed there (an integer tensor, one without the rows first, a module's non-tensor result)."""
@@ -151,8 +150,8 @@ def _crossing(gm: fx.GraphModule, body: list[fx.Node], result: fx.Node, p: int, 
             recomputed[n] = None
         elif isinstance(value, torch.Tensor):
             other = second[n]
-            if not (value.is_floating_point() and value.dim() and value.shape[0] == rows and
-                    other.shape[0] == rows + 1 and value.shape[1:] == other.shape[1:]):
+            if not (value.is_floating_point() and value.dim() and value.shape[0] == rows and other.shape[0] == rows + 1
+                    and value.shape[1:] == other.shape[1:] and _numel(value.shape[1:])):
                 return None
             dtypes.add(value.dtype)
             packed[n] = tuple(value.shape[1:])
@@ -188,10 +187,10 @@ def graph_cut(module: torch.nn.Module, sample: torch.Tensor, seed: int = 0) -> G
         with torch.no_grad():
             second = _Recorder(gm)
             second.run(torch.cat([sample, sample[:1]]))
-    values = {**recorder.values}
+    values = recorder.values
     cut = GraphCut(gm, body, output.args[0], inputs[0], {})
     for p in range(1, len(body)):
-        crossing = _crossing(gm, body, output.args[0], p, position, values, second.values, rows)
+        crossing = _crossing(body, output.args[0], p, position, values, second.values, rows)
         if crossing is not None:
             cut.at[p] = crossing
     weights = {t.data_ptr() for t in params}
