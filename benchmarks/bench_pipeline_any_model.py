@@ -7,8 +7,10 @@ excludes recording (the trace, the stages scripted: printed apart) and counts ev
 
     python benchmarks/bench_pipeline_any_model.py [--steps 4] [--repeats 2] [--micro-batches 2]
 
-Columns: seconds per step of each side, the engine's over eager's, each stage's measured memory (parameters four
-times, buffers, a micro-batch's saved activations and what crosses the cut) and the bytes that cross the cut.
+Columns: seconds per step of each side (eager also with GPipe's re-materialisation: the same cut's stages under
+torch.utils.checkpoint, as the engine's backward segments recompute their stage's forward), the engine's over each,
+each stage's measured memory (parameters four times, buffers, a micro-batch's saved activations and what crosses the
+cut) and the bytes that cross the cut.
 """
 import argparse
 import sys
@@ -18,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as TF
+from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -62,6 +65,26 @@ def eager(make, X, y, batch, micro, loss):
     return time.perf_counter() - start
 
 
+def eager_recomputing(make, X, y, batch, micro, loss):
+    """eager() with GPipe's re-materialisation: the same cut's stages (slices of the traced graph) each under
+    torch.utils.checkpoint, so each stage's forward runs again in its backward, as the engine's stages do."""
+    cut = graph_cut(made(make), torch.as_tensor(X[:batch // micro]))
+    cut.gm.load_state_dict(made(make).state_dict())
+    stages = [cut.module(a, b) for a, b in R.parallel.Pipeline(2).cut(cut.memory)]
+    opt = torch.optim.Adam(cut.gm.parameters(), lr=LR)
+    start = time.perf_counter()
+    for first in range(0, len(X), batch):
+        opt.zero_grad()
+        for a, b in tensor_split(batch, micro, "micro-batches"):
+            rows = slice(first + a, first + b)
+            x = torch.as_tensor(X[rows])
+            for stage in stages:
+                x = checkpoint(stage, x, use_reentrant=False)
+            (loss(x, torch.as_tensor(y[rows])) * ((b - a) / batch)).backward()
+        opt.step()
+    return time.perf_counter() - start
+
+
 def engine(make, X, y, batch, micro, loss):
     """(seconds recording, seconds evaluating) of the fit under Pipeline(2, micro)."""
     start = time.perf_counter()
@@ -81,20 +104,22 @@ def main():
     parser.add_argument("--micro-batches", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print("| model | eager s/step | Pipeline(2) in process s/step | ratio | recording s | stage memory MiB "
-          "| crossing the cut KiB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | eager s/step | eager, stages recomputed s/step | Pipeline(2) in process s/step | vs eager "
+          "| vs recomputing eager | recording s | stage memory MiB | crossing the cut KiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, (make, (X, y), batch, loss, torch_loss) in cases(args.steps).items():
-        eager_s, engine_s, record_s = [], [], []
+        eager_s, recomputing_s, engine_s, record_s = [], [], [], []
         for _ in range(args.repeats):
             eager_s.append(eager(make, X, y, batch, args.micro_batches, torch_loss) / args.steps)
+            recomputing_s.append(eager_recomputing(make, X, y, batch, args.micro_batches, torch_loss) / args.steps)
             recording, evaluating = engine(make, X, y, batch, args.micro_batches, loss)
             record_s.append(recording)
             engine_s.append(evaluating / args.steps)
         cut = graph_cut(made(make), torch.as_tensor(X[:batch // args.micro_batches]))
         stages = R.parallel.Pipeline(2).cut(cut.memory)
         memory = " / ".join(f"{sum(cut.memory[a:b]) / 2**20:.1f}" for a, b in stages)
-        print(f"| {name} | {min(eager_s):.3f} | {min(engine_s):.3f} | {min(engine_s) / min(eager_s):.2f}x | "
+        print(f"| {name} | {min(eager_s):.3f} | {min(recomputing_s):.3f} | {min(engine_s):.3f} | "
+              f"{min(engine_s) / min(eager_s):.2f}x | {min(engine_s) / min(recomputing_s):.2f}x | "
               f"{min(record_s):.1f} | {memory} | {cut.boundary[stages[0][1] - 1] / 1024:.0f} |")
 
 

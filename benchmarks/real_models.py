@@ -58,7 +58,8 @@ class ResNetLike(nn.Module):
 
 
 class BasicBlock(nn.Module):
-    """torchvision's resnet BasicBlock, line for line: ReLU(inplace=True), a downsample Sequential, `out += identity`."""
+    """torchvision's resnet BasicBlock, line for line: ReLU(inplace=True), a downsample Sequential,
+    `out += identity`."""
     expansion = 1
 
     def __init__(self, inplanes, planes, stride=1, downsample=None):

@@ -2,10 +2,11 @@
 children (ravop/record/torchscript_stages.py) and trained as GPipe (ravdl/v2/pipeline_fit.py). Checked against eager
 PyTorch's GPipe-equivalent training (one model, each batch's micro-batches' weighted losses backpropagated in turn,
 one optimizer step), with BatchNorm (running statistics once per micro-batch) and Dropout (the same masks: each
-stage's forward draws from `stage_seed`, which the eager reference seeds too); a model that is not a chain of its
-children (a residual, a functional op between children, a tied parameter, a child called twice) is refused by
-name; a traced module is cut as a scripted one; `stages='auto'` fits the workers' advertised memory and bandwidth;
-on a real server two workers run the stages with the in-process bits."""
+stage's forward draws from `stage_seed`, which the eager reference seeds too); a scripted model that is not a chain
+of its children (a residual, a functional op between children, a tied parameter, a child called twice) is refused by
+name (as nn.Modules they are cut on their graph: tests/test_pipeline_graph_cut.py); a stage that starts with an
+in-place child trains; a traced module is cut as a scripted one; `stages='auto'` fits the workers' advertised memory
+and bandwidth; on a real server two workers run the stages with the in-process bits."""
 import warnings
 
 import numpy as np

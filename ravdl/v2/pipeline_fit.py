@@ -1,9 +1,10 @@
 """Pipeline (GPipe) training of any model that gives pipeline units (`model.pipeline_units(sample, rows)`:
-NeuralNetwork's top-level layers, a Pytorch_Model's top-level children; ravdl/v2/pipeline_stages.py): per step,
-each stage's forward of each micro-batch, then each stage's backward (its forward recomputed with the forward's
-dropout masks, its BatchNorm statistics updated by the forward only) from the last stage to the first, one-step
-segments all; then one optimizer step on the micro-batches' gradients weighted by their sizes. Resident stages
-(one loop per stage for the whole fit) are recorded by ravdl/v2/pipeline_resident.py."""
+NeuralNetwork's top-level layers, a Pytorch_Model's top-level children or pieces of its traced graph;
+ravdl/v2/pipeline_stages.py): per step, each stage's forward of each micro-batch, then each stage's backward (its
+forward recomputed with the forward's dropout masks, its BatchNorm statistics updated by the forward only) from the
+last stage to the first, one-step segments all; then one optimizer step on the micro-batches' gradients weighted by
+their sizes. Resident stages (one loop per stage for the whole fit) are recorded by
+ravdl/v2/pipeline_resident.py."""
 from typing import Any, Callable, Optional
 
 import numpy as np

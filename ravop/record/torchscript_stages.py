@@ -12,9 +12,11 @@ The same pass measures, per child, what a stage holding it needs in memory for o
 backward (counted by `torch.autograd.graph.saved_tensors_hooks`, each storage once) and its output, which is also
 what crosses to the next stage (and its gradient back).
 
-A stage is a model of its own (`stage_model`): an `nn.Sequential` of its children under their own names, scripted,
-so its parameter and buffer slots are the full model's (`0.weight` stays `0.weight`) and every stage's values are
-the full model's graph values, picked by slot name.
+A stage is a model of its own (`stage_model`): an `nn.Sequential` of its children under their own names (after the
+first stage, behind a clone of its input, which an in-place first child must not write into), scripted, so its
+parameter and buffer slots are the full model's (`0.weight` stays `0.weight`) and every stage's values are the full
+model's graph values, picked by slot name. A forward that is not such a chain is cut on its torch.fx graph instead
+(ravop/record/graph_stages.py), when R.model was given the nn.Module.
 """
 from collections import OrderedDict
 from dataclasses import dataclass
