@@ -66,7 +66,11 @@ class _Recorder(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         saved: list[torch.Tensor] = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved.append(t)
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             value = super().run_node(n)
         self.values[n], self.saved[n] = value, saved
         return value
@@ -138,8 +142,10 @@ def _crossing(body: list[fx.Node], result: fx.Node, p: int, position: dict[fx.No
     """The crossing of a cut before body[p], or None when a value read after it can be neither packed nor
     recomputed there (an integer tensor, one without the rows first, a module's non-tensor result)."""
     read = [x for n in body[p:] for x in n.all_input_nodes] + [result]
-    packed, recomputed, seen = {}, {}, set()
-    dtypes = set()
+    packed: dict[fx.Node, tuple[int, ...]] = {}
+    recomputed: dict[fx.Node, None] = {}   # an ordered set
+    seen: set[fx.Node] = set()
+    dtypes: set[torch.dtype] = set()
     while read:
         n = read.pop()
         if n in seen or position.get(n, -1) >= p:
