@@ -139,6 +139,21 @@ def test_a_module_torch_fx_cannot_trace_is_refused_naming_the_construct_and_line
         model.fit(X, X[:, :3], 1, 8, loss="SquareLoss", strategy=R.parallel.Pipeline(stages=2))
 
 
+class TwoInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Linear(5, 5)
+
+    def forward(self, x, y):
+        return self.first(x) + y
+
+
+def test_a_forward_of_two_inputs_is_refused_naming_them():
+    with pytest.raises(NotTraceable, match="TwoInputs's forward takes 2 inputs and returns one value; Pipeline cuts a "
+                                           "forward of one tensor"):
+        graph_cut(TwoInputs(), torch.ones(4, 5))
+
+
 def test_gpt_stages_run_on_two_workers_with_the_in_process_bits(engine, workers, client):
     names = workers.start(2)
     X, y = tokens(8)

@@ -24,6 +24,7 @@ import copy
 import operator
 import os
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -180,8 +181,9 @@ def graph_cut(module: torch.nn.Module, sample: torch.Tensor, seed: int = 0) -> G
     inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     output = next(n for n in gm.graph.nodes if n.op == "output")
     if len(inputs) != 1 or not isinstance(output.args[0], fx.Node):
-        raise NotTraceable(f"{name}'s forward takes {len(inputs)} inputs and returns {type(output.args[0]).__name__}"
-                           "; Pipeline cuts a forward of one tensor to one tensor")
+        returned = "one value" if isinstance(output.args[0], fx.Node) else f"a {type(output.args[0]).__name__}"
+        raise NotTraceable(f"{name}'s forward takes {len(inputs)} inputs and returns {returned}; Pipeline cuts a "
+                           "forward of one tensor to one tensor")
     body = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
     position = {n: k for k, n in enumerate(body)}
     params = [p.requires_grad_() for p in gm.parameters() if p.is_floating_point()]
@@ -252,7 +254,10 @@ def _check_stages(cut: GraphCut, sample: torch.Tensor, whole: torch.Tensor, seed
 def stage_model(model: Any, cut: GraphCut, start: int, stop: int) -> tuple[Any, list[int], list[int]]:
     """(the `R.model` Model of units [start, stop) of `cut`, the full `model`'s parameter indices in its slot order,
     its buffer indices likewise), as torchscript_stages.stage_model."""
-    stage = _from_module(cut.module(start, stop))
+    with warnings.catch_warnings():   # fx's GraphModule annotates its attributes in __init__: not the user's to see
+        warnings.filterwarnings("ignore", message="The TorchScript type system doesn't support instance-level",
+                                category=UserWarning)
+        stage = _from_module(cut.module(start, stop))
     param_index = {slot: k for k, slots in enumerate(model.param_slots) for slot in slots}
     buffer_index = {slot: k for k, slots in enumerate(model.buffer_slots) for slot in slots}
     return (stage, [param_index[slots[0]] for slots in stage.param_slots],
