@@ -37,7 +37,7 @@ BUDGET = {
     "ravop/parallel": 880,      # 671 at the layout by role; 741 with the Strategy protocol (ravop/parallel/protocol.py);
                                 # 809 with DiLoCo rounds of unequal shares (ravop/parallel/rounds.py, issue 43); 855
                                 # with rounds that close with the replicas present (close_after, issue 43)
-    "ravop/record": 1750,       # 1,468 at the layout by role; +186 any nn.Module's torch.fx graph cut into pipeline
+    "ravop/record": 1750,       # 1,468 at the layout by role; 1,745 with any nn.Module's torch.fx graph cut into pipeline
                                 # stages (ravop/record/graph_stages.py, issue 46)
     "ravop/runtime": 1220,      # 1,160 at the layout by role
     "ravop/store": 2340,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
