@@ -1,10 +1,10 @@
 """Pipeline (GPipe) training of any model that gives pipeline units (`model.pipeline_units(sample, rows)`:
-NeuralNetwork's top-level layers, a Pytorch_Model's top-level children; ravdl/v2/pipeline_stages.py): per step,
-each stage's forward of each micro-batch, then each stage's backward (its forward recomputed with the forward's
-dropout masks, its BatchNorm statistics updated by the forward only) from the last stage to the first, one-step
-segments all; then one optimizer step on the micro-batches' gradients weighted by their sizes. Resident stages
-(one loop per stage for the whole fit) are recorded by ravdl/v2/pipeline_resident.py; with resident=None both are
-recorded and the session picks at activation (ravop/record/forms.py)."""
+NeuralNetwork's top-level layers, a Pytorch_Model's top-level children or pieces of its traced graph;
+ravdl/v2/pipeline_stages.py): per step, each stage's forward of each micro-batch, then each stage's backward (its
+forward recomputed with the forward's dropout masks, its BatchNorm statistics updated by the forward only) from the
+last stage to the first, one-step segments all; then one optimizer step on the micro-batches' gradients weighted by
+their sizes. Resident stages (one loop per stage for the whole fit) are recorded by ravdl/v2/pipeline_resident.py;
+with resident=None both are recorded and the session picks at activation (ravop/record/forms.py)."""
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -50,13 +50,16 @@ def _steps(n_rows: int, batch_size: int, n_epochs: int) -> list[tuple[int, int]]
     return [(e, b) for e in range(n_epochs) for b in range(per_epoch)]
 
 
-def _forms(strategy: Any, n_rows: int, batch_size: int) -> list[str]:
+def _forms(strategy: Any, n_rows: int, batch_size: int, stages: list[Any]) -> list[str]:
     """The forms the stages are recorded in (ravop/record/forms.py): resident, segments, or both where
     `strategy.resident` is None and they can be resident, the session choosing at activation (resident when its
     live workers can hold every stage at once); resident=True where they cannot be is an error naming why."""
     if strategy.resident is False:
         return [SEGMENTS]
-    reason = resident_reason(strategy, n_rows, batch_size)
+    slots = [slot for stage in stages for slot in stage.optimizer_slots()]
+    reason = resident_reason(strategy, n_rows, batch_size) or (
+        "a parameter is read by two stages (tied), and each resident stage would step its own copy"
+        if len(set(slots)) < len(slots) else None)
     if reason is not None and strategy.resident:
         error = NotImplementedError if strategy.replicas > 1 else ValueError
         raise error(f"{strategy!r} cannot keep its stages resident: {reason}; use resident=None or False for "
@@ -95,7 +98,7 @@ def record_pipeline(model: Any, X: Any, y: Any, n_epochs: int, batch_size: int, 
             _record_segments(model, X, y, stages, strategy, n_epochs, batch_size, shuffle, seed)
         return [slot.get() for slot in state.carried]
 
-    record_forms(current_graph(), f"{strategy!r}'s stages", strategy.stages, _forms(strategy, len(X), batch_size),
+    record_forms(current_graph(), f"{strategy!r}'s stages", strategy.stages, _forms(strategy, len(X), batch_size, stages),
                  record)
     return names
 
@@ -140,8 +143,11 @@ def _record_segments(model: Any, X: Any, y: Any, stages: list[Any], strategy: An
                     continue
 
                 def backward(step: Any, stage: Any = stage, a: Any = inputs[s], wrt: list[Any] = wrt, last: bool = last,
-                             g_out: Any = g_out, buffers: list[Any] = read[s], seed: Callable[[int], int] = seeds[s]
-                             ) -> None:
+                             g_out: Any = g_out, buffers: list[Any] = read[s], seed: Callable[[int], int] = seeds[s],
+                             takes_input: bool = s > 0) -> None:
+                    if takes_input:   # the input as the step's hole: differentiated apart from the stages before,
+                        a = step.carried[len(wrt) - 1]   # which may read a parameter of this one (a tied head)
+                        wrt = [*wrt[:-1], a]
                     out, after = stage.forward(a, buffers, seed, counts=last)
                     if last:   # the last stage's forward runs here only: its statistics are kept
                         loss = model.loss_function(target, out)
@@ -158,6 +164,24 @@ def _record_segments(model: Any, X: Any, y: Any, stages: list[Any], strategy: An
                 g_out = stage_grads.pop() if s > 0 else None
                 grads[s].append(stage_grads)
         weighted_sum(losses, weights).persist_op(training_loss_name(epoch + 1, batch + 1))
-        for stage, stage_grads in zip(stages, grads):
-            for k in range(len(stage_grads[0])):
-                stage.apply(k, weighted_sum([per_micro[k] for per_micro in stage_grads], weights))
+        for (stage, k), per_stage in _by_parameter(stages, grads).items():
+            per_micro = [per_stage[0][m] if len(per_stage) == 1 else _summed([g[m] for g in per_stage])
+                         for m in range(len(weights))]
+            stage.apply(k, weighted_sum(per_micro, weights))
+
+
+def _summed(ops: list[Any]) -> Any:
+    total = ops[0]
+    for op in ops[1:]:
+        total = total + op
+    return total
+
+
+def _by_parameter(stages: list[Any], grads: list[list[list[Any]]]) -> dict[tuple[Any, int], list[list[Any]]]:
+    """(the first stage that trains a parameter, its index there) -> per stage training it, the parameter's gradient
+    of each micro-batch: a parameter two stages read (a tied LM head and embedding) is stepped once, on the sum."""
+    merged: dict[Any, tuple[tuple[Any, int], list[list[Any]]]] = {}
+    for stage, stage_grads in zip(stages, grads):
+        for k, slot in enumerate(stage.optimizer_slots()):
+            merged.setdefault(slot, ((stage, k), []))[1].append([per_micro[k] for per_micro in stage_grads])
+    return dict(merged.values())

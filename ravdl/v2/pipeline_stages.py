@@ -16,7 +16,8 @@ from typing import Any, Callable, Sequence, cast
 import numpy as np
 
 import ravop as R
-from ravop.record.torchscript_stages import chain_of, stage_model
+from ravop.record.graph_stages import graph_cut, stage_model as graph_stage_model
+from ravop.record.torchscript_stages import NotAChain, chain_of, stage_model
 
 from .layers.base import CustomLayer, Layer, Shape, as_input, leaf_layers, recording_calls
 from .layers.core import Dropout
@@ -141,15 +142,16 @@ def called_chain(model: Any, sample: Any) -> list[Layer]:
 
 
 class TorchStage:
-    """Contiguous top-level children of a Pytorch_Model, run as a model of their own (ravop.record.torchscript_stages)
-    on the full model's values."""
+    """Contiguous units of a Pytorch_Model (top-level children, ravop.record.torchscript_stages, or a slice of its
+    traced graph, ravop.record.graph_stages), run as a model of their own on the full model's values: `built` is
+    (the stage's Model, the full model's parameter indices in its slot order, its buffer indices)."""
 
-    def __init__(self, model: Any, units: Sequence[Any]) -> None:
+    def __init__(self, model: Any, built: tuple[Any, list[int], list[int]], out_shape: tuple[int, ...]) -> None:
         self.model = model
-        self.code, self.param_index, self.buffer_index = stage_model(model.model, units)
+        self.code, self.param_index, self.buffer_index = built
         trained = set(i for i, wanted in enumerate(model.model.requires_grad) if wanted)
         self.keys = [i for i in self.param_index if i in trained]
-        self.out_shape = units[-1].output_shape
+        self.out_shape = out_shape
 
     def params(self) -> list[Any]:
         return [self.model.params[i] for i in self.keys]
@@ -182,7 +184,17 @@ class TorchStage:
 
 
 def torch_units(model: Any, sample: Any) -> Units:
-    """The `Units` of a Pytorch_Model's children, measured on `sample` (a micro-batch, a torch tensor)."""
-    units = chain_of(model.model, sample)
+    """The `Units` of a Pytorch_Model, measured on `sample` (a micro-batch, a torch tensor): its children when its
+    forward is a chain of them, else the pieces of the torch.fx trace of the nn.Module given to R.model."""
+    try:
+        units = chain_of(model.model, sample)
+    except NotAChain as refusal:
+        if model.model.module is None:
+            raise NotAChain(f"{refusal}; or give R.model the nn.Module itself, whose graph Pipeline cuts at any "
+                            "point") from None
+        cut = graph_cut(model.model.module, sample)
+        return Units(cut.memory, cut.boundary, lambda start, stop: TorchStage(
+            model, graph_stage_model(model.model, cut, start, stop), cut.out_shape[stop - 1]))
     return Units([unit.memory for unit in units], [unit.output_bytes for unit in units],
-                 lambda start, stop: TorchStage(model, units[start:stop]))
+                 lambda start, stop: TorchStage(model, stage_model(model.model, units[start:stop], start > 0),
+                                                units[stop - 1].output_shape))

@@ -112,7 +112,8 @@ class Pytorch_Model(KerasHabits, LossTraining):
 
     def pipeline_units(self, sample: Any, rows: int) -> Units:
         """The units Pipeline cuts into stages: the model's top-level children, when its forward is a chain of
-        them (checked), each measured on `sample`, a micro-batch of `rows` rows (ravop.record.torchscript_stages)."""
+        them (checked), else pieces of its module's torch.fx graph, each measured on `sample`, a micro-batch of `rows`
+        rows (ravop.record.torchscript_stages, ravop.record.graph_stages)."""
         return torch_units(self, sample)
 
     def _trained(self) -> list[tuple[tuple["Pytorch_Model", int], R.Op]]:

@@ -1,10 +1,11 @@
 """Pipeline (GPipe): the model's units (NeuralNetwork's top-level layers, a Functional's chain of layers, a
-Pytorch_Model's top-level children: ravdl/v2/pipeline_stages.py) cut into `stages` contiguous stages of balanced
-memory, every batch into `micro_batches` micro-batches (as torch.tensor_split cuts it). Each (stage, micro-batch)
-forward is a subgraph of its own, as is each backward, which recomputes its stage's forward from the stage's input
-(GPipe's re-materialisation) and hands the gradient of that input to the stage before it; the optimizer steps once
-on the micro-batches' gradients weighted by their sizes: the same mathematics as one worker. Ready subgraphs go to
-idle workers, so stage s of micro-batch m+1 runs while stage s+1 works on micro-batch m.
+Pytorch_Model's top-level children or pieces of its traced graph: ravdl/v2/pipeline_stages.py) cut into `stages`
+contiguous stages of balanced memory, every batch into `micro_batches` micro-batches (as torch.tensor_split cuts
+it). Each (stage, micro-batch) forward is a subgraph of its own, as is each backward, which recomputes its stage's
+forward from the stage's input (GPipe's re-materialisation) and hands the gradient of that input to the stage before
+it; the optimizer steps once on the micro-batches' gradients weighted by their sizes: the same mathematics as one
+worker. Ready subgraphs go to idle workers, so stage s of micro-batch m+1 runs while stage s+1 works on micro-batch
+m.
 
 `replicas=R` composes it with data parallelism (Ravnest's clusters, averaged every step): every batch is first
 cut into R replica slices, each slice into `micro_batches`, and the gradients of all of them are averaged before

@@ -71,7 +71,10 @@ def model(source, *, sha256=None, max_bytes=DEFAULT_MAX_BYTES, timeout=60.0):
             raise ValueError("sha256= checks a file's bytes; it does not apply to a module object")
         if isinstance(source, torch.jit.ScriptModule):
             warnings.warn(TORCHSCRIPT_DEPRECATED, DeprecationWarning, stacklevel=2)
-        return _from_module(source)
+        result = _from_module(source)
+        if not isinstance(source, torch.jit.ScriptModule):
+            result.module = source
+        return result
     if isinstance(source, (bytes, bytearray, memoryview)):
         data, from_network = bytes(source), False
     elif isinstance(source, (str, os.PathLike)):
@@ -208,6 +211,9 @@ class Model:
         self.buffer_slots = tuple(slots for slots, _ in buffers)
         self.buffers = tuple(t for _, t in buffers)
         self._blob_ops = weakref.WeakKeyDictionary()  # graph -> its constant holding `blob`
+        # The nn.Module given to R.model, if one was: Pipeline traces it with torch.fx to cut a forward that is
+        # not a chain of its children (ravop/record/graph_stages.py); TorchScript has no such trace.
+        self.module = None
 
     @property
     def param_names(self):

@@ -12,9 +12,11 @@ The same pass measures, per child, what a stage holding it needs in memory for o
 backward (counted by `torch.autograd.graph.saved_tensors_hooks`, each storage once) and its output, which is also
 what crosses to the next stage (and its gradient back).
 
-A stage is a model of its own (`stage_model`): an `nn.Sequential` of its children under their own names, scripted,
-so its parameter and buffer slots are the full model's (`0.weight` stays `0.weight`) and every stage's values are
-the full model's graph values, picked by slot name.
+A stage is a model of its own (`stage_model`): an `nn.Sequential` of its children under their own names (after the
+first stage, behind a clone of its input, which an in-place first child must not write into), scripted, so its
+parameter and buffer slots are the full model's (`0.weight` stays `0.weight`) and every stage's values are the full
+model's graph values, picked by slot name. A forward that is not such a chain is cut on its torch.fx graph instead
+(ravop/record/graph_stages.py), when R.model was given the nn.Module.
 """
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -106,7 +108,8 @@ def _called_children(module, model):
     return names
 
 
-def _bytes(tensors):
+def stored_bytes(tensors):
+    """Bytes of the storages of `tensors`, each storage once."""
     seen, total = set(), 0
     for t in tensors:
         key = (t.untyped_storage().data_ptr(), t.device) if t.numel() else id(t)
@@ -142,13 +145,14 @@ def chain_of(model, sample, seed=0):
             params = [p.requires_grad_() if p.is_floating_point() else p for p in child.parameters()]
             weights = {p.data_ptr() for p in params}   # saved for the backward, but counted as parameters
             with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-                out = child(x.requires_grad_() if x.is_floating_point() and units else x)
+                # a clone of the leaf, as the stage's own clone (`_ClonedInput`): an in-place child may write it
+                out = child(x.requires_grad_().clone() if x.is_floating_point() and units else x)
             if not isinstance(out, torch.Tensor):
                 raise NotAChain(f"{_described(model, module)}: child {name} returns {type(out).__name__}; Pipeline "
                                 "hands one tensor from stage to stage")
             units.append(Unit(name, held_params, held_buffers,
-                              4 * _bytes(params) + _bytes(list(child.buffers())),
-                              _bytes([t for t in saved if t.data_ptr() not in weights]) + out.numel() *
+                              4 * stored_bytes(params) + stored_bytes(list(child.buffers())),
+                              stored_bytes([t for t in saved if t.data_ptr() not in weights]) + out.numel() *
                               out.element_size(), out.numel() * out.element_size(), tuple(out.shape[1:])))
             x = out.detach()
         torch.manual_seed(seed)
@@ -163,12 +167,22 @@ def chain_of(model, sample, seed=0):
     return units
 
 
-def stage_model(model, units):
-    """(the `R.model` Model of `units`, contiguous children of `model`, as an nn.Sequential under their own names;
-    the full model's parameter indices in the stage's slot order; its buffer indices likewise)."""
+class _ClonedInput(torch.nn.Module):
+    """A later stage's first step: its VJP differentiates the stage's input as an autograd leaf, which an in-place
+    first child (torchvision's `ReLU(inplace=True)`) must not write into; a copy changes no value."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+
+def stage_model(model, units, cloned):
+    """(the `R.model` Model of `units`, contiguous children of `model`, as an nn.Sequential under their own names,
+    after a `_ClonedInput` when `cloned` (a stage after the first); the full model's parameter indices in the
+    stage's slot order; its buffer indices likewise)."""
     module = _loaded_with_values(model)
     children = dict(module.named_children())
-    stage = _from_module(torch.nn.Sequential(OrderedDict((unit.name, children[unit.name]) for unit in units)))
+    steps = [("cloned_input", _ClonedInput())] if cloned else []
+    stage = _from_module(torch.nn.Sequential(OrderedDict(steps + [(unit.name, children[unit.name]) for unit in units])))
     param_index = {slot: k for k, slots in enumerate(model.param_slots) for slot in slots}
     buffer_index = {slot: k for k, slots in enumerate(model.buffer_slots) for slot in slots}
     return (stage, [param_index[slots[0]] for slots in stage.param_slots],

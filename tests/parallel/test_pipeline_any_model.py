@@ -2,10 +2,11 @@
 children (ravop/record/torchscript_stages.py) and trained as GPipe (ravdl/v2/pipeline_fit.py). Checked against eager
 PyTorch's GPipe-equivalent training (one model, each batch's micro-batches' weighted losses backpropagated in turn,
 one optimizer step), with BatchNorm (running statistics once per micro-batch) and Dropout (the same masks: each
-stage's forward draws from `stage_seed`, which the eager reference seeds too); a model that is not a chain of its
-children (a residual, a functional op between children, a tied parameter, a child called twice) is refused by
-name; a traced module is cut as a scripted one; `stages='auto'` fits the workers' advertised memory and bandwidth;
-on a real server two workers run the stages with the in-process bits."""
+stage's forward draws from `stage_seed`, which the eager reference seeds too); a scripted model that is not a chain
+of its children (a residual, a functional op between children, a tied parameter, a child called twice) is refused by
+name (as nn.Modules they are cut on their graph: tests/test_pipeline_graph_cut.py); a stage that starts with an
+in-place child trains; a traced module is cut as a scripted one; `stages='auto'` fits the workers' advertised memory
+and bandwidth; on a real server two workers run the stages with the in-process bits."""
 import warnings
 
 import numpy as np
@@ -162,13 +163,31 @@ def test_dropout_masks_matter_and_p0_equals_plain_training():
 
 
 @pytest.mark.parametrize("module, what", [(Residual, "aten::add"), (Flattening, "aten::relu")])
-def test_a_model_that_is_not_a_chain_of_its_children_is_refused_by_name(module, what):
+def test_a_scripted_model_that_is_not_a_chain_of_its_children_is_refused_by_name(module, what):
+    """Given as TorchScript, which torch.fx cannot trace (as nn.Modules they are cut on their graph:
+    tests/test_pipeline_graph_cut.py)."""
     R.Graph(name="not a chain")
-    model = Pytorch_Model(R.model(module()))
+    with pytest.warns(DeprecationWarning, match="deprecates TorchScript"):
+        model = Pytorch_Model(R.model(torch.jit.script(module())))
     model.initialize(Adam(lr=LR))
     with pytest.raises(NotAChain, match=f"the model {module.__name__} .* is not a chain of its children: its "
-                                        f"forward runs {what}"):
+                                        f"forward runs {what} .* or give R.model the nn.Module itself"):
         model.fit(X, Y, 1, 8, loss="SquareLoss", strategy=R.parallel.Pipeline(stages=2))
+
+
+def in_place_net():
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(inplace=True), torch.nn.Linear(8, 6),
+                               torch.nn.ReLU(inplace=True), torch.nn.Linear(6, 3))
+
+
+def test_a_stage_that_starts_with_an_in_place_child_trains_as_eager():
+    """Every cut of five children (one per stage) puts a ReLU(inplace=True) first in a stage: the stage clones its
+    input, which its VJP differentiates as an autograd leaf."""
+    graph, names = engine_fit(in_place_net, R.parallel.Pipeline(stages=5, micro_batches=2), 1, 12)
+    values = evaluate_persisted(graph)
+    want, _ = gpipe_reference(in_place_net, [(k, k + 1) for k in range(5)], 1, 12, 2, square_loss)
+    assert all(abs(float(values[n]) - float(w)) < 1e-5 for n, w in zip(names, want))
 
 
 def ravdl_net(p):

@@ -18,10 +18,11 @@ BUDGET = {
     "compiler": 1520,           # 1,318 at the layout by role; 1,419 with its annotations (signatures wrapped); 1,488
                                 # recording nothing (folded_loops, replicas= given), keeping the chosen forms (issue 41)
     "worker": 10,               # 7 at the layout by role
-    "ravdl": 2780,              # 2,293 at the layout by role; 2,439 annotated; 2,494 with its traps, 2,617 with
+    "ravdl": 2800,              # 2,293 at the layout by role; 2,439 annotated; 2,494 with its traps, 2,617 with
     #                             fit-then-use (trained_values, model_file; issue 45), 2,671 with EarlyStopping
     #                             in the loop (loop_stopping), 2,712 with DiLoCo's unequal shares in parallel_fit; +25
-    #                             a model file loaded by an unpickler that admits only what model.save writes
+    #                             a model file loaded by an unpickler that admits only what model.save writes; +20
+    #                             a parameter two pipeline stages read stepped once on their summed gradients (issue 46)
     "ravop/client": 1230,       # 1,101 at the layout by role; 1,198 with bans by the requester, seals checked at
                                 # fetch and dropped starts posted again (issue 44)
     "ravop/core": 660,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
@@ -37,8 +38,9 @@ BUDGET = {
     "ravop/parallel": 880,      # 671 at the layout by role; 741 with the Strategy protocol (ravop/parallel/protocol.py);
                                 # 809 with DiLoCo rounds of unequal shares (ravop/parallel/rounds.py, issue 43); 855
                                 # with rounds that close with the replicas present (close_after, issue 43)
-    "ravop/record": 1660,       # 1,468 at the layout by role; 1,615 with the job settings apart (job_settings) and parts
-                                # recorded in several forms, chosen at activation (forms, issue 41)
+    "ravop/record": 1900,       # 1,468 at the layout by role; 1,615 with the job settings apart (job_settings) and parts
+                                # recorded in several forms, chosen at activation (forms, issue 41); 1,815 with any
+                                # nn.Module's torch.fx graph cut into pipeline stages (ravop/record/graph_stages.py, issue 46)
     "ravop/runtime": 1220,      # 1,160 at the layout by role
     "ravop/store": 2340,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
                                 # with votes per principal in the SPOT script and the attempts hash (issues 42, 43);
