@@ -6,7 +6,7 @@ worker of one torch thread: with the worker's default checkpoints, and with chec
 process of its own (torch.optim.Adam(fused=True), one thread). Per size:
 
 - s/step of the loop (from its claim to its end) with checkpoints and without, and their ratio; the loop's
-  stall, 1 - (s/step without) / (s/step with);
+  stall in its checkpoint copies (the `copied` seconds its checkpoint record shows, over the loop's seconds);
 - checkpoints written (their steps seen in the checkpoint record, polled every 20 ms) and the bytes that went
   into the server during the loop (INFO's total_net_input_bytes, less the run without checkpoints');
 - the worker's peak RSS above its idle RSS (VmHWM) in bytes per parameter, with and without checkpoints, and
@@ -82,6 +82,7 @@ class Watch:
         self.client, self.keys = client, keys
         self.claimed = self.ended = self.bytes_at_claim = self.bytes_at_end = None
         self.checkpoints = []
+        self.copied = 0.0   # seconds the loop spent in checkpoint copies, as of its last checkpoint
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -97,9 +98,10 @@ class Watch:
         self.claimed, self.bytes_at_claim = time.monotonic(), self._net_in()
         loop = loop.decode()
         while not client.sismember(keys.done, loop):
-            step = client.hget(keys.checkpoint(loop), "step")
+            step, copied = client.hmget(keys.checkpoint(loop), "step", "copied")
             if step is not None and (not self.checkpoints or self.checkpoints[-1] != int(step)):
                 self.checkpoints.append(int(step))
+                self.copied = float(copied)
             time.sleep(0.02)
         self.ended, self.bytes_at_end = time.monotonic(), self._net_in()
 
@@ -138,6 +140,7 @@ def engine(R, session, width: int, steps: int, flags) -> dict:
         proc.wait()
     R.flush()
     return {"s_per_step": (watch.ended - watch.claimed) / steps, "checkpoints": len(watch.checkpoints),
+            "stall": watch.copied / (watch.ended - watch.claimed),
             "net_in": watch.bytes_at_end - watch.bytes_at_claim, "peak": peak}
 
 
@@ -164,7 +167,7 @@ def main():
         eager_run = json.loads(subprocess.run([sys.executable, __file__, "--eager", str(width), str(steps)],
                                               check=True, capture_output=True, text=True).stdout)
         print(f"| {params / 1e6:.1f}M | {steps} | {on['s_per_step']:.3f} / {off['s_per_step']:.3f} | "
-              f"{on['s_per_step'] / off['s_per_step']:.2f}x | {1 - off['s_per_step'] / on['s_per_step']:.1%} | "
+              f"{on['s_per_step'] / off['s_per_step']:.2f}x | {on['stall']:.1%} | "
               f"{on['checkpoints']} | {(on['net_in'] - off['net_in']) / 1e9:.2f} | "
               f"{on['peak'] / params:.1f} / {off['peak'] / params:.1f} | {eager_run['peak'] / params:.1f} | "
               f"{on['peak'] / eager_run['peak']:.2f}x | {eager_run['s_per_step']:.3f} | "

@@ -14,6 +14,9 @@ def test_none_is_taken_while_the_last_is_being_written_and_the_one_due_meanwhile
     assert not cadence.due(False, since=0.5, now=20.0) and not cadence.due(True, since=0.5, now=20.0)
     cadence.written(write_seconds=30.0)
     assert cadence.every == 10.0   # 50x its cost, at most `seconds`
+    cadence.taken(copy_seconds=0.002)
+    assert cadence.copied == 0.003   # what the copies cost the loop, all told
+    cadence.written(write_seconds=30.0)
     assert cadence.due(False, since=0.5, now=30.5)   # the one that came due meanwhile: at once, the latest state
 
 

@@ -30,6 +30,7 @@ class CheckpointCadence:
     least: float = 0.5    # an adaptive cadence's shortest interval
     every: float = 0.0    # the interval now
     copy_seconds: float = 0.0
+    copied: float = 0.0     # the seconds the loop spent in copies, all told (the checkpoint record shows them)
     writing: bool = False   # a checkpoint taken and not written yet
 
     def __post_init__(self) -> None:
@@ -42,6 +43,7 @@ class CheckpointCadence:
 
     def taken(self, copy_seconds: float) -> None:
         self.writing, self.copy_seconds = True, copy_seconds
+        self.copied += copy_seconds
 
     def written(self, write_seconds: float) -> None:
         """The checkpoint taken last is in the store after `write_seconds` beside the loop."""

@@ -399,7 +399,9 @@ class _Writer:
                           mapping={"step": done, "n": len(host), "same": checkpoint_aliases.encode(same),
                                    "shared": shared_checkpoint.encode(shared),
                                    "replaces": self.saved if replaced else "",
-                                   "replaced": shared_checkpoint.encode(replaced)})
+                                   "replaced": shared_checkpoint.encode(replaced),
+                                   # what this worker's checkpoint copies cost the loop so far (benchmarks)
+                                   "copied": f"{self.timing.copied:.4f}"})
                 if self.saved is not None and self.saved != done and self.segments is None:
                     # the replaced checkpoint's own tensors go as this one is published: one checkpoint at rest
                     # (under verify='spot' they stay: a segment may be re-run from them)
