@@ -101,7 +101,7 @@ class Watch:
             step, copied = client.hmget(keys.checkpoint(loop), "step", "copied")
             if step is not None and (not self.checkpoints or self.checkpoints[-1] != int(step)):
                 self.checkpoints.append(int(step))
-                self.copied = float(copied)
+                self.copied = float(copied or "nan")   # nan: a worker that does not record them
             time.sleep(0.02)
         self.ended, self.bytes_at_end = time.monotonic(), self._net_in()
 
