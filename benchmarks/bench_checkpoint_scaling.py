@@ -1,9 +1,10 @@
 """Loop checkpoints as the model grows (issue 46): an MLP `Pytorch_Model` of ~10M, ~40M and ~100M parameters
 (three Linear(w, w) and a Linear(w, 10), ReLUs between; ravdl's fused Adam: 12 bytes of state per parameter)
-trained by `.fit` for a few dozen steps on the embedded server (R.initialize()), each size twice on one fresh
-worker of one torch thread: with the worker's default checkpoints, and with checkpoints off
-(`--checkpoint-steps 0 --checkpoint-seconds 1e9`). Against eager PyTorch's training of the same model in a
-process of its own (torch.optim.Adam(fused=True), one thread). Per size:
+trained by `.fit` for a few dozen steps on the embedded server (R.initialize()), each on one fresh worker of one
+torch thread: with checkpoints off (`--checkpoint-steps 0 --checkpoint-seconds 1e9`), then with the worker's
+default checkpoints, `--repeats` times in turn (the best s/step of each kept: the machine is shared). Against
+eager PyTorch's training of the same model in a process of its own (torch.optim.Adam(fused=True), one thread,
+best of `--repeats`). Per size:
 
 - s/step of the loop (from its claim to its end) with checkpoints and without, and their ratio; the loop's
   stall in its checkpoint copies (the `copied` seconds its checkpoint record shows, over the loop's seconds);
@@ -13,7 +14,7 @@ process of its own (torch.optim.Adam(fused=True), one thread). Per size:
   eager's (peak above its RSS before the model was made), and their ratio; eager's s/step and the engine's
   against it.
 
-    python benchmarks/bench_checkpoint_scaling.py [--sizes 10M,40M,100M] [--steps-scale 1.0]
+    python benchmarks/bench_checkpoint_scaling.py [--sizes 10M,40M,100M] [--steps-scale 1.0] [--repeats 2]
 """
 import argparse
 import json
@@ -30,7 +31,7 @@ import torch
 from torch import nn
 
 WIDTHS = {"10M": 1826, "40M": 3652, "100M": 5780}   # 3w^2 + 11w parameters
-STEPS = {"10M": 300, "40M": 100, "100M": 50}         # ~10-30 s of loop each on one thread
+STEPS = {"10M": 150, "40M": 80, "100M": 40}          # ~20-40 s of loop each on one thread
 BATCH, CLASSES, SEED = 8, 10, 0
 OFF = ["--checkpoint-steps", "0", "--checkpoint-seconds", "1e9"]
 
@@ -148,6 +149,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10M,40M,100M")
     parser.add_argument("--steps-scale", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--eager", nargs=2, type=int, metavar=("WIDTH", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.eager:
@@ -162,10 +164,17 @@ def main():
     for size in args.sizes.split(","):
         width, steps = WIDTHS[size], max(4, round(STEPS[size] * args.steps_scale))
         params = sum(p.numel() for p in mlp(width).parameters())
-        off = engine(R, session, width, steps, OFF)
-        on = engine(R, session, width, steps, ())
-        eager_run = json.loads(subprocess.run([sys.executable, __file__, "--eager", str(width), str(steps)],
-                                              check=True, capture_output=True, text=True).stdout)
+        offs, ons, eagers = [], [], []
+        for _ in range(args.repeats):
+            offs.append(engine(R, session, width, steps, OFF))
+            ons.append(engine(R, session, width, steps, ()))
+            eagers.append(json.loads(subprocess.run([sys.executable, __file__, "--eager", str(width), str(steps)],
+                                                    check=True, capture_output=True, text=True).stdout))
+        off, on, eager_run = (min(runs, key=lambda run: run["s_per_step"]) for runs in (offs, ons, eagers))
+        print(f"  {size}: ckpt s/step {[round(r['s_per_step'], 3) for r in ons]}, stall "
+              f"{[round(r['stall'], 3) for r in ons]}, checkpoints {[r['checkpoints'] for r in ons]}; off "
+              f"{[round(r['s_per_step'], 3) for r in offs]}; eager {[round(r['s_per_step'], 3) for r in eagers]}",
+              flush=True)
         print(f"| {params / 1e6:.1f}M | {steps} | {on['s_per_step']:.3f} / {off['s_per_step']:.3f} | "
               f"{on['s_per_step'] / off['s_per_step']:.2f}x | {on['stall']:.1%} | "
               f"{on['checkpoints']} | {(on['net_in'] - off['net_in']) / 1e9:.2f} | "

@@ -27,9 +27,10 @@ A checkpoint's tensors go through the tensor store (`ravop.store.tensors`: one v
 big one, so state over Redis's 512 MB value limit checkpoints too) under keys named by the step they were
 taken at; the checkpoint hash, written in the transaction that publishes their headers, names that step, and the
 previous checkpoint's tensors are deleted in it: the store holds one checkpoint at rest, and one in flight (a big
-one's chunks go ahead of the transaction, under a marker a resumed loop deletes them by if the writer died). A loop that exchanges values stores its values
-by digest instead, once for all the loops whose checkpoints hold the same bits (worker/loops/shared_checkpoint.py), at
-synchronisations the graph's loops agree on (worker/loops/sync_cadence.py).
+one's chunks go ahead of the transaction, under a marker a resumed loop deletes them by if the writer died). A
+loop that exchanges values stores its values by digest instead, once for all the loops whose checkpoints hold the
+same bits (worker/loops/shared_checkpoint.py), at synchronisations the graph's loops agree on
+(worker/loops/sync_cadence.py).
 
 The templates follow the rules of ordinary subgraphs (worker/execute/validate.py, worker/execute/memory.py): their
 declared sizes must fit the worker's limit, and each output is checked against its declared size and the budget.
