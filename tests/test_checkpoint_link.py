@@ -19,7 +19,7 @@ from test_loop_workers import assert_same_as_in_process
 from throttled_link import ThrottledLink
 from worker.loops.loop_subgraph import writing_key
 
-RATE = 600e3        # bytes/s up each worker connection: a checkpoint (~0.8 MB) takes over a second
+RATE = 2e6          # bytes/s up each worker connection: a checkpoint (~0.8 MB) takes ~0.4 s
 ASKED = 5           # --checkpoint-steps
 RNG = np.random.default_rng(3)
 X = RNG.normal(size=(40, 4))
