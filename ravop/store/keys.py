@@ -38,7 +38,12 @@ graphs spread over the shards:
   outbox              hash    on a cluster, subgraph id -> device of subgraphs that became ready and were
                               not claimed yet (ravop.store.handoff)
   steps               hash    loop subgraph id -> its steps done (written as the loop runs)
-  ckpt:{sid}          hash    a running loop's checkpoint: step (steps done), c0, c1, ... (carried tensors)
+  ckpt:{sid}          hash    a running loop's checkpoint: step (steps done), n (carried tensors), same, shared,
+                              replaces, replaced (worker/loops/loop_subgraph.py), copied (seconds the loop spent
+                              copying its state for checkpoints on this worker)
+  ckpt:{sid}:writing  string  the step of the checkpoint whose chunks are going up ahead of its transaction (which
+                              deletes it); a loop resuming deletes the chunks of the step it names
+                              (worker/loops/loop_subgraph.py)
   ckpt:v:{digest}     string  a checkpoint value stored once for the loops whose checkpoints name it, by digest
                               (worker/loops/shared_checkpoint.py); ckpt:v:{digest}:refs, set: "{sid}:{step}" of those;
                               ckpt:v:{digest}:claim, string (expiring): the checkpoint uploading it

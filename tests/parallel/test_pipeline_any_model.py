@@ -4,7 +4,7 @@ PyTorch's GPipe-equivalent training (one model, each batch's micro-batches' weig
 one optimizer step), with BatchNorm (running statistics once per micro-batch) and Dropout (the same masks: each
 stage's forward draws from `stage_seed`, which the eager reference seeds too); a scripted model that is not a chain
 of its children (a residual, a functional op between children, a tied parameter, a child called twice) is refused by
-name (as nn.Modules they are cut on their graph: tests/test_pipeline_graph_cut.py); a stage that starts with an
+name (as nn.Modules they are cut on their graph: tests/parallel/test_pipeline_graph_cut.py); a stage that starts with an
 in-place child trains; a traced module is cut as a scripted one; `stages='auto'` fits the workers' advertised memory
 and bandwidth; on a real server two workers run the stages with the in-process bits."""
 import warnings
@@ -165,7 +165,7 @@ def test_dropout_masks_matter_and_p0_equals_plain_training():
 @pytest.mark.parametrize("module, what", [(Residual, "aten::add"), (Flattening, "aten::relu")])
 def test_a_scripted_model_that_is_not_a_chain_of_its_children_is_refused_by_name(module, what):
     """Given as TorchScript, which torch.fx cannot trace (as nn.Modules they are cut on their graph:
-    tests/test_pipeline_graph_cut.py)."""
+    tests/parallel/test_pipeline_graph_cut.py)."""
     R.Graph(name="not a chain")
     with pytest.warns(DeprecationWarning, match="deprecates TorchScript"):
         model = Pytorch_Model(R.model(torch.jit.script(module())))

@@ -51,10 +51,12 @@ BUDGET = {
                                 # replicas of running fits in status (issue 43)
     "ravop/wire": 320,          # 304 at the layout by role
     "worker/execute": 540,      # 506 at the layout by role
-    "worker/loops": 1260,       # 963 at the layout by role; 1,027 with the exchange's bounded wait for optional values
+    "worker/loops": 1320,       # 963 at the layout by role; 1,027 with the exchange's bounded wait for optional values
                                 # (DiLoCo's close_after, issue 43); +24: loops yield to other tokens (turns, issue 44);
                                 # 1,113 with the checkpoint read in the inputs' round trip (issue 43); 1,207 annotated
-                                # (signatures wrapped, the writer's attributes declared; issue 41)
+                                # (signatures wrapped, the writer's attributes declared; issue 41); 1,250 with one
+                                # checkpoint in flight from one host buffer, its cadence bounded by its cost and the
+                                # half-written chunks of a dead writer deleted (issue 46)
     "worker/provider": 350,     # 325 at the layout by role
     "worker/serve": 1560,       # 1,234 at the layout by role; +39: the tokens' quotas (token_usage); +7 --numerics;
                                 # +40 for attempts that count failures (attempts, issue 43); + votes per principal;

@@ -8,7 +8,7 @@ import threading
 from typing import Callable, Optional
 
 # at most this many writes wait behind the one running: a loop that outruns the link waits for it rather than
-# holding copies of its carried state without bound
+# holding what it writes without bound (a checkpoint never waits behind another: worker/loops/checkpoint_cadence.py)
 QUEUED = 2
 
 

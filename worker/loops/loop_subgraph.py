@@ -9,8 +9,9 @@ number of steps done (what `R.track_progress` shows), and a checkpoint of the ca
 whichever comes first. Each write is one MULTI/EXEC,
 so a checkpoint and the persisted values up to it land together. The writes run in a thread beside the loop, in
 order (worker/loops/background_writes.py: over a slow link a checkpoint is seconds of upload the loop need not wait
-for); a checkpoint holds its step's values, and a failed write stops the loop at its next step with nothing
-after it written. The loop waits for them when it hands itself back and at its end. A worker that takes over
+for); a checkpoint holds its step's values (copied into one host buffer: worker/loops/checkpoint_buffer.py; one
+in flight at a time, worker/loops/checkpoint_cadence.py), and a failed write stops the loop at its next step with
+nothing after it written. The loop waits for them when it hands itself back and at its end. A worker that takes over
 the subgraph after a crash resumes from the checkpoint; steps are deterministic, so it computes the same bits,
 and it writes persisted values with SET NX: a value written before the crash is never written again. A worker told
 to stop (SIGTERM) checkpoints after the step it is running and hands the loop back at once.
@@ -24,10 +25,12 @@ resumes from that checkpoint and stops there too, so the result is the k-epoch r
 
 A checkpoint's tensors go through the tensor store (`ravop.store.tensors`: one value each, or chunks for a
 big one, so state over Redis's 512 MB value limit checkpoints too) under keys named by the step they were
-taken at; the checkpoint hash, written in the transaction that publishes their headers, names that step. The
-previous checkpoint's tensors are deleted once the new one is in. A loop that exchanges values stores its values
-by digest instead, once for all the loops whose checkpoints hold the same bits (worker/loops/shared_checkpoint.py), at
-synchronisations the graph's loops agree on (worker/loops/sync_cadence.py).
+taken at; the checkpoint hash, written in the transaction that publishes their headers, names that step, and the
+previous checkpoint's tensors are deleted in it: the store holds one checkpoint at rest, and one in flight (a big
+one's chunks go ahead of the transaction, under a marker a resumed loop deletes them by if the writer died). A
+loop that exchanges values stores its values by digest instead, once for all the loops whose checkpoints hold the
+same bits (worker/loops/shared_checkpoint.py), at synchronisations the graph's loops agree on
+(worker/loops/sync_cadence.py).
 
 The templates follow the rules of ordinary subgraphs (worker/execute/validate.py, worker/execute/memory.py): their
 declared sizes must fit the worker's limit, and each output is checked against its declared size and the budget.
@@ -61,6 +64,8 @@ from ..execute.validate import Program, check_nodes
 from . import step_decisions
 from . import checkpoint_aliases, held_values, shared_checkpoint
 from .background_writes import BackgroundWrites
+from .checkpoint_buffer import CheckpointBuffer
+from .checkpoint_cadence import CheckpointCadence
 from .exchange import StoreExchange
 from .graph_watch import GraphWatch
 from ..serve.worker_metrics import WorkerMetrics
@@ -80,12 +85,13 @@ FLUSH_SPACING = 20
 CHECKPOINT_SECONDS = 10.0
 CHECKPOINT_STEPS = 1000
 # Unless --checkpoint-seconds is given, a loop checkpoints as often as its checkpoints' measured cost allows: every
-# CHECKPOINT_SPACING times what the last one cost (its host copy in the loop, its write beside it: 2% of the
-# loop's time), at least MIN_CHECKPOINT_SECONDS and at most CHECKPOINT_SECONDS apart. A provider that leaves
-# costs the steps since the last checkpoint: half the interval on average, so for the MNIST-sized MLP (2.4 MB of
-# state, 1-4 ms a checkpoint) a kill every 20 s loses ~0.25 s instead of ~5 s at 10 s (Young's optimum
-# sqrt(2 x cost x mean time between failures) is 0.3-0.4 s there; docs/reports/benchmarks.md, 2026-11-29).
-CHECKPOINT_SPACING = 50
+# checkpoint_cadence.SPACING times what the last one cost (its host copy in the loop, its write beside it: 2% of
+# the loop's time), at least MIN_CHECKPOINT_SECONDS and at most CHECKPOINT_SECONDS apart, and in any case never
+# while the last is being written nor more often than keeps the copies within 4% of the loop's time
+# (worker/loops/checkpoint_cadence.py). A provider that leaves costs the steps since the last checkpoint: half the
+# interval on average, so for the MNIST-sized MLP (2.4 MB of state, 1-4 ms a checkpoint) a kill every 20 s loses
+# ~0.25 s instead of ~5 s at 10 s (Young's optimum sqrt(2 x cost x mean time between failures) is 0.3-0.4 s
+# there; docs/reports/benchmarks.md, 2026-11-29).
 MIN_CHECKPOINT_SECONDS = 0.5
 # A loop that exchanges values (a resident replica) checkpoints at a synchronisation, when its parameters equal
 # the global model it carries (stored once: worker/loops/checkpoint_aliases.py, and once for all replicas:
@@ -116,6 +122,11 @@ def checkpoint_tensor_key(keys: GraphKeys, subgraph_id: Union[int, str], step: i
     return f"{keys.checkpoint(subgraph_id)}:{step}:{k}"
 
 
+def writing_key(keys: GraphKeys, subgraph_id: Union[int, str]) -> str:
+    """The step of the checkpoint whose chunks are being written (set before them, deleted as it is published)."""
+    return f"{keys.checkpoint(subgraph_id)}:writing"
+
+
 def checkpoint_keys(keys: GraphKeys, subgraph_id: Union[int, str], step: int, n: int) -> list[str]:
     """Every Redis key the `n` tensors of the checkpoint taken at `step` may occupy (values and chunks)."""
     return [key for k in range(n) for key in stored.keys_of(checkpoint_tensor_key(keys, subgraph_id, step, k))]
@@ -123,11 +134,11 @@ def checkpoint_keys(keys: GraphKeys, subgraph_id: Union[int, str], step: int, n:
 
 def drop_checkpoint(client: Client, keys: GraphKeys, subgraph_id: int) -> None:
     """Delete a loop's published checkpoint: its hash and the tensors it names. Found from that record, not a
-    SCAN, which a worker's ACL user may not run (ravop.store.access); the tensors of a checkpoint a worker
-    died writing before publishing it stay until the graph is flushed."""
+    SCAN, which a worker's ACL user may not run (ravop.store.access); the chunks of one a worker died writing
+    before publishing it went when the loop resumed (`_drop_unpublished`)."""
     prefix = keys.checkpoint(subgraph_id)
     step, n, shared = client.hmget(prefix, "step", "n", "shared")
-    doomed = [prefix]
+    doomed = [prefix, writing_key(keys, subgraph_id)]
     if step is not None and n is not None:
         doomed += checkpoint_keys(keys, subgraph_id, int(step), int(n))
     client.delete(*doomed)
@@ -218,8 +229,9 @@ class _Writer:
         self.last_flush = self.last_checkpoint = now
         self.flush_every = FLUSH_SECONDS
         self.checkpointed = resumed_at or 0
-        self.checkpoint_every = MIN_CHECKPOINT_SECONDS if self.adaptive else self.checkpoint_seconds
-        self.copy_seconds = 0.0   # what the last checkpoint's host copy cost the loop
+        # when periodic checkpoints are due: by their cost, and one in flight at a time, written from one host copy
+        self.timing = CheckpointCadence(self.checkpoint_seconds, self.adaptive, MIN_CHECKPOINT_SECONDS)
+        self.buffer = CheckpointBuffer()
         self.saved = resumed_at   # the step of the checkpoint in Redis (None: none)
         self.last = None          # (steps done, carried values) after the last step run here
         self.work_waiting = None  # () -> whether to give the worker up while waiting (worker/loops/hand_back.py)
@@ -286,11 +298,10 @@ class _Writer:
         if self.stop is not None and self.stop.is_set() and done < self.n_steps:
             self.write(done, carried)
             raise LoopHandedBack(done)
-        due = bool(self.checkpoint_steps and done - self.checkpointed >= self.checkpoint_steps)
-        if self.cadence is None:
-            due = due or now - self.last_checkpoint >= self.checkpoint_every
-        elif template == self.sync_first or template == self.sync_end:
-            due = self._at_sync(template, run, now, carried) or due
+        asked = bool(self.checkpoint_steps and done - self.checkpointed >= self.checkpoint_steps)
+        if self.cadence is not None and template in (self.sync_first, self.sync_end):
+            asked = self._at_sync(template, run, now, carried) or asked
+        due = self.timing.due(asked, self.last_checkpoint if self.cadence is None else None, now)
         if due and self.sync_end in (None, template):
             self.write(done, carried, wait=False)
         elif now - self.last_flush >= self.flush_every and not (self.writes is not None and self.writes.busy()):
@@ -320,7 +331,8 @@ class _Writer:
               wait: bool = True) -> None:
         """Persisted values, progress, and a checkpoint of `carried` if given, in one transaction, after the writes
         queued before it; `record`: fields to set on the graph's meta with them. `wait=False`: written beside the
-        loop (what it writes is taken now: the loop may update its tensors in place afterwards)."""
+        loop (what it writes is taken now, the checkpoint into the host buffer: the loop may update its tensors in
+        place afterwards; none is taken while the last is in flight, `self.timing.due`)."""
         if self.writes is not None and not wait:
             self.writes.put(functools.partial(self._commit, *self._take(done, carried, record, copy=True)))
             return
@@ -335,8 +347,8 @@ class _Writer:
         host = reads = None
         if carried is not None and done != self.taken:
             began = time.monotonic()
-            host = [_host_copy(value) if copy else devices.to_host(value) for value in carried]
-            self.copy_seconds = time.monotonic() - began
+            host = self.buffer.fill(carried) if copy else [devices.to_host(value) for value in carried]
+            self.timing.taken(time.monotonic() - began)
             reads = self.exchange.take_reads() if self.exchange is not None else None
             self.taken, self.checkpointed, self.last_checkpoint = done, done, time.monotonic()
             if self.cadence is not None:
@@ -371,10 +383,6 @@ class _Writer:
             if self.segments is not None:
                 self.segments.on_checkpoint(self.saved or 0, done, host)
             elif self.saved is not None:
-                doomed = [key for k in range(len(host)) if k not in self.shared
-                          for key in stored.keys_of(checkpoint_tensor_key(keys, self.subgraph_id, self.saved, k))]
-                if doomed:
-                    client.delete(*doomed)
                 shared_checkpoint.release(client, keys, self.shared,
                                           shared_checkpoint.holder(self.subgraph_id, self.saved))
             self.saved, self.shared = done, shared
@@ -382,10 +390,7 @@ class _Writer:
                           checkpoint_tensor_key(keys, self.subgraph_id, done, k) for k in range(len(host))]
             if self.exchange is not None:
                 self.exchange.release(reads)   # exchanged values read before it are no longer needed here
-            elif self.adaptive:
-                cost = self.copy_seconds + time.monotonic() - began
-                self.checkpoint_every = min(self.checkpoint_seconds,
-                                            max(MIN_CHECKPOINT_SECONDS, CHECKPOINT_SPACING * cost))
+            self.timing.written(time.monotonic() - began)   # the host buffer may be refilled from here on
         self.last_flush = time.monotonic()
         if host is None:
             self.flush_every = max(FLUSH_SECONDS, FLUSH_SPACING * (self.last_flush - began))
@@ -414,6 +419,9 @@ class _Writer:
             written = 0
             if host is not None:
                 chunks = client.pipeline(transaction=False)   # big tensors' chunks, before the transaction
+                if size is not None:   # chunks written before their transaction: a resumed loop deletes them if
+                    chunks.set(writing_key(keys, self.subgraph_id), done)   # this worker dies before it
+                    pipe.delete(writing_key(keys, self.subgraph_id))
                 for k, value in enumerate(host):
                     if k not in same and k not in shared:
                         stored.write(pipe, checkpoint_tensor_key(keys, self.subgraph_id, done, k), value, size,
@@ -429,7 +437,16 @@ class _Writer:
                           mapping={"step": done, "n": len(host), "same": checkpoint_aliases.encode(same),
                                    "shared": shared_checkpoint.encode(shared),
                                    "replaces": self.saved if replaced else "",
-                                   "replaced": shared_checkpoint.encode(replaced)})
+                                   "replaced": shared_checkpoint.encode(replaced),
+                                   # what this worker's checkpoint copies cost the loop so far (benchmarks)
+                                   "copied": f"{self.timing.copied:.4f}"})
+                if self.saved is not None and self.saved != done and self.segments is None:
+                    # the replaced checkpoint's own tensors go as this one is published: one checkpoint at rest
+                    # (under verify='spot' they stay: a segment may be re-run from them)
+                    doomed = [key for k in range(len(host)) if k not in self.shared for key in
+                              stored.keys_of(checkpoint_tensor_key(keys, self.subgraph_id, self.saved, k))]
+                    if doomed:
+                        pipe.delete(*doomed)
             if record:
                 pipe.hset(keys.meta, mapping=record)
             pipe.hget(keys.meta, "state")
@@ -442,12 +459,6 @@ class _Writer:
     def close(self) -> None:
         if self.writes is not None:
             self.writes.close()
-
-
-def _host_copy(value: Any) -> Any:
-    """A copy on the host that the loop's later steps cannot change."""
-    host = devices.to_host(value)
-    return host.clone() if host is value else host
 
 
 def checkpoint_record(keys: Any, subgraph_id: Any,
@@ -474,9 +485,11 @@ def _resume(client: Client, keys: GraphKeys, subgraph_id: int, n_carried: int, d
     checkpoint, or (None, None, {}) without a usable one; its tensors from `cache` where this worker kept them
     when it handed the loop back (worker/loops/held_values.py), else from `prefetched` ({key: bytes}) or the store
     in one round trip. The references of the checkpoint it replaced are released (again: a worker may have died
-    before it did). `saved`: its record, where the worker read it already (worker/loops/loop_start.py)."""
+    before it did), and the chunks of one a worker died writing are deleted. `saved`: its record, where the worker
+    read it already (worker/loops/loop_start.py)."""
     if saved is None:
         saved = client.hgetall(keys.checkpoint(subgraph_id))
+    _drop_unpublished(client, keys, subgraph_id, n_carried, saved.get(b"step"))
     if not saved:
         return None, None, {}
     step, n, same, shared, names = checkpoint_record(keys, subgraph_id, saved)
@@ -501,6 +514,14 @@ def _resume(client: Client, keys: GraphKeys, subgraph_id: int, n_carried: int, d
     if any(value is None for value in carried):
         raise PlanError(f"{where} lost a tensor")
     return step, [devices.to_device(value, device) for value in carried], shared
+
+
+def _drop_unpublished(client: Client, keys: GraphKeys, subgraph_id: int, n: int, published: Optional[bytes]) -> None:
+    """Delete the chunks of a checkpoint a worker died writing (before its transaction published it), so that the
+    store holds one checkpoint at rest besides the one being written. One round trip, two with some."""
+    writing = client.get(writing_key(keys, subgraph_id))
+    if writing is not None and writing != published:
+        client.delete(*checkpoint_keys(keys, subgraph_id, int(writing), n), writing_key(keys, subgraph_id))
 
 
 def unpaced(on_step: OnStep, loop: Any, values: Any, exchange: Optional[StoreExchange]

@@ -21,8 +21,9 @@ from ravop.store.client_types import Client
 from ravop.store.failure_lines import one_line
 
 from ..execute import emulated_device, memory
-from ..loops.loop_subgraph import (CHECKPOINT_SECONDS, CHECKPOINT_SPACING, CHECKPOINT_STEPS, MIN_CHECKPOINT_SECONDS,
-                                     RESIDENT_CHECKPOINT_SECONDS)
+from ..loops.checkpoint_cadence import SPACING as CHECKPOINT_SPACING
+from ..loops.loop_subgraph import (CHECKPOINT_SECONDS, CHECKPOINT_STEPS, MIN_CHECKPOINT_SECONDS,
+                                   RESIDENT_CHECKPOINT_SECONDS)
 from ..verify.redundant import Liar
 from .consumer import Worker
 from .parent_death import die_with_parent
@@ -64,7 +65,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-seconds", type=float, default=None,
                         help=f"... and every this many seconds (default: as often as checkpoints are cheap: every "
                              f"{CHECKPOINT_SPACING}x what the last one cost, between {MIN_CHECKPOINT_SECONDS:g} and "
-                             f"{CHECKPOINT_SECONDS:g} s apart)")
+                             f"{CHECKPOINT_SECONDS:g} s apart; never while the last is being written)")
     parser.add_argument("--resident-checkpoint-seconds", type=float, default=RESIDENT_CHECKPOINT_SECONDS,
                         help="a loop that exchanges values (a resident replica) checkpoints instead at a "
                              "synchronisation at least this many seconds after its last checkpoint (0: at every "

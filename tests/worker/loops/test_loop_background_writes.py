@@ -7,6 +7,7 @@ import threading
 import pytest
 import torch
 
+from helpers import wait_for
 from ravop.core.graph_states import FAILED
 from ravop.store import tensors as stored
 from ravop.wire import decode_tensor, encode_tensor
@@ -69,6 +70,31 @@ def test_the_loop_goes_on_while_a_checkpoint_waits_and_it_holds_the_values_of_it
     assert client.hget(keys.checkpoint("7"), "step") == b"4"
     assert client.hget(keys.steps, "7") == b"4" and client.exists(keys.tensor(102))
     assert not client.exists(value_key(keys, name))   # the previous checkpoint's values are deleted
+    writer.close()
+
+
+def test_a_checkpoint_due_while_the_last_is_in_flight_waits_for_it_and_takes_the_latest_state(client, keys):
+    # worker/loops/checkpoint_cadence.py: one checkpoint in flight, copied into one host buffer, never a queue
+    writer, exchange = writer_for(client, keys), HeldExchange()
+    writer.exchange = exchange
+    carried = torch.zeros(3)
+    writer.on_step(1, 0, 0, [torch.tensor(1.0)], [carried])
+    writer.on_step(2, 0, 1, [torch.tensor(2.0)], [carried])   # checkpoint 2, held in flight at the exchange's flush
+    assert exchange.flushing.wait(30)
+    (held,) = writer.buffer.held
+    for step in range(3, 7):   # checkpoints asked at 4 and 6 while 2 is in flight: none taken, no copy made
+        carried += 1
+        writer.on_step(step, 0, step - 1, [torch.tensor(float(step))], [carried])
+    assert writer.taken == 2 and torch.equal(held, torch.zeros(3))
+    exchange.sent.set()
+    wait_for(lambda: client.hget(keys.checkpoint("7"), "step") == b"2", "checkpoint 2")
+    wait_for(lambda: not writer.timing.writing, "checkpoint 2's write to end")
+    carried += 1
+    writer.on_step(7, 0, 6, [torch.tensor(7.0)], [carried])   # the one due meanwhile: step 7's state, same buffer
+    writer.writes.drain()
+    assert client.hget(keys.checkpoint("7"), "step") == b"7" and writer.buffer.held[0] is held
+    (name,) = decode_shared(client.hget(keys.checkpoint("7"), "shared"), 1).values()
+    assert torch.equal(stored.read(client, value_key(keys, name)), torch.full((3,), 5.0))
     writer.close()
 
 

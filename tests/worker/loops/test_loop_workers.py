@@ -82,8 +82,9 @@ def test_a_checkpoint_in_chunks_resumes_on_another_worker_with_the_same_bits(eng
     assert client.hget(keys.ran, loop_id).decode() == next(n for n in names if n != holder)
     assert_same_as_in_process(graph, persisted)
     assert not client.exists(keys.checkpoint(loop_id))   # the finished loop dropped its checkpoint record
-    # Tensors of a checkpoint the killed worker was writing when it died (or, on a loaded machine, wrote after
-    # a takeover) are named by no record: they stay until the graph is flushed (drop_checkpoint), then go.
+    # Chunks of a checkpoint the killed worker was writing when it died go when the next worker resumes
+    # (tests/worker/loops/test_checkpoint_link.py); those of one it wrote after a takeover on a loaded machine are named by no
+    # record: they stay until the graph is flushed, then go.
     R.flush()
     assert not client.keys(keys.prefix + "*")
 
