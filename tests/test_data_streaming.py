@@ -1,0 +1,101 @@
+"""A fit's training array streams to a worker that reads it from the store: the worker reads the chunks under
+the batch its loop reaches and a window ahead, drops those behind, and reads them again the next epoch; the
+results are the bits of the in-process evaluation. A shuffled fit reads its data once, whole. Real server and
+workers (a worker with RAVOP_SAME_HOST=off reads as a remote one does)."""
+import numpy as np
+import pytest
+import torch
+
+import ravop as R
+from helpers import commands_seen, on_one_thread
+from ravdl.v2 import NeuralNetwork
+from ravdl.v2.layers import Activation, Dense
+from ravdl.v2.optimizers import Adam
+from ravop.core.errors import PlanError, WireFormatError
+from ravop.core.loop_template import LoopSpec, StepTemplate
+from ravop.runtime.evaluate import evaluate_persisted
+from ravop.runtime.loop_run import LoopRun
+from ravop.store import row_stream, tensors
+
+CHUNK = 16 * 2**10
+rng = np.random.default_rng(11)
+X = rng.normal(size=(2000, 16)).astype(np.float32)   # 128,000 bytes: 8 chunks of 16 KiB
+Y = (X[:, :1] - 0.5 * X[:, 3:4]).astype(np.float32)
+
+
+def write_rows(client, key, tensor, chunk):
+    pipe = client.pipeline(transaction=False)
+    tensors.write(pipe, key, tensor, size=chunk)
+    pipe.execute()
+    return tensors.decode(client, key, client.get(key), stream_to="cpu")
+
+
+def test_rows_stream_a_window_at_a_time_with_the_same_bits(client):
+    data = torch.from_numpy(rng.normal(size=(1000, 64)).astype(np.float32))   # 256 bytes a row, 32 chunks
+    try:
+        rows = write_rows(client, "stream-test", data, 8192)
+        assert isinstance(rows, row_stream.StreamedRows)
+        for epoch in range(2):
+            for start in range(0, 1000, 30):   # a short last batch, batches across chunk boundaries
+                batch = rows.read_rows(slice(start, start + 30))
+                assert torch.equal(batch, data[start:start + 30])
+        # a batch spans at most 2 chunks; 4 batches ahead (30 KiB) are 4 chunks of 8 KiB
+        assert rows.chunks_ahead(30) == 4 and rows.most_held <= 2 + 4
+        assert data.nbytes * 2 <= rows.bytes_read <= data.nbytes * 2 + 5 * 8192   # each epoch read once
+        with pytest.raises(ValueError, match="non-empty range"):
+            rows.read_rows(slice(0, 10, 2))
+        client.delete(tensors.chunks_key("stream-test"))
+        with pytest.raises(WireFormatError, match="chunk 0 is gone or changed while a loop read its rows"):
+            rows.read_rows(slice(0, 30))   # chunk 0 was dropped behind the last batch: read again, and gone
+    finally:
+        client.delete(*tensors.keys_of("stream-test"))
+
+
+def test_a_shuffled_loop_refuses_streamed_rows(client):
+    data = torch.zeros(100, 40)
+    try:
+        rows = write_rows(client, "stream-shuffled", data, 4096)
+        loop = LoopSpec(templates=[StepTemplate([], [], [], rows=10, row_holes=[2], row_data=[1])], schedule=[(0, 10)],
+                        n_carried=0, outer_ids=[1], n_steps=10, batch_size=10, n_rows=100, shuffle=True)
+        with pytest.raises(PlanError, match="shuffled loop .* cannot stream"):
+            LoopRun(loop, [rows], 0)
+    finally:
+        client.delete(*tensors.keys_of("stream-shuffled"))
+
+
+def fit(name, shuffle):
+    R.Graph(name=name)
+    model = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss")
+    model.add(Dense(8, input_shape=(16,)))
+    model.add(Activation("relu"))
+    model.add(Dense(1))
+    history = model.fit(X, Y, n_epochs=3, batch_size=50, shuffle=shuffle, seed=3)
+    model.predict(X[:64]).persist_op("prediction")
+    return history
+
+
+def chunk_reads(seen):
+    """The chunk reads of a MONITOR's commands (`HGET {key}:c {index}`)."""
+    return sum(1 for command in seen if command.startswith("HGET ") and command.split()[1].endswith(":c"))
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in order: streamed", "shuffled: read once"])
+def test_a_fit_on_a_remote_worker_streams_its_array_with_the_same_bits(engine, workers, server, monkeypatch,
+                                                                       shuffle):
+    workers.start(1, env={"RAVOP_SAME_HOST": "off"})   # reads the store, as a worker of another host does
+    monkeypatch.setenv("RAVOP_CHUNK_BYTES", str(CHUNK))
+    history = fit("streamed" if not shuffle else "shuffled", shuffle)
+    expected = on_one_thread(evaluate_persisted, R.current_graph(), ["prediction"])["prediction"]
+    with commands_seen(server.url) as seen:
+        R.activate()
+        R.execute()
+        R.track_progress(progress_bar=False, timeout=300)
+    n_chunks = -(-X.nbytes // CHUNK)
+    reads = chunk_reads(seen)
+    if shuffle:
+        assert reads == n_chunks, seen[:50]   # read once, whole
+    else:
+        assert 3 * n_chunks <= reads <= 3 * n_chunks + 2, reads   # each epoch's chunks as the loop reached them  # each epoch's chunks as the loop reached them
+    assert torch.equal(R.fetch_persisting_op("prediction"), expected)
+    losses = history.batch_losses
+    assert len(losses) == 3 * 40 and np.isfinite(losses).all()
