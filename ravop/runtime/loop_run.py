@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, runtime_checkable
 
+import functools
 import threading
 
 import numpy as np
@@ -65,7 +66,7 @@ class StepFunction:
         self.carry_slots = [slot[i] for i in template.carry_holes]
         self.rows: list[tuple[int, Callable[[Any], torch.Tensor]]] = [
             (slot[hole], outer[data].read_rows if isinstance(outer[data], RowSource) else
-             (lambda batch, data=outer[data]: _batch(data, batch)))
+             functools.partial(_batch, outer[data]))
             for hole, data in zip(template.row_holes, template.row_data)]
         self.run_holes = self._run_holes(template, outer, slot)
         for i in [*template.carry_next, *template.output_nodes]:
