@@ -45,8 +45,8 @@ def test_rows_stream_a_window_at_a_time_with_the_same_bits(client):
         with pytest.raises(ValueError, match="non-empty range"):
             rows.read_rows(slice(0, 10, 2))
         client.delete(tensors.chunks_key("stream-test"))
-        with pytest.raises(WireFormatError, match="chunk 0 is gone or changed while a loop read its rows"):
-            rows.read_rows(slice(0, 30))   # chunk 0 was dropped behind the last batch: read again, and gone
+        with pytest.raises(WireFormatError, match="chunk 15 is gone or changed while a loop read its rows"):
+            rows.read_rows(slice(500, 510))   # chunk 15 was dropped behind its batch: read again, and gone
     finally:
         client.delete(*tensors.keys_of("stream-test"))
 
@@ -79,12 +79,16 @@ def chunk_reads(seen):
     return sum(1 for command in seen if command.startswith("HGET ") and command.split()[1].endswith(":c"))
 
 
-@pytest.mark.parametrize("shuffle", [False, True], ids=["in order: streamed", "shuffled: read once"])
-def test_a_fit_on_a_remote_worker_streams_its_array_with_the_same_bits(engine, workers, server, monkeypatch,
-                                                                       shuffle):
-    workers.start(1, env={"RAVOP_SAME_HOST": "off"})   # reads the store, as a worker of another host does
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in order", "shuffled"])
+@pytest.mark.parametrize("same_host", ["off", "on"], ids=["remote-like worker", "local worker"])
+def test_a_fit_streams_its_array_from_the_store_with_the_same_bits(engine, workers, server, monkeypatch, shuffle,
+                                                                   same_host):
+    """In order: every worker streams the array from the store, each epoch's chunks as the loop reaches them, and
+    the requester writes it no same-host file. Shuffled: a worker reads it once, whole (a local one maps it)."""
+    monkeypatch.setenv("RAVOP_SAME_HOST", same_host)   # the requester's and the worker's (off: read as remote)
+    workers.start(1)
     monkeypatch.setenv("RAVOP_CHUNK_BYTES", str(CHUNK))
-    history = fit("streamed" if not shuffle else "shuffled", shuffle)
+    history = fit(f"{shuffle} {same_host}", shuffle)
     expected = on_one_thread(evaluate_persisted, R.current_graph(), ["prediction"])["prediction"]
     with commands_seen(server.url) as seen:
         R.activate()
@@ -92,10 +96,13 @@ def test_a_fit_on_a_remote_worker_streams_its_array_with_the_same_bits(engine, w
         R.track_progress(progress_bar=False, timeout=300)
     n_chunks = -(-X.nbytes // CHUNK)
     reads = chunk_reads(seen)
-    if shuffle:
-        assert reads == n_chunks, seen[:50]   # read once, whole
+    files = [command for command in seen if command.startswith("SET ") and command.split()[1].endswith(":f")]
+    if not shuffle:
+        assert 3 * n_chunks <= reads <= 3 * n_chunks + 2 and not files, (reads, files)
+    elif same_host == "off":
+        assert reads == n_chunks and not files, (reads, files)   # read once, whole
     else:
-        assert 3 * n_chunks <= reads <= 3 * n_chunks + 2, reads   # each epoch's chunks as the loop reached them  # each epoch's chunks as the loop reached them
+        assert reads == 0 and len(files) == 1, (reads, files)   # mapped from the requester's file
     assert torch.equal(R.fetch_persisting_op("prediction"), expected)
     losses = history.batch_losses
     assert len(losses) == 3 * 40 and np.isfinite(losses).all()

@@ -4,16 +4,24 @@ current batch and a window ahead of it (read on a thread while the step runs, wr
 before an epoch ends), and drops those behind: a worker holds the window, not the data set, and the server
 sends one window's chunks at a time (a whole value asked for at once sits in its output buffer: 2x the data).
 
-Same bits: a batch is the very bytes of the chunks the whole tensor would be read from. A shuffled fit reads
-rows from every chunk in each batch, so it is not streamed (the worker reads the tensor once): see
-docs/users/training_loops.md for the measurement behind that choice.
+Which data streams (`streamed_inputs`): a loop's inputs that it reads only as its steps' batches, in order. A
+shuffled fit reads rows from every chunk in each batch, so its data is read once, whole; neither are the inputs a
+step's op reads whole or per run, nor carried values. A worker streams those inputs where it reads them from the
+store, and a requester writes no same-host file for them (ravop.store.graphs): a local worker streams them from
+the store too, at the same time per epoch, and the host holds the data twice (the user's array and the server's
+chunks), not three times (docs/reports/benchmarks.md, issue 46).
+
+Same bits: a batch is the very bytes of the chunks the whole tensor would be read from.
 """
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Sequence, Set
 
 import torch
 
+from ..core import registry
 from ..core.errors import WireFormatError
+from ..core.loop_template import LoopSpec
+from ..wire import unpack_loop, unpack_nodes
 from ..wire.codec import Chunked
 
 WINDOW_BATCHES = 4   # batches read ahead of the one a step reads: the reads keep ahead of a fast step
@@ -21,6 +29,35 @@ WINDOW_BATCHES = 4   # batches read ahead of the one a step reads: the reads kee
 # One reading thread for every stream of the process: a worker runs one loop at a time, and the chunks of one
 # stream arrive in the order they were asked for.
 _reader = ThreadPoolExecutor(1, thread_name_prefix="ravop-rows")
+
+
+def streamed_inputs(spec: LoopSpec, loop_inputs: Sequence[int]) -> Set[int]:
+    """The ids among a loop op's inputs (`loop_inputs`, named `spec.outer_ids` in its templates) that stream."""
+    if spec.shuffle:
+        return set()
+    rows, whole = set(), set(spec.outer_ids[:spec.n_carried])
+    for template in spec.templates:
+        rows.update(template.row_data)
+        whole.update(template.run_values)
+        for node in template.nodes:
+            whole.update(node.inputs)
+    by_rows, not_by_rows = set(), set()
+    for outer_id, input_id in zip(spec.outer_ids, loop_inputs):
+        (by_rows if outer_id in rows and outer_id not in whole else not_by_rows).add(input_id)
+    return by_rows - not_by_rows
+
+
+def streamed_constants(plan: Any) -> Set[int]:
+    """The ids of the values that every subgraph of `plan` (a plan_pb2.Plan) reading them streams."""
+    streamed, whole = set(), set()
+    for sub in plan.subgraphs:
+        rows: Set[int] = set()
+        if sub.HasField("loop"):
+            loop = next((node for node in unpack_nodes(sub.nodes) if node.op in registry.LOOPS), None)
+            rows = set() if loop is None else streamed_inputs(unpack_loop(sub.loop), loop.inputs)
+        streamed |= rows
+        whole.update(i for i in sub.inputs if i not in rows)
+    return streamed - whole
 
 
 class StreamedRows:

@@ -41,10 +41,10 @@ from ravop.store import workers as liveness
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
 from ravop.store.keys import quota_key
-from ravop.store.row_stream import StreamedRows
+from ravop.store.row_stream import StreamedRows, streamed_inputs
 from ravop.store.scripts import CLAIM_FINISHED, CLAIM_GONE, CLAIM_RUN, CLAIM_UNKNOWN, CLAIM_WAITING
 from ravop.store.server_replies import kind_of as server_error_kind
-from ravop.wire import plan_pb2, unpack_nodes
+from ravop.wire import plan_pb2, unpack_loop, unpack_nodes
 
 from ..execute import device as devices
 from ..execute import memory
@@ -53,11 +53,10 @@ from ..execute.run import OVER_BUDGET, KernelError, run
 from ..execute.validate import check
 from ..loops.hand_back import HandBack
 from ..loops.loop_start import LoopStart
-from ..loops.streamed_data import streamed_inputs
 from ..loops.turns import Turns
 from ..loops.loop_subgraph import (
-    RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, checkpoint_record, drop_checkpoint,
-    run_loop, unpaced)
+    RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, check_loop_program, checkpoint_record,
+    drop_checkpoint, run_loop, unpaced)
 from ..verify import cross_class, redundant
 from ..verify.spot import SPLIT, SpotChecks
 from ..verify.spot_loop import CheckFailed, LoopSegments, check_segment, drop_segments
@@ -473,8 +472,9 @@ class Worker:
         # a loop's other reads before its first step ride in its inputs' round trip (worker/loops/loop_start.py)
         loop_start = LoopStart(keys, subgraph_id, self._prefetch) \
             if subgraph.HasField("loop") and self.scripts.direct else None
-        inputs = self._inputs(keys, subgraph, loop_start,
-                              streamed_inputs(subgraph, program) if subgraph.HasField("loop") else frozenset())
+        streamed = streamed_inputs(unpack_loop(subgraph.loop), check_loop_program(program).inputs) \
+            if subgraph.HasField("loop") else frozenset()
+        inputs = self._inputs(keys, subgraph, loop_start, streamed)
         if subgraph.HasField("loop"):
             self.metrics.loop_started(loop_record(self.client, keys, subgraph_id),
                                       loop_start.progress if loop_start is not None else None)
@@ -498,7 +498,7 @@ class Worker:
     def _inputs(self, keys, subgraph, loop_start=None, streamed=frozenset()):
         """Input tensors on this worker's device: from the local cache, the rest in one MGET, in the round trip
         of what `loop_start` (a worker.loops.loop_start.LoopStart, or None) reads for a loop. The big ones of
-        `streamed` (worker/loops/streamed_data.py) are read as their loop reads their rows (not cached)."""
+        `streamed` (ravop.store.row_stream.streamed_inputs) are read as their loop reads their rows (not cached)."""
         env, missing = {}, []
         for i in subgraph.inputs:
             tensor = self.cache.get(keys.tensor(i))
