@@ -99,10 +99,11 @@ class StreamedRows:
             self.chunks[index] = _reader.submit(self._read_chunk, index)
         self.most_held = max(self.most_held, len(self.chunks))
         batch = torch.empty(end - begin, dtype=torch.uint8)
+        into = batch.numpy()   # numpy copies: torch's copy spins its threads against the reading one (20x slower)
         for index in range(first, last + 1):
-            data = self.chunks[index].result()
+            data = self.chunks[index].result().numpy()
             lo, hi = max(begin, index * size), min(end, index * size + len(data))
-            batch[lo - begin:hi - begin] = data[lo - index * size:hi - index * size]
+            into[lo - begin:hi - begin] = data[lo - index * size:hi - index * size]
         return batch.view(self.dtype).reshape(stop - start, *self.shape[1:]).to(self.device)
 
     def chunks_ahead(self, batch_rows: int) -> int:
