@@ -38,11 +38,13 @@ BUDGET = {
                                 # with rounds that close with the replicas present (close_after, issue 43)
     "ravop/record": 1550,       # 1,468 at the layout by role
     "ravop/runtime": 1220,      # 1,160 at the layout by role
-    "ravop/store": 2340,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
+    "ravop/store": 2410,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
                                 # with votes per principal in the SPOT script and the attempts hash (issues 42, 43);
                                 # 2,239 with results sealed by the vote (ravop/store/seals.py, issue 44); +50: each
                                 # replica's holders over time and contributions, read by the session and `ravop
-                                # status` alike (ravop/store/contributions.py, moved from ravop/client/placement.py)
+                                # status` alike (ravop/store/contributions.py, moved from ravop/client/placement.py);
+                                # 2,398 with a loop's training array streamed a window of chunks at a time and which
+                                # data streams (ravop/store/row_stream.py, issue 46)
     "ravop/tools": 760,         # 680 at the layout by role; +17: ravop admin token set, shares in status; +15: the
                                 # replicas of running fits in status (issue 43)
     "ravop/wire": 320,          # 304 at the layout by role
