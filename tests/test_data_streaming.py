@@ -1,7 +1,8 @@
 """A fit's training array streams to a worker that reads it from the store: the worker reads the chunks under
 the batch its loop reaches and a window ahead, drops those behind, and reads them again the next epoch; the
-results are the bits of the in-process evaluation. A shuffled fit reads its data once, whole. Real server and
-workers (a worker with RAVOP_SAME_HOST=off reads as a remote one does)."""
+results are the bits of the in-process evaluation. A shuffled fit reads its data once, whole. fit takes a .npy
+path or a read-only memmap without copying it. Real server and workers (a worker with RAVOP_SAME_HOST=off reads as
+a remote one does)."""
 import numpy as np
 import pytest
 import torch
@@ -63,13 +64,13 @@ def test_a_shuffled_loop_refuses_streamed_rows(client):
         client.delete(*tensors.keys_of("stream-shuffled"))
 
 
-def fit(name, shuffle):
+def fit(name, shuffle, data=X, targets=Y):
     R.Graph(name=name)
     model = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss")
     model.add(Dense(8, input_shape=(16,)))
     model.add(Activation("relu"))
     model.add(Dense(1))
-    history = model.fit(X, Y, n_epochs=3, batch_size=50, shuffle=shuffle, seed=3)
+    history = model.fit(data, targets, n_epochs=3, batch_size=50, shuffle=shuffle, seed=3)
     model.predict(X[:64]).persist_op("prediction")
     return history
 
@@ -106,3 +107,52 @@ def test_a_fit_streams_its_array_from_the_store_with_the_same_bits(engine, worke
     assert torch.equal(R.fetch_persisting_op("prediction"), expected)
     losses = history.batch_losses
     assert len(losses) == 3 * 40 and np.isfinite(losses).all()
+
+
+def anonymous_kib():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("RssAnon:"))
+
+
+def test_fit_takes_npy_paths_and_read_only_memmaps_without_a_copy(engine, module_workers, tmp_path):
+    """A .npy path (and np.load's read-only memmap, which R.t would copy) trains as the arrays do, its pages the
+    file's: recording the fit of 64 MiB adds no 64 MiB of anonymous memory to the requester."""
+    big = np.random.default_rng(2).standard_normal((65536, 256), dtype=np.float32)   # 64 MiB
+    np.save(tmp_path / "X.npy", big)
+    np.save(tmp_path / "y.npy", big[:, :1].copy())
+    del big
+    before = anonymous_kib()
+    R.Graph(name="from paths")
+    model = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss")
+    model.add(Dense(1, input_shape=(256,)))
+    model.fit(np.load(tmp_path / "X.npy", mmap_mode="r"), tmp_path / "y.npy", n_epochs=1, batch_size=8192)
+    assert anonymous_kib() - before < 16 * 1024, "the requester copied the mapped file"
+    paths = train_small("paths", tmp_path, lambda name: str(tmp_path / name))
+    memmaps = train_small("memmaps", tmp_path, lambda name: np.load(tmp_path / name, mmap_mode="r"))
+    arrays = train_small("arrays", tmp_path, lambda name: np.load(tmp_path / name))
+    for other in (paths, memmaps):
+        assert np.array_equal(other[0], arrays[0]) and np.array_equal(other[1], arrays[1])
+
+
+def train_small(name, tmp_path, given):
+    np.save(tmp_path / "small_X.npy", X)
+    np.save(tmp_path / "small_y.npy", Y)
+    history = fit(name, False, given("small_X.npy"), given("small_y.npy"))
+    R.activate()
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=300)
+    return history.batch_losses, R.fetch_persisting_op("prediction").numpy()
+
+
+def test_a_path_that_is_not_a_npy_array_of_the_rows_of_y_is_refused_naming_it(tmp_path):
+    R.Graph(name="bad paths")
+    model = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss")
+    model.add(Dense(1, input_shape=(16,)))
+    with pytest.raises(FileNotFoundError, match="X names no file: .*missing.npy"):
+        model.fit(str(tmp_path / "missing.npy"), Y, n_epochs=1, batch_size=10)
+    (tmp_path / "text.npy").write_text("not an array")
+    with pytest.raises(ValueError, match="y .*text.npy.* is not a .npy file of numbers"):
+        model.fit(X, tmp_path / "text.npy", n_epochs=1, batch_size=10)
+    np.save(tmp_path / "short.npy", X[:100])
+    with pytest.raises(ValueError, match=r"same number of rows, not shapes \(100, 16\) and \(2000, 1\)"):
+        model.fit(tmp_path / "short.npy", Y, n_epochs=1, batch_size=10)
