@@ -8,8 +8,9 @@ Which data streams (`streamed_inputs`): a loop's inputs that it reads only as it
 shuffled fit reads rows from every chunk in each batch, so its data is read once, whole; neither are the inputs a
 step's op reads whole or per run, nor carried values. A worker streams those inputs where it reads them from the
 store, and a requester writes no same-host file for them (ravop.store.graphs): a local worker streams them from
-the store too, at the same time per epoch, and the host holds the data twice (the user's array and the server's
-chunks), not three times (docs/reports/benchmarks.md, issue 46).
+the store too, and the host holds the data twice (the user's array and the server's chunks), not three times; the
+price is each epoch's read through the socket, which mapping the file did not cost (measured:
+docs/reports/benchmarks.md, issue 46).
 
 Same bits: a batch is the very bytes of the chunks the whole tensor would be read from.
 """
@@ -75,9 +76,6 @@ class StreamedRows:
         self.chunks: Dict[int, Future] = {}   # chunk index -> its bytes (a uint8 tensor), read or being read
         self.bytes_read = 0
         self.most_held = 0   # the most chunks held at once (the window, bounded: tests read it)
-
-    def __len__(self) -> int:
-        return self.shape[0]
 
     def read_rows(self, rows: slice) -> torch.Tensor:
         """Rows `rows.start` to `rows.stop` (a plain slice), read from their chunks, then those ahead."""
