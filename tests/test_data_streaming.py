@@ -52,6 +52,25 @@ def test_rows_stream_a_window_at_a_time_with_the_same_bits(client):
         client.delete(*tensors.keys_of("stream-test"))
 
 
+def test_a_whole_read_asks_for_its_chunks_a_few_at_a_time_with_the_same_bits(client, monkeypatch):
+    """A tensor read whole (a shuffled fit's data) comes in pipelines of READ_BATCH_BYTES of chunks, so that the
+    server never queues the whole value in its output buffer (2x the data there: docs/reports/benchmarks.md)."""
+    monkeypatch.setattr(tensors, "READ_BATCH_BYTES", 3 * 8192)   # 3 chunks a round trip
+    data = torch.from_numpy(rng.normal(size=(1000, 64)).astype(np.float32))   # 32 chunks of 8 KiB
+    pipelines, read_into = [], tensors._read_replies_into
+    monkeypatch.setattr(tensors, "_read_replies_into",
+                        lambda client, commands, *rest: pipelines.append(len(commands)) or read_into(client, commands,
+                                                                                                   *rest))
+    try:
+        pipe = client.pipeline(transaction=False)
+        tensors.write(pipe, "whole-test", data, size=8192)
+        pipe.execute()
+        assert torch.equal(tensors.read(client, "whole-test"), data)
+        assert pipelines == [3] * 10 + [2]
+    finally:
+        client.delete(*tensors.keys_of("whole-test"))
+
+
 def test_a_shuffled_loop_refuses_streamed_rows(client):
     data = torch.zeros(100, 40)
     try:
