@@ -72,7 +72,8 @@ def mapped(value: Any, name: str) -> Any:
             return np.load(path, mmap_mode="c", allow_pickle=False)
         except ValueError as exc:
             raise ValueError(f"fit: {name} ({path!r}) is not a .npy file of numbers: {exc}") from None
-    if isinstance(value, np.memmap) and isinstance(value.base, mmap.mmap) and not value.flags.writeable:
+    if isinstance(value, np.memmap) and isinstance(value.base, mmap.mmap) and not value.flags.writeable \
+            and value.filename is not None:
         return np.memmap(value.filename, value.dtype, "c", value.offset, value.shape,
                          "F" if value.flags.f_contiguous and not value.flags.c_contiguous else "C")
     return value
