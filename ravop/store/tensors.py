@@ -146,8 +146,8 @@ def decode(client: Client, key: str, data: bytes, max_bytes: Optional[int] = Non
     `token` (the graph's), a chunked tensor is read from its same-host file where it has one it may follow
     (`ravop.store.same_host`; `reference`: its reference, where the caller read it already). With `stream_to`
     (a device), a chunked tensor read from the store is not read now: its rows stream to that device as a loop
-    reads them (`ravop.store.row_stream`); `max_bytes` does not bound the whole tensor then, which is never held
-    (the reader holds a window of a few of the loop's batches)."""
+    reads them (`ravop.store.row_stream`); `max_bytes` then bounds its chunks, not the whole tensor, which is never
+    held (the reader holds a window of a few of the loop's batches)."""
     if not is_chunked(data):
         return decode_tensor(data)
     head = decode_chunked(data)
@@ -155,17 +155,20 @@ def decode(client: Client, key: str, data: bytes, max_bytes: Optional[int] = Non
     # size against the budget, then its chunk count against the hash's (one HLEN), before any chunk is read.
     if stream_to is None:
         check_budget(key, head, max_bytes)
+    elif max_bytes is not None and head.chunk_bytes > max_bytes:
+        raise WireFormatError(f"chunked tensor {key}: its header declares chunks of {head.chunk_bytes:,} bytes, over "
+                              f"this reader's memory budget of {max_bytes / 2**20:,.1f} MiB")
     client = node_client(client, key)  # its chunks are read from the socket of the server that holds them
     if token is not None:   # a mapped file is shared with its writer, not this reader's memory: never streamed
         local = same_host.read(client, key, head, token, reference)
         if local is not None:
             return local
     hash_key = chunks_key(key)
+    if stream_to is not None:   # each chunk's size is checked as it is read: no round trip before the first step
+        return StreamedRows(key, head, lambda index: _read_chunk(client, hash_key, head, index), stream_to)
     expected = _stored_sizes(client, key, head)
     if expected is None:
         return None
-    if stream_to is not None:
-        return StreamedRows(key, head, lambda index: _read_chunk(client, hash_key, head, index), stream_to)
     # torch.empty, not bytearray: a bytearray is zero-filled first, which costs as much as the read itself.
     raw = torch.empty(head.nbytes, dtype=torch.uint8)
     view = memoryview(raw.numpy())
