@@ -1,10 +1,14 @@
-"""What `fit` trains on: numpy arrays and torch tensors as they are, and a map-style torch Dataset or a DataLoader
-over one, read once into two tensors (with a progress bar) that go up with the graph like arrays do. The
-training loop slices its batches on the worker, so a DataLoader's own batching, workers and collate function do
-not run: its batch size and whether it shuffles are taken, the rest refused when it would change the data."""
+"""What `fit` trains on: numpy arrays and torch tensors as they are, a .npy file's path mapped (as
+`np.load(path, mmap_mode="c")`: the pages stay the file's, no copy in this process's memory), and a map-style
+torch Dataset or a DataLoader over one, read once into two tensors (with a progress bar) that go up with the graph
+like arrays do. The training loop slices its batches on the worker, so a DataLoader's own batching, workers and
+collate function do not run: its batch size and whether it shuffles are taken, the rest refused when it would
+change the data."""
+import mmap
 import os
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 # Fraction of the memory available that a dataset read into tensors may take: it is held once more while it is
@@ -16,6 +20,7 @@ def training_data(X: Any, y: Any, batch_size: Optional[int], shuffle: bool) -> t
     """(X, y, batch_size, shuffle) for fit: arrays and tensors pass through; a DataLoader or a map-style Dataset
     (whose items are (x, y) pairs) is read into two stacked tensors, and a DataLoader gives the batch size (unless
     fit was given one) and the shuffling."""
+    X, y = mapped(X, "X"), mapped(y, "y")
     try:
         from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
     except ImportError:  # torch without its data utilities: only arrays can be given then
@@ -53,6 +58,25 @@ def training_data(X: Any, y: Any, batch_size: Optional[int], shuffle: bool) -> t
     if batch_size is None:
         raise ValueError("fit needs batch_size (only a DataLoader brings its own)")
     return X, y, batch_size, shuffle
+
+
+def mapped(value: Any, name: str) -> Any:
+    """`value`, a .npy path mapped copy-on-write, or a read-only numpy memmap of a whole file (np.load's
+    mmap_mode="r") mapped again copy-on-write: R.t uses a writable array as it is but copies a read-only one, and a
+    copy-on-write mapping is writable without a page copied until something writes it (nothing does)."""
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"fit: {name} names no file: {path!r} (give an array, or a .npy file's path)")
+        try:
+            return np.load(path, mmap_mode="c", allow_pickle=False)
+        except ValueError as exc:
+            raise ValueError(f"fit: {name} ({path!r}) is not a .npy file of numbers: {exc}") from None
+    if isinstance(value, np.memmap) and isinstance(value.base, mmap.mmap) and not value.flags.writeable \
+            and value.filename is not None:
+        return np.memmap(value.filename, value.dtype, "c", value.offset, value.shape,
+                         "F" if value.flags.f_contiguous and not value.flags.c_contiguous else "C")
+    return value
 
 
 def _read(dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:

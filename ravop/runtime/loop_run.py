@@ -10,8 +10,9 @@ watcher refuses, is an `OpError` naming the op and the loop step, as on any subg
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, runtime_checkable
 
+import functools
 import threading
 
 import numpy as np
@@ -23,6 +24,19 @@ from . import step_compiler
 from ..core.errors import PlanError
 from ..core.loop_template import LoopSpec, StepTemplate
 from .runner import At, PerRun, Runner, Watcher, check_in_place, on_device
+
+
+@runtime_checkable
+class RowSource(Protocol):
+    """Data a loop reads only by its steps' batches, in order, given in place of a tensor: a worker's rows that
+    stream from the store (`ravop.store.row_stream`). No op reads it whole, so the runner never holds it."""
+
+    def read_rows(self, rows: slice) -> torch.Tensor: ...
+
+
+def _batch(data: Any, rows: Any) -> torch.Tensor:
+    """The rows of a data tensor a step reads: a slice (aligned: see ravop.core.alignment) or index tensor."""
+    return aligned(data[rows]) if type(rows) is slice else data.index_select(0, rows)
 
 
 class StepFunction:
@@ -43,13 +57,17 @@ class StepFunction:
         for data in template.row_data:
             if data not in outer:
                 raise PlanError(f"a loop step slices rows of {data}, which is not an input of the loop")
-        self.runner = Runner(template.nodes, [*outer, *template.hole_ids()], template.results(), device, graph_seed,
+        held = {i: value for i, value in outer.items() if not isinstance(value, RowSource)}   # not read by rows only
+        self.runner = Runner(template.nodes, [*held, *template.hole_ids()], template.results(), device, graph_seed,
                              watcher, free_inputs=False, per_run=self._per_run(template, graph_seed, device))
         slot, values = self.runner.slot, self.runner.values
-        for node_id, value in outer.items():
+        for node_id, value in held.items():
             values[slot[node_id]] = value
         self.carry_slots = [slot[i] for i in template.carry_holes]
-        self.rows = [(slot[hole], outer[data]) for hole, data in zip(template.row_holes, template.row_data)]
+        self.rows: list[tuple[int, Callable[[Any], torch.Tensor]]] = [
+            (slot[hole], outer[data].read_rows if isinstance(outer[data], RowSource) else
+             functools.partial(_batch, outer[data]))
+            for hole, data in zip(template.row_holes, template.row_data)]
         self.run_holes = self._run_holes(template, outer, slot)
         for i in [*template.carry_next, *template.output_nodes]:
             if i not in slot:
@@ -171,8 +189,8 @@ class StepFunction:
             values[s] = value
         for s, value in zip(self.recv_slots, received):
             values[s] = value
-        for s, data in self.rows:
-            values[s] = aligned(data[rows]) if type(rows) is slice else data.index_select(0, rows)
+        for s, batch in self.rows:
+            values[s] = batch(rows)
         for s, per_run in self.run_holes:
             values[s] = per_run[run]
         values = self.run_step(At(count, step_index, run))
@@ -280,6 +298,9 @@ class LoopRun:
         if len(set(self.before_first)) != len(self.before_first) or not set(self.before_first) <= set(self.syncs):
             raise PlanError("the templates a loop runs before its first step must be distinct sync templates")
         self.row_counts = [int(t.rows) if t.row_holes else 0 for t in loop.templates]
+        if loop.shuffle and any(isinstance(value, RowSource) for value in outer.values()):
+            raise PlanError("a shuffled loop reads rows from anywhere in its data in every batch: its data cannot "
+                            "stream (read it whole)")
         total = sum(times for _, times in self.schedule) * loop.rounds + loop.n_syncs() * len(self.syncs) + \
             len(self.before_first)
         if loop.first_step + loop.n_steps > total:

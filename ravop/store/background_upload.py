@@ -33,7 +33,7 @@ import math
 import sys
 import threading
 import time
-from typing import Callable, List, NamedTuple, Optional
+from typing import Callable, List, NamedTuple, Optional, Union
 
 import redis
 import torch
@@ -44,6 +44,7 @@ from ..wire.codec import chunked_header, decode_chunked
 from . import same_host
 from .client_types import Client, Pipeline
 from .keys import GraphKeys
+from .row_stream import StreamedRows
 from .tensors import check_budget, chunks_key, decode, marker_key
 
 log = logging.getLogger("ravop.store")
@@ -173,12 +174,13 @@ def abandon(token: str) -> None:
         upload.join()
 
 
-def read_uploaded(client: Client, keys: GraphKeys, key: str,
-                  max_bytes: Optional[int] = None) -> Optional[torch.Tensor]:
+def read_uploaded(client: Client, keys: GraphKeys, key: str, max_bytes: Optional[int] = None,
+                  stream_to: Optional[str] = None) -> Union[torch.Tensor, StreamedRows, None]:
     """The constant under `key`, which has no header: mapped from its same-host file where this reader may, else
-    read once its upload is complete (a wait it logs); None if it has no marker either (not in Redis: flushed,
-    or released). `UploadIncompleteError` naming it if the upload stops moving for its patience or the graph
-    ends first; `WireFormatError` for a marker whose header is not one, or over `max_bytes`."""
+    read once its upload is complete (a wait it logs; with `stream_to`, its rows stream once it is complete:
+    `ravop.store.tensors.decode`); None if it has no marker either (not in Redis: flushed, or released).
+    `UploadIncompleteError` naming it if the upload stops moving for its patience or the graph ends first;
+    `WireFormatError` for a marker whose header is not one, or over `max_bytes`."""
     # The marker first, the key after, in every look: the upload's last step sets the key and deletes the marker at
     # once, so a marker found gone means the key is there (unless the tensor is gone too).
     marker = marker_key(key)
@@ -187,9 +189,10 @@ def read_uploaded(client: Client, keys: GraphKeys, key: str,
     pipe.get(key)
     (header, patience), data = pipe.execute()
     if header is None:
-        return None if data is None else decode(client, key, data, max_bytes, token=keys.token)
+        return None if data is None else decode(client, key, data, max_bytes, token=keys.token, stream_to=stream_to)
     head = decode_chunked(header)
-    check_budget(key, head, max_bytes)
+    if stream_to is None:
+        check_budget(key, head, max_bytes)
     mapped = same_host.read(client, key, head, keys.token)
     if mapped is not None:
         return mapped
@@ -203,7 +206,7 @@ def read_uploaded(client: Client, keys: GraphKeys, key: str,
         pipe.get(key)
         sent, state, data = pipe.execute()
         if data is not None:
-            return decode(client, key, data, max_bytes, token=keys.token)
+            return decode(client, key, data, max_bytes, token=keys.token, stream_to=stream_to)
         if sent is None:
             return None
         if state is None or state.decode(errors="replace") not in graph_states.LIVE:

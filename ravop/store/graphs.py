@@ -47,7 +47,7 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, "torch
 
     `plan`: a `ravop.wire.plan_pb2.Plan`; `constants`: node id -> tensor; `meta`: extra fields (name,
     algorithm, approach, summary, ...); `bundles`: name -> (kind, spec, {key: persist name})."""
-    from . import background_upload, quotas, same_host, tensors   # load torch: here, see the module's docstring
+    from . import background_upload, quotas, row_stream, same_host, tensors   # load torch: here, see the docstring
     keys = GraphKeys(token, plan.graph_id)
     # Checked before anything is written: a graph that cannot fit fails here, not halfway through.
     plan_limits.check_plan(plan)
@@ -84,8 +84,10 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, "torch
     batch.add(0, len(readers) + len(plan.persisted))
     # Big constants (a data set) also go to a sealed file local workers map instead of reading the chunks
     # (same_host), written on a thread while the others are sent; the chunks of those that got one are sent after
-    # the graph's start (background_upload), the rest now.
-    big = {node_id: t for node_id, t in constants.items() if t.nbytes > chunk}
+    # the graph's start (background_upload), the rest now. Not those whose loops stream them (row_stream): local
+    # workers read those from the store as they train, and the host holds them twice, not three times.
+    streamed = row_stream.streamed_constants(plan)
+    big = {node_id: t for node_id, t in constants.items() if t.nbytes > chunk and node_id not in streamed}
     references = same_host.start_writing(keys.token, {keys.tensor(i): t for i, t in big.items()})
     later = {node_id: t for node_id, t in big.items() if node_id not in persisted}
     _send(batch, keys, {node_id: t for node_id, t in constants.items() if node_id not in later}, chunk)

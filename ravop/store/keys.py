@@ -242,6 +242,10 @@ class GraphKeys:
     def checkpoint(self, subgraph_id: Union[int, str]) -> str:
         return f"{self.prefix}ckpt:{subgraph_id}"
 
+    def checkpoint_writing(self, subgraph_id: Union[int, str]) -> str:
+        """The step of the checkpoint whose chunks are being written (set before them, deleted as it is published)."""
+        return f"{self.checkpoint(subgraph_id)}:writing"
+
     def exchange(self, channel: str, run: int) -> str:
         """A value a resident replica's loop sends on `channel` at its `run`-th sync (worker/loops/exchange.py)."""
         return f"{self.prefix}x:{channel}:{run}"

@@ -3,6 +3,9 @@ memory file (memfd) its process holds, and a worker on the same host, running as
 instead of receiving the tensor through the server's socket: no copy at all (188 MB of MNIST: ~0.4 s through
 Redis, ~0.01 s mapped), and no second copy in the worker's memory.
 
+Not the data a loop streams (an unshuffled fit's array: `ravop.store.row_stream`), which every worker reads from
+the store a window at a time: the host then holds it twice (the requester's and the server's), not three times.
+
 Redis still holds every tensor (`ravop.store.tensors`): remote workers, a cluster, a worker of another host or
 user, and a file that is gone (the requester exited) all read the chunks as before. The file is a copy the
 reader may take instead, never the only one, and the same bytes either way (determinism). The chunks of a

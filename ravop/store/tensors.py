@@ -10,7 +10,7 @@ dtype and shape: no copy of the data besides the one the kernel makes.
 """
 import os
 import socket
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import redis
 import torch
@@ -21,9 +21,13 @@ from ..wire.codec import Chunked, decode_chunked, decode_tensor, encode_chunked,
 from . import same_host
 from .client_types import Client, Pipeline
 from .connect import node_client
+from .row_stream import StreamedRows
 
 DEFAULT_CHUNK_BYTES = 4 * 2**20  # measured: 1-8 MiB move 100 MB fastest over the embedded unix socket
 HEADER_BYTES = 6 + 8 * 32 + 12   # the longest tensor header (ravop.wire.codec)
+# Chunks asked for in one pipeline when a whole tensor is read: the server queues every reply of a pipeline in
+# its output buffer before the socket drains it, so one pipeline of all the chunks held the data twice there.
+READ_BATCH_BYTES = 64 * 2**20
 
 
 def chunk_bytes() -> int:
@@ -133,24 +137,55 @@ SIZES_PER_ROUND_TRIP = 4096   # HSTRLENs pipelined at once: a header of a millio
 
 def decode(client: Client, key: str, data: bytes, max_bytes: Optional[int] = None,
            desc: Optional[str] = None, token: Optional[str] = None,
-           reference: Any = same_host.UNREAD) -> Optional[torch.Tensor]:
+           reference: Any = same_host.UNREAD, stream_to: Optional[str] = None
+           ) -> Union[torch.Tensor, StreamedRows, None]:
     """The tensor whose stored value under `key` is `data` (reading its chunks if it has any); None if the
     chunks are gone (deleted meanwhile); `WireFormatError` for a value that is not a tensor, or a chunked one
     whose header declares more than `max_bytes` (a reader's memory budget) or other chunks than are stored.
     With `desc`, a chunked tensor's download shows a progress bar in bytes (once it has taken a second). With
     `token` (the graph's), a chunked tensor is read from its same-host file where it has one it may follow
-    (`ravop.store.same_host`; `reference`: its reference, where the caller read it already)."""
+    (`ravop.store.same_host`; `reference`: its reference, where the caller read it already). With `stream_to`
+    (a device), a chunked tensor read from the store is not read now: its rows stream to that device as a loop
+    reads them (`ravop.store.row_stream`); `max_bytes` then bounds its chunks, not the whole tensor, which is never
+    held (the reader holds a window of a few of the loop's batches)."""
     if not is_chunked(data):
         return decode_tensor(data)
     head = decode_chunked(data)
     # A hostile or stale header must not make the reader allocate, or even ask about, what it declares: its
     # size against the budget, then its chunk count against the hash's (one HLEN), before any chunk is read.
-    check_budget(key, head, max_bytes)
+    if stream_to is None:
+        check_budget(key, head, max_bytes)
+    elif max_bytes is not None and head.chunk_bytes > max_bytes:
+        raise WireFormatError(f"chunked tensor {key}: its header declares chunks of {head.chunk_bytes:,} bytes, over "
+                              f"this reader's memory budget of {max_bytes / 2**20:,.1f} MiB")
     client = node_client(client, key)  # its chunks are read from the socket of the server that holds them
-    if token is not None:
+    if token is not None:   # a mapped file is shared with its writer, not this reader's memory: never streamed
         local = same_host.read(client, key, head, token, reference)
         if local is not None:
             return local
+    hash_key = chunks_key(key)
+    if stream_to is not None:   # each chunk's size is checked as it is read: no round trip before the first step
+        return StreamedRows(key, head, lambda index: _read_chunk(client, hash_key, head, index), stream_to)
+    expected = _stored_sizes(client, key, head)
+    if expected is None:
+        return None
+    # torch.empty, not bytearray: a bytearray is zero-filled first, which costs as much as the read itself.
+    raw = torch.empty(head.nbytes, dtype=torch.uint8)
+    view = memoryview(raw.numpy())
+    per_batch = max(1, READ_BATCH_BYTES // max(head.chunk_bytes, 1))
+    with progress.bar(head.nbytes, desc, unit="B", unit_scale=True, disable=desc is None) as received:
+        for first in range(0, head.n_chunks, per_batch):
+            batch = range(first, min(first + per_batch, head.n_chunks))
+            if not _read_replies_into(client, [("HGET", hash_key, i) for i in batch], view,
+                                      [i * head.chunk_bytes for i in batch], [expected[i] for i in batch],
+                                      received.update):
+                return None  # deleted (or replaced) while being read
+    return raw.view(head.dtype).reshape(head.shape)
+
+
+def _stored_sizes(client: Client, key: str, head: Chunked) -> Optional[List[int]]:
+    """The sizes of `head`'s chunks, checked against those stored (one HLEN, then HSTRLENs): None if they are
+    gone, `WireFormatError` if they are not the header's."""
     hash_key = chunks_key(key)
     stored_chunks = client.hlen(hash_key)
     if head.n_chunks and not stored_chunks:
@@ -170,14 +205,15 @@ def decode(client: Client, key: str, data: bytes, max_bytes: Optional[int] = Non
     if sizes != expected:
         raise WireFormatError(f"chunked tensor {key}: chunk sizes {sizes[:4]}... do not match its header "
                               f"({head.n_chunks} chunks of {head.chunk_bytes} bytes, {head.nbytes} in all)")
-    # torch.empty, not bytearray: a bytearray is zero-filled first, which costs as much as the read itself.
-    raw = torch.empty(head.nbytes, dtype=torch.uint8)
-    offsets = [index * head.chunk_bytes for index in range(head.n_chunks)]
-    with progress.bar(head.nbytes, desc, unit="B", unit_scale=True, disable=desc is None) as received:
-        if not _read_replies_into(client, [("HGET", hash_key, i) for i in range(head.n_chunks)],
-                                  memoryview(raw.numpy()), offsets, expected, received.update):
-            return None  # deleted (or replaced) while being read
-    return raw.view(head.dtype).reshape(head.shape)
+    return expected
+
+
+def _read_chunk(client: Client, hash_key: str, head: Chunked, index: int) -> Optional[torch.Tensor]:
+    """Chunk `index`'s bytes; None if it is gone or not of the header's size."""
+    size = head.chunk_size(index)
+    data = torch.empty(size, dtype=torch.uint8)
+    return data if _read_replies_into(client, [("HGET", hash_key, index)], memoryview(data.numpy()), [0],
+                                      [size]) else None
 
 
 def _read_replies_into(client: Client, commands: List[Tuple[Any, ...]], view: memoryview, offsets: List[int],

@@ -18,11 +18,12 @@ BUDGET = {
     "compiler": 1520,           # 1,318 at the layout by role; 1,419 with its annotations (signatures wrapped); 1,488
                                 # recording nothing (folded_loops, replicas= given), keeping the chosen forms (issue 41)
     "worker": 10,               # 7 at the layout by role
-    "ravdl": 2800,              # 2,293 at the layout by role; 2,439 annotated; 2,494 with its traps, 2,617 with
+    "ravdl": 2850,              # 2,293 at the layout by role; 2,439 annotated; 2,494 with its traps, 2,617 with
     #                             fit-then-use (trained_values, model_file; issue 45), 2,671 with EarlyStopping
     #                             in the loop (loop_stopping), 2,712 with DiLoCo's unequal shares in parallel_fit; +25
     #                             a model file loaded by an unpickler that admits only what model.save writes; +20
-    #                             a parameter two pipeline stages read stepped once on their summed gradients (issue 46)
+    #                             a parameter two pipeline stages read stepped once on their summed gradients (issue 46); 2,804
+    #                             with fit's data from a .npy path or memmap (fit_data, issue 46)
     "ravop/client": 1230,       # 1,101 at the layout by role; 1,198 with bans by the requester, seals checked at
                                 # fetch and dropped starts posted again (issue 44)
     "ravop/core": 660,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
@@ -42,11 +43,13 @@ BUDGET = {
                                 # recorded in several forms, chosen at activation (forms, issue 41); 1,815 with any
                                 # nn.Module's torch.fx graph cut into pipeline stages (ravop/record/graph_stages.py, issue 46)
     "ravop/runtime": 1220,      # 1,160 at the layout by role
-    "ravop/store": 2340,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
+    "ravop/store": 2410,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
                                 # with votes per principal in the SPOT script and the attempts hash (issues 42, 43);
                                 # 2,239 with results sealed by the vote (ravop/store/seals.py, issue 44); +50: each
                                 # replica's holders over time and contributions, read by the session and `ravop
-                                # status` alike (ravop/store/contributions.py, moved from ravop/client/placement.py)
+                                # status` alike (ravop/store/contributions.py, moved from ravop/client/placement.py);
+                                # 2,398 with a loop's training array streamed a window of chunks at a time and which
+                                # data streams (ravop/store/row_stream.py, issue 46)
     "ravop/tools": 760,         # 680 at the layout by role; +17: ravop admin token set, shares in status; +15: the
                                 # replicas of running fits in status (issue 43)
     "ravop/wire": 320,          # 304 at the layout by role

@@ -33,6 +33,7 @@ class LoopStart:
     def __init__(self, keys: GraphKeys, subgraph_id: int, prefetch: Iterable[str] = ()) -> None:
         self.keys, self.subgraph_id = keys, subgraph_id
         self.checkpoint: Optional[dict[bytes, bytes]] = None
+        self.writing: Optional[bytes] = None   # the step of a checkpoint a worker was writing (loop_subgraph._resume)
         self.meta: Optional[dict[str, Optional[bytes]]] = None
         self.progress: Optional[tuple[int, Optional[int]]] = None
         self.ended: Optional[tuple[int, Optional[int]]] = None
@@ -46,6 +47,7 @@ class LoopStart:
         """The values stored under `input_keys` (None where there is none), read with the rest."""
         pipe = client.pipeline(transaction=False)
         pipe.hgetall(self.keys.checkpoint(self.subgraph_id))
+        pipe.get(self.keys.checkpoint_writing(self.subgraph_id))
         pipe.hmget(self.keys.meta, *META_FIELDS)
         pipe.hget(self.keys.steps, self.subgraph_id)
         if self.prefetch:
@@ -53,7 +55,7 @@ class LoopStart:
         if input_keys:
             pipe.mget(input_keys)
             pipe.mget([same_host.reference_key(key) for key in input_keys])
-        checkpoint, meta, steps, *inputs = pipe.execute()
+        checkpoint, self.writing, meta, steps, *inputs = pipe.execute()
         if self.prefetch:
             self.prefetched = dict(zip(self.prefetch, inputs.pop(0)))
         self.checkpoint, self.meta = checkpoint, dict(zip(META_FIELDS, meta))

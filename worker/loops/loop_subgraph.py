@@ -122,11 +122,6 @@ def checkpoint_tensor_key(keys: GraphKeys, subgraph_id: Union[int, str], step: i
     return f"{keys.checkpoint(subgraph_id)}:{step}:{k}"
 
 
-def writing_key(keys: GraphKeys, subgraph_id: Union[int, str]) -> str:
-    """The step of the checkpoint whose chunks are being written (set before them, deleted as it is published)."""
-    return f"{keys.checkpoint(subgraph_id)}:writing"
-
-
 def checkpoint_keys(keys: GraphKeys, subgraph_id: Union[int, str], step: int, n: int) -> list[str]:
     """Every Redis key the `n` tensors of the checkpoint taken at `step` may occupy (values and chunks)."""
     return [key for k in range(n) for key in stored.keys_of(checkpoint_tensor_key(keys, subgraph_id, step, k))]
@@ -138,7 +133,7 @@ def drop_checkpoint(client: Client, keys: GraphKeys, subgraph_id: int) -> None:
     before publishing it went when the loop resumed (`_drop_unpublished`)."""
     prefix = keys.checkpoint(subgraph_id)
     step, n, shared = client.hmget(prefix, "step", "n", "shared")
-    doomed = [prefix, writing_key(keys, subgraph_id)]
+    doomed = [prefix, keys.checkpoint_writing(subgraph_id)]
     if step is not None and n is not None:
         doomed += checkpoint_keys(keys, subgraph_id, int(step), int(n))
     client.delete(*doomed)
@@ -420,8 +415,8 @@ class _Writer:
             if host is not None:
                 chunks = client.pipeline(transaction=False)   # big tensors' chunks, before the transaction
                 if size is not None:   # chunks written before their transaction: a resumed loop deletes them if
-                    chunks.set(writing_key(keys, self.subgraph_id), done)   # this worker dies before it
-                    pipe.delete(writing_key(keys, self.subgraph_id))
+                    chunks.set(keys.checkpoint_writing(self.subgraph_id), done)   # this worker dies before it
+                    pipe.delete(keys.checkpoint_writing(self.subgraph_id))
                 for k, value in enumerate(host):
                     if k not in same and k not in shared:
                         stored.write(pipe, checkpoint_tensor_key(keys, self.subgraph_id, done, k), value, size,
@@ -479,17 +474,19 @@ def checkpoint_record(keys: Any, subgraph_id: Any,
 
 def _resume(client: Client, keys: GraphKeys, subgraph_id: int, n_carried: int, device: Any,
             cache: Optional[TensorCache] = None, saved: Optional[Dict[bytes, bytes]] = None,
-            prefetched: Optional[Dict[str, Optional[bytes]]] = None
+            prefetched: Optional[Dict[str, Optional[bytes]]] = None, writing: Optional[bytes] = None
             ) -> Tuple[Optional[int], Optional[list[Any]], Dict[int, str]]:
     """(step, carried values, {k: digest} of those shared with other loops' checkpoints) of the loop's
     checkpoint, or (None, None, {}) without a usable one; its tensors from `cache` where this worker kept them
     when it handed the loop back (worker/loops/held_values.py), else from `prefetched` ({key: bytes}) or the store
     in one round trip. The references of the checkpoint it replaced are released (again: a worker may have died
     before it did), and the chunks of one a worker died writing are deleted. `saved`: its record, where the worker
-    read it already (worker/loops/loop_start.py)."""
+    read it already (worker/loops/loop_start.py), with `writing` (the step of a checkpoint going up, or None)."""
     if saved is None:
-        saved = client.hgetall(keys.checkpoint(subgraph_id))
-    _drop_unpublished(client, keys, subgraph_id, n_carried, saved.get(b"step"))
+        saved, writing = client.pipeline(transaction=False).hgetall(keys.checkpoint(subgraph_id)).get(
+            keys.checkpoint_writing(subgraph_id)).execute()
+    if writing is not None and writing != saved.get(b"step"):
+        _drop_unpublished(client, keys, subgraph_id, n_carried, writing)
     if not saved:
         return None, None, {}
     step, n, same, shared, names = checkpoint_record(keys, subgraph_id, saved)
@@ -516,12 +513,10 @@ def _resume(client: Client, keys: GraphKeys, subgraph_id: int, n_carried: int, d
     return step, [devices.to_device(value, device) for value in carried], shared
 
 
-def _drop_unpublished(client: Client, keys: GraphKeys, subgraph_id: int, n: int, published: Optional[bytes]) -> None:
-    """Delete the chunks of a checkpoint a worker died writing (before its transaction published it), so that the
-    store holds one checkpoint at rest besides the one being written. One round trip, two with some."""
-    writing = client.get(writing_key(keys, subgraph_id))
-    if writing is not None and writing != published:
-        client.delete(*checkpoint_keys(keys, subgraph_id, int(writing), n), writing_key(keys, subgraph_id))
+def _drop_unpublished(client: Client, keys: GraphKeys, subgraph_id: int, n: int, writing: bytes) -> None:
+    """Delete the chunks of the checkpoint at step `writing` a worker died writing (before its transaction published
+    it), so that the store holds one checkpoint at rest besides the one being written."""
+    client.delete(*checkpoint_keys(keys, subgraph_id, int(writing), n), keys.checkpoint_writing(subgraph_id))
 
 
 def unpaced(on_step: OnStep, loop: Any, values: Any, exchange: Optional[StoreExchange]
@@ -576,7 +571,8 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
     meta = loop_start.meta if loop_start is not None else None   # None: each reader reads its own
     start, carried, shared = _resume(ctx.client, ctx.keys, subgraph_id, spec.n_carried, ctx.device, ctx.cache,
                                      loop_start.checkpoint if loop_start is not None else None,
-                                     loop_start.prefetched if loop_start is not None else None)
+                                     loop_start.prefetched if loop_start is not None else None,
+                                     loop_start.writing if loop_start is not None else None)
     first_ids = [t.output_first_ids for t in spec.templates]
     if any(len(ids) != len(t.output_nodes) for ids, t in zip(first_ids, spec.templates)):
         raise PlanError("a loop step's persisted values and their tensor ids do not pair up")

@@ -20,7 +20,7 @@ import random
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Dict, List, Optional, Union
 
 import redis
 import torch
@@ -42,9 +42,10 @@ from ravop.store.client_types import Client
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
 from ravop.store.keys import quota_key
+from ravop.store.row_stream import StreamedRows, streamed_inputs
 from ravop.store.scripts import CLAIM_FINISHED, CLAIM_GONE, CLAIM_RUN, CLAIM_UNKNOWN, CLAIM_WAITING
 from ravop.store.server_replies import kind_of as server_error_kind
-from ravop.wire import plan_pb2, unpack_nodes
+from ravop.wire import plan_pb2, unpack_loop, unpack_nodes
 
 from ..execute import device as devices
 from ..execute import memory
@@ -55,8 +56,8 @@ from ..loops.hand_back import HandBack
 from ..loops.loop_start import LoopStart
 from ..loops.turns import Turns
 from ..loops.loop_subgraph import (
-    RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, checkpoint_record, drop_checkpoint,
-    run_loop, unpaced)
+    RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, check_loop_program, checkpoint_record,
+    drop_checkpoint, run_loop, unpaced)
 from ..verify import cross_class, redundant
 from ..verify.spot import SPLIT, SpotChecks
 from ..verify.spot_loop import CheckFailed, LoopSegments, check_segment, drop_segments
@@ -493,7 +494,9 @@ class Worker:
         # a loop's other reads before its first step ride in its inputs' round trip (worker/loops/loop_start.py)
         loop_start = LoopStart(keys, subgraph_id, self._prefetch) \
             if subgraph.HasField("loop") and self.scripts.direct else None
-        inputs = self._inputs(keys, subgraph, loop_start)
+        streamed = streamed_inputs(unpack_loop(subgraph.loop), check_loop_program(program).inputs) \
+            if subgraph.HasField("loop") else frozenset()
+        inputs = self._inputs(keys, subgraph, loop_start, streamed)
         if subgraph.HasField("loop"):
             self.metrics.loop_started(loop_record(self.client, keys, subgraph_id),
                                       loop_start.progress if loop_start is not None else None)
@@ -515,11 +518,12 @@ class Worker:
         """{output id: tensor} of a checked plain subgraph (`subgraph`: its plan, which a pacing hook reads)."""
         return run(program, inputs, seed, self.device, self.memory_budget)
 
-    def _inputs(self, keys: GraphKeys, subgraph: Any,
-                loop_start: Optional[LoopStart] = None) -> dict[int, torch.Tensor]:
+    def _inputs(self, keys: GraphKeys, subgraph: Any, loop_start: Optional[LoopStart] = None,
+                streamed: AbstractSet[int] = frozenset()) -> dict[int, Any]:
         """Input tensors on this worker's device: from the local cache, the rest in one MGET, in the round trip
-        of what `loop_start` (a worker.loops.loop_start.LoopStart, or None) reads for a loop."""
-        env: dict[int, torch.Tensor] = {}
+        of what `loop_start` (a worker.loops.loop_start.LoopStart, or None) reads for a loop. The big ones of
+        `streamed` (ravop.store.row_stream.streamed_inputs) are read as their loop reads their rows (not cached)."""
+        env: dict[int, Any] = {}
         missing: list[int] = []
         for i in subgraph.inputs:
             tensor = self.cache.get(keys.tensor(i))
@@ -532,12 +536,16 @@ class Worker:
             self.client.mget(names) if names else []
         for i, name, data in zip(missing, names, values):
             reference = same_host.UNREAD if loop_start is None else loop_start.reference(name)
+            stream_to = str(self.device) if i in streamed else None
             tensor = stored.decode(self.client, name, data, self.memory_budget, token=keys.token,
-                                   reference=reference) \
-                if data is not None else uploads.read_uploaded(self.client, keys, name,
-                                                               self.memory_budget)   # a big constant going up
+                                   reference=reference, stream_to=stream_to) \
+                if data is not None else uploads.read_uploaded(self.client, keys, name, self.memory_budget,
+                                                               stream_to)   # a big constant going up
             if tensor is None:
                 raise _MissingInput(i)
+            if isinstance(tensor, StreamedRows):
+                env[i] = tensor
+                continue
             self.metrics.read_bytes(tensor.nbytes)
             tensor = devices.to_device(tensor, self.device)
             self.cache.put(name, tensor)

@@ -17,7 +17,6 @@ from ravop.store import GraphKeys
 from ravop.store import graphs as store_graphs
 from test_loop_workers import assert_same_as_in_process
 from throttled_link import ThrottledLink
-from worker.loops.loop_subgraph import writing_key
 
 RATE = 2e6          # bytes/s up each worker connection: a checkpoint (~0.8 MB) takes ~0.4 s
 ASKED = 5           # --checkpoint-steps
@@ -69,7 +68,7 @@ def test_checkpoints_over_a_slow_link_coalesce_and_a_kill_mid_write_resumes_with
 
     def in_flight():   # a checkpoint's chunks partly up, the last complete one published
         assert not client.sismember(keys.done, loop_id), "the loop ended before a kill mid-write: make it longer"
-        writing, step = client.get(writing_key(keys, loop_id)), client.hget(record, "step")
+        writing, step = client.get(keys.checkpoint_writing(loop_id)), client.hget(record, "step")
         return (int(writing), int(step)) if writing is not None and step is not None and writing != step else None
     writing, step = wait_for(in_flight, "a checkpoint in flight")
     holder = client.hget(keys.taken, loop_id).decode()

@@ -56,12 +56,12 @@ class RoundTrips:
         return self.sent[self.marks[first]:self.marks[last]]
 
 
-def record_fit():
+def record_fit(shuffle=False):
     model = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss")
     model.add(Dense(8, input_shape=(16,)))
     model.add(Activation("relu"))
     model.add(Dense(4))
-    model.fit(X, Y, n_epochs=3, batch_size=64)
+    model.fit(X, Y, n_epochs=3, batch_size=64, shuffle=shuffle)
     model.persist_weights()
 
 
@@ -77,20 +77,23 @@ def serve_until_done(worker, keys):
             worker._handle(*message)
 
 
-def test_a_loop_reads_what_it_needs_before_its_first_step_in_one_round_trip(engine, server, monkeypatch):
-    monkeypatch.setenv("RAVOP_CHUNK_BYTES", str(2**14))   # the data set is chunked and has a same-host file
+@pytest.mark.parametrize("shuffle", [True, False], ids=["mapped", "streamed"])
+def test_a_loop_reads_what_it_needs_before_its_first_step_in_one_round_trip(engine, server, monkeypatch, shuffle):
+    """Shuffled, the chunked data set has a same-host file, whose reference is read with the inputs; in order, it
+    streams (ravop.store.row_stream), its first chunks read as the first step reads its batch."""
+    monkeypatch.setenv("RAVOP_CHUNK_BYTES", str(2**14))   # the data set is chunked
     graph = R.Graph(name="loop start", seed=4)
-    record_fit()
+    record_fit(shuffle)
     R.activate()
     keys = GraphKeys(engine.token, graph.id)
     worker = Worker(connect(server.url), f"start-{uuid.uuid4().hex[:6]}")
     trips = RoundTrips(monkeypatch)
     inputs, run = consumer.Worker._inputs, loop_subgraph.LoopRun.run
 
-    def reading_inputs(self, keys, subgraph, loop_start=None):
+    def reading_inputs(self, keys, subgraph, *rest):
         if subgraph.HasField("loop"):
             trips.mark("inputs")
-        return inputs(self, keys, subgraph, loop_start)
+        return inputs(self, keys, subgraph, *rest)
 
     def running(self, *args, **kwargs):
         trips.mark("first step")
@@ -103,7 +106,7 @@ def test_a_loop_reads_what_it_needs_before_its_first_step_in_one_round_trip(engi
     before_first = trips.between("inputs", "first step")
     assert len(before_first) == 1, f"round trips before the loop's first step: {before_first}"
     want = evaluate_persisted(graph)
-    for name, value in want.items():   # the chunked data was mapped from its same-host file: the same bits
+    for name, value in want.items():   # the chunked data mapped from its same-host file, or streamed: the same bits
         assert torch.equal(R.fetch_persisting_op(name), value), name
 
 
@@ -193,10 +196,10 @@ def test_a_taken_over_loop_reads_its_checkpoint_with_its_inputs(engine, server, 
     trips = RoundTrips(monkeypatch)
     inputs, run = consumer.Worker._inputs, loop_subgraph.LoopRun.run
 
-    def reading_inputs(self, keys, subgraph, loop_start=None):
+    def reading_inputs(self, keys, subgraph, *rest):
         if subgraph.HasField("loop"):
             trips.mark("inputs")
-        return inputs(self, keys, subgraph, loop_start)
+        return inputs(self, keys, subgraph, *rest)
 
     def running(self, *args, **kwargs):
         trips.mark("first step")
