@@ -37,6 +37,7 @@ from ravop.store import background_upload as uploads
 from ravop.store import same_host
 from ravop.store import tensors as stored
 from ravop.store import seals
+from ravop.store import votes as store_votes
 from ravop.store import workers as liveness
 from ravop.store.connect import Outage
 from ravop.store.handoff import Handoff
@@ -360,7 +361,7 @@ class Worker:
             self._pass_on(message_id, fields)   # a check of this worker's own result must be someone else's
             return None
         if copies > 1:
-            votes = self.client.hgetall(keys.votes(subgraph_id))
+            votes = store_votes.read(self.client, keys, subgraph_id)
             if (self.principal.encode() in votes and len(votes) < copies) or self._banned(keys.token, fresh=True):
                 self._pass_on(message_id, fields)  # this worker ran it already (another one must), or is banned
                 return None
