@@ -8,7 +8,7 @@ the scripts), so a name there counts only with a vote key of its own behind it.
 So a worker user cannot overwrite or add another user's vote (to frame an honest worker or split a check), nor
 change its own after the count (to escape a ban). What it still can do to the state fields is listed in the threat
 model (docs/operators/security.md)."""
-from typing import Dict, Optional, Union
+from typing import Dict, Union
 
 from .client_types import Client
 from .keys import GraphKeys
@@ -40,9 +40,3 @@ def digests(client: Client, keys: GraphKeys, subgraph_id: Union[int, str],
     """{principal: digest} of the votes on a subgraph (or segment)."""
     return {m.decode(): d.decode() for m, d in read(client, keys, subgraph_id, segment).items()
             if not m.startswith(b"#")}
-
-
-def mine(client: Client, keys: GraphKeys, subgraph_id: Union[int, str], segment: Segment,
-         principal: str) -> Optional[bytes]:
-    """`principal`'s digest on the subgraph (or segment), None if it has not voted."""
-    return client.hget(keys.vote(subgraph_id, segment, principal), "d")

@@ -51,9 +51,9 @@ def vote(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], segment: Op
     votes = store_votes.read(client, keys, subgraph_id, segment)
     runner = votes.get(b"#runner", b"").decode()
     by_digest: dict[str, str] = {}
-    for member, theirs in votes.items():
-        if not member.startswith(b"#"):
-            by_digest.setdefault(theirs.decode(), member.decode())
+    for voter, vote_digest in votes.items():
+        if not voter.startswith(b"#"):
+            by_digest.setdefault(vote_digest.decode(), voter.decode())
     if digest in by_digest:
         return digest   # bitwise equal: the same class's bits
     host = [devices.to_host(value) for value in values]

@@ -29,9 +29,8 @@ class SpotChecks:
         """False if this worker already handed in a result of it that is not settled: the re-run must be
         someone else's (the message is passed on)."""
         pipe = self.worker.client.pipeline(transaction=False)
-        pipe.hget(keys.vote(subgraph_id, segment, self.member), "d")
-        pipe.hget(keys.votes(subgraph_id, segment), "#state")
-        mine, state = pipe.execute()
+        mine, state = pipe.hget(keys.vote(subgraph_id, segment, self.member), "d").hget(
+            keys.votes(subgraph_id, segment), "#state").execute()
         return mine is None or state in (b"unchecked", b"confirmed", b"unverified")
 
     def submit(self, keys: GraphKeys, subgraph_id: Union[int, str], digest: str, segment: Optional[str] = None

@@ -237,8 +237,7 @@ def check_segment(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], me
     pipe = client.pipeline(transaction=False)
     pipe.hmget(keys.meta, "state", "seed", "spot")
     pipe.hexists(keys.segments(subgraph_id), segment)
-    pipe.hget(keys.vote(subgraph_id, segment, spot.member), "d")
-    pipe.hget(votes_key, "#state")
+    pipe.hget(keys.vote(subgraph_id, segment, spot.member), "d").hget(votes_key, "#state")   # its vote, the check's
     pipe.hget(keys.subgraphs, subgraph_id)
     pipe.sismember(keys.done, subgraph_id)
     (state, seed, policy), current, mine, settled, data, done = pipe.execute()
