@@ -13,6 +13,7 @@ import torch
 
 import ravop as R
 from ravop.core.errors import GraphStateError
+from ravop.record.loop import Loop
 from ravop.client import bans
 from ravop.client.session import require
 from ravop.store import Scripts, TokenKeys, votes
@@ -179,3 +180,28 @@ def test_a_worker_user_cannot_forge_add_or_rewrite_votes(server, users, tmp_path
         admin = redis.Redis.from_url(server.url)
         admin.execute_command("ACL", "DELUSER", other)
         admin.close()
+
+
+def test_a_loop_output_overwritten_after_a_spot_checked_loop_is_refused_at_fetch(server, users,  # noqa: F811
+                                                                                 no_loop_folding):
+    names, urls, _ = users
+    R.initialize(redis_url=urls["a"])
+    R.Graph(name="sealed-loop", verify=R.Verify(rate=0.0, trust_after=0))   # every segment accepted unchecked
+    loop = Loop([R.t(torch.full((64, 64), 1.0))])
+    with loop.step() as step:
+        (w,) = step.carried
+        step.persist(w, [f"w_{k}" for k in range(3)])
+        step.carry([w * 2.0])
+    [final] = loop.run([(0, 3)])
+    final.persist_op("final")
+    R.activate()
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=120)
+    assert torch.equal(R.fetch_persisting_op("final"), torch.full((64, 64), 8.0))
+    keys = require().keys()
+    node = int(redis.Redis.from_url(urls["a"]).hget(keys.persist, "final"))
+    attacker = redis.Redis.from_url(urls["w"])
+    attacker.set(keys.tensor(node), encode_tensor(torch.full((64, 64), 12345.0)))
+    with pytest.raises(SealBroken, match=rf"'final' \(node {node} of graph {keys.graph_id}\) was changed after the vote"):
+        R.fetch_persisting_op("final")
+    attacker.close()

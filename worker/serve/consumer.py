@@ -419,6 +419,8 @@ class Worker:
                 if not self.spot.accepted(keys, subgraph_id, message_id, vote,
                                           program.steps[0] if program.steps else None):
                     return
+            elif spot:   # a loop, its segments checked as it ran: its outputs sealed before they are stored
+                self._seal(keys, outputs)
             self._finish(keys, subgraph_id, message_id, outputs)
             if spot and not is_loop:   # the values its voters kept for a check of another class
                 cross_class.drop(self.client, keys, subgraph_id, None, len(outputs))
