@@ -182,7 +182,7 @@ def test_a_worker_user_cannot_forge_add_or_rewrite_votes(server, users, tmp_path
         admin.close()
 
 
-def test_a_loop_output_overwritten_after_a_spot_checked_loop_is_refused_at_fetch(server, users,  # noqa: F811
+def test_a_loop_s_values_overwritten_after_a_spot_checked_loop_are_refused_at_fetch(server, users,  # noqa: F811
                                                                                  no_loop_folding):
     names, urls, _ = users
     R.initialize(redis_url=urls["a"])
@@ -202,6 +202,12 @@ def test_a_loop_output_overwritten_after_a_spot_checked_loop_is_refused_at_fetch
     node = int(redis.Redis.from_url(urls["a"]).hget(keys.persist, "final"))
     attacker = redis.Redis.from_url(urls["w"])
     attacker.set(keys.tensor(node), encode_tensor(torch.full((64, 64), 12345.0)))
-    with pytest.raises(SealBroken, match=rf"'final' \(node {node} of graph {keys.graph_id}\) was changed after the vote"):
+    with pytest.raises(SealBroken, match=rf"'final' \(node {node} of graph {keys.graph_id}\) was changed after the "
+                                         "vote"):
         R.fetch_persisting_op("final")
+    assert torch.equal(R.fetch_persisting_op("w_1"), torch.full((64, 64), 2.0))   # what a step persisted: sealed too
+    step_value = int(redis.Redis.from_url(urls["a"]).hget(keys.persist, "w_1"))
+    attacker.set(keys.tensor(step_value), encode_tensor(torch.full((64, 64), 12345.0)))
+    with pytest.raises(SealBroken, match=r"'w_1' .* was changed after the vote"):
+        R.fetch_persisting_op("w_1")
     attacker.close()

@@ -59,7 +59,7 @@ from ..loops.loop_subgraph import (
     run_loop, unpaced)
 from ..verify import cross_class, redundant
 from ..verify.spot import SPLIT, SpotChecks
-from ..verify.spot_loop import CheckFailed, LoopSegments, check_segment, drop_segments
+from ..verify.spot_loop import CheckFailed, LoopSegments, check_segment, drop_segments, persisted_values
 from . import attempts, calibrate, warm_connections
 from .heartbeat import Heartbeat
 from .inbox_watch import InboxWatch
@@ -419,8 +419,8 @@ class Worker:
                 if not self.spot.accepted(keys, subgraph_id, message_id, vote,
                                           program.steps[0] if program.steps else None):
                     return
-            elif spot:   # a loop, its segments checked as it ran: its outputs sealed before they are stored
-                self._seal(keys, outputs)
+            elif spot:   # a loop, its segments checked as it ran: its outputs and what its steps persisted sealed
+                self._seal(keys, {**persisted_values(self.client, keys, subgraph), **outputs})
             self._finish(keys, subgraph_id, message_id, outputs)
             if spot and not is_loop:   # the values its voters kept for a check of another class
                 cross_class.drop(self.client, keys, subgraph_id, None, len(outputs))

@@ -293,6 +293,18 @@ def check_segment(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], me
     worker._ack(message_id)
 
 
+def persisted_values(client: Any, keys: GraphKeys, subgraph: Any) -> dict[int, Any]:
+    """{tensor id: value} of what a completed loop's steps persisted, as stored now (its segments settled, rewound
+    ones overwritten by their honest re-runs): what the worker completing it seals (ravop.store.seals), in one
+    MGET. Values a stopped loop never computed are absent."""
+    spec = unpack_loop(subgraph.loop)
+    ids = [first + run for t, template in enumerate(spec.templates) for first in template.output_first_ids
+           for run in range(spec.runs(t))]
+    names = [keys.tensor(i) for i in ids]
+    return {i: stored.decode(client, name, data) for i, name, data in zip(ids, names, client.mget(names) if ids else [])
+            if data is not None}
+
+
 def _peer_waits(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], segment: str, policy: bytes) -> bool:
     """Whether a check by this worker should wait for a live worker of the runner's numerics class: one of
     another user than the runner's that has not voted, while the check is in the first half of its settle time
