@@ -53,8 +53,9 @@ BUDGET = {
     "worker/provider": 350,     # 325 at the layout by role
     "worker/serve": 1480,       # 1,234 at the layout by role; +39: the tokens' quotas (token_usage); +7 --numerics;
                                 # +40 for attempts that count failures (attempts, issue 43); + votes per principal
-    "worker/verify": 530,       # 382 at the layout by role; 521 with cross-class checks by tolerance, votes per
-                                # principal and checks ended by a deadline (issue 42)
+    "worker/verify": 540,       # 382 at the layout by role; 521 with cross-class checks by tolerance, votes per
+                                # principal and checks ended by a deadline (issue 42); 537 with votes read from each
+                                # principal's own key and a loop's persisted values sealed at completion (issue 44)
 }
 SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,
            tokenize.ENDMARKER}
