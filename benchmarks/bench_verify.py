@@ -101,7 +101,7 @@ def timed_run(client, token):
     seconds = time.perf_counter() - began
     keys = require().keys()
     results = reruns = 0
-    for key in client.scan_iter(keys.prefix + "votes:*"):
+    for key in client.scan_iter(keys.prefix + "votes:*"):   # each check's voters (ravop.store.votes)
         state, members = client.hget(key, "#state"), [m for m in client.hkeys(key) if not m.startswith(b"#")]
         results += 1
         reruns += len(members) - 1 if state != b"unchecked" else 0

@@ -1,15 +1,16 @@
 """A token's bans, written by its own requester on the evidence of the votes (issue 44). A worker user may read
 but not write any token's banned set (ravop.store.access): scripts run with their caller's ACL, so a ban the SPOT
 or verify scripts could write, a raw SADD of the same worker user could write too, and one such SADD stopped all of
-a token's graphs. So the scripts only record the votes (each principal's digest of each checked result), and when a
-graph under R.Graph(verify=k) or verify='spot' ends, its requester bans the principals that a strict majority of
-the other principals' digests outvoted (ravop.core.spot_policy.tally). While a graph's work waits and every
+a token's graphs. So the scripts only record the votes (each principal's digest of each checked result, in a key
+only that principal's user may write, once: ravop.store.votes), and when a graph under R.Graph(verify=k) or
+verify='spot' ends, its requester bans the principals that a strict majority of the other principals' digests
+outvoted (ravop.core.spot_policy.tally). While a graph's work waits and every
 connected worker is banned from the token's work, the requester says so, naming them and why."""
-from typing import Dict, List, Mapping
+from typing import List
 
 from ..core.spot_policy import tally
 from ..store import GraphKeys, TokenKeys
-from ..store import worker_info
+from ..store import votes, worker_info
 from .session import Session
 
 REASON = ("outvoted: its results differed from a strict majority of other workers' under R.Graph(verify=...); "
@@ -24,7 +25,9 @@ def apply(session: Session, keys: GraphKeys) -> List[str]:
         return []
     outvoted = set()
     for key in client.scan_iter(match=keys.votes("*"), count=1000):
-        outvoted.update(tally(_principals(client.hgetall(key)))[1])
+        # votes:{sid} or votes:{sid}:{seg}; each principal's digest is in its own key (ravop.store.votes)
+        subgraph_id, _, segment = key.decode()[len(keys.votes("")):].partition(":")
+        outvoted.update(tally(votes.digests(client, keys, subgraph_id, segment or None))[1])
     if not outvoted:
         return []
     banned = TokenKeys(keys.token).banned
@@ -32,11 +35,6 @@ def apply(session: Session, keys: GraphKeys) -> List[str]:
     if fresh:
         client.sadd(banned, *fresh)
     return fresh
-
-
-def _principals(votes: Mapping[bytes, bytes]) -> Dict[str, str]:
-    """{principal: digest} of a votes hash ('#...' fields are the SPOT script's state, not votes)."""
-    return {k.decode(): v.decode() for k, v in votes.items() if not k.startswith(b"#")}
 
 
 def waiting(session: Session, keys: GraphKeys) -> str:

@@ -49,9 +49,11 @@ graphs spread over the shards:
                               ckpt:v:{digest}:claim, string (expiring): the checkpoint uploading it
   ckpt:rounds         string  the rounds between resident replicas' periodic checkpoints, agreed by the first
                               to propose it (worker/loops/sync_cadence.py)
-  votes:{sid}         hash    R.Graph(verify=k): worker -> digest of its outputs of the subgraph; under
-                              verify='spot', "worker@kind" -> digest, and #state, #runner, #accepted, #losers
+  votes:{sid}         hash    R.Graph(verify=k) and verify='spot': the principals that voted (principal -> 1),
+                              and under verify='spot' the check's state (#state, #runner, #accepted, #losers, ...)
   votes:{sid}:{seg}   hash    the same for segment `seg` of a loop subgraph (verify='spot')
+  vote:{sid}[:{seg}]:{user}  hash  worker user `user`'s vote on the subgraph (or segment): d (its digest), c (its
+                              numerics class); only that user may write it, once (ravop.store.votes)
   seal:{node}:{user}  string  worker user `user`'s digest of node's value computed under a vote; only that
                               user may write it (ravop.store.seals)
   sealers:{node}      set     the principals that sealed node's value
@@ -252,6 +254,11 @@ class GraphKeys:
 
     def votes(self, subgraph_id: Union[int, str], segment: Union[int, str, None] = None) -> str:
         return f"{self.prefix}votes:{subgraph_id}" + ("" if segment is None else f":{segment}")
+
+    def vote(self, subgraph_id: Union[int, str], segment: Union[int, str, None] = None, principal: str = "") -> str:
+        """`principal`'s vote on a subgraph or segment (ravop.store.votes); with no principal, the prefix of every
+        principal's."""
+        return f"{self.prefix}vote:{subgraph_id}" + ("" if segment is None else f":{segment}") + f":{principal}"
 
     def traces(self, subgraph_id: Union[int, str], segment: str) -> str:
         return f"{self.prefix}traces:{subgraph_id}:{segment}"

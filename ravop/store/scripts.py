@@ -139,12 +139,24 @@ redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
 return {'@CLAIM_RUN@', meta[2] or '0', data, meta[3] or '1', meta[4] or ''}
 """)).replace("HELD_CHARS", str(HELD_CHARS))
 
-# KEYS: the subgraph's votes.  ARGV: worker, digest of its outputs, copies wanted.
-# The votes once `copies` workers have voted (to the voter that completed them, and to any later one), else {}.
+# KEYS: the subgraph's voters, the worker's own vote key.  ARGV: worker (its principal), digest of its outputs,
+# copies wanted, the prefix of the principals' vote keys (GraphKeys.vote).
+# The votes once `copies` principals have voted (to the voter that completed them, and to any later one), else {}.
+# Each vote is read from its principal's own key, which only that worker user may write, once (ravop.store.votes):
+# a name another user added to the voters' hash without a vote of its own counts for nothing.
 VOTE = """
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-if redis.call('HLEN', KEYS[1]) < tonumber(ARGV[3]) then return {} end
-return redis.call('HGETALL', KEYS[1])
+redis.call('HSETNX', KEYS[2], 'd', ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], 1)
+local votes = {}
+for _, m in ipairs(redis.call('HKEYS', KEYS[1])) do
+  local d = not string.find(m, '[:#]') and redis.call('HGET', ARGV[4] .. m, 'd')
+  if d then
+    table.insert(votes, m)
+    table.insert(votes, d)
+  end
+end
+if #votes < 2 * tonumber(ARGV[3]) then return {} end
+return votes
 """
 
 # KEYS: meta, done, info, deps, ran, refs, events, outbox[, queue:cpu, queue:cuda, the message's stream].
@@ -295,7 +307,8 @@ class Scripts:
     def vote(self, keys: GraphKeys, subgraph_id: Union[int, str], worker: str, digest: str,
              copies: int) -> Dict[str, str]:
         """{worker: digest} once `copies` workers have voted on the subgraph's outputs, else {}."""
-        reply = self._vote(keys=[keys.votes(subgraph_id)], args=[worker, digest, copies])
+        reply = self._vote(keys=[keys.votes(subgraph_id), keys.vote(subgraph_id, None, worker)],
+                           args=[worker, digest, copies, keys.vote(subgraph_id)])
         return {reply[i].decode(): reply[i + 1].decode() for i in range(0, len(reply), 2)}
 
     def _complete_call(self, keys: GraphKeys, subgraph_id: Union[int, str], worker: str, stream: str,

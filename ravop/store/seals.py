@@ -7,9 +7,11 @@ worker user: workers store outputs) raises SealBroken naming the value, never re
 
 What holds: a worker user writes its own seals only, so it can add one vote, not change another's; a lone
 liar's seal that disagrees with the majority is outvoted, and one that ties a lone honest sealer (verify='spot',
-an unchecked result) makes the fetch fail, not return its value. What does not: values no worker computed under a
-vote (constants written at R.activate(), a loop's persisted values under verify='spot', checked per segment) have
-no sealers and are returned as stored; a worker user adding names to `sealers` only makes the requester read keys
+an unchecked result) makes the fetch fail, not return its value. A loop under verify='spot' (checked per segment)
+is sealed by the worker that completes it: its outputs, and its steps' persisted values as stored then
+(worker/verify/spot_loop.py persisted_values). What does not hold: values no worker computed under a vote
+(constants written at R.activate()) have no sealers and are returned as stored; a loop's value overwritten while
+the loop still runs is sealed as found; a worker user adding names to `sealers` only makes the requester read keys
 that do not exist."""
 import hashlib
 from typing import Dict, List, Mapping, Optional

@@ -36,7 +36,9 @@ from .keys import GraphKeys, TokenKeys, principal_key, queue
 # the ACL lets a worker user name only its own); for a loop segment also the loop's segments, checkpoint and taken
 # hashes.
 # ARGV: principal, digest ('' for the deadline check), token, graph id, subgraph id, segment ('' for a plain
-# subgraph), the worker's numerics class.
+# subgraph), the worker's numerics class, the prefix of the principals' own vote keys (GraphKeys.vote: each a hash
+# of d (digest) and c (class) that only its user may write, once; the votes hash holds the voters' names and the
+# check's state, ravop.store.votes).
 # A segment is "start-end:runner" (worker/verify/spot_loop.py). Its state is mirrored in the loop's segments hash
 # (seg -> runner, seg:state -> state), which the runner waits on before completing; a disputed segment also
 # asks both disputants to re-run it with per-op digests (a message with `trace` = the disputant), and one that
@@ -52,7 +54,9 @@ if not member or member ~= ARGV[1] then
   return redis.error_reply('NOPRINCIPAL ' .. KEYS[5] .. ' is not the key of principal ' .. ARGV[1])
 end
 local digest, class = ARGV[2], ARGV[7]
-local votes, trust = KEYS[2], KEYS[3]
+local votes, trust, ballots = KEYS[2], KEYS[3], ARGV[8]
+local function digest_of(m) return redis.call('HGET', ballots .. m, 'd') end
+local function voted(m) return redis.call('EXISTS', ballots .. m) == 1 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local function enqueue(n)
@@ -65,11 +69,11 @@ local function enqueue(n)
   end
 end
 local function bump(m, field, by)
-  local c = redis.call('HGET', votes, '#c:' .. m) or class
+  local c = redis.call('HGET', ballots .. m, 'c') or class
   redis.call('HINCRBY', trust, m .. '@' .. c .. ':' .. field, by)
 end
 local function reset(m)
-  local c = redis.call('HGET', votes, '#c:' .. m) or class
+  local c = redis.call('HGET', ballots .. m, 'c') or class
   redis.call('HSET', trust, m .. '@' .. c .. ':streak', 0)
 end
 local segs = KEYS[6]
@@ -119,7 +123,10 @@ local function voters()
   local members = {}
   local all = redis.call('HGETALL', votes)
   for i = 1, #all, 2 do
-    if string.sub(all[i], 1, 1) ~= '#' then table.insert(members, all[i]) end
+    -- a name without its own vote key (any worker user may write this hash: the scripts keep state in it) is no vote
+    if string.sub(all[i], 1, 1) ~= '#' and not string.find(all[i], ':', 1, true) and digest_of(all[i]) then
+      table.insert(members, all[i])
+    end
   end
   return members
 end
@@ -130,7 +137,7 @@ if digest == '' then   -- the deadline check
   if waited < settle then return {'hold'} end
   local runner = redis.call('HGET', votes, '#runner')
   if state == 'checking' then
-    redis.call('HSET', votes, '#state', 'unverified', '#accepted', redis.call('HGET', votes, runner))
+    redis.call('HSET', votes, '#state', 'unverified', '#accepted', digest_of(runner))
     mark('unverified')
     bump(runner, 'unchecked', 1)
     return {'unverified', 'no worker of another user checked it within ' .. settle .. ' s'}
@@ -146,14 +153,16 @@ if digest == '' then   -- the deadline check
 end
 if state == 'unchecked' or state == 'confirmed' or state == 'unverified' then
   if digest == redis.call('HGET', votes, '#accepted') then return {'complete'} end
-  if redis.call('HEXISTS', votes, member) == 1 then return {'again'} end
+  if voted(member) then return {'again'} end
   state = 'disputed'   -- a retry by another worker disagrees with what was accepted: settle it
   redis.call('HSET', votes, '#state', state, '#since', now)
 elseif state == 'split' then
   return {'again'}
 end
-if redis.call('HEXISTS', votes, member) == 1 then return {'again'} end
-redis.call('HSET', votes, member, digest, '#c:' .. member, class)
+if voted(member) then return {'again'} end
+redis.call('HSETNX', ballots .. member, 'd', digest)
+redis.call('HSETNX', ballots .. member, 'c', class)
+redis.call('HSET', votes, member, 1)
 if not state then
   local streak = tonumber(redis.call('HGET', trust, member .. '@' .. class .. ':streak') or '0')
   local draw = tonumber(string.sub(redis.sha1hex(t[1] .. t[2] .. math.random() .. member .. ARGV[5] .. ARGV[6]),
@@ -172,7 +181,7 @@ if not state then
 end
 local members, count = voters(), {}
 for _, m in ipairs(members) do
-  local d = redis.call('HGET', votes, m)
+  local d = digest_of(m)
   count[d] = (count[d] or 0) + 1
 end
 local n = #members
@@ -182,7 +191,7 @@ for d, c in pairs(count) do if c > top_count then top, top_count = d, c end end
 if top_count * 2 > n and digest == top then
   local losers, lost = {'confirmed'}, {}
   for _, m in ipairs(members) do
-    if redis.call('HGET', votes, m) == top then
+    if digest_of(m) == top then
       bump(m, 'confirmed', 1)
       bump(m, 'streak', 1)
     else
@@ -236,5 +245,6 @@ class SpotScript:
         reply = self._spot(keys=[keys.meta, keys.votes(subgraph_id, segment), token.trust, queue(kind),
                                  principal_key(member), *loop],
                            args=[member, digest, keys.token, keys.graph_id, subgraph_id,
-                                 "" if segment is None else segment, numerics_class or kind])
+                                 "" if segment is None else segment, numerics_class or kind,
+                                 keys.vote(subgraph_id, segment)])
         return [part.decode() if isinstance(part, bytes) else str(part) for part in reply]

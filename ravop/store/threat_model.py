@@ -9,7 +9,7 @@ from .keys import (DEAD_LETTER, FEDERATED_OPEN, STARTING, TOKENS, GraphKeys, Tok
                    usage_key, worker_key, workers_set)
 
 TOKEN_A, TOKEN_B = "alice", "bob"  # the two token users of the table (any names give the same table)
-WORKER_USER = "wk"   # the worker user of the table (its own seals are its user's)
+WORKER_USER = "wk"   # the worker user of the table (its own seals and votes are its user's)
 PRINCIPALS: Tuple[Tuple[str, str, str], ...] = (("token user A", REQUESTER, TOKEN_A),
                                                 ("token user B", REQUESTER, TOKEN_B), ("a worker", WORKER, WORKER_USER))
 
@@ -31,7 +31,9 @@ def key_classes(a: str = TOKEN_A, graph: str = "g1") -> List[Tuple[str, Optional
         ("A's graph: finished set", ga.done),
         ("A's graph: checkpoints", ga.checkpoint(1)),
         ("A's graph: values resident replicas exchange", ga.exchange("r0", 1)),
-        ("A's graph: votes and spot-checked segments", ga.votes(1)),
+        ("A's graph: voters and the state of a check (ravop.store.votes)", ga.votes(1)),
+        ("A's graph: a vote by this worker's user (ravop.store.votes)", ga.vote(1, None, WORKER_USER)),
+        ("A's graph: a vote by another worker user", ga.vote(1, None, "other")),
         ("A's graph: who sealed a result (ravop.store.seals)", ga.sealers(5)),
         ("A's graph: a result's seal by this worker's user", ga.seal(5, WORKER_USER)),
         ("A's graph: a result's seal by another worker user", ga.seal(5, "other")),

@@ -1,8 +1,9 @@
 """What a worker user may no longer decide for a token (issue 44), on a real server with `ravop admin` users and
 real worker processes: it may not ban a token's workers (a raw SADD is refused; a token's bans are its requester's,
 on the votes' evidence), a graph stopped by bans says who is banned and why instead of timing out silently, a
-result it overwrites after the vote is refused at fetch (ravop.store.seals), and a start it drops from a token's
-inbox is posted again by the requester, which names the attack if it keeps happening."""
+result it overwrites after the vote is refused at fetch (ravop.store.seals), a vote it forges for another user, adds
+for an invented one or rewrites after the count is refused or counts for nothing (ravop.store.votes), and a start
+it drops from a token's inbox is posted again by the requester, which names the attack if it keeps happening."""
 import threading
 import time
 
@@ -12,7 +13,10 @@ import torch
 
 import ravop as R
 from ravop.core.errors import GraphStateError
-from ravop.store import TokenKeys
+from ravop.record.loop import Loop
+from ravop.client import bans
+from ravop.client.session import require
+from ravop.store import Scripts, TokenKeys, votes
 from ravop.store.seals import SealBroken, digest
 from ravop.wire import encode_tensor
 
@@ -119,3 +123,91 @@ def test_a_result_overwritten_after_the_vote_is_refused_at_fetch(server, users, 
         admin = redis.Redis.from_url(server.url)
         admin.execute_command("ACL", "DELUSER", other)
         admin.close()
+
+
+def test_a_worker_user_cannot_forge_add_or_rewrite_votes(server, users, tmp_path):  # noqa: F811
+    names, urls, _ = users
+    mine = names["w"]
+    other = mine.replace("prov", "prov3")
+    other_url = create_user(server.url, "worker", other)
+    honest = Workers(other_url, tmp_path)
+    honest.start(1)     # verify=2: each subgraph voted on by both users
+    try:
+        R.initialize(redis_url=urls["a"])
+        R.Graph(name="voted", verify=2)
+        x = R.t(torch.full((128, 128), 2.0))
+        (x @ x).persist_op("product")
+        assert R.activate()["subgraphs"] == 1
+        R.execute()
+        R.track_progress(progress_bar=False, timeout=120)
+        session = require()
+        keys = session.keys()
+        cast = votes.digests(session.client, keys, 0)
+        assert set(cast) == {mine, other} and len(set(cast.values())) == 1
+        [agreed] = set(cast.values())
+        attacker = redis.Redis.from_url(urls["w"])
+        lie = "f" * 64
+        denied = redis.exceptions.NoPermissionError
+        for command in (attacker.hset, attacker.hsetnx):    # another user's vote: neither rewritten nor forged
+            with pytest.raises(denied):
+                command(keys.vote(0, None, other), "d", lie)
+            with pytest.raises(denied):   # nor one for a principal it invents
+                command(keys.vote(0, None, "ghost"), "d", lie)
+        with pytest.raises(denied):     # its own vote is written once: no HSET, no DEL
+            attacker.hset(keys.vote(0, None, mine), "d", lie)
+        with pytest.raises(denied):
+            attacker.delete(keys.vote(0, None, mine))
+        assert attacker.hsetnx(keys.vote(0, None, mine), "d", lie) == 0
+        # the voters' hash is writable (the scripts keep their state there): names in it count only with a vote
+        attacker.hset(keys.votes(0), mapping={"ghost": lie, "ghost2": lie, other: lie, mine: lie})
+        assert votes.digests(session.client, keys, 0) == {mine: agreed, other: agreed}
+        assert bans.apply(session, keys) == [] and not session.client.smembers(TokenKeys(names["a"]).banned)
+        assert torch.equal(R.fetch_persisting_op("product"), torch.full((128, 128), 4.0 * 128))
+
+        # the count of R.Graph(verify=k) is not filled by invented voters: a lone vote waits for a real second
+        attacker.hset(keys.votes(7), mapping={"ghost": lie, "ghost2": lie})
+        assert Scripts(attacker).vote(keys, 7, mine, lie, 2) == {}
+        assert Scripts(attacker).vote(keys, 7, mine, "0" * 64, 2) == {}    # a second try keeps its first vote
+        defender = redis.Redis.from_url(other_url)
+        assert Scripts(defender).vote(keys, 7, other, agreed, 2) == {mine: lie, other: agreed}
+        # a script runs with its caller's rights: no vote in another's name
+        with pytest.raises(redis.exceptions.ResponseError, match="ACL failure in script"):
+            Scripts(attacker).vote(keys, 8, other, lie, 1)
+        defender.close()
+        attacker.close()
+    finally:
+        honest.stop_all()
+        admin = redis.Redis.from_url(server.url)
+        admin.execute_command("ACL", "DELUSER", other)
+        admin.close()
+
+
+def test_a_loop_s_values_overwritten_after_a_spot_checked_loop_are_refused_at_fetch(server, users,  # noqa: F811
+                                                                                 no_loop_folding):
+    names, urls, _ = users
+    R.initialize(redis_url=urls["a"])
+    R.Graph(name="sealed-loop", verify=R.Verify(rate=0.0, trust_after=0))   # every segment accepted unchecked
+    loop = Loop([R.t(torch.full((64, 64), 1.0))])
+    with loop.step() as step:
+        (w,) = step.carried
+        step.persist(w, [f"w_{k}" for k in range(3)])
+        step.carry([w * 2.0])
+    [final] = loop.run([(0, 3)])
+    final.persist_op("final")
+    R.activate()
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=120)
+    assert torch.equal(R.fetch_persisting_op("final"), torch.full((64, 64), 8.0))
+    keys = require().keys()
+    node = int(redis.Redis.from_url(urls["a"]).hget(keys.persist, "final"))
+    attacker = redis.Redis.from_url(urls["w"])
+    attacker.set(keys.tensor(node), encode_tensor(torch.full((64, 64), 12345.0)))
+    with pytest.raises(SealBroken, match=rf"'final' \(node {node} of graph {keys.graph_id}\) was changed after the "
+                                         "vote"):
+        R.fetch_persisting_op("final")
+    assert torch.equal(R.fetch_persisting_op("w_1"), torch.full((64, 64), 2.0))   # what a step persisted: sealed too
+    step_value = int(redis.Redis.from_url(urls["a"]).hget(keys.persist, "w_1"))
+    attacker.set(keys.tensor(step_value), encode_tensor(torch.full((64, 64), 12345.0)))
+    with pytest.raises(SealBroken, match=r"'w_1' .* was changed after the vote"):
+        R.fetch_persisting_op("w_1")
+    attacker.close()

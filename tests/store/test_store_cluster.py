@@ -42,7 +42,7 @@ def graph_keys_of(keys):
     """Every key of one graph the schema names (a tensor, its chunks, a checkpoint and its tensors, votes)."""
     named = [getattr(keys, slot) for slot in GraphKeys.__slots__ if slot not in ("token", "graph_id")]
     fed = FederatedKeys(keys)
-    return named + [keys.tensor(7), chunks_key(keys.tensor(7)), keys.checkpoint(3), keys.votes(3),
+    return named + [keys.tensor(7), chunks_key(keys.tensor(7)), keys.checkpoint(3), keys.votes(3), keys.vote(3, "0-5:w", "w"),
                     checkpoint_tensor_key(keys, 3, 100, 0), chunks_key(checkpoint_tensor_key(keys, 3, 100, 0)),
                     fed.stats, fed.clients, fed.partials]
 

@@ -37,6 +37,7 @@ from ravop.store import background_upload as uploads
 from ravop.store import same_host
 from ravop.store import tensors as stored
 from ravop.store import seals
+from ravop.store import votes as store_votes
 from ravop.store import workers as liveness
 from ravop.store.client_types import Client
 from ravop.store.connect import Outage
@@ -60,7 +61,7 @@ from ..loops.loop_subgraph import (
     drop_checkpoint, run_loop, unpaced)
 from ..verify import cross_class, redundant
 from ..verify.spot import SPLIT, SpotChecks
-from ..verify.spot_loop import CheckFailed, LoopSegments, check_segment, drop_segments
+from ..verify.spot_loop import CheckFailed, LoopSegments, check_segment, drop_segments, persisted_values
 from . import attempts, calibrate, warm_connections
 from .heartbeat import Heartbeat
 from .inbox_watch import InboxWatch
@@ -379,7 +380,7 @@ class Worker:
             self._pass_on(message_id, fields)   # a check of this worker's own result must be someone else's
             return None
         if copies > 1:
-            votes = self.client.hgetall(keys.votes(subgraph_id))
+            votes = store_votes.read(self.client, keys, subgraph_id)
             if (self.principal.encode() in votes and len(votes) < copies) or self._banned(keys.token, fresh=True):
                 self._pass_on(message_id, fields)  # this worker ran it already (another one must), or is banned
                 return None
@@ -439,6 +440,8 @@ class Worker:
                 if not self.spot.accepted(keys, subgraph_id, message_id, vote,
                                           program.steps[0] if program.steps else None):
                     return
+            elif spot:   # a loop, its segments checked as it ran: its outputs and what its steps persisted sealed
+                self._seal(keys, {**persisted_values(self.client, keys, subgraph), **outputs})
             self._finish(keys, subgraph_id, message_id, outputs)
             if spot and not is_loop:   # the values its voters kept for a check of another class
                 cross_class.drop(self.client, keys, subgraph_id, None, len(outputs))

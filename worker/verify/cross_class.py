@@ -13,6 +13,7 @@ from typing import Any, Optional, Union
 from ravop.core.spot_policy import scaled_difference
 from ravop.store import GraphKeys
 from ravop.store import tensors as stored
+from ravop.store import votes as store_votes
 
 from ..execute import device as devices
 from ..loops.loop_subgraph import checkpoint_tensor_key
@@ -47,12 +48,12 @@ def vote(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], segment: Op
     for a tie-breaker. The runner of a loop segment ending at step `runner_at` is judged by its checkpoint
     there; every other run by the values it stored."""
     client = worker.client
-    votes = client.hgetall(keys.votes(subgraph_id, segment))
+    votes = store_votes.read(client, keys, subgraph_id, segment)
     runner = votes.get(b"#runner", b"").decode()
     by_digest: dict[str, str] = {}
-    for member, theirs in votes.items():
-        if not member.startswith(b"#"):
-            by_digest.setdefault(theirs.decode(), member.decode())
+    for voter, vote_digest in votes.items():
+        if not voter.startswith(b"#"):
+            by_digest.setdefault(vote_digest.decode(), voter.decode())
     if digest in by_digest:
         return digest   # bitwise equal: the same class's bits
     host = [devices.to_host(value) for value in values]
@@ -82,7 +83,7 @@ def adopted(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], vote: st
     """The outputs of the run whose digest `vote` adopted (another numerics class's, within tolerance), as
     stored for this check, in place of this worker's own: the accepted result is that run's bits, which its
     voters seal (ravop.store.seals) and the one that completes stores. Its own if they are gone."""
-    votes = worker.client.hgetall(keys.votes(subgraph_id))
+    votes = store_votes.read(worker.client, keys, subgraph_id)
     member = next((m.decode() for m, d in votes.items() if not m.startswith(b"#") and d.decode() == vote), None)
     if member is None:
         return outputs

@@ -28,8 +28,10 @@ class SpotChecks:
     def may_run(self, keys: GraphKeys, subgraph_id: Union[int, str], segment: Optional[str] = None) -> bool:
         """False if this worker already handed in a result of it that is not settled: the re-run must be
         someone else's (the message is passed on)."""
-        votes = self.worker.client.hmget(keys.votes(subgraph_id, segment), self.member, "#state")
-        return votes[0] is None or votes[1] in (b"unchecked", b"confirmed", b"unverified")
+        pipe = self.worker.client.pipeline(transaction=False)
+        mine, state = pipe.hget(keys.vote(subgraph_id, segment, self.member), "d").hget(
+            keys.votes(subgraph_id, segment), "#state").execute()
+        return mine is None or state in (b"unchecked", b"confirmed", b"unverified")
 
     def submit(self, keys: GraphKeys, subgraph_id: Union[int, str], digest: str, segment: Optional[str] = None
                ) -> list[str]:

@@ -28,6 +28,7 @@ from ravop.runtime.loop_run import LoopRun
 from ravop.store import GraphKeys, TokenKeys
 from ravop.store import tensors as stored
 from ravop.store import worker_info
+from ravop.store import votes as store_votes
 from ravop.wire import plan_pb2, unpack_loop
 
 from ..execute import device as devices
@@ -236,10 +237,10 @@ def check_segment(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], me
     pipe = client.pipeline(transaction=False)
     pipe.hmget(keys.meta, "state", "seed", "spot")
     pipe.hexists(keys.segments(subgraph_id), segment)
-    pipe.hmget(votes_key, spot.member, "#state")
+    pipe.hget(keys.vote(subgraph_id, segment, spot.member), "d").hget(votes_key, "#state")   # its vote, the check's
     pipe.hget(keys.subgraphs, subgraph_id)
     pipe.sismember(keys.done, subgraph_id)
-    (state, seed, policy), current, (mine, settled), data, done = pipe.execute()
+    (state, seed, policy), current, mine, settled, data, done = pipe.execute()
     if state != graph_states.RUNNING.encode() or not policy or data is None or done:
         worker._ack(message_id)   # ended, or not a spot-checked graph's loop (a forged message)
         return
@@ -250,7 +251,7 @@ def check_segment(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], me
     elif not current or settled in SETTLED:
         worker._ack(message_id)   # rewound away, or checked already
         return
-    elif mine is not None or worker._banned(keys.token, fresh=True) or worker._outvoted(keys) or _peer_waits(worker, keys, votes_key, policy):
+    elif mine is not None or worker._banned(keys.token, fresh=True) or worker._outvoted(keys) or _peer_waits(worker, keys, subgraph_id, segment, policy):
         # its own user's segment, a second vote, or a check a worker of the runner's class may make: someone
         # else's, unless nobody came by the deadline
         reply = spot.settle(keys, subgraph_id, segment)
@@ -292,11 +293,23 @@ def check_segment(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], me
     worker._ack(message_id)
 
 
-def _peer_waits(worker: Any, keys: GraphKeys, votes_key: str, policy: bytes) -> bool:
+def persisted_values(client: Any, keys: GraphKeys, subgraph: Any) -> dict[int, Any]:
+    """{tensor id: value} of what a completed loop's steps persisted, as stored now (its segments settled, rewound
+    ones overwritten by their honest re-runs): what the worker completing it seals (ravop.store.seals), in one
+    MGET. Values a stopped loop never computed are absent."""
+    spec = unpack_loop(subgraph.loop)
+    ids = [first + run for t, template in enumerate(spec.templates) for first in template.output_first_ids
+           for run in range(spec.runs(t))]
+    names = [keys.tensor(i) for i in ids]
+    return {i: stored.decode(client, name, data) for i, name, data in zip(ids, names, client.mget(names) if ids else [])
+            if data is not None}
+
+
+def _peer_waits(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], segment: str, policy: bytes) -> bool:
     """Whether a check by this worker should wait for a live worker of the runner's numerics class: one of
     another user than the runner's that has not voted, while the check is in the first half of its settle time
     (then anyone of another user checks it, by tolerance)."""
-    votes = worker.client.hgetall(votes_key)
+    votes = store_votes.read(worker.client, keys, subgraph_id, segment)
     runner = votes.get(b"#runner")
     runner_class = votes.get(b"#c:" + runner, b"").decode() if runner else ""
     if not runner_class or runner_class == worker.numerics:
@@ -316,7 +329,7 @@ def narrow(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], segment: 
     parts from the winner (once per loser)."""
     client = worker.client
     votes_key = keys.votes(subgraph_id, segment)
-    votes = client.hgetall(votes_key)
+    votes = store_votes.read(client, keys, subgraph_id, segment)
     losers = [m for m in votes.get(b"#losers", b"").decode().split(",") if m]
     if votes.get(b"#state") != b"confirmed" or not losers:
         return

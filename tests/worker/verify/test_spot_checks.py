@@ -15,7 +15,7 @@ from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop.core.spot_policy import Verify, read_trust
 from ravop.runtime.evaluate import evaluate_persisted
-from ravop.store import TokenKeys
+from ravop.store import TokenKeys, votes
 from ravop.tools import status
 from ravop.tools.cluster_cli import _status_text
 from worker.verify.dispute_trace import Tracer, first_difference, unpack
@@ -45,8 +45,8 @@ def test_spot_checks_on_honest_workers_give_the_unverified_bits_and_build_trust(
     assert torch.equal(checked, plain)
     keys = engine.keys()
     for sid in range(summary["subgraphs"]):   # nobody is trusted yet: every result was checked, and agreed
-        votes = client.hgetall(keys.votes(sid))
-        assert votes[b"#state"] == b"confirmed" and len({v for k, v in votes.items() if not k.startswith(b"#")}) == 1
+        cast = votes.read(client, keys, sid)
+        assert cast[b"#state"] == b"confirmed" and len({v for k, v in cast.items() if not k.startswith(b"#")}) == 1
     trust = read_trust(client.hgetall(TokenKeys(engine.token).trust))
     assert sum(t["confirmed"] for t in trust.values()) == 2 * summary["subgraphs"]
     # trust is per principal (here each worker's own name: the server has no users) and numerics class

@@ -17,7 +17,7 @@ from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop.core.spot_policy import read_trust
 from ravop.runtime.evaluate import evaluate_persisted
-from ravop.store import TokenKeys, worker_info
+from ravop.store import TokenKeys, votes, worker_info
 from ravop.store.spot_scripts import SpotScript
 from ravop.tools import admin, status
 from ravop.tools.cluster_cli import _status_text
@@ -134,7 +134,7 @@ def test_two_liars_of_one_user_do_not_outvote_an_honest_worker(engine, workers, 
     assert not client.sismember(TokenKeys(engine.token).banned, honest)
     keys = engine.keys()
     for segment in (f for f in client.hkeys(keys.segments(0)) if re.fullmatch(rb"\d+-\d+:[^:]+", f)):
-        voters = {m for m in client.hkeys(keys.votes(0, segment.decode())) if not m.startswith(b"#")}
+        voters = {m for m in votes.read(client, keys, 0, segment.decode()) if not m.startswith(b"#")}
         assert voters <= {b"mallory", honest.encode()}, voters   # the user's two processes vote as one
     assert not client.sismember(keys.done, 0)   # the liars' values were never accepted
     # the server, not the worker, says whose vote it is: mallory's scripts may name only mallory's key

@@ -7,7 +7,7 @@ import torch
 
 import ravop as R
 from compiler.cost import DEVICES
-from ravop.store import TokenKeys
+from ravop.store import TokenKeys, votes
 
 
 def two_branches(verify):
@@ -35,8 +35,8 @@ def test_honest_workers_agree_and_give_the_unverified_result(engine, workers, cl
     assert torch.equal(R.fetch_persisting_op("out"), plain)
     keys = engine.keys()
     for sid in range(summary["subgraphs"]):
-        votes = client.hgetall(keys.votes(sid))
-        assert sorted(w.decode() for w in votes) == sorted(names) and len(set(votes.values())) == 1
+        cast = votes.read(client, keys, sid)
+        assert sorted(w.decode() for w in cast) == sorted(names) and len(set(cast.values())) == 1
 
 
 def test_a_wrong_worker_is_named_outvoted_and_banned(engine, workers, client):
@@ -52,7 +52,7 @@ def test_a_wrong_worker_is_named_outvoted_and_banned(engine, workers, client):
     summary = two_branches(2)   # the liar is still connected, but gets none of this requester's work
     R.track_progress(progress_bar=False, timeout=120)
     keys = engine.keys()
-    assert all(set(client.hgetall(keys.votes(sid))) == {n.encode() for n in honest}
+    assert all(set(votes.read(client, keys, sid)) == {n.encode() for n in honest}
                for sid in range(summary["subgraphs"]))
     assert liar.encode() not in set(client.hvals(keys.ran))
     assert workers.alive(liar)
