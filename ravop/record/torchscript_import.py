@@ -157,14 +157,11 @@ def _from_module(module):
     with _internal_jit():
         if not isinstance(module, torch.jit.ScriptModule):
             try:
-                module = torch.jit.script(module)
+                module = torch.jit.script(module)   # shares the module's tensors: no copy of its values
             except Exception as exc:  # the TorchScript compiler raises many kinds of errors
                 raise TypeError(f"cannot script {type(module).__name__} with torch.jit.script ({exc}); trace "
                                 "it with torch.jit.trace(module, example_inputs) and pass the result") from None
-        buffer = io.BytesIO()
-        torch.jit.save(module, buffer)  # through bytes: the caller's module keeps its tensors
-    torchscript_safety.trust(buffer.getvalue())   # its code was parsed in this process already: no sandbox
-    return _from_archive(buffer.getvalue())
+        return _split(module)
 
 
 def _groups(named):
@@ -177,22 +174,41 @@ def _groups(named):
 
 def _from_archive(data):
     with _internal_jit():
-        module = torchscript_safety.load(data)
-        params = _groups(module.named_parameters(remove_duplicate=False))
-        buffers = _groups(module.named_buffers(remove_duplicate=False))
-        for slots, tensor in params + buffers:
-            for slot in slots:
-                setattr(*torchscript.slot_owner(module, slot), torch.empty(0, dtype=tensor.dtype))
-        buffer = io.BytesIO()
+        return _split(torchscript_safety.load(data))
+
+
+def _split(module):
+    """The `Model` of a ScriptModule: its code saved once with empty parameter and buffer slots (the blob), and
+    its values as they are, not copied (the caller's module keeps holding them: the user's memory, as in eager;
+    a CPU module's tensors are shared, as `R.t` shares a tensor, so R.activate() uploads what they hold then).
+    The slots are emptied only while the code is saved, then restored."""
+    params = _groups(module.named_parameters(remove_duplicate=False))
+    buffers = _groups(module.named_buffers(remove_duplicate=False))
+    owners = [(slot_owner, tensor) for slots, tensor in params + buffers
+              for slot_owner in (torchscript.slot_owner(module, slot) for slot in slots)]
+    buffer = io.BytesIO()
+    try:
+        for (owner, name), tensor in owners:
+            setattr(owner, name, torch.empty(0, dtype=tensor.dtype))
         torch.jit.save(module, buffer)
+    finally:
+        for (owner, name), tensor in owners:
+            setattr(owner, name, tensor)
+    torchscript_safety.trust(buffer.getvalue())   # saved from a module this process holds
+    # The code alone (small), loaded and saved once more: the blob of a module loaded from an archive, so that
+    # one architecture has one blob (and hash) whether it came as a file or as a module (a scripted module
+    # saves other debug records). It is also the module the requester's shape rule runs, never the caller's.
+    code = torchscript_safety.load(buffer.getvalue())
+    buffer = io.BytesIO()
+    torch.jit.save(code, buffer)
     blob = buffer.getvalue()
-    torchscript_safety.trust(blob)   # saved from the module loaded above
+    torchscript_safety.trust(blob)
     model_hash = hashlib.sha256(blob).hexdigest()
-    torchscript.remember(model_hash, module)
+    torchscript.remember(model_hash, code)
     return Model(torch.frombuffer(bytearray(blob), dtype=torch.uint8), model_hash,
-                 [(slots, t.detach().clone()) for slots, t in params],
+                 [(slots, t.detach().cpu()) for slots, t in params],
                  [bool(t.requires_grad) for _, t in params],
-                 [(slots, t.detach().clone()) for slots, t in buffers])
+                 [(slots, t.detach().cpu()) for slots, t in buffers])
 
 
 class Model:
