@@ -6,7 +6,8 @@ Each size is an MLP `Pytorch_Model(R.model(module))` trained a few steps by `.fi
 same batches) trained by eager PyTorch with `torch.optim.Adam(fused=True)` on one thread, in another process of
 the same run. A sampler reads the proportional set size (PSS, /proc/PID/smaps_rollup: a page shared by n
 processes counts 1/n in each, so the sum over processes counts it once) of every process of a side every 50 ms:
-the requester, the server, the fork server and the workers for the engine; the one process for eager. Printed per
+the requester, the server, the fork server and the workers for the engine (and the requester's sealed memory files
+that no process maps: memory in no PSS); the one process for eager. Printed per
 size: the peak of that sum above each side's baseline (torch imported, the session started, before the model is
 built), its bytes per parameter, the engine/eager ratio, each process's own peak, and R.model's seconds.
 
@@ -18,10 +19,34 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 IN_FEATURES, CLASSES, DEPTH, BATCH = 256, 10, 4, 64
+
+
+def sealed_file_bytes(pid):
+    """The bytes of the sealed memory files (ravop.store.same_host) process `pid` holds open, each file once (a
+    mapping of one holds a second descriptor)."""
+    files = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:ravop-"):
+                found = os.stat(f"/proc/{pid}/fd/{fd}")
+                files[found.st_dev, found.st_ino] = found.st_size
+        except OSError:   # closed meanwhile
+            continue
+    return sum(files.values())
+
+
+def shmem_pss_bytes(pid):
+    """The part of process `pid`'s PSS in shared memory (a worker's mappings of the requester's sealed files)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            return next((int(line.split()[1]) * 1024 for line in rollup if line.startswith("Pss_Shmem:")), 0)
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return 0
 
 
 def pss_bytes(pid):
@@ -36,18 +61,33 @@ def pss_bytes(pid):
     raise RuntimeError("no Pss in /proc/PID/smaps_rollup (Linux 4.14+ only)")
 
 
+UNMAPPED = "requester's files, unmapped"
+
+
+def measure(pids, hidden):
+    """role -> PSS of each process of `pids` (role -> pid); with `hidden` (a role's name), also the bytes of the
+    first process's sealed memory files that no process maps (in no PSS, yet memory: the file of a constant the
+    requester uploaded, ravop.store.same_host), estimated as those files' size less the processes' PSS in shared
+    memory."""
+    values = {role: pss_bytes(pid) for role, pid in pids.items()}
+    if hidden is not None:
+        first = next(iter(pids.values()))
+        values[hidden] = max(0, sealed_file_bytes(first) - sum(shmem_pss_bytes(pid) for pid in pids.values()))
+    return values
+
+
 class Sampler:
     """Every `period` s, the PSS of each process `pids()` names (role -> pid): the peak of their sum, and each
     role's own peak."""
 
-    def __init__(self, pids, period=0.05):
-        self.pids, self.period = pids, period
+    def __init__(self, pids, period=0.05, hidden=None):
+        self.pids, self.period, self.hidden = pids, period, hidden
         self.peak, self.own = 0, {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self):
-        values = {role: pss_bytes(pid) for role, pid in self.pids().items()}
+        values = measure(self.pids(), self.hidden)
         self.peak = max(self.peak, sum(values.values()))
         for role, value in values.items():
             self.own[role] = max(self.own.get(role, 0), value)
@@ -131,7 +171,7 @@ def engine(width, steps, workers):
         found.update({f"worker {i}": process.pid for i, (_, _, process) in enumerate(cluster.workers)})
         return found
 
-    sampler = Sampler(pids)
+    sampler = Sampler(pids, hidden=UNMAPPED)
     base = sampler.sample()
     sampler.peak, sampler.own = 0, {}
     with sampler:
@@ -157,15 +197,18 @@ def engine(width, steps, workers):
 
 
 def now(pids):
-    """Each process's PSS at this moment (role -> bytes)."""
-    return {role: pss_bytes(pid) for role, pid in pids().items()}
+    """Each process's PSS at this moment, and the requester's unmapped sealed files (role -> bytes)."""
+    return measure(pids(), UNMAPPED)
 
 
 def run_side(side, millions, steps, workers):
     """One side's figures for one size, from a process of its own."""
     command = [sys.executable, __file__, "--side", side, "--sizes", str(millions), "--steps", str(steps),
                "--workers", str(workers)]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    # A data dir of its own: the embedded server would load the snapshot of earlier sessions of this user.
+    with tempfile.TemporaryDirectory(prefix="bench-model-memory-") as data_dir:
+        done = subprocess.run(command, capture_output=True, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", "RAVOP_DATA_DIR": data_dir})
     if done.returncode != 0:
         raise RuntimeError(f"{side} at {millions}M failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
