@@ -4,7 +4,8 @@ A source is one of
 - a TorchScript archive (`torch.jit.save`): a file path, bytes, or an http(s) URL, downloaded with
   `requests` (streamed, at most `max_bytes`); `sha256=` checks the file's bytes when given;
 - an `nn.Module`: scripted for the user with `torch.jit.script` (a module that cannot be scripted can be
-  traced by the user with `torch.jit.trace` and passed as the resulting ScriptModule);
+  traced by the user with `torch.jit.trace` and passed as the resulting ScriptModule); its tensors are shared,
+  not copied (as `R.t` shares a tensor): `R.activate()` uploads what they hold then;
 - a `torch.export` program (`.pt2`, a local file or bytes only): its module is traced to TorchScript with
   the example inputs saved in the program. `torch.export.load` may unpickle, so a `.pt2` is never taken
   from a URL; the traced module runs in the mode the program was exported in (the `training` flag of a
@@ -12,7 +13,7 @@ A source is one of
 Files are recognised by their contents, not their names. A `torch.save` pickle is refused: loading one can
 run arbitrary code.
 
-The archive is split in two: its code, re-saved with empty parameter and buffer slots, becomes one uint8
+The module is split in two: its code, saved once with empty parameter and buffer slots, becomes one uint8
 constant (the "blob", named by its sha256, so workers load and cache it once per architecture); the
 parameters and buffers become ordinary graph tensors, in `named_parameters()` / `named_buffers()` order,
 which training replaces like any layer's. Tied parameters (one tensor in several slots) are one value.
