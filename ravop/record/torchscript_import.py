@@ -185,31 +185,32 @@ def _split(module):
     The slots are emptied only while the code is saved, then restored."""
     params = _groups(module.named_parameters(remove_duplicate=False))
     buffers = _groups(module.named_buffers(remove_duplicate=False))
-    owners = [(slot_owner, tensor) for slots, tensor in params + buffers
-              for slot_owner in (torchscript.slot_owner(module, slot) for slot in slots)]
-    buffer = io.BytesIO()
+    owners = [(torchscript.slot_owner(module, slot), tensor) for slots, tensor in params + buffers for slot in slots]
     try:
         for (owner, name), tensor in owners:
             setattr(owner, name, torch.empty(0, dtype=tensor.dtype))
-        torch.jit.save(module, buffer)
+        saved = _saved(module)
     finally:
         for (owner, name), tensor in owners:
             setattr(owner, name, tensor)
-    torchscript_safety.trust(buffer.getvalue())   # saved from a module this process holds
     # The code alone (small), loaded and saved once more: the blob of a module loaded from an archive, so that
     # one architecture has one blob (and hash) whether it came as a file or as a module (a scripted module
     # saves other debug records). It is also the module the requester's shape rule runs, never the caller's.
-    code = torchscript_safety.load(buffer.getvalue())
-    buffer = io.BytesIO()
-    torch.jit.save(code, buffer)
-    blob = buffer.getvalue()
-    torchscript_safety.trust(blob)
+    code = torchscript_safety.load(saved)
+    blob = _saved(code)
     model_hash = hashlib.sha256(blob).hexdigest()
     torchscript.remember(model_hash, code)
     return Model(torch.frombuffer(bytearray(blob), dtype=torch.uint8), model_hash,
-                 [(slots, t.detach().cpu()) for slots, t in params],
-                 [bool(t.requires_grad) for _, t in params],
+                 [(slots, t.detach().cpu()) for slots, t in params], [bool(t.requires_grad) for _, t in params],
                  [(slots, t.detach().cpu()) for slots, t in buffers])
+
+
+def _saved(module):
+    """The archive bytes of `module`, noted as made by this process from a module it holds (no sandbox for them)."""
+    buffer = io.BytesIO()
+    torch.jit.save(module, buffer)
+    torchscript_safety.trust(buffer.getvalue())
+    return buffer.getvalue()
 
 
 class Model:
