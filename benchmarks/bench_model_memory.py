@@ -82,13 +82,14 @@ class Sampler:
 
     def __init__(self, pids, period=0.05, hidden=None):
         self.pids, self.period, self.hidden = pids, period, hidden
-        self.peak, self.own = 0, {}
+        self.peak, self.own, self.at_peak = 0, {}, {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self):
         values = measure(self.pids(), self.hidden)
-        self.peak = max(self.peak, sum(values.values()))
+        if sum(values.values()) > self.peak:
+            self.peak, self.at_peak = sum(values.values()), values
         for role, value in values.items():
             self.own[role] = max(self.own.get(role, 0), value)
         return sum(values.values())
@@ -173,7 +174,7 @@ def engine(width, steps, workers):
 
     sampler = Sampler(pids, hidden=UNMAPPED)
     base = sampler.sample()
-    sampler.peak, sampler.own = 0, {}
+    sampler.peak, sampler.own, sampler.at_peak = 0, {}, {}
     with sampler:
         module = make_model(width)
         started = time.perf_counter()
@@ -192,7 +193,8 @@ def engine(width, steps, workers):
         R.track_progress(progress_bar=False, timeout=3600)
         seconds = time.perf_counter() - started
         phases["ran"] = now(pids)
-    return {"base": base, "peak": sampler.peak, "own": sampler.own, "seconds": seconds, "model_seconds": model_seconds,
+    return {"base": base, "peak": sampler.peak, "own": sampler.own, "at_peak": sampler.at_peak, "seconds": seconds,
+            "model_seconds": model_seconds,
             "params": sum(p.numel() for p in module.parameters()), "phases": phases}
 
 
@@ -243,6 +245,8 @@ def main():
         print(f"{params / 1e6:7.1f}M {grown['engine'] / mib:11.0f} {grown['eager'] / mib:10.0f} "
               f"{grown['engine'] / grown['eager']:5.2f}x {grown['engine'] / params:15.1f} {grown['eager'] / params:14.1f} "
               f"{engine_run['model_seconds']:10.2f}  {own}", flush=True)
+        print(f"{'':9}at the peak      " + ", ".join(f"{role} {value / mib:.0f}"
+                                                    for role, value in engine_run["at_peak"].items()))
         for phase, values in engine_run["phases"].items() if args.phases else ():
             print(f"{'':9}after {phase:<13}" + ", ".join(f"{role} {value / mib:.0f}" for role, value in values.items()))
 
