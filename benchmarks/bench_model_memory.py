@@ -143,16 +143,13 @@ def eager(width, steps):
         module = make_model(width)
         optimizer = torch.optim.Adam(module.parameters(), lr=1e-3, fused=True)
         X, y = torch.from_numpy(X), torch.from_numpy(y)
-        started = time.perf_counter()
         for step in range(steps):
             rows = slice(step * BATCH, (step + 1) * BATCH)
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(module(X[rows]), y[rows])
             loss.backward()
             optimizer.step()
-        seconds = time.perf_counter() - started
-    return {"base": base, "peak": sampler.peak, "own": sampler.own, "seconds": seconds,
-            "params": sum(p.numel() for p in module.parameters())}
+    return {"base": base, "peak": sampler.peak, "params": sum(p.numel() for p in module.parameters())}
 
 
 def engine(width, steps, workers):
@@ -177,8 +174,8 @@ def engine(width, steps, workers):
     sampler.peak, sampler.own, sampler.at_peak = 0, {}, {}
     with sampler:
         module = make_model(width)
-        started = time.perf_counter()
         phases = {"module": now(pids)}
+        started = time.perf_counter()
         model = Pytorch_Model(R.model(module))
         model_seconds = time.perf_counter() - started
         phases["R.model"] = now(pids)
@@ -186,16 +183,13 @@ def engine(width, steps, workers):
         R.Graph(name="bench model memory")
         model.fit(X, y, n_epochs=1, batch_size=BATCH, loss="CrossEntropy")
         phases["fit recorded"] = now(pids)
-        started = time.perf_counter()
         R.activate()
         phases["activated"] = now(pids)
         R.execute()
         R.track_progress(progress_bar=False, timeout=3600)
-        seconds = time.perf_counter() - started
         phases["ran"] = now(pids)
-    return {"base": base, "peak": sampler.peak, "own": sampler.own, "at_peak": sampler.at_peak, "seconds": seconds,
-            "model_seconds": model_seconds,
-            "params": sum(p.numel() for p in module.parameters()), "phases": phases}
+    return {"base": base, "peak": sampler.peak, "own": sampler.own, "at_peak": sampler.at_peak,
+            "model_seconds": model_seconds, "params": sum(p.numel() for p in module.parameters()), "phases": phases}
 
 
 def now(pids):
