@@ -178,7 +178,7 @@ def _from_archive(data):
         return _split(torchscript_safety.load(data))
 
 
-def _split(module):
+def _split(module: torch.jit.ScriptModule) -> "Model":
     """The `Model` of a ScriptModule: its code saved once with empty parameter and buffer slots (the blob), and
     its values as they are, not copied (the caller's module keeps holding them: the user's memory, as in eager;
     a CPU module's tensors are shared, as `R.t` shares a tensor, so R.activate() uploads what they hold then).
@@ -205,7 +205,7 @@ def _split(module):
                  [(slots, t.detach().cpu()) for slots, t in buffers])
 
 
-def _saved(module):
+def _saved(module: torch.jit.ScriptModule) -> bytes:
     """The archive bytes of `module`, noted as made by this process from a module it holds (no sandbox for them)."""
     buffer = io.BytesIO()
     torch.jit.save(module, buffer)
