@@ -4,7 +4,8 @@ A source is one of
 - a TorchScript archive (`torch.jit.save`): a file path, bytes, or an http(s) URL, downloaded with
   `requests` (streamed, at most `max_bytes`); `sha256=` checks the file's bytes when given;
 - an `nn.Module`: scripted for the user with `torch.jit.script` (a module that cannot be scripted can be
-  traced by the user with `torch.jit.trace` and passed as the resulting ScriptModule);
+  traced by the user with `torch.jit.trace` and passed as the resulting ScriptModule); its tensors are shared,
+  not copied (as `R.t` shares a tensor): `R.activate()` uploads what they hold then;
 - a `torch.export` program (`.pt2`, a local file or bytes only): its module is traced to TorchScript with
   the example inputs saved in the program. `torch.export.load` may unpickle, so a `.pt2` is never taken
   from a URL; the traced module runs in the mode the program was exported in (the `training` flag of a
@@ -12,7 +13,7 @@ A source is one of
 Files are recognised by their contents, not their names. A `torch.save` pickle is refused: loading one can
 run arbitrary code.
 
-The archive is split in two: its code, re-saved with empty parameter and buffer slots, becomes one uint8
+The module is split in two: its code, saved once with empty parameter and buffer slots, becomes one uint8
 constant (the "blob", named by its sha256, so workers load and cache it once per architecture); the
 parameters and buffers become ordinary graph tensors, in `named_parameters()` / `named_buffers()` order,
 which training replaces like any layer's. Tied parameters (one tensor in several slots) are one value.
@@ -160,14 +161,11 @@ def _from_module(module):
     with _internal_jit():
         if not isinstance(module, torch.jit.ScriptModule):
             try:
-                module = torch.jit.script(module)
+                module = torch.jit.script(module)   # shares the module's tensors: no copy of its values
             except Exception as exc:  # the TorchScript compiler raises many kinds of errors
                 raise TypeError(f"cannot script {type(module).__name__} with torch.jit.script ({exc}); trace "
                                 "it with torch.jit.trace(module, example_inputs) and pass the result") from None
-        buffer = io.BytesIO()
-        torch.jit.save(module, buffer)  # through bytes: the caller's module keeps its tensors
-    torchscript_safety.trust(buffer.getvalue())   # its code was parsed in this process already: no sandbox
-    return _from_archive(buffer.getvalue())
+        return _split(module)
 
 
 def _groups(named):
@@ -180,22 +178,42 @@ def _groups(named):
 
 def _from_archive(data):
     with _internal_jit():
-        module = torchscript_safety.load(data)
-        params = _groups(module.named_parameters(remove_duplicate=False))
-        buffers = _groups(module.named_buffers(remove_duplicate=False))
-        for slots, tensor in params + buffers:
-            for slot in slots:
-                setattr(*torchscript.slot_owner(module, slot), torch.empty(0, dtype=tensor.dtype))
-        buffer = io.BytesIO()
-        torch.jit.save(module, buffer)
-    blob = buffer.getvalue()
-    torchscript_safety.trust(blob)   # saved from the module loaded above
+        return _split(torchscript_safety.load(data))
+
+
+def _split(module: torch.jit.ScriptModule) -> "Model":
+    """The `Model` of a ScriptModule: its code saved once with empty parameter and buffer slots (the blob), and
+    its values as they are, not copied (the caller's module keeps holding them: the user's memory, as in eager;
+    a CPU module's tensors are shared, as `R.t` shares a tensor, so R.activate() uploads what they hold then).
+    The slots are emptied only while the code is saved, then restored."""
+    params = _groups(module.named_parameters(remove_duplicate=False))
+    buffers = _groups(module.named_buffers(remove_duplicate=False))
+    owners = [(torchscript.slot_owner(module, slot), tensor) for slots, tensor in params + buffers for slot in slots]
+    try:
+        for (owner, name), tensor in owners:
+            setattr(owner, name, torch.empty(0, dtype=tensor.dtype))
+        saved = _saved(module)
+    finally:
+        for (owner, name), tensor in owners:
+            setattr(owner, name, tensor)
+    # The code alone (small), loaded and saved once more: the blob of a module loaded from an archive, so that
+    # one architecture has one blob (and hash) whether it came as a file or as a module (a scripted module
+    # saves other debug records). It is also the module the requester's shape rule runs, never the caller's.
+    code = torchscript_safety.load(saved)
+    blob = _saved(code)
     model_hash = hashlib.sha256(blob).hexdigest()
-    torchscript.remember(model_hash, module)
+    torchscript.remember(model_hash, code)
     return Model(torch.frombuffer(bytearray(blob), dtype=torch.uint8), model_hash,
-                 [(slots, t.detach().clone()) for slots, t in params],
-                 [bool(t.requires_grad) for _, t in params],
-                 [(slots, t.detach().clone()) for slots, t in buffers])
+                 [(slots, t.detach().cpu()) for slots, t in params], [bool(t.requires_grad) for _, t in params],
+                 [(slots, t.detach().cpu()) for slots, t in buffers])
+
+
+def _saved(module: torch.jit.ScriptModule) -> bytes:
+    """The archive bytes of `module`, noted as made by this process from a module it holds (no sandbox for them)."""
+    buffer = io.BytesIO()
+    torch.jit.save(module, buffer)
+    torchscript_safety.trust(buffer.getvalue())
+    return buffer.getvalue()
 
 
 class Model:

@@ -6,7 +6,9 @@ persisted (R.fetch_persisting_op reads those as any value, at once). Only those,
 immutable copy of the tensor taken before R.activate() returns: the chunks sent later are the file's bytes, the
 very bits local workers map, whatever the caller does with its tensor afterwards; and a worker of the host
 maps it without waiting. Without a file, sending later would mean sending memory the caller may change meanwhile
-(or making the copy this saves), and every worker would wait for the chunks anyway.
+(or making the copy this saves), and every worker would wait for the chunks anyway. Once a constant's chunks are all
+sent its file is closed: a worker that mapped it keeps its mapping, a later one reads the chunks, and the requester
+holds no copy of what it only uploaded (a model's parameters: issue 46).
 
 Protocol. With the graph's other keys (before its meta) R.activate() writes the constant's marker `{key}:u`, a
 hash of `header` (the chunked header its key will hold), `sent` (bytes of chunks sent) and `patience` (seconds
@@ -56,17 +58,19 @@ POLL_SECONDS = (0.001, 0.05)   # a waiting reader's first and longest pause betw
 
 
 class Deferred(NamedTuple):
-    """A constant sent after the start: its tensor key, header, bytes (its sealed file, mapped) and chunk size."""
+    """A constant sent after the start: its tensor key, header, bytes (its sealed file, mapped), chunk size and
+    the file's reference."""
     key: str
     header: bytes
     data: memoryview
     chunk: int
+    reference: str
 
 
 def deferred(pipe: Pipeline, key: str, tensor: torch.Tensor, chunk: int, reference: str) -> Deferred:
     """`tensor`, whose sealed file `reference` names, to be sent later in chunks of `chunk` bytes; its marker is
     queued on `pipe` (R.activate()'s upload, before the graph's meta)."""
-    item = Deferred(key, chunked_header(tensor, chunk), same_host.sealed_bytes(reference), chunk)
+    item = Deferred(key, chunked_header(tensor, chunk), same_host.sealed_bytes(reference), chunk, reference)
     pipe.hset(marker_key(key), mapping={"header": item.header, "sent": 0, "patience": PATIENCE_SECONDS})
     return item
 
@@ -83,8 +87,13 @@ class _Upload(threading.Thread):
     def run(self) -> None:
         item = None
         try:
-            for item in self.items:
+            for index, item in enumerate(self.items):
                 self._send(item)
+                # Its chunks are all in the server (or it was released): the file goes. A worker that mapped it keeps
+                # its mapping; one that comes later reads the chunks. Kept open, it would hold a copy of every big
+                # constant (a model's parameters) in the requester's memory until R.flush (issue 46).
+                self.items[index] = item = item._replace(data=memoryview(b""))
+                same_host.close_file(item.reference)
         except Exception as exc:  # noqa: BLE001 - any failure ends the upload: said, and the graph fails
             assert item is not None
             error = (f"the requester's upload of constant {item.key} ({len(item.data) / 2**20:,.1f} MiB) failed: "

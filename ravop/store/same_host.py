@@ -9,7 +9,8 @@ the store a window at a time: the host then holds it twice (the requester's and 
 Redis still holds every tensor (`ravop.store.tensors`): remote workers, a cluster, a worker of another host or
 user, and a file that is gone (the requester exited) all read the chunks as before. The file is a copy the
 reader may take instead, never the only one, and the same bytes either way (determinism). The chunks of a
-constant that has a file are sent from that file after the graph has started (`ravop.store.background_upload`).
+constant that has a file are sent from that file after the graph has started (`ravop.store.background_upload`),
+which closes the file once they are all sent; the file of a persisted constant stays open until R.flush.
 
 Trust boundary. The reference `{key}:f` ("boot id:pid:fd:nonce:bytes") is written by the requester on its own
 graph's tensor key, so any token user can put any reference on a queue's graph. A worker
@@ -32,7 +33,7 @@ import re
 import secrets
 import stat
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
 
@@ -78,12 +79,13 @@ def enabled() -> bool:
 
 
 class Writer:
-    """This process's sealed memory files of one token, open until `remove_all` (R.flush) or the process's
-    exit: nothing is left behind on any host when a requester ends, however it ends."""
+    """This process's sealed memory files of one token, open until `close` (a deferred constant's chunks all sent,
+    ravop.store.background_upload), `remove_all` (R.flush) or the process's exit: nothing is left behind on any host
+    when a requester ends, however it ends."""
 
     def __init__(self, token: str) -> None:
         self.token, self.host = token, host_id()
-        self.fds: List[int] = []
+        self.fds: Dict[str, int] = {}   # reference -> its file's descriptor
 
     def write(self, tensor: torch.Tensor) -> str:
         """Write `tensor`'s bytes to a new sealed memfd; its reference (the value of `reference_key`)."""
@@ -98,13 +100,20 @@ class Writer:
         except OSError:
             os.close(fd)
             raise
-        self.fds.append(fd)
-        return f"{self.host}:{os.getpid()}:{fd}:{nonce}:{tensor.nbytes}"
+        reference = f"{self.host}:{os.getpid()}:{fd}:{nonce}:{tensor.nbytes}"
+        self.fds[reference] = fd
+        return reference
+
+    def close(self, reference: str) -> None:
+        """Close the file `reference` (one `write` returned) names, if still open."""
+        fd = self.fds.pop(reference, None)   # by reference: a reused fd number is another file
+        if fd is not None:
+            os.close(fd)
 
     def remove_all(self) -> None:
-        for fd in self.fds:
+        for fd in self.fds.values():
             os.close(fd)
-        self.fds = []
+        self.fds = {}
 
 
 _writers: Dict[str, Writer] = {}
@@ -149,6 +158,13 @@ def sealed_bytes(reference: str) -> memoryview:
         raise ValueError(f"not a same-host reference of this process: {reference!r}")
     return memoryview(mmap.mmap(int(match.group(3)), int(match.group(5)), flags=mmap.MAP_SHARED,
                                 prot=mmap.PROT_READ))
+
+
+def close_file(reference: str) -> None:
+    """Close this process's file that `reference` names (its constant's chunks are all in the server): workers that
+    mapped it keep their mapping, later readers read the chunks."""
+    for files in _writers.values():
+        files.close(reference)
 
 
 def remove_files(token: str) -> None:

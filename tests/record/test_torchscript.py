@@ -2,9 +2,11 @@
 torchscript_forward/torchscript_vjp ops against eager PyTorch, Pytorch_Model training against the same loop
 in eager PyTorch, save_model's round trip, and (through the real engine) GPU routing."""
 import copy
+import gc
 import hashlib
 import http.server
 import json
+import os
 import threading
 
 import pytest
@@ -16,6 +18,7 @@ from ravdl.v2 import Pytorch_Model
 from ravdl.v2.optimizers import Adam, AdamW, RMSprop
 import ravop as R
 from ravop.core.errors import ShapeError
+from ravop.store import background_upload
 from ravop.record.graph import current_graph
 from ravop.record.torchscript_import import BUNDLE_KIND, load_module
 from ravop.runtime.evaluate import evaluate
@@ -339,6 +342,52 @@ def test_model_from_a_module_leaves_it_untouched():
     evaluate(record_training(model, batches(1)) + model.params)
     for name, value in net.state_dict().items():
         torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+
+
+def big_storages(at_least):
+    """The data pointers of the tensor storages of at least `at_least` bytes that this process's objects reach."""
+    gc.collect()
+    return {t.untyped_storage().data_ptr() for t in gc.get_objects()
+            if isinstance(t, torch.Tensor) and not t.is_meta and t.untyped_storage().nbytes() >= at_least}
+
+
+def sealed_file_sizes():
+    """The sizes of the sealed memory files (ravop.store.same_host) this process holds open."""
+    sizes = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:ravop-"):
+                sizes.append(os.stat(f"/proc/self/fd/{fd}").st_size)
+        except OSError:   # the listing's own descriptor, closed since
+            continue
+    return sizes
+
+
+def test_the_requester_holds_a_big_parameter_once_r_model_and_the_upload_copy_nothing(engine, module_workers):
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Linear(4096, 4096, bias=False), nn.Tanh())   # a 64 MiB weight
+    weight, mib = net[0].weight, 2**20
+    model = Pytorch_Model(R.model(net))
+    assert model.model.params[0].untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
+    assert big_storages(32 * mib) == {weight.untyped_storage().data_ptr()}   # R.model copied nothing
+    R.Graph(name="ts-one-copy")
+    x = torch.randn(3, 4096)
+    model._forward_pass(R.t(x), training=False).persist_op("y")
+    R.activate()
+    background_upload.finish(engine.token)   # its chunks are all in the server
+    # Neither the graph's constants nor a sealed file of the upload (ravop.store.same_host) holds a second copy.
+    assert big_storages(32 * mib) == {weight.untyped_storage().data_ptr()}
+    assert max(sealed_file_sizes(), default=0) < 32 * mib
+    R.execute()
+    R.track_progress(timeout=120, progress_bar=False)
+    torch.testing.assert_close(R.fetch_persisting_op("y"), net(x).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_r_model_of_a_script_module_leaves_its_values_in_place():
+    net = torch.jit.script(DigitsNet())
+    before = net.state_dict(keep_vars=True)
+    R.model(net)
+    assert all(value is before[name] for name, value in net.state_dict(keep_vars=True).items())   # emptied only while saved
 
 
 class Unscriptable(nn.Module):

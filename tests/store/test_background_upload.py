@@ -20,7 +20,7 @@ import torch
 import ravop as R
 from ravop.client.session import require
 from ravop.core.errors import GraphFailedError, WireFormatError
-from ravop.store import GraphKeys, background_upload, tensors
+from ravop.store import GraphKeys, background_upload, same_host, tensors
 from ravop.store.tensors import marker_key
 from ravop.wire.codec import encode_chunked
 from tests.helpers import wait_for
@@ -114,6 +114,35 @@ def test_the_chunks_are_the_files_bytes_whatever_the_caller_does_with_its_tensor
     background_upload.finish(engine.token)
     assert engine.client.exists(marker_key(key)) == 0
     assert torch.equal(tensors.read(engine.client, key), torch.from_numpy(X))
+
+
+def open_memory_files():
+    """The names of the memory files this process holds open."""
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            names.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:   # the listing's own descriptor, closed meanwhile
+            continue
+    return [name for name in names if name.startswith("/memfd:ravop-")]
+
+
+def test_a_constants_file_is_closed_once_its_chunks_are_sent_and_a_later_worker_reads_the_chunks(engine, workers,
+                                                                                                small_chunks):
+    X = big_constant()
+    record(X)
+    R.activate()
+    key = constant_key()
+    nonce = engine.client.get(same_host.reference_key(key)).decode().split(":")[3]
+    background_upload.finish(engine.token)
+    # The requester no longer holds a copy of the constant: the server has it (issue 46).
+    assert not any(nonce in name for name in open_memory_files())
+    assert engine.client.exists(marker_key(key)) == 0 and torch.equal(tensors.read(engine.client, key),
+                                                                       torch.from_numpy(X))
+    workers.start(1)   # too late to map the file: it reads the chunks
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=300)
+    assert torch.equal(R.fetch_persisting_op("y"), torch.from_numpy(X) * 2)
 
 
 def test_a_failed_upload_fails_the_graph_naming_the_constant(engine, small_chunks, monkeypatch, capsys):
