@@ -5,6 +5,10 @@ F.scaled_dot_product_attention, LayerNorm, GELU, dropout, a tied LM head), each 
 
     record_resnet(fused)/eager_resnet(fused), record_gpt(fused)/eager_gpt(fused): one fit each (record_* records
     it in the current graph; eager_* returns its seconds), for benchmarks/bench_step.py --cases resnet,gpt.
+
+And the full-size models of benchmarks/bench_real_models.py: `resnet18(classes)` (torchvision's when it is
+installed, else a faithful copy of it) and the GPT at `GPT(vocab=6144, seq=128, d_model=384, heads=6, layers=6,
+tied=False)`.
 """
 import math
 import time
@@ -96,21 +100,95 @@ class DecoderBlock(nn.Module):
 
 class GPT(nn.Module):
     """A GPT (nanoGPT's layout): 2 pre-norm decoder blocks, d_model 128, 4 heads, sequences of 64, vocabulary 512;
-    a tied LM head (tests/test_torchscript_step.py trains a tiny one)."""
+    an LM head tied to the token embedding unless `tied` is False (tests/test_torchscript_step.py trains a tiny
+    one)."""
 
-    def __init__(self, vocab=VOCAB, seq=SEQ, d_model=128, heads=4, layers=2, dropout=0.1, fused=True):
+    def __init__(self, vocab=VOCAB, seq=SEQ, d_model=128, heads=4, layers=2, dropout=0.1, fused=True, tied=True):
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, d_model), nn.Embedding(seq, d_model)
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.Sequential(*[DecoderBlock(d_model, heads, dropout, fused) for _ in range(layers)])
         self.ln = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
-        self.head.weight = self.tok.weight
+        if tied:
+            self.head.weight = self.tok.weight
 
     def forward(self, tokens):
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.drop(self.tok(tokens) + self.pos(positions))
         return self.head(self.ln(self.blocks(x)))
+
+
+class BasicBlock(nn.Module):
+    """torchvision's resnet BasicBlock, line for line (its in-place ReLU and `out += identity` included)."""
+    expansion = 1
+
+    def __init__(self, inplanes, planes, stride=1, downsample=None):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+        self.stride = stride
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+class ResNet18(nn.Module):
+    """torchvision.models.resnet18 (torchvision 0.18's ResNet with BasicBlock, layers [2, 2, 2, 2]): the same modules
+    in the same order, the same initialisation, the same forward; copied so that torchvision is not required."""
+
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        self.inplanes = 64
+        self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.layer1 = self._make_layer(64, 2)
+        self.layer2 = self._make_layer(128, 2, stride=2)
+        self.layer3 = self._make_layer(256, 2, stride=2)
+        self.layer4 = self._make_layer(512, 2, stride=2)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(512, num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.constant_(m.weight, 1)
+                nn.init.constant_(m.bias, 0)
+
+    def _make_layer(self, planes, blocks, stride=1):
+        downsample = None
+        if stride != 1 or self.inplanes != planes:
+            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes))
+        layers = [BasicBlock(self.inplanes, planes, stride, downsample)]
+        self.inplanes = planes
+        layers += [BasicBlock(planes, planes) for _ in range(1, blocks)]
+        return nn.Sequential(*layers)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def resnet18(num_classes=10):
+    """torchvision's resnet18 when torchvision is installed, else `ResNet18` (the same model)."""
+    try:
+        import torchvision
+    except ImportError:
+        return ResNet18(num_classes)
+    return torchvision.models.resnet18(num_classes=num_classes)
 
 
 def image_data():
