@@ -30,7 +30,6 @@ This driver imports neither torch nor ravop (its pages would be shared with the 
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import threading
@@ -51,23 +50,49 @@ GPT_SHAPE = {"vocab": 6144, "seq": 128, "d_model": 384, "heads": 6, "layers": 6,
 
 # ------------------------------------------------------------------------------------------ memory (driver)
 
-def _descendants(root: int) -> list[int]:
-    """`root` and every live process below it (by /proc's parent ids)."""
-    children: dict[int, list[int]] = {}
+def _parents() -> dict[int, int]:
+    """Every live process's parent id, from /proc."""
+    parents = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue   # it ended while we looked
-            children.setdefault(ppid, []).append(int(entry))
+    return parents
+
+
+def _descendants(root: int, parents: dict[int, int]) -> list[int]:
+    """`root` and every live process below it."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
     found, todo = [], [root]
     while todo:
         pid = todo.pop()
         found.append(pid)
         todo.extend(children.get(pid, ()))
     return found
+
+
+def _role(pid: int, root: int, parents: dict[int, int]) -> str:
+    """What a process of the tree is: the side's own process (eager's, or the engine's requester), the server (not
+    Python), the fork server (forked from the requester: it keeps the requester's command line), a worker (a
+    `python -m worker`, or forked by the fork server), or something a worker started (the sandbox that checks a
+    TorchScript model before the worker loads it)."""
+    if pid == root:
+        return "requester"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return "other"
+    if b"python" not in os.path.basename(argv[0]):
+        return "server"
+    if b"worker" in argv or parents.get(parents.get(pid, 0)) == root:
+        return "workers"
+    return "fork server" if parents.get(pid) == root else "sandbox and others"
 
 
 def _pss_kib(pid: int) -> int:
@@ -82,18 +107,27 @@ def _pss_kib(pid: int) -> int:
 
 
 class PeakPss:
-    """The peak over time of the summed PSS of a process tree, sampled every `interval` seconds in a thread."""
+    """The peak over time of the summed PSS of a process tree, and of each role's part (`_role`), sampled every
+    `interval` seconds in a thread."""
 
     def __init__(self, root: int, interval: float = 0.1) -> None:
         self.root, self.interval, self.peak_kib, self.processes = root, interval, 0, 0
+        self.roles: dict[str, int] = {}
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
         self.thread.start()
 
     def _sample(self) -> None:
         while not self.done.wait(self.interval):
-            pids = _descendants(self.root)
-            self.peak_kib = max(self.peak_kib, sum(_pss_kib(p) for p in pids))
+            parents = _parents()
+            pids = _descendants(self.root, parents)
+            parts: dict[str, int] = {}
+            for pid in pids:
+                role = _role(pid, self.root, parents)
+                parts[role] = parts.get(role, 0) + _pss_kib(pid)
+            self.peak_kib = max(self.peak_kib, sum(parts.values()))
+            for role, kib in parts.items():
+                self.roles[role] = max(self.roles.get(role, 0), kib)
             self.processes = max(self.processes, len(pids))
 
     def stop(self) -> float:
@@ -114,7 +148,7 @@ def run_side(side: str, model: str, args: argparse.Namespace) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"{side} {model} failed ({proc.returncode}):\n{err[-3000:]}")
     result = json.loads(out.strip().splitlines()[-1])
-    result.update(pss_mib=pss, processes=peak.processes)
+    result.update(pss_mib=pss, processes=peak.processes, roles={k: v / 1024 for k, v in peak.roles.items()})
     return result
 
 
@@ -185,12 +219,19 @@ def eager_side(model: str, steps: int, compiled: bool) -> dict:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         marks.append(time.perf_counter())
     seconds = time.perf_counter() - start
-    step_times = [b - a for a, b in zip(marks, marks[1:])]
-    steady = statistics.median(step_times[2:]) if len(step_times) > 2 else seconds / steps
-    return {"seconds": seconds, "steady": steady, "compile": sum(step_times[:2]) - 2 * steady, "losses": losses}
+    steady = _steady(marks[1:])
+    return {"seconds": seconds, "steady": steady, "compile": marks[2] - marks[0] - 2 * steady, "losses": losses}
+
+
+def _steady(done_at: list[float]) -> float:
+    """Seconds per step from the second step's end to the last one's (`done_at`: when each step was seen done):
+    the steps' pace once the first ones (compiling, warming caches, loading the model) are behind."""
+    if len(done_at) < 3:
+        raise ValueError(f"--steps must be at least 3 to time steady steps, not {len(done_at)}")
+    return (done_at[-1] - done_at[1]) / (len(done_at) - 2)
 
 
 def _ravdl_cnn(module):
@@ -224,18 +265,20 @@ def _ravdl_cnn(module):
 def engine_side(model: str, steps: int, workers: int) -> dict:
     import contextlib
     import io
+    import numpy as np
     import torch
     import ravop as R
+    from ravop.core import graph_states
     from ravdl.v2 import Pytorch_Model
     from ravdl.v2.optimizers import Adam
     R.initialize(workers=workers)
     X, y, batch = _data(model, steps)
     R.Graph(name="warm-up")   # not timed: the modules that R's names and recording load on first use
     R.model(torch.nn.Linear(2, 2))
+    module = _torch_model(model)   # the user's module, made as eager's is, before the clock starts
     times = {}
     start = time.perf_counter()
     R.Graph(name=f"bench {model}", seed=SEED)
-    module = _torch_model(model)
     with contextlib.redirect_stdout(io.StringIO()):   # a model summary
         if model == "cnn":
             network = _ravdl_cnn(module)
@@ -254,13 +297,21 @@ def engine_side(model: str, steps: int, workers: int) -> dict:
     times["activate"] = time.perf_counter() - mark
     mark = time.perf_counter()
     R.execute()
-    R.track_progress(progress_bar=False)
+    seen: list[float] = []   # when each step's loss was first read (the worker writes them every 0.25 s or more)
+    while len(seen) < steps:
+        read = R.fetch_losses()
+        stored = read.batch_stored if read.batch_stored is not None else ~np.isnan(read.batch)
+        seen += [time.perf_counter()] * (int(stored[:steps].sum()) - len(seen))
+        if read.state in graph_states.ENDED:
+            break
+        time.sleep(0.05)
+    R.track_progress(progress_bar=False)   # until done; raises if the graph failed
     times["loop"] = time.perf_counter() - mark
     mark = time.perf_counter()
     losses = [float(v) for v in R.fetch_losses().batch]
     times["fetch"] = time.perf_counter() - mark
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "phases": times, "losses": losses,
+    return {"seconds": seconds, "phases": times, "losses": losses, "steady": _steady(seen),
             "parameters": sum(p.numel() for p in module.parameters())}
 
 
@@ -272,7 +323,7 @@ def side_main(args: argparse.Namespace) -> None:
         result = engine_side(model, args.steps, args.workers)
     else:
         result = eager_side(model, args.steps, args.side == "compiled")
-    result["vmhwm_mib"] = _vmhwm_mib(_descendants(os.getpid()))
+    result["vmhwm_mib"] = _vmhwm_mib(_descendants(os.getpid(), _parents()))
     print(json.dumps(result))
 
 
@@ -310,28 +361,32 @@ def main() -> None:
         best = {s: min(r, key=lambda x: x["seconds"]) for s, r in runs.items()}
         peak = {s: min(x["pss_mib"] for x in r) for s, r in runs.items()}
         hwm = {s: min(x["vmhwm_mib"] for x in r) for s, r in runs.items()}
-        eager = best["eager"]["seconds"] / args.steps
-        print(f"\n{MODELS[model][1]}:")
+        eager, eager_steady = best["eager"]["seconds"] / args.steps, best["eager"]["steady"]
+        print(f"\n{MODELS[model][1]}: s/step (whole run / steps, x eager's), steady s/step (from step 2's end)")
         for side in sides:
             b = best[side]
             per_step = b["seconds"] / args.steps
-            line = f"  {side:<9} {per_step:7.3f} s/step  {per_step / eager:5.2f}x eager"
+            line = f"  {side:<9}{per_step:7.3f} s/step {per_step / eager:5.2f}x  steady {b['steady']:.3f} " \
+                   f"{b['steady'] / eager_steady:5.2f}x"
             if side == "compiled":
-                line += f"  (steady {b['steady']:.3f} s/step, {b['steady'] * args.steps / b['seconds']:.2f} of it; " \
-                        f"compile {b['compile']:.1f} s)"
+                line += f"  (compile {b['compile']:.1f} s)"
             if side == "engine":
                 ph = b["phases"]
-                line += f"  (loop {ph['loop'] / args.steps:.3f} s/step, {ph['loop'] / args.steps / eager:.2f}x; " \
-                        f"record {ph['record']:.2f} activate {ph['activate']:.2f} fetch {ph['fetch']:.2f} s; " \
-                        f"{b['parameters'] / 1e6:.1f}M parameters)"
+                line += f"  (record {ph['record']:.2f}, activate {ph['activate']:.2f}, execute to done " \
+                        f"{ph['loop']:.2f}, fetch {ph['fetch']:.2f} s; {b['parameters'] / 1e6:.1f}M parameters)"
                 if "compiled" in best:
-                    line += f"  {b['seconds'] / best['compiled']['seconds']:.2f}x compiled"
+                    line += f"  vs compiled: {b['seconds'] / best['compiled']['seconds']:.2f}x, steady " \
+                            f"{b['steady'] / best['compiled']['steady']:.2f}x"
             print(line)
-            gap = "" if side == "eager" else f"  max |loss - eager's| over {COMPARED_LOSSES}: " \
+            gap = "" if side == "eager" else f"; max |loss - eager's| over the first {COMPARED_LOSSES}: " \
                                              f"{loss_gap(b['losses'], best['eager']['losses']):.1e}"
-            print(f"  {'':<9} peak PSS {peak[side]:7,.0f} MiB ({peak[side] / peak['eager']:.2f}x eager's), "
-                  f"sum of VmHWM {hwm[side]:7,.0f} MiB ({hwm[side] / hwm['eager']:.2f}x), "
-                  f"{max(x['processes'] for x in runs[side])} processes{gap}", flush=True)
+            print(f"  {'':<9}peak PSS {peak[side]:6,.0f} MiB {peak[side] / peak['eager']:5.2f}x, sum of VmHWM "
+                  f"{hwm[side]:6,.0f} MiB {hwm[side] / hwm['eager']:5.2f}x, {max(x['processes'] for x in runs[side])} "
+                  f"processes{gap}")
+            if side == "engine":
+                roles = min(runs[side], key=lambda x: x["pss_mib"])["roles"]
+                print(f"  {'':<9}each role's peak PSS: " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(roles.items()))
+                      + " MiB", flush=True)
     print(f"\nload {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
