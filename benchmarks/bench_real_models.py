@@ -5,11 +5,12 @@ batch 4) and a BatchNorm CNN built with ravdl layers (3 conv-relu-batchnorm-maxp
 dense head: 0.6M parameters, batch 32).
 
     python benchmarks/bench_real_models.py [--models resnet18,gpt,cnn] [--steps 20] [--repeats 2]
-                                           [--sides engine,eager,compiled] [--workers 2] [--threads 1]
+                                           [--sides engine,eager,compiled] [--workers 2]
 
 Each side trains the model from the same initial weights on the same batches (fit's shuffled order), with Adam
 (lr 1e-3) as torch's fused kernel on both sides (`torch.optim.Adam(fused=True)`; ravdl's `Adam(fused=True)` runs
-that kernel), one torch thread per process:
+that kernel), with the torch threads each embedded worker gets (the machine's cores over the workers: 1 on 2 cores
+with the default 2 workers) in every process:
 - engine: in a fresh process, `R.initialize(workers=N)` (the embedded server and N local workers: the user's
   state), then `Pytorch_Model(R.model(module)).fit` (the CNN: `NeuralNetwork(...).fit`), `R.activate`,
   `R.execute`, `R.track_progress`, every loss fetched (`R.fetch_losses`). Its s/step is the whole of that (record
@@ -37,6 +38,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from ravop.core.cpu_threads import per_worker  # noqa: E402   (imports no torch)
+
 SEED = 0
 LR = 1e-3
 COMPARED_LOSSES = 20
@@ -341,11 +345,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--sides", default="engine,eager,compiled")
     parser.add_argument("--workers", type=int, default=2, help="the embedded default's local workers")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads in each process")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads in each process (default and only choice: what each of the embedded "
+                             "default's workers gets, the machine's cores over --workers)")
     parser.add_argument("--side", choices=("engine", "eager", "compiled"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.threads is None:
+        args.threads = per_worker(args.workers)
     if args.side:
         return side_main(args)
+    if args.threads != per_worker(args.workers):
+        parser.error(f"the embedded default runs {per_worker(args.workers)} torch thread(s) in each of {args.workers} "
+                     f"worker(s) here: eager with --threads {args.threads} would compare another thread count (other "
+                     "speed, other bits); change --workers instead")
     models, sides = args.models.split(","), args.sides.split(",")
     unknown = [m for m in models if m not in MODELS] + [s for s in sides if s not in ("engine", "eager", "compiled")]
     if unknown or "eager" not in sides:
