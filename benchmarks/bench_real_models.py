@@ -369,7 +369,10 @@ def main() -> None:
         runs: dict[str, list[dict]] = {s: [] for s in sides}
         for _ in range(args.repeats):
             for side in sides:
-                runs[side].append(run_side(side, model, args))
+                run = run_side(side, model, args)
+                runs[side].append(run)
+                print(f"  ({side}: {run['seconds'] / args.steps:.3f} s/step, steady {run['steady']:.3f}, peak PSS "
+                      f"{run['pss_mib']:,.0f} MiB)", flush=True)
         best = {s: min(r, key=lambda x: x["seconds"]) for s, r in runs.items()}
         peak = {s: min(x["pss_mib"] for x in r) for s, r in runs.items()}
         hwm = {s: min(x["vmhwm_mib"] for x in r) for s, r in runs.items()}
