@@ -12,7 +12,7 @@ Each side trains the model from the same initial weights on the same batches (fi
 that kernel), with the torch threads each embedded worker gets (the machine's cores over the workers: 1 on 2 cores
 with the default 2 workers) in every process:
 - engine: in a fresh process, `R.initialize(workers=N)` (the embedded server and N local workers: the user's
-  state), then `Pytorch_Model(R.model(module)).fit` (the CNN: `NeuralNetwork(...).fit`), `R.activate`,
+  state, with an empty data directory, $RAVOP_DATA_DIR, as after installing), then `Pytorch_Model(R.model(module)).fit` (the CNN: `NeuralNetwork(...).fit`), `R.activate`,
   `R.execute`, `R.track_progress`, every loss fetched (`R.fetch_losses`). Its s/step is the whole of that (record
   to the last loss read) over the steps; `loop s/step` is `R.execute` to done (what the worker's loop costs, with
   its start, data reads and checkpoints);
@@ -31,8 +31,10 @@ This driver imports neither torch nor ravop (its pages would be shared with the 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -144,11 +146,17 @@ def run_side(side: str, model: str, args: argparse.Namespace) -> dict:
     """One side's run in a fresh process: its JSON result, with `pss_mib` (the sampled peak) added."""
     command = [sys.executable, __file__, "--side", side, "--models", model, "--steps", str(args.steps),
                "--workers", str(args.workers), "--threads", str(args.threads)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    peak = PeakPss(proc.pid)
-    out, err = proc.communicate()
-    pss = peak.stop()
+    # A fresh data directory: the embedded server loads the data directory's saved store at start, and the shared
+    # default (~/.local/share/ravop) holds whatever earlier sessions left (1.7 GB of other benchmarks' tensors here)
+    data_dir = tempfile.mkdtemp(prefix="bench-real-models-")
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "RAVOP_DATA_DIR": data_dir}
+    try:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        peak = PeakPss(proc.pid)
+        out, err = proc.communicate()
+        pss = peak.stop()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{side} {model} failed ({proc.returncode}):\n{err[-3000:]}")
     result = json.loads(out.strip().splitlines()[-1])
