@@ -93,7 +93,7 @@ def _role(pid: int, root: int, parents: dict[int, int]) -> str:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
     except OSError:
-        return "other"
+        return "sandbox and others"   # it ended while we looked
     if b"python" not in os.path.basename(argv[0]):
         return "server"
     if b"worker" in argv or parents.get(parents.get(pid, 0)) == root:
@@ -408,7 +408,7 @@ def main() -> None:
                   f"processes{gap}")
             if side == "engine":
                 roles = min(runs[side], key=lambda x: x["pss_mib"])["roles"]
-                print(f"  {'':<9}each role's peak PSS: " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(roles.items()))
+                print(f"  {'':<9}each role's peak PSS: " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(roles.items()) if v >= 1)
                       + " MiB", flush=True)
     print(f"\nload {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
