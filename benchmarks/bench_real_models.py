@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -177,7 +178,7 @@ def _vmhwm_mib(pids: list[int]) -> float:
     return total / 1024
 
 
-def _data(model: str, steps: int):
+def _data(model: str, steps: int) -> tuple[Any, Any, int]:
     """(X, y, batch) of `steps` batches: random images and labels, or random token sequences and their shifts."""
     import torch
     batch = MODELS[model][0]
@@ -188,7 +189,7 @@ def _data(model: str, steps: int):
     return torch.randn(steps * batch, 3, 32, 32, generator=g), torch.randint(0, 10, (steps * batch,), generator=g), batch
 
 
-def _torch_model(model: str):
+def _torch_model(model: str) -> Any:
     """The model as a torch module, initialised from the seed (the same weights on every side)."""
     import torch
     from torch import nn
@@ -206,7 +207,7 @@ def _torch_model(model: str):
     return nn.Sequential(*layers, nn.Flatten(), nn.Linear(128 * 4 * 4, 256), nn.ReLU(), nn.Linear(256, 10))
 
 
-def _eager_loss(model: str):
+def _eager_loss(model: str) -> Callable[[Any, Any], Any]:
     import torch.nn.functional as F
     if model == "gpt":
         return lambda out, y: F.cross_entropy(out.reshape(-1, GPT_SHAPE["vocab"]), y.reshape(-1))
@@ -246,7 +247,7 @@ def _steady(done_at: list[float]) -> float:
     return (done_at[-1] - done_at[1]) / (len(done_at) - 2)
 
 
-def _ravdl_cnn(module):
+def _ravdl_cnn(module: Any) -> Any:
     """The CNN of `_torch_model('cnn')` as a ravdl NeuralNetwork with the torch module's initial weights."""
     from ravdl.v2 import NeuralNetwork
     from ravdl.v2.layers import Activation, BatchNormalization2D, Conv2D, Dense, Flatten, MaxPooling2D
