@@ -12,13 +12,17 @@ Each side trains the model from the same initial weights on the same batches (fi
 that kernel), with the torch threads each embedded worker gets (the machine's cores over the workers: 1 on 2 cores
 with the default 2 workers) in every process:
 - engine: in a fresh process, `R.initialize(workers=N)` (the embedded server and N local workers: the user's
-  state, with an empty data directory, $RAVOP_DATA_DIR, as after installing), then `Pytorch_Model(R.model(module)).fit` (the CNN: `NeuralNetwork(...).fit`), `R.activate`,
-  `R.execute`, `R.track_progress`, every loss fetched (`R.fetch_losses`). Its s/step is the whole of that (record
-  to the last loss read) over the steps; `loop s/step` is `R.execute` to done (what the worker's loop costs, with
-  its start, data reads and checkpoints);
-- eager: in a fresh process, the training loop of plain PyTorch; s/step is the loop's time over the steps;
-- compiled: the same with `torch.compile(model)` (Inductor): s/step over every step (compilation included) and
-  `steady` (the median step from the third on), and its compile seconds (the first steps' excess).
+  state, with an empty data directory, $RAVOP_DATA_DIR, as after installing), then
+  `Pytorch_Model(R.model(module)).fit` (the CNN: `NeuralNetwork(...).fit`), `R.activate`, `R.execute`,
+  `R.track_progress`, every loss fetched (`R.fetch_losses`). Its s/step is the whole of that (record to the last
+  loss read) over the steps. Its `steady` s/step is what a step adds: `R.execute` to done at --steps less the same
+  at half the steps (a second run), over the difference. (When each loss becomes readable says little: the worker's
+  writes queue behind its checkpoints, so losses appear late and in bursts.) A run of more than 22 steps also
+  includes the step compiler's trial of the plain step (ravop/runtime/step_compiler.py);
+- eager: in a fresh process, the training loop of plain PyTorch; s/step is the loop's time over the steps, `steady`
+  the pace from the second step's end to the last;
+- compiled: the same with `torch.compile(model)` (Inductor), and its compile seconds (the first two steps' excess
+  over the steady pace).
 The sides alternate (engine, eager, compiled, engine, ...) and the best of `--repeats` is kept (the run least
 disturbed by other work on the machine). Memory: this process samples, every 0.1 s, the proportional set size
 (PSS, /proc/PID/smaps_rollup: shared pages split between the processes sharing them) of the side's process and
@@ -38,7 +42,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -143,9 +147,10 @@ class PeakPss:
         return self.peak_kib / 1024
 
 
-def run_side(side: str, model: str, args: argparse.Namespace) -> dict:
-    """One side's run in a fresh process: its JSON result, with `pss_mib` (the sampled peak) added."""
-    command = [sys.executable, __file__, "--side", side, "--models", model, "--steps", str(args.steps),
+def run_side(side: str, model: str, args: argparse.Namespace, steps: Optional[int] = None) -> dict:
+    """One side's run of `steps` (default --steps) in a fresh process: its JSON result, with `pss_mib` (the
+    sampled peak), `processes` and `roles` (each role's peak) added."""
+    command = [sys.executable, __file__, "--side", side, "--models", model, "--steps", str(steps or args.steps),
                "--workers", str(args.workers), "--threads", str(args.threads)]
     # A fresh data directory: the embedded server loads the data directory's saved store at start, and the shared
     # default (~/.local/share/ravop) holds whatever earlier sessions left (1.7 GB of other benchmarks' tensors here)
@@ -240,8 +245,8 @@ def eager_side(model: str, steps: int, compiled: bool) -> dict:
 
 
 def _steady(done_at: list[float]) -> float:
-    """Seconds per step from the second step's end to the last one's (`done_at`: when each step was seen done):
-    the steps' pace once the first ones (compiling, warming caches, loading the model) are behind."""
+    """Seconds per step from the second step's end to the last one's (`done_at`: when each step ended): the
+    steps' pace once the first ones (compiling, warming caches) are behind."""
     if len(done_at) < 3:
         raise ValueError(f"--steps must be at least 3 to time steady steps, not {len(done_at)}")
     return (done_at[-1] - done_at[1]) / (len(done_at) - 2)
@@ -278,10 +283,8 @@ def _ravdl_cnn(module: Any) -> Any:
 def engine_side(model: str, steps: int, workers: int) -> dict:
     import contextlib
     import io
-    import numpy as np
     import torch
     import ravop as R
-    from ravop.core import graph_states
     from ravdl.v2 import Pytorch_Model
     from ravdl.v2.optimizers import Adam
     R.initialize(workers=workers)
@@ -310,21 +313,13 @@ def engine_side(model: str, steps: int, workers: int) -> dict:
     times["activate"] = time.perf_counter() - mark
     mark = time.perf_counter()
     R.execute()
-    seen: list[float] = []   # when each step's loss was first read (the worker writes them every 0.25 s or more)
-    while len(seen) < steps:
-        read = R.fetch_losses()
-        stored = read.batch_stored if read.batch_stored is not None else ~np.isnan(read.batch)
-        seen += [time.perf_counter()] * (int(stored[:steps].sum()) - len(seen))
-        if read.state in graph_states.ENDED:
-            break
-        time.sleep(0.05)
-    R.track_progress(progress_bar=False)   # until done; raises if the graph failed
+    R.track_progress(progress_bar=False)
     times["loop"] = time.perf_counter() - mark
     mark = time.perf_counter()
     losses = [float(v) for v in R.fetch_losses().batch]
     times["fetch"] = time.perf_counter() - mark
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "phases": times, "losses": losses, "steady": _steady(seen),
+    return {"seconds": seconds, "phases": times, "losses": losses,
             "parameters": sum(p.numel() for p in module.parameters())}
 
 
@@ -380,13 +375,21 @@ def main() -> None:
             for side in sides:
                 run = run_side(side, model, args)
                 runs[side].append(run)
+                if side == "engine":   # the same at half the steps: what a step adds (`marginal`)
+                    run["half"] = run_side(side, model, args, args.steps // 2)["phases"]["loop"]
+                    run["steady"] = (run["phases"]["loop"] - run["half"]) / (args.steps - args.steps // 2)
                 print(f"  ({side}: {run['seconds'] / args.steps:.3f} s/step, steady {run['steady']:.3f}, peak PSS "
                       f"{run['pss_mib']:,.0f} MiB)", flush=True)
         best = {s: min(r, key=lambda x: x["seconds"]) for s, r in runs.items()}
+        if "engine" in best:   # the least disturbed of each step count
+            loops = [x["phases"]["loop"] for x in runs["engine"]]
+            best["engine"]["steady"] = (min(loops) - min(x["half"] for x in runs["engine"])) / \
+                (args.steps - args.steps // 2)
         peak = {s: min(x["pss_mib"] for x in r) for s, r in runs.items()}
         hwm = {s: min(x["vmhwm_mib"] for x in r) for s, r in runs.items()}
         eager, eager_steady = best["eager"]["seconds"] / args.steps, best["eager"]["steady"]
-        print(f"\n{MODELS[model][1]}: s/step (whole run / steps, x eager's), steady s/step (from step 2's end)")
+        print(f"\n{MODELS[model][1]}: s/step (whole run / steps, x eager's), steady s/step (eager's, compiled's: from "
+              f"step 2's end; the engine's: its loop's time at {args.steps} steps less at {args.steps // 2}, per step)")
         for side in sides:
             b = best[side]
             per_step = b["seconds"] / args.steps
