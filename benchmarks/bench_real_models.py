@@ -15,9 +15,10 @@ with the default 2 workers) in every process:
   state, with an empty data directory, $RAVOP_DATA_DIR, as after installing), then
   `Pytorch_Model(R.model(module)).fit` (the CNN: `NeuralNetwork(...).fit`), `R.activate`, `R.execute`,
   `R.track_progress`, every loss fetched (`R.fetch_losses`). Its s/step is the whole of that (record to the last
-  loss read) over the steps. Its `steady` s/step is what a step adds: `R.execute` to done at --steps less the same
-  at half the steps (a second run), over the difference. (When each loss becomes readable says little: the worker's
-  writes queue behind its checkpoints, so losses appear late and in bursts.) A run of more than 22 steps also
+  loss read) over the steps. Its `steady` s/step is what a step adds, measured after it in the same process, on
+  workers that have loaded the model: `R.execute` to done at --steps less at half of them, over the difference
+  (when each loss becomes readable says little: the worker's writes queue behind its checkpoints; and fresh
+  processes differ by their seconds-long model check more than by 10 steps). A run of more than 22 steps also
   includes the step compiler's trial of the plain step (ravop/runtime/step_compiler.py);
 - eager: in a fresh process, the training loop of plain PyTorch; s/step is the loop's time over the steps, `steady`
   the pace from the second step's end to the last;
@@ -42,7 +43,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -147,10 +148,10 @@ class PeakPss:
         return self.peak_kib / 1024
 
 
-def run_side(side: str, model: str, args: argparse.Namespace, steps: Optional[int] = None) -> dict:
-    """One side's run of `steps` (default --steps) in a fresh process: its JSON result, with `pss_mib` (the
-    sampled peak), `processes` and `roles` (each role's peak) added."""
-    command = [sys.executable, __file__, "--side", side, "--models", model, "--steps", str(steps or args.steps),
+def run_side(side: str, model: str, args: argparse.Namespace) -> dict:
+    """One side's run in a fresh process: its JSON result, with `pss_mib` (the sampled peak), `processes` and
+    `roles` (each role's peak) added."""
+    command = [sys.executable, __file__, "--side", side, "--models", model, "--steps", str(args.steps),
                "--workers", str(args.workers), "--threads", str(args.threads)]
     # A fresh data directory: the embedded server loads the data directory's saved store at start, and the shared
     # default (~/.local/share/ravop) holds whatever earlier sessions left (1.7 GB of other benchmarks' tensors here)
@@ -159,13 +160,18 @@ def run_side(side: str, model: str, args: argparse.Namespace, steps: Optional[in
     try:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         peak = PeakPss(proc.pid)
-        out, err = proc.communicate()
+        first = proc.stdout.readline()   # the measured run's result (a JSON line): its memory is the peak so far
+        while first and not first.startswith("{"):
+            first = proc.stdout.readline()
         pss = peak.stop()
+        out, err = proc.communicate()
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{side} {model} failed ({proc.returncode}):\n{err[-3000:]}")
-    result = json.loads(out.strip().splitlines()[-1])
+    result = json.loads(first)
+    if out.strip():   # the engine's steady pace, measured after the run
+        result.update(json.loads(out.strip().splitlines()[-1]))
     result.update(pss_mib=pss, processes=peak.processes, roles={k: v / 1024 for k, v in peak.roles.items()})
     return result
 
@@ -292,21 +298,25 @@ def engine_side(model: str, steps: int, workers: int) -> dict:
     R.Graph(name="warm-up")   # not timed: the modules that R's names and recording load on first use
     R.model(torch.nn.Linear(2, 2))
     module = _torch_model(model)   # the user's module, made as eager's is, before the clock starts
+
+    def record(rows: int) -> None:
+        R.Graph(name=f"bench {model} {rows}", seed=SEED)
+        with contextlib.redirect_stdout(io.StringIO()):   # a model summary
+            if model == "cnn":
+                network = _ravdl_cnn(module)
+                network.fit(X[:rows].numpy(), y[:rows].numpy(), n_epochs=1, batch_size=batch, shuffle=True, seed=SEED)
+            else:
+                network = Pytorch_Model(R.model(module))
+                network.initialize(Adam(lr=LR, fused=True))
+                vocab = GPT_SHAPE["vocab"]
+                loss = "CrossEntropy" if model != "gpt" else \
+                    (lambda y_true, y_pred: R.cross_entropy_loss(y_true, y_pred, reshape_target=(-1, vocab),
+                                                                 reshape_label=(-1,)))
+                network.fit(X[:rows], y[:rows], n_epochs=1, batch_size=batch, loss=loss, shuffle=True, seed=SEED)
+
     times = {}
     start = time.perf_counter()
-    R.Graph(name=f"bench {model}", seed=SEED)
-    with contextlib.redirect_stdout(io.StringIO()):   # a model summary
-        if model == "cnn":
-            network = _ravdl_cnn(module)
-            network.fit(X.numpy(), y.numpy(), n_epochs=1, batch_size=batch, shuffle=True, seed=SEED)
-        else:
-            network = Pytorch_Model(R.model(module))
-            network.initialize(Adam(lr=LR, fused=True))
-            vocab = GPT_SHAPE["vocab"]
-            loss = "CrossEntropy" if model != "gpt" else \
-                (lambda y_true, y_pred: R.cross_entropy_loss(y_true, y_pred, reshape_target=(-1, vocab),
-                                                             reshape_label=(-1,)))
-            network.fit(X, y, n_epochs=1, batch_size=batch, loss=loss, shuffle=True, seed=SEED)
+    record(len(X))
     times["record"] = time.perf_counter() - start
     mark = time.perf_counter()
     R.activate()
@@ -319,8 +329,27 @@ def engine_side(model: str, steps: int, workers: int) -> dict:
     losses = [float(v) for v in R.fetch_losses().batch]
     times["fetch"] = time.perf_counter() - mark
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "phases": times, "losses": losses,
-            "parameters": sum(p.numel() for p in module.parameters())}
+    result = {"seconds": seconds, "phases": times, "losses": losses,
+              "parameters": sum(p.numel() for p in module.parameters())}
+    _report(result)   # the driver stops sampling memory here: what follows trains more graphs
+    # What a step adds on warm workers (each has checked and loaded the model: a multi-second cost whose variance
+    # hides the steps' time when runs in fresh processes are compared): the loop at `steps` less at half of them,
+    # twice each (the loop may land on either worker), the least disturbed of each.
+    loops: dict[int, float] = {}
+    for n in (steps // 2, steps, steps // 2, steps):
+        record(n * batch)
+        R.activate()
+        mark = time.perf_counter()
+        R.execute()
+        R.track_progress(progress_bar=False)
+        loops[n] = min(loops.get(n, float("inf")), time.perf_counter() - mark)
+    return {"steady": (loops[steps] - loops[steps // 2]) / (steps - steps // 2)}
+
+
+def _report(result: dict) -> None:
+    """A JSON line for the driver, with the sum of the VmHWM of this process and all below it so far."""
+    result["vmhwm_mib"] = _vmhwm_mib(_descendants(os.getpid(), _parents()))
+    print(json.dumps(result), flush=True)
 
 
 def side_main(args: argparse.Namespace) -> None:
@@ -328,11 +357,9 @@ def side_main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     model = args.models
     if args.side == "engine":
-        result = engine_side(model, args.steps, args.workers)
+        print(json.dumps(engine_side(model, args.steps, args.workers)))
     else:
-        result = eager_side(model, args.steps, args.side == "compiled")
-    result["vmhwm_mib"] = _vmhwm_mib(_descendants(os.getpid(), _parents()))
-    print(json.dumps(result))
+        _report(eager_side(model, args.steps, args.side == "compiled"))
 
 
 # ------------------------------------------------------------------------------------------ the table
@@ -375,21 +402,14 @@ def main() -> None:
             for side in sides:
                 run = run_side(side, model, args)
                 runs[side].append(run)
-                if side == "engine":   # the same at half the steps: what a step adds (`marginal`)
-                    run["half"] = run_side(side, model, args, args.steps // 2)["phases"]["loop"]
-                    run["steady"] = (run["phases"]["loop"] - run["half"]) / (args.steps - args.steps // 2)
                 print(f"  ({side}: {run['seconds'] / args.steps:.3f} s/step, steady {run['steady']:.3f}, peak PSS "
                       f"{run['pss_mib']:,.0f} MiB)", flush=True)
         best = {s: min(r, key=lambda x: x["seconds"]) for s, r in runs.items()}
-        if "engine" in best:   # the least disturbed of each step count
-            loops = [x["phases"]["loop"] for x in runs["engine"]]
-            best["engine"]["steady"] = (min(loops) - min(x["half"] for x in runs["engine"])) / \
-                (args.steps - args.steps // 2)
         peak = {s: min(x["pss_mib"] for x in r) for s, r in runs.items()}
         hwm = {s: min(x["vmhwm_mib"] for x in r) for s, r in runs.items()}
         eager, eager_steady = best["eager"]["seconds"] / args.steps, best["eager"]["steady"]
         print(f"\n{MODELS[model][1]}: s/step (whole run / steps, x eager's), steady s/step (eager's, compiled's: from "
-              f"step 2's end; the engine's: its loop's time at {args.steps} steps less at {args.steps // 2}, per step)")
+              f"step 2's end; the engine's: its loop on warm workers at {args.steps} steps less at {args.steps // 2})")
         for side in sides:
             b = best[side]
             per_step = b["seconds"] / args.steps
