@@ -5,6 +5,10 @@ F.scaled_dot_product_attention, LayerNorm, GELU, dropout, a tied LM head), each 
 
     record_resnet(fused)/eager_resnet(fused), record_gpt(fused)/eager_gpt(fused): one fit each (record_* records
     it in the current graph; eager_* returns its seconds), for benchmarks/bench_step.py --cases resnet,gpt.
+
+And the full-size models of benchmarks/bench_real_models.py: `resnet18(classes)` (torchvision's when it is
+installed, else a faithful copy of it) and the GPT at `GPT(vocab=6144, seq=128, d_model=384, heads=6, layers=6,
+tied=False)`.
 """
 import math
 import time
@@ -136,10 +140,6 @@ class ResNet(nn.Module):
         return x
 
 
-def resnet18(num_classes=1000):
-    return ResNet((2, 2, 2, 2), num_classes)
-
-
 class Attention(nn.Module):
     """Causal self-attention: torch's fused scaled_dot_product_attention, or (fused=False) minGPT's written out."""
 
@@ -179,21 +179,32 @@ class DecoderBlock(nn.Module):
 
 class GPT(nn.Module):
     """A GPT (nanoGPT's layout): 2 pre-norm decoder blocks, d_model 128, 4 heads, sequences of 64, vocabulary 512;
-    a tied LM head (tests/runtime/test_torchscript_step.py trains a tiny one)."""
+    an LM head tied to the token embedding unless `tied` is False (tests/runtime/test_torchscript_step.py trains a
+    tiny one)."""
 
-    def __init__(self, vocab=VOCAB, seq=SEQ, d_model=128, heads=4, layers=2, dropout=0.1, fused=True):
+    def __init__(self, vocab=VOCAB, seq=SEQ, d_model=128, heads=4, layers=2, dropout=0.1, fused=True, tied=True):
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, d_model), nn.Embedding(seq, d_model)
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.Sequential(*[DecoderBlock(d_model, heads, dropout, fused) for _ in range(layers)])
         self.ln = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
-        self.head.weight = self.tok.weight
+        if tied:
+            self.head.weight = self.tok.weight
 
     def forward(self, tokens):
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.drop(self.tok(tokens) + self.pos(positions))
         return self.head(self.ln(self.blocks(x)))
+
+
+def resnet18(num_classes=1000):
+    """torchvision's resnet18 when torchvision is installed, else `ResNet` with its layers (the same model)."""
+    try:
+        import torchvision
+    except ImportError:
+        return ResNet((2, 2, 2, 2), num_classes)
+    return torchvision.models.resnet18(num_classes=num_classes)
 
 
 def image_data():
