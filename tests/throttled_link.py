@@ -22,14 +22,14 @@ class ThrottledLink:
                 return  # closed
             up = socket.socket(socket.AF_UNIX)
             up.connect(self.target)
-            threading.Thread(target=_pump, args=(down, up, self.rate), daemon=True).start()
-            threading.Thread(target=_pump, args=(up, down, None), daemon=True).start()
+            threading.Thread(target=pump, args=(down, up, self.rate), daemon=True).start()
+            threading.Thread(target=pump, args=(up, down, None), daemon=True).start()
 
     def close(self) -> None:
         self.listener.close()
 
 
-def _pump(source: socket.socket, sink: socket.socket, rate: Optional[float]) -> None:
+def pump(source: socket.socket, sink: socket.socket, rate: Optional[float] = None) -> None:
     """Relay until either side closes; with `rate`, each piece held as long as it takes at that many bytes/s."""
     try:
         while data := source.recv(16384):

@@ -12,6 +12,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from throttled_link import pump
+
 
 def self_signed_certificate(directory):
     """(certificate path, key path) of a new certificate for localhost / 127.0.0.1."""
@@ -62,22 +64,8 @@ class TlsProxy:
         self.accepted += 1
         upstream = socket.socket(socket.AF_UNIX)
         upstream.connect(self.target)
-        threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
-        _pump(client, upstream)
+        threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+        pump(client, upstream)
 
     def close(self):
         self.listener.close()
-
-
-def _pump(source, sink):
-    try:
-        while data := source.recv(65536):
-            sink.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for sock in (source, sink):
-            try:
-                sock.close()
-            except OSError:
-                pass
