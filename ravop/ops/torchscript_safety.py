@@ -36,6 +36,7 @@ import sys
 import threading
 import zipfile
 import zlib
+from typing import Optional, Protocol
 
 import torch
 
@@ -184,7 +185,15 @@ def _check_nesting(name, source):
             depth -= 1
 
 
-def check_key(data):
+class AcceptedStore(Protocol):
+    """Where a machine's workers keep the keys of archives they accepted (worker/execute/model_verdicts.py)."""
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def add(self, key: str) -> None: ...
+
+
+def check_key(data: bytes) -> str:
     """The sha256 hex digest of archive bytes `data` together with what a check of them runs under (the sandbox's
     limits, torch's version, this module's code): equal keys, the same bytes checked the same way."""
     header = json.dumps([SANDBOX_SECONDS, SANDBOX_MEMORY, SANDBOX_STACK, torch.__version__, _CHECKER])
@@ -193,7 +202,7 @@ def check_key(data):
     return digest.hexdigest()
 
 
-def remember_accepted(store):
+def remember_accepted(store: Optional[AcceptedStore]) -> None:
     """Keep acceptances in `store` too (`key in store`, `store.add(key)`: a worker's file of digests shared by its
     machine's worker processes), and skip the sandbox for a key it holds; None: this process's memory only."""
     global _accepted
