@@ -50,7 +50,7 @@ class AcceptedModels:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def __contains__(self, digest: str) -> bool:
+    def __contains__(self, digest: object) -> bool:
         return digest in self._read()
 
     def add(self, digest: str) -> None:
