@@ -33,6 +33,7 @@ from ..core.dtypes import is_floating
 from ..core.registry import REQUIRED, Reuses, register
 from . import torchscript_safety
 
+PROBE_ON_CPU_BYTES = 256 << 20   # inputs (parameters included) a probe fills with zeros on the CPU; past it: meta
 CACHE_SIZE = 8            # loaded modules kept per process: each holds its code, not its weights
 _lock = threading.RLock()
 _modules = OrderedDict()  # (model_hash, device) -> _Loaded
@@ -193,8 +194,11 @@ def _check_blob(blob):
 def _probe(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, training):
     """The `Probe` of the model on inputs of these shapes and dtypes, found by running it once on
     the requester, and cached per model and input shapes: the output shape of TorchScript code cannot be
-    read off it. Meta tensors first (no data, no compute); a model they cannot run (data-dependent control
-    flow, an op without a meta kernel) runs on zero-filled CPU tensors instead."""
+    read off it. Zero-filled CPU tensors first while the inputs, parameters included, are at most
+    `PROBE_ON_CPU_BYTES`: meta kernels of batch norm, layer norm and others are torch's Python decompositions,
+    whose first call imports torch._dynamo (2-3 s and 71 MiB in the requester, issue 46), where a small model's
+    forward on zeros costs a fraction of that. Larger models go on meta tensors (no data, no compute) first, and
+    on zeros if meta tensors cannot run them (data-dependent control flow, an op without a meta kernel)."""
     key = (model_hash, training, n_args, tuple(kwarg_names), tuple((x.shape, x.dtype) for x in xs[1:]))
     hit = _shapes.get(key)
     if hit is not None:
@@ -205,12 +209,14 @@ def _probe(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, train
     value = blob.graph.constants.get(blob.id)
     if value is None:
         raise ValueError("the model blob must be the constant R.model made")
-    # Here, not at import: torch's FLOP counter loads torch.fx (a fifth of a second), and only a requester probes.
-    from torch.utils.flop_counter import FlopCounterMode
-    for device in ("meta", "cpu"):
+    # Here, not at import: torch's FLOP formulas load torch.fx (a fifth of a second), and only a requester probes.
+    from .flop_count import FlopCount
+    held = sum(x.dtype.itemsize * torch.Size(x.shape).numel() for x in xs[1:])
+    devices = ("cpu",) if held <= PROBE_ON_CPU_BYTES else ("meta", "cpu")
+    for device in devices:
         tensors = [torch.zeros(x.shape, dtype=x.dtype, device=device) for x in xs[1:]]
         try:
-            with _lock, torch.no_grad(), FlopCounterMode(display=False) as counter:
+            with _lock, torch.no_grad(), FlopCount() as counter:
                 result, _ = _run([value, *tensors], model_hash, param_slots, buffer_slots, n_args, kwarg_names,
                                  training, 0)
         except (RuntimeError, NotImplementedError):
@@ -222,7 +228,7 @@ def _probe(xs, model_hash, param_slots, buffer_slots, n_args, kwarg_names, train
     specs = [(tuple(o.shape), o.dtype) for o in outputs]
     hit = _shapes[key] = Probe(specs, isinstance(result, torch.Tensor))
     _flops[_flops_key(model_hash, training, n_args, kwarg_names, [x.shape for x in xs[1:]])] = float(
-        max(counter.get_total_flops(), sum(o.numel() for o in outputs)))
+        max(counter.total, sum(o.numel() for o in outputs)))
     return hit
 
 

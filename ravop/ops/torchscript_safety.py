@@ -20,11 +20,14 @@ recurses: code nested 100,000 deep crashes the process (SIGSEGV). So an archive 
 without torch (`check_archive`: entries, sizes, compression ratio, names, and the nesting of brackets and
 indentation in its code), then loaded and checked in a sandboxed child process (`check_in_sandbox`: memory, CPU
 time, wall time and stack bounded); only on its OK does this process load it. A crash or timeout of the child
-refuses the model (`UnsafeModelError` naming it). Verdicts are kept per sha256: once per model per process.
+refuses the model (`UnsafeModelError` naming it). Verdicts are kept per `check_key` (the sha256 of the exact bytes
+and of what the check ran under): once per model per process, and, where a worker gives `remember_accepted` a
+store (worker/execute/model_verdicts.py), acceptances once per model per machine.
 """
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import resource
@@ -33,6 +36,7 @@ import sys
 import threading
 import zipfile
 import zlib
+from typing import Optional, Protocol
 
 import torch
 
@@ -84,6 +88,13 @@ SANDBOX_STACK = 4 << 20         # stack of the sandboxed load: half this process
 MAX_VERDICTS = 4096             # verdicts kept, the oldest dropped first
 _verdicts = {}                  # sha256 of an archive -> None (it loads and passes) or (kind, refusal's message)
 _verdicts_lock = threading.Lock()
+_accepted = None                # digests accepted by earlier processes of this machine (`remember_accepted`)
+sandbox_runs = 0                # sandboxed children started by this process (for tests and logs)
+# The checking code itself is part of every verdict's key: a changed allow-list or bound re-checks every model.
+with open(__file__, "rb") as _source:
+    _CHECKER = hashlib.sha256(_source.read()).hexdigest()
+
+log = logging.getLogger(__name__)
 
 
 def check_archive(data):
@@ -174,20 +185,52 @@ def _check_nesting(name, source):
             depth -= 1
 
 
+class AcceptedStore(Protocol):
+    """Where a machine's workers keep the keys of archives they accepted (worker/execute/model_verdicts.py)."""
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def add(self, key: str) -> None: ...
+
+
+def check_key(data: bytes) -> str:
+    """The sha256 hex digest of archive bytes `data` together with what a check of them runs under (the sandbox's
+    limits, torch's version, this module's code): equal keys, the same bytes checked the same way."""
+    header = json.dumps([SANDBOX_SECONDS, SANDBOX_MEMORY, SANDBOX_STACK, torch.__version__, _CHECKER])
+    digest = hashlib.sha256(header.encode() + b"\0")
+    digest.update(data)
+    return digest.hexdigest()
+
+
+def remember_accepted(store: Optional[AcceptedStore]) -> None:
+    """Keep acceptances in `store` too (`key in store`, `store.add(key)`: a worker's file of digests shared by its
+    machine's worker processes), and skip the sandbox for a key it holds; None: this process's memory only."""
+    global _accepted
+    _accepted = store
+
+
 def check_in_sandbox(data):
     """Load `data` and run `check_module` on it in a child process with bounded memory, CPU and wall time and a
     smaller stack than this process's: raise UnsafeModelError (or ValueError for a malformed archive) with the
-    child's reason, or for its crash or timeout. Each sha256 is checked once per process."""
-    digest = hashlib.sha256(data).hexdigest()
+    child's reason, or for its crash or timeout. Each `check_key` is checked once per process, and once per
+    machine where `remember_accepted` was given a store: only acceptances are shared."""
+    global sandbox_runs
+    key = check_key(data)
     with _verdicts_lock:
-        if digest in _verdicts:
-            verdict = _verdicts[digest]
+        if key in _verdicts:
+            verdict = _verdicts[key]
+        elif _accepted is not None and key in _accepted:
+            log.info("the model %s was accepted before on this machine (same bytes, same check): no sandbox", key[:12])
+            verdict = _verdicts[key] = None
         else:
-            verdict = _run_sandbox(data, digest)
+            sandbox_runs += 1
+            verdict = _run_sandbox(data, hashlib.sha256(data).hexdigest())
             if verdict is None or verdict[0] != "timeout":   # a busy machine may pass it next time
-                _verdicts[digest] = verdict
+                _verdicts[key] = verdict
                 if len(_verdicts) > MAX_VERDICTS:
                     del _verdicts[next(iter(_verdicts))]
+            if verdict is None and _accepted is not None:
+                _accepted.add(key)
     if verdict is not None:
         kind, message = verdict
         raise (ValueError if kind == "invalid" else UnsafeModelError)(message)
@@ -196,7 +239,7 @@ def check_in_sandbox(data):
 def trust(data):
     """Note archive bytes this process made itself from a module it holds (R.model of a live module): no sandbox."""
     with _verdicts_lock:
-        _verdicts[hashlib.sha256(data).hexdigest()] = None
+        _verdicts[check_key(data)] = None
 
 
 # What the child needs to find python and torch, and nothing else of this process (no Redis URL, no secrets).

@@ -21,8 +21,9 @@ A model whose code is more than pure tensor computation (file ops, custom ops, f
 ravop/ops/torchscript_safety.py) is refused here, and again by workers and when a saved model is loaded.
 
 `Model.forward` records one `torchscript_forward` op (ravop/ops/torchscript.py). Its output shapes are
-found by running the model once on the requester per input shapes, on meta tensors (no compute), or on
-zero-filled tensors for a model meta tensors cannot run; the FLOPs counted then feed the cost model.
+found by running the model once on the requester per input shapes, on zero-filled tensors (a model of at most
+256 MiB of inputs: meta kernels import torch._dynamo) or on meta tensors (no compute); the FLOPs counted then feed
+the cost model (ravop/ops/torchscript.py, `_probe`).
 """
 import contextlib
 import hashlib

@@ -33,9 +33,10 @@ BUDGET = {
     "ravop/federated": 420,     # 380 at the layout by role; 408 with public keys pinned and aggregates checked for
                                 # consistency before release (issue 44)
     "ravop/local": 680,         # 646 at the layout by role
-    "ravop/ops": 3530,          # 2,776 at the layout by role; +156 the TorchScript forward kept for its VJP, +259 the
+    "ravop/ops": 3560,          # 2,776 at the layout by role; +156 the TorchScript forward kept for its VJP, +259 the
                                 # TorchScript sandbox (issue 44); +250 the reproducible numerics mode's kernels and
-                                # exact sums and products (ravop/ops/reproducible.py, ravop/ops/exact.py, issue 42)
+                                # exact sums and products (ravop/ops/reproducible.py, ravop/ops/exact.py, issue 42);
+                                # +30 the verdict key, its store's type and the FLOP count without Dynamo (issue 46)
     "ravop/parallel": 880,      # 671 at the layout by role; 741 with the Strategy protocol (ravop/parallel/protocol.py);
                                 # 809 with DiLoCo rounds of unequal shares (ravop/parallel/rounds.py, issue 43); 855
                                 # with rounds that close with the replicas present (close_after, issue 43)
@@ -54,7 +55,7 @@ BUDGET = {
     "ravop/tools": 760,         # 680 at the layout by role; +17: ravop admin token set, shares in status; +15: the
                                 # replicas of running fits in status (issue 43)
     "ravop/wire": 320,          # 304 at the layout by role
-    "worker/execute": 540,      # 506 at the layout by role
+    "worker/execute": 585,      # 506 at the layout by role; +45 the accepted models shared by a machine (issue 46)
     "worker/loops": 1320,       # 963 at the layout by role; 1,027 with the exchange's bounded wait for optional values
                                 # (DiLoCo's close_after, issue 43); +24: loops yield to other tokens (turns, issue 44);
                                 # 1,113 with the checkpoint read in the inputs' round trip (issue 43); 1,207 annotated

@@ -259,7 +259,7 @@ def test_wrong_input_shape_is_a_shape_error_at_record_time():
 
 class DataDependent(nn.Module):
     def forward(self, x):
-        if bool(x.sum() > 0):   # meta tensors have no values: the shape probe falls back to zeros
+        if bool(x.sum() > 0):   # meta tensors have no values: a large model's shape probe falls back to zeros
             return x * 2
         return x - 1
 

@@ -20,7 +20,7 @@ from ravop.store import workers as liveness
 from ravop.store.client_types import Client
 from ravop.store.failure_lines import one_line
 
-from ..execute import emulated_device, memory
+from ..execute import emulated_device, memory, model_verdicts
 from ..loops.checkpoint_cadence import SPACING as CHECKPOINT_SPACING
 from ..loops.loop_subgraph import (CHECKPOINT_SECONDS, CHECKPOINT_STEPS, MIN_CHECKPOINT_SECONDS,
                                    RESIDENT_CHECKPOINT_SECONDS)
@@ -142,6 +142,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     threads = args.threads or machine_cores()
     torch.set_num_threads(threads)
+    model_verdicts.share_acceptances()   # a model this machine's workers accepted loads without a sandboxed child
     try:
         pacing = emulated_device.pacing(args.emulate_device_flops, args.benchmark_busy_file)
         if args.data:   # imported only here: a worker without data starts sooner (federated, pandas readers)
