@@ -65,7 +65,9 @@ def digests(graph):
 
 
 def test_a_script_records_the_same_graph_and_plan_with_no_server_and_beside_a_cluster(engine, workers):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}
+    # this process's import path (pyproject's pythonpath: the checkout first, then tests/ and its folders; tests/
+    # holds folders named as the packages, tests/compiler and tests/worker, found as namespace packages otherwise)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     alone = subprocess.run([sys.executable, "-c", "import test_recording_is_pure as t\n"
                             "for s in t.STRATEGIES: print(*t.digests(t.record_script(s)))"],
                            cwd=TESTS, env=env, capture_output=True, text=True, timeout=600)
