@@ -11,6 +11,8 @@ never enqueue a subgraph twice or lose one.
             successors' dependency counts, hand off exactly those that reached zero, delete input values
             (and their chunks, `ravop.store.tensors`) no other subgraph will read, end the graph after
             its last subgraph.
+- release superseded: a loop's first checkpoint releases the initial values of what it carries, as complete
+            would (once: complete then skips them).
 - dead:     ack a message and log it to the dead-letter stream.
 - cancel:   end a graph with the op, error, source line and worker (only the first failure is kept: later
             ones are its consequences): failed by a worker's failure (after `dead`), cancelled by its requester.
