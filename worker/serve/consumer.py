@@ -497,11 +497,13 @@ class Worker:
         # a loop's other reads before its first step ride in its inputs' round trip (worker/loops/loop_start.py)
         loop_start = LoopStart(keys, subgraph_id, self._prefetch) \
             if subgraph.HasField("loop") and self.scripts.direct else None
-        spec, loop_step = (unpack_loop(subgraph.loop), check_loop_program(program)) \
-            if subgraph.HasField("loop") else (None, None)
-        streamed = streamed_inputs(spec, loop_step.inputs) if spec is not None else frozenset()
-        # a resumed loop reads its checkpoint instead of the initial values its first checkpoint released
-        superseded = frozenset(superseded_inputs(spec, loop_step)) if spec is not None else frozenset()
+        streamed: AbstractSet[int] = frozenset()
+        superseded: AbstractSet[int] = frozenset()
+        if subgraph.HasField("loop"):
+            spec, loop_step = unpack_loop(subgraph.loop), check_loop_program(program)
+            streamed = streamed_inputs(spec, loop_step.inputs)
+            # a resumed loop reads its checkpoint instead of the initial values its first checkpoint released
+            superseded = frozenset(superseded_inputs(spec, loop_step))
         inputs = self._inputs(keys, subgraph, loop_start, streamed, superseded)
         if subgraph.HasField("loop"):
             self.metrics.loop_started(loop_record(self.client, keys, subgraph_id),
