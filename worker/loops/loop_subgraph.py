@@ -606,6 +606,9 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
         if carried is None and any(value is None for value in values):
             raise PlanError(f"loop subgraph {subgraph_id} has no checkpoint to resume from, and the initial values "
                             "its first checkpoint released are gone")
+        # the released initial values' places hold the resumed ones (what reads their shapes: a benchmark's pacing)
+        values = [carried[k] if value is None and carried is not None and k < spec.n_carried else value
+                  for k, value in enumerate(values)]
         if ctx.release_inputs:
             writer.superseded = superseded_inputs(spec, loop_step)
         runner = LoopRun(spec, values, ctx.seed, ctx.device, watch, step_decisions.for_device(ctx.device))
