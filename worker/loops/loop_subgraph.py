@@ -110,6 +110,11 @@ class LoopAbandoned(Exception):
     """The loop's graph stopped running (failed elsewhere, or flushed): stop the loop."""
 
 
+class InitialValuesGone(Exception):
+    """A loop with no checkpoint found the initial values a checkpoint released gone: it completed elsewhere (its
+    checkpoint dropped then) or the graph was flushed."""
+
+
 class LoopHandedBack(Exception):
     """The worker is stopping: the loop was checkpointed after `steps` steps, for another worker to go on."""
 
@@ -604,8 +609,8 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
     try:
         values = loop_inputs(program, loop_step, ctx.inputs, ctx.seed, ctx.device, ctx.max_bytes, ctx.budget)
         if carried is None and any(value is None for value in values):
-            raise PlanError(f"loop subgraph {subgraph_id} has no checkpoint to resume from, and the initial values "
-                            "its first checkpoint released are gone")
+            raise InitialValuesGone(f"loop subgraph {subgraph_id} has no checkpoint to resume from, and the initial "
+                                    "values its first checkpoint released are gone")
         # the released initial values' places hold the resumed ones (what reads their shapes: a benchmark's pacing)
         values = [carried[k] if value is None and carried is not None and k < spec.n_carried else value
                   for k, value in enumerate(values)]

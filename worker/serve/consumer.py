@@ -57,8 +57,8 @@ from ..loops.hand_back import HandBack
 from ..loops.loop_start import LoopStart
 from ..loops.turns import Turns
 from ..loops.loop_subgraph import (
-    RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, check_loop_program, checkpoint_record,
-    drop_checkpoint, run_loop, superseded_inputs, unpaced)
+    RESIDENT_CHECKPOINT_SECONDS, InitialValuesGone, LoopAbandoned, LoopContext, LoopHandedBack, check_loop_program,
+    checkpoint_record, drop_checkpoint, run_loop, superseded_inputs, unpaced)
 from ..verify import cross_class, redundant
 from ..verify.spot import SPLIT, SpotChecks
 from ..verify.spot_loop import CheckFailed, LoopSegments, check_segment, drop_segments, persisted_values
@@ -471,6 +471,11 @@ class Worker:
             else:
                 self._give_up(keys, message_id, subgraph_id, f"input value {exc} of subgraph {subgraph_id} is "
                               "not in Redis (deleted by R.flush()?)", "missing input")
+        except InitialValuesGone as exc:
+            if self.client.sismember(keys.done, subgraph_id):
+                self._ack(message_id)  # another worker finished the loop meanwhile and dropped its checkpoint
+            else:
+                self._give_up(keys, message_id, subgraph_id, str(exc), "missing input")
         except WireFormatError as exc:
             self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}", "bad input")
         except UploadIncompleteError as exc:
