@@ -27,7 +27,8 @@ graphs spread over the shards:
   deps                hash    subgraph id -> predecessors not finished yet
   done                set     finished subgraph ids: completion runs once however often a subgraph is retried
   refs                hash    node id -> subgraphs that still read it; the value is deleted at zero
-                              (persisted values are never counted, so never deleted)
+                              (persisted values are never counted, so never deleted); "early:{sid}:{id}": loop
+                              subgraph sid released input id at its first checkpoint (scripts.RELEASE_SUPERSEDED)
   persist             hash    persist name -> node id
   bundles             hash    bundle name -> JSON {kind, spec, keys}
   taken               hash    subgraph id -> the worker that last started it

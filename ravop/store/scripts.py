@@ -11,6 +11,8 @@ never enqueue a subgraph twice or lose one.
             successors' dependency counts, hand off exactly those that reached zero, delete input values
             (and their chunks, `ravop.store.tensors`) no other subgraph will read, end the graph after
             its last subgraph.
+- release superseded: a loop's first checkpoint releases the initial values of what it carries, as complete
+            would (once: complete then skips them).
 - dead:     ack a message and log it to the dead-letter stream.
 - cancel:   end a graph with the op, error, source line and worker (only the first failure is kept: later
             ones are its consequences): failed by a worker's failure (after `dead`), cancelled by its requester.
@@ -183,7 +185,9 @@ for sid in string.gmatch(successors, '[^,]+') do
   end
 end
 for id in string.gmatch(release, '[^,]+') do
-  if redis.call('HINCRBY', KEYS[6], id, -1) <= 0 then
+  -- an input its loop released at its first checkpoint (RELEASE_SUPERSEDED) is not counted twice
+  if redis.call('HDEL', KEYS[6], 'early:' .. ARGV[1] .. ':' .. id) == 0 and
+     redis.call('HINCRBY', KEYS[6], id, -1) <= 0 then
     redis.call('DEL', ARGV[7] .. id, ARGV[7] .. id .. ':c', ARGV[7] .. id .. ':f', ARGV[7] .. id .. ':u')
     redis.call('HDEL', KEYS[6], id)
   end
@@ -194,6 +198,31 @@ if redis.call('HINCRBY', KEYS[1], 'done_subgraphs', 1) == tonumber(redis.call('H
 end
 return {1, handed}
 """)
+
+# KEYS: info, refs.  ARGV: subgraph id, tensor key prefix, input ids.
+# A loop whose first checkpoint is published releases the initial values of what it carries, which a resumed loop
+# reads from the checkpoint instead (worker/loops/loop_subgraph.py): each id in the subgraph's release list is
+# released as COMPLETE would release it (deleted once no other subgraph reads it), once (the 'early:' field, which
+# COMPLETE consumes instead of counting the id again). Returns how many it released now.
+RELEASE_SUPERSEDED = _COMMON + """
+local info = redis.call('HGET', KEYS[1], ARGV[1])
+if not info then return 0 end
+local _, _, _, release = parse(info)
+local listed = {}
+for id in string.gmatch(release, '[^,]+') do listed[id] = true end
+local released = 0
+for k = 3, #ARGV do
+  local id = ARGV[k]
+  if listed[id] and redis.call('HINCRBY', KEYS[2], 'early:' .. ARGV[1] .. ':' .. id, 1) == 1 then
+    released = released + 1
+    if redis.call('HINCRBY', KEYS[2], id, -1) <= 0 then
+      redis.call('DEL', ARGV[2] .. id, ARGV[2] .. id .. ':c', ARGV[2] .. id .. ':f', ARGV[2] .. id .. ':u')
+      redis.call('HDEL', KEYS[2], id)
+    end
+  end
+end
+return released
+"""
 
 # KEYS: meta, events.  ARGV: subgraph id, worker, op, source, error[, who cancelled].
 # Ends an activated or running graph (1), else 0: failed by a worker's failure, or cancelled by its requester
@@ -234,6 +263,13 @@ redis.call('XADD', KEYS[1], 'MAXLEN', '~', 10000, '*', 'token', ARGV[3], 'graph'
            'worker', ARGV[6], 'op', ARGV[7], 'source', ARGV[8], 'error', ARGV[9], 'reason', ARGV[10],
            'message', ARGV[11])
 """
+
+
+def release_superseded(client: Client, keys: GraphKeys, subgraph_id: Union[int, str], ids: List[int]) -> int:
+    """Release the inputs `ids` of loop subgraph `subgraph_id` that its published checkpoint supersedes (see
+    RELEASE_SUPERSEDED); how many were released now."""
+    script = client.register_script(RELEASE_SUPERSEDED)
+    return int(script(keys=[keys.info, keys.refs], args=[subgraph_id, keys.tensor_prefix, *ids]))
 
 
 def is_cluster(client: Client) -> bool:

@@ -51,7 +51,7 @@ from ravop.core.registry import LOOPS, PROJECTIONS
 from ravop.runtime.loop_run import LoopRun
 from ravop.runtime.runner import OpError, run_nodes
 from ravop.store import tensors as stored
-from ravop.store import value_writes
+from ravop.store import scripts, value_writes
 from ravop.store.client_types import Client
 from ravop.store.keys import GraphKeys
 from ravop.wire import encode_tensors, unpack_loop
@@ -108,6 +108,11 @@ RESIDENT_CHECKPOINT_SECONDS = 2.0
 
 class LoopAbandoned(Exception):
     """The loop's graph stopped running (failed elsewhere, or flushed): stop the loop."""
+
+
+class InitialValuesGone(Exception):
+    """A loop with no checkpoint found the initial values a checkpoint released gone: it completed elsewhere (its
+    checkpoint dropped then) or the graph was flushed."""
 
 
 class LoopHandedBack(Exception):
@@ -175,17 +180,30 @@ def check_loop_program(program: Program) -> Node:
     return loop_step
 
 
+def superseded_inputs(spec: LoopSpec, loop_step: Node) -> list[int]:
+    """The loop op's inputs that only give the initial values of what it carries: read at no other position of the
+    loop op and by no template, so that a loop resumed from a checkpoint never needs them (released from the store
+    once the first checkpoint is published, `_Writer._commit`)."""
+    inputs = list(loop_step.inputs)
+    read = {i for t in spec.templates for node in t.nodes for i in node.inputs} | \
+        {i for t in spec.templates for i in (*t.row_data, *t.run_values, *t.seed_param_sources)}
+    others = set(inputs[spec.n_carried:])
+    return sorted({i for i, outer in zip(inputs[:spec.n_carried], spec.outer_ids) if i not in others and
+                   outer not in read and outer not in spec.outer_ids[spec.n_carried:]})
+
+
 def loop_inputs(program: Program, loop_step: Node, inputs: Dict[int, Any], seed: int, device: Any,
                 max_bytes: Optional[int] = None, budget: Optional[int] = None) -> list[Any]:
     """The loop op's input values: the subgraph's `inputs`, and the fills ahead of the loop op made here with the
     runner (the same kernels, seeds and bits as in a subgraph of their own, without its hop and upload), each
-    checked against its declared size and the budget as any subgraph's output is."""
+    checked against its declared size and the budget as any subgraph's output is. An initial value its first
+    checkpoint released (`superseded_inputs`) is None: the loop resumes from the checkpoint."""
     fills = program.steps[:program.steps.index(loop_step)]
     if fills:
         ids = [step.id for step in fills]
         watcher = None if max_bytes is None else memory.Watcher(check_nodes(fills, (), ids, max_bytes), budget)
         inputs = {**inputs, **run_nodes(fills, {}, seed, str(device), ids, watcher)}
-    return [inputs[i] for i in loop_step.inputs]
+    return [inputs.get(i) for i in loop_step.inputs]
 
 
 class _Writer:
@@ -248,6 +266,7 @@ class _Writer:
         self.names = None      # the keys of that checkpoint's values
         self.cache = None      # the worker's TensorCache: a loop handed back to take turns keeps its values there
         self.turns = None      # its Turns (worker/loops/turns.py) when it yields to other tokens' waiting work
+        self.superseded: list[int] = []   # inputs to release once a checkpoint is published (`superseded_inputs`)
 
     def checkpoint_at_syncs(self, sync_templates: Sequence[int], checkpoint_steps: int,
                             checkpoint_seconds: float) -> None:
@@ -385,6 +404,9 @@ class _Writer:
                           checkpoint_tensor_key(keys, self.subgraph_id, done, k) for k in range(len(host))]
             if self.exchange is not None:
                 self.exchange.release(reads)   # exchanged values read before it are no longer needed here
+            if self.superseded:   # the initial values: a resumed loop reads this checkpoint instead
+                scripts.release_superseded(client, keys, self.subgraph_id, self.superseded)
+                self.superseded = []
             self.timing.written(time.monotonic() - began)   # the host buffer may be refilled from here on
         self.last_flush = time.monotonic()
         if host is None:
@@ -557,6 +579,9 @@ class LoopContext:
     #                                  with: benchmarks' pacing (worker/execute/emulated_device.py) when installed
     turns: Any = None           # its token's worker time charged as it runs, and when it yields to another token's
     #                             waiting work (worker/loops/turns.py), or None
+    release_inputs: bool = False   # release the initial values of what it carries at its first checkpoint: not
+    #                                under verify='spot' (a segment re-run from the start reads them) nor verify=k
+    #                                (another copy may start from them)
 
 
 def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
@@ -583,6 +608,14 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
                      ctx.checkpoint_seconds, spec.n_steps, start, stop, graph, segments, ctx.metrics, shared)
     try:
         values = loop_inputs(program, loop_step, ctx.inputs, ctx.seed, ctx.device, ctx.max_bytes, ctx.budget)
+        if carried is None and any(value is None for value in values):
+            raise InitialValuesGone(f"loop subgraph {subgraph_id} has no checkpoint to resume from, and the initial "
+                                    "values its first checkpoint released are gone")
+        # the released initial values' places hold the resumed ones (what reads their shapes: a benchmark's pacing)
+        values = [carried[k] if value is None and carried is not None and k < spec.n_carried else value
+                  for k, value in enumerate(values)]
+        if ctx.release_inputs:
+            writer.superseded = superseded_inputs(spec, loop_step)
         runner = LoopRun(spec, values, ctx.seed, ctx.device, watch, step_decisions.for_device(ctx.device))
         if segments is not None:
             segments.instrument(runner)

@@ -57,8 +57,8 @@ from ..loops.hand_back import HandBack
 from ..loops.loop_start import LoopStart
 from ..loops.turns import Turns
 from ..loops.loop_subgraph import (
-    RESIDENT_CHECKPOINT_SECONDS, LoopAbandoned, LoopContext, LoopHandedBack, check_loop_program, checkpoint_record,
-    drop_checkpoint, run_loop, unpaced)
+    RESIDENT_CHECKPOINT_SECONDS, InitialValuesGone, LoopAbandoned, LoopContext, LoopHandedBack, check_loop_program,
+    checkpoint_record, drop_checkpoint, run_loop, superseded_inputs, unpaced)
 from ..verify import cross_class, redundant
 from ..verify.spot import SPLIT, SpotChecks
 from ..verify.spot_loop import CheckFailed, LoopSegments, check_segment, drop_segments, persisted_values
@@ -424,7 +424,7 @@ class Worker:
         """Run a checked subgraph and store its outputs; a failure gives the message up with its reason."""
         failed = False
         try:
-            outputs = self._compute(keys, subgraph_id, subgraph, program, seed, max_bytes, spot)
+            outputs = self._compute(keys, subgraph_id, subgraph, program, seed, max_bytes, spot, copies)
             is_loop = subgraph.HasField("loop")   # under verify='spot' checked per segment, as it runs
             if self.wrong_outputs is not None and not (spot and is_loop) and self.wrong_outputs.lies():
                 outputs = redundant.perturb(outputs)
@@ -471,6 +471,11 @@ class Worker:
             else:
                 self._give_up(keys, message_id, subgraph_id, f"input value {exc} of subgraph {subgraph_id} is "
                               "not in Redis (deleted by R.flush()?)", "missing input")
+        except InitialValuesGone as exc:
+            if self.client.sismember(keys.done, subgraph_id):
+                self._ack(message_id)  # another worker finished the loop meanwhile and dropped its checkpoint
+            else:
+                self._give_up(keys, message_id, subgraph_id, str(exc), "missing input")
         except WireFormatError as exc:
             self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}", "bad input")
         except UploadIncompleteError as exc:
@@ -492,14 +497,19 @@ class Worker:
                      *(memory.mib(n) if n is not None else "(unread)" for n in rss))
 
     def _compute(self, keys: GraphKeys, subgraph_id: int, subgraph: Any, program: Program, seed: int, max_bytes: int,
-                 spot: bool = False) -> dict[int, torch.Tensor]:
+                 spot: bool = False, copies: int = 1) -> dict[int, torch.Tensor]:
         """{output id: tensor} of a checked subgraph: a loop's (with its checkpoints) or a plain one's."""
         # a loop's other reads before its first step ride in its inputs' round trip (worker/loops/loop_start.py)
         loop_start = LoopStart(keys, subgraph_id, self._prefetch) \
             if subgraph.HasField("loop") and self.scripts.direct else None
-        streamed = streamed_inputs(unpack_loop(subgraph.loop), check_loop_program(program).inputs) \
-            if subgraph.HasField("loop") else frozenset()
-        inputs = self._inputs(keys, subgraph, loop_start, streamed)
+        streamed: AbstractSet[int] = frozenset()
+        superseded: AbstractSet[int] = frozenset()
+        if subgraph.HasField("loop"):
+            spec, loop_step = unpack_loop(subgraph.loop), check_loop_program(program)
+            streamed = streamed_inputs(spec, loop_step.inputs)
+            # a resumed loop reads its checkpoint instead of the initial values its first checkpoint released
+            superseded = frozenset(superseded_inputs(spec, loop_step))
+        inputs = self._inputs(keys, subgraph, loop_start, streamed, superseded)
         if subgraph.HasField("loop"):
             self.metrics.loop_started(loop_record(self.client, keys, subgraph_id),
                                       loop_start.progress if loop_start is not None else None)
@@ -511,7 +521,8 @@ class Worker:
                     budget=self.memory_budget, stop=self.stopping, work_waiting=self._work_waiting,
                     segments=LoopSegments(self, keys, subgraph_id) if spot else None, cache=self.cache,
                     metrics=self.metrics, loop_start=loop_start, pace_steps=self._pace_steps,
-                    turns=Turns(self.client, self.stream, keys, self.usage, self.usage.quota(keys.token).weight)))
+                    turns=Turns(self.client, self.stream, keys, self.usage, self.usage.quota(keys.token).weight),
+                    release_inputs=not spot and copies == 1))
             finally:
                 self.metrics.loop_ended(loop_start.ended if loop_start is not None else None)
         return self._run_subgraph(subgraph, program, inputs, seed)
@@ -522,10 +533,12 @@ class Worker:
         return run(program, inputs, seed, self.device, self.memory_budget)
 
     def _inputs(self, keys: GraphKeys, subgraph: Any, loop_start: Optional[LoopStart] = None,
-                streamed: AbstractSet[int] = frozenset()) -> dict[int, Any]:
+                streamed: AbstractSet[int] = frozenset(), superseded: AbstractSet[int] = frozenset()
+                ) -> dict[int, Any]:
         """Input tensors on this worker's device: from the local cache, the rest in one MGET, in the round trip
         of what `loop_start` (a worker.loops.loop_start.LoopStart, or None) reads for a loop. The big ones of
-        `streamed` (ravop.store.row_stream.streamed_inputs) are read as their loop reads their rows (not cached)."""
+        `streamed` (ravop.store.row_stream.streamed_inputs) are read as their loop reads their rows (not cached);
+        one of `superseded` that is gone is left out (its loop resumes from the checkpoint that released it)."""
         env: dict[int, Any] = {}
         missing: list[int] = []
         for i in subgraph.inputs:
@@ -544,6 +557,8 @@ class Worker:
                                    reference=reference, stream_to=stream_to) \
                 if data is not None else uploads.read_uploaded(self.client, keys, name, self.memory_budget,
                                                                stream_to)   # a big constant going up
+            if tensor is None and i in superseded:
+                continue
             if tensor is None:
                 raise _MissingInput(i)
             if isinstance(tensor, StreamedRows):
