@@ -550,7 +550,10 @@ class Worker:
         names = [keys.tensor(i) for i in missing]
         values = loop_start.read(self.client, names) if loop_start is not None else \
             self.client.mget(names) if names else []
+        resumed = loop_start is not None and bool(loop_start.checkpoint)
         for i, name, data in zip(missing, names, values):
+            if data is None and i in superseded and resumed:
+                continue   # released by the checkpoint this loop resumes from: no upload to wait for
             reference = same_host.UNREAD if loop_start is None else loop_start.reference(name)
             stream_to = str(self.device) if i in streamed else None
             tensor = stored.decode(self.client, name, data, self.memory_budget, token=keys.token,
