@@ -165,16 +165,9 @@ def _record_segments(model: Any, X: Any, y: Any, stages: list[Any], strategy: An
                 grads[s].append(stage_grads)
         weighted_sum(losses, weights).persist_op(training_loss_name(epoch + 1, batch + 1))
         for (stage, k), per_stage in _by_parameter(stages, grads).items():
-            per_micro = [per_stage[0][m] if len(per_stage) == 1 else _summed([g[m] for g in per_stage])
+            per_micro = [sum((g[m] for g in per_stage[1:]), per_stage[0][m])
                          for m in range(len(weights))]
             stage.apply(k, weighted_sum(per_micro, weights))
-
-
-def _summed(ops: list[Any]) -> Any:
-    total = ops[0]
-    for op in ops[1:]:
-        total = total + op
-    return total
 
 
 def _by_parameter(stages: list[Any], grads: list[list[list[Any]]]) -> dict[tuple[Any, int], list[list[Any]]]:

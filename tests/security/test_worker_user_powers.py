@@ -89,19 +89,24 @@ def test_a_start_dropped_from_the_inbox_is_posted_again_or_named(server, users, 
     assert torch.equal(R.fetch_persisting_op("product"), torch.full((128, 128), 4.0 * 128))
 
 
+def run_a_voted_product(url, name):
+    """A one-subgraph graph of token user `url` run under verify=2 (each subgraph voted on by workers of 2 users)."""
+    R.initialize(redis_url=url)
+    R.Graph(name=name, verify=2)
+    x = R.t(torch.full((128, 128), 2.0))
+    (x @ x).persist_op("product")
+    assert R.activate()["subgraphs"] == 1
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=120)
+
+
 def test_a_result_overwritten_after_the_vote_is_refused_at_fetch(server, users, tmp_path):  # noqa: F811
     names, urls, _ = users
     other = names["w"].replace("prov", "prov2")
     honest = Workers(create_user(server.url, "worker", other), tmp_path)
     honest.start(1)     # verify=2 runs each subgraph on workers of 2 users
     try:
-        R.initialize(redis_url=urls["a"])
-        R.Graph(name="sealed", verify=2)
-        x = R.t(torch.full((128, 128), 2.0))
-        (x @ x).persist_op("product")
-        assert R.activate()["subgraphs"] == 1
-        R.execute()
-        R.track_progress(progress_bar=False, timeout=120)
+        run_a_voted_product(urls["a"], "sealed")
         truth = torch.full((128, 128), 4.0 * 128)
         assert torch.equal(R.fetch_persisting_op("product"), truth)
         keys = R.initialize(redis_url=urls["a"]).keys()
@@ -133,13 +138,7 @@ def test_a_worker_user_cannot_forge_add_or_rewrite_votes(server, users, tmp_path
     honest = Workers(other_url, tmp_path)
     honest.start(1)     # verify=2: each subgraph voted on by both users
     try:
-        R.initialize(redis_url=urls["a"])
-        R.Graph(name="voted", verify=2)
-        x = R.t(torch.full((128, 128), 2.0))
-        (x @ x).persist_op("product")
-        assert R.activate()["subgraphs"] == 1
-        R.execute()
-        R.track_progress(progress_bar=False, timeout=120)
+        run_a_voted_product(urls["a"], "voted")
         session = require()
         keys = session.keys()
         cast = votes.digests(session.client, keys, 0)
