@@ -12,7 +12,7 @@ import json
 import sys
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 from ..core import graph_states
 from ..core.errors import GraphStateError, UnknownPersistName
@@ -26,7 +26,7 @@ from ..store import federated_schema as store
 from ..store import graphs as store_graphs
 from ..store.client_types import Client
 from ..store.federated_schema import APPROACH
-from ..store.keys import FederatedKeys, GraphKeys, TokenKeys, worker_key
+from ..store.keys import FederatedKeys, GraphKeys, TokenKeys, graph_ref, worker_key
 from .stored_values import not_ready
 
 if TYPE_CHECKING:
@@ -135,7 +135,8 @@ class FederatedGraphs:
         rules = parse_rules(client.hget(keys.meta, "rules"))
         clients = {name.decode(): state.decode()
                    for name, state in client.hgetall(FederatedKeys(keys).clients).items()}
-        gone = [name for name, state in clients.items() if state == "joined" and not client.exists(worker_key(name))]
+        owing = ("joined", "done") if rules.secure else ("joined",)   # a secure graph's survivors owe their reveals
+        gone = [name for name, state in clients.items() if state in owing and not client.exists(worker_key(name))]
         if gone:
             return (f"provider(s) {', '.join(sorted(gone))} joined graph {meta['name']!r} and stopped before "
                     "sending their statistics")
@@ -162,10 +163,13 @@ class FederatedGraphs:
             pipe.hmget(keys.meta, store_graphs.STATE_FIELDS)
             pipe.hget(keys.meta, "rules")
             pipe.hgetall(FederatedKeys(keys).stats)
-            partials, meta, rules, stats = pipe.execute()
+            pipe.hgetall(store.public_keys_key(keys))
+            pipe.hgetall(store.reveals_key(keys))
+            partials, meta, rules, stats, publics, reveals = pipe.execute()
             meta = store_graphs.decode_state(meta)
             if meta.get("state") == graph_states.DONE:
-                return release(name, parse_query(statistic_name), rules, partials, parse_queries(stats).values())
+                return release(name, parse_query(statistic_name), rules, partials, parse_queries(stats).values(),
+                               Secured(publics, reveals, graph_ref(keys)))
             not_ready(session, keys, name, meta, wait, deadline)
 
 
@@ -179,14 +183,22 @@ def query_of(op: Any) -> Query:
     return Query(stat)
 
 
+class Secured(NamedTuple):
+    """What the release of a secure graph reads beyond its partials, as the store holds it: its public keys, its
+    survivors' revealed shares, and its reference, to which its masks are bound."""
+    publics: Mapping[bytes, bytes]
+    reveals: Mapping[bytes, bytes]
+    context: str
+
+
 def release(name: str, query: Query, rules_json: Union[str, bytes], raw_partials: Mapping[bytes, bytes],
-            queries: Iterable[Query] = ()) -> FederatedResult:
+            queries: Iterable[Query], secured: Secured) -> FederatedResult:
     """The statistic `query` asks of every rule column, merged over the providers' partials (in name order);
     `queries`: all of the graph's, which lay out a secure graph's sums."""
     rules = parse_rules(rules_json)
     partials = {provider.decode(): json.loads(data) for provider, data in sorted(raw_partials.items())}
     if rules.secure:
-        values, withheld = _release_secure(query, rules, partials, list(queries))
+        values, withheld = _release_secure(query, rules, partials, list(queries), secured)
     else:
         values, withheld = _release_plain(query, rules, partials)
     if withheld:
@@ -195,9 +207,11 @@ def release(name: str, query: Query, rules_json: Union[str, bytes], raw_partials
     return FederatedResult(values, withheld)
 
 
-def _release_secure(query: Query, rules: Rules, partials: Dict[str, Any],
-                    queries: List[Query]) -> Tuple[Dict[str, Released], Dict[str, str]]:
-    merged_columns, withheld, k = unmask(rules, queries, partials)
+def _release_secure(query: Query, rules: Rules, partials: Dict[str, Any], queries: List[Query],
+                    secured: Secured) -> Tuple[Dict[str, Released], Dict[str, str]]:
+    publics = {provider.decode(): key.decode() for provider, key in secured.publics.items()}
+    reveals = {provider.decode(): json.loads(data) for provider, data in secured.reveals.items()}
+    merged_columns, withheld, k = unmask(rules, queries, partials, publics, reveals, secured.context)
     values: Dict[str, Released] = {}
     for column, merged in merged_columns.items():
         if query.statistic == "histogram":

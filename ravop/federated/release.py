@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from ..ops.federated_stats import federated_histogram, federated_quantile
-from . import secure, sketches
+from . import recovery, secure, sketches
 from .column_rules import Rules
 from .histograms import edges
 from .queries import Query
@@ -45,9 +45,12 @@ def histogram(query: Query, column: str, limits: Tuple[Optional[float], Optional
             "counts": [None if math.isnan(c) else int(c) for c in merged]}
 
 
-def unmask(rules: Rules, queries: List[Query], partials: Dict[str, Any]) -> Tuple[Dict[str, dict], Dict[str, str], int]:
+def unmask(rules: Rules, queries: List[Query], partials: Dict[str, Any], publics: Dict[str, str],
+           reveals: Dict[str, Any], context: str) -> Tuple[Dict[str, dict], Dict[str, str], int]:
     """({column: merged partial (count, mean, M2; min and max NaN) with "histograms"}, {column: why withheld},
-    the largest k of any provider) from the masked sums of all providers of a secure graph."""
+    the largest k of any provider) from the masked sums of the surviving providers of a secure graph, less the
+    masks their revealed shares rebuild (`recovery.remove_masks`; `publics`: the graph's public keys;
+    `context`: its reference)."""
     histograms = [query for query in queries if query.statistic == "histogram"]
     per_column = 3 + sum(query.bins for query in histograms)
     layout = secure.kinds(len(rules.columns), [query.bins for query in histograms])
@@ -63,7 +66,8 @@ def unmask(rules: Rules, queries: List[Query], partials: Dict[str, Any]) -> Tupl
             if column in rules.columns:
                 withheld[column] = (f"provider {provider} holds fewer than k={k} values of it in range "
                                     "(minimum group size)")
-    sums = secure.decode(secure.add(vectors, layout), layout)
+    total = recovery.remove_masks(secure.add(vectors, layout), layout, partials, publics, reveals, context)
+    sums = secure.decode(total, layout)
     merged = {}
     for i, (column, (low, high)) in enumerate(rules.columns.items()):
         count, shifted, squares, *bins = sums[i * per_column:(i + 1) * per_column]

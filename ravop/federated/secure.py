@@ -12,13 +12,13 @@ mask m_ij of the vector's length, and writes x_i + sum_{j > i} m_ij - sum_{j < i
 sum over all providers and nowhere else: a single masked vector is uniformly random to whoever lacks the
 secrets.
 
-A provider that stops after the keys are exchanged leaves masks that nothing cancels: the query cannot be
-answered, and R.track_progress names the provider (the graph waits for it; its timeout= gives up). There is no
-recovery through secret shares.
+Each provider also adds a self-mask (a ChaCha20 stream of a seed of its own), and Shamir-shares both the
+seed and its masking key among the others before anyone masks, so that providers may drop out after that and
+the survivors' sum is still released (`ravop.federated.recovery`: SecAgg+).
 
 Public keys are pinned (issue 44: HSET on a graph's `public_keys` is granted to every worker user, whose
-rewrite of one key let it read that provider's sums): each provider's contribution names the public key it
-published and the keys it masked with, and the release (`check_keys`) refuses, naming the provider, a key that
+rewrite of one key let it read that provider's sums): each provider's contribution names (by digest) the public
+key it published and the keys it masked with, and the release (`check_keys`) refuses, naming the provider, a key that
 some provider masked with and its owner never published. A released aggregate is checked for consistency first
 (`check_sums`): a count in [0, 2^48] and, for a closed range without privacy noise, sums that values in the range
 can give; masks that did not cancel give uniformly random residues, which fail these with overwhelming odds.
@@ -88,10 +88,12 @@ def add(vectors: Sequence[Sequence[int]], layout: str) -> List[int]:
 
 
 class MaskingKey:
-    """One provider's X25519 key pair for one graph."""
+    """One provider's X25519 key pair for one graph; `secret`: its private key as an integer below 2^255 - 19
+    (what the provider Shamir-shares, and what the aggregator rebuilds if it drops out)."""
 
-    def __init__(self) -> None:
-        self._private = X25519PrivateKey.generate()
+    def __init__(self, secret: Optional[int] = None) -> None:
+        self._private = (X25519PrivateKey.generate() if secret is None
+                         else X25519PrivateKey.from_private_bytes(secret.to_bytes(32, "little")))
 
     def public(self) -> str:
         raw = self._private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
@@ -104,10 +106,16 @@ class MaskingKey:
         for other, public in sorted(publics.items()):
             if other == me:
                 continue
-            stream = _mask_stream(self._private.exchange(_public_key(other, public)), context, me, other, layout)
+            stream = self.pair_mask(me, other, public, layout, context)
             sign = 1 if me < other else -1
             masked = [(m + sign * s) % MODULUS[kind] for m, s, kind in zip(masked, stream, layout)]
         return masked
+
+    def pair_mask(self, me: str, other: str, public: str, layout: str, context: str) -> List[int]:
+        """The mask this provider (`me`) shares with `other` (whose public key is `public`)."""
+        first, second = sorted((me, other))
+        return mask_stream(self._private.exchange(_public_key(other, public)), layout,
+                           "ravop-secure-aggregation", context, first, second)
 
 
 def _public_key(name: str, encoded: str) -> X25519PublicKey:
@@ -117,11 +125,11 @@ def _public_key(name: str, encoded: str) -> X25519PublicKey:
         raise ValueError(f"provider {name}'s public key is not an X25519 key") from None
 
 
-def _mask_stream(shared: bytes, context: str, me: str, other: str, layout: str) -> List[int]:
-    """The pair's mask: the same for both ends (the names are ordered), another for every graph."""
-    first, second = sorted((me, other))
-    info = hashlib.sha256("\0".join(("ravop-secure-aggregation", context, first, second)).encode()).digest()
-    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
+def mask_stream(secret: bytes, layout: str, *purpose: str) -> List[int]:
+    """A mask of `layout` expanded from `secret` (a pair's agreed secret, or a provider's own seed), another for
+    every `purpose` (the graph and the names, in an order both ends of a pair share)."""
+    info = hashlib.sha256("\0".join(purpose).encode()).digest()
+    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
     cipher = Cipher(algorithms.ChaCha20(key, b"\0" * 16), mode=None).encryptor()
     return _split(cipher.update(bytes(sum(WIDTH[kind] for kind in layout))), layout)
 
@@ -133,9 +141,14 @@ class TamperedAggregate(ValueError):
     """A secure graph's partials do not add up to an aggregate its providers could have sent."""
 
 
+def key_digest(public: str) -> str:
+    """What a contribution names a public key by: 128 bits of its SHA-256, in base64 (22 characters)."""
+    return base64.b64encode(hashlib.sha256(public.encode()).digest()[:16]).decode().rstrip("=")
+
+
 def check_keys(contributions: Mapping[str, Mapping[str, object]]) -> None:
     """TamperedAggregate naming the provider whose public key some provider masked with though it published
-    another (its key rewritten in the store after it registered)."""
+    another (its key rewritten in the store after it registered); keys are named by their `key_digest`."""
     published = {name: c.get("public") for name, c in contributions.items()}
     for name, contribution in sorted(contributions.items()):
         used = contribution.get("keys")

@@ -105,10 +105,11 @@ def worker_grants(user: str = "") -> List[Grant]:
         # completion and failure (meta, taken, ran, held: the scripts), hand-off (outbox), loops (steps, ckpt:*),
         # takeovers (attempts: worker/serve/attempts.py), R.Graph(verify=k) and verify='spot' (voters and the
         # check's state votes:*, a loop's segments segs:*, dispute traces traces:*),
-        # federated providers (clients, partials, public_keys)
+        # federated providers (clients, partials, public_keys, and a secure graph's shares and reveals: encrypted
+        # to their recipients, or checked against commitments, at the release: ravop.federated.recovery)
         Grant("graph keys: progress", _graph("meta", "taken", "ran", "held", "outbox", "steps", "attempts", "t:*", "ckpt:*",
                                              "votes:*", "segs:*", "traces:*", "clients", "partials",
-                                             "public_keys"), ("hset",)),
+                                             "public_keys", "shares", "reveals"), ("hset",)),
         Grant("graph keys: first dispute narrowing", _graph("votes:*"), ("hsetnx",)),
         # votes (ravop.store.votes): each principal's in a key only its user may write, once (HSETNX, no HSET nor
         # DEL), so that a worker user can neither forge nor rewrite another user's vote, nor change its own after

@@ -1,13 +1,14 @@
 """The Redis scripts and operations of federated graphs (approach='federated'): providers advertise the columns
 they hold, join an open graph up to its `max_clients`, and each writes one partial per rule column; nothing else
 of their data is ever written. Under `"secure": true` each joined provider also writes an X25519 public key to
-the graph's `public_keys` hash (`public_keys_key`), and its partial is masked (`ravop.federated.secure`).
+the graph's `public_keys` hash (`public_keys_key`), its encrypted Shamir shares to the others to `shares`, its
+masked partial, and, once the inputs close, its revealed shares to `reveals` (`ravop.federated.recovery`).
 The key names are in `ravop.store.keys` (FEDERATED_OPEN, PROVIDERS,
 provider_key, FederatedKeys). The graph's meta also holds `rules` (canonical JSON), and counts providers as its
 subgraphs and ops, so that R.track_progress and R.get_my_graphs work unchanged.
 """
 import json
-from typing import Any, Dict, Iterable, List
+from typing import Any, Dict, Iterable, List, Tuple
 
 from .client_types import Client, Pipeline
 from .keys import FEDERATED_OPEN, PROVIDERS, FederatedKeys, GraphKeys, graph_ref, provider_key
@@ -61,18 +62,64 @@ if joined + 1 >= wanted then return {'joined', 1} end
 return {'joined', 0}
 """)
 
-# KEYS: meta, clients, partials, events.  ARGV: provider, partial JSON.
-# Stores a joined provider's partial; the last one ends the graph.
+# KEYS: meta, clients, partials, events.  ARGV: provider, partial JSON, 1 if the graph is secure.
+# Stores a joined provider's partial; the last one ends the graph, or, if it is secure, closes its inputs (the
+# reveals end it). A secure graph whose inputs closed takes no more (a provider declared dropped that was slow).
 CONTRIBUTE = with_states(_COMMON + """
 if redis.call('HGET', KEYS[1], 'state') ~= '@RUNNING@' then return 0 end
 if redis.call('HGET', KEYS[2], ARGV[1]) ~= 'joined' then return 0 end
+if redis.call('HEXISTS', KEYS[1], 'inputs_closed') == 1 then return 0 end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], 'done')
 redis.call('HINCRBY', KEYS[1], 'ops_done', 1)
 redis.call('HINCRBY', KEYS[1], 'done_subgraphs', 1)
 if redis.call('HLEN', KEYS[3]) >= tonumber(redis.call('HGET', KEYS[1], 'max_clients')) then
+  if ARGV[3] == '1' then
+    redis.call('HSET', KEYS[1], 'inputs_closed', 1)
+  else
+    redis.call('HSET', KEYS[1], 'state', '@DONE@', 'finished', now())
+    redis.call('XADD', KEYS[4], 'MAXLEN', '~', 16, '*', 'state', '@DONE@')
+  end
+end
+return 1
+""")
+
+# KEYS: meta, clients, shares.  ARGV: provider, its encrypted shares (JSON).
+# A joined provider of a running secure graph sends its shares; returns how many providers have (0 if refused).
+SHARE = with_states("""
+if redis.call('HGET', KEYS[1], 'state') ~= '@RUNNING@' then return 0 end
+if redis.call('HGET', KEYS[2], ARGV[1]) ~= 'joined' then return 0 end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+return redis.call('HLEN', KEYS[3])
+""")
+
+# KEYS: meta, clients, partials.  ARGV: threshold t, the providers dropped (joined, sent no partial, gone).
+# Closes a secure graph's inputs without them, if at least t partials are in: {'closed' or 'short' (fewer than t)
+# or 'ended' or 'stale' (one of them sent its partial meanwhile), the number of partials}.
+CLOSE_INPUTS = with_states("""
+if redis.call('HGET', KEYS[1], 'state') ~= '@RUNNING@' then return {'ended', 0} end
+local inputs = redis.call('HLEN', KEYS[3])
+if redis.call('HEXISTS', KEYS[1], 'inputs_closed') == 1 then return {'closed', inputs} end
+for i = 2, #ARGV do
+  if redis.call('HGET', KEYS[2], ARGV[i]) ~= 'joined' then return {'stale', inputs} end
+end
+if inputs < tonumber(ARGV[1]) then return {'short', inputs} end
+for i = 2, #ARGV do redis.call('HSET', KEYS[2], ARGV[i], 'dropped') end
+redis.call('HSET', KEYS[1], 'inputs_closed', 1)
+return {'closed', inputs}
+""")
+
+# KEYS: meta, clients, reveals, partials, events.  ARGV: provider, its revealed shares (JSON).
+# A survivor of a secure graph whose inputs closed reveals its shares, once; the last reveal ends the graph.
+REVEAL = with_states(_COMMON + """
+if redis.call('HGET', KEYS[1], 'state') ~= '@RUNNING@' then return 0 end
+if redis.call('HEXISTS', KEYS[1], 'inputs_closed') ~= 1 then return 0 end
+if redis.call('HGET', KEYS[2], ARGV[1]) ~= 'done' then return 0 end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], 'revealed')
+if redis.call('HLEN', KEYS[3]) >= redis.call('HLEN', KEYS[4]) then
   redis.call('HSET', KEYS[1], 'state', '@DONE@', 'finished', now())
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', 16, '*', 'state', '@DONE@')
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', 16, '*', 'state', '@DONE@')
 end
 return 1
 """)
@@ -98,12 +145,25 @@ def public_keys(client: Client, keys: GraphKeys) -> Dict[str, str]:
     return {name.decode(): key.decode() for name, key in client.hgetall(public_keys_key(keys)).items()}
 
 
+def shares_key(keys: GraphKeys) -> str:
+    """The hash of a secure graph's encrypted shares: sender -> {recipient: ciphertext} (JSON)."""
+    return keys.prefix + "shares"
+
+
+def reveals_key(keys: GraphKeys) -> str:
+    """The hash of a secure graph's revealed shares: survivor -> its reveal (JSON, `ravop.federated.recovery`)."""
+    return keys.prefix + "reveals"
+
+
 class FederatedScripts:
     def __init__(self, client: Client) -> None:
         self.client = client
         self._join = client.register_script(JOIN)
         self._contribute = client.register_script(CONTRIBUTE)
         self._publish_key = client.register_script(PUBLISH_KEY)
+        self._share = client.register_script(SHARE)
+        self._close_inputs = client.register_script(CLOSE_INPUTS)
+        self._reveal = client.register_script(REVEAL)
 
     def publish_key(self, keys: GraphKeys, provider: str, public: str) -> int:
         """How many public keys the graph holds once this provider's is in; 0 if it no longer runs or the
@@ -118,9 +178,28 @@ class FederatedScripts:
             self.client.srem(FEDERATED_OPEN, graph_ref(keys))
         return outcome.decode()
 
-    def contribute(self, keys: GraphKeys, provider: str, partials: Dict[str, Any]) -> int:
-        """1 if stored, 0 if the graph no longer runs or this provider had not joined it. `partials`: {column:
-        partial}, or a secure provider's {"withheld": {column: k}, "k": k, "secure": its masked sums}."""
+    def contribute(self, keys: GraphKeys, provider: str, partials: Dict[str, Any], secure: bool = False) -> int:
+        """1 if stored, 0 if the graph no longer runs, this provider had not joined it or (secure) its inputs
+        closed. `partials`: {column: partial}, or a secure provider's {"withheld": {column: k}, "k": k, "secure":
+        its masked sums, ...}."""
         fed = FederatedKeys(keys)
         return self._contribute(keys=[keys.meta, fed.clients, fed.partials, keys.events],
-                                args=[provider, json.dumps(partials)])
+                                args=[provider, json.dumps(partials), int(secure)])
+
+    def share(self, keys: GraphKeys, provider: str, shares: Dict[str, str]) -> int:
+        """How many providers have sent their shares once this one's are in; 0 if refused."""
+        return self._share(keys=[keys.meta, FederatedKeys(keys).clients, shares_key(keys)],
+                           args=[provider, json.dumps(shares)])
+
+    def close_inputs(self, keys: GraphKeys, threshold: int, dropped: List[str]) -> Tuple[str, int]:
+        """Close a secure graph's inputs without the `dropped` providers: ('closed', partials in), or 'short',
+        'ended' or 'stale' (see CLOSE_INPUTS)."""
+        fed = FederatedKeys(keys)
+        outcome, inputs = self._close_inputs(keys=[keys.meta, fed.clients, fed.partials], args=[threshold, *dropped])
+        return outcome.decode(), int(inputs)
+
+    def reveal(self, keys: GraphKeys, provider: str, revealed: Dict[str, Dict[str, str]]) -> int:
+        """1 if stored (the last survivor's ends the graph), 0 if refused."""
+        fed = FederatedKeys(keys)
+        return self._reveal(keys=[keys.meta, fed.clients, reveals_key(keys), fed.partials, keys.events],
+                            args=[provider, json.dumps(revealed)])

@@ -9,8 +9,8 @@ With `"privacy"` in the rules the provider releases noisy counts, sums, sums of 
 (`ravop.federated.privacy`), charged first to its ledger (`worker.provider.privacy_ledger`); a provider given an
 epsilon budget answers only such queries, since any other would release its data exactly.
 
-With `"secure": true` it computes its sums at join, publishes a public key, and writes its masked sums once every
-provider's key is in (`ravop.federated.secure`); until then the graph waits among its pending ones.
+With `"secure": true` it computes its sums at join and goes through the rounds of secure aggregation with the
+other providers (`worker.provider.secure_rounds`); until they end, the graph waits among its pending ones.
 """
 import logging
 import time
@@ -19,18 +19,17 @@ from typing import Any, Iterable, Optional, Sequence, cast
 import numpy as np
 import redis
 
-from ravop.core import graph_states
 from ravop.federated import histograms, privacy, secure, sketches
 from ravop.federated.column_rules import Rules, parse_rules
 from ravop.federated.partials import partial
 from ravop.federated.queries import Query, parse_queries
 from ravop.store import GraphKeys, Scripts, queue
-from ravop.store import federated_schema
 from ravop.store.federated_schema import FederatedScripts
 from ravop.store.keys import FEDERATED_OPEN, FederatedKeys, graph_ref
 
 from .data import ProviderData
 from .privacy_ledger import BudgetExhausted, PrivacyLedger
+from .secure_rounds import SecureRound
 
 log = logging.getLogger("ravop.worker")
 POLL_SECONDS = 0.25   # how often an idle provider looks for open federated graphs (at most)
@@ -53,8 +52,7 @@ class Provider:
         self.scripts = FederatedScripts(client)
         self.graph_scripts = Scripts(client)
         self._next_poll = 0.0
-        # graph ref -> (keys, rules, residues, contribution, MaskingKey) of secure graphs
-        self._pending: dict[str, tuple[GraphKeys, Rules, list[int], dict[str, Any], secure.MaskingKey]] = {}
+        self._pending: dict[str, SecureRound] = {}   # graph ref -> its rounds, of the secure graphs joined
 
     def poll(self) -> None:
         """Serve every open federated graph this provider can join (throttled to one look per POLL_SECONDS)."""
@@ -63,7 +61,7 @@ class Provider:
             return
         self._next_poll = now + POLL_SECONDS
         for ref in list(self._pending):
-            self._finish_secure(ref)
+            self._step_secure(ref)
         for ref in self.client.smembers(FEDERATED_OPEN):
             try:
                 token, graph_id = ref.decode().split("/", 1)
@@ -186,29 +184,24 @@ class Provider:
         return partials
 
     def _start_secure(self, keys: GraphKeys, rules: Rules, queries: list[Query]) -> None:
-        """Fix this provider's sums now (charging the ledger if private), publish a key, and wait for the others'."""
+        """Fix this provider's sums now (charging the ledger if private), publish its keys, and go on at polls."""
         ref = graph_ref(keys)
         residues, contribution = self.secure_sums(rules, queries, ref)
-        key = secure.MaskingKey()
-        self._pending[ref] = (keys, rules, residues, contribution, key)   # contribution holds the layout
-        self.scripts.publish_key(keys, self.name, key.public())
-        self._finish_secure(ref)
+        self._pending[ref] = SecureRound(self.client, self.scripts, self.name, keys, rules, residues, contribution)
+        self._step_secure(ref)
 
-    def _finish_secure(self, ref: str) -> None:
-        keys, rules, residues, contribution, key = self._pending[ref]
-        if self.client.hget(keys.meta, "state") != graph_states.RUNNING.encode():
-            del self._pending[ref]   # ended, failed or deleted: nothing more to send
-            return
-        publics = federated_schema.public_keys(self.client, keys)
-        if len(publics) < rules.max_clients:
-            return
-        del self._pending[ref]
-        layout = contribution.pop("layout")
-        masked = key.mask(residues, layout, self.name, publics, ref)
-        # the keys it published and masked with: a key rewritten in the store is named at the release
-        self.scripts.contribute(keys, self.name, {**contribution, "secure": secure.pack(masked, layout),
-                                                  "public": key.public(), "keys": publics})
-        log.info("provider %s: sent masked sums of %s to graph %s", self.name, rules.describe_columns(), keys.graph_id)
+    def _step_secure(self, ref: str) -> None:
+        rounds = self._pending[ref]
+        try:
+            if rounds.step():
+                del self._pending[ref]
+        except redis.RedisError:
+            raise
+        except Exception as exc:  # dropped below the threshold, a rewritten key or share: the graph fails
+            del self._pending[ref]
+            log.warning("provider %s: secure graph %s: %s", self.name, rounds.keys.graph_id, exc)
+            self.graph_scripts.fail(rounds.keys, queue("cpu"), "", worker=self.name, reason="federated graph",
+                                    error=f"{type(exc).__name__}: {exc}")
 
     def secure_sums(self, rules: Rules, queries: Sequence[Query], graph: str = ""
                     ) -> tuple[list[int], dict[str, Any]]:
