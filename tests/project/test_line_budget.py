@@ -30,8 +30,9 @@ BUDGET = {
                                 # the numerics mode (issue 42) and the loop-stop op kind (issue 45); +56 numerics
                                 # classes and the cross-class tolerance (issue 42); +45 RunNames, the persisted
                                 # losses' names by rule, so recording a fit is O(1) in its epochs (issue 44); + tally
-    "ravop/federated": 420,     # 380 at the layout by role; 408 with public keys pinned and aggregates checked for
-                                # consistency before release (issue 44)
+    "ravop/federated": 590,     # 380 at the layout by role; 408 with public keys pinned and aggregates checked for
+                                # consistency before release (issue 44); 571 with dropout recovery of secure sums
+                                # (SecAgg+: ravop/federated/shamir.py, recovery.py, issue 44)
     "ravop/local": 680,         # 646 at the layout by role
     "ravop/ops": 3560,          # 2,776 at the layout by role; +156 the TorchScript forward kept for its VJP, +259 the
                                 # TorchScript sandbox (issue 44); +250 the reproducible numerics mode's kernels and
@@ -62,7 +63,8 @@ BUDGET = {
                                 # (signatures wrapped, the writer's attributes declared; issue 41); 1,250 with one
                                 # checkpoint in flight from one host buffer, its cadence bounded by its cost and the
                                 # half-written chunks of a dead writer deleted (issue 46)
-    "worker/provider": 350,     # 325 at the layout by role
+    "worker/provider": 420,     # 325 at the layout by role; 408 with a secure graph's rounds (secure_rounds.py:
+                                # shares, inputs closed without the dropped, reveals; issue 44)
     "worker/serve": 1560,       # 1,234 at the layout by role; +39: the tokens' quotas (token_usage); +7 --numerics;
                                 # +40 for attempts that count failures (attempts, issue 43); + votes per principal;
                                 # 1,514 annotated (signatures wrapped; issue 41)
