@@ -212,6 +212,10 @@ def _release_secure(query: Query, rules: Rules, partials: Dict[str, Any], querie
     publics = {provider.decode(): key.decode() for provider, key in secured.publics.items()}
     reveals = {provider.decode(): json.loads(data) for provider, data in secured.reveals.items()}
     merged_columns, withheld, k = unmask(rules, queries, partials, publics, reveals, secured.context)
+    dropped = sorted(set(publics) - set(partials))
+    if dropped:   # closed without them (their processes stopped after the masks were set up): SecAgg+
+        warnings.warn(f"the sum of {len(partials)} of {rules.max_clients} providers is released: provider(s) "
+                      f"{', '.join(dropped)} dropped out after the masks were set up", stacklevel=5)
     values: Dict[str, Released] = {}
     for column, merged in merged_columns.items():
         if query.statistic == "histogram":

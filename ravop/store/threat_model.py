@@ -39,6 +39,8 @@ def key_classes(a: str = TOKEN_A, graph: str = "g1") -> List[Tuple[str, Optional
         ("A's graph: a result's seal by another worker user", ga.seal(5, "other")),
         ("A's graph: settled disputes", ga.disputes),
         ("A's graph: end events", ga.events),
+        ("A's graph: federated hashes (providers, partials; a secure graph's keys, shares and reveals)",
+         ga.prefix + "shares"),
         ("work streams", queue("cpu")),
         ("dead letters", DEAD_LETTER),
         ("starting marks", STARTING),
