@@ -7,8 +7,8 @@
    rank error over q = 0.001..0.999 against the exact rank in the pooled data, the sketch's bytes, the time to
    sketch, merge and read, against numpy's exact quantiles of the pooled data (which needs the data in one place).
 2. End to end on the embedded default with 3 providers (Parquet files of the same --rows): the time from
-   R.Graph to the fetched values and the bytes the providers wrote to the store (partials, public keys) per
-   mode: plain moments, moments + histogram (plain and secure), quantiles.
+   R.Graph to the fetched values and the bytes the providers wrote to the store (partials; public keys, shares
+   and reveals of a secure graph) per mode: plain moments, moments + histogram (plain and secure), quantiles.
 """
 import argparse
 import json
@@ -24,7 +24,7 @@ import torch
 import ravop as R
 from ravop.federated import sketches
 from ravop.ops.federated_stats import federated_quantile
-from ravop.store.federated_schema import public_keys_key
+from ravop.store.federated_schema import public_keys_key, reveals_key, shares_key
 from ravop.store.keys import FederatedKeys
 
 SHARES = (0.5, 0.3, 0.2)
@@ -93,7 +93,8 @@ def end_to_end(rows, folder):
         keys = session.keys()
         stored = sum(session.client.hstrlen(FederatedKeys(keys).partials, p)
                      for p in session.client.hkeys(FederatedKeys(keys).partials))
-        stored += sum(len(k) + len(v) for k, v in session.client.hgetall(public_keys_key(keys)).items())
+        for hash_key in (public_keys_key(keys), shares_key(keys), reveals_key(keys)):
+            stored += sum(len(k) + len(v) for k, v in session.client.hgetall(hash_key).items())
         results[mode] = {"seconds": round(seconds, 3), "bytes_written_by_providers": stored,
                          "mean": fetched.get("mean", fetched.get("median"))}
     R.flush()

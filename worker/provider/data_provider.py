@@ -54,6 +54,10 @@ class Provider:
         self._next_poll = 0.0
         self._pending: dict[str, SecureRound] = {}   # graph ref -> its rounds, of the secure graphs joined
 
+    def in_rounds(self) -> bool:
+        """Whether a secure graph waits for this provider's next round (its worker polls again soon)."""
+        return bool(self._pending)
+
     def poll(self) -> None:
         """Serve every open federated graph this provider can join (throttled to one look per POLL_SECONDS)."""
         now = time.monotonic()

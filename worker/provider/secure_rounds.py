@@ -1,8 +1,8 @@
 """A provider's rounds of one secure graph (`ravop.federated.recovery`), advanced at each poll: publish its keys;
 once all `max_clients` are in, send its encrypted shares; once all shares are in, write its masked sums; once
 the inputs close, reveal its shares. The inputs close when every provider wrote its sums, or when the ones that
-did not have stopped (their worker heartbeat expired: a killed process, or one that stopped answering) and at
-least t wrote theirs: then a survivor closes them without the dropped (or fails the graph naming them and t).
+did not have stopped (their worker heartbeat expired: a killed or disconnected process) and at least t wrote
+theirs: then a survivor closes them without the dropped (or fails the graph naming them and t).
 """
 import json
 import logging

@@ -76,6 +76,7 @@ if TYPE_CHECKING:   # a worker loads neither unless it provides data (--data) or
 
 log = logging.getLogger("ravop.worker")
 BLOCK_MS = 1000  # longest wait for new work, so a stop request is noticed within a second
+POLL_MS = 250    # the wait of a provider in the rounds of a secure graph (its POLL_SECONDS)
 BAN_CHECK_SECONDS = 2.0  # how stale this worker's knowledge of a requester banning it may be
 PASS_ON_SECONDS = 0.2    # after putting back a message this worker may not run, before taking the next
 
@@ -287,7 +288,9 @@ class Worker:
                 self.metrics.took_over()
         if found is not None:
             return found
-        reply = self.client.xreadgroup(GROUP, self.name, {self.stream: ">"}, count=1, block=BLOCK_MS)
+        # a provider in the rounds of a secure graph polls again soon: each round waits for the others' writes
+        block = POLL_MS if self.provider is not None and self.provider.in_rounds() else BLOCK_MS
+        reply = self.client.xreadgroup(GROUP, self.name, {self.stream: ">"}, count=1, block=block)
         if reply:
             message_id, fields = reply[0][1][0]
             return message_id, fields, 1
