@@ -297,26 +297,30 @@ def test_admin_refuses_a_server_without_acl_selectors():
         admin.create(_Redis62(), "redis://localhost:6379/0", "token", "alice")
 
 
-def test_a_federated_graph_of_a_token_user_on_a_provider_worker_user(acl_server, users, tmp_path):
+@pytest.mark.parametrize("providers, secure", [(1, False), (2, True)])
+def test_a_federated_graph_of_a_token_user_on_a_provider_worker_user(acl_server, users, tmp_path, providers, secure):
     """Opening a federated graph is a write of a shared set, which a token user may not do: the worker that
-    starts it from the inbox opens it, and a provider running as a worker user joins and contributes."""
+    starts it from the inbox opens it, and providers running as a worker user join and contribute (a secure
+    graph's rounds too: keys, shares, masked sums, reveals)."""
     from test_federated import K, RULES, expected, make_table, write_csv
     admin_client = redis.Redis.from_url(acl_server.url)
     admin_client.execute_command("ACL", "LOG", "RESET")
-    table = make_table(3, 200, "ssn")
-    write_csv(tmp_path / "data.csv", table)
+    tables = [make_table(3 + i, 200, "ssn") for i in range(providers)]
     pool = Workers(users["a worker"], tmp_path)
-    pool.start(1, extra=["--data", str(tmp_path / "data.csv"), "--min-group-size", str(K)], prefix="prov")
+    for i, table in enumerate(tables):
+        write_csv(tmp_path / f"data{i}.csv", table)
+        pool.start(1, extra=["--data", str(tmp_path / f"data{i}.csv"), "--min-group-size", str(K)], prefix="prov")
     try:
         R.initialize(redis_url=users["token user A"])
-        R.Graph(name="office", approach="federated", rules=json.dumps({"rules": RULES, "max_clients": 1}))
+        R.Graph(name="office", approach="federated", rules=json.dumps({"rules": RULES, "max_clients": providers,
+                                                                       "secure": secure}))
         R.federated_mean().persist_op("mean")
         R.activate()
         R.execute()
         R.track_progress(progress_bar=False, timeout=120)
         means = R.fetch_persisting_op("mean")
         for column, rule in RULES.items():
-            assert means[column] == pytest.approx(expected([table], column, rule)["mean"], rel=1e-9)
+            assert means[column] == pytest.approx(expected(tables, column, rule)["mean"], rel=1e-9)
     finally:
         pool.stop_all()
     refused = {(e[b"username"].decode(), e[b"object"].decode()) for e in admin_client.execute_command("ACL", "LOG")}
