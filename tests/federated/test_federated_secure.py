@@ -251,7 +251,8 @@ def test_a_provider_never_answering_after_sending_its_shares_leaves_the_survivor
     keys = engine.keys()
     share_then_stop(client, keys, ["dropout"])
     R.track_progress(progress_bar=False, timeout=60)
-    with pytest.warns(UserWarning, match="the sum of 3 of 4 providers is released: provider\\(s\\) dropout dropped out"):
+    with pytest.warns(UserWarning, match="the sum of 3 of 4 providers is released: provider\\(s\\) dropout "
+                                         "dropped out"):
         R.fetch_persisting_op("count")
     for column, values in pooled([table for table, _ in setup.values()]).items():
         assert R.fetch_persisting_op("count")[column] == values.size
@@ -268,9 +269,10 @@ def test_more_dropped_than_the_threshold_allows_fails_naming_them_and_t(engine, 
     start_mean(5)
     keys = engine.keys()
     share_then_stop(client, keys, ["gone-a", "gone-b"])
-    with pytest.raises(GraphFailedError, match="provider\\(s\\) gone-a, gone-b dropped out of secure graph \\S+ after the "
-                                               "masks were set up: 3 of 5 providers sent their sums, fewer than the "
-                                               "threshold t=4 \\(up to 1 may drop\\), so no sum is released"):
+    with pytest.raises(GraphFailedError, match="provider\\(s\\) gone-a, gone-b dropped out of secure graph \\S+ "
+                                               "after the masks were set up: 3 of 5 providers sent their sums, "
+                                               "fewer than the threshold t=4 \\(up to 1 may drop\\), so no sum "
+                                               "is released"):
         R.track_progress(progress_bar=False, timeout=60)
     assert client.hlen(reveals_key(keys)) == 0
 

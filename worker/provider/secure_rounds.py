@@ -52,10 +52,12 @@ class SecureRound:
             layout = self.contribution.pop("layout")
             masked = self.secrets.masked(self.residues, layout, self.name, self.publics, self.context)
             # the keys it published and masked with: a key rewritten in the store is named before any reveal
-            if not self.scripts.contribute(self.keys, self.name, {
-                    **self.contribution, "secure": secure.pack(masked, layout), "public": secure.key_digest(self.secrets.public()),
-                    "keys": {name: secure.key_digest(public) for name, public in self.publics.items()}, "seed": recovery.commitment(self.secrets.seed, self.name, self.context)},
-                    secure=True):   # too late: declared dropped; a survivor no more, it reveals nothing
+            sent = {**self.contribution, "secure": secure.pack(masked, layout),
+                    "public": secure.key_digest(self.secrets.public()),
+                    "keys": {name: secure.key_digest(public) for name, public in self.publics.items()},
+                    "seed": recovery.commitment(self.secrets.seed, self.name, self.context)}
+            if not self.scripts.contribute(self.keys, self.name, sent, secure=True):
+                # too late: the inputs closed without it; no longer a survivor, it reveals nothing
                 log.warning("provider %s: graph %s closed its inputs without it", self.name, self.keys.graph_id)
                 return True
             log.info("provider %s: sent masked sums of %s to graph %s", self.name, self.rules.describe_columns(),
