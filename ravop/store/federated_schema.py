@@ -109,17 +109,18 @@ redis.call('HSET', KEYS[1], 'inputs_closed', 1)
 return {'closed', inputs}
 """)
 
-# KEYS: meta, clients, reveals, partials, events.  ARGV: provider, its revealed shares (JSON).
-# A survivor of a secure graph whose inputs closed reveals its shares, once; the last reveal ends the graph.
+# KEYS: meta, clients, reveals, events.  ARGV: provider, its revealed shares (JSON), threshold t.
+# A survivor of a secure graph whose inputs closed reveals its shares, once; the t-th reveal ends the graph (t
+# shares rebuild each secret, so survivors that stop before revealing do not hold the release up).
 REVEAL = with_states(_COMMON + """
 if redis.call('HGET', KEYS[1], 'state') ~= '@RUNNING@' then return 0 end
 if redis.call('HEXISTS', KEYS[1], 'inputs_closed') ~= 1 then return 0 end
 if redis.call('HGET', KEYS[2], ARGV[1]) ~= 'done' then return 0 end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], 'revealed')
-if redis.call('HLEN', KEYS[3]) >= redis.call('HLEN', KEYS[4]) then
+if redis.call('HLEN', KEYS[3]) >= tonumber(ARGV[3]) then
   redis.call('HSET', KEYS[1], 'state', '@DONE@', 'finished', now())
-  redis.call('XADD', KEYS[5], 'MAXLEN', '~', 16, '*', 'state', '@DONE@')
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', 16, '*', 'state', '@DONE@')
 end
 return 1
 """)
@@ -198,8 +199,7 @@ class FederatedScripts:
         outcome, inputs = self._close_inputs(keys=[keys.meta, fed.clients, fed.partials], args=[threshold, *dropped])
         return outcome.decode(), int(inputs)
 
-    def reveal(self, keys: GraphKeys, provider: str, revealed: Dict[str, Dict[str, str]]) -> int:
-        """1 if stored (the last survivor's ends the graph), 0 if refused."""
-        fed = FederatedKeys(keys)
-        return self._reveal(keys=[keys.meta, fed.clients, reveals_key(keys), fed.partials, keys.events],
-                            args=[provider, json.dumps(revealed)])
+    def reveal(self, keys: GraphKeys, provider: str, revealed: Dict[str, Dict[str, str]], threshold: int) -> int:
+        """1 if stored (the `threshold`-th ends the graph), 0 if refused."""
+        return self._reveal(keys=[keys.meta, FederatedKeys(keys).clients, reveals_key(keys), keys.events],
+                            args=[provider, json.dumps(revealed), threshold])

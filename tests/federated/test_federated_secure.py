@@ -183,7 +183,8 @@ def test_secure_statistics_equal_numpy_and_no_partial_is_in_the_clear(engine, se
     stored = {name.decode(): json.loads(data) for name, data in client.hgetall(FederatedKeys(keys).partials).items()}
     reveals = {name.decode(): json.loads(data) for name, data in client.hgetall(reveals_key(keys)).items()}
     assert sorted(part["secure"] for part in sent) == sorted(part["secure"] for part in stored.values())
-    assert len(reveals) == 3 and not any(reveal[recovery.KEY] for reveal in reveals.values())   # nobody dropped
+    assert len(reveals) == recovery.threshold(3) == 2   # the t-th reveal ends the graph
+    assert not any(reveal[recovery.KEY] for reveal in reveals.values())   # nobody dropped
     total = secure.add(vectors, layout)
     assert total != secure.add(own.values(), layout)
     publics = public_keys(client, keys)
@@ -262,6 +263,39 @@ def test_a_provider_never_answering_after_sending_its_shares_leaves_the_survivor
     assert len(reveals) == 3 and all(set(reveal[recovery.KEY]) == {"dropout"} and "dropout" not in reveal[recovery.SEED]
                                      for reveal in reveals)
     assert FederatedScripts(client).contribute(keys, "dropout", {"secure": "late"}, secure=True) == 0
+
+
+def test_a_survivor_that_stops_before_revealing_does_not_hold_the_release_up(engine, setup, client):
+    """Four providers, t = 3: the fourth (in this process, heartbeat on) sends its shares and its masked sums,
+    then stops; the three real ones' reveals rebuild its seed, and the sum of all four is released."""
+    start_mean(4)
+    keys, context = engine.keys(), graph_ref(engine.keys())
+    rules = parse_rules({"rules": RULES, "max_clients": 4, "secure": True})
+    path = next(iter(setup.values()))[1].with_name("quiet.csv")
+    quiet = make_table(41, 1200)
+    write_csv(path, quiet)
+    residues, contribution = Provider(client, "quiet", ProviderData.load([path]), K).secure_sums(rules, [], context)
+    scripts, mine = FederatedScripts(client), recovery.ProviderSecrets()
+    client.set(worker_key("quiet"), "cpu", ex=300)   # alive: not dropped
+    try:
+        assert scripts.join(keys, "quiet") == "joined"
+        scripts.publish_key(keys, "quiet", mine.public())
+        publics = wait_for(lambda: (found := public_keys(client, keys)) and len(found) == 4 and found, "the keys")
+        scripts.share(keys, "quiet", mine.shares("quiet", publics, context))
+        wait_for(lambda: client.hlen(shares_key(keys)) == 4, "every provider's shares")
+        layout = contribution.pop("layout")
+        assert scripts.contribute(keys, "quiet", {
+            **contribution, "secure": secure.pack(mine.masked(residues, layout, "quiet", publics, context), layout),
+            "public": secure.key_digest(mine.public()),
+            "keys": {name: secure.key_digest(key) for name, key in publics.items()},
+            "seed": recovery.commitment(mine.seed, "quiet", context)}, secure=True) == 1
+        R.track_progress(progress_bar=False, timeout=60)
+    finally:
+        client.delete(worker_key("quiet"))
+    for column, values in pooled([table for table, _ in setup.values()] + [quiet]).items():
+        assert R.fetch_persisting_op("count")[column] == values.size
+        assert R.fetch_persisting_op("mean")[column] == pytest.approx(values.mean(), rel=1e-9)
+    assert "quiet" not in {name.decode() for name in client.hkeys(reveals_key(keys))}
 
 
 def test_more_dropped_than_the_threshold_allows_fails_naming_them_and_t(engine, setup, client):

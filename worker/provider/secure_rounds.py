@@ -1,8 +1,9 @@
 """A provider's rounds of one secure graph (`ravop.federated.recovery`), advanced at each poll: publish its keys;
 once all `max_clients` are in, send its encrypted shares; once all shares are in, write its masked sums; once
-the inputs close, reveal its shares. The inputs close when every provider wrote its sums, or when the ones that
-did not have stopped (their worker heartbeat expired: a killed or disconnected process) and at least t wrote
-theirs: then a survivor closes them without the dropped (or fails the graph naming them and t).
+the inputs close, reveal its shares (the t-th reveal ends the graph). The inputs close when every provider
+wrote its sums, or when the ones that did not have stopped (their worker heartbeat expired: a killed or
+disconnected process) and at least t wrote theirs: then a survivor closes them without the dropped (or fails
+the graph naming them and t).
 """
 import json
 import logging
@@ -96,5 +97,5 @@ class SecureRound:
         received = {name.decode(): json.loads(data)
                     for name, data in self.client.hgetall(shares_key(self.keys)).items()}
         revealed = self.secrets.reveal(self.name, self.publics, received, sorted(partials), self.context)
-        if self.scripts.reveal(self.keys, self.name, revealed):
+        if self.scripts.reveal(self.keys, self.name, revealed, recovery.threshold(self.rules.max_clients)):
             log.info("provider %s: revealed its shares of graph %s", self.name, self.keys.graph_id)
