@@ -45,6 +45,10 @@ class SecureRound:
             self.publics = public_keys(self.client, self.keys)
             if len(self.publics) < n:
                 return False
+            if self.publics.get(self.name) != self.secrets.public():   # before a share is encrypted to a forgery
+                raise secure.TamperedAggregate(f"the public key of provider {self.name} was rewritten after it "
+                                               "registered: the store holds another than it published; the query "
+                                               "is refused (docs/operators/security.md)")
             self.scripts.share(self.keys, self.name, self.secrets.shares(self.name, self.publics, self.context))
             self.waits_for = SHARES
         if self.waits_for == SHARES:
