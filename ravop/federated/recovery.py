@@ -66,10 +66,13 @@ def _int(encoded: object, what: str) -> int:
 
 
 def seed_mask(seed: int, layout: str, me: str, context: str) -> List[int]:
+    """A provider's self-mask: what its sums carry until t survivors reveal shares of its seed."""
     return secure.mask_stream(seed.to_bytes(shamir.SIZE, "little"), layout, "ravop-self-mask", context, me)
 
 
 def commitment(seed: int, me: str, context: str) -> str:
+    """What a provider's contribution names its seed by, so that a seed rebuilt from rewritten shares is caught
+    (the seed is 255 random bits: the digest does not give it away)."""
     return hashlib.sha256("\0".join(("ravop-self-mask-seed", context, me, str(seed))).encode()).hexdigest()
 
 
@@ -169,8 +172,12 @@ def remove_masks(total: List[int], layout: str, contributions: Mapping[str, Mapp
                          f"fewer than the threshold t={t} of {len(names)}")
 
     def rebuilt(kind: str, owner: str) -> int:
-        return shamir.combine({x_of[v]: _int(reveals[v].get(kind, {}).get(owner), f"provider {v}'s share of "
-                                             f"provider {owner}'s {kind}") for v in revealers})
+        shares = {}
+        for v in revealers:
+            entries = reveals[v].get(kind) if isinstance(reveals[v], dict) else None
+            shares[x_of[v]] = _int(entries.get(owner) if isinstance(entries, dict) else None,
+                                   f"provider {v}'s share of provider {owner}'s {kind}")
+        return shamir.combine(shares)
 
     for owner in sorted(contributions):
         seed = rebuilt(SEED, owner)
