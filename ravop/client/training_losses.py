@@ -8,17 +8,20 @@ import numpy as np
 
 from ..core import graph_states
 from ..core.errors import GraphStateError, RavopError
-from ..core.loss_names import TRAINING_BATCH, TRAINING_STEP, VALIDATION
+from ..core.loss_names import STEP_RULE, TRAINING_BATCH, TRAINING_BATCH_RULE, TRAINING_STEP, VALIDATION, VALIDATION_RULE
+from ..core.persist_rules import PersistRule
 from ..store import GraphKeys
 from ..store.client_types import Client
 from ..store.loss_reads import read_losses
+from ..store.rule_values import Walked, named
 from ..wire.codec import decode_scalars
 
 
 @dataclass
 class Losses:
-    """`batch`: one loss per training step in order, NaN where not computed yet; `epoch`: the epoch of each
-    step (0 for losses named by step only); `validation`: one per epoch (index e-1), NaN where not computed;
+    """`batch`: one loss per training step in order, NaN where not computed yet (a fit's losses, named by rule,
+    end at the last one computed: a fit of 10**6 epochs is read in the time of the epochs it ran); `epoch`: the
+    epoch of each step (0 for losses named by step only); `validation`: one per epoch (index e-1), NaN where not computed;
     `state`: the graph's state when they were read; `stopped_step`: the training steps run when a stop request ended
     its training loop (at an epoch boundary), None if none did; `batch_stored`, `validation_stored`: whether each
     loss was computed (a loss the training made NaN is a stored NaN)."""
@@ -62,17 +65,23 @@ def _scalars(named: List[Tuple[str, Optional[bytes]]]) -> List[float]:
 
 def read(client: Client, keys: GraphKeys) -> Losses:
     """`Losses` of the graph at `keys`, in one round trip."""
-    state, stored = read_losses(client, keys)
+    state, stored, walked = read_losses(client, keys)
     if state is None:
         raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")
-    return losses_of(client, keys, state, stored)
+    if state == graph_states.DONE:   # a done graph's losses by rule end where its loop did: by name, not padded
+        return losses_of(client, keys, state, {**stored, **named(walked)})
+    return losses_of(client, keys, state, stored, walked)
 
 
-def losses_of(client: Client, keys: GraphKeys, state: str, stored: Dict[str, Optional[bytes]]) -> Losses:
+def losses_of(client: Client, keys: GraphKeys, state: str, stored: Dict[str, Optional[bytes]],
+              walked: Walked = ()) -> Losses:
     """`Losses` of the graph at `keys` in `state` from `stored`: every persisted loss name with its stored value
-    (None where not computed), as `ravop.store.loss_reads.read_losses` reads them."""
+    (None where not computed), as `ravop.store.loss_reads.read_losses` reads them, and from `walked`, the loss
+    rules of a graph not done with the values of their first runs, each spanning all of its runs (NaN past the last
+    computed) as arrays built from the rule, not from its names."""
     if state == graph_states.ACTIVATED:  # as R.fetch_persisting_op: no value before the start, whatever folding computed
         stored = dict.fromkeys(stored)
+        walked = [(rule, []) for rule, _ in walked]
     steps, validation = [], {}
     for name, data in stored.items():
         match = TRAINING_BATCH.match(name)
@@ -87,14 +96,65 @@ def losses_of(client: Client, keys: GraphKeys, state: str, stored: Dict[str, Opt
         if match:
             validation[int(match[1])] = (name, data)
     steps.sort(key=lambda step: step[0])
-    epochs = [validation.get(e, ("", None)) for e in range(1, max(validation, default=0) + 1)]
-    batch_stored = np.array([data is not None for _, _, data in steps], dtype=bool)
+    batches = [_Part(np.array([order for order, _, _ in steps], dtype=np.int64).reshape(-1, 2),
+                     _scalars([(name, data) for _, name, data in steps]), [data is not None for _, _, data in steps])]
+    epochs = sorted(validation)
+    validations = [_Part(np.array(epochs, dtype=np.int64), _scalars([validation[e] for e in epochs]),
+                         [validation[e][1] is not None for e in epochs])]
+    for rule, values in walked:
+        kind, part = _rule_part(rule, values)
+        if kind:
+            (batches if kind == "batch" else validations).append(part)
+    order, batch, batch_stored = _joined(batches)
+    by_epoch, values, flags = _joined(validations)
+    n_epochs = int(by_epoch.max(initial=0))
+    epoch_values, validation_stored = np.full(n_epochs, np.nan), np.zeros(n_epochs, dtype=bool)
+    epoch_values[by_epoch - 1], validation_stored[by_epoch - 1] = values, flags   # NaN where none is persisted
     stopped = None
     if state == graph_states.DONE and not batch_stored.all():
         stopped = client.hget(keys.meta, "stopped_step")   # a done graph lacks losses only if stopped early
-    return Losses(keys.graph_id, state,
-                  batch=np.array(_scalars([(name, data) for _, name, data in steps]), dtype=np.float64),
-                  epoch=np.array([order[0] for order, _, _ in steps], dtype=np.int64),
-                  validation=np.array(_scalars(epochs)),
-                  stopped_step=None if stopped is None else int(stopped), batch_stored=batch_stored,
-                  validation_stored=np.array([data is not None for _, data in epochs], dtype=bool))
+    return Losses(keys.graph_id, state, batch=batch, epoch=order[:, 0],
+                  validation=epoch_values, stopped_step=None if stopped is None else int(stopped),
+                  batch_stored=batch_stored, validation_stored=validation_stored)
+
+
+class _Part:
+    """Losses of one source (the names given one by one, or a rule): `order` (epoch, batch) rows of the steps,
+    or the epochs of validation losses; their values (NaN where not computed) and whether each was."""
+    __slots__ = ("order", "values", "stored")
+
+    def __init__(self, order: np.ndarray, values: Any, stored: Any) -> None:
+        self.order = order
+        self.values = np.asarray(values, dtype=np.float64)
+        self.stored = np.asarray(stored, dtype=bool)
+
+
+def _rule_part(rule: PersistRule, values: List[bytes]) -> Tuple[str, Any]:
+    """("batch" or "validation", its `_Part`) of a loss rule of a known template (else ("", None)), from the
+    values of its first runs, spanning all of its runs."""
+    names = rule.names
+    runs = len(names)
+    computed = np.full(runs, np.nan)
+    computed[:len(values)] = _scalars(list(zip(names[:len(values)], values)))
+    stored = np.arange(runs) < len(values)
+    epochs = np.repeat(np.arange(names.epochs.start, names.epochs.stop, dtype=np.int64), len(names.batches))
+    if names.template == VALIDATION_RULE:
+        return "validation", _Part(epochs, computed, stored)
+    if names.template == TRAINING_BATCH_RULE:
+        batches = np.tile(np.arange(names.batches.start, names.batches.stop, dtype=np.int64), len(names.epochs))
+        return "batch", _Part(np.stack([epochs, batches], axis=1), computed, stored)
+    if names.template == STEP_RULE:   # by step only: epoch 0, ordered by the step
+        return "batch", _Part(np.stack([np.zeros(runs, dtype=np.int64), epochs], axis=1), computed, stored)
+    return "", None
+
+
+def _joined(parts: List[_Part]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(order, values, stored) of `parts` together, in order (the names given one by one may sit among a rule's)."""
+    order = np.concatenate([part.order for part in parts])
+    values = np.concatenate([part.values for part in parts])
+    stored = np.concatenate([part.stored for part in parts])
+    if sum(len(part.values) > 0 for part in parts) > 1:
+        keys = (order[:, 1], order[:, 0]) if order.ndim == 2 else (order,)
+        at = np.lexsort(keys)
+        order, values, stored = order[at], values[at], stored[at]
+    return order, values, stored
