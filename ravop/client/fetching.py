@@ -85,9 +85,11 @@ def done_losses(keys: GraphKeys) -> Losses:
         listed = [n for n in session.activated_names.listed if n.startswith((TRAINING_PREFIX, VALIDATION_PREFIX))]
         done = done_values(session, keys)
         if done is not None and all(name in done.stored for name in listed):
+            short = any(rule.names[-1] not in done.stored for rule in session.activated_names.rules
+                        if rule.names.template.startswith((TRAINING_PREFIX, VALIDATION_PREFIX)))
             return losses_of(session.client, keys, graph_states.DONE,
                              {name: data for name, data in done.stored.items()
-                              if name.startswith((TRAINING_PREFIX, VALIDATION_PREFIX))})
+                              if name.startswith((TRAINING_PREFIX, VALIDATION_PREFIX))}, short=short)
     return read(session.client, keys)
 
 

@@ -63,22 +63,26 @@ def _scalars(named: List[Tuple[str, Optional[bytes]]]) -> List[float]:
     return values
 
 
-def read(client: Client, keys: GraphKeys) -> Losses:
-    """`Losses` of the graph at `keys`, in one round trip."""
+def read(client: Client, keys: GraphKeys, padded: bool = True) -> Losses:
+    """`Losses` of the graph at `keys`, in one round trip. A graph not done has its losses by rule span all of
+    their runs (`losses_of`): arrays of 2 million entries for a fit of 10**6 epochs, built in numpy (~20 ms)
+    however far it ran; `padded=False` ends them at the last computed (a poller that reads only those)."""
     state, stored, walked = read_losses(client, keys)
     if state is None:
         raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")
-    if state == graph_states.DONE:   # a done graph's losses by rule end where its loop did: by name, not padded
-        return losses_of(client, keys, state, {**stored, **named(walked)})
+    if state == graph_states.DONE or not padded:   # a done graph's losses by rule end where its loop did
+        short = any(len(values) < len(rule.names) for rule, values in walked)
+        return losses_of(client, keys, state, {**stored, **named(walked)}, short=short)
     return losses_of(client, keys, state, stored, walked)
 
 
 def losses_of(client: Client, keys: GraphKeys, state: str, stored: Dict[str, Optional[bytes]],
-              walked: Walked = ()) -> Losses:
+              walked: Walked = (), short: bool = False) -> Losses:
     """`Losses` of the graph at `keys` in `state` from `stored`: every persisted loss name with its stored value
     (None where not computed), as `ravop.store.loss_reads.read_losses` reads them, and from `walked`, the loss
     rules of a graph not done with the values of their first runs, each spanning all of its runs (NaN past the last
-    computed) as arrays built from the rule, not from its names."""
+    computed) as arrays built from the rule, not from its names. `short`: a rule's stored losses end before its
+    last run (a done graph's stopped early)."""
     if state == graph_states.ACTIVATED:  # as R.fetch_persisting_op: no value before the start, whatever folding computed
         stored = dict.fromkeys(stored)
         walked = [(rule, []) for rule, _ in walked]
@@ -111,7 +115,7 @@ def losses_of(client: Client, keys: GraphKeys, state: str, stored: Dict[str, Opt
     epoch_values, validation_stored = np.full(n_epochs, np.nan), np.zeros(n_epochs, dtype=bool)
     epoch_values[by_epoch - 1], validation_stored[by_epoch - 1] = values, flags   # NaN where none is persisted
     stopped = None
-    if state == graph_states.DONE and not batch_stored.all():
+    if state == graph_states.DONE and (short or not batch_stored.all()):
         stopped = client.hget(keys.meta, "stopped_step")   # a done graph lacks losses only if stopped early
     return Losses(keys.graph_id, state, batch=batch, epoch=order[:, 0],
                   validation=epoch_values, stopped_step=None if stopped is None else int(stopped),
