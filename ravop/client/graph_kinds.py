@@ -131,7 +131,7 @@ class PlannedGraphs:
         pipe = session.client.pipeline(transaction=False)
         pipe.hget(keys.persist, name)
         pipe.hget(keys.bundles, name)
-        pipe.lrange(keys.persist_rules, 0, -1)
+        pipe.hvals(keys.persist_rules)
         node_id, bundle, rules = pipe.execute()
         rules = [PersistRule.decode(rule) for rule in rules]
         if node_id is None and bundle is None:   # a name of a loop step's rule (a fit's loss)?

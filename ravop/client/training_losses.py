@@ -110,10 +110,11 @@ def losses_of(client: Client, keys: GraphKeys, state: str, stored: Dict[str, Opt
         if kind:
             (batches if kind == "batch" else validations).append(part)
     order, batch, batch_stored = _joined(batches)
-    by_epoch, values, flags = _joined(validations)
+    by_epoch, validated, flags = _joined(validations)
     n_epochs = int(by_epoch.max(initial=0))
-    epoch_values, validation_stored = np.full(n_epochs, np.nan), np.zeros(n_epochs, dtype=bool)
-    epoch_values[by_epoch - 1], validation_stored[by_epoch - 1] = values, flags   # NaN where none is persisted
+    epoch_values: np.ndarray = np.full(n_epochs, np.nan)
+    validation_stored: np.ndarray = np.zeros(n_epochs, dtype=bool)
+    epoch_values[by_epoch - 1], validation_stored[by_epoch - 1] = validated, flags   # NaN where none is persisted
     stopped = None
     if state == graph_states.DONE and (short or not batch_stored.all()):
         stopped = client.hget(keys.meta, "stopped_step")   # a done graph lacks losses only if stopped early
@@ -141,7 +142,7 @@ def _rule_part(rule: PersistRule, values: List[bytes]) -> Tuple[str, Any]:
     computed = np.full(runs, np.nan)
     computed[:len(values)] = _scalars(list(zip(names[:len(values)], values)))
     stored = np.arange(runs) < len(values)
-    epochs = np.repeat(np.arange(names.epochs.start, names.epochs.stop, dtype=np.int64), len(names.batches))
+    epochs: np.ndarray = np.repeat(np.arange(names.epochs.start, names.epochs.stop, dtype=np.int64), len(names.batches))
     if names.template == VALIDATION_RULE:
         return "validation", _Part(epochs, computed, stored)
     if names.template == TRAINING_BATCH_RULE:

@@ -47,19 +47,11 @@ class PersistRule:
         names = RunNames(match[6], range(first_epoch, first_epoch + epochs), range(first_batch, first_batch + batches))
         return cls(names, first_id)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, PersistRule) and self.encode() == other.encode()
-
-    def __hash__(self) -> int:
-        return hash(self.encode())
-
-    def __repr__(self) -> str:
-        return f"PersistRule({self.names!r}, first_id={self.first_id})"
 
 
 class PersistedIds(Mapping[str, int]):
-    """persist name -> tensor id, of names given one by one (`listed`) and by rules; `get` and `in` cost one
-    match per rule, iterating lists every name (a test's or in-process run's, not the session's)."""
+    """persist name -> tensor id, of names given one by one (`listed`) and by rules; `get`, `in` and `len` cost
+    one match per rule, iterating lists every name (a test's or in-process run's, not the session's)."""
 
     def __init__(self, listed: Mapping[str, int], rules: list[PersistRule]) -> None:
         self.listed, self.rules = dict(listed), list(rules)
@@ -72,9 +64,6 @@ class PersistedIds(Mapping[str, int]):
             raise KeyError(name)
         return node_id
 
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and self.get(name) is not None
-
     def __iter__(self) -> Iterator[str]:
         yield from self.listed
         for rule in self.rules:
@@ -82,6 +71,3 @@ class PersistedIds(Mapping[str, int]):
 
     def __len__(self) -> int:
         return len(self.listed) + sum(len(rule.names) for rule in self.rules)
-
-    def __bool__(self) -> bool:   # without counting the rules' names
-        return bool(self.listed or self.rules)

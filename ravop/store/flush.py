@@ -70,7 +70,7 @@ def owned_keys(client: Client, token: str) -> Optional[Tuple[List[List[str]], Li
         pipe.hmget(keys.meta, *_META)
         pipe.hgetall(keys.info)
         pipe.hvals(keys.persist)
-        pipe.lrange(keys.persist_rules, 0, -1)
+        pipe.hvals(keys.persist_rules)
     replies = pipe.execute(raise_on_error=False)
     if any(isinstance(reply, Exception) for reply in replies):   # damaged records: they cannot name the keys
         return None

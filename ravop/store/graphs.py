@@ -82,7 +82,7 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, "torch
         batch.pipe.hset(keys.persist, mapping=dict(plan.persisted))
     rules = [rule.encode() for rule in persisted_ids(plan).rules]
     if rules:
-        batch.pipe.rpush(keys.persist_rules, *rules)
+        batch.pipe.hset(keys.persist_rules, mapping=dict(enumerate(rules)))
     for name, (kind, spec, names) in (bundles or {}).items():
         batch.pipe.hset(keys.bundles, name, json.dumps({"kind": kind, "spec": spec, "keys": names}))
     batch.add(0, len(readers) + len(plan.persisted) + len(rules))

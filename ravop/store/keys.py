@@ -30,8 +30,8 @@ graphs spread over the shards:
                               (persisted values are never counted, so never deleted); "early:{sid}:{id}": loop
                               subgraph sid released input id at its first checkpoint (scripts.RELEASE_SUPERSEDED)
   persist             hash    persist name -> node id (names given one by one)
-  persist_rules       list    the names loop steps persist by rule, one encoded `ravop.core.persist_rules.PersistRule`
-                              each ("first_id first_epoch epochs first_batch batches template"): a rule's k-th name
+  persist_rules       hash    index -> a name rule of loop steps, an encoded `ravop.core.persist_rules.PersistRule`
+                              ("first_id first_epoch epochs first_batch batches template"): the rule's k-th name
                               is node first_id + k (a fit of 10**6 epochs holds a rule, not 2 million entries)
   bundles             hash    bundle name -> JSON {kind, spec, keys}
   taken               hash    subgraph id -> the worker that last started it

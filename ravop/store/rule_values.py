@@ -17,7 +17,7 @@ Walked = Sequence[Tuple[PersistRule, List[bytes]]]   # (rule, the stored values 
 # larger than the limit).
 WALK_RULES = """
 local function walk(rules_key, tensor_prefix, wanted, limit, out)
-  for _, rule in ipairs(redis.call('LRANGE', rules_key, 0, -1)) do
+  for _, rule in ipairs(redis.call('HVALS', rules_key)) do
     local first, epochs, batches, template = string.match(rule, '^(%d+) %d+ (%d+) %d+ (%d+) (.*)$')
     if first and wanted(template) then
       out[#out + 1] = rule
@@ -59,7 +59,7 @@ def named(walked: Walked) -> Dict[str, bytes]:
 def walk_unscripted(client: Client, keys: GraphKeys, wanted: Callable[[str], bool], limit: int = 0) -> List[Any]:
     """What `walk` appends, in round trips of doubling size, without a script."""
     out: List[Any] = []
-    for data in client.lrange(keys.persist_rules, 0, -1):
+    for data in client.hvals(keys.persist_rules):
         rule = PersistRule.decode(data)
         if not wanted(rule.names.template):
             continue

@@ -92,7 +92,7 @@ def test_a_fit_of_a_million_epochs_activates_by_rule_and_runs_until_early_stoppi
     assert peak < 8 * PEAK_BYTES, peak
     keys = engine.keys()
     # the store holds the trained values' names and two rules, not an entry per epoch
-    rules = [PersistRule.decode(r) for r in engine.client.lrange(keys.persist_rules, 0, -1)]
+    rules = [PersistRule.decode(r) for r in engine.client.hvals(keys.persist_rules)]
     assert engine.client.hlen(keys.persist) < 20 and [len(rule.names) for rule in rules] == [10**6, 10**6]
     assert rules[0].names.template == TRAINING_BATCH_RULE and rules[0].id_of("training_loss_epoch_3_batch_1") == \
         rules[0].first_id + 2
@@ -138,7 +138,7 @@ def test_a_short_fit_by_rule_is_flushed_by_name(engine, module_workers):
     R.track_progress(progress_bar=False, timeout=120)
     keys = engine.keys()
     slots, _ = flush.owned_keys(engine.client, engine.token)
-    [rule] = [PersistRule.decode(r) for r in engine.client.lrange(keys.persist_rules, 0, -1)]
+    [rule] = [PersistRule.decode(r) for r in engine.client.hvals(keys.persist_rules)]
     named = {key for slot in slots for key in slot}
     assert {keys.tensor(rule.first_id + k) for k in range(3)} <= named and keys.persist_rules in named
     assert engine.client.exists(*(keys.tensor(rule.first_id + k) for k in range(3))) == 3
@@ -148,7 +148,8 @@ def test_a_short_fit_by_rule_is_flushed_by_name(engine, module_workers):
 
 def test_persisted_ids_match_names_against_rules_and_rules_survive_the_store():
     rule = PersistRule(RunNames(TRAINING_BATCH_RULE, range(1, 10**6 + 1), range(1, 4)), 100)
-    assert PersistRule.decode(rule.encode()) == rule and PersistRule.decode(rule.encode().encode()) == rule
+    assert PersistRule.decode(rule.encode()).encode() == PersistRule.decode(rule.encode().encode()).encode() == \
+        rule.encode() == "100 1 1000000 1 3 training_loss_epoch_{e}_batch_{b}"
     ids = PersistedIds({"prediction": 7}, [rule])
     assert ids["prediction"] == 7 and ids["training_loss_epoch_2_batch_1"] == 103 and ids.get("other") is None
     assert "training_loss_epoch_1000000_batch_3" in ids and "training_loss_epoch_1000000_batch_4" not in ids
