@@ -22,9 +22,11 @@ from ravop.core.loss_names import STEP_RULE, TRAINING_BATCH_RULE, VALIDATION_RUL
 from ravop.core.persist_rules import PersistedIds, PersistRule
 from ravop.record.loop import Loop
 from ravop.runtime.evaluate import evaluate_persisted
-from ravop.store import flush, loss_reads, small_values
+from ravop.client import training_losses
+from ravop.store import GraphKeys, flush, loss_reads, small_values
 from ravop.store import graphs as store_graphs
 from ravop.tools import status
+from ravop.wire.codec import encode_tensor
 
 from helpers import wait_for
 
@@ -216,3 +218,26 @@ def test_a_rule_that_takes_a_name_already_used_is_refused():
             step.persist(w + 2, RunNames(STEP_RULE, range(4, 6)))
         with pytest.raises(ValueError, match="already used"):
             step.persist(w + 3, ["training_loss_step_2"])
+
+
+def test_losses_by_rule_equal_the_same_losses_listed_by_name():
+    """A running fit's losses read by rule (full batches, the short last batch and validation: three rules, the
+    values of their first runs) give the arrays the same names listed one by one give (NaN where not computed)."""
+    full = PersistRule(RunNames(TRAINING_BATCH_RULE, range(1, 5), range(1, 3)), 100)    # 4 epochs of 2 full batches
+    short = PersistRule(RunNames(TRAINING_BATCH_RULE, range(1, 5), range(3, 4)), 200)   # and a short third
+    validation = PersistRule(RunNames(VALIDATION_RULE, range(1, 5)), 300)
+    walked = [(full, [encode_tensor(torch.tensor(float(k))) for k in range(5)]),   # epochs 1, 2 and one of 3
+              (short, [encode_tensor(torch.tensor(10.0 + k)) for k in range(2)]),
+              (validation, [encode_tensor(torch.tensor(20.0))])]
+    listed = {name: None for rule, _ in walked for name in rule.names}
+    listed.update((rule.names[k], value) for rule, values in walked for k, value in enumerate(values))
+    keys = GraphKeys("t", "g")
+    by_rule = training_losses.losses_of(None, keys, "running", {}, walked)
+    by_name = training_losses.losses_of(None, keys, "running", listed)
+    assert np.array_equal(by_rule.batch, by_name.batch, equal_nan=True) and len(by_rule.batch) == 12
+    assert by_rule.batch[:6].tolist() == [0, 1, 10, 2, 3, 11]   # epoch-major: each epoch's short batch last
+    for field in ("epoch", "batch_stored", "validation_stored"):
+        assert getattr(by_rule, field).tolist() == getattr(by_name, field).tolist(), field
+    assert np.array_equal(by_rule.validation, by_name.validation, equal_nan=True) and by_rule.validation[0] == 20
+    before = training_losses.losses_of(None, keys, "activated", {}, walked)   # before the start: nothing shown
+    assert np.isnan(before.batch).all() and len(before.batch) == 12 and not before.batch_stored.any()
