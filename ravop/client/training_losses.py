@@ -65,8 +65,8 @@ def _scalars(named: List[Tuple[str, Optional[bytes]]]) -> List[float]:
 
 def read(client: Client, keys: GraphKeys, padded: bool = True) -> Losses:
     """`Losses` of the graph at `keys`, in one round trip. A graph not done has its losses by rule span all of
-    their runs (`losses_of`): arrays of 2 million entries for a fit of 10**6 epochs, built in numpy (~20 ms)
-    however far it ran; `padded=False` ends them at the last computed (a poller that reads only those)."""
+    their runs (`losses_of`): arrays of 5 million entries for a fit of 10**6 epochs of 5 steps, built in numpy
+    (0.14 s) however far it ran; `padded=False` ends them at the last computed (a poller that reads only those)."""
     state, stored, walked = read_losses(client, keys)
     if state is None:
         raise GraphStateError(f"graph {keys.graph_id} is no longer in Redis (flushed?)")
