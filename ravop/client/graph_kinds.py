@@ -149,9 +149,9 @@ class PlannedGraphs:
         if node_id is None:
             meta = read_meta(session, keys)
             names = sorted(n.decode() for n in session.client.hkeys(keys.persist))
-            shown = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "") + "".join(
-                f", and {rule.names.template!r} for epochs {rule.names.epochs} and batches {rule.names.batches}"
-                for rule in rules)
+            shown = ", ".join(names[:20] + ["..."] * (len(names) > 20) + [
+                f"{rule.names.template!r} for epochs {rule.names.epochs} and batches {rule.names.batches}"
+                for rule in rules])
             raise UnknownPersistName(f"no op was persisted as {name!r} in graph {meta['name']!r} "
                                      f"({keys.graph_id}); persisted names: {shown or 'none'}")
         return fetched(fetch_tensor(session, keys, name, node_id, wait, deadline))
