@@ -17,7 +17,8 @@ meaningful on a machine shared with other jobs.
 `--activation` (issue 44): a fit of 1 step an epoch with EarlyStopping (it stops after 2 epochs), n = 10 to 10**6
 epochs, on the embedded default: the seconds of recording, R.activate(), the run (R.execute() to the end of
 R.track_progress()) and History's read, the requester's peak traced memory over recording and activation, its
-RSS growth, and the store's persist entries; each with its ratio to n = 10's. `--lengths` picks the n's, `--repeats` the runs of each.
+RSS growth, and the store's persist entries; each with its ratio to n = 10's. `--lengths` picks the n's,
+`--repeats` the runs of each.
 """
 import argparse
 import gc

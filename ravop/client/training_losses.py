@@ -19,9 +19,10 @@ from ..wire.codec import decode_scalars
 
 @dataclass
 class Losses:
-    """`batch`: one loss per training step in order, NaN where not computed yet (a fit's losses, named by rule,
-    end at the last one computed: a fit of 10**6 epochs is read in the time of the epochs it ran); `epoch`: the
-    epoch of each step (0 for losses named by step only); `validation`: one per epoch (index e-1), NaN where not computed;
+    """`batch`: one loss per training step in order, NaN where not computed yet (a done fit's losses, named by
+    rule, end at the last one computed: a fit of 10**6 epochs stopped after 2 is read in the time of 2); `epoch`:
+    the epoch of each step (0 for losses named by step only); `validation`: one per epoch (index e-1), NaN where
+    not computed;
     `state`: the graph's state when they were read; `stopped_step`: the training steps run when a stop request ended
     its training loop (at an epoch boundary), None if none did; `batch_stored`, `validation_stored`: whether each
     loss was computed (a loss the training made NaN is a stored NaN)."""

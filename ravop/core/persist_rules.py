@@ -21,7 +21,7 @@ class PersistRule:
 
     def __init__(self, names: RunNames, first_id: int) -> None:
         if first_id < 0:
-            raise ValueError(f"a persist rule's first tensor id is not negative, not {first_id}")
+            raise ValueError(f"a persist rule's first tensor id counts from 0, not {first_id}")
         self.names, self.first_id = names, first_id
 
     def id_of(self, name: str) -> Optional[int]:
@@ -46,7 +46,6 @@ class PersistRule:
         first_id, first_epoch, epochs, first_batch, batches = map(int, match.groups()[:5])
         names = RunNames(match[6], range(first_epoch, first_epoch + epochs), range(first_batch, first_batch + batches))
         return cls(names, first_id)
-
 
 
 class PersistedIds(Mapping[str, int]):

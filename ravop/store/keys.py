@@ -228,8 +228,8 @@ class TokenKeys:
 class GraphKeys:
     """The keys of one graph of one token."""
     __slots__ = ("token", "graph_id", "prefix", "meta", "subgraphs", "info", "deps", "done", "refs", "persist",
-                 "persist_rules", "bundles", "taken", "ran", "held", "events", "outbox", "steps", "disputes", "attempts",
-                 "tensor_prefix")
+                 "persist_rules", "bundles", "taken", "ran", "held", "events", "outbox", "steps", "disputes",
+                 "attempts", "tensor_prefix")
 
     def __init__(self, token: str, graph_id: str) -> None:
         self.token = check_name(token)

@@ -118,12 +118,13 @@ def test_a_fit_of_a_million_epochs_activates_by_rule_and_runs_until_early_stoppi
     # read back from the store's rules, not from what this session's activation kept (the graph named, not current)
     R.activate()
     assert R.fetch_persisting_op("training_loss_epoch_2_batch_1", graph=graph.id).item() == history.batch_losses[1]
-    with pytest.raises(UnknownPersistName, match="persisted names: .*'training_loss_epoch_{e}_batch_{b}' for epochs range"):
+    with pytest.raises(UnknownPersistName, match="names: .*'training_loss_epoch_{e}_batch_{b}' for epochs range"):
         R.fetch_persisting_op("training_loss_epoch_1000001_batch_1", graph=graph.id)
     # the reads without a script (a user refused them) give the scripts' answers: the rules walked as far as stored
     client = engine.client
     scripted = client.register_script(loss_reads.READ_LOSSES)(
-        keys=[keys.meta, keys.persist, keys.persist_rules], args=[keys.tensor_prefix, "training_loss_", "validation_loss_"])
+        keys=[keys.meta, keys.persist, keys.persist_rules],
+        args=[keys.tensor_prefix, "training_loss_", "validation_loss_"])
     assert scripted == loss_reads._read_losses_unscripted(client, keys) and len(scripted) == 2 + 2 + 2
     scripted = client.register_script(small_values.READ_SMALL)(
         keys=[keys.meta, keys.persist, keys.persist_rules], args=[keys.tensor_prefix, 4096, "done"])
