@@ -12,6 +12,13 @@ meaningful on a machine shared with other jobs.
     python benchmarks/bench_record.py --quick          # 20k ops per row, best of 1
     python benchmarks/bench_record.py --no-embedded    # alone only (no server or workers started)
     python benchmarks/bench_record.py --loops-only     # only the fit / loop table
+    python benchmarks/bench_record.py --activation     # only fit(n_epochs=n) recorded, activated, run and read
+
+`--activation` (issue 44): a fit of 1 step an epoch with EarlyStopping (it stops after 2 epochs), n = 10 to 10**6
+epochs, on the embedded default: the seconds of recording, R.activate(), the run (R.execute() to the end of
+R.track_progress()) and History's read, the requester's peak traced memory over recording and activation, its
+RSS growth, and the store's persist entries; each with its ratio to n = 10's. `--lengths` picks the n's,
+`--repeats` the runs of each.
 """
 import argparse
 import gc
@@ -134,13 +141,88 @@ def loops_table():
                   f"{peak / base[1]:>12.2f}")
 
 
+def _early_stopped_fit(n_epochs):
+    """A 1-step-an-epoch shuffled fit that EarlyStopping ends after its second epoch; returns its History."""
+    from ravdl.v2 import NeuralNetwork
+    from ravdl.v2.callbacks import EarlyStopping
+    from ravdl.v2.layers import Activation, Dense
+    from ravdl.v2.optimizers import Adam
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(16, 6)).astype(np.float32)
+    net = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss")
+    net.add(Dense(12, input_shape=(6,)))
+    net.add(Activation("tanh"))
+    net.add(Dense(1))
+    return net.fit(X, X[:, :1] * 0.5 - X[:, 1:2] ** 2, n_epochs=n_epochs, batch_size=16, shuffle=True,
+                   callbacks=[EarlyStopping(monitor="loss", patience=0, min_delta=1e9)])
+
+
+def _activation_run(session, process, n):
+    """(record, activate, run, History read seconds, peak traced bytes, RSS growth, persist entries) of one fit."""
+    gc.collect()
+    R.Graph(name=f"bench_activation_{n}", seed=7)
+    rss = process.memory_info().rss
+    tracemalloc.start()
+    start = time.perf_counter()
+    history = _early_stopped_fit(n)
+    recorded = time.perf_counter()
+    R.activate()
+    activated = time.perf_counter()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    grown = process.memory_info().rss - rss
+    keys = session.keys()
+    pipe = session.client.pipeline(transaction=False)
+    pipe.hlen(keys.persist)
+    pipe.exists(keys.prefix + "persist_rules")   # a list of a few rules where there is one (issue 44)
+    entries = sum(pipe.execute())
+    R.execute()
+    R.track_progress(progress_bar=False, timeout=3600)
+    ran = time.perf_counter()
+    losses = history.batch_losses
+    read = time.perf_counter()
+    assert len(losses) == 2 and history.stopped_after == 2, (len(losses), history.stopped_after)
+    R.flush()
+    return recorded - start, activated - recorded, ran - activated, read - ran, peak, grown, entries
+
+
+def activation_table(lengths, repeats):
+    """Record, activate, run and read a fit of n epochs that stops after 2, per n: each time best of `repeats`,
+    memory worst of them, after a warm-up fit (imports, the workers' first step)."""
+    import psutil
+    session = R.initialize(token="bench-record-activation")
+    session.embedded.wait_ready(session.client)   # the workers' start-up (torch import) is not timed
+    process = psutil.Process()
+    print(f"\nfit(n_epochs=n) with EarlyStopping (2 epochs run), embedded default; load {os.getloadavg()[0]:.2f}\n"
+          f"{'n':>10} {'record s':>9} {'activate s':>11} {'run s':>8} {'history s':>10} {'peak MiB':>9} "
+          f"{'RSS +MiB':>9} {'entries':>9} {'x n=10 (record+activate+run+history)':>37}")
+    _activation_run(session, process, 10)
+    base = None
+    for n in lengths:
+        runs = [_activation_run(session, process, n) for _ in range(repeats)]
+        record, activate, run, read = (min(r[i] for r in runs) for i in range(4))
+        peak, grown, entries = (max(r[i] for r in runs) for i in range(4, 7))
+        total = record + activate + run + read
+        base = base or total
+        print(f"{n:>10,} {record:>9.3f} {activate:>11.3f} {run:>8.3f} {read:>10.4f} {peak / 2**20:>9.2f} "
+              f"{grown / 2**20:>9.1f} {entries:>9,} {total / base:>37.2f}", flush=True)
+    session.close()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="20k ops per row, one repeat")
     parser.add_argument("--no-embedded", action="store_true",
                         help="skip the second table (recording with the embedded default's server and workers up)")
     parser.add_argument("--loops-only", action="store_true", help="only the table of fits and loops by length")
+    parser.add_argument("--activation", action="store_true",
+                        help="only the table of fits recorded, activated, run and read, by length")
+    parser.add_argument("--lengths", default="10,1000,100000,1000000", help="--activation's epochs, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3, help="--activation's runs per length (best time of them)")
     args = parser.parse_args()
+    if args.activation:
+        activation_table([int(n) for n in args.lengths.split(",")], args.repeats)
+        return
     if args.loops_only:
         loops_table()
         return

@@ -9,8 +9,11 @@ tuple_gets), `loop`, its step templates.
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ravop.core.loss_names import RunNames
+from ravop.core.persist_rules import PersistRule
 from ravop.core.registry import LOOPS
 from ravop.wire import pack_loop, pack_nodes, plan_pb2
+from ravop.wire.persisted import add_rule
 
 if TYPE_CHECKING:
     from ravop.core.loop_template import LoopRecord
@@ -79,14 +82,17 @@ def emit_plan(ir: "IR", windows: Sequence[Sequence[int]], costs: "Costs") -> Any
 def _emit_loop(plan: Any, message: Any, record: "LoopRecord", next_id: int) -> int:
     """Pack a loop subgraph's `loop` from its record, the one place a template becomes protobuf: each value a
     step persists gets one tensor id per run, from `next_id` on, and its names go into the plan's persisted
-    map. Returns the next free id."""
+    map, or its rule (a RunNames) into `persist_rules`: O(1) in the runs. Returns the next free id."""
     spec = record.spec
     templates = []
     for template, names in zip(spec.templates, record.names):
         first_ids = []
         for per_run in names:
             first_ids.append(next_id)
-            plan.persisted.update(zip(per_run, range(next_id, next_id + len(per_run))))
+            if isinstance(per_run, RunNames):
+                add_rule(plan, PersistRule(per_run, next_id))
+            else:
+                plan.persisted.update(zip(per_run, range(next_id, next_id + len(per_run))))
             next_id += len(per_run)
         templates.append(replace(template, output_first_ids=first_ids))
     pack_loop(replace(spec, templates=templates), message)

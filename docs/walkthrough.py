@@ -16,6 +16,7 @@ from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop.runtime.evaluate import evaluate_persisted
+from ravop.wire.persisted import persisted_ids
 
 # 1. Record. No session is needed to record: a Graph collects the ops; its seed fixes every random draw
 #    (initial weights, shuffling, dropout), so any worker, or this process, computes the same bits.
@@ -48,7 +49,10 @@ for sub in compiled.plan.subgraphs:
     for template in sub.loop.templates:    # a loop's step: the ops a worker builds once and runs n_steps times
         ops = list(template.nodes.op)
         print(f"  loop template: {len(ops)} ops, e.g. {ops[:4]} ... {ops[-3:]}; {sub.loop.n_steps} steps")
-losses_first = sorted(compiled.plan.persisted, key=lambda name: (name.startswith("trained"), name))
+# The losses' names are rules in the plan (`persist_rules`: a template, its epochs and batches, the id of its first
+# value), not one entry each: a fit of 10**6 epochs ships the same plan. persisted_ids names them all.
+print("persist rules:", [(rule.template, rule.epochs, rule.batches) for rule in compiled.plan.persist_rules])
+losses_first = sorted(persisted_ids(compiled.plan), key=lambda name: (name.startswith("trained"), name))
 print("persisted names (first 3):", losses_first[:3])
 
 # 3. Run in process. A worker would claim each subgraph from Redis, fetch its inputs, run it with

@@ -328,7 +328,7 @@ class FitFollower:
         if not self.started:
             self._begin()
         # once done, read with the small values the user's fetches of the losses by name then take from memory
-        losses = fetching.done_losses(keys) if done else training_losses.read(client, keys)
+        losses = fetching.done_losses(keys) if done else training_losses.read(client, keys, padded=False)
         self.stopped_step = losses.stopped_step
         batch, missing = losses.batch, ~cast(Any, losses.batch_stored)   # both readers set it
         computed = int(missing.argmax()) if missing.any() else len(batch)   # the loop persists them in order

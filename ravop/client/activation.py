@@ -2,6 +2,7 @@
 (`ravop.client.graph_kinds`); no ops may be added to it afterwards."""
 from typing import Any
 
+from ..core.persist_rules import PersistedIds
 from ..record.graph import current_graph
 from .graph_kinds import kind_of
 from .session import require
@@ -18,5 +19,6 @@ def activate(**compile_options: Any) -> dict:
         session.embedded.check_runs(graph)
     summary, names = kind_of(graph.approach).activate(session, graph, compile_options)
     graph.activated = True
-    session.graph_id, session.activated_names = graph.id, names
+    session.graph_id = graph.id
+    session.activated_names = names if isinstance(names, PersistedIds) else PersistedIds(names, [])
     return summary

@@ -58,7 +58,7 @@ class FederatedGraphs:
     """Statistics of data that stays on the providers."""
 
     def activate(self, session: "Session", graph: "Graph",
-                 compile_options: Dict[str, Any]) -> Tuple[dict, Dict[str, int]]:
+                 compile_options: Dict[str, Any]) -> Tuple[dict, Mapping[str, int]]:
         """Check that the graph holds only federated statistics and that its columns exist, then upload it.
         Returns (the summary, {}: a statistic is always looked up in Redis at fetch)."""
         if compile_options:

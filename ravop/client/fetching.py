@@ -81,10 +81,15 @@ def done_losses(keys: GraphKeys) -> Losses:
     fit's History and the user's fetches of its losses after it then share one round trip."""
     session = require()
     if keys.graph_id == session.graph_id:
-        names = [name for name in session.activated_names if name.startswith((TRAINING_PREFIX, VALIDATION_PREFIX))]
+        # the names given one by one must all be there; a rule's are there as far as its loop ran (rule_values)
+        listed = [n for n in session.activated_names.listed if n.startswith((TRAINING_PREFIX, VALIDATION_PREFIX))]
         done = done_values(session, keys)
-        if done is not None and all(name in done.stored for name in names):
-            return losses_of(session.client, keys, graph_states.DONE, {name: done.stored[name] for name in names})
+        if done is not None and all(name in done.stored for name in listed):
+            short = any(rule.names[-1] not in done.stored for rule in session.activated_names.rules
+                        if rule.names.template.startswith((TRAINING_PREFIX, VALIDATION_PREFIX)))
+            return losses_of(session.client, keys, graph_states.DONE,
+                             {name: data for name, data in done.stored.items()
+                              if name.startswith((TRAINING_PREFIX, VALIDATION_PREFIX))}, short=short)
     return read(session.client, keys)
 
 

@@ -3,23 +3,26 @@ plan of subgraphs that workers run) and a federated one (statistics of data that
 `ravop.client.federated_graphs`). The session asks the kind of its graph; it never tests which one it has.
 
 A kind has four steps:
-  activate(session, graph, compile_options) -> (summary, {persist name: node id} fetchable without a lookup)
+  activate(session, graph, compile_options) -> (summary, {persist name: node id} fetchable without a lookup: a
+                                              Mapping, the names of loop steps' rules matched, not listed)
   start(client, keys)                         after the graph's state became running
   waiting(client, keys, meta) -> str          what a running graph waits for besides workers ("" for nothing)
   fetch(session, keys, name, wait, deadline)  the value persisted as `name`
 """
 import json
-from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Protocol, Tuple, Union
 
 from .. import parallel
 from ..core import progress
 from ..core.errors import GraphStateError, UnknownPersistName
+from ..core.persist_rules import PersistedIds, PersistRule
 from ..parallel.hand_written import record_replica_loops
 from ..store import GraphKeys
 from ..store import graphs as store_graphs
 from ..store import worker_info
 from ..store.client_types import Client
 from ..store.scripts import is_cluster
+from ..wire.persisted import persisted_ids
 from .exchange_readers import readers_meta
 from .federated_graphs import APPROACH as FEDERATED, FederatedGraphs
 from .fetched_tensor import fetched
@@ -35,7 +38,7 @@ PLANNED = "distributed"   # the original's name for a graph that workers compute
 
 class GraphKind(Protocol):
     def activate(self, session: "Session", graph: "Graph",
-                 compile_options: Dict[str, Any]) -> Tuple[dict, Dict[str, int]]: ...
+                 compile_options: Dict[str, Any]) -> Tuple[dict, Mapping[str, int]]: ...
 
     def start(self, client: Client, keys: GraphKeys) -> None: ...
 
@@ -74,7 +77,7 @@ class PlannedGraphs:
     """A graph compiled to a plan of subgraphs, uploaded with its constants, run by the workers."""
 
     def activate(self, session: "Session", graph: "Graph",
-                 compile_options: Dict[str, Any]) -> Tuple[dict, Dict[str, int]]:
+                 compile_options: Dict[str, Any]) -> Tuple[dict, Mapping[str, int]]:
         if not graph.persisted and not graph.step_outputs:
             raise GraphStateError(f"graph {graph.name!r} persists no op, so there is nothing to compute: call "
                                   "op.persist_op(name) on the values to fetch, then R.activate()")
@@ -114,8 +117,8 @@ class PlannedGraphs:
                                       "standalone server, or verify=k")
             meta["spot"] = graph.spot.encode()
         store_graphs.upload(session.client, session.token, compiled.plan, compiled.constants, meta, graph.bundles)
-        names = {name: node_id for name, node_id in compiled.plan.persisted.items() if name not in graph.bundles}
-        return summary, names
+        names = persisted_ids(compiled.plan)
+        return summary, PersistedIds({n: i for n, i in names.listed.items() if n not in graph.bundles}, names.rules)
 
     def start(self, client: Client, keys: GraphKeys) -> None:
         """Its first subgraphs are enqueued by the start itself (`ravop.store.handoff`)."""
@@ -128,7 +131,11 @@ class PlannedGraphs:
         pipe = session.client.pipeline(transaction=False)
         pipe.hget(keys.persist, name)
         pipe.hget(keys.bundles, name)
-        node_id, bundle = pipe.execute()
+        pipe.hvals(keys.persist_rules)
+        node_id, bundle, rules = pipe.execute()
+        rules = [PersistRule.decode(rule) for rule in rules]
+        if node_id is None and bundle is None:   # a name of a loop step's rule (a fit's loss)?
+            node_id = PersistedIds({}, rules).get(name)
         if bundle is not None:
             info = json.loads(bundle)
             loader = LOADERS.get(info["kind"])
@@ -142,7 +149,9 @@ class PlannedGraphs:
         if node_id is None:
             meta = read_meta(session, keys)
             names = sorted(n.decode() for n in session.client.hkeys(keys.persist))
-            shown = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
+            shown = ", ".join(names[:20] + ["..."] * (len(names) > 20) + [
+                f"{rule.names.template!r} for epochs {rule.names.epochs} and batches {rule.names.batches}"
+                for rule in rules])
             raise UnknownPersistName(f"no op was persisted as {name!r} in graph {meta['name']!r} "
                                      f"({keys.graph_id}); persisted names: {shown or 'none'}")
         return fetched(fetch_tensor(session, keys, name, node_id, wait, deadline))

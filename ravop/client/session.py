@@ -15,6 +15,7 @@ import torch
 
 from ..core import numerics_mode
 from ..core.errors import ConnectionFailed, GraphStateError
+from ..core.persist_rules import PersistedIds
 from ..local import last_session
 from ..record.graph import set_current, unactivated_graph
 from ..store import GraphKeys, Scripts, TokenKeys, connect, ensure_queues, token_namespace
@@ -45,7 +46,7 @@ class Session:
         # persist name -> node id of the graph this session activated: fetching one of its values then
         # skips the name lookup in Redis (one round trip instead of two; fetching each batch loss of a
         # training run adds up). Saved objects (bundles) still go through Redis.
-        self.activated_names: Dict[str, int] = {}
+        self.activated_names = PersistedIds({}, [])   # loop steps' names by rule, not listed
         self.done_values: Optional[DoneValues] = None   # small values of the finished graph last fetched from
         self.verified: Dict[str, bool] = {}   # graph id -> whether its values are sealed (`sealed`)
         self.dashboard: "Optional[Dashboard]" = None  # a ravop.tools.dashboard.Dashboard serving it (dashboard=True)
@@ -216,6 +217,6 @@ def flush() -> None:
     session = require()
     delete_token(session.client, session.token)
     session.graph_id = None
-    session.activated_names = {}
+    session.activated_names = PersistedIds({}, [])
     session.done_values = None
     set_current(None)

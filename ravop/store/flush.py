@@ -13,21 +13,25 @@ checkpoint), one where a worker took over a subgraph another held (`redelivered`
 left a checkpoint's tensors under a step no record names), one that still holds a checkpoint, a spot-checked
 one (its segments' checkpoints), one under R.Graph(verify=k) (its results' seals, one key per principal,
 ravop.store.seals), one whose loops exchange values (`exchange_readers`: per-run keys), a
-federated one, and one listed by a version that did not record `owned` (in `graphs` but not `owned`) (a
+federated one, one whose loops persist more than `NAMED_RULE_RUNS` values by rule (`persist_rules`: a fit of
+10**6 epochs, whose keys exist only up to the step it reached; fewer are named from their rules), and one listed
+by a version that did not record `owned` (in `graphs` but not `owned`) (a
 checkpoint is looked for in the round trip that deletes the named keys; the SCAN then deletes what is left)."""
 from typing import List, Optional, Tuple
 
 from ..core import graph_states
+from ..core.persist_rules import PersistRule
 from . import background_upload, same_host
 from .client_types import Client
 from .keys import GraphKeys, TokenKeys
 from .tensors import keys_of
 
 # Every fixed key of a graph (ravop.store.keys.GraphKeys), by attribute.
-_FIXED = ("meta", "subgraphs", "info", "deps", "done", "refs", "persist", "bundles", "taken", "ran", "held",
-          "events", "outbox", "steps", "disputes", "attempts")
+_FIXED = ("meta", "subgraphs", "info", "deps", "done", "refs", "persist", "persist_rules", "bundles", "taken", "ran",
+          "held", "events", "outbox", "steps", "disputes", "attempts")
 _META = ("state", "redelivered", "spot", "exchange_readers", "approach", "verify")
 _BY_NAME = (graph_states.DONE, graph_states.ACTIVATED)   # nothing writes to these any more, or has yet
+NAMED_RULE_RUNS = 100_000   # a graph's persist rules naming more values than this are deleted by the SCAN
 
 
 def delete_token(client: Client, token: str, batch: int = 1000) -> None:
@@ -66,6 +70,7 @@ def owned_keys(client: Client, token: str) -> Optional[Tuple[List[List[str]], Li
         pipe.hmget(keys.meta, *_META)
         pipe.hgetall(keys.info)
         pipe.hvals(keys.persist)
+        pipe.hvals(keys.persist_rules)
     replies = pipe.execute(raise_on_error=False)
     if any(isinstance(reply, Exception) for reply in replies):   # damaged records: they cannot name the keys
         return None
@@ -82,14 +87,19 @@ def _named(token_keys: TokenKeys, graphs: List[GraphKeys],
     slots = [[key] for key in (token_keys.graphs, token_keys.current, token_keys.banned, token_keys.trust,
                                token_keys.inbox, token_keys.owned)]
     checkpoints = []
-    for keys, meta, info, persisted in zip(graphs, replies[::3], replies[1::3], replies[2::3]):
+    for keys, meta, info, persisted, rules in zip(graphs, replies[::4], replies[1::4], replies[2::4], replies[3::4]):
         state, redelivered, spot, exchanges, approach, copies = meta
+        rules = [PersistRule.decode(rule) for rule in rules]
         # no state: gone, or an upload that stopped before its meta (its records come before its constants)
         if state is not None and (state.decode() not in _BY_NAME or redelivered or spot or exchanges or
                                   approach == b"federated" or int(copies or 1) > 1):
             return None
         named = [getattr(keys, name) for name in _FIXED]
         ids = {int(i) for i in persisted}
+        if sum(len(rule.names) for rule in rules) > NAMED_RULE_RUNS:
+            return None
+        for rule in rules:
+            ids.update(range(rule.first_id, rule.first_id + len(rule.names)))
         for sid, routing in info.items():
             sid = sid.decode()
             checkpoints.append(keys.checkpoint(sid))

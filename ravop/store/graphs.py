@@ -48,6 +48,7 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, "torch
     `plan`: a `ravop.wire.plan_pb2.Plan`; `constants`: node id -> tensor; `meta`: extra fields (name,
     algorithm, approach, summary, ...); `bundles`: name -> (kind, spec, {key: persist name})."""
     from . import background_upload, quotas, row_stream, same_host, tensors   # load torch: here, see the docstring
+    from ..wire.persisted import persisted_ids
     keys = GraphKeys(token, plan.graph_id)
     # Checked before anything is written: a graph that cannot fit fails here, not halfway through.
     plan_limits.check_plan(plan)
@@ -79,9 +80,12 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, "torch
         batch.pipe.hset(keys.refs, mapping=dict(readers))
     if plan.persisted:
         batch.pipe.hset(keys.persist, mapping=dict(plan.persisted))
+    rules = [rule.encode() for rule in persisted_ids(plan).rules]
+    if rules:
+        batch.pipe.hset(keys.persist_rules, mapping=dict(enumerate(rules)))
     for name, (kind, spec, names) in (bundles or {}).items():
         batch.pipe.hset(keys.bundles, name, json.dumps({"kind": kind, "spec": spec, "keys": names}))
-    batch.add(0, len(readers) + len(plan.persisted))
+    batch.add(0, len(readers) + len(plan.persisted) + len(rules))
     # Big constants (a data set) also go to a sealed file local workers map instead of reading the chunks
     # (same_host), written on a thread while the others are sent; the chunks of those that got one are sent after
     # the graph's start (background_upload), the rest now. Not those whose loops stream them (row_stream): local

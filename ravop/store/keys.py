@@ -29,7 +29,10 @@ graphs spread over the shards:
   refs                hash    node id -> subgraphs that still read it; the value is deleted at zero
                               (persisted values are never counted, so never deleted); "early:{sid}:{id}": loop
                               subgraph sid released input id at its first checkpoint (scripts.RELEASE_SUPERSEDED)
-  persist             hash    persist name -> node id
+  persist             hash    persist name -> node id (names given one by one)
+  persist_rules       hash    index -> a name rule of loop steps, an encoded `ravop.core.persist_rules.PersistRule`
+                              ("first_id first_epoch epochs first_batch batches template"): the rule's k-th name
+                              is node first_id + k (a fit of 10**6 epochs holds a rule, not 2 million entries)
   bundles             hash    bundle name -> JSON {kind, spec, keys}
   taken               hash    subgraph id -> the worker that last started it
   ran                 hash    subgraph id -> the worker that finished it
@@ -225,8 +228,8 @@ class TokenKeys:
 class GraphKeys:
     """The keys of one graph of one token."""
     __slots__ = ("token", "graph_id", "prefix", "meta", "subgraphs", "info", "deps", "done", "refs", "persist",
-                 "bundles", "taken", "ran", "held", "events", "outbox", "steps", "disputes", "attempts",
-                 "tensor_prefix")
+                 "persist_rules", "bundles", "taken", "ran", "held", "events", "outbox", "steps", "disputes",
+                 "attempts", "tensor_prefix")
 
     def __init__(self, token: str, graph_id: str) -> None:
         self.token = check_name(token)
@@ -234,6 +237,7 @@ class GraphKeys:
         self.prefix = p = graph_prefix(token, graph_id)
         self.meta, self.subgraphs, self.info, self.deps = p + "meta", p + "subgraphs", p + "info", p + "deps"
         self.done, self.refs, self.persist, self.bundles = p + "done", p + "refs", p + "persist", p + "bundles"
+        self.persist_rules = p + "persist_rules"
         self.taken, self.ran, self.events, self.steps = p + "taken", p + "ran", p + "events", p + "steps"
         self.outbox, self.disputes, self.held = p + "outbox", p + "disputes", p + "held"
         self.attempts = p + "attempts"   # what takeovers of each subgraph found (worker/serve/attempts.py)

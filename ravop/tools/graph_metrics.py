@@ -84,7 +84,7 @@ class GraphCollector(Collector):
             if graph["elapsed"]:
                 rate.add_metric(labels, done / graph["elapsed"])
             try:
-                losses = training_losses.read(self.client, keys)
+                losses = training_losses.read(self.client, keys, padded=False)   # the computed ones are enough
             except RavopError:   # deleted since it was listed, or a "loss" that is not one value: no loss metrics
                 continue
             computed = losses.batch[~np.isnan(losses.batch)]

@@ -24,12 +24,14 @@ BUDGET = {
     #                             a model file loaded by an unpickler that admits only what model.save writes; +20
     #                             a parameter two pipeline stages read stepped once on their summed gradients (issue 46); 2,804
     #                             with fit's data from a .npy path or memmap (fit_data, issue 46)
-    "ravop/client": 1230,       # 1,101 at the layout by role; 1,198 with bans by the requester, seals checked at
-                                # fetch and dropped starts posted again (issue 44)
-    "ravop/core": 660,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
+    "ravop/client": 1250,       # 1,101 at the layout by role; 1,198 with bans by the requester, seals checked at
+                                # fetch and dropped starts posted again (issue 44); 1,237 with a fit's losses built from
+                                # its persist rules, not its names (training_losses, issue 44 activation)
+    "ravop/core": 700,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
                                 # the numerics mode (issue 42) and the loop-stop op kind (issue 45); +56 numerics
                                 # classes and the cross-class tolerance (issue 42); +45 RunNames, the persisted
-                                # losses' names by rule, so recording a fit is O(1) in its epochs (issue 44); + tally
+                                # losses' names by rule, so recording a fit is O(1) in its epochs (issue 44); + tally;
+                                # 689 with the rules in the plan and the store (persist_rules: activation O(1), issue 44)
     "ravop/federated": 590,     # 380 at the layout by role; 408 with public keys pinned and aggregates checked for
                                 # consistency before release (issue 44); 571 with dropout recovery of secure sums
                                 # (SecAgg+: ravop/federated/shamir.py, recovery.py, issue 44)
@@ -45,17 +47,18 @@ BUDGET = {
                                 # recorded in several forms, chosen at activation (forms, issue 41); 1,815 with any
                                 # nn.Module's torch.fx graph cut into pipeline stages (ravop/record/graph_stages.py, issue 46)
     "ravop/runtime": 1220,      # 1,160 at the layout by role
-    "ravop/store": 2560,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
+    "ravop/store": 2590,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
                                 # with votes per principal in the SPOT script and the attempts hash (issues 42, 43);
                                 # 2,239 with results sealed by the vote (ravop/store/seals.py, issue 44); +50: each
                                 # replica's holders over time and contributions, read by the session and `ravop
                                 # status` alike (ravop/store/contributions.py, moved from ravop/client/placement.py);
                                 # 2,398 with a loop's training array streamed a window of chunks at a time and which
                                 # data streams (ravop/store/row_stream.py, issue 46); 2,450 with votes each principal
-                                # writes once in its own key (ravop/store/votes.py, issue 44)
+                                # writes once in its own key (ravop/store/votes.py, issue 44); 2,572 with the values of
+                                # persist rules read as far as stored (ravop/store/rule_values.py, issue 44 activation)
     "ravop/tools": 760,         # 680 at the layout by role; +17: ravop admin token set, shares in status; +15: the
                                 # replicas of running fits in status (issue 43)
-    "ravop/wire": 320,          # 304 at the layout by role
+    "ravop/wire": 335,          # 304 at the layout by role; 324 with the plan's persist rules (persisted.py, issue 44)
     "worker/execute": 585,      # 506 at the layout by role; +45 the accepted models shared by a machine (issue 46)
     "worker/loops": 1320,       # 963 at the layout by role; 1,027 with the exchange's bounded wait for optional values
                                 # (DiLoCo's close_after, issue 43); +24: loops yield to other tokens (turns, issue 44);
