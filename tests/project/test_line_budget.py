@@ -24,9 +24,10 @@ BUDGET = {
     #                             a model file loaded by an unpickler that admits only what model.save writes; +20
     #                             a parameter two pipeline stages read stepped once on their summed gradients (issue 46); 2,804
     #                             with fit's data from a .npy path or memmap (fit_data, issue 46)
-    "ravop/client": 1250,       # 1,101 at the layout by role; 1,198 with bans by the requester, seals checked at
+    "ravop/client": 1270,       # 1,101 at the layout by role; 1,198 with bans by the requester, seals checked at
                                 # fetch and dropped starts posted again (issue 44); 1,237 with a fit's losses built from
-                                # its persist rules, not its names (training_losses, issue 44 activation)
+                                # its persist rules, not its names (training_losses, issue 44 activation); 1,261 with
+                                # a secure query's reveals read and dropped providers named (issue 44, SecAgg+)
     "ravop/core": 700,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
                                 # the numerics mode (issue 42) and the loop-stop op kind (issue 45); +56 numerics
                                 # classes and the cross-class tolerance (issue 42); +45 RunNames, the persisted
@@ -47,7 +48,7 @@ BUDGET = {
                                 # recorded in several forms, chosen at activation (forms, issue 41); 1,815 with any
                                 # nn.Module's torch.fx graph cut into pipeline stages (ravop/record/graph_stages.py, issue 46)
     "ravop/runtime": 1220,      # 1,160 at the layout by role
-    "ravop/store": 2590,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
+    "ravop/store": 2640,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
                                 # with votes per principal in the SPOT script and the attempts hash (issues 42, 43);
                                 # 2,239 with results sealed by the vote (ravop/store/seals.py, issue 44); +50: each
                                 # replica's holders over time and contributions, read by the session and `ravop
@@ -55,7 +56,8 @@ BUDGET = {
                                 # 2,398 with a loop's training array streamed a window of chunks at a time and which
                                 # data streams (ravop/store/row_stream.py, issue 46); 2,450 with votes each principal
                                 # writes once in its own key (ravop/store/votes.py, issue 44); 2,572 with the values of
-                                # persist rules read as far as stored (ravop/store/rule_values.py, issue 44 activation)
+                                # persist rules read as far as stored (ravop/store/rule_values.py, issue 44 activation);
+                                # 2,626 with SecAgg+'s share, close and reveal scripts (federated_schema.py, issue 44)
     "ravop/tools": 760,         # 680 at the layout by role; +17: ravop admin token set, shares in status; +15: the
                                 # replicas of running fits in status (issue 43)
     "ravop/wire": 335,          # 304 at the layout by role; 324 with the plan's persist rules (persisted.py, issue 44)
