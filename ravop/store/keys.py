@@ -58,6 +58,9 @@ graphs spread over the shards:
   seal:{node}:{user}  string  worker user `user`'s digest of node's value computed under a vote; only that
                               user may write it (ravop.store.seals)
   sealers:{node}      set     the principals that sealed node's value
+  constants           hash    node id -> SHA-256 of a constant as its requester uploaded it (graphs under verify);
+                              written by the requester only, checked by each worker that reads the constant
+                              (ravop.store.seals)
   traces:{sid}:{seg}  hash    a disputed loop segment's re-runs: "worker@kind" -> per-op digests of each step
                               (worker/verify/dispute_trace.py)
   disputes            stream  settled spot-check disputes: subgraph, segment, worker (the losers), op, source,
@@ -226,7 +229,7 @@ class GraphKeys:
     """The keys of one graph of one token."""
     __slots__ = ("token", "graph_id", "prefix", "meta", "subgraphs", "info", "deps", "done", "refs", "persist",
                  "bundles", "taken", "ran", "held", "events", "outbox", "steps", "disputes", "attempts",
-                 "tensor_prefix")
+                 "tensor_prefix", "constants")
 
     def __init__(self, token: str, graph_id: str) -> None:
         self.token = check_name(token)
@@ -238,6 +241,7 @@ class GraphKeys:
         self.outbox, self.disputes, self.held = p + "outbox", p + "disputes", p + "held"
         self.attempts = p + "attempts"   # what takeovers of each subgraph found (worker/serve/attempts.py)
         self.tensor_prefix = p + "t:"
+        self.constants = p + "constants"   # digests of constants as uploaded (ravop.store.seals): the requester's only
 
     def tensor(self, node_id: Union[int, str]) -> str:
         return f"{self.tensor_prefix}{node_id}"
