@@ -101,6 +101,8 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, "torch
             _send(batch, keys, {node_id: tensor}, chunk)
         else:
             deferred.append(background_upload.deferred(batch.pipe, keys.tensor(node_id), tensor, chunk, file))
+    if meta.get("spot"):   # the policy the SPOT script and this requester read: not the meta, which workers write
+        batch.pipe.set(keys.policy, meta["spot"])
     if int(meta.get("verify") or 1) > 1 or meta.get("spot"):   # what each voter reads is what was uploaded
         seals.record_constants(batch.pipe, keys, {i: t for i, t in constants.items() if i not in streamed})
     now = time.time()
