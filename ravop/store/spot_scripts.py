@@ -1,8 +1,10 @@
 """The server-side half of adaptive spot checks (`R.Graph(verify='spot')`, ravop/core/spot_policy.py): one Lua script
 that takes a worker's digest of a result (a plain subgraph's outputs, or a loop segment's carried values), draws
 whether it is checked, counts the re-runs' digests, settles disputes by majority and keeps the workers' trust.
-Everything is decided here, atomically, after the worker has handed its digest in: the worker learns whether its
-result is checked only from the reply.
+Everything is decided here, atomically, after the worker has handed its digest in, and the check's state is
+derived from the voters' own write-once keys (CHECK; ravop.store.votes), never kept where another worker user could
+write it. The draw is a hash of the graph, the result and the runner (ravop.store.votes.drawn), so that the
+requester can verify each result accepted unchecked (ravop.client.bans.review).
 
 Replies (first element):
 - unchecked: nobody re-runs it; the worker stores its result and completes.
