@@ -9,15 +9,15 @@ What holds: a worker user writes its own seals only, so it can add one vote, not
 liar's seal that disagrees with the majority is outvoted, and one that ties a lone honest sealer (verify='spot',
 an unchecked result) makes the fetch fail, not return its value. A loop under verify='spot' (checked per segment)
 is sealed by the worker that completes it: its outputs, and its steps' persisted values as stored then
-(worker/verify/spot_loop.py persisted_values). What does not hold: values no worker computed under a vote
-(constants written at R.activate()) have no sealers and are returned as stored; a loop's value overwritten while
-the loop still runs is sealed as found; a worker user adding names to `sealers` only makes the requester read keys
+(worker/verify/spot_loop.py persisted_values). What does not hold: a loop's value overwritten while the loop
+still runs is sealed as found; a worker user adding names to `sealers` only makes the requester read keys
 that do not exist.
 
 Constants are sealed by their requester: under a vote, R.activate() records each constant's digest in the graph's
 `constants` hash, which only the token's user may write, and a worker that reads a constant from the store checks
 it there (ConstantChanged fails the subgraph naming it), so a constant a worker user overwrote (SET on its key or
-HSET on a chunk: granted, both are tensor keys) is not computed on by every voter alike. Not checked: a constant
+HSET on a chunk: granted, both are tensor keys) is not computed on by every voter alike; a persisted constant
+fetched is checked the same way (SealBroken). Not checked: a constant
 a loop streams row by row (ravop.store.row_stream), read as it trains and never whole."""
 import hashlib
 from typing import Dict, List, Mapping, Optional
@@ -77,10 +77,15 @@ def verified(client: Client, keys: GraphKeys) -> bool:
 
 
 def check(client: Client, keys: GraphKeys, name: str, node_id: int, value: torch.Tensor) -> None:
-    """SealBroken unless `value` (fetched as `name`) is what a strict majority of its sealers sealed; nothing to
-    check for a value nobody sealed."""
+    """SealBroken unless `value` (fetched as `name`) is what a strict majority of its sealers sealed, or, for a
+    constant, what its requester uploaded; nothing to check for a value nobody sealed."""
     sealers = sorted(p.decode() for p in client.smembers(keys.sealers(node_id)) if b":" not in p)
-    if not sealers:
+    if not sealers:   # no worker computed it: a constant, sealed by its requester at upload, or nothing to check
+        uploaded = client.hget(keys.constants, node_id)
+        if uploaded is not None and digest(value) != uploaded.decode():
+            raise SealBroken(f"{name!r} (constant node {node_id} of graph {keys.graph_id}) was changed after upload: "
+                             f"its stored value's digest is not the one the requester recorded at R.activate(); a "
+                             "worker user rewrote it (docs/operators/security.md)")
         return
     sealed: Dict[str, str] = {p: d.decode() for p, d in
                               zip(sealers, client.mget([keys.seal(node_id, p) for p in sealers])) if d is not None}

@@ -250,11 +250,18 @@ def test_a_constant_overwritten_after_upload_fails_its_subgraph_naming_it(server
                 R.track_progress(progress_bar=False, timeout=120)
         R.Graph(name="constant-untouched", verify=2)     # one nobody rewrote runs, each voter checking it
         x = R.t(torch.full((128, 128), 2.0))
+        x.persist_op("x")
         (x @ x).persist_op("product")
         R.activate()
         R.execute()
         R.track_progress(progress_bar=False, timeout=120)
         assert torch.equal(R.fetch_persisting_op("product"), torch.full((128, 128), 4.0 * 128))
+        keys = require().keys()     # a persisted constant rewritten after the graph: refused at fetch too
+        node = int(redis.Redis.from_url(urls["a"]).hget(keys.persist, "x"))
+        attacker.set(keys.tensor(node), encode_tensor(torch.full((128, 128), 3.0)))
+        with pytest.raises(SealBroken, match=rf"'x' \(constant node {node} of graph {keys.graph_id}\) was changed "
+                                             "after upload"):
+            R.fetch_persisting_op("x")
     finally:
         attacker.close()
         honest.stop_all()
