@@ -84,7 +84,7 @@ WORKER_POWERS: Tuple[Tuple[Tuple[str, ...], str, str], ...] = (
     ((TENSORS, SAME_HOST, MARKERS), "write wrong outputs before the vote; overwrite or delete a result or a constant "
      "after it", "verify=k / 'spot': outvoted (the graph fails or the result is recomputed), the loser banned by the "
      "requester; a result overwritten after the vote: `SealBroken` at fetch; a constant overwritten after upload: "
-     "the subgraph reading it fails naming it (`ConstantChanged`); a deleted value: the reader fails on a missing "
+     "the subgraph reading it fails naming it (`ConstantChanged`), a fetch of it raises `SealBroken`; a deleted value: the reader fails on a missing "
      "input. Not sealed: a constant a loop streams row by row"),
     ((META, PROGRESS, DONE, EVENTS), "fail or stall a graph, forge its meta, progress and end (the completion script's "
      "writes)", "the graph fails or stalls, never silently wrong for sealed values; `ravop logs` shows who"),
