@@ -52,8 +52,8 @@ def main() -> None:
             pipe.execute()
             read = median_ms(lambda: tensors.read(client, key), args.repeats)
             alone = median_ms(lambda: client.mget([key]), args.repeats)
-            both = median_ms(lambda: client.pipeline(transaction=False).mget([key]).hmget(keys.constants, [1]).execute(),
-                             args.repeats)
+            both = median_ms(lambda: client.pipeline(transaction=False).mget([key]).hmget(keys.constants, [1])
+                             .execute(), args.repeats)
             stored = tensors.read(client, key)
             hashed = median_ms(lambda: seals.check_constant(1, stored, client.hget(keys.constants, 1)), args.repeats)
             print(f"| {value.nbytes / 2**20:.3f} | {read:.3f} | {both - alone:+.3f} | {hashed:.3f} | "

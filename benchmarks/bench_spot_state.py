@@ -89,7 +89,8 @@ def main() -> None:
             rows.append((what, *medians))
             client.delete(queue("cpu"))
         print(f"median of {args.calls} calls, each on a fresh result")
-        print("| SPOT call | state in the votes hash us | derived from the voters' keys us | ratio |\n|---|---|---|---|")
+        print("| SPOT call | state in the votes hash us | derived from the voters' keys us | ratio |")
+        print("|---|---|---|---|")
         for what, before, now in rows:
             print(f"| {what} | {before:.1f} | {now:.1f} | {now / before:.2f} |")
     finally:

@@ -54,7 +54,8 @@ local function check_of(votes, ballots, copies, now)
   for _, m in ipairs(redis.call('HKEYS', votes)) do
     if string.sub(m, 1, 1) ~= '#' and not string.find(m, ':', 1, true) then
       local f = redis.call('HMGET', ballots .. m, 'd', 'c', 't', 'o', 'v')
-      if f[5] == 'split' then verdict = 'split' elseif f[5] == 'unverified' and not verdict then verdict = 'unverified' end
+      if f[5] == 'split' then verdict = 'split'
+      elseif f[5] == 'unverified' and not verdict then verdict = 'unverified' end
       if f[1] then
         local t = tonumber(f[3]) or 0
         if t > now then t = 0 end   -- a time to come was not the server's: counted as long past
@@ -223,7 +224,9 @@ if after.state == 'confirmed' then
         bump(m, after.class[m], 'mismatches', 1)
         -- kept from this graph's work at once; banned from the token's when the graph ends (by its requester)
         local out = redis.call('HGET', KEYS[1], 'outvoted') or ','
-        if not string.find(out, ',' .. m .. ',', 1, true) then redis.call('HSET', KEYS[1], 'outvoted', out .. m .. ',') end
+        if not string.find(out, ',' .. m .. ',', 1, true) then
+          redis.call('HSET', KEYS[1], 'outvoted', out .. m .. ',')
+        end
       end
       table.insert(losers, m)
       lost[m] = true

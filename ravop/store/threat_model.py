@@ -18,8 +18,8 @@ PRINCIPALS: Tuple[Tuple[str, str, str], ...] = (("token user A", REQUESTER, TOKE
 TENSORS = "A's graph: persisted results and other tensors"
 SAME_HOST = "A's graph: same-host references of big constants (ravop.store.same_host)"
 MARKERS = "A's graph: upload markers of big constants (ravop.store.background_upload)"
-META, PROGRESS, DONE = "A's graph: meta", "A's graph: progress (taken, ran, held, outbox, steps, attempts, deps, refs)", \
-    "A's graph: finished set"
+META, DONE = "A's graph: meta", "A's graph: finished set"
+PROGRESS = "A's graph: progress (taken, ran, held, outbox, steps, attempts, deps, refs)"
 CHECKPOINTS, EXCHANGES = "A's graph: checkpoints", "A's graph: values resident replicas exchange"
 VOTERS, OWN_VOTE = "A's graph: the voters of a check (ravop.store.votes)", \
     "A's graph: a vote and part of a check by this worker's user (ravop.store.votes)"
@@ -84,8 +84,8 @@ WORKER_POWERS: Tuple[Tuple[Tuple[str, ...], str, str], ...] = (
     ((TENSORS, SAME_HOST, MARKERS), "write wrong outputs before the vote; overwrite or delete a result or a constant "
      "after it", "verify=k / 'spot': outvoted (the graph fails or the result is recomputed), the loser banned by the "
      "requester; a result overwritten after the vote: `SealBroken` at fetch; a constant overwritten after upload: "
-     "the subgraph reading it fails naming it (`ConstantChanged`), a fetch of it raises `SealBroken`; a deleted value: the reader fails on a missing "
-     "input. Not sealed: a constant a loop streams row by row"),
+     "the subgraph reading it fails naming it (`ConstantChanged`), a fetch of it raises `SealBroken`; a deleted "
+     "value: the reader fails on a missing input. Not sealed: a constant a loop streams row by row"),
     ((META, PROGRESS, DONE, EVENTS), "fail or stall a graph, forge its meta, progress and end (the completion script's "
      "writes)", "the graph fails or stalls, never silently wrong for sealed values; `ravop logs` shows who"),
     ((CHECKPOINTS, EXCHANGES), "write wrong checkpoints or exchanged values of a running loop",

@@ -477,7 +477,8 @@ class Worker:
             else:
                 self._give_up(keys, message_id, subgraph_id, str(exc), "missing input")
         except seals.ConstantChanged as exc:
-            self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}", "changed constant")
+            self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}",
+                          "changed constant")
         except WireFormatError as exc:
             self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}", "bad input")
         except UploadIncompleteError as exc:
@@ -554,7 +555,8 @@ class Worker:
         if loop_start is not None:
             values, sealed = loop_start.read(self.client, names, keys.constants, missing)
         elif names:
-            values, sealed = self.client.pipeline(transaction=False).mget(names).hmget(keys.constants, missing).execute()
+            pipe = self.client.pipeline(transaction=False)
+            values, sealed = pipe.mget(names).hmget(keys.constants, missing).execute()
         else:
             values, sealed = [], []
         resumed = loop_start is not None and bool(loop_start.checkpoint)
