@@ -44,14 +44,17 @@ BUDGET = {
                                 # recorded in several forms, chosen at activation (forms, issue 41); 1,815 with any
                                 # nn.Module's torch.fx graph cut into pipeline stages (ravop/record/graph_stages.py, issue 46)
     "ravop/runtime": 1220,      # 1,160 at the layout by role
-    "ravop/store": 2560,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
+    "ravop/store": 2800,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
                                 # with votes per principal in the SPOT script and the attempts hash (issues 42, 43);
                                 # 2,239 with results sealed by the vote (ravop/store/seals.py, issue 44); +50: each
                                 # replica's holders over time and contributions, read by the session and `ravop
                                 # status` alike (ravop/store/contributions.py, moved from ravop/client/placement.py);
                                 # 2,398 with a loop's training array streamed a window of chunks at a time and which
                                 # data streams (ravop/store/row_stream.py, issue 46); 2,450 with votes each principal
-                                # writes once in its own key (ravop/store/votes.py, issue 44)
+                                # writes once in its own key (ravop/store/votes.py, issue 44); 2,691 with a check's state
+                                # derived from those keys (the SPOT script's CHECK and votes.derive, one per side: the
+                                # requester verifies what workers did), constants sealed at upload and the worker
+                                # powers of the threat model as data (issue 44)
     "ravop/tools": 760,         # 680 at the layout by role; +17: ravop admin token set, shares in status; +15: the
                                 # replicas of running fits in status (issue 43)
     "ravop/wire": 320,          # 304 at the layout by role
@@ -66,9 +69,10 @@ BUDGET = {
     "worker/serve": 1560,       # 1,234 at the layout by role; +39: the tokens' quotas (token_usage); +7 --numerics;
                                 # +40 for attempts that count failures (attempts, issue 43); + votes per principal;
                                 # 1,514 annotated (signatures wrapped; issue 41)
-    "worker/verify": 540,       # 382 at the layout by role; 521 with cross-class checks by tolerance, votes per
+    "worker/verify": 565,       # 382 at the layout by role; 521 with cross-class checks by tolerance, votes per
                                 # principal and checks ended by a deadline (issue 42); 537 with votes read from each
-                                # principal's own key and a loop's persisted values sealed at completion (issue 44)
+                                # principal's own key and a loop's persisted values sealed at completion (issue 44); 541
+                                # with a loop's segment states derived from their voters' keys (issue 44)
 }
 SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,
            tokenize.ENDMARKER}
