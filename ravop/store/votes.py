@@ -11,7 +11,7 @@ SPOT script (ravop.store.spot_scripts.CHECK) and by `derive` here, the same rule
 write another user's part of a check (frame it, split or stall its check) nor turn its own check, once drawn,
 into an accepted one. What it still can do (skip the script and claim an unchecked draw, or an unverified verdict,
 in its own key) its requester finds when the graph ends: `drawn` is the draw, a function of the graph, the result
-and the principal that anyone can recompute (ravop.client.bans.audit). The threat model lists the rest
+and the principal that anyone can recompute (ravop.client.bans.review). The threat model lists the rest
 (docs/operators/security.md)."""
 import hashlib
 from typing import Dict, List, NamedTuple, Optional, Sequence, Union

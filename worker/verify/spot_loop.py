@@ -153,7 +153,7 @@ class LoopSegments:
         listed = [f.decode() for f in segments if _SEGMENT.fullmatch(f.decode())]
         unknown = [s for s in listed if s not in self.confirmed]
         found = store_votes.checks(self.worker.client, self.keys, self.subgraph_id, unknown) if unknown else {}
-        self.confirmed.update(s for s, c in found.items() if c.state == "confirmed")
+        self.confirmed.update(str(s) for s, c in found.items() if c.state == "confirmed")
         return {s: b"confirmed" if s in self.confirmed else
                 (None if found[s].state is None else str(found[s].state).encode()) for s in listed}
 
