@@ -4,8 +4,11 @@ or verify scripts could write, a raw SADD of the same worker user could write to
 a token's graphs. So the scripts only record the votes (each principal's digest of each checked result, in a key
 only that principal's user may write, once: ravop.store.votes), and when a graph under R.Graph(verify=k) or
 verify='spot' ends, its requester bans the principals that a strict majority of the other principals' digests
-outvoted (ravop.core.spot_policy.tally). While a graph's work waits and every
-connected worker is banned from the token's work, the requester says so, naming them and why."""
+outvoted (ravop.core.spot_policy.tally). Under verify='spot' it also reviews each check (`review`): a result its
+runner claimed unchecked where the draw, which anyone can recompute (ravop.store.votes.drawn), asked for a check,
+or a check still open when the graph ended done, raises CheckSkipped from R.track_progress and bans the claimant;
+results accepted unverified are listed. While a graph's work waits and every connected worker is banned from the
+token's work, the requester says so, naming them and why."""
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 from ..core.errors import GraphStateError

@@ -161,9 +161,12 @@ class LoopSegments:
         """The loop's settled disputes whose loser's first difference is not recorded yet (a dispute of a segment
         rewound away never settles, and is not waited for)."""
         client, keys = self.worker.client, self.keys
-        disputed = [s for s in segments.get(b"#disputes", b"").decode().split(",") if s]
-        return [s for s in disputed if (lambda found: found.get(b"#state") == b"confirmed" and b"#losers" in found and
-                                        b"#narrowed" not in found)(store_votes.read(client, keys, self.subgraph_id, s))]
+        unnarrowed = []
+        for segment in (s for s in segments.get(b"#disputes", b"").decode().split(",") if s):
+            found = store_votes.read(client, keys, self.subgraph_id, segment)   # the state derived from its voters
+            if found.get(b"#state") == b"confirmed" and b"#losers" in found and b"#narrowed" not in found:
+                unnarrowed.append(segment)
+        return unnarrowed
 
 
 def drop_segments(client: Any, keys: GraphKeys, subgraph_id: Union[int, str]) -> None:
