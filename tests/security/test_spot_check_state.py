@@ -3,7 +3,7 @@ state is derived from each voter's own write-once key (ravop.store.votes), so fi
 hash count for nothing, another user's vote key is refused, a runner's drawn check cannot be turned into an accepted
 one, a check's deadline cannot be pushed away, and what a worker user can still claim in its own key (an unchecked
 draw, or a check left open) its requester finds when the graph ends (ravop.client.bans.review): it names the
-checks, bans the claimant and, through R.track_progress, raises CheckSkipped."""
+checks, bans the claimant and R.track_progress raises CheckSkipped."""
 import time
 
 import pytest
@@ -100,6 +100,10 @@ def test_a_runner_cannot_end_its_own_check_accepted_without_a_re_run(setting):
                             f"{attacker}'s result was used before it settled") for s in review.skipped)
     assert any(s.startswith(f"subgraph 2: {attacker} claimed it unchecked, but its draw") for s in review.skipped)
     assert require().client.sismember(TokenKeys(keys.token).banned, attacker)
+    require().client.hset(keys.meta, "state", "done")   # as when its workers complete it: the tracker raises
+    with pytest.raises(bans.CheckSkipped, match=rf"graph 'checked' ended, but a worker user skipped its spot checks "
+                                                rf".*subgraph 2: {attacker} claimed it unchecked"):
+        R.track_progress(progress_bar=False, timeout=10)
 
 
 def test_a_worker_user_cannot_stall_a_check_past_its_deadline(setting):
