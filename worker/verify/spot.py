@@ -29,8 +29,10 @@ class SpotChecks:
     def may_run(self, keys: GraphKeys, subgraph_id: Union[int, str], segment: Optional[str] = None) -> bool:
         """False if this worker already handed in a result of it that is not settled: the re-run must be
         someone else's (the message is passed on)."""
+        if self.worker.client.hget(keys.vote(subgraph_id, segment, self.member), "d") is None:
+            return True   # not voted: one round trip, as most claims
         check = store_votes.check(self.worker.client, keys, subgraph_id, segment)   # derived from the voters' keys
-        return self.member not in check.digests or check.state in store_votes.ACCEPTED
+        return check.state in store_votes.ACCEPTED
 
     def submit(self, keys: GraphKeys, subgraph_id: Union[int, str], digest: str, segment: Optional[str] = None
                ) -> list[str]:
