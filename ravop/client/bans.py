@@ -29,9 +29,11 @@ class CheckSkipped(GraphStateError):
 
 
 class Review(NamedTuple):
-    """What the votes of an ended graph say: principals banned now, checks skipped (each a sentence), results
-    accepted unverified (each a sentence: no worker of another user re-ran them)."""
-    banned: List[str]
+    """What the votes of an ended graph say: principals banned now for being outvoted, and for skipping a check;
+    checks skipped (each a sentence); results accepted unverified (each a sentence: no worker of another user re-ran
+    them)."""
+    outvoted: List[str]
+    skippers: List[str]
     skipped: List[str]
     unverified: List[str]
 
@@ -58,7 +60,7 @@ def review(session: Session, keys: GraphKeys, done: bool = True) -> Review:
     client = session.client
     copies, spot = client.hmget(keys.meta, "verify", "spot")
     if int(copies or 1) < 2 and not spot:
-        return Review([], [], [])
+        return Review([], [], [], [])
     policy = client.get(keys.policy)   # the requester's own record: the meta's copy is writable by workers
     rate = Verify.decode(policy).rate if policy else None
     checks = _checks(client, keys)
@@ -84,7 +86,7 @@ def review(session: Session, keys: GraphKeys, done: bool = True) -> Review:
     fresh = [p for p in sorted(outvoted | culprits) if not client.sismember(banned, p)]
     if fresh:
         client.sadd(banned, *fresh)
-    return Review(fresh, skipped, unverified)
+    return Review([p for p in fresh if p in outvoted], [p for p in fresh if p in culprits], skipped, unverified)
 
 
 def waiting(session: Session, keys: GraphKeys) -> str:

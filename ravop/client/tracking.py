@@ -304,9 +304,10 @@ def _track(session: Session, keys: GraphKeys, meta: Dict[str, str], progress_bar
                     watcher.ended(session.client, keys, meta["state"])
                 watching.forget(keys.graph_id)
                 verdicts = bans.review(session, keys, meta["state"] == graph_states.DONE)
-                if verdicts.banned:
-                    print(f"graph {meta['name']!r}: {', '.join(verdicts.banned)} banned from the work of token "
-                          f"{keys.token!r} ({bans.REASON if not verdicts.skipped else bans.SKIPPED})", file=sys.stderr)
+                for banned, reason in ((verdicts.outvoted, bans.REASON), (verdicts.skippers, bans.SKIPPED)):
+                    if banned:
+                        print(f"graph {meta['name']!r}: {', '.join(banned)} banned from the work of token "
+                              f"{keys.token!r} ({reason})", file=sys.stderr)
                 if verdicts.unverified:
                     print(f"graph {meta['name']!r}: accepted unverified: {'; '.join(verdicts.unverified)}",
                           file=sys.stderr)

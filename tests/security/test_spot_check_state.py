@@ -74,7 +74,7 @@ def test_a_worker_user_cannot_forge_another_s_check_nor_win_it_by_writing_state(
     check = votes.check(client, keys, 0)
     assert (check.state, check.accepted, check.losers) == ("confirmed", HONEST, [attacker])
     review = bans.review(require(), keys)
-    assert review.banned == [attacker] and review.skipped == []
+    assert review.outvoted == [attacker] and review.skippers == [] and review.skipped == []
 
 
 def test_a_runner_cannot_end_its_own_check_accepted_without_a_re_run(setting):
@@ -95,7 +95,7 @@ def test_a_runner_cannot_end_its_own_check_accepted_without_a_re_run(setting):
     assert votes.check(client, keys, 2).state == "unchecked"     # the claim stands in the store...
     assert votes.drawn(keys.graph_id, 2, None, attacker) < 1.0
     review = bans.review(require(), keys)    # ...and its requester finds both when the graph ends
-    assert review.banned == [attacker]
+    assert review.skippers == [attacker] and review.outvoted == []
     assert any(s.startswith(f"subgraph 1: its check by other users' workers was still checking when the graph ended: "
                             f"{attacker}'s result was used before it settled") for s in review.skipped)
     assert any(s.startswith(f"subgraph 2: {attacker} claimed it unchecked, but its draw") for s in review.skipped)

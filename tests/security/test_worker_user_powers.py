@@ -164,7 +164,7 @@ def test_a_worker_user_cannot_forge_add_or_rewrite_votes(server, users, tmp_path
         for name in ("ghost", "ghost2"):
             attacker.hsetnx(keys.votes(0), name, lie)
         assert votes.digests(session.client, keys, 0) == {mine: agreed, other: agreed}
-        assert bans.review(session, keys).banned == [] and not session.client.smembers(TokenKeys(names["a"]).banned)
+        assert bans.review(session, keys).outvoted == [] and not session.client.smembers(TokenKeys(names["a"]).banned)
         assert torch.equal(R.fetch_persisting_op("product"), torch.full((128, 128), 4.0 * 128))
 
         # the count of R.Graph(verify=k) is not filled by invented voters: a lone vote waits for a real second
