@@ -45,7 +45,7 @@ import ravop as R  # noqa: E402
 from ravop.client.session import require  # noqa: E402
 from ravop.core.spot_policy import Verify, read_trust  # noqa: E402
 from ravop.local.embedded import LocalServer, start_worker  # noqa: E402
-from ravop.store import GraphKeys, TokenKeys, connect, queue  # noqa: E402
+from ravop.store import GraphKeys, TokenKeys, connect, queue, votes  # noqa: E402
 from ravop.store.keys import worker_key  # noqa: E402
 from ravop.store.spot_scripts import SpotScript  # noqa: E402
 
@@ -101,10 +101,11 @@ def timed_run(client, token):
     seconds = time.perf_counter() - began
     keys = require().keys()
     results = reruns = 0
-    for key in client.scan_iter(keys.prefix + "votes:*"):   # each check's voters (ravop.store.votes)
-        state, members = client.hget(key, "#state"), [m for m in client.hkeys(key) if not m.startswith(b"#")]
+    for key in client.scan_iter(keys.prefix + "votes:*"):   # each check, derived from its voters' keys
+        sid, _, segment = key.decode()[len(keys.votes("")):].partition(":")
+        check = votes.check(client, keys, sid, segment or None)
         results += 1
-        reruns += len(members) - 1 if state != b"unchecked" else 0
+        reruns += len(check.digests) - 1 if check.state != "unchecked" else 0
     return seconds, results, reruns
 
 

@@ -303,12 +303,19 @@ def _track(session: Session, keys: GraphKeys, meta: Dict[str, str], progress_bar
                 for watcher in watchers:
                     watcher.ended(session.client, keys, meta["state"])
                 watching.forget(keys.graph_id)
-                banned = bans.apply(session, keys)
-                if banned:
-                    print(f"graph {meta['name']!r}: {', '.join(banned)} banned from the work of token {keys.token!r} "
-                          f"({bans.REASON})", file=sys.stderr)
+                verdicts = bans.review(session, keys, meta["state"] == graph_states.DONE)
+                for banned, reason in ((verdicts.outvoted, bans.REASON), (verdicts.skippers, bans.SKIPPED)):
+                    if banned:
+                        print(f"graph {meta['name']!r}: {', '.join(banned)} banned from the work of token "
+                              f"{keys.token!r} ({reason})", file=sys.stderr)
+                if verdicts.unverified:
+                    print(f"graph {meta['name']!r}: accepted unverified: {'; '.join(verdicts.unverified)}",
+                          file=sys.stderr)
                 if meta["state"] != graph_states.DONE:
                     raise failure(meta)
+                if verdicts.skipped:
+                    raise bans.CheckSkipped(f"graph {meta['name']!r} ended, but a worker user skipped its spot checks "
+                                            f"(docs/operators/security.md): {'; '.join(verdicts.skipped)}")
                 if meta.get("stopped"):   # a stop was asked for (EarlyStopping, `ravop stop`): not an error
                     print(f"graph {meta['name']!r}: {meta['stopped']}", file=sys.stderr)
                 elif meta.get("stop"):

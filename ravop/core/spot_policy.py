@@ -4,8 +4,9 @@ won a dispute) are made by the server-side script `SPOT` (ravop/store/spot_scrip
 
 A worker's result is re-run by `copies - 1` other workers and compared by digest on every result until the
 worker has `trust_after` consecutive confirmed results (per requester token and device type), then with
-probability `rate`. The draw is made after the worker has handed in the digest of its result, so it cannot
-tell a checked result from an unchecked one before it has returned it. Any mismatch resets its trust.
+probability `rate`. The draw is a hash of the graph, the result and the worker's principal, which the requester
+verifies when the graph ends (ravop.store.votes.drawn): a worker cannot skip a drawn check unnoticed, though one
+running modified code can compute which of its results will be drawn. Any mismatch resets its trust.
 
 Honest workers of different numerics classes (ravop/core/numerics_class.py) may differ in the last bits, so a
 re-run goes to a worker of the runner's class where one of another user is live; a checker of another class

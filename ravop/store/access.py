@@ -103,17 +103,18 @@ def worker_grants(user: str = "") -> List[Grant]:
         # exchanged values every reader has checkpointed past (DEL only: no worker code sends UNLINK)
         Grant("graph keys: deletable", _graph("t:*", "ckpt:*", "x:*"), ("del",)),
         # completion and failure (meta, taken, ran, held: the scripts), hand-off (outbox), loops (steps, ckpt:*),
-        # takeovers (attempts: worker/serve/attempts.py), R.Graph(verify=k) and verify='spot' (voters and the
-        # check's state votes:*, a loop's segments segs:*, dispute traces traces:*),
-        # federated providers (clients, partials, public_keys, and a secure graph's shares and reveals: encrypted
-        # to their recipients, or checked against commitments, at the release: ravop.federated.recovery)
+        # takeovers (attempts: worker/serve/attempts.py), verify='spot' (a loop's segments segs:*, dispute traces
+        # traces:*), federated providers (clients, partials, public_keys, and a secure graph's shares and reveals:
+        # encrypted to their recipients, or checked against commitments, at the release: ravop.federated.recovery)
         Grant("graph keys: progress", _graph("meta", "taken", "ran", "held", "outbox", "steps", "attempts", "t:*", "ckpt:*",
-                                             "votes:*", "segs:*", "traces:*", "clients", "partials",
-                                             "public_keys", "shares", "reveals"), ("hset",)),
-        Grant("graph keys: first dispute narrowing", _graph("votes:*"), ("hsetnx",)),
+                                             "segs:*", "traces:*", "clients", "partials", "public_keys",
+                                             "shares", "reveals"), ("hset",)),
+        # the voters' names and a dispute's narrowing recorded (votes:*), each written once: a check's state is
+        # derived from the voters' own keys (ravop.store.votes), never read from here
+        Grant("graph keys: voters", _graph("votes:*"), ("hsetnx",)),
         # votes (ravop.store.votes): each principal's in a key only its user may write, once (HSETNX, no HSET nor
-        # DEL), so that a worker user can neither forge nor rewrite another user's vote, nor change its own after
-        # the count; the votes:* hashes above keep only the voters' names and the SPOT script's state
+        # DEL), so that a worker user can neither forge nor rewrite another user's vote or part of a check, nor
+        # change its own after the count
         *([Grant("graph keys: its own votes", _graph(f"vote:*:{user}"), ("hsetnx",))] if user else []),
         # results sealed by the vote (ravop.store.seals): who sealed a value, and its own seals only, so that a
         # worker user adds one vote to a value's seal and cannot change another user's

@@ -47,7 +47,7 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, "torch
 
     `plan`: a `ravop.wire.plan_pb2.Plan`; `constants`: node id -> tensor; `meta`: extra fields (name,
     algorithm, approach, summary, ...); `bundles`: name -> (kind, spec, {key: persist name})."""
-    from . import background_upload, quotas, row_stream, same_host, tensors   # load torch: here, see the docstring
+    from . import background_upload, quotas, row_stream, same_host, seals, tensors   # load torch: see the docstring
     from ..wire.persisted import persisted_ids
     keys = GraphKeys(token, plan.graph_id)
     # Checked before anything is written: a graph that cannot fit fails here, not halfway through.
@@ -105,6 +105,10 @@ def upload(client: Client, token: str, plan: Any, constants: Mapping[int, "torch
             _send(batch, keys, {node_id: tensor}, chunk)
         else:
             deferred.append(background_upload.deferred(batch.pipe, keys.tensor(node_id), tensor, chunk, file))
+    if meta.get("spot"):   # the policy the SPOT script and this requester read: not the meta, which workers write
+        batch.pipe.set(keys.policy, meta["spot"])
+    if int(meta.get("verify") or 1) > 1 or meta.get("spot"):   # what each voter reads is what was uploaded
+        seals.record_constants(batch.pipe, keys, {i: t for i, t in constants.items() if i not in streamed})
     now = time.time()
     batch.pipe.hset(keys.meta, mapping={
         **meta, "state": graph_states.ACTIVATED, "seed": plan.seed, "devices": ",".join(sorted(devices)),

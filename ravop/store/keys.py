@@ -53,14 +53,21 @@ graphs spread over the shards:
                               ckpt:v:{digest}:claim, string (expiring): the checkpoint uploading it
   ckpt:rounds         string  the rounds between resident replicas' periodic checkpoints, agreed by the first
                               to propose it (worker/loops/sync_cadence.py)
-  votes:{sid}         hash    R.Graph(verify=k) and verify='spot': the principals that voted (principal -> 1),
-                              and under verify='spot' the check's state (#state, #runner, #accepted, #losers, ...)
+  policy              string  verify='spot': the policy (ravop.core.spot_policy.Verify.encode) as the requester set
+                              it, written by the requester only; the SPOT script and the requester read it here
+  votes:{sid}         hash    R.Graph(verify=k) and verify='spot': the principals that voted (principal -> 1);
+                              `#narrowed...` fields: a dispute's narrowing recorded (diagnostics)
   votes:{sid}:{seg}   hash    the same for segment `seg` of a loop subgraph (verify='spot')
   vote:{sid}[:{seg}]:{user}  hash  worker user `user`'s vote on the subgraph (or segment): d (its digest), c (its
-                              numerics class); only that user may write it, once (ravop.store.votes)
+                              numerics class), t (server time), o (the runner's draw), v (a deadline's verdict);
+                              only that user may write it, once; a check's state is derived from these
+                              (ravop.store.votes)
   seal:{node}:{user}  string  worker user `user`'s digest of node's value computed under a vote; only that
                               user may write it (ravop.store.seals)
   sealers:{node}      set     the principals that sealed node's value
+  constants           hash    node id -> SHA-256 of a constant as its requester uploaded it (graphs under verify);
+                              written by the requester only, checked by each worker that reads the constant
+                              (ravop.store.seals)
   traces:{sid}:{seg}  hash    a disputed loop segment's re-runs: "worker@kind" -> per-op digests of each step
                               (worker/verify/dispute_trace.py)
   disputes            stream  settled spot-check disputes: subgraph, segment, worker (the losers), op, source,
@@ -229,7 +236,7 @@ class GraphKeys:
     """The keys of one graph of one token."""
     __slots__ = ("token", "graph_id", "prefix", "meta", "subgraphs", "info", "deps", "done", "refs", "persist",
                  "persist_rules", "bundles", "taken", "ran", "held", "events", "outbox", "steps", "disputes",
-                 "attempts", "tensor_prefix")
+                 "attempts", "tensor_prefix", "constants", "policy")
 
     def __init__(self, token: str, graph_id: str) -> None:
         self.token = check_name(token)
@@ -242,6 +249,8 @@ class GraphKeys:
         self.outbox, self.disputes, self.held = p + "outbox", p + "disputes", p + "held"
         self.attempts = p + "attempts"   # what takeovers of each subgraph found (worker/serve/attempts.py)
         self.tensor_prefix = p + "t:"
+        self.policy = p + "policy"   # its spot-check policy as its requester set it (ravop.store.votes)
+        self.constants = p + "constants"   # digests of constants as uploaded (ravop.store.seals): the requester's only
 
     def tensor(self, node_id: Union[int, str]) -> str:
         return f"{self.tensor_prefix}{node_id}"

@@ -148,7 +148,7 @@ return {'@CLAIM_RUN@', meta[2] or '0', data, meta[3] or '1', meta[4] or ''}
 # a name another user added to the voters' hash without a vote of its own counts for nothing.
 VOTE = """
 redis.call('HSETNX', KEYS[2], 'd', ARGV[2])
-redis.call('HSET', KEYS[1], ARGV[1], 1)
+redis.call('HSETNX', KEYS[1], ARGV[1], 1)
 local votes = {}
 for _, m in ipairs(redis.call('HKEYS', KEYS[1])) do
   local d = not string.find(m, '[:#]') and redis.call('HGET', ARGV[4] .. m, 'd')

@@ -24,10 +24,11 @@ BUDGET = {
     #                             a model file loaded by an unpickler that admits only what model.save writes; +20
     #                             a parameter two pipeline stages read stepped once on their summed gradients (issue 46); 2,804
     #                             with fit's data from a .npy path or memmap (fit_data, issue 46)
-    "ravop/client": 1270,       # 1,101 at the layout by role; 1,198 with bans by the requester, seals checked at
+    "ravop/client": 1310,       # 1,101 at the layout by role; 1,198 with bans by the requester, seals checked at
                                 # fetch and dropped starts posted again (issue 44); 1,237 with a fit's losses built from
                                 # its persist rules, not its names (training_losses, issue 44 activation); 1,261 with
-                                # a secure query's reveals read and dropped providers named (issue 44, SecAgg+)
+                                # a secure query's reveals read and dropped providers named (issue 44, SecAgg+); 1,301
+                                # with the requester's review of the checks the draw asked for (bans.review, issue 44)
     "ravop/core": 700,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
                                 # the numerics mode (issue 42) and the loop-stop op kind (issue 45); +56 numerics
                                 # classes and the cross-class tolerance (issue 42); +45 RunNames, the persisted
@@ -48,7 +49,7 @@ BUDGET = {
                                 # recorded in several forms, chosen at activation (forms, issue 41); 1,815 with any
                                 # nn.Module's torch.fx graph cut into pipeline stages (ravop/record/graph_stages.py, issue 46)
     "ravop/runtime": 1220,      # 1,160 at the layout by role
-    "ravop/store": 2640,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
+    "ravop/store": 2900,        # 1,951 at the layout by role; +90 for quotas per token and fair starts (issue 44); 2,188
                                 # with votes per principal in the SPOT script and the attempts hash (issues 42, 43);
                                 # 2,239 with results sealed by the vote (ravop/store/seals.py, issue 44); +50: each
                                 # replica's holders over time and contributions, read by the session and `ravop
@@ -58,6 +59,9 @@ BUDGET = {
                                 # writes once in its own key (ravop/store/votes.py, issue 44); 2,572 with the values of
                                 # persist rules read as far as stored (ravop/store/rule_values.py, issue 44 activation);
                                 # 2,626 with SecAgg+'s share, close and reveal scripts (federated_schema.py, issue 44)
+                                # 2,833 with a check's state derived from the voters' keys (the SPOT script's CHECK and
+                                # votes.derive, one per side: the requester verifies what workers did), constants sealed
+                                # at upload and the worker powers of the threat model as data (issue 44)
     "ravop/tools": 760,         # 680 at the layout by role; +17: ravop admin token set, shares in status; +15: the
                                 # replicas of running fits in status (issue 43)
     "ravop/wire": 335,          # 304 at the layout by role; 324 with the plan's persist rules (persisted.py, issue 44)
@@ -73,9 +77,10 @@ BUDGET = {
     "worker/serve": 1560,       # 1,234 at the layout by role; +39: the tokens' quotas (token_usage); +7 --numerics;
                                 # +40 for attempts that count failures (attempts, issue 43); + votes per principal;
                                 # 1,514 annotated (signatures wrapped; issue 41)
-    "worker/verify": 540,       # 382 at the layout by role; 521 with cross-class checks by tolerance, votes per
+    "worker/verify": 565,       # 382 at the layout by role; 521 with cross-class checks by tolerance, votes per
                                 # principal and checks ended by a deadline (issue 42); 537 with votes read from each
-                                # principal's own key and a loop's persisted values sealed at completion (issue 44)
+                                # principal's own key and a loop's persisted values sealed at completion (issue 44); 541
+                                # with a loop's segment states derived from their voters' keys (issue 44)
 }
 SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,
            tokenize.ENDMARKER}

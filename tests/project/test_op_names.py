@@ -39,6 +39,7 @@ ALLOWED = {
     "ravop/local/forked_workers.py": ({"log"}, "a key of the fork server's command"),
     "worker/serve/forkserver.py": ({"log"}, "a key of the fork server's command"),
     "worker/verify/spot.py": ({"split"}, "a spot check's verdict"),
+    "ravop/store/votes.py": ({"split"}, "a spot check's state, derived from its votes"),
     "worker/verify/spot_loop.py": ({"split"}, "a spot check's verdict"),
     "compiler/passes/loops.py": ({"unique"}, "a tag of a grouping key"),
 }

@@ -3,7 +3,8 @@ real worker processes: it may not ban a token's workers (a raw SADD is refused; 
 on the votes' evidence), a graph stopped by bans says who is banned and why instead of timing out silently, a
 result it overwrites after the vote is refused at fetch (ravop.store.seals), a vote it forges for another user, adds
 for an invented one or rewrites after the count is refused or counts for nothing (ravop.store.votes), and a start
-it drops from a token's inbox is posted again by the requester, which names the attack if it keeps happening."""
+it drops from a token's inbox is posted again by the requester, which names the attack if it keeps happening, and a
+constant it overwrites after the upload fails the subgraph that reads it (ravop.store.seals)."""
 import threading
 import time
 
@@ -12,7 +13,7 @@ import redis
 import torch
 
 import ravop as R
-from ravop.core.errors import GraphStateError
+from ravop.core.errors import GraphFailedError, GraphStateError
 from ravop.record.loop import Loop
 from ravop.client import bans
 from ravop.client.session import require
@@ -157,14 +158,18 @@ def test_a_worker_user_cannot_forge_add_or_rewrite_votes(server, users, tmp_path
         with pytest.raises(denied):
             attacker.delete(keys.vote(0, None, mine))
         assert attacker.hsetnx(keys.vote(0, None, mine), "d", lie) == 0
-        # the voters' hash is writable (the scripts keep their state there): names in it count only with a vote
-        attacker.hset(keys.votes(0), mapping={"ghost": lie, "ghost2": lie, other: lie, mine: lie})
+        # the voters' hash takes new names (HSETNX: the scripts name the voters there): they count only with a vote
+        with pytest.raises(denied):
+            attacker.hset(keys.votes(0), mine, lie)
+        for name in ("ghost", "ghost2"):
+            attacker.hsetnx(keys.votes(0), name, lie)
         assert votes.digests(session.client, keys, 0) == {mine: agreed, other: agreed}
-        assert bans.apply(session, keys) == [] and not session.client.smembers(TokenKeys(names["a"]).banned)
+        assert bans.review(session, keys).outvoted == [] and not session.client.smembers(TokenKeys(names["a"]).banned)
         assert torch.equal(R.fetch_persisting_op("product"), torch.full((128, 128), 4.0 * 128))
 
         # the count of R.Graph(verify=k) is not filled by invented voters: a lone vote waits for a real second
-        attacker.hset(keys.votes(7), mapping={"ghost": lie, "ghost2": lie})
+        attacker.hsetnx(keys.votes(7), "ghost", lie)
+        attacker.hsetnx(keys.votes(7), "ghost2", lie)
         assert Scripts(attacker).vote(keys, 7, mine, lie, 2) == {}
         assert Scripts(attacker).vote(keys, 7, mine, "0" * 64, 2) == {}    # a second try keeps its first vote
         defender = redis.Redis.from_url(other_url)
@@ -210,3 +215,56 @@ def test_a_loop_s_values_overwritten_after_a_spot_checked_loop_are_refused_at_fe
     with pytest.raises(SealBroken, match=r"'w_1' .* was changed after the vote"):
         R.fetch_persisting_op("w_1")
     attacker.close()
+
+
+def test_a_constant_overwritten_after_upload_fails_its_subgraph_naming_it(server, users, tmp_path,  # noqa: F811
+                                                                          monkeypatch):
+    names, urls, _ = users
+    other = names["w"].replace("prov", "prov4")
+    honest = Workers(create_user(server.url, "worker", other), tmp_path)
+    honest.start(1)     # verify=2: both users' workers read the constant, and would agree on a forged one
+    monkeypatch.setenv("RAVOP_SAME_HOST", "off")   # workers read the chunks (no mapped file of the requester)
+    attacker = redis.Redis.from_url(urls["w"])
+    try:
+        R.initialize(redis_url=urls["a"])
+        for chunk, rewrite in ((2**22, "value"), (2**14, "chunk")):
+            monkeypatch.setenv("RAVOP_CHUNK_BYTES", str(chunk))   # 64 KiB: one value, or in chunks (t:{node}:c)
+            side = 128
+            R.Graph(name=f"constant-{rewrite}", verify=2)
+            x = R.t(torch.full((side, side), 2.0))
+            (x @ x).persist_op("product")
+            assert R.activate()["subgraphs"] == 1
+            keys = require().keys()
+            [node] = [int(n) for n in redis.Redis.from_url(urls["a"]).hkeys(keys.constants)]
+            with pytest.raises(redis.exceptions.NoPermissionError):   # the seals are the requester's
+                attacker.hset(keys.constants, node, "0" * 64)
+            forged = torch.full((side, side), 3.0)
+            if rewrite == "value":
+                attacker.set(keys.tensor(node), encode_tensor(forged))   # granted: workers store outputs
+            else:   # one chunk of it (HSET on a tensor's chunks is granted: checkpoints are written so)
+                assert attacker.hlen(keys.tensor(node) + ":c") > 1
+                attacker.hset(keys.tensor(node) + ":c", 0, forged.numpy().tobytes()[:16 * 1024])
+            R.execute()
+            with pytest.raises(GraphFailedError, match=rf"constant node {node} was changed after upload: its stored "
+                                                      "value's digest .* is not .*, which the requester recorded"):
+                R.track_progress(progress_bar=False, timeout=120)
+        R.Graph(name="constant-untouched", verify=2)     # one nobody rewrote runs, each voter checking it
+        x = R.t(torch.full((128, 128), 2.0))
+        x.persist_op("x")
+        (x @ x).persist_op("product")
+        R.activate()
+        R.execute()
+        R.track_progress(progress_bar=False, timeout=120)
+        assert torch.equal(R.fetch_persisting_op("product"), torch.full((128, 128), 4.0 * 128))
+        keys = require().keys()     # a persisted constant rewritten after the graph: refused at fetch too
+        node = int(redis.Redis.from_url(urls["a"]).hget(keys.persist, "x"))
+        attacker.set(keys.tensor(node), encode_tensor(torch.full((128, 128), 3.0)))
+        with pytest.raises(SealBroken, match=rf"'x' \(constant node {node} of graph {keys.graph_id}\) was changed "
+                                             "after upload"):
+            R.fetch_persisting_op("x")
+    finally:
+        attacker.close()
+        honest.stop_all()
+        admin = redis.Redis.from_url(server.url)
+        admin.execute_command("ACL", "DELUSER", other)
+        admin.close()

@@ -43,8 +43,10 @@ class LoopStart:
         self.prefetch = list(prefetch)
         self.prefetched: dict[str, Optional[bytes]] = {}
 
-    def read(self, client: Client, input_keys: Sequence[str]) -> list[Optional[bytes]]:
-        """The values stored under `input_keys` (None where there is none), read with the rest."""
+    def read(self, client: Client, input_keys: Sequence[str], seals_key: str, ids: Sequence[int]
+             ) -> tuple[list[Optional[bytes]], list[Optional[bytes]]]:
+        """The values stored under `input_keys` (None where there is none), and the requester's seals of those of
+        node ids `ids` that are constants (ravop.store.seals; `seals_key`'s fields), read with the rest."""
         pipe = client.pipeline(transaction=False)
         pipe.hgetall(self.keys.checkpoint(self.subgraph_id))
         pipe.get(self.keys.checkpoint_writing(self.subgraph_id))
@@ -55,6 +57,7 @@ class LoopStart:
         if input_keys:
             pipe.mget(input_keys)
             pipe.mget([same_host.reference_key(key) for key in input_keys])
+            pipe.hmget(seals_key, list(ids))
         checkpoint, self.writing, meta, steps, *inputs = pipe.execute()
         if self.prefetch:
             self.prefetched = dict(zip(self.prefetch, inputs.pop(0)))
@@ -62,10 +65,10 @@ class LoopStart:
         saved = checkpoint.get(b"step")
         self.progress = (int(steps or 0), None if saved is None else int(saved))
         if not input_keys:
-            return []
-        values, references = inputs
+            return [], []
+        values, references, sealed = inputs
         self.references = dict(zip(input_keys, references))
-        return values
+        return values, sealed
 
     def reference(self, key: str) -> Union[None, bytes, Any]:
         """The same-host reference read for input `key` (None: it has none; `same_host.UNREAD`: not read here)."""

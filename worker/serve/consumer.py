@@ -479,6 +479,9 @@ class Worker:
                 self._ack(message_id)  # another worker finished the loop meanwhile and dropped its checkpoint
             else:
                 self._give_up(keys, message_id, subgraph_id, str(exc), "missing input")
+        except seals.ConstantChanged as exc:
+            self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}",
+                          "changed constant")
         except WireFormatError as exc:
             self._give_up(keys, message_id, subgraph_id, f"an input of subgraph {subgraph_id}: {exc}", "bad input")
         except UploadIncompleteError as exc:
@@ -551,10 +554,16 @@ class Worker:
             else:
                 env[i] = tensor
         names = [keys.tensor(i) for i in missing]
-        values = loop_start.read(self.client, names) if loop_start is not None else \
-            self.client.mget(names) if names else []
+        # with the values, their requester's seals (graphs under a vote: ravop.store.seals), in the same round trip
+        if loop_start is not None:
+            values, sealed = loop_start.read(self.client, names, keys.constants, missing)
+        elif names:
+            pipe = self.client.pipeline(transaction=False)
+            values, sealed = pipe.mget(names).hmget(keys.constants, missing).execute()
+        else:
+            values, sealed = [], []
         resumed = loop_start is not None and bool(loop_start.checkpoint)
-        for i, name, data in zip(missing, names, values):
+        for i, name, data, seal in zip(missing, names, values, sealed):
             if data is None and i in superseded and resumed:
                 continue   # released by the checkpoint this loop resumes from: no upload to wait for
             reference = same_host.UNREAD if loop_start is None else loop_start.reference(name)
@@ -570,6 +579,7 @@ class Worker:
             if isinstance(tensor, StreamedRows):
                 env[i] = tensor
                 continue
+            seals.check_constant(i, tensor, seal)   # a constant changed after its upload fails here
             self.metrics.read_bytes(tensor.nbytes)
             tensor = devices.to_device(tensor, self.device)
             self.cache.put(name, tensor)

@@ -9,6 +9,7 @@ from typing import Any, Optional, Union
 
 from ravop.core.node import Node
 from ravop.store.keys import GraphKeys
+from ravop.store import votes as store_votes
 from ravop.store.spot_scripts import SpotScript
 
 log = logging.getLogger("ravop.worker")
@@ -28,10 +29,10 @@ class SpotChecks:
     def may_run(self, keys: GraphKeys, subgraph_id: Union[int, str], segment: Optional[str] = None) -> bool:
         """False if this worker already handed in a result of it that is not settled: the re-run must be
         someone else's (the message is passed on)."""
-        pipe = self.worker.client.pipeline(transaction=False)
-        mine, state = pipe.hget(keys.vote(subgraph_id, segment, self.member), "d").hget(
-            keys.votes(subgraph_id, segment), "#state").execute()
-        return mine is None or state in (b"unchecked", b"confirmed", b"unverified")
+        if self.worker.client.hget(keys.vote(subgraph_id, segment, self.member), "d") is None:
+            return True   # not voted: one round trip, as most claims
+        check = store_votes.check(self.worker.client, keys, subgraph_id, segment)   # derived from the voters' keys
+        return check.state in store_votes.ACCEPTED
 
     def submit(self, keys: GraphKeys, subgraph_id: Union[int, str], digest: str, segment: Optional[str] = None
                ) -> list[str]:

@@ -77,6 +77,7 @@ class LoopSegments:
         self.worker, self.keys, self.subgraph_id = worker, keys, subgraph_id
         self.last_end = 0
         self.next_deadline_check = 0.0
+        self.confirmed: set[str] = set()
 
     def guard(self) -> None:
         """LoopAbandoned unless this worker still runs the loop (a lost dispute rewinds it to another)."""
@@ -108,11 +109,8 @@ class LoopSegments:
         if time.monotonic() < self.next_deadline_check:
             return
         self.next_deadline_check = time.monotonic() + DEADLINE_CHECK_SECONDS
-        if segments is None:
-            segments = self.worker.client.hgetall(self.keys.segments(self.subgraph_id))
-        for field, state in segments.items():
-            if field.endswith(b":state") and state in OPEN:
-                segment = field[:-len(b":state")].decode()
+        for segment, state in self.states(segments).items():
+            if state in OPEN:
                 reply = self.worker.spot.settle(self.keys, self.subgraph_id, segment)
                 if reply[0] == "split":
                     raise CheckFailed(f"verification failed: loop segment {segment} was disputed among "
@@ -137,7 +135,7 @@ class LoopSegments:
             if state != graph_states.RUNNING.encode():
                 raise LoopAbandoned(state)
             self.settle_open(segments)
-            if all(v in SETTLED for k, v in segments.items() if k.endswith(b":state")):
+            if all(v in SETTLED for v in self.states(segments).values()):
                 narrow_by = narrow_by or time.monotonic() + NARROW_WAIT_SECONDS
                 if time.monotonic() > narrow_by or not self._unnarrowed(segments):
                     return
@@ -146,16 +144,29 @@ class LoopSegments:
             self.worker.stopping.wait(POLL_SECONDS)
 
 
+    def states(self, segments: Optional[dict[bytes, bytes]] = None) -> dict[str, Optional[bytes]]:
+        """The state of each of the loop's segments' checks, derived from their voters' own keys (ravop.store.votes):
+        nothing a worker user writes in the segments hash settles one. A confirmed check stays confirmed, so it is
+        read once."""
+        if segments is None:
+            segments = self.worker.client.hgetall(self.keys.segments(self.subgraph_id))
+        listed = [f.decode() for f in segments if _SEGMENT.fullmatch(f.decode())]
+        unknown = [s for s in listed if s not in self.confirmed]
+        found = store_votes.checks(self.worker.client, self.keys, self.subgraph_id, unknown) if unknown else {}
+        self.confirmed.update(str(s) for s, c in found.items() if c.state == "confirmed")
+        return {s: b"confirmed" if s in self.confirmed else
+                (None if found[s].state is None else str(found[s].state).encode()) for s in listed}
+
     def _unnarrowed(self, segments: dict[bytes, bytes]) -> list[str]:
         """The loop's settled disputes whose loser's first difference is not recorded yet (a dispute of a segment
         rewound away never settles, and is not waited for)."""
         client, keys = self.worker.client, self.keys
-        disputed = [s for s in segments.get(b"#disputes", b"").decode().split(",") if s]
-        pipe = client.pipeline(transaction=False)
-        for segment in disputed:
-            pipe.hmget(keys.votes(self.subgraph_id, segment), "#state", "#losers", "#narrowed")
-        return [s for s, (state, losers, narrowed) in zip(disputed, pipe.execute())
-                if state == b"confirmed" and losers and not narrowed]
+        unnarrowed = []
+        for segment in (s for s in segments.get(b"#disputes", b"").decode().split(",") if s):
+            found = store_votes.read(client, keys, self.subgraph_id, segment)   # the state derived from its voters
+            if found.get(b"#state") == b"confirmed" and b"#losers" in found and b"#narrowed" not in found:
+                unnarrowed.append(segment)
+        return unnarrowed
 
 
 def drop_segments(client: Any, keys: GraphKeys, subgraph_id: Union[int, str]) -> None:
@@ -233,14 +244,15 @@ def check_segment(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], me
         worker._give_up(keys, message_id, subgraph_id, f"the check of loop segment {segment} was delivered "
                         f"{deliveries} times and never finished", "too many deliveries")
         return
-    votes_key = keys.votes(subgraph_id, segment)
     pipe = client.pipeline(transaction=False)
     pipe.hmget(keys.meta, "state", "seed", "spot")
     pipe.hexists(keys.segments(subgraph_id), segment)
-    pipe.hget(keys.vote(subgraph_id, segment, spot.member), "d").hget(votes_key, "#state")   # its vote, the check's
     pipe.hget(keys.subgraphs, subgraph_id)
     pipe.sismember(keys.done, subgraph_id)
-    (state, seed, policy), current, mine, settled, data, done = pipe.execute()
+    (state, seed, policy), current, data, done = pipe.execute()
+    found = store_votes.check(client, keys, subgraph_id, segment)   # derived from the voters' own keys
+    mine = found.digests.get(spot.member)
+    settled = None if found.state is None else found.state.encode()
     if state != graph_states.RUNNING.encode() or not policy or data is None or done:
         worker._ack(message_id)   # ended, or not a spot-checked graph's loop (a forged message)
         return
@@ -360,7 +372,7 @@ def narrow(worker: Any, keys: GraphKeys, subgraph_id: Union[int, str], segment: 
                 text += " (of different numerics classes: the first bitwise difference)"
         worker.spot.record(keys, subgraph_id, segment, [loser], node, text)
     if all(f"#narrowed:{loser}".encode() in client.hkeys(votes_key) for loser in losers):
-        client.hset(votes_key, "#narrowed", 1)
+        client.hsetnx(votes_key, "#narrowed", 1)
 
 
 def _name(member: str) -> str:

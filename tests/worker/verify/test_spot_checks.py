@@ -56,7 +56,7 @@ def test_spot_checks_on_honest_workers_give_the_unverified_bits_and_build_trust(
     summary, trusted = branches("trusted", R.Verify(rate=0.0, trust_after=1))   # both are trusted now
     assert torch.equal(trusted, plain)
     keys = engine.keys()
-    assert all(client.hget(keys.votes(sid), "#state") == b"unchecked" for sid in range(summary["subgraphs"]))
+    assert all(votes.check(client, keys, sid).state == "unchecked" for sid in range(summary["subgraphs"]))
 
 
 def test_a_liar_is_outvoted_banned_and_named_and_the_result_is_honest(engine, workers, client, no_loop_folding):
