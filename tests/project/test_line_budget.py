@@ -26,10 +26,13 @@ BUDGET = {
     #                             with fit's data from a .npy path or memmap (fit_data, issue 46)
     "ravop/client": 1230,       # 1,101 at the layout by role; 1,198 with bans by the requester, seals checked at
                                 # fetch and dropped starts posted again (issue 44)
-    "ravop/core": 660,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
+    "ravop/core": 760,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
                                 # the numerics mode (issue 42) and the loop-stop op kind (issue 45); +56 numerics
                                 # classes and the cross-class tolerance (issue 42); +45 RunNames, the persisted
-                                # losses' names by rule, so recording a fit is O(1) in its epochs (issue 44); + tally
+                                # losses' names by rule, so recording a fit is O(1) in its epochs (issue 44); + tally;
+                                # 644 -> ~716 with the loop schedule, the batch schedule and Op -> Node said once
+                                # here (moved out of record/ and runtime/, which shrink by as much), and room for the
+                                # loop template's per-node records (issue 41)
     "ravop/federated": 420,     # 380 at the layout by role; 408 with public keys pinned and aggregates checked for
                                 # consistency before release (issue 44)
     "ravop/local": 680,         # 646 at the layout by role
