@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ravop.core.errors import GraphStateError
 from ravop.core.loop_template import LoopRecord
-from ravop.core.node import NO_PARAMS, Node
+from ravop.core.node import NO_PARAMS, Node, node_of
 from ravop.wire.codec import encode_params
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def from_graph(graph: "Graph", forms: Optional[Sequence[str]] = None) -> IR:
         if steps and not steps.isdisjoint(inputs):
             raise GraphStateError(f"op {op.op!r} at {op.source} reads a value recorded inside a loop step, which "
                                   "has one value per run of the step: read the loop's results instead")
-        nodes[op.id] = Node(op.id, op.op, inputs, params, pkey, op.shape, op.dtype, op.source)
+        nodes[op.id] = node_of(op, pkey, inputs)
     if graph.recording_step is not None:
         raise GraphStateError("a loop step is still being recorded: finish it and run the loop first")
     run = {i for record in graph.loops.values() for template in record.spec.templates

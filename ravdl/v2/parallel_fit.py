@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 import ravop as R
+from ravop.core.loop_template import batch_steps
 from ravop.core.loss_names import training_loss_name
 from ravop.parallel.protocol import (
     GradientReplicas, PipelineStages, ResidentSync, ShardReplicas, Synchronizer, check_hooks, check_strategy)
@@ -58,9 +59,9 @@ class _Steps:
     then a short last one) and, per step, (template, epoch, batch in the epoch), all 0-based."""
 
     def __init__(self, n_rows: int, batch_size: int, n_epochs: int) -> None:
-        n_full, short = divmod(n_rows, batch_size)
-        self.rows = [batch_size] * bool(n_full) + [short] * bool(short)
-        self.schedule = [(t, n_full if rows == batch_size else 1) for t, rows in enumerate(self.rows)]
+        batches = batch_steps(n_rows, batch_size)
+        self.rows = [rows for rows, _ in batches]
+        self.schedule = [(t, times) for t, (_, times) in enumerate(batches)]
         self.n_epochs = n_epochs
         self.order = [(t, e, b) for e in range(n_epochs) for b, t in enumerate(
             [t for t, times in self.schedule for _ in range(times)])]

@@ -1,13 +1,18 @@
 """A training loop as plain data: `StepTemplate`s (a step's ops as `Node`s, with holes) and the `LoopSpec` that
-runs them. The requester records them (`ravop.record.loop`), the compiler folds them from unrolled steps
+runs them, with the loop's schedule (`LoopSpec.positions`: which template runs at each step) and how its data is
+cut into batches (`batch_steps`, `round_orders`), each said here once. The requester records them (`ravop.record.loop`), the compiler folds them from unrolled steps
 (compiler/passes/loops.py), prices them like any subgraph (`compiler.cost`) and the plan writer packs them to
 protobuf once (`ravop.wire.loop_message`); a worker unpacks them once and runs them (`ravop.runtime.loop_run`). The
 fields mirror plan.proto's `LoopTemplate` and `Loop`, where each is described.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
 from .node import Node
 
 
@@ -70,6 +75,81 @@ class LoopSpec:
     before_first: list[int] = field(default_factory=list)
     close_after_s: float = 0.0
 
+    def row_counts(self) -> list[int]:
+        """Per template: the rows of the batch each of its runs slices (0: it reads none)."""
+        return [int(t.rows) if t.row_holes else 0 for t in self.templates]
+
+    def total_steps(self) -> int:
+        """How many steps `positions` lists for all the rounds: the scheduled ones, the syncs and those before the
+        first step."""
+        return self.rounds * sum(times for _, times in self.schedule) + self.n_syncs() * len(self.sync_templates) + \
+            len(self.before_first)
+
+    def positions(self) -> Iterator[tuple[int, int, int, int, int]]:
+        """The loop's schedule, the one place it is spelled out: (template, round, first row, training steps
+        before, run index of the template) of every step of the schedule's rounds up to the loop's last
+        (`first_step + n_steps`), after the sync templates that run before the first step."""
+        runs = [0] * len(self.templates)
+        count, index, end = 0, 0, self.first_step + self.n_steps
+        counts = [t.counts for t in self.templates]
+        row_counts = self.row_counts()
+        every = self.sync_every
+        if not end:
+            return  # no step at all, however many rounds a (hostile) plan declares
+        for s in self.before_first:   # sync templates' run 0, before the first step
+            if index == end:
+                return
+            yield s, 0, 0, 0, runs[s]
+            runs[s] += 1
+            index += 1
+        r = 0
+        for r in range(self.rounds):
+            position = 0
+            for t, times in self.schedule:
+                for _ in range(times):
+                    if index == end:
+                        return
+                    yield t, r, position, count, runs[t]
+                    runs[t] += 1
+                    position += row_counts[t]
+                    count += counts[t]
+                    index += 1
+                    if every and counts[t] and count % every == 0:
+                        for s in self.sync_templates:
+                            if index == end:
+                                return
+                            yield s, r, position, count, runs[s]
+                            runs[s] += 1
+                            index += 1
+        if every and count % every:   # the last round's sync, after a short last interval
+            for s in self.sync_templates:
+                if index == end:
+                    return
+                yield s, r, 0, count, runs[s]
+                runs[s] += 1
+                index += 1
+
+    def segment_runs(self) -> list[int]:
+        """How often each template runs in the steps [first_step, first_step + n_steps): counted from the
+        schedule in O(len(schedule)) when the loop has no syncs (a loop of 10**9 steps records in O(1)), else
+        listed (`positions`)."""
+        if self.sync_templates:
+            runs = [0] * len(self.templates)
+            for index, (t, *_) in enumerate(self.positions()):
+                runs[t] += index >= self.first_step
+            return runs
+        end = self.first_step + self.n_steps
+        return [after - before for before, after in zip(self._runs_before(self.first_step), self._runs_before(end))]
+
+    def _runs_before(self, step: int) -> list[int]:
+        """How often each template runs in the first `step` steps of the rounds of a schedule without syncs."""
+        rounds, rest = divmod(step, sum(times for _, times in self.schedule))
+        runs = [0] * len(self.templates)
+        for t, times in self.schedule:
+            runs[t] += rounds * times + min(times, rest)
+            rest -= min(times, rest)
+        return runs
+
     def runs(self, template: int) -> int:
         """How often template `template` runs in all rounds of the schedule (a sync template: at every sync)."""
         if template in self.sync_templates:
@@ -91,6 +171,25 @@ class LoopRecord:
 
     def __init__(self, spec: LoopSpec, names: Sequence[Sequence[Sequence[str]]]) -> None:
         self.spec, self.names = spec, names
+
+
+# How a loop's data is cut into batches, said once for the recorders (`fit`, its strategies' replicas and stages)
+# and the runner: `n_rows` rows in batches of `batch_size` (the last one may be short), each round in order or in
+# numpy's `default_rng(seed).permutation(n_rows)` order, one permutation per round drawn from one generator (as
+# `ravdl.v2.utils.batch_iterator` does).
+def batch_steps(n_rows: int, batch_size: int) -> list[tuple[int, int]]:
+    """(rows, times) of one round's batches: `times` full batches of `batch_size` rows, then a short last one; a
+    step template each, since the rows a step slices are part of its shapes."""
+    n_full, short = divmod(n_rows, batch_size)
+    return [(batch_size, n_full)] * bool(n_full) + [(short, 1)] * bool(short)
+
+
+def round_orders(n_rows: int, shuffle: bool, seed: Any) -> Iterator[Optional[np.ndarray]]:
+    """Each round's order of the rows, endlessly: None (in order), or with `shuffle` the next permutation drawn
+    from `default_rng(seed)` (`seed`: an int, or a numpy Generator to continue)."""
+    rng = np.random.default_rng(seed) if shuffle else None
+    while True:
+        yield None if rng is None else rng.permutation(n_rows)
 
 
 def hole_node(node_id: int, like: Node, hole_op: str) -> Node:

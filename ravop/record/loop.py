@@ -42,7 +42,7 @@ from ..core import registry
 from ..core.errors import GraphStateError
 from ..core.loop_template import LoopRecord, LoopSpec, StepTemplate
 from ..core.loss_names import RunNames
-from ..core.node import Node
+from ..core.node import Node, node_of
 from ..core.registry import HOLE, INPUTS, LOOP, LOOP_INDEX, op_of_kind
 from ..runtime.runner import op_seed
 from ..wire import encode_params
@@ -147,22 +147,16 @@ class Loop:
         if any(t.recv_optional for t in self.templates) and not close_after_s > 0:
             raise ValueError(f"a step receives optional values: give close_after_s > 0, not {close_after_s!r}")
         before_first = [t for t in sync if self.before_first[t]]
-        if sync:   # a resident replica's loop: its syncs placed step by step, O(steps) (ravop.parallel)
-            order = [t for _ in range(rounds) for t, times in schedule for _ in range(times)]
-            order = before_first + _with_syncs(order, [self.templates[t].counts for t in order], sync, sync_every)
-            total = len(order)
-        else:
-            total = rounds * sum(times for _, times in schedule)
+        inputs = tuple(self.initial) + tuple(self.outer.values())
+        spec = LoopSpec(list(self.templates), len(self.initial), [op.id for op in inputs], schedule, rounds,
+                        sync_templates=sync, sync_every=sync_every, before_first=before_first,
+                        close_after_s=float(close_after_s))
+        total = spec.total_steps()
         first, n_steps = (0, total) if segment is None else (int(segment[0]), int(segment[1]))
         if first < 0 or n_steps < 1 or first + n_steps > total:
             raise ValueError(f"segment {segment} is not within the loop's {total} steps")
-        if sync:
-            runs = [0] * len(self.templates)
-            for t in order[first:first + n_steps]:
-                runs[t] += 1
-        else:   # counted, not listed: a loop of 10**9 steps records in O(1)
-            runs = [end - start for start, end in zip(_runs_before(schedule, len(self.templates), first),
-                                                      _runs_before(schedule, len(self.templates), first + n_steps))]
+        spec.first_step, spec.n_steps = first, n_steps
+        runs = spec.segment_runs()
         for t, (template, names) in enumerate(zip(self.templates, self.names)):
             for node, per_run in zip(template.output_nodes, names):
                 if len(per_run) != runs[t]:
@@ -170,10 +164,6 @@ class Loop:
                                      "names")
         graph = self.graph
         self.closed = True
-        inputs = tuple(self.initial) + tuple(self.outer.values())
-        spec = LoopSpec(list(self.templates), len(self.initial), [op.id for op in inputs], schedule, rounds, n_steps,
-                        first, sync_templates=sync, sync_every=sync_every, before_first=before_first,
-                        close_after_s=float(close_after_s))
         if self.batches is not None:
             spec.n_rows, spec.batch_size = self.batches.n_rows, self.batches.batch_size
             spec.shuffle, spec.shuffle_seed = self.batches.shuffle, self.batches.seed
@@ -217,30 +207,6 @@ class Loop:
                 position += rows
         if position != n:
             raise ValueError(f"one round of the loop reads {position} rows of {n}")
-
-
-def _runs_before(schedule: list[tuple[int, int]], n_templates: int, step: int) -> list[int]:
-    """How often each template runs in the first `step` steps of the rounds of `schedule`, in O(len(schedule))."""
-    rounds, rest = divmod(step, sum(times for _, times in schedule))
-    runs = [0] * n_templates
-    for t, times in schedule:
-        runs[t] += rounds * times + min(times, rest)
-        rest -= min(times, rest)
-    return runs
-
-
-def _with_syncs(order: list[int], counts: list[bool], sync: list[int], every: int) -> list[int]:
-    """`order` with the sync templates after every `every` training steps and after the last one (as
-    `ravop.runtime.loop_run.LoopRun.positions` runs them)."""
-    out, count = [], 0
-    for t, counted in zip(order, counts):
-        out.append(t)
-        count += counted
-        if counted and count % every == 0:
-            out += sync
-    if count % every:
-        out += sync
-    return out
 
 
 def seed_params(rows: Sequence[Node], graph_seed: int) -> list[tuple[int, int]]:
@@ -427,6 +393,5 @@ class Step:
 
 
 def _node_of(op: Op) -> Node:
-    """The `Node` of a recorded `Op` (its params as wire JSON too: the plan packs them)."""
-    return Node(op.id, op.op, [i.id for i in op.inputs], op.params, encode_params(op.params) if op.params else b"",
-                op.shape, op.dtype, op.source)
+    """The `Node` of a recorded `Op`, its params as wire JSON too: the plan packs a template's nodes."""
+    return node_of(op, encode_params(op.params) if op.params else b"")

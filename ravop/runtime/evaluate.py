@@ -12,16 +12,11 @@ import torch
 
 from ..core import registry
 from ..core.alignment import aligned
-from ..core.node import Node
+from ..core.node import Node, node_of
 from .loop_run import LoopRun, MemoryExchange
 from .runner import OpError, describe, op_seed, run_nodes, run_op
 
 __all__ = ["evaluate", "evaluate_persisted", "OpError", "describe", "op_seed", "run_nodes", "run_op"]
-
-
-def _node_of(op: Any) -> Node:
-    """The `Node` the runner runs for a recorded `Op` (params not encoded: nothing goes on the wire)."""
-    return Node(op.id, op.op, [i.id for i in op.inputs], op.params, b"", op.shape, op.dtype, op.source)
 
 
 def evaluate(outputs: Any, graph_seed: Optional[int] = None, device: str = "cpu") -> Any:
@@ -75,7 +70,7 @@ def _evaluate(graph: Any, outputs: Sequence[Any], loops: Iterable[int], graph_se
     inputs = registry.INPUTS
     # constants as a worker reads them from the store: aligned (a slice of the user's array need not be)
     env = {i: aligned(graph.constants[i]).to(device) for i in needed if graph.nodes[i].op in inputs}
-    rows = [_node_of(graph.nodes[i]) for i in sorted(needed) if graph.nodes[i].op not in inputs]
+    rows = [node_of(graph.nodes[i]) for i in sorted(needed) if graph.nodes[i].op not in inputs]
     last_use = {i: index for index, row in enumerate(rows) for i in row.inputs}  # free values as a worker does
     for o in roots:
         last_use.pop(o.id, None)

@@ -10,19 +10,18 @@ watcher refuses, is an `OpError` naming the op and the loop step, as on any subg
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
 import functools
 import threading
 
-import numpy as np
 import torch
 
 from ..core import numerics_mode, registry
 from ..core.alignment import aligned
 from . import step_compiler
 from ..core.errors import PlanError
-from ..core.loop_template import LoopSpec, StepTemplate
+from ..core.loop_template import LoopSpec, StepTemplate, round_orders
 from .runner import At, PerRun, Runner, Watcher, check_in_place, on_device
 
 
@@ -297,12 +296,11 @@ class LoopRun:
         self.before_first = list(loop.before_first)
         if len(set(self.before_first)) != len(self.before_first) or not set(self.before_first) <= set(self.syncs):
             raise PlanError("the templates a loop runs before its first step must be distinct sync templates")
-        self.row_counts = [int(t.rows) if t.row_holes else 0 for t in loop.templates]
+        self.row_counts = loop.row_counts()
         if loop.shuffle and any(isinstance(value, RowSource) for value in outer.values()):
             raise PlanError("a shuffled loop reads rows from anywhere in its data in every batch: its data cannot "
                             "stream (read it whole)")
-        total = sum(times for _, times in self.schedule) * loop.rounds + loop.n_syncs() * len(self.syncs) + \
-            len(self.before_first)
+        total = loop.total_steps()
         if loop.first_step + loop.n_steps > total:
             raise PlanError(f"the loop declares steps {loop.first_step}..{loop.first_step + loop.n_steps} but its "
                             f"schedule runs {total}")
@@ -320,49 +318,6 @@ class LoopRun:
             raise PlanError("a loop that ends itself (a step's stop_if) must be whole and exchange nothing")
         self.stop_reason: Optional[str] = None   # the reason of the decision that ended the loop, if one did
         self.device = device
-
-    def positions(self) -> Iterator[tuple[int, int, int, int, int]]:
-        """(template, round, first row, training steps before, run index of the template) of every step of
-        the schedule's rounds up to the loop's last (`first_step + n_steps`), after the sync templates that run
-        before the first step."""
-        runs = [0] * len(self.steps)
-        count, index, end = 0, 0, self.loop.first_step + self.loop.n_steps
-        counts = [t.counts for t in self.loop.templates]
-        every = self.loop.sync_every
-        if not end:
-            return  # no step at all, however many rounds a (hostile) plan declares
-        for s in self.before_first:   # sync templates' run 0, before the first step
-            if index == end:
-                return
-            yield s, 0, 0, 0, runs[s]
-            runs[s] += 1
-            index += 1
-        r = 0
-        for r in range(self.loop.rounds):
-            position = 0
-            for t, times in self.schedule:
-                for _ in range(times):
-                    if index == end:
-                        return
-                    yield t, r, position, count, runs[t]
-                    runs[t] += 1
-                    position += self.row_counts[t]
-                    count += counts[t]
-                    index += 1
-                    if every and counts[t] and count % every == 0:
-                        for s in self.syncs:
-                            if index == end:
-                                return
-                            yield s, r, position, count, runs[s]
-                            runs[s] += 1
-                            index += 1
-        if every and count % every:   # the last round's sync, after a short last interval
-            for s in self.syncs:
-                if index == end:
-                    return
-                yield s, r, 0, count, runs[s]
-                runs[s] += 1
-                index += 1
 
     def exchanges(self) -> bool:
         """Whether a step sends or receives values (then the loop runs only where an `Exchange` is given)."""
@@ -392,7 +347,7 @@ class LoopRun:
         for k in self.owned:   # the loop updates these in place: never the caller's tensors
             carried[k] = carried[k].clone()
         loop = self.loop
-        rng = np.random.default_rng(loop.shuffle_seed) if loop.shuffle else None
+        orders = round_orders(int(loop.n_rows), loop.shuffle, loop.shuffle_seed)
         order, order_round = None, -1
         first = loop.first_step
         first_runs = [0] * len(self.steps)   # each template's runs before the segment
@@ -401,14 +356,14 @@ class LoopRun:
         if stop is not None and not self.stoppable():
             raise PlanError("this loop cannot stop early: it is a segment of a replica's, or exchanges values")
         with torch.no_grad():
-            for index, (t, r, position, count, run) in enumerate(self.positions()):
+            for index, (t, r, position, count, run) in enumerate(loop.positions()):
                 boundary, last_round = every_step or r != last_round, r
                 if boundary and index >= first + start and (self.stop_reason is not None or
                                                             (stop is not None and stop())):
                     self.stopped_at = (index - first, r, count)
                     break
-                if rng is not None and r != order_round:
-                    permutation = rng.permutation(int(loop.n_rows))   # drawn for skipped rounds too
+                if loop.shuffle and r != order_round:
+                    permutation = next(orders)   # drawn for skipped rounds too
                     order_round = r
                     order = None
                 if index < first:
@@ -418,7 +373,7 @@ class LoopRun:
                 n = self.row_counts[t]
                 rows = None
                 if n:
-                    if rng is None:
+                    if not loop.shuffle:
                         rows = slice(position, position + n)
                     else:
                         if order is None:
