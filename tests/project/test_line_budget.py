@@ -57,7 +57,8 @@ BUDGET = {
                                 # writes once in its own key (ravop/store/votes.py, issue 44)
     "ravop/tools": 760,         # 680 at the layout by role; +17: ravop admin token set, shares in status; +15: the
                                 # replicas of running fits in status (issue 43)
-    "ravop/wire": 320,          # 304 at the layout by role
+    "ravop/wire": 365,          # 304 at the layout by role; 347 with the loop templates' records mapped to and from
+                                # the wire's parallel lists field by field in loop_message (issue 41)
     "worker/execute": 585,      # 506 at the layout by role; +45 the accepted models shared by a machine (issue 46)
     "worker/loops": 1320,       # 963 at the layout by role; 1,027 with the exchange's bounded wait for optional values
                                 # (DiLoCo's close_after, issue 43); +24: loops yield to other tokens (turns, issue 44);
