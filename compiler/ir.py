@@ -71,7 +71,7 @@ def from_graph(graph: "Graph", forms: Optional[Sequence[str]] = None) -> IR:
     if graph.recording_step is not None:
         raise GraphStateError("a loop step is still being recorded: finish it and run the loop first")
     run = {i for record in graph.loops.values() for template in record.spec.templates
-           for i in template.output_nodes}
+           for i in (o.node for o in template.outputs)}
     unrun = {op.id: op for op in graph.step_outputs.ops() if op.id not in run}
     if unrun:
         op = next(iter(unrun.values()))

@@ -40,7 +40,8 @@ import torch
 
 from ..core import registry
 from ..core.errors import GraphStateError
-from ..core.loop_template import LoopRecord, LoopSpec, StepTemplate
+from ..core.loop_template import (CarriedSlot, LoopRecord, LoopSpec, Received, RowHole, SeedFollower, Sent,
+                                  StepOutput, StepTemplate)
 from ..core.loss_names import RunNames
 from ..core.node import Node, node_of
 from ..core.registry import HOLE, INPUTS, LOOP, LOOP_INDEX, op_of_kind
@@ -144,7 +145,7 @@ class Loop:
         self._check_batches(schedule)
         sync, sync_every = [int(t) for t in sync], int(sync_every)
         self._check_sync(schedule, sync, sync_every, segment)
-        if any(t.recv_optional for t in self.templates) and not close_after_s > 0:
+        if any(r.optional is not None for t in self.templates for r in t.received) and not close_after_s > 0:
             raise ValueError(f"a step receives optional values: give close_after_s > 0, not {close_after_s!r}")
         before_first = [t for t in sync if self.before_first[t]]
         inputs = tuple(self.initial) + tuple(self.outer.values())
@@ -158,7 +159,7 @@ class Loop:
         spec.first_step, spec.n_steps = first, n_steps
         runs = spec.segment_runs()
         for t, (template, names) in enumerate(zip(self.templates, self.names)):
-            for node, per_run in zip(template.output_nodes, names):
+            for node, per_run in zip((o.node for o in template.outputs), names):
                 if len(per_run) != runs[t]:
                     raise ValueError(f"step {t} runs {runs[t]} times but node {node} has {len(per_run)} persist "
                                      "names")
@@ -365,25 +366,19 @@ class Step:
         for _, data in self.row_holes:
             loop.outer.setdefault(data.id, data)
         n_rows = self.row_holes[0][0].shape[0] if self.row_holes else 0
-        template = StepTemplate(rows, [op.id for op in self.carried], [op.id for op in self.next], self.counts, n_rows,
-                                [hole.id for hole, _ in self.row_holes], [data.id for _, data in self.row_holes],
-                                counters, [op.id for op, _ in self.outputs],
+        template = StepTemplate(rows, [CarriedSlot(op.id, after.id) for op, after in zip(self.carried, self.next)],
+                                self.counts, n_rows, [RowHole(hole.id, data.id) for hole, data in self.row_holes],
+                                counter_nodes=counters, outputs=[StepOutput(op.id) for op, _ in self.outputs],
+                                received=[Received(hole.id, channel, _node_of(hole) if optional else None)
+                                          for (hole, channel), optional in zip(self.received, self.optional)],
+                                sent=[Sent(op.id, channel) for op, channel in self.sent],
                                 holes={op.id: _node_of(op) for op in (*self.carried, *(h for h, _ in self.row_holes),
-                                                                      *(h for h, _ in self.received))},
-                                recv_holes=[hole.id for hole, _ in self.received],
-                                recv_channels=[channel for _, channel in self.received],
-                                recv_optional=list(self.optional) if any(self.optional) else [],
-                                optional_holes=[_node_of(hole) for (hole, _), optional in
-                                                zip(self.received, self.optional) if optional],
-                                send_nodes=[op.id for op, _ in self.sent],
-                                send_channels=[channel for _, channel in self.sent])
-        for node_id, source in seed_params(rows, graph.seed):
-            template.seed_param_nodes.append(node_id)
-            template.seed_param_sources.append(source)
+                                                                      *(h for h, _ in self.received))})
+        template.seed_followers += [SeedFollower(node_id, source) for node_id, source in seed_params(rows, graph.seed)]
         for row in rows if self.step_seeds else ():
-            if seed_of(row) in self.step_seeds and row.id not in template.seed_param_nodes:
-                template.seed_param_nodes.append(row.id)
-                template.seed_param_sources.append(row.id)   # its own: the stream its recorded seed names
+            if seed_of(row) in self.step_seeds and row.id not in {f.node for f in template.seed_followers}:
+                # its own: the stream its recorded seed names
+                template.seed_followers.append(SeedFollower(row.id, row.id))
         loop.step_ids |= inside
         graph.step_ids |= inside
         loop.templates.append(template)

@@ -48,7 +48,7 @@ def evaluate_persisted(graph: Any, names: Optional[Iterable[str]] = None,
     loops = [node_id for node_id, record in graph.loops.items()
              if not any(node_id in ids for ids in others) and (
                  any(n in wanted for per_template in record.names for per_output in per_template for n in per_output)
-                 or any(template.send_channels for template in record.spec.templates))]
+                 or any(template.sent for template in record.spec.templates))]
     found: dict[str, Any] = {}
     values = _evaluate(graph, ops, loops, graph_seed, step_values=found)
     result = dict(zip([n for n in names if n in graph.persisted], values))
