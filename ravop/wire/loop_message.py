@@ -39,34 +39,45 @@ def pack_loop(spec: LoopSpec, message: Any) -> None:
 
 
 def _pack_template(template: StepTemplate, packed: Any) -> None:
+    # Each list is extended only when it has elements: most templates use a few of them, and a plan writer packs
+    # every loop of a long fit's segments (thousands).
     pack_nodes(template.nodes, packed.nodes)
-    packed.carry_holes.extend(c.hole for c in template.carried)
-    packed.carry_next.extend(c.after for c in template.carried)
-    packed.row_holes.extend(r.hole for r in template.row_holes)
-    packed.row_data.extend(r.data for r in template.row_holes)
-    packed.counter_nodes.extend(template.counter_nodes)
-    packed.output_nodes.extend(o.node for o in template.outputs)
-    first_ids = [o.first_id for o in template.outputs if o.first_id is not None]
-    if first_ids and len(first_ids) != len(template.outputs):
-        raise ValueError("a loop step's persisted values have tensor ids for some runs' values but not all")
-    packed.output_first_ids.extend(first_ids)
-    packed.run_holes.extend(r.hole for r in template.run_holes)
-    runs = {len(r.values) for r in template.run_holes}
-    if len(runs) > 1:
-        raise ValueError(f"a loop step's per-run values cover different numbers of runs: {sorted(runs)}")
-    # hole h at run r reads run_values[r * len(run_holes) + h]
-    packed.run_values.extend(r.values[run] for run in range(max(runs, default=0)) for r in template.run_holes)
-    packed.seeded_nodes.extend(s.node for s in template.seeded)
-    packed.seed_strides.extend(s.stride for s in template.seeded)
-    packed.seed_param_nodes.extend(f.node for f in template.seed_followers)
-    packed.seed_param_sources.extend(f.source for f in template.seed_followers)
-    packed.recv_holes.extend(r.hole for r in template.received)
-    packed.recv_channels.extend(r.channel for r in template.received)
-    packed.send_nodes.extend(s.node for s in template.sent)
-    packed.send_channels.extend(s.channel for s in template.sent)
+    if template.carried:
+        packed.carry_holes.extend([c.hole for c in template.carried])
+        packed.carry_next.extend([c.after for c in template.carried])
+    if template.row_holes:
+        packed.row_holes.extend([r.hole for r in template.row_holes])
+        packed.row_data.extend([r.data for r in template.row_holes])
+    if template.counter_nodes:
+        packed.counter_nodes.extend(template.counter_nodes)
+    if template.outputs:
+        packed.output_nodes.extend([o.node for o in template.outputs])
+        first_ids = [o.first_id for o in template.outputs if o.first_id is not None]
+        if first_ids and len(first_ids) != len(template.outputs):
+            raise ValueError("a loop step's persisted values have tensor ids for some runs' values but not all")
+        packed.output_first_ids.extend(first_ids)
+    if template.run_holes:
+        runs = {len(r.values) for r in template.run_holes}
+        if len(runs) > 1:
+            raise ValueError(f"a loop step's per-run values cover different numbers of runs: {sorted(runs)}")
+        packed.run_holes.extend([r.hole for r in template.run_holes])
+        # hole h at run r reads run_values[r * len(run_holes) + h]
+        packed.run_values.extend([value for values in zip(*(r.values for r in template.run_holes)) for value in values])
+    if template.seeded:
+        packed.seeded_nodes.extend([s.node for s in template.seeded])
+        packed.seed_strides.extend([s.stride for s in template.seeded])
+    if template.seed_followers:
+        packed.seed_param_nodes.extend([f.node for f in template.seed_followers])
+        packed.seed_param_sources.extend([f.source for f in template.seed_followers])
+    if template.received:
+        packed.recv_holes.extend([r.hole for r in template.received])
+        packed.recv_channels.extend([r.channel for r in template.received])
+    if template.sent:
+        packed.send_nodes.extend([s.node for s in template.sent])
+        packed.send_channels.extend([s.channel for s in template.sent])
     optional = [r.optional for r in template.received if r.optional is not None]
     if optional:   # empty when none is: the plans of loops that receive nothing optional stay as they were
-        packed.recv_optional.extend(r.optional is not None for r in template.received)
+        packed.recv_optional.extend([r.optional is not None for r in template.received])
     pack_nodes(optional, packed.optional_holes)
 
 
