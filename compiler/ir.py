@@ -45,7 +45,8 @@ class IR:
 
 def from_graph(graph: "Graph", forms: Optional[Sequence[str]] = None) -> IR:
     """The IR of a recorded `ravop.record.graph.Graph` (which is only read). `forms`: the form that runs of each part
-    recorded in several (`graph.forms`, ravop/record/forms.py), in order; None: the last recorded of each."""
+    recorded in several (`graph.strategy_notes.forms`, ravop/record/forms.py), in order; None: the last recorded of
+    each."""
     dropped, alias, outputs = _chosen_forms(graph, forms)
     nodes: dict[int, Node] = {}
     # Params repeat (an optimizer's settings on every step, a layer's options on every call): encode each
@@ -92,7 +93,7 @@ def _chosen_forms(graph: "Graph", forms: Optional[Sequence[str]]) -> tuple[set[i
     """(ids of the forms that do not run, {result of a last form: the chosen form's}, persist name -> id) of
     `graph` with `forms` chosen (None: the last of each part, which is what later ops read as recorded)."""
     outputs = {name: op.id for name, op in graph.persisted.items()}
-    parts = graph.forms
+    parts = graph.strategy_notes.forms
     if forms is None:
         forms = [part.last for part in parts]
     if len(forms) != len(parts):

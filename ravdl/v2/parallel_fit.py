@@ -45,9 +45,9 @@ def record_parallel_fit(model: Any, X: Any, y: Any, n_epochs: int, batch_size: i
     if n_epochs < 1 or batch_size < 1:
         raise ValueError(f"n_epochs and batch_size must be >= 1, not {n_epochs} and {batch_size}")
     graph = current_graph()
-    graph.parallel_fits.append(check_strategy(strategy))   # compile_graph leaves it unfolded
+    graph.strategy_notes.fits.append(check_strategy(strategy))   # compile_graph leaves it unfolded
     fit = ParallelFit(model, X, y, n_epochs, batch_size, shuffle, seed)
-    graph.parallel_loops.append(fit.loops)   # ravop.client.placement names the workers that ran them
+    graph.strategy_notes.loops.append(fit.loops)   # ravop.client.placement names the workers that ran them
     names: list[str] = strategy.record_fit(fit)
     # where the next graph starts from (ravdl.v2.trained_values)
     trained_values.persist([slot.get() for slot in model.train_state(_shard(X, 0, 1)).carried])
@@ -261,7 +261,7 @@ class ParallelFit:
             states, per_round, finish = resident_replicas() if form == RESIDENT else segments()
             # what each replica contributes per round (History.contributions): its steps, their samples (a full
             # round's: an epoch's last batch may be short), its rounds
-            current_graph().parallel_rounds[repr(strategy)] = {
+            current_graph().strategy_notes.rounds[repr(strategy)] = {
                 f"replica {r}": {"steps_per_round": n, "samples_per_round": n * self.batch_size * per_update,
                                  "rounds": -(-len(steps_of[r].order) // n), "steps": len(steps_of[r].order)}
                 for r, n in enumerate(per_round)}

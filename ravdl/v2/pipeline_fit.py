@@ -81,7 +81,7 @@ def record_pipeline(model: Any, X: Any, y: Any, n_epochs: int, batch_size: int, 
     units = model.pipeline_units(torch.as_tensor(X[:micro_rows]), micro_rows)
     if strategy.stages == "auto":
         strategy = strategy.fit_to_workers(units.memory, units.boundary, _advertising_workers())
-        current_graph().parallel_fits[-1] = strategy   # the summary's forecast names the stages chosen
+        current_graph().strategy_notes.fits[-1] = strategy   # the summary's forecast names the stages chosen
     stages = [units.stage(start, stop) for start, stop in strategy.cut(units.memory)]
     names = [training_loss_name(epoch + 1, batch + 1) for epoch, batch in _steps(len(X), batch_size, n_epochs)]
     initial, starts = [slot.get() for slot in state.carried], [counter.get() for counter in state.counters]

@@ -43,7 +43,7 @@ def evaluate_persisted(graph: Any, names: Optional[Iterable[str]] = None,
     # stage without parameters: nothing reads its results, yet the others wait for what it sends), as the compiler
     # keeps every loop; of a part recorded in several forms, the last form's (what later ops read:
     # ravop/record/forms.py)
-    others = [range(form.start, form.stop) for part in graph.forms for name, form in part.forms.items()
+    others = [range(form.start, form.stop) for part in graph.strategy_notes.forms for name, form in part.forms.items()
               if name != part.last]
     loops = [node_id for node_id, record in graph.loops.items()
              if not any(node_id in ids for ids in others) and (
