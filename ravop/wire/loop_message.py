@@ -81,6 +81,11 @@ def _pack_template(template: StepTemplate, packed: Any) -> None:
     pack_nodes(optional, packed.optional_holes)
 
 
+def received_channels(message: Any) -> set[str]:
+    """The channels the templates of a plan_pb2.Loop receive on, read without decoding their nodes."""
+    return {channel for template in message.templates for channel in template.recv_channels}
+
+
 def unpack_loop(message: Any) -> LoopSpec:
     """The `LoopSpec` of a plan_pb2.Loop, each template's nodes decoded (`unpack_nodes`); `PlanError` if its
     lists do not pair up."""
