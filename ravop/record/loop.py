@@ -41,7 +41,7 @@ import torch
 from ..core import registry
 from ..core.errors import GraphStateError
 from ..core.loop_template import (CarriedSlot, LoopRecord, LoopSpec, Received, RowHole, SeedFollower, Sent,
-                                  StepOutput, StepTemplate)
+                                  StepOutput, StepTemplate, batch_steps)
 from ..core.loss_names import RunNames
 from ..core.node import Node, node_of
 from ..core.registry import HOLE, INPUTS, LOOP, LOOP_INDEX, op_of_kind
@@ -197,17 +197,23 @@ class Loop:
             return
         if self.batches is None:
             raise ValueError("a step reads rows but the loop was given no Batches")
-        n, size, position = self.batches.n_rows, self.batches.batch_size, 0
+        n, size = self.batches.n_rows, self.batches.batch_size
+        # the round's batches as runs of [rows, times left] (`batch_steps`), matched run by run: O(len(schedule))
+        left = [[rows, times] for rows, times in batch_steps(n, size)]
+        read = 0
         for t, times in schedule:
             rows = self.rows_per_step[t]
-            for _ in range(times if rows else 0):
-                want = min(size, n - position)
+            while rows and times:
+                want = left[0][0] if left else 0
                 if rows != want:
-                    raise ValueError(f"step {t} reads {rows} rows where batch {position // size + 1} has {want} "
+                    raise ValueError(f"step {t} reads {rows} rows where batch {read // size + 1} has {want} "
                                      f"({n} rows in batches of {size})")
-                position += rows
-        if position != n:
-            raise ValueError(f"one round of the loop reads {position} rows of {n}")
+                run = min(times, left[0][1])
+                times, read, left[0][1] = times - run, read + run * rows, left[0][1] - run
+                if not left[0][1]:
+                    left.pop(0)
+        if read != n:
+            raise ValueError(f"one round of the loop reads {read} rows of {n}")
 
 
 def seed_params(rows: Sequence[Node], graph_seed: int) -> list[tuple[int, int]]:
