@@ -136,6 +136,8 @@ class StepFunction:
     @staticmethod
     def _run_holes(template: StepTemplate, outer: dict[int, Any], slot: dict[int, int]) -> list[tuple[int, list]]:
         """[(slot, [value at run r])] of the values that differ per run (`run_holes`)."""
+        if len({len(r.values) for r in template.run_holes}) > 1:
+            raise PlanError("a loop step's values per run cover different numbers of runs")
         unknown = sorted({i for r in template.run_holes for i in r.values if i not in outer})
         if unknown:
             raise PlanError(f"a loop step reads values {unknown[:5]} per run, which are not inputs of the loop")
