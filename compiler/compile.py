@@ -51,11 +51,11 @@ def handoff_seconds(plan: Any, costs: cost.Costs) -> float:
 
 
 def _passes(graph: "Graph") -> Passes:
-    return PIPELINE if graph.verify == 1 and not graph.parallel_fits else UNFOLDED_PIPELINE
+    return PIPELINE if graph.verify == 1 and not graph.strategy_notes.fits else UNFOLDED_PIPELINE
 
 
 def _hand_written_under_strategy(graph: "Graph") -> bool:
-    return graph.strategy is not None and not graph.parallel_fits
+    return graph.strategy is not None and not graph.strategy_notes.fits
 
 
 def folded_loops(graph: "Graph") -> list[FoldedLoop]:
@@ -78,8 +78,9 @@ def compile_graph(graph: "Graph", min_subgraph_seconds: float = MIN_SUBGRAPH_SEC
     subgraphs. `devices`: the cost model's figures per device kind (`compiler.cost.calibrated` makes them from the
     workers' own). `replicas`: for a graph whose strategy is its hand-written loops', the replicas recorded for
     each of `folded_loops(graph)` (`ravop.client.graph_kinds.compile_planned` records them and compiles). `forms`:
-    the form that runs of each part the graph records in several (`graph.forms`: a fit's resident replicas or
-    segments, ravop/record/forms.py), which the session chooses at activation; None: the last recorded of each."""
+    the form that runs of each part the graph records in several (`graph.strategy_notes.forms`: a fit's resident
+    replicas or segments, ravop/record/forms.py), which the session chooses at activation; None: the last recorded
+    of each."""
     if not 0 <= min_subgraph_seconds <= max_subgraph_seconds:
         raise ValueError(f"need 0 <= min_subgraph_seconds <= max_subgraph_seconds, got "
                          f"{min_subgraph_seconds} and {max_subgraph_seconds}")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ravop.core.errors import GraphStateError
 from ravop.core.loop_template import LoopRecord
-from ravop.core.node import NO_PARAMS, Node
+from ravop.core.node import NO_PARAMS, Node, node_of
 from ravop.wire.codec import encode_params
 
 if TYPE_CHECKING:
@@ -45,7 +45,8 @@ class IR:
 
 def from_graph(graph: "Graph", forms: Optional[Sequence[str]] = None) -> IR:
     """The IR of a recorded `ravop.record.graph.Graph` (which is only read). `forms`: the form that runs of each part
-    recorded in several (`graph.forms`, ravop/record/forms.py), in order; None: the last recorded of each."""
+    recorded in several (`graph.strategy_notes.forms`, ravop/record/forms.py), in order; None: the last recorded of
+    each."""
     dropped, alias, outputs = _chosen_forms(graph, forms)
     nodes: dict[int, Node] = {}
     # Params repeat (an optimizer's settings on every step, a layer's options on every call): encode each
@@ -67,11 +68,11 @@ def from_graph(graph: "Graph", forms: Optional[Sequence[str]] = None) -> IR:
         if steps and not steps.isdisjoint(inputs):
             raise GraphStateError(f"op {op.op!r} at {op.source} reads a value recorded inside a loop step, which "
                                   "has one value per run of the step: read the loop's results instead")
-        nodes[op.id] = Node(op.id, op.op, inputs, params, pkey, op.shape, op.dtype, op.source)
+        nodes[op.id] = node_of(op, pkey, inputs)
     if graph.recording_step is not None:
         raise GraphStateError("a loop step is still being recorded: finish it and run the loop first")
     run = {i for record in graph.loops.values() for template in record.spec.templates
-           for i in template.output_nodes}
+           for i in (o.node for o in template.outputs)}
     unrun = {op.id: op for op in graph.step_outputs.ops() if op.id not in run}
     if unrun:
         op = next(iter(unrun.values()))
@@ -92,7 +93,7 @@ def _chosen_forms(graph: "Graph", forms: Optional[Sequence[str]]) -> tuple[set[i
     """(ids of the forms that do not run, {result of a last form: the chosen form's}, persist name -> id) of
     `graph` with `forms` chosen (None: the last of each part, which is what later ops read as recorded)."""
     outputs = {name: op.id for name, op in graph.persisted.items()}
-    parts = graph.forms
+    parts = graph.strategy_notes.forms
     if forms is None:
         forms = [part.last for part in parts]
     if len(forms) != len(parts):

@@ -92,9 +92,13 @@ def _check_template(template: StepTemplate, outer_ids: list[int], where: str) ->
             if i not in defined:
                 raise ValueError(f"{where}: node {node.id} ({node.op}) reads {i}, which is not defined before it")
         defined.add(node.id)
-    for name in ("carry_next", "output_nodes", "send_nodes", "counter_nodes", "seeded_nodes", "seed_param_nodes",
-                 "seed_param_sources"):
-        missing = [i for i in getattr(template, name) if i not in defined]
+    named = {"carried values after the step": [c.after for c in template.carried],
+             "outputs": [o.node for o in template.outputs], "sent values": [s.node for s in template.sent],
+             "counter_nodes": template.counter_nodes, "seeded ops": [s.node for s in template.seeded],
+             "seed followers": [f.node for f in template.seed_followers],
+             "followed seeds' sources": [f.source for f in template.seed_followers]}
+    for name, ids in named.items():
+        missing = [i for i in ids if i not in defined]
         if missing:
             raise ValueError(f"{where}: its {name} {missing[:5]} are not defined")
 

@@ -94,7 +94,8 @@ def _emit_loop(plan: Any, message: Any, record: "LoopRecord", next_id: int) -> i
             else:
                 plan.persisted.update(zip(per_run, range(next_id, next_id + len(per_run))))
             next_id += len(per_run)
-        templates.append(replace(template, output_first_ids=first_ids))
+        templates.append(replace(template, outputs=[replace(o, first_id=first_id)
+                                                    for o, first_id in zip(template.outputs, first_ids)]))
     pack_loop(replace(spec, templates=templates), message)
     plan.n_steps += spec.n_steps
     return next_id

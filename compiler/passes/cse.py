@@ -63,7 +63,8 @@ def eliminate_common_subexpressions(ir: IR) -> tuple[IR, int]:
 
 def _merge_in_template(template: StepTemplate, random_ops: Collection[str]) -> tuple[StepTemplate, int]:
     """(template, ops merged into an earlier identical op)."""
-    unmerged = {*template.counter_nodes, *template.seed_param_nodes, *template.carry_next}
+    unmerged = {*template.counter_nodes, *(f.node for f in template.seed_followers),
+                *(c.after for c in template.carried)}
     first: dict[Hashable, int] = {}
     alias: dict[int, int] = {}
     nodes: list[Node] = []

@@ -38,7 +38,7 @@ def _drop_unread_loop_inputs(nodes: dict[int, Node], loops: dict[int, LoopRecord
         for template in spec.templates:
             for node in template.nodes:
                 read.update(node.inputs)
-            read.update((*template.row_data, *template.run_values, *template.results()))
+            read.update((*template.outer_reads(), *template.results()))
         keep = [k for k, name in enumerate(spec.outer_ids) if k < spec.n_carried or name in read]
         if len(keep) == len(spec.outer_ids) or loop_id not in nodes:
             continue

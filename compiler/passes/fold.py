@@ -114,8 +114,8 @@ def _fold_in_template(template: StepTemplate, outer: dict[int, int], values: dic
     constants (through the loop's inputs) computes the same value at every run, so it is folded as a graph op
     would be, and the step reads it as one more input of the loop. Ops that change per run (step counters,
     seeds) stay, and so does an op whose id the graph uses (a folded loop reuses its steps' ids)."""
-    per_run = {*template.counter_nodes, *template.seed_param_nodes, *template.seed_param_sources,
-               *template.seeded_nodes}
+    per_run = {*template.counter_nodes, *(f.node for f in template.seed_followers),
+               *(f.source for f in template.seed_followers), *(s.node for s in template.seeded)}
     known = {name: values[i] for name, i in outer.items() if i in values}
     shaped = {**{name: nodes[i] for name, i in outer.items()}, **template.holes}
     made: dict[int, tuple[Node, Any]] = {}

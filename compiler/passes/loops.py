@@ -27,7 +27,8 @@ from collections import Counter, defaultdict
 from itertools import count
 from typing import Any, Iterator, Optional, Sequence, cast
 
-from ravop.core.loop_template import LoopRecord, LoopSpec, StepTemplate, hole_node
+from ravop.core.loop_template import (CarriedSlot, LoopRecord, LoopSpec, RunHole, SeededOp, SeedFollower, StepOutput,
+                                      StepTemplate, hole_node)
 from ravop.core.node import Node
 from ravop.core.registry import (HOLE, INPUTS, LOOP, LOOP_INDEX, LOOPS, NOT_KERNELS, PICKS, PROJECTION, REGISTRY,
                                  op_of_kind)
@@ -451,24 +452,19 @@ def _build(ir: IR, context: _Context, fold: _Fold, loop_index: int, alias: dict[
     if len(free) < len(carried) + 1:
         return None
     hole_op = op_of_kind(HOLE)
-    template = StepTemplate(rows, [holes[p] for p in carried], [step0[p] for p in carried], counts=True)
+    template = StepTemplate(rows, [CarriedSlot(holes[p], step0[p]) for p in carried], counts=True)
     template.holes = {holes[p]: hole_node(holes[p], nodes[step0[p]], hole_op) for p in carried}
     template.counter_nodes = [step0[q] for q, delta in sorted(fold.counters.items()) if delta == 1]
-    template.run_holes = list(run_holes.values())
+    template.run_holes = [RunHole(hole, tuple(sequence[r] for r in range(steps)))
+                          for sequence, hole in run_holes.items()]
     template.holes.update((hole, hole_node(hole, nodes[sequence[0]], hole_op)) for sequence, hole in run_holes.items())
-    sequences = list(run_holes)
-    template.run_values = [sequence[r] for r in range(steps) for sequence in sequences]
-    for q, stride in sorted(fold.strides.items()):
-        template.seeded_nodes.append(step0[q])
-        template.seed_strides.append(stride)
-    for q, followed in sorted(fold.seed_params.items()):
-        if followed is not None:
-            template.seed_param_nodes.append(step0[q])
-            template.seed_param_sources.append(step0[followed])
+    template.seeded = [SeededOp(step0[q], stride) for q, stride in sorted(fold.strides.items())]
+    template.seed_followers = [SeedFollower(step0[q], step0[followed])
+                               for q, followed in sorted(fold.seed_params.items()) if followed is not None]
     names: list[list[str]] = []
     for q, id in enumerate(step0):
         for j in range(len(context.names.get(id, ()))):
-            template.output_nodes.append(id)
+            template.outputs.append(StepOutput(id))
             names.append([sorted(context.names[order[start + k * period + q]])[j] for k in range(steps)])
     spec = LoopSpec([template], len(carried), initial_names + list(outer), [(0, steps)], rounds=1, n_steps=steps)
     source = nodes[step0[0]].source

@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any, Callable, Collection, NamedTuple, Optional, Sequence, cast
 
 from ravop.core.errors import GraphStateError
-from ravop.core.loop_template import LoopRecord, LoopSpec, StepTemplate
+from ravop.core.loop_template import CarriedSlot, LoopRecord, LoopSpec, RunHole, SeedFollower, StepTemplate
 from ravop.core.node import Node
 from ravop.core.registry import HOLE, INPUTS, LOOP_INDEX, PICKS, PROJECTION, PROJECTIONS, REGISTRY, op_of_kind
 from ravop.parallel.hand_written import check_loop_strategy
@@ -121,7 +121,7 @@ def carried_kinds(template: StepTemplate) -> list[str]:
     """PARAM, BUFFER or OPTIMIZER for each carried value of a folded step (the module docstring's rule)."""
     rows = {node.id: node for node in template.nodes}
     kinds: list[str] = []
-    for hole, after in zip(template.carry_holes, template.carry_next):
+    for hole, after in ((c.hole, c.after) for c in template.carried):
         node = rows.get(after)
         producer = rows.get(node.inputs[0]) if node is not None and node.op in PROJECTIONS else None
         if node is not None and producer is not None and _is_optimizer_step(producer.op):
@@ -241,9 +241,8 @@ def _replica_record(folded: LoopRecord, scratch: LoopRecord, r: int, replicas: i
     syncs = [_renamed(t, shift) for t in scratch.spec.templates[1:]]
     shares = spec.n_steps // replicas
     step, outer, names = _step_of_runs(folded, folded_inputs, range(r, shares * replicas, replicas), False)
-    extra = [shift[h] for h in stand_in.carry_holes[len(order):]]
-    step = replace(step, carry_holes=[step.carry_holes[k] for k in order] + extra,
-                   carry_next=[step.carry_next[k] for k in order] + extra,
+    extra = [shift[c.hole] for c in stand_in.carried[len(order):]]
+    step = replace(step, carried=[step.carried[k] for k in order] + [CarriedSlot(h, h) for h in extra],
                    holes={**step.holes, **{h: _hole(h, stand_in.holes[h - base]) for h in extra}})
     new_spec = replace(scratch.spec, templates=[step, *syncs],
                        outer_ids=[shift[i] for i in scratch.spec.outer_ids] + [name for name, _ in outer])
@@ -272,15 +271,14 @@ def _step_of_runs(folded: LoopRecord, folded_inputs: Sequence[int], runs: range,
     first (a replica's own optimizer counts)."""
     spec, template = folded.spec, folded.spec.templates[0]
     first, every = runs[0], runs.step
-    step = _renamed(template, {node: node + stride * first
-                               for node, stride in zip(template.seeded_nodes, template.seed_strides)})
+    step = _renamed(template, {s.node: s.node + s.stride * first for s in template.seeded})
     if as_recorded and first:
         step = replace(step, nodes=[_counted_from(node, first) if node.id in step.counter_nodes else node
                                     for node in step.nodes])
-    n_holes = len(template.run_holes)
-    step = replace(step, run_values=[v for run in runs for v in template.run_values[run * n_holes:(run + 1) * n_holes]],
-                   seed_strides=[stride * every for stride in template.seed_strides])
-    read = {i for node in step.nodes for i in node.inputs} | set(step.run_values)
+    step = replace(step, run_holes=[replace(r, values=tuple(recorded.values[run] for run in runs))
+                                    for r, recorded in zip(step.run_holes, template.run_holes)],
+                   seeded=[replace(s, stride=s.stride * every) for s in step.seeded])
+    read = {i for node in step.nodes for i in node.inputs} | {i for r in step.run_holes for i in r.values}
     outer = [(name, i) for name, i in zip(spec.outer_ids[spec.n_carried:], folded_inputs[spec.n_carried:])
              if name in read]
     return step, outer, [[per_run[run] for run in runs] for per_run in folded.names[0]]
@@ -297,16 +295,12 @@ def _hole(node_id: int, like: Node) -> Node:
     return Node(node_id, op_of_kind(HOLE), (), {}, b"", like.shape, like.dtype, like.source)
 
 
-_ID_LISTS = ("carry_holes", "carry_next", "row_holes", "counter_nodes", "output_nodes", "run_holes", "seeded_nodes",
-             "seed_param_nodes", "seed_param_sources", "recv_holes", "send_nodes")
-
-
 def _all_ids(template: StepTemplate) -> set[int]:
     """Every id a template names: its ops, their inputs, its holes and the values it lists."""
     ids = {node.id for node in template.nodes} | {i for node in template.nodes for i in node.inputs}
-    ids |= set(template.holes) | set(template.run_values) | set(template.row_data)
-    for name in _ID_LISTS:
-        ids |= set(getattr(template, name))
+    ids |= set(template.holes) | set(template.outer_reads()) | set(template.hole_ids()) | set(template.results())
+    ids |= {*template.counter_nodes, *(s.node for s in template.seeded)}
+    ids |= {i for f in template.seed_followers for i in (f.node, f.source)}
     return ids
 
 
@@ -318,5 +312,13 @@ def _renamed(template: StepTemplate, names: dict[int, int]) -> StepTemplate:
              for n in template.nodes]
     holes = {rename(h): Node(rename(h), n.op, n.inputs, n.params, n.pkey, n.shape, n.dtype, n.source)
              for h, n in template.holes.items()}
-    lists: dict[str, Any] = {name: [rename(i) for i in getattr(template, name)] for name in _ID_LISTS}
-    return replace(template, nodes=nodes, holes=holes, run_values=[rename(i) for i in template.run_values], **lists)
+    return replace(template, nodes=nodes, holes=holes,
+                   carried=[CarriedSlot(rename(c.hole), rename(c.after)) for c in template.carried],
+                   row_holes=[replace(r, hole=rename(r.hole)) for r in template.row_holes],
+                   run_holes=[RunHole(rename(r.hole), tuple(rename(i) for i in r.values)) for r in template.run_holes],
+                   counter_nodes=[rename(i) for i in template.counter_nodes],
+                   outputs=[replace(o, node=rename(o.node)) for o in template.outputs],
+                   seeded=[replace(s, node=rename(s.node)) for s in template.seeded],
+                   seed_followers=[SeedFollower(rename(f.node), rename(f.source)) for f in template.seed_followers],
+                   received=[replace(r, hole=rename(r.hole)) for r in template.received],
+                   sent=[replace(s, node=rename(s.node)) for s in template.sent])

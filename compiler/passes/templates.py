@@ -28,7 +28,7 @@ def rewrite_templates(loops: dict[int, LoopRecord], rewrite: Callable[[StepTempl
 
 def followed_streams(template: StepTemplate) -> dict[int, int]:
     """{op id: the op whose stream its seed param follows}."""
-    return dict(zip(template.seed_param_nodes, template.seed_param_sources))
+    return {f.node: f.source for f in template.seed_followers}
 
 
 def keep_only(template: StepTemplate, nodes: list[Node], alias: Optional[dict[int, int]] = None) -> StepTemplate:
@@ -36,11 +36,10 @@ def keep_only(template: StepTemplate, nodes: list[Node], alias: Optional[dict[in
     results renamed; the per-op lists drop the ops that are gone."""
     alias = alias or {}
     ids = {node.id for node in nodes}
-    seeded = [(n, s) for n, s in zip(template.seeded_nodes, template.seed_strides) if n in ids]
-    followed = [(n, s) for n, s in zip(template.seed_param_nodes, template.seed_param_sources) if n in ids]
-    return replace(template, nodes=nodes, carry_next=[alias.get(i, i) for i in template.carry_next],
-                   output_nodes=[alias.get(i, i) for i in template.output_nodes],
-                   send_nodes=[alias.get(i, i) for i in template.send_nodes],
+    return replace(template, nodes=nodes,
+                   carried=[replace(c, after=alias.get(c.after, c.after)) for c in template.carried],
+                   outputs=[replace(o, node=alias.get(o.node, o.node)) for o in template.outputs],
+                   sent=[replace(s, node=alias.get(s.node, s.node)) for s in template.sent],
                    counter_nodes=[n for n in template.counter_nodes if n in ids],
-                   seeded_nodes=[n for n, _ in seeded], seed_strides=[s for _, s in seeded],
-                   seed_param_nodes=[n for n, _ in followed], seed_param_sources=[s for _, s in followed])
+                   seeded=[s for s in template.seeded if s.node in ids],
+                   seed_followers=[f for f in template.seed_followers if f.node in ids])

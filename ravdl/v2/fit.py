@@ -9,6 +9,7 @@ Pytorch_Model do, and R.parallel's strategies use the same interface (ravdl/v2/p
 from functools import partial
 from typing import Any, Callable, Hashable, Optional, Sequence, cast
 
+from ravop.core.loop_template import batch_steps
 from ravop.core.loss_names import TRAINING_BATCH_RULE, VALIDATION_RULE, RunNames
 from ravop.record.loop import Batches, Loop
 
@@ -107,14 +108,14 @@ def record_fit(model: Any, train_step: Callable[[Any, Any], Any], X: Any, y: Any
     loop = Loop([slot.get() for slot in slots] + [value for rule in stopping for value in rule.initial()],
                 Batches(n_rows, batch_size, shuffle, seed))
     n_slots = len(slots)
-    n_full, short = divmod(n_rows, batch_size)
     epochs = range(1, n_epochs + 1)
     schedule: list[tuple[int, int]] = []
     steps_per_epoch = 0
     advance: Optional[list[Any]] = None
-    for rows, batches in ((batch_size, range(1, n_full + 1)), (short, range(n_full + 1, n_full + 1 + (short > 0)))):
-        if not batches:
-            continue
+    first_batch = 1
+    for rows, times in batch_steps(n_rows, batch_size):
+        batches = range(first_batch, first_batch + times)
+        first_batch += times
         for counter, start in zip(counters, starts):
             counter.set(start)
         with loop.step() as step:
@@ -143,7 +144,7 @@ def record_fit(model: Any, train_step: Callable[[Any, Any], Any], X: Any, y: Any
     trained_values.persist([slot.get() for slot in slots])   # where the next graph starts from
     for counter, start, moved in zip(counters, starts, cast(list[Any], advance)):   # Batches: n_rows >= 1
         counter.set(start + moved * steps_per_epoch * n_epochs)
-    return RunNames(TRAINING_BATCH_RULE, epochs, range(1, n_full + (short > 0) + 1))
+    return RunNames(TRAINING_BATCH_RULE, epochs, range(1, first_batch))
 
 
 def _split(rules: Sequence[tuple[LoopStopping, int]], values: Sequence[Any]) -> list[tuple[LoopStopping, list[Any]]]:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 import ravop as R
+from ravop.core.loop_template import batch_steps
 from ravop.core.loss_names import training_loss_name
 from ravop.parallel.protocol import (
     GradientReplicas, PipelineStages, ResidentSync, ShardReplicas, Synchronizer, check_hooks, check_strategy)
@@ -44,9 +45,9 @@ def record_parallel_fit(model: Any, X: Any, y: Any, n_epochs: int, batch_size: i
     if n_epochs < 1 or batch_size < 1:
         raise ValueError(f"n_epochs and batch_size must be >= 1, not {n_epochs} and {batch_size}")
     graph = current_graph()
-    graph.parallel_fits.append(check_strategy(strategy))   # compile_graph leaves it unfolded
+    graph.strategy_notes.fits.append(check_strategy(strategy))   # compile_graph leaves it unfolded
     fit = ParallelFit(model, X, y, n_epochs, batch_size, shuffle, seed)
-    graph.parallel_loops.append(fit.loops)   # ravop.client.placement names the workers that ran them
+    graph.strategy_notes.loops.append(fit.loops)   # ravop.client.placement names the workers that ran them
     names: list[str] = strategy.record_fit(fit)
     # where the next graph starts from (ravdl.v2.trained_values)
     trained_values.persist([slot.get() for slot in model.train_state(_shard(X, 0, 1)).carried])
@@ -58,9 +59,9 @@ class _Steps:
     then a short last one) and, per step, (template, epoch, batch in the epoch), all 0-based."""
 
     def __init__(self, n_rows: int, batch_size: int, n_epochs: int) -> None:
-        n_full, short = divmod(n_rows, batch_size)
-        self.rows = [batch_size] * bool(n_full) + [short] * bool(short)
-        self.schedule = [(t, n_full if rows == batch_size else 1) for t, rows in enumerate(self.rows)]
+        batches = batch_steps(n_rows, batch_size)
+        self.rows = [rows for rows, _ in batches]
+        self.schedule = [(t, times) for t, (_, times) in enumerate(batches)]
         self.n_epochs = n_epochs
         self.order = [(t, e, b) for e in range(n_epochs) for b, t in enumerate(
             [t for t, times in self.schedule for _ in range(times)])]
@@ -260,7 +261,7 @@ class ParallelFit:
             states, per_round, finish = resident_replicas() if form == RESIDENT else segments()
             # what each replica contributes per round (History.contributions): its steps, their samples (a full
             # round's: an epoch's last batch may be short), its rounds
-            current_graph().parallel_rounds[repr(strategy)] = {
+            current_graph().strategy_notes.rounds[repr(strategy)] = {
                 f"replica {r}": {"steps_per_round": n, "samples_per_round": n * self.batch_size * per_update,
                                  "rounds": -(-len(steps_of[r].order) // n), "steps": len(steps_of[r].order)}
                 for r, n in enumerate(per_round)}

@@ -12,6 +12,7 @@ import torch
 
 import ravop as R
 from ravop.client.session import live_workers
+from ravop.core.loop_template import batch_steps, round_orders
 from ravop.core.errors import GraphStateError
 from ravop.core.loss_names import training_loss_name
 from ravop.parallel.pipeline import stage_seed
@@ -45,8 +46,7 @@ def _advertising_workers() -> list[dict[str, Any]]:
 
 
 def _steps(n_rows: int, batch_size: int, n_epochs: int) -> list[tuple[int, int]]:
-    n_full, short = divmod(n_rows, batch_size)
-    per_epoch = n_full + bool(short)
+    per_epoch = sum(times for _, times in batch_steps(n_rows, batch_size))
     return [(e, b) for e in range(n_epochs) for b in range(per_epoch)]
 
 
@@ -81,7 +81,7 @@ def record_pipeline(model: Any, X: Any, y: Any, n_epochs: int, batch_size: int, 
     units = model.pipeline_units(torch.as_tensor(X[:micro_rows]), micro_rows)
     if strategy.stages == "auto":
         strategy = strategy.fit_to_workers(units.memory, units.boundary, _advertising_workers())
-        current_graph().parallel_fits[-1] = strategy   # the summary's forecast names the stages chosen
+        current_graph().strategy_notes.fits[-1] = strategy   # the summary's forecast names the stages chosen
     stages = [units.stage(start, stop) for start, stop in strategy.cut(units.memory)]
     names = [training_loss_name(epoch + 1, batch + 1) for epoch, batch in _steps(len(X), batch_size, n_epochs)]
     initial, starts = [slot.get() for slot in state.carried], [counter.get() for counter in state.counters]
@@ -108,8 +108,8 @@ def _record_segments(model: Any, X: Any, y: Any, stages: list[Any], strategy: An
     """GPipe as one-step loop segments per (stage, micro-batch), forward and backward, and each step's update as
     ops, the losses persisted under their names."""
     graph_seed = current_graph().seed
-    rng = np.random.default_rng(seed)
-    orders = [rng.permutation(len(X)) if shuffle else np.arange(len(X)) for _ in range(n_epochs)]
+    rounds = round_orders(len(X), shuffle, seed)
+    orders = [np.arange(len(X)) if order is None else order for _, order in zip(range(n_epochs), rounds)]
     for index, (epoch, batch) in enumerate(_steps(len(X), batch_size, n_epochs)):
         rows = orders[epoch][batch * batch_size:(batch + 1) * batch_size]
         bounds = strategy.micro_slices(len(rows))

@@ -4,13 +4,15 @@ checkpointed past it (worker/loops/exchange.py) and the store holds only the rou
 import json
 from typing import Any, Dict
 
+from ..wire.loop_message import received_channels
+
 
 def exchange_readers(plan: Any) -> Dict[str, int]:
     """{channel: number of loop subgraphs whose templates receive it} of a compiled plan."""
     readers: Dict[str, int] = {}
     for subgraph in plan.subgraphs:
         if subgraph.HasField("loop"):
-            for channel in {c for template in subgraph.loop.templates for c in template.recv_channels}:
+            for channel in received_channels(subgraph.loop):
                 readers[channel] = readers.get(channel, 0) + 1
     return readers
 

@@ -85,19 +85,20 @@ class PlannedGraphs:
         workers = worker_info.read_all(session.client)   # their measured cost figures, and placement below
         compile_options.setdefault("devices", calibrated(workers))
         # a part recorded in several forms (a fit's resident replicas or segments): the one these workers suit
-        forms = compile_options.setdefault("forms", [part.choose(len(workers)) for part in graph.forms])
+        notes = graph.strategy_notes
+        forms = compile_options.setdefault("forms", [part.choose(len(workers)) for part in notes.forms])
         with progress.busy(f"compiling {graph.name!r} ({len(graph.nodes):,} ops)"):
             compiled = compile_planned(graph, **compile_options)
         summary = Summary(name=graph.name, graph_id=graph.id, **compiled.summary)
-        if graph.forms:
-            summary["forms"] = {part.what: form for part, form in zip(graph.forms, forms)}
-        strategies = graph.parallel_fits or [graph.strategy] * (graph.strategy is not None)   # or hand-written loops
+        if notes.forms:
+            summary["forms"] = {part.what: form for part, form in zip(notes.forms, forms)}
+        strategies = notes.fits or [graph.strategy] * (graph.strategy is not None)   # or hand-written loops
         if strategies:
             kind = "cuda" if graph.gpu_required else "cpu"   # the stream a worker of that kind reads
             summary["placement"] = {repr(s): parallel.forecast(s, workers, kind) for s in strategies}
-        if graph.parallel_fits:
+        if notes.fits:
             summary["replica_subgraphs"] = replica_subgraphs(graph, compiled.plan)   # read back by held_by
-            summary["replica_rounds"] = graph.parallel_rounds                        # ... and by contributions,
+            summary["replica_rounds"] = notes.rounds                        # ... and by contributions,
             summary["loop_steps"] = {s.id: s.loop.n_steps for s in compiled.plan.subgraphs   # with each loop's
                                      if s.HasField("loop")}                                 # steps, syncs included
         if graph.verify > 1 and compiled.plan.n_steps:

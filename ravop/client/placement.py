@@ -1,7 +1,7 @@
 """Which worker held each replica of a strategy's fit, from the engine's own records (the `taken` and `ran` hashes:
 the worker that last started and the one that finished each subgraph), not the forecast R.activate() prints.
 
-At record time a fit under a strategy notes the loop ops of each replica (`Graph.parallel_loops`: one resident
+At record time a fit under a strategy notes the loop ops of each replica (`Graph.strategy_notes.loops`: one resident
 loop, or one segment per synchronisation interval; those of both forms where both are recorded); at activation
 `replica_subgraphs` maps those the plan holds (the chosen form's) to its subgraph ids, kept in the graph's stored
 summary; `held_by` reads who ran them, `contributions` what each replica contributed (both read in
@@ -22,7 +22,7 @@ def replica_subgraphs(graph: Graph, plan: Any) -> Roles:
     where = {node_id: subgraph.id for subgraph in plan.subgraphs if subgraph.HasField("loop")
              for node_id in subgraph.nodes.id}
     found: Roles = {}
-    for strategy, loops in zip(graph.parallel_fits, graph.parallel_loops):
+    for strategy, loops in zip(graph.strategy_notes.fits, graph.strategy_notes.loops):
         roles = found.setdefault(repr(strategy), {})
         for role, node_ids in loops.items():
             roles.setdefault(role, []).extend(where[i] for i in node_ids if i in where)

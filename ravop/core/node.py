@@ -6,7 +6,7 @@ the plan reuses it); `dtype` a torch.dtype, `shape` a tuple (a tuple of each for
 () when not declared)."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from .registry import INPUT, op_of_kind
 
@@ -48,3 +48,12 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<Node {self.id} {self.op} {list(self.inputs)} {self.shape} {self.dtype}>"
+
+
+def node_of(op: Any, pkey: bytes = b"", inputs: Optional[Sequence[int]] = None) -> Node:
+    """The `Node` of a recorded `Op` (ravop/record/graph.py; read by its fields, since core imports nothing of
+    recording): the one conversion the compiler's IR, a loop step's template and in-process evaluation share.
+    `pkey`: its params as wire JSON where a plan packs it (b"" where nothing goes on the wire); `inputs`: its
+    input ids when the caller renames them (the Op's own by default)."""
+    return Node(op.id, op.op, [i.id for i in op.inputs] if inputs is None else inputs, op.params or NO_PARAMS, pkey,
+                op.shape, op.dtype, op.source)

@@ -59,7 +59,7 @@ def record_forms(graph: Any, what: str, workers: int, names: Sequence[str],
             results = record(name)
         part.forms[name] = Form(start, len(graph.nodes), [op.id for op in results], made["persisted"],
                                 made["step_outputs"])
-    graph.forms.append(part)
+    graph.strategy_notes.forms.append(part)
     return results
 
 

@@ -18,6 +18,7 @@ from ..core.sizes import numel
 from .job_settings import job_settings
 from .source import user_source
 from .step_outputs import StepOutputs
+from .strategy_notes import StrategyNotes
 
 
 class Shape(tuple):
@@ -122,10 +123,7 @@ class Graph:
                  seed=0, verify=1, strategy=None):
         self.id = uuid.uuid4().hex[:12]
         self.settings = job_settings(name, algorithm, approach, gpu_required, rules, seed, verify, strategy)
-        self.parallel_fits = []   # strategies fits recorded with; their segments and averagings are not folded
-        self.parallel_loops = []  # per such fit: role ('replica r') -> its loop op ids (ravop.client.placement)
-        self.parallel_rounds = {}  # strategy repr -> role -> its rounds' schedule (ravop.client.placement)
-        self.forms = []           # parts recorded in more than one form, one chosen at activation (record/forms.py)
+        self.strategy_notes = StrategyNotes()   # its strategies' fits, loops by role, rounds and forms
         self.nodes = []           # append-only op table; node.id is its index
         self.constants = {}       # node id -> torch.Tensor held by the requester until upload
         self.persisted = {}       # persist name -> Op

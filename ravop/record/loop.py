@@ -40,9 +40,10 @@ import torch
 
 from ..core import registry
 from ..core.errors import GraphStateError
-from ..core.loop_template import LoopRecord, LoopSpec, StepTemplate
+from ..core.loop_template import (CarriedSlot, LoopRecord, LoopSpec, Received, RowHole, SeedFollower, Sent,
+                                  StepOutput, StepTemplate, batch_steps)
 from ..core.loss_names import RunNames
-from ..core.node import Node
+from ..core.node import Node, node_of
 from ..core.registry import HOLE, INPUTS, LOOP, LOOP_INDEX, op_of_kind
 from ..runtime.runner import op_seed
 from ..wire import encode_params
@@ -144,36 +145,26 @@ class Loop:
         self._check_batches(schedule)
         sync, sync_every = [int(t) for t in sync], int(sync_every)
         self._check_sync(schedule, sync, sync_every, segment)
-        if any(t.recv_optional for t in self.templates) and not close_after_s > 0:
+        if any(r.optional is not None for t in self.templates for r in t.received) and not close_after_s > 0:
             raise ValueError(f"a step receives optional values: give close_after_s > 0, not {close_after_s!r}")
         before_first = [t for t in sync if self.before_first[t]]
-        if sync:   # a resident replica's loop: its syncs placed step by step, O(steps) (ravop.parallel)
-            order = [t for _ in range(rounds) for t, times in schedule for _ in range(times)]
-            order = before_first + _with_syncs(order, [self.templates[t].counts for t in order], sync, sync_every)
-            total = len(order)
-        else:
-            total = rounds * sum(times for _, times in schedule)
+        inputs = tuple(self.initial) + tuple(self.outer.values())
+        spec = LoopSpec(list(self.templates), len(self.initial), [op.id for op in inputs], schedule, rounds,
+                        sync_templates=sync, sync_every=sync_every, before_first=before_first,
+                        close_after_s=float(close_after_s))
+        total = spec.total_steps()
         first, n_steps = (0, total) if segment is None else (int(segment[0]), int(segment[1]))
         if first < 0 or n_steps < 1 or first + n_steps > total:
             raise ValueError(f"segment {segment} is not within the loop's {total} steps")
-        if sync:
-            runs = [0] * len(self.templates)
-            for t in order[first:first + n_steps]:
-                runs[t] += 1
-        else:   # counted, not listed: a loop of 10**9 steps records in O(1)
-            runs = [end - start for start, end in zip(_runs_before(schedule, len(self.templates), first),
-                                                      _runs_before(schedule, len(self.templates), first + n_steps))]
+        spec.first_step, spec.n_steps = first, n_steps
+        runs = spec.segment_runs()
         for t, (template, names) in enumerate(zip(self.templates, self.names)):
-            for node, per_run in zip(template.output_nodes, names):
+            for node, per_run in zip((o.node for o in template.outputs), names):
                 if len(per_run) != runs[t]:
                     raise ValueError(f"step {t} runs {runs[t]} times but node {node} has {len(per_run)} persist "
                                      "names")
         graph = self.graph
         self.closed = True
-        inputs = tuple(self.initial) + tuple(self.outer.values())
-        spec = LoopSpec(list(self.templates), len(self.initial), [op.id for op in inputs], schedule, rounds, n_steps,
-                        first, sync_templates=sync, sync_every=sync_every, before_first=before_first,
-                        close_after_s=float(close_after_s))
         if self.batches is not None:
             spec.n_rows, spec.batch_size = self.batches.n_rows, self.batches.batch_size
             spec.shuffle, spec.shuffle_seed = self.batches.shuffle, self.batches.seed
@@ -206,41 +197,23 @@ class Loop:
             return
         if self.batches is None:
             raise ValueError("a step reads rows but the loop was given no Batches")
-        n, size, position = self.batches.n_rows, self.batches.batch_size, 0
+        n, size = self.batches.n_rows, self.batches.batch_size
+        # the round's batches as runs of [rows, times left] (`batch_steps`), matched run by run: O(len(schedule))
+        left = [[rows, times] for rows, times in batch_steps(n, size)]
+        read = 0
         for t, times in schedule:
             rows = self.rows_per_step[t]
-            for _ in range(times if rows else 0):
-                want = min(size, n - position)
+            while rows and times:
+                want = left[0][0] if left else 0
                 if rows != want:
-                    raise ValueError(f"step {t} reads {rows} rows where batch {position // size + 1} has {want} "
+                    raise ValueError(f"step {t} reads {rows} rows where batch {read // size + 1} has {want} "
                                      f"({n} rows in batches of {size})")
-                position += rows
-        if position != n:
-            raise ValueError(f"one round of the loop reads {position} rows of {n}")
-
-
-def _runs_before(schedule: list[tuple[int, int]], n_templates: int, step: int) -> list[int]:
-    """How often each template runs in the first `step` steps of the rounds of `schedule`, in O(len(schedule))."""
-    rounds, rest = divmod(step, sum(times for _, times in schedule))
-    runs = [0] * n_templates
-    for t, times in schedule:
-        runs[t] += rounds * times + min(times, rest)
-        rest -= min(times, rest)
-    return runs
-
-
-def _with_syncs(order: list[int], counts: list[bool], sync: list[int], every: int) -> list[int]:
-    """`order` with the sync templates after every `every` training steps and after the last one (as
-    `ravop.runtime.loop_run.LoopRun.positions` runs them)."""
-    out, count = [], 0
-    for t, counted in zip(order, counts):
-        out.append(t)
-        count += counted
-        if counted and count % every == 0:
-            out += sync
-    if count % every:
-        out += sync
-    return out
+                run = min(times, left[0][1])
+                times, read, left[0][1] = times - run, read + run * rows, left[0][1] - run
+                if not left[0][1]:
+                    left.pop(0)
+        if read != n:
+            raise ValueError(f"one round of the loop reads {read} rows of {n}")
 
 
 def seed_params(rows: Sequence[Node], graph_seed: int) -> list[tuple[int, int]]:
@@ -399,25 +372,19 @@ class Step:
         for _, data in self.row_holes:
             loop.outer.setdefault(data.id, data)
         n_rows = self.row_holes[0][0].shape[0] if self.row_holes else 0
-        template = StepTemplate(rows, [op.id for op in self.carried], [op.id for op in self.next], self.counts, n_rows,
-                                [hole.id for hole, _ in self.row_holes], [data.id for _, data in self.row_holes],
-                                counters, [op.id for op, _ in self.outputs],
+        template = StepTemplate(rows, [CarriedSlot(op.id, after.id) for op, after in zip(self.carried, self.next)],
+                                self.counts, n_rows, [RowHole(hole.id, data.id) for hole, data in self.row_holes],
+                                counter_nodes=counters, outputs=[StepOutput(op.id) for op, _ in self.outputs],
+                                received=[Received(hole.id, channel, _node_of(hole) if optional else None)
+                                          for (hole, channel), optional in zip(self.received, self.optional)],
+                                sent=[Sent(op.id, channel) for op, channel in self.sent],
                                 holes={op.id: _node_of(op) for op in (*self.carried, *(h for h, _ in self.row_holes),
-                                                                      *(h for h, _ in self.received))},
-                                recv_holes=[hole.id for hole, _ in self.received],
-                                recv_channels=[channel for _, channel in self.received],
-                                recv_optional=list(self.optional) if any(self.optional) else [],
-                                optional_holes=[_node_of(hole) for (hole, _), optional in
-                                                zip(self.received, self.optional) if optional],
-                                send_nodes=[op.id for op, _ in self.sent],
-                                send_channels=[channel for _, channel in self.sent])
-        for node_id, source in seed_params(rows, graph.seed):
-            template.seed_param_nodes.append(node_id)
-            template.seed_param_sources.append(source)
+                                                                      *(h for h, _ in self.received))})
+        template.seed_followers += [SeedFollower(node_id, source) for node_id, source in seed_params(rows, graph.seed)]
         for row in rows if self.step_seeds else ():
-            if seed_of(row) in self.step_seeds and row.id not in template.seed_param_nodes:
-                template.seed_param_nodes.append(row.id)
-                template.seed_param_sources.append(row.id)   # its own: the stream its recorded seed names
+            if seed_of(row) in self.step_seeds and row.id not in {f.node for f in template.seed_followers}:
+                # its own: the stream its recorded seed names
+                template.seed_followers.append(SeedFollower(row.id, row.id))
         loop.step_ids |= inside
         graph.step_ids |= inside
         loop.templates.append(template)
@@ -427,6 +394,5 @@ class Step:
 
 
 def _node_of(op: Op) -> Node:
-    """The `Node` of a recorded `Op` (its params as wire JSON too: the plan packs them)."""
-    return Node(op.id, op.op, [i.id for i in op.inputs], op.params, encode_params(op.params) if op.params else b"",
-                op.shape, op.dtype, op.source)
+    """The `Node` of a recorded `Op`, its params as wire JSON too: the plan packs a template's nodes."""
+    return node_of(op, encode_params(op.params) if op.params else b"")

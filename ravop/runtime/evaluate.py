@@ -12,16 +12,11 @@ import torch
 
 from ..core import registry
 from ..core.alignment import aligned
-from ..core.node import Node
+from ..core.node import Node, node_of
 from .loop_run import LoopRun, MemoryExchange
 from .runner import OpError, describe, op_seed, run_nodes, run_op
 
 __all__ = ["evaluate", "evaluate_persisted", "OpError", "describe", "op_seed", "run_nodes", "run_op"]
-
-
-def _node_of(op: Any) -> Node:
-    """The `Node` the runner runs for a recorded `Op` (params not encoded: nothing goes on the wire)."""
-    return Node(op.id, op.op, [i.id for i in op.inputs], op.params, b"", op.shape, op.dtype, op.source)
 
 
 def evaluate(outputs: Any, graph_seed: Optional[int] = None, device: str = "cpu") -> Any:
@@ -48,12 +43,12 @@ def evaluate_persisted(graph: Any, names: Optional[Iterable[str]] = None,
     # stage without parameters: nothing reads its results, yet the others wait for what it sends), as the compiler
     # keeps every loop; of a part recorded in several forms, the last form's (what later ops read:
     # ravop/record/forms.py)
-    others = [range(form.start, form.stop) for part in graph.forms for name, form in part.forms.items()
+    others = [range(form.start, form.stop) for part in graph.strategy_notes.forms for name, form in part.forms.items()
               if name != part.last]
     loops = [node_id for node_id, record in graph.loops.items()
              if not any(node_id in ids for ids in others) and (
                  any(n in wanted for per_template in record.names for per_output in per_template for n in per_output)
-                 or any(template.send_channels for template in record.spec.templates))]
+                 or any(template.sent for template in record.spec.templates))]
     found: dict[str, Any] = {}
     values = _evaluate(graph, ops, loops, graph_seed, step_values=found)
     result = dict(zip([n for n in names if n in graph.persisted], values))
@@ -75,7 +70,7 @@ def _evaluate(graph: Any, outputs: Sequence[Any], loops: Iterable[int], graph_se
     inputs = registry.INPUTS
     # constants as a worker reads them from the store: aligned (a slice of the user's array need not be)
     env = {i: aligned(graph.constants[i]).to(device) for i in needed if graph.nodes[i].op in inputs}
-    rows = [_node_of(graph.nodes[i]) for i in sorted(needed) if graph.nodes[i].op not in inputs]
+    rows = [node_of(graph.nodes[i]) for i in sorted(needed) if graph.nodes[i].op not in inputs]
     last_use = {i: index for index, row in enumerate(rows) for i in row.inputs}  # free values as a worker does
     for o in roots:
         last_use.pop(o.id, None)

@@ -10,19 +10,18 @@ watcher refuses, is an `OpError` naming the op and the loop step, as on any subg
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
 import functools
 import threading
 
-import numpy as np
 import torch
 
 from ..core import numerics_mode, registry
 from ..core.alignment import aligned
 from . import step_compiler
 from ..core.errors import PlanError
-from ..core.loop_template import LoopSpec, StepTemplate
+from ..core.loop_template import LoopSpec, StepTemplate, round_orders
 from .runner import At, PerRun, Runner, Watcher, check_in_place, on_device
 
 
@@ -49,46 +48,45 @@ class StepFunction:
         `decisions`: where the step compiler keeps which variant runs faster (None: the step runs op by op);
         `runs`: how often the loop runs this template (the step compiler measures only steps that run often)."""
         device = str(device)
-        if len(template.carry_holes) != n_carried or len(template.carry_next) != n_carried:
-            raise PlanError(f"a loop step names {len(template.carry_holes)} carried holes and "
-                            f"{len(template.carry_next)} next values for {n_carried} carried values")
-        if len(template.row_holes) != len(template.row_data):
-            raise PlanError("a loop step's row holes and their data do not pair up")
-        for data in template.row_data:
-            if data not in outer:
-                raise PlanError(f"a loop step slices rows of {data}, which is not an input of the loop")
+        if len(template.carried) != n_carried:
+            raise PlanError(f"a loop step names {len(template.carried)} carried values where the loop carries "
+                            f"{n_carried}")
+        for row_hole in template.row_holes:
+            if row_hole.data not in outer:
+                raise PlanError(f"a loop step slices rows of {row_hole.data}, which is not an input of the loop")
         held = {i: value for i, value in outer.items() if not isinstance(value, RowSource)}   # not read by rows only
         self.runner = Runner(template.nodes, [*held, *template.hole_ids()], template.results(), device, graph_seed,
                              watcher, free_inputs=False, per_run=self._per_run(template, graph_seed, device))
         slot, values = self.runner.slot, self.runner.values
         for node_id, value in held.items():
             values[slot[node_id]] = value
-        self.carry_slots = [slot[i] for i in template.carry_holes]
+        self.carry_slots = [slot[c.hole] for c in template.carried]
         self.rows: list[tuple[int, Callable[[Any], torch.Tensor]]] = [
-            (slot[hole], outer[data].read_rows if isinstance(outer[data], RowSource) else
-             functools.partial(_batch, outer[data]))
-            for hole, data in zip(template.row_holes, template.row_data)]
+            (slot[r.hole], outer[r.data].read_rows if isinstance(outer[r.data], RowSource) else
+             functools.partial(_batch, outer[r.data]))
+            for r in template.row_holes]
         self.run_holes = self._run_holes(template, outer, slot)
-        for i in [*template.carry_next, *template.output_nodes]:
+        after = [c.after for c in template.carried]
+        for i in [*after, *(o.node for o in template.outputs)]:
             if i not in slot:
                 raise PlanError(f"a loop step names value {i} as a result but does not define it")
-        self.next_slots = [slot[i] for i in template.carry_next]
+        self.next_slots = [slot[i] for i in after]
         # a value carried on in two slots (a resident replica restarts from the global model it keeps) is copied
         # into the later ones, so that an optimizer step updating one in place leaves the other alone
-        self.copied = [k for k, i in enumerate(template.carry_next) if i in template.carry_next[:k]]
-        self.output_slots = [slot[i] for i in template.output_nodes]
-        if len(template.recv_holes) != len(template.recv_channels) or \
-                len(template.send_nodes) != len(template.send_channels):
-            raise PlanError("a loop step's exchanged values and their channels do not pair up")
-        for i in template.send_nodes:
-            if i not in slot:
-                raise PlanError(f"a loop step sends value {i} but does not define it")
-        self.recv_slots = [slot[i] for i in template.recv_holes]
-        self.send_slots = [slot[i] for i in template.send_nodes]
-        self.recv_channels, self.send_channels = list(template.recv_channels), list(template.send_channels)
+        self.copied = [k for k, i in enumerate(after) if i in after[:k]]
+        self.output_slots = [slot[o.node] for o in template.outputs]
+        for sent in template.sent:
+            if sent.node not in slot:
+                raise PlanError(f"a loop step sends value {sent.node} but does not define it")
+        self.recv_slots = [slot[r.hole] for r in template.received]
+        self.send_slots = [slot[s.node] for s in template.sent]
+        self.recv_channels = [r.channel for r in template.received]
+        self.send_channels = [s.channel for s in template.sent]
         # optional received values (a round that may close without them): their zeros' shapes and dtypes
-        self.optional = list(template.recv_optional)
-        self.absent = [(tuple(node.shape), node.dtype) for node in template.optional_holes]
+        self.optional = [r.optional is not None for r in template.received] \
+            if any(r.optional is not None for r in template.received) else []
+        self.absent = [(tuple(r.optional.shape), r.optional.dtype) for r in template.received
+                       if r.optional is not None]
         owned_slots = {self.carry_slots[k] for k in owned}
         self._update_in_place(owned_slots, device)
         check_in_place(self.runner.calls, self.runner.overwrites, owned_slots,
@@ -107,9 +105,9 @@ class StepFunction:
     def _per_run(template: StepTemplate, graph_seed: int, device: str) -> dict[int, PerRun]:
         """What changes per run, by node: random streams, step counters (ops declaring a `counter`) and seed
         params following a stream (ops declaring a `seed_param`)."""
-        strides = dict(zip(template.seeded_nodes, template.seed_strides))
-        seed_params = dict(zip(template.seed_param_nodes, template.seed_param_sources))
-        if len(strides) != len(template.seeded_nodes) or len(seed_params) != len(template.seed_param_nodes):
+        strides = {s.node: s.stride for s in template.seeded}
+        seed_params = {f.node: f.source for f in template.seed_followers}
+        if len(strides) != len(template.seeded) or len(seed_params) != len(template.seed_followers):
             raise PlanError("a loop step seeds a value twice")
         ids = {node.id for node in template.nodes}
         unknown = sorted((set(strides) | set(seed_params) | set(seed_params.values())) - ids)
@@ -137,18 +135,13 @@ class StepFunction:
 
     @staticmethod
     def _run_holes(template: StepTemplate, outer: dict[int, Any], slot: dict[int, int]) -> list[tuple[int, list]]:
-        """[(slot, [value at run r])] of the values that differ per run (`run_holes`, `run_values`)."""
-        holes, table = template.run_holes, template.run_values
-        if not holes:
-            if table:
-                raise PlanError("a loop step lists values per run but no holes for them")
-            return []
-        if len(table) % len(holes):
-            raise PlanError(f"a loop step's {len(table)} values per run do not fill its {len(holes)} holes evenly")
-        unknown = sorted({i for i in table if i not in outer})
+        """[(slot, [value at run r])] of the values that differ per run (`run_holes`)."""
+        if len({len(r.values) for r in template.run_holes}) > 1:
+            raise PlanError("a loop step's values per run cover different numbers of runs")
+        unknown = sorted({i for r in template.run_holes for i in r.values if i not in outer})
         if unknown:
             raise PlanError(f"a loop step reads values {unknown[:5]} per run, which are not inputs of the loop")
-        return [(slot[hole], [outer[i] for i in table[h::len(holes)]]) for h, hole in enumerate(holes)]
+        return [(slot[r.hole], [outer[i] for i in r.values]) for r in template.run_holes]
 
     def runs(self) -> Optional[int]:
         """How many runs the step's per-run values cover (None: any number)."""
@@ -183,7 +176,7 @@ class StepFunction:
                  run: int = 0, received: Sequence[Any] = ()) -> tuple[list[Any], list[Any]]:
         """(carried values after the step, persisted values) of one run; `rows`: the batch's row indices (a
         slice or an index tensor), `count`: training steps run before this one, `run`: the runs of this
-        template before this one, `received`: the values of its `recv_holes` (what it sends is `sent()`)."""
+        template before this one, `received`: the values of its `received` holes (what it sends is `sent()`)."""
         values = self.runner.values
         for s, value in zip(self.carry_slots, carried):
             values[s] = value
@@ -200,7 +193,7 @@ class StepFunction:
         return after, [values[s] for s in self.output_slots]
 
     def sent(self) -> list[Any]:
-        """The values the last run sends (`send_nodes`)."""
+        """The values the last run sends (`sent`)."""
         return [self.runner.values[s] for s in self.send_slots]
 
 
@@ -297,12 +290,11 @@ class LoopRun:
         self.before_first = list(loop.before_first)
         if len(set(self.before_first)) != len(self.before_first) or not set(self.before_first) <= set(self.syncs):
             raise PlanError("the templates a loop runs before its first step must be distinct sync templates")
-        self.row_counts = [int(t.rows) if t.row_holes else 0 for t in loop.templates]
+        self.row_counts = loop.row_counts()
         if loop.shuffle and any(isinstance(value, RowSource) for value in outer.values()):
             raise PlanError("a shuffled loop reads rows from anywhere in its data in every batch: its data cannot "
                             "stream (read it whole)")
-        total = sum(times for _, times in self.schedule) * loop.rounds + loop.n_syncs() * len(self.syncs) + \
-            len(self.before_first)
+        total = loop.total_steps()
         if loop.first_step + loop.n_steps > total:
             raise PlanError(f"the loop declares steps {loop.first_step}..{loop.first_step + loop.n_steps} but its "
                             f"schedule runs {total}")
@@ -314,55 +306,12 @@ class LoopRun:
                 raise PlanError(f"loop step {t} runs {n} times but has values for {step.runs()} runs")
         # per template: (position among its persisted values, reason) of its decisions to end the loop
         self.decisions = [[(k, node.params["reason"]) for k, node in enumerate(map({n.id: n for n in t.nodes}.get,
-                                                                                     t.output_nodes))
+                                                                                     (o.node for o in t.outputs)))
                            if node is not None and node.op in registry.LOOP_STOPS] for t in loop.templates]
         if any(self.decisions) and not self.stoppable():
             raise PlanError("a loop that ends itself (a step's stop_if) must be whole and exchange nothing")
         self.stop_reason: Optional[str] = None   # the reason of the decision that ended the loop, if one did
         self.device = device
-
-    def positions(self) -> Iterator[tuple[int, int, int, int, int]]:
-        """(template, round, first row, training steps before, run index of the template) of every step of
-        the schedule's rounds up to the loop's last (`first_step + n_steps`), after the sync templates that run
-        before the first step."""
-        runs = [0] * len(self.steps)
-        count, index, end = 0, 0, self.loop.first_step + self.loop.n_steps
-        counts = [t.counts for t in self.loop.templates]
-        every = self.loop.sync_every
-        if not end:
-            return  # no step at all, however many rounds a (hostile) plan declares
-        for s in self.before_first:   # sync templates' run 0, before the first step
-            if index == end:
-                return
-            yield s, 0, 0, 0, runs[s]
-            runs[s] += 1
-            index += 1
-        r = 0
-        for r in range(self.loop.rounds):
-            position = 0
-            for t, times in self.schedule:
-                for _ in range(times):
-                    if index == end:
-                        return
-                    yield t, r, position, count, runs[t]
-                    runs[t] += 1
-                    position += self.row_counts[t]
-                    count += counts[t]
-                    index += 1
-                    if every and counts[t] and count % every == 0:
-                        for s in self.syncs:
-                            if index == end:
-                                return
-                            yield s, r, position, count, runs[s]
-                            runs[s] += 1
-                            index += 1
-        if every and count % every:   # the last round's sync, after a short last interval
-            for s in self.syncs:
-                if index == end:
-                    return
-                yield s, r, 0, count, runs[s]
-                runs[s] += 1
-                index += 1
 
     def exchanges(self) -> bool:
         """Whether a step sends or receives values (then the loop runs only where an `Exchange` is given)."""
@@ -392,7 +341,7 @@ class LoopRun:
         for k in self.owned:   # the loop updates these in place: never the caller's tensors
             carried[k] = carried[k].clone()
         loop = self.loop
-        rng = np.random.default_rng(loop.shuffle_seed) if loop.shuffle else None
+        orders = round_orders(int(loop.n_rows), loop.shuffle, loop.shuffle_seed)
         order, order_round = None, -1
         first = loop.first_step
         first_runs = [0] * len(self.steps)   # each template's runs before the segment
@@ -401,14 +350,14 @@ class LoopRun:
         if stop is not None and not self.stoppable():
             raise PlanError("this loop cannot stop early: it is a segment of a replica's, or exchanges values")
         with torch.no_grad():
-            for index, (t, r, position, count, run) in enumerate(self.positions()):
+            for index, (t, r, position, count, run) in enumerate(loop.positions()):
                 boundary, last_round = every_step or r != last_round, r
                 if boundary and index >= first + start and (self.stop_reason is not None or
                                                             (stop is not None and stop())):
                     self.stopped_at = (index - first, r, count)
                     break
-                if rng is not None and r != order_round:
-                    permutation = rng.permutation(int(loop.n_rows))   # drawn for skipped rounds too
+                if loop.shuffle and r != order_round:
+                    permutation = next(orders)   # drawn for skipped rounds too
                     order_round = r
                     order = None
                 if index < first:
@@ -418,7 +367,7 @@ class LoopRun:
                 n = self.row_counts[t]
                 rows = None
                 if n:
-                    if rng is None:
+                    if not loop.shuffle:
                         rows = slice(position, position + n)
                     else:
                         if order is None:
@@ -445,8 +394,8 @@ def _owned(loop: LoopSpec) -> set[int]:
     owned = set(range(loop.n_carried))
     for template in loop.templates:
         made = {node.id for node in template.nodes}
-        persisted = set(template.output_nodes)
-        for k, (hole, after) in enumerate(zip(template.carry_holes, template.carry_next)):
+        persisted = {o.node for o in template.outputs}
+        for k, (hole, after) in enumerate((c.hole, c.after) for c in template.carried):
             if (after not in made and after != hole) or after in persisted or hole in persisted:
                 owned.discard(k)
     return owned

@@ -36,10 +36,11 @@ def streamed_inputs(spec: LoopSpec, loop_inputs: Sequence[int]) -> Set[int]:
     """The ids among a loop op's inputs (`loop_inputs`, named `spec.outer_ids` in its templates) that stream."""
     if spec.shuffle:
         return set()
-    rows, whole = set(), set(spec.outer_ids[:spec.n_carried])
+    rows: Set[int] = set()
+    whole = set(spec.outer_ids[:spec.n_carried])
     for template in spec.templates:
-        rows.update(template.row_data)
-        whole.update(template.run_values)
+        rows.update(r.data for r in template.row_holes)
+        whole.update(i for r in template.run_holes for i in r.values)
         for node in template.nodes:
             whole.update(node.inputs)
     by_rows: Set[int] = set()

@@ -81,17 +81,16 @@ def test_a_stage_loop_is_one_loop_for_the_whole_fit_with_its_own_templates():
     first, last = specs
     # stage 0: the training step, forward 0..2, backward 0..2, update; the last stage: training, forward 0..2, update
     assert len(first.sync_templates) == 7 and len(last.sync_templates) == 4 and first.sync_every == 1
-    sends = [set(first.templates[t].send_channels) for t in first.sync_templates]
+    sends = [{s.channel for s in first.templates[t].sent} for t in first.sync_templates]
     assert sends[:3] == [{"pipe0.act.0.0"}, {"pipe0.act.0.1"}, {"pipe0.act.0.2"}] and not sends[-1]
-    receives = [set(first.templates[t].recv_channels) for t in first.sync_templates]
+    receives = [{r.channel for r in first.templates[t].received} for t in first.sync_templates]
     assert receives[3:6] == [{"pipe0.grad.0.0"}, {"pipe0.grad.0.1"}, {"pipe0.grad.0.2"}]
     # the forward's and the recompute's masks follow one shared stream (their own, named by the recorded seed)
     forward, backward = first.templates[first.sync_templates[0]], first.templates[first.sync_templates[3]]
-    seeds = [{node.params["seed"] for node in template.nodes if node.id in template.seed_param_nodes}
+    seeds = [{node.params["seed"] for node in template.nodes if node.id in {f.node for f in template.seed_followers}}
              for template in (forward, backward)]
     assert seeds[0] and seeds[0] == seeds[1]
-    assert all(n == s for template in (forward, backward)
-               for n, s in zip(template.seed_param_nodes, template.seed_param_sources))
+    assert all(f.node == f.source for template in (forward, backward) for f in template.seed_followers)
 
 
 @pytest.mark.parametrize("make_model", [pytest.param(any_model.pytorch_model, id="Pytorch_Model"),

@@ -171,11 +171,11 @@ def test_with_overlap_replica_0_sends_each_update_right_after_its_outer_step_and
                                                                                           overlap=True))
     replica_0, replica_1, _ = [record.spec for record in graph.loops.values()]
     outer, send = [replica_0.templates[t] for t in replica_0.sync_templates]
-    assert not send.recv_holes and {c.split(".")[0] for c in send.send_channels} == {"down"}   # no buffers
-    assert not outer.send_channels and {c.split(".")[0] for c in outer.recv_channels} == {"up"}
+    assert not send.received and {s.channel.split(".")[0] for s in send.sent} == {"down"}   # no buffers
+    assert not outer.sent and {r.channel.split(".")[0] for r in outer.received} == {"up"}
     assert replica_0.before_first == [replica_0.sync_templates[1]]
     up, down = [replica_1.templates[t] for t in replica_1.sync_templates]
-    assert {c.split(".")[0] for c in down.recv_channels} == {"down"} and not down.send_channels
+    assert {r.channel.split(".")[0] for r in down.received} == {"down"} and not down.sent
     assert not replica_1.before_first
     # a shard of 16 rows in batches of 6: 3 steps, syncs after steps 2 and 3; `send` also runs before the first
     o, s = replica_0.sync_templates
@@ -210,9 +210,9 @@ def test_with_overlap_the_replicas_receive_update_k_minus_1_while_replica_0_wait
     class GatedRun(interpreter.LoopRun):
         def run(self, *args, on_step=None, exchange=None, **kwargs):
             templates, syncs = self.loop.templates, self.loop.sync_templates
-            if not any(c.startswith("up.") for t in templates for c in t.recv_channels):
+            if not any(r.channel.startswith("up.") for t in templates for r in t.received):
                 return super().run(*args, on_step=on_step, exchange=exchange, **kwargs)
-            outer = next(t for t in syncs if any(c.startswith("up.") for c in templates[t].recv_channels))
+            outer = next(t for t in syncs if any(r.channel.startswith("up.") for r in templates[t].received))
             outer_steps = []
 
             def hold(done, template, run, values, carried):

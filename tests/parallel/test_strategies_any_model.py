@@ -199,7 +199,7 @@ def test_the_graphs_strategy_applies_to_their_fit(make_model):
     explicit, _, _ = fit(make_model(), strategy, 1, 6)
     graph = R.Graph(name="graph's", seed=11, strategy=strategy)
     default, _, _ = fit(make_model(), None, 1, 6)
-    assert graph.parallel_fits == [strategy]
+    assert graph.strategy_notes.fits == [strategy]
     assert explicit.keys() == default.keys() and all(torch.equal(explicit[n], default[n]) for n in explicit)
 
 

@@ -29,11 +29,14 @@ BUDGET = {
                                 # its persist rules, not its names (training_losses, issue 44 activation); 1,261 with
                                 # a secure query's reveals read and dropped providers named (issue 44, SecAgg+); 1,301
                                 # with the requester's review of the checks the draw asked for (bans.review, issue 44)
-    "ravop/core": 700,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
+    "ravop/core": 800,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
                                 # the numerics mode (issue 42) and the loop-stop op kind (issue 45); +56 numerics
                                 # classes and the cross-class tolerance (issue 42); +45 RunNames, the persisted
                                 # losses' names by rule, so recording a fit is O(1) in its epochs (issue 44); + tally;
-                                # 689 with the rules in the plan and the store (persist_rules: activation O(1), issue 44)
+                                # 689 with the rules in the plan and the store (persist_rules: activation O(1), issue 44);
+                                # +~70 with the loop schedule, the batch schedule and Op -> Node said once here (moved
+                                # out of record/ and runtime/, which shrink by as much), and room for the loop
+                                # template's per-node records (issue 41)
     "ravop/federated": 590,     # 380 at the layout by role; 408 with public keys pinned and aggregates checked for
                                 # consistency before release (issue 44); 571 with dropout recovery of secure sums
                                 # (SecAgg+: ravop/federated/shamir.py, recovery.py, issue 44)
@@ -64,7 +67,9 @@ BUDGET = {
                                 # at upload and the worker powers of the threat model as data (issue 44)
     "ravop/tools": 760,         # 680 at the layout by role; +17: ravop admin token set, shares in status; +15: the
                                 # replicas of running fits in status (issue 43)
-    "ravop/wire": 335,          # 304 at the layout by role; 324 with the plan's persist rules (persisted.py, issue 44)
+    "ravop/wire": 390,          # 304 at the layout by role; 324 with the plan's persist rules (persisted.py, issue 44);
+                                # +~40 with the loop templates' records mapped to and from the wire's parallel lists
+                                # field by field in loop_message (issue 41)
     "worker/execute": 585,      # 506 at the layout by role; +45 the accepted models shared by a machine (issue 46)
     "worker/loops": 1320,       # 963 at the layout by role; 1,027 with the exchange's bounded wait for optional values
                                 # (DiLoCo's close_after, issue 43); +24: loops yield to other tokens (turns, issue 44);

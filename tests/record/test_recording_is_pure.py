@@ -58,8 +58,8 @@ def digests(graph):
         table.update(f"{id}:{tensor.dtype}:{tuple(tensor.shape)}".encode() + tensor.numpy().tobytes())
     table.update(repr(sorted((name, op.id) for name, op in graph.persisted.items())).encode())
     table.update(repr([(part.what, [(name, f.start, f.stop, f.results) for name, f in part.forms.items()])
-                       for part in graph.forms]).encode())
-    plan = compile_graph(graph, forms=[RESIDENT] * len(graph.forms)).plan
+                       for part in graph.strategy_notes.forms]).encode())
+    plan = compile_graph(graph, forms=[RESIDENT] * len(graph.strategy_notes.forms)).plan
     plan.ClearField("graph_id")   # a graph's id is random; everything else follows from the script
     return table.hexdigest(), hashlib.sha256(plan.SerializeToString(deterministic=True)).hexdigest()
 
@@ -76,7 +76,7 @@ def test_a_script_records_the_same_graph_and_plan_with_no_server_and_beside_a_cl
     for strategy, printed in zip(STRATEGIES, alone.stdout.splitlines()):
         graph = record_script(strategy)
         assert " ".join(digests(graph)) == printed, strategy
-        assert [list(part.forms) for part in graph.forms] == [[RESIDENT, SEGMENTS]]
+        assert [list(part.forms) for part in graph.strategy_notes.forms] == [[RESIDENT, SEGMENTS]]
         summary = R.activate()   # the session decides, from the live workers
         assert list(summary["forms"].values()) == [RESIDENT], summary["forms"]
 

@@ -13,7 +13,7 @@ from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop.core.errors import PlanError, WireFormatError
-from ravop.core.loop_template import LoopSpec, StepTemplate
+from ravop.core.loop_template import LoopSpec, RowHole, StepTemplate
 from ravop.runtime.evaluate import evaluate_persisted
 from ravop.runtime.loop_run import LoopRun
 from ravop.store import row_stream, tensors
@@ -76,7 +76,7 @@ def test_a_shuffled_loop_refuses_streamed_rows(client):
     data = torch.zeros(100, 40)
     try:
         rows = write_rows(client, "stream-shuffled", data, 4096)
-        loop = LoopSpec(templates=[StepTemplate([], [], [], rows=10, row_holes=[2], row_data=[1])], schedule=[(0, 10)],
+        loop = LoopSpec(templates=[StepTemplate([], [], rows=10, row_holes=[RowHole(2, 1)])], schedule=[(0, 10)],
                         n_carried=0, outer_ids=[1], n_steps=10, batch_size=10, n_rows=100, shuffle=True)
         with pytest.raises(PlanError, match="shuffled loop .* cannot stream"):
             LoopRun(loop, [rows], 0)

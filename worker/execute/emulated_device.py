@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable, Optional, cast
 
 from ravop.core import registry
+from ravop.core.loop_template import LoopSpec, StepTemplate
 from ravop.core.node import Node
 from ravop.core.sizes import numel_estimate
 from ravop.wire import unpack_nodes
@@ -155,10 +156,10 @@ class Pacing:
             return outputs
         return paced
 
-    def steps(self, on_step: Callable[..., None], loop: Any, loop_inputs: list[Any], exchange: Optional[Any] = None
-              ) -> tuple[Callable[..., None], Optional[Any]]:
+    def steps(self, on_step: Callable[..., None], loop: LoopSpec, loop_inputs: list[Any],
+              exchange: Optional[Any] = None) -> tuple[Callable[..., None], Optional[Any]]:
         """(on_step, exchange) for `ravop.runtime.loop_run.LoopRun.run` (worker/loops/loop_subgraph.py's
-        `LoopContext.pace_steps`), with each loop step paced as one unit first; `loop`: the plan_pb2.Loop,
+        `LoopContext.pace_steps`), with each loop step paced as one unit first; `loop`: the `LoopSpec`,
         `loop_inputs`: the loop op's input tensors (carried initial values, then the outer ones), `exchange`: the
         loop's exchange with other loops (resident replicas), or None. The time a step spends in the exchange is
         network time: it is taken out of the step's compute time."""
@@ -167,7 +168,8 @@ class Pacing:
 
 
 class _PacedSteps:
-    def __init__(self, clock: DeviceClock, on_step: Callable[..., None], loop: Any, loop_inputs: list[Any]) -> None:
+    def __init__(self, clock: DeviceClock, on_step: Callable[..., None], loop: LoopSpec,
+                 loop_inputs: list[Any]) -> None:
         self.clock, self.on_step, self.loop, self.loop_inputs = clock, on_step, loop, loop_inputs
         self.outer = {i: tuple(t.shape) for i, t in zip(loop.outer_ids, loop_inputs)}
         self.step_flops: dict[int, float] = {}
@@ -206,13 +208,12 @@ class _TimedExchange:
             self.clock.waited("exchange_s", time.monotonic() - began, received=True)   # the device waits for it too
 
 
-def _template_flops(template: Any, loop_inputs: list[Any], outer: dict[int, tuple[int, ...]]) -> float:
+def _template_flops(template: StepTemplate, loop_inputs: list[Any], outer: dict[int, tuple[int, ...]]) -> float:
     shapes = dict(outer)
-    for k, hole in enumerate(template.carry_holes):
-        shapes[hole] = tuple(loop_inputs[k].shape)
-    for hole, data in zip(template.row_holes, template.row_data):
-        shapes[hole] = (int(template.rows), *outer.get(data, (0,))[1:])
-    holes = list(template.run_holes)
-    for h, hole in enumerate(holes):
-        shapes[hole] = outer.get(template.run_values[h], ()) if len(template.run_values) > h else ()
-    return nodes_flops(unpack_nodes(template.nodes), shapes)
+    for k, carried in enumerate(template.carried):
+        shapes[carried.hole] = tuple(loop_inputs[k].shape)
+    for row_hole in template.row_holes:
+        shapes[row_hole.hole] = (int(template.rows), *outer.get(row_hole.data, (0,))[1:])
+    for run_hole in template.run_holes:   # shaped as its first run's value
+        shapes[run_hole.hole] = outer.get(run_hole.values[0], ()) if run_hole.values else ()
+    return nodes_flops(template.nodes, shapes)

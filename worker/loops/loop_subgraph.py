@@ -186,7 +186,7 @@ def superseded_inputs(spec: LoopSpec, loop_step: Node) -> list[int]:
     once the first checkpoint is published, `_Writer._commit`)."""
     inputs = list(loop_step.inputs)
     read = {i for t in spec.templates for node in t.nodes for i in node.inputs} | \
-        {i for t in spec.templates for i in (*t.row_data, *t.run_values, *t.seed_param_sources)}
+        {i for t in spec.templates for i in (*t.outer_reads(), *(f.source for f in t.seed_followers))}
     others = set(inputs[spec.n_carried:])
     return sorted({i for i, outer in zip(inputs[:spec.n_carried], spec.outer_ids) if i not in others and
                    outer not in read and outer not in spec.outer_ids[spec.n_carried:]})
@@ -575,7 +575,7 @@ class LoopContext:
     metrics: Any = None         # the worker's WorkerMetrics: the bytes the loop's writes store
     loop_start: Any = None      # what the worker read for the loop with its inputs (worker.loops.loop_start
     #                             .LoopStart), or None: read here
-    pace_steps: Callable = unpaced   # (on_step, loop, values, exchange) -> (on_step, exchange) the loop runs
+    pace_steps: Callable = unpaced   # (on_step, LoopSpec, values, exchange) -> (on_step, exchange) the loop runs
     #                                  with: benchmarks' pacing (worker/execute/emulated_device.py) when installed
     turns: Any = None           # its token's worker time charged as it runs, and when it yields to another token's
     #                             waiting work (worker/loops/turns.py), or None
@@ -598,8 +598,8 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
                                      loop_start.checkpoint if loop_start is not None else None,
                                      loop_start.prefetched if loop_start is not None else None,
                                      loop_start.writing if loop_start is not None else None)
-    first_ids = [t.output_first_ids for t in spec.templates]
-    if any(len(ids) != len(t.output_nodes) for ids, t in zip(first_ids, spec.templates)):
+    first_ids = [[o.first_id for o in t.outputs if o.first_id is not None] for t in spec.templates]
+    if any(len(ids) != len(t.outputs) for ids, t in zip(first_ids, spec.templates)):
         raise PlanError("a loop step's persisted values and their tensor ids do not pair up")
     graph = GraphWatch(ctx.client, ctx.keys)
     store_exchange = None
@@ -626,7 +626,7 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
         if store_exchange is not None:
             writer.checkpoint_at_syncs(list(spec.sync_templates), ctx.checkpoint_steps or 0,
                                        ctx.resident_checkpoint_seconds)
-        on_step, exchange = ctx.pace_steps(writer.on_step, ctx.subgraph.loop, values, store_exchange)
+        on_step, exchange = ctx.pace_steps(writer.on_step, spec, values, store_exchange)
         graph.start(meta)
         if ctx.turns is not None:
             ctx.turns.start()   # time charged for every loop; yielding only for one that neither exchanges nor is

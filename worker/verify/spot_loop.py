@@ -310,8 +310,8 @@ def persisted_values(client: Any, keys: GraphKeys, subgraph: Any) -> dict[int, A
     ones overwritten by their honest re-runs): what the worker completing it seals (ravop.store.seals), in one
     MGET. Values a stopped loop never computed are absent."""
     spec = unpack_loop(subgraph.loop)
-    ids = [first + run for t, template in enumerate(spec.templates) for first in template.output_first_ids
-           for run in range(spec.runs(t))]
+    ids = [o.first_id + run for t, template in enumerate(spec.templates) for o in template.outputs
+           if o.first_id is not None for run in range(spec.runs(t))]
     names = [keys.tensor(i) for i in ids]
     return {i: stored.decode(client, name, data) for i, name, data in zip(ids, names, client.mget(names) if ids else [])
             if data is not None}

@@ -3,6 +3,8 @@ from typing import Any, Iterator, Optional, Union
 
 import numpy as np
 
+from ravop.core.loop_template import round_orders
+
 
 def batch_iterator(X: Any, y: Any = None, batch_size: int = 64, shuffle: bool = False,
                    seed: Union[int, np.random.Generator, None] = None) -> Iterator[Any]:
@@ -15,7 +17,7 @@ def batch_iterator(X: Any, y: Any = None, batch_size: int = 64, shuffle: bool = 
         raise ValueError(f"X has {n} rows but y has {len(y)}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, not {batch_size}")
-    order = np.random.default_rng(seed).permutation(n) if shuffle else None
+    order = next(round_orders(n, shuffle, seed))
     for start in range(0, n, batch_size):
         rows = slice(start, start + batch_size) if order is None else order[start:start + batch_size]
         if y is None:

@@ -8,7 +8,7 @@ import torch
 
 import ravop as R
 from ravop.core import registry
-from ravop.core.loop_template import LoopSpec, StepTemplate
+from ravop.core.loop_template import CarriedSlot, LoopSpec, StepTemplate
 from ravop.core.node import Node
 from ravop.runtime.loop_run import LoopRun
 from ravop.runtime.runner import OpError
@@ -123,7 +123,7 @@ def tile(node_id, reads, reps, declared, source):
 def loop_subgraph(step_op):
     """A loop subgraph carrying one float (const 0) through 3 runs of a step made of `step_op` (node 11, reading
     the carried hole 10): the loop op 1 and its result 2."""
-    spec = LoopSpec([StepTemplate([step_op], carry_holes=[10], carry_next=[11])], n_carried=1, outer_ids=[5],
+    spec = LoopSpec([StepTemplate([step_op], [CarriedSlot(10, 11)])], n_carried=1, outer_ids=[5],
                     schedule=[(0, 3)], n_steps=3)
     sub = plan_pb2.Subgraph(id=0, device="cpu", inputs=[0], outputs=[2])
     pack_nodes([Node(1, "loop", [0], {"loop": 0}, encode_params({"loop": 0}), ((1,),), (torch.float32,)),
