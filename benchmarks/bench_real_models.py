@@ -20,8 +20,10 @@ with the default 2 workers) in every process:
   (when each loss becomes readable says little: the worker's writes queue behind its checkpoints; and fresh
   processes differ by their seconds-long model check more than by 10 steps). A run of more than 22 steps also
   includes the step compiler's trial of the plain step (ravop/runtime/step_compiler.py);
+  Beside it, the CPU seconds a step adds in all the engine's processes (requester, server, workers), which other
+  work on a shared machine changes less than the seconds;
 - eager: in a fresh process, the training loop of plain PyTorch; s/step is the loop's time over the steps, `steady`
-  the pace from the second step's end to the last;
+  the pace from the second step's end to the last (and its CPU seconds a step);
 - compiled: the same with `torch.compile(model)` (Inductor), and its compile seconds (the first two steps' excess
   over the steady pace).
 The sides alternate (engine, eager, compiled, engine, ...) and the best of `--repeats` is kept (the run least
@@ -189,6 +191,22 @@ def _vmhwm_mib(pids: list[int]) -> float:
     return total / 1024
 
 
+def _cpu_seconds(pids: list[int]) -> float:
+    """The CPU seconds (user and system) `pids` used, and their children that ended and were waited for."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                total += sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:15])
+        except (OSError, ValueError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu() -> float:
+    return _cpu_seconds(_descendants(os.getpid(), _parents()))
+
+
 def _data(model: str, steps: int) -> tuple[Any, Any, int]:
     """(X, y, batch) of `steps` batches: random images and labels, or random token sequences and their shifts."""
     import torch
@@ -236,7 +254,7 @@ def eager_side(model: str, steps: int, compiled: bool) -> dict:
     start = time.perf_counter()
     if compiled:
         module = torch.compile(module)
-    losses, marks = [], [time.perf_counter()]
+    losses, marks, cpu = [], [time.perf_counter()], [time.process_time()]
     for i in range(0, len(X), batch):
         rows = order[i:i + batch]
         loss = loss_function(module(X[rows]), y[rows])
@@ -245,9 +263,11 @@ def eager_side(model: str, steps: int, compiled: bool) -> dict:
         optimizer.step()
         losses.append(float(loss.detach()))
         marks.append(time.perf_counter())
+        cpu.append(time.process_time())
     seconds = time.perf_counter() - start
     steady = _steady(marks[1:])
-    return {"seconds": seconds, "steady": steady, "compile": marks[2] - marks[0] - 2 * steady, "losses": losses}
+    return {"seconds": seconds, "steady": steady, "compile": marks[2] - marks[0] - 2 * steady, "losses": losses,
+            "steady_cpu": _steady(cpu[1:])}
 
 
 def _steady(done_at: list[float]) -> float:
@@ -335,15 +355,20 @@ def engine_side(model: str, steps: int, workers: int) -> dict:
     # What a step adds on warm workers (each has checked and loaded the model: a multi-second cost whose variance
     # hides the steps' time when runs in fresh processes are compared): the loop at `steps` less at half of them,
     # twice each (the loop may land on either worker), the least disturbed of each.
+    # Their CPU seconds too (all the engine's processes: the requester, server and workers), which other work on
+    # the machine changes less than the seconds.
     loops: dict[int, float] = {}
+    cpu: dict[int, float] = {}
     for n in (steps // 2, steps, steps // 2, steps):
         record(n * batch)
         R.activate()
-        mark = time.perf_counter()
+        mark, used = time.perf_counter(), _tree_cpu()
         R.execute()
         R.track_progress(progress_bar=False)
         loops[n] = min(loops.get(n, float("inf")), time.perf_counter() - mark)
-    return {"steady": (loops[steps] - loops[steps // 2]) / (steps - steps // 2)}
+        cpu[n] = min(cpu.get(n, float("inf")), _tree_cpu() - used)
+    half = steps - steps // 2
+    return {"steady": (loops[steps] - loops[steps // 2]) / half, "steady_cpu": (cpu[steps] - cpu[steps // 2]) / half}
 
 
 def _report(result: dict) -> None:
@@ -415,6 +440,8 @@ def main() -> None:
             per_step = b["seconds"] / args.steps
             line = f"  {side:<9}{per_step:7.3f} s/step {per_step / eager:5.2f}x  steady {b['steady']:.3f} " \
                    f"{b['steady'] / eager_steady:5.2f}x"
+            if "steady_cpu" in b:
+                line += f" (CPU {b['steady_cpu']:.3f} s {b['steady_cpu'] / best['eager']['steady_cpu']:4.2f}x)"
             if side == "compiled":
                 line += f"  (compile {b['compile']:.1f} s)"
             if side == "engine":
