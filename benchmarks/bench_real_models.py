@@ -20,8 +20,11 @@ with the default 2 workers) in every process:
   (when each loss becomes readable says little: the worker's writes queue behind its checkpoints; and fresh
   processes differ by their seconds-long model check more than by 10 steps). A run of more than 22 steps also
   includes the step compiler's trial of the plain step (ravop/runtime/step_compiler.py);
+  Beside both, CPU seconds: of the run in all the engine's processes (requester, server, workers, and the children
+  they waited for: the model check's sandbox), and what a steady step adds in them; other work on a shared machine
+  changes them less than the seconds;
 - eager: in a fresh process, the training loop of plain PyTorch; s/step is the loop's time over the steps, `steady`
-  the pace from the second step's end to the last;
+  the pace from the second step's end to the last (and their CPU seconds);
 - compiled: the same with `torch.compile(model)` (Inductor), and its compile seconds (the first two steps' excess
   over the steady pace).
 The sides alternate (engine, eager, compiled, engine, ...) and the best of `--repeats` is kept (the run least
@@ -189,6 +192,22 @@ def _vmhwm_mib(pids: list[int]) -> float:
     return total / 1024
 
 
+def _cpu_seconds(pids: list[int]) -> float:
+    """The CPU seconds (user and system) `pids` used, and their children that ended and were waited for."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                total += sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:15])
+        except (OSError, ValueError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu() -> float:
+    return _cpu_seconds(_descendants(os.getpid(), _parents()))
+
+
 def _data(model: str, steps: int) -> tuple[Any, Any, int]:
     """(X, y, batch) of `steps` batches: random images and labels, or random token sequences and their shifts."""
     import torch
@@ -233,10 +252,10 @@ def eager_side(model: str, steps: int, compiled: bool) -> dict:
     order = torch.from_numpy(np.random.default_rng(SEED).permutation(len(X)))   # fit's order for this seed
     optimizer = torch.optim.Adam(module.parameters(), lr=LR, fused=True)
     loss_function = _eager_loss(model)
-    start = time.perf_counter()
+    start, used = time.perf_counter(), time.process_time()
     if compiled:
         module = torch.compile(module)
-    losses, marks = [], [time.perf_counter()]
+    losses, marks, cpu = [], [time.perf_counter()], [time.process_time()]
     for i in range(0, len(X), batch):
         rows = order[i:i + batch]
         loss = loss_function(module(X[rows]), y[rows])
@@ -245,9 +264,11 @@ def eager_side(model: str, steps: int, compiled: bool) -> dict:
         optimizer.step()
         losses.append(float(loss.detach()))
         marks.append(time.perf_counter())
-    seconds = time.perf_counter() - start
+        cpu.append(time.process_time())
+    seconds, used = time.perf_counter() - start, time.process_time() - used
     steady = _steady(marks[1:])
-    return {"seconds": seconds, "steady": steady, "compile": marks[2] - marks[0] - 2 * steady, "losses": losses}
+    return {"seconds": seconds, "steady": steady, "compile": marks[2] - marks[0] - 2 * steady, "losses": losses,
+            "steady_cpu": _steady(cpu[1:]), "cpu": used}
 
 
 def _steady(done_at: list[float]) -> float:
@@ -315,7 +336,7 @@ def engine_side(model: str, steps: int, workers: int) -> dict:
                 network.fit(X[:rows], y[:rows], n_epochs=1, batch_size=batch, loss=loss, shuffle=True, seed=SEED)
 
     times = {}
-    start = time.perf_counter()
+    start, used = time.perf_counter(), _tree_cpu()
     record(len(X))
     times["record"] = time.perf_counter() - start
     mark = time.perf_counter()
@@ -329,21 +350,26 @@ def engine_side(model: str, steps: int, workers: int) -> dict:
     losses = [float(v) for v in R.fetch_losses().batch]
     times["fetch"] = time.perf_counter() - mark
     seconds = time.perf_counter() - start
-    result = {"seconds": seconds, "phases": times, "losses": losses,
+    result = {"seconds": seconds, "phases": times, "losses": losses, "cpu": _tree_cpu() - used,
               "parameters": sum(p.numel() for p in module.parameters())}
     _report(result)   # the driver stops sampling memory here: what follows trains more graphs
     # What a step adds on warm workers (each has checked and loaded the model: a multi-second cost whose variance
     # hides the steps' time when runs in fresh processes are compared): the loop at `steps` less at half of them,
     # twice each (the loop may land on either worker), the least disturbed of each.
+    # Their CPU seconds too (all the engine's processes: the requester, server and workers), which other work on
+    # the machine changes less than the seconds.
     loops: dict[int, float] = {}
+    cpu: dict[int, float] = {}
     for n in (steps // 2, steps, steps // 2, steps):
         record(n * batch)
         R.activate()
-        mark = time.perf_counter()
+        mark, used = time.perf_counter(), _tree_cpu()
         R.execute()
         R.track_progress(progress_bar=False)
         loops[n] = min(loops.get(n, float("inf")), time.perf_counter() - mark)
-    return {"steady": (loops[steps] - loops[steps // 2]) / (steps - steps // 2)}
+        cpu[n] = min(cpu.get(n, float("inf")), _tree_cpu() - used)
+    half = steps - steps // 2
+    return {"steady": (loops[steps] - loops[steps // 2]) / half, "steady_cpu": (cpu[steps] - cpu[steps // 2]) / half}
 
 
 def _report(result: dict) -> None:
@@ -402,7 +428,8 @@ def main() -> None:
             for side in sides:
                 run = run_side(side, model, args)
                 runs[side].append(run)
-                print(f"  ({side}: {run['seconds'] / args.steps:.3f} s/step, steady {run['steady']:.3f}, peak PSS "
+                print(f"  ({side}: {run['seconds'] / args.steps:.3f} s/step (CPU {run['cpu'] / args.steps:.3f} s), "
+                      f"steady {run['steady']:.3f}, peak PSS "
                       f"{run['pss_mib']:,.0f} MiB)", flush=True)
         best = {s: min(r, key=lambda x: x["seconds"]) for s, r in runs.items()}
         peak = {s: min(x["pss_mib"] for x in r) for s, r in runs.items()}
@@ -413,8 +440,10 @@ def main() -> None:
         for side in sides:
             b = best[side]
             per_step = b["seconds"] / args.steps
-            line = f"  {side:<9}{per_step:7.3f} s/step {per_step / eager:5.2f}x  steady {b['steady']:.3f} " \
-                   f"{b['steady'] / eager_steady:5.2f}x"
+            line = f"  {side:<9}{per_step:7.3f} s/step {per_step / eager:5.2f}x (CPU {b['cpu'] / args.steps:.3f} s " \
+                   f"{b['cpu'] / best['eager']['cpu']:4.2f}x)  steady {b['steady']:.3f} {b['steady'] / eager_steady:5.2f}x"
+            if "steady_cpu" in b:
+                line += f" (CPU {b['steady_cpu']:.3f} s {b['steady_cpu'] / best['eager']['steady_cpu']:4.2f}x)"
             if side == "compiled":
                 line += f"  (compile {b['compile']:.1f} s)"
             if side == "engine":

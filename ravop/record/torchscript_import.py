@@ -14,7 +14,8 @@ Files are recognised by their contents, not their names. A `torch.save` pickle i
 run arbitrary code.
 
 The module is split in two: its code, saved once with empty parameter and buffer slots, becomes one uint8
-constant (the "blob", named by its sha256, so workers load and cache it once per architecture); the
+constant (the "blob", named by its sha256, the same bytes in every process (record/canonical_archive.py), so
+workers load, check and cache it once per architecture and machine); the
 parameters and buffers become ordinary graph tensors, in `named_parameters()` / `named_buffers()` order,
 which training replaces like any layer's. Tied parameters (one tensor in several slots) are one value.
 A model whose code is more than pure tensor computation (file ops, custom ops, forks: see
@@ -41,6 +42,7 @@ from ..core import op_functions as R
 from ..core.errors import ShapeError
 from ..ops import torchscript, torchscript_safety
 from ..runtime.evaluate import op_seed
+from .canonical_archive import sorted_constants
 from .graph import as_op, current_graph
 from .source import user_source
 
@@ -197,9 +199,12 @@ def _split(module: torch.jit.ScriptModule) -> "Model":
     finally:
         for (owner, name), tensor in owners:
             setattr(owner, name, tensor)
-    # The code alone (small), loaded and saved once more: the blob of a module loaded from an archive, so that
-    # one architecture has one blob (and hash) whether it came as a file or as a module (a scripted module
-    # saves other debug records). It is also the module the requester's shape rule runs, never the caller's.
+    # The code alone (small), its constants in a fixed order, loaded and saved once more: the blob of a module
+    # loaded from an archive, so that one architecture has one blob (and hash) whether it came as a file or as a
+    # module (a scripted module saves other debug records), in every process. It is also the module the
+    # requester's shape rule runs, never the caller's.
+    saved = sorted_constants(saved)
+    torchscript_safety.trust(saved)
     code = torchscript_safety.load(saved)
     blob = _saved(code)
     model_hash = hashlib.sha256(blob).hexdigest()

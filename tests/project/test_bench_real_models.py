@@ -33,3 +33,5 @@ def test_engine_side_matches_eager_and_finds_its_processes():
     # the roles' peaks may fall at different moments: the tree's peak lies between the largest and their sum
     assert max(engine["roles"].values()) <= engine["pss_mib"] <= sum(engine["roles"].values()) + 1
     assert engine["vmhwm_mib"] > engine["roles"]["requester"]
+    # CPU seconds beside the seconds, for the run and for a steady step, on both sides
+    assert engine["cpu"] > 0 and eager["cpu"] > 0 and engine["steady_cpu"] > 0 and eager["steady_cpu"] > 0

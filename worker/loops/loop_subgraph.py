@@ -62,7 +62,7 @@ from ..execute.run import kernel_error
 from ..execute.cache import TensorCache
 from ..execute.validate import Program, check_nodes
 from . import step_decisions
-from . import checkpoint_aliases, held_values, shared_checkpoint
+from . import checkpoint_aliases, heap_hold, held_values, shared_checkpoint
 from .background_writes import BackgroundWrites
 from .checkpoint_buffer import CheckpointBuffer
 from .checkpoint_cadence import CheckpointCadence
@@ -632,8 +632,9 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
             ctx.turns.start()   # time charged for every loop; yielding only for one that neither exchanges nor is
             if segments is None and store_exchange is None:   # spot-checked (its replicas or segments wait on it)
                 writer.turns = ctx.turns
-        carried = runner.run(carried, start or 0, on_step, exchange,
-                             graph.stop_requested if runner.stoppable() else None)
+        with heap_hold.held():   # what a step frees stays for the next: no page faults for it again
+            carried = runner.run(carried, start or 0, on_step, exchange,
+                                 graph.stop_requested if runner.stoppable() else None)
         # the last flush and the exchange's last sends (a round trip each over a slow link) are written beside
         # each other, and both are in the store before the loop is done; with no exchange the loop waits for the
         # flush anyway, so it writes it itself (handing it to the writes' thread cost a short loop a thread start

@@ -1,7 +1,8 @@
 """Issue 46: a worker checks each TorchScript archive in a sandboxed child (6-15 s under load), once per process and
 model. A machine's worker processes now share the acceptances: a file of SHA-256 digests of the exact bytes checked
 and of the check's limits. The same bytes load without a child in a later process; one byte more is checked again;
-a refusal is never kept as an acceptance; a damaged file is ignored as a whole and logged."""
+a refusal is never kept as an acceptance; a damaged file is ignored as a whole and logged. R.model of a live module
+makes the same bytes in every run, so a second run's worker loads it without a child."""
 import io
 import json
 import logging
@@ -112,4 +113,36 @@ def test_worker_processes_of_one_machine_share_acceptances(tmp_path):
     env = {**os.environ, "RAVOP_MODEL_VERDICTS": str(tmp_path / "verdicts.json")}
     outputs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
                for _ in range(2)]
+    assert [o.stdout.split()[-2:] for o in outputs] == [["children", "1"], ["children", "0"]], outputs
+
+
+# A requester's run: R.model of a live module (torch.nn's, several `Final` constants each), its blob written to
+# argv[1], and torch's own archive of the same scripted module to argv[2].
+_RECORD = """
+import io, sys, torch
+from torch import nn
+import ravop as R
+torch.manual_seed(0)
+module = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4))
+open(sys.argv[1], "wb").write(bytes(R.model(module).blob.numpy()))
+raw = io.BytesIO()
+torch.jit.save(torch.jit.script(module), raw)
+open(sys.argv[2], "wb").write(raw.getvalue())
+"""
+
+
+def test_r_model_of_a_live_module_makes_the_same_bytes_in_every_run_so_the_second_run_needs_no_child(tmp_path):
+    """Two requester runs (other string hashes: torch orders a module's constants by it) make one blob, and a
+    worker process of the second run loads it without a sandboxed child: the first run's worker accepted it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+           "RAVOP_MODEL_VERDICTS": str(tmp_path / "verdicts.json")}
+    for run in (1, 2):
+        subprocess.run([sys.executable, "-c", _RECORD, str(tmp_path / f"blob{run}"), str(tmp_path / f"raw{run}")],
+                       env={**env, "PYTHONHASHSEED": str(run)}, check=True, timeout=300)
+    assert (tmp_path / "raw1").read_bytes() != (tmp_path / "raw2").read_bytes()   # torch's own bytes differ
+    assert (tmp_path / "blob1").read_bytes() == (tmp_path / "blob2").read_bytes()
+    load = ("import sys; from ravop.ops import torchscript_safety as s; from worker.execute import model_verdicts as v; "
+            "v.share_acceptances(); s.load(open(sys.argv[1], 'rb').read()); print('children', s.sandbox_runs)")
+    outputs = [subprocess.run([sys.executable, "-c", load, str(tmp_path / f"blob{run}")], env=env,
+                              capture_output=True, text=True, timeout=300) for run in (1, 2)]
     assert [o.stdout.split()[-2:] for o in outputs] == [["children", "1"], ["children", "0"]], outputs
