@@ -581,7 +581,8 @@ class LoopContext:
     #                             waiting work (worker/loops/turns.py), or None
     release_inputs: bool = False   # release the initial values of what it carries at its first checkpoint: not
     #                                under verify='spot' (a segment re-run from the start reads them) nor verify=k
-    #                                (another copy may start from them)
+    #                                (another copy may start from them); the loop then updates them in place, so
+    #                                `inputs` must hold them uncached (worker/serve/consumer.py `_inputs`)
 
 
 def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
@@ -614,9 +615,12 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
         # the released initial values' places hold the resumed ones (what reads their shapes: a benchmark's pacing)
         values = [carried[k] if value is None and carried is not None and k < spec.n_carried else value
                   for k, value in enumerate(values)]
-        if ctx.release_inputs:
-            writer.superseded = superseded_inputs(spec, loop_step)
-        runner = LoopRun(spec, values, ctx.seed, ctx.device, watch, step_decisions.for_device(ctx.device))
+        # the initial values it releases are the loop's own (the worker did not cache them): updated in place
+        # rather than copied first
+        superseded = superseded_inputs(spec, loop_step) if ctx.release_inputs else []
+        writer.superseded = superseded
+        donated = [k for k, i in enumerate(loop_step.inputs[:spec.n_carried]) if i in superseded]
+        runner = LoopRun(spec, values, ctx.seed, ctx.device, watch, step_decisions.for_device(ctx.device), donated)
         if segments is not None:
             segments.instrument(runner)
         writer.work_waiting, writer.cache = ctx.work_waiting, ctx.cache

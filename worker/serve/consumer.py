@@ -504,12 +504,14 @@ class Worker:
             if subgraph.HasField("loop") and self.scripts.direct else None
         streamed: AbstractSet[int] = frozenset()
         superseded: AbstractSet[int] = frozenset()
+        release = not spot and copies == 1
         if subgraph.HasField("loop"):
             spec, loop_step = unpack_loop(subgraph.loop), check_loop_program(program)
             streamed = streamed_inputs(spec, loop_step.inputs)
             # a resumed loop reads its checkpoint instead of the initial values its first checkpoint released
             superseded = frozenset(superseded_inputs(spec, loop_step))
-        inputs = self._inputs(keys, subgraph, loop_start, streamed, superseded)
+        # a loop that releases its initial values is handed them (run_loop): not cached, it updates them in place
+        inputs = self._inputs(keys, subgraph, loop_start, streamed, superseded, superseded if release else ())
         if subgraph.HasField("loop"):
             self.metrics.loop_started(loop_record(self.client, keys, subgraph_id),
                                       loop_start.progress if loop_start is not None else None)
@@ -522,7 +524,7 @@ class Worker:
                     segments=LoopSegments(self, keys, subgraph_id) if spot else None, cache=self.cache,
                     metrics=self.metrics, loop_start=loop_start, pace_steps=self._pace_steps,
                     turns=Turns(self.client, self.stream, keys, self.usage, self.usage.quota(keys.token).weight),
-                    release_inputs=not spot and copies == 1))
+                    release_inputs=release))
             finally:
                 self.metrics.loop_ended(loop_start.ended if loop_start is not None else None)
         return self._run_subgraph(subgraph, program, inputs, seed)
@@ -533,16 +535,18 @@ class Worker:
         return run(program, inputs, seed, self.device, self.memory_budget)
 
     def _inputs(self, keys: GraphKeys, subgraph: Any, loop_start: Optional[LoopStart] = None,
-                streamed: AbstractSet[int] = frozenset(), superseded: AbstractSet[int] = frozenset()
-                ) -> dict[int, Any]:
+                streamed: AbstractSet[int] = frozenset(), superseded: AbstractSet[int] = frozenset(),
+                handed: AbstractSet[int] = frozenset()) -> dict[int, Any]:
         """Input tensors on this worker's device: from the local cache, the rest in one MGET, in the round trip
         of what `loop_start` (a worker.loops.loop_start.LoopStart, or None) reads for a loop. The big ones of
         `streamed` (ravop.store.row_stream.streamed_inputs) are read as their loop reads their rows (not cached);
-        one of `superseded` that is gone is left out (its loop resumes from the checkpoint that released it)."""
+        one of `superseded` that is gone is left out (its loop resumes from the checkpoint that released it);
+        those of `handed` are read from the store and not cached: tensors no one else holds, which their loop
+        updates in place."""
         env: dict[int, Any] = {}
         missing: list[int] = []
         for i in subgraph.inputs:
-            tensor = self.cache.get(keys.tensor(i))
+            tensor = None if i in handed else self.cache.get(keys.tensor(i))
             if tensor is None:
                 missing.append(i)
             else:
@@ -569,7 +573,8 @@ class Worker:
                 continue
             self.metrics.read_bytes(tensor.nbytes)
             tensor = devices.to_device(tensor, self.device)
-            self.cache.put(name, tensor)
+            if i not in handed:
+                self.cache.put(name, tensor)
             env[i] = tensor
         return env
 
