@@ -486,15 +486,15 @@ class Worker:
         except QuotaError as exc:
             self._give_up(keys, message_id, subgraph_id, str(exc), "quota")
         if failed:   # out of the except block: the error's traceback no longer holds the kernel's values
-            self._return_memory()
+            self._return_memory("after a failed subgraph")
 
-    def _return_memory(self) -> None:
-        """Give what a failed kernel allocated back to the OS (worker/execute/memory.py), logging the RSS it saved."""
+    def _return_memory(self, when: str) -> None:
+        """Give what a subgraph freed back to the OS (worker/execute/memory.py), logging the RSS it saved."""
         rss = memory.return_to_os()
         if rss is not None:
-            log.info("worker %s: RSS %s after a failed subgraph, %s once its values were collected, %s after "
-                     "returning freed memory to the OS", self.name,
-                     *(memory.mib(n) if n is not None else "(unread)" for n in rss))
+            log.info("worker %s: RSS %s %s, %s once its values were collected, %s after returning freed memory to "
+                     "the OS", self.name, memory.mib(rss[0]), when,
+                     *(memory.mib(n) if n is not None else "(unread)" for n in rss[1:]))
 
     def _compute(self, keys: GraphKeys, subgraph_id: int, subgraph: Any, program: Program, seed: int, max_bytes: int,
                  spot: bool = False, copies: int = 1) -> dict[int, torch.Tensor]:
@@ -516,7 +516,7 @@ class Worker:
             self.metrics.loop_started(loop_record(self.client, keys, subgraph_id),
                                       loop_start.progress if loop_start is not None else None)
             try:
-                return run_loop(LoopContext(
+                outputs = run_loop(LoopContext(
                     self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
                     checkpoint_steps=self._segment_steps() if spot else self.checkpoint_steps,
                     checkpoint_seconds=self.checkpoint_seconds, resident_checkpoint_seconds=self.resident_checkpoint_seconds, max_bytes=max_bytes,
@@ -527,6 +527,10 @@ class Worker:
                     release_inputs=release))
             finally:
                 self.metrics.loop_ended(loop_start.ended if loop_start is not None else None)
+            # what the loop's steps and checkpoints freed (gradients, activations, its checkpoint buffer: glibc keeps
+            # it) goes back before its outputs go up, when the server holds them beside its last checkpoint
+            self._return_memory("after a loop")
+            return outputs
         return self._run_subgraph(subgraph, program, inputs, seed)
 
     def _run_plain(self, subgraph: Any, program: Program, inputs: dict[int, torch.Tensor],
