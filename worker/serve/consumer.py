@@ -185,9 +185,11 @@ class Worker:
         self.stopping = threading.Event()
         self.inboxes = InboxWatch(client, self.handoff, name, self.stopping)  # graphs token users start
         self.provider = provider  # a worker.provider.data_provider.Provider if this worker offers data (--data)
+        costs = calibrate.measure(self.device, client, name)
+        self.store_bytes_per_s = costs["handoff_bytes_per_s"]   # where a loop writes its checkpoints
         self.heartbeat = Heartbeat(client, name, self.kind, self.stream, self.takeover.every, dead_after,
                                    self.stopping, parent_pid, provider.data.names() if provider is not None else None,
-                                   info={**self._advertised(), **calibrate.measure(self.device, client, name)})
+                                   info={**self._advertised(), **costs})
         self.completed = 0
         # the checkpoint tensors a taken-over loop reads with its inputs (Worker._claim)
         self._prefetch: list[str] = []
@@ -524,7 +526,7 @@ class Worker:
                     segments=LoopSegments(self, keys, subgraph_id) if spot else None, cache=self.cache,
                     metrics=self.metrics, loop_start=loop_start, pace_steps=self._pace_steps,
                     turns=Turns(self.client, self.stream, keys, self.usage, self.usage.quota(keys.token).weight),
-                    release_inputs=release))
+                    store_bytes_per_s=self.store_bytes_per_s, release_inputs=release))
             finally:
                 self.metrics.loop_ended(loop_start.ended if loop_start is not None else None)
             # what the loop's steps and checkpoints freed (gradients, activations, its checkpoint buffer: glibc keeps
