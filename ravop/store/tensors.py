@@ -102,11 +102,16 @@ def write(pipe: Pipeline, key: str, tensor: torch.Tensor, size: Optional[int] = 
     size = size or chunk_bytes()
     queued = queued or _ignore
     if tensor.nbytes <= size:
-        # a value above the packer's cutoff goes as its header and a view of the tensor's memory (no copy)
-        data = Joined(*tensor_pieces(tensor)) if tensor.nbytes > BUFFER_CUTOFF else encode_tensor(tensor)
-        pipe.set(key, data)
-        queued(data.nbytes if type(data) is Joined else len(data))
-        return data.nbytes if type(data) is Joined else len(data)
+        value: Union[Joined, bytes]
+        if tensor.nbytes > BUFFER_CUTOFF:   # its header and a view of the tensor's memory (no copy)
+            value = Joined(*tensor_pieces(tensor))
+            written = value.nbytes
+        else:
+            value = encode_tensor(tensor)
+            written = len(value)
+        pipe.set(key, value)
+        queued(written)
+        return written
     header, chunks = encode_chunked(tensor, size)
     chunks_pipe = pipe if chunks_pipe is None else chunks_pipe
     chunks_pipe.delete(chunks_key(key))  # a rewrite (a retry) replaces the chunks instead of adding to them

@@ -513,7 +513,7 @@ class Worker:
             # a resumed loop reads its checkpoint instead of the initial values its first checkpoint released
             superseded = frozenset(superseded_inputs(spec, loop_step))
         # a loop that releases its initial values is handed them (run_loop): not cached, it updates them in place
-        inputs = self._inputs(keys, subgraph, loop_start, streamed, superseded, superseded if release else ())
+        inputs = self._inputs(keys, subgraph, loop_start, streamed, superseded, superseded if release else frozenset())
         if subgraph.HasField("loop"):
             self.metrics.loop_started(loop_record(self.client, keys, subgraph_id),
                                       loop_start.progress if loop_start is not None else None)
