@@ -103,7 +103,9 @@ def write(pipe: Pipeline, key: str, tensor: torch.Tensor, size: Optional[int] = 
     queued = queued or _ignore
     if tensor.nbytes <= size:
         value: Union[Joined, bytes]
-        if tensor.nbytes > BUFFER_CUTOFF:   # its header and a view of the tensor's memory (no copy)
+        # its header and a view of the tensor's memory (no copy); not on a Redis Cluster, whose node connections may
+        # pack with redis-py's own packer, which refuses a Joined
+        if tensor.nbytes > BUFFER_CUTOFF and not isinstance(pipe, redis.cluster.ClusterPipeline):
             value = Joined(*tensor_pieces(tensor))
             written = value.nbytes
         else:
