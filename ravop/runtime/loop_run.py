@@ -10,7 +10,7 @@ watcher refuses, is an `OpError` naming the op and the loop step, as on any subg
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence, runtime_checkable
 
 import functools
 import threading
@@ -264,16 +264,27 @@ class LoopRun:
 
     def __init__(self, loop: LoopSpec, inputs: Sequence[Any], graph_seed: int, device: str = "cpu",
                  watch: Optional[Callable[[StepTemplate], Watcher]] = None,
-                 decisions: Optional[step_compiler.Decisions] = step_compiler.IN_PROCESS) -> None:
+                 decisions: Optional[step_compiler.Decisions] = step_compiler.IN_PROCESS,
+                 donated: Iterable[int] = ()) -> None:
         """`watch(template)`: the memory watcher of a template's ops (see StepFunction), or None;
-        `decisions`: the step compiler's (`ravop.runtime.step_compiler`; None: every step runs op by op)."""
+        `decisions`: the step compiler's (`ravop.runtime.step_compiler`; None: every step runs op by op);
+        `donated`: positions of carried initial values the caller hands over (it reads them no more, nor does
+        anything else: a worker's inputs that only start the loop): the run from the initial values updates
+        them in place instead of copying them first (4 bytes a parameter less for each), and a second such run
+        is refused."""
         if len(inputs) != len(loop.outer_ids) or loop.n_carried > len(inputs):
             raise PlanError(f"the loop op has {len(inputs)} inputs but its plan names {len(loop.outer_ids)} "
                             f"({loop.n_carried} carried)")
         self.loop = loop
-        self.initial = list(inputs[:loop.n_carried])
+        self.initial: Optional[list[Any]] = list(inputs[:loop.n_carried])
         outer = dict(zip(loop.outer_ids, inputs))
         self.owned = _owned(loop)
+        # still copied: a value a step reads as an outer value too, or a tensor given at two positions (an update
+        # in place would change what the other reads)
+        read = {i for t in loop.templates for node in t.nodes for i in node.inputs} | \
+            {i for t in loop.templates for i in (*t.row_data, *t.run_values, *t.seed_param_sources)}
+        self.donated = {k for k in donated if k in self.owned and loop.outer_ids[k] not in read and
+                        sum(v is inputs[k] for v in inputs) == 1}
         self.steps = [StepFunction(t, outer, loop.n_carried, graph_seed, device, self.owned,
                                    None if watch is None else watch(t), decisions, loop.runs(k))
                       for k, t in enumerate(loop.templates)]
@@ -337,8 +348,16 @@ class LoopRun:
         if exchange is None and self.exchanges():
             raise PlanError("this loop exchanges values with other loops of its graph (resident replicas): it runs "
                             "on workers, whose loops reach each other through the store, not in one process")
-        carried = list(self.initial if carried is None else carried)
-        for k in self.owned:   # the loop updates these in place: never the caller's tensors
+        copied = self.owned
+        if carried is None:
+            if self.initial is None:
+                raise PlanError("this loop's donated initial values were updated in place by its first run: "
+                                "another run needs the initial values again (LoopRun without `donated`)")
+            carried, copied = self.initial, self.owned - self.donated
+            if self.donated:
+                self.initial = None
+        carried = list(carried)
+        for k in copied:   # the loop updates these in place: never the caller's tensors
             carried[k] = carried[k].clone()
         loop = self.loop
         orders = round_orders(int(loop.n_rows), loop.shuffle, loop.shuffle_seed)

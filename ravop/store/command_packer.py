@@ -33,6 +33,8 @@ class CommandPacker:
             if kind is bytes:
                 if len(arg) > cutoff:
                     return self.zero_copy.pack(*args)
+            elif kind is Joined:
+                return self._pack_joined(args)
             elif kind not in _SMALL_TYPES:   # exact types: a bool or an np.float64 is packed as redis-py does
                 return self.zero_copy.pack(*args)
         name = args[0]   # 'CONFIG GET' is two arguments, as redis-py splits it
@@ -42,3 +44,34 @@ class CommandPacker:
         elif b" " in name:
             args = tuple(name.split()) + args[1:]
         return [hiredis.pack_command(args)]
+
+    def _pack_joined(self, args: tuple) -> List[Any]:
+        """`pack` of a command with a `Joined` value: each piece of it goes to the socket as it is, as a large
+        value or a memoryview does in redis-py's pure-Python packer (whose layout this follows)."""
+        name = args[0]
+        if type(name) is str or b" " in name:   # 'CONFIG GET' is two arguments, as redis-py splits it
+            args = tuple((name.encode() if type(name) is str else name).split()) + args[1:]
+        output, buff = [], b"*%d\r\n" % len(args)
+        for arg in args:
+            pieces = arg.pieces if type(arg) is Joined else (self.zero_copy.encode(arg),)
+            size = sum(memoryview(piece).nbytes for piece in pieces)
+            if size > self.cutoff or any(type(piece) is not bytes for piece in pieces):
+                output.append(buff + b"$%d\r\n" % size)
+                output.extend(pieces)
+                buff = b"\r\n"
+            else:
+                buff = b"".join((buff, b"$%d\r\n" % size, *pieces, b"\r\n"))
+        output.append(buff)
+        return output
+
+
+class Joined:
+    """One value made of `pieces` (bytes or buffers) sent one after the other, never joined in memory: a tensor's
+    header and its data (`ravop.store.tensors.write`), where joining them copied the data once more (a loop's
+    whole checkpoint of tensors under the chunk size, held until its pipeline was sent: issue 46). The pieces
+    must not change until the command is sent."""
+    __slots__ = ("pieces", "nbytes")
+
+    def __init__(self, *pieces: Any) -> None:
+        self.pieces = pieces
+        self.nbytes = sum(memoryview(piece).nbytes for piece in pieces)

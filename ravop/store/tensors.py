@@ -3,10 +3,11 @@ bigger one is a chunked header under its key and its data in a hash `{key}:c` of
 because one Redis value is capped (proto-max-bulk-len, 512 MB by default) and because a single huge value
 costs whole extra copies on both ends.
 
-Writing queues the chunks as views of the tensor's own memory (nothing is copied before the socket), the
-header after them, so a reader that sees the header finds every chunk. Reading allocates the tensor once,
-receives every chunk from the socket straight into it, and returns a view of that memory with the stored
-dtype and shape: no copy of the data besides the one the kernel makes.
+Writing sends the tensor's own memory (nothing is copied before the socket): a chunked tensor's chunks as views
+of it, the header after them, so a reader that sees the header finds every chunk; a tensor of one value (above
+the packer's cutoff) as its header and a view of its data, one value never joined (`command_packer.Joined`).
+Reading allocates the tensor once, receives every chunk from the socket straight into it, and returns a view of
+that memory with the stored dtype and shape: no copy of the data besides the one the kernel makes.
 """
 import os
 import socket
@@ -17,8 +18,10 @@ import torch
 
 from ..core import progress
 from ..core.errors import StoreLimitError, WireFormatError
-from ..wire.codec import Chunked, decode_chunked, decode_tensor, encode_chunked, encode_tensor, is_chunked
+from ..wire.codec import Chunked, decode_chunked, decode_tensor, encode_chunked, encode_tensor, is_chunked, \
+    tensor_pieces
 from . import same_host
+from .command_packer import BUFFER_CUTOFF, Joined
 from .client_types import Client, Pipeline
 from .connect import node_client
 from .row_stream import StreamedRows
@@ -99,10 +102,18 @@ def write(pipe: Pipeline, key: str, tensor: torch.Tensor, size: Optional[int] = 
     size = size or chunk_bytes()
     queued = queued or _ignore
     if tensor.nbytes <= size:
-        data = encode_tensor(tensor)
-        pipe.set(key, data)
-        queued(len(data))
-        return len(data)
+        value: Union[Joined, bytes]
+        # its header and a view of the tensor's memory (no copy); not on a Redis Cluster, whose node connections may
+        # pack with redis-py's own packer, which refuses a Joined
+        if tensor.nbytes > BUFFER_CUTOFF and not isinstance(pipe, redis.cluster.ClusterPipeline):
+            value = Joined(*tensor_pieces(tensor))
+            written = value.nbytes
+        else:
+            value = encode_tensor(tensor)
+            written = len(value)
+        pipe.set(key, value)
+        queued(written)
+        return written
     header, chunks = encode_chunked(tensor, size)
     chunks_pipe = pipe if chunks_pipe is None else chunks_pipe
     chunks_pipe.delete(chunks_key(key))  # a rewrite (a retry) replaces the chunks instead of adding to them

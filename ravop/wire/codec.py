@@ -62,7 +62,12 @@ def raw_bytes(tensor: torch.Tensor) -> memoryview:
 
 def encode_tensor(tensor: torch.Tensor) -> bytes:
     """Header and data in one bytes object (one copy of the data)."""
-    return b"".join((_header(MAGIC, tensor), raw_bytes(tensor)))
+    return b"".join(tensor_pieces(tensor))
+
+
+def tensor_pieces(tensor: torch.Tensor) -> tuple[bytes, memoryview]:
+    """What `encode_tensor` joins: its header, and the tensor's data as a view of its memory (`raw_bytes`)."""
+    return _header(MAGIC, tensor), raw_bytes(tensor)
 
 
 # Tensors up to this size are copied out together by `encode_tensors` when several share a dtype and shape.

@@ -153,8 +153,9 @@ def test_the_worker_never_reaches_recording_strategies_the_client_the_compiler_o
 # core/numerics_mode, ops/exact and ops/reproducible (issue 42); 82 with ravop.core.numerics_class (what a worker
 # advertises of its numerics, issue 42); 83 with ravop.store.seals (a worker seals its outputs under a vote, issue 44);
 # 84 with ravop.store.row_stream (a loop's training array streamed a window of chunks at a time, issue 46); 85 with
-# ravop.store.votes (a worker reads the votes from each principal's own key, issue 44).
-WORKER_LOADS_AT_MOST = 85
+# ravop.store.votes (a worker reads the votes from each principal's own key, issue 44); 86 with ravop.core.heap (glibc's
+# malloc_trim, shared with the requester, which trims what compiling a plan freed, issue 46).
+WORKER_LOADS_AT_MOST = 86
 
 
 def test_a_started_worker_loads_only_core_ops_wire_runtime_and_store():

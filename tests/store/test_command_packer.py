@@ -1,6 +1,7 @@
 """The clients' command packer (ravop.store.command_packer): hiredis for commands of small values, redis-py's
 pure-Python packer (large values and buffers sent from their own memory) for the rest, the same bytes on the
-wire either way, the same errors for what redis-py refuses; and a real server reads what it packs."""
+wire either way, the same errors for what redis-py refuses; and a real server reads what it packs. A `Joined`
+value (a tensor's header and its memory) is one value on the wire, its pieces sent as they are."""
 import numpy as np
 import pytest
 import torch
@@ -8,8 +9,9 @@ from redis.connection import Encoder, PythonRespSerializer
 from redis.exceptions import DataError
 
 from ravop.store import connect
-from ravop.store.command_packer import BUFFER_CUTOFF, CommandPacker
-from ravop.wire.codec import decode_tensor, encode_tensor
+from ravop.store import tensors
+from ravop.store.command_packer import BUFFER_CUTOFF, CommandPacker, Joined
+from ravop.wire.codec import decode_tensor, encode_tensor, tensor_pieces
 
 PURE = PythonRespSerializer(BUFFER_CUTOFF, Encoder("utf-8", "strict", False).encode)
 
@@ -42,6 +44,15 @@ def test_a_large_value_or_a_buffer_is_sent_from_its_own_memory():
         assert wire(pieces) == wire(PURE.pack("SET", "k", value))
 
 
+@pytest.mark.parametrize("command", [("SET", "k"), ("HSET", "ravop:c", 7), ("CONFIG SET", "x")])
+def test_a_joined_value_is_one_value_whose_pieces_are_sent_from_their_own_memory(command):
+    tensor = torch.arange(5000, dtype=torch.float32)
+    header, data = tensor_pieces(tensor)
+    pieces = CommandPacker().pack(*command, Joined(header, data), "EX", 10)
+    assert any(piece is data for piece in pieces)   # the tensor's memory, not a copy of it
+    assert wire(pieces) == wire(PURE.pack(*command, encode_tensor(tensor), "EX", 10))
+
+
 @pytest.mark.parametrize("value", [np.float64(1.5), bytearray(b"ab")])
 def test_other_types_are_packed_as_redis_py_packs_them(value):
     assert wire(CommandPacker().pack("SET", "k", value)) == wire(PURE.pack("SET", "k", value))
@@ -67,9 +78,16 @@ def test_a_server_reads_what_it_packs(server):
         pipe.set("packer:big", encode_tensor(tensor))
         pipe.hset("packer:h", mapping={"float": 0.1, "text": "é"})
         pipe.execute()
+        with client.pipeline(transaction=True) as multi:   # written without a copy of the tensor, in a MULTI
+            plus = tensor + 1
+            assert tensors.write(multi, "packer:joined", plus) == len(encode_tensor(tensor))
+            value = multi.command_stack[-1][0][-1]
+            assert type(value) is Joined and np.frombuffer(value.pieces[1], np.uint8).ctypes.data == plus.data_ptr()
+            multi.execute()
         assert [int(v) for v in client.mget(keys)] == list(range(300))
         assert torch.equal(decode_tensor(client.get("packer:big")), tensor)
+        assert torch.equal(decode_tensor(client.get("packer:joined")), plus)
         assert client.hgetall("packer:h") == {b"float": b"0.1", b"text": "é".encode()}
-        assert client.unlink(*keys, "packer:big", "packer:h") == 302
+        assert client.unlink(*keys, "packer:big", "packer:joined", "packer:h") == 303
     finally:
         client.close()

@@ -14,12 +14,9 @@ declares (a plan is data from the network and may lie about its sizes).
 Each check returns a message naming the sizes; the caller fails the subgraph with it, naming the op and the
 user's line (worker/execute/run.py, worker/serve/consumer.py), frees the values and goes on.
 - `return_to_os`: after a failed subgraph, the memory its values held is given back to the operating system
-  (glibc keeps freed blocks under its mmap threshold, up to 32 MiB each, in the heap: without it a worker stays
-  at its peak for good).
+  (`ravop.core.heap`: without it a worker stays at its peak for good).
 - `default_budget` divides the machine's memory among the workers started on it.
 """
-import ctypes
-import ctypes.util
 import gc
 import logging
 import os
@@ -30,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
 
+from ravop.core import heap
 from ravop.core.dtypes import NAMES
 from ravop.core.node import Node
 from ravop.store import worker_info
@@ -63,28 +61,18 @@ def default_budget(subgraph_limit: int) -> int:
     return max(subgraph_limit * 3 // 2, MIN_BUDGET)
 
 
-def _malloc_trim() -> Optional[Callable[[int], Any]]:
-    """glibc's malloc_trim, or None where the C library has none (musl, macOS, Windows)."""
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-_trim = _malloc_trim()
-
-
 def return_to_os() -> Optional[tuple[int, Optional[int], Optional[int]]]:
     """Give the heap's free memory back to the operating system; (RSS before, after freeing cycles, after
     malloc_trim) in bytes, or None where this cannot be done or measured."""
     before = resident_bytes()
-    if _trim is None or before is None:
+    if before is None:
         return None
     # A failed kernel's values may be held by a cycle (an exception, its traceback, the frame naming it): the
     # cyclic collector frees them first (cheap: what the worker loaded at start is frozen, worker/serve/worker_cli.py).
     gc.collect()
     collected = resident_bytes()
-    _trim(0)
+    if not heap.trim():
+        return None
     return before, collected, resident_bytes()
 
 

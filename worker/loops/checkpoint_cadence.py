@@ -12,6 +12,13 @@ its last checkpoint is being written). A checkpoint costs two things:
   A queue of copies behind a slow write held up to three copies of a 100M-parameter model's state and stalled
   the loop 35-40% of its time (issue 46).
 
+Where the server takes a checkpoint about as fast as the host copies it (one on this host: `in_loop`, decided
+from the rate the worker measured for its store at start and checked on every write), the checkpoint is instead
+written from the loop's own tensors in its thread: the loop waits for the write (a stall bounded as a copy's
+is, by STALL_SPACING), and the worker holds no second copy of the state (12 bytes a parameter with Adam: issue
+46). The first write slower than IN_LOOP_BYTES_PER_S (and longer than IN_LOOP_SECONDS) sends the later ones
+beside the loop again.
+
 Within those bounds an adaptive cadence (no --checkpoint-seconds) checkpoints every SPACING times what the last
 one cost (copy and write), at least `least` and at most `seconds` apart: the steps a killed provider loses
 are half the interval on average, so short intervals for cheap checkpoints (docs/reports/benchmarks.md)."""
@@ -19,7 +26,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 SPACING = 50        # an adaptive cadence: every 50x a checkpoint's copy and write, 2% of the loop's time
-STALL_SPACING = 25  # any cadence: copies at most 4% of the loop's time
+STALL_SPACING = 25  # any cadence: copies (or writes in the loop's thread) at most 4% of the loop's time
+# A store this fast takes a checkpoint in the loop's thread: the embedded server's unix socket measures 4e8 at a
+# worker's start (a 256 KiB hand-off) and takes a 134 MB checkpoint in ~0.1 s; a LAN's 1 Gbit/s is at the bound,
+# the WAN lab's links and tests/throttled_link.py far below it.
+IN_LOOP_BYTES_PER_S = 1e8
+IN_LOOP_SECONDS = 0.05   # a write this short stays in the loop's thread at any rate (a small state's is a round trip)
 
 
 @dataclass
@@ -30,8 +42,10 @@ class CheckpointCadence:
     least: float = 0.5    # an adaptive cadence's shortest interval
     every: float = 0.0    # the interval now
     copy_seconds: float = 0.0
-    copied: float = 0.0     # the seconds the loop spent in copies, all told (the checkpoint record shows them)
+    copied: float = 0.0     # the seconds the loop spent in copies (or writes in its thread), all told (the
+    #                         checkpoint record shows them)
     writing: bool = False   # a checkpoint taken and not written yet
+    in_loop: bool = False   # the next checkpoint is written in the loop's thread from its own tensors
 
     def __post_init__(self) -> None:
         self.every = self.least if self.adaptive else self.seconds
@@ -45,10 +59,16 @@ class CheckpointCadence:
         self.writing, self.copy_seconds = True, copy_seconds
         self.copied += copy_seconds
 
-    def written(self, write_seconds: float) -> None:
-        """The checkpoint taken last is in the store after `write_seconds` beside the loop."""
+    def written(self, write_seconds: float, nbytes: int = 0) -> None:
+        """The checkpoint taken last, of `nbytes`, is in the store after `write_seconds` (beside the loop, or in its
+        thread where `in_loop`: then the write was the loop's stall)."""
         self.writing = False
+        stall = self.copy_seconds
+        if self.in_loop:
+            stall += write_seconds
+            self.copied += write_seconds
+            self.in_loop = write_seconds <= max(IN_LOOP_SECONDS, nbytes / IN_LOOP_BYTES_PER_S)
         every = self.seconds
         if self.adaptive:
             every = min(self.seconds, max(self.least, SPACING * (self.copy_seconds + write_seconds)))
-        self.every = max(every, STALL_SPACING * self.copy_seconds)
+        self.every = max(every, STALL_SPACING * stall)

@@ -10,42 +10,29 @@ memory held is the step's own working set, which each step reaches again: the pe
 
 Only with glibc (its `mallopt` and `malloc_trim`); elsewhere the heap is left to its allocator's own rules."""
 import contextlib
-import ctypes
-import logging
-from typing import Any, Iterator, Optional
+from typing import Iterator
+
+from ravop.core import heap
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3   # glibc's malloc.h
 MMAP_THRESHOLD = 32 << 20      # blocks above it are mapped on their own: glibc's ceiling for its dynamic threshold
 HOLD = 2**31 - 1               # no trim while the steps run (mallopt takes an int)
 AFTER = 2 * MMAP_THRESHOLD     # after them: glibc's own trim threshold at that ceiling
 
-log = logging.getLogger(__name__)
-
-
-def _glibc() -> Optional[Any]:
-    """This process's C library when it is glibc, else None."""
-    libc = ctypes.CDLL(None)
-    if not all(hasattr(libc, name) for name in ("gnu_get_libc_version", "mallopt", "malloc_trim")):
-        log.debug("not glibc: a loop's heap is left to its allocator")
-        return None
-    return libc
-
-
-_LIBC = _glibc()
-
 
 @contextlib.contextmanager
 def held() -> Iterator[None]:
     """The heap neither trimmed nor its thresholds moved while inside; trimmed on the way out."""
-    if _LIBC is None:
+    libc = heap.GLIBC
+    if libc is None:
         yield
         return
     # setting either threshold fixes both (glibc stops adjusting them): the mapped size is set too, or it would
     # stay wherever the dynamic rule had left it (128 KiB in a fresh process: every tensor mapped anew)
-    _LIBC.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-    _LIBC.mallopt(M_TRIM_THRESHOLD, HOLD)
+    libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    libc.mallopt(M_TRIM_THRESHOLD, HOLD)
     try:
         yield
     finally:
-        _LIBC.mallopt(M_TRIM_THRESHOLD, AFTER)
-        _LIBC.malloc_trim(0)
+        libc.mallopt(M_TRIM_THRESHOLD, AFTER)
+        heap.trim()

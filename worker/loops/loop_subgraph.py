@@ -65,7 +65,7 @@ from . import step_decisions
 from . import checkpoint_aliases, heap_hold, held_values, shared_checkpoint
 from .background_writes import BackgroundWrites
 from .checkpoint_buffer import CheckpointBuffer
-from .checkpoint_cadence import CheckpointCadence
+from .checkpoint_cadence import IN_LOOP_BYTES_PER_S, CheckpointCadence
 from .exchange import StoreExchange
 from .graph_watch import GraphWatch
 from ..serve.worker_metrics import WorkerMetrics
@@ -227,7 +227,8 @@ class _Writer:
                  checkpoint_steps: int, checkpoint_seconds: Optional[float], n_steps: int,
                  resumed_at: Optional[int] = None, stop: Optional[threading.Event] = None,
                  graph: Optional[GraphWatch] = None, segments: Optional[Any] = None,
-                 metrics: Optional[WorkerMetrics] = None, resumed_shared: Optional[Dict[int, str]] = None) -> None:
+                 metrics: Optional[WorkerMetrics] = None, resumed_shared: Optional[Dict[int, str]] = None,
+                 in_loop: bool = False) -> None:
         self.client, self.keys, self.subgraph_id = client, keys, subgraph_id
         self.metrics = metrics    # the worker's WorkerMetrics: the bytes each write stores are counted, or None
         self.first_ids = first_ids
@@ -243,7 +244,9 @@ class _Writer:
         self.flush_every = FLUSH_SECONDS
         self.checkpointed = resumed_at or 0
         # when periodic checkpoints are due: by their cost, and one in flight at a time, written from one host copy
-        self.timing = CheckpointCadence(self.checkpoint_seconds, self.adaptive, MIN_CHECKPOINT_SECONDS)
+        # or, `in_loop` (a store about as fast as the copy), in the loop's thread from its own tensors
+        self.timing = CheckpointCadence(self.checkpoint_seconds, self.adaptive, MIN_CHECKPOINT_SECONDS,
+                                        in_loop=in_loop)
         self.buffer = CheckpointBuffer()
         self.saved = resumed_at   # the step of the checkpoint in Redis (None: none)
         self.last = None          # (steps done, carried values) after the last step run here
@@ -317,7 +320,7 @@ class _Writer:
             asked = self._at_sync(template, run, now, carried) or asked
         due = self.timing.due(asked, self.last_checkpoint if self.cadence is None else None, now)
         if due and self.sync_end in (None, template):
-            self.write(done, carried, wait=False)
+            self.write(done, carried, wait=self.timing.in_loop)
         elif now - self.last_flush >= self.flush_every and not (self.writes is not None and self.writes.busy()):
             self.write(done, wait=False)
 
@@ -407,7 +410,7 @@ class _Writer:
             if self.superseded:   # the initial values: a resumed loop reads this checkpoint instead
                 scripts.release_superseded(client, keys, self.subgraph_id, self.superseded)
                 self.superseded = []
-            self.timing.written(time.monotonic() - began)   # the host buffer may be refilled from here on
+            self.timing.written(time.monotonic() - began, total)   # the host buffer may be refilled from here on
         self.last_flush = time.monotonic()
         if host is None:
             self.flush_every = max(FLUSH_SECONDS, FLUSH_SPACING * (self.last_flush - began))
@@ -579,9 +582,13 @@ class LoopContext:
     #                                  with: benchmarks' pacing (worker/execute/emulated_device.py) when installed
     turns: Any = None           # its token's worker time charged as it runs, and when it yields to another token's
     #                             waiting work (worker/loops/turns.py), or None
+    store_bytes_per_s: float = 0.0   # the rate the worker measured for its store at start: at least
+    #                                  checkpoint_cadence.IN_LOOP_BYTES_PER_S, checkpoints are written in the loop's
+    #                                  thread from its own tensors (no host copy)
     release_inputs: bool = False   # release the initial values of what it carries at its first checkpoint: not
     #                                under verify='spot' (a segment re-run from the start reads them) nor verify=k
-    #                                (another copy may start from them)
+    #                                (another copy may start from them); the loop then updates them in place, so
+    #                                `inputs` must hold them uncached (worker/serve/consumer.py `_inputs`)
 
 
 def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
@@ -605,7 +612,8 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
     store_exchange = None
     writer = _Writer(ctx.client, ctx.keys, subgraph_id, first_ids,
                      CHECKPOINT_STEPS if ctx.checkpoint_steps is None else ctx.checkpoint_steps,
-                     ctx.checkpoint_seconds, spec.n_steps, start, stop, graph, segments, ctx.metrics, shared)
+                     ctx.checkpoint_seconds, spec.n_steps, start, stop, graph, segments, ctx.metrics, shared,
+                     ctx.store_bytes_per_s >= IN_LOOP_BYTES_PER_S)
     try:
         values = loop_inputs(program, loop_step, ctx.inputs, ctx.seed, ctx.device, ctx.max_bytes, ctx.budget)
         if carried is None and any(value is None for value in values):
@@ -614,9 +622,12 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
         # the released initial values' places hold the resumed ones (what reads their shapes: a benchmark's pacing)
         values = [carried[k] if value is None and carried is not None and k < spec.n_carried else value
                   for k, value in enumerate(values)]
-        if ctx.release_inputs:
-            writer.superseded = superseded_inputs(spec, loop_step)
-        runner = LoopRun(spec, values, ctx.seed, ctx.device, watch, step_decisions.for_device(ctx.device))
+        # the initial values it releases are the loop's own (the worker did not cache them): updated in place
+        # rather than copied first
+        superseded = superseded_inputs(spec, loop_step) if ctx.release_inputs else []
+        writer.superseded = superseded
+        donated = [k for k, i in enumerate(loop_step.inputs[:spec.n_carried]) if i in superseded]
+        runner = LoopRun(spec, values, ctx.seed, ctx.device, watch, step_decisions.for_device(ctx.device), donated)
         if segments is not None:
             segments.instrument(runner)
         writer.work_waiting, writer.cache = ctx.work_waiting, ctx.cache

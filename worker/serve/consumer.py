@@ -186,9 +186,11 @@ class Worker:
         self.stopping = threading.Event()
         self.inboxes = InboxWatch(client, self.handoff, name, self.stopping)  # graphs token users start
         self.provider = provider  # a worker.provider.data_provider.Provider if this worker offers data (--data)
+        costs = calibrate.measure(self.device, client, name)
+        self.store_bytes_per_s = costs["handoff_bytes_per_s"]   # where a loop writes its checkpoints
         self.heartbeat = Heartbeat(client, name, self.kind, self.stream, self.takeover.every, dead_after,
                                    self.stopping, parent_pid, provider.data.names() if provider is not None else None,
-                                   info={**self._advertised(), **calibrate.measure(self.device, client, name)})
+                                   info={**self._advertised(), **costs})
         self.completed = 0
         # the checkpoint tensors a taken-over loop reads with its inputs (Worker._claim)
         self._prefetch: list[str] = []
@@ -492,15 +494,15 @@ class Worker:
         except QuotaError as exc:
             self._give_up(keys, message_id, subgraph_id, str(exc), "quota")
         if failed:   # out of the except block: the error's traceback no longer holds the kernel's values
-            self._return_memory()
+            self._return_memory("after a failed subgraph")
 
-    def _return_memory(self) -> None:
-        """Give what a failed kernel allocated back to the OS (worker/execute/memory.py), logging the RSS it saved."""
+    def _return_memory(self, when: str) -> None:
+        """Give what a subgraph freed back to the OS (worker/execute/memory.py), logging the RSS it saved."""
         rss = memory.return_to_os()
         if rss is not None:
-            log.info("worker %s: RSS %s after a failed subgraph, %s once its values were collected, %s after "
-                     "returning freed memory to the OS", self.name,
-                     *(memory.mib(n) if n is not None else "(unread)" for n in rss))
+            log.info("worker %s: RSS %s %s, %s once its values were collected, %s after returning freed memory to "
+                     "the OS", self.name, memory.mib(rss[0]), when,
+                     *(memory.mib(n) if n is not None else "(unread)" for n in rss[1:]))
 
     def _compute(self, keys: GraphKeys, subgraph_id: int, subgraph: Any, program: Program, seed: int, max_bytes: int,
                  spot: bool = False, copies: int = 1) -> dict[int, torch.Tensor]:
@@ -510,17 +512,19 @@ class Worker:
             if subgraph.HasField("loop") and self.scripts.direct else None
         streamed: AbstractSet[int] = frozenset()
         superseded: AbstractSet[int] = frozenset()
+        release = not spot and copies == 1
         if subgraph.HasField("loop"):
             spec, loop_step = unpack_loop(subgraph.loop), check_loop_program(program)
             streamed = streamed_inputs(spec, loop_step.inputs)
             # a resumed loop reads its checkpoint instead of the initial values its first checkpoint released
             superseded = frozenset(superseded_inputs(spec, loop_step))
-        inputs = self._inputs(keys, subgraph, loop_start, streamed, superseded)
+        # a loop that releases its initial values is handed them (run_loop): not cached, it updates them in place
+        inputs = self._inputs(keys, subgraph, loop_start, streamed, superseded, superseded if release else frozenset())
         if subgraph.HasField("loop"):
             self.metrics.loop_started(loop_record(self.client, keys, subgraph_id),
                                       loop_start.progress if loop_start is not None else None)
             try:
-                return run_loop(LoopContext(
+                outputs = run_loop(LoopContext(
                     self.client, keys, subgraph_id, subgraph, program, inputs, seed, self.device,
                     checkpoint_steps=self._segment_steps() if spot else self.checkpoint_steps,
                     checkpoint_seconds=self.checkpoint_seconds, resident_checkpoint_seconds=self.resident_checkpoint_seconds, max_bytes=max_bytes,
@@ -528,9 +532,13 @@ class Worker:
                     segments=LoopSegments(self, keys, subgraph_id) if spot else None, cache=self.cache,
                     metrics=self.metrics, loop_start=loop_start, pace_steps=self._pace_steps,
                     turns=Turns(self.client, self.stream, keys, self.usage, self.usage.quota(keys.token).weight),
-                    release_inputs=not spot and copies == 1))
+                    store_bytes_per_s=self.store_bytes_per_s, release_inputs=release))
             finally:
                 self.metrics.loop_ended(loop_start.ended if loop_start is not None else None)
+            # what the loop's steps and checkpoints freed (gradients, activations, its checkpoint buffer: glibc keeps
+            # it) goes back before its outputs go up, when the server holds them beside its last checkpoint
+            self._return_memory("after a loop")
+            return outputs
         return self._run_subgraph(subgraph, program, inputs, seed)
 
     def _run_plain(self, subgraph: Any, program: Program, inputs: dict[int, torch.Tensor],
@@ -539,16 +547,18 @@ class Worker:
         return run(program, inputs, seed, self.device, self.memory_budget)
 
     def _inputs(self, keys: GraphKeys, subgraph: Any, loop_start: Optional[LoopStart] = None,
-                streamed: AbstractSet[int] = frozenset(), superseded: AbstractSet[int] = frozenset()
-                ) -> dict[int, Any]:
+                streamed: AbstractSet[int] = frozenset(), superseded: AbstractSet[int] = frozenset(),
+                handed: AbstractSet[int] = frozenset()) -> dict[int, Any]:
         """Input tensors on this worker's device: from the local cache, the rest in one MGET, in the round trip
         of what `loop_start` (a worker.loops.loop_start.LoopStart, or None) reads for a loop. The big ones of
         `streamed` (ravop.store.row_stream.streamed_inputs) are read as their loop reads their rows (not cached);
-        one of `superseded` that is gone is left out (its loop resumes from the checkpoint that released it)."""
+        one of `superseded` that is gone is left out (its loop resumes from the checkpoint that released it);
+        those of `handed` are read from the store and not cached: tensors no one else holds, which their loop
+        updates in place."""
         env: dict[int, Any] = {}
         missing: list[int] = []
         for i in subgraph.inputs:
-            tensor = self.cache.get(keys.tensor(i))
+            tensor = None if i in handed else self.cache.get(keys.tensor(i))
             if tensor is None:
                 missing.append(i)
             else:
@@ -582,7 +592,8 @@ class Worker:
             seals.check_constant(i, tensor, seal)   # a constant changed after its upload fails here
             self.metrics.read_bytes(tensor.nbytes)
             tensor = devices.to_device(tensor, self.device)
-            self.cache.put(name, tensor)
+            if i not in handed:
+                self.cache.put(name, tensor)
             env[i] = tensor
         return env
 

@@ -1,9 +1,11 @@
-"""When a loop's periodic checkpoints are due (worker/loops/checkpoint_cadence.py) and the one host buffer they
-are written from (worker/loops/checkpoint_buffer.py): pure code, no server."""
+"""When a loop's periodic checkpoints are due (worker/loops/checkpoint_cadence.py), where they are written (in the
+loop's thread for a fast store) and the one host buffer they are written from otherwise
+(worker/loops/checkpoint_buffer.py): pure code, no server."""
 import torch
 
 from worker.loops.checkpoint_buffer import CheckpointBuffer
-from worker.loops.checkpoint_cadence import SPACING, STALL_SPACING, CheckpointCadence
+from worker.loops.checkpoint_cadence import (IN_LOOP_BYTES_PER_S, IN_LOOP_SECONDS, SPACING, STALL_SPACING,
+                                             CheckpointCadence)
 
 
 def test_none_is_taken_while_the_last_is_being_written_and_the_one_due_meanwhile_follows_it():
@@ -61,3 +63,21 @@ def test_the_buffer_is_refilled_in_place_and_keeps_each_checkpoint_apart_from_th
     assert [t.data_ptr() for t in second] == pointers and torch.equal(second[0], state[0])
     third = buffer.fill([torch.zeros(4), state[1]])   # another shape: made anew
     assert third[0].shape == (4,) and third[0].data_ptr() != pointers[0]
+
+
+def test_writes_in_the_loops_thread_are_its_stall_and_a_slow_one_sends_the_next_beside_it():
+    cadence = CheckpointCadence(seconds=10.0, adaptive=False, in_loop=True)
+    cadence.taken(copy_seconds=0.0)   # no copy: the loop's own tensors are written
+    cadence.written(write_seconds=0.5, nbytes=int(IN_LOOP_BYTES_PER_S))   # 2x the rate: stays in the loop
+    assert cadence.in_loop and cadence.copied == 0.5
+    assert cadence.every == STALL_SPACING * 0.5 > 10.0   # the write stalled the loop: spaced as a copy would be
+    cadence.taken(copy_seconds=0.0)
+    cadence.written(write_seconds=2.0, nbytes=int(IN_LOOP_BYTES_PER_S))   # slower than the bound
+    assert not cadence.in_loop and cadence.copied == 2.5
+    cadence.taken(copy_seconds=0.01)
+    cadence.written(write_seconds=30.0, nbytes=int(IN_LOOP_BYTES_PER_S))   # beside the loop: only its copy stalls
+    assert not cadence.in_loop and cadence.copied == 2.51 and cadence.every == 10.0
+    small = CheckpointCadence(seconds=10.0, adaptive=True, in_loop=True)
+    small.taken(0.0)
+    small.written(write_seconds=IN_LOOP_SECONDS, nbytes=30_000)   # a round trip: slow per byte, short all told
+    assert small.in_loop

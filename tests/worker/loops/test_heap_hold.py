@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from worker.loops import heap_hold
+from ravop.core import heap
 
-pytestmark = pytest.mark.skipif(heap_hold._LIBC is None, reason="the heap is held with glibc's mallopt only")
+pytestmark = pytest.mark.skipif(heap.GLIBC is None, reason="the heap is held with glibc's mallopt only")
 
 # Steps that allocate two 10 MB tensors and free them (resnet18's largest gradients are 9.4 MB): the page faults
 # a step takes once three have warmed the heap, without the hold and inside it; the resident size inside it after

@@ -1,7 +1,10 @@
 """A loop's first published checkpoint releases the initial values of what it carries from the server (issue 46:
 nothing reads them after it; worker/loops/loop_subgraph.py, `superseded_inputs`), through the refs rule COMPLETE
 uses: a takeover after that resumes from the checkpoint with the same bits, and the completion counts them once.
-Under verify='spot' they stay (a segment re-run from the start reads them)."""
+Under verify='spot' they stay (a segment re-run from the start reads them). The worker hands them to the loop
+uncached, which trains them in place instead of copying them first (ravop/runtime/loop_run.py, `donated`)."""
+import uuid
+
 import numpy as np
 import torch
 
@@ -11,8 +14,11 @@ from ravdl.v2 import NeuralNetwork
 from ravdl.v2.layers import Activation, Dense
 from ravdl.v2.optimizers import Adam
 from ravop.runtime.evaluate import evaluate_persisted
-from ravop.store import GraphKeys
+from ravop.core.graph_states import DONE, FAILED
+from ravop.runtime import loop_run
+from ravop.store import GraphKeys, connect
 from ravop.store import tensors as stored
+from worker import Worker
 
 RNG = np.random.default_rng(5)
 X = RNG.normal(size=(40, 4))
@@ -80,4 +86,35 @@ def test_a_spot_checked_loop_keeps_its_initial_values(engine, workers, client):
     R.track_progress(timeout=300, progress_bar=False)
     want = on_one_thread(evaluate_persisted, graph, persisted)
     for name in persisted:
+        assert torch.equal(R.fetch_persisting_op(name), want[name]), name
+
+
+def test_the_worker_hands_the_initial_values_to_the_loop_uncached_and_it_trains_them_in_place(
+        engine, server, monkeypatch):
+    runs = []
+    real_run = loop_run.LoopRun.run
+
+    def run(self, *args, **kwargs):
+        runs.append((self, list(self.initial or ())))
+        return real_run(self, *args, **kwargs)
+    monkeypatch.setattr(loop_run.LoopRun, "run", run)
+    graph, persisted = record_fit("handed", epochs=3)
+    R.activate()
+    keys = GraphKeys(engine.token, graph.id)
+    worker = Worker(connect(server.url), f"handed-{uuid.uuid4().hex[:6]}")
+    R.execute()
+    while worker.client.hget(keys.meta, "state").decode() not in (DONE, FAILED):
+        message = worker._next()
+        if message is not None:
+            worker._handle(*message)
+    (runner, initial), = runs
+    assert len(runner.donated) >= 4   # the two Dense layers' weights and biases at least
+    trained = {id(initial[k]) for k in runner.donated}
+    held = [(key, value) for key, value in worker.cache._items.items() if id(value) in trained]
+    assert held, "the loop's outputs are the tensors it was handed, trained in place"
+    for key, value in held:   # cached only under the outputs' keys, never under an initial value's
+        data = worker.client.get(key)
+        assert data is not None and torch.equal(stored.decode(worker.client, key, data), value), key
+    want = on_one_thread(evaluate_persisted, graph, persisted)
+    for name in persisted:   # the same bits as the in-process run, whose loop copied its initial values
         assert torch.equal(R.fetch_persisting_op(name), want[name]), name

@@ -1,0 +1,84 @@
+"""What a worker's loop holds (issue 46): a checkpoint to a store about as fast as a host copy (the embedded server,
+a server on this host) is written from the loop's own tensors in its thread, with no host copy of the state; to a
+slower one, beside the loop from its one host copy (worker/loops/checkpoint_cadence.py). And once the loop has run,
+the worker gives back to the operating system what it freed (its gradients, activations, checkpoint buffer, which
+glibc keeps in the heap), before its outputs go up to the server that still holds its last checkpoint."""
+import re
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+import ravop as R
+from helpers import on_one_thread, wait_for
+from ravop.core.graph_states import DONE, FAILED
+from ravop.runtime.evaluate import evaluate_persisted
+from ravop.store import GraphKeys, connect
+from worker import Worker
+from worker.loops import checkpoint_buffer, loop_subgraph
+from ravdl.v2 import NeuralNetwork
+from ravdl.v2.layers import Activation, Dense
+from ravdl.v2.optimizers import Adam
+
+RNG = np.random.default_rng(7)
+X = RNG.normal(size=(256, 64))
+Y = np.eye(4)[RNG.integers(0, 4, 256)]
+
+
+def test_a_worker_returns_what_a_loop_freed_to_the_os(engine, workers, client):
+    [name] = workers.start(1, extra=("--checkpoint-steps", "5", "-v"))
+    R.Graph(name="loop memory", seed=1)
+    model = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss")
+    model.add(Dense(176, input_shape=(64,)))
+    for _ in range(30):   # 121-176 KiB tensors: heap blocks under glibc's mmap threshold, kept when freed
+        model.add(Activation("relu"))
+        model.add(Dense(176))
+    model.add(Dense(4))
+    list(model.fit(X, Y, n_epochs=10, batch_size=256))
+    model.persist_weights()
+    R.activate()
+    R.execute()
+    R.track_progress(progress_bar=False)
+    line = wait_for(lambda: re.search(r"RSS ([\d,.]+) MiB after a loop, ([\d,.]+) MiB once its values were "
+                                      r"collected, ([\d,.]+) MiB after returning", workers.log(name)),
+                    "the worker to log its RSS after the loop")
+    before, _, after = (float(v.replace(",", "")) for v in line.groups())
+    print(f"\nworker RSS after the loop: {before:,.1f} MiB, {after:,.1f} MiB after malloc_trim(0)")
+    # what comes back depends on the heap's layout (glibc's mmap threshold moves as blocks are freed): often a few
+    # MiB here, the checkpoint buffer's 12 bytes a parameter with a slow store (malloc_trim: tests/core/test_heap.py)
+    assert after <= before
+
+
+@pytest.mark.parametrize("store_bytes_per_s", [4e8, 1e6], ids=["fast store", "slow store"])
+def test_checkpoints_to_a_fast_store_are_written_from_the_loops_own_tensors(engine, server, monkeypatch,
+                                                                           store_bytes_per_s):
+    copies, checkpoints = [], []
+    fill, transaction = checkpoint_buffer.CheckpointBuffer.fill, loop_subgraph._Writer._transaction
+    monkeypatch.setattr(checkpoint_buffer.CheckpointBuffer, "fill", lambda self, carried: copies.append(1) or
+                        fill(self, carried))
+
+    def writing(self, done, pending, host, *rest):
+        if host is not None:
+            checkpoints.append(done)
+        return transaction(self, done, pending, host, *rest)
+    monkeypatch.setattr(loop_subgraph._Writer, "_transaction", writing)
+    graph = R.Graph(name="checkpoint in the loop", seed=2)
+    model = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss")
+    for layer in (Dense(32, input_shape=(64,)), Activation("relu"), Dense(4)):
+        model.add(layer)
+    names = list(model.fit(X, Y, n_epochs=4, batch_size=32))
+    R.activate()
+    keys = GraphKeys(engine.token, graph.id)
+    worker = Worker(connect(server.url), f"in-loop-{uuid.uuid4().hex[:6]}", checkpoint_steps=5)
+    worker.store_bytes_per_s = store_bytes_per_s   # as its calibration measured
+    R.execute()
+    while worker.client.hget(keys.meta, "state").decode() not in (DONE, FAILED):
+        message = worker._next()
+        if message is not None:
+            worker._handle(*message)
+    assert len(checkpoints) >= 3   # asked for every 5 of its 32 steps (one in flight at a time)
+    assert (len(copies) > 0) == (store_bytes_per_s < 1e8)   # no host copy where the store is fast
+    want = on_one_thread(evaluate_persisted, graph, names)
+    for name in names:
+        assert torch.equal(R.fetch_persisting_op(name), want[name]), name
