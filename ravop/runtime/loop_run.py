@@ -282,7 +282,7 @@ class LoopRun:
         # still copied: a value a step reads as an outer value too, or a tensor given at two positions (an update
         # in place would change what the other reads)
         read = {i for t in loop.templates for node in t.nodes for i in node.inputs} | \
-            {i for t in loop.templates for i in (*t.row_data, *t.run_values, *t.seed_param_sources)}
+            {i for t in loop.templates for i in (*t.outer_reads(), *(f.source for f in t.seed_followers))}
         self.donated = {k for k in donated if k in self.owned and loop.outer_ids[k] not in read and
                         sum(v is inputs[k] for v in inputs) == 1}
         self.steps = [StepFunction(t, outer, loop.n_carried, graph_seed, device, self.owned,
