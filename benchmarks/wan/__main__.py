@@ -94,7 +94,11 @@ def main(argv=None):
                   resident_checkpoint_seconds=args.resident_checkpoint_seconds,
                   progress=lambda text: print(text, file=sys.stderr, flush=True))
     results = [harness.run(**common)]
-    if args.churn_every:
+    if args.churn_every:   # the undisturbed run's figures now, in case the churned one never ends
+        print(report.table(results, detail=args.detail), file=sys.stderr, flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
         results.append(harness.run(**common, churn_every=args.churn_every, churn_restart=args.churn_restart))
         churn_figures(results[0], results[1])
     print(report.table(results, detail=args.detail))

@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 import uuid
-from typing import Optional, Sequence
+from typing import Collection, Optional, Sequence
 
 import numpy as np
 import torch
@@ -151,6 +151,7 @@ class Churn(threading.Thread):
         self.lab, self.names, self.start_worker = lab, names, start_worker
         self.every, self.restart_after, self.start_time = every, restart_after, start
         self.events = []
+        self.down = set()   # providers killed and not started again yet: the lab's liveness check excuses them
         self.stopped = threading.Event()
 
     def run(self):
@@ -162,12 +163,14 @@ class Churn(threading.Thread):
             name = self.names[(k - 1) % len(self.names)]
             process = self.lab.workers[name]
             killed = time.monotonic() - self.start_time
+            self.down.add(name)
             process.send_signal(signal.SIGKILL)
             process.wait()
             if self.stopped.wait(self.restart_after):
                 self.events.append({"provider": name, "killed_s": killed, "restarted_s": None})
                 return
             self.start_worker(name)
+            self.down.discard(name)
             self.events.append({"provider": name, "killed_s": killed,
                                 "restarted_s": time.monotonic() - self.start_time})
 
@@ -246,11 +249,12 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
             churn = Churn(lab, names, start_provider, churn_every * dilation, churn_restart * dilation, start)
             churn.start()
         progress_seen = []
+        down = churn.down if churn is not None else set()   # killed by the churn: not a failure of the lab
         try:
             R.execute()
             if len(set(speeds)) > 1:
-                release_in_order(lab, names, repr(strategy))
-            watch_progress(lab, token, start, timeout * dilation, progress_seen)
+                release_in_order(lab, names, repr(strategy), down)
+            watch_progress(lab, token, start, timeout * dilation, progress_seen, down)
         finally:
             if churn is not None:
                 churn.stop()
@@ -345,13 +349,15 @@ def hold_back(lab: Lab, names: Sequence[str]) -> None:
         time.sleep(0.05)
 
 
-def release_in_order(lab: Lab, names: Sequence[str], strategy: str, timeout: float = 60) -> None:
+def release_in_order(lab: Lab, names: Sequence[str], strategy: str, down: Collection[str],
+                     timeout: float = 60) -> None:
     """Continue the providers held back one by one, each once the one before holds its replica: the stream hands
     the replicas' loops out in replica order, so provider k takes replica k (checked)."""
     for k, name in enumerate(names):
         os.kill(lab.workers[name].pid, signal.SIGCONT)
         deadline = time.monotonic() + timeout
         while not held_roles(strategy).get(name):
+            lab.check_alive(down)
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name} took no replica within {timeout} s")
             time.sleep(0.05)
@@ -386,11 +392,13 @@ def time_profile(before, after, started_at, ended_at, dilation):
                for k in ("writes_s", "overslept_s", "absorbed_s")}}
 
 
-def watch_progress(lab, token, start, timeout, seen):
+def watch_progress(lab, token, start, timeout, seen, down=()):
     """Wait until the graph is done, noting (seconds since start, loop steps done) every 0.25 s: how fast useful
-    work lands (the churn report's recovery times come from it)."""
+    work lands (the churn report's recovery times come from it). Fails at once when a process of the lab dies
+    (but the providers in `down`: those the churn has killed and not restarted yet)."""
     deadline = time.monotonic() + timeout
     while True:
+        lab.check_alive(down)
         graph = list_graphs(lab.client, token)[-1]
         seen.append((time.monotonic() - start, graph["progress"]))
         if graph["state"] == DONE:

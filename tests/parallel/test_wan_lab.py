@@ -181,6 +181,30 @@ def test_a_lab_cleans_up_after_an_error():
     assert leftovers() == ([], [], [])
 
 
+def test_the_lab_fails_at_once_naming_a_process_of_its_own_that_died():
+    # A store, proxies or providers dying while the harness waits for progress used to stall the run until its
+    # timeout (wan_lab.md, the first N=8 churn attempt). A stand-in process plays the provider: what is checked is
+    # the lab noticing an exit, and a real worker's start would only add its torch import.
+    unshaped = {"up": {"rate_bps": None, "delay_s": 0.0}, "down": {"rate_bps": None, "delay_s": 0.0}}
+    with Lab() as lab:
+        lab.start_store()
+        lab.start_links({"provider-0": unshaped})
+        provider = lab.workers["provider-0"] = lab._spawn([sys.executable, "-c", "import time; time.sleep(120)"])
+        lab.check_alive()
+        provider.kill()
+        provider.wait()
+        lab.check_alive(down={"provider-0"})   # killed by the churn, restart pending: not a failure
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"provider provider-0 \(killed by SIGKILL\)"):
+            harness.watch_progress(lab, "no-such-token", started, 60, [])
+        lab.store.kill()
+        lab.store.wait()
+        with pytest.raises(RuntimeError, match=r"lost the store \(killed by SIGKILL\); its log ends"):
+            harness.watch_progress(lab, "no-such-token", started, 60, [], {"provider-0"})
+        assert time.monotonic() - started < 10
+    assert leftovers() == ([], [], [])
+
+
 def test_emulated_providers_compute_at_the_emulated_rate():
     # 154 MFLOP a step at 2e10 / 2 FLOP/s: 15 ms of dilated time, more than a step really takes on one core.
     result = harness.run("LocalSGD", {"sync_every": 8}, providers=2, profile=profiles.profile("internet"),
