@@ -53,6 +53,9 @@ def parse_args(argv=None):
     parser.add_argument("--resident-checkpoint-seconds", type=float, default=RESIDENT_CHECKPOINT_SECONDS,
                         help="resident replicas checkpoint at a synchronisation every this many (undilated) "
                              "seconds (or --checkpoint-steps when given)")
+    parser.add_argument("--timeout", type=float, default=1800, help="fail a run not done after this many (undilated) s")
+    parser.add_argument("--records-every", type=float,
+                        help="print each loop's steps, holders, takeovers and checkpoint every this many s")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--detail", action="store_true", help="a line per provider")
     return parser.parse_args(argv)
@@ -91,7 +94,8 @@ def main(argv=None):
                   providers=args.providers, profile=link, emulate=args.emulate, device_flops=args.device_flops,
                   dilation=args.dilation, speeds=args.speeds, rows=args.rows, batch=args.batch, epochs=args.epochs, hidden=args.hidden,
                   checkpoint_seconds=args.checkpoint_seconds, checkpoint_steps=args.checkpoint_steps,
-                  resident_checkpoint_seconds=args.resident_checkpoint_seconds,
+                  resident_checkpoint_seconds=args.resident_checkpoint_seconds, timeout=args.timeout,
+                  report_every=args.records_every,
                   progress=lambda text: print(text, file=sys.stderr, flush=True))
     results = [harness.run(**common)]
     if args.churn_every:   # the undisturbed run's figures now, in case the churned one never ends
