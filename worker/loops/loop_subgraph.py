@@ -69,7 +69,7 @@ from .checkpoint_cadence import CheckpointCadence
 from .exchange import StoreExchange
 from .graph_watch import GraphWatch
 from ..serve.worker_metrics import WorkerMetrics
-from .sync_cadence import SyncCadence, agree, agreed
+from .sync_cadence import SyncCadence, agree, agreed, within_round_due
 from .turns import Turns
 
 # LoopRun.run's hook after each step: (done, template, run, outputs, carried)
@@ -261,6 +261,8 @@ class _Writer:
         self.writes = BackgroundWrites() if segments is None else None
         self.sync_end = None   # a resident replica's last sync template: periodic checkpoints wait for it
         self.sync_first = self.sync_index = None   # its first sync template, and the synchronisation it is at
+        self.syncs: frozenset[int] = frozenset()   # its sync templates (a checkpoint within a round is after none)
+        self.round_began = now                     # when its round began (its last sync, or its start here)
         self.cadence = None    # its periodic checkpoints' SyncCadence (worker/loops/sync_cadence.py)
         self.shared = resumed_shared or {}   # the checkpoint in Redis's values shared with other loops' (by digest)
         self.names = None      # the keys of that checkpoint's values
@@ -276,6 +278,7 @@ class _Writer:
         self.checkpoint_steps = checkpoint_steps
         self.sync_end = sync_templates[-1] if sync_templates else None
         self.sync_first = sync_templates[0] if sync_templates else None
+        self.syncs = frozenset(sync_templates)
         self.cadence = SyncCadence(checkpoint_seconds, time.monotonic())
         if self.cadence.rounds is None:   # a loop resumed elsewhere falls in with the others at once
             self._queue(lambda: self.cadence.agreed(agreed(self.client, self.keys)))
@@ -316,7 +319,8 @@ class _Writer:
         if self.cadence is not None and template in (self.sync_first, self.sync_end):
             asked = self._at_sync(template, run, now, carried) or asked
         due = self.timing.due(asked, self.last_checkpoint if self.cadence is None else None, now)
-        if due and self.sync_end in (None, template):
+        if due and self.sync_end in (None, template) or self.cadence is not None and template not in self.syncs \
+                and within_round_due(self.timing, now, self.round_began, self.last_checkpoint):
             self.write(done, carried, wait=False)
         elif now - self.last_flush >= self.flush_every and not (self.writes is not None and self.writes.busy()):
             self.write(done, wait=False)
@@ -326,6 +330,8 @@ class _Writer:
         loop's clock is due first (beside the loop, as the writes are)."""
         if template == self.sync_first:
             self.sync_index = run + 1   # its runs count the synchronisations from the fit's start, resumed or not
+        if template == self.sync_end:
+            self.round_began = now
         if template != self.sync_end or self.sync_index is None:   # (replica 0's update sent before the first step)
             return False
         sent = self.exchange.sent_bytes if self.exchange is not None else 0
