@@ -102,7 +102,9 @@ MIN_CHECKPOINT_SECONDS = 0.5
 # between two send (sync_cadence.BYTES_SHARE), whatever these seconds. A replica killed before its first checkpoint
 # restarts from the fit's start, and the others wait for it at every round: at 60 s, replicas killed about once a
 # minute never got past the first (a resident DiLoCo(3) fit was dead-lettered, issue 43), so 2 s, where the bytes'
-# floor rules on slow links (docs/reports/benchmarks.md, 2026-11-29).
+# floor rules on slow links (docs/reports/benchmarks.md, 2026-11-29). A round longer than the loop's checkpoint
+# interval is also checkpointed within, after an inner step (sync_cadence.within_round_due): with rounds of 42 s
+# a replica's checkpoint was otherwise a round or more behind it (docs/reports/wan_lab.md, 2026-11-29).
 RESIDENT_CHECKPOINT_SECONDS = 2.0
 
 
