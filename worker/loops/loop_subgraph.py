@@ -69,6 +69,7 @@ from .checkpoint_cadence import CheckpointCadence
 from .exchange import StoreExchange
 from .graph_watch import GraphWatch
 from ..serve.worker_metrics import WorkerMetrics
+from .late_rounds import LateRounds, RoundClosed, droppable, mark
 from .sync_cadence import SyncCadence, agree, agreed, within_round_due
 from .turns import Turns
 
@@ -265,6 +266,7 @@ class _Writer:
         self.sync_first = self.sync_index = None   # its first sync template, and the synchronisation it is at
         self.syncs: frozenset[int] = frozenset()   # its sync templates (a checkpoint within a round is after none)
         self.round_began = now                     # when its round began (its last sync, or its start here)
+        self.late: Optional[LateRounds] = None     # whether its round closed without it (DiLoCo's close_after)
         self.cadence = None    # its periodic checkpoints' SyncCadence (worker/loops/sync_cadence.py)
         self.shared = resumed_shared or {}   # the checkpoint in Redis's values shared with other loops' (by digest)
         self.names = None      # the keys of that checkpoint's values
@@ -313,6 +315,10 @@ class _Writer:
         self.last = (done, carried)
         for first, value in zip(self.first_ids[template], outputs):
             self.pending[first + run] = value
+        if self.late is not None:
+            skip_to = self.late.skip_to(done)
+            if skip_to is not None:
+                raise RoundClosed(skip_to, list(carried))
         now = time.monotonic()
         if self.stop is not None and self.stop.is_set() and done < self.n_steps:
             self.write(done, carried)
@@ -484,6 +490,8 @@ class _Writer:
     def close(self) -> None:
         if self.writes is not None:
             self.writes.close()
+        if self.late is not None:
+            self.late.stop()
 
 
 def checkpoint_record(keys: Any, subgraph_id: Any,
@@ -634,14 +642,19 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
         if store_exchange is not None:
             writer.checkpoint_at_syncs(list(spec.sync_templates), ctx.checkpoint_steps or 0,
                                        ctx.resident_checkpoint_seconds)
+            channel = droppable(runner.steps, list(spec.sync_templates), spec.close_after_s)
+            if channel is not None:
+                writer.late = LateRounds.of(ctx.client, lambda run: ctx.keys.exchange(mark(channel), run),
+                                            runner.positions(), spec.sync_templates[0], spec.sync_templates[-1],
+                                            spec.first_step)
         on_step, exchange = ctx.pace_steps(writer.on_step, ctx.subgraph.loop, values, store_exchange)
         graph.start(meta)
         if ctx.turns is not None:
             ctx.turns.start()   # time charged for every loop; yielding only for one that neither exchanges nor is
             if segments is None and store_exchange is None:   # spot-checked (its replicas or segments wait on it)
                 writer.turns = ctx.turns
-        carried = runner.run(carried, start or 0, on_step, exchange,
-                             graph.stop_requested if runner.stoppable() else None)
+        carried = run_steps(runner, carried, start or 0, on_step, exchange,
+                            graph.stop_requested if runner.stoppable() else None)
         # the last flush and the exchange's last sends (a round trip each over a slow link) are written beside
         # each other, and both are in the store before the loop is done; with no exchange the loop waits for the
         # flush anyway, so it writes it itself (handing it to the writes' thread cost a short loop a thread start
@@ -675,6 +688,17 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
         if store_exchange is not None:
             store_exchange.close()
     return {o: env[o].contiguous() for o in program.outputs}
+
+
+def run_steps(runner: LoopRun, carried: Optional[list[Any]], start: int, on_step: Callable, exchange: Any,
+              stop: Optional[Callable[[], bool]]) -> list[Any]:
+    """`runner.run`, going on at the round's `down` each time a round closed without the loop (`RoundClosed`:
+    worker/loops/late_rounds.py); a loop run from `start` with the carried values it had is the same loop."""
+    while True:
+        try:
+            return runner.run(carried, start, on_step, exchange, stop)
+        except RoundClosed as closed:
+            carried, start = closed.carried, closed.start
 
 
 def stopped_record(spec: LoopSpec, steps: int, rounds: int, trained: int, reason: Optional[str]) -> Dict[str, Any]:
