@@ -62,13 +62,19 @@ def parse_args(argv=None):
 
 
 def churn_figures(undisturbed, churned):
-    """Goodput (useful samples/s with churn over without), the seconds lost per kill (the churned run's extra
+    """Goodput (samples/s with churn over without; `useful_goodput` counts only the samples of rounds that went
+    with their replica), the seconds lost per kill (the churned run's extra
     wall time over the kills), and per kill the stall: the longest time without progress (loop steps done) in
     the 30 s after it (the surviving providers keep going; the killed one's work is taken over once idle for
     the workers' --reclaim-idle, 5 s here)."""
     churn = churned["churn"]
     churn["goodput"] = churned["samples_per_s"] / undisturbed["samples_per_s"]
     churn["undisturbed_samples_per_s"] = undisturbed["samples_per_s"]
+    # a round that closed without a replica (DiLoCo's close_after) did not train on its samples
+    churn["dropped_samples"] = sum(len(role.get("rounds_without", [])) * role.get("samples_per_round", 0)
+                                   for role in churned["contributions"].values())
+    useful = churned["rows"] * churned["epochs"] - churn["dropped_samples"]
+    churn["useful_goodput"] = useful / churned["wall_s"] / undisturbed["samples_per_s"]
     kills = len(churn["events"])
     churn["lost_s_per_kill"] = (churned["wall_s"] - undisturbed["wall_s"]) / kills if kills else None
     progress = churn["progress_over_time"]
