@@ -32,7 +32,6 @@ class CheckpointCadence:
     copy_seconds: float = 0.0
     copied: float = 0.0     # the seconds the loop spent in copies, all told (the checkpoint record shows them)
     writing: bool = False   # a checkpoint taken and not written yet
-    cost: float = 0.0       # the last checkpoint's copy and write, in seconds
 
     def __post_init__(self) -> None:
         self.every = self.least if self.adaptive else self.seconds
@@ -49,12 +48,7 @@ class CheckpointCadence:
     def written(self, write_seconds: float) -> None:
         """The checkpoint taken last is in the store after `write_seconds` beside the loop."""
         self.writing = False
-        self.cost = self.copy_seconds + write_seconds
         every = self.seconds
         if self.adaptive:
             every = min(self.seconds, max(self.least, SPACING * (self.copy_seconds + write_seconds)))
         self.every = max(every, STALL_SPACING * self.copy_seconds)
-
-    def spaced(self) -> float:
-        """The interval now, and at least SPACING times the last checkpoint's cost (a fixed `seconds` too)."""
-        return max(self.every, SPACING * self.cost)

@@ -189,8 +189,9 @@ def test_a_round_longer_than_the_checkpoint_interval_is_checkpointed_within():
     assert within_round_due(timing, 20.0, round_began=0.0, last=10.0)
     # short rounds (each synchronisation resets the round's clock) keep to the agreed synchronisations
     assert not within_round_due(timing, 100.0, round_began=95.0, last=0.0)
-    # a checkpoint that costs the link 1 s waits 50 s after the last, whatever the interval asked for
-    timing.taken(0.0)
-    timing.written(1.0)
-    assert timing.spaced() == SPACING * 1.0
-    assert not within_round_due(timing, 49.0, round_began=0.0, last=0.0) and within_round_due(timing, 50.0, 0.0, 0.0)
+    # an adaptive cadence: 50x the last checkpoint's cost, at most its seconds
+    adaptive = CheckpointCadence(seconds=10.0, adaptive=True, least=0.5)
+    adaptive.taken(0.0)
+    adaptive.written(0.1)
+    assert adaptive.every == SPACING * 0.1
+    assert not within_round_due(adaptive, 4.9, 0.0, 0.0) and within_round_due(adaptive, 5.0, 0.0, 0.0)
