@@ -19,6 +19,7 @@ from ravop.store import GraphKeys
 from test_exchange_pipelined import exchange
 from test_parallel_engine import assert_same_as_in_process
 from test_parallel_math import X, Y, ravdl_net, torch_net
+from worker.loops.late_rounds import droppable
 
 
 @pytest.fixture
@@ -112,6 +113,24 @@ def test_a_replica_held_back_does_not_hold_the_others(engine, workers, client):
     assert 0 < len(seen["replica 1"]["rounds_without"]) < 80
     prediction = R.fetch_persisting_op("prediction")
     assert torch.isfinite(prediction).all()
+
+
+@pytest.mark.parametrize("overlap, start, drops", [(False, "global", True), (True, "global", True),
+                                                   (True, "local", False)])
+def test_only_replicas_whose_down_needs_nothing_their_up_made_drop_a_late_round(overlap, start, drops):
+    graph = R.Graph(name="droppable", seed=11)
+    ravdl_net(torch_net()).fit(X, Y, n_epochs=2, batch_size=4, strategy=R.parallel.DiLoCo(
+        2, 3, resident=True, close_after=1, overlap=overlap, overlap_start=start, compression="int8"))
+    found = {}
+    for record in graph.loops.values():
+        spec = record.spec
+        sends = [c for t in spec.templates for c in t.send_channels]
+        found["replica 1" if any(c.startswith("up.1.") for c in sends) else "replica 0"] = \
+            droppable(spec.templates, spec.sync_templates, spec.close_after_s)
+    # replica 0 closes the rounds; replica 1 marks by its first value sent, unless `down` subtracts what `up` sent
+    assert found == {"replica 0": None, "replica 1": "up.1.0" if drops else None}
+    spec = next(r.spec for r in graph.loops.values())
+    assert droppable(spec.templates, spec.sync_templates, 0.0) is None   # rounds that wait for everyone
 
 
 def test_a_replica_killed_and_resumed_late_drops_the_round_that_closed_without_it(engine, workers, client):

@@ -18,8 +18,9 @@ machines' timing, as any round closed without a replica does. A round that went 
 the same bits as without `close_after`. Replica 0 closes the rounds and never drops one (its sync receives)."""
 import bisect
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
+from ravop.core.loop_template import StepTemplate
 from ravop.store.client_types import Client
 
 POLL_SECONDS = 0.5   # how often the mark is looked for: a round trip each, beside the loop
@@ -30,14 +31,21 @@ def mark(channel: str) -> str:
     return f"late.{channel}"
 
 
-def droppable(steps: Any, syncs: list[int], close_after_s: float) -> Optional[str]:
+def droppable(templates: Sequence[StepTemplate], syncs: Sequence[int], close_after_s: float) -> Optional[str]:
     """The channel whose mark says a round closed without this loop, or None for a loop that never drops one:
     rounds that close with the replicas present (`close_after_s` > 0), the first sync template only sending (the
-    replica's contribution), the last receiving (the round's update)."""
+    replica's contribution), the last receiving (the round's update) and reading no carried value the first one
+    changed (with `overlap_start='local'` `down` subtracts what `up` sent, kept in a carried slot: skipping `up`
+    would leave the round's start there)."""
     if not close_after_s > 0 or len(syncs) < 2:
         return None
-    first, last = steps[syncs[0]], steps[syncs[-1]]
-    if first.recv_slots or not first.send_channels or not last.recv_slots:
+    first, last = templates[syncs[0]], templates[syncs[-1]]
+    if first.recv_holes or not first.send_channels or not last.recv_holes:
+        return None
+    changed = {hole for hole, after in zip(first.carry_holes, first.carry_next) if hole != after}
+    slots = dict(zip(first.carry_holes, last.carry_holes))   # slot k's hole in `up` -> in `down`
+    read = {i for node in last.nodes for i in node.inputs}
+    if any(slots[hole] in read for hole in changed):
         return None
     return first.send_channels[0]
 

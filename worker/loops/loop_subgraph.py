@@ -642,7 +642,7 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
         if store_exchange is not None:
             writer.checkpoint_at_syncs(list(spec.sync_templates), ctx.checkpoint_steps or 0,
                                        ctx.resident_checkpoint_seconds)
-            channel = droppable(runner.steps, list(spec.sync_templates), spec.close_after_s)
+            channel = droppable(spec.templates, spec.sync_templates, spec.close_after_s)
             if channel is not None:
                 writer.late = LateRounds.of(ctx.client, lambda run: ctx.keys.exchange(mark(channel), run),
                                             runner.positions(), spec.sync_templates[0], spec.sync_templates[-1],
