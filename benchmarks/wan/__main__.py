@@ -53,19 +53,28 @@ def parse_args(argv=None):
     parser.add_argument("--resident-checkpoint-seconds", type=float, default=RESIDENT_CHECKPOINT_SECONDS,
                         help="resident replicas checkpoint at a synchronisation every this many (undilated) "
                              "seconds (or --checkpoint-steps when given)")
+    parser.add_argument("--timeout", type=float, default=1800, help="fail a run not done after this many (undilated) s")
+    parser.add_argument("--records-every", type=float,
+                        help="print each loop's steps, holders, takeovers and checkpoint every this many s")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--detail", action="store_true", help="a line per provider")
     return parser.parse_args(argv)
 
 
 def churn_figures(undisturbed, churned):
-    """Goodput (useful samples/s with churn over without), the seconds lost per kill (the churned run's extra
+    """Goodput (samples/s with churn over without; `useful_goodput` counts only the samples of rounds that went
+    with their replica), the seconds lost per kill (the churned run's extra
     wall time over the kills), and per kill the stall: the longest time without progress (loop steps done) in
     the 30 s after it (the surviving providers keep going; the killed one's work is taken over once idle for
     the workers' --reclaim-idle, 5 s here)."""
     churn = churned["churn"]
     churn["goodput"] = churned["samples_per_s"] / undisturbed["samples_per_s"]
     churn["undisturbed_samples_per_s"] = undisturbed["samples_per_s"]
+    # a round that closed without a replica (DiLoCo's close_after) did not train on its samples
+    churn["dropped_samples"] = sum(len(role.get("rounds_without", [])) * role.get("samples_per_round", 0)
+                                   for role in churned["contributions"].values())
+    useful = churned["rows"] * churned["epochs"] - churn["dropped_samples"]
+    churn["useful_goodput"] = useful / churned["wall_s"] / undisturbed["samples_per_s"]
     kills = len(churn["events"])
     churn["lost_s_per_kill"] = (churned["wall_s"] - undisturbed["wall_s"]) / kills if kills else None
     progress = churn["progress_over_time"]
@@ -91,10 +100,15 @@ def main(argv=None):
                   providers=args.providers, profile=link, emulate=args.emulate, device_flops=args.device_flops,
                   dilation=args.dilation, speeds=args.speeds, rows=args.rows, batch=args.batch, epochs=args.epochs, hidden=args.hidden,
                   checkpoint_seconds=args.checkpoint_seconds, checkpoint_steps=args.checkpoint_steps,
-                  resident_checkpoint_seconds=args.resident_checkpoint_seconds,
+                  resident_checkpoint_seconds=args.resident_checkpoint_seconds, timeout=args.timeout,
+                  report_every=args.records_every,
                   progress=lambda text: print(text, file=sys.stderr, flush=True))
     results = [harness.run(**common)]
-    if args.churn_every:
+    if args.churn_every:   # the undisturbed run's figures now, in case the churned one never ends
+        print(report.table(results, detail=args.detail), file=sys.stderr, flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
         results.append(harness.run(**common, churn_every=args.churn_every, churn_restart=args.churn_restart))
         churn_figures(results[0], results[1])
     print(report.table(results, detail=args.detail))

@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 import uuid
-from typing import Optional, Sequence
+from typing import Collection, Optional, Sequence
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from ravdl.v2.optimizers import Adam
 import ravop as R
 from ravop.client.placement import contributions, held_by
 from ravop.core.graph_states import DONE, FAILED
-from ravop.store import workers
+from ravop.store import GraphKeys, workers
 from ravop.store.graphs import list_graphs
 from worker.loops.loop_subgraph import CHECKPOINT_SECONDS, RESIDENT_CHECKPOINT_SECONDS
 
@@ -151,6 +151,7 @@ class Churn(threading.Thread):
         self.lab, self.names, self.start_worker = lab, names, start_worker
         self.every, self.restart_after, self.start_time = every, restart_after, start
         self.events = []
+        self.down = set()   # providers killed and not started again yet: the lab's liveness check excuses them
         self.stopped = threading.Event()
 
     def run(self):
@@ -162,12 +163,14 @@ class Churn(threading.Thread):
             name = self.names[(k - 1) % len(self.names)]
             process = self.lab.workers[name]
             killed = time.monotonic() - self.start_time
+            self.down.add(name)
             process.send_signal(signal.SIGKILL)
             process.wait()
             if self.stopped.wait(self.restart_after):
                 self.events.append({"provider": name, "killed_s": killed, "restarted_s": None})
                 return
             self.start_worker(name)
+            self.down.discard(name)
             self.events.append({"provider": name, "killed_s": killed,
                                 "restarted_s": time.monotonic() - self.start_time})
 
@@ -181,14 +184,16 @@ class Churn(threading.Thread):
 def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=False, device_flops=None,
         dilation=1.0, rows=4096, batch=128, epochs=1, hidden=256, churn_every=None, churn_restart=10.0,
         checkpoint_seconds=CHECKPOINT_SECONDS, checkpoint_steps=None,
-        resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS, timeout=1800, progress=print, speeds=None):
+        resident_checkpoint_seconds=RESIDENT_CHECKPOINT_SECONDS, timeout=1800, progress=print, speeds=None,
+        report_every=None):
     """The figures of one run (a dict, see report.py). `profile`: a benchmarks.wan.profiles.Profile (None: no
     shaping, the proxies only count); `emulate`: providers act as devices of `device_flops` FLOP/s (required
     then), in a run dilated `dilation` times; churn: kill a provider every `churn_every` s of (undilated) time;
     the providers' loops checkpoint every `checkpoint_seconds` (undilated) or `checkpoint_steps` steps (0: never by
     steps; None: the workers' default), resident replicas at a synchronisation every `resident_checkpoint_seconds`
     (or `checkpoint_steps` when given), the workers' defaults unless given; `speeds`: each provider's device as a
-    multiple of `device_flops` (None: all alike)."""
+    multiple of `device_flops` (None: all alike); `report_every`: print the engine's records of each loop (steps,
+    holders, takeovers, checkpoint) every this many s while waiting."""
     if emulate and not device_flops:
         raise ValueError("emulated providers need device_flops (the FLOP/s of the device they stand for)")
     speeds = check_speeds(speeds, providers, emulate)
@@ -246,11 +251,14 @@ def run(strategy_name, strategy_args=None, providers=2, profile=None, emulate=Fa
             churn = Churn(lab, names, start_provider, churn_every * dilation, churn_restart * dilation, start)
             churn.start()
         progress_seen = []
+        down = churn.down if churn is not None else set()   # killed by the churn: not a failure of the lab
         try:
             R.execute()
             if len(set(speeds)) > 1:
-                release_in_order(lab, names, repr(strategy))
-            watch_progress(lab, token, start, timeout * dilation, progress_seen)
+                release_in_order(lab, names, repr(strategy), down)
+            watch_progress(lab, token, start, timeout * dilation, progress_seen, down,
+                           report_every=report_every * dilation if report_every else None,
+                           report=lambda keys, t: progress(f"{t / dilation:.0f} s: {engine_records(lab.client, keys)}"))
         finally:
             if churn is not None:
                 churn.stop()
@@ -345,13 +353,15 @@ def hold_back(lab: Lab, names: Sequence[str]) -> None:
         time.sleep(0.05)
 
 
-def release_in_order(lab: Lab, names: Sequence[str], strategy: str, timeout: float = 60) -> None:
+def release_in_order(lab: Lab, names: Sequence[str], strategy: str, down: Collection[str],
+                     timeout: float = 60) -> None:
     """Continue the providers held back one by one, each once the one before holds its replica: the stream hands
     the replicas' loops out in replica order, so provider k takes replica k (checked)."""
     for k, name in enumerate(names):
         os.kill(lab.workers[name].pid, signal.SIGCONT)
         deadline = time.monotonic() + timeout
         while not held_roles(strategy).get(name):
+            lab.check_alive(down)
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name} took no replica within {timeout} s")
             time.sleep(0.05)
@@ -386,13 +396,39 @@ def time_profile(before, after, started_at, ended_at, dilation):
                for k in ("writes_s", "overslept_s", "absorbed_s")}}
 
 
-def watch_progress(lab, token, start, timeout, seen):
+def engine_records(client, keys: GraphKeys) -> str:
+    """Per loop subgraph of the current graph: its steps done, the workers that held it (`held`) and what its
+    takeovers found (`attempts`: "message deliveries resumed-from failures"), and its checkpoint's step: where a
+    churned run's time goes, as the engine recorded it."""
+    pipe = client.pipeline(transaction=False)
+    for name in (keys.steps, keys.held, keys.attempts):
+        pipe.hgetall(name)
+    steps, held, attempts = pipe.execute()
+    loops = sorted(int(k) for k in held)
+    checkpoints = [client.hget(keys.checkpoint(k), "step") for k in loops]
+    parts = []
+    for subgraph, checkpoint in zip(loops, checkpoints):
+        record = attempts.get(str(subgraph).encode(), b"").decode().split(" ")
+        parts.append(f"loop {subgraph}: step {int(steps.get(str(subgraph).encode(), 0))}, checkpoint "
+                     f"{checkpoint.decode() if checkpoint else '-'}, held by {held[str(subgraph).encode()].decode()}"
+                     + (f", {record[1]} deliveries, last from {record[2]}" if len(record) == 4 else ""))
+    return "; ".join(parts)
+
+
+def watch_progress(lab, token, start, timeout, seen, down=(), report_every=None, report=None):
     """Wait until the graph is done, noting (seconds since start, loop steps done) every 0.25 s: how fast useful
-    work lands (the churn report's recovery times come from it)."""
+    work lands (the churn report's recovery times come from it). Fails at once when a process of the lab dies
+    (but the providers in `down`: those the churn has killed and not restarted yet). Every `report_every` s
+    `report(the graph's keys, seconds since start)`."""
     deadline = time.monotonic() + timeout
+    next_report = start + report_every if report_every else math.inf
     while True:
+        lab.check_alive(down)
         graph = list_graphs(lab.client, token)[-1]
         seen.append((time.monotonic() - start, graph["progress"]))
+        if time.monotonic() > next_report:
+            report(GraphKeys(token, graph["id"]), time.monotonic() - start)
+            next_report += report_every
         if graph["state"] == DONE:
             return
         if graph["state"] == FAILED:

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from typing import Collection
+
 import redis
 
 from ravop.local.embedded import server_binary, start_worker, stop_processes
@@ -30,6 +32,12 @@ START_TIMEOUT = 180   # seconds for a worker to import torch and register, on a 
 
 def _die_with_parent():
     ctypes.CDLL(None).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+
+
+def _exit(code: int) -> str:
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
 
 
 def free_port():
@@ -166,9 +174,27 @@ class Lab:
         deadline = time.monotonic() + START_TIMEOUT
         while sum(c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "") for c in self.client.client_list()) \
                 < count:
+            self.check_alive()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"fewer than {count} providers wait for work after {START_TIMEOUT} s")
             time.sleep(0.05)
+
+    def check_alive(self, down: Collection[str] = ()) -> None:
+        """Raise naming every process of the lab that has exited (the store, the link process, a provider not in
+        `down`: those the churn has killed and not restarted yet), with its exit status and log's end. A run
+        waits on the graph's progress, which a dead store or link would otherwise stall until the timeout."""
+        dead = []
+        if self.store is not None and self.store.poll() is not None:
+            log = self.dir / "store.log"
+            dead.append(f"the store ({_exit(self.store.returncode)}); its log ends:\n"
+                        f"{log.read_text(errors='replace')[-1500:] if log.exists() else '(no log)'}")
+        if self.link is not None and self.link.poll() is not None:
+            dead.append(f"the link process ({_exit(self.link.returncode)})")
+        for name, process in list(self.workers.items()):
+            if name not in down and process.poll() is not None:
+                dead.append(f"provider {name} ({_exit(process.returncode)}); its log ends:\n{self.worker_log(name)}")
+        if dead:
+            raise RuntimeError("the WAN lab lost " + "\n".join(dead))
 
     def worker_log(self, name):
         path = self.dir / f"{name}.log"

@@ -63,7 +63,10 @@ def table(results, detail=False):
             churn = result["churn"]
             lines.append(f"  churn: a provider killed every {churn['every_s']:g} s, restarted after "
                          f"{churn['restart_after_s']:g} s: {len(churn['events'])} kills; goodput "
-                         f"{_fmt(churn.get('goodput'))} of the undisturbed run's samples/s; "
+                         f"{_fmt(churn.get('goodput'))} of the undisturbed run's samples/s"
+                         + (f" ({_fmt(churn['useful_goodput'])} counting only the samples of rounds that went with "
+                            f"their replica: {churn['dropped_samples']} dropped)" if churn.get("dropped_samples") else "")
+                         + "; "
                          f"{_seconds(churn.get('lost_s_per_kill'))} lost per kill; longest stall after a kill "
                          f"{', '.join(f'{r:.1f} s' for r in churn.get('stalls_s', [])) or '-'}")
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """DiLoCo rounds that close with the replicas present (`close_after`, Decoupled DiLoCo's islands): the exchange's
 bounded wait for optional values and its recorded choice (worker/loops/exchange.py) on a real server, and fits on
 real workers: nothing late gives the bits of the fit without `close_after`; a replica held back (SIGSTOP) past the
-bound does not hold the others, and the fit ends."""
+bound does not hold the others, and the fit ends; a replica killed (SIGKILL) and resumed late drops the round that
+closed without it instead of staying late (worker/loops/late_rounds.py)."""
 import os
 import signal
 import time
@@ -11,12 +12,14 @@ import pytest
 import torch
 
 import ravop as R
+from helpers import wait_for
 from ravop.client.placement import held_by
 from ravop.core.graph_states import RUNNING
 from ravop.store import GraphKeys
 from test_exchange_pipelined import exchange
 from test_parallel_engine import assert_same_as_in_process
 from test_parallel_math import X, Y, ravdl_net, torch_net
+from worker.loops.late_rounds import droppable
 
 
 @pytest.fixture
@@ -110,3 +113,48 @@ def test_a_replica_held_back_does_not_hold_the_others(engine, workers, client):
     assert 0 < len(seen["replica 1"]["rounds_without"]) < 80
     prediction = R.fetch_persisting_op("prediction")
     assert torch.isfinite(prediction).all()
+
+
+@pytest.mark.parametrize("overlap, start, drops", [(False, "global", True), (True, "global", True),
+                                                   (True, "local", False)])
+def test_only_replicas_whose_down_needs_nothing_their_up_made_drop_a_late_round(overlap, start, drops):
+    graph = R.Graph(name="droppable", seed=11)
+    ravdl_net(torch_net()).fit(X, Y, n_epochs=2, batch_size=4, strategy=R.parallel.DiLoCo(
+        2, 3, resident=True, close_after=1, overlap=overlap, overlap_start=start, compression="int8"))
+    found = {}
+    for record in graph.loops.values():
+        spec = record.spec
+        sends = [c for t in spec.templates for c in t.send_channels]
+        found["replica 1" if any(c.startswith("up.1.") for c in sends) else "replica 0"] = \
+            droppable(spec.templates, spec.sync_templates, spec.close_after_s)
+    # replica 0 closes the rounds; replica 1 marks by its first value sent, unless `down` subtracts what `up` sent
+    assert found == {"replica 0": None, "replica 1": "up.1.0" if drops else None}
+    spec = next(r.spec for r in graph.loops.values())
+    assert droppable(spec.templates, spec.sync_templates, 0.0) is None   # rounds that wait for everyone
+
+
+def test_a_replica_killed_and_resumed_late_drops_the_round_that_closed_without_it(engine, workers, client):
+    # rounds of 60 steps paced to ~1 s, closing 0.3 s after replica 0 arrives; replica 1's worker is SIGKILLed
+    # after a checkpoint and the spare resumes it seconds behind: it would stay behind, and replica 0 wait 0.3 s for
+    # it at every round until the lag was gone, each such round going without it
+    workers.start(3, reclaim_idle=1.0, extra=["--emulate-device-flops", "1e5", "--dead-after", "1",
+                                              "--checkpoint-seconds", "0.3"])
+    strategy = R.parallel.DiLoCo(2, 60, resident=True, close_after=0.1)
+    graph, persisted = fit_graph("islands killed", strategy, n_epochs=120)   # 720 steps a replica: 12 rounds
+    R.execute()
+    keys = GraphKeys(engine.token, graph.id)
+    late = wait_for(lambda: held_by(graph).get(repr(strategy), {}).get("replica 1"), "replica 1 taken")[0]
+    loop_id = next(s for s, w in client.hgetall(keys.taken).items() if w.decode() == late)
+    wait_for(lambda: client.hexists(keys.checkpoint(loop_id.decode()), "step"), "replica 1's checkpoint")
+    workers.kill(late)
+    R.track_progress(timeout=300, progress_bar=False)
+    seen = fit_graph.history.contributions[repr(strategy)]["replica 1"]
+    assert seen["workers"][0] == late and len(seen["workers"]) == 2   # the spare resumed it
+    # the rounds that closed without it were marked for it, and it dropped the rest of them (their steps' losses
+    # never computed) instead of running them late: without that every step's loss is there
+    assert seen["rounds_without"], seen
+    assert all(client.exists(keys.exchange("late.up.1.0", run)) for run in seen["rounds_without"])
+    losses = R.fetch_losses()
+    dropped = int((~losses.batch_stored).sum())
+    assert 0 < dropped < 60 * len(seen["rounds_without"]), (dropped, seen["rounds_without"])
+    assert torch.isfinite(R.fetch_persisting_op("prediction")).all()

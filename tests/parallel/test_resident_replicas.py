@@ -299,6 +299,31 @@ def test_checkpoints_at_synchronisations_store_the_global_model_once_and_resume_
     wait_for(lambda: not client.keys(shared_value_key(keys, "*")), "the shared checkpoint values deleted")
 
 
+def test_a_long_round_is_checkpointed_within_and_a_provider_killed_there_resumes_from_it_with_the_same_bits(
+        engine, workers, client):
+    # rounds of 40 steps paced to ~1 s (a 2.3 kFLOP step at 1e5 FLOP/s), a checkpoint interval of 0.3 s, and the
+    # synchronisations' own cadence out of the way (1000 s): every checkpoint is taken within a round
+    workers.start(3, reclaim_idle=1.0, extra=("--checkpoint-seconds", "0.3", "--resident-checkpoint-seconds",
+                                              "1000", "--emulate-device-flops", "1e5"))
+    graph = R.Graph(name="resident long rounds", seed=11)
+    model = ravdl_net(torch_net())
+    persisted = list(model.fit(X, Y, n_epochs=30, batch_size=6, shuffle=True, seed=3,
+                               strategy=R.parallel.DiLoCo(2, 40, compression="int8", resident=True)))
+    model.persist_weights()
+    model.predict(X).persist_op("prediction")
+    R.activate()
+    R.execute()
+    keys = GraphKeys(engine.token, graph.id)
+    loop_id, holder = checkpointed_replica(client, keys)
+    step = int(client.hget(keys.checkpoint(loop_id), "step"))
+    workers.kill(holder)
+    R.track_progress(timeout=600, progress_bar=False)
+    # the takeover resumed from that checkpoint or a later one of the same kind, not from the fit's start
+    message, deliveries, resumed_from, failures = client.hget(keys.attempts, loop_id).decode().split(" ")
+    assert int(resumed_from) >= step > 0 and int(deliveries) == 2, (step, resumed_from)
+    assert_same_as_in_process(graph, persisted + PARAM_NAMES + ["prediction"])
+
+
 def test_replicas_outnumbering_workers_take_turns_and_a_joining_worker_takes_one(engine, workers, client):
     first = workers.start(1)
     graph, persisted = record_small("resident queue", 30)

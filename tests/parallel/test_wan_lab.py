@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.wan import harness, link, profiles, report, tbf_check  # noqa: E402
+from benchmarks.wan import __main__, harness, link, profiles, report, tbf_check  # noqa: E402
 from benchmarks.wan.lab import PREFIX, Lab, namespaces  # noqa: E402
 from worker.execute import emulated_device  # noqa: E402
 
@@ -179,6 +179,48 @@ def test_a_lab_cleans_up_after_an_error():
             lab.add_namespace("err")
             raise RuntimeError("boom")
     assert leftovers() == ([], [], [])
+
+
+def test_the_lab_fails_at_once_naming_a_process_of_its_own_that_died():
+    # A store, proxies or providers dying while the harness waits for progress used to stall the run until its
+    # timeout (wan_lab.md, the first N=8 churn attempt). A stand-in process plays the provider: what is checked is
+    # the lab noticing an exit, and a real worker's start would only add its torch import.
+    unshaped = {"up": {"rate_bps": None, "delay_s": 0.0}, "down": {"rate_bps": None, "delay_s": 0.0}}
+    with Lab() as lab:
+        lab.start_store()
+        lab.start_links({"provider-0": unshaped})
+        provider = lab.workers["provider-0"] = lab._spawn([sys.executable, "-c", "import time; time.sleep(120)"])
+        lab.check_alive()
+        provider.kill()
+        provider.wait()
+        lab.check_alive(down={"provider-0"})   # killed by the churn, restart pending: not a failure
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"provider provider-0 \(killed by SIGKILL\)"):
+            harness.watch_progress(lab, "no-such-token", started, 60, [])
+        lab.store.kill()
+        lab.store.wait()
+        with pytest.raises(RuntimeError, match=r"lost the store \(killed by SIGKILL\); its log ends"):
+            harness.watch_progress(lab, "no-such-token", started, 60, [], {"provider-0"})
+        assert time.monotonic() - started < 10
+    assert leftovers() == ([], [], [])
+
+
+def test_churn_figures_count_the_samples_of_rounds_closed_without_a_replica_apart():
+    undisturbed = {"samples_per_s": 100.0, "wall_s": 100.0}
+    churned = {"samples_per_s": 80.0, "wall_s": 125.0, "rows": 1000, "epochs": 10,
+               "churn": {"events": [{"killed_s": 60.0}, {"killed_s": 120.0}], "progress_over_time": [],
+                         "every_s": 60.0, "restart_after_s": 10.0},
+               "contributions": {"replica 0": {"rounds_without": [], "samples_per_round": 500},
+                                 "replica 1": {"rounds_without": [3, 7], "samples_per_round": 500}}}
+    __main__.churn_figures(undisturbed, churned)
+    churn = churned["churn"]
+    assert churn["goodput"] == 0.8 and churn["lost_s_per_kill"] == 12.5
+    assert churn["dropped_samples"] == 1000 and churn["useful_goodput"] == pytest.approx(9000 / 125 / 100)
+    assert "(72% counting only the samples of rounds that went with their replica: 1000 dropped)" in \
+        report.table([{**churned, "strategy": "DiLoCo", "compute": "emulated", "providers": 2, "profile_name": "x",
+                       "compute_s": 1, "network_wait_s": 1, "utilization": 0.5, "bytes_per_sync": 1, "bytes_up": 1,
+                       "bytes_down": 1, "final_loss": 0.1, "test_accuracy": 0.9,
+                       "one_worker": {"test_accuracy": 0.9}}])
 
 
 def test_emulated_providers_compute_at_the_emulated_rate():

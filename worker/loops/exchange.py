@@ -41,6 +41,7 @@ from ravop.store.keys import GraphKeys
 from ravop.wire import decode_tensor, encode_tensor
 
 from ..execute import device as devices
+from . import late_rounds
 from .background_writes import BackgroundWrites
 
 CHANNEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -175,6 +176,12 @@ class StoreExchange:
             for k, data in zip(late, fetch.values()):
                 found[k] = data
         if without:
+            # marked per value, so that a replica that missed the close drops the rest of its round
+            # (worker/loops/late_rounds.py); written again by a replay, to the same effect
+            pipe = self.client.pipeline(transaction=False)
+            for k in sorted(without):
+                pipe.set(self.keys.exchange(late_rounds.mark(channels[k]), run), 1)
+            pipe.execute()
             log.info("loop exchange run %d of %s went without %s (not there within %.3g s)", run, channels[0],
                      ", ".join(channels[k] for k in sorted(without)), close_after)
         read = [k for k in range(len(channels)) if k not in without]

@@ -69,7 +69,8 @@ from .checkpoint_cadence import IN_LOOP_BYTES_PER_S, CheckpointCadence
 from .exchange import StoreExchange
 from .graph_watch import GraphWatch
 from ..serve.worker_metrics import WorkerMetrics
-from .sync_cadence import SyncCadence, agree, agreed
+from .late_rounds import LateRounds, RoundClosed, droppable, mark
+from .sync_cadence import SyncCadence, agree, agreed, within_round_due
 from .turns import Turns
 
 # LoopRun.run's hook after each step: (done, template, run, outputs, carried)
@@ -102,7 +103,9 @@ MIN_CHECKPOINT_SECONDS = 0.5
 # between two send (sync_cadence.BYTES_SHARE), whatever these seconds. A replica killed before its first checkpoint
 # restarts from the fit's start, and the others wait for it at every round: at 60 s, replicas killed about once a
 # minute never got past the first (a resident DiLoCo(3) fit was dead-lettered, issue 43), so 2 s, where the bytes'
-# floor rules on slow links (docs/reports/benchmarks.md, 2026-11-29).
+# floor rules on slow links (docs/reports/benchmarks.md, 2026-11-29). A round longer than the loop's checkpoint
+# interval is also checkpointed within, after an inner step (sync_cadence.within_round_due): with rounds of 42 s
+# a replica's checkpoint was otherwise a round or more behind it (docs/reports/wan_lab.md, 2026-11-29).
 RESIDENT_CHECKPOINT_SECONDS = 2.0
 
 
@@ -264,6 +267,9 @@ class _Writer:
         self.writes = BackgroundWrites() if segments is None else None
         self.sync_end = None   # a resident replica's last sync template: periodic checkpoints wait for it
         self.sync_first = self.sync_index = None   # its first sync template, and the synchronisation it is at
+        self.syncs: frozenset[int] = frozenset()   # its sync templates (a checkpoint within a round is after none)
+        self.round_began = now                     # when its round began (its last sync, or its start here)
+        self.late: Optional[LateRounds] = None     # whether its round closed without it (DiLoCo's close_after)
         self.cadence = None    # its periodic checkpoints' SyncCadence (worker/loops/sync_cadence.py)
         self.shared = resumed_shared or {}   # the checkpoint in Redis's values shared with other loops' (by digest)
         self.names = None      # the keys of that checkpoint's values
@@ -279,6 +285,7 @@ class _Writer:
         self.checkpoint_steps = checkpoint_steps
         self.sync_end = sync_templates[-1] if sync_templates else None
         self.sync_first = sync_templates[0] if sync_templates else None
+        self.syncs = frozenset(sync_templates)
         self.cadence = SyncCadence(checkpoint_seconds, time.monotonic())
         if self.cadence.rounds is None:   # a loop resumed elsewhere falls in with the others at once
             self._queue(lambda: self.cadence.agreed(agreed(self.client, self.keys)))
@@ -311,6 +318,10 @@ class _Writer:
         self.last = (done, carried)
         for first, value in zip(self.first_ids[template], outputs):
             self.pending[first + run] = value
+        if self.late is not None:
+            skip_to = self.late.skip_to(done)
+            if skip_to is not None:
+                raise RoundClosed(skip_to, list(carried))
         now = time.monotonic()
         if self.stop is not None and self.stop.is_set() and done < self.n_steps:
             self.write(done, carried)
@@ -319,7 +330,8 @@ class _Writer:
         if self.cadence is not None and template in (self.sync_first, self.sync_end):
             asked = self._at_sync(template, run, now, carried) or asked
         due = self.timing.due(asked, self.last_checkpoint if self.cadence is None else None, now)
-        if due and self.sync_end in (None, template):
+        if due and self.sync_end in (None, template) or self.cadence is not None and template not in self.syncs \
+                and within_round_due(self.timing, now, self.round_began, self.last_checkpoint):
             self.write(done, carried, wait=self.timing.in_loop)
         elif now - self.last_flush >= self.flush_every and not (self.writes is not None and self.writes.busy()):
             self.write(done, wait=False)
@@ -329,6 +341,8 @@ class _Writer:
         loop's clock is due first (beside the loop, as the writes are)."""
         if template == self.sync_first:
             self.sync_index = run + 1   # its runs count the synchronisations from the fit's start, resumed or not
+        if template == self.sync_end:
+            self.round_began = now
         if template != self.sync_end or self.sync_index is None:   # (replica 0's update sent before the first step)
             return False
         sent = self.exchange.sent_bytes if self.exchange is not None else 0
@@ -479,6 +493,8 @@ class _Writer:
     def close(self) -> None:
         if self.writes is not None:
             self.writes.close()
+        if self.late is not None:
+            self.late.stop()
 
 
 def checkpoint_record(keys: Any, subgraph_id: Any,
@@ -637,6 +653,11 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
         if store_exchange is not None:
             writer.checkpoint_at_syncs(list(spec.sync_templates), ctx.checkpoint_steps or 0,
                                        ctx.resident_checkpoint_seconds)
+            channel = droppable(spec.templates, spec.sync_templates, spec.close_after_s)
+            if channel is not None:
+                writer.late = LateRounds.of(ctx.client, lambda run: ctx.keys.exchange(mark(channel), run),
+                                            spec.positions(), spec.sync_templates[0], spec.sync_templates[-1],
+                                            spec.first_step)
         on_step, exchange = ctx.pace_steps(writer.on_step, spec, values, store_exchange)
         graph.start(meta)
         if ctx.turns is not None:
@@ -644,8 +665,8 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
             if segments is None and store_exchange is None:   # spot-checked (its replicas or segments wait on it)
                 writer.turns = ctx.turns
         with heap_hold.held():   # what a step frees stays for the next: no page faults for it again
-            carried = runner.run(carried, start or 0, on_step, exchange,
-                                 graph.stop_requested if runner.stoppable() else None)
+            carried = run_steps(runner, carried, start or 0, on_step, exchange,
+                                graph.stop_requested if runner.stoppable() else None)
         # the last flush and the exchange's last sends (a round trip each over a slow link) are written beside
         # each other, and both are in the store before the loop is done; with no exchange the loop waits for the
         # flush anyway, so it writes it itself (handing it to the writes' thread cost a short loop a thread start
@@ -679,6 +700,17 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
         if store_exchange is not None:
             store_exchange.close()
     return {o: env[o].contiguous() for o in program.outputs}
+
+
+def run_steps(runner: LoopRun, carried: Optional[list[Any]], start: int, on_step: Callable, exchange: Any,
+              stop: Optional[Callable[[], bool]]) -> list[Any]:
+    """`runner.run`, going on at the round's `down` each time a round closed without the loop (`RoundClosed`:
+    worker/loops/late_rounds.py); a loop run from `start` with the carried values it had is the same loop."""
+    while True:
+        try:
+            return runner.run(carried, start, on_step, exchange, stop)
+        except RoundClosed as closed:
+            carried, start = closed.carried, closed.start
 
 
 def stopped_record(spec: LoopSpec, steps: int, rounds: int, trained: int, reason: Optional[str]) -> Dict[str, Any]:

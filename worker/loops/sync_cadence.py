@@ -24,6 +24,8 @@ from ravop.core.errors import PlanError
 from ravop.store.client_types import Client
 from ravop.store.keys import GraphKeys
 
+from .checkpoint_cadence import CheckpointCadence
+
 BYTES_SHARE = 0.25   # a checkpoint's state at most this share of what the rounds between two checkpoints send
 LEAD = 8             # the first common checkpoint comes rounds / LEAD rounds (at least 2) after the proposal
 # Long rounds (much compute, compressed exchanges: a round of 29 s sending a small share of the state) made the
@@ -68,7 +70,21 @@ def proposal(ran: int, state_bytes: int, sent_bytes: int, elapsed: float = 0.0) 
     rounds = max(ran, floor, 1)
     if elapsed > 0:   # the bytes' floor never spaces checkpoints more than MAX_GAP_SECONDS of rounds apart
         rounds = min(rounds, max(ran, 1, math.floor(MAX_GAP_SECONDS * ran / elapsed)))
-    return rounds + max(2, math.ceil(rounds / LEAD))
+    # every synchronisation is a common one: a lead would only space them further
+    return rounds if rounds == 1 else rounds + max(2, math.ceil(rounds / LEAD))
+
+
+def within_round_due(timing: CheckpointCadence, now: float, round_began: float, last: float) -> bool:
+    """Whether a loop checkpoints within a round, after an inner step: when the round has lasted and the last
+    checkpoint is older than the loop's checkpoint interval (`timing.every`, the ordinary loops' cadence: by the
+    checkpoints' cost, at most `--checkpoint-seconds`), and none is in flight (so at most one is on the link).
+    Rounds longer than the interval (much compute between exchanges: a WAN-lab round of 512 steps lasted 42 s)
+    otherwise put a round or more of compute behind every checkpoint, all of it redone by a replica whose provider
+    is lost while the other replicas wait for it at the barrier; shorter rounds keep to the agreed
+    synchronisations (the bytes' rule above). Not 50x the last checkpoint's cost whatever the interval: over a
+    50 ms link a checkpoint's round trips (0.5-0.6 s) spaced them 25-30 s apart."""
+    interval = timing.every
+    return not timing.writing and now - round_began >= interval and now - last >= interval
 
 
 class SyncCadence:

@@ -12,7 +12,8 @@ from ravop.core.errors import PlanError
 from ravop.store import GraphKeys
 from ravop.store import tensors as stored
 from worker.loops import shared_checkpoint as shared
-from worker.loops.sync_cadence import SyncCadence, agree, agreed, proposal, rounds_key
+from worker.loops.checkpoint_cadence import SPACING, CheckpointCadence
+from worker.loops.sync_cadence import SyncCadence, agree, agreed, proposal, rounds_key, within_round_due
 
 
 def checkpoint(client, keys, host, who):
@@ -162,13 +163,35 @@ def test_a_loop_checkpoints_on_the_multiples_of_the_agreed_rounds():
 def test_a_checkpoint_far_bigger_than_what_a_round_sends_is_taken_less_often():
     # 30 rounds in the cadence, but the state is 24 times what a round sends: at most a quarter of those bytes
     assert proposal(30, state_bytes=24_000, sent_bytes=30 * 1000) == 96 + 12
-    assert proposal(1, 0, 0) == 1 + 2
+    assert proposal(2, 0, 0) == 2 + 2
+    assert proposal(1, 0, 0) == 1   # every synchronisation is a common one: no lead
 
 
 def test_long_rounds_checkpoint_within_the_max_gap_whatever_the_bytes_floor():
     # the WAN lab's DiLoCo: one round of 29 s sends a small share of the state: the bytes' floor alone says 126 rounds
     assert proposal(1, state_bytes=600_000, sent_bytes=20_000) > 100
-    assert proposal(1, state_bytes=600_000, sent_bytes=20_000, elapsed=29.0) == 1 + 2   # 30 s: one round, a lead
+    # 30 s: one round, and no lead (it spaced these checkpoints 3 rounds, 126 s, apart in the WAN lab)
+    assert proposal(1, state_bytes=600_000, sent_bytes=20_000, elapsed=29.0) == 1
+    assert proposal(1, state_bytes=600_000, sent_bytes=20_000, elapsed=42.0) == 1
     # short rounds: the floor stands while its rounds fit in the gap (30 rounds in 3 s: up to 300 rounds)
     assert proposal(30, 24_000, 30 * 1000, elapsed=3.0) == 96 + 12
     assert proposal(30, 2_400_000, 30 * 1000, elapsed=3.0) == 300 + 38
+
+
+def test_a_round_longer_than_the_checkpoint_interval_is_checkpointed_within():
+    timing = CheckpointCadence(seconds=10.0, adaptive=False)
+    # a round of 42 s began at 0, the last checkpoint at its start: one within it every 10 s, none in flight
+    assert not within_round_due(timing, 9.9, round_began=0.0, last=0.0)
+    assert within_round_due(timing, 10.0, round_began=0.0, last=0.0)
+    timing.taken(0.001)
+    assert not within_round_due(timing, 30.0, round_began=0.0, last=10.0)   # the last one is still being written
+    timing.written(0.05)
+    assert within_round_due(timing, 20.0, round_began=0.0, last=10.0)
+    # short rounds (each synchronisation resets the round's clock) keep to the agreed synchronisations
+    assert not within_round_due(timing, 100.0, round_began=95.0, last=0.0)
+    # an adaptive cadence: 50x the last checkpoint's cost, at most its seconds
+    adaptive = CheckpointCadence(seconds=10.0, adaptive=True, least=0.5)
+    adaptive.taken(0.0)
+    adaptive.written(0.1)
+    assert adaptive.every == SPACING * 0.1
+    assert not within_round_due(adaptive, 4.9, 0.0, 0.0) and within_round_due(adaptive, 5.0, 0.0, 0.0)
