@@ -40,14 +40,14 @@ def droppable(templates: Sequence[StepTemplate], syncs: Sequence[int], close_aft
     if not close_after_s > 0 or len(syncs) < 2:
         return None
     first, last = templates[syncs[0]], templates[syncs[-1]]
-    if first.recv_holes or not first.send_channels or not last.recv_holes:
+    if first.received or not first.sent or not last.received:
         return None
-    changed = {hole for hole, after in zip(first.carry_holes, first.carry_next) if hole != after}
-    slots = dict(zip(first.carry_holes, last.carry_holes))   # slot k's hole in `up` -> in `down`
+    changed = {slot.hole for slot in first.carried if slot.hole != slot.after}
+    slots = {a.hole: b.hole for a, b in zip(first.carried, last.carried)}   # slot k's hole in `up` -> in `down`
     read = {i for node in last.nodes for i in node.inputs}
     if any(slots[hole] in read for hole in changed):
         return None
-    return first.send_channels[0]
+    return first.sent[0].channel
 
 
 class LateRounds:
