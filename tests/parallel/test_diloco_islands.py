@@ -124,7 +124,7 @@ def test_only_replicas_whose_down_needs_nothing_their_up_made_drop_a_late_round(
     found = {}
     for record in graph.loops.values():
         spec = record.spec
-        sends = [c for t in spec.templates for c in t.send_channels]
+        sends = [s.channel for t in spec.templates for s in t.sent]
         found["replica 1" if any(c.startswith("up.1.") for c in sends) else "replica 0"] = \
             droppable(spec.templates, spec.sync_templates, spec.close_after_s)
     # replica 0 closes the rounds; replica 1 marks by its first value sent, unless `down` subtracts what `up` sent
