@@ -29,14 +29,15 @@ BUDGET = {
                                 # its persist rules, not its names (training_losses, issue 44 activation); 1,261 with
                                 # a secure query's reveals read and dropped providers named (issue 44, SecAgg+); 1,301
                                 # with the requester's review of the checks the draw asked for (bans.review, issue 44)
-    "ravop/core": 800,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
+    "ravop/core": 820,          # 463 at the layout by role; 498 with the step compiler rules declared on OpDef; 527 with
                                 # the numerics mode (issue 42) and the loop-stop op kind (issue 45); +56 numerics
                                 # classes and the cross-class tolerance (issue 42); +45 RunNames, the persisted
                                 # losses' names by rule, so recording a fit is O(1) in its epochs (issue 44); + tally;
                                 # 689 with the rules in the plan and the store (persist_rules: activation O(1), issue 44);
                                 # +~70 with the loop schedule, the batch schedule and Op -> Node said once here (moved
                                 # out of record/ and runtime/, which shrink by as much), and room for the loop
-                                # template's per-node records (issue 41)
+                                # template's per-node records (issue 41); 806 with one glibc handle for the trim and
+                                # the loop's heap hold (ravop/core/heap.py, issue 46)
     "ravop/federated": 590,     # 380 at the layout by role; 408 with public keys pinned and aggregates checked for
                                 # consistency before release (issue 44); 571 with dropout recovery of secure sums
                                 # (SecAgg+: ravop/federated/shamir.py, recovery.py, issue 44)
