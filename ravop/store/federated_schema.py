@@ -84,15 +84,6 @@ end
 return 1
 """)
 
-# KEYS: meta, clients, shares.  ARGV: provider, its encrypted shares (JSON).
-# A joined provider of a running secure graph sends its shares; returns how many providers have (0 if refused).
-SHARE = with_states("""
-if redis.call('HGET', KEYS[1], 'state') ~= '@RUNNING@' then return 0 end
-if redis.call('HGET', KEYS[2], ARGV[1]) ~= 'joined' then return 0 end
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
-return redis.call('HLEN', KEYS[3])
-""")
-
 # KEYS: meta, clients, partials.  ARGV: threshold t, the providers dropped (joined, sent no partial, gone).
 # Closes a secure graph's inputs without them, if at least t partials are in: {'closed' or 'short' (fewer than t)
 # or 'ended' or 'stale' (one of them sent its partial meanwhile), the number of partials}.
@@ -126,9 +117,10 @@ return 1
 """)
 
 
-# KEYS: meta, clients, public_keys.  ARGV: provider, public key.
-# A joined provider of a running graph publishes its key; returns how many keys the graph holds (0 if refused).
-PUBLISH_KEY = with_states("""
+# KEYS: meta, clients, and public_keys or shares.  ARGV: provider, its public key or its encrypted shares (JSON).
+# A joined provider of a running graph publishes its key, or (secure graphs) sends its shares; returns how many
+# providers have (0 if refused).
+JOINED_PROVIDER_WRITES = with_states("""
 if redis.call('HGET', KEYS[1], 'state') ~= '@RUNNING@' then return 0 end
 if redis.call('HGET', KEYS[2], ARGV[1]) ~= 'joined' then return 0 end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
@@ -161,8 +153,7 @@ class FederatedScripts:
         self.client = client
         self._join = client.register_script(JOIN)
         self._contribute = client.register_script(CONTRIBUTE)
-        self._publish_key = client.register_script(PUBLISH_KEY)
-        self._share = client.register_script(SHARE)
+        self._joined_provider_writes = client.register_script(JOINED_PROVIDER_WRITES)
         self._close_inputs = client.register_script(CLOSE_INPUTS)
         self._reveal = client.register_script(REVEAL)
 
@@ -170,7 +161,8 @@ class FederatedScripts:
         """How many public keys the graph holds once this provider's is in; 0 if it no longer runs or the
         provider had not joined it."""
         fed = FederatedKeys(keys)
-        return self._publish_key(keys=[keys.meta, fed.clients, public_keys_key(keys)], args=[provider, public])
+        return self._joined_provider_writes(keys=[keys.meta, fed.clients, public_keys_key(keys)],
+                                           args=[provider, public])
 
     def join(self, keys: GraphKeys, provider: str) -> str:
         """'joined', 'member', 'full', or the graph's state ('done', 'failed', 'gone', ...)."""
@@ -189,8 +181,8 @@ class FederatedScripts:
 
     def share(self, keys: GraphKeys, provider: str, shares: Dict[str, str]) -> int:
         """How many providers have sent their shares once this one's are in; 0 if refused."""
-        return self._share(keys=[keys.meta, FederatedKeys(keys).clients, shares_key(keys)],
-                           args=[provider, json.dumps(shares)])
+        return self._joined_provider_writes(keys=[keys.meta, FederatedKeys(keys).clients, shares_key(keys)],
+                                           args=[provider, json.dumps(shares)])
 
     def close_inputs(self, keys: GraphKeys, threshold: int, dropped: List[str]) -> Tuple[str, int]:
         """Close a secure graph's inputs without the `dropped` providers: ('closed', partials in), or 'short',
