@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Dict, List, Option
 import redis
 import torch
 from google.protobuf.message import DecodeError
+from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from ravop.core import plan_limits
@@ -567,6 +568,8 @@ class Worker:
         # with the values, their requester's seals (graphs under a vote: ravop.store.seals), in the same round trip
         if loop_start is not None:
             values, sealed = loop_start.read(self.client, names, keys.constants, missing)
+        elif names and isinstance(self.client, RedisCluster):   # its pipelines refuse MGET: two round trips there
+            values, sealed = self.client.mget(names), self.client.hmget(keys.constants, missing)
         elif names:
             pipe = self.client.pipeline(transaction=False)
             values, sealed = pipe.mget(names).hmget(keys.constants, missing).execute()
