@@ -83,7 +83,7 @@ BUDGET = {
                                 # fast store and the heap held between steps (issue 46)
     "worker/provider": 420,     # 325 at the layout by role; 408 with a secure graph's rounds (secure_rounds.py:
                                 # shares, inputs closed without the dropped, reveals; issue 44)
-    "worker/serve": 1560,       # 1,234 at the layout by role; +39: the tokens' quotas (token_usage); +7 --numerics;
+    "worker/serve": 1575,       # 1,234 at the layout by role; +39: the tokens' quotas (token_usage); +7 --numerics;
                                 # +40 for attempts that count failures (attempts, issue 43); + votes per principal;
                                 # 1,514 annotated (signatures wrapped; issue 41)
     "worker/verify": 565,       # 382 at the layout by role; 521 with cross-class checks by tolerance, votes per

@@ -568,11 +568,10 @@ class Worker:
         # with the values, their requester's seals (graphs under a vote: ravop.store.seals), in the same round trip
         if loop_start is not None:
             values, sealed = loop_start.read(self.client, names, keys.constants, missing)
-        elif names and isinstance(self.client, RedisCluster):   # its pipelines refuse MGET: two round trips there
-            values, sealed = self.client.mget(names), self.client.hmget(keys.constants, missing)
-        elif names:
-            pipe = self.client.pipeline(transaction=False)
-            values, sealed = pipe.mget(names).hmget(keys.constants, missing).execute()
+        elif names:   # a cluster's pipelines refuse MGET: two round trips there
+            values, sealed = ([self.client.mget(names), self.client.hmget(keys.constants, missing)]  # type: ignore[assignment]
+                              if isinstance(self.client, RedisCluster) else
+                              self.client.pipeline(transaction=False).mget(names).hmget(keys.constants, missing).execute())
         else:
             values, sealed = [], []
         resumed = loop_start is not None and bool(loop_start.checkpoint)
