@@ -31,6 +31,14 @@ class PersistRule:
         except ValueError:
             return None
 
+    @classmethod
+    def of(cls, template: str, first_epoch: int, epochs: int, first_batch: int, batches: int,
+           first_id: int) -> "PersistRule":
+        """The rule of `template`'s names over `epochs` epochs from `first_epoch` and `batches` batches from
+        `first_batch` (the fields the plan and the store keep)."""
+        return cls(RunNames(template, range(first_epoch, first_epoch + epochs),
+                            range(first_batch, first_batch + batches)), first_id)
+
     def encode(self) -> str:
         names = self.names
         return (f"{self.first_id} {names.epochs.start} {len(names.epochs)} {names.batches.start} "
@@ -44,8 +52,7 @@ class PersistRule:
         if match is None:
             raise ValueError(f"{text[:80]!r} is not a persist rule (first id, epochs, batches, template)")
         first_id, first_epoch, epochs, first_batch, batches = map(int, match.groups()[:5])
-        names = RunNames(match[6], range(first_epoch, first_epoch + epochs), range(first_batch, first_batch + batches))
-        return cls(names, first_id)
+        return cls.of(match[6], first_epoch, epochs, first_batch, batches, first_id)
 
 
 class PersistedIds(Mapping[str, int]):

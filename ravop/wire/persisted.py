@@ -3,7 +3,6 @@ step persists by rule (`ravop.core.persist_rules`), packed by the plan writer (c
 by the session at activation and by tests."""
 from typing import Any
 
-from ..core.loss_names import RunNames
 from ..core.persist_rules import PersistedIds, PersistRule
 
 
@@ -16,7 +15,6 @@ def add_rule(plan: Any, rule: PersistRule) -> None:
 
 def persisted_ids(plan: Any) -> PersistedIds:
     """Every persist name of `plan` with its tensor id, the rules kept as rules."""
-    rules = [PersistRule(RunNames(r.template, range(r.first_epoch, r.first_epoch + r.epochs),
-                                  range(r.first_batch, r.first_batch + r.batches)), r.first_id)
+    rules = [PersistRule.of(r.template, r.first_epoch, r.epochs, r.first_batch, r.batches, r.first_id)
              for r in plan.persist_rules]
     return PersistedIds(dict(plan.persisted), rules)
