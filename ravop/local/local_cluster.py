@@ -20,7 +20,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from ..core.errors import ConnectionFailed
-from .embedded import _LAUNCHER, _tail, server_binary, stop_processes
+from .embedded import _LAUNCHER, _tail, server_binary, server_environment, stop_processes
 
 SLOTS = 16384
 
@@ -96,7 +96,8 @@ class LocalCluster:
                    "--cluster-node-timeout", str(self.node_timeout_ms),
                    "--logfile", os.path.join(node_dir, "server.log")]
         return subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(os.getpid()), *command],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=server_environment())
 
     def _form(self, timeout):
         deadline = time.monotonic() + timeout

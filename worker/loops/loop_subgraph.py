@@ -642,6 +642,7 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
         # rather than copied first
         superseded = superseded_inputs(spec, loop_step) if ctx.release_inputs else []
         writer.superseded = superseded
+        writer.timing.expect(sum(getattr(v, "nbytes", 0) for v in values[:spec.n_carried]), ctx.store_bytes_per_s)
         donated = [k for k, i in enumerate(loop_step.inputs[:spec.n_carried]) if i in superseded]
         runner = LoopRun(spec, values, ctx.seed, ctx.device, watch, step_decisions.for_device(ctx.device), donated)
         if segments is not None:
