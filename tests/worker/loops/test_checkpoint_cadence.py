@@ -33,6 +33,22 @@ def test_an_adaptive_cadence_follows_the_cost_between_its_bounds():
     assert not cadence.due(False, since=1.0, now=1.4) and cadence.due(False, since=1.0, now=1.5)
 
 
+def test_the_first_checkpoint_of_an_adaptive_cadence_is_spaced_by_what_it_should_cost():
+    cadence = CheckpointCadence(seconds=10.0, adaptive=True, least=0.5)
+    cadence.expect(nbytes=40_000_000, bytes_per_s=4e8)   # 0.1 s to write: the first 5 s into the loop
+    assert abs(cadence.every - SPACING * 0.1) < 1e-9
+    assert not cadence.due(False, since=0.0, now=4.9) and cadence.due(False, since=0.0, now=5.0)
+    cadence.expect(nbytes=185_000_000, bytes_per_s=4e8)   # a GPT's Adam state: at most `seconds`
+    assert cadence.every == 10.0
+    cadence.expect(nbytes=1_000, bytes_per_s=4e8)         # a small state: `least`, as before
+    assert cadence.every == 0.5
+    cadence.expect(nbytes=10**9, bytes_per_s=0.0)         # no rate measured: `least`
+    assert cadence.every == 0.5
+    fixed = CheckpointCadence(seconds=3.0, adaptive=False)
+    fixed.expect(nbytes=10**9, bytes_per_s=1.0)            # --checkpoint-seconds: kept
+    assert fixed.every == 3.0
+
+
 def test_the_copies_stall_the_loop_at_most_one_in_stall_spacing_whatever_seconds_ask():
     for adaptive in (True, False):
         cadence = CheckpointCadence(seconds=2.0, adaptive=adaptive, least=0.5)
