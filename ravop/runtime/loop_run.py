@@ -324,6 +324,19 @@ class LoopRun:
         self.stop_reason: Optional[str] = None   # the reason of the decision that ended the loop, if one did
         self.device = device
 
+    def fence(self, wait: Callable[[], None]) -> None:
+        """Call `wait()` once, before the next run's first update of a carried value in place (its optimizer
+        steps): a checkpoint reading the carried values beside the loop holds them unchanged until then, while the
+        step's forward and backward run (worker/loops/loop_subgraph.py)."""
+        runners = [step.runner for step in self.steps]
+
+        def once() -> None:
+            for runner in runners:
+                runner.before_overwrite = None
+            wait()
+        for runner in runners:
+            runner.before_overwrite = once
+
     def exchanges(self) -> bool:
         """Whether a step sends or receives values (then the loop runs only where an `Exchange` is given)."""
         return any(step.recv_slots or step.send_slots for step in self.steps)

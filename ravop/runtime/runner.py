@@ -34,7 +34,7 @@ overwritten value read later would give a wrong number with no error.
 from __future__ import annotations
 
 from itertools import count, repeat
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -259,9 +259,20 @@ class Runner:
             for index, (kernel, args, node, varies) in enumerate(zip(kernels, arguments, self.nodes, varying))]
         self.values: list[Any] = [None] * len(slot)
         self.overwrites: dict[int, tuple[int, ...]] = {}   # call index -> the slots its in-place kernel overwrites
+        # called once before the first call that overwrites a value in place, where set: a loop whose checkpoint
+        # reads its values beside it waits there for that read (worker/loops/loop_subgraph.py)
+        self.before_overwrite: Optional[Callable[[], None]] = None
         self.n_inputs, self.device, self.graph_seed, self.watcher = n_inputs, device, graph_seed, watcher
         if watcher is not None and len(watcher.limits) != len(self.nodes):
             raise ValueError(f"a watcher of {len(watcher.limits)} ops for {len(self.nodes)} nodes")
+
+    def _fenced(self, entries: Iterable[PlanEntry], first: int) -> Iterator[PlanEntry]:
+        """`entries`, with `before_overwrite()` called before the first of index `first` or later (the calls
+        that overwrite values are the step's last: its optimizer updates)."""
+        for entry in entries:
+            if entry[0] >= first and self.before_overwrite is not None:
+                self.before_overwrite()
+            yield entry
 
     def replace(self, index: int, kernel: registry.Kernel, overwritten: Sequence[int]) -> None:
         """Run op `index` with `kernel`, an in-place variant overwriting its arguments at positions `overwritten`
@@ -279,6 +290,8 @@ class Runner:
         watcher = self.watcher
         limits = None if watcher is None else watcher.limits
         entries = zip(count(), self.calls, repeat(())) if plan is None else plan
+        if self.before_overwrite is not None and self.overwrites:
+            entries = self._fenced(entries, min(self.overwrites))
         index = 0
         try:
             for index, (kernel, args, params, out, frees, varies), spread in entries:

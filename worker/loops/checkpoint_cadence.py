@@ -19,6 +19,14 @@ is, by STALL_SPACING), and the worker holds no second copy of the state (12 byte
 46). The first write slower than IN_LOOP_BYTES_PER_S (and longer than IN_LOOP_SECONDS) sends the later ones
 beside the loop again.
 
+On a CPU worker, a loop that exchanges nothing and is not spot-checked (`fenced`) takes neither stall: the
+checkpoint is written beside the loop while the next step's forward and backward run, and only that step's
+optimizer updates, which overwrite the carried values in place, wait for what reads them (a fence:
+ravop/runtime/loop_run.py `LoopRun.fence`). It reads the loop's own tensors where its write should end within a
+step (`from_live`: no copy held), else the host buffer, filled beside the loop (the fence waits for the fill only).
+The loop's wait at the fence is the stall that STALL_SPACING bounds; one over IN_LOOP_SECONDS sends the later
+checkpoints through the buffer.
+
 Within those bounds an adaptive cadence (no --checkpoint-seconds) checkpoints every SPACING times what the last
 one cost (copy and write), at least `least` and at most `seconds` apart: the steps a killed provider loses
 are half the interval on average, so short intervals for cheap checkpoints (docs/reports/benchmarks.md). The
@@ -50,6 +58,10 @@ class CheckpointCadence:
     #                         checkpoint record shows them)
     writing: bool = False   # a checkpoint taken and not written yet
     in_loop: bool = False   # the next checkpoint is written in the loop's thread from its own tensors
+    fenced: bool = False    # the checkpoint in flight is read beside the loop up to a fence (its wait: `waited`)
+    rate: float = 0.0       # the store's bytes/s: measured by the worker at start, then by each write
+    live: bool = True       # a fenced checkpoint may be read from the loop's own tensors (`from_live`)
+    fence_wait: float = 0.0  # what the fence of the checkpoint in flight cost the loop
 
     def __post_init__(self) -> None:
         self.every = self.least if self.adaptive else self.seconds
@@ -57,24 +69,41 @@ class CheckpointCadence:
     def expect(self, nbytes: int, bytes_per_s: float) -> None:
         """Before the first checkpoint: an adaptive cadence's first interval from what writing `nbytes` should
         cost at `bytes_per_s` (unknown, 0: `least`)."""
+        self.rate = bytes_per_s
         if self.adaptive and bytes_per_s > 0:
             self.every = min(self.seconds, max(self.least, SPACING * nbytes / bytes_per_s))
+
+    def from_live(self, nbytes: int, step_seconds: float) -> bool:
+        """Whether a fenced checkpoint of `nbytes` reads the loop's own tensors: where writing it at the store's
+        rate should end within a step of `step_seconds` (the next step's optimizer updates wait for it), and no
+        fence has waited long for one yet."""
+        return self.live and self.rate > 0 and nbytes / self.rate <= step_seconds + IN_LOOP_SECONDS
+
+    def waited(self, seconds: float) -> None:
+        """The loop waited `seconds` at a fence for a checkpoint to read its values: its stall."""
+        self.copied += seconds
+        self.fence_wait = seconds
+        if seconds > IN_LOOP_SECONDS:
+            self.live = False
+        self.every = max(self.every, STALL_SPACING * seconds)   # whether the write has ended or not
 
     def due(self, asked: bool, since: Optional[float], now: float) -> bool:
         """Whether to take a checkpoint at `now`: `asked` (its steps, or its synchronisation, came) or, with `since`
         (when the last was taken), the interval passed; never while the last is being written."""
         return not self.writing and (asked or (since is not None and now - since >= self.every))
 
-    def taken(self, copy_seconds: float) -> None:
-        self.writing, self.copy_seconds = True, copy_seconds
+    def taken(self, copy_seconds: float, fenced: bool = False) -> None:
+        self.writing, self.copy_seconds, self.fenced, self.fence_wait = True, copy_seconds, fenced, 0.0
         self.copied += copy_seconds
 
     def written(self, write_seconds: float, nbytes: int = 0) -> None:
         """The checkpoint taken last, of `nbytes`, is in the store after `write_seconds` (beside the loop, or in its
         thread where `in_loop`: then the write was the loop's stall)."""
         self.writing = False
-        stall = self.copy_seconds
-        if self.in_loop:
+        if nbytes and write_seconds > 0:
+            self.rate = nbytes / write_seconds
+        stall = self.fence_wait if self.fenced else self.copy_seconds
+        if self.in_loop and not self.fenced:
             stall += write_seconds
             self.copied += write_seconds
             self.in_loop = write_seconds <= max(IN_LOOP_SECONDS, nbytes / IN_LOOP_BYTES_PER_S)

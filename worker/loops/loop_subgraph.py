@@ -276,6 +276,11 @@ class _Writer:
         self.cache = None      # the worker's TensorCache: a loop handed back to take turns keeps its values there
         self.turns = None      # its Turns (worker/loops/turns.py) when it yields to other tokens' waiting work
         self.superseded: list[int] = []   # inputs to release once a checkpoint is published (`superseded_inputs`)
+        # LoopRun.fence where a checkpoint may read the carried values beside the loop (a CPU loop that exchanges
+        # nothing, not spot-checked): the next step's in-place updates wait for it (worker/loops/checkpoint_cadence.py)
+        self.fence: Optional[Callable[[Callable[[], None]], None]] = None
+        self.step_at: Optional[float] = None   # when the last step ended, and how long it took
+        self.step_seconds = 0.0
 
     def checkpoint_at_syncs(self, sync_templates: Sequence[int], checkpoint_steps: int,
                             checkpoint_seconds: float) -> None:
@@ -323,6 +328,9 @@ class _Writer:
             if skip_to is not None:
                 raise RoundClosed(skip_to, list(carried))
         now = time.monotonic()
+        if self.step_at is not None:
+            self.step_seconds = now - self.step_at
+        self.step_at = now
         if self.stop is not None and self.stop.is_set() and done < self.n_steps:
             self.write(done, carried)
             raise LoopHandedBack(done)
@@ -332,7 +340,7 @@ class _Writer:
         due = self.timing.due(asked, self.last_checkpoint if self.cadence is None else None, now)
         if due and self.sync_end in (None, template) or self.cadence is not None and template not in self.syncs \
                 and within_round_due(self.timing, now, self.round_began, self.last_checkpoint):
-            self.write(done, carried, wait=self.timing.in_loop)
+            self._checkpoint(done, carried)
         elif now - self.last_flush >= self.flush_every and not (self.writes is not None and self.writes.busy()):
             self.write(done, wait=False)
 
@@ -370,16 +378,49 @@ class _Writer:
         self.drain()
         self._commit(*self._take(done, carried, record, copy=False))
 
+    def _checkpoint(self, done: int, carried: Sequence[Any]) -> None:
+        """A periodic checkpoint of `carried`: with a fence, written beside the loop from its own tensors or from
+        the host buffer filled beside it (`timing.from_live`), the next step's in-place updates waiting for what
+        reads them; else in the loop's thread (`timing.in_loop`) or from the buffer filled in it."""
+        if self.fence is None or self.writes is None:
+            self.write(done, carried, wait=self.timing.in_loop)
+            return
+        live = self.timing.from_live(sum(getattr(v, "nbytes", 0) for v in carried), self.step_seconds)
+        done, pending, host, record, reads = self._take(done, carried, None, copy=False, fenced=True)
+        released = threading.Event()   # the loop's tensors are no longer read
+
+        def write() -> None:
+            try:
+                held = host
+                if held is not None and not live:
+                    held = self.buffer.fill(held)
+                    released.set()
+                self._commit(done, pending, held, record, reads)
+            finally:
+                released.set()
+
+        def wait() -> None:
+            began = time.monotonic()
+            writes = self.writes
+            while not released.wait(0.1):   # a write after a failed one never runs: the loop hears of the
+                if writes is None or writes.failed:   # failure at its next step
+                    break
+            self.timing.waited(time.monotonic() - began)
+        if host is not None:
+            self.fence(wait)
+        self.writes.put(write)
+
     def _take(self, done: int, carried: Optional[Sequence[Any]], record: Optional[Dict[str, Any]],
-              copy: bool) -> "_Taken":
-        """(done, persisted values, host copies of the carried values or None, record, exchanged keys read so
-        far) for `_commit`; a checkpoint is taken once per step."""
+              copy: bool, fenced: bool = False) -> "_Taken":
+        """(done, persisted values, host copies of the carried values (`copy`: in the host buffer) or None,
+        record, exchanged keys read so far) for `_commit`; a checkpoint is taken once per step. `fenced`: read
+        beside the loop up to a fence (`_checkpoint`)."""
         pending, self.pending = self.pending, {}
         host = reads = None
         if carried is not None and done != self.taken:
             began = time.monotonic()
             host = self.buffer.fill(carried) if copy else [devices.to_host(value) for value in carried]
-            self.timing.taken(time.monotonic() - began)
+            self.timing.taken(time.monotonic() - began, fenced)
             reads = self.exchange.take_reads() if self.exchange is not None else None
             self.taken, self.checkpointed, self.last_checkpoint = done, done, time.monotonic()
             if self.cadence is not None:
@@ -659,6 +700,8 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
                 writer.late = LateRounds.of(ctx.client, lambda run: ctx.keys.exchange(mark(channel), run),
                                             spec.positions(), spec.sync_templates[0], spec.sync_templates[-1],
                                             spec.first_step)
+        if store_exchange is None and segments is None and str(ctx.device).startswith("cpu"):
+            writer.fence = runner.fence   # (a GPU's checkpoint is a copy to the host already, made in the loop)
         on_step, exchange = ctx.pace_steps(writer.on_step, spec, values, store_exchange)
         graph.start(meta)
         if ctx.turns is not None:

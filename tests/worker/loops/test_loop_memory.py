@@ -50,7 +50,7 @@ def test_a_worker_returns_what_a_loop_freed_to_the_os(engine, workers, client):
     assert after <= before
 
 
-@pytest.mark.parametrize("store_bytes_per_s", [4e8, 1e6], ids=["fast store", "slow store"])
+@pytest.mark.parametrize("store_bytes_per_s", [4e8, 1e3], ids=["fast store", "slow store"])
 def test_checkpoints_to_a_fast_store_are_written_from_the_loops_own_tensors(engine, server, monkeypatch,
                                                                            store_bytes_per_s):
     copies, checkpoints = [], []
@@ -77,10 +77,12 @@ def test_checkpoints_to_a_fast_store_are_written_from_the_loops_own_tensors(engi
         message = worker._next()
         if message is not None:
             worker._handle(*message)
-    # asked for every 5 of its 32 steps: a fast store's are written in the loop's thread, so each lands; a slow
-    # store's go beside the loop, one in flight at a time, so on a loaded machine fewer land (2 of 6 seen)
-    assert len(checkpoints) >= (3 if store_bytes_per_s >= 1e8 else 1)
-    assert (len(copies) > 0) == (store_bytes_per_s < 1e8)   # no host copy where the store is fast
+    # asked for every 5 of its 32 steps, written beside the loop (the next step's optimizer updates wait for them),
+    # one in flight at a time, so on a loaded machine fewer land (2 of 6 seen)
+    assert len(checkpoints) >= 1
+    # no host copy where the store should take the state (28 KB) within a step; one at 1 KB/s, filled beside the
+    # loop (the calibrated rate is where the worker starts: its writes here measure the real one)
+    assert (len(copies) > 0) == (store_bytes_per_s < 1e8)
     want = on_one_thread(evaluate_persisted, graph, names)
     for name in names:
         assert torch.equal(R.fetch_persisting_op(name), want[name]), name
