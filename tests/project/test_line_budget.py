@@ -72,7 +72,7 @@ BUDGET = {
                                 # +~40 with the loop templates' records mapped to and from the wire's parallel lists
                                 # field by field in loop_message (issue 41)
     "worker/execute": 585,      # 506 at the layout by role; +45 the accepted models shared by a machine (issue 46)
-    "worker/loops": 1440,       # 963 at the layout by role; 1,027 with the exchange's bounded wait for optional values
+    "worker/loops": 1480,       # 963 at the layout by role; 1,027 with the exchange's bounded wait for optional values
                                 # (DiLoCo's close_after, issue 43); +24: loops yield to other tokens (turns, issue 44);
                                 # 1,113 with the checkpoint read in the inputs' round trip (issue 43); 1,207 annotated
                                 # (signatures wrapped, the writer's attributes declared; issue 41); 1,250 with one
@@ -80,7 +80,8 @@ BUDGET = {
                                 # half-written chunks of a dead writer deleted (issue 46); 1,370 with checkpoints
                                 # within long rounds and late replicas dropping a round closed without them (the
                                 # WAN lab's churn, issue 43); 1,408 with checkpoints written in the loop's thread to a
-                                # fast store and the heap held between steps (issue 46)
+                                # fast store and the heap held between steps (issue 46); 1,461 with checkpoints read
+                                # beside the loop up to a fence before its next optimizer updates (issue 46)
     "worker/provider": 420,     # 325 at the layout by role; 408 with a secure graph's rounds (secure_rounds.py:
                                 # shares, inputs closed without the dropped, reveals; issue 44)
     "worker/serve": 1575,       # 1,234 at the layout by role; +39: the tokens' quotas (token_usage); +7 --numerics;

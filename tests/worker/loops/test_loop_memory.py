@@ -1,9 +1,11 @@
-"""What a worker's loop holds (issue 46): a checkpoint to a store about as fast as a host copy (the embedded server,
-a server on this host) is written from the loop's own tensors in its thread, with no host copy of the state; to a
-slower one, beside the loop from its one host copy (worker/loops/checkpoint_cadence.py). And once the loop has run,
+"""What a worker's loop holds (issue 46): a checkpoint that a store should take within a step (the embedded server,
+a server on this host) is written from the loop's own tensors, with no host copy of the state; to a slower one,
+from its one host copy; either way beside the loop, whose next optimizer updates wait for what reads the tensors
+(worker/loops/checkpoint_cadence.py). And once the loop has run,
 the worker gives back to the operating system what it freed (its gradients, activations, checkpoint buffer, which
 glibc keeps in the heap), before its outputs go up to the server that still holds its last checkpoint."""
 import re
+import time
 import uuid
 
 import numpy as np
@@ -83,6 +85,52 @@ def test_checkpoints_to_a_fast_store_are_written_from_the_loops_own_tensors(engi
     # no host copy where the store should take the state (28 KB) within a step; one at 1 KB/s, filled beside the
     # loop (the calibrated rate is where the worker starts: its writes here measure the real one)
     assert (len(copies) > 0) == (store_bytes_per_s < 1e8)
+    want = on_one_thread(evaluate_persisted, graph, names)
+    for name in names:
+        assert torch.equal(R.fetch_persisting_op(name), want[name]), name
+
+
+def test_a_checkpoint_read_beside_the_loop_keeps_the_state_of_its_step(engine, server, monkeypatch):
+    """A checkpoint read from the loop's own tensors while the loop goes on: its next optimizer updates, which
+    overwrite those tensors in place, wait for the read (ravop/runtime/loop_run.py `LoopRun.fence`), so a write held
+    up 0.3 s still stores the state of the step it was taken at, and the loop's results are unchanged."""
+    taken, stored, copies = {}, {}, []
+    take, transaction = loop_subgraph._Writer._take, loop_subgraph._Writer._transaction
+    fill = checkpoint_buffer.CheckpointBuffer.fill
+
+    def taking(self, done, carried, record, copy, fenced=False):
+        result = take(self, done, carried, record, copy, fenced)
+        if result[2] is not None:
+            taken[done] = [t.clone() for t in result[2]]
+        return result
+
+    def slow(self, done, pending, host, *rest):
+        if host is not None:
+            time.sleep(0.3)   # meanwhile the loop runs on, up to its next optimizer update
+            stored[done] = ([t.clone() for t in host], len(copies))
+        return transaction(self, done, pending, host, *rest)
+    monkeypatch.setattr(loop_subgraph._Writer, "_take", taking)
+    monkeypatch.setattr(loop_subgraph._Writer, "_transaction", slow)
+    monkeypatch.setattr(checkpoint_buffer.CheckpointBuffer, "fill", lambda self, carried: copies.append(1) or
+                        fill(self, carried))
+    graph = R.Graph(name="checkpoint beside the loop", seed=3)
+    model = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss")
+    for layer in (Dense(32, input_shape=(64,)), Activation("relu"), Dense(4)):
+        model.add(layer)
+    names = list(model.fit(X, Y, n_epochs=4, batch_size=32))
+    R.activate()
+    keys = GraphKeys(engine.token, graph.id)
+    worker = Worker(connect(server.url), f"fenced-{uuid.uuid4().hex[:6]}", checkpoint_steps=5)
+    worker.store_bytes_per_s = 4e8
+    R.execute()
+    while worker.client.hget(keys.meta, "state").decode() not in (DONE, FAILED):
+        message = worker._next()
+        if message is not None:
+            worker._handle(*message)
+    first = min(stored)
+    assert stored[first][1] == 0   # the first was read from the loop's own tensors (no copy made before it)
+    for done, (values, _) in stored.items():
+        assert all(torch.equal(a, b) for a, b in zip(values, taken[done])), done
     want = on_one_thread(evaluate_persisted, graph, names)
     for name in names:
         assert torch.equal(R.fetch_persisting_op(name), want[name]), name
