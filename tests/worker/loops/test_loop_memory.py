@@ -52,6 +52,26 @@ def test_a_worker_returns_what_a_loop_freed_to_the_os(engine, workers, client):
     assert after <= before
 
 
+def _fit_on_one_worker(engine, server, name, seed, store_bytes_per_s):
+    """(graph, loss names) of a 4-epoch fit run in this process by one worker checkpointing every 5 steps, whose
+    calibration measured its store at `store_bytes_per_s`."""
+    graph = R.Graph(name=name, seed=seed)
+    model = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss")
+    for layer in (Dense(32, input_shape=(64,)), Activation("relu"), Dense(4)):
+        model.add(layer)
+    names = list(model.fit(X, Y, n_epochs=4, batch_size=32))
+    R.activate()
+    keys = GraphKeys(engine.token, graph.id)
+    worker = Worker(connect(server.url), f"loop-{uuid.uuid4().hex[:6]}", checkpoint_steps=5)
+    worker.store_bytes_per_s = store_bytes_per_s
+    R.execute()
+    while worker.client.hget(keys.meta, "state").decode() not in (DONE, FAILED):
+        message = worker._next()
+        if message is not None:
+            worker._handle(*message)
+    return graph, names
+
+
 @pytest.mark.parametrize("store_bytes_per_s", [4e8, 1e3], ids=["fast store", "slow store"])
 def test_checkpoints_to_a_fast_store_are_written_from_the_loops_own_tensors(engine, server, monkeypatch,
                                                                            store_bytes_per_s):
@@ -65,20 +85,7 @@ def test_checkpoints_to_a_fast_store_are_written_from_the_loops_own_tensors(engi
             checkpoints.append(done)
         return transaction(self, done, pending, host, *rest)
     monkeypatch.setattr(loop_subgraph._Writer, "_transaction", writing)
-    graph = R.Graph(name="checkpoint in the loop", seed=2)
-    model = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss")
-    for layer in (Dense(32, input_shape=(64,)), Activation("relu"), Dense(4)):
-        model.add(layer)
-    names = list(model.fit(X, Y, n_epochs=4, batch_size=32))
-    R.activate()
-    keys = GraphKeys(engine.token, graph.id)
-    worker = Worker(connect(server.url), f"in-loop-{uuid.uuid4().hex[:6]}", checkpoint_steps=5)
-    worker.store_bytes_per_s = store_bytes_per_s   # as its calibration measured
-    R.execute()
-    while worker.client.hget(keys.meta, "state").decode() not in (DONE, FAILED):
-        message = worker._next()
-        if message is not None:
-            worker._handle(*message)
+    graph, names = _fit_on_one_worker(engine, server, "checkpoint in the loop", 2, store_bytes_per_s)
     # asked for every 5 of its 32 steps, written beside the loop (the next step's optimizer updates wait for them),
     # one in flight at a time, so on a loaded machine fewer land (2 of 6 seen)
     assert len(checkpoints) >= 1
@@ -113,20 +120,7 @@ def test_a_checkpoint_read_beside_the_loop_keeps_the_state_of_its_step(engine, s
     monkeypatch.setattr(loop_subgraph._Writer, "_transaction", slow)
     monkeypatch.setattr(checkpoint_buffer.CheckpointBuffer, "fill", lambda self, carried: copies.append(1) or
                         fill(self, carried))
-    graph = R.Graph(name="checkpoint beside the loop", seed=3)
-    model = NeuralNetwork(Adam(lr=0.01), loss="SquareLoss")
-    for layer in (Dense(32, input_shape=(64,)), Activation("relu"), Dense(4)):
-        model.add(layer)
-    names = list(model.fit(X, Y, n_epochs=4, batch_size=32))
-    R.activate()
-    keys = GraphKeys(engine.token, graph.id)
-    worker = Worker(connect(server.url), f"fenced-{uuid.uuid4().hex[:6]}", checkpoint_steps=5)
-    worker.store_bytes_per_s = 4e8
-    R.execute()
-    while worker.client.hget(keys.meta, "state").decode() not in (DONE, FAILED):
-        message = worker._next()
-        if message is not None:
-            worker._handle(*message)
+    graph, names = _fit_on_one_worker(engine, server, "checkpoint beside the loop", 3, 4e8)
     first = min(stored)
     assert stored[first][1] == 0   # the first was read from the loop's own tensors (no copy made before it)
     for done, (values, _) in stored.items():
