@@ -22,10 +22,10 @@ beside the loop again.
 On a CPU worker, a loop that exchanges nothing and is not spot-checked (`fenced`) takes neither stall: the
 checkpoint is written beside the loop while the next step's forward and backward run, and only that step's
 optimizer updates, which overwrite the carried values in place, wait for what reads them (a fence:
-ravop/runtime/loop_run.py `LoopRun.fence`). It reads the loop's own tensors where its write should end within a
-step (`from_live`: no copy held), else the host buffer, filled beside the loop (the fence waits for the fill only).
-The loop's wait at the fence is the stall that STALL_SPACING bounds; one over IN_LOOP_SECONDS sends the later
-checkpoints through the buffer.
+ravop/runtime/loop_run.py `LoopRun.fence`). It reads the loop's own tensors where its write should end within two
+steps (`from_live`: no copy held), else the host buffer, filled beside the loop (the fence waits for the fill only).
+The loop's wait at the fence is the stall that STALL_SPACING bounds; one over a step sends the later checkpoints
+through the buffer.
 
 Within those bounds an adaptive cadence (no --checkpoint-seconds) checkpoints every SPACING times what the last
 one cost (copy and write), at least `least` and at most `seconds` apart: the steps a killed provider loses
@@ -75,15 +75,17 @@ class CheckpointCadence:
 
     def from_live(self, nbytes: int, step_seconds: float) -> bool:
         """Whether a fenced checkpoint of `nbytes` reads the loop's own tensors: where writing it at the store's
-        rate should end within a step of `step_seconds` (the next step's optimizer updates wait for it), and no
-        fence has waited long for one yet."""
-        return self.live and self.rate > 0 and nbytes / self.rate <= step_seconds + IN_LOOP_SECONDS
+        rate should end within two steps of `step_seconds` (the next step's optimizer updates wait for it: a wait
+        of up to a step, once per checkpoint, rather than a second copy of the state held), and no fence has
+        waited longer than that yet."""
+        return self.live and self.rate > 0 and nbytes / self.rate <= 2 * step_seconds + IN_LOOP_SECONDS
 
-    def waited(self, seconds: float) -> None:
-        """The loop waited `seconds` at a fence for a checkpoint to read its values: its stall."""
+    def waited(self, seconds: float, step_seconds: float = 0.0) -> None:
+        """The loop waited `seconds` at a fence for a checkpoint to read its values: its stall (the steps take
+        `step_seconds`)."""
         self.copied += seconds
         self.fence_wait = seconds
-        if seconds > IN_LOOP_SECONDS:
+        if seconds > step_seconds + IN_LOOP_SECONDS:
             self.live = False
         self.every = max(self.every, STALL_SPACING * seconds)   # whether the write has ended or not
 

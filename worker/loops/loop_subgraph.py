@@ -405,7 +405,7 @@ class _Writer:
             while not released.wait(0.1):   # a write after a failed one never runs: the loop hears of the
                 if writes is None or writes.failed:   # failure at its next step
                     break
-            self.timing.waited(time.monotonic() - began)
+            self.timing.waited(time.monotonic() - began, self.step_seconds)
         if host is not None:
             self.fence(wait)
         self.writes.put(write)

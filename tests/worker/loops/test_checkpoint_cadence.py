@@ -102,15 +102,18 @@ def test_writes_in_the_loops_thread_are_its_stall_and_a_slow_one_sends_the_next_
 def test_a_fenced_checkpoint_reads_the_live_tensors_while_its_write_fits_in_a_step_and_its_wait_is_the_stall():
     cadence = CheckpointCadence(seconds=10.0, adaptive=True, least=0.5)
     cadence.expect(nbytes=185_000_000, bytes_per_s=4e8)   # 0.46 s to write
-    assert not cadence.from_live(185_000_000, step_seconds=0.3)      # a copy into the buffer: no wait for the write
-    assert cadence.from_live(185_000_000, step_seconds=0.45)
+    assert not cadence.from_live(185_000_000, step_seconds=0.2)      # a copy into the buffer: no wait for the write
+    assert cadence.from_live(185_000_000, step_seconds=0.25)         # a wait of up to a step, no copy
     cadence.taken(0.0, fenced=True)
     cadence.written(write_seconds=0.15, nbytes=185_000_000)          # its write measures the store's rate
     assert abs(cadence.rate - 185_000_000 / 0.15) < 1 and cadence.copied == 0.0
     assert cadence.from_live(185_000_000, step_seconds=0.1)
     assert abs(cadence.every - SPACING * 0.15) < 1e-9               # the write is not the loop's stall
     cadence.taken(0.0, fenced=True)
-    cadence.waited(0.5)                                                # the next step's updates waited 0.5 s
+    cadence.waited(0.5, step_seconds=0.6)                              # the next step's updates waited 0.5 s
     cadence.written(write_seconds=0.5, nbytes=185_000_000)
     assert cadence.copied == 0.5 and cadence.every == STALL_SPACING * 0.5 > 10.0   # spaced by its stall
-    assert not cadence.from_live(1_000, step_seconds=10.0)           # a wait over IN_LOOP_SECONDS: copies from now on
+    assert cadence.from_live(1_000, step_seconds=0.6)                # within a step: still no copy
+    cadence.taken(0.0, fenced=True)
+    cadence.waited(0.5, step_seconds=0.1)                              # a wait over a step: copies from now on
+    assert not cadence.from_live(1_000, step_seconds=10.0)
