@@ -50,16 +50,19 @@ def loop_holder(client, keys):
 
 
 def kill_past(workers, client, keys, loop_id, since):
-    """SIGKILL the worker running the loop once it is alive and checkpointed past step `since`; that step."""
+    """SIGKILL the worker running the loop once it is alive and checkpointed past step `since`; (the step of
+    the checkpoint it left, which the next attempt resumes from, the worker's name)."""
     def ready():
         assert not client.sismember(keys.done, loop_id), "the loop ended before its kills: make it longer"
         step, holder = client.hget(keys.checkpoint(loop_id), "step"), client.hget(keys.taken, loop_id)
         if step is None or int(step) <= since or holder is None or not workers.alive(holder.decode()):
             return None
         return int(step), holder.decode()
-    step, holder = wait_for(ready, f"a checkpoint past step {since} by a live worker")
+    _, holder = wait_for(ready, f"a checkpoint past step {since} by a live worker")
     workers.kill(holder)
-    return step, holder
+    # the step the next attempt resumes from: a checkpoint the worker was writing beside its loop as the signal came
+    # may have landed after the step above was read (CI saw a kill land right after a takeover because of it)
+    return int(client.hget(keys.checkpoint(loop_id), "step")), holder
 
 
 def test_a_fit_whose_worker_is_killed_four_times_ends_with_eager_bits(engine, workers, client):
