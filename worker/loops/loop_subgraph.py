@@ -126,6 +126,11 @@ class LoopHandedBack(Exception):
         self.steps = steps
 
 
+def state_bytes(values: Sequence[Any]) -> int:
+    """The bytes of a loop's carried values (tensors; anything else counts 0)."""
+    return sum(getattr(v, "nbytes", 0) for v in values)
+
+
 def checkpoint_tensor_key(keys: GraphKeys, subgraph_id: Union[int, str], step: int, k: int) -> str:
     return f"{keys.checkpoint(subgraph_id)}:{step}:{k}"
 
@@ -354,7 +359,7 @@ class _Writer:
         if template != self.sync_end or self.sync_index is None:   # (replica 0's update sent before the first step)
             return False
         sent = self.exchange.sent_bytes if self.exchange is not None else 0
-        due, rounds = self.cadence.at_sync(self.sync_index, now, sum(getattr(v, "nbytes", 0) for v in carried), sent)
+        due, rounds = self.cadence.at_sync(self.sync_index, now, state_bytes(carried), sent)
         if rounds is not None:
             self._queue(lambda: self.cadence.agreed(agree(self.client, self.keys, rounds)))
         return due
@@ -382,10 +387,11 @@ class _Writer:
         """A periodic checkpoint of `carried`: with a fence, written beside the loop from its own tensors or from
         the host buffer filled beside it (`timing.from_live`), the next step's in-place updates waiting for what
         reads them; else in the loop's thread (`timing.in_loop`) or from the buffer filled in it."""
-        if self.fence is None or self.writes is None:
+        writes = self.writes
+        if self.fence is None or writes is None:
             self.write(done, carried, wait=self.timing.in_loop)
             return
-        live = self.timing.from_live(sum(getattr(v, "nbytes", 0) for v in carried), self.step_seconds)
+        live = self.timing.from_live(state_bytes(carried), self.step_seconds)
         done, pending, host, record, reads = self._take(done, carried, None, copy=False, fenced=True)
         released = threading.Event()   # the loop's tensors are no longer read
 
@@ -401,14 +407,13 @@ class _Writer:
 
         def wait() -> None:
             began = time.monotonic()
-            writes = self.writes
             while not released.wait(0.1):   # a write after a failed one never runs: the loop hears of the
-                if writes is None or writes.failed:   # failure at its next step
+                if writes.failed:            # failure at its next step
                     break
             self.timing.waited(time.monotonic() - began, self.step_seconds)
         if host is not None:
             self.fence(wait)
-        self.writes.put(write)
+        writes.put(write)
 
     def _take(self, done: int, carried: Optional[Sequence[Any]], record: Optional[Dict[str, Any]],
               copy: bool, fenced: bool = False) -> "_Taken":
@@ -683,7 +688,7 @@ def run_loop(ctx: "LoopContext") -> Dict[int, Any]:
         # rather than copied first
         superseded = superseded_inputs(spec, loop_step) if ctx.release_inputs else []
         writer.superseded = superseded
-        writer.timing.expect(sum(getattr(v, "nbytes", 0) for v in values[:spec.n_carried]), ctx.store_bytes_per_s)
+        writer.timing.expect(state_bytes(values[:spec.n_carried]), ctx.store_bytes_per_s)
         donated = [k for k, i in enumerate(loop_step.inputs[:spec.n_carried]) if i in superseded]
         runner = LoopRun(spec, values, ctx.seed, ctx.device, watch, step_decisions.for_device(ctx.device), donated)
         if segments is not None:
